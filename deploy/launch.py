@@ -1,0 +1,59 @@
+"""`python -m deploy.launch -n 17 [--hostfile hosts] -- [master args]`: start the cluster with the venv's mpirun.
+
+Open MPI from PyPI ships `mpirun` next to the venv's python.  It refuses to run
+as root and to start more ranks than cores unless told; a stream join with 17
+ranks on a laptop is the normal case here, so both are allowed, and idle ranks
+yield the core (they also back off in `protocol.mpi.wait_probe`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def find_mpirun() -> str:
+    beside = Path(sys.executable).parent / "mpirun"
+    found = str(beside) if beside.exists() else shutil.which("mpirun")
+    if not found:
+        raise SystemExit("error: mpirun not found; run `make setup` (installs Open MPI from PyPI into .venv)")
+    return found
+
+
+def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, module: str = "master") -> list[str]:
+    cmd = [find_mpirun(), "--oversubscribe", "-n", str(ranks)]
+    if hostfile:
+        cmd += ["--hostfile", hostfile]
+    return cmd + [sys.executable, "-m", module, *args]
+
+
+def mpi_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(MPI_ENV)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m deploy.launch", description=__doc__.split("\n")[0])
+    p.add_argument("-n", "--ranks", type=int, default=17, help="ranks in all: 1 master + slaves (default 17)")
+    p.add_argument("--hostfile", help="Open MPI hostfile for several hosts (see hosts.example)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then arguments for python -m master")
+    a = p.parse_args(argv)
+    rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
+    cmd = mpirun_command(a.ranks, rest, a.hostfile)
+    os.execve(cmd[0], cmd, mpi_env())
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

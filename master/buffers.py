@@ -1,0 +1,46 @@
+"""The master's buffer: per stream, one mini-buffer per partition (paper 003, IV-B, Figure 3).
+
+Tuples are hash-partitioned into mini-buffers as whole batches; at its slot a
+slave receives the drained mini-buffers of exactly its partitions, so draining
+never scans the tuples of other slaves.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from protocol.tuples import partition_of
+
+
+class MiniBuffers:
+    def __init__(self, partitions: int, dtype: np.dtype):
+        self.partitions, self.dtype = partitions, dtype
+        self._chunks: list[list[list[np.ndarray]]] = [[[] for _ in range(partitions)] for _ in range(2)]
+        self.counts = np.zeros((2, partitions), dtype=np.int64)  #: buffered tuples per stream and partition
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    def add(self, stream: int, rows: np.ndarray) -> None:
+        """Partition `rows` (one stream, arrival order) into the mini-buffers, keeping order inside each."""
+        if len(rows) == 0:
+            return
+        part = partition_of(rows["key"], self.partitions)
+        order = np.argsort(part, kind="stable")
+        sizes = np.bincount(part, minlength=self.partitions)
+        pieces = np.split(rows[order], np.cumsum(sizes)[:-1])
+        chunks = self._chunks[stream]
+        for p in np.flatnonzero(sizes).tolist():
+            chunks[p].append(pieces[p])
+        self.counts[stream] += sizes
+
+    def drain(self, partitions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Remove and return (R, S) tuples buffered for `partitions`."""
+        out = []
+        for stream in range(2):
+            chunks = self._chunks[stream]
+            taken = [c for p in partitions.tolist() for c in chunks[p]]
+            for p in partitions.tolist():
+                chunks[p] = []
+            self.counts[stream, partitions] = 0
+            out.append(np.concatenate(taken) if taken else np.empty(0, dtype=self.dtype))
+        return out[0], out[1]

@@ -1,0 +1,322 @@
+"""Input sources the master pulls tuples from, in arrival order, as whole numpy arrays.
+
+Two kinds (``source.kind``):
+
+* ``generator`` -- the synthetic workload of the paper (section VI-A): two
+  Poisson streams R and S with b-model skewed keys, generated lazily in fixed
+  event-time slices so memory stays bounded and the output depends only on the
+  seed, never on the chunk sizes the caller asks for;
+* ``file`` -- a CSV or Parquet file read with pyarrow and validated with
+  vectorized pyarrow.compute; bad rows are set aside in ``rejected`` (the run
+  goes on), while a missing file or column stops the run with ``InputError``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import NamedTuple, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
+
+
+class Chunk(NamedTuple):
+    stream: np.ndarray  # int8, STREAM_R / STREAM_S
+    id: np.ndarray      # int64
+    ts: np.ndarray      # float64 event time in seconds, finite
+    key: np.ndarray     # int64
+    value: np.ndarray   # float64
+
+
+class InputError(Exception):
+    """User mistake in the input; the message names file, row and column."""
+
+
+class Source(Protocol):
+    rejected: pa.Table | None  # rows set aside (file source only); None when there are none
+    total: int | None          # accepted tuples, if known up front
+
+    def next_chunk(self, limit: int) -> Chunk | None:
+        """At most `limit` tuples in arrival order; None when exhausted."""
+
+
+def open_source(cfg: dict) -> Source:
+    """The source `cfg` (from protocol.config.load_config) asks for."""
+    if cfg["source"]["kind"] == "file":
+        return FileSource(cfg["source"]["path"])
+    return GeneratorSource(cfg["generator"])
+
+
+def generate_all(cfg: dict) -> Chunk:
+    """The whole generated input in one Chunk: drains a GeneratorSource, so it is the same data."""
+    src = GeneratorSource(cfg["generator"])
+    parts = []
+    while (c := src.next_chunk(1 << 22)) is not None:
+        parts.append(c)
+    return _concat(parts)
+
+
+def _empty() -> Chunk:
+    return Chunk(np.empty(0, np.int8), np.empty(0, np.int64), np.empty(0, np.float64),
+                 np.empty(0, np.int64), np.empty(0, np.float64))
+
+
+def _concat(parts: list[Chunk]) -> Chunk:
+    if not parts:
+        return _empty()
+    if len(parts) == 1:
+        return parts[0]
+    return Chunk(*(np.concatenate(cols) for cols in zip(*parts)))
+
+
+def _slice(c: Chunk, a: int, b: int | None = None) -> Chunk:
+    return Chunk(*(col[a:b] for col in c))
+
+
+# --------------------------------------------------------------------------- generator
+
+#: Expected tuples per stream in one generation slice.  A slice's event-time
+#: length is derived from the rate only, so the data never depends on `limit`.
+SLICE_TUPLES = 1 << 16
+
+
+class GeneratorSource:
+    """R and S with Poisson arrivals and b-model keys, generated slice by slice.
+
+    Slice i uses its own rng seeded with (seed, 2, i); the per-slice Poisson
+    counts are drawn up front from (seed, 0), which gives `total` and the id
+    offsets; the key permutation comes from (seed, 1).
+    """
+
+    rejected = None
+
+    def __init__(self, gen: dict):
+        self.rate, self.duration = float(gen["rate"]), float(gen["duration"])
+        self.keys, self.skew = int(gen["keys"]), float(gen["skew"])
+        self.disorder = float(gen["disorder"])
+        self._seed = int(gen["seed"]) % (1 << 64)  # SeedSequence wants non-negative entropy
+        self._slice_len = SLICE_TUPLES / self.rate
+        n = max(1, math.ceil(self.duration / self._slice_len))
+        starts = np.arange(n) * self._slice_len
+        self._bounds = np.stack([starts, np.minimum(starts + self._slice_len, self.duration)], axis=1)
+        lengths = np.maximum(self._bounds[:, 1] - self._bounds[:, 0], 0.0)
+        counts_rng = np.random.default_rng([self._seed, 0])
+        self._counts = counts_rng.poisson(self.rate * lengths[:, None], size=(n, 2))
+        self._first_id = np.cumsum(self._counts, axis=0) - self._counts  # ids before each slice
+        self.total = int(self._counts.sum())
+        self._perm = np.random.default_rng([self._seed, 1]).permutation(self.keys).astype(np.int64)
+        self._levels = (self.keys - 1).bit_length()  # ceil(log2(keys))
+        self._powers = (1 << np.arange(self._levels - 1, -1, -1)).astype(np.int64)
+        self._next_slice = 0
+        self._pending: list[Chunk] = []
+
+    def _keys(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """b-model: at each level the upper half with probability 1 - skew; hot keys spread by a permutation."""
+        bits = rng.random((n, self._levels)) < 1.0 - self.skew
+        return self._perm[(bits.astype(np.int64) @ self._powers) % self.keys]
+
+    def _make_slice(self, i: int) -> Chunk:
+        """Both streams of slice i merged by arrival time; the disorder is drawn last so it changes nothing else."""
+        rng = np.random.default_rng([self._seed, 2, i])
+        t0, t1 = self._bounds[i]
+        n = self._counts[i]
+        arrival = [t0 + np.sort(rng.random(n[s])) * (t1 - t0) for s in (STREAM_R, STREAM_S)]
+        key = [self._keys(rng, n[s]) for s in (STREAM_R, STREAM_S)]
+        value = [rng.random(n[s]) for s in (STREAM_R, STREAM_S)]
+        arr = np.concatenate(arrival)
+        ts = arr - rng.random(len(arr)) * self.disorder if self.disorder > 0 else arr
+        stream = np.repeat(np.array([STREAM_R, STREAM_S], np.int8), n)
+        ids = np.concatenate([self._first_id[i, s] + np.arange(n[s], dtype=np.int64) for s in (STREAM_R, STREAM_S)])
+        order = np.argsort(arr, kind="stable")
+        return Chunk(stream[order], ids[order], ts[order], np.concatenate(key)[order], np.concatenate(value)[order])
+
+    def next_chunk(self, limit: int) -> Chunk | None:
+        if limit < 1:
+            raise ValueError(f"limit must be positive, got {limit}")
+        buffered = sum(len(c.id) for c in self._pending)
+        while buffered < limit and self._next_slice < len(self._counts):
+            c = self._make_slice(self._next_slice)
+            self._next_slice += 1
+            if len(c.id):
+                self._pending.append(c)
+                buffered += len(c.id)
+        if not self._pending:
+            return None
+        merged = _concat(self._pending)
+        self._pending = [_slice(merged, limit)] if len(merged.id) > limit else []
+        return _slice(merged, 0, limit)
+
+
+# --------------------------------------------------------------------------- file
+
+COLUMNS = ("stream", "id", "ts", "key", "value")
+REQUIRED = COLUMNS[:4]
+EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+_INT_RE = r"^[+-]?[0-9]+$"
+_FLOAT_RE = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$"
+_INT64_MAX = "9223372036854775807"
+
+#: reason code -> (column, reason); code 0 = accepted, the last code = duplicate id
+_REASONS = [
+    (None, None),
+    ("stream", "stream is not R or S"),
+    ("id", "id is not an integer"),
+    ("ts", "ts is not a number"),
+    ("ts", "ts is NaN or infinite"),
+    ("key", "key is not an integer"),
+    ("value", "value is not a number"),
+    ("id", None),  # duplicate: the reason is built per row
+]
+_DUPLICATE = len(_REASONS) - 1
+
+
+def _raw_strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Cells as strings, as written (what `rejected` shows); an unconvertible type gives nulls, so every row fails."""
+    try:
+        return col if pa.types.is_string(col.type) else pc.cast(col, pa.string())
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        return pa.chunked_array([pa.nulls(len(col), pa.string())])
+
+
+def _strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Trimmed strings: the regex path for CSV and for non-numeric Parquet columns."""
+    return pc.utf8_trim_whitespace(_raw_strings(col))
+
+
+def _ok(mask) -> np.ndarray:
+    return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _parse_int(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 values, ok) -- integer columns are taken as they are; anything else goes through the regex."""
+    t = col.type
+    if pa.types.is_integer(t) and t != pa.uint64():
+        return pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy(), _ok(pc.is_valid(col))
+    s = _strings(col)
+    digits = pc.replace_substring_regex(s, r"^[+-]?0*", "")  # for the int64 range check
+    length = pc.utf8_length(digits)
+    fits = pc.or_(pc.less(length, len(_INT64_MAX)),
+                  pc.and_(pc.equal(length, len(_INT64_MAX)), pc.less_equal(digits, _INT64_MAX)))
+    ok = _ok(pc.and_(pc.match_substring_regex(s, _INT_RE), fits))
+    clean = pc.if_else(pa.array(ok), pc.replace_substring_regex(s, r"^\+", ""), "0")
+    return pc.cast(clean, pa.int64()).to_numpy(), ok
+
+
+def _parse_float(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(float64 values, ok, present); null cells are not ok and not present (values 0.0)."""
+    t = col.type
+    present = _ok(pc.is_valid(col))
+    if pa.types.is_floating(t) or pa.types.is_integer(t):
+        return pc.fill_null(pc.cast(col, pa.float64()), 0.0).to_numpy(), present, present
+    s = _strings(col)
+    ok = _ok(pc.match_substring_regex(s, _FLOAT_RE, ignore_case=True))
+    return pc.cast(pc.if_else(pa.array(ok), s, "0"), pa.float64()).to_numpy(), ok, present
+
+
+class FileSource:
+    """A CSV or Parquet file; row order = arrival order; invalid rows go to `rejected`."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        table = self._read()
+        n = table.num_rows
+        stream = _strings(table["stream"])
+        is_s = _ok(pc.equal(stream, "S"))
+        ids, id_ok = _parse_int(table["id"])
+        ts, ts_ok, _ = _parse_float(table["ts"])
+        keys, key_ok = _parse_int(table["key"])
+        if "value" in table.column_names:
+            value, value_ok, present = _parse_float(table["value"])
+            value_ok |= ~present  # a null value is 0.0, not an error
+        else:
+            value, value_ok = np.zeros(n), np.ones(n, bool)
+        checks = [_ok(pc.equal(stream, "R")) | is_s, id_ok, ts_ok, ts_ok & np.isfinite(ts), key_ok, value_ok]
+        code = np.zeros(n, np.int8)
+        for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
+            code[~good] = c
+        first = self._duplicates(code, is_s, ids)
+
+        accepted = code == 0
+        self.total = int(accepted.sum())
+        self._data = Chunk(is_s[accepted].astype(np.int8), ids[accepted], ts[accepted], keys[accepted], value[accepted])
+        self._pos = 0
+        self.rejected = self._rejected(table, code, is_s, ids, first) if self.total < n else None
+
+    def _fail(self, what: str) -> InputError:
+        return InputError(f"input file {self.path!r} {what} (source.path)")
+
+    def _read(self) -> pa.Table:
+        p = Path(self.path)
+        if not p.is_file():
+            raise self._fail("does not exist")
+        fmt = EXTENSIONS.get(p.suffix.lower())
+        if fmt is None:
+            raise self._fail(f"has extension {p.suffix or '(none)'!r}; accepted: {', '.join(EXTENSIONS)}")
+        try:
+            if fmt == "csv":
+                # every column as a string: validation is ours, and pyarrow's type
+                # inference cannot fail on a later block
+                conv = dict(column_types={c: pa.string() for c in COLUMNS}, strings_can_be_null=True, null_values=[""])
+                names = pacsv.open_csv(p, convert_options=pacsv.ConvertOptions(**conv)).schema.names
+                opts = pacsv.ConvertOptions(include_columns=[c for c in COLUMNS if c in names], **conv)
+                table = pacsv.read_csv(p, convert_options=opts)
+            else:
+                names = pq.read_schema(p).names
+                table = pq.read_table(p, columns=[c for c in COLUMNS if c in names])
+        except (pa.ArrowException, OSError) as e:
+            raise self._fail(f"cannot be read as {fmt.upper() if fmt == 'csv' else 'Parquet'}: "
+                             f"{str(e).splitlines()[0]}") from None
+        missing = [c for c in REQUIRED if c not in names]
+        if missing:
+            raise self._fail(f"lacks column(s) {', '.join(missing)}; columns found: {', '.join(names) or '(none)'}")
+        return table
+
+    @staticmethod
+    def _duplicates(code: np.ndarray, is_s: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Mark the second and later rows with the same (stream, id) among otherwise good rows;
+        returns, per row, the 0-based row of its group's first occurrence."""
+        rows = np.flatnonzero(code == 0)
+        order = rows[np.lexsort((rows, ids[rows], is_s[rows]))]  # by stream, id, then row
+        start = np.ones(len(order), bool)
+        start[1:] = (ids[order][1:] != ids[order][:-1]) | (is_s[order][1:] != is_s[order][:-1])
+        first = np.full(len(code), -1, np.int64)
+        first[order] = order[np.maximum.accumulate(np.where(start, np.arange(len(order)), 0))]
+        code[order[~start]] = _DUPLICATE
+        return first
+
+    def _rejected(self, table: pa.Table, code: np.ndarray, is_s: np.ndarray, ids: np.ndarray,
+                  first: np.ndarray) -> pa.Table:
+        """One row per rejected input row: file, 1-based row, column, reason and the raw cells as strings."""
+        rej = np.flatnonzero(code)
+        k = len(rej)
+        cols, reasons = zip(*_REASONS[1:])
+        reason = pa.array(list(reasons), pa.string()).take(pa.array(code[rej] - 1))
+        dup = code[rej] == _DUPLICATE
+        if dup.any():
+            text = lambda a: pc.cast(pa.array(a), pa.string())
+            dup_reason = pc.binary_join_element_wise(
+                "duplicate id ", text(ids[rej]), " in stream ", text(np.array(STREAM_NAMES)[is_s[rej].astype(int)]),
+                " (first seen at row ", text(first[rej] + 1), ")", "")
+            reason = pc.if_else(pa.array(dup), dup_reason, reason)
+        out = {
+            "file": pa.repeat(self.path, k),
+            "row": pa.array(rej + 1, pa.int64()),
+            "column": pa.array(list(cols), pa.string()).take(pa.array(code[rej] - 1)),
+            "reason": reason,
+        }
+        for c in COLUMNS:
+            out[c] = _raw_strings(table[c].take(pa.array(rej))) if c in table.column_names else pa.nulls(k, pa.string())
+        return pa.table(out)
+
+    def next_chunk(self, limit: int) -> Chunk | None:
+        if limit < 1:
+            raise ValueError(f"limit must be positive, got {limit}")
+        if self._pos >= self.total:
+            return None
+        self._pos += limit
+        return _slice(self._data, self._pos - limit, self._pos)

@@ -1,0 +1,93 @@
+"""What the master knows about the run: counters from ingest and slave reports, progress, summary."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from protocol import delays
+
+
+class RunStats:
+    def __init__(self, slaves: list[int]):
+        self.started = time.time()
+        self.input = {"R": 0, "S": 0}
+        self.late = 0
+        self.rejected = 0
+        self.results = 0
+        self.splits = 0
+        self.merges = 0
+        self.delay_hist = np.zeros(delays.BINS, dtype=np.int64)
+        self.delay_max = 0.0
+        self.per_slave = {r: {"tuples_processed": 0, "window_tuples": 0, "window_bytes": 0, "busy_seconds": 0.0,
+                              "results": 0, "epochs": 0, "result_files": 0} for r in slaves}
+        self._last_line = (self.started, 0, 0)
+        self.stopped_by_signal = False
+
+    @property
+    def ingested(self) -> int:
+        return self.input["R"] + self.input["S"]
+
+    def add_report(self, rank: int, c: dict[str, float], hist: np.ndarray) -> None:
+        s = self.per_slave[rank]
+        s["tuples_processed"] += int(c["tuples_r"] + c["tuples_s"])
+        s["window_tuples"] = int(c["window_r"] + c["window_s"])
+        s["window_bytes"] = int(c["window_bytes"])
+        s["busy_seconds"] += c["busy"]
+        s["results"] += int(c["results"])
+        s["epochs"] += 1
+        s["result_files"] += int(c["files"])
+        self.results += int(c["results"])
+        self.splits += int(c["splits"])
+        self.merges += int(c["merges"])
+        self.delay_hist += hist
+        self.delay_max = max(self.delay_max, c["delay_max"])
+
+    def progress_line(self, buffered: int, active: int) -> str:
+        now = time.time()
+        t0, n0, _ = self._last_line
+        rate = (self.ingested - n0) / max(now - t0, 1e-9)
+        self._last_line = (now, self.ingested, self.results)
+        p50, p99 = delays.percentiles(self.delay_hist, (50, 99))
+        return (f"[{now - self.started:7.1f}s] in {self.ingested:,} ({rate:,.0f}/s) | results {self.results:,} | "
+                f"late {self.late:,} | delay p50 {p50:.3f}s p99 {p99:.3f}s | buffered {buffered:,} | "
+                f"slaves {active}/{len(self.per_slave)}")
+
+    def summary(self, cfg: dict) -> dict:
+        wall = time.time() - self.started
+        p50, p95, p99 = delays.percentiles(self.delay_hist, (50, 95, 99))
+        return {
+            "input": dict(self.input),
+            "input_total": self.ingested,
+            "results": self.results,
+            "late": self.late,
+            "rejected": self.rejected,
+            "wall_seconds": round(wall, 3),
+            "throughput_tuples_per_s": round(self.ingested / wall, 1) if wall > 0 else 0.0,
+            "delay_seconds": {"p50": p50, "p95": p95, "p99": p99, "max": self.delay_max,
+                              "note": "percentiles are upper edges of log bins (within 12%)"},
+            "slaves": {str(r): v for r, v in self.per_slave.items()},
+            "partition_splits": self.splits,
+            "partition_merges": self.merges,
+            "stopped_by_signal": self.stopped_by_signal,
+            "config": cfg,
+        }
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2, default=float))
+    tmp.replace(path)
+
+
+def print_summary(s: dict, out=sys.stderr) -> None:
+    d = s["delay_seconds"]
+    print(f"done in {s['wall_seconds']:.1f}s: {s['input_total']:,} tuples in (R {s['input']['R']:,}, "
+          f"S {s['input']['S']:,}), {s['results']:,} results, {s['late']:,} late, {s['rejected']:,} rejected; "
+          f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {d['p50']:.3f}s p95 {d['p95']:.3f}s "
+          f"p99 {d['p99']:.3f}s max {d['max']:.3f}s; splits {s['partition_splits']}, merges {s['partition_merges']}",
+          file=out, flush=True)

@@ -1,0 +1,168 @@
+"""The run's configuration: TOML file, `--set section.key=value` overrides, validation.
+
+Every key has a default and a one-line description (the README table is made
+from `DEFAULTS`).  Anything wrong stops the run before it starts with one
+`ConfigError` that names the key.
+"""
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from protocol.tuples import BASE_TUPLE_BYTES
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration; the message names the key."""
+
+
+#: section -> key -> (default, description)
+DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
+    "source": {
+        "kind": ("generator", '"generator" (built-in b-model workload) or "file" (CSV/Parquet at `path`)'),
+        "path": ("", "input file for kind = \"file\": columns stream (R/S), id, ts, key, [value]"),
+        "rate": (0.0, "arrival pacing in tuples/s (both streams together); 0 = as fast as the cluster accepts"),
+        "batch": (65536, "tuples the master ingests per step"),
+    },
+    "generator": {
+        "duration": (20.0, "seconds of event time to generate"),
+        "rate": (20000.0, "mean tuples/s per stream in event time (Poisson arrivals)"),
+        "keys": (131072, "join-key domain size"),
+        "skew": (0.7, "b-model bias of the key distribution (0.5 = uniform; paper default 0.7)"),
+        "seed": (1, "random seed; the same seed gives the same streams"),
+        "tuple_bytes": (64, f"bytes per tuple on the wire and in the window (at least {BASE_TUPLE_BYTES}; paper 64)"),
+        "disorder": (0.0, "event times are shifted back by up to this many seconds (out-of-order input)"),
+    },
+    "join": {
+        "window": (1.0, "join r and s iff r.key == s.key and |r.ts - s.ts| <= window (seconds)"),
+        "max_delay": (0.5, "allowed out-of-orderness in ts; later tuples go to the late output"),
+    },
+    "epochs": {
+        "distribution": (0.5, "seconds between two sends of buffered tuples to a slave"),
+        "reorganization": (5.0, "seconds between two load reports (used by balancing)"),
+    },
+    "partitioning": {
+        "partitions": (60, "hash partitions (mini-buffers per stream at the master; paper 60); >= slaves"),
+        "subgroups": (2, "slaves are served in this many slots per distribution epoch (paper V-B); capped at the slave count"),
+    },
+    "tuning": {
+        "block_size": (64, "tuples per window block (the unit of expiry)"),
+        "theta_min": (4, "merge a mini-partition-group with its buddy below this many blocks"),
+        "theta_max": (256, "split a mini-partition-group above this many blocks (extendible hashing)"),
+        "max_depth": (12, "largest global depth of a partition-group's extendible-hash directory"),
+    },
+    "master": {
+        "buffer_capacity": (2000000, "tuples the master's mini-buffers may hold before ingest pauses"),
+    },
+    "output": {
+        "path": ("out", "output directory (results/, late/, rejected/, summary.json)"),
+        "format": ("parquet", '"parquet" or "csv"'),
+        "flush_rows": (500000, "a slave writes a results file once it holds this many rows"),
+        "progress": (1.0, "seconds between progress lines (0 = none)"),
+    },
+}
+
+_CHOICES = {
+    ("source", "kind"): ("generator", "file"),
+    ("output", "format"): ("parquet", "csv"),
+}
+_POSITIVE = {
+    ("generator", "rate"), ("generator", "keys"), ("generator", "duration"),
+    ("epochs", "distribution"), ("epochs", "reorganization"),
+    ("partitioning", "partitions"), ("partitioning", "subgroups"),
+    ("tuning", "block_size"), ("tuning", "theta_max"), ("tuning", "max_depth"),
+    ("master", "buffer_capacity"), ("output", "flush_rows"), ("source", "batch"),
+}
+_NON_NEGATIVE = {
+    ("source", "rate"), ("join", "window"), ("join", "max_delay"),
+    ("tuning", "theta_min"), ("generator", "disorder"), ("output", "progress"),
+}
+
+
+def _typename(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}[type(v)]
+
+
+def _check_type(name: str, default: Any, value: Any) -> Any:
+    if isinstance(default, bool) or isinstance(value, bool):
+        if type(value) is not type(default):
+            raise ConfigError(f"{name}: expected {_typename(default)}, got {value!r}")
+        return value
+    if isinstance(default, float) and isinstance(value, int):
+        return float(value)
+    if type(value) is not type(default):
+        raise ConfigError(f"{name}: expected {_typename(default)}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: must be a finite number, got {value!r}")
+    return value
+
+
+def _parse_override(item: str) -> tuple[str, str, Any]:
+    if "=" not in item or "." not in item.split("=", 1)[0]:
+        raise ConfigError(f"--set {item!r}: expected section.key=value")
+    name, raw = item.split("=", 1)
+    section, key = name.strip().split(".", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word is a string: --set output.format=csv
+    return section, key, value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> dict[str, dict[str, Any]]:
+    """Defaults, then the TOML file, then the overrides; validated."""
+    cfg = {s: {k: d for k, (d, _) in keys.items()} for s, keys in DEFAULTS.items()}
+    user: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            user = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+    items = [(s, k, v) for s, sec in user.items() for k, v in (sec.items() if isinstance(sec, dict) else [(None, sec)])]
+    items += [_parse_override(o) for o in overrides]
+    for section, key, value in items:
+        if section not in DEFAULTS:
+            raise ConfigError(f"unknown section [{section}] (known: {', '.join(DEFAULTS)})")
+        if key is None:
+            raise ConfigError(f"[{section}] must be a table of keys")
+        if key not in DEFAULTS[section]:
+            raise ConfigError(f"unknown key {section}.{key} (known in [{section}]: {', '.join(DEFAULTS[section])})")
+        cfg[section][key] = _check_type(f"{section}.{key}", DEFAULTS[section][key][0], value)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
+    """Value checks that do not depend on types; `slaves` adds the checks that need the cluster size."""
+    for (s, k), choices in _CHOICES.items():
+        if cfg[s][k] not in choices:
+            raise ConfigError(f"{s}.{k}: must be one of {', '.join(map(repr, choices))}, got {cfg[s][k]!r}")
+    for s, k in _POSITIVE:
+        if not cfg[s][k] > 0:
+            raise ConfigError(f"{s}.{k}: must be > 0, got {cfg[s][k]!r}")
+    for s, k in _NON_NEGATIVE:
+        if cfg[s][k] < 0:
+            raise ConfigError(f"{s}.{k}: must be >= 0, got {cfg[s][k]!r}")
+    if not 0.0 < cfg["generator"]["skew"] < 1.0:
+        raise ConfigError(f"generator.skew: must be strictly between 0 and 1, got {cfg['generator']['skew']!r}")
+    if cfg["generator"]["tuple_bytes"] < BASE_TUPLE_BYTES:
+        raise ConfigError(f"generator.tuple_bytes: must be at least {BASE_TUPLE_BYTES}, got {cfg['generator']['tuple_bytes']!r}")
+    if cfg["tuning"]["theta_min"] * 2 > cfg["tuning"]["theta_max"]:
+        raise ConfigError("tuning.theta_min: must be at most half of tuning.theta_max "
+                          f"(got {cfg['tuning']['theta_min']} and {cfg['tuning']['theta_max']})")
+    if cfg["tuning"]["max_depth"] > 24:
+        raise ConfigError(f"tuning.max_depth: must be at most 24, got {cfg['tuning']['max_depth']}")
+    if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
+        raise ConfigError('source.path: required when source.kind = "file"')
+    if slaves is not None:
+        if slaves < 1:
+            raise ConfigError("the cluster needs at least one slave: run with mpirun -n 2 or more")
+        if cfg["partitioning"]["partitions"] < slaves:
+            raise ConfigError(f"partitioning.partitions: must be >= the number of slaves ({slaves}), "
+                              f"got {cfg['partitioning']['partitions']}")
+

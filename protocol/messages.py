@@ -1,0 +1,81 @@
+"""Messages between master and slaves: tags, kinds, encode and decode.
+
+One distribution epoch is one message per slave (paper 003, IV-B): a fixed
+header followed by the slave's R tuples and then its S tuples, all in a single
+contiguous byte buffer sent with uppercase mpi4py calls (no pickling of tuple
+data).  The header carries the punctuation the slave needs: the watermark below
+which no on-time tuple can still arrive (BiStream, Theorem 1).
+
+A slave answers every batch with one small report: fixed float64 counters and
+the delay histogram of that epoch.
+"""
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from protocol import delays
+
+TAG_DATA = 1    #: master -> slave: a batch (or the stop order)
+TAG_REPORT = 2  #: slave -> master: a report
+
+
+class Kind(enum.IntEnum):
+    BATCH = 1  #: tuples of one distribution epoch
+    STOP = 2   #: no more input: flush and send the final report
+
+
+HEADER = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("watermark", "<f8"), ("n_r", "<i8"), ("n_s", "<i8")])
+
+
+def encode_batch(kind: Kind, epoch: int, watermark: float, r: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Header + R rows + S rows as one uint8 buffer (one copy of the tuples)."""
+    size = r.dtype.itemsize
+    buf = np.empty(HEADER.itemsize + (len(r) + len(s)) * size, dtype=np.uint8)
+    buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, len(r), len(s))
+    body = buf[HEADER.itemsize:].view(r.dtype)
+    body[: len(r)] = r
+    body[len(r):] = s
+    return buf
+
+
+def decode_batch(buf: np.ndarray, dtype: np.dtype) -> tuple[np.void, np.ndarray, np.ndarray]:
+    """Inverse of `encode_batch`; the tuple arrays are views into `buf`."""
+    if len(buf) < HEADER.itemsize:
+        raise ValueError(f"batch message of {len(buf)} bytes is shorter than its header")
+    head = buf[: HEADER.itemsize].view(HEADER)[0]
+    body = buf[HEADER.itemsize:]
+    n_r, n_s = int(head["n_r"]), int(head["n_s"])
+    if len(body) != (n_r + n_s) * dtype.itemsize:
+        raise ValueError(f"batch message body has {len(body)} bytes, header says {n_r}+{n_s} tuples "
+                         f"of {dtype.itemsize} bytes")
+    rows = body.view(dtype)
+    return head, rows[:n_r], rows[n_r:]
+
+
+#: Counters of a report, in order; per-epoch increments unless marked as a level.
+REPORT_FIELDS = (
+    "epoch",
+    "tuples_r", "tuples_s",      # tuples joined this epoch
+    "results",                   # results produced this epoch
+    "window_r", "window_s",      # level: tuples stored now
+    "window_bytes",              # level: bytes of window state now
+    "splits", "merges",          # extendible-hash splits / merges this epoch
+    "busy",                      # seconds spent joining this epoch
+    "delay_max",                 # largest production delay this epoch
+    "files",                     # result files written this epoch
+)
+REPORT_LEN = len(REPORT_FIELDS) + delays.BINS
+
+
+def encode_report(counters: dict[str, float], hist: np.ndarray) -> np.ndarray:
+    out = np.zeros(REPORT_LEN, dtype=np.float64)
+    out[: len(REPORT_FIELDS)] = [counters.get(f, 0.0) for f in REPORT_FIELDS]
+    out[len(REPORT_FIELDS):] = hist
+    return out
+
+
+def decode_report(buf: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
+    counters = dict(zip(REPORT_FIELDS, buf[: len(REPORT_FIELDS)].tolist()))
+    return counters, buf[len(REPORT_FIELDS):].astype(np.int64)

@@ -1,0 +1,33 @@
+"""Thin MPI helpers shared by both roles: waiting without spinning, receiving byte buffers.
+
+With 17 ranks on 2 cores a rank that busy-waits in a blocking receive steals
+the core the master needs.  Waiting is therefore `Iprobe` plus a sleep that
+backs off from 0.1 ms to 5 ms (paper 003 assumes ranks that block, not spin).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+
+def wait_probe(comm: MPI.Comm, source: int, tag: int, timeout: float | None = None,
+               should_stop=lambda: False) -> MPI.Status | None:
+    """Status of the next matching message, or None on timeout / when `should_stop()`."""
+    status = MPI.Status()
+    pause = 1e-4
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not comm.Iprobe(source=source, tag=tag, status=status):
+        if should_stop() or (deadline is not None and time.monotonic() > deadline):
+            return None
+        time.sleep(pause)
+        pause = min(pause * 2, 5e-3)
+    return status
+
+
+def recv_bytes(comm: MPI.Comm, status: MPI.Status) -> np.ndarray:
+    """Receive the probed message into a fresh uint8 buffer of its exact size."""
+    buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+    comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=status.Get_tag())
+    return buf

@@ -1,0 +1,46 @@
+"""The output layout both roles write into: `results/`, `late/`, `rejected/`, `summary.json`.
+
+Files are written whole through pyarrow (Parquet or CSV); a file is first
+written under a temporary name and then renamed, so a reader never sees half a
+file.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+RESULT_COLUMNS = ("r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value", "delay")
+
+
+def write_table(directory: str | Path, stem: str, table: pa.Table, fmt: str) -> Path:
+    """Write `table` as `directory/stem.{parquet,csv}` atomically; returns the path."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    final = d / f"{stem}.{fmt}"
+    tmp = d / f".{stem}.{fmt}.tmp"
+    if fmt == "parquet":
+        pq.write_table(table, tmp)
+    else:
+        pacsv.write_csv(table, tmp)
+    os.replace(tmp, final)
+    return final
+
+
+def read_tables(directory: str | Path) -> pa.Table | None:
+    """All Parquet/CSV files of one output folder as one table (None if there are none)."""
+    d = Path(directory)
+    if not d.is_dir():
+        return None
+    parts = []
+    for f in sorted(d.iterdir()):
+        if f.suffix == ".parquet":
+            parts.append(pq.read_table(f))
+        elif f.suffix == ".csv":
+            parts.append(pacsv.read_csv(f))
+    if not parts:
+        return None
+    return pa.concat_tables(parts, promote_options="default")

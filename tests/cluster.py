@@ -1,0 +1,55 @@
+"""Running the real cluster from tests: the project's mpirun command line, real files out."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+
+from deploy.launch import mpi_env, mpirun_command
+from protocol.output import read_tables
+from tests.reference import encode_pairs
+
+
+class Run:
+    def __init__(self, out: Path, proc: subprocess.CompletedProcess):
+        self.out, self.proc = out, proc
+        self.returncode = proc.returncode
+        self.stderr = proc.stderr
+        summary = out / "summary.json"
+        self.summary = json.loads(summary.read_text()) if summary.exists() else None
+
+    def pairs(self) -> np.ndarray:
+        t = read_tables(self.out / "results")
+        if t is None:
+            return np.empty(0, dtype=np.int64)
+        return encode_pairs(t["r_id"].to_numpy(), t["s_id"].to_numpy())
+
+    def late_ids(self) -> np.ndarray:
+        t = read_tables(self.out / "late")
+        if t is None:
+            return np.empty(0, dtype=np.int64)
+        stream = (pc.equal(t["stream"], "S")).to_numpy(zero_copy_only=False).astype(np.int64)
+        return np.sort(stream * 2**40 + t["id"].to_numpy())
+
+
+def toml_value(v) -> str:
+    return json.dumps(v) if isinstance(v, str) else repr(v).lower() if isinstance(v, bool) else repr(v)
+
+
+def run_cluster(tmp: Path, ranks: int, settings: dict[str, object], timeout: float = 180,
+                extra_args: list[str] = ()) -> Run:
+    """Run `mpirun -n ranks python -m master --config tmp/run.toml`; settings are 'section.key': value."""
+    out = tmp / "out"
+    sections: dict[str, dict[str, object]] = {"output": {"path": str(out), "progress": 0.0}}
+    for name, value in settings.items():
+        section, key = name.split(".", 1)
+        sections.setdefault(section, {})[key] = value
+    cfg = tmp / "run.toml"
+    cfg.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items())
+                           for s, keys in sections.items()))
+    cmd = mpirun_command(ranks, ["--config", str(cfg), *extra_args])
+    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=timeout)
+    return Run(out, proc)

@@ -1,0 +1,44 @@
+"""An independent reference for the join contract, computed over the whole input at once.
+
+Deliberately written differently from the engine: lateness with a plain loop,
+pairs with a per-key broadcast comparison (no sorting, no searchsorted, no windows
+or expiry).  Pairs are encoded as r_id * 2**32 + s_id for set comparison.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+
+def late_flags(ts: np.ndarray, max_delay: float) -> np.ndarray:
+    late = np.zeros(len(ts), dtype=bool)
+    running = -np.inf
+    for i, t in enumerate(ts.tolist()):
+        late[i] = t < running - max_delay
+        running = max(running, t)
+    return late
+
+
+def reference_pairs(stream, ids, ts, keys, window: float, max_delay: float) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted encoded result pairs, ids of late tuples encoded as stream * 2**40 + id)."""
+    stream, ids, ts, keys = map(np.asarray, (stream, ids, ts, keys))
+    late = late_flags(ts, max_delay)
+    ok = ~late
+    by_key: dict[int, list[list[int]]] = defaultdict(lambda: [[], []])
+    for i in np.flatnonzero(ok).tolist():
+        by_key[int(keys[i])][int(stream[i])].append(i)
+    out = []
+    for r_idx, s_idx in by_key.values():
+        if r_idx and s_idx:
+            r_idx, s_idx = np.array(r_idx), np.array(s_idx)
+            close = np.abs(ts[r_idx][:, None] - ts[s_idx][None, :]) <= window
+            ri, si = np.nonzero(close)
+            out.append(ids[r_idx][ri].astype(np.int64) * 2**32 + ids[s_idx][si].astype(np.int64))
+    pairs = np.sort(np.concatenate(out)) if out else np.empty(0, dtype=np.int64)
+    late_ids = np.sort(stream[late].astype(np.int64) * 2**40 + ids[late].astype(np.int64))
+    return pairs, late_ids
+
+
+def encode_pairs(r_id: np.ndarray, s_id: np.ndarray) -> np.ndarray:
+    return np.sort(np.asarray(r_id, dtype=np.int64) * 2**32 + np.asarray(s_id, dtype=np.int64))

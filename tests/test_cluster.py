@@ -1,0 +1,145 @@
+"""Differential tests: the cluster under mpirun against the reference join over the whole input."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from master.source import generate_all
+from protocol.config import load_config
+from tests.cluster import run_cluster
+from tests.reference import reference_pairs
+
+SMALL = {"generator.duration": 4.0, "generator.rate": 3000.0, "generator.keys": 4096,
+         "epochs.distribution": 0.2, "join.window": 0.5, "join.max_delay": 0.3}
+
+
+def reference_for(settings: dict) -> tuple[np.ndarray, np.ndarray, int]:
+    cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith(("generator.", "source."))])
+    data = generate_all(cfg)
+    pairs, late = reference_pairs(data.stream, data.id, data.ts, data.key, settings["join.window"],
+                                  settings["join.max_delay"])
+    return pairs, late, len(data.ts)
+
+
+def check_exact(tmp_path, ranks: int, settings: dict):
+    expected, expected_late, n = reference_for(settings)
+    run = run_cluster(tmp_path, ranks, settings)
+    assert run.returncode == 0, run.stderr
+    got = run.pairs()
+    assert len(np.unique(got)) == len(got), "a result was emitted twice"
+    missing = np.setdiff1d(expected, got)
+    extra = np.setdiff1d(got, expected)
+    assert len(missing) == 0 and len(extra) == 0, f"{len(missing)} missing, {len(extra)} extra of {len(expected)}"
+    assert np.array_equal(run.late_ids(), expected_late)
+    s = run.summary
+    assert s["results"] == len(expected)
+    assert s["input_total"] + s["late"] == n
+    assert s["late"] == len(expected_late)
+    return run, expected
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 5])
+def test_uniform_keys_any_slave_count(tmp_path, ranks):
+    settings = dict(SMALL, **{"generator.skew": 0.5, "generator.seed": ranks})
+    run, expected = check_exact(tmp_path, ranks, settings)
+    assert len(expected) > 1000
+    processed = [v["tuples_processed"] for v in run.summary["slaves"].values()]
+    assert len(processed) == ranks - 1 and min(processed) > 0
+
+
+def test_heavy_skew_with_partition_tuning(tmp_path):
+    # a few keys hold most tuples; tiny theta bounds force splits, directory doubling and merges
+    settings = dict(SMALL, **{"generator.skew": 0.9, "generator.keys": 256, "generator.seed": 7,
+                              "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 6,
+                              "partitioning.partitions": 8})
+    run, expected = check_exact(tmp_path, 4, settings)
+    assert run.summary["partition_splits"] > 0
+
+
+def test_out_of_order_within_max_delay_is_all_joined(tmp_path):
+    settings = dict(SMALL, **{"generator.disorder": 0.25, "generator.seed": 3})
+    run, _ = check_exact(tmp_path, 3, settings)
+    assert run.summary["late"] == 0
+
+
+def test_late_tuples_set_aside_with_reason(tmp_path):
+    settings = dict(SMALL, **{"generator.disorder": 1.0, "join.max_delay": 0.2, "generator.seed": 4})
+    run, _ = check_exact(tmp_path, 3, settings)
+    assert run.summary["late"] > 0
+
+
+@pytest.mark.parametrize("window,epoch", [(0.02, 0.5), (3.0, 0.1)])
+def test_window_smaller_and_larger_than_an_epoch(tmp_path, window, epoch):
+    settings = dict(SMALL, **{"join.window": window, "epochs.distribution": epoch, "generator.seed": 5,
+                              "generator.disorder": 0.1})
+    check_exact(tmp_path, 3, settings)
+
+
+def test_paced_source_with_subgroups(tmp_path):
+    settings = dict(SMALL, **{"generator.duration": 2.0, "source.rate": 4000.0, "partitioning.subgroups": 2,
+                              "generator.seed": 6})
+    run, _ = check_exact(tmp_path, 5, settings)
+    assert run.summary["wall_seconds"] >= 1.0  # 6000 tuples paced at 4000/s take at least 1.5 s
+    assert run.summary["delay_seconds"]["p99"] < 5.0
+
+
+def write_csv(path, stream, ids, ts, keys):
+    pacsv.write_csv(pa.table({"stream": np.where(stream == 0, "R", "S"), "id": ids, "ts": ts, "key": keys}), path)
+
+
+def test_burst_then_quiet_splits_and_merges(tmp_path):
+    # a dense second makes buckets split; the quiet seconds after it let them expire and merge back
+    rng = np.random.default_rng(12)
+    n_burst, n_quiet = 6000, 300
+    ts = np.concatenate([np.sort(rng.random(n_burst)), 1.0 + np.sort(rng.random(n_quiet) * 4.0)])
+    stream = rng.integers(0, 2, len(ts))
+    keys = rng.integers(0, 300, len(ts))
+    ids = np.arange(len(ts))
+    write_csv(tmp_path / "burst.csv", stream, ids, ts, keys)
+    settings = {"source.kind": "file", "source.path": str(tmp_path / "burst.csv"), "source.rate": 3000.0,
+                "join.window": 0.2, "join.max_delay": 0.05, "epochs.distribution": 0.2,
+                "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 6, "partitioning.partitions": 4}
+    run = run_cluster(tmp_path, 3, settings)
+    assert run.returncode == 0, run.stderr
+    expected, expected_late = reference_pairs(stream, ids, ts, keys, 0.2, 0.05)
+    assert np.array_equal(run.pairs(), expected)
+    assert run.summary["partition_splits"] > 0 and run.summary["partition_merges"] > 0
+
+
+def test_file_source_with_bad_rows(tmp_path):
+    rng = np.random.default_rng(11)
+    n = 4000
+    stream = np.where(rng.random(n) < 0.5, "R", "S")
+    ts = np.sort(rng.random(n) * 4.0) - rng.random(n) * 0.1
+    keys = rng.integers(0, 50, n)
+    ids = np.arange(n)
+    table = pa.table({"stream": stream.astype(object), "id": ids.astype(str).astype(object),
+                      "ts": ts.astype(str).astype(object), "key": keys.astype(str).astype(object)})
+    rows = table.to_pylist()
+    rows[10]["ts"] = "soon"          # not a number
+    rows[20]["key"] = "seven"        # not an integer
+    rows[30]["stream"] = "Q"         # unknown stream
+    rows[40]["ts"] = "nan"           # not finite
+    rows[50]["id"] = rows[49]["id"]  # duplicate id (if same stream)
+    rows[50]["stream"] = rows[49]["stream"]
+    bad = pa.Table.from_pylist(rows)
+    path = tmp_path / "in.csv"
+    pacsv.write_csv(bad, path)
+    settings = {"source.kind": "file", "source.path": str(path), "join.window": 0.2, "join.max_delay": 0.15,
+                "epochs.distribution": 0.1, "source.batch": 500}
+    run = run_cluster(tmp_path, 3, settings)
+    assert run.returncode == 0, run.stderr
+    assert run.summary["rejected"] == 5
+    keep = np.ones(n, dtype=bool)
+    keep[[10, 20, 30, 40, 50]] = False
+    expected, expected_late = reference_pairs((stream == "S").astype(int)[keep], ids[keep], ts[keep], keys[keep],
+                                              0.2, 0.15)
+    got = run.pairs()
+    assert np.array_equal(got, expected)
+    assert np.array_equal(run.late_ids(), expected_late)
+    rejected = pq.read_table(run.out / "rejected" / "rejected.parquet").to_pylist()
+    assert sorted(r["row"] for r in rejected) == [11, 21, 31, 41, 51]
+    assert {r["column"] for r in rejected} == {"ts", "key", "stream", "id"}

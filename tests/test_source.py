@@ -1,0 +1,313 @@
+"""Tests of master/source.py: the synthetic generator and the CSV/Parquet file source."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from master.source import Chunk, FileSource, GeneratorSource, InputError, generate_all, open_source
+from protocol.config import load_config
+from protocol.tuples import STREAM_R, STREAM_S
+
+
+def gen_cfg(**gen):
+    cfg = load_config()
+    cfg["generator"].update({"duration": 5.0, "rate": 20000.0, "keys": 4096, **gen})
+    return cfg
+
+
+def drain(src, limit):
+    parts = []
+    while (c := src.next_chunk(limit)) is not None:
+        assert 0 < len(c.id) <= limit
+        parts.append(c)
+    return Chunk(*(np.concatenate(cols) for cols in zip(*parts)))
+
+
+def file_cfg(path):
+    cfg = load_config()
+    cfg["source"].update(kind="file", path=str(path))
+    return cfg
+
+
+def write_csv(tmp_path, text, name="in.csv"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+# --------------------------------------------------------------------------- generator
+
+def test_generator_same_seed_same_data_whatever_the_limits():
+    cfg = gen_cfg(disorder=0.3, duration=10.0)
+    a = drain(open_source(cfg), 1000)
+    b = drain(open_source(cfg), 77777)
+    assert len(a.id) > 0
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    other = generate_all(gen_cfg(disorder=0.3, duration=10.0, seed=2))
+    assert not np.array_equal(other.key[:1000], a.key[:1000])
+
+
+def test_generator_total_and_dtypes():
+    cfg = gen_cfg()
+    src = open_source(cfg)
+    assert isinstance(src, GeneratorSource) and src.rejected is None
+    data = generate_all(cfg)
+    assert src.total == len(data.id)
+    assert [c.dtype for c in data] == [np.int8, np.int64, np.float64, np.int64, np.float64]
+    assert np.isfinite(data.ts).all()
+    assert ((data.value >= 0) & (data.value < 1)).all()
+
+
+@pytest.mark.parametrize("rate,duration", [(20000.0, 5.0), (300.0, 2.5), (50000.0, 3.3)])
+def test_generator_rates(rate, duration):
+    data = generate_all(gen_cfg(rate=rate, duration=duration))
+    expected = rate * duration
+    for s in (STREAM_R, STREAM_S):
+        n = int((data.stream == s).sum())
+        assert abs(n - expected) <= 5 * math.sqrt(expected), (s, n, expected)
+    assert data.ts.min() >= 0 and data.ts.max() < duration
+
+
+def test_generator_ids_per_stream_in_arrival_order():
+    data = generate_all(gen_cfg())
+    for s in (STREAM_R, STREAM_S):
+        ids = data.id[data.stream == s]
+        np.testing.assert_array_equal(ids, np.arange(len(ids)))
+
+
+def test_generator_no_disorder_ts_sorted():
+    data = generate_all(gen_cfg(disorder=0.0))
+    assert (np.diff(data.ts) >= 0).all()
+
+
+def test_generator_disorder_bounded():
+    d = 0.25
+    data = generate_all(gen_cfg(disorder=d))
+    running_max = np.maximum.accumulate(data.ts)
+    assert (np.diff(data.ts) < 0).any()  # really out of order
+    assert (data.ts >= running_max - d).all()
+    # the disorder only shifts ts back: same streams, same keys as without disorder
+    base = generate_all(gen_cfg(disorder=0.0))
+    np.testing.assert_array_equal(base.key, data.key)
+    shift = base.ts - data.ts
+    assert (shift >= 0).all() and (shift < d).all() and shift.max() > 0.9 * d
+
+
+def top_share(keys, domain, frac=0.01):
+    counts = np.sort(np.bincount(keys, minlength=domain))[::-1]
+    return counts[: max(1, int(domain * frac))].sum() / counts.sum()
+
+
+def test_generator_skew():
+    keys = 4096
+    hot = generate_all(gen_cfg(skew=0.9, keys=keys))
+    flat = generate_all(gen_cfg(skew=0.5, keys=keys))
+    for d in (hot, flat):
+        assert d.key.min() >= 0 and d.key.max() < keys
+    assert top_share(hot.key, keys) > 0.3
+    assert top_share(flat.key, keys) < 0.02
+    counts = np.bincount(flat.key, minlength=keys)
+    assert (counts > 0).all() and counts.max() < 3 * counts.mean()
+    # the hot keys are spread over the domain, not packed at one end
+    top = np.argsort(np.bincount(hot.key, minlength=keys))[-40:]
+    assert top.min() < keys // 4 and top.max() > 3 * keys // 4
+
+
+def test_generator_keys_not_power_of_two():
+    keys = 1000
+    d = generate_all(gen_cfg(keys=keys, skew=0.7, duration=2.0))
+    assert d.key.min() >= 0 and d.key.max() < keys
+    assert len(np.unique(d.key)) > 500
+
+
+def test_generator_rejects_bad_limit():
+    with pytest.raises(ValueError):
+        open_source(gen_cfg()).next_chunk(0)
+
+
+# --------------------------------------------------------------------------- file
+
+TABLE = {
+    "stream": ["R", "S", "S", "R"],
+    "id": [1, 1, 2, -7],
+    "ts": [0.5, 0.25, 1e-3, 2.0],
+    "key": [10, 10, 3, 9223372036854775807],
+    "value": [1.5, -2.0, 0.0, 3.25],
+}
+
+
+def check_table(data):
+    np.testing.assert_array_equal(data.stream, [STREAM_R, STREAM_S, STREAM_S, STREAM_R])
+    assert data.stream.dtype == np.int8
+    np.testing.assert_array_equal(data.id, TABLE["id"])
+    np.testing.assert_array_equal(data.ts, TABLE["ts"])
+    np.testing.assert_array_equal(data.key, TABLE["key"])
+    np.testing.assert_array_equal(data.value, TABLE["value"])
+
+
+def test_csv_round_trip(tmp_path):
+    rows = "\n".join(",".join(str(TABLE[c][i]) for c in TABLE) for i in range(4))
+    p = write_csv(tmp_path, "stream,id,ts,key,value\n" + rows + "\n")
+    src = open_source(file_cfg(p))
+    assert src.total == 4 and src.rejected is None
+    check_table(drain(src, 3))
+
+
+def test_parquet_round_trip(tmp_path):
+    for name in ("in.parquet", "in.pq"):
+        p = tmp_path / name
+        pq.write_table(pa.table(TABLE), p)
+        src = open_source(file_cfg(p))
+        assert src.total == 4 and src.rejected is None
+        check_table(drain(src, 100))
+
+
+def test_parquet_string_columns_use_the_csv_rules(tmp_path):
+    p = tmp_path / "s.parquet"
+    pq.write_table(pa.table({"stream": ["R", "S", "S"], "id": ["1", "x", "3"], "ts": ["1.5", "2", "inf"],
+                             "key": [1, 2, 3], "value": [None, 2.0, 1.0]}), p)
+    src = FileSource(p)
+    d = drain(src, 10)
+    np.testing.assert_array_equal(d.id, [1])
+    np.testing.assert_array_equal(d.value, [0.0])
+    assert src.rejected.column("row").to_pylist() == [2, 3]
+    assert src.rejected.column("column").to_pylist() == ["id", "ts"]
+
+
+def test_value_absent_or_null_is_zero(tmp_path):
+    p = write_csv(tmp_path, "stream,id,ts,key\nR,1,0.5,3\nS,2,0.7,4\n")
+    d = drain(FileSource(p), 10)
+    np.testing.assert_array_equal(d.value, [0.0, 0.0])
+    p = write_csv(tmp_path, "stream,id,ts,key,value\nR,1,0.5,3,\nS,2,0.7,4,2.5\n", "b.csv")
+    src = FileSource(p)
+    np.testing.assert_array_equal(drain(src, 10).value, [0.0, 2.5])
+    assert src.rejected is None
+
+
+def test_csv_lenient_syntax(tmp_path):
+    p = write_csv(tmp_path, "stream,id,ts,key,value,extra\n R , +5 , 1e-1 ,-0003, .5 ,whatever\nS,6,2.,4,-Inf,1\n")
+    src = FileSource(p)
+    d = drain(src, 10)
+    assert src.rejected is None
+    np.testing.assert_array_equal(d.stream, [STREAM_R, STREAM_S])
+    np.testing.assert_array_equal(d.id, [5, 6])
+    np.testing.assert_array_equal(d.ts, [0.1, 2.0])
+    np.testing.assert_array_equal(d.key, [-3, 4])
+    np.testing.assert_array_equal(d.value, [0.5, -np.inf])
+
+
+def test_rejections_row_column_reason(tmp_path):
+    text = """stream,id,ts,key,value
+R,1,0.1,1,1.0
+X,2,0.2,1,1.0
+R,abc,0.3,1,1.0
+R,4,soon,1,1.0
+R,5,nan,1,1.0
+R,6,inf,1,1.0
+R,7,0.7,1.5,1.0
+R,8,0.8,1,lots
+S,1,0.9,1,1.0
+R,1,1.0,1,1.0
+R,,1.1,1,1.0
+R,12,1.2,99999999999999999999,1.0
+R,1,1.3,1,1.0
+Q,zz,bad,bad,bad
+"""
+    p = write_csv(tmp_path, text)
+    src = FileSource(p)
+    d = drain(src, 100)
+    np.testing.assert_array_equal(d.id, [1, 1])
+    np.testing.assert_array_equal(d.stream, [STREAM_R, STREAM_S])
+    assert src.total == 2
+    rej = src.rejected.to_pydict()
+    assert rej["row"] == [2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14]
+    assert rej["column"] == ["stream", "id", "ts", "ts", "ts", "key", "value", "id", "id", "key", "id", "stream"]
+    assert rej["reason"][:7] == ["stream is not R or S", "id is not an integer", "ts is not a number",
+                                 "ts is NaN or infinite", "ts is NaN or infinite", "key is not an integer",
+                                 "value is not a number"]
+    assert rej["reason"][7] == "duplicate id 1 in stream R (first seen at row 1)"
+    assert rej["reason"][8] == "id is not an integer"
+    assert rej["reason"][10] == "duplicate id 1 in stream R (first seen at row 1)"
+    assert rej["file"] == [str(p)] * 12
+    assert rej["stream"][0] == "X" and rej["id"][1] == "abc" and rej["ts"][3] == "nan" and rej["value"][6] == "lots"
+    assert rej["id"][8] is None  # the empty cell
+    assert src.rejected.schema.field("row").type == pa.int64()
+    assert all(src.rejected.schema.field(c).type == pa.string() for c in ("file", "column", "reason", "stream", "value"))
+
+
+def test_duplicate_first_seen_is_first_good_row(tmp_path):
+    # a row rejected for another reason does not count as the first occurrence
+    p = write_csv(tmp_path, "stream,id,ts,key\nS,7,x,1\nS,7,1,1\nS,7,2,1\nR,7,3,1\n")
+    src = FileSource(p)
+    np.testing.assert_array_equal(drain(src, 10).ts, [1.0, 3.0])
+    assert src.rejected.column("reason").to_pylist() == [
+        "ts is not a number", "duplicate id 7 in stream S (first seen at row 2)"]
+
+
+def test_rejected_value_column_absent_is_null(tmp_path):
+    p = write_csv(tmp_path, "stream,id,ts,key\nR,1,x,1\n")
+    src = FileSource(p)
+    assert src.total == 0 and src.next_chunk(5) is None
+    assert src.rejected.column("value").to_pylist() == [None]
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match=r"nope\.csv.*does not exist"):
+        open_source(file_cfg(tmp_path / "nope.csv"))
+
+
+def test_missing_column(tmp_path):
+    p = write_csv(tmp_path, "stream,id,when,key\nR,1,0.5,3\n", "cols.csv")
+    with pytest.raises(InputError, match=r"cols\.csv.*\bts\b.*found: stream, id, when, key") as e:
+        FileSource(p)
+    assert "\n" not in str(e.value)
+    p = tmp_path / "cols.parquet"
+    pq.write_table(pa.table({"stream": ["R"], "ts": [1.0]}), p)
+    with pytest.raises(InputError, match=r"cols\.parquet.*id, key"):
+        FileSource(p)
+
+
+def test_bad_extension(tmp_path):
+    p = write_csv(tmp_path, "stream,id,ts,key\n", "in.txt")
+    with pytest.raises(InputError, match=r"in\.txt.*\.csv.*\.parquet.*\.pq"):
+        FileSource(p)
+
+
+def test_unreadable_files(tmp_path):
+    p = tmp_path / "junk.parquet"
+    p.write_bytes(b"not parquet at all")
+    with pytest.raises(InputError, match=r"junk\.parquet.*Parquet"):
+        FileSource(p)
+    p = write_csv(tmp_path, "", "empty.csv")
+    with pytest.raises(InputError, match=r"empty\.csv"):
+        FileSource(p)
+    p = write_csv(tmp_path, "stream,id,ts,key\nR,1,2\n", "ragged.csv")
+    with pytest.raises(InputError, match=r"ragged\.csv"):
+        FileSource(p)
+
+
+def test_header_only_csv_gives_zero_tuples(tmp_path):
+    p = write_csv(tmp_path, "stream,id,ts,key,value\n")
+    src = FileSource(p)
+    assert src.total == 0 and src.rejected is None
+    assert src.next_chunk(10) is None
+
+
+def test_file_chunks_follow_file_order(tmp_path):
+    n = 1000
+    ids = np.arange(n)[::-1]
+    streams = np.where(ids % 3 == 0, "S", "R")
+    p = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"stream": streams, "id": ids, "ts": ids * 0.5, "key": ids % 7}), p)
+    src = FileSource(p)
+    sizes, parts = [], []
+    while (c := src.next_chunk(300)) is not None:
+        sizes.append(len(c.id))
+        parts.append(c.id)
+    assert sizes == [300, 300, 300, 100]
+    np.testing.assert_array_equal(np.concatenate(parts), ids)
