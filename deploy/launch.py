@@ -4,12 +4,20 @@ Open MPI from PyPI ships `mpirun` next to the venv's python.  It refuses to run
 as root and to start more ranks than cores unless told; a stream join with 17
 ranks on a laptop is the normal case here, so both are allowed, and idle ranks
 yield the core (they also back off in `protocol.mpi.wait_probe`).
+
+Stopping: Open MPI's mpirun kills the job at once on SIGINT/SIGTERM, but it
+forwards SIGUSR1 to every rank.  So mpirun runs in its own session and this
+launcher turns the first Ctrl-C (or SIGTERM) into SIGUSR1: the master stops
+ingesting, joins what it accepted, flushes results and writes the summary.  A
+second Ctrl-C aborts.  With a bare mpirun, `kill -USR1 <mpirun pid>` does the same.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,8 +59,26 @@ def main(argv: list[str]) -> int:
     p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then arguments for python -m master")
     a = p.parse_args(argv)
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
-    cmd = mpirun_command(a.ranks, rest, a.hostfile)
-    os.execve(cmd[0], cmd, mpi_env())
+    return run_until_done(mpirun_command(a.ranks, rest, a.hostfile))
+
+
+def run_until_done(cmd: list[str]) -> int:
+    """Run mpirun; the first SIGINT/SIGTERM becomes a clean stop (SIGUSR1), the second aborts."""
+    proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True)
+    signals = 0
+
+    def on_signal(signum, frame):
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            proc.send_signal(signal.SIGUSR1)
+        else:
+            print("second signal: aborting the job", file=sys.stderr, flush=True)
+            proc.terminate()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    return proc.wait()
 
 
 if __name__ == "__main__":

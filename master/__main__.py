@@ -13,6 +13,7 @@ import sys
 from mpi4py import MPI
 
 from protocol.config import ConfigError, load_config, validate
+from protocol.output import reset_output
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -38,7 +39,8 @@ def main() -> int:
         cfg = load_config(args.config, args.set)
         validate(cfg, slaves=comm.size - 1)
         source = open_source(cfg)
-    except (ConfigError, InputError) as e:
+        reset_output(cfg["output"]["path"])
+    except (ConfigError, InputError, OSError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         comm.bcast(None, root=0)
         return 2

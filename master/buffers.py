@@ -2,7 +2,9 @@
 
 Tuples are hash-partitioned into mini-buffers as whole batches; at its slot a
 slave receives the drained mini-buffers of exactly its partitions, so draining
-never scans the tuples of other slaves.
+never scans the tuples of other slaves.  Chunks are held as opaque fixed-size
+records (numpy void) so that joining thousands of small chunks is a plain memory
+copy, without numpy's per-array field promotion for structured dtypes.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from protocol.tuples import partition_of
 class MiniBuffers:
     def __init__(self, partitions: int, dtype: np.dtype):
         self.partitions, self.dtype = partitions, dtype
+        self._record = np.dtype((np.void, dtype.itemsize))
         self._chunks: list[list[list[np.ndarray]]] = [[[] for _ in range(partitions)] for _ in range(2)]
         self.counts = np.zeros((2, partitions), dtype=np.int64)  #: buffered tuples per stream and partition
 
@@ -27,7 +30,7 @@ class MiniBuffers:
         part = partition_of(rows["key"], self.partitions)
         order = np.argsort(part, kind="stable")
         sizes = np.bincount(part, minlength=self.partitions)
-        pieces = np.split(rows[order], np.cumsum(sizes)[:-1])
+        pieces = np.split(rows[order].view(self._record), np.cumsum(sizes)[:-1])
         chunks = self._chunks[stream]
         for p in np.flatnonzero(sizes).tolist():
             chunks[p].append(pieces[p])
@@ -42,5 +45,5 @@ class MiniBuffers:
             for p in partitions.tolist():
                 chunks[p] = []
             self.counts[stream, partitions] = 0
-            out.append(np.concatenate(taken) if taken else np.empty(0, dtype=self.dtype))
+            out.append(np.concatenate(taken).view(self.dtype) if taken else np.empty(0, dtype=self.dtype))
         return out[0], out[1]

@@ -44,6 +44,9 @@ class Master:
         self._late_parts: list[pa.Table] = []
         self._late_files = 0
         self._stop_requested = False
+        #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
+        self.ingest_interval = min(0.01, cfg["epochs"]["distribution"] / groups / 10)
+        self._last_ingest = 0.0
 
     # -- ingest ---------------------------------------------------------------------------------
     def _ingest(self, now: float) -> int:
@@ -52,9 +55,12 @@ class Master:
         room = self.cfg["master"]["buffer_capacity"] - len(self.buffers)
         limit = min(src["batch"], room)
         if src["rate"] > 0:
+            if now - self._last_ingest < self.ingest_interval:
+                return 0  # paced input is taken in ticks, not tuple by tuple
             limit = min(limit, int((now - self.t0) * src["rate"]) - self.stats.ingested - self.stats.late)
         if self.exhausted or limit <= 0:
             return 0
+        self._last_ingest = now
         chunk = self.source.next_chunk(limit)
         if chunk is None:
             self.exhausted = True
@@ -133,8 +139,8 @@ class Master:
         print("stopping: no more input; joining what was accepted, flushing results ...", file=sys.stderr, flush=True)
 
     def run(self) -> dict:
-        signal.signal(signal.SIGINT, self._request_stop)
-        signal.signal(signal.SIGTERM, self._request_stop)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._request_stop)
         out = Path(self.cfg["output"]["path"])
         if self.source.rejected is not None and self.source.rejected.num_rows:
             self.stats.rejected = self.source.rejected.num_rows

@@ -27,9 +27,9 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "batch": (65536, "tuples the master ingests per step"),
     },
     "generator": {
-        "duration": (20.0, "seconds of event time to generate"),
-        "rate": (20000.0, "mean tuples/s per stream in event time (Poisson arrivals)"),
-        "keys": (131072, "join-key domain size"),
+        "duration": (60.0, "seconds of event time to generate"),
+        "rate": (50000.0, "mean tuples/s per stream in event time (Poisson arrivals)"),
+        "keys": (1048576, "join-key domain size"),
         "skew": (0.7, "b-model bias of the key distribution (0.5 = uniform; paper default 0.7)"),
         "seed": (1, "random seed; the same seed gives the same streams"),
         "tuple_bytes": (64, f"bytes per tuple on the wire and in the window (at least {BASE_TUPLE_BYTES}; paper 64)"),

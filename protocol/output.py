@@ -7,6 +7,7 @@ file.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +15,21 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 RESULT_COLUMNS = ("r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value", "delay")
+
+
+OUTPUT_PARTS = ("results", "late", "rejected", "summary.json")
+
+
+def reset_output(path: str | Path) -> None:
+    """Remove what an earlier run left in `path` (only the parts this engine writes)."""
+    root = Path(path)
+    for part in OUTPUT_PARTS:
+        target = root / part
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+    root.mkdir(parents=True, exist_ok=True)
 
 
 def write_table(directory: str | Path, stem: str, table: pa.Table, fmt: str) -> Path:

@@ -49,9 +49,9 @@ def run(comm: MPI.Comm) -> int:
     cfg = comm.bcast(None, root=0)
     if cfg is None:  # the master refused the configuration, said why and exits non-zero
         return 0
-    # mpirun passes SIGINT/SIGTERM to every rank; the master decides when to stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # mpirun forwards stop signals to every rank; the master alone decides when to stop.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
     tuning = cfg["tuning"]
     module = JoinModule(dtype, cfg["partitioning"]["partitions"], cfg["join"]["window"], tuning["block_size"],

@@ -50,6 +50,16 @@ def test_uniform_keys_any_slave_count(tmp_path, ranks):
     assert len(processed) == ranks - 1 and min(processed) > 0
 
 
+def test_second_run_into_the_same_output_replaces_the_first(tmp_path):
+    # the first run leaves many small result files; none of them may leak into the second run's output
+    first = dict(SMALL, **{"generator.seed": 21, "generator.duration": 2.0, "output.flush_rows": 20,
+                           "source.rate": 8000.0})
+    assert run_cluster(tmp_path, 3, first).returncode == 0
+    assert len(list((tmp_path / "out" / "results").iterdir())) > 4
+    check_exact(tmp_path, 3, dict(first, **{"generator.seed": 22, "generator.duration": 1.0,
+                                            "output.flush_rows": 500000}))
+
+
 def test_heavy_skew_with_partition_tuning(tmp_path):
     # a few keys hold most tuples; tiny theta bounds force splits, directory doubling and merges
     settings = dict(SMALL, **{"generator.skew": 0.9, "generator.keys": 256, "generator.seed": 7,

@@ -1,0 +1,35 @@
+# Everything a fresh machine needs: Python 3.11 and this Makefile.
+# `make run` sets up .venv and runs the default job; `make test` sets up and runs the tests.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+NP      ?= 17
+CONFIG  ?=
+ARGS    ?=
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup run test bench bench-full clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+# 1 master + (NP-1) slaves; works as root and with more ranks than cores (see deploy/launch.py)
+run: $(STAMP)
+	$(BIN)/python -m deploy.launch -n $(NP) -- $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python -m deploy.bench --quick
+
+bench-full: $(STAMP)
+	$(BIN)/python -m deploy.bench
+
+clean:
+	rm -rf out bench-report .pytest_cache

@@ -1,0 +1,71 @@
+"""The command line as a user meets it: clear errors before start, a clean stop on Ctrl-C."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deploy.launch import mpi_env, mpirun_command
+from master.source import generate_all
+from protocol.config import load_config
+from tests.cluster import Run
+from tests.reference import reference_pairs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_master(args: list[str], ranks: int = 3) -> subprocess.CompletedProcess:
+    return subprocess.run(mpirun_command(ranks, args), env=mpi_env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "join.windw=2"], "unknown key join.windw"),
+    (["--set", "join.window=-1"], "join.window: must be >= 0"),
+    (["--set", "join.window=soon"], "join.window: expected a number"),
+    (["--set", "partitioning.partitions=1"], "partitioning.partitions: must be >= the number of slaves (2)"),
+    (["--set", "source.kind=file", "--set", "source.path=/nonexistent/in.csv"], "'/nonexistent/in.csv' does not exist"),
+    (["--config", "/nonexistent/run.toml"], "config file '/nonexistent/run.toml' does not exist"),
+])
+def test_user_mistakes_stop_before_start_with_one_clear_message(tmp_path, args, needle):
+    proc = run_master(args + ["--set", f"output.path={tmp_path}/out"])
+    assert proc.returncode != 0
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_single_process_explains_how_to_launch():
+    proc = subprocess.run([sys.executable, "-m", "master"], cwd=ROOT, env=mpi_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "mpirun -n" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ctrl_c_stops_cleanly_with_every_result_of_the_accepted_prefix(tmp_path):
+    settings = ["generator.duration=60", "generator.rate=2000", "generator.keys=2048", "join.window=0.5",
+                "join.max_delay=0.2", "generator.disorder=0.1", "source.rate=4000"]
+    out = tmp_path / "out"
+    args = [f"--set={s}" for s in settings] + [f"--set=output.path={out}", "--set=output.progress=0.5"]
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.launch", "-n", "4", "--", *args], cwd=ROOT,
+                            env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while "results" not in proc.stderr.readline():  # wait for the first progress line
+        assert time.monotonic() < deadline and proc.poll() is None
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by_signal"] is True
+    taken = summary["input_total"] + summary["late"]
+    assert 0 < taken < 240000  # stopped early, not at the end of the input
+    data = generate_all(load_config(None, settings))
+    expected, _ = reference_pairs(data.stream[:taken], data.id[:taken], data.ts[:taken], data.key[:taken], 0.5, 0.2)
+    run = Run(out, subprocess.CompletedProcess([], 0, "", err))
+    assert np.array_equal(run.pairs(), expected)

@@ -1,0 +1,189 @@
+"""Tests of protocol/config.py: defaults, TOML file, --set overrides, validation errors."""
+from __future__ import annotations
+
+import pytest
+
+from protocol.config import DEFAULTS, ConfigError, load_config, validate
+
+
+def write(tmp_path, text, name="run.toml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_defaults():
+    cfg = load_config()
+    assert set(cfg) == set(DEFAULTS)
+    for section, keys in DEFAULTS.items():
+        assert set(cfg[section]) == set(keys)
+        for key, (default, desc) in keys.items():
+            assert cfg[section][key] == default and type(cfg[section][key]) is type(default)
+            assert desc
+    assert cfg["join"]["window"] == 1.0 and cfg["partitioning"]["partitions"] == 60
+    assert cfg["source"]["kind"] == "generator" and cfg["output"]["format"] == "parquet"
+    # every call gives a fresh dict
+    cfg["join"]["window"] = 99.0
+    assert load_config()["join"]["window"] == 1.0
+
+
+def test_file_values_override_defaults(tmp_path):
+    p = write(tmp_path, """
+[join]
+window = 2.5
+max_delay = 0.25
+
+[partitioning]
+partitions = 8
+
+[output]
+format = "csv"
+path = "elsewhere"
+""")
+    cfg = load_config(p)
+    assert cfg["join"]["window"] == 2.5 and cfg["join"]["max_delay"] == 0.25
+    assert cfg["partitioning"]["partitions"] == 8
+    assert cfg["output"]["format"] == "csv" and cfg["output"]["path"] == "elsewhere"
+    assert cfg["partitioning"]["subgroups"] == DEFAULTS["partitioning"]["subgroups"][0]
+    cfg2 = load_config(str(p))  # str path works as well
+    assert cfg2 == cfg
+
+
+def test_set_overrides_beat_file(tmp_path):
+    p = write(tmp_path, "[join]\nwindow = 2.5\n")
+    cfg = load_config(p, ["join.window=0.75", "partitioning.partitions=12", 'output.path="x y"',
+                          "output.format=csv", "generator.seed = 9"])
+    assert cfg["join"]["window"] == 0.75 and type(cfg["join"]["window"]) is float
+    assert cfg["partitioning"]["partitions"] == 12 and type(cfg["partitioning"]["partitions"]) is int
+    assert cfg["output"]["path"] == "x y"
+    assert cfg["output"]["format"] == "csv"  # bare word is a string
+    assert cfg["generator"]["seed"] == 9
+
+
+def test_set_later_override_wins():
+    cfg = load_config(None, ["join.window=3", "join.window=4"])
+    assert cfg["join"]["window"] == 4.0
+
+
+def test_bare_word_path_and_quoted_string():
+    cfg = load_config(None, ["output.path=results/run-1", "source.kind='generator'"])
+    assert cfg["output"]["path"] == "results/run-1"
+    assert cfg["source"]["kind"] == "generator"
+
+
+def test_int_for_float_key_is_float(tmp_path):
+    cfg = load_config(write(tmp_path, "[join]\nwindow = 3\n[generator]\nrate = 100\n"))
+    assert cfg["join"]["window"] == 3.0 and isinstance(cfg["join"]["window"], float)
+    assert isinstance(cfg["generator"]["rate"], float)
+    cfg = load_config(None, ["epochs.distribution=1"])
+    assert type(cfg["epochs"]["distribution"]) is float and cfg["epochs"]["distribution"] == 1.0
+
+
+def raises_naming(fragment, *args, **kw):
+    with pytest.raises(ConfigError) as err:
+        load_config(*args, **kw)
+    assert fragment in str(err.value), str(err.value)
+    return str(err.value)
+
+
+def test_bool_is_parsed_and_rejected_for_non_bool_keys(tmp_path):
+    msg = raises_naming("generator.seed", None, ["generator.seed=true"])
+    assert "True" in msg  # parsed as a boolean, not as the string "true"
+    raises_naming("join.window", None, ["join.window=false"])
+    raises_naming("output.format", write(tmp_path, "[output]\nformat = true\n"))
+
+
+def test_unknown_section(tmp_path):
+    raises_naming("[nope]", write(tmp_path, "[nope]\nx = 1\n"))
+    raises_naming("[nope]", None, ["nope.x=1"])
+    raises_naming("[window]", write(tmp_path, "window = 1.0\n", "top.toml"))  # key outside any table
+
+
+def test_unknown_key(tmp_path):
+    raises_naming("join.windw", write(tmp_path, "[join]\nwindw = 1.0\n"))
+    raises_naming("tuning.theta", None, ["tuning.theta=3"])
+
+
+@pytest.mark.parametrize("override,key", [
+    ('join.window="1.0"', "join.window"),
+    ("join.window=abc", "join.window"),
+    ("partitioning.partitions=2.5", "partitioning.partitions"),
+    ("output.path=5", "output.path"),
+    ("generator.keys=[1, 2]", "generator.keys"),
+    ("generator.rate=inf", "generator.rate"),
+    ("join.window=nan", "join.window"),
+])
+def test_wrong_type(override, key):
+    raises_naming(key, None, [override])
+
+
+def test_wrong_type_in_file(tmp_path):
+    raises_naming("join.max_delay", write(tmp_path, '[join]\nmax_delay = "0.5"\n'))
+
+
+def test_malformed_override():
+    for bad in ("joinwindow=1", "join.window", "window=1"):
+        with pytest.raises(ConfigError, match="section.key=value"):
+            load_config(None, [bad])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("join.window=-1", "join.window"),
+    ("join.max_delay=-0.1", "join.max_delay"),
+    ("tuning.block_size=0", "tuning.block_size"),
+    ("generator.rate=0", "generator.rate"),
+    ("generator.skew=1.0", "generator.skew"),
+    ("generator.skew=0", "generator.skew"),
+    ("generator.skew=-0.2", "generator.skew"),
+    ("generator.tuple_bytes=39", "generator.tuple_bytes"),
+    ("tuning.max_depth=25", "tuning.max_depth"),
+    ("output.format=json", "output.format"),
+    ("source.kind=socket", "source.kind"),
+])
+def test_value_errors(override, key):
+    raises_naming(key, None, [override])
+
+
+def test_window_zero_and_skew_inside_are_fine():
+    cfg = load_config(None, ["join.window=0", "generator.skew=0.5", "generator.tuple_bytes=40"])
+    assert cfg["join"]["window"] == 0.0 and cfg["generator"]["skew"] == 0.5
+
+
+def test_theta_min_at_most_half_theta_max():
+    msg = raises_naming("tuning.theta_min", None, ["tuning.theta_min=10", "tuning.theta_max=19"])
+    assert "tuning.theta_max" in msg
+    cfg = load_config(None, ["tuning.theta_min=10", "tuning.theta_max=20"])
+    assert cfg["tuning"]["theta_min"] == 10
+
+
+def test_file_source_needs_path(tmp_path):
+    raises_naming("source.path", None, ["source.kind=file"])
+    cfg = load_config(None, ["source.kind=file", f"source.path={tmp_path / 'in.csv'}"])
+    assert cfg["source"]["path"].endswith("in.csv")
+
+
+def test_partitions_vs_slaves():
+    cfg = load_config(None, ["partitioning.partitions=4"])
+    validate(cfg, slaves=4)
+    validate(cfg, slaves=1)
+    with pytest.raises(ConfigError, match="partitioning.partitions"):
+        validate(cfg, slaves=5)
+    with pytest.raises(ConfigError, match="slave"):
+        validate(cfg, slaves=0)
+
+
+def test_missing_config_file(tmp_path):
+    p = tmp_path / "missing.toml"
+    msg = raises_naming(str(p), p)
+    assert "does not exist" in msg
+    raises_naming(str(tmp_path), tmp_path)  # a directory is not a config file
+
+
+def test_invalid_toml(tmp_path):
+    p = write(tmp_path, "[join\nwindow = \n")
+    msg = raises_naming(str(p), p)
+    assert "TOML" in msg
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)

@@ -1,0 +1,114 @@
+"""Differential tests of slave/join.py: JoinModule.process over many epochs against tests/reference.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
+from slave.join import JoinModule
+from tests.reference import encode_pairs, late_flags, reference_pairs
+
+DT = tuple_dtype(64)
+
+
+def make_input(rng, n, n_keys, disorder, step=1 / 8):
+    """Interleaved arrival order: stream, id, ts (multiples of 1/8: exact |dt| == window cases), key."""
+    stream = (rng.random(n) < 0.45).astype(np.int64)
+    ids = rng.permutation(n).astype(np.int64) + 1000  # unique, not in arrival order
+    base = np.cumsum(rng.random(n) < 0.05) * step      # many equal ts, slowly increasing
+    ts = base - np.round(rng.uniform(0, disorder, n) / step) * step
+    # skewed keys whose hot set drifts with time, so buckets grow and later shrink
+    hot = rng.random(n) < 0.5
+    keys = np.where(hot, (rng.zipf(1.6, n) % 8) + (base // 3).astype(np.int64) * 100,
+                    rng.integers(0, n_keys, n))
+    return stream, ids, ts, keys
+
+
+def run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=400):
+    late = late_flags(ts, max_delay)
+    out, running, pos, n = [], -np.inf, 0, len(ts)
+    while pos < n:
+        k = int(rng.integers(0, max_epoch))
+        sl = slice(pos, min(n, pos + k))
+        pos = sl.stop
+        if len(ts[sl]):
+            running = max(running, float(ts[sl].max()))
+        ok = ~late[sl]
+        sides = []
+        for st in (STREAM_R, STREAM_S):
+            sel = ok & (stream[sl] == st)
+            r = np.zeros(int(sel.sum()), dtype=DT)
+            r["id"], r["ts"], r["key"] = ids[sl][sel], ts[sl][sel], keys[sl][sel]
+            r["value"] = st
+            sides.append(r)
+        res_r, res_s = module.process(sides[0], sides[1], running - max_delay)
+        assert len(res_r) == len(res_s)
+        assert np.all(res_r["value"] == STREAM_R) and np.all(res_s["value"] == STREAM_S)
+        assert np.all(res_r["key"] == res_s["key"])
+        out.append(encode_pairs(res_r["id"], res_s["id"]))
+    return np.sort(np.concatenate(out))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("window,max_delay", [(0.5, 0.375), (0.0, 0.25), (2.0, 1.0)])
+def test_process_matches_reference(seed, window, max_delay):
+    rng = np.random.default_rng(seed)
+    n = 6000
+    stream, ids, ts, keys = make_input(rng, n, n_keys=300, disorder=max_delay * 1.3)
+    expected, late_ids = reference_pairs(stream, ids, ts, keys, window, max_delay)
+    assert len(late_ids) > 0  # some input is late and must not join
+    module = JoinModule(DT, partitions=3, window=window, block_size=4, theta_min=2, theta_max=6, max_depth=8)
+    got = run_module(module, stream, ids, ts, keys, max_delay, rng)
+    assert len(np.unique(got)) == len(got), "a pair was produced twice"
+    assert len(expected) > 1000
+    missing = np.setdiff1d(expected, got)
+    extra = np.setdiff1d(got, expected)
+    assert len(missing) == 0 and len(extra) == 0, f"{len(missing)} missing, {len(extra)} extra pairs"
+    np.testing.assert_array_equal(got, expected)
+    # tuning and expiry really happened
+    assert module.splits > 0 and module.merges > 0
+    stored_r, stored_s = module.stored()
+    assert stored_r + stored_s < n / 2
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_process_one_tuple_per_epoch_and_empty_epochs(seed):
+    rng = np.random.default_rng(100 + seed)
+    n = 400
+    stream, ids, ts, keys = make_input(rng, n, n_keys=20, disorder=0.5)
+    window, max_delay = 0.5, 0.375
+    expected, _ = reference_pairs(stream, ids, ts, keys, window, max_delay)
+    module = JoinModule(DT, partitions=2, window=window, block_size=2, theta_min=1, theta_max=3, max_depth=6)
+    got = run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=3)  # sizes 0, 1, 2
+    assert len(expected) > 50
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_single_hot_key_many_epochs():
+    rng = np.random.default_rng(9)
+    n = 3000
+    stream, ids, ts, _ = make_input(rng, n, n_keys=1, disorder=0.25)
+    keys = np.full(n, 5)
+    expected, _ = reference_pairs(stream, ids, ts, keys, 0.25, 0.25)
+    module = JoinModule(DT, partitions=4, window=0.25, block_size=4, theta_min=1, theta_max=3, max_depth=6)
+    got = run_module(module, stream, ids, ts, keys, 0.25, rng)
+    np.testing.assert_array_equal(got, expected)
+    assert module.splits == 0
+    assert all(pg.directory.global_depth == 0 for pg in module.groups.values())
+
+
+def test_empty_process_returns_empty_typed_arrays():
+    module = JoinModule(DT, partitions=4, window=1.0, block_size=4, theta_min=1, theta_max=4, max_depth=4)
+    empty = np.zeros(0, dtype=DT)
+    r, s = module.process(empty, empty, 0.0)
+    assert len(r) == len(s) == 0 and r.dtype == DT and s.dtype == DT
+    one = np.zeros(1, dtype=DT)
+    r, s = module.process(one, empty, 0.0)
+    assert len(r) == 0 and module.stored() == (1, 0)
+    other = np.zeros(1, dtype=DT)
+    other["id"] = 7
+    r, s = module.process(empty, other, 0.0)
+    assert len(r) == 1 and int(r["id"][0]) == 0 and int(s["id"][0]) == 7
+    assert module.stored() == (1, 1)
+    r, s = module.process(empty, empty, 10.0)  # watermark far ahead: everything expires
+    assert len(r) == 0 and module.stored() == (0, 0)

@@ -1,0 +1,97 @@
+"""Tests of slave/kernel.py: window_join against a brute-force n x m broadcast."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slave.kernel import window_join
+
+
+def brute_pairs(a_key, a_ts, b_key, b_ts, window):
+    """Every (ia, ib) with equal keys and |dt| <= window, from a full n x m comparison."""
+    if len(a_key) == 0 or len(b_key) == 0:
+        return set()
+    ok = (a_key[:, None] == b_key[None, :]) & (np.abs(a_ts[:, None] - b_ts[None, :]) <= window)
+    ia, ib = np.nonzero(ok)
+    return set(zip(ia.tolist(), ib.tolist()))
+
+
+def check(a_key, a_ts, b_key, b_ts, window):
+    ia, ib = window_join(a_key, a_ts, b_key, b_ts, window)
+    assert len(ia) == len(ib)
+    assert ia.dtype.kind == "i" and ib.dtype.kind == "i"
+    got = list(zip(ia.tolist(), ib.tolist()))
+    assert len(got) == len(set(got)), "window_join returned a pair twice"
+    expected = brute_pairs(a_key, a_ts, b_key, b_ts, window)
+    assert set(got) == expected
+    return expected
+
+
+SIZES = [(0, 0), (0, 5), (5, 0), (1, 1), (1, 17), (17, 1), (2, 300), (300, 2), (50, 50), (120, 80), (80, 120)]
+
+
+@pytest.mark.parametrize("n,m", SIZES)
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("n_keys", [1, 3, 40])
+def test_random_against_broadcast(n, m, seed, n_keys):
+    rng = np.random.default_rng(seed * 1000 + n * 7 + m)
+    a_key = rng.integers(0, n_keys, n)
+    b_key = rng.integers(0, n_keys, m)
+    a_ts = rng.uniform(0, 10, n)
+    b_ts = rng.uniform(0, 10, m)
+    for window in (0.0, 0.3, 2.5, 100.0):
+        check(a_key, a_ts, b_key, b_ts, window)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_integer_timestamps_window_zero_and_exact_boundary(seed):
+    # integer-valued ts make |dt| == window exact; window 0 means equal ts only
+    rng = np.random.default_rng(seed)
+    n, m = rng.integers(1, 90, 2)
+    a_key, b_key = rng.integers(0, 4, n), rng.integers(0, 4, m)
+    a_ts = rng.integers(0, 8, n).astype(np.float64)
+    b_ts = rng.integers(0, 8, m).astype(np.float64)
+    for window in (0.0, 1.0, 3.0):
+        check(a_key, a_ts, b_key, b_ts, window)
+        check(b_key, b_ts, a_key, a_ts, window)
+    ia, ib = window_join(a_key, a_ts, b_key, b_ts, 0.0)
+    assert np.all(a_ts[ia] == b_ts[ib]) and np.all(a_key[ia] == b_key[ib])
+
+
+def test_exact_boundary_included_and_just_outside_excluded():
+    a_key = np.array([7, 7, 7])
+    a_ts = np.array([10.0, 11.0, 11.5])
+    b_key = np.array([7, 8])
+    b_ts = np.array([10.5, 10.5])
+    ia, ib = window_join(a_key, a_ts, b_key, b_ts, 0.5)
+    assert set(zip(ia.tolist(), ib.tolist())) == {(0, 0), (1, 0)}
+    # swapped roles (b larger than a) give the mirrored pairs
+    ib2, ia2 = window_join(b_key, b_ts, a_key, a_ts, 0.5)
+    assert set(zip(ia2.tolist(), ib2.tolist())) == {(0, 0), (1, 0)}
+    ia, ib = window_join(a_key, a_ts, b_key, b_ts, 0.0)
+    assert len(ia) == 0 and len(ib) == 0
+
+
+def test_all_one_key_is_full_cross_product_within_window():
+    n, m = 60, 45
+    a_key, b_key = np.full(n, 3), np.full(m, 3)
+    a_ts, b_ts = np.zeros(n), np.zeros(m)
+    ia, ib = window_join(a_key, a_ts, b_key, b_ts, 0.0)
+    assert len(ia) == n * m
+    assert len(set(zip(ia.tolist(), ib.tolist()))) == n * m
+    ib, ia = window_join(b_key, b_ts, a_key, a_ts, 0.0)
+    assert len(set(zip(ia.tolist(), ib.tolist()))) == n * m
+
+
+def test_disjoint_keys_give_nothing():
+    ia, ib = window_join(np.arange(10), np.zeros(10), np.arange(10, 30), np.zeros(20), 1e9)
+    assert len(ia) == 0 and len(ib) == 0
+
+
+def test_negative_and_large_keys():
+    rng = np.random.default_rng(5)
+    pool = np.array([-(2**62), -1, 0, 1, 2**62, 123456789012], dtype=np.int64)
+    a_key, b_key = rng.choice(pool, 70), rng.choice(pool, 33)
+    a_ts, b_ts = rng.uniform(0, 3, 70), rng.uniform(0, 3, 33)
+    check(a_key, a_ts, b_key, b_ts, 0.7)
+    check(b_key, b_ts, a_key, a_ts, 0.7)

@@ -1,0 +1,143 @@
+"""Tests of master/ingest.py (lateness) and master/buffers.py (mini-buffers)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from master.buffers import MiniBuffers
+from master.ingest import late_mask, to_wire
+from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
+from tests.reference import late_flags
+
+DT = tuple_dtype(64)
+
+
+# --------------------------------------------------------------------------- late_mask
+
+def prev_max_loop(ts):
+    out, running = [], -np.inf
+    for t in ts.tolist():
+        out.append(running)
+        running = max(running, t)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_late_mask_batches_with_carry_equal_whole_array(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 3000))
+    max_delay = float(rng.choice([0.0, 0.3, 2.0]))
+    ts = np.cumsum(rng.exponential(0.05, n)) - rng.exponential(0.3, n)
+    if seed % 4 == 0:
+        ts = np.round(ts * 4) / 4  # many ties, exact ts == max - max_delay cases
+    expected = late_flags(ts, max_delay)
+    cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(0, 12))))
+    running = -np.inf
+    flags, prevs = [], []
+    for part in np.split(np.arange(n), cuts):
+        late, prev, new_running = late_mask(ts[part], running, max_delay)
+        assert late.dtype == bool and len(late) == len(part) == len(prev)
+        assert new_running == max([running, *ts[part].tolist()])
+        running = new_running
+        flags.append(late)
+        prevs.append(prev)
+    np.testing.assert_array_equal(np.concatenate(flags), expected)
+    np.testing.assert_array_equal(np.concatenate(prevs), prev_max_loop(ts))
+    whole, _, whole_running = late_mask(ts, -np.inf, max_delay)
+    np.testing.assert_array_equal(whole, expected)
+    assert whole_running == (ts.max() if n else -np.inf)
+    if n > 100 and max_delay < 1:
+        assert expected.any() and not expected.all()
+
+
+def test_late_mask_boundary_and_carry():
+    # a tuple exactly max_delay behind is on time; just beyond is late; the first tuple never is
+    late, prev, running = late_mask(np.array([10.0, 9.5, 9.49, 12.0]), -np.inf, 0.5)
+    assert late.tolist() == [False, False, True, False]
+    assert prev.tolist() == [-np.inf, 10.0, 10.0, 10.0] and running == 12.0
+    # carried running max makes the first tuple of the next batch late
+    late, prev, running = late_mask(np.array([11.0, 11.5]), running, 0.5)
+    assert late.tolist() == [True, False] and running == 12.0
+    # an empty batch keeps the running max
+    late, _, running = late_mask(np.empty(0), 12.0, 0.5)
+    assert len(late) == 0 and running == 12.0
+
+
+def test_to_wire_packs_columns():
+    rows = to_wire(DT, np.array([1, 2]), np.array([0.5, 1.5]), np.array([7, 8]), np.array([0.1, 0.2]),
+                   np.array([100.0, 101.0]))
+    assert rows.dtype == DT
+    assert rows["id"].tolist() == [1, 2] and rows["ts"].tolist() == [0.5, 1.5]
+    assert rows["key"].tolist() == [7, 8] and rows["value"].tolist() == [0.1, 0.2]
+    assert rows["arrival"].tolist() == [100.0, 101.0]
+
+
+# --------------------------------------------------------------------------- MiniBuffers
+
+def batch(rng, first_id, n, n_keys):
+    rows = np.zeros(n, dtype=DT)
+    rows["id"] = np.arange(first_id, first_id + n)
+    rows["key"] = rng.integers(0, n_keys, n)
+    rows["ts"] = rng.uniform(0, 10, n)
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_minibuffers_drain_subset(seed):
+    rng = np.random.default_rng(seed)
+    P = int(rng.integers(1, 20))
+    buf = MiniBuffers(P, DT)
+    added = {STREAM_R: [], STREAM_S: []}
+    next_id = 0
+    for _ in range(int(rng.integers(1, 8))):
+        for stream in (STREAM_R, STREAM_S):
+            rows = batch(rng, next_id, int(rng.integers(0, 300)), n_keys=int(rng.integers(1, 500)))
+            next_id += len(rows)
+            buf.add(stream, rows)
+            added[stream].append(rows)
+    all_rows = {st: np.concatenate(added[st]) if added[st] else np.empty(0, DT) for st in added}
+    parts = {st: partition_of(all_rows[st]["key"], P) for st in all_rows}
+    for st in (STREAM_R, STREAM_S):
+        np.testing.assert_array_equal(buf.counts[st], np.bincount(parts[st], minlength=P))
+    assert len(buf) == len(all_rows[STREAM_R]) + len(all_rows[STREAM_S])
+
+    chosen = np.sort(rng.choice(P, int(rng.integers(0, P + 1)), replace=False)).astype(np.int64)
+    counts_before = buf.counts.copy()
+    r, s = buf.drain(chosen)
+    for st, got in ((STREAM_R, r), (STREAM_S, s)):
+        assert got.dtype == DT
+        # exactly the tuples of the chosen partitions, partition by partition, arrival order inside each
+        expected = np.concatenate([all_rows[st][parts[st] == p] for p in chosen.tolist()] or [np.empty(0, DT)])
+        assert got.tobytes() == expected.tobytes()
+        got_parts = partition_of(got["key"], P)
+        for p in chosen.tolist():
+            ids = got["id"][got_parts == p]
+            assert np.all(np.diff(ids) > 0)
+    others = np.setdiff1d(np.arange(P), chosen)
+    assert np.all(buf.counts[:, chosen] == 0)
+    np.testing.assert_array_equal(buf.counts[:, others], counts_before[:, others])
+    assert len(buf) == int(counts_before[:, others].sum())
+
+    # the rest is untouched: draining it returns everything else, then the buffers are empty
+    r2, s2 = buf.drain(others)
+    for st, got in ((STREAM_R, r2), (STREAM_S, s2)):
+        expected = np.concatenate([all_rows[st][parts[st] == p] for p in others.tolist()] or [np.empty(0, DT)])
+        assert got.tobytes() == expected.tobytes()
+    assert len(buf) == 0 and not buf.counts.any()
+    r3, s3 = buf.drain(np.arange(P))
+    assert len(r3) == len(s3) == 0 and r3.dtype == DT
+
+
+def test_minibuffers_streams_are_separate_and_refill_after_drain():
+    rng = np.random.default_rng(0)
+    buf = MiniBuffers(4, DT)
+    rows = batch(rng, 0, 50, 10)
+    buf.add(STREAM_S, rows)
+    buf.add(STREAM_R, rows[:0])
+    assert buf.counts[STREAM_R].sum() == 0 and buf.counts[STREAM_S].sum() == 50
+    r, s = buf.drain(np.arange(4))
+    assert len(r) == 0 and sorted(s["id"].tolist()) == list(range(50))
+    more = batch(rng, 50, 30, 10)
+    buf.add(STREAM_S, more)
+    r, s = buf.drain(np.arange(4))
+    assert sorted(s["id"].tolist()) == list(range(50, 80))  # nothing of the first batch comes back

@@ -1,0 +1,231 @@
+"""Tests of protocol/: messages, delay histograms, group_pairs, tuples."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from protocol import delays
+from protocol.arrays import group_pairs
+from protocol.messages import HEADER, REPORT_FIELDS, REPORT_LEN, Kind, decode_batch, decode_report, encode_batch, \
+    encode_report
+from protocol.tuples import BASE_TUPLE_BYTES, directory_hash, mix64, partition_of, tuple_dtype
+
+
+# --------------------------------------------------------------------------- messages
+
+def random_rows(rng, dtype, n):
+    rows = np.zeros(n, dtype=dtype)
+    rows["id"] = rng.integers(-2**62, 2**62, n)
+    rows["ts"] = rng.normal(0, 1e6, n)
+    rows["key"] = rng.integers(-2**62, 2**62, n)
+    rows["value"] = rng.normal(size=n)
+    rows["arrival"] = rng.uniform(1.7e9, 1.8e9, n)
+    if "pad" in dtype.names and n:
+        raw = rows.view(np.uint8).reshape(n, dtype.itemsize)
+        raw[:, BASE_TUPLE_BYTES:] = rng.integers(0, 256, (n, dtype.itemsize - BASE_TUPLE_BYTES), dtype=np.uint8)
+        assert rows["pad"].tobytes() != bytes(len(rows["pad"].tobytes()))
+    return rows
+
+
+@pytest.mark.parametrize("tuple_bytes", [40, 64])
+@pytest.mark.parametrize("n_r,n_s", [(0, 0), (0, 3), (5, 0), (1, 1), (37, 100)])
+def test_batch_round_trip(tuple_bytes, n_r, n_s):
+    rng = np.random.default_rng(n_r * 1000 + n_s + tuple_bytes)
+    dt = tuple_dtype(tuple_bytes)
+    r, s = random_rows(rng, dt, n_r), random_rows(rng, dt, n_s)
+    buf = encode_batch(Kind.BATCH, 12345, -3.25, r, s)
+    assert buf.dtype == np.uint8
+    assert len(buf) == HEADER.itemsize + (n_r + n_s) * tuple_bytes
+    head, r2, s2 = decode_batch(buf, dt)
+    assert int(head["kind"]) == Kind.BATCH and Kind(int(head["kind"])) is Kind.BATCH
+    assert int(head["epoch"]) == 12345
+    assert float(head["watermark"]) == -3.25
+    assert (int(head["n_r"]), int(head["n_s"])) == (n_r, n_s)
+    assert r2.dtype == dt and s2.dtype == dt
+    assert len(r2) == n_r and len(s2) == n_s
+    assert r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()  # bit-exact, padding included
+    for f in ("id", "ts", "key", "value", "arrival"):
+        np.testing.assert_array_equal(r2[f], r[f])
+        np.testing.assert_array_equal(s2[f], s[f])
+
+
+def test_stop_message_with_infinite_watermark():
+    dt = tuple_dtype(64)
+    empty = np.empty(0, dtype=dt)
+    buf = encode_batch(Kind.STOP, 7, np.inf, empty, empty)
+    assert len(buf) == HEADER.itemsize
+    head, r, s = decode_batch(buf, dt)
+    assert int(head["kind"]) == Kind.STOP and head["watermark"] == np.inf and int(head["epoch"]) == 7
+    assert len(r) == 0 and len(s) == 0
+
+
+def test_decode_survives_a_copied_buffer():
+    rng = np.random.default_rng(1)
+    dt = tuple_dtype(48)
+    r, s = random_rows(rng, dt, 4), random_rows(rng, dt, 6)
+    raw = bytes(encode_batch(Kind.BATCH, 1, 0.5, r, s))  # as received off the wire
+    head, r2, s2 = decode_batch(np.frombuffer(bytearray(raw), dtype=np.uint8), dt)
+    assert r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
+
+
+@pytest.mark.parametrize("tuple_bytes", [40, 64])
+def test_decode_rejects_truncated_and_oversized(tuple_bytes):
+    rng = np.random.default_rng(2)
+    dt = tuple_dtype(tuple_bytes)
+    buf = encode_batch(Kind.BATCH, 3, 1.0, random_rows(rng, dt, 3), random_rows(rng, dt, 2))
+    for cut in (0, 1, HEADER.itemsize - 1, HEADER.itemsize, HEADER.itemsize + 1, len(buf) - tuple_bytes,
+                len(buf) - 1):
+        with pytest.raises(ValueError, match="bytes"):
+            decode_batch(buf[:cut], dt)
+    with pytest.raises(ValueError, match="bytes"):
+        decode_batch(np.concatenate([buf, np.zeros(tuple_bytes, np.uint8)]), dt)
+    # decoding with the wrong tuple size is detected as well
+    other = tuple_dtype(tuple_bytes + 8)
+    with pytest.raises(ValueError, match="bytes"):
+        decode_batch(buf, other)
+
+
+def test_report_round_trip():
+    rng = np.random.default_rng(3)
+    counters = {f: float(rng.integers(0, 10**9)) for f in REPORT_FIELDS}
+    counters["busy"] = 0.123456789
+    counters["delay_max"] = 1e-7
+    hist = rng.integers(0, 10**12, delays.BINS)
+    buf = encode_report(counters, hist)
+    assert buf.dtype == np.float64 and len(buf) == REPORT_LEN == len(REPORT_FIELDS) + delays.BINS
+    c2, h2 = decode_report(buf)
+    assert c2 == counters
+    assert list(c2) == list(REPORT_FIELDS)
+    assert h2.dtype == np.int64
+    np.testing.assert_array_equal(h2, hist)
+
+
+def test_report_missing_counters_are_zero_and_unknown_ignored():
+    hist = np.zeros(delays.BINS, dtype=np.int64)
+    hist[5] = 3
+    c, h = decode_report(encode_report({"epoch": 4.0, "results": 17, "bogus": 99.0}, hist))
+    assert c["epoch"] == 4.0 and c["results"] == 17.0
+    assert all(c[f] == 0.0 for f in REPORT_FIELDS if f not in ("epoch", "results"))
+    assert "bogus" not in c
+    np.testing.assert_array_equal(h, hist)
+
+
+# --------------------------------------------------------------------------- delays
+
+def test_histogram_bins():
+    assert delays.BINS == len(delays.EDGES) + 1
+    d = np.array([0.0, 1e-7, 1e-6, 1e-3, 0.5, 1e4, 1e5])
+    h = delays.histogram(d)
+    assert h.dtype == np.int64 and len(h) == delays.BINS and h.sum() == len(d)
+    assert h[0] == 2  # underflow: below 1 us
+    assert h[-1] == 2  # overflow: 1e4 and above
+    for x in (1e-3, 0.5):
+        b = int(np.searchsorted(delays.EDGES, x, side="right"))
+        assert delays.EDGES[b - 1] <= x < delays.EDGES[b] and h[b] >= 1
+    np.testing.assert_array_equal(delays.histogram(np.empty(0)), np.zeros(delays.BINS, np.int64))
+
+
+def test_histograms_merge_by_addition():
+    rng = np.random.default_rng(4)
+    a, b = rng.lognormal(-3, 2, 1000), rng.lognormal(0, 1, 500)
+    np.testing.assert_array_equal(delays.histogram(a) + delays.histogram(b),
+                                  delays.histogram(np.concatenate([a, b])))
+
+
+def test_percentiles_nan_when_empty():
+    out = delays.percentiles(np.zeros(delays.BINS, np.int64))
+    assert len(out) == 3 and all(math.isnan(x) for x in out)
+    assert math.isnan(delays.percentiles(np.zeros(delays.BINS, np.int64), qs=(90,))[0])
+
+
+def test_percentiles_exact_small_cases():
+    d = np.array([1.05e-3, 1.05e-3, 1.05, 2000.0])  # bins with upper edges 10**-2.95, 10**0.05, 10**3.35
+    h = delays.histogram(d)
+    p50, p51, p100 = delays.percentiles(h, qs=(50, 51, 100))
+    assert p50 == pytest.approx(10 ** -2.95)  # 2 of 4 values at or below: the 50th percentile is the 2nd value
+    assert p51 == pytest.approx(10 ** 0.05)
+    assert p100 == pytest.approx(10 ** 3.35)
+    assert delays.percentiles(delays.histogram(np.array([1e6])), qs=(50,)) == [1e4]  # overflow: capped
+    assert delays.percentiles(delays.histogram(np.array([0.0])), qs=(50,)) == [1e-6]  # underflow
+
+
+BIN_RATIO = 10 ** (1 / 20)  # one bin: the histogram's resolution
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_percentiles_close_to_numpy(seed):
+    rng = np.random.default_rng(seed)
+    d = rng.lognormal(mean=rng.uniform(-8, 2), sigma=rng.uniform(0.3, 2.5), size=int(rng.integers(2000, 20000)))
+    qs = (50, 90, 95, 99, 99.9)
+    got = delays.percentiles(delays.histogram(d), qs=qs)
+    for q, p in zip(qs, got):
+        exact = float(np.percentile(d, q, method="inverted_cdf"))
+        assert exact <= p <= exact * BIN_RATIO, (q, exact, p)  # the upper edge of the exact value's bin
+        if q <= 95:  # away from the sparse tail, numpy's interpolated percentile is as close
+            assert abs(p - np.percentile(d, q)) <= 0.125 * np.percentile(d, q)
+
+
+# --------------------------------------------------------------------------- group_pairs
+
+@pytest.mark.parametrize("seed", range(15))
+def test_group_pairs_against_flatnonzero(seed):
+    rng = np.random.default_rng(seed)
+    n_r, n_s = (int(x) for x in rng.integers(0, 200, 2))
+    k = int(rng.integers(1, 30))
+    lr, ls = rng.integers(-5, k, n_r), rng.integers(0, k + 5, n_s)
+    seen = []
+    for label, ri, si in group_pairs(lr, ls):
+        seen.append(label)
+        np.testing.assert_array_equal(ri, np.flatnonzero(lr == label))  # arrival order
+        np.testing.assert_array_equal(si, np.flatnonzero(ls == label))
+        assert len(ri) + len(si) > 0
+    assert seen == sorted(set(lr.tolist()) | set(ls.tolist()))
+
+
+def test_group_pairs_empty_and_one_sided():
+    e = np.empty(0, np.int64)
+    assert list(group_pairs(e, e)) == []
+    out = list(group_pairs(np.array([3, 1, 3]), e))
+    assert [lab for lab, _, _ in out] == [1, 3]
+    np.testing.assert_array_equal(out[1][1], [0, 2])
+    assert len(out[1][2]) == 0
+
+
+# --------------------------------------------------------------------------- tuples
+
+@pytest.mark.parametrize("partitions", [1, 2, 7, 60, 1000])
+def test_partition_of_in_range_and_deterministic(partitions):
+    rng = np.random.default_rng(partitions)
+    keys = np.concatenate([rng.integers(-2**63, 2**63 - 1, 5000, dtype=np.int64), np.arange(-50, 50)])
+    p = partition_of(keys, partitions)
+    assert p.dtype == np.int64 and p.min() >= 0 and p.max() < partitions
+    np.testing.assert_array_equal(p, partition_of(keys.copy(), partitions))
+    # per-key, independent of the batch the key comes in
+    np.testing.assert_array_equal(p[::-1], partition_of(keys[::-1], partitions))
+    assert all(partition_of(keys[i:i + 1], partitions)[0] == p[i] for i in range(0, len(keys), 997))
+    if 1 < partitions <= 60:
+        counts = np.bincount(partition_of(np.arange(100000), partitions), minlength=partitions)
+        assert counts.min() > 0.8 * 100000 / partitions  # well spread
+
+
+def test_hashes_do_not_mutate_input_and_are_known_values():
+    keys = np.array([0, 1, -1], dtype=np.int64)
+    h = mix64(keys)
+    np.testing.assert_array_equal(keys, [0, 1, -1])
+    assert h.dtype == np.uint64 and int(h[0]) == 0
+    assert int(h[1]) == 0x5692161D100B05E5  # splitmix64 finaliser of 1
+    assert np.all(directory_hash(keys) == h & np.uint64(0xFFFFFFFF))
+
+
+def test_tuple_dtype_sizes():
+    assert BASE_TUPLE_BYTES == 40
+    assert tuple_dtype().itemsize == 40 and "pad" not in tuple_dtype().names
+    for size in (40, 41, 48, 64, 128):
+        dt = tuple_dtype(size)
+        assert dt.itemsize == size
+        assert dt.names[:5] == ("id", "ts", "key", "value", "arrival")
+    for size in (0, 8, 39):
+        with pytest.raises(ValueError, match="40"):
+            tuple_dtype(size)

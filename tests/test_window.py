@@ -1,0 +1,169 @@
+"""Tests of slave/window.py: MiniWindow blocks, expiry and take."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from protocol.tuples import tuple_dtype
+from slave.window import MiniWindow
+
+DT = tuple_dtype(48)
+
+
+def make_rows(ids, ts):
+    rows = np.zeros(len(ids), dtype=DT)
+    rows["id"], rows["ts"], rows["key"] = ids, ts, np.asarray(ids) % 5
+    return rows
+
+
+def recomputed_block_max(w: MiniWindow) -> np.ndarray:
+    ts = w.rows["ts"]
+    B = w.block_size
+    return np.array([ts[i: i + B].max() for i in range(0, len(ts), B)], dtype=np.float64)
+
+
+def check_blocks(w: MiniWindow):
+    assert w.blocks == -(-len(w) // w.block_size)
+    np.testing.assert_array_equal(w.block_max, recomputed_block_max(w))
+
+
+class Model:
+    """Plain-list model of a mini-window: rows in order, blocks are consecutive chunks of B."""
+
+    def __init__(self, B):
+        self.B, self.ids, self.ts = B, [], []
+
+    def append(self, ids, ts):
+        self.ids += list(ids)
+        self.ts += list(ts)
+
+    def expire(self, threshold):
+        keep_ids, keep_ts = [], []
+        for i in range(0, len(self.ids), self.B):
+            chunk_ids, chunk_ts = self.ids[i: i + self.B], self.ts[i: i + self.B]
+            if max(chunk_ts) >= threshold:
+                keep_ids += chunk_ids
+                keep_ts += chunk_ts
+        dropped = len(self.ids) - len(keep_ids)
+        self.ids, self.ts = keep_ids, keep_ts
+        return dropped
+
+
+def test_append_across_partial_head_block():
+    w = MiniWindow(DT, 4)
+    w.append(make_rows([0, 1, 2], [5.0, 1.0, 2.0]))
+    np.testing.assert_array_equal(w.block_max, [5.0])
+    # fills the partial head block with a larger ts and starts two new blocks
+    w.append(make_rows([3, 4, 5, 6, 7, 8, 9], [9.0, 0.5, 0.1, 0.2, 0.3, 7.0, 3.0]))
+    np.testing.assert_array_equal(w.block_max, [9.0, 0.5, 7.0])
+    np.testing.assert_array_equal(w.rows["id"], np.arange(10))
+    check_blocks(w)
+    w.append(make_rows([], []))
+    np.testing.assert_array_equal(w.block_max, [9.0, 0.5, 7.0])
+    assert len(w) == 10
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("B", [1, 3, 8])
+def test_random_appends_keep_block_max(seed, B):
+    rng = np.random.default_rng(seed)
+    w = MiniWindow(DT, B)
+    next_id = 0
+    for _ in range(25):
+        k = int(rng.integers(0, 2 * B + 3))
+        w.append(make_rows(np.arange(next_id, next_id + k), rng.uniform(-5, 5, k)))
+        next_id += k
+        check_blocks(w)
+        np.testing.assert_array_equal(w.rows["id"], np.arange(next_id))
+
+
+def test_expire_drops_only_blocks_whose_newest_ts_is_below_threshold():
+    w = MiniWindow(DT, 3)
+    # block 0: newest 10 (old tuples inside), block 1: newest 2, block 2: newest 5, head block: newest 1
+    ts = [0.0, 10.0, 1.0, 2.0, 0.0, 1.0, 5.0, 4.0, 3.0, 1.0]
+    w.append(make_rows(np.arange(10), ts))
+    assert w.expire(-1.0) == 0 and len(w) == 10
+    assert w.expire(2.0) == 1  # only the head block (newest 1 < 2); block 1 has newest == 2, kept
+    np.testing.assert_array_equal(w.rows["id"], np.arange(9))
+    assert w.expire(5.0) == 3  # block 1 (newest 2); block 0 kept although it holds ts 0 and 1
+    np.testing.assert_array_equal(w.rows["id"], [0, 1, 2, 6, 7, 8])
+    np.testing.assert_array_equal(w.block_max, [10.0, 5.0])
+    check_blocks(w)
+    assert w.expire(10.0) == 3
+    np.testing.assert_array_equal(w.rows["id"], [0, 1, 2])
+    assert w.expire(10.5) == 3 and len(w) == 0 and w.blocks == 0
+    # the window is usable after being emptied
+    w.append(make_rows([20, 21], [1.0, 2.0]))
+    np.testing.assert_array_equal(w.block_max, [2.0])
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("B", [1, 4, 7])
+def test_random_append_expire_against_model(seed, B):
+    rng = np.random.default_rng(seed)
+    w, model = MiniWindow(DT, B), Model(B)
+    next_id, t = 0, 0.0
+    for _ in range(30):
+        k = int(rng.integers(0, 3 * B + 2))
+        # slowly increasing ts, out of order by up to 3 inside and across blocks
+        ts = t + rng.uniform(0, 1, k).cumsum() - rng.uniform(0, 3, k)
+        t = float(ts.max()) if k else t
+        ids = np.arange(next_id, next_id + k)
+        next_id += k
+        w.append(make_rows(ids, ts))
+        model.append(ids.tolist(), ts.tolist())
+        threshold = t - rng.uniform(1, 6)
+        before_max = w.block_max.copy()
+        before_rows = w.rows.copy()
+        dropped = w.expire(threshold)
+        assert dropped == model.expire(threshold)
+        np.testing.assert_array_equal(w.rows["id"], model.ids)
+        np.testing.assert_array_equal(w.rows["ts"], model.ts)
+        check_blocks(w)
+        # no tuple of a block with newest ts >= threshold was dropped
+        B_ = w.block_size
+        must_keep = np.concatenate([before_rows["id"][b * B_: (b + 1) * B_]
+                                    for b in np.flatnonzero(before_max >= threshold)] or [np.empty(0, int)])
+        assert set(must_keep.tolist()) == set(w.rows["id"].tolist())
+        assert dropped == len(before_rows) - len(must_keep)
+
+
+def test_take_returns_masked_rows_and_keeps_rest_in_order():
+    rng = np.random.default_rng(3)
+    w = MiniWindow(DT, 4)
+    ts = rng.uniform(0, 100, 23)
+    w.append(make_rows(np.arange(23), ts))
+    mask = rng.random(23) < 0.4
+    out = w.take(mask)
+    np.testing.assert_array_equal(out["id"], np.flatnonzero(mask))
+    np.testing.assert_array_equal(out["ts"], ts[mask])
+    np.testing.assert_array_equal(w.rows["id"], np.flatnonzero(~mask))
+    np.testing.assert_array_equal(w.rows["ts"], ts[~mask])
+    check_blocks(w)
+    # returned rows are independent of the window's storage
+    w.append(make_rows([100, 101], [0.0, 0.0]))
+    np.testing.assert_array_equal(out["id"], np.flatnonzero(mask))
+    np.testing.assert_array_equal(w.rows["id"], np.concatenate([np.flatnonzero(~mask), [100, 101]]))
+    check_blocks(w)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_take_all_none_and_then_expire(seed):
+    rng = np.random.default_rng(seed)
+    B = int(rng.integers(1, 6))
+    w = MiniWindow(DT, B)
+    n = int(rng.integers(1, 40))
+    ts = rng.uniform(0, 10, n)
+    w.append(make_rows(np.arange(n), ts))
+    assert len(w.take(np.zeros(n, bool))) == 0 and len(w) == n
+    check_blocks(w)
+    mask = rng.random(n) < 0.5
+    w.take(mask)
+    model = Model(B)
+    model.append(np.flatnonzero(~mask).tolist(), ts[~mask].tolist())
+    assert w.expire(5.0) == model.expire(5.0)
+    np.testing.assert_array_equal(w.rows["id"], model.ids)
+    check_blocks(w)
+    out = w.take(np.ones(len(w), bool))
+    np.testing.assert_array_equal(out["id"], model.ids)
+    assert len(w) == 0 and w.blocks == 0
