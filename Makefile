@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/python -m deploy.launch -n $(NP) -- $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
 
+# the in-MPI tests (pytest-mpi) first, then everything else (whose closing line CI reads)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
+	$(BIN)/python -m pytest -q tests --ignore=tests/mpi
 
 bench: $(STAMP)
 	$(BIN)/python -m deploy.bench --quick

@@ -1,16 +1,27 @@
-"""`python -m deploy.bench [--quick] [--slaves 1,2,4] [--repeats 3] [--out DIR]`: capacity and delay per cluster size.
+"""`python -m deploy.bench [--quick] [--slaves 1,2,4] [--repeats 3] [--steps N] [--delay-bound S] [--out DIR]`: sustained input rate and delay per cluster size.
 
-For each slave count k (k + 1 ranks) on the default generated workload:
+The capacity of the cluster is its **sustained input rate**: the highest paced
+input rate (`source.rate`) at which it keeps up with the pacing *and* the
+production delay stays bounded (paper: the highest input rate before the
+production delay climbs).  For each slave count k (k + 1 ranks) on the default
+generated workload:
 
-* capacity: unpaced runs (source.rate = 0); the sustained input rate is the
-  summary's throughput_tuples_per_s, and the capacity is its median over the
-  repeats.  Delays here include the time tuples wait in the master's queue;
-* delay at load: runs paced at half the median capacity, where the delay is the
-  engine's own (arrival is the nominal pacing time), plus a check that the run
-  kept up with its pacing.
+1. probe: one unpaced run (`source.rate = 0`); its throughput U is an upper
+   bound only, since an unpaced run works off a backlog (the input goes into the
+   master's buffer at once and is joined in large batches);
+2. search: `--steps` single paced runs.  A run *passes* iff it kept up with its
+   pacing (`keep_up`) and its delay p95 is at most `--delay-bound`.  The first
+   rate is U/2; while nothing has passed the rate is halved (giving up, with a
+   sustained rate of 0, after a few failures); after that each rate is the
+   geometric mean of the highest passing rate and the lowest failing rate above
+   it (U when none has failed).  The sustained rate is the highest passing rate;
+3. sustained: `repeats` runs paced at the sustained rate (medians of delay and
+   throughput, kept-up counts);
+4. half: `repeats` runs paced at half the sustained rate (delay at half load).
 
-Every number is a median of `repeats` runs because the machine is shared and
-noisy.  Output: report.md, results.json (all raw numbers) and PNG plots.
+In paced runs a tuple's arrival is its nominal pacing time, so the delay is
+end-to-end, including any backlog in the master.  Output: report.md,
+results.json (all raw numbers) and PNG plots.
 """
 from __future__ import annotations
 
@@ -31,10 +42,12 @@ from pathlib import Path
 
 from deploy.launch import find_mpirun, mpi_env, mpirun_command
 
-RUN_TIMEOUT = 600.0  # seconds per cluster run
-HALF_LOAD = 0.5      # pacing rate as a fraction of the measured capacity
-KEEP_UP_RATIO = 0.9  # a paced run kept up if it ingested at >= 90% of the pacing rate ...
-KEEP_UP_LAG = 1.0    # ... or finished within 1 s of its schedule (one end-of-run drain: a 0.5 s epoch + last batch)
+RUN_TIMEOUT = 600.0          # seconds per cluster run
+DELAY_BOUND = 1.5            # default --delay-bound: a passing run has delay p95 <= this (epochs 0.5 s)
+FIRST_FRACTION = 0.5         # the search starts at this fraction of the unpaced throughput U ...
+MAX_FAILS_WITHOUT_PASS = 4   # ... and halves after each failure, giving up after this many (last try U/16)
+HALF_LOAD = 0.5              # the delay at half load is measured at this fraction of the sustained rate
+KEEP_UP_LAG = 0.5            # a paced run kept up iff the master's ingest never fell more than this behind schedule
 
 
 class RunFailed(Exception):
@@ -60,12 +73,75 @@ def median(values) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def keep_up(tuples: int, wall: float, rate: float) -> dict:
-    """Did a paced run keep up?  Achieved rate vs pacing, and how late it finished against its schedule."""
+def keep_up(tuples: int, wall: float, rate: float, pacing_lag: float) -> dict:
+    """Did a paced run keep up?  `pacing_lag` is the master's own measure (summary pacing_lag_max_seconds):
+    the longest time due tuples waited to be ingested.  It grows as soon as the cluster cannot absorb the
+    pacing rate, whatever the run's length, unlike the achieved rate whose wall time includes start and drain."""
     achieved = tuples / wall if wall > 0 else 0.0
-    lag = wall - tuples / rate
-    return {"achieved_rate": round(achieved, 1), "ratio": round(achieved / rate, 3), "lag_seconds": round(lag, 3),
-            "kept_up": achieved >= KEEP_UP_RATIO * rate or lag <= KEEP_UP_LAG}
+    return {"achieved_rate": round(achieved, 1), "ratio": round(achieved / rate, 3), "lag_seconds": round(pacing_lag, 3),
+            "kept_up": pacing_lag <= KEEP_UP_LAG}
+
+
+def search_verdict(run: dict, delay_bound: float) -> tuple[bool, str]:
+    """Does a paced run pass the search's test: kept up with its pacing AND delay p95 <= delay_bound?
+
+    Returns (passed, why) with why 'pass', 'fell behind', 'p95 > bound' (both reasons joined by '; ').
+    A run without a delay p95 (no results) cannot show a bounded delay, so it fails.
+    """
+    why = []
+    if not run["kept_up"]:
+        why.append("fell behind")
+    p95 = run["delay_p95"]
+    if p95 is None or (isinstance(p95, float) and math.isnan(p95)):
+        why.append("no delay p95")
+    elif p95 > delay_bound:
+        why.append(f"p95 {p95:.2f}s > {delay_bound:g}s")
+    return (not why, "; ".join(why) or "pass")
+
+
+def next_rate(trail: list[tuple[float, bool]], unpaced: float, steps: int) -> int | None:
+    """The next paced rate for the search, given the (rate, passed) runs so far; None when the search is over.
+
+    * no run yet: FIRST_FRACTION * unpaced;
+    * nothing passed yet: half the lowest failing rate, or None after MAX_FAILS_WITHOUT_PASS failures;
+    * else the geometric mean of lo = the highest passing rate and hi = the lowest failing rate above lo
+      (the unpaced throughput when none failed above lo; 2 * lo if even that is not above lo);
+    * None once `steps` runs are done, or when lo and hi are so close the next integer rate repeats one.
+    """
+    if unpaced <= 0:
+        raise ValueError(f"the unpaced throughput must be positive, got {unpaced}")
+    if len(trail) >= steps:
+        return None
+    if not trail:
+        return round(FIRST_FRACTION * unpaced)
+    passed = [r for r, ok in trail if ok]
+    if not passed:
+        return None if len(trail) >= MAX_FAILS_WITHOUT_PASS else round(min(r for r, _ in trail) / 2)
+    lo = max(passed)
+    hi = min((r for r, ok in trail if not ok and r > lo), default=unpaced if unpaced > lo else 2 * lo)
+    rate = round(math.sqrt(lo * hi))
+    return None if rate <= lo or rate >= hi else rate
+
+
+def sustained_rate(trail: list[tuple[float, bool]]) -> int:
+    """The highest passing rate of the search; 0 if no run passed."""
+    return round(max((r for r, ok in trail if ok), default=0))
+
+
+def bracket(trail: list[tuple[float, bool]]) -> tuple[int, int | None]:
+    """(sustained rate, lowest failing rate above it or None): where the search left the true sustained rate."""
+    lo = sustained_rate(trail)
+    return lo, min((round(r) for r, ok in trail if not ok and r > lo), default=None)
+
+
+def krate(rate: float) -> str:
+    """237710 -> '238k': rates in the compact search trail."""
+    return f"{rate / 1000:,.0f}k" if rate >= 1000 else f"{rate:.0f}"
+
+
+def trail_text(trail: list[tuple[float, bool]]) -> str:
+    """[(238000, False), (119000, True)] -> '238k✗ 119k✓' (in the order the runs were made)."""
+    return " ".join(f"{krate(r)}{'✓' if ok else '✗'}" for r, ok in trail) or "-"
 
 
 def fmt(v, spec: str = ",.0f", missing: str = "-") -> str:
@@ -79,19 +155,30 @@ def md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
+def count(runs: list[dict], key: str) -> str:
+    """'2/3': how many of the runs have `key` true; '-' for no runs."""
+    return f"{sum(bool(r[key]) for r in runs)}/{len(runs)}" if runs else "-"
+
+
+SUMMARY_HEADER = ["slaves", "unpaced tuples/s", "sustained rate/s", "search (✓ pass, ✗ fail)", "achieved/s",
+                  "delay p50 s", "p95 s", "p99 s", "max s", "kept up", "passed", "half rate/s", "half p50 s",
+                  "half p99 s", "half kept up", "peak RSS MB"]
+
+
 def summary_table(points: list[dict]) -> str:
-    """One row per slave count: capacity median and repeats, unpaced delay, delay at half load (medians)."""
-    header = ["slaves", "capacity tuples/s (median)", "capacity repeats", "unpaced delay p50/p99 s",
-              "half-load rate/s", "delay p50 s", "p95 s", "p99 s", "max s", "kept up", "peak RSS MB"]
+    """One row per slave count: unpaced throughput, sustained rate and its search trail, the medians of the
+    runs at the sustained rate (achieved throughput, delays) with kept-up and passed counts, the delay medians
+    at half the sustained rate, and the peak RSS of any run."""
     rows = []
     for p in points:
-        c, h = p["capacity"], p["half_load"]
-        rows.append([str(p["slaves"]), fmt(c["median"]), " ".join(fmt(r["throughput"]) for r in c["runs"]),
-                     f"{fmt(c['delay_p50'], '.3f')} / {fmt(c['delay_p99'], '.3f')}", fmt(h["rate"]),
-                     *(fmt(h[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
-                     f"{sum(r['kept_up'] for r in h['runs'])}/{len(h['runs'])}",
-                     fmt(max((r["peak_rss_mb"] or 0 for r in c["runs"] + h["runs"]), default=None), ".0f")])
-    return md_table(header, rows)
+        st, h = p["sustained"], p["half"]
+        every = [p["probe"], *p["search"]["runs"], *st["runs"], *h["runs"]]
+        rows.append([str(p["slaves"]), fmt(p["unpaced"]), fmt(st["rate"]), trail_text(p["search"]["trail"]),
+                     fmt(st["throughput"]), *(fmt(st[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
+                     count(st["runs"], "kept_up"), count(st["runs"], "passed"), fmt(h["rate"] or None),
+                     fmt(h["delay_p50"], ".3f"), fmt(h["delay_p99"], ".3f"), count(h["runs"], "kept_up"),
+                     fmt(max((r["peak_rss_mb"] or 0 for r in every), default=None), ".0f")])
+    return md_table(SUMMARY_HEADER, rows)
 
 
 def run_numbers(s: dict) -> dict:
@@ -186,36 +273,57 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float) 
 class Bench:
     """Runs the plan, prints a line per run, and keeps every number for results.json."""
 
-    def __init__(self, slaves: list[int], repeats: int, workload: list[str], timeout: float, tmp: Path):
-        self.slaves, self.repeats, self.workload, self.timeout, self.tmp = slaves, repeats, workload, timeout, tmp
-        self.total_runs, self.done = 2 * repeats * len(slaves), 0
+    def __init__(self, slaves: list[int], repeats: int, steps: int, delay_bound: float, workload: list[str],
+                 timeout: float, tmp: Path):
+        self.slaves, self.repeats, self.steps, self.delay_bound = slaves, repeats, steps, delay_bound
+        self.workload, self.timeout, self.tmp = workload, timeout, tmp
+        self.total_runs, self.done = planned_runs(len(slaves), repeats, steps), 0
         self.config: dict | None = None
 
     def _run(self, k: int, label: str, rate: float) -> dict:
         self.done += 1
-        s = run_cluster(k + 1, [*self.workload, f"source.rate={rate!r}"],
+        s = run_cluster(k + 1, [*self.workload, f"source.rate={float(rate)!r}"],
                         self.tmp / f"k{k}-{label.replace(' ', '').replace('#', '-')}", self.timeout)
         self.config = self.config or s["config"]
-        r = {**run_numbers(s), "peak_rss_mb": s["peak_rss_mb"]}
+        r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"]}
         if rate > 0:
-            r.update(rate=rate, **keep_up(r["input_total"] + r["late"], r["wall_seconds"], rate))
+            r.update(rate=rate, **keep_up(r["input_total"] + r["late"], r["wall_seconds"], rate, s["pacing_lag_max_seconds"]))
+            r["passed"], r["verdict"] = search_verdict(r, self.delay_bound)
         line = (f"[{self.done:>2}/{self.total_runs}] slaves={k} {label:<12} {r['throughput']:>10,.0f} tuples/s in "
-                f"{r['wall_seconds']:5.1f}s | delay p50 {fmt(r['delay_p50'], '.3f')}s p99 {fmt(r['delay_p99'], '.3f')}s"
-                f" | peak RSS {r['peak_rss_mb']:.0f} MB")
+                f"{r['wall_seconds']:5.1f}s | delay p50 {fmt(r['delay_p50'], '.3f')}s p95 {fmt(r['delay_p95'], '.3f')}s"
+                f" p99 {fmt(r['delay_p99'], '.3f')}s | peak RSS {r['peak_rss_mb']:.0f} MB")
         if rate > 0:
-            line += f" | paced {rate:,.0f}/s: {r['ratio']:.0%} {'kept up' if r['kept_up'] else 'FELL BEHIND'}"
+            line += (f" | paced {rate:,.0f}/s: {r['ratio']:.0%} {'kept up' if r['kept_up'] else 'FELL BEHIND'}"
+                     f" -> {'PASS' if r['passed'] else 'FAIL: ' + r['verdict']}")
         print(line, flush=True)
         return r
 
     def point(self, k: int) -> dict:
-        """Capacity runs, then runs paced at half the median capacity, for k slaves."""
-        cap = [self._run(k, f"capacity #{i + 1}", 0.0) for i in range(self.repeats)]
-        capacity = median(r["throughput"] for r in cap)
-        rate = round(HALF_LOAD * capacity)
-        half = [self._run(k, f"half-load #{i + 1}", float(rate)) for i in range(self.repeats)]
-        return {"slaves": k, "ranks": k + 1,
-                "capacity": {"median": capacity, **aggregate(cap), "runs": cap},
-                "half_load": {"rate": rate, **aggregate(half), "runs": half}}
+        """Probe, search, then repeats at the sustained rate and at half of it, for k slaves."""
+        probe = self._run(k, "probe", 0.0)
+        unpaced = probe["throughput"]
+        trail, search = [], []
+        while (rate := next_rate(trail, unpaced, self.steps)) is not None:
+            r = self._run(k, f"search #{len(search) + 1}", rate)
+            search.append(r)
+            trail.append((rate, r["passed"]))
+        self.total_runs -= self.steps - len(search)  # the search stopped early (gave up or converged)
+        rate = sustained_rate(trail)
+        if not rate:
+            self.total_runs -= 2 * self.repeats
+        at = [self._run(k, f"sustained #{i + 1}", rate) for i in range(self.repeats)] if rate else []
+        half_rate = round(HALF_LOAD * rate)
+        half = [self._run(k, f"half #{i + 1}", half_rate) for i in range(self.repeats)] if rate else []
+        return {"slaves": k, "ranks": k + 1, "unpaced": unpaced, "probe": probe,
+                "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
+                "sustained": {"rate": rate, "throughput": median(r["throughput"] for r in at), **aggregate(at),
+                              "runs": at},
+                "half": {"rate": half_rate, **aggregate(half), "runs": half}}
+
+
+def planned_runs(n_slave_counts: int, repeats: int, steps: int) -> int:
+    """Runs the plan makes at most: per slave count a probe, the search, and repeats at two rates."""
+    return n_slave_counts * (1 + steps + 2 * repeats)
 
 
 # --------------------------------------------------------------------------- machine, report, plots
@@ -237,22 +345,36 @@ def machine_info() -> dict:
 
 
 def caveats(data: dict) -> list[str]:
-    """Warnings the numbers themselves call for: overloaded half-load runs, an input that fits the master's buffers."""
-    out = []
-    behind = []
-    for p in data["points"]:
-        runs = p["half_load"]["runs"]
-        if not all(r["kept_up"] for r in runs):
-            behind.append(f"{p['slaves']} slave(s) ({sum(not r['kept_up'] for r in runs)}/{len(runs)} runs)")
+    """Warnings the numbers call for: the unpaced probe's meaning, a search that found no passing rate or no
+    failing one, repeats at the sustained rate that did not pass, half-load runs that fell behind."""
+    points, bound = data["points"], data["delay_bound"]
+    total = max(p["probe"]["input_total"] + p["probe"]["late"] for p in points)
+    buf = data["config"]["master"]["buffer_capacity"]
+    out = ["The unpaced throughput is an upper bound, not a capacity: an unpaced run works off a backlog in large "
+           "batches" + (f" (the whole input, {total:,} tuples, fits in master.buffer_capacity = {buf:,}, so it is "
+                        "ingested at once)" if total <= buf else "") + "; it only sets the search's first rate."]
+    none = [p for p in points if not p["sustained"]["rate"]]
+    if none:
+        out.append("No paced rate passed for " + ", ".join(
+            f"{p['slaves']} slave(s) (down to {min(r for r, _ in p['search']['trail']):,.0f}/s)" for p in none)
+            + f": the sustained rate is reported as 0; a larger --delay-bound (now {bound:g} s) may be needed.")
+    open_top = [p for p in points if p["sustained"]["rate"] and p["search"]["bracket"][1] is None]
+    if open_top:
+        out.append("No search run failed for " + ", ".join(f"{p['slaves']} slave(s)" for p in open_top)
+                   + ": the sustained rate is only a lower bound. The search never paces above the unpaced "
+                   "throughput, so more --steps only bring it closer to that.")
+    weak = [p for p in points if p["sustained"]["runs"] and not all(r["passed"] for r in p["sustained"]["runs"])]
+    if weak:
+        out.append("At the sustained rate not every repeat passed (kept up and delay p95 <= "
+                   f"{bound:g} s): " + ", ".join(f"{p['slaves']} slave(s) {count(p['sustained']['runs'], 'passed')}"
+                                                  for p in weak)
+                   + ". The search decides on single runs, so on a noisy machine the sustained rate can be "
+                   "optimistic; the repeats' medians show what that rate gives typically.")
+    behind = [p for p in points if p["half"]["runs"] and not all(r["kept_up"] for r in p["half"]["runs"])]
     if behind:
-        out.append(f"At half of the unpaced capacity the cluster fell behind its pacing for {', '.join(behind)}: "
-                   "the unpaced capacity overstates the rate it sustains when paced, and those delays are the "
-                   "delays of an overloaded cluster (they include the backlog built up behind the pacing schedule).")
-    total = max(r["input_total"] + r["late"] for p in data["points"] for r in p["capacity"]["runs"])
-    if total <= data["config"]["master"]["buffer_capacity"]:
-        out.append(f"The whole input ({total:,} tuples) fits in master.buffer_capacity "
-                   f"({data['config']['master']['buffer_capacity']:,}), so an unpaced run ingests it at once and "
-                   "its throughput is the rate of working off a backlog in large batches.")
+        out.append("At half the sustained rate the cluster fell behind its pacing for "
+                   + ", ".join(f"{p['slaves']} slave(s) ({count(p['half']['runs'], 'kept_up')} kept up)"
+                               for p in behind) + ": those runs were disturbed (the machine is shared).")
     return out
 
 
@@ -262,24 +384,35 @@ def to_toml(cfg: dict) -> str:
 
 
 def detail_table(p: dict) -> str:
-    rows = [[f"capacity #{i + 1}", "unpaced", fmt(r["throughput"]), fmt(r["wall_seconds"], ".1f"),
-             *(fmt(r[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")), "-",
-             fmt(r["window_bytes_per_tuple"], ".0f"), fmt(r["peak_rss_mb"], ".0f")]
-            for i, r in enumerate(p["capacity"]["runs"])]
-    rows += [[f"half load #{i + 1}", fmt(r["rate"]), fmt(r["throughput"]), fmt(r["wall_seconds"], ".1f"),
-              *(fmt(r[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
-              f"{r['ratio']:.0%}, lag {r['lag_seconds']:.1f}s{'' if r['kept_up'] else ' FELL BEHIND'}",
-              fmt(r["window_bytes_per_tuple"], ".0f"), fmt(r["peak_rss_mb"], ".0f")]
-             for i, r in enumerate(p["half_load"]["runs"])]
+    """Every run of one slave count in the order made: probe, search #i, sustained #i, half #i."""
+    rows = []
+    for r in [p["probe"], *p["search"]["runs"], *p["sustained"]["runs"], *p["half"]["runs"]]:
+        paced = "rate" in r
+        rows.append([r["label"], fmt(r["rate"]) if paced else "unpaced", fmt(r["throughput"]),
+                     fmt(r["wall_seconds"], ".1f"), *(fmt(r[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
+                     f"{r['ratio']:.0%}, lag {r['lag_seconds']:.1f}s{'' if r['kept_up'] else ' FELL BEHIND'}"
+                     if paced else "-", (r["verdict"] if r["passed"] else f"FAIL: {r['verdict']}") if paced else "-",
+                     fmt(r["window_bytes_per_tuple"], ".0f"), fmt(r["peak_rss_mb"], ".0f")])
     return md_table(["run", "pacing/s", "throughput/s", "wall s", "delay p50 s", "p95 s", "p99 s", "max s",
-                     "kept up (achieved/pacing)", "window B/tuple", "peak RSS MB"], rows)
+                     "kept up (achieved/pacing)", "passes", "window B/tuple", "peak RSS MB"], rows)
+
+
+def search_line(p: dict) -> str:
+    """Where the search left the sustained rate of one slave count, in words."""
+    lo, hi = p["search"]["bracket"]
+    trail = " → ".join(f"{r:,.0f} {'pass' if ok else 'fail'}" for r, ok in p["search"]["trail"])
+    where = ("no rate passed" if not lo else f"between {lo:,.0f} and {hi:,.0f}/s (+{hi / lo - 1:.0%})" if hi
+             else f"at least {lo:,.0f}/s (no rate above it failed)")
+    return f"- {p['slaves']} slave(s): unpaced {p['unpaced']:,.0f}/s; {trail}; sustained rate {where}."
 
 
 def write_report(out: Path, data: dict) -> None:
-    m, n, cfg = data["machine"], data["repeats"], data["config"]
+    m, n, cfg, bound = data["machine"], data["repeats"], data["config"], data["delay_bound"]
+    runs = sum(1 + len(p["search"]["runs"]) + len(p["sustained"]["runs"]) + len(p["half"]["runs"])
+               for p in data["points"])
     parts = [
         "# Stream-join benchmark", "",
-        f"`{data['command']}` — {m['date']}", "",
+        f"`{data['command']}` — {m['date']}; {runs} runs in {data['bench_seconds']:.0f} s", "",
         "## Machine", "",
         f"- CPU: {m['cpu']}, {m['cores']} cores; memory {m['memory_gib']} GiB; {m['os']}",
         f"- Python {m['python']}, numpy {m['numpy']}, mpi4py {m['mpi4py']}, {m['open_mpi']}",
@@ -287,21 +420,38 @@ def write_report(out: Path, data: dict) -> None:
         "## Summary", "",
         summary_table(data["points"]), "",
         *(f"**Caveat:** {c}\n" for c in caveats(data)),
-        f"Every number is the **median of {n} runs** on a shared, noisy {m['cores']}-core machine; with more ranks "
-        "than cores the ranks share cores (Open MPI `--oversubscribe`), so more slaves need not mean more capacity "
-        "here.", "",
-        "- **capacity**: unpaced runs (`source.rate = 0`); the sustained input rate is `throughput_tuples_per_s` "
-        "(tuples in / wall time, including start-up of the loop and the final drain). Delays in unpaced runs "
-        "**include the time tuples wait in the master's queue** (arrival = when the master ingested them), so they "
-        "measure back-pressure, not the engine's latency.",
-        f"- **half load**: runs paced at {HALF_LOAD:.0%} of the median capacity (`source.rate`); arrival is the "
-        "nominal pacing time, so the delay is end-to-end. A run *kept up* if it ingested at >= "
-        f"{KEEP_UP_RATIO:.0%} of the pacing rate or finished within {KEEP_UP_LAG:.0f} s of its schedule "
-        "(the wall time includes the final drain, which short runs cannot amortize).",
-        "- delay percentiles are upper edges of log-spaced bins (at most 12.2% above the exact value, "
-        "capped at the exact max).",
-        "- peak RSS is the largest resident set of any one process of the run (master or a slave).", "",
-        "![capacity vs slaves](capacity.png)", "", "![delay at half load vs slaves](delay_half_load.png)", "",
+        "## Method", "",
+        "The capacity is the **sustained input rate**: the highest paced input rate (`source.rate`) at which the "
+        "cluster keeps up with its pacing and the production delay stays bounded (the paper's capacity: the "
+        "highest input rate before the production delay climbs). Per slave count:", "",
+        "1. **probe**: one unpaced run (`source.rate = 0`); its throughput (tuples in / wall time) is the "
+        "**unpaced throughput** U, an upper bound (see the caveat) that only sets where the search starts.",
+        f"2. **search**: {data['steps']} single paced runs at most. A run **passes** iff it kept up (below) **and** "
+        f"its delay p95 <= {bound:g} s (`--delay-bound`; `epochs.distribution` is "
+        f"{cfg['epochs']['distribution']:g} s). The first rate is {FIRST_FRACTION:g} U; while no run has passed "
+        f"the rate is halved (giving up after {MAX_FAILS_WITHOUT_PASS} failures: sustained rate 0); then each rate "
+        "is the geometric mean of the highest passing rate and the lowest failing rate above it (U while none "
+        "has failed). The **sustained rate** is the highest passing rate; the true one lies between it and the "
+        "lowest failing rate above it:",
+        *("   " + search_line(p) for p in data["points"]), "",
+        f"3. **sustained**: {n} runs paced at the sustained rate; the table gives the medians of their achieved "
+        "throughput and delay percentiles, how many kept up and how many passed the search's test.",
+        f"4. **half**: {n} runs paced at {HALF_LOAD:.0%} of the sustained rate: the delay at half load (medians).",
+        "",
+        f"Every median is over {n} runs on a shared, noisy {m['cores']}-core machine; with more ranks than cores "
+        "the ranks share cores (Open MPI `--oversubscribe`), so more slaves need not mean more capacity here.", "",
+        "- In paced runs a tuple's arrival is its nominal pacing time, so the delay is end-to-end and includes any "
+        "backlog in the master. (In the unpaced probe arrival is when the master ingested the tuple, so its "
+        "delays, in the run tables, measure back-pressure.)",
+        f"- A paced run *kept up* iff the master's ingest never fell more than {KEEP_UP_LAG:g} s behind the pacing "
+        "schedule (summary `pacing_lag_max_seconds`; the lag column). The achieved rate (tuples / wall time) is "
+        "shown too but is not the test: its wall time includes start-up and the final drain.",
+        "- Delay percentiles are upper edges of log-spaced bins (at most 12.2% above the exact value, capped at "
+        "the exact max).",
+        "- Peak RSS is the largest resident set of any one process (master or a slave) over all runs of that slave "
+        "count; the unpaced probe, which buffers the whole input, usually sets it.", "",
+        "![sustained rate vs slaves](capacity.png)", "",
+        "![delay at the sustained rate and at half of it vs slaves](delay.png)", "",
         "## Runs per slave count", "",
     ]
     for p in data["points"]:
@@ -316,49 +466,59 @@ def write_report(out: Path, data: dict) -> None:
     (out / "report.md").write_text("\n".join(parts))
 
 
-def plot(out: Path, points: list[dict]) -> list[Path]:
-    """capacity.png and delay_half_load.png: medians as lines, every repeat as a faint dot."""
+def plot(out: Path, points: list[dict], delay_bound: float) -> list[Path]:
+    """capacity.png (sustained rate, unpaced upper bound, search runs) and delay.png (delay p50/p99 at the
+    sustained rate and at half of it): medians as lines, single runs as faint dots."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ks = [p["slaves"] for p in points]
+    thousands = matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}")
 
-    def dots(ax, key, runs_of, color):
-        for p in points:
-            ys = [r[key] for r in runs_of(p) if r[key] is not None]
-            ax.scatter([p["slaves"]] * len(ys), ys, color=color, alpha=0.35, s=18, zorder=3)
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    ax.plot(ks, [p["capacity"]["median"] for p in points], "o-", color="C0", label="median")
-    dots(ax, "throughput", lambda p: p["capacity"]["runs"], "C0")
-    ax.set(title="Capacity (unpaced sustained input rate)", xlabel="slaves  (dots: single runs)", ylabel="tuples/s",
-           xticks=ks)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    ax.plot(ks, [p["unpaced"] for p in points], "s--", color="C7", alpha=0.45,
+            label="unpaced throughput (upper bound)")
+    ax.plot(ks, [p["sustained"]["rate"] for p in points], "o-", color="C0", lw=2, label="sustained rate")
+    for passed, style in ((True, dict(marker="o", facecolors="none", edgecolors="C2", label="search run: passed")),
+                          (False, dict(marker="x", color="C3", label="search run: failed"))):
+        rates = [(p["slaves"] + 0.06, r) for p in points for r, ok in p["search"]["trail"] if ok == passed]
+        ax.scatter([x for x, _ in rates], [y for _, y in rates], alpha=0.7, s=24, zorder=3, **style)
+    ax.set(title=f"Sustained input rate (kept up, delay p95 ≤ {delay_bound:g} s)", xlabel="slaves",
+           ylabel="tuples/s", xticks=ks)
     ax.set_ylim(bottom=0)
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:,.0f}"))
+    ax.margins(x=0.12)
+    ax.yaxis.set_major_formatter(thousands)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     paths = [out / "capacity.png"]
     fig.savefig(paths[0])
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for q, color in (("p50", "C0"), ("p99", "C3")):
-        ax.plot(ks, [p["half_load"][f"delay_{q}"] for p in points], "o-", color=color, label=f"{q} (median)")
-        dots(ax, f"delay_{q}", lambda p: p["half_load"]["runs"], color)
-    for p in points:  # each slave count is paced at half of its own capacity: say at what, and if it kept up
-        h = p["half_load"]
-        kept = sum(r["kept_up"] for r in h["runs"])
-        ax.annotate(f"{h['rate'] / 1000:,.0f}k/s\nkept up {kept}/{len(h['runs'])}", (p["slaves"], h["delay_p99"] or 0),
-                    textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8,
-                    color="black" if kept == len(h["runs"]) else "C3")
-    ax.set(title="Production delay at 50% of capacity (paced)", xlabel="slaves", ylabel="delay (s)", xticks=ks)
-    ax.margins(x=0.12, y=0.2)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    for kind, style, what in (("sustained", "-", "at sustained rate"), ("half", "--", "at half of it")):
+        for q, color in (("p50", "C0"), ("p99", "C3")):
+            ax.plot(ks, [p[kind][f"delay_{q}"] for p in points], "o" + style, color=color,
+                    alpha=1.0 if kind == "sustained" else 0.6, label=f"{q} {what}")
+            for p in points:
+                ys = [r[f"delay_{q}"] for r in p[kind]["runs"] if r[f"delay_{q}"] is not None]
+                ax.scatter([p["slaves"]] * len(ys), ys, color=color, alpha=0.25, s=14, zorder=3)
+    ax.axhline(delay_bound, color="grey", ls=":", lw=1, label=f"p95 bound {delay_bound:g} s")
+    for p in points:  # each slave count has its own sustained rate: say what it is and whether its runs kept up
+        st = p["sustained"]
+        if st["runs"]:
+            kept = sum(r["kept_up"] for r in st["runs"])
+            ax.annotate(f"{krate(st['rate'])}/s\nkept up {kept}/{len(st['runs'])}",
+                        (p["slaves"], max(st["delay_p99"] or 0, delay_bound)), textcoords="offset points",
+                        xytext=(0, 8), ha="center", fontsize=8, color="black" if kept == len(st["runs"]) else "C3")
+    ax.set(title="Production delay at the sustained rate and at half of it (medians)",
+           xlabel="slaves  (dots: single runs)", ylabel="delay (s)", xticks=ks)
+    ax.title.set_fontsize(10)
+    ax.margins(x=0.12, y=0.25)
     ax.set_ylim(bottom=0)
-    ax.set_xlabel("slaves  (dots: single runs)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    paths.append(out / "delay_half_load.png")
+    paths.append(out / "delay.png")
     fig.savefig(paths[1])
     plt.close("all")
     return paths
@@ -368,35 +528,53 @@ def plot(out: Path, points: list[dict]) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m deploy.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="10 s of generated input per run instead of 30 s")
+    p.add_argument("--quick", action="store_true",
+                   help="20 s of generated input per run instead of 60 s, and 4 search steps instead of 6")
     p.add_argument("--slaves", type=parse_slaves, default=[1, 2, 4], help="slave counts, e.g. 1,2,4 (default)")
-    p.add_argument("--repeats", type=int, default=3, help="runs per measurement; medians are reported (default 3)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs at the sustained rate and at half of it; medians are reported (default 3)")
+    p.add_argument("--steps", type=int, help="paced runs of the search for the sustained rate "
+                                             "(default 4 with --quick, else 6)")
+    p.add_argument("--delay-bound", type=float, default=DELAY_BOUND,
+                   help=f"a search run passes if it kept up and its delay p95 is at most this many seconds "
+                        f"(default {DELAY_BOUND:g})")
     p.add_argument("--out", type=Path, default=Path("bench-report"), help="report folder (default bench-report)")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="seconds per run before it counts as failed")
     a = p.parse_args(argv)
+    steps = a.steps if a.steps is not None else 4 if a.quick else 6
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
-    workload = [f"generator.duration={10.0 if a.quick else 30.0}"]
+    if steps < 1:
+        p.error("--steps must be at least 1")
+    if not a.delay_bound > 0:
+        p.error("--delay-bound must be positive")
+    workload = [f"generator.duration={20.0 if a.quick else 60.0}"]
     command = "python -m deploy.bench " + " ".join(argv)
-    data = {"command": command.strip(), "machine": machine_info(), "repeats": a.repeats, "workload": workload}
-    print(f"bench: slaves {a.slaves}, {a.repeats} repeats, {' '.join(workload)}; "
-          f"{2 * a.repeats * len(a.slaves)} runs", flush=True)
+    data = {"command": command.strip(), "machine": machine_info(), "repeats": a.repeats, "steps": steps,
+            "delay_bound": a.delay_bound, "workload": workload}
+    print(f"bench: slaves {a.slaves}, probe + {steps} search steps + 2 x {a.repeats} repeats per slave count, "
+          f"delay bound {a.delay_bound:g} s, {' '.join(workload)}; "
+          f"at most {planned_runs(len(a.slaves), a.repeats, steps)} runs", flush=True)
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="streamjoin-bench-") as tmp:
-        bench = Bench(a.slaves, a.repeats, workload, a.timeout, Path(tmp))
+        bench = Bench(a.slaves, a.repeats, steps, a.delay_bound, workload, a.timeout, Path(tmp))
         try:
             data["points"] = [bench.point(k) for k in a.slaves]
         except RunFailed as e:
             print(f"\nbench: run {bench.done}/{bench.total_runs} FAILED, {e}", file=sys.stderr, flush=True)
             return 1
     data["config"] = bench.config
+    data["bench_seconds"] = round(time.monotonic() - started, 1)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(data, indent=2))
     write_report(a.out, data)
-    pngs = plot(a.out, data["points"])
+    pngs = plot(a.out, data["points"], a.delay_bound)
     print("\n" + summary_table(data["points"]) + "\n")
     for c in caveats(data):
         print(f"caveat: {c}")
-    print(f"medians of {a.repeats} runs; unpaced delays include the master's queue. Wrote "
+    print(f"sustained rate: highest paced rate that kept up with delay p95 <= {a.delay_bound:g} s; delays and "
+          f"achieved/s are medians of {a.repeats} runs at it (half: at half of it). {bench.done} runs in "
+          f"{data['bench_seconds']:.0f} s. Wrote "
           + ", ".join(str(x) for x in [a.out / "report.md", a.out / "results.json", *pngs]), flush=True)
     return 0
 

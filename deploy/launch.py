@@ -56,10 +56,11 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m deploy.launch", description=__doc__.split("\n")[0])
     p.add_argument("-n", "--ranks", type=int, default=17, help="ranks in all: 1 master + slaves (default 17)")
     p.add_argument("--hostfile", help="Open MPI hostfile for several hosts (see hosts.example)")
+    p.add_argument("--module", default="master", help="python module every rank runs (default master)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then arguments for python -m master")
     a = p.parse_args(argv)
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
-    return run_until_done(mpirun_command(a.ranks, rest, a.hostfile))
+    return run_until_done(mpirun_command(a.ranks, rest, a.hostfile, a.module))
 
 
 def run_until_done(cmd: list[str]) -> int:

@@ -39,6 +39,7 @@ class Master:
         self.stats = RunStats(self.slaves)
         self.busy: dict[int, tuple[MPI.Request, np.ndarray]] = {}  #: rank -> (send request, its buffer)
         self.epoch = {r: 0 for r in self.slaves}
+        self.sent_watermark = {r: -np.inf for r in self.slaves}
         self.max_ts = -np.inf
         self.exhausted = False
         self._late_parts: list[pa.Table] = []
@@ -57,7 +58,10 @@ class Master:
         if src["rate"] > 0:
             if now - self._last_ingest < self.ingest_interval:
                 return 0  # paced input is taken in ticks, not tuple by tuple
-            limit = min(limit, int((now - self.t0) * src["rate"]) - self.stats.ingested - self.stats.late)
+            due = int((now - self.t0) * src["rate"]) - self.stats.ingested - self.stats.late
+            # how far ingest is behind the pacing schedule: grows only when the cluster cannot keep up
+            self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, (due - limit) / src["rate"])
+            limit = min(limit, due)
         if self.exhausted or limit <= 0:
             return 0
         self._last_ingest = now
@@ -89,7 +93,7 @@ class Master:
         self._late_parts.append(pa.table({
             "stream": np.array(STREAM_NAMES)[chunk.stream[late]], "id": chunk.id[late], "ts": chunk.ts[late],
             "key": chunk.key[late], "value": chunk.value[late],
-            "reason": pa.array([f"late: ts below max ts seen before minus join.max_delay ({md})"] * int(late.sum())),
+            "reason": pa.repeat(f"late: ts below max ts seen before minus join.max_delay ({md})", int(late.sum())),
             "bound": bound,
         }))
         if sum(t.num_rows for t in self._late_parts) >= self.cfg["output"]["flush_rows"]:
@@ -109,8 +113,9 @@ class Master:
             if rank in self.busy:
                 continue
             mine = np.flatnonzero(self.partition_map == rank)
-            if not self.buffers.counts[:, mine].any():
-                continue
+            if not self.buffers.counts[:, mine].any() and watermark <= self.sent_watermark[rank]:
+                continue  # nothing new: no tuples and no punctuation that would let the slave expire blocks
+            self.sent_watermark[rank] = watermark
             r, s = self.buffers.drain(mine)
             self.epoch[rank] += 1
             buf = encode_batch(Kind.BATCH, self.epoch[rank], watermark, r, s)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -23,9 +24,11 @@ class RunStats:
         self.delay_hist = np.zeros(delays.BINS, dtype=np.int64)
         self.delay_max = 0.0
         self.per_slave = {r: {"tuples_processed": 0, "window_tuples": 0, "window_bytes": 0, "busy_seconds": 0.0,
-                              "results": 0, "epochs": 0, "result_files": 0} for r in slaves}
+                              "results": 0, "epochs": 0, "result_files": 0,
+                              "peak_rss_bytes": 0} for r in slaves}
         self._last_line = (self.started, 0, 0)
         self.stopped_by_signal = False
+        self.pacing_lag_max = 0.0  #: paced input: largest time the due tuples waited to be ingested
 
     @property
     def ingested(self) -> int:
@@ -40,6 +43,7 @@ class RunStats:
         s["results"] += int(c["results"])
         s["epochs"] += 1
         s["result_files"] += int(c["files"])
+        s["peak_rss_bytes"] = max(s["peak_rss_bytes"], int(c["rss"]))
         self.results += int(c["results"])
         self.splits += int(c["splits"])
         self.merges += int(c["merges"])
@@ -70,6 +74,8 @@ class RunStats:
             "delay_seconds": {"p50": p50, "p95": p95, "p99": p99, "max": self.delay_max,
                               "note": "percentiles are upper edges of log bins: at most 12.2% above the exact value, capped at max"},
             "slaves": {str(r): v for r, v in self.per_slave.items()},
+            "pacing_lag_max_seconds": round(max(self.pacing_lag_max, 0.0), 3),
+            "master_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "partition_splits": self.splits,
             "partition_merges": self.merges,
             "stopped_by_signal": self.stopped_by_signal,

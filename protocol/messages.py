@@ -65,6 +65,7 @@ REPORT_FIELDS = (
     "busy",                      # seconds spent joining this epoch
     "delay_max",                 # largest production delay this epoch
     "files",                     # result files written this epoch
+    "rss",                       # level: resident memory of the slave process, bytes
 )
 REPORT_LEN = len(REPORT_FIELDS) + delays.BINS
 

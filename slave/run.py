@@ -5,6 +5,7 @@ import signal
 import time
 
 import numpy as np
+import psutil
 import pyarrow as pa
 from mpi4py import MPI
 
@@ -59,6 +60,7 @@ def run(comm: MPI.Comm) -> int:
     out = cfg["output"]
     writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"])
     splits = merges = 0
+    process = psutil.Process()
     while True:
         status = wait_probe(comm, 0, TAG_DATA)
         head, fresh_r, fresh_s = decode_batch(recv_bytes(comm, status), dtype)
@@ -77,7 +79,7 @@ def run(comm: MPI.Comm) -> int:
         stored_r, stored_s = module.stored()
         counters.update(window_r=stored_r, window_s=stored_s, window_bytes=module.nbytes,
                         splits=module.splits - splits, merges=module.merges - merges,
-                        busy=time.perf_counter() - started)
+                        busy=time.perf_counter() - started, rss=process.memory_info().rss)
         splits, merges = module.splits, module.merges
         comm.Send(encode_report(counters, hist), dest=0, tag=TAG_REPORT)
         if head["kind"] == Kind.STOP:

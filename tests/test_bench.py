@@ -1,12 +1,16 @@
-"""Tests of deploy/bench.py's pure helpers (no cluster runs, no speed assertions)."""
+"""Tests of deploy/bench.py's pure helpers and report writing (no cluster runs, no speed assertions)."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 import pytest
 
-from deploy.bench import aggregate, fmt, keep_up, md_table, median, parse_slaves, run_numbers, summary_table
+from deploy import bench
+from deploy.bench import (aggregate, bracket, caveats, count, fmt, keep_up, krate, md_table, median, next_rate,
+                          parse_slaves, planned_runs, run_numbers, search_verdict, summary_table, sustained_rate,
+                          trail_text)
 
 
 def test_parse_slaves():
@@ -26,16 +30,18 @@ def test_median_skips_missing_runs():
     assert median([]) is None
 
 
-def test_keep_up():
-    on_time = keep_up(tuples=100_000, wall=1.05, rate=100_000)
+def test_keep_up_is_decided_by_the_masters_pacing_lag():
+    on_time = keep_up(tuples=100_000, wall=1.05, rate=100_000, pacing_lag=0.01)
     assert on_time["kept_up"] and on_time["ratio"] == pytest.approx(0.952, abs=1e-3)
-    assert on_time["lag_seconds"] == pytest.approx(0.05)
-    # a short run: 73% of the rate, but only the 0.5 s drain behind schedule
-    short = keep_up(tuples=100_000, wall=1.5, rate=100_000)
+    assert on_time["lag_seconds"] == pytest.approx(0.01)
+    # a short run whose wall time is mostly start-up and drain still kept up if ingest never lagged
+    short = keep_up(tuples=100_000, wall=1.5, rate=100_000, pacing_lag=0.02)
     assert short["kept_up"] and short["ratio"] < 0.9
-    behind = keep_up(tuples=1_000_000, wall=20.0, rate=100_000)
-    assert not behind["kept_up"]
-    assert behind["achieved_rate"] == 50_000 and behind["lag_seconds"] == 10.0
+    # ... and a run that finished near its schedule but whose ingest fell behind on the way did not
+    lagging = keep_up(tuples=100_000, wall=1.05, rate=100_000, pacing_lag=bench.KEEP_UP_LAG + 0.01)
+    assert not lagging["kept_up"]
+    behind = keep_up(tuples=1_000_000, wall=20.0, rate=100_000, pacing_lag=9.5)
+    assert not behind["kept_up"] and behind["achieved_rate"] == 50_000
 
 
 def test_fmt_and_md_table():
@@ -49,9 +55,9 @@ def test_fmt_and_md_table():
                      "| 1     | yy          |"]
 
 
-def summary(throughput, p50, wt=10, wb=640):
+def summary(throughput, p50, wt=10, wb=640, p95=0.2):
     return {"input_total": 1000, "late": 0, "results": 50, "wall_seconds": 2.0, "throughput_tuples_per_s": throughput,
-            "delay_seconds": {"p50": p50, "p95": 0.2, "p99": 0.3, "max": 0.25, "note": "..."},
+            "delay_seconds": {"p50": p50, "p95": p95, "p99": 0.3, "max": 0.25, "note": "..."},
             "slaves": {"1": {"tuples_processed": 1000, "window_tuples": wt, "window_bytes": wb,
                              "busy_seconds": 0.5, "results": 50, "epochs": 3, "result_files": 1}},
             "config": {"big": "dropped"}}
@@ -69,17 +75,187 @@ def test_run_numbers_and_aggregate():
     assert agg["delay_p50"] == pytest.approx(0.2) and agg["delay_p99"] == 0.3
 
 
-def test_summary_table_lists_medians_and_every_repeat():
-    cap = [dict(run_numbers(summary(t, 0.5)), peak_rss_mb=100.0) for t in (100_000.0, 300_000.0, 200_000.0)]
-    half = [dict(run_numbers(summary(100_000.0, 0.05)), peak_rss_mb=120.0, rate=100_000,
-                 **keep_up(1000, 2.0, 100 if i else 100_000)) for i in range(3)]  # the first fell behind
-    point = {"slaves": 2, "ranks": 3, "capacity": {"median": median(r["throughput"] for r in cap), **aggregate(cap),
-                                                   "runs": cap},
-             "half_load": {"rate": 100_000, **aggregate(half), "runs": half}}
-    header, rule, row = summary_table([point]).splitlines()
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == len(header.strip("|").split("|"))
-    assert cells[:3] == ["2", "200,000", "100,000 300,000 200,000"]
-    assert cells[3] == "0.500 / 0.300" and cells[4] == "100,000" and cells[5] == "0.050"
-    assert cells[-2] == "2/3" and cells[-1] == "120"
-    assert not math.isnan(point["capacity"]["median"])
+# --------------------------------------------------------------------------- the search for the sustained rate
+
+def test_search_verdict_needs_keeping_up_and_a_bounded_p95():
+    assert search_verdict({"kept_up": True, "delay_p95": 1.5}, 1.5) == (True, "pass")  # the bound is inclusive
+    ok, why = search_verdict({"kept_up": True, "delay_p95": 1.6}, 1.5)
+    assert not ok and "p95" in why and "fell behind" not in why
+    ok, why = search_verdict({"kept_up": False, "delay_p95": 0.2}, 1.5)
+    assert not ok and why == "fell behind"
+    ok, why = search_verdict({"kept_up": False, "delay_p95": 3.0}, 1.5)
+    assert not ok and "fell behind" in why and "p95" in why
+    for missing in (None, float("nan")):  # no results, no delay: cannot show a bounded delay
+        assert search_verdict({"kept_up": True, "delay_p95": missing}, 1.5)[0] is False
+
+
+def test_next_rate_starts_at_half_the_unpaced_throughput():
+    assert next_rate([], 1000.0, steps=4) == 500
+    assert next_rate([], 475_421.0, steps=4) == 237_710
+    with pytest.raises(ValueError):
+        next_rate([], 0.0, steps=4)
+
+
+def test_next_rate_halves_until_a_run_passes_then_gives_up():
+    assert next_rate([(500, False)], 1000.0, steps=10) == 250
+    assert next_rate([(500, False), (250, False)], 1000.0, steps=10) == 125
+    assert next_rate([(500, False), (250, False), (125, False)], 1000.0, steps=10) == 62  # round(62.5)
+    four_fails = [(500, False), (250, False), (125, False), (62, False)]
+    assert len(four_fails) == bench.MAX_FAILS_WITHOUT_PASS
+    assert next_rate(four_fails, 1000.0, steps=10) is None
+    assert sustained_rate(four_fails) == 0 and bracket(four_fails) == (0, 62)
+
+
+def test_next_rate_bisects_geometrically_between_highest_pass_and_lowest_fail():
+    # first run passed: nothing failed yet, so the unpaced throughput is the upper end
+    assert next_rate([(500, True)], 1000.0, steps=6) == round(math.sqrt(500 * 1000))  # 707
+    # first failed, second (halved) passed
+    assert next_rate([(500, False), (250, True)], 1000.0, steps=6) == round(math.sqrt(250 * 500))  # 354
+    assert next_rate([(500, False), (250, True), (354, True)], 1000.0, steps=6) == round(math.sqrt(354 * 500))
+    assert next_rate([(500, False), (250, True), (354, False)], 1000.0, steps=6) == round(math.sqrt(250 * 354))
+    # a failure below the highest pass (noise) does not invert the bracket; the lowest fail above it counts
+    assert next_rate([(800, False), (400, True), (300, False), (600, False)], 1000.0, steps=6) == \
+        round(math.sqrt(400 * 600))
+    # a pass at or above the unpaced throughput (a slow probe): look above it instead of stopping
+    assert next_rate([(1000, True)], 1000.0, steps=6) == round(math.sqrt(1000 * 2000))
+
+
+def test_next_rate_stops_at_the_step_budget_and_when_converged():
+    trail = [(500, False), (250, True), (354, True)]
+    assert next_rate(trail, 1000.0, steps=3) is None
+    assert next_rate(trail, 1000.0, steps=4) is not None
+    assert next_rate([(100, True), (101, False)], 1000.0, steps=6) is None  # no integer rate strictly between
+    assert next_rate([(100, True), (102, False)], 1000.0, steps=6) == 101
+
+
+@pytest.mark.parametrize("true_rate", [70.0, 190.0, 250.0, 300.0, 420.0, 499.0, 501.0, 800.0, 999.0])
+@pytest.mark.parametrize("steps", [4, 6])
+def test_search_brackets_a_threshold(true_rate, steps):
+    """Against a cluster that passes exactly up to true_rate, the search halves down to the first pass, then
+    bisects: it returns a passing rate at most true_rate, within the resolution its step budget allows."""
+    unpaced = 1000.0
+    trail = []
+    while (rate := next_rate(trail, unpaced, steps)) is not None:
+        assert all(rate != r for r, _ in trail), "a rate was tried twice"
+        trail.append((rate, rate <= true_rate))
+    assert len(trail) <= steps
+    lo, hi = bracket(trail)
+    assert sustained_rate(trail) == lo and 0 < lo <= true_rate
+    assert hi is None or hi > true_rate
+    halvings = max(0, math.ceil(math.log2(unpaced * bench.FIRST_FRACTION / true_rate)))
+    assert [ok for _, ok in trail[:halvings + 1]] == [False] * halvings + [True]
+    # after the first pass the bracket spans a factor 2; each geometric bisection halves its logarithm
+    assert lo >= 0.99 * true_rate * 2 ** -(1 / 2 ** (steps - halvings - 1))
+
+
+def test_search_gives_up_and_reports_zero_when_nothing_passes():
+    trail = []
+    while (rate := next_rate(trail, 1000.0, steps=6)) is not None:
+        trail.append((rate, False))
+    assert [r for r, _ in trail] == [500, 250, 125, 62]
+    assert sustained_rate(trail) == 0 and trail_text(trail) == "500✗ 250✗ 125✗ 62✗"
+
+
+def test_trail_text_and_krate():
+    assert krate(237_710) == "238k" and krate(1_250_000) == "1,250k" and krate(62) == "62"
+    assert trail_text([(238_000, False), (119_000, True), (168_300, True)]) == "238k✗ 119k✓ 168k✓"
+    assert trail_text([]) == "-"
+    assert bracket([(238_000, False), (119_000, True), (168_300, True), (200_000, False)]) == (168_300, 200_000)
+    assert bracket([(500, True)]) == (500, None)
+
+
+def test_planned_runs_and_count():
+    assert planned_runs(3, repeats=3, steps=4) == 3 * (1 + 4 + 6)
+    assert count([{"k": True}, {"k": False}, {"k": True}], "k") == "2/3" and count([], "k") == "-"
+
+
+# --------------------------------------------------------------------------- summary table and report
+
+def paced(label, rate, throughput, p50, p95, kept=True, rss=120.0):
+    r = {"label": label, **run_numbers(summary(throughput, p50, p95=p95)), "peak_rss_mb": rss, "rate": rate,
+         **keep_up(1000, 2.0, 100, 0.0 if kept else 5.0)}
+    r["passed"], r["verdict"] = search_verdict(r, 1.5)
+    return r
+
+
+def point(k=2, sustained_kept=(True, True, False)):
+    """A plausible point as Bench.point builds it: probe, search 500k fail -> 250k pass -> 354k fail -> 297k pass."""
+    probe = {"label": "probe", **run_numbers(summary(1_000_000.0, 1.0)), "peak_rss_mb": 600.0}
+    search = [paced("search #1", 500_000, 400_000.0, 1.0, 2.5, kept=False),
+              paced("search #2", 250_000, 240_000.0, 0.5, 0.9),
+              paced("search #3", 354_000, 300_000.0, 0.9, 1.8),
+              paced("search #4", 297_000, 290_000.0, 0.6, 1.2)]
+    trail = [(r["rate"], r["passed"]) for r in search]
+    at = [paced(f"sustained #{i + 1}", 297_000, t, 0.6, 1.0, kept=kept)
+          for i, (t, kept) in enumerate(zip((280_000.0, 295_000.0, 260_000.0), sustained_kept))]
+    half = [paced(f"half #{i + 1}", 148_500, 148_000.0, p, 0.5) for i, p in enumerate((0.4, 0.3, 0.5))]
+    return {"slaves": k, "ranks": k + 1, "unpaced": 1_000_000.0, "probe": probe,
+            "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
+            "sustained": {"rate": sustained_rate(trail), "throughput": median(r["throughput"] for r in at),
+                          **aggregate(at), "runs": at},
+            "half": {"rate": 148_500, **aggregate(half), "runs": half}}
+
+
+def test_summary_table_row():
+    p = point()
+    assert p["search"]["trail"] == [(500_000, False), (250_000, True), (354_000, False), (297_000, True)]
+    header, rule, row = summary_table([p]).splitlines()
+    names = [c.strip() for c in header.strip("|").split("|")]
+    cells = dict(zip(names, (c.strip() for c in row.strip("|").split("|"))))
+    assert len(cells) == len(names) == len(bench.SUMMARY_HEADER)
+    assert cells["slaves"] == "2" and cells["unpaced tuples/s"] == "1,000,000"
+    assert cells["sustained rate/s"] == "297,000"
+    assert cells["search (✓ pass, ✗ fail)"] == "500k✗ 250k✓ 354k✗ 297k✓"
+    assert cells["achieved/s"] == "280,000"  # median of 280k, 295k, 260k
+    assert cells["delay p50 s"] == "0.600" and cells["p95 s"] == "1.000"
+    assert cells["kept up"] == "2/3" and cells["passed"] == "2/3"
+    assert cells["half rate/s"] == "148,500" and cells["half p50 s"] == "0.400" and cells["half kept up"] == "3/3"
+    assert cells["peak RSS MB"] == "600"  # the probe's
+
+
+def test_summary_table_when_nothing_passed():
+    p = point()
+    p["search"]["trail"] = [(500_000, False), (250_000, False), (125_000, False), (62_500, False)]
+    p["sustained"] = {"rate": 0, "throughput": None, **aggregate([]), "runs": []}
+    p["half"] = {"rate": 0, **aggregate([]), "runs": []}
+    cells = [c.strip() for c in summary_table([p]).splitlines()[2].strip("|").split("|")]
+    assert cells[2] == "0" and cells[4:9] == ["-"] * 5 and cells[9] == "-" and cells[11] == "-"
+
+
+def fake_data(points):
+    return {"command": "python -m deploy.bench --quick", "repeats": 3, "steps": 4, "delay_bound": 1.5,
+            "workload": ["generator.duration=10.0"], "bench_seconds": 200.0, "points": points,
+            "machine": {"cpu": "x", "cores": 2, "memory_gib": 1.0, "load_average_at_start": [0.1, 0.2, 0.3],
+                        "os": "linux", "python": "3", "numpy": "2", "mpi4py": "4", "open_mpi": "5",
+                        "date": "2026-01-01T00:00:00+00:00"},
+            "config": {"master": {"buffer_capacity": 2_000_000}, "generator": {"tuple_bytes": 64},
+                       "epochs": {"distribution": 0.5}, "output": {"path": "x"}}}
+
+
+def test_caveats():
+    data = fake_data([point(1), point(2, sustained_kept=(True, True, True))])
+    cs = caveats(data)
+    assert "upper bound" in cs[0] and "fits in master.buffer_capacity" in cs[0]
+    weak = [c for c in cs if "not every repeat passed" in c]
+    assert len(weak) == 1 and "1 slave(s) 2/3" in weak[0] and "2 slave(s)" not in weak[0]
+    assert not any("No paced rate passed" in c or "lower bound" in c for c in cs)
+    open_top = point(4)
+    open_top["search"]["bracket"] = (297_000, None)
+    assert any("lower bound" in c and "4 slave(s)" in c for c in caveats(fake_data([open_top])))
+
+
+def test_report_and_plots_are_written(tmp_path):
+    data = fake_data([point(1), point(2)])
+    data = json.loads(json.dumps(data))  # as read back from results.json: tuples become lists
+    bench.write_report(tmp_path, data)
+    report = (tmp_path / "report.md").read_text()
+    assert "| slaves | unpaced tuples/s | sustained rate/s |" in report
+    assert "500,000 fail → 250,000 pass → 354,000 fail → 297,000 pass" in report
+    assert "between 297,000 and 354,000/s" in report
+    for label in ("probe", "search #4", "sustained #3", "half #1"):
+        assert f"| {label} " in report
+    paths = bench.plot(tmp_path, data["points"], 1.5)
+    assert [p.name for p in paths] == ["capacity.png", "delay.png"]
+    assert all(p.stat().st_size > 10_000 for p in paths)
+
+

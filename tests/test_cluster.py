@@ -50,6 +50,13 @@ def test_uniform_keys_any_slave_count(tmp_path, ranks):
     assert len(processed) == ranks - 1 and min(processed) > 0
 
 
+def test_sixteen_slaves_oversubscribed_make_progress_and_stay_exact(tmp_path):
+    # 17 ranks on a 2-core machine: waiting ranks must not spin, or the master starves
+    settings = dict(SMALL, **{"generator.seed": 17, "source.rate": 6000.0, "partitioning.subgroups": 4})
+    run, _ = check_exact(tmp_path, 17, settings)
+    assert all(v["epochs"] > 1 for v in run.summary["slaves"].values())
+
+
 def test_second_run_into_the_same_output_replaces_the_first(tmp_path):
     # the first run leaves many small result files; none of them may leak into the second run's output
     first = dict(SMALL, **{"generator.seed": 21, "generator.duration": 2.0, "output.flush_rows": 20,
