@@ -29,9 +29,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m deploy.bench --quick
+	$(BIN)/python -m deploy.bench_balance --quick
 
 bench-full: $(STAMP)
 	$(BIN)/python -m deploy.bench
+	$(BIN)/python -m deploy.bench_balance
 
 clean:
 	rm -rf out bench-report .pytest_cache

@@ -19,9 +19,10 @@ import pyarrow as pa
 from mpi4py import MPI
 
 from master.buffers import MiniBuffers
+from master.controller import Controller
 from master.ingest import late_mask, to_wire
 from master.stats import RunStats, print_summary, write_summary
-from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, Kind, decode_report, encode_batch
+from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, Ack, Kind, decode_report, encode_batch
 from protocol.output import write_table
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, tuple_dtype
 
@@ -32,7 +33,7 @@ class Master:
         self.slaves = list(range(1, comm.size))
         parts = cfg["partitioning"]["partitions"]
         groups = min(cfg["partitioning"]["subgroups"], len(self.slaves))
-        self.partition_map = np.array([self.slaves[p % len(self.slaves)] for p in range(parts)])  #: partition -> rank
+        self.controller = Controller(cfg, self.slaves, parts)
         self.subgroups = [self.slaves[g::groups] for g in range(groups)]
         self.dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
         self.buffers = MiniBuffers(parts, self.dtype)
@@ -40,6 +41,7 @@ class Master:
         self.busy: dict[int, tuple[MPI.Request, np.ndarray]] = {}  #: rank -> (send request, its buffer)
         self.epoch = {r: 0 for r in self.slaves}
         self.sent_watermark = {r: -np.inf for r in self.slaves}
+        self.in_batch = dict.fromkeys(self.slaves, 0)  #: tuples of the batch each slave is joining
         self.max_ts = -np.inf
         self.exhausted = False
         self._late_parts: list[pa.Table] = []
@@ -110,16 +112,32 @@ class Master:
         """Serve one sub-group: every idle slave in it gets its partitions' tuples in one message."""
         watermark = self.max_ts - self.cfg["join"]["max_delay"]
         for rank in group:
-            if rank in self.busy:
+            mine = self.controller.partitions_of(rank)
+            sizes = self.buffers.counts[:, mine].sum(axis=0)
+            if rank in self.busy:  # still joining its last batch: all of it and what waits here is unjoined
+                self.controller.on_slot(rank, self.in_batch[rank] + int(sizes.sum()))
                 continue
-            mine = np.flatnonzero(self.partition_map == rank)
-            if not self.buffers.counts[:, mine].any() and watermark <= self.sent_watermark[rank]:
+            self.controller.on_slot(rank, 0)
+            if len(mine) == 0 or (not sizes.any() and watermark <= self.sent_watermark[rank]):
                 continue  # nothing new: no tuples and no punctuation that would let the slave expire blocks
             self.sent_watermark[rank] = watermark
+            self.controller.on_batch(mine, sizes)
             r, s = self.buffers.drain(mine)
             self.epoch[rank] += 1
-            buf = encode_batch(Kind.BATCH, self.epoch[rank], watermark, r, s)
-            self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
+            self.in_batch[rank] = len(r) + len(s)
+            self._send(rank, encode_batch(Kind.BATCH, self.epoch[rank], watermark, r, s))
+
+    def _send(self, rank: int, buf: np.ndarray) -> None:
+        """Isend a message; the slave counts as busy until its report for it arrives."""
+        self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
+
+    def _start_moves(self) -> None:
+        """MOVE orders to the suppliers of queued moves that are idle (paper IV-C)."""
+        empty = np.empty(0, dtype=self.dtype)
+        for move in self.controller.next_orders(lambda rank: rank not in self.busy):
+            self.in_batch[move.supplier] = 0
+            self._send(move.supplier, encode_batch(Kind.MOVE, self.epoch[move.supplier], np.nan, empty, empty,
+                                                   partition=move.partition, peer=move.consumer))
 
     def _collect_reports(self) -> int:
         got = 0
@@ -129,10 +147,17 @@ class Master:
             rank = status.Get_source()
             self.comm.Recv([report, MPI.DOUBLE], source=rank, tag=TAG_REPORT)
             counters, hist = decode_report(report)
+            got += 1
             self.stats.add_report(rank, counters, hist)
+            if counters["ack"] == Ack.INSTALLED:  # not an answer to a message of ours: the consumer's news
+                move = self.controller.on_installed(int(counters["partition"]), int(counters["moved_tuples"]),
+                                                    time.time())
+                self.stats.tuples_moved += int(counters["moved_tuples"])
+                print(f"moved partition-group {move.partition}: slave {move.supplier} -> {move.consumer} "
+                      f"({int(counters['moved_tuples']):,} tuples, {move.reason})", file=sys.stderr, flush=True)
+                continue
             request, _ = self.busy.pop(rank)
             request.Wait()
-            got += 1
         return got
 
     # -- the loop -------------------------------------------------------------------------------------
@@ -154,6 +179,8 @@ class Master:
         progress = self.cfg["output"]["progress"]
         self.t0 = self.stats.started = time.time()
         next_slot, next_progress, g = self.t0 + slot, self.t0 + progress, 0
+        reorganization = self.cfg["epochs"]["reorganization"]
+        next_reorganization = self.t0 + reorganization
         while True:
             now = time.time()
             if self._stop_requested:
@@ -164,16 +191,25 @@ class Master:
                 g = (g + 1) % len(self.subgroups)
                 next_slot = max(next_slot + slot, now)
                 worked += 1
+            if now >= next_reorganization:
+                if not self.exhausted:
+                    self.controller.reorganize(now)
+                next_reorganization = now + reorganization
+            self._start_moves()
             if progress and now >= next_progress:
-                print(self.stats.progress_line(len(self.buffers), len(self.slaves)), file=sys.stderr, flush=True)
+                print(self.stats.progress_line(len(self.buffers), len(self.controller.active),
+                                               len(self.controller.moves_log)), file=sys.stderr, flush=True)
                 next_progress = now + progress
-            if self.exhausted and len(self.buffers) == 0 and not self.busy:
+            if self.exhausted and len(self.buffers) == 0 and not self.busy and not self.controller.busy:
                 break
             if not worked:
                 time.sleep(min(2e-3, max(0.0, next_slot - time.time())))
         self._stop_slaves()
         self._flush_late()
         summary = self.stats.summary(self.cfg)
+        summary["balance"] = {"reorganizations": self.controller.reorganizations, "moves": self.controller.moves_log,
+                              "active_changes": self.controller.active_log,
+                              "active_at_end": sorted(self.controller.active)}
         write_summary(out / "summary.json", summary)
         print_summary(summary)
         return summary

@@ -99,6 +99,7 @@ class GeneratorSource:
         self.rate, self.duration = float(gen["rate"]), float(gen["duration"])
         self.keys, self.skew = int(gen["keys"]), float(gen["skew"])
         self.disorder = float(gen["disorder"])
+        self.shift = float(gen["shift"])
         self._seed = int(gen["seed"]) % (1 << 64)  # SeedSequence wants non-negative entropy
         self._slice_len = SLICE_TUPLES / self.rate
         n = max(1, math.ceil(self.duration / self._slice_len))
@@ -115,10 +116,18 @@ class GeneratorSource:
         self._next_slice = 0
         self._pending: list[Chunk] = []
 
-    def _keys(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """b-model: at each level the upper half with probability 1 - skew; hot keys spread by a permutation."""
-        bits = rng.random((n, self._levels)) < 1.0 - self.skew
-        return self._perm[(bits.astype(np.int64) @ self._powers) % self.keys]
+    def _keys(self, rng: np.random.Generator, arrival: np.ndarray) -> np.ndarray:
+        """b-model: at each level the upper half with probability 1 - skew; hot keys spread by a permutation.
+
+        With `shift` > 0 the b-model ranks rotate by a fixed stride every `shift` seconds of arrival time, so
+        the hot keys change while the distribution keeps its shape (a workload whose skew moves).
+        """
+        bits = rng.random((len(arrival), self._levels)) < 1.0 - self.skew
+        rank = (bits.astype(np.int64) @ self._powers) % self.keys
+        if self.shift > 0:
+            stride = int(self.keys * 0.6180339887) | 1
+            rank = (rank + (arrival // self.shift).astype(np.int64) * stride) % self.keys
+        return self._perm[rank]
 
     def _make_slice(self, i: int) -> Chunk:
         """Both streams of slice i merged by arrival time; the disorder is drawn last so it changes nothing else."""
@@ -126,7 +135,7 @@ class GeneratorSource:
         t0, t1 = self._bounds[i]
         n = self._counts[i]
         arrival = [t0 + np.sort(rng.random(n[s])) * (t1 - t0) for s in (STREAM_R, STREAM_S)]
-        key = [self._keys(rng, n[s]) for s in (STREAM_R, STREAM_S)]
+        key = [self._keys(rng, arrival[s]) for s in (STREAM_R, STREAM_S)]
         value = [rng.random(n[s]) for s in (STREAM_R, STREAM_S)]
         arr = np.concatenate(arrival)
         ts = arr - rng.random(len(arr)) * self.disorder if self.disorder > 0 else arr

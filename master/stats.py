@@ -25,9 +25,10 @@ class RunStats:
         self.delay_max = 0.0
         self.per_slave = {r: {"tuples_processed": 0, "window_tuples": 0, "window_bytes": 0, "busy_seconds": 0.0,
                               "results": 0, "epochs": 0, "result_files": 0,
-                              "peak_rss_bytes": 0} for r in slaves}
+                              "peak_rss_bytes": 0, "cpu_seconds": 0.0} for r in slaves}
         self._last_line = (self.started, 0, 0)
         self.stopped_by_signal = False
+        self.tuples_moved = 0
         self.pacing_lag_max = 0.0  #: paced input: largest time the due tuples waited to be ingested
 
     @property
@@ -41,16 +42,17 @@ class RunStats:
         s["window_bytes"] = int(c["window_bytes"])
         s["busy_seconds"] += c["busy"]
         s["results"] += int(c["results"])
-        s["epochs"] += 1
+        s["epochs"] += int(c["ack"] == 0)  # batches (and the stop), not move acknowledgements
         s["result_files"] += int(c["files"])
         s["peak_rss_bytes"] = max(s["peak_rss_bytes"], int(c["rss"]))
+        s["cpu_seconds"] = round(c["cpu"], 3)
         self.results += int(c["results"])
         self.splits += int(c["splits"])
         self.merges += int(c["merges"])
         self.delay_hist += hist
         self.delay_max = max(self.delay_max, c["delay_max"])
 
-    def progress_line(self, buffered: int, active: int) -> str:
+    def progress_line(self, buffered: int, active: int, moves: int) -> str:
         now = time.time()
         t0, n0, _ = self._last_line
         rate = (self.ingested - n0) / max(now - t0, 1e-9)
@@ -58,7 +60,7 @@ class RunStats:
         p50, p99 = delays.percentiles(self.delay_hist, (50, 99))
         return (f"[{now - self.started:7.1f}s] in {self.ingested:,} ({rate:,.0f}/s) | results {self.results:,} | "
                 f"late {self.late:,} | delay p50 {p50:.3f}s p99 {p99:.3f}s | buffered {buffered:,} | "
-                f"slaves {active}/{len(self.per_slave)}")
+                f"slaves {active}/{len(self.per_slave)} | moves {moves}")
 
     def summary(self, cfg: dict) -> dict:
         wall = time.time() - self.started
@@ -76,6 +78,7 @@ class RunStats:
             "slaves": {str(r): v for r, v in self.per_slave.items()},
             "pacing_lag_max_seconds": round(max(self.pacing_lag_max, 0.0), 3),
             "master_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "tuples_moved": self.tuples_moved,
             "partition_splits": self.splits,
             "partition_merges": self.merges,
             "stopped_by_signal": self.stopped_by_signal,

@@ -34,6 +34,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "seed": (1, "random seed; the same seed gives the same streams"),
         "tuple_bytes": (64, f"bytes per tuple on the wire and in the window (at least {BASE_TUPLE_BYTES}; paper 64)"),
         "disorder": (0.0, "event times are shifted back by up to this many seconds (out-of-order input)"),
+        "shift": (0.0, "every this many seconds the hot keys change (0 = never): skew that moves"),
     },
     "join": {
         "window": (1.0, "join r and s iff r.key == s.key and |r.ts - s.ts| <= window (seconds)"),
@@ -41,7 +42,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     },
     "epochs": {
         "distribution": (0.5, "seconds between two sends of buffered tuples to a slave"),
-        "reorganization": (5.0, "seconds between two load reports (used by balancing)"),
+        "reorganization": (5.0, "seconds between two balancing decisions (load averaged over this epoch)"),
     },
     "partitioning": {
         "partitions": (60, "hash partitions (mini-buffers per stream at the master; paper 60); >= slaves"),
@@ -56,6 +57,17 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     "master": {
         "buffer_capacity": (2000000, "tuples the master's mini-buffers may hold before ingest pauses"),
     },
+    "balance": {
+        "enabled": (True, "move partition-groups between slaves and adapt the active slave count (paper IV-C, V-A)"),
+        "supplier_threshold": (0.5, "average buffer occupancy above which a slave is a supplier (paper 0.5)"),
+        "consumer_threshold": (0.01, "average buffer occupancy below which a slave is a consumer (paper 0.01)"),
+        "buffer_capacity": (20000, "tuples a slave's buffer holds; occupancy = mean tuples not yet joined at its slots / this"),
+        "choice": ("largest_fit", '"random" (the paper) or "largest_fit": which partition-group a supplier yields'),
+        "declustering": (False, "also adapt the number of active slaves (paper V-A): shrinks a cluster that keeps up easily"),
+        "gamma": (2.0, "one more active slave when suppliers > gamma x consumers (paper V-A)"),
+        "initial_slaves": (0, "slaves active at start (0 = all)"),
+        "seed": (1, "seed of the random group choice"),
+    },
     "output": {
         "path": ("out", "output directory (results/, late/, rejected/, summary.json)"),
         "format": ("parquet", '"parquet" or "csv"'),
@@ -67,6 +79,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
 _CHOICES = {
     ("source", "kind"): ("generator", "file"),
     ("output", "format"): ("parquet", "csv"),
+    ("balance", "choice"): ("random", "largest_fit"),
 }
 _POSITIVE = {
     ("generator", "rate"), ("generator", "keys"), ("generator", "duration"),
@@ -74,10 +87,12 @@ _POSITIVE = {
     ("partitioning", "partitions"), ("partitioning", "subgroups"),
     ("tuning", "block_size"), ("tuning", "theta_max"), ("tuning", "max_depth"),
     ("master", "buffer_capacity"), ("output", "flush_rows"), ("source", "batch"),
+    ("balance", "buffer_capacity"), ("balance", "gamma"),
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),
-    ("tuning", "theta_min"), ("generator", "disorder"), ("output", "progress"),
+    ("tuning", "theta_min"), ("generator", "disorder"), ("generator", "shift"), ("output", "progress"),
+    ("balance", "supplier_threshold"), ("balance", "consumer_threshold"), ("balance", "initial_slaves"),
 }
 
 
@@ -157,11 +172,17 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
                           f"(got {cfg['tuning']['theta_min']} and {cfg['tuning']['theta_max']})")
     if cfg["tuning"]["max_depth"] > 24:
         raise ConfigError(f"tuning.max_depth: must be at most 24, got {cfg['tuning']['max_depth']}")
+    if cfg["balance"]["consumer_threshold"] > cfg["balance"]["supplier_threshold"]:
+        raise ConfigError("balance.consumer_threshold: must be at most balance.supplier_threshold "
+                          f"(got {cfg['balance']['consumer_threshold']} and {cfg['balance']['supplier_threshold']})")
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
     if slaves is not None:
         if slaves < 1:
             raise ConfigError("the cluster needs at least one slave: run with mpirun -n 2 or more")
+        if cfg["balance"]["initial_slaves"] > slaves:
+            raise ConfigError(f"balance.initial_slaves: must be <= the number of slaves ({slaves}), "
+                              f"got {cfg['balance']['initial_slaves']}")
         if cfg["partitioning"]["partitions"] < slaves:
             raise ConfigError(f"partitioning.partitions: must be >= the number of slaves ({slaves}), "
                               f"got {cfg['partitioning']['partitions']}")

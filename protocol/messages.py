@@ -19,21 +19,32 @@ from protocol import delays
 
 TAG_DATA = 1    #: master -> slave: a batch (or the stop order)
 TAG_REPORT = 2  #: slave -> master: a report
+TAG_STATE = 3   #: supplier slave -> consumer slave: a partition-group's state
 
 
 class Kind(enum.IntEnum):
     BATCH = 1  #: tuples of one distribution epoch
     STOP = 2   #: no more input: flush and send the final report
+    MOVE = 3   #: hand partition-group `partition` over to slave `peer` (paper 003, IV-C)
 
 
-HEADER = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("watermark", "<f8"), ("n_r", "<i8"), ("n_s", "<i8")])
+class Ack(enum.IntEnum):
+    """What a report answers."""
+    BATCH = 0      #: a batch or the stop order was processed
+    MOVED = 1      #: supplier: the group's state left for the consumer
+    INSTALLED = 2  #: consumer: the group's state is installed
 
 
-def encode_batch(kind: Kind, epoch: int, watermark: float, r: np.ndarray, s: np.ndarray) -> np.ndarray:
+HEADER = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("watermark", "<f8"), ("n_r", "<i8"), ("n_s", "<i8"),
+                   ("partition", "<i8"), ("peer", "<i8")])
+
+
+def encode_batch(kind: Kind, epoch: int, watermark: float, r: np.ndarray, s: np.ndarray,
+                 partition: int = -1, peer: int = -1) -> np.ndarray:
     """Header + R rows + S rows as one uint8 buffer (one copy of the tuples)."""
     size = r.dtype.itemsize
     buf = np.empty(HEADER.itemsize + (len(r) + len(s)) * size, dtype=np.uint8)
-    buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, len(r), len(s))
+    buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, len(r), len(s), partition, peer)
     body = buf[HEADER.itemsize:].view(r.dtype)
     body[: len(r)] = r
     body[len(r):] = s
@@ -66,6 +77,10 @@ REPORT_FIELDS = (
     "delay_max",                 # largest production delay this epoch
     "files",                     # result files written this epoch
     "rss",                       # level: resident memory of the slave process, bytes
+    "cpu",                       # level: CPU seconds the slave process used so far
+    "ack",                       # what this report answers (Ack)
+    "partition",                 # with Ack.MOVED / INSTALLED: the partition-group moved
+    "moved_tuples",              # with Ack.MOVED / INSTALLED: its stored tuples
 )
 REPORT_LEN = len(REPORT_FIELDS) + delays.BINS
 

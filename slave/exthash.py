@@ -24,7 +24,7 @@ class ExtendibleDirectory:
         self.global_depth = 0
         self.entries = np.zeros(1, dtype=np.int64)  #: entry -> bucket id
         self.local_depth: dict[int, int] = {0: 0}
-        self._next_id = 1
+        self.next_id = 1
 
     def bucket_of(self, hashes: np.ndarray) -> np.ndarray:
         mask = np.uint64((1 << self.global_depth) - 1)
@@ -36,8 +36,8 @@ class ExtendibleDirectory:
         if depth == self.global_depth:
             self.entries = np.concatenate([self.entries, self.entries])
             self.global_depth += 1
-        new = self._next_id
-        self._next_id += 1
+        new = self.next_id
+        self.next_id += 1
         idx = np.flatnonzero(self.entries == bucket)
         self.entries[idx[(idx >> depth) & 1 == 1]] = new
         self.local_depth[bucket] = self.local_depth[new] = depth + 1
@@ -69,11 +69,11 @@ class PartitionGroup:
         self.dtype, self.block_size = dtype, block_size
         self.theta_min, self.theta_max, self.max_depth = theta_min, theta_max, max_depth
         self.directory = ExtendibleDirectory()
-        self.buckets: dict[int, tuple[MiniWindow, MiniWindow]] = {0: self._empty_bucket()}
+        self.buckets: dict[int, tuple[MiniWindow, MiniWindow]] = {0: self.empty_bucket()}
         self.splits = 0
         self.merges = 0
 
-    def _empty_bucket(self) -> tuple[MiniWindow, MiniWindow]:
+    def empty_bucket(self) -> tuple[MiniWindow, MiniWindow]:
         return MiniWindow(self.dtype, self.block_size), MiniWindow(self.dtype, self.block_size)
 
     def bucket_blocks(self, bucket: int) -> int:

@@ -35,8 +35,20 @@ class JoinModule:
 
     def group(self, partition: int) -> PartitionGroup:
         if partition not in self.groups:
-            self.groups[partition] = PartitionGroup(*self._group_args)
+            self.groups[partition] = self.new_group()
         return self.groups[partition]
+
+    def extract(self, partition: int) -> PartitionGroup:
+        """Remove a partition-group for hand-over (an empty one if no tuple of it ever came here)."""
+        return self.groups.pop(partition, None) or self.new_group()
+
+    def install(self, partition: int, pg: PartitionGroup) -> None:
+        if partition in self.groups:
+            raise ValueError(f"partition-group {partition} is already installed here")
+        self.groups[partition] = pg
+
+    def new_group(self) -> PartitionGroup:
+        return PartitionGroup(*self._group_args)
 
     def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: float) -> tuple[np.ndarray, np.ndarray]:
         """Join one epoch's fresh tuples; returns the matching (R rows, S rows) of all new results."""

@@ -259,3 +259,11 @@ def test_report_and_plots_are_written(tmp_path):
     assert all(p.stat().st_size > 10_000 for p in paths)
 
 
+
+
+def test_balance_bench_imbalance_is_max_over_mean():
+    from deploy.bench_balance import imbalance
+    summary = {"slaves": {"1": {"tuples_processed": 300}, "2": {"tuples_processed": 100},
+                          "3": {"tuples_processed": 200}}}
+    assert imbalance(summary) == pytest.approx(1.5)
+    assert math.isnan(imbalance({"slaves": {"1": {"tuples_processed": 0}}}))

@@ -95,3 +95,21 @@ def test_negative_and_large_keys():
     a_ts, b_ts = rng.uniform(0, 3, 70), rng.uniform(0, 3, 33)
     check(a_key, a_ts, b_key, b_ts, 0.7)
     check(b_key, b_ts, a_key, a_ts, 0.7)
+
+
+def test_one_hot_key_far_apart_in_time_does_not_build_all_key_pairs():
+    # 20k x 20k tuples of a single key spread over 1000 s, window 1 ms: 4e8 pairs share the key, a handful
+    # are results; the kernel must search on time as well, not expand every key match (3+ GB here)
+    import tracemalloc
+    rng = np.random.default_rng(5)
+    n = 20_000
+    a_ts, b_ts = np.sort(rng.random(n) * 1000), np.sort(rng.random(n) * 1000)
+    keys = np.zeros(n, dtype=np.int64)
+    tracemalloc.start()
+    ia, ib = window_join(keys, a_ts, keys, b_ts, 0.001)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 20 * 2**20
+    expected = sum(int(np.count_nonzero(np.abs(b_ts - t) <= 0.001)) for t in a_ts[:2000])
+    assert int(np.count_nonzero(ia < 2000)) == expected
+    assert np.all(np.abs(a_ts[ia] - b_ts[ib]) <= 0.001)

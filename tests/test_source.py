@@ -311,3 +311,22 @@ def test_file_chunks_follow_file_order(tmp_path):
         parts.append(c.id)
     assert sizes == [300, 300, 300, 100]
     np.testing.assert_array_equal(np.concatenate(parts), ids)
+
+
+def test_shift_moves_the_hot_keys_but_keeps_the_skew():
+    from protocol.config import load_config
+    from master.source import generate_all
+    base = ["generator.duration=4", "generator.rate=20000", "generator.keys=4096", "generator.skew=0.8"]
+    still = generate_all(load_config(None, base))
+    moving = generate_all(load_config(None, base + ["generator.shift=2.0"]))
+    def top(c, lo, hi):
+        sel = (c.ts >= lo) & (c.ts < hi)
+        keys, counts = np.unique(c.key[sel], return_counts=True)
+        return {int(keys[np.argmax(counts)])}, counts.max() / sel.sum()  # the hottest key stands well clear
+    a1, share1 = top(still, 0, 2)
+    a2, _ = top(still, 2, 4)
+    b1, _ = top(moving, 0, 2)
+    b2, share2 = top(moving, 2, 4)
+    assert a1 == a2 and b1 == a1          # without shift, and before the first shift, the same hot keys
+    assert not (b2 & b1)                  # after the shift, other keys are hot
+    assert abs(share1 - share2) < 0.05    # with the same skew

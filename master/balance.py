@@ -1,0 +1,76 @@
+"""The controller's balancing decision at a reorganization epoch (paper 003, IV-C and V-A), pure logic.
+
+Load of a slave = its average buffer occupancy over the reorganization epoch:
+the tuples it had to buffer at each distribution epoch (the batch it received),
+averaged, over its buffer capacity.  Slaves above `supplier_threshold` are
+suppliers, below `consumer_threshold` consumers, the rest neutral.  One scan
+pairs the most loaded supplier with the least loaded consumer, and so on; each
+supplier yields one partition-group.  The degree of declustering follows the
+same classification: no supplier at all -> one slave fewer (it hands all its
+groups over first); more than `gamma` x consumers suppliers -> one slave more.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Move:
+    partition: int
+    supplier: int
+    consumer: int
+    reason: str  # "balance", "grow" (to a newly active slave) or "shrink" (from a leaving slave)
+
+
+def classify(occupancy: dict[int, float], supplier_threshold: float,
+             consumer_threshold: float) -> tuple[list[int], list[int]]:
+    """(suppliers by load descending, consumers by load ascending)."""
+    suppliers = sorted((r for r, o in occupancy.items() if o > supplier_threshold), key=lambda r: -occupancy[r])
+    consumers = sorted((r for r, o in occupancy.items() if o < consumer_threshold), key=lambda r: occupancy[r])
+    return suppliers, consumers
+
+
+def choose_group(groups: dict[int, float], supplier_load: float, consumer_load: float, choice: str,
+                 rng: np.random.Generator) -> int | None:
+    """Which partition-group a supplier yields: a random one (the paper), or the largest that fits, i.e. whose
+    load moved over does not leave the consumer more loaded than the supplier (so a move cannot just swap the
+    overload); None when there is nothing to give."""
+    if not groups:
+        return None
+    if choice == "random":
+        return int(rng.choice(sorted(groups)))
+    fits = [p for p, load in groups.items() if load <= (supplier_load - consumer_load) / 2]
+    return max(fits, key=lambda p: (groups[p], -p)) if fits else None
+
+
+def plan(occupancy: dict[int, float], group_load: dict[int, dict[int, float]], inactive: list[int],
+         cfg: dict, rng: np.random.Generator) -> tuple[list[Move], int | None, int | None]:
+    """Moves for this reorganization epoch, plus the slave to activate and the slave to retire (or None).
+
+    `occupancy` covers the active slaves; `group_load[r]` maps each partition of slave r to its tuples
+    in this reorganization epoch.
+    """
+    suppliers, consumers = classify(occupancy, cfg["supplier_threshold"], cfg["consumer_threshold"])
+    load = {r: float(sum(group_load.get(r, {}).values())) for r in occupancy}
+    moves: list[Move] = []
+    joining = leaving = None
+    if cfg["declustering"] and not suppliers and len(occupancy) > 1:
+        leaving = min(occupancy, key=lambda r: (occupancy[r], load[r], -r))
+        others = sorted((r for r in occupancy if r != leaving), key=lambda r: (load[r], r))
+        given = dict.fromkeys(others, 0.0)
+        for p, g in sorted(group_load.get(leaving, {}).items(), key=lambda pg: -pg[1]):
+            to = min(others, key=lambda r: (load[r] + given[r], r))
+            given[to] += g
+            moves.append(Move(p, leaving, to, "shrink"))
+        return moves, None, leaving
+    if cfg["declustering"] and inactive and len(suppliers) > cfg["gamma"] * len(consumers):
+        joining = inactive[0]
+        consumers = [joining] + consumers
+        load[joining] = 0.0
+    for supplier, consumer in zip(suppliers, consumers):
+        p = choose_group(group_load.get(supplier, {}), load[supplier], load[consumer], cfg["choice"], rng)
+        if p is not None:
+            moves.append(Move(p, supplier, consumer, "grow" if consumer == joining else "balance"))
+    return moves, joining if any(m.consumer == joining for m in moves) else None, None

@@ -1,0 +1,116 @@
+"""The controller of the master (paper 003, IV-A): load bookkeeping, reorganization, moves in flight.
+
+Between two reorganization epochs it records, per active slave, its buffer at
+the end of each distribution epoch (at its slot: the tuples it has not joined
+yet, i.e. its batch still in progress plus what waits for it at the master;
+0 when it is idle and takes its new batch) and the tuples sent per partition-group.  At a reorganization epoch `balance.plan` decides the
+moves and the change of the active set; the controller then runs each move as
+the paper's protocol: MOVE order to the supplier once it is idle, the state goes
+supplier -> consumer, the consumer acknowledges, and only then does the
+partition map change and the master send the tuples it held for that group.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from master.balance import Move, plan
+
+
+class Controller:
+    def __init__(self, cfg: dict, slaves: list[int], partitions: int):
+        self.cfg = cfg["balance"]
+        self.enabled = self.cfg["enabled"]
+        n = self.cfg["initial_slaves"] or len(slaves)
+        self.active: list[int] = slaves[:n]
+        self.inactive: list[int] = slaves[n:]
+        self.partition_map = np.array([self.active[p % n] for p in range(partitions)])  #: partition -> rank
+        self.moving = np.zeros(partitions, dtype=bool)  #: groups whose state is in flight (held at the master)
+        self.queue: list[Move] = []
+        self.in_flight: dict[int, tuple[Move, float, int]] = {}  #: partition -> (move, start, reorganization)
+        self.retiring: set[int] = set()
+        self.reorganizations = 0
+        self.moves_log: list[dict] = []
+        self.active_log: list[dict] = []
+        self.rng = np.random.default_rng(self.cfg["seed"])
+        self.t0 = time.time()
+        self._reset_epoch()
+
+    def _reset_epoch(self) -> None:
+        self.buffer_samples: dict[int, list[int]] = {r: [] for r in self.active}
+        self.group_load = np.zeros(len(self.partition_map), dtype=np.int64)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue or self.in_flight)
+
+    def partitions_of(self, rank: int) -> np.ndarray:
+        """The groups `rank` is sent now: mapped to it and not being moved."""
+        return np.flatnonzero((self.partition_map == rank) & ~self.moving)
+
+    def on_slot(self, rank: int, unjoined: int) -> None:
+        """`rank`'s buffer at the end of a distribution epoch: tuples it has not joined yet."""
+        self.buffer_samples.setdefault(rank, []).append(unjoined)
+
+    def on_batch(self, partitions: np.ndarray, sizes: np.ndarray) -> None:
+        """A batch left: `sizes` tuples per partition of `partitions`."""
+        self.group_load[partitions] += sizes
+
+    def occupancy(self) -> dict[int, float]:
+        """Average buffer occupancy of every active slave over this reorganization epoch (paper IV-C)."""
+        cap = self.cfg["buffer_capacity"]
+        return {r: (float(np.mean(self.buffer_samples.get(r) or [0])) / cap) for r in self.active}
+
+    def reorganize(self, now: float) -> None:
+        """Decide this epoch's moves and active-set change (skipped while earlier moves are still running)."""
+        self.reorganizations += 1
+        if self.enabled and not self.busy:
+            group_load = {r: {int(p): float(self.group_load[p]) for p in np.flatnonzero(self.partition_map == r)}
+                          for r in self.active}
+            moves, joining, leaving = plan(self.occupancy(), group_load, self.inactive, self.cfg, self.rng)
+            if joining is not None:
+                self.inactive.remove(joining)
+                self.active.append(joining)
+                self._log_active(now, "join", joining)
+            self.queue.extend(moves)
+            if leaving is not None:
+                self.retiring.add(leaving)
+                self._retire_if_empty(leaving, now)
+        self._reset_epoch()
+
+    def next_orders(self, idle) -> list[Move]:
+        """Queued moves whose supplier is idle now (one per supplier), marked in flight."""
+        orders, taken = [], set()
+        for move in list(self.queue):
+            if move.supplier in taken or not idle(move.supplier):
+                continue
+            taken.add(move.supplier)
+            self.queue.remove(move)
+            self.moving[move.partition] = True
+            self.in_flight[move.partition] = (move, time.time(), self.reorganizations)
+            orders.append(move)
+        return orders
+
+    def on_installed(self, partition: int, tuples: int, now: float) -> Move:
+        """The consumer installed the group: route it there from now on."""
+        move, started, epoch = self.in_flight.pop(partition)
+        self.partition_map[partition] = move.consumer
+        self.moving[partition] = False
+        self.moves_log.append({"reorganization": epoch, "partition": partition, "from": move.supplier,
+                               "to": move.consumer, "reason": move.reason, "tuples_moved": tuples,
+                               "seconds": round(now - started, 4)})
+        self._retire_if_empty(move.supplier, now)
+        return move
+
+    def _retire_if_empty(self, rank: int, now: float) -> None:
+        """A leaving slave leaves the active set once it has handed over its last group (paper V-A)."""
+        if rank in self.retiring and not (self.partition_map == rank).any():
+            self.retiring.discard(rank)
+            self.active.remove(rank)
+            self.inactive.append(rank)
+            self._log_active(now, "leave", rank)
+
+    def _log_active(self, now: float, action: str, rank: int) -> None:
+        self.active_log.append({"reorganization": self.reorganizations, "action": action, "rank": rank,
+                                "active_after": sorted(self.active), "seconds": round(now - self.t0, 3)})

@@ -1,0 +1,51 @@
+"""The state mover (paper 003, IV-C): a partition-group as one byte buffer, and back.
+
+A supplier extracts the group's extendible-hash directory (global depth,
+entries, local depths) and the blocks of both mini-windows of every bucket, and
+sends them as one message of raw records; the consumer rebuilds the same
+buckets, so the group keeps its splits and every stored tuple, in order.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from slave.exthash import ExtendibleDirectory, PartitionGroup
+
+_HEAD = 5  # partition, global depth, directory entries, buckets, next bucket id
+
+
+def encode_group(partition: int, pg: PartitionGroup) -> np.ndarray:
+    d = pg.directory
+    ids = sorted(pg.buckets)
+    table = np.array([[b, d.local_depth[b], len(pg.buckets[b][0]), len(pg.buckets[b][1])] for b in ids],
+                     dtype=np.int64).reshape(-1, 4)
+    head = np.array([partition, d.global_depth, len(d.entries), len(ids), d.next_id], dtype=np.int64)
+    rows = [w.rows for b in ids for w in pg.buckets[b]]
+    meta = np.concatenate([head, d.entries, table.ravel()]).view(np.uint8)
+    body = np.concatenate(rows).view(np.uint8) if rows else np.empty(0, np.uint8)
+    return np.concatenate([meta, body])
+
+
+def decode_group(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup]:
+    """Inverse of `encode_group`; `make_group()` returns an empty PartitionGroup with the slave's settings."""
+    head = buf[: _HEAD * 8].view(np.int64)
+    partition, depth, n_entries, n_buckets, next_id = (int(x) for x in head)
+    ints = buf[: (_HEAD + n_entries + 4 * n_buckets) * 8].view(np.int64)
+    entries = ints[_HEAD: _HEAD + n_entries].copy()
+    table = ints[_HEAD + n_entries:].reshape(-1, 4)
+    pg: PartitionGroup = make_group()
+    rows = buf[len(ints) * 8:].view(pg.dtype)
+    if len(rows) != int(table[:, 2:].sum()):
+        raise ValueError(f"group state of partition {partition}: {len(rows)} rows, table says {int(table[:, 2:].sum())}")
+    pg.directory = ExtendibleDirectory()
+    pg.directory.global_depth, pg.directory.entries, pg.directory.next_id = depth, entries, next_id
+    pg.directory.local_depth = {int(b): int(ld) for b, ld, _, _ in table}
+    pg.buckets = {}
+    at = 0
+    for b, _, n_r, n_s in table.tolist():
+        r, s = pg.empty_bucket()
+        r.append(rows[at: at + n_r])
+        s.append(rows[at + n_r: at + n_r + n_s])
+        at += n_r + n_s
+        pg.buckets[b] = (r, s)
+    return partition, pg
