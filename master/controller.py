@@ -28,7 +28,7 @@ class Controller:
         self.partition_map = np.array([self.active[p % n] for p in range(partitions)])  #: partition -> rank
         self.moving = np.zeros(partitions, dtype=bool)  #: groups whose state is in flight (held at the master)
         self.queue: list[Move] = []
-        self.in_flight: dict[int, tuple[Move, float, int]] = {}  #: partition -> (move, start, reorganization)
+        self.in_flight: dict[int, tuple[Move, float, int, float]] = {}  #: partition -> (move, start, reorg, watermark)
         self.retiring: set[int] = set()
         self.reorganizations = 0
         self.moves_log: list[dict] = []
@@ -79,8 +79,19 @@ class Controller:
                 self._retire_if_empty(leaving, now)
         self._reset_epoch()
 
-    def next_orders(self, idle) -> list[Move]:
-        """Queued moves whose supplier is idle now (one per supplier), marked in flight."""
+    def watermark_cap(self) -> float:
+        """The highest watermark a slave may be sent while groups are in flight.
+
+        Tuples of a moving group are held at the master, so a watermark taken after they arrived would let
+        the consumer expire the installed group's blocks before those tuples have joined them.  The held
+        tuples are those that arrived after the supplier's last batch was drained, so, being on time, none is
+        below the watermark that batch carried.
+        """
+        return min((w for *_, w in self.in_flight.values()), default=np.inf)
+
+    def next_orders(self, idle, last_watermark) -> list[Move]:
+        """Queued moves whose supplier is idle now (one per supplier), marked in flight; `last_watermark(rank)`
+        is the watermark of the last batch drained for `rank`."""
         orders, taken = [], set()
         for move in list(self.queue):
             if move.supplier in taken or not idle(move.supplier):
@@ -88,13 +99,13 @@ class Controller:
             taken.add(move.supplier)
             self.queue.remove(move)
             self.moving[move.partition] = True
-            self.in_flight[move.partition] = (move, time.time(), self.reorganizations)
+            self.in_flight[move.partition] = (move, time.time(), self.reorganizations, last_watermark(move.supplier))
             orders.append(move)
         return orders
 
     def on_installed(self, partition: int, tuples: int, now: float) -> Move:
         """The consumer installed the group: route it there from now on."""
-        move, started, epoch = self.in_flight.pop(partition)
+        move, started, epoch, _ = self.in_flight.pop(partition)
         self.partition_map[partition] = move.consumer
         self.moving[partition] = False
         self.moves_log.append({"reorganization": epoch, "partition": partition, "from": move.supplier,

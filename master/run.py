@@ -110,7 +110,7 @@ class Master:
     # -- distribution -----------------------------------------------------------------------------
     def _distribute(self, group: list[int]) -> None:
         """Serve one sub-group: every idle slave in it gets its partitions' tuples in one message."""
-        watermark = self.max_ts - self.cfg["join"]["max_delay"]
+        watermark = min(self.max_ts - self.cfg["join"]["max_delay"], self.controller.watermark_cap())
         for rank in group:
             mine = self.controller.partitions_of(rank)
             sizes = self.buffers.counts[:, mine].sum(axis=0)
@@ -134,7 +134,7 @@ class Master:
     def _start_moves(self) -> None:
         """MOVE orders to the suppliers of queued moves that are idle (paper IV-C)."""
         empty = np.empty(0, dtype=self.dtype)
-        for move in self.controller.next_orders(lambda rank: rank not in self.busy):
+        for move in self.controller.next_orders(lambda rank: rank not in self.busy, self.sent_watermark.get):
             self.in_batch[move.supplier] = 0
             self._send(move.supplier, encode_batch(Kind.MOVE, self.epoch[move.supplier], np.nan, empty, empty,
                                                    partition=move.partition, peer=move.consumer))

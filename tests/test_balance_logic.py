@@ -74,12 +74,15 @@ def test_controller_runs_a_move_to_completion_and_retires_an_empty_slave():
     assert c.occupancy() == {1: 2.0, 2: 0.0}
     c.reorganize(now=1.0)
     assert len(c.queue) == 1 and c.queue[0].supplier == 1 and c.queue[0].consumer == 2
-    assert c.next_orders(lambda r: False) == []  # supplier busy: nothing starts
-    (move,) = c.next_orders(lambda r: True)
+    assert c.next_orders(lambda r: False, {1: 5.0}.get) == []  # supplier busy: nothing starts
+    assert c.watermark_cap() == np.inf
+    (move,) = c.next_orders(lambda r: True, {1: 5.0}.get)
+    assert c.watermark_cap() == 5.0  # the watermark of the supplier's last batch: older tuples are held
     assert c.moving[move.partition] and move.partition not in c.partitions_of(1).tolist()
     assert move.partition not in c.partitions_of(2).tolist()  # held at the master until installed
     c.on_installed(move.partition, 42, now=2.0)
     assert c.partition_map[move.partition] == 2 and not c.moving.any() and not c.busy
+    assert c.watermark_cap() == np.inf
     assert c.moves_log[0]["tuples_moved"] == 42 and c.moves_log[0]["from"] == 1
 
 
