@@ -26,7 +26,7 @@ class RunStats:
         self.per_slave = {r: {"tuples_processed": 0, "window_tuples": 0, "window_bytes": 0, "busy_seconds": 0.0,
                               "results": 0, "epochs": 0, "result_files": 0,
                               "peak_rss_bytes": 0, "cpu_seconds": 0.0} for r in slaves}
-        self._last_line = (self.started, 0, 0)
+        self._last_line = (self.started, 0)  #: (time, tuples in) at the last progress line
         self.stopped_by_signal = False
         self.tuples_moved = 0
         self.pacing_lag_max = 0.0  #: paced input: largest time the due tuples waited to be ingested
@@ -54,9 +54,9 @@ class RunStats:
 
     def progress_line(self, buffered: int, active: int, moves: int) -> str:
         now = time.time()
-        t0, n0, _ = self._last_line
+        t0, n0 = self._last_line
         rate = (self.ingested - n0) / max(now - t0, 1e-9)
-        self._last_line = (now, self.ingested, self.results)
+        self._last_line = (now, self.ingested)
         p50, p99 = delays.percentiles(self.delay_hist, (50, 99))
         return (f"[{now - self.started:7.1f}s] in {self.ingested:,} ({rate:,.0f}/s) | results {self.results:,} | "
                 f"late {self.late:,} | delay p50 {p50:.3f}s p99 {p99:.3f}s | buffered {buffered:,} | "

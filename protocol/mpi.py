@@ -12,14 +12,13 @@ import numpy as np
 from mpi4py import MPI
 
 
-def wait_probe(comm: MPI.Comm, source: int, tag: int, timeout: float | None = None,
-               should_stop=lambda: False) -> MPI.Status | None:
-    """Status of the next matching message, or None on timeout / when `should_stop()`."""
+def wait_probe(comm: MPI.Comm, source: int, tag: int, timeout: float | None = None) -> MPI.Status | None:
+    """Status of the next matching message, or None on timeout."""
     status = MPI.Status()
     pause = 1e-4
     deadline = None if timeout is None else time.monotonic() + timeout
     while not comm.Iprobe(source=source, tag=tag, status=status):
-        if should_stop() or (deadline is not None and time.monotonic() > deadline):
+        if deadline is not None and time.monotonic() > deadline:
             return None
         time.sleep(pause)
         pause = min(pause * 2, 5e-3)
