@@ -39,8 +39,8 @@ def find_mpirun() -> str:
 
 def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, module: str = "master") -> list[str]:
     cmd = [find_mpirun(), "--oversubscribe", "-n", str(ranks)]
-    if hostfile:
-        cmd += ["--hostfile", hostfile]
+    if hostfile:  # ranks on other hosts get the same environment (the checkout is at the same path there)
+        cmd += ["--hostfile", hostfile, *[x for name in (*MPI_ENV, "PYTHONPATH") for x in ("-x", name)]]
     return cmd + [sys.executable, "-m", module, *args]
 
 

@@ -9,11 +9,32 @@ from __future__ import annotations
 import argparse
 import runpy
 import sys
+from pathlib import Path
 
 from mpi4py import MPI
 
+from protocol import checkpoint
 from protocol.config import ConfigError, load_config, validate
 from protocol.output import reset_output
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def find_resume(cfg: dict, slaves: int) -> tuple:
+    """With --recover: the newest complete checkpoint that fits this run, with the output rolled back to it."""
+    root = checkpoint.root_of(cfg)
+    found = checkpoint.latest_complete(root, log=say)
+    if found is None:
+        say(f"recover: no complete checkpoint under {root}: starting from the beginning")
+        return None
+    directory, manifest = found
+    checkpoint.check_binding(manifest, cfg, slaves)
+    removed = checkpoint.roll_back_output(Path(cfg["output"]["path"]), manifest["commit"])
+    say(f"recover: resuming from checkpoint {manifest['id']} ({directory}); "
+        f"{removed} output files written after it removed")
+    return found
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -21,6 +42,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config", help="TOML config file (every key has a default; see README)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config key, e.g. --set join.window=2.0 (repeatable)")
+    p.add_argument("--recover", action="store_true",
+                   help="resume from the newest complete checkpoint (a fresh start if there is none)")
     return p.parse_args(argv)
 
 
@@ -32,6 +55,7 @@ def main() -> int:
     args = parse_args(sys.argv[1:])
     from master.source import InputError, open_source
     from master.run import Master
+    resume = None
     try:
         if comm.size < 2:
             raise ConfigError("the cluster needs a master and at least one slave: "
@@ -39,16 +63,23 @@ def main() -> int:
         cfg = load_config(args.config, args.set)
         validate(cfg, slaves=comm.size - 1)
         source = open_source(cfg)
-        reset_output(cfg["output"]["path"])
-    except (ConfigError, InputError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        if args.recover:
+            resume = find_resume(cfg, comm.size - 1)
+        if resume is None:
+            reset_output(cfg["output"]["path"])
+            checkpoint.clear(checkpoint.root_of(cfg))
+        master = Master(comm, cfg, source, resume)
+    except (ConfigError, InputError, checkpoint.CheckpointError, OSError) as e:
+        say(f"error: {e}")
         comm.bcast(None, root=0)
         return 2
     comm.bcast(cfg, root=0)
+    comm.bcast(None if resume is None else {"dir": str(resume[0]), "result_files": resume[1]["result_files"]},
+               root=0)
     try:
-        Master(comm, cfg, source).run()
+        master.run()
     except KeyboardInterrupt:
-        print("interrupted twice: aborting without a summary", file=sys.stderr, flush=True)
+        say("interrupted twice: aborting without a summary")
         comm.Abort(130)
     return 0
 

@@ -23,11 +23,13 @@ class MiniBuffers:
     def __len__(self) -> int:
         return int(self.counts.sum())
 
-    def add(self, stream: int, rows: np.ndarray) -> None:
-        """Partition `rows` (one stream, arrival order) into the mini-buffers, keeping order inside each."""
+    def add(self, stream: int, rows: np.ndarray, part: np.ndarray | None = None) -> None:
+        """Partition `rows` (one stream, arrival order) into the mini-buffers, keeping order inside each;
+        `part` gives each row's partition (default: its key's hash partition)."""
         if len(rows) == 0:
             return
-        part = partition_of(rows["key"], self.partitions)
+        if part is None:
+            part = partition_of(rows["key"], self.partitions)
         order = np.argsort(part, kind="stable")
         sizes = np.bincount(part, minlength=self.partitions)
         pieces = np.split(rows[order].view(self._record), np.cumsum(sizes)[:-1])
@@ -45,5 +47,13 @@ class MiniBuffers:
             for p in partitions.tolist():
                 chunks[p] = []
             self.counts[stream, partitions] = 0
+            out.append(np.concatenate(taken).view(self.dtype) if taken else np.empty(0, dtype=self.dtype))
+        return out[0], out[1]
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """(R, S) rows buffered now, partition by partition in arrival order, without draining (checkpoints)."""
+        out = []
+        for stream in range(2):
+            taken = [c for chunks in self._chunks[stream] for c in chunks]
             out.append(np.concatenate(taken).view(self.dtype) if taken else np.empty(0, dtype=self.dtype))
         return out[0], out[1]

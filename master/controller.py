@@ -37,6 +37,20 @@ class Controller:
         self.t0 = time.time()
         self._reset_epoch()
 
+    def state(self) -> dict:
+        """What a checkpoint keeps (taken with no move in flight; queued moves are only plans and are dropped)."""
+        return {"partition_map": self.partition_map.tolist(), "active": list(self.active),
+                "inactive": list(self.inactive), "retiring": sorted(self.retiring),
+                "reorganizations": self.reorganizations, "moves_log": self.moves_log, "active_log": self.active_log}
+
+    def restore(self, state: dict) -> None:
+        self.partition_map = np.array(state["partition_map"])
+        self.active, self.inactive = list(state["active"]), list(state["inactive"])
+        self.retiring = set(state["retiring"])
+        self.reorganizations = state["reorganizations"]
+        self.moves_log, self.active_log = state["moves_log"], state["active_log"]
+        self._reset_epoch()
+
     def _reset_epoch(self) -> None:
         self.buffer_samples: dict[int, list[int]] = {r: [] for r in self.active}
         self.group_load = np.zeros(len(self.partition_map), dtype=np.int64)

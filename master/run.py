@@ -6,9 +6,15 @@ previous batch gets the drained mini-buffers of its partitions in one message;
 a slave still busy keeps accumulating in the mini-buffers until its next slot,
 which is the back-pressure that bounds the work in flight.  Ingest pauses while
 the mini-buffers hold `master.buffer_capacity` tuples.
+
+Every `checkpoint.interval` distribution epochs the master takes a checkpoint
+(protocol.checkpoint): it holds back new batches and moves until none is in
+flight, snapshots its mini-buffers, source position and counters, and orders
+every slave to write its state; the manifest is written when all have answered.
 """
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 import time
@@ -18,17 +24,22 @@ import numpy as np
 import pyarrow as pa
 from mpi4py import MPI
 
+from master.archive import InputArchive
 from master.buffers import MiniBuffers
 from master.controller import Controller
+from master.ranges import KeyRanges
 from master.ingest import late_mask, to_wire
+from master.source import skip
 from master.stats import RunStats, print_summary, write_summary
+from protocol import checkpoint
+from protocol.predicates import key_distance
 from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, Ack, Kind, decode_report, encode_batch
 from protocol.output import write_table
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, tuple_dtype
 
 
 class Master:
-    def __init__(self, comm: MPI.Comm, cfg: dict, source):
+    def __init__(self, comm: MPI.Comm, cfg: dict, source, resume: tuple[Path, dict] | None = None):
         self.comm, self.cfg, self.source = comm, cfg, source
         self.slaves = list(range(1, comm.size))
         parts = cfg["partitioning"]["partitions"]
@@ -43,6 +54,11 @@ class Master:
         self.sent_watermark = {r: -np.inf for r in self.slaves}
         self.in_batch = dict.fromkeys(self.slaves, 0)  #: tuples of the batch each slave is joining
         self.max_ts = -np.inf
+        join = cfg["join"]
+        #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions)
+        self.ranges: KeyRanges | None = None
+        self.range_partitioned = join["predicate"] != "equal"
+        self.key_distance = key_distance(join["predicate"], join["band"])
         self.exhausted = False
         self._late_parts: list[pa.Table] = []
         self._late_files = 0
@@ -50,6 +66,20 @@ class Master:
         #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
         self.ingest_interval = min(0.01, cfg["epochs"]["distribution"] / groups / 10)
         self._last_ingest = 0.0
+        self.consumed = 0  #: tuples taken from the source: its position
+        out = Path(cfg["output"]["path"])
+        ck = cfg["checkpoint"]
+        self.interval = ck["interval"]
+        self.archive = InputArchive(out / "archive", cfg["output"]["flush_rows"]) \
+            if self.interval and ck["archive"] else None
+        self.epochs_done = 0  #: distribution epochs completed (every sub-group served once)
+        self.next_checkpoint, self.checkpoint_due = 1, self.interval
+        self.checkpoint_pending = False
+        self.checkpoint_open: dict | None = None  #: the checkpoint whose slave parts are being written
+        self.checkpoints_written = 0
+        self.recovered_from = None
+        if resume is not None:
+            self._resume(*resume)
 
     # -- ingest ---------------------------------------------------------------------------------
     def _ingest(self, now: float) -> int:
@@ -60,7 +90,7 @@ class Master:
         if src["rate"] > 0:
             if now - self._last_ingest < self.ingest_interval:
                 return 0  # paced input is taken in ticks, not tuple by tuple
-            due = int((now - self.t0) * src["rate"]) - self.stats.ingested - self.stats.late
+            due = int((now - self.t0) * src["rate"]) - self.consumed
             # how far ingest is behind the pacing schedule: grows only when the cluster cannot keep up
             self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, (due - limit) / src["rate"])
             limit = min(limit, due)
@@ -72,20 +102,30 @@ class Master:
             self.exhausted = True
             return 0
         n = len(chunk.ts)
+        if self.archive is not None:
+            self.archive.add(chunk)
         if src["rate"] > 0:  # nominal arrival of each tuple, so master-side queueing counts as delay
-            first = self.stats.ingested + self.stats.late
-            arrival = self.t0 + (first + np.arange(n)) / src["rate"]
+            arrival = self.t0 + (self.consumed + np.arange(n)) / src["rate"]
         else:
             arrival = np.full(n, now)
+        self.consumed += n
         late, prev_max, self.max_ts = late_mask(chunk.ts, self.max_ts, self.cfg["join"]["max_delay"])
         if late.any():
             self._set_aside_late(chunk, late, prev_max)
         on_time = ~late
+        if self.range_partitioned and self.ranges is None and on_time.any():
+            self.ranges = KeyRanges.from_sample(chunk.key[on_time], self.buffers.partitions)
         for stream in (STREAM_R, STREAM_S):
             sel = on_time & (chunk.stream == stream)
             self.stats.input[STREAM_NAMES[stream]] += int(sel.sum())
-            self.buffers.add(stream, to_wire(self.dtype, chunk.id[sel], chunk.ts[sel], chunk.key[sel],
-                                             chunk.value[sel], arrival[sel]))
+            rows = to_wire(self.dtype, chunk.id[sel], chunk.ts[sel], chunk.key[sel], chunk.value[sel], arrival[sel])
+            if self.ranges is None:
+                self.buffers.add(stream, rows)
+            elif stream == STREAM_S:  # the home of its pairs
+                self.buffers.add(stream, rows, self.ranges.home(rows["key"]))
+            else:  # a copy to every range that may hold partners
+                index, part = self.ranges.copies(rows["key"], *self.key_distance)
+                self.buffers.add(stream, rows[index], part)
         return n
 
     def _set_aside_late(self, chunk, late: np.ndarray, prev_max: np.ndarray) -> None:
@@ -122,10 +162,15 @@ class Master:
                 continue  # nothing new: no tuples and no punctuation that would let the slave expire blocks
             self.sent_watermark[rank] = watermark
             self.controller.on_batch(mine, sizes)
+            groups = None
+            if self.range_partitioned:  # which rows belong to which range: R copies cannot be told apart
+                counts = self.buffers.counts[:, mine]
+                nonempty = counts.any(axis=0)
+                groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty]])
             r, s = self.buffers.drain(mine)
             self.epoch[rank] += 1
             self.in_batch[rank] = len(r) + len(s)
-            self._send(rank, encode_batch(Kind.BATCH, self.epoch[rank], watermark, r, s))
+            self._send(rank, encode_batch(Kind.BATCH, self.epoch[rank], watermark, r, s, groups=groups))
 
     def _send(self, rank: int, buf: np.ndarray) -> None:
         """Isend a message; the slave counts as busy until its report for it arrives."""
@@ -149,6 +194,8 @@ class Master:
             counters, hist = decode_report(report)
             got += 1
             self.stats.add_report(rank, counters, hist)
+            if counters["ack"] == Ack.CHECKPOINTED:
+                self._on_checkpointed(rank, counters)
             if counters["ack"] == Ack.INSTALLED:  # not an answer to a message of ours: the consumer's news
                 move = self.controller.on_installed(int(counters["partition"]), int(counters["moved_tuples"]),
                                                     time.time())
@@ -159,6 +206,78 @@ class Master:
             request, _ = self.busy.pop(rank)
             request.Wait()
         return got
+
+    # -- checkpoints and recovery -------------------------------------------------------------------
+    def _begin_checkpoint(self) -> None:
+        """No batch or move is in flight: snapshot the master's side and order every slave to write its own."""
+        ckpt_id = self.next_checkpoint
+        self.next_checkpoint += 1
+        self.checkpoint_pending, self.checkpoint_due = False, self.epochs_done + self.interval
+        directory = checkpoint.root_of(self.cfg) / checkpoint.name_of(ckpt_id)
+        if directory.exists():  # an unfinished attempt of a run that crashed: none of it may mix in
+            shutil.rmtree(directory)
+        self._flush_late()
+        if self.archive is not None:
+            self.archive.flush()
+        r, s = self.buffers.snapshot()
+        size = checkpoint.write_atomic(directory / "master.state", checkpoint.pack([r.view(np.uint8), s.view(np.uint8)]))
+        self.checkpoint_open = {
+            "id": ckpt_id, "dir": directory, "started": time.time(), "slaves": {},
+            "parts": {"master.state": {"bytes": size, "records": 2, "tuples": len(r) + len(s)}},
+            "master": {"consumed": self.consumed, "max_ts": self.max_ts, "epochs_done": self.epochs_done,
+                       "epoch": {str(k): v for k, v in self.epoch.items()},
+                       "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()},
+                       "late_files": self._late_files,
+                       "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(), "archive_files": self.archive.files if self.archive else 0,
+                       "stats": self.stats.state(), "controller": self.controller.state()},
+        }
+        empty = np.empty(0, dtype=self.dtype)
+        for rank in self.slaves:
+            self._send(rank, encode_batch(Kind.CHECKPOINT, self.epoch[rank], np.nan, empty, empty, partition=ckpt_id))
+
+    def _on_checkpointed(self, rank: int, c: dict) -> None:
+        """A slave's part is written; with the last one the manifest makes the checkpoint complete."""
+        ck = self.checkpoint_open
+        ck["slaves"][rank] = c
+        ck["parts"][checkpoint.slave_part(rank)] = {"bytes": int(c["part_bytes"]), "records": None,
+                                                    "tuples": int(c["window_r"] + c["window_s"])}
+        if len(ck["slaves"]) < len(self.slaves):
+            return
+        result_files = {str(r): int(v["result_files"]) for r, v in ck["slaves"].items()}
+        commit = {"results": {f"slave-{int(r):03d}": n for r, n in result_files.items()},
+                  "late": {"late": ck["master"]["late_files"]}, "archive": {"input": ck["master"]["archive_files"]}}
+        checkpoint.write_manifest(ck["dir"], {"id": ck["id"], "slaves": len(self.slaves), "config": self.cfg,
+                                              "parts": ck["parts"], "result_files": result_files, "commit": commit,
+                                              "master": ck["master"]})
+        self.checkpoints_written += 1
+        checkpoint.prune(checkpoint.root_of(self.cfg), self.cfg["checkpoint"]["keep"])
+        tuples = sum(p["tuples"] for p in ck["parts"].values())
+        mb = sum(p["bytes"] for p in ck["parts"].values()) / 2**20
+        print(f"checkpoint {ck['id']} complete: {tuples:,} tuples in state, {mb:.1f} MiB, "
+              f"{time.time() - ck['started']:.2f}s", file=sys.stderr, flush=True)
+        self.checkpoint_open = None
+
+    def _resume(self, directory: Path, manifest: dict) -> None:
+        """Start where the checkpoint left off: source position, mini-buffers, counters, partition map."""
+        m = manifest["master"]
+        skip(self.source, m["consumed"])
+        self.consumed, self.max_ts, self.epochs_done = m["consumed"], m["max_ts"], m["epochs_done"]
+        r, s = checkpoint.read_part(directory / "master.state")
+        self.buffers.add(STREAM_R, r.view(self.dtype))
+        self.buffers.add(STREAM_S, s.view(self.dtype))
+        self.epoch = {int(k): v for k, v in m["epoch"].items()}
+        self.sent_watermark = {int(k): v for k, v in m["sent_watermark"].items()}
+        self._late_files = m["late_files"]
+        if m["key_ranges"] is not None:
+            self.ranges = KeyRanges(m["key_ranges"])
+        if self.archive is not None:
+            self.archive.files = m["archive_files"]
+        self.stats.restore(m["stats"])
+        for rank, files in manifest["result_files"].items():  # the checkpoint's own flush came after the snapshot
+            self.stats.per_slave[int(rank)]["result_files"] = files
+        self.controller.restore(m["controller"])
+        self.recovered_from = manifest["id"]
+        self.next_checkpoint, self.checkpoint_due = manifest["id"] + 1, self.epochs_done + self.interval
 
     # -- the loop -------------------------------------------------------------------------------------
     def _request_stop(self, signum, frame) -> None:
@@ -178,6 +297,8 @@ class Master:
         slot = self.cfg["epochs"]["distribution"] / len(self.subgroups)
         progress = self.cfg["output"]["progress"]
         self.t0 = self.stats.started = time.time()
+        if self.cfg["source"]["rate"] > 0:  # a resumed run keeps the pacing schedule where it was
+            self.t0 -= self.consumed / self.cfg["source"]["rate"]
         next_slot, next_progress, g = self.t0 + slot, self.t0 + progress, 0
         reorganization = self.cfg["epochs"]["reorganization"]
         next_reorganization = self.t0 + reorganization
@@ -187,15 +308,23 @@ class Master:
                 self.exhausted = True
             worked = self._ingest(now) + self._collect_reports()
             if now >= next_slot:
-                self._distribute(self.subgroups[g])
+                if not self.checkpoint_pending:
+                    self._distribute(self.subgroups[g])
                 g = (g + 1) % len(self.subgroups)
+                if g == 0:
+                    self.epochs_done += 1
+                    self.checkpoint_pending |= (bool(self.interval) and not self.exhausted
+                                                and self.epochs_done >= self.checkpoint_due)
                 next_slot = max(next_slot + slot, now)
                 worked += 1
+            if self.checkpoint_pending and not self.busy and not self.controller.in_flight:
+                self._begin_checkpoint()
             if now >= next_reorganization:
-                if not self.exhausted:
+                if not self.exhausted and not self.checkpoint_pending:
                     self.controller.reorganize(now)
                 next_reorganization = now + reorganization
-            self._start_moves()
+            if not self.checkpoint_pending:
+                self._start_moves()
             if progress and now >= next_progress:
                 print(self.stats.progress_line(len(self.buffers), len(self.controller.active),
                                                len(self.controller.moves_log)), file=sys.stderr, flush=True)
@@ -206,10 +335,13 @@ class Master:
                 time.sleep(min(2e-3, max(0.0, next_slot - time.time())))
         self._stop_slaves()
         self._flush_late()
+        if self.archive is not None:
+            self.archive.flush()
         summary = self.stats.summary(self.cfg)
         summary["balance"] = {"reorganizations": self.controller.reorganizations, "moves": self.controller.moves_log,
                               "active_changes": self.controller.active_log,
                               "active_at_end": sorted(self.controller.active)}
+        summary["checkpoints"] = {"written": self.checkpoints_written, "recovered_from": self.recovered_from}
         write_summary(out / "summary.json", summary)
         print_summary(summary)
         return summary

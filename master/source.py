@@ -52,6 +52,15 @@ def open_source(cfg: dict) -> Source:
     return GeneratorSource(cfg["generator"])
 
 
+def skip(source: Source, n: int) -> None:
+    """Take and drop the first `n` tuples (rewinding to a checkpoint's position; sources are deterministic)."""
+    while n > 0:
+        chunk = source.next_chunk(min(n, 1 << 20))
+        if chunk is None:
+            raise InputError(f"the input ends {n:,} tuples before the checkpoint's position: is it the same input?")
+        n -= len(chunk.ts)
+
+
 def generate_all(cfg: dict) -> Chunk:
     """The whole generated input in one Chunk: drains a GeneratorSource, so it is the same data."""
     src = GeneratorSource(cfg["generator"])

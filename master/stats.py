@@ -30,6 +30,24 @@ class RunStats:
         self.stopped_by_signal = False
         self.tuples_moved = 0
         self.pacing_lag_max = 0.0  #: paced input: largest time the due tuples waited to be ingested
+        self.elapsed_before = 0.0  #: seconds run before the checkpoint this run resumed from
+
+    _STATE = ("input", "late", "rejected", "results", "splits", "merges", "delay_max", "tuples_moved",
+              "pacing_lag_max")
+
+    def state(self) -> dict:
+        """The counters as JSON for a checkpoint manifest."""
+        state = {**{k: getattr(self, k) for k in self._STATE}, "delay_hist": self.delay_hist.tolist(),
+                 "per_slave": {str(r): v for r, v in self.per_slave.items()},
+                 "elapsed": self.elapsed_before + time.time() - self.started}
+        return json.loads(json.dumps(state))  # a copy: the counters move on while the checkpoint completes
+
+    def restore(self, state: dict) -> None:
+        for k in self._STATE:
+            setattr(self, k, state[k])
+        self.delay_hist = np.array(state["delay_hist"], dtype=np.int64)
+        self.per_slave = {int(r): v for r, v in state["per_slave"].items()}
+        self.elapsed_before = state["elapsed"]
 
     @property
     def ingested(self) -> int:
@@ -63,7 +81,7 @@ class RunStats:
                 f"slaves {active}/{len(self.per_slave)} | moves {moves}")
 
     def summary(self, cfg: dict) -> dict:
-        wall = time.time() - self.started
+        wall = self.elapsed_before + time.time() - self.started
         p50, p95, p99 = (min(p, self.delay_max) for p in delays.percentiles(self.delay_hist, (50, 95, 99)))
         return {
             "input": dict(self.input),

@@ -39,6 +39,8 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     "join": {
         "window": (1.0, "join r and s iff r.key == s.key and |r.ts - s.ts| <= window (seconds)"),
         "max_delay": (0.5, "allowed out-of-orderness in ts; later tuples go to the late output"),
+        "predicate": ("equal", '"equal" (r.key == s.key), "band" (|r.key - s.key| <= band) or "less" (r.key < s.key)'),
+        "band": (0, "with predicate = \"band\": the largest key distance that joins"),
     },
     "epochs": {
         "distribution": (0.5, "seconds between two sends of buffered tuples to a slave"),
@@ -68,6 +70,12 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "initial_slaves": (0, "slaves active at start (0 = all)"),
         "seed": (1, "seed of the random group choice"),
     },
+    "checkpoint": {
+        "interval": (0, "distribution epochs between two checkpoints of the whole cluster (0 = none)"),
+        "path": ("", "checkpoint folder (default: `checkpoints/` in output.path)"),
+        "keep": (2, "complete checkpoints kept; older ones are removed once a newer one is complete"),
+        "archive": (True, "with checkpoints: log the accepted input as Parquet in `archive/` (the upstream backup)"),
+    },
     "output": {
         "path": ("out", "output directory (results/, late/, rejected/, summary.json)"),
         "format": ("parquet", '"parquet" or "csv"'),
@@ -80,6 +88,7 @@ _CHOICES = {
     ("source", "kind"): ("generator", "file"),
     ("output", "format"): ("parquet", "csv"),
     ("balance", "choice"): ("random", "largest_fit"),
+    ("join", "predicate"): ("equal", "band", "less"),
 }
 _POSITIVE = {
     ("generator", "rate"), ("generator", "keys"), ("generator", "duration"),
@@ -87,12 +96,13 @@ _POSITIVE = {
     ("partitioning", "partitions"), ("partitioning", "subgroups"),
     ("tuning", "block_size"), ("tuning", "theta_max"), ("tuning", "max_depth"),
     ("master", "buffer_capacity"), ("output", "flush_rows"), ("source", "batch"),
-    ("balance", "buffer_capacity"), ("balance", "gamma"),
+    ("balance", "buffer_capacity"), ("balance", "gamma"), ("checkpoint", "keep"),
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),
     ("tuning", "theta_min"), ("generator", "disorder"), ("generator", "shift"), ("output", "progress"),
     ("balance", "supplier_threshold"), ("balance", "consumer_threshold"), ("balance", "initial_slaves"),
+    ("checkpoint", "interval"), ("join", "band"),
 }
 
 

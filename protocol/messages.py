@@ -26,6 +26,7 @@ class Kind(enum.IntEnum):
     BATCH = 1  #: tuples of one distribution epoch
     STOP = 2   #: no more input: flush and send the final report
     MOVE = 3   #: hand partition-group `partition` over to slave `peer` (paper 003, IV-C)
+    CHECKPOINT = 4  #: write every partition-group's state into checkpoint `partition` (protocol.checkpoint)
 
 
 class Ack(enum.IntEnum):
@@ -33,36 +34,50 @@ class Ack(enum.IntEnum):
     BATCH = 0      #: a batch or the stop order was processed
     MOVED = 1      #: supplier: the group's state left for the consumer
     INSTALLED = 2  #: consumer: the group's state is installed
+    CHECKPOINTED = 3  #: the slave's part of a checkpoint is written and its results are flushed
 
 
 HEADER = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("watermark", "<f8"), ("n_r", "<i8"), ("n_s", "<i8"),
-                   ("partition", "<i8"), ("peer", "<i8")])
+                   ("partition", "<i8"), ("peer", "<i8"), ("groups", "<i8")])
+#: with key-range partitioning (band and inequality joins) a batch ends with one row per partition-group it
+#: holds: (partition, R rows, S rows), in the order of the rows; a hash-partitioned batch has none
+GROUP_ROW = 3
 
 
 def encode_batch(kind: Kind, epoch: int, watermark: float, r: np.ndarray, s: np.ndarray,
-                 partition: int = -1, peer: int = -1) -> np.ndarray:
-    """Header + R rows + S rows as one uint8 buffer (one copy of the tuples)."""
+                 partition: int = -1, peer: int = -1, groups: np.ndarray | None = None) -> np.ndarray:
+    """Header + R rows + S rows [+ group table] as one uint8 buffer (one copy of the tuples)."""
     size = r.dtype.itemsize
-    buf = np.empty(HEADER.itemsize + (len(r) + len(s)) * size, dtype=np.uint8)
-    buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, len(r), len(s), partition, peer)
-    body = buf[HEADER.itemsize:].view(r.dtype)
+    table = np.empty((0, GROUP_ROW), np.int64) if groups is None else np.ascontiguousarray(groups, np.int64)
+    rows_end = HEADER.itemsize + (len(r) + len(s)) * size
+    buf = np.empty(rows_end + table.nbytes, dtype=np.uint8)
+    buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, len(r), len(s), partition, peer,
+                                              len(table))
+    body = buf[HEADER.itemsize: rows_end].view(r.dtype)
     body[: len(r)] = r
     body[len(r):] = s
+    buf[rows_end:] = table.reshape(-1).view(np.uint8)
     return buf
 
 
 def decode_batch(buf: np.ndarray, dtype: np.dtype) -> tuple[np.void, np.ndarray, np.ndarray]:
-    """Inverse of `encode_batch`; the tuple arrays are views into `buf`."""
+    """Inverse of `encode_batch`; the tuple arrays are views into `buf` (the group table: `batch_groups`)."""
     if len(buf) < HEADER.itemsize:
         raise ValueError(f"batch message of {len(buf)} bytes is shorter than its header")
     head = buf[: HEADER.itemsize].view(HEADER)[0]
-    body = buf[HEADER.itemsize:]
-    n_r, n_s = int(head["n_r"]), int(head["n_s"])
-    if len(body) != (n_r + n_s) * dtype.itemsize:
-        raise ValueError(f"batch message body has {len(body)} bytes, header says {n_r}+{n_s} tuples "
-                         f"of {dtype.itemsize} bytes")
-    rows = body.view(dtype)
+    n_r, n_s, n_g = int(head["n_r"]), int(head["n_s"]), int(head["groups"])
+    rows_end = HEADER.itemsize + (n_r + n_s) * dtype.itemsize
+    if min(n_r, n_s, n_g) < 0 or len(buf) != rows_end + n_g * GROUP_ROW * 8:
+        raise ValueError(f"batch message body has {len(buf) - HEADER.itemsize} bytes, header says {n_r}+{n_s} "
+                         f"tuples of {dtype.itemsize} bytes and {n_g} partition-groups")
+    rows = buf[HEADER.itemsize: rows_end].view(dtype)
     return head, rows[:n_r], rows[n_r:]
+
+
+def batch_groups(buf: np.ndarray, head: np.void) -> np.ndarray:
+    """The (partition, R rows, S rows) table that ends a key-range partitioned batch."""
+    n_g = int(head["groups"])
+    return buf[len(buf) - n_g * GROUP_ROW * 8:].view(np.int64).reshape(n_g, GROUP_ROW)
 
 
 #: Counters of a report, in order; per-epoch increments unless marked as a level.
@@ -81,6 +96,8 @@ REPORT_FIELDS = (
     "ack",                       # what this report answers (Ack)
     "partition",                 # with Ack.MOVED / INSTALLED: the partition-group moved
     "moved_tuples",              # with Ack.MOVED / INSTALLED: its stored tuples
+    "result_files",              # with Ack.CHECKPOINTED: level: result files written so far (the commit)
+    "part_bytes",                # with Ack.CHECKPOINTED: size of the slave's checkpoint part
 )
 REPORT_LEN = len(REPORT_FIELDS) + delays.BINS
 

@@ -1,4 +1,4 @@
-"""The output layout both roles write into: `results/`, `late/`, `rejected/`, `summary.json`.
+"""The output layout both roles write into: `results/`, `late/`, `rejected/`, `archive/`, `summary.json`.
 
 Files are written whole through pyarrow (Parquet or CSV); a file is first
 written under a temporary name and then renamed, so a reader never sees half a
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 RESULT_COLUMNS = ("r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value", "delay")
 
 
-OUTPUT_PARTS = ("results", "late", "rejected", "summary.json")
+OUTPUT_PARTS = ("results", "late", "rejected", "archive", "summary.json")
 
 
 def reset_output(path: str | Path) -> None:

@@ -8,28 +8,34 @@ the opposite mini-window and with each other, then appended:
 so every pair is produced exactly once, by the epoch in which its later tuple
 arrives (the paper's "fresh tuples of the head block" rule, done per epoch).
 Then blocks that no on-time tuple can reach are expired and the buckets tuned.
+
+Band and inequality joins (`join.predicate`) arrive range-partitioned: every S
+tuple in the group of its key's range, every R tuple copied into each group
+whose range may hold partners, with a table saying which rows belong to which
+group.  A pair is then produced only in the group of its S tuple, by the same
+rule; those groups are not split (hashing would scatter neighbouring keys).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from protocol.arrays import group_pairs
+from protocol.predicates import key_distance
 from protocol.tuples import directory_hash, partition_of
 from slave.exthash import PartitionGroup
-from slave.kernel import window_join
-
-
-def _pairs(a: np.ndarray, b: np.ndarray, window: float, out_a: list, out_b: list) -> None:
-    ia, ib = window_join(a["key"], a["ts"], b["key"], b["ts"], window)
-    if len(ia):
-        out_a.append(a[ia])
-        out_b.append(b[ib])
+from slave.kernel import range_join, window_join
 
 
 class JoinModule:
     def __init__(self, dtype: np.dtype, partitions: int, window: float, block_size: int,
-                 theta_min: int, theta_max: int, max_depth: int):
+                 theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0):
         self.dtype, self.partitions, self.window = dtype, partitions, window
+        if predicate == "equal":
+            self.kernel = lambda a, b: window_join(a["key"], a["ts"], b["key"], b["ts"], window)
+        else:
+            low, high = key_distance(predicate, band)
+            self.kernel = lambda a, b: range_join(a["key"], a["ts"], b["key"], b["ts"], window, low, high)
+            max_depth = 0  # one bucket per range: a split by hash would not narrow a band probe
         self._group_args = (dtype, block_size, theta_min, theta_max, max_depth)
         self.groups: dict[int, PartitionGroup] = {}
 
@@ -50,13 +56,24 @@ class JoinModule:
     def new_group(self) -> PartitionGroup:
         return PartitionGroup(*self._group_args)
 
-    def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: float) -> tuple[np.ndarray, np.ndarray]:
-        """Join one epoch's fresh tuples; returns the matching (R rows, S rows) of all new results."""
+    def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: float,
+                groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Join one epoch's fresh tuples; returns the matching (R rows, S rows) of all new results.
+
+        `groups` is the (partition, R rows, S rows) table of a range-partitioned batch; without it the
+        partition of each tuple is its key's hash partition.
+        """
         out_r: list[np.ndarray] = []
         out_s: list[np.ndarray] = []
-        for p, ri, si in group_pairs(partition_of(fresh_r["key"], self.partitions),
-                                     partition_of(fresh_s["key"], self.partitions)):
-            self._join_group(self.group(p), fresh_r[ri], fresh_s[si], out_r, out_s)
+        if groups is None:
+            for p, ri, si in group_pairs(partition_of(fresh_r["key"], self.partitions),
+                                         partition_of(fresh_s["key"], self.partitions)):
+                self._join_group(self.group(p), fresh_r[ri], fresh_s[si], out_r, out_s)
+        else:
+            ends = np.cumsum(groups[:, 1:], axis=0)
+            for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()):
+                self._join_group(self.group(p), fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s],
+                                 out_r, out_s)
         threshold = watermark - self.window
         for pg in self.groups.values():
             pg.expire(threshold)
@@ -67,14 +84,15 @@ class JoinModule:
         return np.concatenate(out_r), np.concatenate(out_s)
 
     def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, out_r: list, out_s: list) -> None:
-        w = self.window
         for b, ri, si in group_pairs(pg.directory.bucket_of(directory_hash(new_r["key"])),
                                      pg.directory.bucket_of(directory_hash(new_s["key"]))):
             win_r, win_s = pg.buckets[b]
             nr, ns = new_r[ri], new_s[si]
-            _pairs(nr, win_s.rows, w, out_r, out_s)
-            _pairs(win_r.rows, ns, w, out_r, out_s)
-            _pairs(nr, ns, w, out_r, out_s)
+            for side_r, side_s in ((nr, win_s.rows), (win_r.rows, ns), (nr, ns)):
+                ir, is_ = self.kernel(side_r, side_s)
+                if len(ir):
+                    out_r.append(side_r[ir])
+                    out_s.append(side_s[is_])
             win_r.append(nr)
             win_s.append(ns)
 

@@ -55,3 +55,37 @@ def window_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np
     ib = order[np.arange(total, dtype=np.int64) - np.repeat(starts, counts) + np.repeat(lo[hit], counts)]
     keep = (a_key[ia] == b_key[ib]) & (np.abs(a_ts[ia] - b_ts[ib]) <= window)
     return ia[keep], ib[keep]
+
+
+def range_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, window: float,
+               low: int | None, high: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Index arrays (ia, ib) of every pair with low <= b_key - a_key <= high and |a_ts - b_ts| <= window.
+
+    A bound of None is open.  The band join is (-band, band); r.key < s.key is (1, None) with a = R.
+    The smaller side is sorted by key and every tuple of the larger side finds its key range with two
+    binary searches (BiStream keeps a sorted index per predicate for the same reason); candidates are
+    then filtered on time.  The stored side holds about one window of tuples (expiry), so candidates
+    exceed results by about the ratio of the stored time span to the window.
+    """
+    if len(a_key) == 0 or len(b_key) == 0:
+        return _EMPTY, _EMPTY
+    if len(a_key) < len(b_key):  # search in the smaller side: a's key range as seen from b is mirrored
+        ib, ia = range_join(b_key, b_ts, a_key, a_ts, window, None if high is None else -high,
+                            None if low is None else -low)
+        return ia, ib
+    order = np.argsort(b_key, kind="stable")
+    sorted_key = b_key[order]
+    lo = np.zeros(len(a_key), np.int64) if low is None else np.searchsorted(sorted_key, a_key + low, side="left")
+    hi = np.full(len(a_key), len(b_key), np.int64) if high is None else \
+        np.searchsorted(sorted_key, a_key + high, side="right")
+    counts = np.maximum(hi - lo, 0)
+    hit = np.flatnonzero(counts)
+    if len(hit) == 0:
+        return _EMPTY, _EMPTY
+    counts = counts[hit]
+    total = int(counts.sum())
+    ia = np.repeat(hit, counts)
+    starts = np.cumsum(counts) - counts
+    ib = order[np.arange(total, dtype=np.int64) - np.repeat(starts, counts) + np.repeat(lo[hit], counts)]
+    keep = np.abs(a_ts[ia] - b_ts[ib]) <= window
+    return ia[keep], ib[keep]

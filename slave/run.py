@@ -3,19 +3,23 @@
 Besides batches it serves the two halves of a partition-group move (paper 003,
 IV-C): as supplier, on the master's MOVE order it sends the group's state to the
 consumer; as consumer, it installs a state that arrives and tells the master.
+On a CHECKPOINT order it flushes its results and writes every group's state
+(protocol.checkpoint); on a recovery it starts from that state.
 """
 from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
 import pyarrow as pa
 from mpi4py import MPI
 
-from protocol import delays
-from protocol.messages import TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, decode_batch, encode_report
+from protocol import checkpoint, delays, faults
+from protocol.messages import TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, decode_batch, \
+    encode_report
 from protocol.mpi import recv_bytes, wait_probe
 from protocol.output import write_table
 from protocol.tuples import tuple_dtype
@@ -57,13 +61,16 @@ class Slave:
         self.comm = comm
         self.dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
         tuning = cfg["tuning"]
-        self.module = JoinModule(self.dtype, cfg["partitioning"]["partitions"], cfg["join"]["window"],
-                                 tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"])
+        join = cfg["join"]
+        self.module = JoinModule(self.dtype, cfg["partitioning"]["partitions"], join["window"],
+                                 tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"],
+                                 join["predicate"], join["band"])
         out = cfg["output"]
         self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"])
         self.process = psutil.Process()
         self.splits = self.merges = 0
         self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: group states on their way to consumers
+        self.checkpoints = checkpoint.root_of(cfg)
 
     def report(self, counters: dict, hist: np.ndarray | None = None) -> None:
         stored_r, stored_s = self.module.stored()
@@ -76,9 +83,10 @@ class Slave:
             hist = np.zeros(delays.BINS, dtype=np.int64)
         self.comm.Send(encode_report(counters, hist), dest=0, tag=TAG_REPORT)
 
-    def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray) -> None:
+    def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups: np.ndarray | None) -> None:
+        faults.reached(self.comm.rank, "batch")
         started = time.perf_counter()
-        r, s = self.module.process(fresh_r, fresh_s, float(head["watermark"]))
+        r, s = self.module.process(fresh_r, fresh_s, float(head["watermark"]), groups)
         delay = time.time() - np.maximum(r["arrival"], s["arrival"])
         files = self.writer.add(r, s, delay)
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
@@ -89,6 +97,7 @@ class Slave:
         """Supplier side: extract the group, send its state to the consumer, tell the master."""
         partition, consumer = int(head["partition"]), int(head["peer"])
         pg = self.module.extract(partition)
+        faults.reached(self.comm.rank, "move")
         buf = encode_group(partition, pg)
         self.outgoing.append((self.comm.Isend([buf, MPI.BYTE], dest=consumer, tag=TAG_STATE), buf))
         self.report({"epoch": float(head["epoch"]), "ack": Ack.MOVED, "partition": partition,
@@ -100,6 +109,22 @@ class Slave:
         self.module.install(partition, pg)
         self.report({"ack": Ack.INSTALLED, "partition": partition, "moved_tuples": len(pg)})
 
+    def on_checkpoint(self, head) -> None:
+        """Flush results (they are the checkpoint's commit) and write every partition-group's state."""
+        files = self.writer.flush()
+        part = checkpoint.pack([encode_group(p, pg) for p, pg in sorted(self.module.groups.items())])
+        faults.reached(self.comm.rank, "checkpoint")
+        directory = self.checkpoints / checkpoint.name_of(int(head["partition"]))
+        size = checkpoint.write_atomic(directory / checkpoint.slave_part(self.comm.rank), part)
+        self.report({"epoch": float(head["epoch"]), "ack": Ack.CHECKPOINTED, "files": files,
+                     "result_files": self.writer.files, "part_bytes": size})
+
+    def resume(self, directory: str, result_files: int) -> None:
+        """Start from this slave's part of a checkpoint; result files number on from its commit."""
+        for buf in checkpoint.read_part(Path(directory) / checkpoint.slave_part(self.comm.rank)):
+            self.module.install(*decode_group(buf, self.module.new_group))
+        self.writer.files = result_files
+
     def serve(self) -> int:
         while True:
             self.outgoing = [(req, buf) for req, buf in self.outgoing if not req.Test()]
@@ -110,9 +135,11 @@ class Slave:
                 continue
             head, fresh_r, fresh_s = decode_batch(buf, self.dtype)
             if head["kind"] == Kind.BATCH:
-                self.on_batch(head, fresh_r, fresh_s)
+                self.on_batch(head, fresh_r, fresh_s, batch_groups(buf, head) if head["groups"] else None)
             elif head["kind"] == Kind.MOVE:
                 self.on_move(head)
+            elif head["kind"] == Kind.CHECKPOINT:
+                self.on_checkpoint(head)
             else:  # STOP: every move has been acknowledged before the master stops
                 MPI.Request.Waitall([req for req, _ in self.outgoing])
                 self.report({"epoch": float(head["epoch"]), "files": self.writer.flush(), "ack": Ack.BATCH})
@@ -126,4 +153,8 @@ def run(comm: MPI.Comm) -> int:
     # mpirun forwards stop signals to every rank; the master alone decides when to stop.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
-    return Slave(comm, cfg).serve()
+    slave = Slave(comm, cfg)
+    resume = comm.bcast(None, root=0)  # None, or where the recovered run starts from
+    if resume is not None:
+        slave.resume(resume["dir"], int(resume["result_files"].get(str(comm.rank), 0)))
+    return slave.serve()

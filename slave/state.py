@@ -49,3 +49,11 @@ def decode_group(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup]:
         at += n_r + n_s
         pg.buckets[b] = (r, s)
     return partition, pg
+
+
+def stored_tuples(buf: np.ndarray) -> int:
+    """Tuples a group state holds, read from its bucket table alone (for checkpoint checks)."""
+    n_entries, n_buckets = (int(x) for x in buf[16:32].view(np.int64))
+    start = (_HEAD + n_entries) * 8
+    table = buf[start: start + 32 * n_buckets].view(np.int64).reshape(-1, 4)
+    return int(table[:, 2:].sum())

@@ -40,16 +40,24 @@ def toml_value(v) -> str:
 
 
 def run_cluster(tmp: Path, ranks: int, settings: dict[str, object], timeout: float = 180,
-                extra_args: list[str] = ()) -> Run:
-    """Run `mpirun -n ranks python -m master --config tmp/run.toml`; settings are 'section.key': value."""
-    out = tmp / "out"
-    sections: dict[str, dict[str, object]] = {"output": {"path": str(out), "progress": 0.0}}
+                extra_args: list[str] = (), wrapper: list[str] = (), env: dict[str, str] | None = None) -> Run:
+    """Run `mpirun -n ranks python -m master --config tmp/run.toml`; settings are 'section.key': value.
+
+    `wrapper` goes in front of the command (e.g. the supervisor), `env` adds environment variables.
+    """
+    cfg = write_config(tmp, settings)
+    cmd = [*wrapper, *mpirun_command(ranks, ["--config", str(cfg), *extra_args])]
+    proc = subprocess.run(cmd, env={**mpi_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    return Run(tmp / "out", proc)
+
+
+def write_config(tmp: Path, settings: dict[str, object]) -> Path:
+    """`tmp/run.toml` with `settings` ('section.key': value), output to `tmp/out`, no progress lines."""
+    sections: dict[str, dict[str, object]] = {"output": {"path": str(tmp / "out"), "progress": 0.0}}
     for name, value in settings.items():
         section, key = name.split(".", 1)
         sections.setdefault(section, {})[key] = value
     cfg = tmp / "run.toml"
     cfg.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items())
                            for s, keys in sections.items()))
-    cmd = mpirun_command(ranks, ["--config", str(cfg), *extra_args])
-    proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=timeout)
-    return Run(out, proc)
+    return cfg

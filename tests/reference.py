@@ -42,3 +42,19 @@ def reference_pairs(stream, ids, ts, keys, window: float, max_delay: float) -> t
 
 def encode_pairs(r_id: np.ndarray, s_id: np.ndarray) -> np.ndarray:
     return np.sort(np.asarray(r_id, dtype=np.int64) * 2**32 + np.asarray(s_id, dtype=np.int64))
+
+
+def reference_theta_pairs(stream, ids, ts, keys, window: float, max_delay: float, predicate: str,
+                          band: int = 0) -> np.ndarray:
+    """Sorted encoded pairs for `band` (|r.key - s.key| <= band) or `less` (r.key < s.key): every on-time R
+    tuple is compared with all on-time S tuples by broadcasting, one R tuple at a time."""
+    stream, ids, ts, keys = map(np.asarray, (stream, ids, ts, keys))
+    ok = ~late_flags(ts, max_delay)
+    r = np.flatnonzero(ok & (stream == 0))
+    s = np.flatnonzero(ok & (stream == 1))
+    out = []
+    for i in r.tolist():
+        close = np.abs(ts[s] - ts[i]) <= window
+        match = np.abs(keys[s] - keys[i]) <= band if predicate == "band" else keys[s] > keys[i]
+        out.append(ids[i] * 2**32 + ids[s[close & match]].astype(np.int64))
+    return np.sort(np.concatenate(out)) if out else np.empty(0, dtype=np.int64)

@@ -24,9 +24,9 @@ def reference_for(settings: dict) -> tuple[np.ndarray, np.ndarray, int]:
     return pairs, late, len(data.ts)
 
 
-def check_exact(tmp_path, ranks: int, settings: dict):
+def check_exact(tmp_path, ranks: int, settings: dict, **kw):
     expected, expected_late, n = reference_for(settings)
-    run = run_cluster(tmp_path, ranks, settings)
+    run = run_cluster(tmp_path, ranks, settings, **kw)
     assert run.returncode == 0, run.stderr
     got = run.pairs()
     assert len(np.unique(got)) == len(got), "a result was emitted twice"

@@ -1,0 +1,126 @@
+"""`python -m control.checkpoints list|verify|compact [--path DIR | --config run.toml]`: check and tidy checkpoints.
+
+`verify` reads every part of every complete checkpoint with Spark (one task
+per part, so it scales with the cluster that wrote them) and checks that it is
+there, has the size the manifest gives, decodes, and holds the tuples the
+manifest claims.  `compact` removes the checkpoints a newer complete one has
+superseded (keeping `--keep`), and unfinished ones older than those.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from protocol import checkpoint
+from protocol.config import ConfigError, load_config
+from protocol.tuples import tuple_dtype
+
+
+def part_tuples(name: str, data: bytes, tuple_bytes: int) -> int:
+    """Tuples held by one part: the master's mini-buffer rows, or the sum over a slave's group states."""
+    from slave.state import stored_tuples
+    records = checkpoint.unpack(np.frombuffer(data, dtype=np.uint8), name)
+    if name == "master.state":
+        size = tuple_dtype(tuple_bytes).itemsize
+        if any(len(r) % size for r in records):
+            raise checkpoint.CheckpointError(f"{name}: rows are not whole {size}-byte tuples")
+        return sum(len(r) // size for r in records)
+    return sum(stored_tuples(r) for r in records)
+
+
+def scan(spark, directory: Path, manifest: dict) -> list[str]:
+    """Problems found in one complete checkpoint (empty when it is sound)."""
+    tuple_bytes = manifest["config"]["generator"]["tuple_bytes"]
+
+    def inspect(item):
+        path, data = item
+        name = path.rsplit("/", 1)[-1]
+        try:
+            return name, len(data), part_tuples(name, data, tuple_bytes), None
+        except checkpoint.CheckpointError as e:
+            return name, len(data), None, str(e)
+
+    found = {name: (size, tuples, err) for name, size, tuples, err in
+             spark.sparkContext.binaryFiles(f"file://{directory.resolve()}/*.state").map(inspect).collect()}
+    problems = []
+    for name, claim in manifest["parts"].items():
+        if name not in found:
+            problems.append(f"{name}: missing")
+            continue
+        size, tuples, err = found[name]
+        if err:
+            problems.append(err)
+        elif size != claim["bytes"]:
+            problems.append(f"{name}: {size} bytes, the manifest says {claim['bytes']}")
+        elif claim.get("tuples") is not None and tuples != claim["tuples"]:
+            problems.append(f"{name}: holds {tuples} tuples, the manifest says {claim['tuples']}")
+    return problems
+
+
+def spark_session(master: str):
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master(master).appName("streamjoin-checkpoints")
+             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
+             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def describe(directory: Path) -> dict:
+    try:
+        m = checkpoint.load_manifest(directory)
+    except checkpoint.CheckpointError as e:
+        return {"checkpoint": directory.name, "complete": False, "why": str(e)}
+    return {"checkpoint": directory.name, "complete": True, "id": m["id"], "slaves": m["slaves"],
+            "tuples": sum(p["tuples"] or 0 for p in m["parts"].values()),
+            "bytes": sum(p["bytes"] for p in m["parts"].values()), "source_position": m["master"]["consumed"]}
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m control.checkpoints", description=__doc__.split("\n")[0])
+    p.add_argument("action", choices=("list", "verify", "compact"))
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--path", help="checkpoint folder (checkpoint.path)")
+    where.add_argument("--config", help="the run's TOML config: its checkpoint folder")
+    p.add_argument("--keep", type=int, default=1, help="compact: complete checkpoints to keep (default 1)")
+    p.add_argument("--spark-master", default="local[*]", help="Spark master URL (default local[*])")
+    a = p.parse_args(argv)
+    try:
+        root = Path(a.path) if a.path else checkpoint.root_of(load_config(a.config))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    folders = checkpoint.checkpoints(root)
+    if not folders:
+        print(f"no checkpoints under {root}", file=sys.stderr)
+        return 1 if a.action == "verify" else 0
+    if a.action == "list":
+        for d in folders:
+            print(json.dumps(describe(d)))
+        return 0
+    if a.action == "compact":
+        removed = checkpoint.prune(root, max(a.keep, 1))
+        print(f"removed {len(removed)} superseded checkpoints: {', '.join(d.name for d in removed) or 'none'}")
+        return 0
+    spark = spark_session(a.spark_master)
+    bad = 0
+    for d in folders:
+        try:
+            manifest = checkpoint.load_manifest(d)
+        except checkpoint.CheckpointError as e:
+            print(f"{d.name}: incomplete, recovery skips it ({e})")
+            continue
+        problems = scan(spark, d, manifest)
+        bad += bool(problems)
+        print(f"{d.name}: " + ("ok, " + f"{len(manifest['parts'])} parts" if not problems else "; ".join(problems)))
+    spark.stop()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,39 @@
+"""The input archive: every tuple the master took from its source, in arrival order, as Parquet.
+
+It is BiStream's upstream backup (section 3.5) made durable: the checkpoint
+manifest records how many archive files belong to the cut, and `control.replay`
+can feed any time range of it back into a cluster.  The columns are those of
+the file source, so an archive file is also valid input.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from protocol.output import write_table
+from protocol.tuples import STREAM_NAMES
+
+PREFIX = "input"
+
+
+class InputArchive:
+    def __init__(self, directory: Path, flush_rows: int):
+        self.directory, self.flush_rows = directory, flush_rows
+        self._parts: list[pa.Table] = []
+        self._rows = 0
+        self.files = 0  #: archive files written: the archive's part of a checkpoint's commit
+
+    def add(self, chunk) -> None:
+        self._parts.append(pa.table({"stream": np.array(STREAM_NAMES)[chunk.stream], "id": chunk.id,
+                                     "ts": chunk.ts, "key": chunk.key, "value": chunk.value}))
+        self._rows += len(chunk.ts)
+        if self._rows >= self.flush_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            write_table(self.directory, f"{PREFIX}-{self.files:06d}", pa.concat_tables(self._parts), "parquet")
+            self._parts, self._rows = [], 0
+            self.files += 1

@@ -1,0 +1,196 @@
+"""Checkpoints of the whole cluster: layout, atomic parts, the manifest written last, and the choice on recovery.
+
+A checkpoint is a consistent cut (Chandy-Lamport with the master as the only
+sender): the master waits until no batch and no partition-group is in flight,
+snapshots its own state, and orders every slave to write its window state; no
+message crosses the cut, so every pair is produced either before it (its
+results are in the committed result files) or after it (from state and input
+that the checkpoint holds).  BiStream (section 3.5) keeps upstream backup for
+the same purpose; here the source is rewound to the checkpoint's position.
+
+    <checkpoint.path>/ckpt-000007/
+        master.state     mini-buffer contents (R then S rows)
+        slave-001.state  every partition-group of slave 1 (slave.state.encode_group buffers)
+        ...
+        MANIFEST.json    written last: a checkpoint without it does not exist
+
+Every part is a container of byte records: int64 [MAGIC, n, len_1..len_n],
+then the records.  The manifest names each part with its size in bytes, its
+record count and the tuples it holds, so a checker can verify it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
+MANIFEST = "MANIFEST.json"
+FORMAT = 1
+#: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
+BINDING_SECTIONS = ("source", "generator", "join", "partitioning", "tuning")
+
+
+class CheckpointError(Exception):
+    """A checkpoint is missing a part, is half written, or does not fit the run that wants to resume from it."""
+
+
+def root_of(cfg: dict) -> Path:
+    return Path(cfg["checkpoint"]["path"] or Path(cfg["output"]["path"]) / "checkpoints")
+
+
+def name_of(ckpt_id: int) -> str:
+    return f"ckpt-{ckpt_id:06d}"
+
+
+def slave_part(rank: int) -> str:
+    return f"slave-{rank:03d}.state"
+
+
+def write_atomic(path: Path, data) -> int:
+    """Write bytes (or a buffer) under a temporary name, fsync, rename; returns the size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(memoryview(data))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+def pack(records: list[np.ndarray]) -> np.ndarray:
+    """Byte records as one container buffer."""
+    head = np.array([MAGIC, len(records), *(len(r) for r in records)], dtype=np.int64).view(np.uint8)
+    return np.concatenate([head, *[np.asarray(r).view(np.uint8) for r in records]])
+
+
+def unpack(buf: np.ndarray, where: str) -> list[np.ndarray]:
+    """Inverse of `pack`; `where` names the part in errors."""
+    if len(buf) < 16 or buf[:8].view(np.int64)[0] != MAGIC:
+        raise CheckpointError(f"{where}: not a checkpoint part (bad magic or too short)")
+    n = int(buf[8:16].view(np.int64)[0])
+    if n < 0 or len(buf) < 16 + 8 * n:
+        raise CheckpointError(f"{where}: header names {n} records but the part has {len(buf)} bytes")
+    sizes = buf[16: 16 + 8 * n].view(np.int64)
+    ends = 16 + 8 * n + np.cumsum(sizes)
+    if (sizes < 0).any() or (n and ends[-1] != len(buf)):
+        raise CheckpointError(f"{where}: record sizes do not add up to the part's {len(buf)} bytes")
+    starts = np.concatenate([[16 + 8 * n], ends[:-1]]).astype(np.int64)
+    return [buf[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+
+
+def read_part(path: Path) -> list[np.ndarray]:
+    return unpack(np.fromfile(path, dtype=np.uint8), str(path))
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    manifest = {"format": FORMAT, "created": time.time(), **manifest}
+    write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+
+
+def load_manifest(directory: Path) -> dict:
+    """The manifest of a complete checkpoint, after checking that every part it names is there in full."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: no {MANIFEST} (the checkpoint was not completed)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format {manifest.get('format')!r}, this version reads {FORMAT}")
+    for name, part in manifest["parts"].items():
+        f = directory / name
+        if not f.is_file():
+            raise CheckpointError(f"{directory}: part {name} named by the manifest is missing")
+        if f.stat().st_size != part["bytes"]:
+            raise CheckpointError(f"{f}: {f.stat().st_size} bytes, the manifest says {part['bytes']}")
+    return manifest
+
+
+def checkpoints(root: Path) -> list[Path]:
+    """Checkpoint folders under `root`, oldest first (complete or not)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("ckpt-"))
+
+
+def latest_complete(root: Path, log=print) -> tuple[Path, dict] | None:
+    """The newest checkpoint whose manifest and parts are all there; each one skipped is logged with why."""
+    for directory in reversed(checkpoints(root)):
+        try:
+            return directory, load_manifest(directory)
+        except CheckpointError as e:
+            log(f"skipping checkpoint {directory.name}: {e}")
+    return None
+
+
+def check_binding(manifest: dict, cfg: dict, slaves: int) -> None:
+    """Refuse to resume with a different cluster size or different join-relevant settings."""
+    if manifest["slaves"] != slaves:
+        raise CheckpointError(f"checkpoint {manifest['id']} was taken with {manifest['slaves']} slaves, "
+                              f"this run has {slaves}: resume with mpirun -n {manifest['slaves'] + 1}")
+    for section in BINDING_SECTIONS:
+        for key, value in cfg[section].items():
+            then = manifest["config"][section].get(key)
+            if then != value:
+                raise CheckpointError(f"{section}.{key} is {value!r} but was {then!r} when checkpoint "
+                                      f"{manifest['id']} was taken: resume with the same setting")
+
+
+def clear(root: Path) -> None:
+    """Remove every checkpoint under `root` (a fresh run must never resume from an older run's state)."""
+    for d in checkpoints(root):
+        shutil.rmtree(d)
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Remove checkpoints older than the `keep` newest complete ones (and unfinished ones older than those)."""
+    folders = checkpoints(root)
+    complete = [d for d in folders if (d / MANIFEST).is_file()]
+    if len(complete) <= keep:
+        return []
+    oldest_kept = complete[-keep]
+    removed = [d for d in folders if d.name < oldest_kept.name]
+    for d in removed:
+        shutil.rmtree(d, ignore_errors=True)
+    return removed
+
+
+def numbered(directory: Path, prefix: str) -> list[tuple[int, Path]]:
+    """Files `prefix-NNNNNN.*` of `directory` with their number (the commit log's unit)."""
+    if not directory.is_dir():
+        return []
+    out = []
+    for f in directory.iterdir():
+        stem = f.name.split(".", 1)[0]
+        if stem.startswith(prefix + "-") and stem[len(prefix) + 1:].isdigit():
+            out.append((int(stem[len(prefix) + 1:]), f))
+    return sorted(out)
+
+
+def roll_back_output(out: Path, commit: dict) -> int:
+    """Remove output written after the checkpoint (and half-written temporaries); returns files removed.
+
+    `commit` maps a folder of the output (`results`, `late`, `archive`) to {file prefix: files committed};
+    a file numbered at or past its count was written after the checkpoint and will be written again.
+    """
+    removed = 0
+    for folder, prefixes in commit.items():
+        d = out / folder
+        if not d.is_dir():
+            continue
+        for f in d.glob(".*.tmp"):
+            f.unlink()
+            removed += 1
+        for prefix, count in prefixes.items():
+            for number, f in numbered(d, prefix):
+                if number >= count:
+                    f.unlink()
+                    removed += 1
+    return removed

@@ -1,0 +1,145 @@
+"""Crashes under the supervisor: a slave is SIGKILLed (at a batch, while writing a checkpoint, in the middle
+of a partition-group move, or from outside at a random moment) and the recovered cluster's result set is
+exactly the reference join over the whole input -- nothing lost, nothing twice."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from control.checkpoints import scan
+from protocol import checkpoint
+
+from deploy.launch import mpi_env
+from tests.cluster import Run, run_cluster, write_config
+from tests.test_balance_cluster import CHURN
+from tests.test_cluster import SMALL, check_exact, reference_for
+
+# paced so the run spans many checkpoints: 3 s of event time, 2 x 3000 tuples/s, fed at 6000 tuples/s
+CKPT = dict(SMALL, **{"generator.duration": 3.0, "source.rate": 6000.0, "checkpoint.interval": 2,
+                      "epochs.distribution": 0.1})
+SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
+
+
+def crash_run(tmp_path, ranks, settings, fault=None, **kw):
+    env = {"STREAMJOIN_FAULT": f"{fault}:{tmp_path / 'fault-fired'}"} if fault else None
+    run, expected = check_exact(tmp_path, ranks, settings, wrapper=SUPERVISE, env=env, **kw)
+    if fault:
+        assert (tmp_path / "fault-fired").exists(), "the fault never fired: the test tested nothing"
+        assert "restart 1 of 3" in run.stderr
+        assert run.summary["checkpoints"]["recovered_from"] is not None, run.stderr
+    return run, expected
+
+
+@pytest.mark.parametrize("rank,batch", [(1, 4), (2, 7)])
+def test_slave_killed_at_a_batch(tmp_path, rank, batch):
+    run, _ = crash_run(tmp_path, 3, dict(CKPT, **{"generator.seed": batch}), fault=f"{rank}:batch:{batch}")
+    assert run.summary["checkpoints"]["written"] > 2
+
+
+def test_slave_killed_while_writing_a_checkpoint_resumes_from_the_one_before(tmp_path):
+    run, _ = crash_run(tmp_path, 3, dict(CKPT, **{"generator.seed": 5}), fault="2:checkpoint:4")
+    assert "ckpt-000004: " in run.stderr and "not completed" in run.stderr  # the half-written one is skipped
+    assert run.summary["checkpoints"]["recovered_from"] == 3
+
+
+def test_slave_killed_in_the_middle_of_a_partition_group_move(tmp_path):
+    # one slave at start, the input faster than it joins: it supplies groups to joining slaves (see CHURN)
+    settings = {**CKPT, **CHURN, "generator.seed": 7, "checkpoint.interval": 3, "balance.initial_slaves": 1,
+                "balance.gamma": 0.5, "source.rate": 20000.0, "generator.rate": 8000.0}
+    run, _ = crash_run(tmp_path, 4, settings, fault="1:move:2")
+    assert len(run.summary["balance"]["moves"]) > 0
+
+
+def test_slave_killed_from_outside_at_a_random_moment(tmp_path):
+    rng = np.random.default_rng()
+    delay = float(rng.uniform(1.5, 3.0))
+    victims: list[int] = []
+
+    def kill_a_slave():  # SIGKILL one slave rank (not the master) of the running job, like a failed host
+        deadline = time.time() + delay
+        while time.time() < deadline or not victims:
+            time.sleep(0.05)
+            if time.time() < deadline:
+                continue
+            for p in psutil.process_iter(["cmdline", "environ"]):
+                try:
+                    if "master" in (p.info["cmdline"] or []) and str(tmp_path) in " ".join(p.info["cmdline"]) \
+                            and (p.info["environ"] or {}).get("OMPI_COMM_WORLD_RANK") not in (None, "0"):
+                        p.kill()
+                        victims.append(p.pid)
+                        return
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+            if time.time() > deadline + 10:
+                return
+
+    killer = threading.Thread(target=kill_a_slave, daemon=True)
+    killer.start()
+    run, _ = crash_run(tmp_path, 4, dict(CKPT, **{"generator.seed": 11, "generator.duration": 5.0}))
+    killer.join()
+    assert victims, f"no slave was found to kill after {delay:.1f}s"
+    assert "restart 1 of 3" in run.stderr
+
+
+def test_corrupt_newest_checkpoint_is_skipped_with_a_message(tmp_path):
+    settings = dict(CKPT, **{"generator.seed": 13})
+    first = run_cluster(tmp_path, 3, settings, env={"STREAMJOIN_FAULT": f"1:batch:6:{tmp_path / 'fired'}"})
+    assert first.returncode != 0
+    ckpts = sorted((tmp_path / "out" / "checkpoints").glob("ckpt-*"))
+    assert len(ckpts) == 2  # checkpoint.keep
+    part = ckpts[-1] / "slave-002.state"
+    part.write_bytes(part.read_bytes()[:-8])  # lost its tail
+    run, _ = check_exact(tmp_path, 3, settings, extra_args=["--recover"])
+    assert f"skipping checkpoint {ckpts[-1].name}" in run.stderr and "manifest says" in run.stderr
+    assert run.summary["checkpoints"]["recovered_from"] == int(ckpts[0].name.split("-")[1])
+
+
+def test_the_archive_holds_exactly_the_accepted_input(tmp_path):
+    run, _ = crash_run(tmp_path, 3, dict(CKPT, **{"generator.seed": 17}), fault="1:batch:5")
+    archive = pq.ParquetDataset(tmp_path / "out" / "archive").read()
+    s = run.summary
+    assert archive.num_rows == s["input_total"] + s["late"]
+    assert len(np.unique(archive["id"].to_numpy() * 2 + (archive["stream"].to_numpy(zero_copy_only=False) == "S")))\
+        == archive.num_rows
+
+
+def test_fresh_start_removes_an_older_runs_checkpoints(tmp_path):
+    settings = dict(CKPT, **{"generator.seed": 19, "generator.duration": 1.5})
+    run_cluster(tmp_path, 2, settings)
+    old = sorted((tmp_path / "out" / "checkpoints").glob("ckpt-*"))
+    assert old
+    marker = old[-1] / "from-the-old-run"
+    marker.touch()
+    run_cluster(tmp_path, 2, settings)
+    assert not marker.exists()
+
+
+def test_checkpoint_verify_with_spark_finds_a_false_claim(tmp_path, spark):
+    run_cluster(tmp_path, 3, dict(CKPT, **{"generator.seed": 23, "generator.duration": 1.5}))
+    directory, manifest = checkpoint.latest_complete(tmp_path / "out" / "checkpoints")
+    assert scan(spark, directory, manifest) == []
+    assert sum(p["tuples"] for p in manifest["parts"].values()) > 0
+    manifest["parts"]["slave-002.state"]["tuples"] += 1
+    assert scan(spark, directory, manifest) == [
+        f"slave-002.state: holds {manifest['parts']['slave-002.state']['tuples'] - 1} tuples, "
+        f"the manifest says {manifest['parts']['slave-002.state']['tuples']}"]
+
+
+def test_launch_through_a_hostfile_with_localhost_slots(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# one host here; hosts.example shows several\nlocalhost slots=4\n")
+    settings = dict(SMALL, **{"generator.seed": 29})
+    expected, _, _ = reference_for(settings)
+    proc = subprocess.run([sys.executable, "-m", "deploy.launch", "-n", "3", "--hostfile", str(hosts), "--",
+                           "--config", str(write_config(tmp_path, settings))], env=mpi_env(), capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    got = Run(tmp_path / "out", proc).pairs()
+    assert len(got) == len(expected) and np.array_equal(np.sort(got), expected)
