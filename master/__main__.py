@@ -47,13 +47,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def other_rank(comm) -> int:
+    """Ranks 1..k-1 are further dispatchers with their share of the input; the rest run the slave."""
+    cfg = comm.bcast(None, root=0)
+    if cfg is None:  # rank 0 refused the configuration and said why
+        return 0
+    resume = comm.bcast(None, root=0)
+    if comm.rank >= cfg["cluster"]["dispatchers"]:
+        runpy.run_module("slave", run_name="__main__", init_globals={"RECEIVED": (cfg, resume)})
+        return 0
+    from master.run import Master
+    from master.source import open_shard
+    Master(comm, cfg, open_shard(cfg, comm.rank)).run()
+    return 0
+
+
 def main() -> int:
     comm = MPI.COMM_WORLD
     if comm.rank != 0:
-        runpy.run_module("slave", run_name="__main__")
-        return 0
+        return other_rank(comm)
     args = parse_args(sys.argv[1:])
-    from master.source import InputError, open_source
+    from master.source import InputError, open_shard
     from master.run import Master
     resume = None
     try:
@@ -62,7 +76,7 @@ def main() -> int:
                               "run it as `mpirun -n 5 python -m master` (or `make run`)")
         cfg = load_config(args.config, args.set)
         validate(cfg, slaves=comm.size - 1)
-        source = open_source(cfg)
+        source = open_shard(cfg, 0)
         if args.recover:
             resume = find_resume(cfg, comm.size - 1)
         if resume is None:
@@ -74,8 +88,8 @@ def main() -> int:
         comm.bcast(None, root=0)
         return 2
     comm.bcast(cfg, root=0)
-    comm.bcast(None if resume is None else {"dir": str(resume[0]), "result_files": resume[1]["result_files"]},
-               root=0)
+    comm.bcast(None if resume is None else {"dir": str(resume[0]), "result_files": resume[1]["result_files"],
+                                            "epochs": resume[1]["master"]["epoch"]}, root=0)
     try:
         master.run()
     except KeyboardInterrupt:

@@ -31,9 +31,9 @@ from master.ranges import KeyRanges
 from master.ingest import late_mask, to_wire
 from master.source import skip
 from master.stats import RunStats, print_summary, write_summary
-from protocol import checkpoint
+from protocol import checkpoint, faults
 from protocol.predicates import key_distance
-from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, Ack, Kind, decode_report, encode_batch
+from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, decode_report, encode_batch
 from protocol.output import write_table
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, tuple_dtype
 
@@ -41,7 +41,11 @@ from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, tuple_dtype
 class Master:
     def __init__(self, comm: MPI.Comm, cfg: dict, source, resume: tuple[Path, dict] | None = None):
         self.comm, self.cfg, self.source = comm, cfg, source
-        self.slaves = list(range(1, comm.size))
+        #: with k dispatchers (BiStream 3.2.3) ranks 0..k-1 each run this loop on their share of the input;
+        #: rank 0 also writes the summary
+        self.k, self.index = cfg["cluster"]["dispatchers"], comm.rank
+        self.slaves = list(range(self.k, comm.size))
+        self.rate = cfg["source"]["rate"] / self.k  #: this dispatcher's paced share
         parts = cfg["partitioning"]["partitions"]
         groups = min(cfg["partitioning"]["subgroups"], len(self.slaves))
         self.controller = Controller(cfg, self.slaves, parts)
@@ -87,12 +91,12 @@ class Master:
         src = self.cfg["source"]
         room = self.cfg["master"]["buffer_capacity"] - len(self.buffers)
         limit = min(src["batch"], room)
-        if src["rate"] > 0:
+        if self.rate > 0:
             if now - self._last_ingest < self.ingest_interval:
                 return 0  # paced input is taken in ticks, not tuple by tuple
-            due = int((now - self.t0) * src["rate"]) - self.consumed
+            due = int((now - self.t0) * self.rate) - self.consumed
             # how far ingest is behind the pacing schedule: grows only when the cluster cannot keep up
-            self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, (due - limit) / src["rate"])
+            self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, (due - limit) / self.rate)
             limit = min(limit, due)
         if self.exhausted or limit <= 0:
             return 0
@@ -104,8 +108,8 @@ class Master:
         n = len(chunk.ts)
         if self.archive is not None:
             self.archive.add(chunk)
-        if src["rate"] > 0:  # nominal arrival of each tuple, so master-side queueing counts as delay
-            arrival = self.t0 + (self.consumed + np.arange(n)) / src["rate"]
+        if self.rate > 0:  # nominal arrival of each tuple, so master-side queueing counts as delay
+            arrival = self.t0 + (self.consumed + np.arange(n)) / self.rate
         else:
             arrival = np.full(n, now)
         self.consumed += n
@@ -143,7 +147,8 @@ class Master:
 
     def _flush_late(self) -> None:
         if self._late_parts:
-            write_table(Path(self.cfg["output"]["path"]) / "late", f"late-{self._late_files:06d}",
+            stem = f"late-{self._late_files:06d}" if self.k == 1 else f"late-d{self.index}-{self._late_files:06d}"
+            write_table(Path(self.cfg["output"]["path"]) / "late", stem,
                         pa.concat_tables(self._late_parts), self.cfg["output"]["format"])
             self._late_parts, self._late_files = [], self._late_files + 1
 
@@ -174,6 +179,10 @@ class Master:
 
     def _send(self, rank: int, buf: np.ndarray) -> None:
         """Isend a message; the slave counts as busy until its report for it arrives."""
+        faults.jitter()
+        if faults.fires(self.index, "drop"):  # a channel that loses a batch: the slave must notice
+            self.epoch[rank] += 1
+            return
         self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
 
     def _start_moves(self) -> None:
@@ -297,8 +306,8 @@ class Master:
         slot = self.cfg["epochs"]["distribution"] / len(self.subgroups)
         progress = self.cfg["output"]["progress"]
         self.t0 = self.stats.started = time.time()
-        if self.cfg["source"]["rate"] > 0:  # a resumed run keeps the pacing schedule where it was
-            self.t0 -= self.consumed / self.cfg["source"]["rate"]
+        if self.rate > 0:  # a resumed run keeps the pacing schedule where it was
+            self.t0 -= self.consumed / self.rate
         next_slot, next_progress, g = self.t0 + slot, self.t0 + progress, 0
         reorganization = self.cfg["epochs"]["reorganization"]
         next_reorganization = self.t0 + reorganization
@@ -326,7 +335,7 @@ class Master:
             if not self.checkpoint_pending:
                 self._start_moves()
             if progress and now >= next_progress:
-                print(self.stats.progress_line(len(self.buffers), len(self.controller.active),
+                print(f"[dispatcher {self.index}] " * (self.k > 1) + self.stats.progress_line(len(self.buffers), len(self.controller.active),
                                                len(self.controller.moves_log)), file=sys.stderr, flush=True)
                 next_progress = now + progress
             if self.exhausted and len(self.buffers) == 0 and not self.busy and not self.controller.busy:
@@ -337,6 +346,11 @@ class Master:
         self._flush_late()
         if self.archive is not None:
             self.archive.flush()
+        if self.index > 0:  # another dispatcher: its counters go to rank 0, which writes the summary
+            self.comm.send(self.stats.state(), dest=0, tag=TAG_SUMMARY)
+            return {}
+        for other in range(1, self.k):
+            self.stats.merge(self.comm.recv(source=other, tag=TAG_SUMMARY))
         summary = self.stats.summary(self.cfg)
         summary["balance"] = {"reorganizations": self.controller.reorganizations, "moves": self.controller.moves_log,
                               "active_changes": self.controller.active_log,

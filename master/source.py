@@ -52,6 +52,31 @@ def open_source(cfg: dict) -> Source:
     return GeneratorSource(cfg["generator"])
 
 
+def open_shard(cfg: dict, index: int) -> Source:
+    """Dispatcher `index`'s share of the source (the whole source with one dispatcher)."""
+    k = cfg["cluster"]["dispatchers"]
+    return open_source(cfg) if k == 1 else ShardedSource(open_source(cfg), k, index)
+
+
+class ShardedSource:
+    """Dispatcher `index` of `k` takes every k-th tuple of the input, counted from `index` (BiStream 3.2.3:
+    several dispatchers ingest in parallel); the shards of all dispatchers are the input, each tuple once."""
+
+    def __init__(self, inner: Source, k: int, index: int):
+        self.inner, self.k, self.index = inner, k, index
+        self.rejected = inner.rejected if index == 0 else None  # the set-aside rows are reported once
+        self.total = None
+        self._position = 0  #: tuples of the whole input read so far
+
+    def next_chunk(self, limit: int) -> Chunk | None:
+        chunk = self.inner.next_chunk(limit * self.k)
+        if chunk is None:
+            return None
+        mine = (self._position + np.arange(len(chunk.ts))) % self.k == self.index
+        self._position += len(chunk.ts)
+        return Chunk(*(column[mine] for column in chunk))
+
+
 def skip(source: Source, n: int) -> None:
     """Take and drop the first `n` tuples (rewinding to a checkpoint's position; sources are deterministic)."""
     while n > 0:

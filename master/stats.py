@@ -42,6 +42,21 @@ class RunStats:
                  "elapsed": self.elapsed_before + time.time() - self.started}
         return json.loads(json.dumps(state))  # a copy: the counters move on while the checkpoint completes
 
+    def merge(self, other: dict) -> None:
+        """Add another dispatcher's counters (its `state()`): sums, and maxima for levels and peaks."""
+        for k in ("late", "rejected", "results", "splits", "merges", "tuples_moved"):
+            setattr(self, k, getattr(self, k) + other[k])
+        for stream, n in other["input"].items():
+            self.input[stream] += n
+        self.delay_hist += np.array(other["delay_hist"], dtype=np.int64)
+        self.delay_max = max(self.delay_max, other["delay_max"])
+        self.pacing_lag_max = max(self.pacing_lag_max, other["pacing_lag_max"])
+        levels = ("window_tuples", "window_bytes", "peak_rss_bytes", "cpu_seconds")
+        for rank, theirs in other["per_slave"].items():
+            mine = self.per_slave[int(rank)]
+            for k, v in theirs.items():
+                mine[k] = max(mine[k], v) if k in levels else mine[k] + v
+
     def restore(self, state: dict) -> None:
         for k in self._STATE:
             setattr(self, k, state[k])

@@ -20,6 +20,9 @@ class ConfigError(ValueError):
 
 #: section -> key -> (default, description)
 DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
+    "cluster": {
+        "dispatchers": (1, "ranks 0..k-1 each ingest a 1/k share of the input and route it (BiStream 3.2.3); slaves are the rest"),
+    },
     "source": {
         "kind": ("generator", '"generator" (built-in b-model workload) or "file" (CSV/Parquet at `path`)'),
         "path": ("", "input file for kind = \"file\": columns stream (R/S), id, ts, key, [value]"),
@@ -97,6 +100,7 @@ _POSITIVE = {
     ("tuning", "block_size"), ("tuning", "theta_max"), ("tuning", "max_depth"),
     ("master", "buffer_capacity"), ("output", "flush_rows"), ("source", "batch"),
     ("balance", "buffer_capacity"), ("balance", "gamma"), ("checkpoint", "keep"),
+    ("cluster", "dispatchers"),
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),
@@ -187,9 +191,17 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
                           f"(got {cfg['balance']['consumer_threshold']} and {cfg['balance']['supplier_threshold']})")
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
+    if cfg["cluster"]["dispatchers"] > 1:
+        for key, off in (("checkpoint.interval", 0), ("balance.enabled", False)):
+            section, name = key.split(".")
+            if cfg[section][name] != off:
+                raise ConfigError(f"{key}: not supported with several dispatchers yet (cluster.dispatchers = "
+                                  f"{cfg['cluster']['dispatchers']}); set {key} = {str(off).lower()}")
     if slaves is not None:
+        slaves -= cfg["cluster"]["dispatchers"] - 1  # the ranks after the dispatchers
         if slaves < 1:
-            raise ConfigError("the cluster needs at least one slave: run with mpirun -n 2 or more")
+            raise ConfigError(f"the cluster needs at least one slave besides its {cfg['cluster']['dispatchers']} "
+                              f"dispatcher(s): run with mpirun -n {cfg['cluster']['dispatchers'] + 1} or more")
         if cfg["balance"]["initial_slaves"] > slaves:
             raise ConfigError(f"balance.initial_slaves: must be <= the number of slaves ({slaves}), "
                               f"got {cfg['balance']['initial_slaves']}")

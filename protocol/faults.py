@@ -1,29 +1,46 @@
-"""Fault injection for the crash tests: a rank kills itself with SIGKILL at a named point, once.
+"""Fault injection for the crash and channel tests; does nothing unless a test sets the variables.
 
-`STREAMJOIN_FAULT="rank:point:n:marker"` makes `rank` die at the n-th time it
-reaches `point` (e.g. "batch", "checkpoint", "move"), unless the file `marker`
-exists; it creates the marker first, so the restarted cluster runs through.
-Unset (always, outside tests), `reached` only counts.
+`STREAMJOIN_FAULT="rank:point:n:marker"` fires at the n-th time `rank` reaches
+`point` (e.g. "batch", "checkpoint", "move": the rank kills itself with
+SIGKILL; "drop": a dispatcher silently skips one batch send), unless the file
+`marker` exists; it creates the marker first, so a restarted cluster runs
+through.  `STREAMJOIN_JITTER=s` makes a dispatcher sleep a random 0..s seconds
+before each send, to shake the interleaving of several dispatchers.
 """
 from __future__ import annotations
 
 import os
+import random
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
 _counts: Counter = Counter()
 
 
-def reached(rank: int, point: str) -> None:
+def fires(rank: int, point: str) -> bool:
     spec = os.environ.get("STREAMJOIN_FAULT")
     if not spec:
-        return
+        return False
     _counts[point] += 1
     want_rank, want_point, n, marker = spec.split(":", 3)
-    if int(want_rank) == rank and want_point == point and int(n) == _counts[point]:
-        try:
-            Path(marker).open("x").close()
-        except FileExistsError:
-            return
+    if int(want_rank) != rank or want_point != point or int(n) != _counts[point]:
+        return False
+    try:
+        Path(marker).open("x").close()
+    except FileExistsError:
+        return False
+    return True
+
+
+def reached(rank: int, point: str) -> None:
+    """Die here if the fault names this point."""
+    if fires(rank, point):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def jitter() -> None:
+    most = float(os.environ.get("STREAMJOIN_JITTER") or 0)
+    if most:
+        time.sleep(random.uniform(0, most))

@@ -5,4 +5,5 @@ from mpi4py import MPI
 
 from slave.run import run
 
-sys.exit(run(MPI.COMM_WORLD))
+# `python -m master` hands its slave ranks over with the configuration it already received
+sys.exit(run(MPI.COMM_WORLD, globals().get("RECEIVED")))

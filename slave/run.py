@@ -9,6 +9,7 @@ On a CHECKPOINT order it flushes its results and writes every group's state
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -71,6 +72,13 @@ class Slave:
         self.splits = self.merges = 0
         self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: group states on their way to consumers
         self.checkpoints = checkpoint.root_of(cfg)
+        k = cfg["cluster"]["dispatchers"]
+        #: per dispatcher (ranks 0..k-1; BiStream 3.2.3): the punctuation of its last batch -- every later tuple
+        #: from it has ts >= this -- and the sequence number of that batch on the FIFO channel from it
+        self.watermarks = np.full(k, -np.inf)
+        self.sequence = np.zeros(k, dtype=np.int64)
+        self.stops = 0
+        self.reply_to = 0  #: the dispatcher whose message is being served
 
     def report(self, counters: dict, hist: np.ndarray | None = None) -> None:
         stored_r, stored_s = self.module.stored()
@@ -81,12 +89,14 @@ class Slave:
         self.splits, self.merges = self.module.splits, self.module.merges
         if hist is None:
             hist = np.zeros(delays.BINS, dtype=np.int64)
-        self.comm.Send(encode_report(counters, hist), dest=0, tag=TAG_REPORT)
+        self.comm.Send(encode_report(counters, hist), dest=self.reply_to, tag=TAG_REPORT)
 
     def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups: np.ndarray | None) -> None:
         faults.reached(self.comm.rank, "batch")
         started = time.perf_counter()
-        r, s = self.module.process(fresh_r, fresh_s, float(head["watermark"]), groups)
+        # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
+        self.watermarks[self.reply_to] = float(head["watermark"])
+        r, s = self.module.process(fresh_r, fresh_s, float(self.watermarks.min()), groups)
         delay = time.time() - np.maximum(r["arrival"], s["arrival"])
         files = self.writer.add(r, s, delay)
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
@@ -107,6 +117,7 @@ class Slave:
         """Consumer side: install a group's state, then tell the master it may route the group here."""
         partition, pg = decode_group(buf, self.module.new_group)
         self.module.install(partition, pg)
+        self.reply_to = 0  # the coordinator's news, not an answer to the supplier
         self.report({"ack": Ack.INSTALLED, "partition": partition, "moved_tuples": len(pg)})
 
     def on_checkpoint(self, head) -> None:
@@ -119,11 +130,22 @@ class Slave:
         self.report({"epoch": float(head["epoch"]), "ack": Ack.CHECKPOINTED, "files": files,
                      "result_files": self.writer.files, "part_bytes": size})
 
-    def resume(self, directory: str, result_files: int) -> None:
-        """Start from this slave's part of a checkpoint; result files number on from its commit."""
+    def resume(self, directory: str, result_files: int, sequence: int) -> None:
+        """Start from this slave's part of a checkpoint; result files and batches number on from it."""
+        self.sequence[0] = sequence
         for buf in checkpoint.read_part(Path(directory) / checkpoint.slave_part(self.comm.rank)):
             self.module.install(*decode_group(buf, self.module.new_group))
         self.writer.files = result_files
+
+    def check_sequence(self, number: int) -> None:
+        """Batches from one dispatcher are numbered 1, 2, ...; MPI keeps a channel in order, so a gap means a
+        batch was lost: stop the job rather than silently join without it."""
+        expected = self.sequence[self.reply_to] + 1
+        if number != expected:
+            print(f"error: slave {self.comm.rank}: batch {number} from dispatcher {self.reply_to}, expected "
+                  f"{expected}: the channel lost or reordered a batch", file=sys.stderr, flush=True)
+            self.comm.Abort(3)
+        self.sequence[self.reply_to] = number
 
     def serve(self) -> int:
         while True:
@@ -134,27 +156,44 @@ class Slave:
                 self.on_state(buf)
                 continue
             head, fresh_r, fresh_s = decode_batch(buf, self.dtype)
+            self.reply_to = status.Get_source()
             if head["kind"] == Kind.BATCH:
+                self.check_sequence(int(head["epoch"]))
                 self.on_batch(head, fresh_r, fresh_s, batch_groups(buf, head) if head["groups"] else None)
             elif head["kind"] == Kind.MOVE:
                 self.on_move(head)
             elif head["kind"] == Kind.CHECKPOINT:
                 self.on_checkpoint(head)
             else:  # STOP: every move has been acknowledged before the master stops
+                self.stops += 1
+                if self.stops < len(self.watermarks):  # other dispatchers still send
+                    self.watermarks[self.reply_to] = np.inf
+                    self.report({"epoch": float(head["epoch"]), "ack": Ack.BATCH})
+                    continue
                 MPI.Request.Waitall([req for req, _ in self.outgoing])
                 self.report({"epoch": float(head["epoch"]), "files": self.writer.flush(), "ack": Ack.BATCH})
                 return 0
 
 
-def run(comm: MPI.Comm) -> int:
-    cfg = comm.bcast(None, root=0)
-    if cfg is None:  # the master refused the configuration, said why and exits non-zero
-        return 0
+def run(comm: MPI.Comm, received: tuple | None = None) -> int:
+    """Serve as a slave; `received` is (config, resume) when `python -m master` already took them."""
+    if received is None:
+        cfg = comm.bcast(None, root=0)
+        if cfg is None:  # the master refused the configuration, said why and exits non-zero
+            return 0
+        resume = comm.bcast(None, root=0)  # None, or where the recovered run starts from
+    else:
+        cfg, resume = received
+    if comm.rank < cfg["cluster"]["dispatchers"]:
+        print(f"error: rank {comm.rank} runs `python -m slave` but is a dispatcher "
+              f"(cluster.dispatchers = {cfg['cluster']['dispatchers']}): start ranks 0..k-1 with `python -m master`",
+              file=sys.stderr, flush=True)
+        comm.Abort(2)
     # mpirun forwards stop signals to every rank; the master alone decides when to stop.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     slave = Slave(comm, cfg)
-    resume = comm.bcast(None, root=0)  # None, or where the recovered run starts from
     if resume is not None:
-        slave.resume(resume["dir"], int(resume["result_files"].get(str(comm.rank), 0)))
+        slave.resume(resume["dir"], int(resume["result_files"].get(str(comm.rank), 0)),
+                     int(resume["epochs"][str(comm.rank)]))
     return slave.serve()

@@ -57,6 +57,7 @@ def write_config(tmp: Path, settings: dict[str, object]) -> Path:
     for name, value in settings.items():
         section, key = name.split(".", 1)
         sections.setdefault(section, {})[key] = value
+    tmp.mkdir(parents=True, exist_ok=True)
     cfg = tmp / "run.toml"
     cfg.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items())
                            for s, keys in sections.items()))

@@ -1,0 +1,50 @@
+"""Several dispatchers (BiStream 3.2.3): ranks 0..k-1 each ingest every k-th tuple and route it; slaves expire
+only below every dispatcher's punctuation and check each channel's sequence.  The result set must be the
+reference join's whatever the number of dispatchers and the timing of their sends."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from protocol.config import ConfigError, load_config, validate
+from tests.cluster import run_cluster
+from tests.test_cluster import SMALL, check_exact
+
+# disorder below max_delay: no tuple is late in the whole input, so none is late in any shard either
+SHARDED = dict(SMALL, **{"generator.disorder": 0.25, "balance.enabled": False, "generator.skew": 0.8})
+
+
+@pytest.mark.parametrize("k,ranks,rate", [(1, 3, 0.0), (2, 4, 0.0), (3, 5, 8000.0), (2, 5, 8000.0)])
+def test_any_number_of_dispatchers_gives_the_reference_result(tmp_path, k, ranks, rate):
+    settings = dict(SHARDED, **{"cluster.dispatchers": k, "generator.seed": 40 + k, "source.rate": rate})
+    run, expected = check_exact(tmp_path, ranks, settings, env={"STREAMJOIN_JITTER": "0.01"})
+    assert run.summary["late"] == 0 and len(expected) > 1000
+    processed = [v["tuples_processed"] for v in run.summary["slaves"].values()]
+    assert len(processed) == ranks - k and min(processed) > 0
+
+
+def test_repeated_runs_with_random_send_delays_are_identical(tmp_path):
+    settings = dict(SHARDED, **{"cluster.dispatchers": 3, "generator.seed": 47, "generator.duration": 2.0})
+    first = None
+    for attempt in range(2):
+        run, expected = check_exact(tmp_path / str(attempt), 5, settings, env={"STREAMJOIN_JITTER": "0.03"})
+        pairs = np.sort(run.pairs())
+        first = pairs if first is None else first
+        assert np.array_equal(pairs, first)
+
+
+def test_a_lost_batch_stops_the_job_with_a_message(tmp_path):
+    settings = dict(SHARDED, **{"cluster.dispatchers": 2, "generator.seed": 48, "source.rate": 8000.0})
+    run = run_cluster(tmp_path, 4, settings, env={"STREAMJOIN_FAULT": f"1:drop:3:{tmp_path / 'dropped'}"})
+    assert run.returncode != 0
+    assert "from dispatcher 1, expected" in run.stderr and "lost or reordered" in run.stderr
+
+
+def test_dispatchers_need_slaves_and_no_balancing_or_checkpoints_yet():
+    cfg = load_config(None, ["cluster.dispatchers=3", "balance.enabled=false"])
+    validate(cfg, slaves=3)
+    with pytest.raises(ConfigError, match="besides its 3 dispatcher"):
+        validate(cfg, slaves=2)
+    for key in ("balance.enabled=true", "checkpoint.interval=5"):
+        with pytest.raises(ConfigError, match=key.split("=")[0] + ": not supported with several dispatchers"):
+            load_config(None, ["cluster.dispatchers=2", "balance.enabled=false", key])
