@@ -50,6 +50,19 @@ class MiniBuffers:
             out.append(np.concatenate(taken).view(self.dtype) if taken else np.empty(0, dtype=self.dtype))
         return out[0], out[1]
 
+    def take_key(self, partition: int, key: int) -> tuple[np.ndarray, np.ndarray]:
+        """Remove and return (R, S) rows of `key` buffered for `partition` (a key that became hot is re-routed)."""
+        out = []
+        for stream in range(2):
+            chunks = self._chunks[stream][partition]
+            rows = np.concatenate(chunks).view(self.dtype) if chunks else np.empty(0, dtype=self.dtype)
+            mine = rows["key"] == key
+            rest = rows[~mine]
+            self._chunks[stream][partition] = [rest.view(self._record)] if len(rest) else []
+            self.counts[stream, partition] = len(rest)
+            out.append(rows[mine])
+        return out[0], out[1]
+
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         """(R, S) rows buffered now, partition by partition in arrival order, without draining (checkpoints)."""
         out = []

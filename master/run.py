@@ -26,7 +26,9 @@ from mpi4py import MPI
 
 from master.archive import InputArchive
 from master.buffers import MiniBuffers
+from master.balance import Move
 from master.controller import Controller
+from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.ranges import KeyRanges
 from master.ingest import late_mask, to_wire
 from master.source import skip
@@ -35,7 +37,7 @@ from protocol import checkpoint, faults
 from protocol.predicates import key_distance
 from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, decode_report, encode_batch
 from protocol.output import write_table
-from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, tuple_dtype
+from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, partition_of, tuple_dtype
 
 
 class Master:
@@ -47,6 +49,14 @@ class Master:
         self.slaves = list(range(self.k, comm.size))
         self.rate = cfg["source"]["rate"] / self.k  #: this dispatcher's paced share
         parts = cfg["partitioning"]["partitions"]
+        hot = cfg["hotkeys"]
+        #: hot keys (equi-join): a sketch of frequent keys and the grids of the hot ones (None: off)
+        self.router = HotKeyRouter(parts, hot["max_keys"], hot["grid"]) if hot["enabled"] else None
+        self.sketch = FrequentKeys(hot["sketch"])
+        self.pending_hot: dict[int, float] = {}  #: keys found hot, waiting for their partition's owner
+        self.hot_log: list[dict] = []
+        if self.router is not None:
+            parts = self.router.total_partitions
         groups = min(cfg["partitioning"]["subgroups"], len(self.slaves))
         self.controller = Controller(cfg, self.slaves, parts)
         self.subgroups = [self.slaves[g::groups] for g in range(groups)]
@@ -62,6 +72,8 @@ class Master:
         #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions)
         self.ranges: KeyRanges | None = None
         self.range_partitioned = join["predicate"] != "equal"
+        #: batches say which rows belong to which group when R tuples are copied (key ranges, hot-key grids)
+        self.grouped = self.range_partitioned or self.router is not None
         self.key_distance = key_distance(join["predicate"], join["band"])
         self.exhausted = False
         self._late_parts: list[pa.Table] = []
@@ -117,13 +129,21 @@ class Master:
         if late.any():
             self._set_aside_late(chunk, late, prev_max)
         on_time = ~late
+        if self.router is not None:
+            self.sketch.update(chunk.key[on_time])
         if self.range_partitioned and self.ranges is None and on_time.any():
             self.ranges = KeyRanges.from_sample(chunk.key[on_time], self.buffers.partitions)
         for stream in (STREAM_R, STREAM_S):
             sel = on_time & (chunk.stream == stream)
             self.stats.input[STREAM_NAMES[stream]] += int(sel.sum())
             rows = to_wire(self.dtype, chunk.id[sel], chunk.ts[sel], chunk.key[sel], chunk.value[sel], arrival[sel])
-            if self.ranges is None:
+            if self.router is not None:
+                if stream == STREAM_S:
+                    self.buffers.add(stream, rows, self.router.route_s(rows))
+                else:
+                    index, part = self.router.route_r(rows)
+                    self.buffers.add(stream, rows[index], part)
+            elif self.ranges is None:
                 self.buffers.add(stream, rows)
             elif stream == STREAM_S:  # the home of its pairs
                 self.buffers.add(stream, rows, self.ranges.home(rows["key"]))
@@ -168,7 +188,7 @@ class Master:
             self.sent_watermark[rank] = watermark
             self.controller.on_batch(mine, sizes)
             groups = None
-            if self.range_partitioned:  # which rows belong to which range: R copies cannot be told apart
+            if self.grouped:  # which rows belong to which group: R copies cannot be told apart
                 counts = self.buffers.counts[:, mine]
                 nonempty = counts.any(axis=0)
                 groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty]])
@@ -216,6 +236,46 @@ class Master:
             request.Wait()
         return got
 
+    # -- hot keys ---------------------------------------------------------------------------------------
+    def _find_hot_keys(self) -> None:
+        """At a reorganization epoch: keys whose share of this epoch's input passed the threshold."""
+        cfg = self.cfg["hotkeys"]
+        for key, share in self.sketch.heavy(cfg["threshold"]):
+            if key not in self.router.hot and len(self.router.hot) + len(self.pending_hot) < self.router.max_keys:
+                self.pending_hot.setdefault(key, share)
+        self.sketch.reset()
+
+    def _split_hot_keys(self) -> None:
+        """Give each pending hot key its grid: its owner splits it out of its partition (a SPLIT order, which
+        the owner serves before any later batch), the tuples of it buffered here are routed to the grid, and
+        all sub-groups but the first are queued to move to the least loaded other slaves."""
+        for key, share in list(self.pending_hot.items()):
+            partition = int(partition_of(np.array([key]), self.cfg["partitioning"]["partitions"])[0])
+            owner = int(self.controller.partition_map[partition])
+            if self.controller.moving[partition] or owner in self.busy:
+                continue  # next time round
+            del self.pending_hot[key]
+            size = self.router.grid_for(share, len(self.controller.active))
+            _, first = self.router.promote(key, size)
+            self.controller.partition_map[first: first + size] = owner
+            r, s = self.buffers.take_key(partition, key)
+            self.buffers.add(STREAM_S, s, self.router.route_s(s))
+            index, part = self.router.route_r(r)
+            self.buffers.add(STREAM_R, r[index], part)
+            empty = np.empty(0, dtype=self.dtype)
+            self._send(owner, encode_batch(Kind.SPLIT, self.epoch[owner], np.nan, empty, empty, partition=partition,
+                                           groups=np.array([[key, first, size]])))
+            others = sorted((r for r in self.controller.active if r != owner),
+                            key=lambda r: self.stats.per_slave[r]["tuples_processed"])
+            for j, consumer in zip(range(1, size), others):
+                self.controller.queue.append(Move(first + j, owner, consumer, "hot key"))
+            self.hot_log.append({"key": key, "share": round(share, 4), "grid": size, "partition": partition,
+                                 "groups": list(range(first, first + size)), "owner": owner,
+                                 "seconds": round(time.time() - self.t0, 3)})
+            print(f"hot key {key} ({share:.0%} of the input): split out of partition-group {partition} into "
+                  f"{size} sub-groups on slave {owner}, to be spread over slaves {[owner, *others[:size - 1]]}",
+                  file=sys.stderr, flush=True)
+
     # -- checkpoints and recovery -------------------------------------------------------------------
     def _begin_checkpoint(self) -> None:
         """No batch or move is in flight: snapshot the master's side and order every slave to write its own."""
@@ -237,7 +297,8 @@ class Master:
                        "epoch": {str(k): v for k, v in self.epoch.items()},
                        "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()},
                        "late_files": self._late_files,
-                       "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(), "archive_files": self.archive.files if self.archive else 0,
+                       "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
+                       "hot_keys": None if self.router is None else [[k, *v] for k, v in self.router.hot.items()], "archive_files": self.archive.files if self.archive else 0,
                        "stats": self.stats.state(), "controller": self.controller.state()},
         }
         empty = np.empty(0, dtype=self.dtype)
@@ -277,6 +338,8 @@ class Master:
         self.epoch = {int(k): v for k, v in m["epoch"].items()}
         self.sent_watermark = {int(k): v for k, v in m["sent_watermark"].items()}
         self._late_files = m["late_files"]
+        if m["hot_keys"] is not None:
+            self.router.hot = {k: (first, size) for k, first, size in m["hot_keys"]}
         if m["key_ranges"] is not None:
             self.ranges = KeyRanges(m["key_ranges"])
         if self.archive is not None:
@@ -331,8 +394,12 @@ class Master:
             if now >= next_reorganization:
                 if not self.exhausted and not self.checkpoint_pending:
                     self.controller.reorganize(now)
+                    if self.router is not None:
+                        self._find_hot_keys()
                 next_reorganization = now + reorganization
             if not self.checkpoint_pending:
+                if self.pending_hot:
+                    self._split_hot_keys()
                 self._start_moves()
             if progress and now >= next_progress:
                 print(f"[dispatcher {self.index}] " * (self.k > 1) + self.stats.progress_line(len(self.buffers), len(self.controller.active),
@@ -355,6 +422,7 @@ class Master:
         summary["balance"] = {"reorganizations": self.controller.reorganizations, "moves": self.controller.moves_log,
                               "active_changes": self.controller.active_log,
                               "active_at_end": sorted(self.controller.active)}
+        summary["hot_keys"] = self.hot_log
         summary["checkpoints"] = {"written": self.checkpoints_written, "recovered_from": self.recovered_from}
         write_summary(out / "summary.json", summary)
         print_summary(summary)

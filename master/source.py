@@ -134,6 +134,7 @@ class GeneratorSource:
         self.keys, self.skew = int(gen["keys"]), float(gen["skew"])
         self.disorder = float(gen["disorder"])
         self.shift = float(gen["shift"])
+        self.hot_share = float(gen["hot_share"])
         self._seed = int(gen["seed"]) % (1 << 64)  # SeedSequence wants non-negative entropy
         self._slice_len = SLICE_TUPLES / self.rate
         n = max(1, math.ceil(self.duration / self._slice_len))
@@ -148,6 +149,7 @@ class GeneratorSource:
         self._levels = (self.keys - 1).bit_length()  # ceil(log2(keys))
         self._powers = (1 << np.arange(self._levels - 1, -1, -1)).astype(np.int64)
         self._next_slice = 0
+        self.hot_key = int(self._perm[-1])  #: the heavy hitter of `hot_share` (a key the b-model makes rare)
         self._pending: list[Chunk] = []
 
     def _keys(self, rng: np.random.Generator, arrival: np.ndarray) -> np.ndarray:
@@ -171,6 +173,9 @@ class GeneratorSource:
         arrival = [t0 + np.sort(rng.random(n[s])) * (t1 - t0) for s in (STREAM_R, STREAM_S)]
         key = [self._keys(rng, arrival[s]) for s in (STREAM_R, STREAM_S)]
         value = [rng.random(n[s]) for s in (STREAM_R, STREAM_S)]
+        if self.hot_share > 0:  # drawn only then, so every other workload stays as it was
+            for s in (STREAM_R, STREAM_S):
+                key[s][rng.random(n[s]) < self.hot_share] = self.hot_key
         arr = np.concatenate(arrival)
         ts = arr - rng.random(len(arr)) * self.disorder if self.disorder > 0 else arr
         stream = np.repeat(np.array([STREAM_R, STREAM_S], np.int8), n)

@@ -38,6 +38,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "tuple_bytes": (64, f"bytes per tuple on the wire and in the window (at least {BASE_TUPLE_BYTES}; paper 64)"),
         "disorder": (0.0, "event times are shifted back by up to this many seconds (out-of-order input)"),
         "shift": (0.0, "every this many seconds the hot keys change (0 = never): skew that moves"),
+        "hot_share": (0.0, "this share of both streams carries one single key (a heavy hitter), on top of the b-model"),
     },
     "join": {
         "window": (1.0, "join r and s iff r.key == s.key and |r.ts - s.ts| <= window (seconds)"),
@@ -73,6 +74,13 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "initial_slaves": (0, "slaves active at start (0 = all)"),
         "seed": (1, "seed of the random group choice"),
     },
+    "hotkeys": {
+        "enabled": (False, "give keys above `threshold` of the input a grid of sub-groups on several slaves (equi-join)"),
+        "threshold": (0.1, "share of the input over a reorganization epoch that makes a key hot"),
+        "grid": (4, "most sub-groups per hot key (its S tuples are spread over them, its R tuples copied to all)"),
+        "max_keys": (4, "most hot keys at once"),
+        "sketch": (64, "counters of the frequent-items summary at the master (keys above 1/sketch of the input are seen)"),
+    },
     "checkpoint": {
         "interval": (0, "distribution epochs between two checkpoints of the whole cluster (0 = none)"),
         "path": ("", "checkpoint folder (default: `checkpoints/` in output.path)"),
@@ -100,7 +108,7 @@ _POSITIVE = {
     ("tuning", "block_size"), ("tuning", "theta_max"), ("tuning", "max_depth"),
     ("master", "buffer_capacity"), ("output", "flush_rows"), ("source", "batch"),
     ("balance", "buffer_capacity"), ("balance", "gamma"), ("checkpoint", "keep"),
-    ("cluster", "dispatchers"),
+    ("cluster", "dispatchers"), ("hotkeys", "grid"), ("hotkeys", "max_keys"), ("hotkeys", "sketch"),
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),
@@ -177,6 +185,8 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     for s, k in _NON_NEGATIVE:
         if cfg[s][k] < 0:
             raise ConfigError(f"{s}.{k}: must be >= 0, got {cfg[s][k]!r}")
+    if not 0.0 <= cfg["generator"]["hot_share"] < 1.0:
+        raise ConfigError(f"generator.hot_share: must be in [0, 1), got {cfg['generator']['hot_share']!r}")
     if not 0.0 < cfg["generator"]["skew"] < 1.0:
         raise ConfigError(f"generator.skew: must be strictly between 0 and 1, got {cfg['generator']['skew']!r}")
     if cfg["generator"]["tuple_bytes"] < BASE_TUPLE_BYTES:
@@ -192,11 +202,17 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
     if cfg["cluster"]["dispatchers"] > 1:
-        for key, off in (("checkpoint.interval", 0), ("balance.enabled", False)):
+        for key, off in (("checkpoint.interval", 0), ("balance.enabled", False), ("hotkeys.enabled", False)):
             section, name = key.split(".")
             if cfg[section][name] != off:
                 raise ConfigError(f"{key}: not supported with several dispatchers yet (cluster.dispatchers = "
                                   f"{cfg['cluster']['dispatchers']}); set {key} = {str(off).lower()}")
+    if cfg["hotkeys"]["enabled"] and cfg["join"]["predicate"] != "equal":
+        raise ConfigError("hotkeys.enabled: only for join.predicate = \"equal\" (key ranges keep a hot key whole)")
+    if not 0.0 < cfg["hotkeys"]["threshold"] <= 1.0:
+        raise ConfigError(f"hotkeys.threshold: must be in (0, 1], got {cfg['hotkeys']['threshold']!r}")
+    if cfg["hotkeys"]["grid"] < 2:
+        raise ConfigError(f"hotkeys.grid: must be at least 2, got {cfg['hotkeys']['grid']!r}")
     if slaves is not None:
         slaves -= cfg["cluster"]["dispatchers"] - 1  # the ranks after the dispatchers
         if slaves < 1:

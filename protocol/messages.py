@@ -28,6 +28,7 @@ class Kind(enum.IntEnum):
     STOP = 2   #: no more input: flush and send the final report
     MOVE = 3   #: hand partition-group `partition` over to slave `peer` (paper 003, IV-C)
     CHECKPOINT = 4  #: write every partition-group's state into checkpoint `partition` (protocol.checkpoint)
+    SPLIT = 5  #: split a hot key out of group `partition` into its grid; the table row is (key, first group, size)
 
 
 class Ack(enum.IntEnum):
@@ -36,6 +37,7 @@ class Ack(enum.IntEnum):
     MOVED = 1      #: supplier: the group's state left for the consumer
     INSTALLED = 2  #: consumer: the group's state is installed
     CHECKPOINTED = 3  #: the slave's part of a checkpoint is written and its results are flushed
+    SPLIT = 4      #: a hot key's tuples are in its grid of sub-groups
 
 
 HEADER = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("watermark", "<f8"), ("n_r", "<i8"), ("n_s", "<i8"),

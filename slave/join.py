@@ -21,7 +21,7 @@ import numpy as np
 
 from protocol.arrays import group_pairs
 from protocol.predicates import key_distance
-from protocol.tuples import directory_hash, partition_of
+from protocol.tuples import directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import range_join, window_join
 
@@ -52,6 +52,25 @@ class JoinModule:
         if partition in self.groups:
             raise ValueError(f"partition-group {partition} is already installed here")
         self.groups[partition] = pg
+
+    def split_hot_key(self, partition: int, key: int, first: int, size: int) -> int:
+        """Move `key`'s stored tuples out of `partition` into sub-groups first..first+size-1 (master/hotkeys.py):
+        each S tuple into the one its id hashes to, each R tuple into all.  Returns the tuples moved."""
+        subs = [self.group(first + j) for j in range(size)]
+        pg = self.groups.get(partition)
+        if pg is None:
+            return 0
+        home = [sub.buckets[int(sub.directory.bucket_of(directory_hash(np.array([key])))[0])] for sub in subs]
+        moved = 0
+        for win_r, win_s in pg.buckets.values():
+            r = win_r.take(win_r.rows["key"] == key)
+            s = win_s.take(win_s.rows["key"] == key)
+            which = (mix64(s["id"]) % np.uint64(size)).astype(np.int64)
+            for j, (sub_r, sub_s) in enumerate(home):
+                sub_r.append(r)
+                sub_s.append(s[which == j])
+            moved += len(r) + len(s)
+        return moved
 
     def new_group(self) -> PartitionGroup:
         return PartitionGroup(*self._group_args)

@@ -164,6 +164,11 @@ class Slave:
                 self.on_move(head)
             elif head["kind"] == Kind.CHECKPOINT:
                 self.on_checkpoint(head)
+            elif head["kind"] == Kind.SPLIT:
+                key, first, size = batch_groups(buf, head)[0].tolist()
+                moved = self.module.split_hot_key(int(head["partition"]), key, first, size)
+                self.report({"epoch": float(head["epoch"]), "ack": Ack.SPLIT, "partition": int(head["partition"]),
+                             "moved_tuples": moved})
             else:  # STOP: every move has been acknowledged before the master stops
                 self.stops += 1
                 if self.stops < len(self.watermarks):  # other dispatchers still send

@@ -1,0 +1,105 @@
+"""Hot keys of the equi-join: the frequent-items sketch, the grid routing, the split on the slave, and the
+cluster with a key holding 30% of both streams -- exact against the reference join, its grid spread out."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from master.hotkeys import FrequentKeys, HotKeyRouter
+from master.source import GeneratorSource
+from protocol.config import ConfigError, load_config
+from protocol.tuples import partition_of, tuple_dtype
+from slave.join import JoinModule
+from tests.test_cluster import SMALL, check_exact
+
+HOT = dict(SMALL, **{"generator.hot_share": 0.3, "generator.keys": 65536, "hotkeys.enabled": True,
+                     "epochs.reorganization": 0.5, "balance.enabled": False, "join.window": 0.3})
+
+
+def test_sketch_finds_every_key_above_its_bound_and_no_rare_one():
+    rng = np.random.default_rng(1)
+    sketch = FrequentKeys(16)
+    keys = np.concatenate([np.full(3000, 5), np.full(1500, 9), rng.integers(100, 10**6, 20000)])
+    for part in np.array_split(rng.permutation(keys), 37):
+        sketch.update(part)
+    heavy = dict(sketch.heavy(0.05))
+    assert set(heavy) == {5, 9}
+    n = len(keys)
+    assert 3000 / n - 1 / 16 <= heavy[5] <= 3000 / n and 1500 / n - 1 / 16 <= heavy[9] <= 1500 / n
+    assert len(sketch.keys) <= 16
+
+
+def test_router_stores_each_s_once_and_copies_r_to_the_whole_grid():
+    router = HotKeyRouter(8, 2, 4)
+    old, first = router.promote(42, 3)
+    rows = np.zeros(1000, tuple_dtype(40))
+    rows["id"] = np.arange(1000)
+    rows["key"] = np.where(np.arange(1000) % 2 == 0, 42, np.arange(1000))
+    s_part = router.route_s(rows)
+    assert set(s_part[rows["key"] == 42]) == {first, first + 1, first + 2}
+    assert np.all(s_part[rows["key"] != 42] < 8)
+    index, part = router.route_r(rows)
+    assert np.array_equal(np.bincount(index, minlength=1000), np.where(rows["key"] == 42, 3, 1))
+    assert set(part[rows["key"][index] == 42]) == {first, first + 1, first + 2}
+
+
+def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
+    dt = tuple_dtype(40)
+    m = JoinModule(dt, 4, 10.0, 8, 2, 64, 12)
+    rng = np.random.default_rng(2)
+
+    def rows(n, start):
+        x = np.zeros(n, dt)
+        x["id"] = start + np.arange(n)
+        x["key"] = np.where(rng.random(n) < 0.5, 7, rng.integers(0, 20, n))
+        x["ts"] = np.sort(rng.random(n))
+        return x
+    r1, s1, r2, s2 = rows(200, 0), rows(200, 0), rows(100, 1000), rows(100, 1000)
+    got_r, got_s = m.process(r1, s1, -np.inf)
+    p = int(partition_of(np.array([7]), 4)[0])
+    moved = m.split_hot_key(p, 7, 4, 3)
+    n_r, n_s = int((r1["key"] == 7).sum()), int((s1["key"] == 7).sum())
+    assert moved == n_r + n_s
+    assert sum(len(m.groups[4 + j]) for j in range(3)) == 3 * n_r + n_s  # R copied to all three, S spread
+    assert not (m.groups[p].buckets and any((w.rows["key"] == 7).any() for b in m.groups[p].buckets.values()
+                                            for w in b))
+    router = HotKeyRouter(4, 1, 3)
+    router.promote(7, 3)
+    index, part = router.route_r(r2)
+    s_part = router.route_s(s2)
+    cr, cs = r2[index], s2
+    order_r, order_s = np.argsort(part, kind="stable"), np.argsort(s_part, kind="stable")
+    parts = sorted(set(part) | set(s_part))
+    table = np.array([[q, (part == q).sum(), (s_part == q).sum()] for q in parts])
+    got2_r, got2_s = m.process(cr[order_r], cs[order_s], -np.inf, table)
+    all_r = np.concatenate([got_r["id"], got2_r["id"]])
+    all_s = np.concatenate([got_s["id"], got2_s["id"]])
+    pairs = np.sort(all_r * 2**32 + all_s)
+    R, S = np.concatenate([r1, r2]), np.concatenate([s1, s2])
+    ri, si = np.nonzero(R["key"][:, None] == S["key"][None, :])
+    assert np.array_equal(pairs, np.sort(R["id"][ri] * 2**32 + S["id"][si]))
+
+
+def test_generator_hot_share_is_a_single_key_of_both_streams():
+    cfg = load_config(None, ["generator.hot_share=0.3", "generator.duration=2", "generator.keys=65536"])
+    src = GeneratorSource(cfg["generator"])
+    c = src.next_chunk(10**6)
+    for stream in (0, 1):
+        share = np.mean(c.key[c.stream == stream] == src.hot_key)
+        assert 0.28 < share < 0.33
+
+
+@pytest.mark.parametrize("ranks,seed", [(4, 1), (5, 2)])
+def test_a_key_with_30_percent_of_the_input_gets_a_grid_and_the_result_stays_exact(tmp_path, ranks, seed):
+    settings = dict(HOT, **{"generator.seed": seed, "source.rate": 6000.0, "generator.duration": 4.0})
+    run, expected = check_exact(tmp_path, ranks, settings)
+    hot = run.summary["hot_keys"]
+    assert len(hot) == 1 and hot[0]["grid"] >= 2
+    moved = [m for m in run.summary["balance"]["moves"] if m["reason"] == "hot key"]
+    assert len(moved) == hot[0]["grid"] - 1  # every sub-group but the first went to another slave
+    assert len({m["to"] for m in moved} | {hot[0]["owner"]}) == hot[0]["grid"]
+
+
+def test_hot_keys_only_for_the_equi_join():
+    with pytest.raises(ConfigError, match="hotkeys.enabled: only for"):
+        load_config(None, ["hotkeys.enabled=true", "join.predicate=band"])
