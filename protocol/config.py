@@ -74,12 +74,21 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "flush_rows": (500000, "a slave writes a results file once it holds this many rows"),
         "progress": (1.0, "seconds between progress lines (0 = none)"),
     },
+    "aggregate": {
+        "enabled": (False, "slaves pre-aggregate their results into aggregates/ (phase one; merged by control.aggregate)"),
+        "group_by": ("key", '"key", "r_key" or "s_key" (all the same join key in this equi-join)'),
+        "value": ("r_value", '"r_value" or "s_value": the column whose count, sum, min, max (and avg) are kept'),
+        "window": (0.0, "tumbling window in seconds on the later tuple's ts, max(r_ts, s_ts); 0 = no window"),
+        "flush_interval": (5.0, "seconds between two partial-aggregate files of a slave"),
+    },
 }
 
 _CHOICES = {
     ("source", "kind"): ("generator", "file"),
     ("output", "format"): ("parquet", "csv"),
     ("balance", "choice"): ("random", "largest_fit"),
+    ("aggregate", "group_by"): ("key", "r_key", "s_key"),
+    ("aggregate", "value"): ("r_value", "s_value"),
 }
 _POSITIVE = {
     ("generator", "rate"), ("generator", "keys"), ("generator", "duration"),
@@ -87,12 +96,13 @@ _POSITIVE = {
     ("partitioning", "partitions"), ("partitioning", "subgroups"),
     ("tuning", "block_size"), ("tuning", "theta_max"), ("tuning", "max_depth"),
     ("master", "buffer_capacity"), ("output", "flush_rows"), ("source", "batch"),
-    ("balance", "buffer_capacity"), ("balance", "gamma"),
+    ("balance", "buffer_capacity"), ("balance", "gamma"), ("aggregate", "flush_interval"),
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),
     ("tuning", "theta_min"), ("generator", "disorder"), ("generator", "shift"), ("output", "progress"),
     ("balance", "supplier_threshold"), ("balance", "consumer_threshold"), ("balance", "initial_slaves"),
+    ("aggregate", "window"),
 }
 
 
