@@ -115,10 +115,13 @@ def run_stream(spark, source: Path, view: Path, checkpoint: Path, until_idle: fl
              .option("checkpointLocation", str(checkpoint)).trigger(processingTime=f"{trigger} seconds")
              .queryName(f"aggregate-{int(time.time() * 1000)}").start())
     try:
-        while not query.awaitTermination(0.5):
-            idle = time.monotonic() - writer.last
-            if until_idle > 0 and idle >= until_idle and not query.status["isTriggerActive"]:
+        while until_idle <= 0 and not query.awaitTermination(1.0):
+            pass
+        while until_idle > 0:
+            query.processAllAvailable()  # every file present now is merged and committed (or the query failed)
+            if time.monotonic() - writer.last >= until_idle:
                 break
+            time.sleep(min(trigger, until_idle))
     finally:
         query.stop()
     return writer
