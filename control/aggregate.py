@@ -54,19 +54,24 @@ def merge(df):
             .withColumn("avg", F.col("sum") / F.col("count")))
 
 
-def from_results(spark, results: Path, agg: dict):
-    """The view computed directly from result files (Parquet or CSV) with the `[aggregate]` grouping."""
-    from pyspark.sql import functions as F
-
+def result_files(results: Path) -> list[Path]:
+    """The result files (Parquet or CSV) of a finished run; a clear error when there are none."""
     files = sorted(p for p in results.glob("*") if p.suffix in (".parquet", ".csv")) if results.is_dir() else []
     if not files:
         raise ConfigError(f"no result files (*.parquet, *.csv) in {str(results)!r}: run the cluster first")
+    return files
+
+
+def from_results(spark, files: list[Path], agg: dict):
+    """The view computed directly from result files with the `[aggregate]` grouping."""
+    from pyspark.sql import functions as F
+
     if any(p.suffix == ".csv" for p in files):
         schema = spark_schema(pa.schema([(c, pa.int64() if c.endswith(("_id", "_key")) else pa.float64())
                                          for c in RESULT_COLUMNS]))
         df = spark.read.csv([str(p) for p in files if p.suffix == ".csv"], header=True, schema=schema)
     else:
-        df = spark.read.parquet(str(results))
+        df = spark.read.parquet(*(str(p) for p in files))
     later = F.greatest("r_ts", "s_ts")
     w = float(agg["window"])
     start = (F.floor(later / w) * w).cast("double") if w > 0 else F.lit(0.0)
@@ -145,20 +150,16 @@ def main(argv: list[str], spark=None) -> int:
         cfg = config(a)
         if a.max_files_per_trigger < 1 or a.trigger <= 0 or a.until_idle < 0:
             raise ConfigError("--max-files-per-trigger must be >= 1, --trigger > 0 and --until-idle >= 0")
+        out = Path(a.out or cfg["output"]["path"])
+        files = result_files(out / "results") if a.batch else []
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(a.out or cfg["output"]["path"])
     view = Path(a.view or out / ("view-batch" if a.batch else "view"))
     spark = spark or session(a.spark_master, "streamjoin-aggregate")
     started = time.monotonic()
     if a.batch:
-        try:
-            df = from_results(spark, out / "results", cfg["aggregate"])
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        ViewWriter(view)(df, 0)
+        ViewWriter(view)(from_results(spark, files, cfg["aggregate"]), 0)
     else:
         checkpoint = Path(a.checkpoint_location or out / "aggregate-checkpoint")
         print(f"merging partial aggregates from {out / 'aggregates'} into {view} (checkpoint {checkpoint}); "

@@ -160,3 +160,26 @@ def test_replay_inputs_are_checked(tmp_path):
     out = tmp_path / "out"
     assert inside_engine_output(out / "results" / "x.parquet", out) == "results"
     assert inside_engine_output(tmp_path / "a.parquet", out) is None
+
+
+@pytest.mark.parametrize("module,args,needle", [
+    ("aggregate", ["--batch"], "no result files"),
+    ("aggregate", ["--trigger", "0"], "--trigger"),
+    ("aggregate", ["--set", "aggregate.window=-2"], "aggregate.window"),
+    ("replay", ["{tmp}/missing.parquet"], "does not exist"),
+    ("replay", ["{tmp}/in.parquet", "--speed", "fast"], "--speed"),
+    ("replay", ["{tmp}/in.parquet", "--from", "5", "--to", "2"], "--from"),
+    ("replay", ["{tmp}/out/results"], "which the replayed run removes"),
+])
+def test_control_jobs_refuse_user_mistakes_before_starting_spark(tmp_path, capsys, module, args, needle):
+    from control import aggregate, replay
+
+    (tmp_path / "in.parquet").write_bytes(b"")
+    (tmp_path / "out" / "results").mkdir(parents=True)
+    (tmp_path / "out" / "results" / "slave-001-000000.parquet").write_bytes(b"")
+    main = {"aggregate": aggregate.main, "replay": replay.main}[module]
+    argv = [a.format(tmp=tmp_path) for a in args] + ["--set", f"output.path={tmp_path / 'out'}"]
+    if module == "aggregate" and args[0] == "--batch":
+        argv += ["--out", str(tmp_path / "empty")]
+    assert main(argv, spark=object()) == 2  # a session that any use would break: none is used
+    assert needle in capsys.readouterr().err

@@ -76,7 +76,7 @@ def test_streaming_and_batch_views_equal_the_reference_aggregation(tmp_path, spa
     assert_view(aggregate.read_view(tmp_path / "view"), want)
 
     agg = {"group_by": group_by, "value": value, "window": window}
-    aggregate.ViewWriter(tmp_path / "batch", quiet=True)(aggregate.from_results(spark, run.out / "results", agg), 0)
+    aggregate.ViewWriter(tmp_path / "batch", quiet=True)(aggregate.from_results(spark, aggregate.result_files(run.out / "results"), agg), 0)
     assert_view(aggregate.read_view(tmp_path / "batch"), want)
 
 
