@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import shutil
 import sys
 import time
@@ -91,7 +92,7 @@ def read_inputs(spark, files: list[tuple[Path, str]]):
         if missing:
             raise ReplayError(f"input file {str(path)!r} lacks column(s) {', '.join(missing)}; "
                               f"columns found: {', '.join(df.columns) or '(none)'}")
-        cols = [F.col(c) if c in df.columns else F.lit(None) for c in COLUMNS]
+        cols = [F.col(c) if c in df.columns else F.lit(None).cast("double") for c in COLUMNS]  # value is optional
         cols = [c.cast("string") if as_text else c for c in cols]
         frames.append(df.select(*(c.alias(n) for c, n in zip(cols, COLUMNS)))
                       .withColumn("_ts", F.col("ts").try_cast("double")))
@@ -113,7 +114,7 @@ def select(spark, files: list[tuple[Path, str]], start: float, end: float, dest:
         raise ReplayError(f"no tuples with {start:g} <= ts < {end:g} in {len(files)} input file(s) "
                           f"({stats['rows']:,} rows)")
     staging = dest.parent / f"_{dest.stem}.spark"
-    (chosen.repartition(1).sortWithinPartitions("_ts", "stream", "id").drop("_ts")
+    (chosen.repartition(1).sortWithinPartitions("_ts", "stream", F.col("id").try_cast("long"), "id").drop("_ts")
      .write.mode("overwrite").parquet(str(staging)))
     part, = staging.glob("part-*.parquet")
     part.replace(dest)
@@ -174,7 +175,7 @@ def main(argv: list[str], spark=None) -> int:
     args = ["-n", str(a.ranks), *(["--hostfile", a.hostfile] if a.hostfile else []), "--",
             *(["--config", a.config] if a.config else []), *(x for s in sets for x in ("--set", s))]
     if a.prepare_only:
-        print("python -m deploy.launch " + " ".join(args), flush=True)
+        print(shlex.join([sys.executable, "-m", "deploy.launch", *args]), flush=True)
         return 0
     return launch(args)
 
