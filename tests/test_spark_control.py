@@ -58,9 +58,11 @@ def reference_view(settings: dict, group_by: str, value: str, window: float) -> 
     return numpy_view(key, ts, d.value[rows[value[0]]], window)
 
 
-@pytest.mark.parametrize("group_by,value,window", [("key", "r_value", 0.0), ("s_key", "s_value", 0.5)])
-def test_streaming_and_batch_views_equal_the_reference_aggregation(tmp_path, spark, group_by, value, window):
-    settings = dict(SMALL, **{"generator.seed": 31, "source.rate": 12000.0, "aggregate.enabled": True,
+@pytest.mark.parametrize("group_by,value,window,fmt", [("key", "r_value", 0.0, "parquet"),
+                                                      ("s_key", "s_value", 0.5, "csv")])
+def test_streaming_and_batch_views_equal_the_reference_aggregation(tmp_path, spark, group_by, value, window, fmt):
+    settings = dict(SMALL, **{"generator.seed": 31, "source.rate": 12000.0, "output.format": fmt,
+                              "aggregate.enabled": True,
                               "aggregate.group_by": group_by, "aggregate.value": value, "aggregate.window": window,
                               "aggregate.flush_interval": 0.3})
     run = run_cluster(tmp_path, 3, settings)
@@ -76,7 +78,8 @@ def test_streaming_and_batch_views_equal_the_reference_aggregation(tmp_path, spa
     assert_view(aggregate.read_view(tmp_path / "view"), want)
 
     agg = {"group_by": group_by, "value": value, "window": window}
-    aggregate.ViewWriter(tmp_path / "batch", quiet=True)(aggregate.from_results(spark, aggregate.result_files(run.out / "results"), agg), 0)
+    batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), agg)  # CSV or Parquet
+    aggregate.ViewWriter(tmp_path / "batch", quiet=True)(batch, 0)
     assert_view(aggregate.read_view(tmp_path / "batch"), want)
 
 
