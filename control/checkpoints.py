@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from control.spark import session
 from protocol import checkpoint
 from protocol.config import ConfigError, load_config
 from protocol.tuples import tuple_dtype
@@ -61,16 +62,6 @@ def scan(spark, directory: Path, manifest: dict) -> list[str]:
     return problems
 
 
-def spark_session(master: str):
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master(master).appName("streamjoin-checkpoints")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "4")
-             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def describe(directory: Path) -> dict:
     try:
         m = checkpoint.load_manifest(directory)
@@ -88,7 +79,7 @@ def main(argv: list[str]) -> int:
     where.add_argument("--path", help="checkpoint folder (checkpoint.path)")
     where.add_argument("--config", help="the run's TOML config: its checkpoint folder")
     p.add_argument("--keep", type=int, default=1, help="compact: complete checkpoints to keep (default 1)")
-    p.add_argument("--spark-master", default="local[*]", help="Spark master URL (default local[*])")
+    p.add_argument("--spark-master", help="Spark master URL (default local[*], or spark-submit's --master)")
     a = p.parse_args(argv)
     try:
         root = Path(a.path) if a.path else checkpoint.root_of(load_config(a.config))
@@ -107,7 +98,7 @@ def main(argv: list[str]) -> int:
         removed = checkpoint.prune(root, max(a.keep, 1))
         print(f"removed {len(removed)} superseded checkpoints: {', '.join(d.name for d in removed) or 'none'}")
         return 0
-    spark = spark_session(a.spark_master)
+    spark = session(a.spark_master, app="streamjoin-checkpoints")
     bad = 0
     for d in folders:
         try:

@@ -93,6 +93,13 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "flush_rows": (500000, "a slave writes a results file once it holds this many rows"),
         "progress": (1.0, "seconds between progress lines (0 = none)"),
     },
+    "aggregate": {
+        "enabled": (False, "slaves pre-aggregate their results into aggregates/ (phase one; merged by control.aggregate)"),
+        "group_by": ("key", '"key", "r_key" or "s_key" (all the same join key in this equi-join)'),
+        "value": ("r_value", '"r_value" or "s_value": the column whose count, sum, min, max (and avg) are kept'),
+        "window": (0.0, "tumbling window in seconds on the later tuple's ts, max(r_ts, s_ts); 0 = no window"),
+        "flush_interval": (5.0, "seconds between two partial-aggregate files of a slave"),
+    },
 }
 
 _CHOICES = {
@@ -100,6 +107,8 @@ _CHOICES = {
     ("output", "format"): ("parquet", "csv"),
     ("balance", "choice"): ("random", "largest_fit"),
     ("join", "predicate"): ("equal", "band", "less"),
+    ("aggregate", "group_by"): ("key", "r_key", "s_key"),
+    ("aggregate", "value"): ("r_value", "s_value"),
 }
 _POSITIVE = {
     ("generator", "rate"), ("generator", "keys"), ("generator", "duration"),
@@ -109,12 +118,14 @@ _POSITIVE = {
     ("master", "buffer_capacity"), ("output", "flush_rows"), ("source", "batch"),
     ("balance", "buffer_capacity"), ("balance", "gamma"), ("checkpoint", "keep"),
     ("cluster", "dispatchers"), ("hotkeys", "grid"), ("hotkeys", "max_keys"), ("hotkeys", "sketch"),
+    ("balance", "buffer_capacity"), ("balance", "gamma"), ("aggregate", "flush_interval"),
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),
     ("tuning", "theta_min"), ("generator", "disorder"), ("generator", "shift"), ("output", "progress"),
     ("balance", "supplier_threshold"), ("balance", "consumer_threshold"), ("balance", "initial_slaves"),
     ("checkpoint", "interval"), ("join", "band"),
+    ("aggregate", "window"),
 }
 
 

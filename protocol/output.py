@@ -1,4 +1,5 @@
-"""The output layout both roles write into: `results/`, `late/`, `rejected/`, `archive/`, `summary.json`.
+"""The output layout both roles write into: `results/`, `late/`, `rejected/`, `archive/`, `aggregates/`,
+`summary.json`.
 
 Files are written whole through pyarrow (Parquet or CSV); a file is first
 written under a temporary name and then renamed, so a reader never sees half a
@@ -16,8 +17,12 @@ import pyarrow.parquet as pq
 
 RESULT_COLUMNS = ("r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value", "delay")
 
+#: A partial aggregate (phase one, written by slaves into `aggregates/`, merged by control.aggregate):
+#: per join key and tumbling window (window_start = 0.0 when aggregate.window = 0), count, sum, min, max.
+PARTIAL_SCHEMA = pa.schema([("key", pa.int64()), ("window_start", pa.float64()), ("count", pa.int64()),
+                            ("sum", pa.float64()), ("min", pa.float64()), ("max", pa.float64())])
 
-OUTPUT_PARTS = ("results", "late", "rejected", "archive", "summary.json")
+OUTPUT_PARTS = ("results", "late", "rejected", "archive", "aggregates", "summary.json")
 
 
 def reset_output(path: str | Path) -> None:

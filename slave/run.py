@@ -24,6 +24,7 @@ from protocol.messages import TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_
 from protocol.mpi import recv_bytes, wait_probe
 from protocol.output import write_table
 from protocol.tuples import tuple_dtype
+from slave.aggregate import PartialAggregator
 from slave.join import JoinModule
 from slave.state import decode_group, encode_group
 
@@ -68,6 +69,8 @@ class Slave:
                                  join["predicate"], join["band"])
         out = cfg["output"]
         self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"])
+        agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
+        self.aggregator = PartialAggregator(f"{out['path']}/aggregates", comm.rank, agg) if agg["enabled"] else None
         self.process = psutil.Process()
         self.splits = self.merges = 0
         self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: group states on their way to consumers
@@ -99,6 +102,8 @@ class Slave:
         r, s = self.module.process(fresh_r, fresh_s, float(self.watermarks.min()), groups)
         delay = time.time() - np.maximum(r["arrival"], s["arrival"])
         files = self.writer.add(r, s, delay)
+        if self.aggregator:
+            self.aggregator.add(r, s)
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": len(r), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, delays.histogram(delay))
@@ -176,6 +181,8 @@ class Slave:
                     self.report({"epoch": float(head["epoch"]), "ack": Ack.BATCH})
                     continue
                 MPI.Request.Waitall([req for req, _ in self.outgoing])
+                if self.aggregator:
+                    self.aggregator.flush()
                 self.report({"epoch": float(head["epoch"]), "files": self.writer.flush(), "ack": Ack.BATCH})
                 return 0
 

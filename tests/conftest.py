@@ -1,4 +1,4 @@
-"""Fixtures shared by test modules: one embedded Spark session for the whole test run (it costs ~10 s to start)."""
+"""Shared fixtures: one real Spark session (local[*]) for every test that needs Spark (it takes ~10 s to start)."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark():
-    from control.checkpoints import spark_session
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
+    from control.spark import session
+
+    s = session(app="streamjoin-tests")
+    yield s
+    s.stop()

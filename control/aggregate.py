@@ -1,0 +1,181 @@
+"""`python -m control.aggregate [--config F] [--set K=V] [--until-idle N] [--batch]`: phase two of the
+two-phase aggregation (BiStream, paper 001 section 3.4.2), the merger.
+
+Streaming (default): a Spark Structured Streaming job reads the slaves' partial files in
+`<output.path>/aggregates/` as a file stream, merges them per (key, window_start) into the global view
+(count, sum, min, max, avg) and writes every new snapshot of the view as `<view>/view-BBBBBBBBBB.parquet`
+(B = Spark's batch id), atomically.  Exactly once across restarts: Spark logs which files make up batch B
+before running it and keeps the merged state per batch under `--checkpoint-location`; a batch that was cut
+short is re-run after a restart with the same files on the state of batch B-1, and its snapshot is written
+under the same name, so it replaces rather than adds.  Slaves write partial files whole (temporary dot-name,
+then rename), and Spark's file source ignores names starting with `.` or `_`.
+
+Batch (`--batch`): the same view straight from a finished run's full result files (`results/`), with the
+grouping of the config's `[aggregate]` section; for comparison, and for runs made without partials.
+Also runnable as `spark-submit control/aggregate.py ...`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (spark-submit control/aggregate.py): make the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from protocol.config import ConfigError
+from protocol.output import PARTIAL_SCHEMA, RESULT_COLUMNS, write_table
+
+GROUP = ["key", "window_start"]
+#: snapshots of the view kept besides the newest, so a reader that just listed the folder can still open its file
+KEEP = 2
+
+
+def spark_schema(schema: pa.Schema):
+    """The Spark schema of an Arrow schema of int64 / float64 / string columns."""
+    from pyspark.sql import types as T
+
+    kinds = {pa.int64(): T.LongType(), pa.float64(): T.DoubleType(), pa.string(): T.StringType()}
+    return T.StructType([T.StructField(f.name, kinds[f.type]) for f in schema])
+
+
+def merge(df):
+    """Partials -> view: counts and sums add up, min of mins, max of maxes, avg = sum / count."""
+    from pyspark.sql import functions as F
+
+    return (df.groupBy(*GROUP)
+            .agg(F.sum("count").alias("count"), F.sum("sum").alias("sum"), F.min("min").alias("min"),
+                 F.max("max").alias("max"))
+            .withColumn("avg", F.col("sum") / F.col("count")))
+
+
+def result_files(results: Path) -> list[Path]:
+    """The result files (Parquet or CSV) of a finished run; a clear error when there are none."""
+    files = sorted(p for p in results.glob("*") if p.suffix in (".parquet", ".csv")) if results.is_dir() else []
+    if not files:
+        raise ConfigError(f"no result files (*.parquet, *.csv) in {str(results)!r}: run the cluster first")
+    return files
+
+
+def from_results(spark, files: list[Path], agg: dict):
+    """The view computed directly from result files with the `[aggregate]` grouping."""
+    from pyspark.sql import functions as F
+
+    if any(p.suffix == ".csv" for p in files):
+        schema = spark_schema(pa.schema([(c, pa.int64() if c.endswith(("_id", "_key")) else pa.float64())
+                                         for c in RESULT_COLUMNS]))
+        df = spark.read.csv([str(p) for p in files if p.suffix == ".csv"], header=True, schema=schema)
+    else:
+        df = spark.read.parquet(*(str(p) for p in files))
+    later = F.greatest("r_ts", "s_ts")
+    w = float(agg["window"])
+    start = (F.floor(later / w) * w).cast("double") if w > 0 else F.lit(0.0)
+    key = "s_key" if agg["group_by"] == "s_key" else "r_key"
+    rows = df.select(F.col(key).cast("long").alias("key"), start.alias("window_start"), F.col(agg["value"]).alias("v"))
+    partial = rows.groupBy(*GROUP).agg(F.count("v").alias("count"), F.sum("v").alias("sum"),
+                                       F.min("v").alias("min"), F.max("v").alias("max"))
+    return merge(partial)
+
+
+class ViewWriter:
+    """foreachBatch sink: the batch's whole view (complete mode) as one file named after the batch id."""
+
+    def __init__(self, directory: Path, quiet: bool = False):
+        self.directory, self.quiet = directory, quiet
+        self.batches = 0
+        self.last = time.monotonic()  #: when the last batch ended (for --until-idle)
+
+    def __call__(self, df, batch_id: int) -> None:
+        t = df.toArrow()
+        t = t.sort_by([(c, "ascending") for c in GROUP]) if t.num_rows else t
+        write_table(self.directory, f"view-{batch_id:010d}", t, "parquet")
+        for old in sorted(self.directory.glob("view-*.parquet"))[:-(KEEP + 1)]:
+            old.unlink(missing_ok=True)
+        self.batches += 1
+        self.last = time.monotonic()
+        if not self.quiet:
+            results = pc.sum(t["count"]).as_py() if t.num_rows else 0
+            print(f"[view] batch {batch_id}: {t.num_rows:,} groups, {results or 0:,} results", flush=True)
+
+
+def read_view(directory: str | Path) -> pa.Table | None:
+    """The newest snapshot of a view folder (None if there is none yet)."""
+    snaps = sorted(Path(directory).glob("view-*.parquet"))
+    return pq.read_table(snaps[-1]) if snaps else None
+
+
+def run_stream(spark, source: Path, view: Path, checkpoint: Path, until_idle: float = 0.0,
+               max_files: int = 64, trigger: float = 1.0, quiet: bool = False) -> ViewWriter:
+    """Merge partial files as they appear; returns after `until_idle` seconds without a batch (0 = never)."""
+    source.mkdir(parents=True, exist_ok=True)  # the file source wants the folder; slaves may start later
+    writer = ViewWriter(view, quiet)
+    stream = (spark.readStream.schema(spark_schema(PARTIAL_SCHEMA)).option("maxFilesPerTrigger", max_files)
+              .parquet(str(source)))
+    query = (merge(stream).writeStream.outputMode("complete").foreachBatch(writer)
+             .option("checkpointLocation", str(checkpoint)).trigger(processingTime=f"{trigger} seconds")
+             .queryName(f"aggregate-{int(time.time() * 1000)}").start())
+    try:
+        while until_idle <= 0 and not query.awaitTermination(1.0):
+            pass
+        while until_idle > 0:
+            query.processAllAvailable()  # every file present now is merged and committed (or the query failed)
+            if time.monotonic() - writer.last >= until_idle:
+                break
+            time.sleep(min(trigger, until_idle))
+    finally:
+        query.stop()
+    return writer
+
+
+def main(argv: list[str], spark=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m control.aggregate", description=__doc__.split("\n")[0])
+    from control.spark import add_arguments, config, session
+
+    add_arguments(p)
+    p.add_argument("--out", help="the cluster's output folder (default: output.path of the config)")
+    p.add_argument("--view", help="folder of the view's snapshots (default <out>/view, <out>/view-batch with --batch)")
+    p.add_argument("--checkpoint-location", help="Spark checkpoint of this job (default <out>/aggregate-checkpoint)")
+    p.add_argument("--batch", action="store_true", help="aggregate <out>/results/ once instead of streaming")
+    p.add_argument("--until-idle", type=float, default=0.0, metavar="N",
+                   help="stop after N seconds without new partial files (default 0: run until Ctrl-C)")
+    p.add_argument("--max-files-per-trigger", type=int, default=64, help="partial files per micro-batch (default 64)")
+    p.add_argument("--trigger", type=float, default=1.0, help="seconds between micro-batches (default 1)")
+    a = p.parse_args(argv)
+    try:
+        cfg = config(a)
+        if a.max_files_per_trigger < 1 or a.trigger <= 0 or a.until_idle < 0:
+            raise ConfigError("--max-files-per-trigger must be >= 1, --trigger > 0 and --until-idle >= 0")
+        out = Path(a.out or cfg["output"]["path"])
+        files = result_files(out / "results") if a.batch else []
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    view = Path(a.view or out / ("view-batch" if a.batch else "view"))
+    spark = spark or session(a.spark_master, "streamjoin-aggregate")
+    started = time.monotonic()
+    if a.batch:
+        ViewWriter(view)(from_results(spark, files, cfg["aggregate"]), 0)
+    else:
+        checkpoint = Path(a.checkpoint_location or out / "aggregate-checkpoint")
+        print(f"merging partial aggregates from {out / 'aggregates'} into {view} (checkpoint {checkpoint}); "
+              + (f"stops after {a.until_idle:g}s without new files" if a.until_idle else "Ctrl-C stops"), flush=True)
+        try:
+            run_stream(spark, out / "aggregates", view, checkpoint, a.until_idle, a.max_files_per_trigger, a.trigger)
+        except KeyboardInterrupt:
+            print("interrupted: stopped; a restart with the same checkpoint goes on where this left off", flush=True)
+    t = read_view(view)
+    if t is None:
+        print(f"done in {time.monotonic() - started:.1f}s: no view yet (no partial files)", flush=True)
+    else:
+        print(f"done in {time.monotonic() - started:.1f}s: view of {t.num_rows:,} groups, "
+              f"{pc.sum(t['count']).as_py() or 0:,} results, in {view}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

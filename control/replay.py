@@ -1,0 +1,184 @@
+"""`python -m control.replay INPUT... [--from T] [--to T] [--speed max|realtime|N] [-n RANKS] [-- master args]`:
+replay archived or user-provided streams into the cluster.
+
+Spark reads the inputs (Parquet or CSV with the file source's columns stream, id, ts, key[, value]; a
+folder stands for the files in it, so the cluster's input archive `<out>/archive/` works as it is),
+keeps the tuples with `from <= ts < to`, orders them by ts (ties by stream, then id) and writes them as
+one Parquet file, `<output.path>/replay/selection.parquet`.  The cluster then runs with the file source on
+that file, paced at `source.rate` = tuples / (time span / speed): `max` = unpaced, `realtime` = speed 1,
+`N` = N times real time.  Pacing is uniform at the selection's mean rate; bursts inside it are smoothed.
+Also runnable as `spark-submit control/replay.py ...` (with `--prepare-only` where mpirun is elsewhere).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (spark-submit control/replay.py): make the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from protocol.config import ConfigError
+from protocol.output import OUTPUT_PARTS
+
+COLUMNS = ("stream", "id", "ts", "key", "value")
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+
+
+class ReplayError(Exception):
+    """A user mistake in the replay's input or options; the message names it."""
+
+
+def parse_speed(text: str) -> float:
+    """'max' -> inf, 'realtime' -> 1, 'N' -> N (> 0)."""
+    if text == "max":
+        return math.inf
+    if text == "realtime":
+        return 1.0
+    try:
+        speed = float(text)
+    except ValueError:
+        speed = -1.0
+    if not (speed > 0 and math.isfinite(speed)):
+        raise ReplayError(f"--speed: expected max, realtime or a number > 0, got {text!r}")
+    return speed
+
+
+def pace(tuples: int, span: float, speed: float) -> float:
+    """source.rate (tuples/s) that plays `span` seconds of event time at `speed` x real time; 0 = unpaced."""
+    if math.isinf(speed) or span <= 0:
+        return 0.0
+    return tuples * speed / span
+
+
+def input_files(inputs: list[str]) -> list[tuple[Path, str]]:
+    """(file, format) of every input; a folder contributes its Parquet/CSV files (not hidden ones)."""
+    files = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            inside = sorted(f for f in p.iterdir() if f.suffix.lower() in FORMATS and not f.name.startswith((".", "_")))
+            if not inside:
+                raise ReplayError(f"input folder {item!r} holds no Parquet or CSV files")
+            files += inside
+        elif p.is_file():
+            if p.suffix.lower() not in FORMATS:
+                raise ReplayError(f"input file {item!r} has extension {p.suffix or '(none)'!r}; "
+                                  f"accepted: {', '.join(FORMATS)}")
+            files.append(p)
+        else:
+            raise ReplayError(f"input {item!r} does not exist")
+    return [(f, FORMATS[f.suffix.lower()]) for f in files]
+
+
+def read_inputs(spark, files: list[tuple[Path, str]]):
+    """All inputs as one DataFrame of the file source's columns plus `_ts` (ts as a number, null if it is not).
+
+    With any CSV input every column but `_ts` stays text, so the cluster's file source validates the cells
+    as written and sets bad rows aside in rejected/ with the replay file's row number.
+    """
+    from pyspark.sql import functions as F
+
+    as_text = any(fmt == "csv" for _, fmt in files)
+    frames = []
+    for path, fmt in files:
+        df = spark.read.csv(str(path), header=True) if fmt == "csv" else spark.read.parquet(str(path))
+        missing = [c for c in COLUMNS[:4] if c not in df.columns]
+        if missing:
+            raise ReplayError(f"input file {str(path)!r} lacks column(s) {', '.join(missing)}; "
+                              f"columns found: {', '.join(df.columns) or '(none)'}")
+        cols = [F.col(c) if c in df.columns else F.lit(None).cast("double") for c in COLUMNS]  # value is optional
+        cols = [c.cast("string") if as_text else c for c in cols]
+        frames.append(df.select(*(c.alias(n) for c, n in zip(cols, COLUMNS)))
+                      .withColumn("_ts", F.col("ts").try_cast("double")))
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f)
+    return out
+
+
+def select(spark, files: list[tuple[Path, str]], start: float, end: float, dest: Path) -> dict:
+    """Write the tuples with start <= ts < end, ordered by ts, as the single Parquet file `dest`."""
+    from pyspark.sql import functions as F
+
+    df = read_inputs(spark, files)
+    stats = df.agg(F.count(F.lit(1)).alias("rows"), F.count("_ts").alias("numeric")).first()
+    chosen = df.where((F.col("_ts") >= start) & (F.col("_ts") < end))
+    span = chosen.agg(F.count(F.lit(1)).alias("n"), F.min("_ts").alias("lo"), F.max("_ts").alias("hi")).first()
+    if span["n"] == 0:
+        raise ReplayError(f"no tuples with {start:g} <= ts < {end:g} in {len(files)} input file(s) "
+                          f"({stats['rows']:,} rows)")
+    staging = dest.parent / f"_{dest.stem}.spark"
+    (chosen.repartition(1).sortWithinPartitions("_ts", "stream", F.col("id").try_cast("long"), "id").drop("_ts")
+     .write.mode("overwrite").parquet(str(staging)))
+    part, = staging.glob("part-*.parquet")
+    part.replace(dest)
+    shutil.rmtree(staging)
+    return {"rows": stats["rows"], "no_ts": stats["rows"] - stats["numeric"], "tuples": span["n"],
+            "first_ts": span["lo"], "last_ts": span["hi"]}
+
+
+def inside_engine_output(path: Path, out: Path) -> str | None:
+    """The part of `out` a new cluster run would remove that holds `path`, if any."""
+    for part in OUTPUT_PARTS:
+        if path.resolve().is_relative_to((out / part).resolve()):
+            return part
+    return None
+
+
+def main(argv: list[str], spark=None) -> int:
+    from control.spark import add_arguments, config, session
+
+    p = argparse.ArgumentParser(prog="python -m control.replay", description=__doc__.split("\n")[0])
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="Parquet/CSV file or folder of them (e.g. <out>/archive)")
+    p.add_argument("--from", dest="start", type=float, default=-math.inf, help="first ts to replay (inclusive)")
+    p.add_argument("--to", dest="end", type=float, default=math.inf, help="ts where the replay ends (exclusive)")
+    p.add_argument("--speed", default="max", help="max (as fast as possible), realtime, or N (x real time)")
+    p.add_argument("-n", "--ranks", type=int, default=17, help="ranks in all: 1 master + slaves (default 17)")
+    p.add_argument("--hostfile", help="Open MPI hostfile for several hosts (see hosts.example)")
+    p.add_argument("--prepare-only", action="store_true", help="write the selection and print the command only")
+    add_arguments(p)
+    a = p.parse_args(argv)
+    try:
+        speed = parse_speed(a.speed)
+        if not a.start < a.end:
+            raise ReplayError(f"--from ({a.start:g}) must be below --to ({a.end:g})")
+        cfg = config(a)
+        out = Path(cfg["output"]["path"])
+        files = input_files(a.inputs)
+        for f, _ in files:
+            if part := inside_engine_output(f, out):
+                raise ReplayError(f"input {str(f)!r} lies in {str(out / part)!r}, which the replayed run removes "
+                                  "when it starts: choose another output.path (--set output.path=...)")
+        dest = out / "replay" / "selection.parquet"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        spark = spark or session(a.spark_master, "streamjoin-replay")
+        sel = select(spark, files, a.start, a.end, dest)
+    except (ReplayError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    span = sel["last_ts"] - sel["first_ts"]
+    rate = pace(sel["tuples"], span, speed)
+    skipped = f"; {sel['no_ts']:,} rows left out: ts is not a number" if sel["no_ts"] else ""
+    print(f"replay: {sel['tuples']:,} of {sel['rows']:,} rows, ts {sel['first_ts']:g} .. {sel['last_ts']:g} "
+          f"({span:g}s) -> {dest} in {time.monotonic() - started:.1f}s; "
+          f"pace {'unpaced' if rate == 0 else f'{rate:,.0f} tuples/s'}{skipped}", flush=True)
+    from deploy.launch import main as launch
+
+    sets = [*a.set, "source.kind=\"file\"", f"source.path={json.dumps(str(dest))}", f"source.rate={rate!r}"]
+    args = ["-n", str(a.ranks), *(["--hostfile", a.hostfile] if a.hostfile else []), "--",
+            *(["--config", a.config] if a.config else []), *(x for s in sets for x in ("--set", s))]
+    if a.prepare_only:
+        print(shlex.join([sys.executable, "-m", "deploy.launch", *args]), flush=True)
+        return 0
+    return launch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

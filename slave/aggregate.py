@@ -1,0 +1,89 @@
+"""Phase one of the two-phase aggregation (BiStream, paper 001 section 3.4.2): each slave pre-aggregates
+its own join results into a partial view; `control.aggregate` (phase two, the merger) combines the views.
+
+A partial is a table of `protocol.output.PARTIAL_SCHEMA`: per join key and tumbling window of the later
+tuple's ts, the count, sum, min and max of the chosen value.  These four combine by sum/sum/min/max, so
+partials can be merged in any grouping and order (avg = sum / count is taken at the end).  Everything is
+a pyarrow group-by over whole columns; no Python loop per tuple.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from protocol.output import PARTIAL_SCHEMA, write_table
+
+_GROUP = ["key", "window_start"]
+
+
+def window_starts(ts: np.ndarray, window: float) -> np.ndarray:
+    """Start of the tumbling window holding each ts; all 0.0 when window = 0 (one window for all time)."""
+    if window > 0:
+        return np.floor(ts / window) * window
+    return np.zeros(len(ts))
+
+
+def partials(key: np.ndarray, ts: np.ndarray, value: np.ndarray, window: float) -> pa.Table:
+    """One partial row per (key, window) of the given results: ts is the later tuple's ts of each result."""
+    t = pa.table({"key": np.asarray(key, np.int64), "window_start": window_starts(np.asarray(ts, np.float64), window),
+                  "value": np.asarray(value, np.float64)})
+    g = t.group_by(_GROUP).aggregate([("value", "count"), ("value", "sum"), ("value", "min"), ("value", "max")])
+    return _shape(g, "value_")
+
+
+def combine(tables: list[pa.Table]) -> pa.Table:
+    """Merge partials into one partial with a row per (key, window): sums of counts and sums, min, max."""
+    t = pa.concat_tables([PARTIAL_SCHEMA.empty_table(), *tables])
+    g = t.group_by(_GROUP).aggregate([("count", "sum"), ("sum", "sum"), ("min", "min"), ("max", "max")])
+    return _shape(g, "", ("count_sum", "sum_sum", "min_min", "max_max"))
+
+
+def _shape(g: pa.Table, prefix: str, names: tuple[str, ...] | None = None) -> pa.Table:
+    names = names or tuple(prefix + f for f in ("count", "sum", "min", "max"))
+    cols = [g["key"], g["window_start"], *(g[n] for n in names)]
+    return pa.Table.from_arrays(cols, schema=PARTIAL_SCHEMA) if g.num_rows else PARTIAL_SCHEMA.empty_table()
+
+
+class PartialAggregator:
+    """A slave's running partial view since its last file: results go in per batch, a file goes out every
+    `flush_interval` seconds (and at stop) as `directory/slave-RRR-NNNNNN.parquet`, written atomically.
+
+    Each file holds only what came since the previous one, so the merger sums files and never sees a
+    result twice.  `directory` is a parameter so that files can be staged elsewhere and published later.
+    """
+
+    #: combine the per-batch partials once this many have piled up, so memory stays at about one view
+    COMBINE_EVERY = 32
+
+    def __init__(self, directory: str | Path, rank: int, agg: dict, clock: Callable[[], float] = time.monotonic):
+        self.directory, self.rank, self.clock = Path(directory), rank, clock
+        self.window, self.interval = float(agg["window"]), float(agg["flush_interval"])
+        self.key_side = "s" if agg["group_by"] == "s_key" else "r"
+        self.value_side = agg["value"][0]  # "r_value" -> "r"
+        self.files = 0
+        self._parts: list[pa.Table] = []
+        self._last = clock()
+
+    def add(self, r: np.ndarray, s: np.ndarray) -> int:
+        """Pre-aggregate one batch's results (row i of r joined with row i of s); returns files written (0/1)."""
+        if len(r):
+            side = {"r": r, "s": s}
+            self._parts.append(partials(side[self.key_side]["key"], np.maximum(r["ts"], s["ts"]),
+                                        side[self.value_side]["value"], self.window))
+            if len(self._parts) >= self.COMBINE_EVERY:
+                self._parts = [combine(self._parts)]
+        return self.flush() if self.clock() - self._last >= self.interval else 0
+
+    def flush(self) -> int:
+        """Write the partial view gathered since the last file; returns the number of files written (0 or 1)."""
+        self._last = self.clock()
+        if not self._parts:
+            return 0
+        write_table(self.directory, f"slave-{self.rank:03d}-{self.files:06d}", combine(self._parts), "parquet")
+        self._parts = []
+        self.files += 1
+        return 1
