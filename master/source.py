@@ -8,7 +8,8 @@ Two kinds (``source.kind``):
   seed, never on the chunk sizes the caller asks for;
 * ``file`` -- a CSV or Parquet file read with pyarrow and validated with
   vectorized pyarrow.compute; bad rows are set aside in ``rejected`` (the run
-  goes on), while a missing file or column stops the run with ``InputError``.
+  goes on), while a missing file or column stops the run with ``InputError``;
+* ``zmq`` -- live batches from producers over ZeroMQ (master/zmq_source.py).
 """
 from __future__ import annotations
 
@@ -42,13 +43,19 @@ class Source(Protocol):
     total: int | None          # accepted tuples, if known up front
 
     def next_chunk(self, limit: int) -> Chunk | None:
-        """At most `limit` tuples in arrival order; None when exhausted."""
+        """At most `limit` tuples in arrival order (none yet: an empty Chunk, live sources only); None when exhausted."""
+
+    def finish(self) -> dict:
+        """Release what the source holds after the run; returns entries for summary.json."""
 
 
 def open_source(cfg: dict) -> Source:
     """The source `cfg` (from protocol.config.load_config) asks for."""
     if cfg["source"]["kind"] == "file":
         return FileSource(cfg["source"]["path"])
+    if cfg["source"]["kind"] == "zmq":
+        from master.zmq_source import ZmqSource  # it imports Chunk from here
+        return ZmqSource(cfg)
     return GeneratorSource(cfg["generator"])
 
 
@@ -115,6 +122,9 @@ class GeneratorSource:
         self._powers = (1 << np.arange(self._levels - 1, -1, -1)).astype(np.int64)
         self._next_slice = 0
         self._pending: list[Chunk] = []
+
+    def finish(self) -> dict:
+        return {}
 
     def _keys(self, rng: np.random.Generator, arrival: np.ndarray) -> np.ndarray:
         """b-model: at each level the upper half with probability 1 - skew; hot keys spread by a permutation.
@@ -255,6 +265,9 @@ class FileSource:
         self._data = Chunk(is_s[accepted].astype(np.int8), ids[accepted], ts[accepted], keys[accepted], value[accepted])
         self._pos = 0
         self.rejected = self._rejected(table, code, is_s, ids, first) if self.total < n else None
+
+    def finish(self) -> dict:
+        return {}
 
     def _fail(self, what: str) -> InputError:
         return InputError(f"input file {self.path!r} {what} (source.path)")
