@@ -46,7 +46,12 @@ def main() -> int:
         return 2
     comm.bcast(cfg, root=0)
     try:
-        Master(comm, cfg, source).run()
+        master = Master(comm, cfg, source)
+    except OSError as e:  # e.g. output.zmq_endpoint already in use; the slaves are running, so abort them
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        comm.Abort(2)
+    try:
+        master.run()
     except KeyboardInterrupt:
         print("interrupted twice: aborting without a summary", file=sys.stderr, flush=True)
         comm.Abort(130)

@@ -21,6 +21,7 @@ from mpi4py import MPI
 from master.buffers import MiniBuffers
 from master.controller import Controller
 from master.ingest import late_mask, to_wire
+from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
 from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, Ack, Kind, decode_report, encode_batch
 from protocol.output import write_table
@@ -50,6 +51,7 @@ class Master:
         #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
         self.ingest_interval = min(0.01, cfg["epochs"]["distribution"] / groups / 10)
         self._last_ingest = 0.0
+        self.results_out = ResultStream(comm, cfg, parts)
 
     # -- ingest ---------------------------------------------------------------------------------
     def _ingest(self, now: float) -> int:
@@ -86,6 +88,7 @@ class Master:
             self.stats.input[STREAM_NAMES[stream]] += int(sel.sum())
             self.buffers.add(stream, to_wire(self.dtype, chunk.id[sel], chunk.ts[sel], chunk.key[sel],
                                              chunk.value[sel], arrival[sel]))
+        self.stats.buffered_peak = max(self.stats.buffered_peak, len(self.buffers))
         return n
 
     def _set_aside_late(self, chunk, late: np.ndarray, prev_max: np.ndarray) -> None:
@@ -125,6 +128,7 @@ class Master:
             r, s = self.buffers.drain(mine)
             self.epoch[rank] += 1
             self.in_batch[rank] = len(r) + len(s)
+            self.results_out.sent(rank, self.epoch[rank], mine, r, s, self.max_ts - self.cfg["join"]["max_delay"])
             self._send(rank, encode_batch(Kind.BATCH, self.epoch[rank], watermark, r, s))
 
     def _send(self, rank: int, buf: np.ndarray) -> None:
@@ -186,6 +190,8 @@ class Master:
             if self._stop_requested:
                 self.exhausted = True
             worked = self._ingest(now) + self._collect_reports()
+            worked += self.results_out.pump(np.inf if self.exhausted else self.max_ts - self.cfg["join"]["max_delay"],
+                                            self.buffers.counts)
             if now >= next_slot:
                 self._distribute(self.subgroups[g])
                 g = (g + 1) % len(self.subgroups)
@@ -204,12 +210,14 @@ class Master:
                 break
             if not worked:
                 time.sleep(min(2e-3, max(0.0, next_slot - time.time())))
+        self.results_out.close()
         self._stop_slaves()
         self._flush_late()
         summary = self.stats.summary(self.cfg)
         summary["balance"] = {"reorganizations": self.controller.reorganizations, "moves": self.controller.moves_log,
                               "active_changes": self.controller.active_log,
                               "active_at_end": sorted(self.controller.active)}
+        summary.update(**self.source.finish(), **self.results_out.summary())
         write_summary(out / "summary.json", summary)
         print_summary(summary)
         return summary

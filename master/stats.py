@@ -30,6 +30,7 @@ class RunStats:
         self.stopped_by_signal = False
         self.tuples_moved = 0
         self.pacing_lag_max = 0.0  #: paced input: largest time the due tuples waited to be ingested
+        self.buffered_peak = 0     #: most tuples the mini-buffers ever held (at most master.buffer_capacity)
 
     @property
     def ingested(self) -> int:
@@ -77,6 +78,7 @@ class RunStats:
                               "note": "percentiles are upper edges of log bins: at most 12.2% above the exact value, capped at max"},
             "slaves": {str(r): v for r, v in self.per_slave.items()},
             "pacing_lag_max_seconds": round(max(self.pacing_lag_max, 0.0), 3),
+            "buffered_peak": self.buffered_peak,
             "master_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "tuples_moved": self.tuples_moved,
             "partition_splits": self.splits,

@@ -20,6 +20,7 @@ from protocol.mpi import recv_bytes, wait_probe
 from protocol.output import write_table
 from protocol.tuples import tuple_dtype
 from slave.join import JoinModule
+from slave.results_out import ResultSender
 from slave.state import decode_group, encode_group
 
 
@@ -61,6 +62,7 @@ class Slave:
                                  tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"])
         out = cfg["output"]
         self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"])
+        self.results_out = ResultSender(comm, cfg)
         self.process = psutil.Process()
         self.splits = self.merges = 0
         self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: group states on their way to consumers
@@ -81,6 +83,7 @@ class Slave:
         r, s = self.module.process(fresh_r, fresh_s, float(head["watermark"]))
         delay = time.time() - np.maximum(r["arrival"], s["arrival"])
         files = self.writer.add(r, s, delay)
+        self.results_out.send(int(head["epoch"]), r, s, delay)
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": len(r), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, delays.histogram(delay))
@@ -115,6 +118,7 @@ class Slave:
                 self.on_move(head)
             else:  # STOP: every move has been acknowledged before the master stops
                 MPI.Request.Waitall([req for req, _ in self.outgoing])
+                self.results_out.wait()
                 self.report({"epoch": float(head["epoch"]), "files": self.writer.flush(), "ack": Ack.BATCH})
                 return 0
 
