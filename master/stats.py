@@ -102,3 +102,12 @@ def print_summary(s: dict, out=sys.stderr) -> None:
           f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {d['p50']:.3f}s p95 {d['p95']:.3f}s "
           f"p99 {d['p99']:.3f}s max {d['max']:.3f}s; splits {s['partition_splits']}, merges {s['partition_merges']}",
           file=out, flush=True)
+    if "zmq_ingest" in s:
+        z = s["zmq_ingest"]
+        print(f"zmq ingest: {z['messages']:,} messages, {z['tuples']:,} tuples, rejected {z['rejected_by_reason'] or 0}; "
+              f"producers held back {z['producers_blocked_seconds']:.2f}s in all; buffered at most {s['buffered_peak']:,}",
+              file=out, flush=True)
+    if "result_stream" in s:
+        r = s["result_stream"]
+        print(f"result stream on {r['endpoint']}: {r['results']:,} results, {r['punctuations']:,} punctuations"
+              f"{', ordered' if r['ordered'] else ''}", file=out, flush=True)

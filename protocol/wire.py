@@ -79,8 +79,10 @@ def encode_tuples(stream, ids, ts, keys, values, sender: int = 0, seq: int = 0) 
     return [header(Kind.TUPLES, len(rows), sender, seq), rows.tobytes()]
 
 
-def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list[bytes]:
-    return [header(Kind.RESULTS, len(rows), sender, seq), np.ascontiguousarray(rows, RESULT_RECORD).tobytes()]
+def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
+    """A RESULTS message; the record frame is a view of `rows` when they are contiguous (no copy)."""
+    body = np.ascontiguousarray(rows, RESULT_RECORD).view(np.uint8).data
+    return [header(Kind.RESULTS, len(rows), sender, seq), body]
 
 
 def encode_mark(kind: Kind, mark: float, sender: int = 0, seq: int = 0) -> list[bytes]:
