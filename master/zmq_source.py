@@ -29,8 +29,10 @@ from protocol import wire
 from protocol.output import write_table
 from protocol.zmq_security import bind_server, stop_authenticators
 
-#: messages the PULL socket queues (plus what the kernel's TCP buffers hold)
+#: messages the PULL socket queues, and its kernel receive buffer (bytes; a fixed size stops TCP
+#: autotuning from buffering megabytes before the producer feels the backpressure)
 RCVHWM = 4
+RCVBUF = 128 * 1024
 #: rejected messages listed in the rejected/ file (all are counted)
 MAX_LISTED = 10000
 
@@ -46,7 +48,7 @@ class ZmqSource:
         self.out, self.fmt = Path(cfg["output"]["path"]), cfg["output"]["format"]
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.PULL)
-        self.sock.rcvhwm = RCVHWM
+        self.sock.rcvhwm, self.sock.rcvbuf = RCVHWM, RCVBUF
         self.sock.linger = 0
         try:
             bind_server(self.sock, self.endpoint, cfg["security"])

@@ -21,8 +21,9 @@ import zmq
 from protocol import wire
 from protocol.zmq_security import connect_client
 
-#: messages a producer queues before its sends block
+#: messages a producer queues before its sends block, and its kernel send buffer (bytes)
 SNDHWM = 2
+SNDBUF = 128 * 1024
 
 
 class Blocked(Exception):
@@ -34,8 +35,9 @@ class Producer:
 
     def __init__(self, endpoint: str, sender: int = 0, server_key: str | None = None, key: str | None = None,
                  timeout: float = 0.0):
-        self.sock = zmq.Context.instance().socket(zmq.PUSH)
-        self.sock.sndhwm = SNDHWM
+        self.ctx = zmq.Context()  # its own, so that `close` can wait for delivery by terminating it
+        self.sock = self.ctx.socket(zmq.PUSH)
+        self.sock.sndhwm, self.sock.sndbuf = SNDHWM, SNDBUF
         self.sock.immediate = True  # queue only to a connected (and, with CURVE, authenticated) master
         self.sock.linger = int(timeout * 1000) if timeout > 0 else -1
         connect_client(self.sock, endpoint, server_key, key)
@@ -65,9 +67,12 @@ class Producer:
         self.tuples += len(ids)
 
     def close(self) -> dict:
-        self._send(wire.encode_mark(wire.Kind.END, self.blocked, self.sender, self.seq))
-        self.sock.close()  # lingers until END is delivered (or the timeout)
-        return {"tuples_sent": self.tuples, "messages": self.seq, "blocked_seconds": round(self.blocked, 3),
+        """Send END with the blocked time so far (the END's own wait cannot be in it) and wait for delivery."""
+        reported = self.blocked
+        self._send(wire.encode_mark(wire.Kind.END, reported, self.sender, self.seq))
+        self.sock.close()
+        self.ctx.term()  # returns once END is delivered (or the linger timeout passed): exiting earlier loses it
+        return {"tuples_sent": self.tuples, "messages": self.seq, "blocked_seconds": round(reported, 3),
                 "connect_wait_seconds": round(self.connect_wait, 3)}
 
 
