@@ -1,6 +1,7 @@
-"""master/zmq_source.py and the producer over real loopback ZeroMQ sockets; CURVE; the config rules."""
+"""master/zmq_source.py, the producer and the subscriber over real loopback ZeroMQ sockets; CURVE; the config rules."""
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -9,10 +10,12 @@ import pytest
 import zmq
 import zmq.auth
 
+from control.subscribe import subscribe
 from master.source import open_source
 from protocol import wire
 from protocol.config import ConfigError, load_config
 from protocol.produce import Blocked, Producer
+from protocol.zmq_security import bind_server, stop_authenticators
 
 
 def zmq_cfg(tmp_path, *extra):
@@ -139,3 +142,34 @@ def test_config_accepts_a_remote_bind_with_keys(keys):
                              f'security.server_key="{keys}/server/server.key_secret"',
                              f'security.client_keys="{keys}/allowed"'])
     assert cfg["security"]["allow_remote"]
+
+
+def test_curve_result_stream_reaches_only_subscribers_holding_an_allowed_key(keys):
+    # the publisher side of output.zmq_endpoint: an XPUB bound as in master/result_stream.py
+    pub = zmq.Context.instance().socket(zmq.XPUB)
+    bind_server(pub, "tcp://127.0.0.1:*", {"server_key": f"{keys}/server/server.key_secret",
+                                           "client_keys": f"{keys}/allowed"})
+    endpoint = pub.last_endpoint.decode()
+    server_pub = str(keys / "server" / "server.key")
+    got = {}
+
+    def listen(name, key):
+        got[name] = subscribe(endpoint, server_pub if key else None, key, timeout=3.0, progress=0)
+
+    threads = [threading.Thread(target=listen, args=("allowed", str(keys / "producer" / "producer.key_secret"))),
+               threading.Thread(target=listen, args=("stranger", str(keys / "stranger" / "stranger.key_secret"))),
+               threading.Thread(target=listen, args=("plain", None))]
+    for t in threads:
+        t.start()
+    assert pub.poll(5000) and pub.recv()[:1] == b"\x01"  # the allowed subscriber's subscription
+    rows = np.zeros(2, dtype=wire.RESULT_RECORD)
+    rows["r_ts"] = [1.0, 2.0]
+    for frames in (wire.encode_results(rows, seq=0), wire.encode_mark(wire.Kind.PUNCT, 2.5, seq=1),
+                   wire.encode_mark(wire.Kind.END, 0.0, seq=2)):
+        pub.send_multipart(frames)
+    for t in threads:
+        t.join()
+    pub.close()
+    stop_authenticators()
+    assert got["allowed"]["ended"] and got["allowed"]["results"] == 2 and got["allowed"]["punctuations"] == 1
+    assert got["stranger"]["results"] == got["plain"]["results"] == 0 and not got["stranger"]["ended"]
