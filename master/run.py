@@ -32,6 +32,7 @@ from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.ranges import KeyRanges
 from master.ingest import late_mask, to_wire
 from master.source import skip
+from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
 from protocol import checkpoint, faults
 from protocol.predicates import key_distance
@@ -96,6 +97,7 @@ class Master:
         self.recovered_from = None
         if resume is not None:
             self._resume(*resume)
+        self.results_out = ResultStream(comm, cfg, parts)
 
     # -- ingest ---------------------------------------------------------------------------------
     def _ingest(self, now: float) -> int:
@@ -150,6 +152,7 @@ class Master:
             else:  # a copy to every range that may hold partners
                 index, part = self.ranges.copies(rows["key"], *self.key_distance)
                 self.buffers.add(stream, rows[index], part)
+        self.stats.buffered_peak = max(self.stats.buffered_peak, len(self.buffers))
         return n
 
     def _set_aside_late(self, chunk, late: np.ndarray, prev_max: np.ndarray) -> None:
@@ -195,6 +198,7 @@ class Master:
             r, s = self.buffers.drain(mine)
             self.epoch[rank] += 1
             self.in_batch[rank] = len(r) + len(s)
+            self.results_out.sent(rank, self.epoch[rank], mine, r, s, self.max_ts - self.cfg["join"]["max_delay"])
             self._send(rank, encode_batch(Kind.BATCH, self.epoch[rank], watermark, r, s, groups=groups))
 
     def _send(self, rank: int, buf: np.ndarray) -> None:
@@ -379,6 +383,8 @@ class Master:
             if self._stop_requested:
                 self.exhausted = True
             worked = self._ingest(now) + self._collect_reports()
+            worked += self.results_out.pump(np.inf if self.exhausted else self.max_ts - self.cfg["join"]["max_delay"],
+                                            self.buffers.counts)
             if now >= next_slot:
                 if not self.checkpoint_pending:
                     self._distribute(self.subgroups[g])
@@ -409,6 +415,7 @@ class Master:
                 break
             if not worked:
                 time.sleep(min(2e-3, max(0.0, next_slot - time.time())))
+        self.results_out.close()
         self._stop_slaves()
         self._flush_late()
         if self.archive is not None:
@@ -424,6 +431,7 @@ class Master:
                               "active_at_end": sorted(self.controller.active)}
         summary["hot_keys"] = self.hot_log
         summary["checkpoints"] = {"written": self.checkpoints_written, "recovered_from": self.recovered_from}
+        summary.update(**self.source.finish(), **self.results_out.summary())
         write_summary(out / "summary.json", summary)
         print_summary(summary)
         return summary

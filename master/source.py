@@ -8,7 +8,8 @@ Two kinds (``source.kind``):
   seed, never on the chunk sizes the caller asks for;
 * ``file`` -- a CSV or Parquet file read with pyarrow and validated with
   vectorized pyarrow.compute; bad rows are set aside in ``rejected`` (the run
-  goes on), while a missing file or column stops the run with ``InputError``.
+  goes on), while a missing file or column stops the run with ``InputError``;
+* ``zmq`` -- live batches from producers over ZeroMQ (master/zmq_source.py).
 """
 from __future__ import annotations
 
@@ -42,20 +43,41 @@ class Source(Protocol):
     total: int | None          # accepted tuples, if known up front
 
     def next_chunk(self, limit: int) -> Chunk | None:
-        """At most `limit` tuples in arrival order; None when exhausted."""
+        """At most `limit` tuples in arrival order (none yet: an empty Chunk, live sources only); None when exhausted."""
+
+    def finish(self) -> dict:
+        """Release what the source holds after the run; returns entries for summary.json."""
 
 
 def open_source(cfg: dict) -> Source:
     """The source `cfg` (from protocol.config.load_config) asks for."""
     if cfg["source"]["kind"] == "file":
         return FileSource(cfg["source"]["path"])
+    if cfg["source"]["kind"] == "zmq":
+        from master.zmq_source import ZmqSource  # it imports Chunk from here
+        return ZmqSource(cfg)
     return GeneratorSource(cfg["generator"])
 
 
 def open_shard(cfg: dict, index: int) -> Source:
-    """Dispatcher `index`'s share of the source (the whole source with one dispatcher)."""
+    """Dispatcher `index`'s share of the source (the whole source with one dispatcher).
+
+    A file or the generator is split tuple by tuple; a ZeroMQ source is not split: dispatcher i binds its
+    own socket, at the endpoint's port + i (ipc: the path with ".i" appended), for its own producers.
+    """
     k = cfg["cluster"]["dispatchers"]
-    return open_source(cfg) if k == 1 else ShardedSource(open_source(cfg), k, index)
+    if k == 1:
+        return open_source(cfg)
+    if cfg["source"]["kind"] == "zmq":
+        return open_source({**cfg, "source": {**cfg["source"], "endpoint": shard_endpoint(cfg["source"]["endpoint"], index)}})
+    return ShardedSource(open_source(cfg), k, index)
+
+
+def shard_endpoint(endpoint: str, index: int) -> str:
+    if endpoint.startswith("ipc://"):
+        return f"{endpoint}.{index}" if index else endpoint
+    host, port = endpoint.rsplit(":", 1)
+    return f"{host}:{int(port) + index}"
 
 
 class ShardedSource:
@@ -75,6 +97,9 @@ class ShardedSource:
         mine = (self._position + np.arange(len(chunk.ts))) % self.k == self.index
         self._position += len(chunk.ts)
         return Chunk(*(column[mine] for column in chunk))
+
+    def finish(self) -> dict:
+        return self.inner.finish()
 
 
 def skip(source: Source, n: int) -> None:
@@ -151,6 +176,9 @@ class GeneratorSource:
         self._next_slice = 0
         self.hot_key = int(self._perm[-1])  #: the heavy hitter of `hot_share` (a key the b-model makes rare)
         self._pending: list[Chunk] = []
+
+    def finish(self) -> dict:
+        return {}
 
     def _keys(self, rng: np.random.Generator, arrival: np.ndarray) -> np.ndarray:
         """b-model: at each level the upper half with probability 1 - skew; hot keys spread by a permutation.
@@ -294,6 +322,9 @@ class FileSource:
         self._data = Chunk(is_s[accepted].astype(np.int8), ids[accepted], ts[accepted], keys[accepted], value[accepted])
         self._pos = 0
         self.rejected = self._rejected(table, code, is_s, ids, first) if self.total < n else None
+
+    def finish(self) -> dict:
+        return {}
 
     def _fail(self, what: str) -> InputError:
         return InputError(f"input file {self.path!r} {what} (source.path)")

@@ -30,6 +30,7 @@ class RunStats:
         self.stopped_by_signal = False
         self.tuples_moved = 0
         self.pacing_lag_max = 0.0  #: paced input: largest time the due tuples waited to be ingested
+        self.buffered_peak = 0     #: most tuples the mini-buffers ever held (at most master.buffer_capacity)
         self.elapsed_before = 0.0  #: seconds run before the checkpoint this run resumed from
 
     _STATE = ("input", "late", "rejected", "results", "splits", "merges", "delay_max", "tuples_moved",
@@ -110,6 +111,7 @@ class RunStats:
                               "note": "percentiles are upper edges of log bins: at most 12.2% above the exact value, capped at max"},
             "slaves": {str(r): v for r, v in self.per_slave.items()},
             "pacing_lag_max_seconds": round(max(self.pacing_lag_max, 0.0), 3),
+            "buffered_peak": self.buffered_peak,
             "master_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "tuples_moved": self.tuples_moved,
             "partition_splits": self.splits,
@@ -133,3 +135,12 @@ def print_summary(s: dict, out=sys.stderr) -> None:
           f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {d['p50']:.3f}s p95 {d['p95']:.3f}s "
           f"p99 {d['p99']:.3f}s max {d['max']:.3f}s; splits {s['partition_splits']}, merges {s['partition_merges']}",
           file=out, flush=True)
+    if "zmq_ingest" in s:
+        z = s["zmq_ingest"]
+        print(f"zmq ingest: {z['messages']:,} messages, {z['tuples']:,} tuples, rejected {z['rejected_by_reason'] or 0}; "
+              f"producers held back {z['producers_blocked_seconds']:.2f}s in all; buffered at most {s['buffered_peak']:,}",
+              file=out, flush=True)
+    if "result_stream" in s:
+        r = s["result_stream"]
+        print(f"result stream on {r['endpoint']}: {r['results']:,} results, {r['punctuations']:,} punctuations"
+              f"{', ordered' if r['ordered'] else ''}", file=out, flush=True)

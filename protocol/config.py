@@ -24,10 +24,14 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "dispatchers": (1, "ranks 0..k-1 each ingest a 1/k share of the input and route it (BiStream 3.2.3); slaves are the rest"),
     },
     "source": {
-        "kind": ("generator", '"generator" (built-in b-model workload) or "file" (CSV/Parquet at `path`)'),
+        "kind": ("generator", '"generator" (built-in b-model workload), "file" (CSV/Parquet at `path`) or "zmq" (live, at `endpoint`)'),
         "path": ("", "input file for kind = \"file\": columns stream (R/S), id, ts, key, [value]"),
         "rate": (0.0, "arrival pacing in tuples/s (both streams together); 0 = as fast as the cluster accepts"),
         "batch": (65536, "tuples the master ingests per step"),
+        "endpoint": ("tcp://127.0.0.1:5555", 'kind = "zmq": where the master binds its PULL socket for producers'),
+        "producers": (1, 'kind = "zmq": the input ends after this many producers sent their END message'),
+        "idle_timeout": (0.0, 'kind = "zmq": the input also ends after this many seconds without a message (0 = never)'),
+        "max_message_tuples": (65536, 'kind = "zmq": larger messages are rejected whole'),
     },
     "generator": {
         "duration": (60.0, "seconds of event time to generate"),
@@ -92,6 +96,14 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "format": ("parquet", '"parquet" or "csv"'),
         "flush_rows": (500000, "a slave writes a results file once it holds this many rows"),
         "progress": (1.0, "seconds between progress lines (0 = none)"),
+        "zmq_endpoint": ("", 'publish results with punctuations on this ZeroMQ endpoint (e.g. "tcp://127.0.0.1:5556"); "" = off'),
+        "ordered": (False, "with zmq_endpoint: publish results in order of the later tuple's ts (held until punctuated)"),
+        "wait_subscribers": (0, "with zmq_endpoint: wait for this many subscribers before ingesting (PUB drops what comes before)"),
+    },
+    "security": {
+        "allow_remote": (False, "allow ZeroMQ endpoints on non-loopback addresses (then CURVE keys are required)"),
+        "server_key": ("", "secret certificate of the cluster's ZeroMQ sockets (zmq.auth .key_secret file); enables CURVE"),
+        "client_keys": ("", "directory of the public certificates (.key) of producers and subscribers let in"),
     },
     "aggregate": {
         "enabled": (False, "slaves pre-aggregate their results into aggregates/ (phase one; merged by control.aggregate)"),
@@ -103,7 +115,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
 }
 
 _CHOICES = {
-    ("source", "kind"): ("generator", "file"),
+    ("source", "kind"): ("generator", "file", "zmq"),
     ("output", "format"): ("parquet", "csv"),
     ("balance", "choice"): ("random", "largest_fit"),
     ("join", "predicate"): ("equal", "band", "less"),
@@ -118,7 +130,7 @@ _POSITIVE = {
     ("master", "buffer_capacity"), ("output", "flush_rows"), ("source", "batch"),
     ("balance", "buffer_capacity"), ("balance", "gamma"), ("checkpoint", "keep"),
     ("cluster", "dispatchers"), ("hotkeys", "grid"), ("hotkeys", "max_keys"), ("hotkeys", "sketch"),
-    ("balance", "buffer_capacity"), ("balance", "gamma"), ("aggregate", "flush_interval"),
+    ("aggregate", "flush_interval"), ("source", "producers"), ("source", "max_message_tuples"),
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),
@@ -126,6 +138,7 @@ _NON_NEGATIVE = {
     ("balance", "supplier_threshold"), ("balance", "consumer_threshold"), ("balance", "initial_slaves"),
     ("checkpoint", "interval"), ("join", "band"),
     ("aggregate", "window"),
+    ("source", "idle_timeout"), ("output", "wait_subscribers"),
 }
 
 
@@ -213,17 +226,20 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
     if cfg["cluster"]["dispatchers"] > 1:
-        for key, off in (("checkpoint.interval", 0), ("balance.enabled", False), ("hotkeys.enabled", False)):
+        for key, off in (("checkpoint.interval", 0), ("balance.enabled", False), ("hotkeys.enabled", False),
+                         ("output.zmq_endpoint", "")):
             section, name = key.split(".")
             if cfg[section][name] != off:
                 raise ConfigError(f"{key}: not supported with several dispatchers yet (cluster.dispatchers = "
-                                  f"{cfg['cluster']['dispatchers']}); set {key} = {str(off).lower()}")
+                                  f"{cfg['cluster']['dispatchers']}); set {key} = "
+                                  f"{str(off).lower() if isinstance(off, bool) else repr(off)}")
     if cfg["hotkeys"]["enabled"] and cfg["join"]["predicate"] != "equal":
         raise ConfigError("hotkeys.enabled: only for join.predicate = \"equal\" (key ranges keep a hot key whole)")
     if not 0.0 < cfg["hotkeys"]["threshold"] <= 1.0:
         raise ConfigError(f"hotkeys.threshold: must be in (0, 1], got {cfg['hotkeys']['threshold']!r}")
     if cfg["hotkeys"]["grid"] < 2:
         raise ConfigError(f"hotkeys.grid: must be at least 2, got {cfg['hotkeys']['grid']!r}")
+    _check_endpoints(cfg)
     if slaves is not None:
         slaves -= cfg["cluster"]["dispatchers"] - 1  # the ranks after the dispatchers
         if slaves < 1:
@@ -236,3 +252,40 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
             raise ConfigError(f"partitioning.partitions: must be >= the number of slaves ({slaves}), "
                               f"got {cfg['partitioning']['partitions']}")
 
+
+
+_LOOPBACK = ("127.", "localhost", "::1", "[::1]")
+
+
+def endpoint_is_local(endpoint: str) -> bool:
+    """ipc:// is local; tcp:// is local when its host is a loopback address."""
+    if endpoint.startswith("ipc://"):
+        return True
+    host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
+    return host.startswith(_LOOPBACK)
+
+
+def _check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
+    """ZeroMQ binds: a well-formed endpoint; off loopback only with security.allow_remote and CURVE keys."""
+    used = [("source.endpoint", cfg["source"]["endpoint"])] if cfg["source"]["kind"] == "zmq" else []
+    if cfg["output"]["zmq_endpoint"]:
+        used.append(("output.zmq_endpoint", cfg["output"]["zmq_endpoint"]))
+    if len(used) == 2 and used[0][1] == used[1][1]:
+        raise ConfigError(f"output.zmq_endpoint: must differ from source.endpoint (both {used[0][1]!r})")
+    sec = cfg["security"]
+    for name, ep in used:
+        if not (ep.startswith("ipc://") or (ep.startswith("tcp://") and ":" in ep[6:])):
+            raise ConfigError(f"{name}: expected tcp://HOST:PORT or ipc://PATH, got {ep!r}")
+        if endpoint_is_local(ep):
+            continue
+        if not sec["allow_remote"]:
+            raise ConfigError(f"{name}: {ep!r} is not a loopback address; binding there needs "
+                              "security.allow_remote = true and CURVE keys (security.server_key, security.client_keys)")
+        if not sec["server_key"] or not sec["client_keys"]:
+            raise ConfigError(f"security.server_key: {name} = {ep!r} binds off loopback, so CURVE is required: set "
+                              "security.server_key (a .key_secret file) and security.client_keys (a directory of .key files)")
+    if sec["server_key"] and not Path(sec["server_key"]).is_file():
+        raise ConfigError(f"security.server_key: {sec['server_key']!r} is not a file")
+    if sec["server_key"] and not (sec["client_keys"] and Path(sec["client_keys"]).is_dir()):
+        raise ConfigError(f"security.client_keys: {sec['client_keys']!r} is not a directory of client public keys "
+                          "(needed with security.server_key)")

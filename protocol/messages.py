@@ -20,6 +20,7 @@ from protocol import delays
 TAG_DATA = 1    #: master -> slave: a batch (or the stop order)
 TAG_REPORT = 2  #: slave -> master: a report
 TAG_STATE = 3   #: supplier slave -> consumer slave: a partition-group's state
+TAG_RESULTS = 4  #: slave -> master, with output.zmq_endpoint: a batch's results (protocol.wire RESULTS)
 TAG_SUMMARY = 5  #: dispatcher k > 0 -> rank 0 at the end: its counters (a small dict, pickled)
 
 

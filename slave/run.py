@@ -26,6 +26,7 @@ from protocol.output import write_table
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
 from slave.join import JoinModule
+from slave.results_out import ResultSender
 from slave.state import decode_group, encode_group
 
 
@@ -71,6 +72,7 @@ class Slave:
         self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"])
         agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
         self.aggregator = PartialAggregator(f"{out['path']}/aggregates", comm.rank, agg) if agg["enabled"] else None
+        self.results_out = ResultSender(comm, cfg)
         self.process = psutil.Process()
         self.splits = self.merges = 0
         self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: group states on their way to consumers
@@ -104,6 +106,7 @@ class Slave:
         files = self.writer.add(r, s, delay)
         if self.aggregator:
             self.aggregator.add(r, s)
+        self.results_out.send(int(head["epoch"]), r, s, delay)
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": len(r), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, delays.histogram(delay))
@@ -183,6 +186,7 @@ class Slave:
                 MPI.Request.Waitall([req for req, _ in self.outgoing])
                 if self.aggregator:
                     self.aggregator.flush()
+                self.results_out.wait()
                 self.report({"epoch": float(head["epoch"]), "files": self.writer.flush(), "ack": Ack.BATCH})
                 return 0
 

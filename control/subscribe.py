@@ -1,0 +1,98 @@
+"""`python -m control.subscribe --endpoint tcp://127.0.0.1:5556 [--out results.parquet]`
+
+Subscribes to a run's result stream (`output.zmq_endpoint`), prints a progress
+line about once a second, checks the stream as it goes (punctuations strictly
+increasing, no result after a punctuation that covers it, no gap in the
+message numbers: PUB drops messages for a subscriber that falls behind) and at
+END prints a JSON summary; `--out` saves the results with the punctuation each
+one arrived after (`punctuation_before`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zmq
+
+from protocol import wire
+from protocol.zmq_security import connect_client
+
+
+def subscribe(endpoint: str, server_key: str | None = None, key: str | None = None, timeout: float = 0.0,
+              progress: float = 1.0, keep: bool = True) -> dict:
+    """Read the stream until END (or `timeout` seconds without a message); returns the checks and the rows."""
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock.rcvhwm = 0  # never drop on our side; the publisher's SNDHWM is the only limit
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    connect_client(sock, endpoint, server_key, key)
+    parts, before = [], []
+    out = {"results": 0, "punctuations": 0, "last_punctuation": None, "non_monotone": 0, "covered": 0,
+           "gaps": 0, "rejected": 0, "ended": False}
+    last_p, expect_seq = -np.inf, None
+    next_line = time.monotonic() + progress
+    while True:
+        if not sock.poll(int(timeout * 1000) if timeout > 0 else None):
+            break
+        msg = wire.decode(sock.recv_multipart(), tuple(wire.Kind), sys.maxsize)
+        if isinstance(msg, wire.Rejection):
+            out["rejected"] += 1
+            continue
+        if expect_seq is not None and msg.seq != expect_seq:
+            out["gaps"] += 1
+        expect_seq = msg.seq + 1
+        if msg.kind == wire.Kind.RESULTS:
+            out["results"] += len(msg.rows)
+            out["covered"] += int((np.maximum(msg.rows["r_ts"], msg.rows["s_ts"]) < last_p).sum())
+            if keep:
+                parts.append(msg.rows.copy())
+                before.append(np.full(len(msg.rows), last_p))
+        elif msg.kind == wire.Kind.PUNCT:
+            out["non_monotone"] += int(msg.mark <= last_p)
+            last_p = msg.mark
+            out["punctuations"] += 1
+            out["last_punctuation"] = last_p
+        elif msg.kind == wire.Kind.END:
+            out["ended"] = True
+            break
+        if progress and time.monotonic() >= next_line:
+            print(f"results {out['results']:,} | punctuation {last_p:.3f} | gaps {out['gaps']}", file=sys.stderr,
+                  flush=True)
+            next_line = time.monotonic() + progress
+    sock.close()
+    rows = np.concatenate(parts) if parts else np.empty(0, wire.RESULT_RECORD)
+    table = pa.table({name: rows[name] for name in wire.RESULT_RECORD.names})
+    return out | {"table": table.append_column("punctuation_before", pa.array(
+        np.concatenate(before) if before else np.empty(0)))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m control.subscribe", description=__doc__.split("\n")[0])
+    p.add_argument("--endpoint", default="tcp://127.0.0.1:5556", help="the run's output.zmq_endpoint")
+    p.add_argument("--out", help="save the results as this Parquet file")
+    p.add_argument("--server-key", help="CURVE: the cluster's public certificate (.key)")
+    p.add_argument("--key", help="CURVE: this subscriber's secret certificate (.key_secret)")
+    p.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds without a message (0 = wait for END)")
+    p.add_argument("--progress", type=float, default=1.0, help="seconds between progress lines (0 = none)")
+    a = p.parse_args(argv)
+    try:
+        out = subscribe(a.endpoint, a.server_key, a.key, a.timeout, a.progress, keep=bool(a.out))
+    except (ValueError, OSError, zmq.ZMQError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    table = out.pop("table")
+    if a.out:
+        pq.write_table(table, a.out)
+    print(json.dumps(out))
+    return 0 if out["ended"] and not (out["gaps"] or out["covered"] or out["non_monotone"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

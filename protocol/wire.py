@@ -1,0 +1,157 @@
+"""The ZeroMQ wire format: tuple batches in, result batches and punctuations out.
+
+Every message is a ZeroMQ multipart message whose first frame is a fixed
+32-byte little-endian header (`HEADER`); a message that carries rows has exactly
+one more frame, the rows as packed little-endian records (`TUPLE_RECORD` for
+ingest, `RESULT_RECORD` for results), so a receiver checks one size
+(``count * itemsize``) and reads the rows as one numpy view, without a Python
+loop per tuple.  One record frame rather than one frame per column: a fixed
+frame count, one size check, one copy to pack on the producer side.
+
+Kinds: TUPLES (producer -> master), END (a producer is done; `mark` carries the
+seconds it was held back by backpressure, or an emitter is done), RESULTS and
+PUNCT (master -> subscribers; a punctuation P in `mark` says every result whose
+later tuple has ts < P has been sent: BiStream 3.2.3, SplitJoin's punctuated
+result stream).  `seq` numbers a sender's messages so a subscriber sees gaps.
+"""
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import numpy as np
+
+MAGIC = b"SJNB"
+VERSION = 1
+
+HEADER = np.dtype([("magic", "S4"), ("version", "<u2"), ("kind", "<u2"), ("count", "<u4"), ("sender", "<u4"),
+                   ("seq", "<u8"), ("mark", "<f8")])
+#: One input tuple: stream code (0 = R, 1 = S), then the contract's columns; packed, 33 bytes.
+TUPLE_RECORD = np.dtype([("stream", "i1"), ("id", "<i8"), ("ts", "<f8"), ("key", "<i8"), ("value", "<f8")])
+#: One result pair, the columns of results/ files (protocol.output.RESULT_COLUMNS); 72 bytes.
+RESULT_RECORD = np.dtype([("r_id", "<i8"), ("s_id", "<i8"), ("r_key", "<i8"), ("s_key", "<i8"), ("r_ts", "<f8"),
+                          ("s_ts", "<f8"), ("r_value", "<f8"), ("s_value", "<f8"), ("delay", "<f8")])
+
+
+class Kind(enum.IntEnum):
+    TUPLES = 1
+    END = 2
+    RESULTS = 3
+    PUNCT = 4
+
+
+#: reason code -> what it means (the rejected/ file and the summary count by code)
+REASONS = {
+    "frames": "wrong number of frames for the message kind",
+    "header": "header frame is not 32 bytes",
+    "magic": "header does not start with b'SJNB'",
+    "version": "unsupported version",
+    "kind": "message kind not accepted here",
+    "too_large": "more tuples than source.max_message_tuples",
+    "size": "record frame size is not count x record size",
+    "stream": "stream code is not 0 (R) or 1 (S)",
+    "ts": "ts is NaN or infinite",
+    "duplicate_id": "the same (stream, id) twice in one message",
+}
+
+
+class Message(NamedTuple):
+    kind: Kind
+    sender: int
+    seq: int
+    mark: float
+    rows: np.ndarray | None  # a read-only view into the record frame (None for END / PUNCT)
+
+
+class Rejection(NamedTuple):
+    reason: str  # a key of REASONS
+    detail: str
+
+
+def header(kind: Kind, count: int = 0, sender: int = 0, seq: int = 0, mark: float = 0.0) -> bytes:
+    return np.array([(MAGIC, VERSION, int(kind), count, sender, seq, mark)], dtype=HEADER).tobytes()
+
+
+def encode_tuples(stream, ids, ts, keys, values, sender: int = 0, seq: int = 0) -> list[bytes]:
+    """A TUPLES message from columns (stream codes 0/1); one vectorized pack."""
+    rows = np.empty(len(ids), dtype=TUPLE_RECORD)
+    rows["stream"], rows["id"], rows["ts"], rows["key"], rows["value"] = stream, ids, ts, keys, values
+    return [header(Kind.TUPLES, len(rows), sender, seq), rows.tobytes()]
+
+
+def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
+    """A RESULTS message; the record frame is a view of `rows` when they are contiguous (no copy)."""
+    body = np.ascontiguousarray(rows, RESULT_RECORD).view(np.uint8).data
+    return [header(Kind.RESULTS, len(rows), sender, seq), body]
+
+
+def encode_mark(kind: Kind, mark: float, sender: int = 0, seq: int = 0) -> list[bytes]:
+    """A row-less message: END (mark = seconds blocked) or PUNCT (mark = the punctuation)."""
+    return [header(kind, 0, sender, seq, mark)]
+
+
+def decode(frames: list, accept: tuple[Kind, ...], max_rows: int) -> Message | Rejection:
+    """Validate a whole message; rows are returned only if every row is valid (never half a message)."""
+    if not frames:
+        return Rejection("frames", "empty message")
+    head_buf = memoryview(frames[0])
+    if head_buf.nbytes != HEADER.itemsize:
+        return Rejection("header", f"header frame has {head_buf.nbytes} bytes")
+    h = np.frombuffer(head_buf, dtype=HEADER)[0]
+    if bytes(h["magic"]) != MAGIC:
+        return Rejection("magic", f"magic {bytes(h['magic'])!r}")
+    if int(h["version"]) != VERSION:
+        return Rejection("version", f"version {int(h['version'])}, this engine speaks {VERSION}")
+    kind, count = int(h["kind"]), int(h["count"])
+    if kind not in {int(k) for k in accept}:
+        return Rejection("kind", f"kind {kind}")
+    kind = Kind(kind)
+    sender, seq, mark = int(h["sender"]), int(h["seq"]), float(h["mark"])
+    if kind in (Kind.END, Kind.PUNCT):
+        if len(frames) != 1 or count != 0:
+            return Rejection("frames", f"{kind.name} with {len(frames)} frames and count {count}")
+        return Message(kind, sender, seq, mark, None)
+    if len(frames) != 2:
+        return Rejection("frames", f"{kind.name} with {len(frames)} frames (expected 2)")
+    if count > max_rows:
+        return Rejection("too_large", f"{count} rows > {max_rows}")
+    record = TUPLE_RECORD if kind == Kind.TUPLES else RESULT_RECORD
+    body = memoryview(frames[1])
+    if body.nbytes != count * record.itemsize:
+        return Rejection("size", f"{body.nbytes} bytes for {count} records of {record.itemsize}")
+    rows = np.frombuffer(body, dtype=record)
+    if kind == Kind.TUPLES:
+        bad = _check_tuples(rows)
+        if bad is not None:
+            return bad
+    return Message(kind, sender, seq, mark, rows)
+
+
+def _check_tuples(rows: np.ndarray) -> Rejection | None:
+    stream = rows["stream"]
+    wrong = np.flatnonzero((stream != 0) & (stream != 1))
+    if len(wrong):
+        return Rejection("stream", f"{len(wrong)} rows, first at row {wrong[0]}: {int(stream[wrong[0]])}")
+    ts = rows["ts"]
+    wrong = np.flatnonzero(~np.isfinite(ts))
+    if len(wrong):
+        return Rejection("ts", f"{len(wrong)} rows, first at row {wrong[0]}: {float(ts[wrong[0]])}")
+    ids = rows["id"]
+    order = np.lexsort((ids, stream))
+    same = (ids[order][1:] == ids[order][:-1]) & (stream[order][1:] == stream[order][:-1])
+    if same.any():
+        i = int(order[1:][same][0])
+        return Rejection("duplicate_id", f"id {int(ids[i])} of stream {'RS'[int(stream[i])]} at rows "
+                                         f"{int(order[:-1][same][0])} and {i}")
+    return None
+
+
+def pack(frames: list[bytes]) -> np.ndarray:
+    """Header and record frame as one uint8 buffer (for MPI, which carries one buffer per message)."""
+    return np.frombuffer(b"".join(frames), dtype=np.uint8)
+
+
+def unpack(buf: np.ndarray) -> list[memoryview]:
+    """Inverse of `pack` for a message with rows (possibly none): header and record frame, as views."""
+    view = memoryview(buf).cast("B")
+    return [view[: HEADER.itemsize], view[HEADER.itemsize:]]

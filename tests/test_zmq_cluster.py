@@ -1,0 +1,150 @@
+"""The real cluster fed over ZeroMQ by producer processes, its result stream read by a subscriber process.
+
+Differential like tests/test_cluster.py: the results (files and stream) equal the reference join over the
+input the producers sent, whatever the random pauses between their sends.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from deploy.launch import mpi_env
+from tests.cluster import run_cluster
+from tests.reference import encode_pairs, reference_pairs
+from tests.test_balance_cluster import CHURN
+from tests.test_cluster import SMALL, check_exact
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_input(path, stream, ids, ts, keys):
+    pacsv.write_csv(pa.table({"stream": np.where(stream == 0, "R", "S"), "id": ids, "ts": ts, "key": keys}), path)
+
+
+def make_input(rng, n, keys, disorder):
+    ts = np.sort(rng.random(n) * n / 3000) - rng.random(n) * disorder
+    return rng.integers(0, 2, n), np.arange(n), ts, rng.integers(0, keys, n)
+
+
+def start(module: str, *args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", module, *map(str, args)], env=mpi_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60) -> dict:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode in (0, 1), err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def stream_settings(ingest: int, results: int, **more) -> dict:
+    return {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
+            "output.zmq_endpoint": f"tcp://127.0.0.1:{results}", "output.wait_subscribers": 1,
+            "epochs.distribution": 0.1, **more}
+
+
+def check_stream(sub: dict, table: pa.Table, expected: np.ndarray, ordered: bool) -> None:
+    """The subscriber's view: monotone punctuations, nothing after a punctuation covering it, all results."""
+    assert sub["ended"] and sub["gaps"] == 0 and sub["non_monotone"] == 0 and sub["punctuations"] > 2
+    later = np.maximum(table["r_ts"].to_numpy(), table["s_ts"].to_numpy())
+    before = table["punctuation_before"].to_numpy()
+    assert (later >= before).all() and sub["covered"] == 0
+    assert (before[1:] >= before[:-1]).all()
+    if ordered:
+        assert (np.diff(later) >= 0).all(), "ordered mode published results out of ts order"
+    np.testing.assert_array_equal(encode_pairs(table["r_id"].to_numpy(), table["s_id"].to_numpy()), expected)
+
+
+def test_zmq_ingest_with_random_send_delays_equals_the_reference(tmp_path):
+    # one producer pausing randomly between 400-tuple messages; out-of-order input with late tuples
+    rng = np.random.default_rng(41)
+    stream, ids, ts, keys = make_input(rng, 9000, 300, disorder=0.4)
+    write_input(tmp_path / "in.csv", stream, ids, ts, keys)
+    ingest, results = free_port(), free_port()
+    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--out", tmp_path / "sub.parquet",
+                "--progress", 0)
+    prod = start("protocol.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 400,
+                 "--jitter", 0.05, "--seed", 41)
+    run = run_cluster(tmp_path, 3, stream_settings(ingest, results, **{"join.window": 0.3, "join.max_delay": 0.2}))
+    assert run.returncode == 0, run.stderr
+    sent, got = finish(prod), finish(sub)
+    assert sent["tuples_sent"] == 9000
+    expected, expected_late = reference_pairs(stream, ids, ts, keys, 0.3, 0.2)
+    assert len(expected_late) > 0 and len(expected) > 1000
+    np.testing.assert_array_equal(run.pairs(), expected)
+    np.testing.assert_array_equal(run.late_ids(), expected_late)
+    s = run.summary
+    assert s["input_total"] + s["late"] == 9000 and s["rejected"] == 0
+    assert s["zmq_ingest"]["messages"] == 9000 // 400 + 2 and s["result_stream"]["results"] == len(expected)
+    check_stream(got, pq.read_table(tmp_path / "sub.parquet"), expected, ordered=False)
+
+
+def test_ordered_stream_from_two_producers(tmp_path):
+    # two producers interleave at random; max_delay covers the whole input so no tuple is late either way
+    rng = np.random.default_rng(42)
+    stream, ids, ts, keys = make_input(rng, 8000, 200, disorder=0.3)
+    for k in range(2):
+        write_input(tmp_path / f"in{k}.csv", stream[k::2], ids[k::2], ts[k::2], keys[k::2])
+    ingest, results = free_port(), free_port()
+    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--out", tmp_path / "sub.parquet",
+                "--progress", 0)
+    prods = [start("protocol.produce", tmp_path / f"in{k}.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}",
+                   "--batch", 300, "--jitter", 0.04, "--seed", k, "--sender", k) for k in range(2)]
+    settings = stream_settings(ingest, results, **{"source.producers": 2, "output.ordered": True,
+                                                   "join.window": 0.2, "join.max_delay": 5.0})
+    run = run_cluster(tmp_path, 4, settings)
+    assert run.returncode == 0, run.stderr
+    assert sum(finish(p)["tuples_sent"] for p in prods) == 8000
+    expected, _ = reference_pairs(stream, ids, ts, keys, 0.2, 5.0)
+    np.testing.assert_array_equal(run.pairs(), expected)
+    assert run.summary["late"] == 0 and run.summary["zmq_ingest"]["producers_ended"] == 2
+    check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True)
+
+
+def test_producer_faster_than_the_cluster_is_held_back_and_nothing_is_lost(tmp_path):
+    # mini-buffers of 1,500 tuples, messages of 1,000: ingest pauses, the producer's sends block
+    rng = np.random.default_rng(43)
+    n = 30000
+    stream, ids, ts, keys = make_input(rng, n, 2000, disorder=0.05)
+    write_input(tmp_path / "in.csv", stream, ids, ts, keys)
+    ingest = free_port()
+    prod = start("protocol.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 1000)
+    settings = {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
+                "source.max_message_tuples": 1000, "master.buffer_capacity": 1500, "epochs.distribution": 0.1,
+                "join.window": 0.1, "join.max_delay": 0.1}
+    run = run_cluster(tmp_path, 3, settings)
+    assert run.returncode == 0, run.stderr
+    sent = finish(prod)
+    s = run.summary
+    assert s["buffered_peak"] <= 1500 and s["zmq_ingest"]["held_peak_tuples"] <= 1000
+    assert sent["blocked_seconds"] > 0 and s["zmq_ingest"]["producers_blocked_seconds"] == sent["blocked_seconds"]
+    expected, expected_late = reference_pairs(stream, ids, ts, keys, 0.1, 0.1)
+    np.testing.assert_array_equal(run.pairs(), expected)
+    assert s["input_total"] + s["late"] == n and s["late"] == len(expected_late)
+
+
+def test_ordered_stream_stays_correct_while_partition_groups_move(tmp_path):
+    # the balancing churn of tests/test_balance_cluster.py: held tuples of moving groups reach their new slave
+    # after it has seen later watermarks; the punctuation must still never pass a result still to come
+    results = free_port()
+    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--out", tmp_path / "sub.parquet",
+                "--progress", 0)
+    settings = dict(SMALL, **CHURN, **{"generator.duration": 3.0, "generator.rate": 12000.0,
+                                      "generator.disorder": 0.2, "source.rate": 40000.0,
+                                      "balance.initial_slaves": 1, "generator.seed": 34, "balance.gamma": 0.5,
+                                      "output.zmq_endpoint": f"tcp://127.0.0.1:{results}", "output.ordered": True,
+                                      "output.wait_subscribers": 1})
+    run, expected = check_exact(tmp_path, 5, settings)
+    assert len(run.summary["balance"]["moves"]) >= 1
+    check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True)

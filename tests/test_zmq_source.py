@@ -1,0 +1,175 @@
+"""master/zmq_source.py, the producer and the subscriber over real loopback ZeroMQ sockets; CURVE; the config rules."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import zmq
+import zmq.auth
+
+from control.subscribe import subscribe
+from master.source import open_source
+from protocol import wire
+from protocol.config import ConfigError, load_config
+from protocol.produce import Blocked, Producer
+from protocol.zmq_security import bind_server, stop_authenticators
+
+
+def zmq_cfg(tmp_path, *extra):
+    return load_config(None, ['source.kind="zmq"', 'source.endpoint="tcp://127.0.0.1:*"',
+                              f'output.path="{tmp_path}"', "source.max_message_tuples=300", *extra])
+
+
+def drain(src, limit=1000, timeout=10.0):
+    parts, deadline = [], time.monotonic() + timeout
+    while (c := src.next_chunk(limit)) is not None:
+        assert len(c.id) <= limit
+        if len(c.id):
+            parts.append(c)
+        else:
+            assert time.monotonic() < deadline, "the source never ended"
+            time.sleep(1e-3)
+    return parts
+
+
+def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(tmp_path):
+    src = open_source(zmq_cfg(tmp_path))
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    push.connect(src.endpoint)
+    rng = np.random.default_rng(3)
+    sent_ids, next_id = [], 0
+    bad = {"magic": [b"NOPE" + bytes(28), b""], "too_large": None, "ts": None, "frames": wire.encode_mark(wire.Kind.END, 0.0) + [b"x"]}
+    for i in range(40):
+        n = int(rng.integers(1, 300))
+        stream = rng.integers(0, 2, n)
+        ids = next_id + np.arange(n)
+        ts = rng.random(n)
+        if i % 4 == 1:  # one row with a NaN ts spoils the whole message
+            ts[n // 2] = np.nan
+        frames = wire.encode_tuples(stream, ids, ts, ids % 7, ts, seq=i)
+        if i % 4 == 3:  # more than max_message_tuples
+            frames = wire.encode_tuples(np.zeros(301), np.arange(301), np.zeros(301), np.zeros(301), np.zeros(301))
+        push.send_multipart(frames)
+        if i % 4 in (0, 2):
+            sent_ids.append(ids)
+            next_id += n
+        if i % 10 == 0:
+            push.send_multipart(bad["magic"])
+            push.send_multipart(bad["frames"])
+    push.send_multipart(wire.encode_mark(wire.Kind.END, 1.5))
+    got = drain(src, limit=250)
+    np.testing.assert_array_equal(np.concatenate([c.id for c in got]), np.concatenate(sent_ids))
+    summary = src.finish()
+    z = summary["zmq_ingest"]
+    assert z["rejected_by_reason"] == {"ts": 10, "too_large": 10, "magic": 4, "frames": 4}
+    assert summary["rejected"] == 28 and z["producers_blocked_seconds"] == 1.5 and z["held_peak_tuples"] <= 300
+    listed = pq.read_table(tmp_path / "rejected" / "zmq-rejected.parquet").to_pylist()
+    assert sorted(r["reason"] for r in listed) == sorted(["ts"] * 10 + ["too_large"] * 10 + ["magic"] * 4 + ["frames"] * 4)
+    push.close()
+
+
+def test_input_ends_after_every_producer_or_when_idle(tmp_path):
+    src = open_source(zmq_cfg(tmp_path, "source.producers=2"))
+    producers = [Producer(src.endpoint, sender=k) for k in range(2)]
+    for k, p in enumerate(producers):
+        p.send(np.zeros(5), np.arange(5) + 10 * k, np.arange(5.0), np.zeros(5), np.zeros(5))
+    producers[0].close()
+    assert sum(len(c.id) for c in drain_until_empty(src)) == 10 and src.next_chunk(10) is not None  # one still open
+    producers[1].close()
+    assert drain(src) == []
+    idle = open_source(zmq_cfg(tmp_path, "source.idle_timeout=0.2"))
+    assert drain(idle) == []  # no producer at all: ends after 0.2 s without a message
+    idle.finish()
+    src.finish()
+
+
+def drain_until_empty(src):
+    parts, deadline = [], time.monotonic() + 5
+    while sum(len(c.id) for c in parts) < 10 and time.monotonic() < deadline:
+        parts.append(src.next_chunk(100))
+    return parts
+
+
+@pytest.fixture
+def keys(tmp_path):
+    for name in ("server", "producer", "stranger"):
+        (tmp_path / name).mkdir()
+        zmq.auth.create_certificates(tmp_path / name, name)
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "producer.key").write_bytes((tmp_path / "producer" / "producer.key").read_bytes())
+    return tmp_path
+
+
+def test_curve_lets_in_only_producers_holding_an_allowed_key(tmp_path, keys):
+    cfg = zmq_cfg(tmp_path / "out", f'security.server_key="{keys}/server/server.key_secret"',
+                  f'security.client_keys="{keys}/allowed"')
+    src = open_source(cfg)
+    one = (np.zeros(1), np.arange(1), np.zeros(1), np.zeros(1), np.zeros(1))
+    server_pub = str(keys / "server" / "server.key")
+    with pytest.raises(Blocked):  # no CURVE at all: the handshake never completes
+        Producer(src.endpoint, timeout=1.0).send(*one)
+    with pytest.raises(Blocked):  # a well-formed key that is not in client_keys: ZAP refuses it
+        Producer(src.endpoint, server_key=server_pub, key=str(keys / "stranger" / "stranger.key_secret"),
+                 timeout=1.0).send(*one)
+    assert src.next_chunk(10) is not None and src.messages == 0
+    ok = Producer(src.endpoint, server_key=server_pub, key=str(keys / "producer" / "producer.key_secret"), timeout=5)
+    ok.send(*one)
+    ok.close()
+    assert sum(len(c.id) for c in drain(src)) == 1
+    src.finish()
+
+
+@pytest.mark.parametrize("settings,message", [
+    (['source.kind="zmq"', 'source.endpoint="tcp://0.0.0.0:5555"'], "security.allow_remote"),
+    (['output.zmq_endpoint="tcp://*:5556"'], "not a loopback address"),
+    (['source.kind="zmq"', 'source.endpoint="tcp://0.0.0.0:5555"', "security.allow_remote=true"],
+     "CURVE is required"),
+    (['source.kind="zmq"', 'source.endpoint="udp://127.0.0.1:5"'], "expected tcp://HOST:PORT"),
+    (['source.kind="zmq"', 'output.zmq_endpoint="tcp://127.0.0.1:5555"'], "must differ"),
+    (['security.server_key="/nonexistent.key_secret"'], "security.server_key"),
+])
+def test_config_refuses_unsafe_or_wrong_endpoints(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, settings)
+
+
+def test_config_accepts_a_remote_bind_with_keys(keys):
+    cfg = load_config(None, ['source.kind="zmq"', 'source.endpoint="tcp://0.0.0.0:5555"', "security.allow_remote=true",
+                             f'security.server_key="{keys}/server/server.key_secret"',
+                             f'security.client_keys="{keys}/allowed"'])
+    assert cfg["security"]["allow_remote"]
+
+
+def test_curve_result_stream_reaches_only_subscribers_holding_an_allowed_key(keys):
+    # the publisher side of output.zmq_endpoint: an XPUB bound as in master/result_stream.py
+    pub = zmq.Context.instance().socket(zmq.XPUB)
+    bind_server(pub, "tcp://127.0.0.1:*", {"server_key": f"{keys}/server/server.key_secret",
+                                           "client_keys": f"{keys}/allowed"})
+    endpoint = pub.last_endpoint.decode()
+    server_pub = str(keys / "server" / "server.key")
+    got = {}
+
+    def listen(name, key):
+        got[name] = subscribe(endpoint, server_pub if key else None, key, timeout=3.0, progress=0)
+
+    threads = [threading.Thread(target=listen, args=("allowed", str(keys / "producer" / "producer.key_secret"))),
+               threading.Thread(target=listen, args=("stranger", str(keys / "stranger" / "stranger.key_secret"))),
+               threading.Thread(target=listen, args=("plain", None))]
+    for t in threads:
+        t.start()
+    assert pub.poll(5000) and pub.recv()[:1] == b"\x01"  # the allowed subscriber's subscription
+    rows = np.zeros(2, dtype=wire.RESULT_RECORD)
+    rows["r_ts"] = [1.0, 2.0]
+    for frames in (wire.encode_results(rows, seq=0), wire.encode_mark(wire.Kind.PUNCT, 2.5, seq=1),
+                   wire.encode_mark(wire.Kind.END, 0.0, seq=2)):
+        pub.send_multipart(frames)
+    for t in threads:
+        t.join()
+    pub.close()
+    stop_authenticators()
+    assert got["allowed"]["ended"] and got["allowed"]["results"] == 2 and got["allowed"]["punctuations"] == 1
+    assert got["stranger"]["results"] == got["plain"]["results"] == 0 and not got["stranger"]["ended"]
