@@ -31,7 +31,9 @@ def find_resume(cfg: dict, slaves: int) -> tuple:
         return None
     directory, manifest = found
     checkpoint.check_binding(manifest, cfg, slaves)
-    removed = checkpoint.roll_back_output(Path(cfg["output"]["path"]), manifest["commit"])
+    out = Path(cfg["output"]["path"])
+    removed = checkpoint.roll_back_output(out, manifest["commit"])
+    checkpoint.publish_aggregates(out, manifest["commit"][checkpoint.PENDING_AGGREGATES])  # if the crash came between
     say(f"recover: resuming from checkpoint {manifest['id']} ({directory}); "
         f"{removed} output files written after it removed")
     return found
@@ -88,8 +90,9 @@ def main() -> int:
         comm.bcast(None, root=0)
         return 2
     comm.bcast(cfg, root=0)
-    comm.bcast(None if resume is None else {"dir": str(resume[0]), "result_files": resume[1]["result_files"],
-                                            "epochs": resume[1]["master"]["epoch"]}, root=0)
+    comm.bcast(None if resume is None else {
+        "dir": str(resume[0]), "result_files": resume[1]["result_files"], "epochs": resume[1]["master"]["epoch"],
+        "aggregate_files": resume[1]["commit"][checkpoint.PENDING_AGGREGATES]}, root=0)
     try:
         master.run()
     except KeyboardInterrupt:

@@ -319,11 +319,14 @@ class Master:
             return
         result_files = {str(r): int(v["result_files"]) for r, v in ck["slaves"].items()}
         commit = {"results": {f"slave-{int(r):03d}": n for r, n in result_files.items()},
-                  "late": {"late": ck["master"]["late_files"]}, "archive": {"input": ck["master"]["archive_files"]}}
+                  "late": {"late": ck["master"]["late_files"]}, "archive": {"input": ck["master"]["archive_files"]},
+                  checkpoint.PENDING_AGGREGATES: {f"slave-{int(r):03d}": int(v["aggregate_files"])
+                                                  for r, v in ck["slaves"].items()}}
         checkpoint.write_manifest(ck["dir"], {"id": ck["id"], "slaves": len(self.slaves), "config": self.cfg,
                                               "parts": ck["parts"], "result_files": result_files, "commit": commit,
                                               "master": ck["master"]})
         self.checkpoints_written += 1
+        checkpoint.publish_aggregates(Path(self.cfg["output"]["path"]), commit[checkpoint.PENDING_AGGREGATES])
         checkpoint.prune(checkpoint.root_of(self.cfg), self.cfg["checkpoint"]["keep"])
         tuples = sum(p["tuples"] for p in ck["parts"].values())
         mb = sum(p["bytes"] for p in ck["parts"].values()) / 2**20
@@ -417,6 +420,8 @@ class Master:
                 time.sleep(min(2e-3, max(0.0, next_slot - time.time())))
         self.results_out.close()
         self._stop_slaves()
+        if self.interval and self.index == 0:  # the run is complete: every staged partial is final
+            checkpoint.publish_aggregates(Path(self.cfg["output"]["path"]), None)
         self._flush_late()
         if self.archive is not None:
             self.archive.flush()

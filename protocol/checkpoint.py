@@ -174,6 +174,25 @@ def numbered(directory: Path, prefix: str) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+#: partial aggregates a slave wrote after the last complete checkpoint wait here, where Spark's file source
+#: does not look (it skips names starting with "_"); a complete checkpoint publishes those it covers
+PENDING_AGGREGATES = "aggregates/_pending"
+
+
+def publish_aggregates(out: Path, counts: dict[str, int] | None) -> int:
+    """Move staged partial-aggregate files below their slave's committed count (all, with None) into
+    `aggregates/`, where the merger reads them; returns the files moved.  Published files are never removed
+    again, so the merger never counts a partial twice, whatever crashes follow."""
+    pending = out / PENDING_AGGREGATES
+    moved = 0
+    for prefix in {f.name.rsplit("-", 1)[0] for f in pending.glob("slave-*")} if pending.is_dir() else ():
+        for number, f in numbered(pending, prefix):
+            if counts is None or number < counts.get(prefix, 0):
+                os.replace(f, pending.parent / f.name)
+                moved += 1
+    return moved
+
+
 def roll_back_output(out: Path, commit: dict) -> int:
     """Remove output written after the checkpoint (and half-written temporaries); returns files removed.
 

@@ -102,6 +102,7 @@ REPORT_FIELDS = (
     "moved_tuples",              # with Ack.MOVED / INSTALLED: its stored tuples
     "result_files",              # with Ack.CHECKPOINTED: level: result files written so far (the commit)
     "part_bytes",                # with Ack.CHECKPOINTED: size of the slave's checkpoint part
+    "aggregate_files",           # with Ack.CHECKPOINTED: level: partial-aggregate files written so far
 )
 REPORT_LEN = len(REPORT_FIELDS) + delays.BINS
 

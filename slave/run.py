@@ -71,7 +71,9 @@ class Slave:
         out = cfg["output"]
         self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"])
         agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
-        self.aggregator = PartialAggregator(f"{out['path']}/aggregates", comm.rank, agg) if agg["enabled"] else None
+        # with checkpoints, partials are staged until a checkpoint covers them (protocol/checkpoint.py)
+        staged = f"{out['path']}/{checkpoint.PENDING_AGGREGATES if cfg['checkpoint']['interval'] else 'aggregates'}"
+        self.aggregator = PartialAggregator(staged, comm.rank, agg) if agg["enabled"] else None
         self.results_out = ResultSender(comm, cfg)
         self.process = psutil.Process()
         self.splits = self.merges = 0
@@ -131,16 +133,21 @@ class Slave:
     def on_checkpoint(self, head) -> None:
         """Flush results (they are the checkpoint's commit) and write every partition-group's state."""
         files = self.writer.flush()
+        if self.aggregator:
+            self.aggregator.flush()
         part = checkpoint.pack([encode_group(p, pg) for p, pg in sorted(self.module.groups.items())])
         faults.reached(self.comm.rank, "checkpoint")
         directory = self.checkpoints / checkpoint.name_of(int(head["partition"]))
         size = checkpoint.write_atomic(directory / checkpoint.slave_part(self.comm.rank), part)
         self.report({"epoch": float(head["epoch"]), "ack": Ack.CHECKPOINTED, "files": files,
-                     "result_files": self.writer.files, "part_bytes": size})
+                     "result_files": self.writer.files, "part_bytes": size,
+                     "aggregate_files": self.aggregator.files if self.aggregator else 0})
 
-    def resume(self, directory: str, result_files: int, sequence: int) -> None:
+    def resume(self, directory: str, result_files: int, aggregate_files: int, sequence: int) -> None:
         """Start from this slave's part of a checkpoint; result files and batches number on from it."""
         self.sequence[0] = sequence
+        if self.aggregator:
+            self.aggregator.files = aggregate_files
         for buf in checkpoint.read_part(Path(directory) / checkpoint.slave_part(self.comm.rank)):
             self.module.install(*decode_group(buf, self.module.new_group))
         self.writer.files = result_files
@@ -211,5 +218,5 @@ def run(comm: MPI.Comm, received: tuple | None = None) -> int:
     slave = Slave(comm, cfg)
     if resume is not None:
         slave.resume(resume["dir"], int(resume["result_files"].get(str(comm.rank), 0)),
-                     int(resume["epochs"][str(comm.rank)]))
+                     int(resume["aggregate_files"].get(f"slave-{comm.rank:03d}", 0)), int(resume["epochs"][str(comm.rank)]))
     return slave.serve()

@@ -112,3 +112,18 @@ def test_supervisor_gives_up_after_its_restarts_and_never_retries_a_user_error(t
     assert "all 1 restarts are used" in said[-1]
     assert supervise(shell(tmp_path, "raise SystemExit(2)"), 5, 0, log=said.append) == 2
     assert len(said) == 2
+
+
+def test_publish_moves_only_what_a_checkpoint_covers_and_never_takes_it_back(tmp_path):
+    pending = tmp_path / checkpoint.PENDING_AGGREGATES
+    pending.mkdir(parents=True)
+    for rank, n in ((1, 3), (2, 2)):
+        for i in range(n):
+            (pending / f"slave-{rank:03d}-{i:06d}.parquet").touch()
+    assert checkpoint.publish_aggregates(tmp_path, {"slave-001": 2, "slave-002": 0}) == 2
+    published = sorted(f.name for f in (tmp_path / "aggregates").glob("slave-*"))
+    assert published == ["slave-001-000000.parquet", "slave-001-000001.parquet"]
+    # a crash now: the roll-back removes the uncovered staged files, published ones stay
+    checkpoint.roll_back_output(tmp_path, {checkpoint.PENDING_AGGREGATES: {"slave-001": 2, "slave-002": 0}})
+    assert not any(pending.iterdir())
+    assert sorted(f.name for f in (tmp_path / "aggregates").glob("slave-*")) == published

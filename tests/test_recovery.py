@@ -143,3 +143,19 @@ def test_launch_through_a_hostfile_with_localhost_slots(tmp_path):
     assert proc.returncode == 0, proc.stderr
     got = Run(tmp_path / "out", proc).pairs()
     assert len(got) == len(expected) and np.array_equal(np.sort(got), expected)
+
+
+def test_aggregation_after_a_crash_equals_the_reference_aggregation(tmp_path):
+    # partials written after the last checkpoint are staged and replaced; published ones are never recounted
+    import pyarrow.compute as pc
+    from protocol.output import read_tables
+    from slave.aggregate import combine
+    from tests.test_spark_control import assert_view, reference_view
+    settings = dict(CKPT, **{"generator.seed": 31, "aggregate.enabled": True, "aggregate.window": 0.5,
+                             "aggregate.flush_interval": 0.05})
+    run, _ = crash_run(tmp_path, 3, settings, fault="2:batch:5")
+    staged = tmp_path / "out" / checkpoint.PENDING_AGGREGATES
+    assert not staged.exists() or not any(staged.iterdir())  # all published at the end
+    view = combine([read_tables(tmp_path / "out" / "aggregates")])
+    view = view.append_column("avg", pc.divide(pc.cast(view["sum"], "float64"), pc.cast(view["count"], "float64")))
+    assert_view(view, reference_view(settings, "key", "r_value", 0.5))
