@@ -142,6 +142,10 @@ def main(argv: list[str], spark=None) -> int:
     p.add_argument("-n", "--ranks", type=int, default=17, help="ranks in all: 1 master + slaves (default 17)")
     p.add_argument("--hostfile", help="Open MPI hostfile for several hosts (see hosts.example)")
     p.add_argument("--prepare-only", action="store_true", help="write the selection and print the command only")
+    p.add_argument("--endpoint", help="instead of starting a cluster, push the selection at the chosen speed to a "
+                                      "running one whose source.kind = \"zmq\" listens here (protocol.produce)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="with --endpoint: give up when the cluster takes no message for this long (default 60 s)")
     add_arguments(p)
     a = p.parse_args(argv)
     try:
@@ -169,6 +173,16 @@ def main(argv: list[str], spark=None) -> int:
     print(f"replay: {sel['tuples']:,} of {sel['rows']:,} rows, ts {sel['first_ts']:g} .. {sel['last_ts']:g} "
           f"({span:g}s) -> {dest} in {time.monotonic() - started:.1f}s; "
           f"pace {'unpaced' if rate == 0 else f'{rate:,.0f} tuples/s'}{skipped}", flush=True)
+    if a.endpoint:  # a cluster is already running with the ZeroMQ source
+        from protocol.produce import Blocked, produce
+        try:
+            sent = produce(str(dest), a.endpoint, rate=rate, timeout=a.timeout)
+        except Blocked as e:
+            print(f"error: replay to {a.endpoint}: {e} (is a cluster with source.kind = \"zmq\" running there?)",
+                  file=sys.stderr)
+            return 1
+        print(f"replay: pushed to {a.endpoint}: {json.dumps(sent)}", flush=True)
+        return 0
     from deploy.launch import main as launch
 
     sets = [*a.set, "source.kind=\"file\"", f"source.path={json.dumps(str(dest))}", f"source.rate={rate!r}"]

@@ -48,3 +48,50 @@ def test_dispatchers_need_slaves_and_no_balancing_or_checkpoints_yet():
     for key in ("balance.enabled=true", "checkpoint.interval=5"):
         with pytest.raises(ConfigError, match=key.split("=")[0] + ": not supported with several dispatchers"):
             load_config(None, ["cluster.dispatchers=2", "balance.enabled=false", key])
+
+
+def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_path):
+    # dispatcher i binds source.endpoint's port + i; one gets a producer, the other `control.replay --endpoint`
+    import socket
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from deploy.launch import mpi_env
+    from tests.cluster import write_config
+    from tests.reference import reference_pairs
+    from tests.test_zmq_cluster import finish, start
+
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        port = a.getsockname()[1]
+        b.bind(("127.0.0.1", port + 1))  # fails (and the test with it) only if port + 1 is taken
+    rng = np.random.default_rng(50)
+    n = 6000
+    ts = np.sort(rng.random(n) * 2.0) - rng.random(n) * 0.2  # out of order, but never by more than max_delay
+    table = pa.table({"stream": np.where(rng.random(n) < 0.5, "R", "S"), "id": np.arange(n),
+                      "ts": ts, "key": rng.integers(0, 300, n), "value": rng.random(n)})
+    halves = [table.slice(0, n // 2), table.slice(n // 2)]
+    for i, half in enumerate(halves):
+        pq.write_table(half, tmp_path / f"half-{i}.parquet")
+    settings = {**SHARDED, "cluster.dispatchers": 2, "source.kind": "zmq", "join.window": 0.3,
+                "source.endpoint": f"tcp://127.0.0.1:{port}", "source.idle_timeout": 600.0}
+    cluster = subprocess.Popen([sys.executable, "-m", "deploy.launch", "-n", "4", "--", "--config",
+                                str(write_config(tmp_path, settings))], env=mpi_env(), stderr=subprocess.PIPE,
+                               text=True)
+    producer = start("protocol.produce", tmp_path / "half-0.parquet", "--endpoint", f"tcp://127.0.0.1:{port}")
+    replay = subprocess.run([sys.executable, "-m", "control.replay", str(tmp_path / "half-1.parquet"), "--speed",
+                             "max", "--endpoint", f"tcp://127.0.0.1:{port + 1}", "--set",
+                             f"output.path={tmp_path / 'replay-out'}"], env=mpi_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert replay.returncode == 0, replay.stderr
+    finish(producer)
+    _, err = cluster.communicate(timeout=300)
+    assert cluster.returncode == 0, err
+    expected, _ = reference_pairs((table["stream"].to_numpy(zero_copy_only=False) == "S").astype(int),
+                                  table["id"].to_numpy(), ts, table["key"].to_numpy(), 0.3, SMALL["join.max_delay"])
+    from tests.cluster import Run
+    got = np.sort(Run(tmp_path / "out", cluster).pairs())
+    assert len(expected) > 1000 and np.array_equal(got, expected)
