@@ -30,10 +30,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m deploy.bench --quick
 	$(BIN)/python -m deploy.bench_balance --quick
+	$(BIN)/python -m deploy.bench_hotkeys --quick
 
 bench-full: $(STAMP)
 	$(BIN)/python -m deploy.bench
 	$(BIN)/python -m deploy.bench_balance
+	$(BIN)/python -m deploy.bench_hotkeys
 
 clean:
 	rm -rf out bench-report .pytest_cache
