@@ -267,3 +267,16 @@ def test_balance_bench_imbalance_is_max_over_mean():
                           "3": {"tuples_processed": 200}}}
     assert imbalance(summary) == pytest.approx(1.5)
     assert math.isnan(imbalance({"slaves": {"1": {"tuples_processed": 0}}}))
+
+
+def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
+    from deploy.bench_kernel import duckdb_join, epoch_batches, own_kernel
+    from protocol.config import load_config
+    cfg = load_config(None, ["generator.duration=2", "generator.rate=5000", "generator.keys=2048"])
+    data, batches = epoch_batches(cfg)
+    assert sum(len(r) + len(s) for r, s, _ in batches) == len(data.ts)
+    watermarks = [w for *_, w in batches]
+    assert watermarks == sorted(watermarks)
+    _, own = own_kernel(cfg, batches)
+    _, duck = duckdb_join(cfg, data)
+    assert own == duck > 1000

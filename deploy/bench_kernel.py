@@ -1,0 +1,124 @@
+"""`python -m deploy.bench_kernel [--quick] [--repeats 5] [--out bench-report]`: what one core can do.
+
+The cluster's capacity is judged against the best single-core join of the same
+input (issue 6): this runs the project's own join module in one process, batch
+by batch as a slave would (one batch per distribution epoch of arrival time,
+watermark expiry, extendible-hash tuning), and DuckDB with one thread joining
+the whole input at once with the same key and time condition, as a reference
+for a compiled kernel.  Both count the results, which must agree.  Reports
+tuples per second (both streams) as the median over the repeats, and the limit
+the cluster is measured against: the own kernel's rate times the cores (DuckDB
+times the cores is given beside it: a whole-input join, not a streaming one,
+so it shows what compiled code could reach, not what this design can).
+Output: kernel.md, kernel.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from deploy.bench import machine_info, md_table, median
+from master.ingest import to_wire
+from master.source import generate_all
+from protocol.config import load_config
+from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
+from slave.join import JoinModule
+
+
+def epoch_batches(cfg: dict):
+    """The input cut into one batch per distribution epoch of event time, with its watermark (as the master
+    would send it to a single slave)."""
+    data = generate_all(cfg)
+    dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
+    rows = to_wire(dtype, data.id, data.ts, data.key, data.value, data.ts)
+    epoch = cfg["epochs"]["distribution"]
+    cut = np.searchsorted(data.ts, np.arange(epoch, data.ts.max() + epoch, epoch))
+    seen = np.maximum.accumulate(data.ts)
+    batches = []
+    for a, b in zip(np.concatenate([[0], cut[:-1]]), cut):
+        if b > a:
+            part, stream = rows[a:b], data.stream[a:b]
+            batches.append((part[stream == STREAM_R], part[stream == STREAM_S],
+                            float(seen[b - 1]) - cfg["join"]["max_delay"]))
+    return data, batches
+
+
+def own_kernel(cfg: dict, batches) -> tuple[float, int]:
+    """Seconds and results of the slave's join module over all batches, in this one process."""
+    t = cfg["tuning"]
+    module = JoinModule(batches[0][0].dtype, cfg["partitioning"]["partitions"], cfg["join"]["window"],
+                        t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"])
+    results = 0
+    started = time.perf_counter()
+    for r, s, watermark in batches:
+        out_r, _ = module.process(r, s, watermark)
+        results += len(out_r)
+    return time.perf_counter() - started, results
+
+
+def duckdb_join(cfg: dict, data) -> tuple[float, int]:
+    """Seconds and results of DuckDB (one thread) joining the whole input with the same condition."""
+    import duckdb
+    import pyarrow as pa
+    con = duckdb.connect()
+    con.execute("SET threads = 1")
+    for name, code in (("r", STREAM_R), ("s", STREAM_S)):
+        mine = data.stream == code
+        con.register(name, pa.table({"id": data.id[mine], "ts": data.ts[mine], "key": data.key[mine]}))
+    w = cfg["join"]["window"]
+    started = time.perf_counter()
+    (results,) = con.execute(f"SELECT count(*) FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts - {w} AND r.ts + {w}").fetchone()
+    return time.perf_counter() - started, int(results)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m deploy.bench_kernel", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="10 s of input instead of 30 s")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="workload settings")
+    p.add_argument("--out", type=Path, default=Path("bench-report"))
+    a = p.parse_args(argv)
+    cfg = load_config(None, [f"generator.duration={10 if a.quick else 30}", *a.set])
+    data, batches = epoch_batches(cfg)
+    n = len(data.ts)
+    runs = {"own": [], "duckdb": []}
+    counts = set()
+    for i in range(a.repeats):
+        for name, fn in (("own", lambda: own_kernel(cfg, batches)), ("duckdb", lambda: duckdb_join(cfg, data))):
+            seconds, results = fn()
+            counts.add(results)
+            runs[name].append(n / seconds)
+            print(f"[{name:>6} #{i + 1}] {n / seconds:,.0f} tuples/s ({results:,} results in {seconds:.2f}s)", flush=True)
+    if len(counts) != 1:
+        print(f"bench_kernel: the kernels disagree on the result count: {sorted(counts)}", file=sys.stderr)
+        return 1
+    cores = len(os.sched_getaffinity(0))
+    best = {k: median(v) for k, v in runs.items()}
+    limit = best["own"] * cores
+    data_out = {"command": "python -m deploy.bench_kernel " + " ".join(argv), "machine": machine_info(),
+                "tuples": n, "results": counts.pop(), "runs": runs, "medians": best, "cores": cores,
+                "limit_tuples_per_s": limit, "duckdb_times_cores": best["duckdb"] * cores}
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "kernel.json").write_text(json.dumps(data_out, indent=2))
+    table = md_table(["kernel (one core)", "tuples/s (median)"],
+                     [["own join module, batch per epoch", f"{best['own']:,.0f}"],
+                      ["DuckDB, 1 thread, whole input", f"{best['duckdb']:,.0f}"],
+                      [f"limit: own x {cores} cores", f"{limit:,.0f}"],
+                      [f"DuckDB x {cores} cores (reference)", f"{best['duckdb'] * cores:,.0f}"]])
+    m = data_out["machine"]
+    (a.out / "kernel.md").write_text("\n".join([
+        "# The single-core limit", "", f"`{data_out['command'].strip()}` — {m['date']}", "",
+        f"Machine: {m['cpu']}, {cores} cores; {n:,} tuples, {data_out['results']:,} results; "
+        f"medians of {a.repeats} runs.", "", table, ""]))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
