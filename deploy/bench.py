@@ -191,6 +191,7 @@ def run_numbers(s: dict) -> dict:
             "wall_seconds": s["wall_seconds"], "throughput": s["throughput_tuples_per_s"],
             **{f"delay_{q}": nan_none(d[q]) for q in ("p50", "p95", "p99", "max")},
             "window_bytes_per_tuple": round(wb / wt, 1) if wt else None,
+            "tuples_moved": s.get("tuples_moved", 0), "moves": len(s.get("balance", {}).get("moves", [])),
             "slaves": {r: {k: v[k] for k in ("tuples_processed", "window_tuples", "window_bytes", "busy_seconds")}
                        for r, v in s["slaves"].items()}}
 
@@ -236,8 +237,12 @@ def _end_session(pid: int) -> None:
             pass
 
 
-def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float) -> dict:
+def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, module: str = "master",
+                env: dict[str, str] | None = None) -> dict:
     """One `mpirun -n ranks python -m master --set ...` into workdir; its summary.json, plus its peak RSS.
+
+    `module` and `env` replace the rank program and add environment variables (deploy.bench_balance runs
+    every rank through the CPU-pinning wrapper `deploy.busy`).
 
     The run gets a session of its own so a hung (or interrupted) run can be ended
     completely; os.wait4 gives the largest RSS of any process in it (prterun reaps
@@ -247,7 +252,8 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float) 
     out = workdir / "out"
     args = [a for kv in [*settings, f"output.path={out}", "output.progress=0"] for a in ("--set", kv)]
     with open(workdir / "stdout", "wb") as so, open(workdir / "stderr", "wb") as se:
-        proc = subprocess.Popen(mpirun_command(ranks, args), env=mpi_env(), stdout=so, stderr=se,
+        proc = subprocess.Popen(mpirun_command(ranks, args, module=module), env={**mpi_env(), **(env or {})},
+                                stdout=so, stderr=se,
                                 start_new_session=True)
     try:
         timed_out = not _exited(proc.pid, timeout)
@@ -274,22 +280,27 @@ class Bench:
     """Runs the plan, prints a line per run, and keeps every number for results.json."""
 
     def __init__(self, slaves: list[int], repeats: int, steps: int, delay_bound: float, workload: list[str],
-                 timeout: float, tmp: Path):
+                 timeout: float, tmp: Path, *, half: bool = True, tag: str = "", module: str = "master",
+                 env: dict[str, str] | None = None):
+        """`half`: also repeat at half the sustained rate; `tag` names the runs (and their folders) in the
+        progress lines; `module`, `env`: see run_cluster."""
         self.slaves, self.repeats, self.steps, self.delay_bound = slaves, repeats, steps, delay_bound
         self.workload, self.timeout, self.tmp = workload, timeout, tmp
-        self.total_runs, self.done = planned_runs(len(slaves), repeats, steps), 0
+        self.half, self.tag, self.module, self.env = half, tag, module, env
+        self.total_runs, self.done = planned_runs(len(slaves), repeats, steps, half), 0
         self.config: dict | None = None
 
     def _run(self, k: int, label: str, rate: float) -> dict:
         self.done += 1
         s = run_cluster(k + 1, [*self.workload, f"source.rate={float(rate)!r}"],
-                        self.tmp / f"k{k}-{label.replace(' ', '').replace('#', '-')}", self.timeout)
+                        self.tmp / f"{self.tag}k{k}-{label.replace(' ', '').replace('#', '-')}", self.timeout,
+                        self.module, self.env)
         self.config = self.config or s["config"]
         r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"]}
         if rate > 0:
             r.update(rate=rate, **keep_up(r["input_total"] + r["late"], r["wall_seconds"], rate, s["pacing_lag_max_seconds"]))
             r["passed"], r["verdict"] = search_verdict(r, self.delay_bound)
-        line = (f"[{self.done:>2}/{self.total_runs}] slaves={k} {label:<12} {r['throughput']:>10,.0f} tuples/s in "
+        line = (f"[{self.done:>2}/{self.total_runs}] {self.tag + ' ' if self.tag else ''}slaves={k} {label:<12} {r['throughput']:>10,.0f} tuples/s in "
                 f"{r['wall_seconds']:5.1f}s | delay p50 {fmt(r['delay_p50'], '.3f')}s p95 {fmt(r['delay_p95'], '.3f')}s"
                 f" p99 {fmt(r['delay_p99'], '.3f')}s | peak RSS {r['peak_rss_mb']:.0f} MB")
         if rate > 0:
@@ -310,10 +321,10 @@ class Bench:
         self.total_runs -= self.steps - len(search)  # the search stopped early (gave up or converged)
         rate = sustained_rate(trail)
         if not rate:
-            self.total_runs -= 2 * self.repeats
+            self.total_runs -= (2 if self.half else 1) * self.repeats
         at = [self._run(k, f"sustained #{i + 1}", rate) for i in range(self.repeats)] if rate else []
-        half_rate = round(HALF_LOAD * rate)
-        half = [self._run(k, f"half #{i + 1}", half_rate) for i in range(self.repeats)] if rate else []
+        half_rate = round(HALF_LOAD * rate) if self.half else 0
+        half = [self._run(k, f"half #{i + 1}", half_rate) for i in range(self.repeats)] if half_rate else []
         return {"slaves": k, "ranks": k + 1, "unpaced": unpaced, "probe": probe,
                 "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
                 "sustained": {"rate": rate, "throughput": median(r["throughput"] for r in at), **aggregate(at),
@@ -321,9 +332,10 @@ class Bench:
                 "half": {"rate": half_rate, **aggregate(half), "runs": half}}
 
 
-def planned_runs(n_slave_counts: int, repeats: int, steps: int) -> int:
-    """Runs the plan makes at most: per slave count a probe, the search, and repeats at two rates."""
-    return n_slave_counts * (1 + steps + 2 * repeats)
+def planned_runs(n_slave_counts: int, repeats: int, steps: int, half: bool = True) -> int:
+    """Runs the plan makes at most: per slave count a probe, the search, and repeats at the sustained rate
+    (and at half of it)."""
+    return n_slave_counts * (1 + steps + (2 if half else 1) * repeats)
 
 
 # --------------------------------------------------------------------------- machine, report, plots
