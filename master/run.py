@@ -156,6 +156,7 @@ class Master:
                 print(f"moved partition-group {move.partition}: slave {move.supplier} -> {move.consumer} "
                       f"({int(counters['moved_tuples']):,} tuples, {move.reason})", file=sys.stderr, flush=True)
                 continue
+            self.controller.on_work(rank, int(counters["tuples_r"] + counters["tuples_s"]), counters["busy"])
             request, _ = self.busy.pop(rank)
             request.Wait()
         return got
@@ -209,7 +210,8 @@ class Master:
         summary = self.stats.summary(self.cfg)
         summary["balance"] = {"reorganizations": self.controller.reorganizations, "moves": self.controller.moves_log,
                               "active_changes": self.controller.active_log,
-                              "active_at_end": sorted(self.controller.active)}
+                              "active_at_end": sorted(self.controller.active),
+                              "occupancy": self.controller.occupancy_log}
         write_summary(out / "summary.json", summary)
         print_summary(summary)
         return summary
