@@ -1,4 +1,4 @@
-"""`python -m deploy.bench [--quick] [--slaves 1,2,4] [--repeats 3] [--steps N] [--delay-bound S] [--out DIR]`: sustained input rate and delay per cluster size.
+"""`python -m deploy.bench [--quick] [--slaves 1,2,4] [--repeats 3] [--steps N] [--delay-bound S] [--peer spark|none] [--out DIR]`: sustained input rate and delay per cluster size, and of the peer.
 
 The capacity of the cluster is its **sustained input rate**: the highest paced
 input rate (`source.rate`) at which it keeps up with the pacing *and* the
@@ -20,8 +20,10 @@ generated workload:
 4. half: `repeats` runs paced at half the sustained rate (delay at half load).
 
 In paced runs a tuple's arrival is its nominal pacing time, so the delay is
-end-to-end, including any backlog in the master.  Output: report.md,
-results.json (all raw numbers) and PNG plots.
+end-to-end, including any backlog in the master.  Then (`--peer spark`, the
+default) the same search on Spark Structured Streaming's stream-stream join of
+the same data (`deploy.bench_spark`) and the ratio cluster/Spark.  Output:
+report.md, results.json (all raw numbers) and PNG plots.
 """
 from __future__ import annotations
 
@@ -41,12 +43,14 @@ import time
 from pathlib import Path
 
 from deploy.launch import find_mpirun, mpi_env, mpirun_command
+from protocol.config import load_config
 
 RUN_TIMEOUT = 600.0          # seconds per cluster run
 DELAY_BOUND = 1.5            # default --delay-bound: a passing run has delay p95 <= this (epochs 0.5 s)
 FIRST_FRACTION = 0.5         # the search starts at this fraction of the unpaced throughput U ...
 MAX_FAILS_WITHOUT_PASS = 4   # ... and halves after each failure, giving up after this many (last try U/16)
 HALF_LOAD = 0.5              # the delay at half load is measured at this fraction of the sustained rate
+PEER_DELAY_BOUND = 5.0       # default --peer-delay-bound for Spark (see deploy.bench_spark)
 KEEP_UP_LAG = 0.5            # a paced run kept up iff the master's ingest never fell more than this behind schedule
 
 
@@ -468,6 +472,9 @@ def write_report(out: Path, data: dict) -> None:
     ]
     for p in data["points"]:
         parts += [f"### {p['slaves']} slave(s), {p['ranks']} ranks", "", detail_table(p), ""]
+    if data.get("peer"):
+        from deploy.bench_spark import report_section
+        parts += report_section(data["points"], data["peer"], bound)
     parts += ["Window B/tuple: the slaves' allocated window bytes over stored tuples at the end of the run "
               f"(at least generator.tuple_bytes = {cfg['generator']['tuple_bytes']}; the excess is growth slack). "
               "Lag: wall time minus the paced schedule (tuples / pacing rate).", "",
@@ -478,9 +485,10 @@ def write_report(out: Path, data: dict) -> None:
     (out / "report.md").write_text("\n".join(parts))
 
 
-def plot(out: Path, points: list[dict], delay_bound: float) -> list[Path]:
-    """capacity.png (sustained rate, unpaced upper bound, search runs) and delay.png (delay p50/p99 at the
-    sustained rate and at half of it): medians as lines, single runs as faint dots."""
+def plot(out: Path, points: list[dict], delay_bound: float, peer: dict | None = None) -> list[Path]:
+    """capacity.png (sustained rate, unpaced upper bound, search runs, the peer's sustained rate as a line) and
+    delay.png (delay p50/p99 at the sustained rate and at half of it): medians as lines, single runs as faint
+    dots."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -495,6 +503,9 @@ def plot(out: Path, points: list[dict], delay_bound: float) -> list[Path]:
                           (False, dict(marker="x", color="C3", label="search run: failed"))):
         rates = [(p["slaves"] + 0.06, r) for p in points for r, ok in p["search"]["trail"] if ok == passed]
         ax.scatter([x for x, _ in rates], [y for _, y in rates], alpha=0.7, s=24, zorder=3, **style)
+    if peer:
+        ax.axhline(peer["sustained"]["rate"], color="C1", ls="-.",
+                   label=f"Spark local[{peer['cores']}] sustained rate ({peer['sustained']['rate']:,.0f}/s)")
     ax.set(title=f"Sustained input rate (kept up, delay p95 ≤ {delay_bound:g} s)", xlabel="slaves",
            ylabel="tuples/s", xticks=ks)
     ax.set_ylim(bottom=0)
@@ -552,14 +563,20 @@ def main(argv: list[str]) -> int:
                         f"(default {DELAY_BOUND:g})")
     p.add_argument("--out", type=Path, default=Path("bench-report"), help="report folder (default bench-report)")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="seconds per run before it counts as failed")
+    p.add_argument("--peer", choices=("spark", "none"), default="spark",
+                   help="also find the sustained rate of Spark Structured Streaming's join on the same data "
+                        "(deploy.bench_spark; default spark), or none")
+    p.add_argument("--peer-delay-bound", type=float, default=PEER_DELAY_BOUND,
+                   help=f"the peer's delay p95 bound (default {PEER_DELAY_BOUND:g} s: Spark's micro-batches alone "
+                        "take over a second here, so it sustains no rate under the cluster's bound)")
     a = p.parse_args(argv)
     steps = a.steps if a.steps is not None else 4 if a.quick else 6
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
     if steps < 1:
         p.error("--steps must be at least 1")
-    if not a.delay_bound > 0:
-        p.error("--delay-bound must be positive")
+    if not a.delay_bound > 0 or not a.peer_delay_bound > 0:
+        p.error("--delay-bound and --peer-delay-bound must be positive")
     workload = [f"generator.duration={20.0 if a.quick else 60.0}"]
     command = "python -m deploy.bench " + " ".join(argv)
     data = {"command": command.strip(), "machine": machine_info(), "repeats": a.repeats, "steps": steps,
@@ -575,13 +592,25 @@ def main(argv: list[str]) -> int:
         except RunFailed as e:
             print(f"\nbench: run {bench.done}/{bench.total_runs} FAILED, {e}", file=sys.stderr, flush=True)
             return 1
+        if a.peer == "spark":
+            from deploy.bench_spark import QUICK_RUN_SECONDS, RUN_SECONDS, SparkBench, peer_table, ratio, ratio_text
+            print(f"bench: the peer, Spark Structured Streaming, on the same workload", flush=True)
+            peer = SparkBench(load_config(None, workload), QUICK_RUN_SECONDS if a.quick else RUN_SECONDS, steps,
+                              a.repeats, a.peer_delay_bound, a.timeout, Path(tmp))
+            try:
+                data["peer"] = peer.point()
+            finally:
+                peer.close()
+            data["peer_ratio"] = ratio(data["points"], data["peer"], a.delay_bound)
     data["config"] = bench.config
     data["bench_seconds"] = round(time.monotonic() - started, 1)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(data, indent=2))
     write_report(a.out, data)
-    pngs = plot(a.out, data["points"], a.delay_bound)
+    pngs = plot(a.out, data["points"], a.delay_bound, data.get("peer"))
     print("\n" + summary_table(data["points"]) + "\n")
+    if data.get("peer"):
+        print(peer_table(data["peer"]) + "\n\n" + ratio_text(data["peer_ratio"]).replace("**", "") + "\n")
     for c in caveats(data):
         print(f"caveat: {c}")
     print(f"sustained rate: highest paced rate that kept up with delay p95 <= {a.delay_bound:g} s; delays and "

@@ -68,9 +68,11 @@ def decode_plan(text: str) -> list[set[int]]:
 def hogs(n: int, cpus: list[int]):
     """`n` processes that spin on `cpus` while the block runs: the other work of a busy host.  Ended (SIGKILL,
     by pid) when the block exits, however it exits."""
-    code = f"import os\nos.sched_setaffinity(0, {set(cpus)!r})\nwhile True:\n    pass\n"
-    procs = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL) for _ in range(n)]
+    procs = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass\n"], stdin=subprocess.DEVNULL)
+             for _ in range(n)]
     try:
+        for p in procs:
+            os.sched_setaffinity(p.pid, cpus)
         yield [p.pid for p in procs]
     finally:
         for p in procs:

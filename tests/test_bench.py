@@ -336,10 +336,14 @@ def test_hogs_spin_pinned_and_are_ended(tmp_path):
     cpu = min(os.sched_getaffinity(0))
     with hogs(2, [cpu]) as pids:
         assert len(pids) == 2
-        time.sleep(0.3)
         for pid in pids:
             assert os.sched_getaffinity(pid) == {cpu}
-            assert open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "R"  # running, not asleep
+        state = lambda pid: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        deadline = time.monotonic() + 30
+        while any(state(pid) != "R" for pid in pids) and time.monotonic() < deadline:  # python starting up
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert [state(pid) for pid in pids] == ["R", "R"]  # spinning (running or runnable), never asleep
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
