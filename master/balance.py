@@ -7,7 +7,9 @@ suppliers, below `consumer_threshold` consumers, the rest neutral.  One scan
 pairs the most loaded supplier with the least loaded consumer, and so on; each
 supplier yields one partition-group.  The degree of declustering follows the
 same classification: no supplier at all -> one slave fewer (it hands all its
-groups over first); more than `gamma` x consumers suppliers -> one slave more.
+groups over first: the slave with the highest measured cost per tuple, i.e. on
+the busiest host, else the least loaded); more than `gamma` x consumers
+suppliers -> one slave more.
 """
 from __future__ import annotations
 
@@ -67,7 +69,9 @@ def plan(occupancy: dict[int, float], group_load: dict[int, dict[int, float]], i
     moves: list[Move] = []
     joining = leaving = None
     if cfg["declustering"] and not suppliers and len(occupancy) > 1:
-        leaving = min(occupancy, key=lambda r: (occupancy[r], load[r], -r))
+        # the slave on the busiest host (highest cost per tuple, in steps of 10% of the typical cost, so that
+        # noise does not decide) leaves; among equals the least loaded one (the paper's rule)
+        leaving = min(occupancy, key=lambda r: (-round(per_tuple(r) / typical, 1), occupancy[r], load[r], -r))
         others = sorted((r for r in occupancy if r != leaving), key=lambda r: (load[r], r))
         given = dict.fromkeys(others, 0.0)
         for p, g in sorted(group_load.get(leaving, {}).items(), key=lambda pg: -pg[1]):

@@ -57,6 +57,18 @@ def test_plan_uses_measured_costs_and_the_median_for_slaves_without_one():
     assert plan(occ, loads, [], bal, np.random.default_rng(0), cost={1: 3e-6, 3: 1e-6}) == ([], None, None)
 
 
+def test_plan_shrinks_the_busiest_host_first_not_the_idlest_slave():
+    """Measured in the balance bench: with the least loaded slave leaving, the quiet hosts' slaves left one by
+    one and the slave on the busy host ended up with every group."""
+    occ = {1: 0.0, 2: 0.05, 3: 0.3}
+    loads = {1: {10: 40.0}, 2: {11: 30.0}, 3: {12: 5.0, 13: 3.0}}
+    _, _, leaving = plan(occ, loads, [], BAL, np.random.default_rng(0), cost={1: 1e-6, 2: 1e-6, 3: 3e-6})
+    assert leaving == 3
+    # costs within noise (less than 5% of the typical apart): the least loaded slave leaves, as in the paper
+    _, _, leaving = plan(occ, loads, [], BAL, np.random.default_rng(0), cost={1: 1.01e-6, 2: 1e-6, 3: 1.02e-6})
+    assert leaving == 1
+
+
 def test_plan_pairs_each_supplier_with_one_consumer():
     occ = {1: 0.9, 2: 0.8, 3: 0.0, 4: 0.05, 5: 0.3}
     loads = {1: {10: 40.0, 11: 50.0}, 2: {12: 30.0, 13: 50.0}, 3: {14: 1.0}, 4: {15: 2.0}, 5: {16: 20.0}}
