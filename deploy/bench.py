@@ -510,6 +510,8 @@ def plot(out: Path, points: list[dict], delay_bound: float, peer: dict | None = 
            ylabel="tuples/s", xticks=ks)
     ax.set_ylim(bottom=0)
     ax.margins(x=0.12)
+    if len(ks) == 1:  # one slave count: give the offset search dots room
+        ax.set_xlim(ks[0] - 0.5, ks[0] + 0.5)
     ax.yaxis.set_major_formatter(thousands)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
