@@ -84,6 +84,7 @@ def spark_session(cores: int | None = None):
              .config("spark.default.parallelism", str(cores))
              .config("spark.driver.memory", "4g")
              .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")  # the bench prints its own line per run
              .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
              # the file source lists each new file as a path; above this many paths the listing becomes a
              # Spark job with a task per file (seconds per micro-batch on 2 cores): list in the driver
