@@ -28,8 +28,8 @@ def config(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return load_config(args.config, args.set)
 
 
-def session(master: str | None = None, app: str = "streamjoin"):
-    """A Spark session with quiet logging and small shuffles."""
+def session(master: str | None = None, app: str = "streamjoin", settings: dict[str, str] | None = None):
+    """A Spark session with quiet logging and small shuffles; `settings` add or override Spark settings."""
     from pyspark.sql import SparkSession
 
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM and chose the master
@@ -38,6 +38,8 @@ def session(master: str | None = None, app: str = "streamjoin"):
     b = b.config("spark.sql.shuffle.partitions", "4").config("spark.ui.enabled", "false")
     b = b.config("spark.sql.session.timeZone", "UTC").config("spark.pyspark.python", sys.executable)
     b = b.config("spark.ui.showConsoleProgress", "false")
+    for name, value in (settings or {}).items():
+        b = b.config(name, value)
     if master:
         b = b.master(master)
         if master.startswith("local"):

@@ -1,4 +1,4 @@
-"""`python -m deploy.bench [--quick] [--slaves 1,2,4] [--repeats 3] [--steps N] [--delay-bound S] [--out DIR]`: sustained input rate and delay per cluster size.
+"""`python -m deploy.bench [--quick] [--slaves 1,2,4] [--repeats 3] [--steps N] [--delay-bound S] [--peer spark|none] [--out DIR]`: sustained input rate and delay per cluster size, and of the peer.
 
 The capacity of the cluster is its **sustained input rate**: the highest paced
 input rate (`source.rate`) at which it keeps up with the pacing *and* the
@@ -20,8 +20,10 @@ generated workload:
 4. half: `repeats` runs paced at half the sustained rate (delay at half load).
 
 In paced runs a tuple's arrival is its nominal pacing time, so the delay is
-end-to-end, including any backlog in the master.  Output: report.md,
-results.json (all raw numbers) and PNG plots.
+end-to-end, including any backlog in the master.  Then (`--peer spark`, the
+default) the same search on Spark Structured Streaming's stream-stream join of
+the same data (`deploy.bench_spark`) and the ratio cluster/Spark.  Output:
+report.md, results.json (all raw numbers) and PNG plots.
 """
 from __future__ import annotations
 
@@ -41,12 +43,14 @@ import time
 from pathlib import Path
 
 from deploy.launch import find_mpirun, mpi_env, mpirun_command
+from protocol.config import load_config
 
 RUN_TIMEOUT = 600.0          # seconds per cluster run
 DELAY_BOUND = 1.5            # default --delay-bound: a passing run has delay p95 <= this (epochs 0.5 s)
 FIRST_FRACTION = 0.5         # the search starts at this fraction of the unpaced throughput U ...
 MAX_FAILS_WITHOUT_PASS = 4   # ... and halves after each failure, giving up after this many (last try U/16)
 HALF_LOAD = 0.5              # the delay at half load is measured at this fraction of the sustained rate
+PEER_DELAY_BOUND = 5.0       # default --peer-delay-bound for Spark (see deploy.bench_spark)
 KEEP_UP_LAG = 0.5            # a paced run kept up iff the master's ingest never fell more than this behind schedule
 
 
@@ -191,6 +195,7 @@ def run_numbers(s: dict) -> dict:
             "wall_seconds": s["wall_seconds"], "throughput": s["throughput_tuples_per_s"],
             **{f"delay_{q}": nan_none(d[q]) for q in ("p50", "p95", "p99", "max")},
             "window_bytes_per_tuple": round(wb / wt, 1) if wt else None,
+            "tuples_moved": s.get("tuples_moved", 0), "moves": len(s.get("balance", {}).get("moves", [])),
             "slaves": {r: {k: v[k] for k in ("tuples_processed", "window_tuples", "window_bytes", "busy_seconds")}
                        for r, v in s["slaves"].items()}}
 
@@ -236,8 +241,12 @@ def _end_session(pid: int) -> None:
             pass
 
 
-def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float) -> dict:
+def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, module: str = "master",
+                env: dict[str, str] | None = None) -> dict:
     """One `mpirun -n ranks python -m master --set ...` into workdir; its summary.json, plus its peak RSS.
+
+    `module` and `env` replace the rank program and add environment variables (deploy.bench_balance runs
+    every rank through the CPU-pinning wrapper `deploy.busy`).
 
     The run gets a session of its own so a hung (or interrupted) run can be ended
     completely; os.wait4 gives the largest RSS of any process in it (prterun reaps
@@ -247,7 +256,8 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float) 
     out = workdir / "out"
     args = [a for kv in [*settings, f"output.path={out}", "output.progress=0"] for a in ("--set", kv)]
     with open(workdir / "stdout", "wb") as so, open(workdir / "stderr", "wb") as se:
-        proc = subprocess.Popen(mpirun_command(ranks, args), env=mpi_env(), stdout=so, stderr=se,
+        proc = subprocess.Popen(mpirun_command(ranks, args, module=module), env={**mpi_env(), **(env or {})},
+                                stdout=so, stderr=se,
                                 start_new_session=True)
     try:
         timed_out = not _exited(proc.pid, timeout)
@@ -274,22 +284,27 @@ class Bench:
     """Runs the plan, prints a line per run, and keeps every number for results.json."""
 
     def __init__(self, slaves: list[int], repeats: int, steps: int, delay_bound: float, workload: list[str],
-                 timeout: float, tmp: Path):
+                 timeout: float, tmp: Path, *, half: bool = True, tag: str = "", module: str = "master",
+                 env: dict[str, str] | None = None):
+        """`half`: also repeat at half the sustained rate; `tag` names the runs (and their folders) in the
+        progress lines; `module`, `env`: see run_cluster."""
         self.slaves, self.repeats, self.steps, self.delay_bound = slaves, repeats, steps, delay_bound
         self.workload, self.timeout, self.tmp = workload, timeout, tmp
-        self.total_runs, self.done = planned_runs(len(slaves), repeats, steps), 0
+        self.half, self.tag, self.module, self.env = half, tag, module, env
+        self.total_runs, self.done = planned_runs(len(slaves), repeats, steps, half), 0
         self.config: dict | None = None
 
     def _run(self, k: int, label: str, rate: float) -> dict:
         self.done += 1
         s = run_cluster(k + 1, [*self.workload, f"source.rate={float(rate)!r}"],
-                        self.tmp / f"k{k}-{label.replace(' ', '').replace('#', '-')}", self.timeout)
+                        self.tmp / f"{self.tag}k{k}-{label.replace(' ', '').replace('#', '-')}", self.timeout,
+                        self.module, self.env)
         self.config = self.config or s["config"]
         r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"]}
         if rate > 0:
             r.update(rate=rate, **keep_up(r["input_total"] + r["late"], r["wall_seconds"], rate, s["pacing_lag_max_seconds"]))
             r["passed"], r["verdict"] = search_verdict(r, self.delay_bound)
-        line = (f"[{self.done:>2}/{self.total_runs}] slaves={k} {label:<12} {r['throughput']:>10,.0f} tuples/s in "
+        line = (f"[{self.done:>2}/{self.total_runs}] {self.tag + ' ' if self.tag else ''}slaves={k} {label:<12} {r['throughput']:>10,.0f} tuples/s in "
                 f"{r['wall_seconds']:5.1f}s | delay p50 {fmt(r['delay_p50'], '.3f')}s p95 {fmt(r['delay_p95'], '.3f')}s"
                 f" p99 {fmt(r['delay_p99'], '.3f')}s | peak RSS {r['peak_rss_mb']:.0f} MB")
         if rate > 0:
@@ -310,10 +325,10 @@ class Bench:
         self.total_runs -= self.steps - len(search)  # the search stopped early (gave up or converged)
         rate = sustained_rate(trail)
         if not rate:
-            self.total_runs -= 2 * self.repeats
+            self.total_runs -= (2 if self.half else 1) * self.repeats
         at = [self._run(k, f"sustained #{i + 1}", rate) for i in range(self.repeats)] if rate else []
-        half_rate = round(HALF_LOAD * rate)
-        half = [self._run(k, f"half #{i + 1}", half_rate) for i in range(self.repeats)] if rate else []
+        half_rate = round(HALF_LOAD * rate) if self.half else 0
+        half = [self._run(k, f"half #{i + 1}", half_rate) for i in range(self.repeats)] if half_rate else []
         return {"slaves": k, "ranks": k + 1, "unpaced": unpaced, "probe": probe,
                 "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
                 "sustained": {"rate": rate, "throughput": median(r["throughput"] for r in at), **aggregate(at),
@@ -321,9 +336,10 @@ class Bench:
                 "half": {"rate": half_rate, **aggregate(half), "runs": half}}
 
 
-def planned_runs(n_slave_counts: int, repeats: int, steps: int) -> int:
-    """Runs the plan makes at most: per slave count a probe, the search, and repeats at two rates."""
-    return n_slave_counts * (1 + steps + 2 * repeats)
+def planned_runs(n_slave_counts: int, repeats: int, steps: int, half: bool = True) -> int:
+    """Runs the plan makes at most: per slave count a probe, the search, and repeats at the sustained rate
+    (and at half of it)."""
+    return n_slave_counts * (1 + steps + (2 if half else 1) * repeats)
 
 
 # --------------------------------------------------------------------------- machine, report, plots
@@ -456,6 +472,9 @@ def write_report(out: Path, data: dict) -> None:
     ]
     for p in data["points"]:
         parts += [f"### {p['slaves']} slave(s), {p['ranks']} ranks", "", detail_table(p), ""]
+    if data.get("peer"):
+        from deploy.bench_spark import report_section
+        parts += report_section(data["points"], data["peer"], bound)
     parts += ["Window B/tuple: the slaves' allocated window bytes over stored tuples at the end of the run "
               f"(at least generator.tuple_bytes = {cfg['generator']['tuple_bytes']}; the excess is growth slack). "
               "Lag: wall time minus the paced schedule (tuples / pacing rate).", "",
@@ -466,9 +485,10 @@ def write_report(out: Path, data: dict) -> None:
     (out / "report.md").write_text("\n".join(parts))
 
 
-def plot(out: Path, points: list[dict], delay_bound: float) -> list[Path]:
-    """capacity.png (sustained rate, unpaced upper bound, search runs) and delay.png (delay p50/p99 at the
-    sustained rate and at half of it): medians as lines, single runs as faint dots."""
+def plot(out: Path, points: list[dict], delay_bound: float, peer: dict | None = None) -> list[Path]:
+    """capacity.png (sustained rate, unpaced upper bound, search runs, the peer's sustained rate as a line) and
+    delay.png (delay p50/p99 at the sustained rate and at half of it): medians as lines, single runs as faint
+    dots."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -483,10 +503,15 @@ def plot(out: Path, points: list[dict], delay_bound: float) -> list[Path]:
                           (False, dict(marker="x", color="C3", label="search run: failed"))):
         rates = [(p["slaves"] + 0.06, r) for p in points for r, ok in p["search"]["trail"] if ok == passed]
         ax.scatter([x for x, _ in rates], [y for _, y in rates], alpha=0.7, s=24, zorder=3, **style)
+    if peer:
+        ax.axhline(peer["sustained"]["rate"], color="C1", ls="-.",
+                   label=f"Spark local[{peer['cores']}] sustained rate ({peer['sustained']['rate']:,.0f}/s)")
     ax.set(title=f"Sustained input rate (kept up, delay p95 ≤ {delay_bound:g} s)", xlabel="slaves",
            ylabel="tuples/s", xticks=ks)
     ax.set_ylim(bottom=0)
     ax.margins(x=0.12)
+    if len(ks) == 1:  # one slave count: give the offset search dots room
+        ax.set_xlim(ks[0] - 0.5, ks[0] + 0.5)
     ax.yaxis.set_major_formatter(thousands)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -540,14 +565,20 @@ def main(argv: list[str]) -> int:
                         f"(default {DELAY_BOUND:g})")
     p.add_argument("--out", type=Path, default=Path("bench-report"), help="report folder (default bench-report)")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="seconds per run before it counts as failed")
+    p.add_argument("--peer", choices=("spark", "none"), default="spark",
+                   help="also find the sustained rate of Spark Structured Streaming's join on the same data "
+                        "(deploy.bench_spark; default spark), or none")
+    p.add_argument("--peer-delay-bound", type=float, default=PEER_DELAY_BOUND,
+                   help=f"the peer's delay p95 bound (default {PEER_DELAY_BOUND:g} s: Spark's micro-batches alone "
+                        "take over a second here, so it sustains no rate under the cluster's bound)")
     a = p.parse_args(argv)
     steps = a.steps if a.steps is not None else 4 if a.quick else 6
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
     if steps < 1:
         p.error("--steps must be at least 1")
-    if not a.delay_bound > 0:
-        p.error("--delay-bound must be positive")
+    if not a.delay_bound > 0 or not a.peer_delay_bound > 0:
+        p.error("--delay-bound and --peer-delay-bound must be positive")
     workload = [f"generator.duration={20.0 if a.quick else 60.0}"]
     command = "python -m deploy.bench " + " ".join(argv)
     data = {"command": command.strip(), "machine": machine_info(), "repeats": a.repeats, "steps": steps,
@@ -563,13 +594,25 @@ def main(argv: list[str]) -> int:
         except RunFailed as e:
             print(f"\nbench: run {bench.done}/{bench.total_runs} FAILED, {e}", file=sys.stderr, flush=True)
             return 1
+        if a.peer == "spark":
+            from deploy.bench_spark import QUICK_RUN_SECONDS, RUN_SECONDS, SparkBench, peer_table, ratio, ratio_text
+            print("bench: the peer, Spark Structured Streaming, on the same workload", flush=True)
+            peer = SparkBench(load_config(None, workload), QUICK_RUN_SECONDS if a.quick else RUN_SECONDS, steps,
+                              a.repeats, a.peer_delay_bound, a.timeout, Path(tmp))
+            try:
+                data["peer"] = peer.point()
+            finally:
+                peer.close()
+            data["peer_ratio"] = ratio(data["points"], data["peer"], a.delay_bound)
     data["config"] = bench.config
     data["bench_seconds"] = round(time.monotonic() - started, 1)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(data, indent=2))
     write_report(a.out, data)
-    pngs = plot(a.out, data["points"], a.delay_bound)
+    pngs = plot(a.out, data["points"], a.delay_bound, data.get("peer"))
     print("\n" + summary_table(data["points"]) + "\n")
+    if data.get("peer"):
+        print(peer_table(data["peer"]) + "\n\n" + ratio_text(data["peer_ratio"]).replace("**", "") + "\n")
     for c in caveats(data):
         print(f"caveat: {c}")
     print(f"sustained rate: highest paced rate that kept up with delay p95 <= {a.delay_bound:g} s; delays and "

@@ -7,7 +7,9 @@ suppliers, below `consumer_threshold` consumers, the rest neutral.  One scan
 pairs the most loaded supplier with the least loaded consumer, and so on; each
 supplier yields one partition-group.  The degree of declustering follows the
 same classification: no supplier at all -> one slave fewer (it hands all its
-groups over first); more than `gamma` x consumers suppliers -> one slave more.
+groups over first: the slave with the highest measured cost per tuple, i.e. on
+the busiest host, else the least loaded); more than `gamma` x consumers
+suppliers -> one slave more.
 """
 from __future__ import annotations
 
@@ -33,31 +35,43 @@ def classify(occupancy: dict[int, float], supplier_threshold: float,
 
 
 def choose_group(groups: dict[int, float], supplier_load: float, consumer_load: float, choice: str,
-                 rng: np.random.Generator) -> int | None:
+                 rng: np.random.Generator, supplier_cost: float = 1.0, consumer_cost: float = 1.0) -> int | None:
     """Which partition-group a supplier yields: a random one (the paper), or the largest that fits, i.e. whose
     load moved over does not leave the consumer more loaded than the supplier (so a move cannot just swap the
-    overload); None when there is nothing to give."""
+    overload); None when there is nothing to give.
+
+    Loads are tuples; the costs (seconds per tuple on each slave) turn them into work time, so on a busy host,
+    whose slave joins the same tuples more slowly, a supplier with no more tuples than its consumer can still
+    give: g fits iff consumer_load*cc + g*cc <= supplier_load*cs - g*cs (equal costs: g <= (s - c) / 2)."""
     if not groups:
         return None
     if choice == "random":
         return int(rng.choice(sorted(groups)))
-    fits = [p for p, load in groups.items() if load <= (supplier_load - consumer_load) / 2]
+    room = (supplier_load * supplier_cost - consumer_load * consumer_cost) / (supplier_cost + consumer_cost)
+    fits = [p for p, load in groups.items() if load <= room]
     return max(fits, key=lambda p: (groups[p], -p)) if fits else None
 
 
 def plan(occupancy: dict[int, float], group_load: dict[int, dict[int, float]], inactive: list[int],
-         cfg: dict, rng: np.random.Generator) -> tuple[list[Move], int | None, int | None]:
+         cfg: dict, rng: np.random.Generator,
+         cost: dict[int, float] | None = None) -> tuple[list[Move], int | None, int | None]:
     """Moves for this reorganization epoch, plus the slave to activate and the slave to retire (or None).
 
     `occupancy` covers the active slaves; `group_load[r]` maps each partition of slave r to its tuples
-    in this reorganization epoch.
+    in this reorganization epoch; `cost[r]`, where known, is slave r's measured seconds per tuple joined
+    (a slave without one, e.g. a joining slave, is taken at the median of the known costs).
     """
+    known = sorted(c for c in (cost or {}).values() if c > 0)
+    typical = known[len(known) // 2] if known else 1.0
+    per_tuple = lambda r: (cost or {}).get(r) or typical
     suppliers, consumers = classify(occupancy, cfg["supplier_threshold"], cfg["consumer_threshold"])
     load = {r: float(sum(group_load.get(r, {}).values())) for r in occupancy}
     moves: list[Move] = []
     joining = leaving = None
     if cfg["declustering"] and not suppliers and len(occupancy) > 1:
-        leaving = min(occupancy, key=lambda r: (occupancy[r], load[r], -r))
+        # the slave on the busiest host (highest cost per tuple, in steps of 10% of the typical cost, so that
+        # noise does not decide) leaves; among equals the least loaded one (the paper's rule)
+        leaving = min(occupancy, key=lambda r: (-round(per_tuple(r) / typical, 1), occupancy[r], load[r], -r))
         others = sorted((r for r in occupancy if r != leaving), key=lambda r: (load[r], r))
         given = dict.fromkeys(others, 0.0)
         for p, g in sorted(group_load.get(leaving, {}).items(), key=lambda pg: -pg[1]):
@@ -70,7 +84,8 @@ def plan(occupancy: dict[int, float], group_load: dict[int, dict[int, float]], i
         consumers = [joining] + consumers
         load[joining] = 0.0
     for supplier, consumer in zip(suppliers, consumers):
-        p = choose_group(group_load.get(supplier, {}), load[supplier], load[consumer], cfg["choice"], rng)
+        p = choose_group(group_load.get(supplier, {}), load[supplier], load[consumer], cfg["choice"], rng,
+                         per_tuple(supplier), per_tuple(consumer))
         if p is not None:
             moves.append(Move(p, supplier, consumer, "grow" if consumer == joining else "balance"))
     return moves, joining if any(m.consumer == joining for m in moves) else None, None

@@ -33,6 +33,7 @@ class Controller:
         self.reorganizations = 0
         self.moves_log: list[dict] = []
         self.active_log: list[dict] = []
+        self.occupancy_log: list[dict] = []  #: per reorganization, every active slave's occupancy (why it moved)
         self.rng = np.random.default_rng(self.cfg["seed"])
         self.t0 = time.time()
         self._reset_epoch()
@@ -54,6 +55,7 @@ class Controller:
     def _reset_epoch(self) -> None:
         self.buffer_samples: dict[int, list[int]] = {r: [] for r in self.active}
         self.group_load = np.zeros(len(self.partition_map), dtype=np.int64)
+        self.work: dict[int, list[float]] = {}  #: rank -> [tuples joined, seconds spent joining] this epoch
 
     @property
     def busy(self) -> bool:
@@ -71,6 +73,16 @@ class Controller:
         """A batch left: `sizes` tuples per partition of `partitions`."""
         self.group_load[partitions] += sizes
 
+    def on_work(self, rank: int, tuples: int, seconds: float) -> None:
+        """A slave's report: it joined `tuples` in `seconds` (its join's wall time, longer on a busy host)."""
+        w = self.work.setdefault(rank, [0, 0.0])
+        w[0] += tuples
+        w[1] += seconds
+
+    def cost(self) -> dict[int, float]:
+        """Seconds per tuple joined of every slave that joined something this reorganization epoch."""
+        return {r: s / t for r, (t, s) in self.work.items() if t > 0 and s > 0}
+
     def occupancy(self) -> dict[int, float]:
         """Average buffer occupancy of every active slave over this reorganization epoch (paper IV-C)."""
         cap = self.cfg["buffer_capacity"]
@@ -79,10 +91,14 @@ class Controller:
     def reorganize(self, now: float) -> None:
         """Decide this epoch's moves and active-set change (skipped while earlier moves are still running)."""
         self.reorganizations += 1
+        self.occupancy_log.append({"reorganization": self.reorganizations,
+                                   "occupancy": {r: round(o, 4) for r, o in self.occupancy().items()},
+                                   "us_per_tuple": {r: round(c * 1e6, 2) for r, c in self.cost().items()}})
         if self.enabled and not self.busy:
             group_load = {r: {int(p): float(self.group_load[p]) for p in np.flatnonzero(self.partition_map == r)}
                           for r in self.active}
-            moves, joining, leaving = plan(self.occupancy(), group_load, self.inactive, self.cfg, self.rng)
+            moves, joining, leaving = plan(self.occupancy(), group_load, self.inactive, self.cfg, self.rng,
+                                           self.cost())
             if joining is not None:
                 self.inactive.remove(joining)
                 self.active.append(joining)

@@ -236,6 +236,7 @@ class Master:
                 print(f"moved partition-group {move.partition}: slave {move.supplier} -> {move.consumer} "
                       f"({int(counters['moved_tuples']):,} tuples, {move.reason})", file=sys.stderr, flush=True)
                 continue
+            self.controller.on_work(rank, int(counters["tuples_r"] + counters["tuples_s"]), counters["busy"])
             request, _ = self.busy.pop(rank)
             request.Wait()
         return got
@@ -438,7 +439,8 @@ class Master:
         summary = self.stats.summary(self.cfg)
         summary["balance"] = {"reorganizations": self.controller.reorganizations, "moves": self.controller.moves_log,
                               "active_changes": self.controller.active_log,
-                              "active_at_end": sorted(self.controller.active)}
+                              "active_at_end": sorted(self.controller.active),
+                              "occupancy": self.controller.occupancy_log}
         summary["hot_keys"] = self.hot_log
         summary["checkpoints"] = {"written": self.checkpoints_written, "recovered_from": self.recovered_from}
         summary.update(**self.source.finish(), **self.results_out.summary())

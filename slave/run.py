@@ -19,7 +19,7 @@ import pyarrow as pa
 from mpi4py import MPI
 
 from protocol import checkpoint, delays, faults
-from protocol.messages import TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, decode_batch, \
+from protocol.messages import TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, decode_batch, \
     encode_report
 from protocol.mpi import recv_bytes, wait_probe
 from protocol.output import write_table

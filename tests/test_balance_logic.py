@@ -32,6 +32,43 @@ def test_largest_fit_never_swaps_the_overload():
     assert picks == {1, 2, 3}
 
 
+def test_largest_fit_weighs_tuples_by_each_slaves_cost_per_tuple():
+    """A busy host: the supplier has no more tuples than the consumer but joins each 3x slower."""
+    rng = np.random.default_rng(0)
+    groups = {1: 25.0, 2: 20.0, 3: 10.0}
+    assert choose_group(groups, 60.0, 60.0, "largest_fit", rng) is None  # by tuples alone nothing fits
+    # work time: supplier 60 * 3 = 180, consumer 60 * 1 = 60; g fits iff 60 + g <= 180 - 3g, i.e. g <= 30
+    assert choose_group(groups, 60.0, 60.0, "largest_fit", rng, supplier_cost=3.0, consumer_cost=1.0) == 1
+    assert choose_group(groups, 60.0, 60.0, "largest_fit", rng, supplier_cost=1.5, consumer_cost=1.0) == 3  # g <= 12
+    # equal costs are the tuple rule, whatever the unit
+    wide = {1: 40.0, 2: 30.0, 3: 10.0}
+    assert choose_group(wide, 90.0, 20.0, "largest_fit", rng, 2e-6, 2e-6) == \
+        choose_group(wide, 90.0, 20.0, "largest_fit", rng) == 2  # g <= 35
+
+
+def test_plan_uses_measured_costs_and_the_median_for_slaves_without_one():
+    occ = {1: 0.9, 2: 0.0, 3: 0.0}
+    loads = {1: {10: 25.0, 11: 35.0}, 2: {12: 30.0, 13: 30.0}, 3: {14: 30.0, 15: 30.0}}
+    bal = dict(BAL, declustering=False)
+    assert plan(occ, loads, [], bal, np.random.default_rng(0)) == ([], None, None)
+    moves, _, _ = plan(occ, loads, [], bal, np.random.default_rng(0), cost={1: 3e-6, 2: 1e-6, 3: 1e-6})
+    assert moves == [Move(10, 1, 2, "balance")]  # room (180 - 60) / 4 = 30 work units: 25 fits, 35 does not
+    # consumer 2 unmeasured: the median of {3e-6, 1e-6} (the upper one) = 3e-6, as slow as the supplier
+    assert plan(occ, loads, [], bal, np.random.default_rng(0), cost={1: 3e-6, 3: 1e-6}) == ([], None, None)
+
+
+def test_plan_shrinks_the_busiest_host_first_not_the_idlest_slave():
+    """Measured in the balance bench: with the least loaded slave leaving, the quiet hosts' slaves left one by
+    one and the slave on the busy host ended up with every group."""
+    occ = {1: 0.0, 2: 0.05, 3: 0.3}
+    loads = {1: {10: 40.0}, 2: {11: 30.0}, 3: {12: 5.0, 13: 3.0}}
+    _, _, leaving = plan(occ, loads, [], BAL, np.random.default_rng(0), cost={1: 1e-6, 2: 1e-6, 3: 3e-6})
+    assert leaving == 3
+    # costs within noise (less than 5% of the typical apart): the least loaded slave leaves, as in the paper
+    _, _, leaving = plan(occ, loads, [], BAL, np.random.default_rng(0), cost={1: 1.01e-6, 2: 1e-6, 3: 1.02e-6})
+    assert leaving == 1
+
+
 def test_plan_pairs_each_supplier_with_one_consumer():
     occ = {1: 0.9, 2: 0.8, 3: 0.0, 4: 0.05, 5: 0.3}
     loads = {1: {10: 40.0, 11: 50.0}, 2: {12: 30.0, 13: 50.0}, 3: {14: 1.0}, 4: {15: 2.0}, 5: {16: 20.0}}
@@ -62,6 +99,19 @@ def test_plan_shrinks_without_suppliers_and_hands_over_every_group():
 def controller(**balance):
     cfg = load_config(None, [f"balance.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in balance.items()])
     return Controller(cfg, [1, 2, 3, 4], 8)
+
+
+def test_controller_measures_cost_per_tuple_per_reorganization_epoch():
+    c = controller()
+    c.on_work(1, 1000, 0.002)
+    c.on_work(1, 3000, 0.006)
+    c.on_work(2, 0, 0.001)  # a punctuation-only batch: no cost
+    c.on_work(3, 500, 0.004)
+    assert c.cost() == pytest.approx({1: 2e-6, 3: 8e-6})
+    c.reorganize(0.0)
+    assert c.occupancy_log[-1]["us_per_tuple"] == {1: 2.0, 3: 8.0}
+    assert set(c.occupancy_log[-1]["occupancy"]) == {1, 2, 3, 4}
+    assert c.cost() == {}  # a new epoch starts empty
 
 
 def test_controller_runs_a_move_to_completion_and_retires_an_empty_slave():

@@ -265,8 +265,100 @@ def test_balance_bench_imbalance_is_max_over_mean():
     from deploy.bench_balance import imbalance
     summary = {"slaves": {"1": {"tuples_processed": 300}, "2": {"tuples_processed": 100},
                           "3": {"tuples_processed": 200}}}
-    assert imbalance(summary) == pytest.approx(1.5)
-    assert math.isnan(imbalance({"slaves": {"1": {"tuples_processed": 0}}}))
+    assert imbalance(summary["slaves"]) == pytest.approx(1.5)
+    assert math.isnan(imbalance({"1": {"tuples_processed": 0}}))
+
+
+# --------------------------------------------------------------------------- the load-balancing bench
+
+def test_balance_bench_busy_share_and_mode_summary():
+    from deploy.bench_balance import busy_share, mode_summary, table
+    slaves = {"1": {"tuples_processed": 300}, "2": {"tuples_processed": 300}, "3": {"tuples_processed": 100},
+              "4": {"tuples_processed": 300}}
+    assert busy_share(slaves, [3, 4]) == pytest.approx(0.4)
+    assert busy_share(slaves, []) == 0.0
+    assert math.isnan(busy_share({"1": {"tuples_processed": 0}}, [1]))
+    p = point(4)
+    for r, moved in zip(p["sustained"]["runs"], (10, 30, 20)):
+        r["slaves"] = slaves
+        r["moves"], r["tuples_moved"] = moved // 10, moved
+    m = mode_summary(p, [3, 4])
+    assert m["sustained_rate"] == 297_000 and m["passed"] == "2/3" and m["tuples_moved"] == 20 and m["moves"] == 2
+    assert m["imbalance"] == pytest.approx(300 / 250) and m["busy_share"] == pytest.approx(0.4)
+    off = dict(m, sustained_rate=200_000)
+    header, _, row_off, row_on = table({"off": off, "repartition": m}).splitlines()
+    assert "vs off" in header
+    assert "| 1.00x " in row_off and "| 1.49x " in row_on and "| 40% " in row_on
+
+
+def test_balance_report_and_plot_are_written(tmp_path):
+    from deploy import bench_balance as bb
+    points = {mode: point(4) for mode in ("off", "repartition")}
+    data = {"command": "python -m deploy.bench_balance --quick", "machine": fake_data([])["machine"],
+            "workload": bb.WORKLOAD, "slaves": 4, "hogs": 2, "hosts": [[0], [1]], "busy_slaves": [3, 4],
+            "repeats": 3, "steps": 4, "delay_bound": 1.5, "load_before": [0.5, 0.4, 0.3], "load_after": [2.5, 2, 1],
+            "points": points, "runs": 16, "bench_seconds": 400.0,
+            "summaries": {m: bb.mode_summary(p, [3, 4]) for m, p in points.items()}}
+    data = json.loads(json.dumps(data))
+    bb.write_report(tmp_path, data)
+    report = (tmp_path / "balance.md").read_text()
+    assert "slaves 3, 4 pinned to CPU(s) [1] (the busy host) together with 2 CPU hog(s)" in report
+    assert "Load average before the bench (before the hogs started): 0.5 0.4 0.3" in report
+    assert "## repartition" in report and "| sustained #3 " in report
+    assert bb.plot(tmp_path, data).stat().st_size > 10_000
+
+
+def test_planned_runs_without_half_load():
+    assert planned_runs(1, repeats=3, steps=4, half=False) == 1 + 4 + 3
+
+
+def test_busy_host_cpu_plan():
+    from deploy.busy import busy_slaves, cpu_plan, decode_plan, encode_plan, hosts
+    assert hosts([1, 0]) == ([0], [1]) and hosts([0]) == ([0], [0]) and hosts([0, 1, 2, 3, 4]) == ([0, 1], [2, 3, 4])
+    # 4 slaves on 2 CPUs: the master and slaves 1, 2 quiet, slaves 3, 4 busy
+    assert cpu_plan(5, [0, 1]) == [[0], [0], [0], [1], [1]] and busy_slaves(5) == [3, 4]
+    assert cpu_plan(3, [0, 1]) == [[0], [0], [1]] and busy_slaves(3) == [2]
+    assert busy_slaves(2) == []
+    for ranks in range(2, 10):  # the plan and the busy list agree
+        plan = cpu_plan(ranks, [0, 1, 2, 3])
+        assert [r for r in range(1, ranks) if plan[r] == [2, 3]] == busy_slaves(ranks)
+    assert decode_plan(encode_plan([[0], [0, 1], [2]])) == [{0}, {0, 1}, {2}]
+    with pytest.raises(ValueError, match="STREAMJOIN_CPU_PLAN"):
+        decode_plan("0;x")
+    with pytest.raises(ValueError):
+        cpu_plan(1, [0])
+
+
+def test_hogs_spin_pinned_and_are_ended(tmp_path):
+    import os
+    import time
+    from deploy.busy import hogs
+    cpu = min(os.sched_getaffinity(0))
+    with hogs(2, [cpu]) as pids:
+        assert len(pids) == 2
+        for pid in pids:
+            assert os.sched_getaffinity(pid) == {cpu}
+        state = lambda pid: open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        deadline = time.monotonic() + 30
+        while any(state(pid) != "R" for pid in pids) and time.monotonic() < deadline:  # python starting up
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert [state(pid) for pid in pids] == ["R", "R"]  # spinning (running or runnable), never asleep
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_busy_wrapper_runs_the_cluster_pinned_and_names_a_bad_plan(tmp_path):
+    """A real mpirun through `python -m deploy.busy`: a valid plan runs the join; a CPU that does not exist is a
+    clear error naming the rank and the CPU."""
+    import os
+    from deploy.bench import RunFailed, run_cluster
+    from deploy.busy import PLAN_ENV
+    cpu = min(os.sched_getaffinity(0))
+    small = ["generator.duration=1.0", "generator.rate=2000", "generator.keys=64"]
+    s = run_cluster(3, small, tmp_path / "ok", 120, module="deploy.busy", env={PLAN_ENV: f"{cpu};{cpu};{cpu}"})
+    assert s["input_total"] > 3000 and s["results"] > 0 and set(s["slaves"]) == {"1", "2"}
+    with pytest.raises(RunFailed, match="cannot be pinned to CPU"):
+        run_cluster(3, small, tmp_path / "bad", 120, module="deploy.busy", env={PLAN_ENV: f"{cpu};{cpu};4095"})
 
 
 def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
