@@ -24,7 +24,7 @@ run: $(STAMP)
 
 # the in-MPI tests (pytest-mpi) first, then everything else (whose closing line CI reads)
 test: $(STAMP)
-	$(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
+	timeout 600 $(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
 	$(BIN)/python -m pytest -q tests --ignore=tests/mpi
 
 bench: $(STAMP)
