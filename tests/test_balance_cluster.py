@@ -14,6 +14,13 @@ CHURN = {"epochs.reorganization": 0.3, "balance.buffer_capacity": 400, "balance.
          "balance.declustering": True}
 
 
+# CHURN that does not depend on the machine's speed: with 5 ms distribution epochs even the fixed cost of
+# joining a batch over 60 partition-groups keeps the one active slave busy at its next slot, so it supplies
+# groups at every reorganization while the paced input lasts (a couple of seconds)
+FORCED_CHURN = {**CHURN, "source.rate": 15000.0, "epochs.distribution": 0.005, "epochs.reorganization": 0.1,
+                "balance.initial_slaves": 1, "balance.gamma": 0.5}
+
+
 def test_frequent_moves_and_a_growing_active_set_stay_exact(tmp_path):
     # one slave active at start and input faster than it joins: it is a supplier, slaves join, and groups
     # keep moving between the busy and the idle ones while tuples flow

@@ -12,7 +12,7 @@ from slave.join import JoinModule
 from protocol.tuples import tuple_dtype
 from tests.cluster import run_cluster
 from tests.reference import reference_theta_pairs
-from tests.test_balance_cluster import CHURN
+from tests.test_balance_cluster import FORCED_CHURN
 
 THETA = {"generator.duration": 3.0, "generator.rate": 1500.0, "generator.keys": 4096,
          "epochs.distribution": 0.2, "join.window": 0.3, "join.max_delay": 0.3}
@@ -48,8 +48,8 @@ def test_less_join_is_exact(tmp_path):
 
 
 def test_band_join_stays_exact_while_ranges_move_between_slaves(tmp_path):
-    settings = {**THETA, **CHURN, "join.predicate": "band", "join.band": 5, "generator.seed": 9,
-                "generator.rate": 4000.0, "source.rate": 20000.0, "balance.initial_slaves": 1, "balance.gamma": 0.5}
+    settings = {**THETA, **FORCED_CHURN, "join.predicate": "band", "join.band": 5, "generator.seed": 9,
+                "generator.rate": 5000.0}
     run = check_theta(tmp_path, 4, settings)
     assert len(run.summary["balance"]["moves"]) > 0
 

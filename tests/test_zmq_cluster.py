@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from deploy.launch import mpi_env
 from tests.cluster import run_cluster
 from tests.reference import encode_pairs, reference_pairs
-from tests.test_balance_cluster import CHURN
+from tests.test_balance_cluster import FORCED_CHURN
 from tests.test_cluster import SMALL, check_exact
 
 
@@ -140,9 +140,8 @@ def test_ordered_stream_stays_correct_while_partition_groups_move(tmp_path):
     results = free_port()
     sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--out", tmp_path / "sub.parquet",
                 "--progress", 0)
-    settings = dict(SMALL, **CHURN, **{"generator.duration": 3.0, "generator.rate": 12000.0,
-                                      "generator.disorder": 0.2, "source.rate": 40000.0,
-                                      "balance.initial_slaves": 1, "generator.seed": 34, "balance.gamma": 0.5,
+    settings = dict(SMALL, **FORCED_CHURN, **{"generator.duration": 3.0, "generator.rate": 12000.0,
+                                             "generator.disorder": 0.2, "generator.seed": 34,
                                       "output.zmq_endpoint": f"tcp://127.0.0.1:{results}", "output.ordered": True,
                                       "output.wait_subscribers": 1})
     run, expected = check_exact(tmp_path, 5, settings)
