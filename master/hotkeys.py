@@ -52,6 +52,11 @@ class FrequentKeys:
         order = np.argsort(-shares)
         return [(int(self.keys[i]), float(shares[i])) for i in order if shares[i] >= share]
 
+    def share(self, key: int) -> float:
+        """A lower bound on `key`'s share of what was seen (0 when it is not among the counters)."""
+        mine = self.counts[self.keys == key]
+        return float(mine[0]) / self.seen if len(mine) and self.seen else 0.0
+
     def reset(self) -> None:
         self.keys, self.counts, self.seen = self.keys[:0], self.counts[:0], 0
 
@@ -72,10 +77,19 @@ class HotKeyRouter:
         return max(2, min(self.grid, active, math.ceil(share * active * 2)))
 
     def promote(self, key: int, size: int) -> tuple[int, int]:
-        """Make `key` hot with `size` sub-groups; returns (its old partition, first sub-group id)."""
-        first = self.partitions + len(self.hot) * self.grid
+        """Make `key` hot with `size` sub-groups in a free slot of ids; returns (its partition, first sub-group)."""
+        used = {(first - self.partitions) // self.grid for first, _ in self.hot.values()}
+        slot = min(set(range(self.max_keys)) - used)
+        first = self.partitions + slot * self.grid
         self.hot[key] = (first, size)
-        return int(partition_of(np.array([key]), self.partitions)[0]), first
+        return self.home(key), first
+
+    def demote(self, key: int) -> tuple[int, int]:
+        """`key` is no longer hot: its tuples go to its hash partition again; returns (first sub-group, size)."""
+        return self.hot.pop(key)
+
+    def home(self, key: int) -> int:
+        return int(partition_of(np.array([key]), self.partitions)[0])
 
     def route_s(self, rows: np.ndarray) -> np.ndarray:
         part = partition_of(rows["key"], self.partitions)

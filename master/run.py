@@ -38,7 +38,7 @@ from protocol import checkpoint, faults
 from protocol.predicates import key_distance
 from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, decode_report, encode_batch
 from protocol.output import write_table
-from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, partition_of, tuple_dtype
+from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, tuple_dtype
 
 
 class Master:
@@ -55,6 +55,7 @@ class Master:
         self.router = HotKeyRouter(parts, hot["max_keys"], hot["grid"]) if hot["enabled"] else None
         self.sketch = FrequentKeys(hot["sketch"])
         self.pending_hot: dict[int, float] = {}  #: keys found hot, waiting for their partition's owner
+        self.cooling: dict[int, float] = {}  #: hot keys found cold, their grid being gathered back
         self.hot_log: list[dict] = []
         if self.router is not None:
             parts = self.router.total_partitions
@@ -243,19 +244,53 @@ class Master:
 
     # -- hot keys ---------------------------------------------------------------------------------------
     def _find_hot_keys(self) -> None:
-        """At a reorganization epoch: keys whose share of this epoch's input passed the threshold."""
-        cfg = self.cfg["hotkeys"]
-        for key, share in self.sketch.heavy(cfg["threshold"]):
+        """At a reorganization epoch: keys whose share of this epoch's input passed the threshold, and hot keys
+        whose share fell below half of it (the gap keeps a key near the threshold from flapping)."""
+        threshold = self.cfg["hotkeys"]["threshold"]
+        for key, share in self.sketch.heavy(threshold):
             if key not in self.router.hot and len(self.router.hot) + len(self.pending_hot) < self.router.max_keys:
                 self.pending_hot.setdefault(key, share)
+        for key in self.router.hot:
+            if key not in self.cooling and self.sketch.share(key) < threshold / 2:
+                self.cooling[key] = self.sketch.share(key)
         self.sketch.reset()
+
+    def _merge_cooled_keys(self) -> None:
+        """Gather each cooled key's grid back: its sub-groups move to the owner of the key's partition, then the
+        owner merges them (a MERGE order, served before any later batch) and the key's buffered tuples go back
+        to the partition: every S tuple, and the R tuples of the first sub-group (each sub-group has a copy)."""
+        for key, share in list(self.cooling.items()):
+            first, size = self.router.hot[key]
+            partition = self.router.home(key)
+            owner = int(self.controller.partition_map[partition])
+            subs = range(first, first + size)
+            queued = {m.partition for m in self.controller.queue}
+            away = [g for g in subs if self.controller.partition_map[g] != owner]
+            for g in away:
+                if g not in queued and not self.controller.moving[g]:
+                    self.controller.queue.append(Move(g, int(self.controller.partition_map[g]), owner, "hot key cooled"))
+            if away or self.controller.moving[partition] or owner in self.busy:
+                continue  # next time round
+            del self.cooling[key]
+            self.router.demote(key)
+            taken = [self.buffers.take_key(g, key) for g in subs]
+            self.buffers.add(STREAM_R, taken[0][0], np.full(len(taken[0][0]), partition))
+            s = np.concatenate([t[1] for t in taken])
+            self.buffers.add(STREAM_S, s, np.full(len(s), partition))
+            empty = np.empty(0, dtype=self.dtype)
+            self._send(owner, encode_batch(Kind.MERGE, self.epoch[owner], np.nan, empty, empty, partition=partition,
+                                           groups=np.array([[key, first, size]])))
+            self.hot_log.append({"key": key, "event": "merge", "share": round(share, 4), "partition": partition,
+                                 "owner": owner, "seconds": round(time.time() - self.t0, 3)})
+            print(f"hot key {key} cooled ({share:.0%} of the input): its {size} sub-groups gathered back into "
+                  f"partition-group {partition} on slave {owner}", file=sys.stderr, flush=True)
 
     def _split_hot_keys(self) -> None:
         """Give each pending hot key its grid: its owner splits it out of its partition (a SPLIT order, which
         the owner serves before any later batch), the tuples of it buffered here are routed to the grid, and
         all sub-groups but the first are queued to move to the least loaded other slaves."""
         for key, share in list(self.pending_hot.items()):
-            partition = int(partition_of(np.array([key]), self.cfg["partitioning"]["partitions"])[0])
+            partition = self.router.home(key)
             owner = int(self.controller.partition_map[partition])
             if self.controller.moving[partition] or owner in self.busy:
                 continue  # next time round
@@ -274,7 +309,8 @@ class Master:
                             key=lambda r: self.stats.per_slave[r]["tuples_processed"])
             for j, consumer in zip(range(1, size), others):
                 self.controller.queue.append(Move(first + j, owner, consumer, "hot key"))
-            self.hot_log.append({"key": key, "share": round(share, 4), "grid": size, "partition": partition,
+            self.hot_log.append({"key": key, "event": "split", "share": round(share, 4), "grid": size,
+                                 "partition": partition,
                                  "groups": list(range(first, first + size)), "owner": owner,
                                  "seconds": round(time.time() - self.t0, 3)})
             print(f"hot key {key} ({share:.0%} of the input): split out of partition-group {partition} into "
@@ -303,7 +339,8 @@ class Master:
                        "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()},
                        "late_files": self._late_files,
                        "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
-                       "hot_keys": None if self.router is None else [[k, *v] for k, v in self.router.hot.items()], "archive_files": self.archive.files if self.archive else 0,
+                       "hot_keys": None if self.router is None else [[k, *v] for k, v in self.router.hot.items()],
+                       "archive_files": self.archive.files if self.archive else 0,
                        "stats": self.stats.state(), "controller": self.controller.state()},
         }
         empty = np.empty(0, dtype=self.dtype)
@@ -415,6 +452,8 @@ class Master:
             if not self.checkpoint_pending:
                 if self.pending_hot:
                     self._split_hot_keys()
+                if self.cooling:
+                    self._merge_cooled_keys()
                 self._start_moves()
             if progress and now >= next_progress:
                 print(f"[dispatcher {self.index}] " * (self.k > 1) + self.stats.progress_line(len(self.buffers), len(self.controller.active),

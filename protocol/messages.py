@@ -30,6 +30,7 @@ class Kind(enum.IntEnum):
     MOVE = 3   #: hand partition-group `partition` over to slave `peer` (paper 003, IV-C)
     CHECKPOINT = 4  #: write every partition-group's state into checkpoint `partition` (protocol.checkpoint)
     SPLIT = 5  #: split a hot key out of group `partition` into its grid; the table row is (key, first group, size)
+    MERGE = 6  #: a hot key cooled: gather its grid (all here) back into group `partition`; the same table row
 
 
 class Ack(enum.IntEnum):
@@ -39,6 +40,7 @@ class Ack(enum.IntEnum):
     INSTALLED = 2  #: consumer: the group's state is installed
     CHECKPOINTED = 3  #: the slave's part of a checkpoint is written and its results are flushed
     SPLIT = 4      #: a hot key's tuples are in its grid of sub-groups
+    MERGED = 5     #: a cooled key's grid is gathered back into its partition-group
 
 
 HEADER = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("watermark", "<f8"), ("n_r", "<i8"), ("n_s", "<i8"),

@@ -72,6 +72,23 @@ class JoinModule:
             moved += len(r) + len(s)
         return moved
 
+    def merge_hot_key(self, partition: int, key: int, first: int, size: int) -> int:
+        """Inverse of `split_hot_key`: gather `key`'s sub-groups back into `partition`: every S tuple (each is in
+        one sub-group) and the R tuples of the first sub-group only (every sub-group holds a copy of each).
+        Returns the tuples gathered."""
+        pg = self.group(partition)
+        win_r, win_s = pg.buckets[int(pg.directory.bucket_of(directory_hash(np.array([key])))[0])]
+        gathered = 0
+        for j in range(size):
+            sub = self.groups.pop(first + j, None)
+            for sub_r, sub_s in (sub.buckets.values() if sub is not None else ()):
+                if j == 0:
+                    win_r.append(sub_r.rows)
+                    gathered += len(sub_r)
+                win_s.append(sub_s.rows)
+                gathered += len(sub_s)
+        return gathered
+
     def new_group(self) -> PartitionGroup:
         return PartitionGroup(*self._group_args)
 

@@ -179,11 +179,13 @@ class Slave:
                 self.on_move(head)
             elif head["kind"] == Kind.CHECKPOINT:
                 self.on_checkpoint(head)
-            elif head["kind"] == Kind.SPLIT:
+            elif head["kind"] in (Kind.SPLIT, Kind.MERGE):
                 key, first, size = batch_groups(buf, head)[0].tolist()
-                moved = self.module.split_hot_key(int(head["partition"]), key, first, size)
-                self.report({"epoch": float(head["epoch"]), "ack": Ack.SPLIT, "partition": int(head["partition"]),
-                             "moved_tuples": moved})
+                split = head["kind"] == Kind.SPLIT
+                act = self.module.split_hot_key if split else self.module.merge_hot_key
+                moved = act(int(head["partition"]), key, first, size)
+                self.report({"epoch": float(head["epoch"]), "ack": Ack.SPLIT if split else Ack.MERGED,
+                             "partition": int(head["partition"]), "moved_tuples": moved})
             else:  # STOP: every move has been acknowledged before the master stops
                 self.stops += 1
                 if self.stops < len(self.watermarks):  # other dispatchers still send

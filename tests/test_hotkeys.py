@@ -103,3 +103,56 @@ def test_a_key_with_30_percent_of_the_input_gets_a_grid_and_the_result_stays_exa
 def test_hot_keys_only_for_the_equi_join():
     with pytest.raises(ConfigError, match="hotkeys.enabled: only for"):
         load_config(None, ["hotkeys.enabled=true", "join.predicate=band"])
+
+
+def test_merge_gathers_the_grid_back_with_every_s_and_one_copy_of_each_r():
+    dt = tuple_dtype(40)
+    m = JoinModule(dt, 4, 10.0, 8, 2, 64, 12)
+    rng = np.random.default_rng(3)
+    r, s = np.zeros(300, dt), np.zeros(300, dt)
+    for x in (r, s):
+        x["id"], x["ts"] = np.arange(300), np.sort(rng.random(300))
+        x["key"] = np.where(rng.random(300) < 0.5, 7, rng.integers(0, 20, 300))
+    m.process(r, s, -np.inf)
+    p = int(partition_of(np.array([7]), 4)[0])
+    before = {w: np.sort(np.concatenate([b[i].rows["id"] for b in m.groups[p].buckets.values()]))
+              for i, w in enumerate("rs")}
+    m.split_hot_key(p, 7, 4, 3)
+    assert m.merge_hot_key(p, 7, 4, 3) == int((r["key"] == 7).sum() + (s["key"] == 7).sum())
+    assert set(m.groups) == {p} | {q for q in range(4) if q in m.groups}  # the sub-groups are gone
+    after = {w: np.sort(np.concatenate([b[i].rows["id"] for b in m.groups[p].buckets.values()]))
+             for i, w in enumerate("rs")}
+    assert all(np.array_equal(before[w], after[w]) for w in "rs")
+
+
+def test_router_reuses_the_slot_of_a_demoted_key():
+    router = HotKeyRouter(8, 2, 4)
+    _, a = router.promote(1, 2)
+    _, b = router.promote(2, 4)
+    router.demote(1)
+    _, c = router.promote(3, 3)
+    assert c == a and b != a and sorted(router.hot) == [2, 3]
+
+
+def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path):
+    from tests.reference import reference_pairs
+    from tests.test_cluster import write_csv
+    rng = np.random.default_rng(8)
+    n1, n2 = 9000, 9000  # first 2 s: key 7 holds 40% of both streams; then 3 s of uniform keys
+    ts = np.concatenate([np.sort(rng.random(n1) * 2.0), 2.0 + np.sort(rng.random(n2) * 3.0)])
+    keys = np.concatenate([np.where(rng.random(n1) < 0.4, 7, rng.integers(0, 5000, n1)), rng.integers(0, 5000, n2)])
+    stream, ids = rng.integers(0, 2, n1 + n2), np.arange(n1 + n2)
+    write_csv(tmp_path / "hot-then-cold.csv", stream, ids, ts, keys)
+    settings = {"source.kind": "file", "source.path": str(tmp_path / "hot-then-cold.csv"), "source.rate": 4000.0,
+                "join.window": 0.1, "join.max_delay": 0.05, "epochs.distribution": 0.1,
+                "epochs.reorganization": 0.5, "hotkeys.enabled": True, "balance.enabled": False}
+    from tests.cluster import run_cluster
+    run = run_cluster(tmp_path, 4, settings)
+    assert run.returncode == 0, run.stderr
+    expected, _ = reference_pairs(stream, ids, ts, keys, 0.1, 0.05)
+    got = run.pairs()
+    assert len(np.unique(got)) == len(got) and np.array_equal(np.sort(got), expected)
+    events = [(h["key"], h["event"]) for h in run.summary["hot_keys"]]
+    assert events == [(7, "split"), (7, "merge")], events
+    moves = [m["reason"] for m in run.summary["balance"]["moves"]]
+    assert "hot key" in moves and "hot key cooled" in moves
