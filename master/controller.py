@@ -120,11 +120,17 @@ class Controller:
         return min((w for *_, w in self.in_flight.values()), default=np.inf)
 
     def next_orders(self, idle, last_watermark) -> list[Move]:
-        """Queued moves whose supplier is idle now (one per supplier), marked in flight; `last_watermark(rank)`
-        is the watermark of the last batch drained for `rank`."""
+        """Queued moves whose supplier and consumer are both idle now (one per supplier), marked in flight;
+        `last_watermark(rank)` is the watermark of the last batch drained for `rank`.
+
+        The consumer must be idle too: a batch already on its way to it carries a watermark taken before the
+        move, not capped by `watermark_cap`; the consumer could receive the group's state first (it comes from
+        another rank, so MPI does not order the two) and then expire installed blocks that the held tuples
+        still have to join.  Every batch it gets after the order is capped.
+        """
         orders, taken = [], set()
         for move in list(self.queue):
-            if move.supplier in taken or not idle(move.supplier):
+            if move.supplier in taken or not idle(move.supplier) or not idle(move.consumer):
                 continue
             taken.add(move.supplier)
             self.queue.remove(move)
