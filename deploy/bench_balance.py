@@ -41,9 +41,9 @@ SLAVES = 4
 HOGS = 2  # default --hogs: with 2 slaves on the busy CPU each gets about 1/4 of it, a quiet-host slave about 1/2
 
 
-def imbalance(slaves: dict) -> float:
-    """max / mean tuples processed per slave (1.0 = perfectly even); `slaves` as in summary.json."""
-    done = [v["tuples_processed"] for v in slaves.values()]
+def imbalance(slaves: dict, field: str = "tuples_processed") -> float:
+    """max / mean of a per-slave counter (1.0 = perfectly even); `slaves` as in summary.json."""
+    done = [v[field] for v in slaves.values()]
     mean = sum(done) / len(done)
     return max(done) / mean if mean else float("nan")
 

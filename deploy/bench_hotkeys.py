@@ -17,21 +17,16 @@ import tempfile
 from pathlib import Path
 
 from deploy.bench import RunFailed, fmt, machine_info, md_table, median, run_cluster
+from deploy.bench_balance import imbalance
 
 SLAVES = 4
 MODES = {"off": ["hotkeys.enabled=false"], "grid": ["hotkeys.enabled=true"]}
 
 
-def spread(summary: dict, field: str) -> float:
-    """max / mean of a per-slave counter (1.0 = perfectly even)."""
-    values = [v[field] for v in summary["slaves"].values()]
-    mean = sum(values) / len(values)
-    return round(max(values) / mean, 3) if mean else float("nan")
-
-
 def measure(s: dict) -> dict:
     hot = s.get("hot_keys") or []
-    return {"busy_spread": spread(s, "busy_seconds"), "tuples_spread": spread(s, "tuples_processed"),
+    return {"busy_spread": round(imbalance(s["slaves"], "busy_seconds"), 3),
+            "tuples_spread": round(imbalance(s["slaves"]), 3),
             "delay_p50": s["delay_seconds"]["p50"], "delay_p99": s["delay_seconds"]["p99"],
             "pacing_lag": s["pacing_lag_max_seconds"], "grid": hot[0]["grid"] if hot else 1,
             "results": s["results"]}

@@ -76,13 +76,13 @@ class HotKeyRouter:
         """Sub-groups for a key with this share of the input: enough that each holds about one slave's share."""
         return max(2, min(self.grid, active, math.ceil(share * active * 2)))
 
-    def promote(self, key: int, size: int) -> tuple[int, int]:
-        """Make `key` hot with `size` sub-groups in a free slot of ids; returns (its partition, first sub-group)."""
+    def promote(self, key: int, size: int) -> int:
+        """Make `key` hot with `size` sub-groups in a free slot of ids; returns the first sub-group's id."""
         used = {(first - self.partitions) // self.grid for first, _ in self.hot.values()}
         slot = min(set(range(self.max_keys)) - used)
         first = self.partitions + slot * self.grid
         self.hot[key] = (first, size)
-        return self.home(key), first
+        return first
 
     def demote(self, key: int) -> tuple[int, int]:
         """`key` is no longer hot: its tuples go to its hash partition again; returns (first sub-group, size)."""

@@ -20,9 +20,10 @@ class KeyRanges:
 
     @classmethod
     def from_sample(cls, keys: np.ndarray, partitions: int) -> "KeyRanges":
-        """Split points at the quantiles of `keys` (repeated points leave empty partitions: a hot key stays whole)."""
+        """Split points at the quantiles of `keys`, a non-empty sample (repeated points leave empty partitions:
+        a hot key stays whole)."""
         q = np.arange(1, partitions) / partitions
-        return cls(np.quantile(keys, q, method="inverted_cdf").astype(np.int64) if len(keys) else np.zeros(partitions - 1))
+        return cls(np.quantile(keys, q, method="inverted_cdf").astype(np.int64))
 
     def home(self, keys: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.bounds, keys, side="right").astype(np.int64)

@@ -251,8 +251,9 @@ class Master:
             if key not in self.router.hot and len(self.router.hot) + len(self.pending_hot) < self.router.max_keys:
                 self.pending_hot.setdefault(key, share)
         for key in self.router.hot:
-            if key not in self.cooling and self.sketch.share(key) < threshold / 2:
-                self.cooling[key] = self.sketch.share(key)
+            share = self.sketch.share(key)
+            if key not in self.cooling and share < threshold / 2:
+                self.cooling[key] = share
         self.sketch.reset()
 
     def _merge_cooled_keys(self) -> None:
@@ -296,7 +297,7 @@ class Master:
                 continue  # next time round
             del self.pending_hot[key]
             size = self.router.grid_for(share, len(self.controller.active))
-            _, first = self.router.promote(key, size)
+            first = self.router.promote(key, size)
             self.controller.partition_map[first: first + size] = owner
             r, s = self.buffers.take_key(partition, key)
             self.buffers.add(STREAM_S, s, self.router.route_s(s))

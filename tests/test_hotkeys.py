@@ -31,7 +31,7 @@ def test_sketch_finds_every_key_above_its_bound_and_no_rare_one():
 
 def test_router_stores_each_s_once_and_copies_r_to_the_whole_grid():
     router = HotKeyRouter(8, 2, 4)
-    old, first = router.promote(42, 3)
+    first = router.promote(42, 3)
     rows = np.zeros(1000, tuple_dtype(40))
     rows["id"] = np.arange(1000)
     rows["key"] = np.where(np.arange(1000) % 2 == 0, 42, np.arange(1000))
@@ -127,10 +127,10 @@ def test_merge_gathers_the_grid_back_with_every_s_and_one_copy_of_each_r():
 
 def test_router_reuses_the_slot_of_a_demoted_key():
     router = HotKeyRouter(8, 2, 4)
-    _, a = router.promote(1, 2)
-    _, b = router.promote(2, 4)
+    a = router.promote(1, 2)
+    b = router.promote(2, 4)
     router.demote(1)
-    _, c = router.promote(3, 3)
+    c = router.promote(3, 3)
     assert c == a and b != a and sorted(router.hot) == [2, 3]
 
 
