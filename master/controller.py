@@ -19,8 +19,10 @@ from master.balance import Move, plan
 
 
 class Controller:
-    def __init__(self, cfg: dict, slaves: list[int], partitions: int):
+    def __init__(self, cfg: dict, slaves: list[int], partitions: int, share: int = 1):
         self.cfg = cfg["balance"]
+        #: with k dispatchers rank 0 sees a 1/k share of every slave's input and scales its samples by k
+        self.share = share
         self.enabled = self.cfg["enabled"]
         n = self.cfg["initial_slaves"] or len(slaves)
         self.active: list[int] = slaves[:n]
@@ -67,11 +69,11 @@ class Controller:
 
     def on_slot(self, rank: int, unjoined: int) -> None:
         """`rank`'s buffer at the end of a distribution epoch: tuples it has not joined yet."""
-        self.buffer_samples.setdefault(rank, []).append(unjoined)
+        self.buffer_samples.setdefault(rank, []).append(unjoined * self.share)
 
     def on_batch(self, partitions: np.ndarray, sizes: np.ndarray) -> None:
         """A batch left: `sizes` tuples per partition of `partitions`."""
-        self.group_load[partitions] += sizes
+        self.group_load[partitions] += sizes * self.share
 
     def on_work(self, rank: int, tuples: int, seconds: float) -> None:
         """A slave's report: it joined `tuples` in `seconds` (its join's wall time, longer on a busy host)."""
@@ -134,10 +136,15 @@ class Controller:
                 continue
             taken.add(move.supplier)
             self.queue.remove(move)
-            self.moving[move.partition] = True
-            self.in_flight[move.partition] = (move, time.time(), self.reorganizations, last_watermark(move.supplier))
+            self.hold(move, last_watermark(move.supplier))
             orders.append(move)
         return orders
+
+    def hold(self, move: Move, watermark: float) -> None:
+        """From now on the group's tuples wait here and no watermark above `watermark` leaves (see
+        `watermark_cap`); every dispatcher does this for every move (master.coordination)."""
+        self.moving[move.partition] = True
+        self.in_flight[move.partition] = (move, time.time(), self.reorganizations, watermark)
 
     def on_installed(self, partition: int, tuples: int, now: float) -> Move:
         """The consumer installed the group: route it there from now on."""

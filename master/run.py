@@ -28,6 +28,7 @@ from master.archive import InputArchive
 from master.buffers import MiniBuffers
 from master.balance import Move
 from master.controller import Controller
+from master.coordination import DONE, FINISH, HOLD, READY, RELEASE, Orders
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.ranges import KeyRanges
 from master.ingest import late_mask, to_wire
@@ -60,7 +61,14 @@ class Master:
         if self.router is not None:
             parts = self.router.total_partitions
         groups = min(cfg["partitioning"]["subgroups"], len(self.slaves))
-        self.controller = Controller(cfg, self.slaves, parts)
+        self.controller = Controller(cfg, self.slaves, parts, share=self.k)
+        #: several dispatchers: rank 0 decides moves, the others follow its orders (master.coordination)
+        self.orders = Orders(comm) if self.k > 1 else None
+        #: rank 0: held moves -> [move, dispatchers not yet READY, lowest watermark cap of the group's holders]
+        self.unready: dict[int, list] = {}
+        self.fences: dict[int, tuple[Move, set[int]]] = {}  #: others: held moves -> slaves with an earlier batch
+        self.done_from: set[int] = set()  #: rank 0: dispatchers that said DONE
+        self.done_sent = self.finished = False
         self.subgroups = [self.slaves[g::groups] for g in range(groups)]
         self.dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
         self.buffers = MiniBuffers(parts, self.dtype)
@@ -211,12 +219,60 @@ class Master:
         self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
 
     def _start_moves(self) -> None:
-        """MOVE orders to the suppliers of queued moves that are idle (paper IV-C)."""
-        empty = np.empty(0, dtype=self.dtype)
+        """Queued moves whose supplier and consumer are idle here are held, at every dispatcher (HOLD); each
+        is ordered from its supplier (MOVE, paper IV-C) once the others are READY and the supplier is idle."""
         for move in self.controller.next_orders(lambda rank: rank not in self.busy, self.sent_watermark.get):
+            self.unready[move.partition] = [move, set(range(1, self.k)), self.controller.in_flight[move.partition][3]]
+            if self.orders:
+                self.orders.send(range(1, self.k), HOLD, move=move)
+        empty = np.empty(0, dtype=self.dtype)
+        for partition, (move, waiting, floor) in list(self.unready.items()):
+            if waiting or move.supplier in self.busy:
+                continue
+            del self.unready[partition]
             self.in_batch[move.supplier] = 0
-            self._send(move.supplier, encode_batch(Kind.MOVE, self.epoch[move.supplier], np.nan, empty, empty,
+            self._send(move.supplier, encode_batch(Kind.MOVE, self.epoch[move.supplier], floor, empty, empty,
                                                    partition=move.partition, peer=move.consumer))
+
+    def _serve_orders(self) -> None:
+        """Several dispatchers: act on what the others sent (master.coordination); READY for the held moves
+        whose earlier batches have all been joined."""
+        for source, order in self.orders.arrived():
+            kind = order["order"]
+            if kind == HOLD:
+                move = order["move"]
+                self.controller.hold(move, self.sent_watermark[move.supplier])
+                self.fences[move.partition] = (move, {r for r in (move.supplier, move.consumer) if r in self.busy})
+            elif kind == READY:
+                entry = self.unready[order["partition"]]
+                entry[1].discard(source)
+                entry[2] = min(entry[2], order["cap"])
+            elif kind == RELEASE:
+                self.controller.on_installed(order["partition"], 0, time.time())
+            elif kind == DONE:
+                self.done_from.add(source)
+            elif kind == FINISH:
+                self.finished = True
+        for partition, (move, waiting) in list(self.fences.items()):
+            if not waiting:
+                del self.fences[partition]
+                self.orders.send([0], READY, partition=partition, cap=self.controller.in_flight[partition][3])
+
+    def _may_end(self) -> bool:
+        """Input exhausted and joined, no move in flight; with several dispatchers, all of them (DONE, FINISH)."""
+        if not (self.exhausted and len(self.buffers) == 0 and not self.busy and not self.controller.busy):
+            return False
+        if self.k == 1:
+            return True
+        if self.index > 0:
+            if not self.done_sent:
+                self.orders.send([0], DONE)
+                self.done_sent = True
+            return self.finished
+        if len(self.done_from) < self.k - 1:
+            return False
+        self.orders.send(range(1, self.k), FINISH)
+        return True
 
     def _collect_reports(self) -> int:
         got = 0
@@ -234,10 +290,14 @@ class Master:
                 move = self.controller.on_installed(int(counters["partition"]), int(counters["moved_tuples"]),
                                                     time.time())
                 self.stats.tuples_moved += int(counters["moved_tuples"])
+                if self.orders:
+                    self.orders.send(range(1, self.k), RELEASE, partition=move.partition)
                 print(f"moved partition-group {move.partition}: slave {move.supplier} -> {move.consumer} "
                       f"({int(counters['moved_tuples']):,} tuples, {move.reason})", file=sys.stderr, flush=True)
                 continue
             self.controller.on_work(rank, int(counters["tuples_r"] + counters["tuples_s"]), counters["busy"])
+            for _, waiting in self.fences.values():  # a batch sent before a HOLD has been joined
+                waiting.discard(rank)
             request, _ = self.busy.pop(rank)
             request.Wait()
         return got
@@ -444,7 +504,9 @@ class Master:
                 worked += 1
             if self.checkpoint_pending and not self.busy and not self.controller.in_flight:
                 self._begin_checkpoint()
-            if now >= next_reorganization:
+            if self.orders:
+                self._serve_orders()
+            if now >= next_reorganization and self.index == 0:
                 if not self.exhausted and not self.checkpoint_pending:
                     self.controller.reorganize(now)
                     if self.router is not None:
@@ -460,11 +522,13 @@ class Master:
                 print(f"[dispatcher {self.index}] " * (self.k > 1) + self.stats.progress_line(len(self.buffers), len(self.controller.active),
                                                len(self.controller.moves_log)), file=sys.stderr, flush=True)
                 next_progress = now + progress
-            if self.exhausted and len(self.buffers) == 0 and not self.busy and not self.controller.busy:
+            if self._may_end():
                 break
             if not worked:
                 time.sleep(min(2e-3, max(0.0, next_slot - time.time())))
         self.results_out.close()
+        if self.orders:
+            self.orders.close()
         self._stop_slaves()
         if self.interval and self.index == 0:  # the run is complete: every staged partial is final
             checkpoint.publish_aggregates(Path(self.cfg["output"]["path"]), None)

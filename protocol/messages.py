@@ -22,6 +22,7 @@ TAG_REPORT = 2  #: slave -> master: a report
 TAG_STATE = 3   #: supplier slave -> consumer slave: a partition-group's state
 TAG_RESULTS = 4  #: slave -> master, with output.zmq_endpoint: a batch's results (protocol.wire RESULTS)
 TAG_SUMMARY = 5  #: dispatcher k > 0 -> rank 0 at the end: its counters (a small dict, pickled)
+TAG_ORDER = 6    #: rank 0 <-> dispatcher k > 0: coordination of moves and of the end (master.coordination)
 
 
 class Kind(enum.IntEnum):

@@ -27,7 +27,7 @@ from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
 from slave.join import JoinModule
 from slave.results_out import ResultSender
-from slave.state import decode_group, encode_group
+from slave.state import decode_group, decode_move, encode_group, encode_move
 
 
 class ResultWriter:
@@ -118,14 +118,18 @@ class Slave:
         partition, consumer = int(head["partition"]), int(head["peer"])
         pg = self.module.extract(partition)
         faults.reached(self.comm.rank, "move")
-        buf = encode_group(partition, pg)
+        buf = encode_move(partition, pg, float(head["watermark"]))
         self.outgoing.append((self.comm.Isend([buf, MPI.BYTE], dest=consumer, tag=TAG_STATE), buf))
         self.report({"epoch": float(head["epoch"]), "ack": Ack.MOVED, "partition": partition,
                      "moved_tuples": len(pg)})
 
     def on_state(self, buf: np.ndarray) -> None:
-        """Consumer side: install a group's state, then tell the master it may route the group here."""
-        partition, pg = decode_group(buf, self.module.new_group)
+        """Consumer side: install a group's state, then tell the master it may route the group here.
+
+        A dispatcher's last punctuation here may lie above tuples of the group it still holds (they were bound
+        for the supplier): until each sends again, no punctuation counts above the move's floor."""
+        partition, pg, floor = decode_move(buf, self.module.new_group)
+        self.watermarks = np.minimum(self.watermarks, floor)
         self.module.install(partition, pg)
         self.reply_to = 0  # the coordinator's news, not an answer to the supplier
         self.report({"ack": Ack.INSTALLED, "partition": partition, "moved_tuples": len(pg)})

@@ -10,7 +10,7 @@ from master.controller import Controller
 from protocol.config import load_config
 from protocol.tuples import directory_hash, tuple_dtype
 from slave.join import JoinModule
-from slave.state import decode_group, encode_group
+from slave.state import decode_move, encode_move
 
 BAL = {"supplier_threshold": 0.5, "consumer_threshold": 0.1, "gamma": 2.0, "choice": "largest_fit",
        "declustering": True}
@@ -156,8 +156,9 @@ def test_state_round_trip_keeps_splits_and_every_tuple(seed):
         module.process(batch[:200], batch[200:], watermark=epoch - 5.0)
     pg = module.extract(0)
     assert pg.directory.global_depth > 0 and len(pg.buckets) > 1
-    partition, copy = decode_group(encode_group(0, pg), module.new_group)
-    assert partition == 0
+    floor = -np.inf if seed == 0 else seed - 2.5  # the consumer's punctuation floor travels with the state
+    partition, copy, got_floor = decode_move(encode_move(0, pg, floor), module.new_group)
+    assert partition == 0 and got_floor == floor
     assert copy.directory.global_depth == pg.directory.global_depth
     assert np.array_equal(copy.directory.entries, pg.directory.entries)
     assert copy.directory.local_depth == pg.directory.local_depth

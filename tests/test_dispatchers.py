@@ -8,6 +8,7 @@ import pytest
 
 from protocol.config import ConfigError, load_config, validate
 from tests.cluster import run_cluster
+from tests.test_balance_cluster import FORCED_CHURN
 from tests.test_cluster import SMALL, check_exact
 
 # disorder below max_delay: no tuple is late in the whole input, so none is late in any shard either
@@ -40,14 +41,28 @@ def test_a_lost_batch_stops_the_job_with_a_message(tmp_path):
     assert "from dispatcher 1, expected" in run.stderr and "lost or reordered" in run.stderr
 
 
-def test_dispatchers_need_slaves_and_no_balancing_or_checkpoints_yet():
-    cfg = load_config(None, ["cluster.dispatchers=3", "balance.enabled=false"])
+@pytest.mark.parametrize("k,ranks", [(2, 5), (3, 6)])
+def test_partition_groups_that_move_while_several_dispatchers_route_stay_exact(tmp_path, k, ranks):
+    # one slave active at start and input faster than it joins (FORCED_CHURN): rank 0 decides the moves, every
+    # dispatcher holds the group until its earlier batches are joined, and all route to the new slave
+    settings = {**SHARDED, **FORCED_CHURN, "cluster.dispatchers": k, "generator.seed": 50 + k,
+                "generator.duration": 3.0, "generator.rate": 7000.0, "balance.enabled": True}
+    run, expected = check_exact(tmp_path, ranks, settings, env={"STREAMJOIN_JITTER": "0.005"})
+    moves = run.summary["balance"]["moves"]
+    assert len(moves) >= 1 and run.summary["tuples_moved"] > 0, run.stderr
+    assert [c["action"] for c in run.summary["balance"]["active_changes"]].count("join") >= 1
+    # the groups moved went on being routed to their new slaves by every dispatcher
+    processed = [v["tuples_processed"] for v in run.summary["slaves"].values()]
+    assert sum(p > 0 for p in processed) >= 2
+
+
+def test_dispatchers_need_slaves_and_no_checkpoints_yet():
+    cfg = load_config(None, ["cluster.dispatchers=3"])
     validate(cfg, slaves=3)
     with pytest.raises(ConfigError, match="besides its 3 dispatcher"):
         validate(cfg, slaves=2)
-    for key in ("balance.enabled=true", "checkpoint.interval=5"):
-        with pytest.raises(ConfigError, match=key.split("=")[0] + ": not supported with several dispatchers"):
-            load_config(None, ["cluster.dispatchers=2", "balance.enabled=false", key])
+    with pytest.raises(ConfigError, match="checkpoint.interval: not supported with several dispatchers"):
+        load_config(None, ["cluster.dispatchers=2", "checkpoint.interval=5"])
 
 
 def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_path):

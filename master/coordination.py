@@ -1,0 +1,52 @@
+"""Several dispatchers, one decision maker: rank 0 coordinates moves and the end of the run (BiStream 3.2.3).
+
+Every dispatcher routes with the same partition map, so a move must change it
+everywhere without losing a pair.  Rank 0 (paper 003's controller) alone
+decides moves.  A group may leave its supplier only once no dispatcher has a
+batch on its way to the supplier or the consumer that was sent before the group
+was held: such a batch may hold tuples of the group, or carry a watermark not
+capped by the held tuples (the consumer could expire installed blocks those
+tuples still have to join).  So on HOLD every dispatcher holds the group's
+tuples, caps its watermarks, and answers READY, with its cap, once its earlier
+batches to both slaves have been joined (their reports are back); rank 0 sends
+the MOVE order when every dispatcher is ready, with the lowest cap as a floor:
+the consumer may hold an uncapped punctuation of some dispatcher from before
+the move, which must not count above that dispatcher's held tuples.  The consumer's INSTALLED goes to rank 0, which
+tells every dispatcher to RELEASE the group to its new slave.  MPI keeps the
+messages between two ranks in order, so a RELEASE never overtakes its HOLD.
+
+The same channel ends the run: a dispatcher whose input is exhausted and
+joined says DONE and keeps serving orders until rank 0, done too and with no
+move in flight, says FINISH.  Orders are small dicts, pickled; no tuple data.
+"""
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from protocol.messages import TAG_ORDER
+
+HOLD, READY, RELEASE, DONE, FINISH = "hold", "ready", "release", "done", "finish"
+
+
+class Orders:
+    """The order channel of one dispatcher: non-blocking sends, and whatever has arrived."""
+
+    def __init__(self, comm: MPI.Comm):
+        self.comm = comm
+        self._sending: list[MPI.Request] = []
+
+    def send(self, dests, order: str, **fields) -> None:
+        self._sending = [r for r in self._sending if not r.Test()]
+        for dest in dests:
+            self._sending.append(self.comm.isend({"order": order, **fields}, dest=dest, tag=TAG_ORDER))
+
+    def arrived(self) -> list[tuple[int, dict]]:
+        """(source, order) of every order waiting, in arrival order."""
+        got, status = [], MPI.Status()
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_ORDER, status=status):
+            got.append((status.Get_source(), self.comm.recv(source=status.Get_source(), tag=TAG_ORDER)))
+        return got
+
+    def close(self) -> None:
+        MPI.Request.Waitall(self._sending)
+        self._sending = []
