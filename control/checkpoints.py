@@ -25,7 +25,7 @@ def part_tuples(name: str, data: bytes, tuple_bytes: int) -> int:
     """Tuples held by one part: the master's mini-buffer rows, or the sum over a slave's group states."""
     from slave.state import stored_tuples
     records = checkpoint.unpack(np.frombuffer(data, dtype=np.uint8), name)
-    if name == "master.state":
+    if name.startswith("master"):
         size = tuple_dtype(tuple_bytes).itemsize
         if any(len(r) % size for r in records):
             raise checkpoint.CheckpointError(f"{name}: rows are not whole {size}-byte tuples")
@@ -69,7 +69,7 @@ def describe(directory: Path) -> dict:
         return {"checkpoint": directory.name, "complete": False, "why": str(e)}
     return {"checkpoint": directory.name, "complete": True, "id": m["id"], "slaves": m["slaves"],
             "tuples": sum(p["tuples"] or 0 for p in m["parts"].values()),
-            "bytes": sum(p["bytes"] for p in m["parts"].values()), "source_position": m["master"]["consumed"]}
+            "bytes": sum(p["bytes"] for p in m["parts"].values()), "source_position": m["master"]["consumed"] + sum(d["consumed"] for d in m.get("dispatchers", {}).values())}
 
 
 def main(argv: list[str]) -> int:

@@ -60,7 +60,9 @@ def other_rank(comm) -> int:
         return 0
     from master.run import Master
     from master.source import open_shard
-    Master(comm, cfg, open_shard(cfg, comm.rank)).run()
+    if resume is not None:
+        resume = (Path(resume["dir"]), checkpoint.load_manifest(Path(resume["dir"])))
+    Master(comm, cfg, open_shard(cfg, comm.rank), resume).run()
     return 0
 
 
@@ -80,7 +82,7 @@ def main() -> int:
         validate(cfg, slaves=comm.size - 1)
         source = open_shard(cfg, 0)
         if args.recover:
-            resume = find_resume(cfg, comm.size - 1)
+            resume = find_resume(cfg, comm.size - cfg["cluster"]["dispatchers"])
         if resume is None:
             reset_output(cfg["output"]["path"])
             checkpoint.clear(checkpoint.root_of(cfg))
@@ -91,7 +93,9 @@ def main() -> int:
         return 2
     comm.bcast(cfg, root=0)
     comm.bcast(None if resume is None else {
-        "dir": str(resume[0]), "result_files": resume[1]["result_files"], "epochs": resume[1]["master"]["epoch"],
+        "dir": str(resume[0]), "result_files": resume[1]["result_files"],
+        "epochs": [resume[1]["master"]["epoch"], *(resume[1]["dispatchers"][str(d)]["epoch"]
+                                                   for d in range(1, cfg["cluster"]["dispatchers"]))],
         "aggregate_files": resume[1]["commit"][checkpoint.PENDING_AGGREGATES]}, root=0)
     try:
         master.run()

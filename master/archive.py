@@ -19,8 +19,9 @@ PREFIX = "input"
 
 
 class InputArchive:
-    def __init__(self, directory: Path, flush_rows: int):
-        self.directory, self.flush_rows = directory, flush_rows
+    def __init__(self, directory: Path, flush_rows: int, prefix: str = PREFIX):
+        """`prefix` names the files: several dispatchers archive their shares side by side."""
+        self.directory, self.flush_rows, self.prefix = directory, flush_rows, prefix
         self._parts: list[pa.Table] = []
         self._rows = 0
         self.files = 0  #: archive files written: the archive's part of a checkpoint's commit
@@ -34,6 +35,6 @@ class InputArchive:
 
     def flush(self) -> None:
         if self._parts:
-            write_table(self.directory, f"{PREFIX}-{self.files:06d}", pa.concat_tables(self._parts), "parquet")
+            write_table(self.directory, f"{self.prefix}-{self.files:06d}", pa.concat_tables(self._parts), "parquet")
             self._parts, self._rows = [], 0
             self.files += 1

@@ -15,6 +15,14 @@ the move, which must not count above that dispatcher's held tuples.  The consume
 tells every dispatcher to RELEASE the group to its new slave.  MPI keeps the
 messages between two ranks in order, so a RELEASE never overtakes its HOLD.
 
+Checkpoints are a Chandy-Lamport cut with k senders: rank 0, with no batch or
+move in flight, snapshots its side, sends its marker (a CHECKPOINT batch) to
+every slave and CHECKPOINT to the others; each does the same once its own
+batches are joined and answers SNAPSHOT with its part.  A slave writes its
+state when it has every dispatcher's marker and meanwhile receives nothing
+from a dispatcher whose marker it has (protocol.mpi.wait_probe_any), so no
+batch crosses the cut.  The manifest is written when all parts are in.
+
 The same channel ends the run: a dispatcher whose input is exhausted and
 joined says DONE and keeps serving orders until rank 0, done too and with no
 move in flight, says FINISH.  Orders are small dicts, pickled; no tuple data.
@@ -26,6 +34,7 @@ from mpi4py import MPI
 from protocol.messages import TAG_ORDER
 
 HOLD, READY, RELEASE, DONE, FINISH = "hold", "ready", "release", "done", "finish"
+CHECKPOINT, SNAPSHOT = "checkpoint", "snapshot"
 
 
 class Orders:

@@ -28,7 +28,7 @@ from master.archive import InputArchive
 from master.buffers import MiniBuffers
 from master.balance import Move
 from master.controller import Controller
-from master.coordination import DONE, FINISH, HOLD, READY, RELEASE, Orders
+from master.coordination import CHECKPOINT, DONE, FINISH, HOLD, READY, RELEASE, SNAPSHOT, Orders
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.ranges import KeyRanges
 from master.ingest import late_mask, to_wire
@@ -40,6 +40,11 @@ from protocol.predicates import key_distance
 from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, decode_report, encode_batch
 from protocol.output import write_table
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, tuple_dtype
+
+
+def named(prefix: str, index: int, k: int) -> str:
+    """The file prefix of dispatcher `index`'s own output (late tuples, archive): several write side by side."""
+    return prefix if k == 1 else f"{prefix}-d{index}"
 
 
 class Master:
@@ -96,12 +101,13 @@ class Master:
         out = Path(cfg["output"]["path"])
         ck = cfg["checkpoint"]
         self.interval = ck["interval"]
-        self.archive = InputArchive(out / "archive", cfg["output"]["flush_rows"]) \
+        self.archive = InputArchive(out / "archive", cfg["output"]["flush_rows"], self._named("input")) \
             if self.interval and ck["archive"] else None
         self.epochs_done = 0  #: distribution epochs completed (every sub-group served once)
         self.next_checkpoint, self.checkpoint_due = 1, self.interval
         self.checkpoint_pending = False
         self.checkpoint_open: dict | None = None  #: the checkpoint whose slave parts are being written
+        self.checkpoint_ordered = 0  #: another dispatcher: the checkpoint rank 0 ordered
         self.checkpoints_written = 0
         self.recovered_from = None
         if resume is not None:
@@ -179,7 +185,7 @@ class Master:
 
     def _flush_late(self) -> None:
         if self._late_parts:
-            stem = f"late-{self._late_files:06d}" if self.k == 1 else f"late-d{self.index}-{self._late_files:06d}"
+            stem = f"{self._named('late')}-{self._late_files:06d}"
             write_table(Path(self.cfg["output"]["path"]) / "late", stem,
                         pa.concat_tables(self._late_parts), self.cfg["output"]["format"])
             self._late_parts, self._late_files = [], self._late_files + 1
@@ -249,6 +255,10 @@ class Master:
                 entry[2] = min(entry[2], order["cap"])
             elif kind == RELEASE:
                 self.controller.on_installed(order["partition"], 0, time.time())
+            elif kind == CHECKPOINT:
+                self.checkpoint_pending, self.checkpoint_ordered = True, order["id"]
+            elif kind == SNAPSHOT:
+                self._on_snapshot(source, order)
             elif kind == DONE:
                 self.done_from.add(source)
             elif kind == FINISH:
@@ -260,7 +270,8 @@ class Master:
 
     def _may_end(self) -> bool:
         """Input exhausted and joined, no move in flight; with several dispatchers, all of them (DONE, FINISH)."""
-        if not (self.exhausted and len(self.buffers) == 0 and not self.busy and not self.controller.busy):
+        if not (self.exhausted and len(self.buffers) == 0 and not self.busy and not self.controller.busy
+                and not self.checkpoint_pending):
             return False
         if self.k == 1:
             return True
@@ -379,51 +390,78 @@ class Master:
                   file=sys.stderr, flush=True)
 
     # -- checkpoints and recovery -------------------------------------------------------------------
+    def _named(self, prefix: str) -> str:
+        return named(prefix, self.index, self.k)
+
     def _begin_checkpoint(self) -> None:
-        """No batch or move is in flight: snapshot the master's side and order every slave to write its own."""
-        ckpt_id = self.next_checkpoint
-        self.next_checkpoint += 1
-        self.checkpoint_pending, self.checkpoint_due = False, self.epochs_done + self.interval
+        """No batch or move is in flight: snapshot the master's side and order every slave to write its own
+        (with several dispatchers rank 0 orders the others to do the same: master.coordination)."""
+        if self.index == 0:
+            ckpt_id = self.next_checkpoint
+            self.next_checkpoint += 1
+            self.checkpoint_due = self.epochs_done + self.interval
+        else:
+            ckpt_id = self.checkpoint_ordered
+        self.checkpoint_pending = False
         directory = checkpoint.root_of(self.cfg) / checkpoint.name_of(ckpt_id)
-        if directory.exists():  # an unfinished attempt of a run that crashed: none of it may mix in
+        if directory.exists() and self.index == 0:  # an unfinished attempt of a run that crashed
             shutil.rmtree(directory)
+        if self.orders and self.index == 0:
+            self.orders.send(range(1, self.k), CHECKPOINT, id=ckpt_id)
         self._flush_late()
         if self.archive is not None:
             self.archive.flush()
         r, s = self.buffers.snapshot()
-        size = checkpoint.write_atomic(directory / "master.state", checkpoint.pack([r.view(np.uint8), s.view(np.uint8)]))
-        self.checkpoint_open = {
-            "id": ckpt_id, "dir": directory, "started": time.time(), "slaves": {},
-            "parts": {"master.state": {"bytes": size, "records": 2, "tuples": len(r) + len(s)}},
-            "master": {"consumed": self.consumed, "max_ts": self.max_ts, "epochs_done": self.epochs_done,
+        name = checkpoint.master_part(self.index)
+        size = checkpoint.write_atomic(directory / name, checkpoint.pack([r.view(np.uint8), s.view(np.uint8)]))
+        part = {name: {"bytes": size, "records": 2, "tuples": len(r) + len(s)}}
+        mine = {"consumed": self.consumed, "max_ts": self.max_ts, "epochs_done": self.epochs_done,
                        "epoch": {str(k): v for k, v in self.epoch.items()},
                        "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()},
                        "late_files": self._late_files,
                        "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
                        "hot_keys": None if self.router is None else [[k, *v] for k, v in self.router.hot.items()],
-                       "archive_files": self.archive.files if self.archive else 0,
-                       "stats": self.stats.state(), "controller": self.controller.state()},
-        }
+                "archive_files": self.archive.files if self.archive else 0,
+                "stats": self.stats.state(), "controller": self.controller.state()}
+        if self.index == 0:
+            self.checkpoint_open = {"id": ckpt_id, "dir": directory, "started": time.time(), "slaves": {},
+                                    "parts": part, "master": mine, "dispatchers": {}}
         empty = np.empty(0, dtype=self.dtype)
         for rank in self.slaves:
             self._send(rank, encode_batch(Kind.CHECKPOINT, self.epoch[rank], np.nan, empty, empty, partition=ckpt_id))
+        if self.index > 0:
+            self.orders.send([0], SNAPSHOT, id=ckpt_id, part=part, master=mine)
+
+    def _on_snapshot(self, source: int, order: dict) -> None:
+        """Another dispatcher's part of the open checkpoint is written."""
+        ck = self.checkpoint_open
+        ck["parts"].update(order["part"])
+        ck["dispatchers"][str(source)] = order["master"]
+        self._complete_checkpoint()
 
     def _on_checkpointed(self, rank: int, c: dict) -> None:
-        """A slave's part is written; with the last one the manifest makes the checkpoint complete."""
+        """A slave's part is written."""
         ck = self.checkpoint_open
         ck["slaves"][rank] = c
         ck["parts"][checkpoint.slave_part(rank)] = {"bytes": int(c["part_bytes"]), "records": None,
                                                     "tuples": int(c["window_r"] + c["window_s"])}
-        if len(ck["slaves"]) < len(self.slaves):
+        self._complete_checkpoint()
+
+    def _complete_checkpoint(self) -> None:
+        """With every slave's and dispatcher's part written, the manifest makes the checkpoint complete."""
+        ck = self.checkpoint_open
+        if len(ck["slaves"]) < len(self.slaves) or len(ck["dispatchers"]) < self.k - 1:
             return
         result_files = {str(r): int(v["result_files"]) for r, v in ck["slaves"].items()}
+        sections = {0: ck["master"], **{int(d): m for d, m in ck["dispatchers"].items()}}
         commit = {"results": {f"slave-{int(r):03d}": n for r, n in result_files.items()},
-                  "late": {"late": ck["master"]["late_files"]}, "archive": {"input": ck["master"]["archive_files"]},
+                  "late": {named("late", d, self.k): m["late_files"] for d, m in sections.items()},
+                  "archive": {named("input", d, self.k): m["archive_files"] for d, m in sections.items()},
                   checkpoint.PENDING_AGGREGATES: {f"slave-{int(r):03d}": int(v["aggregate_files"])
                                                   for r, v in ck["slaves"].items()}}
         checkpoint.write_manifest(ck["dir"], {"id": ck["id"], "slaves": len(self.slaves), "config": self.cfg,
                                               "parts": ck["parts"], "result_files": result_files, "commit": commit,
-                                              "master": ck["master"]})
+                                              "master": ck["master"], "dispatchers": ck["dispatchers"]})
         self.checkpoints_written += 1
         checkpoint.publish_aggregates(Path(self.cfg["output"]["path"]), commit[checkpoint.PENDING_AGGREGATES])
         checkpoint.prune(checkpoint.root_of(self.cfg), self.cfg["checkpoint"]["keep"])
@@ -435,7 +473,7 @@ class Master:
 
     def _resume(self, directory: Path, manifest: dict) -> None:
         """Start where the checkpoint left off: source position, mini-buffers, counters, partition map."""
-        m = manifest["master"]
+        m = manifest["master"] if self.index == 0 else manifest["dispatchers"][str(self.index)]
         if self.cfg["source"]["kind"] == "zmq":  # a live stream cannot be rewound; producers get no acks
             print('recover: source.kind = "zmq": tuples the producers sent after the checkpoint and before the '
                   "crash are not replayed (a live stream cannot be rewound); the state and results up to the "
@@ -443,7 +481,7 @@ class Master:
         else:
             skip(self.source, m["consumed"])
         self.consumed, self.max_ts, self.epochs_done = m["consumed"], m["max_ts"], m["epochs_done"]
-        r, s = checkpoint.read_part(directory / "master.state")
+        r, s = checkpoint.read_part(directory / checkpoint.master_part(self.index))
         self.buffers.add(STREAM_R, r.view(self.dtype))
         self.buffers.add(STREAM_S, s.view(self.dtype))
         self.epoch = {int(k): v for k, v in m["epoch"].items()}
@@ -498,11 +536,12 @@ class Master:
                 g = (g + 1) % len(self.subgroups)
                 if g == 0:
                     self.epochs_done += 1
-                    self.checkpoint_pending |= (bool(self.interval) and not self.exhausted
+                    self.checkpoint_pending |= (bool(self.interval) and not self.exhausted and self.index == 0
                                                 and self.epochs_done >= self.checkpoint_due)
                 next_slot = max(next_slot + slot, now)
                 worked += 1
-            if self.checkpoint_pending and not self.busy and not self.controller.in_flight:
+            if self.checkpoint_pending and not self.busy and not self.controller.in_flight \
+                    and self.checkpoint_open is None:
                 self._begin_checkpoint()
             if self.orders:
                 self._serve_orders()

@@ -1,15 +1,16 @@
 """Checkpoints of the whole cluster: layout, atomic parts, the manifest written last, and the choice on recovery.
 
-A checkpoint is a consistent cut (Chandy-Lamport with the master as the only
-sender): the master waits until no batch and no partition-group is in flight,
-snapshots its own state, and orders every slave to write its window state; no
+A checkpoint is a consistent cut (Chandy-Lamport): the master waits until no
+batch and no partition-group is in flight, snapshots its own state, and orders
+every slave to write its window state (several dispatchers each snapshot and
+send a marker; a slave writes once it has all markers: master.coordination); no
 message crosses the cut, so every pair is produced either before it (its
 results are in the committed result files) or after it (from state and input
 that the checkpoint holds).  BiStream (section 3.5) keeps upstream backup for
 the same purpose; here the source is rewound to the checkpoint's position.
 
     <checkpoint.path>/ckpt-000007/
-        master.state     mini-buffer contents (R then S rows)
+        master.state     mini-buffer contents (R then S rows); master-d1.state ... of further dispatchers
         slave-001.state  every partition-group of slave 1 (slave.state.encode_group buffers)
         ...
         MANIFEST.json    written last: a checkpoint without it does not exist
@@ -32,7 +33,7 @@ MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
 FORMAT = 1
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
-BINDING_SECTIONS = ("source", "generator", "join", "partitioning", "tuning")
+BINDING_SECTIONS = ("cluster", "source", "generator", "join", "partitioning", "tuning")
 
 
 class CheckpointError(Exception):
@@ -45,6 +46,11 @@ def root_of(cfg: dict) -> Path:
 
 def name_of(ckpt_id: int) -> str:
     return f"ckpt-{ckpt_id:06d}"
+
+
+def master_part(dispatcher: int) -> str:
+    """Rank 0's mini-buffers, or another dispatcher's (cluster.dispatchers > 1)."""
+    return "master.state" if dispatcher == 0 else f"master-d{dispatcher}.state"
 
 
 def slave_part(rank: int) -> str:
@@ -134,7 +140,8 @@ def check_binding(manifest: dict, cfg: dict, slaves: int) -> None:
     """Refuse to resume with a different cluster size or different join-relevant settings."""
     if manifest["slaves"] != slaves:
         raise CheckpointError(f"checkpoint {manifest['id']} was taken with {manifest['slaves']} slaves, "
-                              f"this run has {slaves}: resume with mpirun -n {manifest['slaves'] + 1}")
+                              f"this run has {slaves}: resume with mpirun -n "
+                              f"{manifest['slaves'] + manifest['config']['cluster']['dispatchers']}")
     for section in BINDING_SECTIONS:
         for key, value in cfg[section].items():
             then = manifest["config"][section].get(key)

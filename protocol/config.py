@@ -226,7 +226,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
     if cfg["cluster"]["dispatchers"] > 1:
-        for key, off in (("checkpoint.interval", 0), ("hotkeys.enabled", False), ("output.zmq_endpoint", "")):
+        for key, off in (("hotkeys.enabled", False), ("output.zmq_endpoint", "")):
             section, name = key.split(".")
             if cfg[section][name] != off:
                 raise ConfigError(f"{key}: not supported with several dispatchers yet (cluster.dispatchers = "

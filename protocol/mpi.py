@@ -14,10 +14,16 @@ from mpi4py import MPI
 
 def wait_probe(comm: MPI.Comm, source: int, tag: int, timeout: float | None = None) -> MPI.Status | None:
     """Status of the next matching message, or None on timeout."""
+    return wait_probe_any(comm, [(source, tag)], timeout)
+
+
+def wait_probe_any(comm: MPI.Comm, channels: list[tuple[int, int]],
+                   timeout: float | None = None) -> MPI.Status | None:
+    """Status of the next message matching one of the (source, tag) `channels`, or None on timeout."""
     status = MPI.Status()
     pause = 1e-4
     deadline = None if timeout is None else time.monotonic() + timeout
-    while not comm.Iprobe(source=source, tag=tag, status=status):
+    while not any(comm.Iprobe(source=source, tag=tag, status=status) for source, tag in channels):
         if deadline is not None and time.monotonic() > deadline:
             return None
         time.sleep(pause)

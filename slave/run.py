@@ -19,9 +19,9 @@ import pyarrow as pa
 from mpi4py import MPI
 
 from protocol import checkpoint, delays, faults
-from protocol.messages import TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, decode_batch, \
+from protocol.messages import TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, decode_batch, \
     encode_report
-from protocol.mpi import recv_bytes, wait_probe
+from protocol.mpi import recv_bytes, wait_probe_any
 from protocol.output import write_table
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
@@ -85,6 +85,7 @@ class Slave:
         self.watermarks = np.full(k, -np.inf)
         self.sequence = np.zeros(k, dtype=np.int64)
         self.stops = 0
+        self.marked: set[int] = set()  #: dispatchers whose marker of the checkpoint being taken has come
         self.reply_to = 0  #: the dispatcher whose message is being served
 
     def report(self, counters: dict, hist: np.ndarray | None = None) -> None:
@@ -135,7 +136,16 @@ class Slave:
         self.report({"ack": Ack.INSTALLED, "partition": partition, "moved_tuples": len(pg)})
 
     def on_checkpoint(self, head) -> None:
-        """Flush results (they are the checkpoint's commit) and write every partition-group's state."""
+        """A dispatcher's marker: with the last one, flush results (they are the checkpoint's commit) and write
+        every partition-group's state; until then nothing more is taken from a dispatcher whose marker came
+        (`channels`), so no batch crosses the cut (master.coordination)."""
+        self.marked.add(self.reply_to)
+        if self.reply_to != 0:  # rank 0 gets CHECKPOINTED; another dispatcher may go on (its batches wait)
+            self.report({"epoch": float(head["epoch"]), "ack": Ack.BATCH})
+        if len(self.marked) < len(self.watermarks):
+            return
+        self.marked.clear()
+        self.reply_to = 0
         files = self.writer.flush()
         if self.aggregator:
             self.aggregator.flush()
@@ -147,9 +157,10 @@ class Slave:
                      "result_files": self.writer.files, "part_bytes": size,
                      "aggregate_files": self.aggregator.files if self.aggregator else 0})
 
-    def resume(self, directory: str, result_files: int, aggregate_files: int, sequence: int) -> None:
-        """Start from this slave's part of a checkpoint; result files and batches number on from it."""
-        self.sequence[0] = sequence
+    def resume(self, directory: str, result_files: int, aggregate_files: int, sequences: list[int]) -> None:
+        """Start from this slave's part of a checkpoint; result files and each dispatcher's batches number on
+        from it."""
+        self.sequence[:] = sequences
         if self.aggregator:
             self.aggregator.files = aggregate_files
         for buf in checkpoint.read_part(Path(directory) / checkpoint.slave_part(self.comm.rank)):
@@ -166,10 +177,18 @@ class Slave:
             self.comm.Abort(3)
         self.sequence[self.reply_to] = number
 
+    def channels(self) -> list[tuple[int, int]]:
+        """What may be received now: anything, or while a checkpoint's markers come in, group states and the
+        batches of dispatchers whose marker has not come yet."""
+        if not self.marked:
+            return [(MPI.ANY_SOURCE, MPI.ANY_TAG)]
+        return [(MPI.ANY_SOURCE, TAG_STATE)] + [(d, TAG_DATA) for d in range(len(self.watermarks))
+                                                 if d not in self.marked]
+
     def serve(self) -> int:
         while True:
             self.outgoing = [(req, buf) for req, buf in self.outgoing if not req.Test()]
-            status = wait_probe(self.comm, MPI.ANY_SOURCE, MPI.ANY_TAG)
+            status = wait_probe_any(self.comm, self.channels())
             buf = recv_bytes(self.comm, status)
             if status.Get_tag() == TAG_STATE:
                 self.on_state(buf)
@@ -224,5 +243,6 @@ def run(comm: MPI.Comm, received: tuple | None = None) -> int:
     slave = Slave(comm, cfg)
     if resume is not None:
         slave.resume(resume["dir"], int(resume["result_files"].get(str(comm.rank), 0)),
-                     int(resume["aggregate_files"].get(f"slave-{comm.rank:03d}", 0)), int(resume["epochs"][str(comm.rank)]))
+                     int(resume["aggregate_files"].get(f"slave-{comm.rank:03d}", 0)),
+                     [int(epochs[str(comm.rank)]) for epochs in resume["epochs"]])
     return slave.serve()

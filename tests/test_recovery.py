@@ -27,8 +27,10 @@ CKPT = dict(SMALL, **{"generator.duration": 3.0, "source.rate": 6000.0, "checkpo
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
 
 
-def crash_run(tmp_path, ranks, settings, fault=None, **kw):
+def crash_run(tmp_path, ranks, settings, fault=None, env_extra=None, **kw):
     env = {"STREAMJOIN_FAULT": f"{fault}:{tmp_path / 'fault-fired'}"} if fault else None
+    if env_extra:
+        env = {**(env or {}), **env_extra}
     run, expected = check_exact(tmp_path, ranks, settings, wrapper=SUPERVISE, env=env, **kw)
     if fault:
         assert (tmp_path / "fault-fired").exists(), "the fault never fired: the test tested nothing"
@@ -107,6 +109,21 @@ def test_the_archive_holds_exactly_the_accepted_input(tmp_path):
     assert archive.num_rows == s["input_total"] + s["late"]
     assert len(np.unique(archive["id"].to_numpy() * 2 + (archive["stream"].to_numpy(zero_copy_only=False) == "S")))\
         == archive.num_rows
+
+
+@pytest.mark.parametrize("victim,point", [(3, "batch:6"), (2, "checkpoint:3")])
+def test_several_dispatchers_checkpoint_a_consistent_cut_and_recover(tmp_path, victim, point):
+    # 2 dispatchers with random delays before every send: each snapshots its share and sends its marker, and a
+    # slave writes its state only with both markers in; a slave dies at a batch or while writing a checkpoint
+    settings = dict(CKPT, **{"cluster.dispatchers": 2, "generator.seed": 60 + victim})
+    run, _ = crash_run(tmp_path, 5, settings, fault=f"{victim}:{point}", env_extra={"STREAMJOIN_JITTER": "0.005"})
+    assert run.summary["checkpoints"]["written"] >= 1  # after the restart too
+    directory, manifest = checkpoint.latest_complete(tmp_path / "out" / "checkpoints")
+    assert {"master.state", "master-d1.state", "slave-002.state", "slave-004.state"} <= set(manifest["parts"])
+    assert set(manifest["commit"]["archive"]) == {"input-d0", "input-d1"}
+    # the archive holds each dispatcher's share exactly once across the crash
+    archive = pq.ParquetDataset(tmp_path / "out" / "archive").read()
+    assert archive.num_rows == run.summary["input_total"] + run.summary["late"]
 
 
 def test_fresh_start_removes_an_older_runs_checkpoints(tmp_path):
