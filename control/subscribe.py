@@ -1,4 +1,4 @@
-"""`python -m control.subscribe --endpoint tcp://127.0.0.1:5556 [--out results.parquet]`
+"""`python -m control.subscribe --endpoint tcp://127.0.0.1:5556 [--dispatchers K] [--ordered] [--out results.parquet]`
 
 Subscribes to a run's result stream (`output.zmq_endpoint`), prints a progress
 line about once a second, checks the stream as it goes (punctuations strictly
@@ -20,50 +20,95 @@ import pyarrow.parquet as pq
 import zmq
 
 from protocol import wire
+from protocol.config import dispatcher_endpoint
 from protocol.zmq_security import connect_client
+
+#: a held result: its record and the punctuation it arrived after
+HELD = np.dtype(wire.RESULT_RECORD.descr + [("punctuation_before", "<f8")])
+
+
+def recast(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`rows` with the fields of `dtype` (those it lacks left unset)."""
+    out = np.empty(len(rows), dtype)
+    for name in set(dtype.names) & set(rows.dtype.names):
+        out[name] = rows[name]
+    return out
 
 
 def subscribe(endpoint: str, server_key: str | None = None, key: str | None = None, timeout: float = 0.0,
-              progress: float = 1.0, keep: bool = True) -> dict:
-    """Read the stream until END (or `timeout` seconds without a message); returns the checks and the rows."""
+              progress: float = 1.0, keep: bool = True, dispatchers: int = 1, ordered: bool = False) -> dict:
+    """Read the stream until END (or `timeout` seconds without a message); returns the checks and the rows.
+
+    With k dispatchers each publishes on its own socket (the endpoint's port + i) and punctuates for its own
+    batches; the stream's punctuation is the min over theirs (master.result_stream), and the checks use it.
+    `ordered` (the run has `output.ordered`): results are held and kept in order of the later tuple's ts up to
+    that punctuation, merging the dispatchers' streams, each ordered only within itself."""
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.rcvhwm = 0  # never drop on our side; the publisher's SNDHWM is the only limit
     sock.setsockopt(zmq.SUBSCRIBE, b"")
-    connect_client(sock, endpoint, server_key, key)
+    for index in range(dispatchers):
+        connect_client(sock, dispatcher_endpoint(endpoint, index), server_key, key)
     parts, before = [], []
+    held: list[np.ndarray] = []  #: ordered: results not yet passed by the punctuation, with it as they came
     out = {"results": 0, "punctuations": 0, "last_punctuation": None, "non_monotone": 0, "covered": 0,
            "gaps": 0, "rejected": 0, "ended": False}
-    last_p, expect_seq = -np.inf, None
+    marks = np.full(dispatchers, -np.inf)  #: each dispatcher's last punctuation
+    expect_seq: dict[int, int] = {}
+    ended: set[int] = set()
+    last_p = -np.inf
+
+    def release(p: float) -> None:
+        if not held:
+            return
+        rows = np.concatenate(held)
+        due = wire.later_ts(rows) < p
+        held[:] = [rows[~due]] if not due.all() else []
+        due_rows = rows[due]
+        due_rows = due_rows[np.argsort(wire.later_ts(due_rows), kind="stable")]
+        parts.append(recast(due_rows, wire.RESULT_RECORD))
+        before.append(due_rows["punctuation_before"])
+
     next_line = time.monotonic() + progress
     while True:
         if not sock.poll(int(timeout * 1000) if timeout > 0 else None):
             break
         msg = wire.decode(sock.recv_multipart(), tuple(wire.Kind), sys.maxsize)
-        if isinstance(msg, wire.Rejection):
+        if isinstance(msg, wire.Rejection) or not 0 <= msg.sender < dispatchers:
             out["rejected"] += 1
             continue
-        if expect_seq is not None and msg.seq != expect_seq:
+        if msg.sender in expect_seq and msg.seq != expect_seq[msg.sender]:
             out["gaps"] += 1
-        expect_seq = msg.seq + 1
+        expect_seq[msg.sender] = msg.seq + 1
         if msg.kind == wire.Kind.RESULTS:
             out["results"] += len(msg.rows)
-            out["covered"] += int((np.maximum(msg.rows["r_ts"], msg.rows["s_ts"]) < last_p).sum())
-            if keep:
+            out["covered"] += int((wire.later_ts(msg.rows) < last_p).sum())
+            if ordered:
+                rows = recast(msg.rows, HELD)
+                rows["punctuation_before"] = last_p
+                held.append(rows)
+            elif keep:
                 parts.append(msg.rows.copy())
                 before.append(np.full(len(msg.rows), last_p))
         elif msg.kind == wire.Kind.PUNCT:
-            out["non_monotone"] += int(msg.mark <= last_p)
-            last_p = msg.mark
+            out["non_monotone"] += int(msg.mark <= marks[msg.sender])
+            marks[msg.sender] = msg.mark
             out["punctuations"] += 1
-            out["last_punctuation"] = last_p
+            if marks.min() > last_p:
+                last_p = float(marks.min())
+                out["last_punctuation"] = last_p
+                if ordered:
+                    release(last_p)
         elif msg.kind == wire.Kind.END:
-            out["ended"] = True
-            break
+            ended.add(msg.sender)
+            if len(ended) == dispatchers:
+                out["ended"] = True
+                break
         if progress and time.monotonic() >= next_line:
             print(f"results {out['results']:,} | punctuation {last_p:.3f} | gaps {out['gaps']}", file=sys.stderr,
                   flush=True)
             next_line = time.monotonic() + progress
     sock.close()
+    release(np.inf)
     rows = np.concatenate(parts) if parts else np.empty(0, wire.RESULT_RECORD)
     table = pa.table({name: rows[name] for name in wire.RESULT_RECORD.names})
     return out | {"table": table.append_column("punctuation_before", pa.array(
@@ -73,6 +118,10 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m control.subscribe", description=__doc__.split("\n")[0])
     p.add_argument("--endpoint", default="tcp://127.0.0.1:5556", help="the run's output.zmq_endpoint")
+    p.add_argument("--dispatchers", type=int, default=1,
+                   help="the run's cluster.dispatchers: dispatcher i publishes at the endpoint's port + i")
+    p.add_argument("--ordered", action="store_true",
+                   help="the run has output.ordered: keep the results in order of the later ts across dispatchers")
     p.add_argument("--out", help="save the results as this Parquet file")
     p.add_argument("--server-key", help="CURVE: the cluster's public certificate (.key)")
     p.add_argument("--key", help="CURVE: this subscriber's secret certificate (.key_secret)")
@@ -80,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress", type=float, default=1.0, help="seconds between progress lines (0 = none)")
     a = p.parse_args(argv)
     try:
-        out = subscribe(a.endpoint, a.server_key, a.key, a.timeout, a.progress, keep=bool(a.out))
+        out = subscribe(a.endpoint, a.server_key, a.key, a.timeout, a.progress, keep=bool(a.out),
+                        dispatchers=a.dispatchers, ordered=a.ordered)
     except (ValueError, OSError, zmq.ZMQError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -12,6 +12,13 @@ The socket is XPUB: a slow or absent subscriber never slows the join (messages
 beyond SNDHWM are dropped for that subscriber, which sees the gap in `seq`);
 `output.wait_subscribers` holds ingest until that many have subscribed, so
 they miss nothing at the start.
+
+With several dispatchers each publishes the results of its own batches on its
+own socket (the endpoint's port + its index), marked with its index as sender,
+and punctuates for its own batches, buffered and future tuples.  A pair whose
+later ts lies below every dispatcher's punctuation has both tuples joined, so
+its result has been published on one of the streams: the stream's punctuation
+is the min over the dispatchers' (`control.subscribe --dispatchers k`).
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import zmq
 from mpi4py import MPI
 
 from protocol import wire
+from protocol.config import dispatcher_endpoint
 from protocol.messages import TAG_RESULTS
 from protocol.punctuation import Punctuator
 from protocol.zmq_security import bind_server, stop_authenticators
@@ -33,14 +41,11 @@ SNDHWM = 10000
 CHECK_INTERVAL = 0.05
 
 
-def later_ts(rows: np.ndarray) -> np.ndarray:
-    return np.maximum(rows["r_ts"], rows["s_ts"])
-
-
 class ResultStream:
-    def __init__(self, comm: MPI.Comm, cfg: dict, partitions: int):
+    def __init__(self, comm: MPI.Comm, cfg: dict, partitions: int, index: int = 0):
         out = cfg["output"]
-        self.comm, self.endpoint, self.ordered = comm, out["zmq_endpoint"], out["ordered"]
+        self.comm, self.ordered, self.index = comm, out["ordered"], index
+        self.endpoint = dispatcher_endpoint(out["zmq_endpoint"], index) if out["zmq_endpoint"] else ""
         self.enabled = bool(self.endpoint)
         self.punctuator = Punctuator(partitions)
         self.seq = self.results = self.punctuations = 0
@@ -104,18 +109,18 @@ class ResultStream:
             self.held.append(rows)
             self.held_peak = max(self.held_peak, sum(len(h) for h in self.held))
         else:
-            self._publish(wire.encode_results(rows, seq=self.seq))
+            self._publish(wire.encode_results(rows, sender=self.index, seq=self.seq))
 
     def _punctuate(self, p: float) -> None:
         if self.ordered and self.held:
             rows = np.concatenate(self.held)
-            ts = later_ts(rows)
+            ts = wire.later_ts(rows)
             due = ts < p
             self.held = [rows[~due]] if not due.all() else []
             out = rows[due][np.argsort(ts[due], kind="stable")]
             if len(out):
-                self._publish(wire.encode_results(out, seq=self.seq))
-        self._publish(wire.encode_mark(wire.Kind.PUNCT, p, seq=self.seq))
+                self._publish(wire.encode_results(out, sender=self.index, seq=self.seq))
+        self._publish(wire.encode_mark(wire.Kind.PUNCT, p, sender=self.index, seq=self.seq))
         self.punctuations += 1
 
     def _publish(self, frames: list[bytes]) -> None:
@@ -132,13 +137,20 @@ class ResultStream:
                 time.sleep(1e-3)
         if self.punctuator.advance(np.inf, empty) is not None:
             self._punctuate(np.inf)
-        self._publish(wire.encode_mark(wire.Kind.END, 0.0, seq=self.seq))
+        self._publish(wire.encode_mark(wire.Kind.END, 0.0, sender=self.index, seq=self.seq))
         self.sock.close()
         stop_authenticators()
 
-    def summary(self) -> dict:
+    def summary(self, others: list[dict] = ()) -> dict:
+        """This stream's counters, with those of the other dispatchers' streams (their `summary()`) added."""
         if not self.enabled:
             return {}
-        return {"result_stream": {"endpoint": self.endpoint, "ordered": self.ordered, "results": self.results,
-                                  "punctuations": self.punctuations, "messages": self.seq,
-                                  "held_peak_results": self.held_peak}}
+        mine = {"endpoints": [self.endpoint], "ordered": self.ordered, "results": self.results,
+                "punctuations": self.punctuations, "messages": self.seq, "held_peak_results": self.held_peak}
+        for theirs in others:
+            theirs = theirs["result_stream"]
+            mine["endpoints"] += theirs["endpoints"]
+            for key in ("results", "punctuations", "messages"):
+                mine[key] += theirs[key]
+            mine["held_peak_results"] = max(mine["held_peak_results"], theirs["held_peak_results"])
+        return {"result_stream": mine}

@@ -112,7 +112,7 @@ class Master:
         self.recovered_from = None
         if resume is not None:
             self._resume(*resume)
-        self.results_out = ResultStream(comm, cfg, parts)
+        self.results_out = ResultStream(comm, cfg, parts, self.index)
 
     # -- ingest ---------------------------------------------------------------------------------
     def _ingest(self, now: float) -> int:
@@ -575,10 +575,12 @@ class Master:
         if self.archive is not None:
             self.archive.flush()
         if self.index > 0:  # another dispatcher: its counters go to rank 0, which writes the summary
-            self.comm.send(self.stats.state(), dest=0, tag=TAG_SUMMARY)
+            self.comm.send({"stats": self.stats.state(), "results_out": self.results_out.summary()}, dest=0,
+                           tag=TAG_SUMMARY)
             return {}
-        for other in range(1, self.k):
-            self.stats.merge(self.comm.recv(source=other, tag=TAG_SUMMARY))
+        others = [self.comm.recv(source=other, tag=TAG_SUMMARY) for other in range(1, self.k)]
+        for other in others:
+            self.stats.merge(other["stats"])
         summary = self.stats.summary(self.cfg)
         summary["balance"] = {"reorganizations": self.controller.reorganizations, "moves": self.controller.moves_log,
                               "active_changes": self.controller.active_log,
@@ -586,7 +588,8 @@ class Master:
                               "occupancy": self.controller.occupancy_log}
         summary["hot_keys"] = self.hot_log
         summary["checkpoints"] = {"written": self.checkpoints_written, "recovered_from": self.recovered_from}
-        summary.update(**self.source.finish(), **self.results_out.summary())
+        summary.update(**self.source.finish(),
+                       **self.results_out.summary([o["results_out"] for o in others if o["results_out"]]))
         write_summary(out / "summary.json", summary)
         print_summary(summary)
         return summary

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from protocol.config import dispatcher_endpoint
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
 
 
@@ -69,15 +70,8 @@ def open_shard(cfg: dict, index: int) -> Source:
     if k == 1:
         return open_source(cfg)
     if cfg["source"]["kind"] == "zmq":
-        return open_source({**cfg, "source": {**cfg["source"], "endpoint": shard_endpoint(cfg["source"]["endpoint"], index)}})
+        return open_source({**cfg, "source": {**cfg["source"], "endpoint": dispatcher_endpoint(cfg["source"]["endpoint"], index)}})
     return ShardedSource(open_source(cfg), k, index)
-
-
-def shard_endpoint(endpoint: str, index: int) -> str:
-    if endpoint.startswith("ipc://"):
-        return f"{endpoint}.{index}" if index else endpoint
-    host, port = endpoint.rsplit(":", 1)
-    return f"{host}:{int(port) + index}"
 
 
 class ShardedSource:

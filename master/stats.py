@@ -142,5 +142,5 @@ def print_summary(s: dict, out=sys.stderr) -> None:
               file=out, flush=True)
     if "result_stream" in s:
         r = s["result_stream"]
-        print(f"result stream on {r['endpoint']}: {r['results']:,} results, {r['punctuations']:,} punctuations"
+        print(f"result stream on {', '.join(r['endpoints'])}: {r['results']:,} results, {r['punctuations']:,} punctuations"
               f"{', ordered' if r['ordered'] else ''}", file=out, flush=True)

@@ -225,13 +225,9 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
                           f"(got {cfg['balance']['consumer_threshold']} and {cfg['balance']['supplier_threshold']})")
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
-    if cfg["cluster"]["dispatchers"] > 1:
-        for key, off in (("hotkeys.enabled", False), ("output.zmq_endpoint", "")):
-            section, name = key.split(".")
-            if cfg[section][name] != off:
-                raise ConfigError(f"{key}: not supported with several dispatchers yet (cluster.dispatchers = "
-                                  f"{cfg['cluster']['dispatchers']}); set {key} = "
-                                  f"{str(off).lower() if isinstance(off, bool) else repr(off)}")
+    if cfg["cluster"]["dispatchers"] > 1 and cfg["hotkeys"]["enabled"]:
+        raise ConfigError("hotkeys.enabled: not supported with several dispatchers yet (cluster.dispatchers = "
+                          f"{cfg['cluster']['dispatchers']}); set hotkeys.enabled = false")
     if cfg["hotkeys"]["enabled"] and cfg["join"]["predicate"] != "equal":
         raise ConfigError("hotkeys.enabled: only for join.predicate = \"equal\" (key ranges keep a hot key whole)")
     if not 0.0 < cfg["hotkeys"]["threshold"] <= 1.0:
@@ -262,6 +258,15 @@ def endpoint_is_local(endpoint: str) -> bool:
         return True
     host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
     return host.startswith(_LOOPBACK)
+
+
+def dispatcher_endpoint(endpoint: str, index: int) -> str:
+    """Dispatcher `index`'s own socket for a configured endpoint: the port + index (ipc: the path + ".index");
+    with several dispatchers each binds its own ingest and result-stream socket."""
+    if endpoint.startswith("ipc://"):
+        return f"{endpoint}.{index}" if index else endpoint
+    host, port = endpoint.rsplit(":", 1)
+    return f"{host}:{int(port) + index}"
 
 
 def _check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:

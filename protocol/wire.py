@@ -33,6 +33,11 @@ RESULT_RECORD = np.dtype([("r_id", "<i8"), ("s_id", "<i8"), ("r_key", "<i8"), ("
                           ("s_ts", "<f8"), ("r_value", "<f8"), ("s_value", "<f8"), ("delay", "<f8")])
 
 
+def later_ts(results: np.ndarray) -> np.ndarray:
+    """The ts of each result's later tuple: what the result stream's punctuation and order refer to."""
+    return np.maximum(results["r_ts"], results["s_ts"])
+
+
 class Kind(enum.IntEnum):
     TUPLES = 1
     END = 2

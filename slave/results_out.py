@@ -18,8 +18,9 @@ class ResultSender:
         self.comm, self.enabled = comm, bool(cfg["output"]["zmq_endpoint"])
         self.pending: list[tuple[MPI.Request, np.ndarray]] = []
 
-    def send(self, epoch: int, r: np.ndarray, s: np.ndarray, delay: np.ndarray) -> None:
-        """The results of batch `epoch` (matching R rows `r` and S rows `s`) as RESULT_RECORD rows."""
+    def send(self, dispatcher: int, epoch: int, r: np.ndarray, s: np.ndarray, delay: np.ndarray) -> None:
+        """The results of `dispatcher`'s batch `epoch` (matching R rows `r` and S rows `s`) as RESULT_RECORD
+        rows, to that dispatcher: it publishes them and punctuates for its own batches."""
         if not self.enabled:
             return
         self.pending = [(req, buf) for req, buf in self.pending if not req.Test()]
@@ -28,7 +29,7 @@ class ResultSender:
         rows["r_ts"], rows["s_ts"], rows["r_value"], rows["s_value"] = r["ts"], s["ts"], r["value"], s["value"]
         rows["delay"] = delay
         buf = wire.pack(wire.encode_results(rows, sender=self.comm.rank, seq=epoch))
-        self.pending.append((self.comm.Isend([buf, MPI.BYTE], dest=0, tag=TAG_RESULTS), buf))
+        self.pending.append((self.comm.Isend([buf, MPI.BYTE], dest=dispatcher, tag=TAG_RESULTS), buf))
 
     def wait(self) -> None:
         MPI.Request.Waitall([req for req, _ in self.pending])

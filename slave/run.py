@@ -109,7 +109,7 @@ class Slave:
         files = self.writer.add(r, s, delay)
         if self.aggregator:
             self.aggregator.add(r, s)
-        self.results_out.send(int(head["epoch"]), r, s, delay)
+        self.results_out.send(self.reply_to, int(head["epoch"]), r, s, delay)
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": len(r), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, delays.histogram(delay))

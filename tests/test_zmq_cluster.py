@@ -22,10 +22,19 @@ from tests.test_balance_cluster import FORCED_CHURN
 from tests.test_cluster import SMALL, check_exact
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(consecutive: int = 1) -> int:
+    """A port p with p .. p + consecutive - 1 free (dispatcher i binds the configured port + i)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            for extra in range(1, consecutive):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + extra))
+        except OSError:
+            continue
+        return port
 
 
 def write_input(path, stream, ids, ts, keys):
@@ -54,13 +63,14 @@ def stream_settings(ingest: int, results: int, **more) -> dict:
             "epochs.distribution": 0.1, **more}
 
 
-def check_stream(sub: dict, table: pa.Table, expected: np.ndarray, ordered: bool) -> None:
-    """The subscriber's view: monotone punctuations, nothing after a punctuation covering it, all results."""
+def check_stream(sub: dict, table: pa.Table, expected: np.ndarray, ordered: bool, merged: bool = False) -> None:
+    """The subscriber's view: monotone punctuations, nothing after a punctuation covering it, all results.
+    `merged`: the subscriber put several dispatchers' streams in order itself, so rows are not in arrival order."""
     assert sub["ended"] and sub["gaps"] == 0 and sub["non_monotone"] == 0 and sub["punctuations"] > 2
     later = np.maximum(table["r_ts"].to_numpy(), table["s_ts"].to_numpy())
     before = table["punctuation_before"].to_numpy()
     assert (later >= before).all() and sub["covered"] == 0
-    assert (before[1:] >= before[:-1]).all()
+    assert merged or (before[1:] >= before[:-1]).all()
     if ordered:
         assert (np.diff(later) >= 0).all(), "ordered mode published results out of ts order"
     np.testing.assert_array_equal(encode_pairs(table["r_id"].to_numpy(), table["s_id"].to_numpy()), expected)
@@ -147,3 +157,18 @@ def test_ordered_stream_stays_correct_while_partition_groups_move(tmp_path):
     run, expected = check_exact(tmp_path, 5, settings)
     assert len(run.summary["balance"]["moves"]) >= 1
     check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True)
+
+
+def test_two_dispatchers_publish_one_ordered_stream(tmp_path):
+    # each dispatcher publishes its own batches' results on its own socket and punctuates for its share; the
+    # subscriber takes the min punctuation and merges: one stream in order of the later ts, every result once
+    results = free_port(consecutive=2)
+    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--dispatchers", 2, "--ordered",
+                "--out", tmp_path / "sub.parquet", "--progress", 0)
+    settings = dict(SMALL, **{"cluster.dispatchers": 2, "generator.disorder": 0.25, "generator.seed": 36,
+                              "source.rate": 8000.0, "output.zmq_endpoint": f"tcp://127.0.0.1:{results}",
+                              "output.ordered": True, "output.wait_subscribers": 1})
+    run, expected = check_exact(tmp_path, 5, settings, env={"STREAMJOIN_JITTER": "0.01"})
+    stream = run.summary["result_stream"]
+    assert len(stream["endpoints"]) == 2 and stream["results"] == len(expected)
+    check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True, merged=True)
