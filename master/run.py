@@ -575,8 +575,8 @@ class Master:
         if self.archive is not None:
             self.archive.flush()
         if self.index > 0:  # another dispatcher: its counters go to rank 0, which writes the summary
-            self.comm.send({"stats": self.stats.state(), "results_out": self.results_out.summary()}, dest=0,
-                           tag=TAG_SUMMARY)
+            self.comm.send({"stats": self.stats.state(), "results_out": self.results_out.summary(),
+                            "source": self.source.finish()}, dest=0, tag=TAG_SUMMARY)
             return {}
         others = [self.comm.recv(source=other, tag=TAG_SUMMARY) for other in range(1, self.k)]
         for other in others:
@@ -588,7 +588,8 @@ class Master:
                               "occupancy": self.controller.occupancy_log}
         summary["hot_keys"] = self.hot_log
         summary["checkpoints"] = {"written": self.checkpoints_written, "recovered_from": self.recovered_from}
-        summary.update(**self.source.finish(),
+        finished = [self.source.finish(), *(o["source"] for o in others)]
+        summary.update(**(type(self.source).merge(finished) if self.k > 1 and finished[0] else finished[0]),
                        **self.results_out.summary([o["results_out"] for o in others if o["results_out"]]))
         write_summary(out / "summary.json", summary)
         print_summary(summary)

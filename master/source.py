@@ -70,7 +70,10 @@ def open_shard(cfg: dict, index: int) -> Source:
     if k == 1:
         return open_source(cfg)
     if cfg["source"]["kind"] == "zmq":
-        return open_source({**cfg, "source": {**cfg["source"], "endpoint": dispatcher_endpoint(cfg["source"]["endpoint"], index)}})
+        source = open_source({**cfg, "source": {**cfg["source"],
+                                                "endpoint": dispatcher_endpoint(cfg["source"]["endpoint"], index)}})
+        source.rejected_stem += f"-d{index}"
+        return source
     return ShardedSource(open_source(cfg), k, index)
 
 

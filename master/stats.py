@@ -137,7 +137,7 @@ def print_summary(s: dict, out=sys.stderr) -> None:
           file=out, flush=True)
     if "zmq_ingest" in s:
         z = s["zmq_ingest"]
-        print(f"zmq ingest: {z['messages']:,} messages, {z['tuples']:,} tuples, rejected {z['rejected_by_reason'] or 0}; "
+        print(f"zmq ingest on {', '.join(z['endpoints'])}: {z['messages']:,} messages, {z['tuples']:,} tuples, rejected {z['rejected_by_reason'] or 0}; "
               f"producers held back {z['producers_blocked_seconds']:.2f}s in all; buffered at most {s['buffered_peak']:,}",
               file=out, flush=True)
     if "result_stream" in s:

@@ -46,6 +46,7 @@ class ZmqSource:
         self.endpoint, self.producers = src["endpoint"], src["producers"]
         self.idle_timeout, self.max_tuples = src["idle_timeout"], src["max_message_tuples"]
         self.out, self.fmt = Path(cfg["output"]["path"]), cfg["output"]["format"]
+        self.rejected_stem = "zmq-rejected"  #: several dispatchers: each its own file (master.source.open_shard)
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.rcvhwm, self.sock.rcvbuf = RCVHWM, RCVBUF
@@ -123,15 +124,31 @@ class ZmqSource:
             self._rejections.append({"endpoint": self.endpoint, "message": self.messages, "bytes": nbytes,
                                      "reason": rej.reason, "detail": f"{wire.REASONS[rej.reason]}: {rej.detail}"})
 
+    @staticmethod
+    def merge(finished: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries as one: counts added, peaks the largest, endpoints listed."""
+        z = [f["zmq_ingest"] for f in finished]
+        reasons: dict[str, int] = {}
+        for x in z:
+            for reason, n in x["rejected_by_reason"].items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        return {"rejected": sum(f["rejected"] for f in finished), "zmq_ingest": {
+            "endpoints": [e for x in z for e in x["endpoints"]],
+            **{key: sum(x[key] for x in z) for key in ("messages", "tuples", "producers_ended")},
+            "rejected_by_reason": reasons,
+            "producers_blocked_seconds": round(sum(x["producers_blocked_seconds"] for x in z), 3),
+            "held_peak_tuples": max(x["held_peak_tuples"] for x in z)}}
+
     def finish(self) -> dict:
         """Close the socket, write rejected/zmq-rejected.*, and return the summary entries (once)."""
         if self._finished is None:
             self.sock.close()
             stop_authenticators()
             if self._rejections:
-                write_table(self.out / "rejected", "zmq-rejected", pa.Table.from_pylist(self._rejections), self.fmt)
+                write_table(self.out / "rejected", self.rejected_stem, pa.Table.from_pylist(self._rejections),
+                            self.fmt)
             self._finished = {"rejected": sum(self.reasons.values()), "zmq_ingest": {
-                "endpoint": self.endpoint, "messages": self.messages, "tuples": self.tuples,
+                "endpoints": [self.endpoint], "messages": self.messages, "tuples": self.tuples,
                 "producers_ended": self.ended, "rejected_by_reason": dict(self.reasons),
                 "producers_blocked_seconds": round(self.blocked_seconds, 3), "held_peak_tuples": self.held_peak}}
         return self._finished

@@ -108,5 +108,9 @@ def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_p
     expected, _ = reference_pairs((table["stream"].to_numpy(zero_copy_only=False) == "S").astype(int),
                                   table["id"].to_numpy(), ts, table["key"].to_numpy(), 0.3, SMALL["join.max_delay"])
     from tests.cluster import Run
-    got = np.sort(Run(tmp_path / "out", cluster).pairs())
+    run = Run(tmp_path / "out", cluster)
+    got = np.sort(run.pairs())
     assert len(expected) > 1000 and np.array_equal(got, expected)
+    ingest = run.summary["zmq_ingest"]  # both dispatchers' sockets, added up
+    assert ingest["endpoints"] == [f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"]
+    assert ingest["tuples"] == n and ingest["producers_ended"] == 2
