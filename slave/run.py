@@ -19,7 +19,7 @@ import pyarrow as pa
 from mpi4py import MPI
 
 from protocol import checkpoint, delays, faults
-from protocol.messages import TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, decode_batch, \
+from protocol.messages import HISTOGRAMS, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, decode_batch, \
     encode_report
 from protocol.mpi import recv_bytes, wait_probe
 from protocol.output import write_table
@@ -95,23 +95,29 @@ class Slave:
                         rss=self.process.memory_info().rss, cpu=cpu.user + cpu.system)
         self.splits, self.merges = self.module.splits, self.module.merges
         if hist is None:
-            hist = np.zeros(delays.BINS, dtype=np.int64)
+            hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
         self.comm.Send(encode_report(counters, hist), dest=self.reply_to, tag=TAG_REPORT)
 
     def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups: np.ndarray | None) -> None:
         faults.reached(self.comm.rank, "batch")
-        started = time.perf_counter()
+        started, started_wall = time.perf_counter(), time.time()
         # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
         self.watermarks[self.reply_to] = float(head["watermark"])
-        r, s = self.module.process(fresh_r, fresh_s, float(self.watermarks.min()), groups)
-        delay = time.time() - np.maximum(r["arrival"], s["arrival"])
+        stamps: list[tuple[int, float]] = []
+        r, s = self.module.process(fresh_r, fresh_s, float(self.watermarks.min()), groups, stamps)
+        # a result is produced when its partition-group's join is done, not when the whole batch is
+        produced = np.repeat([t for _, t in stamps], np.diff([0, *(n for n, _ in stamps)]))
+        arrival = np.maximum(r["arrival"], s["arrival"])
+        delay = produced - arrival
         files = self.writer.add(r, s, delay)
         if self.aggregator:
             self.aggregator.add(r, s)
         self.results_out.send(int(head["epoch"]), r, s, delay)
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": len(r), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
-                     "busy": time.perf_counter() - started, "ack": Ack.BATCH}, delays.histogram(delay))
+                     "busy": time.perf_counter() - started, "ack": Ack.BATCH},
+                    np.vstack([delays.histogram(delay),
+                               delays.decomposition(arrival, float(head["sent"]), started_wall, produced)]))
 
     def on_move(self, head) -> None:
         """Supplier side: extract the group, send its state to the consumer, tell the master."""
