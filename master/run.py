@@ -69,7 +69,9 @@ class Master:
         self.epoch = {r: 0 for r in self.slaves}
         self.sent_watermark = {r: -np.inf for r in self.slaves}
         self.in_batch = dict.fromkeys(self.slaves, 0)  #: tuples of the batch each slave is joining
-        self.missed: set[int] = set()  #: slaves that were still joining at their last slot
+        #: slaves owed a batch before their next slot: they were still joining at their last one, or a group
+        #: whose tuples the master held during its move was just installed on them
+        self.missed: set[int] = set()
         self.max_ts = -np.inf
         join = cfg["join"]
         #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions)
@@ -195,8 +197,9 @@ class Master:
     def _serve_missed(self) -> None:
         """Send each slave that missed its slot its batch as soon as it is idle, instead of a whole
         distribution epoch later: its tuples have waited their epoch already, and the slave would sit idle
-        until its next slot.  Not while a checkpoint waits for quiet, nor to a slave a queued move (or a hot
-        key's split or merge) is waiting to find idle."""
+        until its next slot; likewise the consumer of a move, for the tuples held during it.  Not while a
+        checkpoint waits for quiet, nor to a slave a queued move (or a hot key's split or merge) is waiting
+        to find idle."""
         if self.checkpoint_pending:
             return
         waiting = {r for m in self.controller.queue for r in (m.supplier, m.consumer)}
@@ -260,6 +263,7 @@ class Master:
                 move = self.controller.on_installed(int(counters["partition"]), int(counters["moved_tuples"]),
                                                     time.time())
                 self.stats.tuples_moved += int(counters["moved_tuples"])
+                self.missed.add(move.consumer)  # the group's tuples held during the move go out at once
                 print(f"moved partition-group {move.partition}: slave {move.supplier} -> {move.consumer} "
                       f"({int(counters['moved_tuples']):,} tuples, {move.reason})", file=sys.stderr, flush=True)
                 continue
