@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +32,21 @@ from slave.state import decode_group, encode_group
 
 
 class ResultWriter:
-    """Buffers result columns and writes them as files of about `flush_rows` rows."""
+    """Buffers result columns and writes them as files of about `flush_rows` rows.
+
+    A file is written by a background thread (Arrow releases the GIL while it encodes and writes), so the
+    slave goes on joining meanwhile: written in line, a file of 500,000 rows held up the next batch for a
+    second or more on a busy host, and every tuple waiting for it.  One thread keeps the files in order;
+    `wait` returns when all are on disk (a checkpoint's commit counts them).
+    """
 
     def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int):
         self.directory, self.rank, self.fmt, self.flush_rows = directory, rank, fmt, flush_rows
         self._parts: list[pa.Table] = []
         self._rows = 0
         self.files = 0
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
+        self._writing: list[Future] = []
 
     def add(self, r: np.ndarray, s: np.ndarray, delay: np.ndarray) -> int:
         if len(r):
@@ -53,10 +62,23 @@ class ResultWriter:
         """Write what is buffered; returns the number of files written (0 or 1)."""
         if not self._parts:
             return 0
-        write_table(self.directory, f"slave-{self.rank:03d}-{self.files:06d}", pa.concat_tables(self._parts), self.fmt)
+        self._done()
+        self._writing.append(self._thread.submit(write_table, self.directory, f"slave-{self.rank:03d}-{self.files:06d}",
+                                                 pa.concat_tables(self._parts), self.fmt))
         self._parts, self._rows = [], 0
         self.files += 1
         return 1
+
+    def _done(self) -> None:
+        """Forget the files written; a failed write raises here."""
+        while self._writing and self._writing[0].done():
+            self._writing.pop(0).result()
+
+    def wait(self) -> None:
+        """Return once every file handed to the thread is written (re-raising a failed write)."""
+        for future in self._writing:
+            future.result()
+        self._writing = []
 
 
 class Slave:
@@ -139,6 +161,7 @@ class Slave:
     def on_checkpoint(self, head) -> None:
         """Flush results (they are the checkpoint's commit) and write every partition-group's state."""
         files = self.writer.flush()
+        self.writer.wait()
         if self.aggregator:
             self.aggregator.flush()
         part = checkpoint.pack([encode_group(p, pg) for p, pg in sorted(self.module.groups.items())])
@@ -202,7 +225,9 @@ class Slave:
                 if self.aggregator:
                     self.aggregator.flush()
                 self.results_out.wait()
-                self.report({"epoch": float(head["epoch"]), "files": self.writer.flush(), "ack": Ack.BATCH})
+                files = self.writer.flush()
+                self.writer.wait()
+                self.report({"epoch": float(head["epoch"]), "files": files, "ack": Ack.BATCH})
                 return 0
 
 

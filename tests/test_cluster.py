@@ -108,7 +108,7 @@ def test_slaves_that_miss_their_slot_are_served_when_idle_and_stay_exact(tmp_pat
     # is served the moment it reports, between slots; disorder makes the watermark lag the batches
     settings = dict(SMALL, **{"generator.duration": 2.0, "source.rate": 6000.0, "epochs.distribution": 0.005,
                               "partitioning.subgroups": 2, "generator.disorder": 0.2, "generator.seed": 8,
-                              "balance.enabled": False})
+                              "balance.enabled": False, "output.flush_rows": 300})  # many files, written meanwhile
     run, _ = check_exact(tmp_path, 3, settings)
     assert all(v["slots_missed"] > 0 for v in run.summary["slaves"].values())
     parts = run.summary["delay_parts_seconds"]
