@@ -194,6 +194,7 @@ def run_numbers(s: dict) -> dict:
     return {"input_total": s["input_total"], "late": s["late"], "results": s["results"],
             "wall_seconds": s["wall_seconds"], "throughput": s["throughput_tuples_per_s"],
             **{f"delay_{q}": nan_none(d[q]) for q in ("p50", "p95", "p99", "max")},
+            "delay_parts": s.get("delay_parts_seconds"),  # where the delay goes (buffer, transfer, join)
             "window_bytes_per_tuple": round(wb / wt, 1) if wt else None,
             "tuples_moved": s.get("tuples_moved", 0), "moves": len(s.get("balance", {}).get("moves", [])),
             "slaves": {r: {k: v[k] for k in ("tuples_processed", "window_tuples", "window_bytes", "busy_seconds")}

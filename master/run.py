@@ -82,6 +82,9 @@ class Master:
         self.epoch = {r: 0 for r in self.slaves}
         self.sent_watermark = {r: -np.inf for r in self.slaves}
         self.in_batch = dict.fromkeys(self.slaves, 0)  #: tuples of the batch each slave is joining
+        #: slaves owed a batch before their next slot: they were still joining at their last one, or a group
+        #: whose tuples the master held during its move was just installed on them
+        self.missed: set[int] = set()
         self.max_ts = -np.inf
         join = cfg["join"]
         #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions)
@@ -115,13 +118,14 @@ class Master:
         self.results_out = ResultStream(comm, cfg, parts, self.index)
 
     # -- ingest ---------------------------------------------------------------------------------
-    def _ingest(self, now: float) -> int:
-        """Pull what has arrived (paced) or what fits (unpaced) from the source; returns tuples taken."""
+    def _ingest(self, now: float, slot: bool = False) -> int:
+        """Pull what has arrived (paced) or what fits (unpaced) from the source; returns tuples taken.
+        At a `slot` paced input is taken whatever the tick, so what arrived until then goes out now."""
         src = self.cfg["source"]
         room = self.cfg["master"]["buffer_capacity"] - len(self.buffers)
         limit = min(src["batch"], room)
         if self.rate > 0:
-            if now - self._last_ingest < self.ingest_interval:
+            if now - self._last_ingest < self.ingest_interval and not slot:
                 return 0  # paced input is taken in ticks, not tuple by tuple
             due = int((now - self.t0) * self.rate) - self.consumed
             # how far ingest is behind the pacing schedule: grows only when the cluster cannot keep up
@@ -192,29 +196,55 @@ class Master:
 
     # -- distribution -----------------------------------------------------------------------------
     def _distribute(self, group: list[int]) -> None:
-        """Serve one sub-group: every idle slave in it gets its partitions' tuples in one message."""
-        watermark = min(self.max_ts - self.cfg["join"]["max_delay"], self.controller.watermark_cap())
+        """Serve one sub-group: every idle slave in it gets its partitions' tuples in one message; a slave
+        still joining its last batch is served as soon as it reports (`_serve_missed`)."""
         for rank in group:
-            mine = self.controller.partitions_of(rank)
-            sizes = self.buffers.counts[:, mine].sum(axis=0)
             if rank in self.busy:  # still joining its last batch: all of it and what waits here is unjoined
-                self.controller.on_slot(rank, self.in_batch[rank] + int(sizes.sum()))
+                mine = self.controller.partitions_of(rank)
+                self.controller.on_slot(rank, self.in_batch[rank] + int(self.buffers.counts[:, mine].sum()))
+                self.stats.per_slave[rank]["slots_missed"] += 1
+                self.missed.add(rank)
                 continue
             self.controller.on_slot(rank, 0)
-            if len(mine) == 0 or (not sizes.any() and watermark <= self.sent_watermark[rank]):
-                continue  # nothing new: no tuples and no punctuation that would let the slave expire blocks
-            self.sent_watermark[rank] = watermark
-            self.controller.on_batch(mine, sizes)
-            groups = None
-            if self.grouped:  # which rows belong to which group: R copies cannot be told apart
-                counts = self.buffers.counts[:, mine]
-                nonempty = counts.any(axis=0)
-                groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty]])
-            r, s = self.buffers.drain(mine)
-            self.epoch[rank] += 1
-            self.in_batch[rank] = len(r) + len(s)
-            self.results_out.sent(rank, self.epoch[rank], mine, r, s, self.max_ts - self.cfg["join"]["max_delay"])
-            self._send(rank, encode_batch(Kind.BATCH, self.epoch[rank], watermark, r, s, groups=groups))
+            self._serve(rank)
+
+    def _serve_missed(self) -> None:
+        """Send each slave that missed its slot its batch as soon as it is idle, instead of a whole
+        distribution epoch later: its tuples have waited their epoch already, and the slave would sit idle
+        until its next slot; likewise the consumer of a move, for the tuples held during it.  Not while a
+        checkpoint waits for quiet, nor to a slave a queued move (or a hot key's split or merge) is waiting
+        to find idle."""
+        if self.checkpoint_pending:
+            return
+        waiting = {r for m in self.controller.queue for r in (m.supplier, m.consumer)}
+        waiting.update(m.supplier for m, *_ in self.unready.values())  # its MOVE order waits for it to be idle
+        if self.pending_hot or self.cooling:
+            waiting.update(self.slaves)
+        for rank in sorted(self.missed):
+            if rank not in self.busy:
+                self.missed.discard(rank)
+                if rank not in waiting:
+                    self._serve(rank)
+
+    def _serve(self, rank: int) -> None:
+        """Send the idle slave `rank` its partitions' buffered tuples in one message, if there is news."""
+        watermark = min(self.max_ts - self.cfg["join"]["max_delay"], self.controller.watermark_cap())
+        mine = self.controller.partitions_of(rank)
+        sizes = self.buffers.counts[:, mine].sum(axis=0)
+        if len(mine) == 0 or (not sizes.any() and watermark <= self.sent_watermark[rank]):
+            return  # nothing new: no tuples and no punctuation that would let the slave expire blocks
+        self.sent_watermark[rank] = watermark
+        self.controller.on_batch(mine, sizes)
+        groups = None
+        if self.grouped:  # which rows belong to which group: R copies cannot be told apart
+            counts = self.buffers.counts[:, mine]
+            nonempty = counts.any(axis=0)
+            groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty]])
+        r, s = self.buffers.drain(mine)
+        self.epoch[rank] += 1
+        self.in_batch[rank] = len(r) + len(s)
+        self.results_out.sent(rank, self.epoch[rank], mine, r, s, self.max_ts - self.cfg["join"]["max_delay"])
+        self._send(rank, encode_batch(Kind.BATCH, self.epoch[rank], watermark, r, s, groups=groups))
 
     def _send(self, rank: int, buf: np.ndarray) -> None:
         """Isend a message; the slave counts as busy until its report for it arrives."""
@@ -254,7 +284,8 @@ class Master:
                 entry[1].discard(source)
                 entry[2] = min(entry[2], order["cap"])
             elif kind == RELEASE:
-                self.controller.on_installed(order["partition"], 0, time.time())
+                move = self.controller.on_installed(order["partition"], 0, time.time())
+                self.missed.add(move.consumer)  # the group's tuples held during the move go out at once
             elif kind == CHECKPOINT:
                 self.checkpoint_pending, self.checkpoint_ordered = True, order["id"]
             elif kind == SNAPSHOT:
@@ -303,6 +334,7 @@ class Master:
                 self.stats.tuples_moved += int(counters["moved_tuples"])
                 if self.orders:
                     self.orders.send(range(1, self.k), RELEASE, partition=move.partition)
+                self.missed.add(move.consumer)  # the group's tuples held during the move go out at once
                 print(f"moved partition-group {move.partition}: slave {move.supplier} -> {move.consumer} "
                       f"({int(counters['moved_tuples']):,} tuples, {move.reason})", file=sys.stderr, flush=True)
                 continue
@@ -527,7 +559,7 @@ class Master:
             now = time.time()
             if self._stop_requested:
                 self.exhausted = True
-            worked = self._ingest(now) + self._collect_reports()
+            worked = self._ingest(now, now >= next_slot) + self._collect_reports()
             worked += self.results_out.pump(np.inf if self.exhausted else self.max_ts - self.cfg["join"]["max_delay"],
                                             self.buffers.counts)
             if now >= next_slot:
@@ -557,6 +589,7 @@ class Master:
                 if self.cooling:
                     self._merge_cooled_keys()
                 self._start_moves()
+                self._serve_missed()
             if progress and now >= next_progress:
                 print(f"[dispatcher {self.index}] " * (self.k > 1) + self.stats.progress_line(len(self.buffers), len(self.controller.active),
                                                len(self.controller.moves_log)), file=sys.stderr, flush=True)

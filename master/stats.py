@@ -22,9 +22,11 @@ class RunStats:
         self.splits = 0
         self.merges = 0
         self.delay_hist = np.zeros(delays.BINS, dtype=np.int64)
+        self.parts_hist = np.zeros((len(delays.PARTS), delays.BINS), dtype=np.int64)  #: the delay's parts
         self.delay_max = 0.0
+        #: slots_missed: slots at which the slave was still joining its last batch (its tuples wait an epoch more)
         self.per_slave = {r: {"tuples_processed": 0, "window_tuples": 0, "window_bytes": 0, "busy_seconds": 0.0,
-                              "results": 0, "epochs": 0, "result_files": 0,
+                              "results": 0, "epochs": 0, "slots_missed": 0, "result_files": 0,
                               "peak_rss_bytes": 0, "cpu_seconds": 0.0} for r in slaves}
         self._last_line = (self.started, 0)  #: (time, tuples in) at the last progress line
         self.stopped_by_signal = False
@@ -39,6 +41,7 @@ class RunStats:
     def state(self) -> dict:
         """The counters as JSON for a checkpoint manifest."""
         state = {**{k: getattr(self, k) for k in self._STATE}, "delay_hist": self.delay_hist.tolist(),
+                 "parts_hist": self.parts_hist.tolist(),
                  "per_slave": {str(r): v for r, v in self.per_slave.items()},
                  "elapsed": self.elapsed_before + time.time() - self.started}
         return json.loads(json.dumps(state))  # a copy: the counters move on while the checkpoint completes
@@ -50,6 +53,7 @@ class RunStats:
         for stream, n in other["input"].items():
             self.input[stream] += n
         self.delay_hist += np.array(other["delay_hist"], dtype=np.int64)
+        self.parts_hist += np.array(other["parts_hist"], dtype=np.int64)
         self.delay_max = max(self.delay_max, other["delay_max"])
         self.pacing_lag_max = max(self.pacing_lag_max, other["pacing_lag_max"])
         levels = ("window_tuples", "window_bytes", "peak_rss_bytes", "cpu_seconds")
@@ -62,6 +66,7 @@ class RunStats:
         for k in self._STATE:
             setattr(self, k, state[k])
         self.delay_hist = np.array(state["delay_hist"], dtype=np.int64)
+        self.parts_hist = np.array(state["parts_hist"], dtype=np.int64)
         self.per_slave = {int(r): v for r, v in state["per_slave"].items()}
         self.elapsed_before = state["elapsed"]
 
@@ -69,7 +74,8 @@ class RunStats:
     def ingested(self) -> int:
         return self.input["R"] + self.input["S"]
 
-    def add_report(self, rank: int, c: dict[str, float], hist: np.ndarray) -> None:
+    def add_report(self, rank: int, c: dict[str, float], hists: np.ndarray) -> None:
+        """A slave's report: counters and its delay histogram followed by those of the parts (delays.PARTS)."""
         s = self.per_slave[rank]
         s["tuples_processed"] += int(c["tuples_r"] + c["tuples_s"])
         s["window_tuples"] = int(c["window_r"] + c["window_s"])
@@ -83,7 +89,8 @@ class RunStats:
         self.results += int(c["results"])
         self.splits += int(c["splits"])
         self.merges += int(c["merges"])
-        self.delay_hist += hist
+        self.delay_hist += hists[0]
+        self.parts_hist += hists[1:]
         self.delay_max = max(self.delay_max, c["delay_max"])
 
     def progress_line(self, buffered: int, active: int, moves: int) -> str:
@@ -109,6 +116,11 @@ class RunStats:
             "throughput_tuples_per_s": round(self.ingested / wall, 1) if wall > 0 else 0.0,
             "delay_seconds": {"p50": p50, "p95": p95, "p99": p99, "max": self.delay_max,
                               "note": "percentiles are upper edges of log bins: at most 12.2% above the exact value, capped at max"},
+            "delay_parts_seconds": {**{part: dict(zip(("p50", "p95", "p99"), delays.percentiles(h, (50, 95, 99))))
+                                       for part, h in zip(delays.PARTS, self.parts_hist)},
+                                    "note": "where the delay goes, per result: buffer = the later tuple's arrival "
+                                            "until the master sent its batch (its slave's slot), transfer = until "
+                                            "the slave started joining it, join = until the result was produced"},
             "slaves": {str(r): v for r, v in self.per_slave.items()},
             "pacing_lag_max_seconds": round(max(self.pacing_lag_max, 0.0), 3),
             "buffered_peak": self.buffered_peak,
@@ -134,6 +146,11 @@ def print_summary(s: dict, out=sys.stderr) -> None:
           f"S {s['input']['S']:,}), {s['results']:,} results, {s['late']:,} late, {s['rejected']:,} rejected; "
           f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {d['p50']:.3f}s p95 {d['p95']:.3f}s "
           f"p99 {d['p99']:.3f}s max {d['max']:.3f}s; splits {s['partition_splits']}, merges {s['partition_merges']}",
+          file=out, flush=True)
+    parts = s["delay_parts_seconds"]
+    print("delay parts p50 / p99: " + ", ".join(f"{k} {parts[k]['p50']:.3f}s / {parts[k]['p99']:.3f}s"
+                                                for k in delays.PARTS)
+          + f"; slots missed (slave still joining) {sum(v['slots_missed'] for v in s['slaves'].values()):,}",
           file=out, flush=True)
     if "zmq_ingest" in s:
         z = s["zmq_ingest"]

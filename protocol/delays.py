@@ -12,11 +12,25 @@ import numpy as np
 EDGES = np.logspace(-6, 4, 201)
 BINS = len(EDGES) + 1  # plus underflow and overflow
 
+#: Where a result's delay goes, one histogram each (they add up to the delay result by result):
+#: buffer = the later tuple's arrival until the master sent its batch (waiting for the slave's slot),
+#: transfer = sent until the slave started joining the batch (MPI, the slave's poll, decoding),
+#: join = joining started until the result was produced.
+PARTS = ("buffer", "transfer", "join")
+
 
 def histogram(delays: np.ndarray) -> np.ndarray:
     """Counts of `delays` per bin (int64, length BINS)."""
     idx = np.searchsorted(EDGES, delays, side="right")
     return np.bincount(idx, minlength=BINS).astype(np.int64)
+
+
+def decomposition(arrival: np.ndarray, sent: float, started: float, produced: np.ndarray | float) -> np.ndarray:
+    """Histograms (len(PARTS) x BINS) of the parts of the delays of results whose later tuple arrived at
+    `arrival`, sent by the master at `sent`, joined from `started` and produced at `produced`."""
+    n = len(arrival)
+    return np.stack([histogram(sent - arrival), histogram(np.broadcast_to(started - sent, n)),
+                     histogram(np.broadcast_to(produced - started, n))])
 
 
 def percentiles(hist: np.ndarray, qs=(50, 95, 99)) -> list[float]:

@@ -6,12 +6,13 @@ contiguous byte buffer sent with uppercase mpi4py calls (no pickling of tuple
 data).  The header carries the punctuation the slave needs: the watermark below
 which no on-time tuple can still arrive (BiStream, Theorem 1).
 
-A slave answers every batch with one small report: fixed float64 counters and
-the delay histogram of that epoch.
+A slave answers every batch with one small report: fixed float64 counters, the
+delay histogram of that epoch and the histograms of the delay's parts.
 """
 from __future__ import annotations
 
 import enum
+import time
 
 import numpy as np
 
@@ -44,8 +45,9 @@ class Ack(enum.IntEnum):
     MERGED = 5     #: a cooled key's grid is gathered back into its partition-group
 
 
+#: `sent`: the master's wall clock when it encoded the message (the delay decomposition, protocol.delays)
 HEADER = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("watermark", "<f8"), ("n_r", "<i8"), ("n_s", "<i8"),
-                   ("partition", "<i8"), ("peer", "<i8"), ("groups", "<i8")])
+                   ("partition", "<i8"), ("peer", "<i8"), ("groups", "<i8"), ("sent", "<f8")])
 #: with key-range partitioning (band and inequality joins) a batch ends with one row per partition-group it
 #: holds: (partition, R rows, S rows), in the order of the rows; a hash-partitioned batch has none
 GROUP_ROW = 3
@@ -59,7 +61,7 @@ def encode_batch(kind: Kind, epoch: int, watermark: float, r: np.ndarray, s: np.
     rows_end = HEADER.itemsize + (len(r) + len(s)) * size
     buf = np.empty(rows_end + table.nbytes, dtype=np.uint8)
     buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, len(r), len(s), partition, peer,
-                                              len(table))
+                                              len(table), time.time())
     body = buf[HEADER.itemsize: rows_end].view(r.dtype)
     body[: len(r)] = r
     body[len(r):] = s
@@ -107,16 +109,20 @@ REPORT_FIELDS = (
     "part_bytes",                # with Ack.CHECKPOINTED: size of the slave's checkpoint part
     "aggregate_files",           # with Ack.CHECKPOINTED: level: partial-aggregate files written so far
 )
-REPORT_LEN = len(REPORT_FIELDS) + delays.BINS
+#: the delay histogram, then one per part of the delay (delays.PARTS)
+HISTOGRAMS = 1 + len(delays.PARTS)
+REPORT_LEN = len(REPORT_FIELDS) + HISTOGRAMS * delays.BINS
 
 
-def encode_report(counters: dict[str, float], hist: np.ndarray) -> np.ndarray:
+def encode_report(counters: dict[str, float], hists: np.ndarray) -> np.ndarray:
+    """`hists`: HISTOGRAMS x delays.BINS counts (the delays, then their parts)."""
     out = np.zeros(REPORT_LEN, dtype=np.float64)
     out[: len(REPORT_FIELDS)] = [counters.get(f, 0.0) for f in REPORT_FIELDS]
-    out[len(REPORT_FIELDS):] = hist
+    out[len(REPORT_FIELDS):] = np.ravel(hists)
     return out
 
 
 def decode_report(buf: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
+    """(counters, HISTOGRAMS x delays.BINS int64 counts)."""
     counters = dict(zip(REPORT_FIELDS, buf[: len(REPORT_FIELDS)].tolist()))
-    return counters, buf[len(REPORT_FIELDS):].astype(np.int64)
+    return counters, buf[len(REPORT_FIELDS):].astype(np.int64).reshape(HISTOGRAMS, delays.BINS)

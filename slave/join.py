@@ -17,6 +17,8 @@ rule; those groups are not split (hashing would scatter neighbouring keys).
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from protocol.arrays import group_pairs
@@ -93,23 +95,24 @@ class JoinModule:
         return PartitionGroup(*self._group_args)
 
     def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: float,
-                groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                groups: np.ndarray | None = None, stamps: list | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Join one epoch's fresh tuples; returns the matching (R rows, S rows) of all new results.
 
         `groups` is the (partition, R rows, S rows) table of a range-partitioned batch; without it the
-        partition of each tuple is its key's hash partition.
+        partition of each tuple is its key's hash partition.  `stamps`, if a list, gets (results so far,
+        time.time()) after each partition-group: when its results were produced (the production delay).
         """
         out_r: list[np.ndarray] = []
         out_s: list[np.ndarray] = []
         if groups is None:
             for p, ri, si in group_pairs(partition_of(fresh_r["key"], self.partitions),
                                          partition_of(fresh_s["key"], self.partitions)):
-                self._join_group(self.group(p), fresh_r[ri], fresh_s[si], out_r, out_s)
+                self._join_group(self.group(p), fresh_r[ri], fresh_s[si], out_r, out_s, stamps)
         else:
             ends = np.cumsum(groups[:, 1:], axis=0)
             for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()):
                 self._join_group(self.group(p), fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s],
-                                 out_r, out_s)
+                                 out_r, out_s, stamps)
         threshold = watermark - self.window
         for pg in self.groups.values():
             pg.expire(threshold)
@@ -119,7 +122,8 @@ class JoinModule:
             return empty, empty
         return np.concatenate(out_r), np.concatenate(out_s)
 
-    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, out_r: list, out_s: list) -> None:
+    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, out_r: list, out_s: list,
+                    stamps: list | None = None) -> None:
         for b, ri, si in group_pairs(pg.directory.bucket_of(directory_hash(new_r["key"])),
                                      pg.directory.bucket_of(directory_hash(new_s["key"]))):
             win_r, win_s = pg.buckets[b]
@@ -131,6 +135,8 @@ class JoinModule:
                     out_s.append(side_s[is_])
             win_r.append(nr)
             win_s.append(ns)
+        if stamps is not None:
+            stamps.append((sum(map(len, out_r)), time.time()))
 
     def stored(self) -> tuple[int, int]:
         r = sum(len(w_r) for pg in self.groups.values() for w_r, _ in pg.buckets.values())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,8 @@ import pyarrow as pa
 from mpi4py import MPI
 
 from protocol import checkpoint, delays, faults
-from protocol.messages import TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, decode_batch, \
-    encode_report
+from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
+    decode_batch, encode_report
 from protocol.mpi import recv_bytes, wait_probe_any
 from protocol.output import write_table
 from protocol.tuples import tuple_dtype
@@ -31,13 +32,21 @@ from slave.state import decode_group, decode_move, encode_group, encode_move
 
 
 class ResultWriter:
-    """Buffers result columns and writes them as files of about `flush_rows` rows."""
+    """Buffers result columns and writes them as files of about `flush_rows` rows.
+
+    A file is written by a background thread (Arrow releases the GIL while it encodes and writes), so the
+    slave goes on joining meanwhile: written in line, a file of 500,000 rows held up the next batch for a
+    second or more on a busy host, and every tuple waiting for it.  One thread keeps the files in order;
+    `wait` returns when all are on disk (a checkpoint's commit counts them).
+    """
 
     def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int):
         self.directory, self.rank, self.fmt, self.flush_rows = directory, rank, fmt, flush_rows
         self._parts: list[pa.Table] = []
         self._rows = 0
         self.files = 0
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
+        self._writing: list[Future] = []
 
     def add(self, r: np.ndarray, s: np.ndarray, delay: np.ndarray) -> int:
         if len(r):
@@ -53,10 +62,23 @@ class ResultWriter:
         """Write what is buffered; returns the number of files written (0 or 1)."""
         if not self._parts:
             return 0
-        write_table(self.directory, f"slave-{self.rank:03d}-{self.files:06d}", pa.concat_tables(self._parts), self.fmt)
+        self._done()
+        self._writing.append(self._thread.submit(write_table, self.directory, f"slave-{self.rank:03d}-{self.files:06d}",
+                                                 pa.concat_tables(self._parts), self.fmt))
         self._parts, self._rows = [], 0
         self.files += 1
         return 1
+
+    def _done(self) -> None:
+        """Forget the files written; a failed write raises here."""
+        while self._writing and self._writing[0].done():
+            self._writing.pop(0).result()
+
+    def wait(self) -> None:
+        """Return once every file handed to the thread is written (re-raising a failed write)."""
+        for future in self._writing:
+            future.result()
+        self._writing = []
 
 
 class Slave:
@@ -96,23 +118,29 @@ class Slave:
                         rss=self.process.memory_info().rss, cpu=cpu.user + cpu.system)
         self.splits, self.merges = self.module.splits, self.module.merges
         if hist is None:
-            hist = np.zeros(delays.BINS, dtype=np.int64)
+            hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
         self.comm.Send(encode_report(counters, hist), dest=self.reply_to, tag=TAG_REPORT)
 
     def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups: np.ndarray | None) -> None:
         faults.reached(self.comm.rank, "batch")
-        started = time.perf_counter()
+        started, started_wall = time.perf_counter(), time.time()
         # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
         self.watermarks[self.reply_to] = float(head["watermark"])
-        r, s = self.module.process(fresh_r, fresh_s, float(self.watermarks.min()), groups)
-        delay = time.time() - np.maximum(r["arrival"], s["arrival"])
+        stamps: list[tuple[int, float]] = []
+        r, s = self.module.process(fresh_r, fresh_s, float(self.watermarks.min()), groups, stamps)
+        # a result is produced when its partition-group's join is done, not when the whole batch is
+        produced = np.repeat([t for _, t in stamps], np.diff([0, *(n for n, _ in stamps)]))
+        arrival = np.maximum(r["arrival"], s["arrival"])
+        delay = produced - arrival
         files = self.writer.add(r, s, delay)
         if self.aggregator:
             self.aggregator.add(r, s)
         self.results_out.send(self.reply_to, int(head["epoch"]), r, s, delay)
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": len(r), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
-                     "busy": time.perf_counter() - started, "ack": Ack.BATCH}, delays.histogram(delay))
+                     "busy": time.perf_counter() - started, "ack": Ack.BATCH},
+                    np.vstack([delays.histogram(delay),
+                               delays.decomposition(arrival, float(head["sent"]), started_wall, produced)]))
 
     def on_move(self, head) -> None:
         """Supplier side: extract the group, send its state to the consumer, tell the master."""
@@ -147,6 +175,7 @@ class Slave:
         self.marked.clear()
         self.reply_to = 0
         files = self.writer.flush()
+        self.writer.wait()
         if self.aggregator:
             self.aggregator.flush()
         part = checkpoint.pack([encode_group(p, pg) for p, pg in sorted(self.module.groups.items())])
@@ -219,7 +248,9 @@ class Slave:
                 if self.aggregator:
                     self.aggregator.flush()
                 self.results_out.wait()
-                self.report({"epoch": float(head["epoch"]), "files": self.writer.flush(), "ack": Ack.BATCH})
+                files = self.writer.flush()
+                self.writer.wait()
+                self.report({"epoch": float(head["epoch"]), "files": files, "ack": Ack.BATCH})
                 return 0
 
 

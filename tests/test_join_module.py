@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
+from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from slave.join import JoinModule
 from tests.reference import encode_pairs, late_flags, reference_pairs
 
@@ -41,8 +41,15 @@ def run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=400):
             r["id"], r["ts"], r["key"] = ids[sl][sel], ts[sl][sel], keys[sl][sel]
             r["value"] = st
             sides.append(r)
-        res_r, res_s = module.process(sides[0], sides[1], running - max_delay)
+        stamps = []
+        res_r, res_s = module.process(sides[0], sides[1], running - max_delay, stamps=stamps)
         assert len(res_r) == len(res_s)
+        # one stamp per partition-group with fresh tuples: results so far and when, both non-decreasing
+        touched = np.unique(partition_of(np.concatenate([sides[0]["key"], sides[1]["key"]]), module.partitions))
+        assert len(stamps) == len(touched)
+        if stamps:
+            counts, times = np.array(stamps).T
+            assert counts[-1] == len(res_r) and (np.diff(counts) >= 0).all() and (np.diff(times) >= 0).all()
         assert np.all(res_r["value"] == STREAM_R) and np.all(res_s["value"] == STREAM_S)
         assert np.all(res_r["key"] == res_s["key"])
         out.append(encode_pairs(res_r["id"], res_s["id"]))

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
 
 from protocol import delays
 from protocol.arrays import group_pairs
-from protocol.messages import HEADER, REPORT_FIELDS, REPORT_LEN, Kind, decode_batch, decode_report, encode_batch, \
-    encode_report
+from protocol.messages import HEADER, HISTOGRAMS, REPORT_FIELDS, REPORT_LEN, Kind, decode_batch, decode_report, \
+    encode_batch, encode_report
 from protocol.tuples import BASE_TUPLE_BYTES, directory_hash, mix64, partition_of, tuple_dtype
 
 
@@ -35,13 +36,16 @@ def test_batch_round_trip(tuple_bytes, n_r, n_s):
     rng = np.random.default_rng(n_r * 1000 + n_s + tuple_bytes)
     dt = tuple_dtype(tuple_bytes)
     r, s = random_rows(rng, dt, n_r), random_rows(rng, dt, n_s)
+    before = time.time()
     buf = encode_batch(Kind.BATCH, 12345, -3.25, r, s)
+    after = time.time()
     assert buf.dtype == np.uint8
     assert len(buf) == HEADER.itemsize + (n_r + n_s) * tuple_bytes
     head, r2, s2 = decode_batch(buf, dt)
     assert int(head["kind"]) == Kind.BATCH and Kind(int(head["kind"])) is Kind.BATCH
     assert int(head["epoch"]) == 12345
     assert float(head["watermark"]) == -3.25
+    assert before <= float(head["sent"]) <= after  # the master's send time: the delay decomposition
     assert (int(head["n_r"]), int(head["n_s"])) == (n_r, n_s)
     assert r2.dtype == dt and s2.dtype == dt
     assert len(r2) == n_r and len(s2) == n_s
@@ -92,9 +96,9 @@ def test_report_round_trip():
     counters = {f: float(rng.integers(0, 10**9)) for f in REPORT_FIELDS}
     counters["busy"] = 0.123456789
     counters["delay_max"] = 1e-7
-    hist = rng.integers(0, 10**12, delays.BINS)
+    hist = rng.integers(0, 10**12, (HISTOGRAMS, delays.BINS))
     buf = encode_report(counters, hist)
-    assert buf.dtype == np.float64 and len(buf) == REPORT_LEN == len(REPORT_FIELDS) + delays.BINS
+    assert buf.dtype == np.float64 and len(buf) == REPORT_LEN == len(REPORT_FIELDS) + HISTOGRAMS * delays.BINS
     c2, h2 = decode_report(buf)
     assert c2 == counters
     assert list(c2) == list(REPORT_FIELDS)
@@ -103,8 +107,8 @@ def test_report_round_trip():
 
 
 def test_report_missing_counters_are_zero_and_unknown_ignored():
-    hist = np.zeros(delays.BINS, dtype=np.int64)
-    hist[5] = 3
+    hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
+    hist[0, 5], hist[2, 7] = 3, 4
     c, h = decode_report(encode_report({"epoch": 4.0, "results": 17, "bogus": 99.0}, hist))
     assert c["epoch"] == 4.0 and c["results"] == 17.0
     assert all(c[f] == 0.0 for f in REPORT_FIELDS if f not in ("epoch", "results"))
@@ -125,6 +129,22 @@ def test_histogram_bins():
         b = int(np.searchsorted(delays.EDGES, x, side="right"))
         assert delays.EDGES[b - 1] <= x < delays.EDGES[b] and h[b] >= 1
     np.testing.assert_array_equal(delays.histogram(np.empty(0)), np.zeros(delays.BINS, np.int64))
+
+
+def test_decomposition_parts_add_up_to_the_delay():
+    rng = np.random.default_rng(5)
+    arrival = 100.0 + rng.uniform(0, 0.5, 1000)
+    sent, started, produced = 100.6, 100.65, 100.95
+    parts = delays.decomposition(arrival, sent, started, produced)
+    assert parts.shape == (len(delays.PARTS), delays.BINS) and (parts.sum(axis=1) == len(arrival)).all()
+    np.testing.assert_array_equal(parts[0], delays.histogram(sent - arrival))
+    (transfer,), (join,) = np.flatnonzero(parts[1]), np.flatnonzero(parts[2])  # one value each, all results
+    assert delays.EDGES[transfer - 1] <= started - sent < delays.EDGES[transfer]
+    assert delays.EDGES[join - 1] <= produced - started < delays.EDGES[join]
+    # per-result production times (an array) are binned one by one
+    produced_each = started + np.linspace(0.01, 0.3, len(arrival))
+    np.testing.assert_array_equal(delays.decomposition(arrival, sent, started, produced_each)[2],
+                                  delays.histogram(produced_each - started))
 
 
 def test_histograms_merge_by_addition():
