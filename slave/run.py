@@ -21,7 +21,7 @@ from mpi4py import MPI
 from protocol import checkpoint, delays, faults
 from protocol.messages import TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, decode_batch, \
     encode_report
-from protocol.mpi import recv_bytes, wait_probe
+from protocol.mpi import recv_bytes, wait_all_started, wait_probe
 from protocol.output import write_table
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
@@ -221,4 +221,5 @@ def run(comm: MPI.Comm, received: tuple | None = None) -> int:
     if resume is not None:
         slave.resume(resume["dir"], int(resume["result_files"].get(str(comm.rank), 0)),
                      int(resume["aggregate_files"].get(f"slave-{comm.rank:03d}", 0)), int(resume["epochs"][str(comm.rank)]))
+    wait_all_started(comm)
     return slave.serve()
