@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from protocol.arrays import label_order, records
 from protocol.tuples import partition_of
 
 
 class MiniBuffers:
     def __init__(self, partitions: int, dtype: np.dtype):
         self.partitions, self.dtype = partitions, dtype
-        self._record = np.dtype((np.void, dtype.itemsize))
         self._chunks: list[list[list[np.ndarray]]] = [[[] for _ in range(partitions)] for _ in range(2)]
         self.counts = np.zeros((2, partitions), dtype=np.int64)  #: buffered tuples per stream and partition
 
@@ -30,9 +30,9 @@ class MiniBuffers:
             return
         if part is None:
             part = partition_of(rows["key"], self.partitions)
-        order = np.argsort(part, kind="stable")
+        order = label_order(part, self.partitions)
         sizes = np.bincount(part, minlength=self.partitions)
-        pieces = np.split(rows[order].view(self._record), np.cumsum(sizes)[:-1])
+        pieces = np.split(records(rows)[order], np.cumsum(sizes)[:-1])
         chunks = self._chunks[stream]
         for p in np.flatnonzero(sizes).tolist():
             chunks[p].append(pieces[p])
@@ -58,7 +58,7 @@ class MiniBuffers:
             rows = np.concatenate(chunks).view(self.dtype) if chunks else np.empty(0, dtype=self.dtype)
             mine = rows["key"] == key
             rest = rows[~mine]
-            self._chunks[stream][partition] = [rest.view(self._record)] if len(rest) else []
+            self._chunks[stream][partition] = [records(rest)] if len(rest) else []
             self.counts[stream, partition] = len(rest)
             out.append(rows[mine])
         return out[0], out[1]

@@ -37,6 +37,7 @@ from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
 from protocol import checkpoint, faults
 from protocol.predicates import key_distance
+from protocol.mpi import wait_all_started
 from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, decode_report, encode_batch
 from protocol.output import write_table
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, tuple_dtype
@@ -549,6 +550,7 @@ class Master:
             write_table(out / "rejected", "rejected", self.source.rejected, self.cfg["output"]["format"])
         slot = self.cfg["epochs"]["distribution"] / len(self.subgroups)
         progress = self.cfg["output"]["progress"]
+        wait_all_started(self.comm)
         self.t0 = self.stats.started = time.time()
         if self.rate > 0:  # a resumed run keeps the pacing schedule where it was
             self.t0 -= self.consumed / self.rate

@@ -6,17 +6,37 @@ from collections.abc import Iterator
 import numpy as np
 
 
+def label_order(labels: np.ndarray, span: int) -> np.ndarray:
+    """np.argsort(labels, kind="stable") for labels in [0, span): on 16-bit labels where they fit, which
+    numpy sorts by radix (about 6x faster than int64 on a 25k-tuple batch, measured)."""
+    return np.argsort(labels.astype(np.uint16) if span <= 1 << 16 else labels, kind="stable")
+
+
 def group_pairs(labels_r: np.ndarray, labels_s: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """For each label present in either array: (label, indices in labels_r, indices in labels_s).
 
-    One stable argsort per array; the loop runs once per distinct label (a
-    partition or a bucket), never once per tuple.  Indices keep arrival order.
+    Labels are ids from a small range (partitions, buckets).  One stable argsort (`label_order`) and one
+    bincount per array; the loop runs once per distinct label, never once per tuple.  Indices keep arrival
+    order.
     """
-    order_r = np.argsort(labels_r, kind="stable")
-    order_s = np.argsort(labels_s, kind="stable")
-    sorted_r, sorted_s = labels_r[order_r], labels_s[order_s]
-    labels = np.union1d(sorted_r, sorted_s)
-    r_lo, r_hi = np.searchsorted(sorted_r, labels, "left"), np.searchsorted(sorted_r, labels, "right")
-    s_lo, s_hi = np.searchsorted(sorted_s, labels, "left"), np.searchsorted(sorted_s, labels, "right")
-    for i, label in enumerate(labels.tolist()):
-        yield label, order_r[r_lo[i]: r_hi[i]], order_s[s_lo[i]: s_hi[i]]
+    if len(labels_r) + len(labels_s) == 0:
+        return
+    lo = min(labels_r.min(initial=np.iinfo(np.int64).max), labels_s.min(initial=np.iinfo(np.int64).max))
+    span = max(labels_r.max(initial=lo), labels_s.max(initial=lo)) - lo + 1
+    shifted_r, shifted_s = labels_r - lo, labels_s - lo
+    order_r, order_s = label_order(shifted_r, span), label_order(shifted_s, span)
+    count_r, count_s = np.bincount(shifted_r, minlength=span), np.bincount(shifted_s, minlength=span)
+    end_r, end_s = np.cumsum(count_r), np.cumsum(count_s)
+    for i in np.flatnonzero(count_r + count_s).tolist():
+        yield i + int(lo), order_r[end_r[i] - count_r[i]: end_r[i]], order_s[end_s[i] - count_s[i]: end_s[i]]
+
+def records(rows: np.ndarray) -> np.ndarray:
+    """`rows` as opaque fixed-size records (a view).  Gathering, masking and concatenating those is a plain
+    memory copy; on the structured tuple dtype numpy copies field by field (about 8x slower measured)."""
+    return rows.view(np.dtype((np.void, rows.dtype.itemsize)))
+
+
+def take_rows(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """rows[index] (an index array or a boolean mask), copied as records."""
+    return records(rows)[index].view(rows.dtype)
+

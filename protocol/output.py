@@ -43,8 +43,9 @@ def write_table(directory: str | Path, stem: str, table: pa.Table, fmt: str) -> 
     d.mkdir(parents=True, exist_ok=True)
     final = d / f"{stem}.{fmt}"
     tmp = d / f".{stem}.{fmt}.tmp"
-    if fmt == "parquet":
-        pq.write_table(table, tmp)
+    if fmt == "parquet":  # dictionary encoding for strings only: on ids, keys and times it tripled the write time
+        strings = [f.name for f in table.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+        pq.write_table(table, tmp, use_dictionary=strings)
     else:
         pacsv.write_csv(table, tmp)
     os.replace(tmp, final)

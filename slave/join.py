@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from protocol.arrays import group_pairs
+from protocol.arrays import group_pairs, records, take_rows
 from protocol.predicates import key_distance
 from protocol.tuples import directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
@@ -107,7 +107,8 @@ class JoinModule:
         if groups is None:
             for p, ri, si in group_pairs(partition_of(fresh_r["key"], self.partitions),
                                          partition_of(fresh_s["key"], self.partitions)):
-                self._join_group(self.group(p), fresh_r[ri], fresh_s[si], out_r, out_s, stamps)
+                self._join_group(self.group(p), take_rows(fresh_r, ri), take_rows(fresh_s, si), out_r, out_s,
+                                 stamps)
         else:
             ends = np.cumsum(groups[:, 1:], axis=0)
             for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()):
@@ -120,19 +121,27 @@ class JoinModule:
         if not out_r:
             empty = np.empty(0, dtype=self.dtype)
             return empty, empty
-        return np.concatenate(out_r), np.concatenate(out_s)
+        return np.concatenate(out_r).view(self.dtype), np.concatenate(out_s).view(self.dtype)
 
     def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, out_r: list, out_s: list,
                     stamps: list | None = None) -> None:
-        for b, ri, si in group_pairs(pg.directory.bucket_of(directory_hash(new_r["key"])),
-                                     pg.directory.bucket_of(directory_hash(new_s["key"]))):
+        """Join one group's fresh tuples; matching rows are gathered as records (protocol.arrays.records) into
+        out_r and out_s."""
+        if pg.directory.global_depth == 0:  # one bucket takes every tuple: no hashing or grouping needed
+            buckets = [(int(pg.directory.entries[0]), new_r, new_s)]
+        else:
+            buckets = [(b, take_rows(new_r, ri), take_rows(new_s, si)) for b, ri, si in
+                       group_pairs(pg.directory.bucket_of(directory_hash(new_r["key"])),
+                                   pg.directory.bucket_of(directory_hash(new_s["key"])))]
+        for b, nr, ns in buckets:
             win_r, win_s = pg.buckets[b]
-            nr, ns = new_r[ri], new_s[si]
-            for side_r, side_s in ((nr, win_s.rows), (win_r.rows, ns), (nr, ns)):
+            rec_r, rec_s = records(nr), records(ns)
+            for side_r, side_s, from_r, from_s in ((nr, win_s.rows, rec_r, win_s.records),
+                                                   (win_r.rows, ns, win_r.records, rec_s), (nr, ns, rec_r, rec_s)):
                 ir, is_ = self.kernel(side_r, side_s)
                 if len(ir):
-                    out_r.append(side_r[ir])
-                    out_s.append(side_s[is_])
+                    out_r.append(from_r[ir])
+                    out_s.append(from_s[is_])
             win_r.append(nr)
             win_s.append(ns)
         if stamps is not None:

@@ -22,7 +22,7 @@ from mpi4py import MPI
 from protocol import checkpoint, delays, faults
 from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
     decode_batch, encode_report
-from protocol.mpi import recv_bytes, wait_probe_any
+from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
 from protocol.output import write_table
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
@@ -276,4 +276,5 @@ def run(comm: MPI.Comm, received: tuple | None = None) -> int:
         slave.resume(resume["dir"], int(resume["result_files"].get(str(comm.rank), 0)),
                      int(resume["aggregate_files"].get(f"slave-{comm.rank:03d}", 0)),
                      [int(epochs[str(comm.rank)]) for epochs in resume["epochs"]])
+    wait_all_started(comm)
     return slave.serve()

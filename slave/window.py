@@ -4,28 +4,42 @@ Paper 003, IV-D: tuples are kept in arrival order in fixed-size blocks; the bloc
 is the unit of expiry.  A block is dropped once its newest tuple can no longer
 join any on-time tuple, i.e. its largest ts is below watermark - window (BiStream,
 Theorem 1).  Rows live in one contiguous structured array (block b is rows
-[b*B, (b+1)*B)) so the join kernel sees the whole mini-window without copying;
-the last block is the head block that fills up with fresh tuples.
+[start + b*B, start + (b+1)*B)) so the join kernel sees the whole mini-window
+without copying; the last block is the head block that fills up with fresh tuples.
+Expiry of the oldest blocks (the usual case: tuples arrive about in ts order)
+only moves `start`; rows are copied when the tail is full, into storage of twice
+the live rows, and when out-of-order expiry drops blocks from the middle.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from protocol.arrays import records, take_rows
+
 
 class MiniWindow:
     def __init__(self, dtype: np.dtype, block_size: int):
-        self.block_size = block_size
-        self._rows = np.empty(0, dtype=dtype)
-        self._n = 0
+        self.dtype, self.block_size = dtype, block_size
+        self._store(np.empty(0, dtype=dtype), 0)
         self.block_max = np.empty(0, dtype=np.float64)  #: newest ts of each block
 
     def __len__(self) -> int:
-        return self._n
+        return self._end - self._start
+
+    def _store(self, rows: np.ndarray, live: int) -> None:
+        """New storage whose first `live` rows are the window; kept as tuples and as records (two views)."""
+        self._rows, self._records = rows, records(rows)
+        self._start, self._end = 0, live
 
     @property
     def rows(self) -> np.ndarray:
         """The stored tuples, oldest block first (a view)."""
-        return self._rows[: self._n]
+        return self._rows[self._start: self._end]
+
+    @property
+    def records(self) -> np.ndarray:
+        """The same rows as opaque records (a view; protocol.arrays.records)."""
+        return self._records[self._start: self._end]
 
     @property
     def blocks(self) -> int:
@@ -36,22 +50,22 @@ class MiniWindow:
         return self._rows.nbytes
 
     def append(self, new: np.ndarray) -> None:
-        """Add fresh tuples at the head; grows the storage geometrically."""
+        """Add fresh tuples at the head; when the storage is full, the live rows move into new storage of
+        twice their number (together with the fresh ones)."""
         k = len(new)
         if k == 0:
             return
-        need = self._n + k
-        if need > len(self._rows):
-            grown = np.empty(max(need, 2 * len(self._rows), self.block_size), dtype=self._rows.dtype)
-            grown[: self._n] = self._rows[: self._n]
-            self._rows = grown
-        self._rows[self._n: need] = new
-        first = self._n // self.block_size  # the head block may have been partial
-        self._n = need
-        self._refresh_block_max(first)
+        live = len(self)
+        if self._end + k > len(self._rows):
+            grown = np.empty(max(2 * (live + k), self.block_size), dtype=self.dtype)
+            records(grown)[:live] = self.records
+            self._store(grown, live)
+        self._records[self._end: self._end + k] = records(new)
+        self._end += k
+        self._refresh_block_max(live // self.block_size)  # the head block may have been partial
 
     def _refresh_block_max(self, first_block: int) -> None:
-        ts = self._rows["ts"][first_block * self.block_size: self._n]
+        ts = self.rows["ts"][first_block * self.block_size:]
         tail = np.maximum.reduceat(ts, np.arange(0, len(ts), self.block_size)) if len(ts) else ts
         self.block_max = np.concatenate([self.block_max[:first_block], tail])
 
@@ -60,19 +74,22 @@ class MiniWindow:
         dead = self.block_max < threshold
         if not dead.any():
             return 0
-        keep_rows = np.repeat(~dead, self.block_size)[: self._n]
-        kept = self._rows[: self._n][keep_rows]
-        dropped = self._n - len(kept)
+        before = len(self)
+        oldest = len(dead) if dead.all() else int(np.argmin(dead))  # leading dead blocks
+        if not dead[oldest:].any():
+            self._start = min(self._start + oldest * self.block_size, self._end)
+        else:  # out-of-order input: blocks die in the middle too
+            kept = take_rows(self.rows, np.repeat(~dead, self.block_size)[:before])
+            self._store(kept, len(kept))
         # all kept blocks but the last are full, so block boundaries are unchanged
         self.block_max = self.block_max[~dead]
-        self._rows, self._n = kept, len(kept)
-        return dropped
+        return before - len(self)
 
     def take(self, mask: np.ndarray) -> np.ndarray:
         """Remove and return the rows where `mask` is true (used to split or hand over a group)."""
         rows = self.rows
-        out, kept = rows[mask], rows[~mask]
-        self._rows, self._n = kept, len(kept)
+        out, kept = take_rows(rows, mask), take_rows(rows, ~mask)
+        self._store(kept, len(kept))
         self.block_max = self.block_max[:0]
         self._refresh_block_max(0)
         return out

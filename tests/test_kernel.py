@@ -1,10 +1,11 @@
-"""Tests of slave/kernel.py: window_join against a brute-force n x m broadcast."""
+"""Tests of slave/kernel.py: window_join and range_join against a brute-force n x m broadcast."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from slave.kernel import window_join
+from protocol.tuples import tuple_dtype
+from slave.kernel import range_join, window_join
 
 
 def brute_pairs(a_key, a_ts, b_key, b_ts, window):
@@ -113,3 +114,57 @@ def test_one_hot_key_far_apart_in_time_does_not_build_all_key_pairs():
     expected = sum(int(np.count_nonzero(np.abs(b_ts - t) <= 0.001)) for t in a_ts[:2000])
     assert int(np.count_nonzero(ia < 2000)) == expected
     assert np.all(np.abs(a_ts[ia] - b_ts[ib]) <= 0.001)
+
+
+def test_equal_timestamps_duplicates_and_strided_field_views():
+    # the kernels get field views of 64-byte window records (strided), many duplicate keys and equal ts
+    rng = np.random.default_rng(11)
+    for n, m in ((400, 90), (90, 400), (1, 250)):
+        a, b = np.zeros(n, tuple_dtype(64)), np.zeros(m, tuple_dtype(64))
+        a["key"], b["key"] = rng.integers(-3, 3, n), rng.integers(-3, 3, m)
+        a["ts"], b["ts"] = rng.integers(0, 5, n) * 0.25, rng.integers(0, 5, m) * 0.25
+        for window in (0.0, 0.25, 0.5):
+            check(a["key"], a["ts"], b["key"], b["ts"], window)
+
+
+def brute_range(a_key, a_ts, b_key, b_ts, window, low, high):
+    if len(a_key) == 0 or len(b_key) == 0:
+        return set()
+    d = b_key[None, :].astype(object) - a_key[:, None].astype(object)  # exact: no int64 wrap-around
+    ok = np.abs(a_ts[:, None] - b_ts[None, :]) <= window
+    if low is not None:
+        ok &= d >= low
+    if high is not None:
+        ok &= d <= high
+    ia, ib = np.nonzero(ok)
+    return set(zip(ia.tolist(), ib.tolist()))
+
+
+def check_range(a_key, a_ts, b_key, b_ts, window, low, high):
+    ia, ib = range_join(a_key, a_ts, b_key, b_ts, window, low, high)
+    got = list(zip(ia.tolist(), ib.tolist()))
+    assert len(got) == len(set(got)), "range_join returned a pair twice"
+    assert set(got) == brute_range(a_key, a_ts, b_key, b_ts, window, low, high)
+
+
+@pytest.mark.parametrize("n,m", SIZES)
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("bounds", [(0, 0), (-2, 2), (1, None), (None, -1), (None, None), (3, 1)])
+def test_range_join_random_against_broadcast(n, m, seed, bounds):
+    rng = np.random.default_rng(seed * 1000 + n * 7 + m)
+    a_key, b_key = rng.integers(-10, 10, n), rng.integers(-10, 10, m)
+    a_ts, b_ts = rng.integers(0, 12, n) * 0.5, rng.integers(0, 12, m) * 0.5  # exact |dt| == window cases
+    for window in (0.0, 0.5, 2.0, 100.0):
+        check_range(a_key, a_ts, b_key, b_ts, window, *bounds)
+
+
+def test_range_join_huge_keys_do_not_wrap_around():
+    # k + band past the int64 range must saturate, not wrap to the other end of the key space
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    pool = np.array([small, small + 1, -5, 0, 5, big - 1, big], dtype=np.int64)
+    rng = np.random.default_rng(2)
+    a_key, b_key = rng.choice(pool, 60), rng.choice(pool, 25)
+    a_ts, b_ts = np.zeros(60), np.zeros(25)
+    for bounds in ((-3, 3), (1, None), (None, -1), (2, 2**62), (-(2**62), -2)):
+        check_range(a_key, a_ts, b_key, b_ts, 0.0, *bounds)
+        check_range(b_key, b_ts, a_key, a_ts, 0.0, *bounds)

@@ -63,10 +63,12 @@ def stream_settings(ingest: int, results: int, **more) -> dict:
             "epochs.distribution": 0.1, **more}
 
 
-def check_stream(sub: dict, table: pa.Table, expected: np.ndarray, ordered: bool, merged: bool = False) -> None:
-    """The subscriber's view: monotone punctuations, nothing after a punctuation covering it, all results.
-    `merged`: the subscriber put several dispatchers' streams in order itself, so rows are not in arrival order."""
-    assert sub["ended"] and sub["gaps"] == 0 and sub["non_monotone"] == 0 and sub["punctuations"] > 2
+def check_stream(sub: dict, table: pa.Table, expected: np.ndarray, ordered: bool, merged: bool = False,
+                 punctuations: int = 3) -> None:
+    """The subscriber's view: monotone punctuations (at least `punctuations`), nothing after a punctuation
+    covering it, all results.  `merged`: the subscriber put several dispatchers' streams in order itself, so
+    rows are not in arrival order."""
+    assert sub["ended"] and sub["gaps"] == 0 and sub["non_monotone"] == 0 and sub["punctuations"] >= punctuations
     later = np.maximum(table["r_ts"].to_numpy(), table["s_ts"].to_numpy())
     before = table["punctuation_before"].to_numpy()
     assert (later >= before).all() and sub["covered"] == 0
@@ -97,7 +99,9 @@ def test_zmq_ingest_with_random_send_delays_equals_the_reference(tmp_path):
     s = run.summary
     assert s["input_total"] + s["late"] == 9000 and s["rejected"] == 0
     assert s["zmq_ingest"]["messages"] == 9000 // 400 + 2 and s["result_stream"]["results"] == len(expected)
-    check_stream(got, pq.read_table(tmp_path / "sub.parquet"), expected, ordered=False)
+    # the producer sends for about 0.6 s; ingest starts once every slave is ready (protocol.mpi.wait_all_started),
+    # which on a loaded machine can be later: then all of it arrives in one batch per slave (2 punctuations)
+    check_stream(got, pq.read_table(tmp_path / "sub.parquet"), expected, ordered=False, punctuations=2)
 
 
 def test_ordered_stream_from_two_producers(tmp_path):
