@@ -111,7 +111,7 @@ def test_the_archive_holds_exactly_the_accepted_input(tmp_path):
         == archive.num_rows
 
 
-@pytest.mark.parametrize("victim,point", [(3, "batch:4"), (2, "checkpoint:2")])
+@pytest.mark.parametrize("victim,point", [(3, "batch:10"), (2, "checkpoint:3")])
 def test_several_dispatchers_checkpoint_a_consistent_cut_and_recover(tmp_path, victim, point):
     # 2 dispatchers with random delays before every send: each snapshots its share and sends its marker, and a
     # slave writes its state only with both markers in; a slave dies at a batch or while writing a checkpoint

@@ -123,7 +123,8 @@ def test_ordered_stream_from_two_producers(tmp_path):
     expected, _ = reference_pairs(stream, ids, ts, keys, 0.2, 5.0)
     np.testing.assert_array_equal(run.pairs(), expected)
     assert run.summary["late"] == 0 and run.summary["zmq_ingest"]["producers_ended"] == 2
-    check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True)
+    # the producers may be done before every slave has loaded its kernels: then all input is in early batches
+    check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True, punctuations=2)
 
 
 def test_producer_faster_than_the_cluster_is_held_back_and_nothing_is_lost(tmp_path):
