@@ -430,8 +430,7 @@ def search_line(p: dict) -> str:
 def write_report(out: Path, data: dict) -> None:
     from deploy import bench_paper
     m, n, cfg, bound = data["machine"], data["repeats"], data["config"], data["delay_bound"]
-    runs = sum(1 + len(p["search"]["runs"]) + len(p["sustained"]["runs"]) + len(p["half"]["runs"])
-               for p in data["points"])
+    runs = bench_paper.cluster_runs(data)
     parts = [
         "# Stream-join benchmark", "",
         f"`{data['command']}` — {m['date']}; {runs} runs in {data['bench_seconds']:.0f} s", "",
@@ -664,7 +663,8 @@ def main(argv: list[str]) -> int:
     for c in caveats(data):
         print(f"caveat: {c}")
     print(f"sustained rate: highest paced rate that kept up with delay p95 <= {a.delay_bound:g} s; delays and "
-          f"achieved/s are medians of {a.repeats} runs at it (half: at half of it). {bench.done} runs in "
+          f"achieved/s are medians of {a.repeats} runs at it (half: at half of it). "
+          f"{bench_paper.cluster_runs(data)} cluster runs in "
           f"{data['bench_seconds']:.0f} s. Wrote "
           + ", ".join(str(x) for x in [a.out / "report.md", a.out / "results.json", *pngs]), flush=True)
     return 0

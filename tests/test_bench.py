@@ -374,3 +374,15 @@ def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
     _, own = own_kernel(cfg, batches)
     _, duck = duckdb_join(cfg, data)
     assert own == duck > 1000
+
+
+def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
+    from deploy.bench_kernel import epoch_batches, window_footprint
+    from protocol.config import load_config
+    cfg = load_config(None, ["generator.duration=3", "generator.rate=5000", "generator.keys=2048"])
+    _, batches = epoch_batches(cfg)
+    f = window_footprint(cfg, batches)
+    assert f["stored_tuples"] > 1000
+    # at least the rows themselves, and not wildly more: the directories and objects are small beside them
+    assert f["nbytes"] >= f["stored_tuples"] * 64 and f["traced_bytes"] >= f["nbytes"]
+    assert f["traced_per_tuple"] < 4 * 64

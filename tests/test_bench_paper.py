@@ -78,7 +78,9 @@ def full_data():
         r["slaves"]["1"]["comm_seconds"] = comm
         sweep.append({"epoch": e, **r})
     data["epochs"] = {"slaves": 2, "rate": 148_500, "runs": sweep}
-    data["kernel"] = {"rate": 400_000.0, "runs": [390_000.0, 400_000.0, 410_000.0], "tuples": 1_000_000, "cores": 2}
+    data["kernel"] = {"rate": 400_000.0, "runs": [390_000.0, 400_000.0, 410_000.0], "tuples": 1_000_000, "cores": 2,
+                      "footprint": {"traced_bytes": 7_200_000, "nbytes": 6_420_000, "stored_tuples": 100_000,
+                                    "traced_per_tuple": 72.0, "nbytes_per_tuple": 64.2}}
     data["peer_ratio"] = {"ratio": 12.5, "ratio_at_least": None}
     return json.loads(json.dumps(data))  # as read back from results.json
 
@@ -93,8 +95,9 @@ def test_targets_table_says_what_is_met():
     assert rows["capacity"][1:] == ["12.5x", "✓ met"]
     # half-load p99 of the fake points is 0.3 s <= 0.5 + 0.1
     assert rows["delay"][2] == "✓ met" and "1 slave(s) 0.300 s" in rows["delay"][1]
-    # window bytes per tuple 64 / 64 B: 1.00x
-    assert rows["window"][1].endswith("= 1.00x") and rows["window"][2] == "✓ met"
+    # window bytes per tuple: the cluster's 64 B and the traced 72 B, the larger against 64 B: 1.12x
+    assert rows["window"][1] == "cluster 64 B, in-process traced 72 B per 64 B tuple: 1.12x"
+    assert rows["window"][2] == "✓ met"
     # the best fraction: 297,000 / (400,000 x 2 cores) = 0.37 < 0.5
     assert rows[">="][1].startswith("0.37") and rows[">="][2] == "✗ not met"
     data["epochs"] = None
@@ -119,6 +122,12 @@ def test_workload_tuning_epoch_and_kernel_tables():
     assert rss[0] == ["1", "300", "1:100", "300", "1:100"]
 
 
+def test_cluster_runs_counts_every_part():
+    data = full_data()  # 2 paper points of 11 runs, zipf and tuning off 1 point each of 11, 3 epoch runs
+    assert bench_paper.cluster_runs(data) == 4 * 11 + 3
+    assert bench_paper.cluster_runs(fake_data([point(1)])) == 11
+
+
 def test_report_has_every_section_and_the_plots_are_written(tmp_path):
     data = full_data()
     bench.write_report(tmp_path, data)
@@ -129,6 +138,7 @@ def test_report_has_every_section_and_the_plots_are_written(tmp_path):
                     "| target (issue 6)"):
         assert heading in report, heading
     assert report.index("| target (issue 6)") < report.index("## Method")
+    assert "**72.0 B per tuple** (1.12x the raw 64 B" in report and "47 runs" in report
     paths = bench_paper.plot(tmp_path, data, 1.5)
     assert [p.name for p in paths] == ["delay_rate.png", "tuning.png", "epochs.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
