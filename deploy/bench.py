@@ -483,7 +483,8 @@ def write_report(out: Path, data: dict) -> None:
         parts += report_section(data["points"], data["peer"], bound)
     parts += bench_paper.report_sections(data)
     parts += ["Window B/tuple: the slaves' allocated window bytes over stored tuples at the end of the run "
-              f"(at least generator.tuple_bytes = {cfg['generator']['tuple_bytes']}; the excess is growth slack). "
+              f"(at least generator.tuple_bytes = {cfg['generator']['tuple_bytes']}; the excess is growth slack, the "
+              "per-block index and the directories). "
               "Lag: wall time minus the paced schedule (tuples / pacing rate).", "",
               "## Configuration", "",
               f"Workload settings: `{' '.join(data['workload']) or 'defaults'}`; `source.rate` as above; "
@@ -559,8 +560,8 @@ def plot(out: Path, points: list[dict], delay_bound: float, peer: dict | None = 
 # --------------------------------------------------------------------------- main
 
 def main(argv: list[str]) -> int:
+    from deploy import bench_paper  # it imports this module's helpers, so not at the top
     p = argparse.ArgumentParser(prog="python -m deploy.bench", description=__doc__.split("\n")[0])
-    from deploy import bench_paper
     p.add_argument("--quick", action="store_true",
                    help="10 s of generated input per run instead of 60 s, 4 search steps instead of 6, 1 repeat "
                         "instead of 3, fewer slave counts, workloads on 2 slaves only, 3 epochs in the sweep")
@@ -610,12 +611,13 @@ def main(argv: list[str]) -> int:
     command = "python -m deploy.bench " + " ".join(argv)
     data = {"command": command.strip(), "machine": machine_info(), "repeats": a.repeats, "steps": steps,
             "delay_bound": a.delay_bound, "workload": workload}
+    searches = len(a.workloads) + (not a.no_tuning_off)  # each on every --workload-slaves count, no half load
+    most = (planned_runs(len(a.slaves), a.repeats, steps) + len(epochs)
+            + searches * planned_runs(len(a.workload_slaves), a.repeats, steps, half=False))
     print(f"bench: slaves {a.slaves}, probe + {steps} search steps + 2 x {a.repeats} repeats per slave count, "
           f"delay bound {a.delay_bound:g} s, {' '.join(workload)}; "
           f"then {', '.join(a.workloads) or 'no other workloads'}{'' if a.no_tuning_off else ' and tuning off'} on "
-          f"slaves {a.workload_slaves}, epochs {epochs or 'none'}; at most "
-          f"{planned_runs(len(a.slaves), a.repeats, steps) + len(epochs) + (len(a.workloads) + (not a.no_tuning_off)) * planned_runs(len(a.workload_slaves), a.repeats, steps, half=False)} "
-          "runs", flush=True)
+          f"slaves {a.workload_slaves}, epochs {epochs or 'none'}; at most {most} runs", flush=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="streamjoin-bench-") as tmp:
         bench = Bench(a.slaves, a.repeats, steps, a.delay_bound, workload, a.timeout, Path(tmp))
@@ -637,7 +639,7 @@ def main(argv: list[str]) -> int:
             if epochs:
                 data["epochs"] = bench_paper.epoch_sweep(new_bench, data["points"], a.workload_slaves[0], epochs)
         except RunFailed as e:
-            print(f"\nbench: run {bench.done}/{bench.total_runs} FAILED, {e}", file=sys.stderr, flush=True)
+            print(f"\nbench: a run FAILED, {e}", file=sys.stderr, flush=True)
             return 1
         if a.peer == "spark":
             from deploy.bench_spark import QUICK_RUN_SECONDS, RUN_SECONDS, SparkBench, peer_table, ratio, ratio_text
