@@ -43,6 +43,7 @@ FULL_EPOCHS = [0.1, 0.25, 0.5, 1.0, 2.0]
 WINDOW_TARGET = 2.0    #: window state per stored tuple at most this times the raw tuple bytes
 KERNEL_TARGET = 0.5    #: sustained rate at least this fraction of the single-core kernel x cores in use
 DELAY_SLACK = 0.1      #: delay p99 at half capacity within one distribution epoch + this
+OFF_SCALE = 4.0        #: delay-against-rate plots cut their y axis at this many delay bounds
 
 
 def parse_names(text: str) -> list[str]:
@@ -340,6 +341,8 @@ def plot(out: Path, data: dict, delay_bound: float) -> list[Path]:
     def delay_rate(name: str, title: str, curves: list[tuple[dict, str, str, str]]) -> None:
         """One figure of delay p95 against the paced rate: a (point, color, label, line style) per curve."""
         fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+        highest = max((r["delay_p95"] or 0 for p, *_ in curves for r in paced_runs(p)), default=0)
+        top = min(1.1 * highest, OFF_SCALE * delay_bound)  # one overloaded run must not flatten the rest
         for p, color, label, ls in curves:
             runs = paced_runs(p)
             ax.plot([r["rate"] for r in runs], [r["delay_p95"] for r in runs], ls, marker="o", ms=3, color=color,
@@ -348,10 +351,11 @@ def plot(out: Path, data: dict, delay_bound: float) -> list[Path]:
             ax.scatter([r["rate"] for r in bad], [r["delay_p95"] for r in bad], marker="x", s=40, color=color,
                        zorder=3)
         ax.axhline(delay_bound, color="grey", ls=":", lw=1, label=f"p95 bound {delay_bound:g} s")
-        ax.set(title=title, xlabel="paced input rate (tuples/s)", ylabel="delay p95 (s)")
+        ax.set(title=title, xlabel="paced input rate (tuples/s)",
+               ylabel="delay p95 (s)" + (f"; cut at {top:g} s, highest {highest:.1f} s" if highest > top else ""))
         ax.title.set_fontsize(10)
         ax.xaxis.set_major_formatter(thousands)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, top if top > 0 else None)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -383,6 +387,7 @@ def plot(out: Path, data: dict, delay_bound: float) -> list[Path]:
         for a in (a1, a2):
             a.set_xscale("log")
             a.set_xticks(es, [f"{e:g}" for e in es])
+            a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             a.set_ylim(bottom=0)
             a.grid(alpha=0.3)
         a1.legend(fontsize=8)
