@@ -1,4 +1,4 @@
-"""`python -m deploy.bench [--quick] [--slaves 1,2,4] [--repeats 3] [--steps N] [--delay-bound S] [--peer spark|none] [--out DIR]`: sustained input rate and delay per cluster size, and of the peer.
+"""`python -m deploy.bench [--quick] [--slaves 1,2,4,8] [--repeats 3] [--steps N] [--delay-bound S] [--peer spark|none] [--workloads ...] [--epochs ...] [--out DIR]`: sustained input rate and delay per cluster size, and of the peer.
 
 The capacity of the cluster is its **sustained input rate**: the highest paced
 input rate (`source.rate`) at which it keeps up with the pacing *and* the
@@ -22,8 +22,10 @@ generated workload:
 In paced runs a tuple's arrival is its nominal pacing time, so the delay is
 end-to-end, including any backlog in the master.  Then (`--peer spark`, the
 default) the same search on Spark Structured Streaming's stream-stream join of
-the same data (`deploy.bench_spark`) and the ratio cluster/Spark.  Output:
-report.md, results.json (all raw numbers) and PNG plots.
+the same data (`deploy.bench_spark`) and the ratio cluster/Spark.  Then
+(`deploy.bench_paper`) the other workloads (uniform, Zipf, high duplication),
+tuning off, the distribution-epoch sweep and the single-core kernel limit, and
+the issue's targets.  Output: report.md, results.json (all raw numbers) and PNG plots.
 """
 from __future__ import annotations
 
@@ -197,8 +199,10 @@ def run_numbers(s: dict) -> dict:
             "delay_parts": s.get("delay_parts_seconds"),  # where the delay goes (buffer, transfer, join)
             "window_bytes_per_tuple": round(wb / wt, 1) if wt else None,
             "tuples_moved": s.get("tuples_moved", 0), "moves": len(s.get("balance", {}).get("moves", [])),
-            "slaves": {r: {k: v[k] for k in ("tuples_processed", "window_tuples", "window_bytes", "busy_seconds")}
-                       for r, v in s["slaves"].items()}}
+            "slaves": {r: {k: v[k] for k in ("tuples_processed", "window_tuples", "window_bytes", "busy_seconds",
+                                             "comm_seconds")} for r, v in s["slaves"].items()},
+            "rank_rss_mb": {"0": round(s["master_peak_rss_bytes"] / 2**20, 1),
+                            **{r: round(v["peak_rss_bytes"] / 2**20, 1) for r, v in s["slaves"].items()}}}
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -295,7 +299,8 @@ class Bench:
         self.total_runs, self.done = planned_runs(len(slaves), repeats, steps, half), 0
         self.config: dict | None = None
 
-    def _run(self, k: int, label: str, rate: float) -> dict:
+    def run_at(self, k: int, label: str, rate: float) -> dict:
+        """One run of k slaves paced at `rate` (0 = unpaced), its numbers, and a progress line."""
         self.done += 1
         s = run_cluster(k + 1, [*self.workload, f"source.rate={float(rate)!r}"],
                         self.tmp / f"{self.tag}k{k}-{label.replace(' ', '').replace('#', '-')}", self.timeout,
@@ -316,20 +321,20 @@ class Bench:
 
     def point(self, k: int) -> dict:
         """Probe, search, then repeats at the sustained rate and at half of it, for k slaves."""
-        probe = self._run(k, "probe", 0.0)
+        probe = self.run_at(k, "probe", 0.0)
         unpaced = probe["throughput"]
         trail, search = [], []
         while (rate := next_rate(trail, unpaced, self.steps)) is not None:
-            r = self._run(k, f"search #{len(search) + 1}", rate)
+            r = self.run_at(k, f"search #{len(search) + 1}", rate)
             search.append(r)
             trail.append((rate, r["passed"]))
         self.total_runs -= self.steps - len(search)  # the search stopped early (gave up or converged)
         rate = sustained_rate(trail)
         if not rate:
             self.total_runs -= (2 if self.half else 1) * self.repeats
-        at = [self._run(k, f"sustained #{i + 1}", rate) for i in range(self.repeats)] if rate else []
+        at = [self.run_at(k, f"sustained #{i + 1}", rate) for i in range(self.repeats)] if rate else []
         half_rate = round(HALF_LOAD * rate) if self.half else 0
-        half = [self._run(k, f"half #{i + 1}", half_rate) for i in range(self.repeats)] if half_rate else []
+        half = [self.run_at(k, f"half #{i + 1}", half_rate) for i in range(self.repeats)] if half_rate else []
         return {"slaves": k, "ranks": k + 1, "unpaced": unpaced, "probe": probe,
                 "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
                 "sustained": {"rate": rate, "throughput": median(r["throughput"] for r in at), **aggregate(at),
@@ -424,9 +429,9 @@ def search_line(p: dict) -> str:
 
 
 def write_report(out: Path, data: dict) -> None:
+    from deploy import bench_paper
     m, n, cfg, bound = data["machine"], data["repeats"], data["config"], data["delay_bound"]
-    runs = sum(1 + len(p["search"]["runs"]) + len(p["sustained"]["runs"]) + len(p["half"]["runs"])
-               for p in data["points"])
+    runs = bench_paper.cluster_runs(data)
     parts = [
         "# Stream-join benchmark", "",
         f"`{data['command']}` — {m['date']}; {runs} runs in {data['bench_seconds']:.0f} s", "",
@@ -436,6 +441,7 @@ def write_report(out: Path, data: dict) -> None:
         f"- load average when the bench started: {' '.join(map(str, m['load_average_at_start']))}", "",
         "## Summary", "",
         summary_table(data["points"]), "",
+        bench_paper.targets_table(data), "",
         *(f"**Caveat:** {c}\n" for c in caveats(data)),
         "## Method", "",
         "The capacity is the **sustained input rate**: the highest paced input rate (`source.rate`) at which the "
@@ -476,8 +482,10 @@ def write_report(out: Path, data: dict) -> None:
     if data.get("peer"):
         from deploy.bench_spark import report_section
         parts += report_section(data["points"], data["peer"], bound)
+    parts += bench_paper.report_sections(data)
     parts += ["Window B/tuple: the slaves' allocated window bytes over stored tuples at the end of the run "
-              f"(at least generator.tuple_bytes = {cfg['generator']['tuple_bytes']}; the excess is growth slack). "
+              f"(at least generator.tuple_bytes = {cfg['generator']['tuple_bytes']}; the excess is growth slack, the "
+              "per-block index and the directories). "
               "Lag: wall time minus the paced schedule (tuples / pacing rate).", "",
               "## Configuration", "",
               f"Workload settings: `{' '.join(data['workload']) or 'defaults'}`; `source.rate` as above; "
@@ -553,12 +561,16 @@ def plot(out: Path, points: list[dict], delay_bound: float, peer: dict | None = 
 # --------------------------------------------------------------------------- main
 
 def main(argv: list[str]) -> int:
+    from deploy import bench_paper  # it imports this module's helpers, so not at the top
     p = argparse.ArgumentParser(prog="python -m deploy.bench", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="20 s of generated input per run instead of 60 s, and 4 search steps instead of 6")
-    p.add_argument("--slaves", type=parse_slaves, default=[1, 2, 4], help="slave counts, e.g. 1,2,4 (default)")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="runs at the sustained rate and at half of it; medians are reported (default 3)")
+                   help="10 s of generated input per run instead of 60 s, 4 search steps instead of 6, 1 repeat "
+                        "instead of 3, fewer slave counts, workloads on 2 slaves only, 3 epochs in the sweep")
+    p.add_argument("--slaves", type=parse_slaves,
+                   help="slave counts of the paper workload, e.g. 1,2,4 (default 1,2,4 with --quick, else 1,2,4,8)")
+    p.add_argument("--repeats", type=int,
+                   help="runs at the sustained rate and at half of it; medians are reported (default 1 with "
+                        "--quick, else 3)")
     p.add_argument("--steps", type=int, help="paced runs of the search for the sustained rate "
                                              "(default 4 with --quick, else 6)")
     p.add_argument("--delay-bound", type=float, default=DELAY_BOUND,
@@ -572,28 +584,63 @@ def main(argv: list[str]) -> int:
     p.add_argument("--peer-delay-bound", type=float, default=PEER_DELAY_BOUND,
                    help=f"the peer's delay p95 bound (default {PEER_DELAY_BOUND:g} s: Spark's micro-batches alone "
                         "take over a second here, so it sustains no rate under the cluster's bound)")
+    p.add_argument("--workloads", type=bench_paper.parse_names, default=bench_paper.EXTRA_WORKLOADS,
+                   help=f"workloads searched besides the paper's, or none (default "
+                        f"{','.join(bench_paper.EXTRA_WORKLOADS)}; see deploy/bench_paper.py)")
+    p.add_argument("--workload-slaves", type=parse_slaves,
+                   help="slave counts of those workloads and of tuning off (default 2 with --quick, else 2,4)")
+    p.add_argument("--epochs", type=bench_paper.parse_epochs,
+                   help="distribution epochs of the sweep in seconds, or none (default "
+                        f"{','.join(map(str, bench_paper.QUICK_EPOCHS))} with --quick, else "
+                        f"{','.join(map(str, bench_paper.FULL_EPOCHS))})")
+    p.add_argument("--no-tuning-off", action="store_true", help="skip the search with extendible-hash tuning off")
+    p.add_argument("--kernel-repeats", type=int, default=3,
+                   help="runs of the single-core kernel (deploy.bench_kernel) for the limit; 0 = skip (default 3)")
     a = p.parse_args(argv)
     steps = a.steps if a.steps is not None else 4 if a.quick else 6
+    a.repeats = a.repeats if a.repeats is not None else 1 if a.quick else 3
+    a.slaves = a.slaves or ([1, 2, 4] if a.quick else [1, 2, 4, 8])
+    a.workload_slaves = a.workload_slaves or ([2] if a.quick else [2, 4])
+    epochs = a.epochs if a.epochs is not None else bench_paper.QUICK_EPOCHS if a.quick else bench_paper.FULL_EPOCHS
     if a.repeats < 1:
         p.error("--repeats must be at least 1")
     if steps < 1:
         p.error("--steps must be at least 1")
     if not a.delay_bound > 0 or not a.peer_delay_bound > 0:
         p.error("--delay-bound and --peer-delay-bound must be positive")
-    workload = [f"generator.duration={20.0 if a.quick else 60.0}"]
+    workload = [f"generator.duration={10.0 if a.quick else 60.0}"]
     command = "python -m deploy.bench " + " ".join(argv)
     data = {"command": command.strip(), "machine": machine_info(), "repeats": a.repeats, "steps": steps,
             "delay_bound": a.delay_bound, "workload": workload}
+    searches = len(a.workloads) + (not a.no_tuning_off)  # each on every --workload-slaves count, no half load
+    most = (planned_runs(len(a.slaves), a.repeats, steps) + len(epochs)
+            + searches * planned_runs(len(a.workload_slaves), a.repeats, steps, half=False))
     print(f"bench: slaves {a.slaves}, probe + {steps} search steps + 2 x {a.repeats} repeats per slave count, "
           f"delay bound {a.delay_bound:g} s, {' '.join(workload)}; "
-          f"at most {planned_runs(len(a.slaves), a.repeats, steps)} runs", flush=True)
+          f"then {', '.join(a.workloads) or 'no other workloads'}{'' if a.no_tuning_off else ' and tuning off'} on "
+          f"slaves {a.workload_slaves}, epochs {epochs or 'none'}; at most {most} runs", flush=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="streamjoin-bench-") as tmp:
         bench = Bench(a.slaves, a.repeats, steps, a.delay_bound, workload, a.timeout, Path(tmp))
+
+        def new_bench(settings: list[str], tag: str, slaves: list[int] = a.workload_slaves) -> Bench:
+            return Bench(slaves, a.repeats, steps, a.delay_bound, [*workload, *settings], a.timeout, Path(tmp),
+                         half=False, tag=tag)
         try:
             data["points"] = [bench.point(k) for k in a.slaves]
+            data["workloads"] = {}
+            for name in a.workloads:
+                b = new_bench(bench_paper.WORKLOADS[name][1], f"{name} ")
+                data["workloads"][name] = {"settings": bench_paper.WORKLOADS[name][1],
+                                           "points": [b.point(k) for k in a.workload_slaves]}
+            if not a.no_tuning_off:
+                b = new_bench(bench_paper.NO_TUNING, "no-tuning ")
+                data["tuning_off"] = {"settings": bench_paper.NO_TUNING,
+                                      "points": [b.point(k) for k in a.workload_slaves]}
+            if epochs:
+                data["epochs"] = bench_paper.epoch_sweep(new_bench, data["points"], a.workload_slaves[0], epochs)
         except RunFailed as e:
-            print(f"\nbench: run {bench.done}/{bench.total_runs} FAILED, {e}", file=sys.stderr, flush=True)
+            print(f"\nbench: a run FAILED, {e}", file=sys.stderr, flush=True)
             return 1
         if a.peer == "spark":
             from deploy.bench_spark import QUICK_RUN_SECONDS, RUN_SECONDS, SparkBench, peer_table, ratio, ratio_text
@@ -605,19 +652,22 @@ def main(argv: list[str]) -> int:
             finally:
                 peer.close()
             data["peer_ratio"] = ratio(data["points"], data["peer"], a.delay_bound)
+    if a.kernel_repeats > 0:
+        data["kernel"] = bench_paper.kernel_limit(workload, a.kernel_repeats)
     data["config"] = bench.config
     data["bench_seconds"] = round(time.monotonic() - started, 1)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(data, indent=2))
     write_report(a.out, data)
-    pngs = plot(a.out, data["points"], a.delay_bound, data.get("peer"))
-    print("\n" + summary_table(data["points"]) + "\n")
+    pngs = plot(a.out, data["points"], a.delay_bound, data.get("peer")) + bench_paper.plot(a.out, data, a.delay_bound)
+    print("\n" + summary_table(data["points"]) + "\n\n" + bench_paper.targets_table(data) + "\n")
     if data.get("peer"):
         print(peer_table(data["peer"]) + "\n\n" + ratio_text(data["peer_ratio"]).replace("**", "") + "\n")
     for c in caveats(data):
         print(f"caveat: {c}")
     print(f"sustained rate: highest paced rate that kept up with delay p95 <= {a.delay_bound:g} s; delays and "
-          f"achieved/s are medians of {a.repeats} runs at it (half: at half of it). {bench.done} runs in "
+          f"achieved/s are medians of {a.repeats} runs at it (half: at half of it). "
+          f"{bench_paper.cluster_runs(data)} cluster runs in "
           f"{data['bench_seconds']:.0f} s. Wrote "
           + ", ".join(str(x) for x in [a.out / "report.md", a.out / "results.json", *pngs]), flush=True)
     return 0

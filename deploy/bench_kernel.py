@@ -49,17 +49,42 @@ def epoch_batches(cfg: dict):
     return data, batches
 
 
+def join_module(cfg: dict, dtype: np.dtype) -> JoinModule:
+    """The join module one slave would run with this config, holding every partition-group."""
+    t = cfg["tuning"]
+    return JoinModule(dtype, cfg["partitioning"]["partitions"], cfg["join"]["window"],
+                      t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"])
+
+
 def own_kernel(cfg: dict, batches) -> tuple[float, int]:
     """Seconds and results of the slave's join module over all batches, in this one process."""
-    t = cfg["tuning"]
-    module = JoinModule(batches[0][0].dtype, cfg["partitioning"]["partitions"], cfg["join"]["window"],
-                        t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"])
+    module = join_module(cfg, batches[0][0].dtype)
     results = 0
     started = time.perf_counter()
     for r, s, watermark in batches:
         out_r, _ = module.process(r, s, watermark)
         results += len(out_r)
     return time.perf_counter() - started, results
+
+
+def window_footprint(cfg: dict, batches) -> dict:
+    """The real memory of a join module's window state after all batches, per stored tuple: every allocation
+    tracemalloc sees while the module runs (numpy's arrays, the directories, the Python objects) and is still
+    held by it at the end; beside it the module's own count (`JoinModule.nbytes`)."""
+    import gc
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        module = join_module(cfg, batches[0][0].dtype)
+        for r, s, watermark in batches:
+            module.process(r, s, watermark)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    stored = sum(module.stored())
+    return {"traced_bytes": held, "nbytes": module.nbytes, "stored_tuples": stored,
+            "traced_per_tuple": held / stored if stored else None, "nbytes_per_tuple": module.nbytes / stored if stored else None}
 
 
 def duckdb_join(cfg: dict, data) -> tuple[float, int]:

@@ -3,7 +3,8 @@
 Two kinds (``source.kind``):
 
 * ``generator`` -- the synthetic workload of the paper (section VI-A): two
-  Poisson streams R and S with b-model skewed keys, generated lazily in fixed
+  Poisson streams R and S with b-model skewed keys (or uniform or Zipf keys,
+  ``generator.distribution``), generated lazily in fixed
   event-time slices so memory stays bounded and the output depends only on the
   seed, never on the chunk sizes the caller asks for;
 * ``file`` -- a CSV or Parquet file read with pyarrow and validated with
@@ -142,7 +143,7 @@ SLICE_TUPLES = 1 << 16
 
 
 class GeneratorSource:
-    """R and S with Poisson arrivals and b-model keys, generated slice by slice.
+    """R and S with Poisson arrivals and b-model, uniform or Zipf keys, generated slice by slice.
 
     Slice i uses its own rng seeded with (seed, 2, i); the per-slice Poisson
     counts are drawn up front from (seed, 0), which gives `total` and the id
@@ -154,6 +155,7 @@ class GeneratorSource:
     def __init__(self, gen: dict):
         self.rate, self.duration = float(gen["rate"]), float(gen["duration"])
         self.keys, self.skew = int(gen["keys"]), float(gen["skew"])
+        self.distribution = gen["distribution"]
         self.disorder = float(gen["disorder"])
         self.shift = float(gen["shift"])
         self.hot_share = float(gen["hot_share"])
@@ -170,6 +172,9 @@ class GeneratorSource:
         self._perm = np.random.default_rng([self._seed, 1]).permutation(self.keys).astype(np.int64)
         self._levels = (self.keys - 1).bit_length()  # ceil(log2(keys))
         self._powers = (1 << np.arange(self._levels - 1, -1, -1)).astype(np.int64)
+        if self.distribution == "zipf":  # P(rank r) ~ 1 / (r + 1)^s: drawn by inverting this CDF
+            cdf = np.cumsum(np.arange(1, self.keys + 1, dtype=np.float64) ** -float(gen["zipf"]))
+            self._zipf_cdf = cdf / cdf[-1]
         self._next_slice = 0
         self.hot_key = int(self._perm[-1])  #: the heavy hitter of `hot_share` (a key the b-model makes rare)
         self._pending: list[Chunk] = []
@@ -178,13 +183,22 @@ class GeneratorSource:
         return {}
 
     def _keys(self, rng: np.random.Generator, arrival: np.ndarray) -> np.ndarray:
-        """b-model: at each level the upper half with probability 1 - skew; hot keys spread by a permutation.
+        """A rank per tuple, then the key of that rank: hot ranks are spread over the domain by a permutation.
+
+        b-model: at each level the upper half with probability 1 - skew (paper VI-A); uniform: every rank alike
+        (with few keys, many tuples per key: the high-duplication workload); zipf: rank r with probability
+        proportional to 1 / (r + 1)^zipf, a few heavy hitters and a long tail.
 
         With `shift` > 0 the b-model ranks rotate by a fixed stride every `shift` seconds of arrival time, so
         the hot keys change while the distribution keeps its shape (a workload whose skew moves).
         """
-        bits = rng.random((len(arrival), self._levels)) < 1.0 - self.skew
-        rank = (bits.astype(np.int64) @ self._powers) % self.keys
+        if self.distribution == "uniform":
+            rank = rng.integers(0, self.keys, len(arrival), dtype=np.int64)
+        elif self.distribution == "zipf":
+            rank = np.minimum(np.searchsorted(self._zipf_cdf, rng.random(len(arrival)), side="right"), self.keys - 1)
+        else:
+            bits = rng.random((len(arrival), self._levels)) < 1.0 - self.skew
+            rank = (bits.astype(np.int64) @ self._powers) % self.keys
         if self.shift > 0:
             stride = int(self.keys * 0.6180339887) | 1
             rank = (rank + (arrival // self.shift).astype(np.int64) * stride) % self.keys

@@ -27,7 +27,7 @@ class RunStats:
         #: slots_missed: slots at which the slave was still joining its last batch (its tuples wait an epoch more)
         self.per_slave = {r: {"tuples_processed": 0, "window_tuples": 0, "window_bytes": 0, "busy_seconds": 0.0,
                               "results": 0, "epochs": 0, "slots_missed": 0, "result_files": 0,
-                              "peak_rss_bytes": 0, "cpu_seconds": 0.0} for r in slaves}
+                              "peak_rss_bytes": 0, "cpu_seconds": 0.0, "comm_seconds": 0.0} for r in slaves}
         self._last_line = (self.started, 0)  #: (time, tuples in) at the last progress line
         self.stopped_by_signal = False
         self.tuples_moved = 0
@@ -56,7 +56,7 @@ class RunStats:
         self.parts_hist += np.array(other["parts_hist"], dtype=np.int64)
         self.delay_max = max(self.delay_max, other["delay_max"])
         self.pacing_lag_max = max(self.pacing_lag_max, other["pacing_lag_max"])
-        levels = ("window_tuples", "window_bytes", "peak_rss_bytes", "cpu_seconds")
+        levels = ("window_tuples", "window_bytes", "peak_rss_bytes", "cpu_seconds", "comm_seconds")
         for rank, theirs in other["per_slave"].items():
             mine = self.per_slave[int(rank)]
             for k, v in theirs.items():
@@ -86,6 +86,7 @@ class RunStats:
         s["result_files"] += int(c["files"])
         s["peak_rss_bytes"] = max(s["peak_rss_bytes"], int(c["rss"]))
         s["cpu_seconds"] = round(c["cpu"], 3)
+        s["comm_seconds"] = round(c["comm"], 3)
         self.results += int(c["results"])
         self.splits += int(c["splits"])
         self.merges += int(c["merges"])

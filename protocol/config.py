@@ -37,7 +37,9 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "duration": (60.0, "seconds of event time to generate"),
         "rate": (50000.0, "mean tuples/s per stream in event time (Poisson arrivals)"),
         "keys": (1048576, "join-key domain size"),
+        "distribution": ("bmodel", '"bmodel" (the paper), "uniform" (few `keys`: high key duplication) or "zipf" (heavy hitters)'),
         "skew": (0.7, "b-model bias of the key distribution (0.5 = uniform; paper default 0.7)"),
+        "zipf": (1.0, "with distribution = \"zipf\": the exponent s, P(k-th most frequent key) ~ 1/k^s"),
         "seed": (1, "random seed; the same seed gives the same streams"),
         "tuple_bytes": (64, f"bytes per tuple on the wire and in the window (at least {BASE_TUPLE_BYTES}; paper 64)"),
         "disorder": (0.0, "event times are shifted back by up to this many seconds (out-of-order input)"),
@@ -62,7 +64,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "block_size": (64, "tuples per window block (the unit of expiry)"),
         "theta_min": (4, "merge a mini-partition-group with its buddy below this many blocks"),
         "theta_max": (256, "split a mini-partition-group above this many blocks (extendible hashing)"),
-        "max_depth": (12, "largest global depth of a partition-group's extendible-hash directory"),
+        "max_depth": (12, "largest global depth of a partition-group's extendible-hash directory (0 = no tuning: one bucket per group)"),
     },
     "master": {
         "buffer_capacity": (2000000, "tuples the master's mini-buffers may hold before ingest pauses"),
@@ -116,6 +118,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
 
 _CHOICES = {
     ("source", "kind"): ("generator", "file", "zmq"),
+    ("generator", "distribution"): ("bmodel", "uniform", "zipf"),
     ("output", "format"): ("parquet", "csv"),
     ("balance", "choice"): ("random", "largest_fit"),
     ("join", "predicate"): ("equal", "band", "less"),
@@ -123,10 +126,10 @@ _CHOICES = {
     ("aggregate", "value"): ("r_value", "s_value"),
 }
 _POSITIVE = {
-    ("generator", "rate"), ("generator", "keys"), ("generator", "duration"),
+    ("generator", "rate"), ("generator", "keys"), ("generator", "duration"), ("generator", "zipf"),
     ("epochs", "distribution"), ("epochs", "reorganization"),
     ("partitioning", "partitions"), ("partitioning", "subgroups"),
-    ("tuning", "block_size"), ("tuning", "theta_max"), ("tuning", "max_depth"),
+    ("tuning", "block_size"), ("tuning", "theta_max"),
     ("master", "buffer_capacity"), ("output", "flush_rows"), ("source", "batch"),
     ("balance", "buffer_capacity"), ("balance", "gamma"), ("checkpoint", "keep"),
     ("cluster", "dispatchers"), ("hotkeys", "grid"), ("hotkeys", "max_keys"), ("hotkeys", "sketch"),
@@ -134,7 +137,7 @@ _POSITIVE = {
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),
-    ("tuning", "theta_min"), ("generator", "disorder"), ("generator", "shift"), ("output", "progress"),
+    ("tuning", "theta_min"), ("tuning", "max_depth"), ("generator", "disorder"), ("generator", "shift"), ("output", "progress"),
     ("balance", "supplier_threshold"), ("balance", "consumer_threshold"), ("balance", "initial_slaves"),
     ("checkpoint", "interval"), ("join", "band"),
     ("aggregate", "window"),

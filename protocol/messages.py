@@ -102,6 +102,7 @@ REPORT_FIELDS = (
     "files",                     # result files written this epoch
     "rss",                       # level: resident memory of the slave process, bytes
     "cpu",                       # level: CPU seconds the slave process used so far
+    "comm",                      # level: seconds the slave spent receiving messages and sending reports so far
     "ack",                       # what this report answers (Ack)
     "partition",                 # with Ack.MOVED / INSTALLED: the partition-group moved
     "moved_tuples",              # with Ack.MOVED / INSTALLED: its stored tuples

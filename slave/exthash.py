@@ -85,7 +85,8 @@ class PartitionGroup:
 
     @property
     def nbytes(self) -> int:
-        return sum(r.nbytes + s.nbytes for r, s in self.buckets.values())
+        """The mini-windows' bytes and the directory's entries."""
+        return sum(r.nbytes + s.nbytes for r, s in self.buckets.values()) + self.directory.entries.nbytes
 
     def expire(self, threshold: float) -> int:
         return sum(r.expire(threshold) + s.expire(threshold) for r, s in self.buckets.values())

@@ -99,6 +99,7 @@ class Slave:
         self.results_out = ResultSender(comm, cfg)
         self.process = psutil.Process()
         self.splits = self.merges = 0
+        self.comm_seconds = 0.0  #: receiving messages and sending reports (paper 003 VI: communication time)
         self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: group states on their way to consumers
         self.checkpoints = checkpoint.root_of(cfg)
         k = cfg["cluster"]["dispatchers"]
@@ -115,11 +116,13 @@ class Slave:
         cpu = self.process.cpu_times()
         counters.update(window_r=stored_r, window_s=stored_s, window_bytes=self.module.nbytes,
                         splits=self.module.splits - self.splits, merges=self.module.merges - self.merges,
-                        rss=self.process.memory_info().rss, cpu=cpu.user + cpu.system)
+                        rss=self.process.memory_info().rss, cpu=cpu.user + cpu.system, comm=self.comm_seconds)
         self.splits, self.merges = self.module.splits, self.module.merges
         if hist is None:
             hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
+        started = time.perf_counter()
         self.comm.Send(encode_report(counters, hist), dest=self.reply_to, tag=TAG_REPORT)
+        self.comm_seconds += time.perf_counter() - started
 
     def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups: np.ndarray | None) -> None:
         faults.reached(self.comm.rank, "batch")
@@ -218,7 +221,9 @@ class Slave:
         while True:
             self.outgoing = [(req, buf) for req, buf in self.outgoing if not req.Test()]
             status = wait_probe_any(self.comm, self.channels())
+            started = time.perf_counter()  # from the probe on: the transfer, not the idle wait for a message
             buf = recv_bytes(self.comm, status)
+            self.comm_seconds += time.perf_counter() - started
             if status.Get_tag() == TAG_STATE:
                 self.on_state(buf)
                 continue

@@ -47,7 +47,8 @@ class MiniWindow:
 
     @property
     def nbytes(self) -> int:
-        return self._rows.nbytes
+        """Allocated bytes: the rows' storage (with its growth slack) and the per-block newest ts."""
+        return self._rows.nbytes + self.block_max.nbytes
 
     def append(self, new: np.ndarray) -> None:
         """Add fresh tuples at the head; when the storage is full, the live rows move into new storage of

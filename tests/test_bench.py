@@ -55,19 +55,21 @@ def test_fmt_and_md_table():
                      "| 1     | yy          |"]
 
 
-def summary(throughput, p50, wt=10, wb=640, p95=0.2):
+def summary(throughput, p50, wt=10, wb=640, p95=0.2, comm=0.1):
     return {"input_total": 1000, "late": 0, "results": 50, "wall_seconds": 2.0, "throughput_tuples_per_s": throughput,
             "delay_seconds": {"p50": p50, "p95": p95, "p99": 0.3, "max": 0.25, "note": "..."},
             "slaves": {"1": {"tuples_processed": 1000, "window_tuples": wt, "window_bytes": wb,
-                             "busy_seconds": 0.5, "results": 50, "epochs": 3, "result_files": 1}},
-            "config": {"big": "dropped"}}
+                             "busy_seconds": 0.5, "results": 50, "epochs": 3, "result_files": 1,
+                             "comm_seconds": comm, "peak_rss_bytes": 100 * 2**20, "cpu_seconds": 1.0}},
+            "master_peak_rss_bytes": 300 * 2**20, "config": {"big": "dropped"}}
 
 
 def test_run_numbers_and_aggregate():
     r = run_numbers(summary(500.0, 0.1))
     assert r["throughput"] == 500.0 and r["delay_p50"] == 0.1 and r["window_bytes_per_tuple"] == 64.0
     assert "config" not in r and r["slaves"]["1"] == {"tuples_processed": 1000, "window_tuples": 10,
-                                                      "window_bytes": 640, "busy_seconds": 0.5}
+                                                      "window_bytes": 640, "busy_seconds": 0.5, "comm_seconds": 0.1}
+    assert r["rank_rss_mb"] == {"0": 300.0, "1": 100.0}
     empty = run_numbers(summary(500.0, float("nan"), wt=0, wb=0))
     assert empty["delay_p50"] is None and empty["window_bytes_per_tuple"] is None
     runs = [run_numbers(summary(1.0, p)) for p in (0.3, 0.1, float("nan"))]
@@ -372,3 +374,15 @@ def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
     _, own = own_kernel(cfg, batches)
     _, duck = duckdb_join(cfg, data)
     assert own == duck > 1000
+
+
+def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
+    from deploy.bench_kernel import epoch_batches, window_footprint
+    from protocol.config import load_config
+    cfg = load_config(None, ["generator.duration=3", "generator.rate=5000", "generator.keys=2048"])
+    _, batches = epoch_batches(cfg)
+    f = window_footprint(cfg, batches)
+    assert f["stored_tuples"] > 1000
+    # at least the rows themselves, and not wildly more: the directories and objects are small beside them
+    assert f["nbytes"] >= f["stored_tuples"] * 64 and f["traced_bytes"] >= f["nbytes"]
+    assert f["traced_per_tuple"] < 4 * 64

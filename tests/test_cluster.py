@@ -50,6 +50,17 @@ def test_uniform_keys_any_slave_count(tmp_path, ranks):
     assert len(processed) == ranks - 1 and min(processed) > 0
 
 
+@pytest.mark.parametrize("workload", [
+    {"generator.distribution": "zipf", "generator.zipf": 1.2},                          # a few heavy hitters
+    {"generator.distribution": "uniform", "generator.keys": 32, "join.window": 0.05},   # high key duplication
+])
+def test_bench_workloads_zipf_and_high_duplication_join_exactly(tmp_path, workload):
+    run, expected = check_exact(tmp_path, 3, dict(SMALL, **workload))
+    assert len(expected) > 1000
+    if workload["generator.distribution"] == "uniform":
+        assert len(expected) > 3 * run.summary["input_total"]  # every tuple meets many partners of its key
+
+
 def test_sixteen_slaves_oversubscribed_make_progress_and_stay_exact(tmp_path):
     # 17 ranks on a 2-core machine: waiting ranks must not spin, or the master starves
     settings = dict(SMALL, **{"generator.seed": 17, "source.rate": 6000.0, "partitioning.subgroups": 4})

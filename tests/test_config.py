@@ -137,11 +137,19 @@ def test_malformed_override():
     ("generator.skew=-0.2", "generator.skew"),
     ("generator.tuple_bytes=39", "generator.tuple_bytes"),
     ("tuning.max_depth=25", "tuning.max_depth"),
+    ("tuning.max_depth=-1", "tuning.max_depth"),
+    ("generator.distribution=normal", "generator.distribution"),
+    ("generator.zipf=0", "generator.zipf"),
     ("output.format=json", "output.format"),
     ("source.kind=socket", "source.kind"),
 ])
 def test_value_errors(override, key):
     raises_naming(key, None, [override])
+
+
+def test_tuning_off_and_other_key_distributions_are_accepted():
+    cfg = load_config(None, ["tuning.max_depth=0", "generator.distribution=zipf", "generator.zipf=0.8"])
+    assert cfg["tuning"]["max_depth"] == 0 and cfg["generator"]["distribution"] == "zipf"
 
 
 def test_window_zero_and_skew_inside_are_fine():

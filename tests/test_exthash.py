@@ -289,3 +289,13 @@ def test_hot_key_with_a_few_others_splits_the_others_off(time_limit):
     hot = pg.directory.bucket_of(directory_hash(np.array([99])))[0]
     assert set(pg.buckets[hot][0].rows["key"].tolist()) == {99}
     assert stored(pg) == Counter((0, i) for i in range(n))
+
+
+def test_max_depth_zero_turns_tuning_off(time_limit):
+    # tuning.max_depth = 0: one bucket per partition-group however large (the bench's "tuning off")
+    pg = PartitionGroup(DT, block_size=2, theta_min=1, theta_max=3, max_depth=0)
+    n = 400
+    insert(pg, rows(np.arange(n), np.arange(n), np.zeros(n)), rows(np.arange(n), np.arange(n)[::-1], np.zeros(n)))
+    pg.tune()
+    assert pg.splits == 0 and list(pg.buckets) == [0] and pg.bucket_blocks(0) == n
+    check_group(pg)

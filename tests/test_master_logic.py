@@ -141,3 +141,15 @@ def test_minibuffers_streams_are_separate_and_refill_after_drain():
     buf.add(STREAM_S, more)
     r, s = buf.drain(np.arange(4))
     assert sorted(s["id"].tolist()) == list(range(50, 80))  # nothing of the first batch comes back
+
+
+def test_run_stats_keep_each_slaves_communication_seconds_as_a_level():
+    from master.stats import RunStats
+    from protocol import delays
+    from protocol.messages import REPORT_FIELDS
+    stats = RunStats([1, 2])
+    hist = np.zeros(delays.BINS, dtype=np.int64)
+    for comm in (0.25, 0.75):  # the slave reports its running total; the summary keeps the last one
+        stats.add_report(1, {**dict.fromkeys(REPORT_FIELDS, 0.0), "comm": comm}, hist)
+    per_slave = stats.summary({})["slaves"]
+    assert per_slave["1"]["comm_seconds"] == 0.75 and per_slave["2"]["comm_seconds"] == 0.0

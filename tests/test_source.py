@@ -118,6 +118,55 @@ def test_generator_skew():
     assert top.min() < keys // 4 and top.max() > 3 * keys // 4
 
 
+def test_generator_uniform_keys_pass_a_chi_square_bound():
+    keys = 512
+    d = generate_all(gen_cfg(distribution="uniform", keys=keys, duration=4.0))
+    counts = np.bincount(d.key, minlength=keys)
+    assert len(counts) == keys
+    expected = len(d.key) / keys
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    # chi-square with keys - 1 = 511 degrees of freedom: mean 511, sd 32; 700 is ~6 sd out
+    assert chi2 < 700, chi2
+    # and it is not the b-model: that concentrates a far larger share in the top 1% of keys
+    assert top_share(d.key, keys) < 0.02 < top_share(generate_all(gen_cfg(keys=keys, duration=4.0)).key, keys)
+
+
+@pytest.mark.parametrize("s", [1.0, 1.3])
+def test_generator_zipf_top_keys_near_the_theoretical_share(s):
+    keys = 4096
+    d = generate_all(gen_cfg(distribution="zipf", zipf=s, keys=keys, duration=4.0))
+    assert d.key.min() >= 0 and d.key.max() < keys
+    counts = np.sort(np.bincount(d.key, minlength=keys))[::-1] / len(d.key)
+    harmonic = (np.arange(1, keys + 1, dtype=float) ** -s).sum()
+    for k in (1, 2, 3):  # the k-th most frequent key carries about k^-s / H(keys, s) of the tuples
+        theory = k ** -s / harmonic
+        assert abs(counts[k - 1] - theory) < 0.1 * theory, (k, counts[k - 1], theory)
+    assert counts[:10].sum() == pytest.approx((np.arange(1, 11, dtype=float) ** -s).sum() / harmonic, rel=0.05)
+    # the heavy hitters are spread over the domain by the permutation, like the b-model's
+    heavy = np.argsort(np.bincount(d.key, minlength=keys))[-8:]
+    assert heavy.max() - heavy.min() > keys // 4
+
+
+def test_generator_high_duplication_uses_every_key_many_times():
+    # few distinct keys, many tuples each (the Rovio-like workload): uniform over a small domain
+    keys = 64
+    d = generate_all(gen_cfg(distribution="uniform", keys=keys, duration=2.0))
+    distinct, per_key = np.unique(d.key, return_counts=True)
+    assert len(distinct) == keys
+    assert per_key.min() > 0.8 * len(d.key) / keys and per_key.max() < 1.2 * len(d.key) / keys
+
+
+def test_generator_distribution_is_reproducible_by_seed_and_leaves_the_b_model_alone():
+    for dist in ("uniform", "zipf"):
+        a, b = (generate_all(gen_cfg(distribution=dist, seed=7, duration=1.0)) for _ in range(2))
+        c = generate_all(gen_cfg(distribution=dist, seed=8, duration=1.0))
+        assert np.array_equal(a.key, b.key) and np.array_equal(a.ts, b.ts)
+        assert not np.array_equal(a.key[:1000], c.key[:1000])
+    # choosing the key distribution changes the keys only: arrivals, ids and values stay those of the seed
+    bm, zf = generate_all(gen_cfg(duration=1.0)), generate_all(gen_cfg(distribution="zipf", duration=1.0))
+    assert np.array_equal(bm.ts, zf.ts) and np.array_equal(bm.id, zf.id) and not np.array_equal(bm.key, zf.key)
+
+
 def test_generator_keys_not_power_of_two():
     keys = 1000
     d = generate_all(gen_cfg(keys=keys, skew=0.7, duration=2.0))

@@ -167,3 +167,13 @@ def test_take_all_none_and_then_expire(seed):
     out = w.take(np.ones(len(w), bool))
     np.testing.assert_array_equal(out["id"], model.ids)
     assert len(w) == 0 and w.blocks == 0
+
+
+def test_nbytes_counts_the_allocated_rows_and_the_block_index():
+    w = MiniWindow(DT, 4)
+    w.append(make_rows(np.arange(10), np.arange(10.0)))
+    # 10 rows in storage grown to at least 10 (here: exactly 10) plus 3 blocks' newest ts
+    assert w.nbytes >= 10 * DT.itemsize + 3 * 8
+    assert w.nbytes == len(w._rows) * DT.itemsize + w.blocks * 8
+    w.expire(4.5)  # drops the first block
+    assert w.nbytes == len(w._rows) * DT.itemsize + 2 * 8 and len(w) == 6
