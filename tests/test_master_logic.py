@@ -146,9 +146,9 @@ def test_minibuffers_streams_are_separate_and_refill_after_drain():
 def test_run_stats_keep_each_slaves_communication_seconds_as_a_level():
     from master.stats import RunStats
     from protocol import delays
-    from protocol.messages import REPORT_FIELDS
+    from protocol.messages import HISTOGRAMS, REPORT_FIELDS
     stats = RunStats([1, 2])
-    hist = np.zeros(delays.BINS, dtype=np.int64)
+    hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
     for comm in (0.25, 0.75):  # the slave reports its running total; the summary keeps the last one
         stats.add_report(1, {**dict.fromkeys(REPORT_FIELDS, 0.0), "comm": comm}, hist)
     per_slave = stats.summary({})["slaves"]
