@@ -7,14 +7,21 @@ Theorem 1).  Rows live in one contiguous structured array (block b is rows
 [start + b*B, start + (b+1)*B)) so the join kernel sees the whole mini-window
 without copying; the last block is the head block that fills up with fresh tuples.
 Expiry of the oldest blocks (the usual case: tuples arrive about in ts order)
-only moves `start`; rows are copied when the tail is full, into storage of twice
-the live rows, and when out-of-order expiry drops blocks from the middle.
+only moves `start`; rows are copied when the tail is full, into storage of the
+live rows plus a quarter (`SLACK`), when the expired rows in front outgrow that
+quarter, and when out-of-order expiry drops blocks from the middle.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from protocol.arrays import records, take_rows
+
+
+#: new storage holds the live rows plus 1/SLACK of them more, and expired rows in front are given back once
+#: they outgrow that: rows are copied about once per live rows / SLACK appended or expired, and the storage
+#: stays within about 1 + 2/SLACK of the live rows (issue 6: window state at most 2x the raw tuple bytes)
+SLACK = 4
 
 
 class MiniWindow:
@@ -51,14 +58,14 @@ class MiniWindow:
         return self._rows.nbytes + self.block_max.nbytes
 
     def append(self, new: np.ndarray) -> None:
-        """Add fresh tuples at the head; when the storage is full, the live rows move into new storage of
-        twice their number (together with the fresh ones)."""
+        """Add fresh tuples at the head; when the storage is full, the live rows and the fresh ones move into
+        new storage with room for a quarter more (`SLACK`)."""
         k = len(new)
         if k == 0:
             return
         live = len(self)
         if self._end + k > len(self._rows):
-            grown = np.empty(max(2 * (live + k), self.block_size), dtype=self.dtype)
+            grown = np.empty(live + k + (live + k) // SLACK, dtype=self.dtype)
             records(grown)[:live] = self.records
             self._store(grown, live)
         self._records[self._end: self._end + k] = records(new)
@@ -79,6 +86,10 @@ class MiniWindow:
         oldest = len(dead) if dead.all() else int(np.argmin(dead))  # leading dead blocks
         if not dead[oldest:].any():
             self._start = min(self._start + oldest * self.block_size, self._end)
+            if self._start * SLACK > len(self._rows):  # the dead rows in front outgrew the slack: give them back
+                kept = np.empty(len(self), dtype=self.dtype)
+                records(kept)[:] = self.records
+                self._store(kept, len(kept))
         else:  # out-of-order input: blocks die in the middle too
             kept = take_rows(self.rows, np.repeat(~dead, self.block_size)[:before])
             self._store(kept, len(kept))

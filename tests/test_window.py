@@ -177,3 +177,20 @@ def test_nbytes_counts_the_allocated_rows_and_the_block_index():
     assert w.nbytes == len(w._rows) * DT.itemsize + w.blocks * 8
     w.expire(4.5)  # drops the first block
     assert w.nbytes == len(w._rows) * DT.itemsize + 2 * 8 and len(w) == 6
+
+
+@pytest.mark.parametrize("per_epoch,epochs_kept", [(7, 3), (200, 2), (1000, 8)])
+def test_a_steady_window_holds_at_most_twice_its_rows(per_epoch, epochs_kept):
+    # tuples arrive in ts order, one epoch's worth at a time, and expire `epochs_kept` epochs later: the storage
+    # (live rows, slack, expired rows not yet given back) stays within 2x the live rows (issue 6's target)
+    w = MiniWindow(DT, 4)
+    rng = np.random.default_rng(per_epoch)
+    worst = 0.0
+    for epoch in range(60):
+        n = int(rng.integers(per_epoch // 2, per_epoch * 3 // 2 + 1))
+        w.append(make_rows(np.arange(n) + epoch * 10 * per_epoch, epoch + np.sort(rng.random(n))))
+        w.expire(epoch + 1 - epochs_kept)
+        if epoch >= epochs_kept:
+            worst = max(worst, w.nbytes / (len(w) * DT.itemsize))
+        check_blocks(w)
+    assert 1.0 <= worst <= 2.0
