@@ -58,15 +58,10 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
     last_p = -np.inf
 
     def release(p: float) -> None:
-        if not held:
-            return
-        rows = np.concatenate(held)
-        due = wire.later_ts(rows) < p
-        held[:] = [rows[~due]] if not due.all() else []
-        due_rows = rows[due]
-        due_rows = due_rows[np.argsort(wire.later_ts(due_rows), kind="stable")]
-        parts.append(recast(due_rows, wire.RESULT_RECORD))
-        before.append(due_rows["punctuation_before"])
+        due = wire.take_due(held, p)
+        if len(due):
+            parts.append(recast(due, wire.RESULT_RECORD))
+            before.append(due["punctuation_before"])
 
     next_line = time.monotonic() + progress
     while True:

@@ -11,8 +11,9 @@ tuples, caps its watermarks, and answers READY, with its cap, once its earlier
 batches to both slaves have been joined (their reports are back); rank 0 sends
 the MOVE order when every dispatcher is ready, with the lowest cap as a floor:
 the consumer may hold an uncapped punctuation of some dispatcher from before
-the move, which must not count above that dispatcher's held tuples.  The consumer's INSTALLED goes to rank 0, which
-tells every dispatcher to RELEASE the group to its new slave.  MPI keeps the
+the move, which must not count above that dispatcher's held tuples.  The
+consumer's INSTALLED goes to rank 0, which tells every dispatcher to RELEASE
+the group to its new slave.  MPI keeps the
 messages between two ranks in order, so a RELEASE never overtakes its HOLD.
 
 Checkpoints are a Chandy-Lamport cut with k senders: rank 0, with no batch or

@@ -112,12 +112,8 @@ class ResultStream:
             self._publish(wire.encode_results(rows, sender=self.index, seq=self.seq))
 
     def _punctuate(self, p: float) -> None:
-        if self.ordered and self.held:
-            rows = np.concatenate(self.held)
-            ts = wire.later_ts(rows)
-            due = ts < p
-            self.held = [rows[~due]] if not due.all() else []
-            out = rows[due][np.argsort(ts[due], kind="stable")]
+        if self.ordered:
+            out = wire.take_due(self.held, p)
             if len(out):
                 self._publish(wire.encode_results(out, sender=self.index, seq=self.seq))
         self._publish(wire.encode_mark(wire.Kind.PUNCT, p, sender=self.index, seq=self.seq))

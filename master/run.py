@@ -105,7 +105,7 @@ class Master:
         out = Path(cfg["output"]["path"])
         ck = cfg["checkpoint"]
         self.interval = ck["interval"]
-        self.archive = InputArchive(out / "archive", cfg["output"]["flush_rows"], self._named("input")) \
+        self.archive = InputArchive(out / "archive", cfg["output"]["flush_rows"], named("input", self.index, self.k)) \
             if self.interval and ck["archive"] else None
         self.epochs_done = 0  #: distribution epochs completed (every sub-group served once)
         self.next_checkpoint, self.checkpoint_due = 1, self.interval
@@ -190,7 +190,7 @@ class Master:
 
     def _flush_late(self) -> None:
         if self._late_parts:
-            stem = f"{self._named('late')}-{self._late_files:06d}"
+            stem = f"{named('late', self.index, self.k)}-{self._late_files:06d}"
             write_table(Path(self.cfg["output"]["path"]) / "late", stem,
                         pa.concat_tables(self._late_parts), self.cfg["output"]["format"])
             self._late_parts, self._late_files = [], self._late_files + 1
@@ -423,9 +423,6 @@ class Master:
                   file=sys.stderr, flush=True)
 
     # -- checkpoints and recovery -------------------------------------------------------------------
-    def _named(self, prefix: str) -> str:
-        return named(prefix, self.index, self.k)
-
     def _begin_checkpoint(self) -> None:
         """No batch or move is in flight: snapshot the master's side and order every slave to write its own
         (with several dispatchers rank 0 orders the others to do the same: master.coordination)."""
@@ -449,11 +446,11 @@ class Master:
         size = checkpoint.write_atomic(directory / name, checkpoint.pack([r.view(np.uint8), s.view(np.uint8)]))
         part = {name: {"bytes": size, "records": 2, "tuples": len(r) + len(s)}}
         mine = {"consumed": self.consumed, "max_ts": self.max_ts, "epochs_done": self.epochs_done,
-                       "epoch": {str(k): v for k, v in self.epoch.items()},
-                       "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()},
-                       "late_files": self._late_files,
-                       "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
-                       "hot_keys": None if self.router is None else [[k, *v] for k, v in self.router.hot.items()],
+                "epoch": {str(k): v for k, v in self.epoch.items()},
+                "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()},
+                "late_files": self._late_files,
+                "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
+                "hot_keys": None if self.router is None else [[k, *v] for k, v in self.router.hot.items()],
                 "archive_files": self.archive.files if self.archive else 0,
                 "stats": self.stats.state(), "controller": self.controller.state()}
         if self.index == 0:

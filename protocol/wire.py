@@ -38,6 +38,18 @@ def later_ts(results: np.ndarray) -> np.ndarray:
     return np.maximum(results["r_ts"], results["s_ts"])
 
 
+def take_due(held: list[np.ndarray], p: float) -> np.ndarray:
+    """Remove from `held` (result rows, held for ordered output) those a punctuation `p` passes, and return
+    them in order of the later tuple's ts."""
+    if not held:
+        return np.empty(0, RESULT_RECORD)
+    rows = np.concatenate(held)
+    ts = later_ts(rows)
+    due = ts < p
+    held[:] = [rows[~due]] if not due.all() else []
+    return rows[due][np.argsort(ts[due], kind="stable")]
+
+
 class Kind(enum.IntEnum):
     TUPLES = 1
     END = 2

@@ -67,7 +67,6 @@ def test_dispatchers_need_slaves_and_no_hot_keys_yet():
 
 def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_path):
     # dispatcher i binds source.endpoint's port + i; one gets a producer, the other `control.replay --endpoint`
-    import socket
     import subprocess
     import sys
 
@@ -77,12 +76,9 @@ def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_p
     from deploy.launch import mpi_env
     from tests.cluster import write_config
     from tests.reference import reference_pairs
-    from tests.test_zmq_cluster import finish, start
+    from tests.test_zmq_cluster import finish, free_port, start
 
-    with socket.socket() as a, socket.socket() as b:
-        a.bind(("127.0.0.1", 0))
-        port = a.getsockname()[1]
-        b.bind(("127.0.0.1", port + 1))  # fails (and the test with it) only if port + 1 is taken
+    port = free_port(consecutive=2)
     rng = np.random.default_rng(50)
     n = 6000
     ts = np.sort(rng.random(n) * 2.0) - rng.random(n) * 0.2  # out of order, but never by more than max_delay
