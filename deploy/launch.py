@@ -26,6 +26,9 @@ MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     "OMPI_MCA_mpi_yield_when_idle": "1",
     "PYTHONUNBUFFERED": "1",
+    # one thread per rank for numpy's BLAS: its idle threads spin after a call, on cores the other ranks need
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
 }
 
 

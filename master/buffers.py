@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from protocol.arrays import label_order, records
+from protocol.arrays import label_order, records, take_rows
 from protocol.tuples import partition_of
 
 
@@ -30,25 +30,39 @@ class MiniBuffers:
             return
         if part is None:
             part = partition_of(rows["key"], self.partitions)
-        order = label_order(part, self.partitions)
-        sizes = np.bincount(part, minlength=self.partitions)
-        pieces = np.split(records(rows)[order], np.cumsum(sizes)[:-1])
+        order, sizes = self.order(part)
+        self.add_ordered(stream, take_rows(rows, order), sizes)
+
+    def order(self, part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the stable order that groups rows by partition, the rows per partition) for partitions `part`."""
+        return label_order(part, self.partitions), np.bincount(part, minlength=self.partitions)
+
+    def add_ordered(self, stream: int, rows: np.ndarray, sizes: np.ndarray) -> None:
+        """Append `rows`, already grouped by partition in partition order (`order`), `sizes[p]` rows of each p:
+        the master builds the rows of its common case in that order, so they are not gathered twice."""
+        pieces = np.split(records(rows), np.cumsum(sizes)[:-1])
         chunks = self._chunks[stream]
         for p in np.flatnonzero(sizes).tolist():
             chunks[p].append(pieces[p])
         self.counts[stream] += sizes
 
-    def drain(self, partitions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Remove and return (R, S) tuples buffered for `partitions`."""
-        out = []
+    def drain(self, partitions: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Remove and return (R, S) tuples buffered for `partitions`; into `out` (R rows, S rows of exactly
+        the sizes `counts` gives, e.g. a message's body) if given."""
+        res = []
         for stream in range(2):
             chunks = self._chunks[stream]
             taken = [c for p in partitions.tolist() for c in chunks[p]]
             for p in partitions.tolist():
                 chunks[p] = []
             self.counts[stream, partitions] = 0
-            out.append(np.concatenate(taken).view(self.dtype) if taken else np.empty(0, dtype=self.dtype))
-        return out[0], out[1]
+            if out is not None:
+                if taken:
+                    np.concatenate(taken, out=records(out[stream]))
+                res.append(out[stream])
+            else:
+                res.append(np.concatenate(taken).view(self.dtype) if taken else np.empty(0, dtype=self.dtype))
+        return res[0], res[1]
 
     def take_key(self, partition: int, key: int) -> tuple[np.ndarray, np.ndarray]:
         """Remove and return (R, S) rows of `key` buffered for `partition` (a key that became hot is re-routed)."""

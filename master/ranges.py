@@ -13,6 +13,20 @@ from __future__ import annotations
 import numpy as np
 
 
+_I64 = np.iinfo(np.int64)
+
+
+def shifted(keys: np.ndarray, d: int) -> np.ndarray:
+    """keys + d, saturating at the int64 limits instead of wrapping around (a key near the top plus a band
+    would land in the lowest range and miss its partners); no key lies beyond a limit, so that is exact."""
+    out = keys + np.int64(d)
+    if d > 0:
+        out[keys > _I64.max - d] = _I64.max
+    elif d < 0:
+        out[keys < _I64.min - d] = _I64.min
+    return out
+
+
 class KeyRanges:
     def __init__(self, bounds):
         self.bounds = np.asarray(bounds, dtype=np.int64)  #: partitions - 1 split points, non-decreasing
@@ -30,8 +44,8 @@ class KeyRanges:
 
     def copies(self, keys: np.ndarray, low: int | None, high: int | None) -> tuple[np.ndarray, np.ndarray]:
         """(row index, partition) of every copy: each row to all partitions covering [key + low, key + high]."""
-        first = np.zeros(len(keys), np.int64) if low is None else self.home(keys + low)
-        last = np.full(len(keys), self.partitions - 1, np.int64) if high is None else self.home(keys + high)
+        first = np.zeros(len(keys), np.int64) if low is None else self.home(shifted(keys, low))
+        last = np.full(len(keys), self.partitions - 1, np.int64) if high is None else self.home(shifted(keys, high))
         n = last - first + 1
         rows = np.repeat(np.arange(len(keys)), n)
         starts = np.cumsum(n) - n

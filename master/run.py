@@ -38,9 +38,10 @@ from master.stats import RunStats, print_summary, write_summary
 from protocol import checkpoint, faults
 from protocol.predicates import key_distance
 from protocol.mpi import wait_all_started
-from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, decode_report, encode_batch
+from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, decode_report, \
+    encode_batch
 from protocol.output import write_table
-from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, tuple_dtype
+from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, partition_of, tuple_dtype
 
 
 def named(prefix: str, index: int, k: int) -> str:
@@ -80,6 +81,7 @@ class Master:
         self.buffers = MiniBuffers(parts, self.dtype)
         self.stats = RunStats(self.slaves)
         self.busy: dict[int, tuple[MPI.Request, np.ndarray]] = {}  #: rank -> (send request, its buffer)
+        self.spare: dict[int, np.ndarray] = {}  #: rank -> the buffer of its last batch, joined: reused
         self.epoch = {r: 0 for r in self.slaves}
         self.sent_watermark = {r: -np.inf for r in self.slaves}
         self.in_batch = dict.fromkeys(self.slaves, 0)  #: tuples of the batch each slave is joining
@@ -156,8 +158,11 @@ class Master:
         if self.range_partitioned and self.ranges is None and on_time.any():
             self.ranges = KeyRanges.from_sample(chunk.key[on_time], self.buffers.partitions)
         for stream in (STREAM_R, STREAM_S):
-            sel = on_time & (chunk.stream == stream)
-            self.stats.input[STREAM_NAMES[stream]] += int(sel.sum())
+            sel = np.flatnonzero(on_time & (chunk.stream == stream))
+            self.stats.input[STREAM_NAMES[stream]] += len(sel)
+            if self.router is None and self.ranges is None:  # hash partitions: the rows built in their order
+                order, sizes = self.buffers.order(partition_of(chunk.key[sel], self.buffers.partitions))
+                sel = sel[order]
             rows = to_wire(self.dtype, chunk.id[sel], chunk.ts[sel], chunk.key[sel], chunk.value[sel], arrival[sel])
             if self.router is not None:
                 if stream == STREAM_S:
@@ -166,7 +171,7 @@ class Master:
                     index, part = self.router.route_r(rows)
                     self.buffers.add(stream, rows[index], part)
             elif self.ranges is None:
-                self.buffers.add(stream, rows)
+                self.buffers.add_ordered(stream, rows, sizes)
             elif stream == STREAM_S:  # the home of its pairs
                 self.buffers.add(stream, rows, self.ranges.home(rows["key"]))
             else:  # a copy to every range that may hold partners
@@ -241,11 +246,14 @@ class Master:
             counts = self.buffers.counts[:, mine]
             nonempty = counts.any(axis=0)
             groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty]])
-        r, s = self.buffers.drain(mine)
         self.epoch[rank] += 1
-        self.in_batch[rank] = len(r) + len(s)
+        n_r, n_s = self.buffers.counts[:, mine].sum(axis=1).tolist()
+        buf, r, s = batch_message(Kind.BATCH, self.epoch[rank], watermark, n_r, n_s, self.dtype, groups=groups,
+                                  spare=self.spare.pop(rank, None))
+        self.buffers.drain(mine, out=(r, s))
+        self.in_batch[rank] = n_r + n_s
         self.results_out.sent(rank, self.epoch[rank], mine, r, s, self.max_ts - self.cfg["join"]["max_delay"])
-        self._send(rank, encode_batch(Kind.BATCH, self.epoch[rank], watermark, r, s, groups=groups))
+        self._send(rank, buf)
 
     def _send(self, rank: int, buf: np.ndarray) -> None:
         """Isend a message; the slave counts as busy until its report for it arrives."""
@@ -342,8 +350,9 @@ class Master:
             self.controller.on_work(rank, int(counters["tuples_r"] + counters["tuples_s"]), counters["busy"])
             for _, waiting in self.fences.values():  # a batch sent before a HOLD has been joined
                 waiting.discard(rank)
-            request, _ = self.busy.pop(rank)
+            request, buf = self.busy.pop(rank)
             request.Wait()
+            self.spare[rank] = buf if buf.base is None else buf.base  # the next batch to it is built in it
         return got
 
     # -- hot keys ---------------------------------------------------------------------------------------

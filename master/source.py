@@ -142,6 +142,26 @@ def _slice(c: Chunk, a: int, b: int | None = None) -> Chunk:
 SLICE_TUPLES = 1 << 16
 
 
+_U64_MAX = np.iinfo(np.uint64).max
+BMODEL_GROUP = 5  #: b-model levels drawn together from one 16-bit draw
+
+
+def bmodel_tables(levels: int, p_upper: float) -> list[tuple[int, np.ndarray]]:
+    """The b-model (paper 003, VI-A) in groups of up to BMODEL_GROUP levels, most significant first: per group
+    (its levels, a table from a uniform 16-bit draw to the group's bits).  Each level independently takes its
+    upper half with probability `p_upper`, so a group's value v has probability p^ones(v) (1-p)^(bits-ones(v));
+    the table gives v to round(65536 x that) of the draws.  One lookup replaces `bits` uniform draws (the
+    generator's keys took more of the master's CPU than routing them); every probability is exact to 1/65536."""
+    sizes = [BMODEL_GROUP] * (levels // BMODEL_GROUP) + ([levels % BMODEL_GROUP] if levels % BMODEL_GROUP else [])
+    tables = []
+    for bits in sizes:
+        ones = np.array([bin(v).count("1") for v in range(1 << bits)])
+        cdf = np.cumsum(p_upper ** ones * (1 - p_upper) ** (bits - ones))
+        cells = np.searchsorted(cdf / cdf[-1], (np.arange(1 << 16) + 0.5) / (1 << 16), side="right")
+        tables.append((bits, np.minimum(cells, (1 << bits) - 1).astype(np.uint8)))
+    return tables
+
+
 class GeneratorSource:
     """R and S with Poisson arrivals and b-model, uniform or Zipf keys, generated slice by slice.
 
@@ -170,8 +190,7 @@ class GeneratorSource:
         self._first_id = np.cumsum(self._counts, axis=0) - self._counts  # ids before each slice
         self.total = int(self._counts.sum())
         self._perm = np.random.default_rng([self._seed, 1]).permutation(self.keys).astype(np.int64)
-        self._levels = (self.keys - 1).bit_length()  # ceil(log2(keys))
-        self._powers = (1 << np.arange(self._levels - 1, -1, -1)).astype(np.int64)
+        self._bmodel = bmodel_tables((self.keys - 1).bit_length(), 1.0 - self.skew)  # ceil(log2(keys)) levels
         if self.distribution == "zipf":  # P(rank r) ~ 1 / (r + 1)^s: drawn by inverting this CDF
             cdf = np.cumsum(np.arange(1, self.keys + 1, dtype=np.float64) ** -float(gen["zipf"]))
             self._zipf_cdf = cdf / cdf[-1]
@@ -197,8 +216,15 @@ class GeneratorSource:
         elif self.distribution == "zipf":
             rank = np.minimum(np.searchsorted(self._zipf_cdf, rng.random(len(arrival)), side="right"), self.keys - 1)
         else:
-            bits = rng.random((len(arrival), self._levels)) < 1.0 - self.skew
-            rank = (bits.astype(np.int64) @ self._powers) % self.keys
+            # four 16-bit draws per 64-bit word, one per group of levels, each looked up in its group's table
+            words = -(-len(self._bmodel) // 4)
+            draws = rng.integers(0, _U64_MAX, size=len(arrival) * words, dtype=np.uint64, endpoint=True)
+            draws = draws.view(np.uint16).reshape(len(arrival), 4 * words)
+            rank = np.zeros(len(arrival), dtype=np.int64)
+            for j, (bits, table) in enumerate(self._bmodel):
+                rank <<= bits
+                rank |= table[draws[:, j]]
+            rank %= self.keys
         if self.shift > 0:
             stride = int(self.keys * 0.6180339887) | 1
             rank = (rank + (arrival // self.shift).astype(np.int64) * stride) % self.keys

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 #: Bin edges in seconds: 1 us .. ~1e4 s, 20 bins per decade.
-EDGES = np.logspace(-6, 4, 201)
+LOG_FIRST, PER_DECADE = -6, 20
+EDGES = np.logspace(LOG_FIRST, 4, 201)
 BINS = len(EDGES) + 1  # plus underflow and overflow
 
 #: Where a result's delay goes, one histogram each (they add up to the delay result by result):
@@ -25,12 +26,17 @@ def histogram(delays: np.ndarray) -> np.ndarray:
     return np.bincount(idx, minlength=BINS).astype(np.int64)
 
 
-def decomposition(arrival: np.ndarray, sent: float, started: float, produced: np.ndarray | float) -> np.ndarray:
+def decomposition(arrival: np.ndarray, sent: float, started: float, produced: np.ndarray | float,
+                  binned=histogram) -> np.ndarray:
     """Histograms (len(PARTS) x BINS) of the parts of the delays of results whose later tuple arrived at
-    `arrival`, sent by the master at `sent`, joined from `started` and produced at `produced`."""
+    `arrival`, sent by the master at `sent`, joined from `started` and produced at `produced`; `binned` is
+    `histogram` or a function equal to it (the slaves' compiled one)."""
     n = len(arrival)
-    return np.stack([histogram(sent - arrival), histogram(np.broadcast_to(started - sent, n)),
-                     histogram(np.broadcast_to(produced - started, n))])
+
+    def each(part) -> np.ndarray:  # a part that is one value for the whole batch is binned once
+        return binned(part) if np.ndim(part) else binned(np.array([part], dtype=np.float64)) * n
+
+    return np.stack([each(sent - arrival), each(started - sent), each(produced - started)])
 
 
 def percentiles(hist: np.ndarray, qs=(50, 95, 99)) -> list[float]:

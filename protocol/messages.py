@@ -56,17 +56,28 @@ GROUP_ROW = 3
 def encode_batch(kind: Kind, epoch: int, watermark: float, r: np.ndarray, s: np.ndarray,
                  partition: int = -1, peer: int = -1, groups: np.ndarray | None = None) -> np.ndarray:
     """Header + R rows + S rows [+ group table] as one uint8 buffer (one copy of the tuples)."""
-    size = r.dtype.itemsize
-    table = np.empty((0, GROUP_ROW), np.int64) if groups is None else np.ascontiguousarray(groups, np.int64)
-    rows_end = HEADER.itemsize + (len(r) + len(s)) * size
-    buf = np.empty(rows_end + table.nbytes, dtype=np.uint8)
-    buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, len(r), len(s), partition, peer,
-                                              len(table), time.time())
-    body = buf[HEADER.itemsize: rows_end].view(r.dtype)
-    body[: len(r)] = r
-    body[len(r):] = s
-    buf[rows_end:] = table.reshape(-1).view(np.uint8)
+    buf, body_r, body_s = batch_message(kind, epoch, watermark, len(r), len(s), r.dtype, partition, peer, groups)
+    body_r[:] = r
+    body_s[:] = s
     return buf
+
+
+def batch_message(kind: Kind, epoch: int, watermark: float, n_r: int, n_s: int, dtype: np.dtype,
+                  partition: int = -1, peer: int = -1, groups: np.ndarray | None = None,
+                  spare: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch message with its header and group table written and room for the rows: (buffer, its R rows,
+    its S rows), the rows to be filled in place, so the master drains its mini-buffers straight into the
+    message.  `spare`, an earlier message's buffer that is no longer in flight, is reused if it is large
+    enough: a fresh buffer of a batch's size costs as much in page faults as copying the batch."""
+    table = np.empty((0, GROUP_ROW), np.int64) if groups is None else np.ascontiguousarray(groups, np.int64)
+    rows_end = HEADER.itemsize + (n_r + n_s) * dtype.itemsize
+    size = rows_end + table.nbytes
+    buf = spare[:size] if spare is not None and len(spare) >= size else np.empty(size, dtype=np.uint8)
+    buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, n_r, n_s, partition, peer,
+                                              len(table), time.time())
+    buf[rows_end:] = table.reshape(-1).view(np.uint8)
+    body = buf[HEADER.itemsize: rows_end].view(dtype)
+    return buf, body[:n_r], body[n_r:]
 
 
 def decode_batch(buf: np.ndarray, dtype: np.dtype) -> tuple[np.void, np.ndarray, np.ndarray]:

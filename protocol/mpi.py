@@ -6,6 +6,7 @@ backs off from 0.1 ms to 5 ms (paper 003 assumes ranks that block, not spin).
 """
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -40,13 +41,21 @@ def wait_probe_any(comm: MPI.Comm, channels: list[tuple[int, int]],
 def wait_all_started(comm: MPI.Comm) -> None:
     """Every rank of the job calls this once it is ready to work (the slaves after importing their join
     kernels, which take about 0.7 s of CPU per rank: seconds with 16 slaves on 2 cores), the dispatchers
-    before they start the clock of the run, so paced input and delays count from when the cluster can join."""
+    before they start the clock of the run, so paced input and delays count from when the cluster can join.
+
+    What is built by then (modules, numba's and pyarrow's objects: hundreds of thousands) is moved out of the
+    cyclic garbage collector's reach: every full collection during the run scanned it all again, a few
+    percent of the cluster's CPU in profiles."""
+    gc.collect()
+    gc.freeze()
     request = comm.Ibarrier()
     _poll(request.Test, None)
 
 
-def recv_bytes(comm: MPI.Comm, status: MPI.Status) -> np.ndarray:
-    """Receive the probed message into a fresh uint8 buffer of its exact size."""
-    buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+def recv_bytes(comm: MPI.Comm, status: MPI.Status, spare: np.ndarray | None = None) -> np.ndarray:
+    """Receive the probed message into a uint8 buffer of its exact size: the front of `spare` (a buffer whose
+    contents are no longer used) if it is large enough, else a fresh one."""
+    n = status.Get_count(MPI.BYTE)
+    buf = spare[:n] if spare is not None and len(spare) >= n else np.empty(n, dtype=np.uint8)
     comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=status.Get_tag())
     return buf

@@ -26,10 +26,13 @@ partners are one contiguous run of the ts-ordered side).
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
 from numba import njit
+
+from protocol import delays
 
 _EMPTY = np.empty(0, dtype=np.int64)
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
@@ -37,6 +40,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of ke
 
 # one signature per kernel, layout "A": field views of the structured windows are strided, test arrays are not
 _EQUI_SIG = "UniTuple(int64[::1], 2)(int64[:], float64[:], int64[:], float64[:], float64)"
+_BINS_SIG = "void(float64[:], float64[::1], float64, float64, int64[::1])"
 _RANGE_SIG = "UniTuple(int64[::1], 2)(int64[:], float64[:], int64[:], float64[:], float64, int64, int64, boolean, boolean)"
 
 
@@ -202,6 +206,31 @@ def range_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.
         return ia, ib
     return _range_join(a_key, a_ts, b_key, b_ts, float(window), 0 if low is None else int(low),
                        0 if high is None else int(high), low is not None, high is not None)
+
+
+@njit(_BINS_SIG, cache=True, nogil=True)
+def _count_bins(values, edges, log_first, per_decade, counts):  # pragma: no cover - compiled
+    """counts[i] += the values with exactly i edges <= them: a first guess from the log (the edges are
+    10^(log_first + j / per_decade)), corrected by comparing with the edges next to it."""
+    last = len(edges)
+    for x in values:
+        if not x > 0:  # zero, negative (and NaN, which no delay is): below every edge
+            i = 0 if x <= 0 else last
+        else:
+            i = min(max(int(math.floor((math.log10(x) - log_first) * per_decade)) + 1, 0), last)
+            while i < last and edges[i] <= x:
+                i += 1
+            while i > 0 and edges[i - 1] > x:
+                i -= 1
+        counts[i] += 1
+
+
+def delay_histogram(values: np.ndarray) -> np.ndarray:
+    """`protocol.delays.histogram`, compiled: a slave bins every result's delay and its parts each batch, and
+    numpy's binary search per value cost it more CPU than the join (about 60 ns a value against about 5)."""
+    counts = np.zeros(delays.BINS, dtype=np.int64)
+    _count_bins(np.asarray(values, dtype=np.float64), delays.EDGES, delays.LOG_FIRST, delays.PER_DECADE, counts)
+    return counts
 
 
 if __name__ == "__main__":  # `python -m slave.kernel`: compile into the on-disk cache (make setup runs this)

@@ -27,6 +27,7 @@ from protocol.output import write_table
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
 from slave.join import JoinModule
+from slave.kernel import delay_histogram
 from slave.results_out import ResultSender
 from slave.state import decode_group, decode_move, encode_group, encode_move
 
@@ -100,7 +101,7 @@ class Slave:
         self.process = psutil.Process()
         self.splits = self.merges = 0
         self.comm_seconds = 0.0  #: receiving messages and sending reports (paper 003 VI: communication time)
-        self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: group states on their way to consumers
+        self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: reports and group states on their way
         self.checkpoints = checkpoint.root_of(cfg)
         k = cfg["cluster"]["dispatchers"]
         #: per dispatcher (ranks 0..k-1; BiStream 3.2.3): the punctuation of its last batch -- every later tuple
@@ -110,6 +111,7 @@ class Slave:
         self.stops = 0
         self.marked: set[int] = set()  #: dispatchers whose marker of the checkpoint being taken has come
         self.reply_to = 0  #: the dispatcher whose message is being served
+        self.inbox: np.ndarray | None = None  #: the buffer batches are received into (serve)
 
     def report(self, counters: dict, hist: np.ndarray | None = None) -> None:
         stored_r, stored_s = self.module.stored()
@@ -121,7 +123,10 @@ class Slave:
         if hist is None:
             hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
         started = time.perf_counter()
-        self.comm.Send(encode_report(counters, hist), dest=self.reply_to, tag=TAG_REPORT)
+        # not a blocking Send: a report is over the shared-memory eager limit, and waiting for the master to
+        # take it spun this rank on the core the master needs
+        buf = encode_report(counters, hist)
+        self.outgoing.append((self.comm.Isend(buf, dest=self.reply_to, tag=TAG_REPORT), buf))
         self.comm_seconds += time.perf_counter() - started
 
     def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups: np.ndarray | None) -> None:
@@ -142,8 +147,8 @@ class Slave:
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": len(r), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH},
-                    np.vstack([delays.histogram(delay),
-                               delays.decomposition(arrival, float(head["sent"]), started_wall, produced)]))
+                    np.vstack([delay_histogram(delay), delays.decomposition(arrival, float(head["sent"]), started_wall,
+                                                                            produced, delay_histogram)]))
 
     def on_move(self, head) -> None:
         """Supplier side: extract the group, send its state to the consumer, tell the master."""
@@ -222,11 +227,15 @@ class Slave:
             self.outgoing = [(req, buf) for req, buf in self.outgoing if not req.Test()]
             status = wait_probe_any(self.comm, self.channels())
             started = time.perf_counter()  # from the probe on: the transfer, not the idle wait for a message
-            buf = recv_bytes(self.comm, status)
-            self.comm_seconds += time.perf_counter() - started
-            if status.Get_tag() == TAG_STATE:
+            if status.Get_tag() == TAG_STATE:  # installed as it is: its own buffer
+                buf = recv_bytes(self.comm, status)
+                self.comm_seconds += time.perf_counter() - started
                 self.on_state(buf)
                 continue
+            # a batch is copied into the window and the results before the next message: its buffer is reused
+            buf = recv_bytes(self.comm, status, self.inbox)
+            self.inbox = buf if buf.base is None else buf.base
+            self.comm_seconds += time.perf_counter() - started
             head, fresh_r, fresh_s = decode_batch(buf, self.dtype)
             self.reply_to = status.Get_source()
             if head["kind"] == Kind.BATCH:
@@ -256,6 +265,7 @@ class Slave:
                 files = self.writer.flush()
                 self.writer.wait()
                 self.report({"epoch": float(head["epoch"]), "files": files, "ack": Ack.BATCH})
+                MPI.Request.Waitall([req for req, _ in self.outgoing])
                 return 0
 
 

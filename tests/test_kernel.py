@@ -168,3 +168,16 @@ def test_range_join_huge_keys_do_not_wrap_around():
     for bounds in ((-3, 3), (1, None), (None, -1), (2, 2**62), (-(2**62), -2)):
         check_range(a_key, a_ts, b_key, b_ts, 0.0, *bounds)
         check_range(b_key, b_ts, a_key, a_ts, 0.0, *bounds)
+
+
+def test_compiled_delay_histogram_equals_the_binary_search_at_and_beside_every_edge():
+    from protocol import delays
+    from slave.kernel import delay_histogram
+    rng = np.random.default_rng(11)
+    e = delays.EDGES
+    values = np.concatenate([10 ** rng.uniform(-8, 6, 100_000), e, np.nextafter(e, 0), np.nextafter(e, np.inf),
+                             [0.0, -1.0, -np.inf, np.inf, 1e-300, 1e300]])
+    got = delay_histogram(values)
+    np.testing.assert_array_equal(got, delays.histogram(values))
+    assert got[0] >= 3 and got[-1] >= 2 and got.sum() == len(values)
+    np.testing.assert_array_equal(delay_histogram(np.empty(0)), np.zeros(delays.BINS, np.int64))

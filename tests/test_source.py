@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from master.source import Chunk, FileSource, GeneratorSource, InputError, generate_all, open_source
+from master.source import Chunk, FileSource, GeneratorSource, InputError, bmodel_tables, generate_all, open_source
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S
 
@@ -116,6 +116,22 @@ def test_generator_skew():
     # the hot keys are spread over the domain, not packed at one end
     top = np.argsort(np.bincount(hot.key, minlength=keys))[-40:]
     assert top.min() < keys // 4 and top.max() > 3 * keys // 4
+
+
+@pytest.mark.parametrize("levels, p_upper", [(20, 0.3), (10, 0.1), (7, 0.45), (3, 0.3)])
+def test_bmodel_tables_give_every_level_its_upper_half_with_the_skews_probability(levels, p_upper):
+    tables = bmodel_tables(levels, p_upper)
+    assert sum(bits for bits, _ in tables) == levels
+    for bits, table in tables:  # the share of the 65536 draws that set each level's bit
+        assert len(table) == 1 << 16 and table.max() < 1 << bits
+        for level in range(bits):
+            assert abs(((table >> level) & 1).mean() - p_upper) <= bits / (1 << 16)
+    # and the generator's keys, mapped back to their ranks, have those bits
+    cfg = gen_cfg(keys=1 << levels, skew=1 - p_upper, duration=2.0)
+    src, data = GeneratorSource(cfg["generator"]), generate_all(cfg)
+    rank = np.argsort(src._perm)[data.key]
+    for level in range(levels):
+        assert abs(((rank >> level) & 1).mean() - p_upper) < 0.01, level
 
 
 def test_generator_uniform_keys_pass_a_chi_square_bound():

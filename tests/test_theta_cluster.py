@@ -73,6 +73,21 @@ def test_ranges_split_at_quantiles_and_copies_cover_every_partner():
         assert all((i, p) in have for i, p in zip(ri.tolist(), ranges.home(s[si]).tolist()))
 
 
+@pytest.mark.parametrize("low, high", [(-7, 7), (1, None), (None, -1)])
+def test_copies_of_keys_at_the_int64_limits_reach_their_partners_instead_of_wrapping_around(low, high):
+    top, bottom = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    ranges = KeyRanges([bottom + 10, -5, 0, 5, top - 10])
+    r = np.array([top, top - 3, bottom, bottom + 3, 0], dtype=np.int64)
+    s = np.array([top, top - 1, top - 6, bottom, bottom + 1, bottom + 8, 2, -2], dtype=np.int64)
+    rows, part = ranges.copies(r, low, high)
+    have = set(zip(rows.tolist(), part.tolist()))
+    d = s[None, :].astype(object) - r[:, None].astype(object)  # exact differences, no wrap
+    lo, hi = (-np.inf if low is None else low), (np.inf if high is None else high)
+    ri, si = np.nonzero((d >= lo) & (d <= hi))
+    assert len(ri) > 5
+    assert all((i, p) in have for i, p in zip(ri.tolist(), ranges.home(s[si]).tolist()))
+
+
 def test_range_groups_are_never_split_and_produce_each_pair_once():
     dt = tuple_dtype(40)
     m = JoinModule(dt, 2, 1.0, 4, 1, 2, 12, "band", 2)
