@@ -28,7 +28,7 @@ test: $(STAMP)
 	timeout 600 $(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
 	$(BIN)/python -m pytest -q tests --ignore=tests/mpi
 
-# quick: one run per point, 30 s of event time (3M tuples) per run (README: its time); bench-full: medians of 3, 1-8 slaves, more epochs
+# quick: one run per point, 60 s of event time (6M tuples) per run (README: its time); bench-full: medians of 3, 1-8 slaves, more epochs
 bench: $(STAMP)
 	$(BIN)/python -m deploy.bench --quick
 	$(BIN)/python -m deploy.bench_balance --quick --repeats 1

@@ -608,7 +608,7 @@ def main(argv: list[str]) -> int:
         p.error("--steps must be at least 1")
     if not a.delay_bound > 0 or not a.peer_delay_bound > 0:
         p.error("--delay-bound and --peer-delay-bound must be positive")
-    workload = [f"generator.duration={30.0 if a.quick else 60.0}"]
+    workload = [f"generator.duration={60.0 if a.quick else 120.0}"]
     command = "python -m deploy.bench " + " ".join(argv)
     data = {"command": command.strip(), "machine": machine_info(), "repeats": a.repeats, "steps": steps,
             "delay_bound": a.delay_bound, "workload": workload}

@@ -38,7 +38,7 @@ from master.stats import RunStats, print_summary, write_summary
 from protocol import checkpoint, faults
 from protocol.predicates import key_distance
 from protocol.mpi import wait_all_started
-from protocol.messages import REPORT_LEN, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, decode_report, \
+from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, decode_report, \
     encode_batch
 from protocol.output import write_table
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, partition_of, tuple_dtype
@@ -328,10 +328,10 @@ class Master:
     def _collect_reports(self) -> int:
         got = 0
         status = MPI.Status()
-        report = np.empty(REPORT_LEN, dtype=np.float64)
+        report = np.empty(REPORT_BYTES, dtype=np.uint8)
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REPORT, status=status):
             rank = status.Get_source()
-            self.comm.Recv([report, MPI.DOUBLE], source=rank, tag=TAG_REPORT)
+            self.comm.Recv([report, MPI.BYTE], source=rank, tag=TAG_REPORT)
             counters, hist = decode_report(report)
             got += 1
             self.stats.add_report(rank, counters, hist)

@@ -123,18 +123,25 @@ REPORT_FIELDS = (
 )
 #: the delay histogram, then one per part of the delay (delays.PARTS)
 HISTOGRAMS = 1 + len(delays.PARTS)
-REPORT_LEN = len(REPORT_FIELDS) + HISTOGRAMS * delays.BINS
+#: float64 counters, then uint32 bin counts: 3,400 bytes, under Open MPI's shared-memory eager limit (4 KiB),
+#: so a report is delivered without a handshake that would make the master wait for a busy slave
+REPORT_BYTES = len(REPORT_FIELDS) * 8 + HISTOGRAMS * delays.BINS * 4
+_BIN_MAX = np.iinfo(np.uint32).max
 
 
 def encode_report(counters: dict[str, float], hists: np.ndarray) -> np.ndarray:
-    """`hists`: HISTOGRAMS x delays.BINS counts (the delays, then their parts)."""
-    out = np.zeros(REPORT_LEN, dtype=np.float64)
-    out[: len(REPORT_FIELDS)] = [counters.get(f, 0.0) for f in REPORT_FIELDS]
-    out[len(REPORT_FIELDS):] = np.ravel(hists)
+    """`hists`: HISTOGRAMS x delays.BINS counts (the delays, then their parts) of one batch."""
+    if hists.max(initial=0) > _BIN_MAX:  # a batch of over 4 billion results: far beyond any slave's memory
+        raise OverflowError(f"a delay bin of one batch holds {int(hists.max()):,} results, more than a report carries")
+    out = np.zeros(REPORT_BYTES, dtype=np.uint8)
+    head = len(REPORT_FIELDS) * 8
+    out[:head].view(np.float64)[:] = [counters.get(f, 0.0) for f in REPORT_FIELDS]
+    out[head:].view(np.uint32)[:] = np.ravel(hists)
     return out
 
 
 def decode_report(buf: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
     """(counters, HISTOGRAMS x delays.BINS int64 counts)."""
-    counters = dict(zip(REPORT_FIELDS, buf[: len(REPORT_FIELDS)].tolist()))
-    return counters, buf[len(REPORT_FIELDS):].astype(np.int64).reshape(HISTOGRAMS, delays.BINS)
+    head = len(REPORT_FIELDS) * 8
+    counters = dict(zip(REPORT_FIELDS, buf[:head].view(np.float64).tolist()))
+    return counters, buf[head:].view(np.uint32).astype(np.int64).reshape(HISTOGRAMS, delays.BINS)

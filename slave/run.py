@@ -123,8 +123,7 @@ class Slave:
         if hist is None:
             hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
         started = time.perf_counter()
-        # not a blocking Send: a report is over the shared-memory eager limit, and waiting for the master to
-        # take it spun this rank on the core the master needs
+        # a report fits the eager limit (protocol.messages.REPORT_BYTES): the Isend completes without the master
         buf = encode_report(counters, hist)
         self.outgoing.append((self.comm.Isend(buf, dest=self.reply_to, tag=TAG_REPORT), buf))
         self.comm_seconds += time.perf_counter() - started

@@ -9,7 +9,7 @@ import pytest
 
 from protocol import delays
 from protocol.arrays import group_pairs
-from protocol.messages import HEADER, HISTOGRAMS, REPORT_FIELDS, REPORT_LEN, Kind, decode_batch, decode_report, \
+from protocol.messages import HEADER, HISTOGRAMS, REPORT_BYTES, REPORT_FIELDS, Kind, decode_batch, decode_report, \
     encode_batch, encode_report
 from protocol.tuples import BASE_TUPLE_BYTES, directory_hash, mix64, partition_of, tuple_dtype
 
@@ -96,14 +96,22 @@ def test_report_round_trip():
     counters = {f: float(rng.integers(0, 10**9)) for f in REPORT_FIELDS}
     counters["busy"] = 0.123456789
     counters["delay_max"] = 1e-7
-    hist = rng.integers(0, 10**12, (HISTOGRAMS, delays.BINS))
+    hist = rng.integers(0, 2**32, (HISTOGRAMS, delays.BINS))
+    hist[0, 0] = 2**32 - 1  # the most one bin of one batch carries
     buf = encode_report(counters, hist)
-    assert buf.dtype == np.float64 and len(buf) == REPORT_LEN == len(REPORT_FIELDS) + HISTOGRAMS * delays.BINS
+    assert buf.dtype == np.uint8 and len(buf) == REPORT_BYTES <= 4096  # Open MPI's shared-memory eager limit
     c2, h2 = decode_report(buf)
     assert c2 == counters
     assert list(c2) == list(REPORT_FIELDS)
     assert h2.dtype == np.int64
     np.testing.assert_array_equal(h2, hist)
+
+
+def test_report_refuses_a_bin_it_cannot_carry():
+    hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
+    hist[1, 3] = 2**32
+    with pytest.raises(OverflowError, match="more than a report carries"):
+        encode_report({}, hist)
 
 
 def test_report_missing_counters_are_zero_and_unknown_ignored():
