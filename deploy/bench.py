@@ -14,7 +14,8 @@ generated workload:
    rate is U/2; while nothing has passed the rate is halved (giving up, with a
    sustained rate of 0, after a few failures); after that each rate is the
    geometric mean of the highest passing rate and the lowest failing rate above
-   it (U when none has failed).  The sustained rate is the highest passing rate;
+   it (U when none has failed; twice the passing rate once that is within 10% of
+   U, since then U was no bound).  The sustained rate is the highest passing rate;
 3. sustained: `repeats` runs paced at the sustained rate (medians of delay and
    throughput, kept-up counts);
 4. half: `repeats` runs paced at half the sustained rate (delay at half load).
@@ -53,6 +54,7 @@ FIRST_FRACTION = 0.5         # the search starts at this fraction of the unpaced
 MAX_FAILS_WITHOUT_PASS = 4   # ... and halves after each failure, giving up after this many (last try U/16)
 HALF_LOAD = 0.5              # the delay at half load is measured at this fraction of the sustained rate
 PEER_DELAY_BOUND = 5.0       # default --peer-delay-bound for Spark (see deploy.bench_spark)
+PROBE_MARGIN = 0.9           # a pass at this fraction of U with no failure above it: the search looks above U
 KEEP_UP_LAG = 0.5            # a paced run kept up iff the master's ingest never fell more than this behind schedule
 
 
@@ -111,7 +113,8 @@ def next_rate(trail: list[tuple[float, bool]], unpaced: float, steps: int) -> in
     * no run yet: FIRST_FRACTION * unpaced;
     * nothing passed yet: half the lowest failing rate, or None after MAX_FAILS_WITHOUT_PASS failures;
     * else the geometric mean of lo = the highest passing rate and hi = the lowest failing rate above lo
-      (the unpaced throughput when none failed above lo; 2 * lo if even that is not above lo);
+      (the unpaced throughput when none failed above lo; 2 * lo once lo is within PROBE_MARGIN of it: the
+      probe was slow, start and drain weigh on an unpaced run's throughput);
     * None once `steps` runs are done, or when lo and hi are so close the next integer rate repeats one.
     """
     if unpaced <= 0:
@@ -124,7 +127,7 @@ def next_rate(trail: list[tuple[float, bool]], unpaced: float, steps: int) -> in
     if not passed:
         return None if len(trail) >= MAX_FAILS_WITHOUT_PASS else round(min(r for r, _ in trail) / 2)
     lo = max(passed)
-    hi = min((r for r, ok in trail if not ok and r > lo), default=unpaced if unpaced > lo else 2 * lo)
+    hi = min((r for r, ok in trail if not ok and r > lo), default=unpaced if lo < PROBE_MARGIN * unpaced else 2 * lo)
     rate = round(math.sqrt(lo * hi))
     return None if rate <= lo or rate >= hi else rate
 
@@ -383,8 +386,7 @@ def caveats(data: dict) -> list[str]:
     open_top = [p for p in points if p["sustained"]["rate"] and p["search"]["bracket"][1] is None]
     if open_top:
         out.append("No search run failed for " + ", ".join(f"{p['slaves']} slave(s)" for p in open_top)
-                   + ": the sustained rate is only a lower bound. The search never paces above the unpaced "
-                   "throughput, so more --steps only bring it closer to that.")
+                   + ": the sustained rate is only a lower bound; more --steps search higher.")
     weak = [p for p in points if p["sustained"]["runs"] and not all(r["passed"] for r in p["sustained"]["runs"])]
     if weak:
         out.append("At the sustained rate not every repeat passed (kept up and delay p95 <= "
@@ -572,7 +574,7 @@ def main(argv: list[str]) -> int:
                    help="runs at the sustained rate and at half of it; medians are reported (default 1 with "
                         "--quick, else 3)")
     p.add_argument("--steps", type=int, help="paced runs of the search for the sustained rate "
-                                             "(default 4 with --quick, else 6)")
+                                             "(default 5 with --quick, else 6)")
     p.add_argument("--delay-bound", type=float, default=DELAY_BOUND,
                    help=f"a search run passes if it kept up and its delay p95 is at most this many seconds "
                         f"(default {DELAY_BOUND:g})")
@@ -597,7 +599,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--kernel-repeats", type=int, default=3,
                    help="runs of the single-core kernel (deploy.bench_kernel) for the limit; 0 = skip (default 3)")
     a = p.parse_args(argv)
-    steps = a.steps if a.steps is not None else 4 if a.quick else 6
+    steps = a.steps if a.steps is not None else 5 if a.quick else 6
     a.repeats = a.repeats if a.repeats is not None else 1 if a.quick else 3
     a.slaves = a.slaves or ([1, 2, 4] if a.quick else [1, 2, 4, 8])
     a.workload_slaves = a.workload_slaves or ([2] if a.quick else [2, 4])
