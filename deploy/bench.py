@@ -375,9 +375,10 @@ def caveats(data: dict) -> list[str]:
     points, bound = data["points"], data["delay_bound"]
     total = max(p["probe"]["input_total"] + p["probe"]["late"] for p in points)
     buf = data["config"]["master"]["buffer_capacity"]
-    out = ["The unpaced throughput is an upper bound, not a capacity: an unpaced run works off a backlog in large "
-           "batches" + (f" (the whole input, {total:,} tuples, fits in master.buffer_capacity = {buf:,}, so it is "
-                        "ingested at once)" if total <= buf else "") + "; it only sets the search's first rate."]
+    out = ["The unpaced throughput is not a capacity: an unpaced run works off a backlog in large batches"
+           + (f" (the whole input, {total:,} tuples, fits in master.buffer_capacity = {buf:,}, so it is "
+              "ingested at once)" if total <= buf else "") + ", and its start and drain weigh on it; it sets the "
+           "search's first rate, and the search goes above it once a pass comes within 10% of it."]
     none = [p for p in points if not p["sustained"]["rate"]]
     if none:
         out.append("No paced rate passed for " + ", ".join(
@@ -450,13 +451,13 @@ def write_report(out: Path, data: dict) -> None:
         "cluster keeps up with its pacing and the production delay stays bounded (the paper's capacity: the "
         "highest input rate before the production delay climbs). Per slave count:", "",
         "1. **probe**: one unpaced run (`source.rate = 0`); its throughput (tuples in / wall time) is the "
-        "**unpaced throughput** U, an upper bound (see the caveat) that only sets where the search starts.",
+        "**unpaced throughput** U, not a capacity (see the caveat): it sets where the search starts.",
         f"2. **search**: {data['steps']} single paced runs at most. A run **passes** iff it kept up (below) **and** "
         f"its delay p95 <= {bound:g} s (`--delay-bound`; `epochs.distribution` is "
         f"{cfg['epochs']['distribution']:g} s). The first rate is {FIRST_FRACTION:g} U; while no run has passed "
         f"the rate is halved (giving up after {MAX_FAILS_WITHOUT_PASS} failures: sustained rate 0); then each rate "
         "is the geometric mean of the highest passing rate and the lowest failing rate above it (U while none "
-        "has failed). The **sustained rate** is the highest passing rate; the true one lies between it and the "
+        f"has failed, twice the passing rate once that is within {1 - PROBE_MARGIN:.0%} of U). The **sustained rate** is the highest passing rate; the true one lies between it and the "
         "lowest failing rate above it:",
         *("   " + search_line(p) for p in data["points"]), "",
         f"3. **sustained**: {n} runs paced at the sustained rate; the table gives the medians of their achieved "
@@ -497,7 +498,7 @@ def write_report(out: Path, data: dict) -> None:
 
 
 def plot(out: Path, points: list[dict], delay_bound: float, peer: dict | None = None) -> list[Path]:
-    """capacity.png (sustained rate, unpaced upper bound, search runs, the peer's sustained rate as a line) and
+    """capacity.png (sustained rate, unpaced probe, search runs, the peer's sustained rate as a line) and
     delay.png (delay p50/p99 at the sustained rate and at half of it): medians as lines, single runs as faint
     dots."""
     import matplotlib
@@ -508,7 +509,7 @@ def plot(out: Path, points: list[dict], delay_bound: float, peer: dict | None = 
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     ax.plot(ks, [p["unpaced"] for p in points], "s--", color="C7", alpha=0.45,
-            label="unpaced throughput (upper bound)")
+            label="unpaced throughput (probe)")
     ax.plot(ks, [p["sustained"]["rate"] for p in points], "o-", color="C0", lw=2, label="sustained rate")
     for passed, style in ((True, dict(marker="o", facecolors="none", edgecolors="C2", label="search run: passed")),
                           (False, dict(marker="x", color="C3", label="search run: failed"))):

@@ -251,7 +251,7 @@ def fake_data(points):
 def test_caveats():
     data = fake_data([point(1), point(2, sustained_kept=(True, True, True))])
     cs = caveats(data)
-    assert "upper bound" in cs[0] and "fits in master.buffer_capacity" in cs[0]
+    assert "not a capacity" in cs[0] and "goes above it" in cs[0] and "fits in master.buffer_capacity" in cs[0]
     weak = [c for c in cs if "not every repeat passed" in c]
     assert len(weak) == 1 and "1 slave(s) 2/3" in weak[0] and "2 slave(s)" not in weak[0]
     assert not any("No paced rate passed" in c or "lower bound" in c for c in cs)
