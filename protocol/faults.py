@@ -6,6 +6,8 @@ SIGKILL; "drop": a dispatcher silently skips one batch send), unless the file
 `marker` exists; it creates the marker first, so a restarted cluster runs
 through.  `STREAMJOIN_JITTER=s` makes a dispatcher sleep a random 0..s seconds
 before each send, to shake the interleaving of several dispatchers.
+`STREAMJOIN_STRAGGLER="rank:s"` makes that slave sleep s seconds in each batch's
+join, a straggler on a busy host whatever the machine's speed.
 """
 from __future__ import annotations
 
@@ -44,3 +46,11 @@ def jitter() -> None:
     most = float(os.environ.get("STREAMJOIN_JITTER") or 0)
     if most:
         time.sleep(random.uniform(0, most))
+
+
+def straggle(rank: int) -> None:
+    spec = os.environ.get("STREAMJOIN_STRAGGLER")
+    if spec:
+        want_rank, seconds = spec.split(":")
+        if int(want_rank) == rank:
+            time.sleep(float(seconds))

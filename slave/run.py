@@ -131,6 +131,7 @@ class Slave:
     def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups: np.ndarray | None) -> None:
         faults.reached(self.comm.rank, "batch")
         started, started_wall = time.perf_counter(), time.time()
+        faults.straggle(self.comm.rank)
         # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
         self.watermarks[self.reply_to] = float(head["watermark"])
         stamps: list[tuple[int, float]] = []

@@ -18,7 +18,7 @@ from protocol import checkpoint
 
 from deploy.launch import mpi_env
 from tests.cluster import Run, run_cluster, write_config
-from tests.test_balance_cluster import FORCED_CHURN
+from tests.test_balance_cluster import FORCED_CHURN, straggler
 from tests.test_cluster import SMALL, check_exact, reference_for
 
 # paced so the run spans many checkpoints: 3 s of event time, 2 x 3000 tuples/s, fed at 6000 tuples/s
@@ -52,9 +52,9 @@ def test_slave_killed_while_writing_a_checkpoint_resumes_from_the_one_before(tmp
 
 
 def test_slave_killed_in_the_middle_of_a_partition_group_move(tmp_path):
-    # one slave at start, the input faster than it joins: it supplies groups to joining slaves (see FORCED_CHURN)
+    # one slave at start, and it straggles: it supplies groups to joining slaves (see FORCED_CHURN)
     settings = {**CKPT, **FORCED_CHURN, "generator.seed": 7, "checkpoint.interval": 10, "generator.rate": 8000.0}
-    run, _ = crash_run(tmp_path, 4, settings, fault="1:move:2")
+    run, _ = crash_run(tmp_path, 4, settings, fault="1:move:2", env_extra=straggler(1))
     assert len(run.summary["balance"]["moves"]) > 0
 
 
