@@ -53,8 +53,9 @@ def test_slave_killed_while_writing_a_checkpoint_resumes_from_the_one_before(tmp
 
 def test_slave_killed_in_the_middle_of_a_partition_group_move(tmp_path):
     # one slave at start, and it straggles: it supplies groups to joining slaves (see FORCED_CHURN)
-    settings = {**CKPT, **FORCED_CHURN, "generator.seed": 7, "checkpoint.interval": 10, "generator.rate": 8000.0}
-    run, _ = crash_run(tmp_path, 4, settings, fault="1:move:2", env_extra=straggler(1))
+    # a checkpoint every 4 distribution epochs (0.2 s) and the 4th move (0.6 s or later): one is complete by then
+    settings = {**CKPT, **FORCED_CHURN, "generator.seed": 7, "checkpoint.interval": 4, "generator.rate": 8000.0}
+    run, _ = crash_run(tmp_path, 4, settings, fault="1:move:4", env_extra=straggler(1))
     assert len(run.summary["balance"]["moves"]) > 0
 
 

@@ -12,20 +12,20 @@ from slave.join import JoinModule
 from protocol.tuples import tuple_dtype
 from tests.cluster import run_cluster
 from tests.reference import reference_theta_pairs
-from tests.test_balance_cluster import FORCED_CHURN
+from tests.test_balance_cluster import FORCED_CHURN, straggler
 
 THETA = {"generator.duration": 3.0, "generator.rate": 1500.0, "generator.keys": 4096,
          "epochs.distribution": 0.2, "join.window": 0.3, "join.max_delay": 0.3}
 
 
-def check_theta(tmp_path, ranks, settings):
+def check_theta(tmp_path, ranks, settings, **kw):
     cfg = load_config(None, [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in settings.items()
                              if k.startswith(("generator.", "source."))])
     data = generate_all(cfg)
     expected = reference_theta_pairs(data.stream, data.id, data.ts, data.key, settings["join.window"],
                                      settings["join.max_delay"], settings["join.predicate"],
                                      settings.get("join.band", 0))
-    run = run_cluster(tmp_path, ranks, settings)
+    run = run_cluster(tmp_path, ranks, settings, **kw)
     assert run.returncode == 0, run.stderr
     got = run.pairs()
     assert len(np.unique(got)) == len(got), "a result was emitted twice"
@@ -50,7 +50,7 @@ def test_less_join_is_exact(tmp_path):
 def test_band_join_stays_exact_while_ranges_move_between_slaves(tmp_path):
     settings = {**THETA, **FORCED_CHURN, "join.predicate": "band", "join.band": 5, "generator.seed": 9,
                 "generator.rate": 5000.0}
-    run = check_theta(tmp_path, 4, settings)
+    run = check_theta(tmp_path, 4, settings, env=straggler(1))
     assert len(run.summary["balance"]["moves"]) > 0
 
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from deploy.launch import mpi_env
 from tests.cluster import run_cluster
 from tests.reference import encode_pairs, reference_pairs
-from tests.test_balance_cluster import FORCED_CHURN
+from tests.test_balance_cluster import FORCED_CHURN, straggler
 from tests.test_cluster import SMALL, check_exact
 
 
@@ -159,7 +159,7 @@ def test_ordered_stream_stays_correct_while_partition_groups_move(tmp_path):
                                              "generator.disorder": 0.2, "generator.seed": 34,
                                       "output.zmq_endpoint": f"tcp://127.0.0.1:{results}", "output.ordered": True,
                                       "output.wait_subscribers": 1})
-    run, expected = check_exact(tmp_path, 5, settings)
+    run, expected = check_exact(tmp_path, 5, settings, env=straggler(1))
     assert len(run.summary["balance"]["moves"]) >= 1
     check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True)
 
