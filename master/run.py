@@ -36,6 +36,7 @@ from master.source import skip
 from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
 from protocol import checkpoint, faults
+from protocol.arrays import whole_buffer
 from protocol.predicates import key_distance
 from protocol.mpi import wait_all_started
 from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, decode_report, \
@@ -352,7 +353,7 @@ class Master:
                 waiting.discard(rank)
             request, buf = self.busy.pop(rank)
             request.Wait()
-            self.spare[rank] = buf if buf.base is None else buf.base  # the next batch to it is built in it
+            self.spare[rank] = whole_buffer(buf)  # the next batch to it is built in it
         return got
 
     # -- hot keys ---------------------------------------------------------------------------------------

@@ -40,3 +40,14 @@ def take_rows(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
     """rows[index] (an index array or a boolean mask), copied as records."""
     return records(rows)[index].view(rows.dtype)
 
+
+
+def message_buffer(spare: np.ndarray | None, nbytes: int) -> np.ndarray:
+    """`nbytes` uint8 for a message: the front of `spare` (an earlier message's buffer, no longer in use) if it
+    is large enough, else a fresh one: a fresh buffer of a batch's size costs as much in page faults as a copy."""
+    return spare[:nbytes] if spare is not None and len(spare) >= nbytes else np.empty(nbytes, dtype=np.uint8)
+
+
+def whole_buffer(buf: np.ndarray) -> np.ndarray:
+    """The whole buffer `buf` (from `message_buffer`) is the front of: what to keep as the next spare."""
+    return buf if buf.base is None else buf.base

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from protocol import delays
+from protocol.arrays import message_buffer
 
 TAG_DATA = 1    #: master -> slave: a batch (or the stop order)
 TAG_REPORT = 2  #: slave -> master: a report
@@ -67,12 +68,12 @@ def batch_message(kind: Kind, epoch: int, watermark: float, n_r: int, n_s: int, 
                   spare: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A batch message with its header and group table written and room for the rows: (buffer, its R rows,
     its S rows), the rows to be filled in place, so the master drains its mini-buffers straight into the
-    message.  `spare`, an earlier message's buffer that is no longer in flight, is reused if it is large
-    enough: a fresh buffer of a batch's size costs as much in page faults as copying the batch."""
+    message, in `spare` (an earlier message's buffer no longer in flight) if it is large enough
+    (`protocol.arrays.message_buffer`)."""
     table = np.empty((0, GROUP_ROW), np.int64) if groups is None else np.ascontiguousarray(groups, np.int64)
     rows_end = HEADER.itemsize + (n_r + n_s) * dtype.itemsize
     size = rows_end + table.nbytes
-    buf = spare[:size] if spare is not None and len(spare) >= size else np.empty(size, dtype=np.uint8)
+    buf = message_buffer(spare, size)
     buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, n_r, n_s, partition, peer,
                                               len(table), time.time())
     buf[rows_end:] = table.reshape(-1).view(np.uint8)

@@ -12,6 +12,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from protocol.arrays import message_buffer
+
 
 def _poll(ready, timeout: float | None) -> bool:
     """Call `ready()` until it is true, sleeping 0.1 ms doubling to 5 ms in between; False on timeout."""
@@ -55,7 +57,6 @@ def wait_all_started(comm: MPI.Comm) -> None:
 def recv_bytes(comm: MPI.Comm, status: MPI.Status, spare: np.ndarray | None = None) -> np.ndarray:
     """Receive the probed message into a uint8 buffer of its exact size: the front of `spare` (a buffer whose
     contents are no longer used) if it is large enough, else a fresh one."""
-    n = status.Get_count(MPI.BYTE)
-    buf = spare[:n] if spare is not None and len(spare) >= n else np.empty(n, dtype=np.uint8)
+    buf = message_buffer(spare, status.Get_count(MPI.BYTE))
     comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=status.Get_tag())
     return buf

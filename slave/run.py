@@ -20,6 +20,7 @@ import pyarrow as pa
 from mpi4py import MPI
 
 from protocol import checkpoint, delays, faults
+from protocol.arrays import whole_buffer
 from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
     decode_batch, encode_report
 from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
@@ -234,7 +235,7 @@ class Slave:
                 continue
             # a batch is copied into the window and the results before the next message: its buffer is reused
             buf = recv_bytes(self.comm, status, self.inbox)
-            self.inbox = buf if buf.base is None else buf.base
+            self.inbox = whole_buffer(buf)
             self.comm_seconds += time.perf_counter() - started
             head, fresh_r, fresh_s = decode_batch(buf, self.dtype)
             self.reply_to = status.Get_source()

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from protocol import delays
-from protocol.arrays import group_pairs
-from protocol.messages import HEADER, HISTOGRAMS, REPORT_BYTES, REPORT_FIELDS, Kind, decode_batch, decode_report, \
-    encode_batch, encode_report
+from protocol.arrays import group_pairs, whole_buffer
+from protocol.messages import HEADER, HISTOGRAMS, REPORT_BYTES, REPORT_FIELDS, Kind, batch_message, decode_batch, \
+    decode_report, encode_batch, encode_report
 from protocol.tuples import BASE_TUPLE_BYTES, directory_hash, mix64, partition_of, tuple_dtype
 
 
@@ -53,6 +53,21 @@ def test_batch_round_trip(tuple_bytes, n_r, n_s):
     for f in ("id", "ts", "key", "value", "arrival"):
         np.testing.assert_array_equal(r2[f], r[f])
         np.testing.assert_array_equal(s2[f], s[f])
+
+
+def test_a_batch_message_is_built_in_an_earlier_buffer_that_is_large_enough():
+    rng = np.random.default_rng(5)
+    dt = tuple_dtype(64)
+    big = encode_batch(Kind.BATCH, 1, 0.0, random_rows(rng, dt, 300), random_rows(rng, dt, 200))
+    r, s = random_rows(rng, dt, 40), random_rows(rng, dt, 70)
+    buf, body_r, body_s = batch_message(Kind.BATCH, 2, 1.5, len(r), len(s), dt, spare=big)
+    body_r[:], body_s[:] = r, s
+    assert np.shares_memory(buf, big) and len(buf) == HEADER.itemsize + 110 * 64  # exact size, in the spare
+    head, r2, s2 = decode_batch(buf, dt)
+    assert int(head["epoch"]) == 2 and r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
+    assert whole_buffer(buf) is big  # kept as the next spare: a later batch up to its size fits again
+    larger, _, _ = batch_message(Kind.BATCH, 3, 2.0, 400, 200, dt, spare=whole_buffer(buf))
+    assert not np.shares_memory(larger, big) and len(larger) == HEADER.itemsize + 600 * 64  # too small: fresh
 
 
 def test_stop_message_with_infinite_watermark():
