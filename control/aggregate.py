@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from protocol.config import ConfigError
-from protocol.output import PARTIAL_SCHEMA, RESULT_COLUMNS, write_table
+from protocol.output import PARTIAL_SCHEMA, RESULT_SCHEMA, write_table
 
 GROUP = ["key", "window_start"]
 #: snapshots of the view kept besides the newest, so a reader that just listed the folder can still open its file
@@ -67,8 +67,7 @@ def from_results(spark, files: list[Path], agg: dict):
     from pyspark.sql import functions as F
 
     if any(p.suffix == ".csv" for p in files):
-        schema = spark_schema(pa.schema([(c, pa.int64() if c.endswith(("_id", "_key")) else pa.float64())
-                                         for c in RESULT_COLUMNS]))
+        schema = spark_schema(RESULT_SCHEMA)
         df = spark.read.csv([str(p) for p in files if p.suffix == ".csv"], header=True, schema=schema)
     else:
         df = spark.read.parquet(*(str(p) for p in files))

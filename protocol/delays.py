@@ -26,15 +26,14 @@ def histogram(delays: np.ndarray) -> np.ndarray:
     return np.bincount(idx, minlength=BINS).astype(np.int64)
 
 
-def decomposition(arrival: np.ndarray, sent: float, started: float, produced: np.ndarray | float,
-                  binned=histogram) -> np.ndarray:
+def decomposition(arrival: np.ndarray, sent: float, started: float, produced: np.ndarray | float) -> np.ndarray:
     """Histograms (len(PARTS) x BINS) of the parts of the delays of results whose later tuple arrived at
-    `arrival`, sent by the master at `sent`, joined from `started` and produced at `produced`; `binned` is
-    `histogram` or a function equal to it (the slaves' compiled one)."""
+    `arrival`, sent by the master at `sent`, joined from `started` and produced at `produced`: the definition;
+    slaves compute the same in one compiled pass (slave.kernel.batch_delays)."""
     n = len(arrival)
 
     def each(part) -> np.ndarray:  # a part that is one value for the whole batch is binned once
-        return binned(part) if np.ndim(part) else binned(np.array([part], dtype=np.float64)) * n
+        return histogram(part) if np.ndim(part) else histogram(np.array([part], dtype=np.float64)) * n
 
     return np.stack([each(sent - arrival), each(started - sent), each(produced - started)])
 

@@ -24,11 +24,11 @@ from protocol.arrays import whole_buffer
 from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
     decode_batch, encode_report
 from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
-from protocol.output import write_table
+from protocol.output import RESULT_SCHEMA, write_table
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
 from slave.join import JoinModule
-from slave.kernel import delay_histogram
+from slave.kernel import batch_delays
 from slave.results_out import ResultSender
 from slave.state import decode_group, decode_move, encode_group, encode_move
 
@@ -56,7 +56,7 @@ class ResultWriter:
                 "r_id": r["id"], "s_id": s["id"], "r_key": r["key"], "s_key": s["key"],
                 "r_ts": r["ts"], "s_ts": s["ts"], "r_value": r["value"], "s_value": s["value"],
                 "delay": delay,
-            }))
+            }, schema=RESULT_SCHEMA))
             self._rows += len(r)
         return self.flush() if self._rows >= self.flush_rows else 0
 
@@ -138,18 +138,15 @@ class Slave:
         stamps: list[tuple[int, float]] = []
         r, s = self.module.process(fresh_r, fresh_s, float(self.watermarks.min()), groups, stamps)
         # a result is produced when its partition-group's join is done, not when the whole batch is
-        produced = np.repeat([t for _, t in stamps], np.diff([0, *(n for n, _ in stamps)]))
-        arrival = np.maximum(r["arrival"], s["arrival"])
-        delay = produced - arrival
+        delay, hists = batch_delays(r["arrival"], s["arrival"], [n for n, _ in stamps], [t for _, t in stamps],
+                                    float(head["sent"]), started_wall)
         files = self.writer.add(r, s, delay)
         if self.aggregator:
             self.aggregator.add(r, s)
         self.results_out.send(self.reply_to, int(head["epoch"]), r, s, delay)
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": len(r), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
-                     "busy": time.perf_counter() - started, "ack": Ack.BATCH},
-                    np.vstack([delay_histogram(delay), delays.decomposition(arrival, float(head["sent"]), started_wall,
-                                                                            produced, delay_histogram)]))
+                     "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
 
     def on_move(self, head) -> None:
         """Supplier side: extract the group, send its state to the consumer, tell the master."""

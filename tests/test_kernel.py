@@ -170,14 +170,42 @@ def test_range_join_huge_keys_do_not_wrap_around():
         check_range(b_key, b_ts, a_key, a_ts, 0.0, *bounds)
 
 
-def test_compiled_delay_histogram_equals_the_binary_search_at_and_beside_every_edge():
+def test_compiled_delays_bin_like_the_binary_search_at_and_beside_every_edge():
     from protocol import delays
-    from slave.kernel import delay_histogram
+    from slave.kernel import batch_delays
     rng = np.random.default_rng(11)
     e = delays.EDGES
     values = np.concatenate([10 ** rng.uniform(-8, 6, 100_000), e, np.nextafter(e, 0), np.nextafter(e, np.inf),
-                             [0.0, -1.0, -np.inf, np.inf, 1e-300, 1e300]])
-    got = delay_histogram(values)
-    np.testing.assert_array_equal(got, delays.histogram(values))
-    assert got[0] >= 3 and got[-1] >= 2 and got.sum() == len(values)
-    np.testing.assert_array_equal(delay_histogram(np.empty(0)), np.zeros(delays.BINS, np.int64))
+                             [0.0, -1.0, -np.inf, np.inf, 1e-300, 1e300, 5e-324]])
+    # produced, sent and started at 0: each delay and each buffer part is exactly -arrival
+    arrival = -values
+    delay, hists = batch_delays(arrival, arrival, [len(values)], [0.0], 0.0, 0.0)
+    expected = delays.histogram(values)
+    np.testing.assert_array_equal(delay, values)
+    np.testing.assert_array_equal(hists[0], expected)
+    np.testing.assert_array_equal(hists[1], expected)
+    assert hists[0, 0] >= 3 and hists[0, -1] >= 2 and (hists.sum(axis=1) == len(values)).all()
+    delay, hists = batch_delays(np.empty(0), np.empty(0), [0], [1.0], 0.5, 0.75)
+    assert len(delay) == 0 and not hists.any()
+
+
+def test_compiled_delays_and_parts_equal_their_definition():
+    """Per result: the later arrival of its two tuples, its partition-group's production time, the batch's send
+    and start times; against protocol.delays, computed with numpy."""
+    from protocol import delays
+    from slave.kernel import batch_delays
+    rng = np.random.default_rng(12)
+    n = 50_000
+    rows = np.zeros(n, dtype=[("arrival", "f8"), ("pad", "V56")])  # strided, like fields of the result rows
+    r_arrival, s_arrival = 100.0 + rng.uniform(0, 0.5, n), 100.0 + rng.uniform(0, 0.5, n)
+    rows["arrival"] = s_arrival
+    ends = np.sort(rng.choice(n, 40, replace=False))
+    ends[-1] = n
+    times = 100.8 + np.sort(rng.uniform(0, 0.3, 40))
+    sent, started = 100.55, 100.6
+    delay, hists = batch_delays(r_arrival, rows["arrival"], ends, times, sent, started)
+    produced = np.repeat(times, np.diff(np.concatenate([[0], ends])))
+    arrival = np.maximum(r_arrival, s_arrival)
+    np.testing.assert_array_equal(delay, produced - arrival)
+    np.testing.assert_array_equal(hists, np.vstack([delays.histogram(produced - arrival),
+                                                    delays.decomposition(arrival, sent, started, produced)]))
