@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deploy.bench import RunFailed, fmt, machine_info, md_table, median, run_cluster
+from deploy.bench import RunFailed, delay_seconds, fmt, machine_info, md_table, median, run_cluster
 from deploy.bench_balance import imbalance
 
 SLAVES = 4
@@ -27,7 +27,7 @@ def measure(s: dict) -> dict:
     hot = s.get("hot_keys") or []
     return {"busy_spread": round(imbalance(s["slaves"], "busy_seconds"), 3),
             "tuples_spread": round(imbalance(s["slaves"]), 3),
-            "delay_p50": s["delay_seconds"]["p50"], "delay_p99": s["delay_seconds"]["p99"],
+            "delay_p50": delay_seconds(s)["p50"], "delay_p99": delay_seconds(s)["p99"],
             "pacing_lag": s["pacing_lag_max_seconds"], "grid": hot[0]["grid"] if hot else 1,
             "results": s["results"]}
 

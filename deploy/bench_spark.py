@@ -15,7 +15,8 @@ same tuples as the cluster joins.  A feeder thread paces it: the tuple i of a ru
 t0 + i/x (its nominal arrival, as in the cluster's paced runs), and every `SLICE` seconds the tuples that
 arrived in the slice are written as one Parquet file per stream (atomically: a hidden name, then a
 rename).  A result's **delay** is the wall time its micro-batch's files were written minus the nominal
-arrival of the later of its two tuples, binned like the cluster's (`protocol.delays`).
+arrival of the later of its two tuples; its percentiles are exact, as the bench takes them for the cluster
+(`protocol.delays.exact_percentiles`).
 
 A paced run **kept up** iff, after the last input file was dropped, Spark had joined and written
 everything within `--delay-bound` seconds (`drain_seconds`); it passes the search's test iff it kept up
@@ -43,7 +44,7 @@ import pyarrow.parquet as pq
 from deploy.bench import (DELAY_BOUND, fmt, md_table, next_rate, search_verdict, sustained_rate, bracket,
                           trail_text, median)
 from protocol.config import load_config
-from protocol.delays import BINS, histogram, percentiles
+from protocol.delays import exact_percentiles
 from protocol.tuples import STREAM_R
 
 SLICE = 0.2             # seconds of arrivals per input file (per stream)
@@ -91,12 +92,12 @@ SCHEMA = "id LONG, ts DOUBLE, key LONG, value DOUBLE, arrival DOUBLE"
 
 
 class Sink:
-    """foreachBatch target: writes each micro-batch's results to Parquet, then bins the delay of every result
+    """foreachBatch target: writes each micro-batch's results to Parquet, then keeps the delay of every result
     (written now minus the later arrival of its two tuples) and counts results and batches."""
 
     def __init__(self, out: Path):
         self.out = out
-        self.hist = np.zeros(BINS, dtype=np.int64)
+        self.delays: list[np.ndarray] = []
         self.results = self.batches = 0
         self.measuring = False  # off during the warm-up: its results are written and counted, not timed
         self.max_delay = 0.0
@@ -110,10 +111,9 @@ class Sink:
         written = time.time()
         self.results += len(later)
         if self.measuring:
-            delays = written - later
-            self.hist += histogram(delays)
+            self.delays.append(written - later)
             self.batches += 1
-            self.max_delay = max(self.max_delay, float(delays.max(initial=0.0)))
+            self.max_delay = max(self.max_delay, float(self.delays[-1].max(initial=0.0)))
 
 
 def start_join(spark, r_dir: Path, s_dir: Path, out: Path, checkpoint: Path, window: float, max_delay: float):
@@ -195,7 +195,7 @@ def run_spark(spark, data, n: int, rate: float, workdir: Path, window: float, ma
         query.stop()
     wall = drained - t0
     n -= w
-    p50, p95, p99 = percentiles(sink.hist, (50, 95, 99))
+    p50, p95, p99 = exact_percentiles(np.concatenate([np.empty(0), *sink.delays]))
     return {"rate": rate, "input_total": n, "warm_up": w, "results": sink.results, "batches": sink.batches,
             "wall_seconds": round(wall, 3), "throughput": round(n / wall, 1) if wall > 0 else 0.0,
             "drain_seconds": round(drained - dropped, 3), "feed_lag_seconds": round(lag, 3),

@@ -38,6 +38,14 @@ def decomposition(arrival: np.ndarray, sent: float, started: float, produced: np
     return np.stack([each(sent - arrival), each(started - sent), each(produced - started)])
 
 
+def exact_percentiles(values: np.ndarray, qs=(50, 95, 99)) -> list[float]:
+    """The percentiles of the delays themselves (every result file row carries its delay): the value at rank
+    ceil(q% of n), the one whose bin `percentiles` reports the upper edge of."""
+    if len(values) == 0:
+        return [float("nan")] * len(qs)
+    return [float(x) for x in np.percentile(values, qs, method="inverted_cdf")]
+
+
 def percentiles(hist: np.ndarray, qs=(50, 95, 99)) -> list[float]:
     """Upper edge of the bin holding each percentile: at most one bin (12.2%) above the true value."""
     total = int(hist.sum())

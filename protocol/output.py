@@ -11,6 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -54,6 +55,15 @@ def write_table(directory: str | Path, stem: str, table: pa.Table, fmt: str) -> 
         pacsv.write_csv(table, tmp)
     os.replace(tmp, final)
     return final
+
+
+def read_column(directory: str | Path, name: str) -> np.ndarray:
+    """One column of all Parquet/CSV files of one output folder (empty if there are none), read alone."""
+    d = Path(directory)
+    parts = [pq.read_table(f, columns=[name])[name] if f.suffix == ".parquet"
+             else pacsv.read_csv(f, convert_options=pacsv.ConvertOptions(include_columns=[name]))[name]
+             for f in (sorted(d.iterdir()) if d.is_dir() else []) if f.suffix in (".parquet", ".csv")]
+    return np.concatenate([p.to_numpy() for p in parts]) if parts else np.empty(0)
 
 
 def read_tables(directory: str | Path) -> pa.Table | None:

@@ -75,6 +75,8 @@ def test_run_numbers_and_aggregate():
     runs = [run_numbers(summary(1.0, p)) for p in (0.3, 0.1, float("nan"))]
     agg = aggregate(runs)
     assert agg["delay_p50"] == pytest.approx(0.2) and agg["delay_p99"] == 0.3
+    exact = run_numbers({**summary(500.0, 0.1), "delay_exact": {"p50": 0.093, "p95": 0.18, "p99": 0.27}})
+    assert (exact["delay_p50"], exact["delay_p95"], exact["delay_p99"], exact["delay_max"]) == (0.093, 0.18, 0.27, 0.25)
 
 
 # --------------------------------------------------------------------------- the search for the sustained rate
@@ -373,6 +375,10 @@ def test_busy_wrapper_runs_the_cluster_pinned_and_names_a_bad_plan(tmp_path):
     small = ["generator.duration=1.0", "generator.rate=2000", "generator.keys=64"]
     s = run_cluster(3, small, tmp_path / "ok", 120, module="deploy.busy", env={PLAN_ENV: f"{cpu};{cpu};{cpu}"})
     assert s["input_total"] > 3000 and s["results"] > 0 and set(s["slaves"]) == {"1", "2"}
+    # the exact delay percentiles, read from the result files, lie in the bins the summary gives the upper edges of
+    for q in ("p50", "p95", "p99"):
+        binned, exact = s["delay_seconds"][q], s["delay_exact"][q]
+        assert binned / 10 ** (1 / 20) <= exact <= binned, (q, exact, binned)
     with pytest.raises(RunFailed, match="cannot be pinned to CPU"):
         run_cluster(3, small, tmp_path / "bad", 120, module="deploy.busy", env={PLAN_ENV: f"{cpu};{cpu};4095"})
 

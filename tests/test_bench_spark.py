@@ -55,7 +55,7 @@ def test_spark_job_equals_the_reference_join(spark, tmp_path):
     assert run["results"] == len(expected) and run["input_total"] + run["warm_up"] == n and run["warm_up"] > 0
     assert run["batches"] >= 2  # timed micro-batches after the warm-up one
     assert np.array_equal(_pairs(tmp_path / "run"), expected)
-    assert run["delay_p50"] is not None and run["delay_p50"] > 0
+    assert run["delay_p50"] is not None and 0 < run["delay_p50"] <= run["delay_p99"] <= run["delay_max"] + 1e-3
 
 
 def _peer(trail, sustained_runs=()):

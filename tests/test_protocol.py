@@ -5,6 +5,7 @@ import math
 import time
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from protocol import delays
@@ -194,6 +195,22 @@ def test_percentiles_exact_small_cases():
     assert delays.percentiles(delays.histogram(np.array([0.0])), qs=(50,)) == [1e-6]  # underflow
 
 
+def test_exact_percentiles_are_values_at_rank_ceil_q_n():
+    d = np.array([0.4, 0.1, 0.3, 0.2])
+    assert delays.exact_percentiles(d, (25, 50, 51, 75, 99, 100)) == [0.1, 0.2, 0.3, 0.3, 0.4, 0.4]
+    assert all(math.isnan(x) for x in delays.exact_percentiles(np.empty(0)))
+
+
+def test_read_column_reads_one_column_of_parquet_and_csv_files(tmp_path):
+    from protocol.output import read_column, write_table
+    t = pa.table({"a": np.arange(5, dtype=np.int64), "delay": np.linspace(0.1, 0.5, 5)})
+    write_table(tmp_path, "one", t.slice(0, 2), "parquet")
+    write_table(tmp_path, "two", t.slice(2), "csv")
+    (tmp_path / "notes.txt").write_text("not a result file")
+    np.testing.assert_allclose(np.sort(read_column(tmp_path, "delay")), t["delay"].to_numpy())
+    assert len(read_column(tmp_path / "missing", "delay")) == 0
+
+
 BIN_RATIO = 10 ** (1 / 20)  # one bin: the histogram's resolution
 
 
@@ -203,8 +220,7 @@ def test_percentiles_close_to_numpy(seed):
     d = rng.lognormal(mean=rng.uniform(-8, 2), sigma=rng.uniform(0.3, 2.5), size=int(rng.integers(2000, 20000)))
     qs = (50, 90, 95, 99, 99.9)
     got = delays.percentiles(delays.histogram(d), qs=qs)
-    for q, p in zip(qs, got):
-        exact = float(np.percentile(d, q, method="inverted_cdf"))
+    for q, p, exact in zip(qs, got, delays.exact_percentiles(d, qs)):
         assert exact <= p <= exact * BIN_RATIO, (q, exact, p)  # the upper edge of the exact value's bin
         if q <= 95:  # away from the sparse tail, numpy's interpolated percentile is as close
             assert abs(p - np.percentile(d, q)) <= 0.125 * np.percentile(d, q)
