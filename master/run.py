@@ -128,14 +128,19 @@ class Master:
         src = self.cfg["source"]
         room = self.cfg["master"]["buffer_capacity"] - len(self.buffers)
         limit = min(src["batch"], room)
+        behind = 0.0
         if self.rate > 0:
             if now - self._last_ingest < self.ingest_interval and not slot:
                 return 0  # paced input is taken in ticks, not tuple by tuple
             due = int((now - self.t0) * self.rate) - self.consumed
-            # how far ingest is behind the pacing schedule: grows only when the cluster cannot keep up
-            self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, (due - limit) / self.rate)
+            # how far ingest is behind the pacing schedule (the due tuples this step cannot take): it grows only
+            # when the cluster cannot keep up
+            behind = (due - limit) / self.rate
             limit = min(limit, due)
-        if self.exhausted or limit <= 0:
+        if self.exhausted:
+            return 0  # the schedule goes on, but no tuple is due after the input's end: the drain is no lag
+        if limit <= 0:
+            self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, behind)  # full mini-buffers hold ingest back
             return 0
         self._last_ingest = now
         chunk = self.source.next_chunk(limit)
@@ -143,6 +148,8 @@ class Master:
             self.exhausted = True
             return 0
         n = len(chunk.ts)
+        if n == limit:  # a shorter chunk is all the source has: the due tuples past it do not exist
+            self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, behind)
         if self.archive is not None:
             self.archive.add(chunk)
         if self.rate > 0:  # nominal arrival of each tuple, so master-side queueing counts as delay
