@@ -51,7 +51,7 @@ from protocol.delays import exact_percentiles
 from protocol.output import read_column
 
 RUN_TIMEOUT = 600.0          # seconds per cluster run
-DELAY_BOUND = 1.5            # default --delay-bound: a passing run has delay p95 <= this (epochs 0.5 s)
+DELAY_BOUND = 1.5            # default --delay-bound: a passing run has delay p95 <= this (epochs 0.25 s)
 FIRST_FRACTION = 0.5         # the search starts at this fraction of the unpaced throughput U ...
 MAX_FAILS_WITHOUT_PASS = 4   # ... and halves after each failure, giving up after this many (last try U/16)
 HALF_LOAD = 0.5              # the delay at half load is measured at this fraction of the sustained rate

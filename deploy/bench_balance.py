@@ -29,11 +29,13 @@ from deploy.bench import (DELAY_BOUND, Bench, RunFailed, count, fmt, machine_inf
 from deploy.busy import PLAN_ENV, busy_slaves, cpu_plan, encode_plan, hogs, hosts
 
 # few keys over few partitions, so hot keys make hot slaves; a short window keeps the result volume modest.
-# balance.buffer_capacity = 5000 is about one slave's batch (rate / 4 slaves x 0.5 s epoch at 40k-160k/s), so a
-# slave is a supplier when it is still joining at most of its slots; with the default 20000 it is classified a
-# supplier only once it is several batches behind, when the run has already failed the search's delay bound.
+# balance.buffer_capacity = 5000 is about one slave's batch (rate / 4 slaves x the 0.5 s epoch set here, at
+# 40k-160k/s), so a slave is a supplier when it is still joining at most of its slots; with the default 20000 it is
+# classified a supplier only once it is several batches behind, when the run has already failed the search's delay
+# bound.
 WORKLOAD = ["generator.skew=0.7", "generator.keys=256", "generator.rate=40000", "generator.shift=5",
-            "partitioning.partitions=16", "join.window=0.01", "epochs.reorganization=2", "balance.buffer_capacity=5000"]
+            "partitioning.partitions=16", "join.window=0.01", "epochs.distribution=0.5", "epochs.reorganization=2",
+            "balance.buffer_capacity=5000"]
 MODES = {"off": ["balance.enabled=false"],
          "repartition": ["balance.enabled=true", "balance.declustering=false"],
          "full": ["balance.enabled=true", "balance.declustering=true"]}

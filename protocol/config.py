@@ -53,7 +53,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "band": (0, "with predicate = \"band\": the largest key distance that joins"),
     },
     "epochs": {
-        "distribution": (0.5, "seconds between two sends of buffered tuples to a slave"),
+        "distribution": (0.25, "seconds between two sends of buffered tuples to a slave"),
         "reorganization": (5.0, "seconds between two balancing decisions (load averaged over this epoch)"),
     },
     "partitioning": {
