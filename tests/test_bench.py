@@ -394,6 +394,9 @@ def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
     _, own = own_kernel(cfg, batches)
     _, duck = duckdb_join(cfg, data)
     assert own == duck > 1000
+    data, longer = epoch_batches(cfg, 1.0)  # batches of 1 s of event time: fewer, the same results
+    assert len(longer) < len(batches) and sum(len(r) + len(s) for r, s, _ in longer) == len(data.ts)
+    assert own_kernel(cfg, longer)[1] == own
 
 
 def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():

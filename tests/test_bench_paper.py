@@ -79,6 +79,8 @@ def full_data():
         sweep.append({"epoch": e, **r})
     data["epochs"] = {"slaves": 2, "rate": 148_500, "runs": sweep}
     data["kernel"] = {"rate": 400_000.0, "runs": [390_000.0, 400_000.0, 410_000.0], "tuples": 1_000_000, "cores": 2,
+                      "span": 2.0, "spans": [{"span": 0.25, "rate": 150_000.0, "runs": [150_000.0]},
+                                             {"span": 2.0, "rate": 400_000.0, "runs": [390_000.0, 400_000.0, 410_000.0]}],
                       "footprint": {"traced_bytes": 7_200_000, "nbytes": 6_420_000, "stored_tuples": 100_000,
                                     "traced_per_tuple": 72.0, "nbytes_per_tuple": 64.2}}
     data["peer_ratio"] = {"ratio": 12.5, "ratio_at_least": None}
@@ -116,6 +118,8 @@ def test_workload_tuning_epoch_and_kernel_tables():
     ep = table_rows(bench_paper.epochs_table(data["epochs"]))
     assert [r[0] for r in ep] == ["0.25", "0.5", "1"] and [r[6] for r in ep] == ["0.800", "0.500", "0.300"]
     assert ep[0][7] == "40.0%"  # 0.8 s of a 2.0 s run
+    assert table_rows(bench_paper.span_table(data["kernel"])) == [["0.25", "150,000", "150,000"],
+                                                                  ["2", "400,000", "390,000, 400,000, 410,000"]]
     kt = table_rows(bench_paper.kernel_table(data))
     assert kt[0][:2] == ["1", "2"] and kt[0][4] == "0.37" and kt[0][5] == "✗ not met"
     rss = table_rows(bench_paper.rss_table(data["points"]))
