@@ -45,10 +45,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from deploy.launch import find_mpirun, mpi_env, mpirun_command
 from protocol.config import load_config
 from protocol.delays import exact_percentiles
-from protocol.output import read_column
+from protocol.output import read_tables
 
 RUN_TIMEOUT = 600.0          # seconds per cluster run
 DELAY_BOUND = 1.5            # default --delay-bound: a passing run has delay p95 <= this (epochs 0.25 s)
@@ -292,7 +294,9 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
     s = json.loads(summary.read_text())
     s["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux reports KiB
     # every result row carries its delay: the exact percentiles, not the upper edges of the summary's bins
-    s["delay_exact"] = dict(zip(("p50", "p95", "p99"), exact_percentiles(read_column(out / "results", "delay"))))
+    results = read_tables(out / "results", ["delay"])
+    delays = results["delay"].to_numpy() if results is not None else np.empty(0)
+    s["delay_exact"] = dict(zip(("p50", "p95", "p99"), exact_percentiles(delays)))
     shutil.rmtree(workdir)  # result files can be large; the summary is all we need
     return s
 

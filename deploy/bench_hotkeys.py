@@ -25,9 +25,10 @@ MODES = {"off": ["hotkeys.enabled=false"], "grid": ["hotkeys.enabled=true"]}
 
 def measure(s: dict) -> dict:
     hot = s.get("hot_keys") or []
+    delay = delay_seconds(s)
     return {"busy_spread": round(imbalance(s["slaves"], "busy_seconds"), 3),
             "tuples_spread": round(imbalance(s["slaves"]), 3),
-            "delay_p50": delay_seconds(s)["p50"], "delay_p99": delay_seconds(s)["p99"],
+            "delay_p50": delay["p50"], "delay_p99": delay["p99"],
             "pacing_lag": s["pacing_lag_max_seconds"], "grid": hot[0]["grid"] if hot else 1,
             "results": s["results"]}
 

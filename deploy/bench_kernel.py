@@ -39,10 +39,10 @@ from slave.join import JoinModule
 LONGER_SPANS = (1.0, 2.0, 4.0, 8.0)
 
 
-def epoch_batches(cfg: dict, span: float | None = None):
-    """The input cut into one batch per distribution epoch (or per `span` seconds) of event time, with its
-    watermark (as the master would send it to a single slave)."""
-    data = generate_all(cfg)
+def epoch_batches(cfg: dict, span: float | None = None, data=None):
+    """The input (`data`, generated here if not given) cut into one batch per distribution epoch (or per `span`
+    seconds) of event time, with its watermark (as the master would send it to a single slave)."""
+    data = generate_all(cfg) if data is None else data
     dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
     rows = to_wire(dtype, data.id, data.ts, data.key, data.value, data.ts)
     epoch = span or cfg["epochs"]["distribution"]
@@ -55,6 +55,22 @@ def epoch_batches(cfg: dict, span: float | None = None):
             batches.append((part[stream == STREAM_R], part[stream == STREAM_S],
                             float(seen[b - 1]) - cfg["join"]["max_delay"]))
     return data, batches
+
+
+def own_by_span(cfg: dict, data, repeats: int) -> tuple[dict[float, list[float]], set[int]]:
+    """Tuples/s of the own join module on `data` in batches of one distribution epoch and of each of
+    `LONGER_SPANS`, `repeats` runs each (one span's batches in memory at a time), and the result counts seen."""
+    rates, counts = {}, set()
+    for span in sorted({cfg["epochs"]["distribution"], *LONGER_SPANS}):
+        _, batches = epoch_batches(cfg, span, data)
+        rates[span] = []
+        for i in range(repeats):
+            seconds, results = own_kernel(cfg, batches)
+            rates[span].append(round(len(data.ts) / seconds, 1))
+            counts.add(results)
+            print(f"[own {span:g} s batches #{i + 1}] {rates[span][-1]:,.0f} tuples/s ({results:,} results in "
+                  f"{seconds:.2f}s)", flush=True)
+    return rates, counts
 
 
 def join_module(cfg: dict, dtype: np.dtype) -> JoinModule:
@@ -118,19 +134,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=Path("bench-report"))
     a = p.parse_args(argv)
     cfg = load_config(None, [f"generator.duration={10 if a.quick else 30}", *a.set])
-    spans = sorted({cfg["epochs"]["distribution"], *LONGER_SPANS})
-    cut = {span: epoch_batches(cfg, span) for span in spans}
-    data = cut[spans[0]][0]
+    data = generate_all(cfg)
     n = len(data.ts)
-    runs = {**{f"own {span:g} s": [] for span in spans}, "duckdb": []}
-    counts = set()
+    own_rates, counts = own_by_span(cfg, data, a.repeats)
+    runs = {**{f"own {span:g} s": rates for span, rates in own_rates.items()}, "duckdb": []}
     for i in range(a.repeats):
-        kernels = [(f"own {span:g} s", lambda span=span: own_kernel(cfg, cut[span][1])) for span in spans]
-        for name, fn in (*kernels, ("duckdb", lambda: duckdb_join(cfg, data))):
-            seconds, results = fn()
-            counts.add(results)
-            runs[name].append(n / seconds)
-            print(f"[{name:>9} #{i + 1}] {n / seconds:,.0f} tuples/s ({results:,} results in {seconds:.2f}s)", flush=True)
+        seconds, results = duckdb_join(cfg, data)
+        counts.add(results)
+        runs["duckdb"].append(n / seconds)
+        print(f"[duckdb #{i + 1}] {n / seconds:,.0f} tuples/s ({results:,} results in {seconds:.2f}s)", flush=True)
     if len(counts) != 1:
         print(f"bench_kernel: the kernels disagree on the result count: {sorted(counts)}", file=sys.stderr)
         return 1

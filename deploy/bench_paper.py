@@ -311,18 +311,13 @@ def kernel_limit(settings: list[str], repeats: int) -> dict:
     """The single-core kernel's rate on the bench's workload: deploy.bench_kernel's own join module, median of
     `repeats`, on batches of one distribution epoch and of each of `LONGER_SPANS` of event time; the best span's
     median is the limit.  And the real bytes of its window state after the input (`window_footprint`)."""
-    from deploy.bench_kernel import LONGER_SPANS, epoch_batches, own_kernel, window_footprint
+    from deploy.bench_kernel import epoch_batches, own_by_span, window_footprint
+    from master.source import generate_all
     from protocol.config import load_config
     cfg = load_config(None, settings)
-    spans = {}
-    for span in sorted({cfg["epochs"]["distribution"], *LONGER_SPANS}):
-        data, batches = epoch_batches(cfg, span)
-        runs = [round(len(data.ts) / own_kernel(cfg, batches)[0], 1) for _ in range(repeats)]
-        spans[span] = {"rate": median(runs), "runs": runs}
-        print(f"bench: single-core kernel, {span:g} s batches: {median(runs):,.0f} tuples/s "
-              f"(runs {', '.join(f'{x:,.0f}' for x in runs)})", flush=True)
-        if span == cfg["epochs"]["distribution"]:
-            footprint = window_footprint(cfg, batches)
+    data = generate_all(cfg)
+    spans = {span: {"rate": median(runs), "runs": runs} for span, runs in own_by_span(cfg, data, repeats)[0].items()}
+    footprint = window_footprint(cfg, epoch_batches(cfg, None, data)[1])
     best = max(spans, key=lambda s: spans[s]["rate"])
     print(f"bench: single-core limit {spans[best]['rate']:,.0f} tuples/s ({best:g} s batches); its window state "
           f"{footprint['traced_per_tuple']:.1f} B per stored tuple (tracemalloc)", flush=True)

@@ -41,7 +41,6 @@ def take_rows(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
     return records(rows)[index].view(rows.dtype)
 
 
-
 def message_buffer(spare: np.ndarray | None, nbytes: int) -> np.ndarray:
     """`nbytes` uint8 for a message: the front of `spare` (an earlier message's buffer, no longer in use) if it
     is large enough, else a fresh one: a fresh buffer of a batch's size costs as much in page faults as a copy."""

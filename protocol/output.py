@@ -11,7 +11,6 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -57,26 +56,18 @@ def write_table(directory: str | Path, stem: str, table: pa.Table, fmt: str) -> 
     return final
 
 
-def read_column(directory: str | Path, name: str) -> np.ndarray:
-    """One column of all Parquet/CSV files of one output folder (empty if there are none), read alone."""
-    d = Path(directory)
-    parts = [pq.read_table(f, columns=[name])[name] if f.suffix == ".parquet"
-             else pacsv.read_csv(f, convert_options=pacsv.ConvertOptions(include_columns=[name]))[name]
-             for f in (sorted(d.iterdir()) if d.is_dir() else []) if f.suffix in (".parquet", ".csv")]
-    return np.concatenate([p.to_numpy() for p in parts]) if parts else np.empty(0)
-
-
-def read_tables(directory: str | Path) -> pa.Table | None:
-    """All Parquet/CSV files of one output folder as one table (None if there are none)."""
+def read_tables(directory: str | Path, columns: list[str] | None = None) -> pa.Table | None:
+    """All Parquet/CSV files of one output folder as one table (None if there are none); only `columns` are
+    read if given."""
     d = Path(directory)
     if not d.is_dir():
         return None
     parts = []
     for f in sorted(d.iterdir()):
         if f.suffix == ".parquet":
-            parts.append(pq.read_table(f))
+            parts.append(pq.read_table(f, columns=columns))
         elif f.suffix == ".csv":
-            parts.append(pacsv.read_csv(f))
+            parts.append(pacsv.read_csv(f, convert_options=pacsv.ConvertOptions(include_columns=columns)))
     if not parts:
         return None
     return pa.concat_tables(parts, promote_options="default")

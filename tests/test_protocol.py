@@ -201,14 +201,16 @@ def test_exact_percentiles_are_values_at_rank_ceil_q_n():
     assert all(math.isnan(x) for x in delays.exact_percentiles(np.empty(0)))
 
 
-def test_read_column_reads_one_column_of_parquet_and_csv_files(tmp_path):
-    from protocol.output import read_column, write_table
+def test_read_tables_reads_only_the_columns_asked_for_from_parquet_and_csv_files(tmp_path):
+    from protocol.output import read_tables, write_table
     t = pa.table({"a": np.arange(5, dtype=np.int64), "delay": np.linspace(0.1, 0.5, 5)})
     write_table(tmp_path, "one", t.slice(0, 2), "parquet")
     write_table(tmp_path, "two", t.slice(2), "csv")
     (tmp_path / "notes.txt").write_text("not a result file")
-    np.testing.assert_allclose(np.sort(read_column(tmp_path, "delay")), t["delay"].to_numpy())
-    assert len(read_column(tmp_path / "missing", "delay")) == 0
+    got = read_tables(tmp_path, ["delay"])
+    assert got.column_names == ["delay"]
+    np.testing.assert_allclose(np.sort(got["delay"].to_numpy()), t["delay"].to_numpy())
+    assert read_tables(tmp_path).column_names == ["a", "delay"] and read_tables(tmp_path / "missing", ["delay"]) is None
 
 
 BIN_RATIO = 10 ** (1 / 20)  # one bin: the histogram's resolution
