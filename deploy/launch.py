@@ -41,10 +41,12 @@ def find_mpirun() -> str:
 
 
 def warm_kernels() -> None:
-    """Compile the slaves' join kernels into numba's on-disk cache here, once, if it is stale (a fresh checkout
-    or a changed slave/kernel.py): otherwise every slave rank would compile them at once at start, about 10 s
-    of CPU each (16 slaves on 2 cores: minutes).  With a warm cache this only loads them (well under 1 s)."""
-    import slave.kernel  # noqa: F401  (compiles at import: one signature per kernel)
+    """Compile the slaves' join kernels (and the master's tuple packing) into numba's on-disk cache here, once,
+    if it is stale (a fresh checkout or a changed slave/kernel.py): otherwise every slave rank would compile
+    them at once at start, about 10 s of CPU each (16 slaves on 2 cores: minutes).  With a warm cache this only
+    loads them (well under 1 s)."""
+    import master.ingest  # noqa: F401  (compiles at import: one signature per kernel)
+    import slave.kernel  # noqa: F401
 
 
 def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, module: str = "master") -> list[str]:

@@ -31,7 +31,7 @@ from master.controller import Controller
 from master.coordination import CHECKPOINT, DONE, FINISH, HOLD, READY, RELEASE, SNAPSHOT, Orders
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.ranges import KeyRanges
-from master.ingest import late_mask, to_wire
+from master.ingest import late_mask, to_wire, to_wire_grouped
 from master.source import skip
 from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
@@ -168,18 +168,18 @@ class Master:
         for stream in (STREAM_R, STREAM_S):
             sel = np.flatnonzero(on_time & (chunk.stream == stream))
             self.stats.input[STREAM_NAMES[stream]] += len(sel)
+            columns = (self.dtype, chunk.id, chunk.ts, chunk.key, chunk.value, arrival, sel)
             if self.router is None and self.ranges is None:  # hash partitions: the rows built in their order
-                order, sizes = self.buffers.order(partition_of(chunk.key[sel], self.buffers.partitions))
-                sel = sel[order]
-            rows = to_wire(self.dtype, chunk.id[sel], chunk.ts[sel], chunk.key[sel], chunk.value[sel], arrival[sel])
+                parts = self.buffers.partitions
+                self.buffers.add_ordered(stream, *to_wire_grouped(*columns, partition_of(chunk.key[sel], parts), parts))
+                continue
+            rows = to_wire(*columns)
             if self.router is not None:
                 if stream == STREAM_S:
                     self.buffers.add(stream, rows, self.router.route_s(rows))
                 else:
                     index, part = self.router.route_r(rows)
                     self.buffers.add(stream, rows[index], part)
-            elif self.ranges is None:
-                self.buffers.add_ordered(stream, rows, sizes)
             elif stream == STREAM_S:  # the home of its pairs
                 self.buffers.add(stream, rows, self.ranges.home(rows["key"]))
             else:  # a copy to every range that may hold partners

@@ -36,6 +36,13 @@ def records(rows: np.ndarray) -> np.ndarray:
     return rows.view(np.dtype((np.void, rows.dtype.itemsize)))
 
 
+def words(rows: np.ndarray) -> np.ndarray:
+    """`rows` as an (n, bytes per tuple / 8) int64 array (a view where the rows are contiguous and aligned,
+    as batches and windows are): what compiled code reads tuple fields from, whatever the tuple's padding."""
+    flat = np.require(records(rows), requirements="CA").view(np.int64)
+    return flat.reshape(len(rows), rows.dtype.itemsize // 8)
+
+
 def take_rows(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
     """rows[index] (an index array or a boolean mask), copied as records."""
     return records(rows)[index].view(rows.dtype)

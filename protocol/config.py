@@ -41,7 +41,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "skew": (0.7, "b-model bias of the key distribution (0.5 = uniform; paper default 0.7)"),
         "zipf": (1.0, "with distribution = \"zipf\": the exponent s, P(k-th most frequent key) ~ 1/k^s"),
         "seed": (1, "random seed; the same seed gives the same streams"),
-        "tuple_bytes": (64, f"bytes per tuple on the wire and in the window (at least {BASE_TUPLE_BYTES}; paper 64)"),
+        "tuple_bytes": (64, f"bytes per tuple on the wire and in the window (a multiple of 8, at least {BASE_TUPLE_BYTES}; paper 64)"),
         "disorder": (0.0, "event times are shifted back by up to this many seconds (out-of-order input)"),
         "shift": (0.0, "every this many seconds the hot keys change (0 = never): skew that moves"),
         "hot_share": (0.0, "this share of both streams carries one single key (a heavy hitter), on top of the b-model"),
@@ -216,8 +216,10 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
         raise ConfigError(f"generator.hot_share: must be in [0, 1), got {cfg['generator']['hot_share']!r}")
     if not 0.0 < cfg["generator"]["skew"] < 1.0:
         raise ConfigError(f"generator.skew: must be strictly between 0 and 1, got {cfg['generator']['skew']!r}")
-    if cfg["generator"]["tuple_bytes"] < BASE_TUPLE_BYTES:
-        raise ConfigError(f"generator.tuple_bytes: must be at least {BASE_TUPLE_BYTES}, got {cfg['generator']['tuple_bytes']!r}")
+    if cfg["generator"]["tuple_bytes"] < BASE_TUPLE_BYTES or cfg["generator"]["tuple_bytes"] % 8:
+        # whole 8-byte words: every field stays aligned, which the compiled result gather reads them as
+        raise ConfigError(f"generator.tuple_bytes: must be a multiple of 8 and at least {BASE_TUPLE_BYTES}, "
+                          f"got {cfg['generator']['tuple_bytes']!r}")
     if cfg["tuning"]["theta_min"] * 2 > cfg["tuning"]["theta_max"]:
         raise ConfigError("tuning.theta_min: must be at most half of tuning.theta_max "
                           f"(got {cfg['tuning']['theta_min']} and {cfg['tuning']['theta_max']})")

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from protocol.output import PARTIAL_SCHEMA, write_table
+from slave.join import Pairs
 
 _GROUP = ["key", "window_start"]
 
@@ -68,12 +69,11 @@ class PartialAggregator:
         self._parts: list[pa.Table] = []
         self._last = clock()
 
-    def add(self, r: np.ndarray, s: np.ndarray) -> int:
-        """Pre-aggregate one batch's results (row i of r joined with row i of s); returns files written (0/1)."""
-        if len(r):
-            side = {"r": r, "s": s}
-            self._parts.append(partials(side[self.key_side]["key"], np.maximum(r["ts"], s["ts"]),
-                                        side[self.value_side]["value"], self.window))
+    def add(self, pairs: Pairs) -> int:
+        """Pre-aggregate one batch's results (slave.join.Pairs); returns files written (0/1)."""
+        if len(pairs):
+            self._parts.append(partials(pairs[f"{self.key_side}_key"], np.maximum(pairs["r_ts"], pairs["s_ts"]),
+                                        pairs[f"{self.value_side}_value"], self.window))
             if len(self._parts) >= self.COMBINE_EVERY:
                 self._parts = [combine(self._parts)]
         return self.flush() if self.clock() - self._last >= self.interval else 0

@@ -21,11 +21,29 @@ import time
 
 import numpy as np
 
-from protocol.arrays import group_pairs, records, take_rows
+from protocol.arrays import group_pairs, take_rows, words
 from protocol.predicates import key_distance
 from protocol.tuples import directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
-from slave.kernel import range_join, window_join
+from slave.kernel import gather_pairs, range_join, window_join
+
+#: what a result keeps of each side's tuple (Pairs columns r_id, r_ts, ..., s_id, ..., s_arrival)
+PAIR_FIELDS = ("id", "ts", "key", "value", "arrival")
+
+
+class Pairs:
+    """One epoch's results as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i], and r_ts, r_key,
+    r_value, r_arrival, s_ts, ... beside them; results are written, sent and aggregated column by column."""
+
+    def __init__(self, dtype: np.dtype, columns: np.ndarray):
+        names = [f"{side}_{field}" for side in "rs" for field in PAIR_FIELDS]
+        self.columns = {name: col.view(dtype[field]) for name, field, col in zip(names, PAIR_FIELDS * 2, columns)}
+
+    def __len__(self) -> int:
+        return len(self.columns["r_id"])
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
 
 
 class JoinModule:
@@ -39,6 +57,7 @@ class JoinModule:
             self.kernel = lambda a, b: range_join(a["key"], a["ts"], b["key"], b["ts"], window, low, high)
             max_depth = 0  # one bucket per range: a split by hash would not narrow a band probe
         self._group_args = (dtype, block_size, theta_min, theta_max, max_depth)
+        self._fields = np.array([dtype.fields[f][1] // 8 for f in PAIR_FIELDS], dtype=np.int64)  # word offsets
         self.groups: dict[int, PartitionGroup] = {}
 
     def group(self, partition: int) -> PartitionGroup:
@@ -95,38 +114,39 @@ class JoinModule:
         return PartitionGroup(*self._group_args)
 
     def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: float,
-                groups: np.ndarray | None = None, stamps: list | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Join one epoch's fresh tuples; returns the matching (R rows, S rows) of all new results.
+                groups: np.ndarray | None = None, stamps: list | None = None) -> Pairs:
+        """Join one epoch's fresh tuples; returns all new results.
 
         `groups` is the (partition, R rows, S rows) table of a range-partitioned batch; without it the
         partition of each tuple is its key's hash partition.  `stamps`, if a list, gets (results so far,
         time.time()) after each partition-group: when its results were produced (the production delay).
         """
-        out_r: list[np.ndarray] = []
-        out_s: list[np.ndarray] = []
         if groups is None:
-            for p, ri, si in group_pairs(partition_of(fresh_r["key"], self.partitions),
-                                         partition_of(fresh_s["key"], self.partitions)):
-                self._join_group(self.group(p), take_rows(fresh_r, ri), take_rows(fresh_s, si), out_r, out_s,
-                                 stamps)
+            batches = ((p, take_rows(fresh_r, ri), take_rows(fresh_s, si)) for p, ri, si in
+                       group_pairs(partition_of(fresh_r["key"], self.partitions),
+                                   partition_of(fresh_s["key"], self.partitions)))
         else:
             ends = np.cumsum(groups[:, 1:], axis=0)
-            for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()):
-                self._join_group(self.group(p), fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s],
-                                 out_r, out_s, stamps)
+            batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s])
+                       for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()))
+        pieces: list[tuple] = []
+        produced = 0
+        for p, new_r, new_s in batches:
+            produced += self._join_group(self.group(p), new_r, new_s, pieces)
+            if stamps is not None:
+                stamps.append((produced, time.time()))
+        # gathered before expiry: the pieces are views of window storage, which appends never overwrite
+        pairs = Pairs(self.dtype, gather_pairs(pieces, self._fields, produced))
         threshold = watermark - self.window
         for pg in self.groups.values():
             pg.expire(threshold)
             pg.tune()
-        if not out_r:
-            empty = np.empty(0, dtype=self.dtype)
-            return empty, empty
-        return np.concatenate(out_r).view(self.dtype), np.concatenate(out_s).view(self.dtype)
+        return pairs
 
-    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, out_r: list, out_s: list,
-                    stamps: list | None = None) -> None:
-        """Join one group's fresh tuples; matching rows are gathered as records (protocol.arrays.records) into
-        out_r and out_s."""
+    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, pieces: list) -> int:
+        """Join one group's fresh tuples; each matching (R rows, R indices, S rows, S indices) goes to `pieces`,
+        the rows as words (protocol.arrays.words) for `gather_pairs`.  Returns the results found."""
+        found = 0
         if pg.directory.global_depth == 0:  # one bucket takes every tuple: no hashing or grouping needed
             buckets = [(int(pg.directory.entries[0]), new_r, new_s)]
         else:
@@ -135,17 +155,14 @@ class JoinModule:
                                    pg.directory.bucket_of(directory_hash(new_s["key"])))]
         for b, nr, ns in buckets:
             win_r, win_s = pg.buckets[b]
-            rec_r, rec_s = records(nr), records(ns)
-            for side_r, side_s, from_r, from_s in ((nr, win_s.rows, rec_r, win_s.records),
-                                                   (win_r.rows, ns, win_r.records, rec_s), (nr, ns, rec_r, rec_s)):
+            for side_r, side_s in ((nr, win_s.rows), (win_r.rows, ns), (nr, ns)):
                 ir, is_ = self.kernel(side_r, side_s)
                 if len(ir):
-                    out_r.append(from_r[ir])
-                    out_s.append(from_s[is_])
+                    pieces.append((words(side_r), ir, words(side_s), is_))
+                    found += len(ir)
             win_r.append(nr)
             win_s.append(ns)
-        if stamps is not None:
-            stamps.append((sum(map(len, out_r)), time.time()))
+        return found
 
     def stored(self) -> tuple[int, int]:
         r = sum(len(w_r) for pg in self.groups.values() for w_r, _ in pg.buckets.values())

@@ -14,8 +14,8 @@ and every tuple of the larger side finds exactly its partners:
   probe's key range found by binary search, candidates filtered on time.
 
 Both are compiled with numba (cached on disk, one signature each, compiled at
-import or loaded from the cache; `make setup`, `python -m slave.kernel` and the
-launcher warm it, so 16 slave ranks never compile at once).  Profiled on the
+import or loaded from the cache; `make setup` and the launcher (`deploy.launch.warm_kernels`)
+warm it, so 16 slave ranks never compile at once).  Profiled on the
 epoch batches of `deploy.bench_kernel`, the equi-join kernel took 0.7 s where
 the earlier vectorized numpy kernel (np.unique, three searchsorted and a
 repeat/arange expansion per call) took 6.0 s of the slave's 11.7 s.  Each probe
@@ -26,7 +26,6 @@ partners are one contiguous run of the ts-ordered side).
 """
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 from numba import njit
@@ -42,6 +41,7 @@ _EQUI_SIG = "UniTuple(int64[::1], 2)(int64[:], float64[:], int64[:], float64[:],
 _DELAYS_SIG = ("void(float64[:], float64[:], int64[::1], float64[::1], float64, float64, float64[::1], float64, float64, "
                "float64[::1], int64[:, ::1])")
 _RANGE_SIG = "UniTuple(int64[::1], 2)(int64[:], float64[:], int64[:], float64[:], float64, int64, int64, boolean, boolean)"
+_GATHER_SIG = "void(int64[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64)"
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -208,6 +208,31 @@ def range_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.
                        0 if high is None else int(high), low is not None, high is not None)
 
 
+@njit(_GATHER_SIG, cache=True, nogil=True)
+def _gather_pairs(words_r, ir, words_s, is_, fields, out, at):  # pragma: no cover - compiled
+    k = len(fields)  # column by column: each loop writes one output row in order (measured 20% faster)
+    for f in range(k):
+        field, out_r, out_s = fields[f], out[f], out[k + f]
+        for j in range(len(ir)):
+            out_r[at + j] = words_r[ir[j], field]
+        for j in range(len(is_)):
+            out_s[at + j] = words_s[is_[j], field]
+
+
+def gather_pairs(pieces: list, fields: np.ndarray, total: int) -> np.ndarray:
+    """The joined pairs of `pieces` as columns: each piece is (R rows, ia, S rows, ib), the rows as int64 words
+    (n x words per tuple); row f of the result is word fields[f] of R tuple ia, row k + f that of S tuple ib,
+    pieces one after the other.  One pass from the windows straight into the columns results are written and
+    sent as: gathering whole 64-byte records, concatenating them and then reading their fields strided (what
+    Arrow and the delay histograms did) moved about 4x the bytes."""
+    out = np.empty((2 * len(fields), total), dtype=np.int64)
+    at = 0
+    for words_r, ia, words_s, ib in pieces:
+        _gather_pairs(words_r, ia, words_s, ib, fields, out, at)
+        at += len(ia)
+    return out
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _bin_of(x, bits, edges, log_first, per_decade):  # pragma: no cover - compiled
     """How many `edges` are <= x (`bits`: x's IEEE 754 bits).  The guess reads log2(x) off the bits (exponent
@@ -264,7 +289,3 @@ def batch_delays(r_arrival: np.ndarray, s_arrival: np.ndarray, ends: np.ndarray,
                   float(sent), float(started), delays.EDGES, float(delays.LOG_FIRST), float(delays.PER_DECADE),
                   delay, counts)
     return delay, counts
-
-
-if __name__ == "__main__":  # `python -m slave.kernel`: compile into the on-disk cache (make setup runs this)
-    print(f"join kernels compiled and cached ({sys.modules['numba'].__version__})")

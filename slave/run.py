@@ -27,7 +27,7 @@ from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
 from protocol.output import RESULT_SCHEMA, write_table
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
-from slave.join import JoinModule
+from slave.join import JoinModule, Pairs
 from slave.kernel import batch_delays
 from slave.results_out import ResultSender
 from slave.state import decode_group, decode_move, encode_group, encode_move
@@ -50,14 +50,11 @@ class ResultWriter:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
         self._writing: list[Future] = []
 
-    def add(self, r: np.ndarray, s: np.ndarray, delay: np.ndarray) -> int:
-        if len(r):
-            self._parts.append(pa.table({
-                "r_id": r["id"], "s_id": s["id"], "r_key": r["key"], "s_key": s["key"],
-                "r_ts": r["ts"], "s_ts": s["ts"], "r_value": r["value"], "s_value": s["value"],
-                "delay": delay,
-            }, schema=RESULT_SCHEMA))
-            self._rows += len(r)
+    def add(self, pairs: Pairs, delay: np.ndarray) -> int:
+        if len(pairs):  # the columns are contiguous: Arrow takes them without a copy
+            self._parts.append(pa.table([delay if c == "delay" else pairs[c] for c in RESULT_SCHEMA.names],
+                                        schema=RESULT_SCHEMA))
+            self._rows += len(pairs)
         return self.flush() if self._rows >= self.flush_rows else 0
 
     def flush(self) -> int:
@@ -136,16 +133,16 @@ class Slave:
         # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
         self.watermarks[self.reply_to] = float(head["watermark"])
         stamps: list[tuple[int, float]] = []
-        r, s = self.module.process(fresh_r, fresh_s, float(self.watermarks.min()), groups, stamps)
+        pairs = self.module.process(fresh_r, fresh_s, float(self.watermarks.min()), groups, stamps)
         # a result is produced when its partition-group's join is done, not when the whole batch is
-        delay, hists = batch_delays(r["arrival"], s["arrival"], [n for n, _ in stamps], [t for _, t in stamps],
-                                    float(head["sent"]), started_wall)
-        files = self.writer.add(r, s, delay)
+        delay, hists = batch_delays(pairs["r_arrival"], pairs["s_arrival"], [n for n, _ in stamps],
+                                    [t for _, t in stamps], float(head["sent"]), started_wall)
+        files = self.writer.add(pairs, delay)
         if self.aggregator:
-            self.aggregator.add(r, s)
-        self.results_out.send(self.reply_to, int(head["epoch"]), r, s, delay)
+            self.aggregator.add(pairs)
+        self.results_out.send(self.reply_to, int(head["epoch"]), pairs, delay)
         self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
-                     "results": len(r), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
+                     "results": len(pairs), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
 
     def on_move(self, head) -> None:

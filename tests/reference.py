@@ -58,3 +58,9 @@ def reference_theta_pairs(stream, ids, ts, keys, window: float, max_delay: float
         match = np.abs(keys[s] - keys[i]) <= band if predicate == "band" else keys[s] > keys[i]
         out.append(ids[i] * 2**32 + ids[s[close & match]].astype(np.int64))
     return np.sort(np.concatenate(out)) if out else np.empty(0, dtype=np.int64)
+
+
+def pairs_of(r: np.ndarray, s: np.ndarray):
+    """slave.join.Pairs of rows r[i] joined with s[i] (tuple records), built field by field."""
+    from slave.join import PAIR_FIELDS, Pairs
+    return Pairs(r.dtype, np.stack([side[f].view(np.int64) for side in (r, s) for f in PAIR_FIELDS]))

@@ -11,6 +11,7 @@ from control.replay import ReplayError, inside_engine_output, input_files, pace,
 from protocol.config import ConfigError, load_config
 from protocol.output import PARTIAL_SCHEMA
 from protocol.tuples import tuple_dtype
+from tests.reference import pairs_of
 from slave.aggregate import PartialAggregator, combine, partials, window_starts
 
 
@@ -99,7 +100,7 @@ def test_aggregator_writes_every_interval_and_files_sum_to_the_whole(tmp_path, g
     written = []
     for i, (r, s) in enumerate(batches):
         clock.now = i * 0.9  # 0, 0.9, 1.8, 2.7 (-> file), 3.6
-        written.append(agg.add(r, s))
+        written.append(agg.add(pairs_of(r, s)))
     assert written == [0, 0, 0, 1, 0]
     assert agg.flush() == 1 and agg.flush() == 0  # at stop: the rest, then nothing more
     files = sorted((tmp_path / "aggregates").iterdir())
@@ -119,7 +120,7 @@ def test_many_batches_are_combined_as_they_come(tmp_path):
     agg = PartialAggregator(tmp_path, 1, {"window": 0.0, "flush_interval": 100.0, "group_by": "key",
                                           "value": "r_value"}, clock)
     for _ in range(PartialAggregator.COMBINE_EVERY * 2 + 3):
-        agg.add(*results(rng, 50))
+        agg.add(pairs_of(*results(rng, 50)))
     assert len(agg._parts) <= PartialAggregator.COMBINE_EVERY
     assert agg.flush() == 1
     assert pq.read_table(tmp_path / "slave-001-000000.parquet")["count"].to_numpy().sum() == 50 * (2 * 32 + 3)

@@ -136,6 +136,7 @@ def test_malformed_override():
     ("generator.skew=0", "generator.skew"),
     ("generator.skew=-0.2", "generator.skew"),
     ("generator.tuple_bytes=39", "generator.tuple_bytes"),
+    ("generator.tuple_bytes=60", "generator.tuple_bytes"),
     ("tuning.max_depth=25", "tuning.max_depth"),
     ("tuning.max_depth=-1", "tuning.max_depth"),
     ("generator.distribution=normal", "generator.distribution"),

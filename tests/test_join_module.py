@@ -27,6 +27,8 @@ def make_input(rng, n, n_keys, disorder, step=1 / 8):
 def run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=400):
     late = late_flags(ts, max_delay)
     out, running, pos, n = [], -np.inf, 0, len(ts)
+    ts_of, keys_of = np.zeros(ids.max() + 1), np.zeros(ids.max() + 1, np.int64)
+    ts_of[ids], keys_of[ids] = ts, keys
     while pos < n:
         k = int(rng.integers(0, max_epoch))
         sl = slice(pos, min(n, pos + k))
@@ -39,20 +41,23 @@ def run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=400):
             sel = ok & (stream[sl] == st)
             r = np.zeros(int(sel.sum()), dtype=DT)
             r["id"], r["ts"], r["key"] = ids[sl][sel], ts[sl][sel], keys[sl][sel]
-            r["value"] = st
+            r["value"], r["arrival"] = st, r["id"] + 0.25
             sides.append(r)
         stamps = []
-        res_r, res_s = module.process(sides[0], sides[1], running - max_delay, stamps=stamps)
-        assert len(res_r) == len(res_s)
+        res = module.process(sides[0], sides[1], running - max_delay, stamps=stamps)
         # one stamp per partition-group with fresh tuples: results so far and when, both non-decreasing
         touched = np.unique(partition_of(np.concatenate([sides[0]["key"], sides[1]["key"]]), module.partitions))
         assert len(stamps) == len(touched)
         if stamps:
             counts, times = np.array(stamps).T
-            assert counts[-1] == len(res_r) and (np.diff(counts) >= 0).all() and (np.diff(times) >= 0).all()
-        assert np.all(res_r["value"] == STREAM_R) and np.all(res_s["value"] == STREAM_S)
-        assert np.all(res_r["key"] == res_s["key"])
-        out.append(encode_pairs(res_r["id"], res_s["id"]))
+            assert counts[-1] == len(res) and (np.diff(counts) >= 0).all() and (np.diff(times) >= 0).all()
+        assert np.all(res["r_value"] == STREAM_R) and np.all(res["s_value"] == STREAM_S)
+        assert np.all(res["r_key"] == res["s_key"])
+        for side in "rs":  # every column holds the joined tuple's field
+            assert np.array_equal(res[f"{side}_ts"], ts_of[res[f"{side}_id"]])
+            assert np.array_equal(res[f"{side}_key"], keys_of[res[f"{side}_id"]])
+            assert np.array_equal(res[f"{side}_arrival"], res[f"{side}_id"] + 0.25)
+        out.append(encode_pairs(res["r_id"], res["s_id"]))
     return np.sort(np.concatenate(out))
 
 
@@ -107,15 +112,13 @@ def test_single_hot_key_many_epochs():
 def test_empty_process_returns_empty_typed_arrays():
     module = JoinModule(DT, partitions=4, window=1.0, block_size=4, theta_min=1, theta_max=4, max_depth=4)
     empty = np.zeros(0, dtype=DT)
-    r, s = module.process(empty, empty, 0.0)
-    assert len(r) == len(s) == 0 and r.dtype == DT and s.dtype == DT
+    res = module.process(empty, empty, 0.0)
+    assert len(res) == 0 and res["r_id"].dtype == np.int64 and res["s_ts"].dtype == np.float64
     one = np.zeros(1, dtype=DT)
-    r, s = module.process(one, empty, 0.0)
-    assert len(r) == 0 and module.stored() == (1, 0)
+    assert len(module.process(one, empty, 0.0)) == 0 and module.stored() == (1, 0)
     other = np.zeros(1, dtype=DT)
     other["id"] = 7
-    r, s = module.process(empty, other, 0.0)
-    assert len(r) == 1 and int(r["id"][0]) == 0 and int(s["id"][0]) == 7
+    res = module.process(empty, other, 0.0)
+    assert len(res) == 1 and int(res["r_id"][0]) == 0 and int(res["s_id"][0]) == 7
     assert module.stored() == (1, 1)
-    r, s = module.process(empty, empty, 10.0)  # watermark far ahead: everything expires
-    assert len(r) == 0 and module.stored() == (0, 0)
+    assert len(module.process(empty, empty, 10.0)) == 0 and module.stored() == (0, 0)  # all expire

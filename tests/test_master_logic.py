@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from master.buffers import MiniBuffers
-from master.ingest import late_mask, to_wire
+from master.ingest import late_mask, to_wire, to_wire_grouped
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from tests.reference import late_flags
 
@@ -70,6 +70,22 @@ def test_to_wire_packs_columns():
     assert rows["id"].tolist() == [1, 2] and rows["ts"].tolist() == [0.5, 1.5]
     assert rows["key"].tolist() == [7, 8] and rows["value"].tolist() == [0.1, 0.2]
     assert rows["arrival"].tolist() == [100.0, 101.0]
+
+
+@pytest.mark.parametrize("n,span", [(0, 4), (1, 1), (1000, 7), (5000, 60)])
+def test_to_wire_grouped_is_the_stable_sort_by_label_of_the_selected_rows(n, span):
+    rng = np.random.default_rng(n + span)
+    cols = (rng.integers(-2**62, 2**62, n), rng.normal(size=n), rng.integers(0, 99, n), rng.random(n), rng.random(n))
+    index = np.flatnonzero(rng.random(n) < 0.6)
+    labels = rng.integers(0, span, len(index))
+    rows, sizes = to_wire_grouped(DT, *cols, index, labels, span)
+    order = index[np.argsort(labels, kind="stable")]
+    want = np.zeros(len(index), DT)  # padding zero, as to_wire's
+    for field, col in zip(("id", "ts", "key", "value", "arrival"), cols):
+        want[field] = col[order]
+    assert rows.tobytes() == want.tobytes()
+    assert sizes.tolist() == np.bincount(labels, minlength=span).tolist()
+    assert to_wire(DT, *cols, order).tobytes() == want.tobytes()  # rows in the order given
 
 
 # --------------------------------------------------------------------------- MiniBuffers

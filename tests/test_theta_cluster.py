@@ -97,11 +97,11 @@ def test_range_groups_are_never_split_and_produce_each_pair_once():
     for x in (r, s):
         x["id"], x["key"], x["ts"] = np.arange(300), rng.integers(0, 50, 300), np.sort(rng.random(300))
     groups = np.array([[0, 300, 300]])
-    got_r, got_s = m.process(r, s, -np.inf, groups)
+    got = m.process(r, s, -np.inf, groups)
     assert m.splits == 0 and len(m.groups[0].buckets) == 1
     d = np.abs(r["key"][:, None] - s["key"][None, :]) <= 2
-    assert len(got_r) == int(d.sum())
-    assert np.all(np.abs(got_r["key"] - got_s["key"]) <= 2)
+    assert len(got) == int(d.sum())
+    assert np.all(np.abs(got["r_key"] - got["s_key"]) <= 2)
 
 
 def test_band_needs_a_known_predicate():
