@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from protocol import checkpoint
 from protocol.config import ConfigError, load_config, validate
+from protocol.mpi import wait_barrier
 from protocol.output import reset_output
 
 
@@ -51,6 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def other_rank(comm) -> int:
     """Ranks 1..k-1 are further dispatchers with their share of the input; the rest run the slave."""
+    wait_barrier(comm)  # until rank 0 has read the config and opened the input
     cfg = comm.bcast(None, root=0)
     if cfg is None:  # rank 0 refused the configuration and said why
         return 0
@@ -89,8 +91,10 @@ def main() -> int:
         master = Master(comm, cfg, source, resume)
     except (ConfigError, InputError, checkpoint.CheckpointError, OSError) as e:
         say(f"error: {e}")
+        wait_barrier(comm)
         comm.bcast(None, root=0)
         return 2
+    wait_barrier(comm)
     comm.bcast(cfg, root=0)
     comm.bcast(None if resume is None else {
         "dir": str(resume[0]), "result_files": resume[1]["result_files"],

@@ -94,8 +94,6 @@ class Master:
         #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions)
         self.ranges: KeyRanges | None = None
         self.range_partitioned = join["predicate"] != "equal"
-        #: batches say which rows belong to which group when R tuples are copied (key ranges, hot-key grids)
-        self.grouped = self.range_partitioned or self.router is not None
         self.key_distance = key_distance(join["predicate"], join["band"])
         self.exhausted = False
         self._late_parts: list[pa.Table] = []
@@ -249,13 +247,13 @@ class Master:
             return  # nothing new: no tuples and no punctuation that would let the slave expire blocks
         self.sent_watermark[rank] = watermark
         self.controller.on_batch(mine, sizes)
-        groups = None
-        if self.grouped:  # which rows belong to which group: R copies cannot be told apart
-            counts = self.buffers.counts[:, mine]
-            nonempty = counts.any(axis=0)
-            groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty]])
+        # which rows belong to which group: R copies (key ranges, hot-key grids) cannot be told apart otherwise,
+        # and the slave need not hash and sort the batch again to find its groups
+        counts = self.buffers.counts[:, mine]
+        nonempty = counts.any(axis=0)
+        groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty]])
         self.epoch[rank] += 1
-        n_r, n_s = self.buffers.counts[:, mine].sum(axis=1).tolist()
+        n_r, n_s = counts.sum(axis=1).tolist()
         buf, r, s = batch_message(Kind.BATCH, self.epoch[rank], watermark, n_r, n_s, self.dtype, groups=groups,
                                   spare=self.spare.pop(rank, None))
         self.buffers.drain(mine, out=(r, s))

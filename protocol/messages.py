@@ -96,7 +96,7 @@ def decode_batch(buf: np.ndarray, dtype: np.dtype) -> tuple[np.void, np.ndarray,
 
 
 def batch_groups(buf: np.ndarray, head: np.void) -> np.ndarray:
-    """The (partition, R rows, S rows) table that ends a key-range partitioned batch."""
+    """The (partition, R rows, S rows) table that ends a batch: which rows belong to which partition-group."""
     n_g = int(head["groups"])
     return buf[len(buf) - n_g * GROUP_ROW * 8:].view(np.int64).reshape(n_g, GROUP_ROW)
 

@@ -117,7 +117,8 @@ class JoinModule:
                 groups: np.ndarray | None = None, stamps: list | None = None) -> Pairs:
         """Join one epoch's fresh tuples; returns all new results.
 
-        `groups` is the (partition, R rows, S rows) table of a range-partitioned batch; without it the
+        `groups` is the batch's (partition, R rows, S rows) table (the master sends one: the rows come grouped
+        by partition, and with key ranges or hot-key grids R rows are copied into several); without it the
         partition of each tuple is its key's hash partition.  `stamps`, if a list, gets (results so far,
         time.time()) after each partition-group: when its results were produced (the production delay).
         """
