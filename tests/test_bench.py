@@ -1,16 +1,18 @@
-"""Tests of deploy/bench.py's pure helpers and report writing (no cluster runs, no speed assertions)."""
+"""Tests of deploy/bench.py's helpers and report writing, and a few small real runs (no speed assertions)."""
 from __future__ import annotations
 
 import argparse
 import json
 import math
 
+import numpy as np
 import pytest
 
 from deploy import bench
 from deploy.bench import (aggregate, bracket, caveats, count, fmt, keep_up, krate, md_table, median, next_rate,
                           parse_slaves, planned_runs, run_numbers, search_verdict, summary_table, sustained_rate,
                           trail_text)
+from protocol.config import load_config
 
 
 def test_parse_slaves():
@@ -409,3 +411,28 @@ def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
     # at least the rows themselves, and not wildly more: the directories and objects are small beside them
     assert f["nbytes"] >= f["stored_tuples"] * 64 and f["traced_bytes"] >= f["nbytes"]
     assert f["traced_per_tuple"] < 4 * 64
+
+
+def test_generated_file_holds_the_generated_input_once_per_generator_config(tmp_path):
+    from deploy.bench import generated_file
+    from master.source import FileSource, generate_all
+    small = ["generator.duration=2.0", "generator.rate=3000", "generator.keys=64"]
+    path = generated_file(small, tmp_path)
+    want, got = generate_all(load_config(None, small)), FileSource(path).next_chunk(1 << 20)
+    for a, b in zip(want, got):
+        assert np.array_equal(a, b)
+    written = path.stat().st_mtime_ns
+    assert generated_file([*small, "join.window=0.5"], tmp_path) == path  # same tuples: the same file, not rewritten
+    assert path.stat().st_mtime_ns == written
+    other = generated_file([*small, "generator.seed=7"], tmp_path)
+    assert other != path and other.exists()
+
+
+def test_bench_runs_the_cluster_on_the_generated_file_with_the_same_results(tmp_path):
+    """Real runs: the same workload from the generator and from its file gives the same input and results."""
+    from deploy.bench import Bench
+    small = ["generator.duration=2.0", "generator.rate=3000", "generator.keys=64"]
+    runs = {kind: Bench([1], 1, 1, 1.5, small, 120, tmp_path / kind, input_kind=kind).run_at(1, "probe", 0.0)
+            for kind in ("generator", "file")}
+    assert runs["file"]["input_total"] == runs["generator"]["input_total"] > 5000
+    assert runs["file"]["results"] == runs["generator"]["results"] > 0
