@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from protocol.arrays import words
+from protocol.arrays import field_words, words
+from protocol.tuples import FIELDS
 
 
 def late_mask(ts: np.ndarray, running_max: float, max_delay: float) -> tuple[np.ndarray, np.ndarray, float]:
@@ -22,7 +23,6 @@ def late_mask(ts: np.ndarray, running_max: float, max_delay: float) -> tuple[np.
 
 _PACK_SIG = ("void(int64[:], int64[:], int64[:], int64[:], int64[:], int64[::1], int64[::1], int64[::1], int64[::1], "
              "int64[:, ::1])")
-_FIELDS = ("id", "ts", "key", "value", "arrival")
 _NONE = np.empty(0, dtype=np.int64)
 
 
@@ -50,12 +50,10 @@ def _pack(ids, ts, keys, values, arrival, index, labels, starts, fields, out):  
 def _packed(dtype: np.dtype, columns: tuple, index: np.ndarray | None, labels: np.ndarray, starts: np.ndarray):
     n = len(columns[0]) if index is None else len(index)
     rows = np.empty(n, dtype=dtype)
-    fields = np.array([dtype.fields[f][1] // 8 for f in _FIELDS], dtype=np.int64)
     index = np.arange(n, dtype=np.int64) if index is None else np.asarray(index, dtype=np.int64)
-    ids, ts, keys, values, arrival = (np.asarray(c, dtype=np.int64) if f in ("id", "key")
-                                      else np.asarray(c, dtype=np.float64).view(np.int64)  # floats as their bits
-                                      for f, c in zip(_FIELDS, columns))
-    _pack(ids, ts, keys, values, arrival, index, labels, starts, fields, words(rows))
+    # each column in its field's type, then as int64 words (floats as their bits)
+    ids, ts, keys, values, arrival = (np.asarray(c, dtype=dtype[f]).view(np.int64) for f, c in zip(FIELDS, columns))
+    _pack(ids, ts, keys, values, arrival, index, labels, starts, field_words(dtype, FIELDS), words(rows))
     return rows
 
 

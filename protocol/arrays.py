@@ -43,6 +43,11 @@ def words(rows: np.ndarray) -> np.ndarray:
     return flat.reshape(len(rows), rows.dtype.itemsize // 8)
 
 
+def field_words(dtype: np.dtype, names) -> np.ndarray:
+    """Where each field of `names` sits in a row of `words` (its byte offset / 8; every field is one word)."""
+    return np.array([dtype.fields[name][1] // 8 for name in names], dtype=np.int64)
+
+
 def take_rows(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
     """rows[index] (an index array or a boolean mask), copied as records."""
     return records(rows)[index].view(rows.dtype)

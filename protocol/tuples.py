@@ -23,6 +23,8 @@ BASE_FIELDS = [
     ("arrival", "<f8"),
 ]
 BASE_TUPLE_BYTES = int(np.dtype(BASE_FIELDS).itemsize)
+#: their names, in order
+FIELDS = tuple(name for name, _ in BASE_FIELDS)
 
 
 def tuple_dtype(tuple_bytes: int = BASE_TUPLE_BYTES) -> np.dtype:

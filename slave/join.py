@@ -21,23 +21,20 @@ import time
 
 import numpy as np
 
-from protocol.arrays import group_pairs, take_rows, words
+from protocol.arrays import field_words, group_pairs, take_rows, words
 from protocol.predicates import key_distance
-from protocol.tuples import directory_hash, mix64, partition_of
+from protocol.tuples import FIELDS, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import gather_pairs, range_join, window_join
 
-#: what a result keeps of each side's tuple (Pairs columns r_id, r_ts, ..., s_id, ..., s_arrival)
-PAIR_FIELDS = ("id", "ts", "key", "value", "arrival")
-
-
 class Pairs:
-    """One epoch's results as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i], and r_ts, r_key,
-    r_value, r_arrival, s_ts, ... beside them; results are written, sent and aggregated column by column."""
+    """One epoch's results as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i], and each side's other
+    tuple fields (protocol.tuples.FIELDS: r_ts, r_key, r_value, r_arrival, s_ts, ...) beside them; results are
+    written, sent and aggregated column by column."""
 
     def __init__(self, dtype: np.dtype, columns: np.ndarray):
-        names = [f"{side}_{field}" for side in "rs" for field in PAIR_FIELDS]
-        self.columns = {name: col.view(dtype[field]) for name, field, col in zip(names, PAIR_FIELDS * 2, columns)}
+        names = [f"{side}_{field}" for side in "rs" for field in FIELDS]
+        self.columns = {name: col.view(dtype[field]) for name, field, col in zip(names, FIELDS * 2, columns)}
 
     def __len__(self) -> int:
         return len(self.columns["r_id"])
@@ -57,7 +54,7 @@ class JoinModule:
             self.kernel = lambda a, b: range_join(a["key"], a["ts"], b["key"], b["ts"], window, low, high)
             max_depth = 0  # one bucket per range: a split by hash would not narrow a band probe
         self._group_args = (dtype, block_size, theta_min, theta_max, max_depth)
-        self._fields = np.array([dtype.fields[f][1] // 8 for f in PAIR_FIELDS], dtype=np.int64)  # word offsets
+        self._fields = field_words(dtype, FIELDS)
         self.groups: dict[int, PartitionGroup] = {}
 
     def group(self, partition: int) -> PartitionGroup:

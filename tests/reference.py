@@ -62,5 +62,6 @@ def reference_theta_pairs(stream, ids, ts, keys, window: float, max_delay: float
 
 def pairs_of(r: np.ndarray, s: np.ndarray):
     """slave.join.Pairs of rows r[i] joined with s[i] (tuple records), built field by field."""
-    from slave.join import PAIR_FIELDS, Pairs
-    return Pairs(r.dtype, np.stack([side[f].view(np.int64) for side in (r, s) for f in PAIR_FIELDS]))
+    from protocol.tuples import FIELDS
+    from slave.join import Pairs
+    return Pairs(r.dtype, np.stack([side[f].view(np.int64) for side in (r, s) for f in FIELDS]))
