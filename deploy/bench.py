@@ -1,10 +1,12 @@
-"""`python -m deploy.bench [--quick] [--slaves 1,2,4,8] [--repeats 3] [--steps N] [--delay-bound S] [--peer spark|none] [--workloads ...] [--epochs ...] [--input generator|file] [--out DIR]`: sustained input rate and delay per cluster size, and of the peer.
+"""`python -m deploy.bench [--quick] [--slaves 1,2,4,8] [--repeats 3] [--steps N] [--delay-bound S] [--peer spark|none] [--workloads ...] [--epochs ...] [--input file|generator] [--out DIR]`: sustained input rate and delay per cluster size, and of the peer.
 
 The capacity of the cluster is its **sustained input rate**: the highest paced
 input rate (`source.rate`) at which it keeps up with the pacing *and* the
 production delay stays bounded (paper: the highest input rate before the
 production delay climbs).  For each slave count k (k + 1 ranks) on the default
-generated workload:
+generated workload, written to a Parquet file first and read by the master
+before the clock starts (`--input file`, as the peer and the kernel limit get
+theirs; `--input generator` generates it at the master as it runs):
 
 1. probe: one unpaced run (`source.rate = 0`); its throughput U is an upper
    bound only, since an unpaced run works off a backlog (the input goes into the
@@ -302,10 +304,11 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
     return s
 
 
-#: where a run's input comes from (`--input`): generated at the master as it goes (the default), or read from
-#: a Parquet file of the same generated tuples written before the runs, as the Spark peer and the kernel limit
-#: get theirs (the master reads it before the run's clock starts)
-INPUTS = ("generator", "file")
+#: where a run's input comes from (`--input`): read from a Parquet file of the generated tuples written before
+#: the runs (the default: the Spark peer and the kernel limit get theirs that way, so all three are measured on
+#: input that is already there; the master reads it before the run's clock starts), or generated at the master
+#: as it goes (the cluster's CPU then also makes the tuples)
+INPUTS = ("file", "generator")
 
 
 def generated_file(settings: list[str], directory: Path) -> Path:
@@ -327,7 +330,7 @@ class Bench:
 
     def __init__(self, slaves: list[int], repeats: int, steps: int, delay_bound: float, workload: list[str],
                  timeout: float, tmp: Path, *, half: bool = True, tag: str = "", module: str = "master",
-                 env: dict[str, str] | None = None, input_kind: str = "generator"):
+                 env: dict[str, str] | None = None, input_kind: str = "file"):
         """`half`: also repeat at half the sustained rate; `tag` names the runs (and their folders) in the
         progress lines; `module`, `env`: see run_cluster; `input_kind`: one of INPUTS."""
         self.slaves, self.repeats, self.steps, self.delay_bound = slaves, repeats, steps, delay_bound
@@ -639,9 +642,9 @@ def main(argv: list[str]) -> int:
                         f"{','.join(map(str, bench_paper.QUICK_EPOCHS))} with --quick, else "
                         f"{','.join(map(str, bench_paper.FULL_EPOCHS))})")
     p.add_argument("--no-tuning-off", action="store_true", help="skip the search with extendible-hash tuning off")
-    p.add_argument("--input", choices=INPUTS, default="generator",
-                   help="the cluster's input: generated at the master as it runs (default), or read from a "
-                        "Parquet file of the same tuples written first, as the Spark peer and the kernel get theirs")
+    p.add_argument("--input", choices=INPUTS, default="file",
+                   help="the cluster's input: read from a Parquet file of the generated tuples written first, as "
+                        "the Spark peer and the kernel get theirs (default), or generated at the master as it runs")
     p.add_argument("--kernel-repeats", type=int, default=3,
                    help="runs of the single-core kernel (deploy.bench_kernel) for the limit; 0 = skip (default 3)")
     a = p.parse_args(argv)

@@ -314,6 +314,34 @@ def test_duplicate_first_seen_is_first_good_row(tmp_path):
         "ts is not a number", "duplicate id 7 in stream S (first seen at row 2)"]
 
 
+@pytest.mark.parametrize("order", ["rising", "shuffled", "with_duplicates"])
+def test_duplicates_match_a_first_seen_reference(tmp_path, order):
+    # ids rising per stream take the one-pass check, the others the sort: both must mark the same rows
+    rng = np.random.default_rng(5)
+    stream = rng.choice(["R", "S"], 400)
+    ids = np.empty(400, np.int64)
+    for s in ("R", "S"):
+        mine = stream == s
+        ids[mine] = np.cumsum(rng.integers(1, 4, mine.sum()))
+    if order != "rising":
+        perm = rng.permutation(400)
+        stream, ids = stream[perm], ids[perm]
+    if order == "with_duplicates":
+        ids[rng.choice(400, 60)] = ids[rng.choice(400, 60)]
+    p = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"stream": stream, "id": ids, "ts": np.arange(400.0), "key": np.zeros(400, np.int64)}), p)
+    seen, expected = {}, []
+    for row, (s, i) in enumerate(zip(stream, ids)):
+        if (s, i) in seen:
+            expected.append(f"duplicate id {i} in stream {s} (first seen at row {seen[s, i] + 1})")
+        seen.setdefault((s, i), row)
+    src = FileSource(p)
+    got = [] if src.rejected is None else src.rejected.column("reason").to_pylist()
+    assert got == expected
+    assert src.total == 400 - len(expected)
+    assert (len(expected) > 0) == (order == "with_duplicates")
+
+
 def test_rejected_value_column_absent_is_null(tmp_path):
     p = write_csv(tmp_path, "stream,id,ts,key\nR,1,x,1\n")
     src = FileSource(p)
