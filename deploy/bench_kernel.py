@@ -19,7 +19,9 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,8 @@ from master.source import generate_all
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
 from slave.join import JoinModule
+from slave.kernel import batch_delays
+from slave.result_files import ResultWriter
 
 
 #: Batch spans (seconds of event time) the bench also times the kernel on besides one distribution epoch.  A
@@ -80,14 +84,56 @@ def join_module(cfg: dict, dtype: np.dtype) -> JoinModule:
                       t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"])
 
 
-def own_kernel(cfg: dict, batches) -> tuple[float, int]:
-    """Seconds and results of the slave's join module over all batches, in this one process."""
-    module = join_module(cfg, batches[0][0].dtype)
-    results = 0
-    started = time.perf_counter()
-    for r, s, watermark in batches:
-        results += len(module.process(r, s, watermark))
-    return time.perf_counter() - started, results
+@contextmanager
+def one_core():
+    """Run the body on one CPU of this process (threads started in it stay there too): the limit is one core's."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
+def own_kernel(cfg: dict, batches, results_to: Path | None = None) -> tuple[float, int]:
+    """Seconds and results of the slave's join module over all batches, on one core of this process.
+
+    With `results_to`, also the rest of a slave's work on each batch's results: their delays
+    (slave.kernel.batch_delays) and the Parquet result files (slave.result_files.ResultWriter, whose writing
+    thread shares the core): what the cluster's slaves do besides the join, without master or messages."""
+    with one_core():
+        module = join_module(cfg, batches[0][0].dtype)
+        writer = ResultWriter(str(results_to), 1, "parquet", cfg["output"]["flush_rows"]) if results_to else None
+        results = 0
+        started = time.perf_counter()
+        for r, s, watermark in batches:
+            if writer is None:
+                results += len(module.process(r, s, watermark))
+                continue
+            stamps: list[tuple[int, float]] = []
+            began = time.time()
+            pairs = module.process(r, s, watermark, None, stamps)
+            delay, _ = batch_delays(pairs["r_arrival"], pairs["s_arrival"], [n for n, _ in stamps],
+                                    [t for _, t in stamps], began, began)
+            writer.add(pairs, delay)
+            results += len(pairs)
+        if writer is not None:
+            writer.flush()
+            writer.wait()
+        return time.perf_counter() - started, results
+
+
+def with_results(cfg: dict, data, span: float, repeats: int) -> list[float]:
+    """Tuples/s of `own_kernel` writing its results (a fresh folder each run), `repeats` runs on `span` batches."""
+    _, batches = epoch_batches(cfg, span, data)
+    rates = []
+    for i in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="streamjoin-kernel-") as tmp:
+            seconds, results = own_kernel(cfg, batches, Path(tmp))
+        rates.append(round(len(data.ts) / seconds, 1))
+        print(f"[own {span:g} s batches + delays + result files #{i + 1}] {rates[-1]:,.0f} tuples/s ({results:,} "
+              f"results in {seconds:.2f}s)", flush=True)
+    return rates
 
 
 def window_footprint(cfg: dict, batches) -> dict:

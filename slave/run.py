@@ -11,12 +11,10 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import psutil
-import pyarrow as pa
 from mpi4py import MPI
 
 from protocol import checkpoint, delays, faults
@@ -24,60 +22,13 @@ from protocol.arrays import whole_buffer
 from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
     decode_batch, encode_report
 from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
-from protocol.output import RESULT_SCHEMA, write_table
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
 from slave.join import JoinModule, Pairs
 from slave.kernel import batch_delays
+from slave.result_files import ResultWriter
 from slave.results_out import ResultSender
 from slave.state import decode_group, decode_move, encode_group, encode_move
-
-
-class ResultWriter:
-    """Buffers result columns and writes them as files of about `flush_rows` rows.
-
-    A file is written by a background thread (Arrow releases the GIL while it encodes and writes), so the
-    slave goes on joining meanwhile: written in line, a file of 500,000 rows held up the next batch for a
-    second or more on a busy host, and every tuple waiting for it.  One thread keeps the files in order;
-    `wait` returns when all are on disk (a checkpoint's commit counts them).
-    """
-
-    def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int):
-        self.directory, self.rank, self.fmt, self.flush_rows = directory, rank, fmt, flush_rows
-        self._parts: list[pa.Table] = []
-        self._rows = 0
-        self.files = 0
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
-        self._writing: list[Future] = []
-
-    def add(self, pairs: Pairs, delay: np.ndarray) -> int:
-        if len(pairs):  # the columns are contiguous: Arrow takes them without a copy
-            self._parts.append(pa.table([delay if c == "delay" else pairs[c] for c in RESULT_SCHEMA.names],
-                                        schema=RESULT_SCHEMA))
-            self._rows += len(pairs)
-        return self.flush() if self._rows >= self.flush_rows else 0
-
-    def flush(self) -> int:
-        """Write what is buffered; returns the number of files written (0 or 1)."""
-        if not self._parts:
-            return 0
-        self._done()
-        self._writing.append(self._thread.submit(write_table, self.directory, f"slave-{self.rank:03d}-{self.files:06d}",
-                                                 pa.concat_tables(self._parts), self.fmt))
-        self._parts, self._rows = [], 0
-        self.files += 1
-        return 1
-
-    def _done(self) -> None:
-        """Forget the files written; a failed write raises here."""
-        while self._writing and self._writing[0].done():
-            self._writing.pop(0).result()
-
-    def wait(self) -> None:
-        """Return once every file handed to the thread is written (re-raising a failed write)."""
-        for future in self._writing:
-            future.result()
-        self._writing = []
 
 
 class Slave:

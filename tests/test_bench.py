@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -44,6 +45,18 @@ def test_keep_up_is_decided_by_the_masters_pacing_lag():
     assert not lagging["kept_up"]
     behind = keep_up(tuples=1_000_000, wall=20.0, rate=100_000, pacing_lag=9.5)
     assert not behind["kept_up"] and behind["achieved_rate"] == 50_000
+
+
+def test_keep_up_bound_shrinks_with_a_short_input():
+    # 12M tuples paced at 7M/s are 1.7 s of input: a cluster of 5.1M/s ends about 0.64 s behind, so its lag
+    # passed the fixed 0.5 s long before the end; the bound is 10% of the input's length, 0.17 s
+    assert keep_up(tuples=12_000_000, wall=2.3, rate=7_000_000, pacing_lag=0.33) == {
+        "achieved_rate": pytest.approx(5_217_391.3), "ratio": 0.745, "lag_seconds": 0.33, "lag_bound": 0.171,
+        "kept_up": False}
+    assert keep_up(tuples=12_000_000, wall=2.3, rate=6_000_000, pacing_lag=0.15)["kept_up"]
+    # a long input keeps the fixed bound
+    long = keep_up(tuples=12_000_000, wall=20.0, rate=600_000, pacing_lag=0.45)
+    assert long["lag_bound"] == bench.KEEP_UP_LAG and long["kept_up"]
 
 
 def test_fmt_and_md_table():
@@ -399,6 +412,25 @@ def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
     data, longer = epoch_batches(cfg, 1.0)  # batches of 1 s of event time: fewer, the same results
     assert len(longer) < len(batches) and sum(len(r) + len(s) for r, s, _ in longer) == len(data.ts)
     assert own_kernel(cfg, longer)[1] == own
+
+
+def test_kernel_bench_writing_results_writes_exactly_the_reference_join(tmp_path):
+    from deploy.bench_kernel import epoch_batches, own_kernel
+    from protocol.config import load_config
+    from protocol.output import read_tables
+    from tests.reference import encode_pairs, reference_pairs
+    cfg = load_config(None, ["generator.duration=2", "generator.rate=5000", "generator.keys=2048",
+                             "output.flush_rows=2000"])
+    data, batches = epoch_batches(cfg, 0.5)
+    cpus = os.sched_getaffinity(0)
+    _, counted = own_kernel(cfg, batches)
+    _, written = own_kernel(cfg, batches, tmp_path)
+    assert os.sched_getaffinity(0) == cpus  # pinned to one core only while timing
+    t = read_tables(tmp_path, ["r_id", "s_id", "r_key", "s_key", "delay"])
+    want, _ = reference_pairs(data.stream, data.id, data.ts, data.key, cfg["join"]["window"], cfg["join"]["max_delay"])
+    got = np.sort(encode_pairs(t["r_id"].to_numpy(), t["s_id"].to_numpy()))
+    assert written == counted == t.num_rows == len(want) > 1000 and np.array_equal(got, want)
+    assert np.array_equal(t["r_key"].to_numpy(), t["s_key"].to_numpy()) and len(list(tmp_path.iterdir())) > 1
 
 
 def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():

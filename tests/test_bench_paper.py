@@ -81,6 +81,7 @@ def full_data():
     data["kernel"] = {"rate": 400_000.0, "runs": [390_000.0, 400_000.0, 410_000.0], "tuples": 1_000_000, "cores": 2,
                       "span": 2.0, "spans": [{"span": 0.25, "rate": 150_000.0, "runs": [150_000.0]},
                                              {"span": 2.0, "rate": 400_000.0, "runs": [390_000.0, 400_000.0, 410_000.0]}],
+                      "with_results": {"rate": 250_000.0, "runs": [240_000.0, 250_000.0, 260_000.0]},
                       "footprint": {"traced_bytes": 7_200_000, "nbytes": 6_420_000, "stored_tuples": 100_000,
                                     "traced_per_tuple": 72.0, "nbytes_per_tuple": 64.2}}
     data["peer_ratio"] = {"ratio": 12.5, "ratio_at_least": None}
@@ -122,6 +123,9 @@ def test_workload_tuning_epoch_and_kernel_tables():
                                                                   ["2", "400,000", "390,000, 400,000, 410,000"]]
     kt = table_rows(bench_paper.kernel_table(data))
     assert kt[0][:2] == ["1", "2"] and kt[0][4] == "0.37" and kt[0][5] == "✗ not met"
+    assert kt[0][6] == "0.59"  # 297,000 / (250,000 x 2) against the kernel that also writes its results
+    del data["kernel"]["with_results"]
+    assert table_rows(bench_paper.kernel_table(data))[0][6] == "-"
     rss = table_rows(bench_paper.rss_table(data["points"]))
     assert rss[0] == ["1", "300", "1:100", "300", "1:100"]
 
