@@ -96,8 +96,8 @@ def keep_up(tuples: int, wall: float, rate: float, pacing_lag: float) -> dict:
 
     The bound is KEEP_UP_LAG, or KEEP_UP_SHARE of the input's scheduled length (tuples / rate) when that is
     less: a cluster of capacity C paced at rate r ends behind by about tuples * (1/C - 1/r), so a fixed 0.5 s
-    let 12M tuples paced at 7M/s (1.7 s of input) pass with C = 5.1M/s, 1.37x its capacity; the share caps
-    that at 1.1x whatever the run's length."""
+    let 12M tuples paced at 7M/s (1.7 s of input) pass with C down to 12M / 2.2 s = 5.4M/s, 1.3x its
+    capacity; the share caps that at 1.1x whatever the run's length."""
     achieved = tuples / wall if wall > 0 else 0.0
     bound = min(KEEP_UP_LAG, KEEP_UP_SHARE * tuples / rate)
     return {"achieved_rate": round(achieved, 1), "ratio": round(achieved / rate, 3), "lag_seconds": round(pacing_lag, 3),

@@ -9,7 +9,7 @@ skewed and its hot keys move (`generator.shift`).
 
 For each mode -- balancing off, repartitioning only (moves, fixed active set),
 full (moves and the degree of declustering) -- the sustained-rate search of
-`deploy.bench` finds the highest paced rate that keeps up (ingest lag <= 0.5 s)
+`deploy.bench` finds the highest paced rate that keeps up (`deploy.bench.keep_up`)
 with delay p95 <= 1.5 s, then `--repeats` runs at that rate give medians of:
 max/mean tuples processed per slave, the busy host's share of the tuples, delay
 p50/p99, moves and tuples moved.  Output: balance.md, balance.json, balance.png.
@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from deploy.bench import (DELAY_BOUND, Bench, RunFailed, count, fmt, machine_info, md_table, median, planned_runs,
-                          trail_text)
+from deploy.bench import (DELAY_BOUND, KEEP_UP_LAG, KEEP_UP_SHARE, Bench, RunFailed, count, fmt, machine_info, md_table,
+                          median, planned_runs, trail_text)
 from deploy.busy import PLAN_ENV, busy_slaves, cpu_plan, encode_plan, hogs, hosts
 
 # few keys over few partitions, so hot keys make hot slaves; a short window keeps the result volume modest.
@@ -96,7 +96,8 @@ def write_report(out: Path, data: dict) -> None:
         f"{' '.join(map(str, data['load_after']))}. The hogs alone add {n_hogs} to the load average.", "",
         f"Busy-host regime: {SLAVES} slaves + master, {regime}. Workload `{' '.join(data['workload'])}`.", "",
         table(data["summaries"]), "",
-        "- **sustained rate**: the highest paced rate that kept up (ingest never more than 0.5 s behind the pacing) "
+        f"- **sustained rate**: the highest paced rate that kept up (ingest never more than {KEEP_UP_LAG:g} s, nor "
+        f"{KEEP_UP_SHARE:.0%} of the input's scheduled length, behind the pacing) "
         f"with delay p95 <= {data['delay_bound']:g} s, found by the search of `deploy.bench` (single runs: "
         f"probe, then at most {data['steps']} paced runs); *vs off* is its ratio to balancing off.",
         f"- the other columns are medians of {data['repeats']} runs at that mode's sustained rate (so modes are "
