@@ -32,7 +32,6 @@ from master.source import generate_all
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
 from slave.join import JoinModule
-from slave.kernel import batch_delays
 from slave.result_files import ResultWriter
 
 
@@ -99,7 +98,7 @@ def own_kernel(cfg: dict, batches, results_to: Path | None = None) -> tuple[floa
     """Seconds and results of the slave's join module over all batches, on one core of this process.
 
     With `results_to`, also the rest of a slave's work on each batch's results: their delays
-    (slave.kernel.batch_delays) and the Parquet result files (slave.result_files.ResultWriter, whose writing
+    (JoinModule.process_with_delays) and the Parquet result files (slave.result_files.ResultWriter, whose writing
     thread shares the core): what the cluster's slaves do besides the join, without master or messages."""
     with one_core():
         module = join_module(cfg, batches[0][0].dtype)
@@ -110,11 +109,8 @@ def own_kernel(cfg: dict, batches, results_to: Path | None = None) -> tuple[floa
             if writer is None:
                 results += len(module.process(r, s, watermark))
                 continue
-            stamps: list[tuple[int, float]] = []
             began = time.time()
-            pairs = module.process(r, s, watermark, None, stamps)
-            delay, _ = batch_delays(pairs["r_arrival"], pairs["s_arrival"], [n for n, _ in stamps],
-                                    [t for _, t in stamps], began, began)
+            pairs, delay, _ = module.process_with_delays(r, s, watermark, None, began, began)
             writer.add(pairs, delay)
             results += len(pairs)
         if writer is not None:

@@ -25,7 +25,7 @@ from protocol.arrays import field_words, group_pairs, take_rows, words
 from protocol.predicates import key_distance
 from protocol.tuples import FIELDS, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
-from slave.kernel import gather_pairs, range_join, window_join
+from slave.kernel import batch_delays, gather_pairs, range_join, window_join
 
 class Pairs:
     """One epoch's results as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i], and each side's other
@@ -109,6 +109,18 @@ class JoinModule:
 
     def new_group(self) -> PartitionGroup:
         return PartitionGroup(*self._group_args)
+
+    def process_with_delays(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: float,
+                            groups: np.ndarray | None, sent: float, started: float) -> tuple[Pairs, np.ndarray, np.ndarray]:
+        """`process`, and every result's production delay with the batch's delay histograms
+        (slave.kernel.batch_delays): a result is produced when its partition-group's join is done, not when the
+        whole batch is (paper 003, VI-A).  `sent` and `started` are the wall-clock times the batch was sent and
+        its join began."""
+        stamps: list[tuple[int, float]] = []
+        pairs = self.process(fresh_r, fresh_s, watermark, groups, stamps)
+        delay, hists = batch_delays(pairs["r_arrival"], pairs["s_arrival"], [n for n, _ in stamps],
+                                    [t for _, t in stamps], sent, started)
+        return pairs, delay, hists
 
     def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: float,
                 groups: np.ndarray | None = None, stamps: list | None = None) -> Pairs:

@@ -25,7 +25,6 @@ from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
 from slave.join import JoinModule, Pairs
-from slave.kernel import batch_delays
 from slave.result_files import ResultWriter
 from slave.results_out import ResultSender
 from slave.state import decode_group, decode_move, encode_group, encode_move
@@ -83,11 +82,8 @@ class Slave:
         faults.straggle(self.comm.rank)
         # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
         self.watermarks[self.reply_to] = float(head["watermark"])
-        stamps: list[tuple[int, float]] = []
-        pairs = self.module.process(fresh_r, fresh_s, float(self.watermarks.min()), groups, stamps)
-        # a result is produced when its partition-group's join is done, not when the whole batch is
-        delay, hists = batch_delays(pairs["r_arrival"], pairs["s_arrival"], [n for n, _ in stamps],
-                                    [t for _, t in stamps], float(head["sent"]), started_wall)
+        pairs, delay, hists = self.module.process_with_delays(fresh_r, fresh_s, float(self.watermarks.min()), groups,
+                                                              float(head["sent"]), started_wall)
         files = self.writer.add(pairs, delay)
         if self.aggregator:
             self.aggregator.add(pairs)
