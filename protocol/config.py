@@ -67,7 +67,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "max_depth": (12, "largest global depth of a partition-group's extendible-hash directory (0 = no tuning: one bucket per group)"),
     },
     "master": {
-        "buffer_capacity": (2000000, "tuples the master's mini-buffers may hold before ingest pauses"),
+        "buffer_capacity": (4000000, "tuples the master's mini-buffers may hold before ingest pauses (256 MB of 64-byte tuples)"),
     },
     "balance": {
         "enabled": (True, "move partition-groups between slaves and adapt the active slave count (paper IV-C, V-A)"),

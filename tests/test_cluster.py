@@ -128,6 +128,15 @@ def test_pacing_lag_counts_input_held_back_not_the_drain_after_it(tmp_path):
     assert run.summary["pacing_lag_max_seconds"] > 0.5
 
 
+def test_paced_ingest_is_not_capped_at_one_step_per_tick(tmp_path):
+    """Paced input is taken in ticks of 10 ms here; steps of 50 tuples per tick would cap ingest at 5,000/s.
+    At 12,000/s a whole step is due within every tick, so it is taken at once: no lag (about 1.2 s capped)."""
+    settings = dict(SMALL, **{"generator.duration": 2.0, "source.rate": 12000.0, "source.batch": 50,
+                              "generator.seed": 10})
+    run, _ = check_exact(tmp_path, 3, settings)
+    assert run.summary["pacing_lag_max_seconds"] < 0.25
+
+
 def test_slaves_that_miss_their_slot_are_served_when_idle_and_stay_exact(tmp_path):
     # 5 ms distribution epochs: the fixed cost of a batch keeps each slave joining past its next slot, so it
     # is served the moment it reports, between slots; disorder makes the watermark lag the batches
