@@ -31,7 +31,7 @@ from master.controller import Controller
 from master.coordination import CHECKPOINT, DONE, FINISH, HOLD, READY, RELEASE, SNAPSHOT, Orders
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.ranges import KeyRanges
-from master.ingest import late_mask, to_wire, to_wire_grouped
+from master.ingest import late_mask, to_wire, to_wire_hashed
 from master.source import skip
 from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
@@ -42,7 +42,7 @@ from protocol.mpi import wait_all_started
 from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, decode_report, \
     encode_batch
 from protocol.output import write_table
-from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, partition_of, tuple_dtype
+from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S, tuple_dtype
 
 
 def named(prefix: str, index: int, k: int) -> str:
@@ -160,20 +160,28 @@ class Master:
         late, prev_max, self.max_ts = late_mask(chunk.ts, self.max_ts, self.cfg["join"]["max_delay"])
         if late.any():
             self._set_aside_late(chunk, late, prev_max)
+        self._route(chunk, arrival, late)
+        self.stats.buffered_peak = max(self.stats.buffered_peak, len(self.buffers))
+        return n
+
+    def _route(self, chunk, arrival: np.ndarray, late: np.ndarray) -> None:
+        """The on-time tuples of `chunk` into the mini-buffers of their partitions."""
         on_time = ~late
         if self.router is not None:
             self.sketch.update(chunk.key[on_time])
         if self.range_partitioned and self.ranges is None and on_time.any():
             self.ranges = KeyRanges.from_sample(chunk.key[on_time], self.buffers.partitions)
+        if self.router is None and self.ranges is None:  # hash partitions: the rows built in their order
+            for stream, (rows, sizes) in enumerate(to_wire_hashed(self.dtype, chunk.stream, chunk.id, chunk.ts,
+                                                                  chunk.key, chunk.value, arrival, late,
+                                                                  self.buffers.partitions)):
+                self.stats.input[STREAM_NAMES[stream]] += len(rows)
+                self.buffers.add_ordered(stream, rows, sizes)
+            return
         for stream in (STREAM_R, STREAM_S):
             sel = np.flatnonzero(on_time & (chunk.stream == stream))
             self.stats.input[STREAM_NAMES[stream]] += len(sel)
-            columns = (self.dtype, chunk.id, chunk.ts, chunk.key, chunk.value, arrival, sel)
-            if self.router is None and self.ranges is None:  # hash partitions: the rows built in their order
-                parts = self.buffers.partitions
-                self.buffers.add_ordered(stream, *to_wire_grouped(*columns, partition_of(chunk.key[sel], parts), parts))
-                continue
-            rows = to_wire(*columns)
+            rows = to_wire(self.dtype, chunk.id, chunk.ts, chunk.key, chunk.value, arrival, sel)
             if self.router is not None:
                 if stream == STREAM_S:
                     self.buffers.add(stream, rows, self.router.route_s(rows))
@@ -185,8 +193,6 @@ class Master:
             else:  # a copy to every range that may hold partners
                 index, part = self.ranges.copies(rows["key"], *self.key_distance)
                 self.buffers.add(stream, rows[index], part)
-        self.stats.buffered_peak = max(self.stats.buffered_peak, len(self.buffers))
-        return n
 
     def _set_aside_late(self, chunk, late: np.ndarray, prev_max: np.ndarray) -> None:
         md = self.cfg["join"]["max_delay"]

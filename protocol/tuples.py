@@ -8,6 +8,7 @@ same dtype, so no per-tuple stream attribute is needed.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 STREAM_R = 0
 STREAM_S = 1
@@ -55,6 +56,16 @@ def mix64(keys: np.ndarray) -> np.ndarray:
 def partition_of(keys: np.ndarray, partitions: int) -> np.ndarray:
     """Partition id of each key (high hash bits; the low bits are left to extendible hashing)."""
     return ((mix64(keys) >> np.uint64(32)) % np.uint64(partitions)).astype(np.int64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def partition_one(key, partitions):  # pragma: no cover - compiled
+    """`partition_of` of one key, for compiled loops that route tuples without a pass per hashing step."""
+    z = np.uint64(key)
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    z = z ^ (z >> np.uint64(31))
+    return np.int64((z >> np.uint64(32)) % np.uint64(partitions))
 
 
 def directory_hash(keys: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from master.buffers import MiniBuffers
-from master.ingest import late_mask, to_wire, to_wire_grouped
+from master.ingest import late_mask, to_wire, to_wire_hashed
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from tests.reference import late_flags
 
@@ -72,20 +72,24 @@ def test_to_wire_packs_columns():
     assert rows["arrival"].tolist() == [100.0, 101.0]
 
 
-@pytest.mark.parametrize("n,span", [(0, 4), (1, 1), (1000, 7), (5000, 60)])
-def test_to_wire_grouped_is_the_stable_sort_by_label_of_the_selected_rows(n, span):
-    rng = np.random.default_rng(n + span)
-    cols = (rng.integers(-2**62, 2**62, n), rng.normal(size=n), rng.integers(0, 99, n), rng.random(n), rng.random(n))
-    index = np.flatnonzero(rng.random(n) < 0.6)
-    labels = rng.integers(0, span, len(index))
-    rows, sizes = to_wire_grouped(DT, *cols, index, labels, span)
-    order = index[np.argsort(labels, kind="stable")]
-    want = np.zeros(len(index), DT)  # padding zero, as to_wire's
-    for field, col in zip(("id", "ts", "key", "value", "arrival"), cols):
-        want[field] = col[order]
-    assert rows.tobytes() == want.tobytes()
-    assert sizes.tolist() == np.bincount(labels, minlength=span).tolist()
-    assert to_wire(DT, *cols, order).tobytes() == want.tobytes()  # rows in the order given
+@pytest.mark.parametrize("n,partitions,tuple_bytes", [(0, 4, 64), (1, 1, 64), (1000, 7, 40), (5000, 60, 64)])
+def test_to_wire_hashed_is_each_streams_on_time_rows_stably_sorted_by_partition(n, partitions, tuple_bytes):
+    rng = np.random.default_rng(n + partitions)
+    dt = tuple_dtype(tuple_bytes)
+    stream = rng.integers(0, 2, n).astype(np.int8)
+    cols = (rng.integers(-2**62, 2**62, n), rng.normal(size=n), rng.integers(-99, 99, n), rng.random(n), rng.random(n))
+    late = rng.random(n) < 0.2
+    routed = to_wire_hashed(dt, stream, *cols, late, partitions)
+    for st, (rows, sizes) in zip((STREAM_R, STREAM_S), routed):
+        index = np.flatnonzero(~late & (stream == st))
+        part = partition_of(cols[2][index], partitions)
+        order = index[np.argsort(part, kind="stable")]
+        want = np.zeros(len(index), dt)  # padding zero: nothing of the master's memory goes on the wire
+        for field, col in zip(("id", "ts", "key", "value", "arrival"), cols):
+            want[field] = col[order]
+        assert rows.dtype == dt and rows.tobytes() == want.tobytes()
+        assert sizes.tolist() == np.bincount(part, minlength=partitions).tolist()
+        assert to_wire(dt, *cols, order).tobytes() == want.tobytes()  # rows in the order given
 
 
 # --------------------------------------------------------------------------- MiniBuffers

@@ -12,7 +12,7 @@ from protocol import delays
 from protocol.arrays import group_pairs, whole_buffer
 from protocol.messages import HEADER, HISTOGRAMS, REPORT_BYTES, REPORT_FIELDS, Kind, batch_message, decode_batch, \
     decode_report, encode_batch, encode_report
-from protocol.tuples import BASE_TUPLE_BYTES, directory_hash, mix64, partition_of, tuple_dtype
+from protocol.tuples import BASE_TUPLE_BYTES, directory_hash, mix64, partition_of, partition_one, tuple_dtype
 
 
 # --------------------------------------------------------------------------- messages
@@ -269,6 +269,14 @@ def test_partition_of_in_range_and_deterministic(partitions):
     if 1 < partitions <= 60:
         counts = np.bincount(partition_of(np.arange(100000), partitions), minlength=partitions)
         assert counts.min() > 0.8 * 100000 / partitions  # well spread
+
+
+@pytest.mark.parametrize("partitions", [1, 7, 60, 1000])
+def test_compiled_partition_of_one_key_is_partition_of(partitions):
+    keys = np.concatenate([np.random.default_rng(partitions).integers(-2**63, 2**63 - 1, 2000, dtype=np.int64),
+                           np.arange(-50, 50), [np.iinfo(np.int64).min, np.iinfo(np.int64).max]])
+    one = np.array([partition_one(k, partitions) for k in keys.tolist()])
+    np.testing.assert_array_equal(one, partition_of(keys, partitions))
 
 
 def test_hashes_do_not_mutate_input_and_are_known_values():
