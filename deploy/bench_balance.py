@@ -96,8 +96,8 @@ def write_report(out: Path, data: dict) -> None:
         f"{' '.join(map(str, data['load_after']))}. The hogs alone add {n_hogs} to the load average.", "",
         f"Busy-host regime: {SLAVES} slaves + master, {regime}. Workload `{' '.join(data['workload'])}`.", "",
         table(data["summaries"]), "",
-        f"- **sustained rate**: the highest paced rate that kept up (ingest never more than {KEEP_UP_LAG:g} s, nor "
-        f"{KEEP_UP_SHARE:.0%} of the input's scheduled length, behind the pacing) "
+        f"- **sustained rate**: the highest paced rate that kept up (ingest and the master's buffers never more "
+        f"than {KEEP_UP_LAG:g} s, nor {KEEP_UP_SHARE:.0%} of the input's scheduled length, behind the pacing) "
         f"with delay p95 <= {data['delay_bound']:g} s, found by the search of `deploy.bench` (single runs: "
         f"probe, then at most {data['steps']} paced runs); *vs off* is its ratio to balancing off.",
         f"- the other columns are medians of {data['repeats']} runs at that mode's sustained rate (so modes are "

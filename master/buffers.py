@@ -46,6 +46,12 @@ class MiniBuffers:
             chunks[p].append(pieces[p])
         self.counts[stream] += sizes
 
+    def oldest_arrival(self, partitions: np.ndarray) -> float:
+        """The earliest arrival stamp among the tuples buffered for `partitions` (inf if none).  Every chunk
+        holds its rows in arrival order, so only each chunk's first record is read, not the tuples."""
+        heads = [c[:1] for chunks in self._chunks for p in partitions.tolist() for c in chunks[p]]
+        return float(np.concatenate(heads).view(self.dtype)["arrival"].min()) if heads else np.inf
+
     def drain(self, partitions: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Remove and return (R, S) tuples buffered for `partitions`; into `out` (R rows, S rows of exactly
         the sizes `counts` gives, e.g. a message's body) if given."""

@@ -262,6 +262,10 @@ class Master:
         groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty]])
         self.epoch[rank] += 1
         n_r, n_s = counts.sum(axis=1).tolist()
+        # a tuple waits at most one epoch for its slave's slot; longer means the cluster is behind, even while
+        # the mini-buffers still have room (ingest, and so the pacing lag, is held back only once they are full)
+        waited = time.time() - self.buffers.oldest_arrival(mine) - self.cfg["epochs"]["distribution"]
+        self.stats.backlog_max = max(self.stats.backlog_max, waited)
         buf, r, s = batch_message(Kind.BATCH, self.epoch[rank], watermark, n_r, n_s, self.dtype, groups=groups,
                                   spare=self.spare.pop(rank, None))
         self.buffers.drain(mine, out=(r, s))

@@ -32,11 +32,13 @@ class RunStats:
         self.stopped_by_signal = False
         self.tuples_moved = 0
         self.pacing_lag_max = 0.0  #: paced input: largest time the due tuples waited to be ingested
+        #: largest time a tuple waited in the mini-buffers beyond one distribution epoch (its slave's slot)
+        self.backlog_max = 0.0
         self.buffered_peak = 0     #: most tuples the mini-buffers ever held (at most master.buffer_capacity)
         self.elapsed_before = 0.0  #: seconds run before the checkpoint this run resumed from
 
     _STATE = ("input", "late", "rejected", "results", "splits", "merges", "delay_max", "tuples_moved",
-              "pacing_lag_max")
+              "pacing_lag_max", "backlog_max")
 
     def state(self) -> dict:
         """The counters as JSON for a checkpoint manifest."""
@@ -56,6 +58,7 @@ class RunStats:
         self.parts_hist += np.array(other["parts_hist"], dtype=np.int64)
         self.delay_max = max(self.delay_max, other["delay_max"])
         self.pacing_lag_max = max(self.pacing_lag_max, other["pacing_lag_max"])
+        self.backlog_max = max(self.backlog_max, other["backlog_max"])
         levels = ("window_tuples", "window_bytes", "peak_rss_bytes", "cpu_seconds", "comm_seconds")
         for rank, theirs in other["per_slave"].items():
             mine = self.per_slave[int(rank)]
@@ -124,6 +127,7 @@ class RunStats:
                                             "the slave started joining it, join = until the result was produced"},
             "slaves": {str(r): v for r, v in self.per_slave.items()},
             "pacing_lag_max_seconds": round(max(self.pacing_lag_max, 0.0), 3),
+            "backlog_max_seconds": round(max(self.backlog_max, 0.0), 3),
             "buffered_peak": self.buffered_peak,
             "master_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "tuples_moved": self.tuples_moved,

@@ -34,28 +34,35 @@ def test_median_skips_missing_runs():
 
 
 def test_keep_up_is_decided_by_the_masters_pacing_lag():
-    on_time = keep_up(tuples=100_000, wall=1.05, rate=100_000, pacing_lag=0.01)
+    on_time = keep_up(tuples=100_000, wall=1.05, rate=100_000, pacing_lag=0.01, backlog=0.0)
     assert on_time["kept_up"] and on_time["ratio"] == pytest.approx(0.952, abs=1e-3)
     assert on_time["lag_seconds"] == pytest.approx(0.01)
     # a short run whose wall time is mostly start-up and drain still kept up if ingest never lagged
-    short = keep_up(tuples=100_000, wall=1.5, rate=100_000, pacing_lag=0.02)
+    short = keep_up(tuples=100_000, wall=1.5, rate=100_000, pacing_lag=0.02, backlog=0.0)
     assert short["kept_up"] and short["ratio"] < 0.9
     # ... and a run that finished near its schedule but whose ingest fell behind on the way did not
-    lagging = keep_up(tuples=100_000, wall=1.05, rate=100_000, pacing_lag=bench.KEEP_UP_LAG + 0.01)
+    lagging = keep_up(tuples=100_000, wall=1.05, rate=100_000, pacing_lag=bench.KEEP_UP_LAG + 0.01, backlog=0.0)
     assert not lagging["kept_up"]
-    behind = keep_up(tuples=1_000_000, wall=20.0, rate=100_000, pacing_lag=9.5)
+    behind = keep_up(tuples=1_000_000, wall=20.0, rate=100_000, pacing_lag=9.5, backlog=0.0)
     assert not behind["kept_up"] and behind["achieved_rate"] == 50_000
+
+
+def test_keep_up_also_counts_the_backlog_in_the_masters_buffers():
+    # ingest kept pace (the mini-buffers had room) but tuples waited 0.3 s past their slot: behind all the same
+    held = keep_up(tuples=12_000_000, wall=1.6, rate=10_000_000, pacing_lag=0.02, backlog=0.3)
+    assert not held["kept_up"] and held["lag_seconds"] == 0.3 and held["lag_bound"] == 0.12
+    assert keep_up(tuples=12_000_000, wall=1.6, rate=10_000_000, pacing_lag=0.02, backlog=0.005)["kept_up"]
 
 
 def test_keep_up_bound_shrinks_with_a_short_input():
     # 12M tuples paced at 7M/s are 1.7 s of input: a cluster ingesting 5.9M/s ends 0.33 s behind, within the
     # fixed 0.5 s; the bound is 10% of the input's length, 0.17 s
-    assert keep_up(tuples=12_000_000, wall=2.3, rate=7_000_000, pacing_lag=0.33) == {
+    assert keep_up(tuples=12_000_000, wall=2.3, rate=7_000_000, pacing_lag=0.33, backlog=0.0) == {
         "achieved_rate": pytest.approx(5_217_391.3), "ratio": 0.745, "lag_seconds": 0.33, "lag_bound": 0.171,
         "kept_up": False}
-    assert keep_up(tuples=12_000_000, wall=2.3, rate=6_000_000, pacing_lag=0.15)["kept_up"]
+    assert keep_up(tuples=12_000_000, wall=2.3, rate=6_000_000, pacing_lag=0.15, backlog=0.0)["kept_up"]
     # a long input keeps the fixed bound
-    long = keep_up(tuples=12_000_000, wall=20.0, rate=600_000, pacing_lag=0.45)
+    long = keep_up(tuples=12_000_000, wall=20.0, rate=600_000, pacing_lag=0.45, backlog=0.0)
     assert long["lag_bound"] == bench.KEEP_UP_LAG and long["kept_up"]
 
 
@@ -206,7 +213,7 @@ def test_planned_runs_and_count():
 
 def paced(label, rate, throughput, p50, p95, kept=True, rss=120.0):
     r = {"label": label, **run_numbers(summary(throughput, p50, p95=p95)), "peak_rss_mb": rss, "rate": rate,
-         **keep_up(1000, 2.0, 100, 0.0 if kept else 5.0)}
+         **keep_up(1000, 2.0, 100, 0.0 if kept else 5.0, 0.0)}
     r["passed"], r["verdict"] = search_verdict(r, 1.5)
     return r
 

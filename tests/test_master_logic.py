@@ -94,6 +94,24 @@ def test_to_wire_hashed_is_each_streams_on_time_rows_stably_sorted_by_partition(
 
 # --------------------------------------------------------------------------- MiniBuffers
 
+def test_minibuffers_oldest_arrival_is_the_earliest_of_the_partitions_asked():
+    rng = np.random.default_rng(3)
+    buf = MiniBuffers(5, DT)
+    assert buf.oldest_arrival(np.arange(5)) == np.inf
+    rows = []
+    for step in range(6):  # chunks come in arrival order; a re-routed chunk may be older than the one before
+        for stream in (STREAM_R, STREAM_S):
+            chunk = np.zeros(int(rng.integers(1, 40)), DT)
+            chunk["key"] = rng.integers(0, 100, len(chunk))
+            chunk["arrival"] = np.sort(rng.uniform(step, step + 2, len(chunk)))
+            buf.add(stream, chunk)
+            rows.append(chunk)
+    rows = np.concatenate(rows)
+    part = partition_of(rows["key"], 5)
+    for asked in ([0], [1, 3], [0, 1, 2, 3, 4], []):
+        want = rows["arrival"][np.isin(part, asked)].min(initial=np.inf)
+        assert buf.oldest_arrival(np.array(asked, dtype=np.int64)) == want
+
 def batch(rng, first_id, n, n_keys):
     rows = np.zeros(n, dtype=DT)
     rows["id"] = np.arange(first_id, first_id + n)
