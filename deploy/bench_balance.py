@@ -160,9 +160,9 @@ def plot(out: Path, data: dict) -> Path:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m deploy.bench_balance", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="20 s of input per run instead of 60 s, and 4 search steps instead of 6")
+                   help="20 s of input per run instead of 60 s, and 4 search steps instead of 8")
     p.add_argument("--repeats", type=int, default=3, help="runs at each mode's sustained rate (default 3)")
-    p.add_argument("--steps", type=int, help="paced runs of each search (default 4 with --quick, else 6)")
+    p.add_argument("--steps", type=int, help="paced runs of each search (default 4 with --quick, else 8: enough to look above the probe)")
     p.add_argument("--hogs", type=int, default=HOGS,
                    help=f"CPU hogs on the busy host (default {HOGS}; 0 = pinned hosts, none busy)")
     p.add_argument("--modes", default=",".join(MODES), help=f"modes to run (default {','.join(MODES)})")
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):
         p.error(f"--modes takes a comma list of {', '.join(MODES)}, got {a.modes!r}")
-    steps = a.steps if a.steps is not None else 4 if a.quick else 6
+    steps = a.steps if a.steps is not None else 4 if a.quick else 8
     if a.repeats < 1 or steps < 1 or a.hogs < 0:
         p.error("--repeats and --steps must be at least 1, --hogs at least 0")
     workload = WORKLOAD + [f"generator.duration={20.0 if a.quick else 60.0}"]

@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deploy.bench import (DELAY_BOUND, fmt, md_table, next_rate, search_verdict, sustained_rate, bracket,
+from deploy.bench import (DELAY_BOUND, confirmed, fmt, md_table, next_rate, search_verdict, sustained_rate, bracket,
                           trail_text, median)
 from protocol.config import load_config
 from protocol.delays import exact_percentiles
@@ -279,9 +279,10 @@ def peer_table(p: dict) -> str:
 
 
 def ratio(points: list[dict], peer: dict, cluster_bound: float | None = None) -> dict:
-    """The cluster's best sustained rate (over its slave counts) over Spark's; when Spark sustained no rate, a
-    lower bound from the lowest rate it was tried at."""
-    best = max(points, key=lambda p: p["sustained"]["rate"])
+    """The cluster's best sustained rate (over its slave counts whose rate most repeats confirmed) over Spark's;
+    when Spark sustained no rate, a lower bound from the lowest rate it was tried at."""
+    best = max([p for p in points if confirmed(p)] or [{"slaves": None, "sustained": {"rate": 0}}],
+               key=lambda p: p["sustained"]["rate"])
     spark = peer["sustained"]["rate"]
     lowest = min((r for r, _ in peer["search"]["trail"]), default=None)
     value = best["sustained"]["rate"] / spark if spark else None
@@ -299,7 +300,7 @@ def ratio_text(r: dict) -> str:
         return f"{head}: ratio cluster/Spark **{r['ratio']:.1f}x**"
     if r["ratio_at_least"]:
         return f"{head}: Spark sustained no paced rate tried, so the ratio is more than {r['ratio_at_least']:.1f}x"
-    return f"{head}: no ratio (the cluster sustained no rate)"
+    return f"{head}: no ratio (the cluster sustained no rate that most of its repeats confirmed)"
 
 
 def report_section(points: list[dict], peer: dict, cluster_bound: float) -> list[str]:

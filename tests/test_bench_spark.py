@@ -70,7 +70,10 @@ def _peer(trail, sustained_runs=()):
 
 def test_ratio_of_the_clusters_best_rate_to_sparks():
     from deploy.bench_spark import ratio, ratio_text
-    points = [{"slaves": 1, "sustained": {"rate": 250_000}}, {"slaves": 2, "sustained": {"rate": 450_000}}]
+    held, luck = [{"passed": True}, {"passed": True}, {"passed": False}], [{"passed": True}, {"passed": False}]
+    points = [{"slaves": 1, "sustained": {"rate": 250_000, "runs": held}},
+              {"slaves": 2, "sustained": {"rate": 450_000, "runs": held}},
+              {"slaves": 4, "sustained": {"rate": 900_000, "runs": luck}}]  # half its repeats: not a capacity
     r = ratio(points, _peer([(25_000, False), (12_500, True), (17_700, False)]))
     assert r == {"cluster_rate": 450_000, "cluster_slaves": 2, "spark_rate": 12_500, "ratio": 36.0,
                  "ratio_at_least": None, "bounds": None}
@@ -79,11 +82,13 @@ def test_ratio_of_the_clusters_best_rate_to_sparks():
     none = ratio(points, _peer([(25_000, False), (12_500, False), (6_250, False), (3_125, False)]))
     assert none["ratio"] is None and none["ratio_at_least"] == 144.0
     assert "more than 144.0x" in ratio_text(none)
+    unconfirmed = ratio(points[2:], _peer([(12_500, True)]))
+    assert unconfirmed["ratio"] is None and "no ratio" in ratio_text(unconfirmed)
 
 
 def test_report_section_lists_every_spark_run():
     from deploy.bench_spark import report_section
-    lines = "\n".join(report_section([{"slaves": 2, "sustained": {"rate": 100_000}}],
+    lines = "\n".join(report_section([{"slaves": 2, "sustained": {"rate": 100_000, "runs": [{"passed": True}]}}],
                                      _peer([(25_000, False), (12_500, True)]), 1.5))
     assert "held to a delay p95 bound of 5 s, the cluster to 1.5 s" in lines
     assert "## Peer: Spark Structured Streaming" in lines and "| Spark local[2] | 50,000 " in lines
