@@ -293,7 +293,9 @@ def ratio(points: list[dict], peer: dict, cluster_bound: float | None = None) ->
 
 
 def ratio_text(r: dict) -> str:
-    head = f"cluster ({r['cluster_slaves']} slaves) {r['cluster_rate']:,.0f}/s vs Spark {r['spark_rate']:,.0f}/s"
+    cluster = (f"cluster ({r['cluster_slaves']} slaves) {r['cluster_rate']:,.0f}/s" if r["cluster_slaves"] else
+               "cluster (no slave count's rate confirmed by most repeats)")
+    head = f"{cluster} vs Spark {r['spark_rate']:,.0f}/s"
     if r.get("bounds"):
         head += f" (delay p95 bounds {r['bounds'][0]:g} s and {r['bounds'][1]:g} s)"
     if r["ratio"]:
