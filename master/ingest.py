@@ -11,7 +11,18 @@ import numpy as np
 from numba import njit
 
 from protocol.arrays import field_words, words
-from protocol.tuples import FIELDS, partition_one
+from protocol.tuples import MIX_M1, MIX_M2, FIELDS
+
+
+@njit(cache=True, nogil=True, inline="always")
+def partition_one(key, partitions):  # pragma: no cover - compiled
+    """protocol.tuples.partition_of of one key, for compiled loops that route tuples without a pass per hashing
+    step (here, not in protocol/: the Spark side imports protocol/ in Python workers without numba)."""
+    z = np.uint64(key)
+    z = (z ^ (z >> np.uint64(30))) * MIX_M1
+    z = (z ^ (z >> np.uint64(27))) * MIX_M2
+    z = z ^ (z >> np.uint64(31))
+    return np.int64((z >> np.uint64(32)) % np.uint64(partitions))
 
 
 _LATE_SIG = "float64(float64[:], float64, float64, boolean[::1], float64[::1])"

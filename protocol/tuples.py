@@ -8,7 +8,6 @@ same dtype, so no per-tuple stream attribute is needed.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 STREAM_R = 0
 STREAM_S = 1
@@ -38,17 +37,18 @@ def tuple_dtype(tuple_bytes: int = BASE_TUPLE_BYTES) -> np.dtype:
     return np.dtype(fields)
 
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
+#: splitmix64's multipliers (master.ingest.partition_one uses them too)
+MIX_M1 = np.uint64(0xBF58476D1CE4E5B9)
+MIX_M2 = np.uint64(0x94D049BB133111EB)
 
 
 def mix64(keys: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser over a whole key array: a well-spread 64-bit hash."""
     z = np.asarray(keys).astype(np.uint64, copy=True)
     z ^= z >> np.uint64(30)
-    z *= _M1
+    z *= MIX_M1
     z ^= z >> np.uint64(27)
-    z *= _M2
+    z *= MIX_M2
     z ^= z >> np.uint64(31)
     return z
 
@@ -57,15 +57,6 @@ def partition_of(keys: np.ndarray, partitions: int) -> np.ndarray:
     """Partition id of each key (high hash bits; the low bits are left to extendible hashing)."""
     return ((mix64(keys) >> np.uint64(32)) % np.uint64(partitions)).astype(np.int64)
 
-
-@njit(cache=True, nogil=True, inline="always")
-def partition_one(key, partitions):  # pragma: no cover - compiled
-    """`partition_of` of one key, for compiled loops that route tuples without a pass per hashing step."""
-    z = np.uint64(key)
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    z = z ^ (z >> np.uint64(31))
-    return np.int64((z >> np.uint64(32)) % np.uint64(partitions))
 
 
 def directory_hash(keys: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from master.buffers import MiniBuffers
-from master.ingest import late_mask, to_wire, to_wire_hashed
+from master.ingest import late_mask, partition_one, to_wire, to_wire_hashed
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from tests.reference import late_flags
 
@@ -90,6 +90,14 @@ def test_to_wire_hashed_is_each_streams_on_time_rows_stably_sorted_by_partition(
         assert rows.dtype == dt and rows.tobytes() == want.tobytes()
         assert sizes.tolist() == np.bincount(part, minlength=partitions).tolist()
         assert to_wire(dt, *cols, order).tobytes() == want.tobytes()  # rows in the order given
+
+
+@pytest.mark.parametrize("partitions", [1, 7, 60, 1000])
+def test_compiled_partition_of_one_key_is_partition_of(partitions):
+    keys = np.concatenate([np.random.default_rng(partitions).integers(-2**63, 2**63 - 1, 2000, dtype=np.int64),
+                           np.arange(-50, 50), [np.iinfo(np.int64).min, np.iinfo(np.int64).max]])
+    one = np.array([partition_one(k, partitions) for k in keys.tolist()])
+    np.testing.assert_array_equal(one, partition_of(keys, partitions))
 
 
 # --------------------------------------------------------------------------- MiniBuffers
