@@ -122,10 +122,10 @@ def to_wire_hashed(dtype: np.dtype, stream, ids, ts, keys, values, arrival, late
     (count, then pack) in place of a selection, a hash and a gather per stream."""
     part = np.empty(len(keys), dtype=np.int64)
     sizes = np.zeros((2, partitions), dtype=np.int64)
-    keys = np.asarray(keys, dtype=np.int64)
-    _count_hashed(np.asarray(stream, dtype=np.int8), keys, late, partitions, part, sizes)
+    stream, keys = np.asarray(stream, dtype=np.int8), np.asarray(keys, dtype=np.int64)
+    _count_hashed(stream, keys, late, partitions, part, sizes)
     rows = [np.empty(int(n), dtype=dtype) for n in sizes.sum(axis=1)]
     starts = np.cumsum(sizes, axis=1) - sizes
-    _pack_hashed(np.asarray(stream, dtype=np.int8), *_columns(dtype, (ids, ts, keys, values, arrival)), late, part,
+    _pack_hashed(stream, *_columns(dtype, (ids, ts, keys, values, arrival)), late, part,
                  starts, field_words(dtype, FIELDS), _padding(dtype), words(rows[0]), words(rows[1]))
     return [(rows[0], sizes[0]), (rows[1], sizes[1])]
