@@ -28,16 +28,16 @@ test: $(STAMP)
 	timeout 600 $(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
 	$(BIN)/python -m pytest -q tests --ignore=tests/mpi
 
-# quick: one run per point, 60 s of event time (6M tuples) per run (README: its time); bench-full: medians of 3, 1-8 slaves, more epochs
+# quick: one run per point, 60 s of event time (6M tuples) per run (docs/benchmarks.md: its time); bench-full: medians of 3, 1-8 slaves, more epochs
 bench: $(STAMP)
-	$(BIN)/python -m deploy.bench --quick
-	$(BIN)/python -m deploy.bench_balance --quick --repeats 1
-	$(BIN)/python -m deploy.bench_hotkeys --quick --repeats 1
+	$(BIN)/python -m bench --quick
+	$(BIN)/python -m bench.balance --quick --repeats 1
+	$(BIN)/python -m bench.hotkeys --quick --repeats 1
 
 bench-full: $(STAMP)
-	$(BIN)/python -m deploy.bench
-	$(BIN)/python -m deploy.bench_balance
-	$(BIN)/python -m deploy.bench_hotkeys
+	$(BIN)/python -m bench
+	$(BIN)/python -m bench.balance
+	$(BIN)/python -m bench.hotkeys
 
 clean:
 	rm -rf out bench-report .pytest_cache

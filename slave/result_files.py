@@ -1,6 +1,6 @@
 """A slave's result files: each batch's result columns, written as files of about `output.flush_rows` rows.
 
-Kept apart from the MPI loop (slave.run) so that deploy.bench_kernel can time a slave's whole work on a
+Kept apart from the MPI loop (slave.run) so that bench.kernel can time a slave's whole work on a
 batch (join, delays, result files) in one process without MPI.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests of deploy/bench.py's helpers and report writing, and a few small real runs (no speed assertions)."""
+"""Tests of the bench package's helpers and report writing, and a few small real runs (no speed assertions)."""
 from __future__ import annotations
 
 import argparse
@@ -9,10 +9,14 @@ import os
 import numpy as np
 import pytest
 
-from deploy import bench
-from deploy.bench import (aggregate, bracket, caveats, count, fmt, keep_up, krate, md_table, median, next_rate,
-                          parse_slaves, planned_runs, run_numbers, search_verdict, summary_table, sustained_rate,
-                          trail_text)
+import bench.report
+import bench.search
+import bench.tables
+from bench.__main__ import parse_slaves
+from bench.cluster import aggregate, planned_runs, run_numbers
+from bench.report import caveats
+from bench.search import bracket, keep_up, median, next_rate, search_verdict, sustained_rate
+from bench.tables import count, fmt, krate, md_table, summary_table, trail_text
 from protocol.config import load_config
 
 
@@ -41,7 +45,7 @@ def test_keep_up_is_decided_by_the_masters_pacing_lag():
     short = keep_up(tuples=100_000, wall=1.5, rate=100_000, pacing_lag=0.02, backlog=0.0)
     assert short["kept_up"] and short["ratio"] < 0.9
     # ... and a run that finished near its schedule but whose ingest fell behind on the way did not
-    lagging = keep_up(tuples=100_000, wall=1.05, rate=100_000, pacing_lag=bench.KEEP_UP_LAG + 0.01, backlog=0.0)
+    lagging = keep_up(tuples=100_000, wall=1.05, rate=100_000, pacing_lag=bench.search.KEEP_UP_LAG + 0.01, backlog=0.0)
     assert not lagging["kept_up"]
     behind = keep_up(tuples=1_000_000, wall=20.0, rate=100_000, pacing_lag=9.5, backlog=0.0)
     assert not behind["kept_up"] and behind["achieved_rate"] == 50_000
@@ -63,7 +67,7 @@ def test_keep_up_bound_shrinks_with_a_short_input():
     assert keep_up(tuples=12_000_000, wall=2.3, rate=6_000_000, pacing_lag=0.15, backlog=0.0)["kept_up"]
     # a long input keeps the fixed bound
     long = keep_up(tuples=12_000_000, wall=20.0, rate=600_000, pacing_lag=0.45, backlog=0.0)
-    assert long["lag_bound"] == bench.KEEP_UP_LAG and long["kept_up"]
+    assert long["lag_bound"] == bench.search.KEEP_UP_LAG and long["kept_up"]
 
 
 def test_fmt_and_md_table():
@@ -127,7 +131,7 @@ def test_next_rate_halves_until_a_run_passes_then_gives_up():
     assert next_rate([(500, False), (250, False)], 1000.0, steps=10) == 125
     assert next_rate([(500, False), (250, False), (125, False)], 1000.0, steps=10) == 62  # round(62.5)
     four_fails = [(500, False), (250, False), (125, False), (62, False)]
-    assert len(four_fails) == bench.MAX_FAILS_WITHOUT_PASS
+    assert len(four_fails) == bench.search.MAX_FAILS_WITHOUT_PASS
     assert next_rate(four_fails, 1000.0, steps=10) is None
     assert sustained_rate(four_fails) == 0 and bracket(four_fails) == (0, 62)
 
@@ -168,12 +172,12 @@ def test_search_brackets_a_threshold(true_rate, steps):
     lo, hi = bracket(trail)
     assert sustained_rate(trail) == lo and 0 < lo <= true_rate
     assert hi is None or hi > true_rate
-    halvings = max(0, math.ceil(math.log2(unpaced * bench.FIRST_FRACTION / true_rate)))
+    halvings = max(0, math.ceil(math.log2(unpaced * bench.search.FIRST_FRACTION / true_rate)))
     assert [ok for _, ok in trail[:halvings + 1]] == [False] * halvings + [True]
     # after the first pass the bracket spans a factor 2; each geometric bisection halves its logarithm ...
     floor = 0.99 * true_rate * 2 ** -(1 / 2 ** (steps - halvings - 1))
-    if true_rate >= bench.PROBE_MARGIN * unpaced:  # ... unless it looks above U, which costs resolution near U
-        floor = min(floor, 0.99 * bench.PROBE_MARGIN * unpaced)
+    if true_rate >= bench.search.PROBE_MARGIN * unpaced:  # ... unless it looks above U, which costs resolution near U
+        floor = min(floor, 0.99 * bench.search.PROBE_MARGIN * unpaced)
     assert lo >= floor
 
 
@@ -242,7 +246,7 @@ def test_summary_table_row():
     header, rule, row = summary_table([p]).splitlines()
     names = [c.strip() for c in header.strip("|").split("|")]
     cells = dict(zip(names, (c.strip() for c in row.strip("|").split("|"))))
-    assert len(cells) == len(names) == len(bench.SUMMARY_HEADER)
+    assert len(cells) == len(names) == len(bench.tables.SUMMARY_HEADER)
     assert cells["slaves"] == "2" and cells["unpaced tuples/s"] == "1,000,000"
     assert cells["sustained rate/s"] == "297,000"
     assert cells["search (✓ pass, ✗ fail)"] == "500k✗ 250k✓ 354k✗ 297k✓"
@@ -263,7 +267,7 @@ def test_summary_table_when_nothing_passed():
 
 
 def fake_data(points):
-    return {"command": "python -m deploy.bench --quick", "repeats": 3, "steps": 4, "delay_bound": 1.5,
+    return {"command": "python -m bench --quick", "repeats": 3, "steps": 4, "delay_bound": 1.5,
             "workload": ["generator.duration=10.0"], "bench_seconds": 200.0, "points": points,
             "machine": {"cpu": "x", "cores": 2, "memory_gib": 1.0, "load_average_at_start": [0.1, 0.2, 0.3],
                         "os": "linux", "python": "3", "numpy": "2", "mpi4py": "4", "open_mpi": "5",
@@ -287,14 +291,14 @@ def test_caveats():
 def test_report_and_plots_are_written(tmp_path):
     data = fake_data([point(1), point(2)])
     data = json.loads(json.dumps(data))  # as read back from results.json: tuples become lists
-    bench.write_report(tmp_path, data)
+    bench.report.write_report(tmp_path, data)
     report = (tmp_path / "report.md").read_text()
     assert "| slaves | unpaced tuples/s | sustained rate/s |" in report
     assert "500,000 fail → 250,000 pass → 354,000 fail → 297,000 pass" in report
     assert "between 297,000 and 354,000/s" in report
     for label in ("probe", "search #4", "sustained #3", "half #1"):
         assert f"| {label} " in report
-    paths = bench.plot(tmp_path, data["points"], 1.5)
+    paths = bench.report.plot(tmp_path, data["points"], 1.5)
     assert [p.name for p in paths] == ["capacity.png", "delay.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
 
@@ -302,7 +306,7 @@ def test_report_and_plots_are_written(tmp_path):
 
 
 def test_balance_bench_imbalance_is_max_over_mean():
-    from deploy.bench_balance import imbalance
+    from bench.balance import imbalance
     summary = {"slaves": {"1": {"tuples_processed": 300}, "2": {"tuples_processed": 100},
                           "3": {"tuples_processed": 200}}}
     assert imbalance(summary["slaves"]) == pytest.approx(1.5)
@@ -312,7 +316,7 @@ def test_balance_bench_imbalance_is_max_over_mean():
 # --------------------------------------------------------------------------- the load-balancing bench
 
 def test_balance_bench_busy_share_and_mode_summary():
-    from deploy.bench_balance import busy_share, mode_summary, table
+    from bench.balance import busy_share, mode_summary, table
     slaves = {"1": {"tuples_processed": 300}, "2": {"tuples_processed": 300}, "3": {"tuples_processed": 100},
               "4": {"tuples_processed": 300}}
     assert busy_share(slaves, [3, 4]) == pytest.approx(0.4)
@@ -332,9 +336,9 @@ def test_balance_bench_busy_share_and_mode_summary():
 
 
 def test_balance_report_and_plot_are_written(tmp_path):
-    from deploy import bench_balance as bb
+    from bench import balance as bb
     points = {mode: point(4) for mode in ("off", "repartition")}
-    data = {"command": "python -m deploy.bench_balance --quick", "machine": fake_data([])["machine"],
+    data = {"command": "python -m bench.balance --quick", "machine": fake_data([])["machine"],
             "workload": bb.WORKLOAD, "slaves": 4, "hogs": 2, "hosts": [[0], [1]], "busy_slaves": [3, 4],
             "repeats": 3, "steps": 4, "delay_bound": 1.5, "load_before": [0.5, 0.4, 0.3], "load_after": [2.5, 2, 1],
             "points": points, "runs": 16, "bench_seconds": 400.0,
@@ -353,7 +357,7 @@ def test_planned_runs_without_half_load():
 
 
 def test_busy_host_cpu_plan():
-    from deploy.busy import busy_slaves, cpu_plan, decode_plan, encode_plan, hosts
+    from bench.busy import busy_slaves, cpu_plan, decode_plan, encode_plan, hosts
     assert hosts([1, 0]) == ([0], [1]) and hosts([0]) == ([0], [0]) and hosts([0, 1, 2, 3, 4]) == ([0, 1], [2, 3, 4])
     # 4 slaves on 2 CPUs: the master and slaves 1, 2 quiet, slaves 3, 4 busy
     assert cpu_plan(5, [0, 1]) == [[0], [0], [0], [1], [1]] and busy_slaves(5) == [3, 4]
@@ -372,7 +376,7 @@ def test_busy_host_cpu_plan():
 def test_hogs_spin_pinned_and_are_ended(tmp_path):
     import os
     import time
-    from deploy.busy import hogs
+    from bench.busy import hogs
     cpu = min(os.sched_getaffinity(0))
     with hogs(2, [cpu]) as pids:
         assert len(pids) == 2
@@ -388,25 +392,25 @@ def test_hogs_spin_pinned_and_are_ended(tmp_path):
 
 
 def test_busy_wrapper_runs_the_cluster_pinned_and_names_a_bad_plan(tmp_path):
-    """A real mpirun through `python -m deploy.busy`: a valid plan runs the join; a CPU that does not exist is a
+    """A real mpirun through `python -m bench.busy`: a valid plan runs the join; a CPU that does not exist is a
     clear error naming the rank and the CPU."""
     import os
-    from deploy.bench import RunFailed, run_cluster
-    from deploy.busy import PLAN_ENV
+    from bench.cluster import RunFailed, run_cluster
+    from bench.busy import PLAN_ENV
     cpu = min(os.sched_getaffinity(0))
     small = ["generator.duration=1.0", "generator.rate=2000", "generator.keys=64"]
-    s = run_cluster(3, small, tmp_path / "ok", 120, module="deploy.busy", env={PLAN_ENV: f"{cpu};{cpu};{cpu}"})
+    s = run_cluster(3, small, tmp_path / "ok", 120, module="bench.busy", env={PLAN_ENV: f"{cpu};{cpu};{cpu}"})
     assert s["input_total"] > 3000 and s["results"] > 0 and set(s["slaves"]) == {"1", "2"}
     # the exact delay percentiles, read from the result files, lie in the bins the summary gives the upper edges of
     for q in ("p50", "p95", "p99"):
         binned, exact = s["delay_seconds"][q], s["delay_exact"][q]
         assert binned / 10 ** (1 / 20) <= exact <= binned, (q, exact, binned)
     with pytest.raises(RunFailed, match="cannot be pinned to CPU"):
-        run_cluster(3, small, tmp_path / "bad", 120, module="deploy.busy", env={PLAN_ENV: f"{cpu};{cpu};4095"})
+        run_cluster(3, small, tmp_path / "bad", 120, module="bench.busy", env={PLAN_ENV: f"{cpu};{cpu};4095"})
 
 
 def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
-    from deploy.bench_kernel import duckdb_join, epoch_batches, own_kernel
+    from bench.kernel import duckdb_join, epoch_batches, own_kernel
     from protocol.config import load_config
     cfg = load_config(None, ["generator.duration=2", "generator.rate=5000", "generator.keys=2048"])
     data, batches = epoch_batches(cfg)
@@ -422,7 +426,7 @@ def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
 
 
 def test_kernel_bench_writing_results_writes_exactly_the_reference_join(tmp_path):
-    from deploy.bench_kernel import epoch_batches, own_kernel
+    from bench.kernel import epoch_batches, own_kernel
     from protocol.config import load_config
     from protocol.output import read_tables
     from tests.reference import encode_pairs, reference_pairs
@@ -441,7 +445,7 @@ def test_kernel_bench_writing_results_writes_exactly_the_reference_join(tmp_path
 
 
 def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
-    from deploy.bench_kernel import epoch_batches, window_footprint
+    from bench.kernel import epoch_batches, window_footprint
     from protocol.config import load_config
     cfg = load_config(None, ["generator.duration=3", "generator.rate=5000", "generator.keys=2048"])
     _, batches = epoch_batches(cfg)
@@ -453,7 +457,7 @@ def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
 
 
 def test_generated_file_holds_the_generated_input_once_per_generator_config(tmp_path):
-    from deploy.bench import generated_file
+    from bench.cluster import generated_file
     from master.source import FileSource, generate_all
     small = ["generator.duration=2.0", "generator.rate=3000", "generator.keys=64"]
     path = generated_file(small, tmp_path)
@@ -469,7 +473,7 @@ def test_generated_file_holds_the_generated_input_once_per_generator_config(tmp_
 
 def test_bench_runs_the_cluster_on_the_generated_file_with_the_same_results(tmp_path):
     """Real runs: the same workload from the generator and from its file gives the same input and results."""
-    from deploy.bench import Bench
+    from bench.cluster import Bench
     small = ["generator.duration=2.0", "generator.rate=3000", "generator.keys=64"]
     runs = {kind: Bench([1], 1, 1, 1.5, small, 120, tmp_path / kind, input_kind=kind).run_at(1, "probe", 0.0)
             for kind in ("generator", "file")}

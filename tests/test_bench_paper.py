@@ -1,4 +1,4 @@
-"""Tests of deploy/bench_paper.py's pure parts: workloads, targets, tables, report sections and plots (no runs)."""
+"""Tests of bench/paper.py's pure parts: workloads, targets, tables, report sections and plots (no runs)."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from deploy import bench, bench_paper
-from deploy.bench_paper import (WORKLOADS, comm_per_slave, kernel_fraction, paced_runs, parse_epochs, parse_names,
+import bench.paper
+import bench.report
+from bench.paper import (WORKLOADS, comm_per_slave, kernel_fraction, paced_runs, parse_epochs, parse_names,
                                 rank_rss, window_state)
 from protocol.config import load_config
 from tests.test_bench import fake_data, point
@@ -20,7 +21,7 @@ def test_every_workload_is_a_valid_config_and_differs_from_the_paper():
         assert what
         if name != "paper":
             assert settings and cfg["generator"]["distribution"] in ("uniform", "zipf")
-    assert WORKLOADS["paper"][1] == [] and bench_paper.EXTRA_WORKLOADS == ["uniform", "zipf", "duplication"]
+    assert WORKLOADS["paper"][1] == [] and bench.paper.EXTRA_WORKLOADS == ["uniform", "zipf", "duplication"]
     assert load_config(None, WORKLOADS["duplication"][1])["generator"]["keys"] <= 1000
 
 
@@ -64,14 +65,14 @@ def test_window_state_rank_rss_and_comm():
 
 
 def full_data():
-    """fake_data with every part deploy.bench_paper adds."""
+    """fake_data with every part bench.paper adds."""
     data = fake_data([point(1), point(2)])
     data["config"]["generator"]["tuple_bytes"] = 64
     data["workloads"] = {"zipf": {"settings": WORKLOADS["zipf"][1], "points": [point(2)]}}
     off = point(2)
     off["search"]["trail"] = [(250_000, True), (354_000, False), (297_000, False), (272_000, False)]
     off["sustained"]["rate"] = 250_000
-    data["tuning_off"] = {"settings": bench_paper.NO_TUNING, "points": [off]}
+    data["tuning_off"] = {"settings": bench.paper.NO_TUNING, "points": [off]}
     sweep = []
     for e, comm in ((0.25, 0.8), (0.5, 0.5), (1.0, 0.3)):
         r = copy.deepcopy(point(2)["half"]["runs"][0])
@@ -94,7 +95,7 @@ def table_rows(text: str) -> list[list[str]]:
 
 def test_targets_table_says_what_is_met():
     data = full_data()
-    rows = {r[0].split()[0]: r for r in table_rows(bench_paper.targets_table(data))}
+    rows = {r[0].split()[0]: r for r in table_rows(bench.paper.targets_table(data))}
     assert rows["capacity"][1:] == ["12.5x", "✓ met"]
     # half-load p99 of the fake points is 0.3 s <= 0.5 + 0.1
     assert rows["delay"][2] == "✓ met" and "1 slave(s) 0.300 s" in rows["delay"][1]
@@ -107,44 +108,44 @@ def test_targets_table_says_what_is_met():
     lucky = point(4, sustained_kept=(True, False, False))
     lucky["sustained"]["rate"] = 900_000
     data["points"].append(lucky)
-    assert table_rows(bench_paper.targets_table(data))[-1][1].startswith("0.37")
+    assert table_rows(bench.paper.targets_table(data))[-1][1].startswith("0.37")
     data["points"].pop()
     data["epochs"] = None
     data["config"]["epochs"]["distribution"] = 0.1  # 0.3 s > 0.1 + 0.1
-    assert "✗ not met" in {r[0].split()[0]: r for r in table_rows(bench_paper.targets_table(data))}["delay"][2]
+    assert "✗ not met" in {r[0].split()[0]: r for r in table_rows(bench.paper.targets_table(data))}["delay"][2]
 
 
 def test_workload_tuning_epoch_and_kernel_tables():
     data = full_data()
-    wl = table_rows(bench_paper.workloads_table(data))
+    wl = table_rows(bench.paper.workloads_table(data))
     assert [(r[0], r[1], r[2]) for r in wl] == [("paper", "1", "297,000"), ("paper", "2", "297,000"),
                                                 ("zipf", "2", "297,000")]
     assert wl[0][3] == "500k✗ 250k✓ 354k✗ 297k✓" and wl[0][7] == "0.05"  # 50 results per 1,000 tuples
-    tuning = table_rows(bench_paper.tuning_table(data))
+    tuning = table_rows(bench.paper.tuning_table(data))
     assert [(r[1], r[2]) for r in tuning] == [("on (default)", "297,000"), ("off (tuning.max_depth = 0)", "250,000")]
-    ep = table_rows(bench_paper.epochs_table(data["epochs"]))
+    ep = table_rows(bench.paper.epochs_table(data["epochs"]))
     assert [r[0] for r in ep] == ["0.25", "0.5", "1"] and [r[6] for r in ep] == ["0.800", "0.500", "0.300"]
     assert ep[0][7] == "40.0%"  # 0.8 s of a 2.0 s run
-    assert table_rows(bench_paper.span_table(data["kernel"])) == [["0.25", "150,000", "150,000"],
+    assert table_rows(bench.paper.span_table(data["kernel"])) == [["0.25", "150,000", "150,000"],
                                                                   ["2", "400,000", "390,000, 400,000, 410,000"]]
-    kt = table_rows(bench_paper.kernel_table(data))
+    kt = table_rows(bench.paper.kernel_table(data))
     assert kt[0][:2] == ["1", "2"] and kt[0][4] == "0.37" and kt[0][5] == "✗ not met"
     assert kt[0][6] == "0.59"  # 297,000 / (250,000 x 2) against the kernel that also writes its results
     del data["kernel"]["with_results"]
-    assert table_rows(bench_paper.kernel_table(data))[0][6] == "-"
-    rss = table_rows(bench_paper.rss_table(data["points"]))
+    assert table_rows(bench.paper.kernel_table(data))[0][6] == "-"
+    rss = table_rows(bench.paper.rss_table(data["points"]))
     assert rss[0] == ["1", "300", "1:100", "300", "1:100"]
 
 
 def test_cluster_runs_counts_every_part():
     data = full_data()  # 2 paper points of 11 runs, zipf and tuning off 1 point each of 11, 3 epoch runs
-    assert bench_paper.cluster_runs(data) == 4 * 11 + 3
-    assert bench_paper.cluster_runs(fake_data([point(1)])) == 11
+    assert bench.paper.cluster_runs(data) == 4 * 11 + 3
+    assert bench.paper.cluster_runs(fake_data([point(1)])) == 11
 
 
 def test_report_has_every_section_and_the_plots_are_written(tmp_path):
     data = full_data()
-    bench.write_report(tmp_path, data)
+    bench.report.write_report(tmp_path, data)
     report = (tmp_path / "report.md").read_text()
     for heading in ("## Delay against input rate", "## Workloads", "### Workload zipf",
                     "## Extendible-hash tuning on and off", "## Distribution-epoch sweep",
@@ -153,7 +154,7 @@ def test_report_has_every_section_and_the_plots_are_written(tmp_path):
         assert heading in report, heading
     assert report.index("| target (issue 6)") < report.index("## Method")
     assert "**72.0 B per tuple** (1.12x the raw 64 B" in report and "47 runs" in report
-    paths = bench_paper.plot(tmp_path, data, 1.5)
+    paths = bench.paper.plot(tmp_path, data, 1.5)
     assert [p.name for p in paths] == ["delay_rate.png", "tuning.png", "epochs.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
     for png in ("delay_rate.png", "tuning.png", "epochs.png"):

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from deploy.bench_spark import run_spark, slice_bounds, stream_tables
+from bench.spark import run_spark, slice_bounds, stream_tables
 from master.source import generate_all
 from protocol.config import load_config
 from tests.reference import encode_pairs, reference_pairs
@@ -59,7 +59,7 @@ def test_spark_job_equals_the_reference_join(spark, tmp_path):
 
 
 def _peer(trail, sustained_runs=()):
-    from deploy.bench import bracket, sustained_rate
+    from bench.search import bracket, sustained_rate
     return {"peer": "spark", "cores": 2, "run_seconds": 10.0, "delay_bound": 5.0, "unpaced": 50_000.0,
             "probe": {"label": "probe", "rate": 0.0, "input_total": 1000, "throughput": 50_000.0, "batches": 1,
                       "drain_seconds": 1.0, "delay_p50": 1.0, "delay_p95": 2.0, "delay_p99": 2.0, "delay_max": 2.0},
@@ -69,7 +69,7 @@ def _peer(trail, sustained_runs=()):
 
 
 def test_ratio_of_the_clusters_best_rate_to_sparks():
-    from deploy.bench_spark import ratio, ratio_text
+    from bench.spark import ratio, ratio_text
     held, luck = [{"passed": True}, {"passed": True}, {"passed": False}], [{"passed": True}, {"passed": False}]
     points = [{"slaves": 1, "sustained": {"rate": 250_000, "runs": held}},
               {"slaves": 2, "sustained": {"rate": 450_000, "runs": held}},
@@ -88,7 +88,7 @@ def test_ratio_of_the_clusters_best_rate_to_sparks():
 
 
 def test_report_section_lists_every_spark_run():
-    from deploy.bench_spark import report_section
+    from bench.spark import report_section
     lines = "\n".join(report_section([{"slaves": 2, "sustained": {"rate": 100_000, "runs": [{"passed": True}]}}],
                                      _peer([(25_000, False), (12_500, True)]), 1.5))
     assert "held to a delay p95 bound of 5 s, the cluster to 1.5 s" in lines
@@ -98,14 +98,14 @@ def test_report_section_lists_every_spark_run():
 
 def test_bench_report_and_plot_carry_the_peer(tmp_path):
     import json
-    from deploy import bench
-    from deploy.bench_spark import ratio
+    import bench.report
+    from bench.spark import ratio
     from tests.test_bench import fake_data, point
     data = fake_data([point(1), point(2)])
     data["peer"] = _peer([(25_000, False), (12_500, True)])
     data["peer_ratio"] = ratio(data["points"], data["peer"], 1.5)
     data = json.loads(json.dumps(data))
-    bench.write_report(tmp_path, data)
+    bench.report.write_report(tmp_path, data)
     report = (tmp_path / "report.md").read_text()
     assert "## Peer: Spark Structured Streaming" in report and "ratio cluster/Spark **23.8x**" in report  # 297k / 12.5k
-    assert bench.plot(tmp_path, data["points"], 1.5, data["peer"])[0].stat().st_size > 10_000
+    assert bench.report.plot(tmp_path, data["points"], 1.5, data["peer"])[0].stat().st_size > 10_000

@@ -1,4 +1,4 @@
-"""`python -m deploy.bench_hotkeys [--quick] [--repeats 3] [--rate R] [--out bench-report]`: a heavy hitter, grid off and on.
+"""`python -m bench.hotkeys [--quick] [--repeats 3] [--rate R] [--out bench-report]`: a heavy hitter, grid off and on.
 
 One key carries `--hot-share` (default 30%) of both streams on top of uniform
 keys, so without help the slave owning its partition does most of the work.
@@ -16,8 +16,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from deploy.bench import RunFailed, delay_seconds, fmt, machine_info, md_table, median, run_cluster
-from deploy.bench_balance import imbalance
+from bench.balance import imbalance
+from bench.cluster import RunFailed, delay_seconds, run_cluster
+from bench.machine import machine_info
+from bench.search import median
+from bench.tables import fmt, md_table
 
 SLAVES = 4
 MODES = {"off": ["hotkeys.enabled=false"], "grid": ["hotkeys.enabled=true"]}
@@ -34,7 +37,7 @@ def measure(s: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m deploy.bench_hotkeys", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.hotkeys", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="15 s of input per run instead of 45 s")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rate", type=float, default=20000.0, help="paced input rate, tuples/s (default 20000)")
@@ -45,7 +48,7 @@ def main(argv: list[str]) -> int:
     workload = [f"generator.hot_share={a.hot_share}", "generator.skew=0.5", "generator.keys=65536",
                 f"generator.rate={a.rate / 2}", f"generator.duration={15.0 if a.quick else 45.0}",
                 "join.window=0.01", "balance.enabled=false", "epochs.reorganization=2", f"source.rate={a.rate}"]
-    data = {"command": "python -m deploy.bench_hotkeys " + " ".join(argv), "machine": machine_info(),
+    data = {"command": "python -m bench.hotkeys " + " ".join(argv), "machine": machine_info(),
             "workload": workload, "slaves": SLAVES, "runs": {m: [] for m in MODES}}
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-hotkeys-") as tmp:
@@ -57,7 +60,7 @@ def main(argv: list[str]) -> int:
                           f"{r['tuples_spread']:.2f} | delay p99 {r['delay_p99']:.3f}s | lag {r['pacing_lag']:.2f}s | "
                           f"grid {r['grid']}", flush=True)
     except RunFailed as e:
-        print(f"bench_hotkeys: a run failed: {e}", file=sys.stderr)
+        print(f"bench.hotkeys: a run failed: {e}", file=sys.stderr)
         return 1
     keys = ("busy_spread", "tuples_spread", "delay_p50", "delay_p99", "pacing_lag", "grid")
     data["medians"] = {mode: {k: median(r[k] for r in runs) for k in keys} for mode, runs in data["runs"].items()}

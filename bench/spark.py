@@ -1,7 +1,7 @@
 """The peer in the benchmark: Spark Structured Streaming's inner stream-stream join on the same data.
 
-`python -m deploy.bench_spark [--quick] [--set section.key=value ...]` finds Spark's sustained input rate
-the way `deploy.bench` finds the cluster's; `python -m deploy.bench --peer spark` runs it beside the cluster.
+`python -m bench.spark [--quick] [--set section.key=value ...]` finds Spark's sustained input rate
+the way bench.search finds the cluster's; `python -m bench --peer spark` runs it beside the cluster.
 
 The job (`start_join`) is what a Spark user would write for the project's contract: two file streams R and
 S (Parquet, one directory each), `withWatermark` on event time with `join.max_delay`, and an inner join on
@@ -21,7 +21,7 @@ arrival of the later of its two tuples; its percentiles are exact, as the bench 
 A paced run **kept up** iff, after the last input file was dropped, Spark had joined and written
 everything within `--delay-bound` seconds (`drain_seconds`); it passes the search's test iff it kept up
 and its delay p95 is at most `--delay-bound` (the cluster's test has the same bound on p95).  The search
-itself (probe, halving, geometric bisection) is `deploy.bench`'s.
+itself (probe, halving, geometric bisection) is bench.search's.
 
 Spark does not follow the project's per-tuple lateness rule (its watermark moves per micro-batch), so the
 two agree exactly on input without disorder, which the bench uses (`generator.disorder = 0`).
@@ -41,8 +41,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deploy.bench import (DELAY_BOUND, confirmed, fmt, md_table, next_rate, search_verdict, sustained_rate, bracket,
-                          trail_text, median)
+from bench.search import DELAY_BOUND, bracket, confirmed, median, next_rate, search_verdict, sustained_rate
+from bench.tables import fmt, md_table, trail_text
 from protocol.config import load_config
 from protocol.delays import exact_percentiles
 from protocol.tuples import STREAM_R
@@ -52,6 +52,7 @@ RUN_SECONDS = 20.0      # a paced run feeds at most this many seconds of input (
 QUICK_RUN_SECONDS = 10.0
 WARM_TUPLES = 20_000    # joined before a run's clock starts (at most a tenth of the run's tuples)
 PROBE_TUPLES = 1 << 19  # the unpaced probe joins this many tuples (or all there are) as one backlog
+PEER_DELAY_BOUND = 5.0  # default --peer-delay-bound of python -m bench: Spark's micro-batches alone take over a second
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -215,7 +216,7 @@ def kept_up(run: dict, bound: float) -> bool:
 # --------------------------------------------------------------------------- the search
 
 class SparkBench:
-    """The sustained-rate search of deploy.bench, on Spark: probe (unpaced), search, repeats at the rate."""
+    """The sustained-rate search of bench.search, on Spark: probe (unpaced), search, repeats at the rate."""
 
     def __init__(self, cfg: dict, run_seconds: float, steps: int, repeats: int, delay_bound: float,
                  timeout: float, tmp: Path):
@@ -339,7 +340,7 @@ def detail_table(p: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m deploy.bench_spark", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help=f"{QUICK_RUN_SECONDS:g} s of paced input per run instead "
                                                         f"of {RUN_SECONDS:g} s, 4 search steps instead of 6")
     p.add_argument("--repeats", type=int, default=3)

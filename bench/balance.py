@@ -1,15 +1,15 @@
-"""`python -m deploy.bench_balance [--quick] [--repeats 3] [--hogs 2] [--out bench-report]`: load balancing off and on.
+"""`python -m bench.balance [--quick] [--repeats 3] [--hogs 2] [--out bench-report]`: load balancing off and on.
 
 Repartitioning (paper 003 IV-C) pays when one slave is backlogged while another
 idles.  On one machine whose ranks float over all cores that never happens, so
-this bench builds a **busy host** (`deploy.busy`): the master and slaves 1-2 are
+this bench builds a **busy host** (bench.busy): the master and slaves 1-2 are
 pinned to the quiet half of the CPUs, slaves 3-4 to the other half, where
 `--hogs` processes spin as other work on a shared host would.  The workload is
 skewed and its hot keys move (`generator.shift`).
 
 For each mode -- balancing off, repartitioning only (moves, fixed active set),
 full (moves and the degree of declustering) -- the sustained-rate search of
-`deploy.bench` finds the highest paced rate that keeps up (`deploy.bench.keep_up`)
+bench.search finds the highest paced rate that keeps up (`bench.search.keep_up`)
 with delay p95 <= 1.5 s, then `--repeats` runs at that rate give medians of:
 max/mean tuples processed per slave, the busy host's share of the tuples, delay
 p50/p99, moves and tuples moved.  Output: balance.md, balance.json, balance.png.
@@ -24,9 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from deploy.bench import (DELAY_BOUND, KEEP_UP_LAG, KEEP_UP_SHARE, Bench, RunFailed, count, fmt, machine_info, md_table,
-                          median, planned_runs, trail_text)
-from deploy.busy import PLAN_ENV, busy_slaves, cpu_plan, encode_plan, hogs, hosts
+from bench.busy import PLAN_ENV, busy_slaves, cpu_plan, encode_plan, hogs, hosts
+from bench.cluster import Bench, RunFailed, planned_runs
+from bench.machine import machine_info
+from bench.search import DELAY_BOUND, KEEP_UP_LAG, KEEP_UP_SHARE, median
+from bench.tables import count, fmt, md_table, trail_text
 
 # few keys over few partitions, so hot keys make hot slaves; a short window keeps the result volume modest.
 # balance.buffer_capacity = 5000 is about one slave's batch (rate / 4 slaves x the 0.5 s epoch set here, at
@@ -98,7 +100,7 @@ def write_report(out: Path, data: dict) -> None:
         table(data["summaries"]), "",
         f"- **sustained rate**: the highest paced rate that kept up (ingest and the master's buffers never more "
         f"than {KEEP_UP_LAG:g} s, nor {KEEP_UP_SHARE:.0%} of the input's scheduled length, behind the pacing) "
-        f"with delay p95 <= {data['delay_bound']:g} s, found by the search of `deploy.bench` (single runs: "
+        f"with delay p95 <= {data['delay_bound']:g} s, found by the search of bench.search (single runs: "
         f"probe, then at most {data['steps']} paced runs); *vs off* is its ratio to balancing off.",
         f"- the other columns are medians of {data['repeats']} runs at that mode's sustained rate (so modes are "
         "compared each at its own capacity); *busy host's share* is the fraction of all tuples that the busy "
@@ -158,7 +160,7 @@ def plot(out: Path, data: dict) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m deploy.bench_balance", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.balance", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true",
                    help="20 s of input per run instead of 60 s, and 4 search steps instead of 8")
     p.add_argument("--repeats", type=int, default=3, help="runs at each mode's sustained rate (default 3)")
@@ -182,11 +184,11 @@ def main(argv: list[str]) -> int:
     quiet_cpus, busy_cpus = hosts(cpus)
     env = {PLAN_ENV: encode_plan(cpu_plan(ranks, cpus))}
     busy = busy_slaves(ranks)
-    data = {"command": ("python -m deploy.bench_balance " + " ".join(argv)).strip(), "machine": machine_info(),
+    data = {"command": ("python -m bench.balance " + " ".join(argv)).strip(), "machine": machine_info(),
             "workload": workload, "slaves": SLAVES, "hogs": a.hogs, "hosts": [quiet_cpus, busy_cpus],
             "busy_slaves": busy, "repeats": a.repeats, "steps": steps, "delay_bound": a.delay_bound,
             "load_before": [round(x, 2) for x in os.getloadavg()], "points": {}}
-    print(f"bench_balance: {', '.join(modes)}; busy host: slaves {busy} on CPU(s) {busy_cpus} with {a.hogs} hog(s), "
+    print(f"bench.balance: {', '.join(modes)}; busy host: slaves {busy} on CPU(s) {busy_cpus} with {a.hogs} hog(s), "
           f"master and the other slaves on CPU(s) {quiet_cpus}; at most "
           f"{len(modes) * planned_runs(1, a.repeats, steps, half=False)} runs", flush=True)
     started = time.monotonic()
@@ -195,13 +197,13 @@ def main(argv: list[str]) -> int:
         with tempfile.TemporaryDirectory(prefix="streamjoin-balance-") as tmp, hogs(a.hogs, busy_cpus):
             for mode in modes:
                 bench = Bench([SLAVES], a.repeats, steps, a.delay_bound, [*workload, *MODES[mode]], a.timeout,
-                              Path(tmp), half=False, tag=mode, module="deploy.busy", env=env)
+                              Path(tmp), half=False, tag=mode, module="bench.busy", env=env)
                 try:
                     data["points"][mode] = bench.point(SLAVES)
                 finally:
                     runs += bench.done
     except RunFailed as e:
-        print(f"bench_balance: a run failed: {e}", file=sys.stderr)
+        print(f"bench.balance: a run failed: {e}", file=sys.stderr)
         return 1
     data["load_after"] = [round(x, 2) for x in os.getloadavg()]
     data["runs"], data["bench_seconds"] = runs, round(time.monotonic() - started, 1)

@@ -1,7 +1,7 @@
-"""The parts of `deploy.bench` beyond the capacity per slave count: the paper's figures and the issue's targets.
+"""The parts of the bench beyond the capacity per slave count: the paper's figures and the issue's targets.
 
 * **workloads** (issue 6): besides the paper's default (`paper`: b-model skew 0.7, 64-byte tuples) the
-  sustained-rate search of `deploy.bench` runs on uniform keys, Zipf keys with a few heavy hitters and high
+  sustained-rate search (bench.search) runs on uniform keys, Zipf keys with a few heavy hitters and high
   key duplication (few distinct keys, many tuples each, as in the Rovio workload of multicore stream-join
   studies), each a set of generator keys (`WORKLOADS`), reproducible by `generator.seed`;
 * **delay against input rate** per slave count (paper 003, figures 5-8): every paced run of the search is a
@@ -12,7 +12,7 @@
   rate) with `epochs.distribution` varied; delay and the slaves' communication seconds (summary
   `comm_seconds`: receiving messages, sending reports);
 * **targets**: window state per stored tuple against the raw tuple bytes (at most 2x), the cluster's
-  sustained rate against the single-core kernel (`deploy.bench_kernel`'s own join module, in one process)
+  sustained rate against the single-core kernel (bench.kernel's own join module, in one process)
   times the cores in use (at least 1/2), delay p99 at half capacity within one epoch + 100 ms, and the
   peak RSS of every rank.
 """
@@ -22,7 +22,11 @@ import argparse
 import os
 from pathlib import Path
 
-from deploy.bench import HALF_LOAD, confirmed, detail_table, fmt, md_table, median, summary_table, trail_text
+from bench.kernel import epoch_batches, own_by_span, window_footprint, with_results
+from bench.search import HALF_LOAD, confirmed, median
+from bench.tables import detail_table, fmt, md_table, summary_table, trail_text
+from master.source import generate_all
+from protocol.config import load_config
 
 #: name -> (what it is, generator/join settings on top of the bench's workload).  The windows of zipf and
 #: duplication are chosen so they give about one result per input tuple, as the paper workload does (results/s
@@ -36,7 +40,7 @@ WORKLOADS: dict[str, tuple[str, list[str]]] = {
     "duplication": ("high key duplication: 1,000 keys, uniform (each 50 times per second in each stream), "
                     "window 0.02 s", ["generator.distribution=uniform", "generator.keys=1000", "join.window=0.02"]),
 }
-EXTRA_WORKLOADS = [w for w in WORKLOADS if w != "paper"]  #: the paper workload is deploy.bench's main search
+EXTRA_WORKLOADS = [w for w in WORKLOADS if w != "paper"]  #: the paper workload is the main search (python -m bench)
 NO_TUNING = ["tuning.max_depth=0"]
 QUICK_EPOCHS = [0.25, 0.5, 1.0]
 FULL_EPOCHS = [0.1, 0.25, 0.5, 1.0, 2.0]
@@ -190,7 +194,7 @@ def window_table(data: dict) -> str:
 
 
 def footprint_text(f: dict, tuple_bytes: int) -> str:
-    return (f"Real bytes, measured in one process (`deploy.bench_kernel.window_footprint`: the join module of one "
+    return (f"Real bytes, measured in one process (`bench.kernel.window_footprint`: the join module of one "
             f"slave holding every partition-group, run over the whole paper workload, every allocation tracemalloc "
             f"sees that the module still holds at the end): {f['traced_bytes']:,} B for {f['stored_tuples']:,} "
             f"stored tuples = **{f['traced_per_tuple']:.1f} B per tuple** ({f['traced_per_tuple'] / tuple_bytes:.2f}x "
@@ -300,7 +304,7 @@ def report_sections(data: dict) -> list[str]:
     if data.get("kernel"):
         k = data["kernel"]
         parts += ["## Against the single-core limit", "",
-                  f"`deploy.bench_kernel`'s own join module in one process on the same workload ({k['tuples']:,} "
+                  f"`bench.kernel`'s own join module in one process on the same workload ({k['tuples']:,} "
                   "tuples), in batches of one distribution epoch of event time and of longer spans: a paced run goes "
                   "through event time many times faster than wall time, so a slave's batch spans seconds of event "
                   "time, and a longer batch costs less per tuple (each probes the stored window once). The best "
@@ -322,12 +326,9 @@ def report_sections(data: dict) -> list[str]:
 # --------------------------------------------------------------------------- running
 
 def kernel_limit(settings: list[str], repeats: int) -> dict:
-    """The single-core kernel's rate on the bench's workload: deploy.bench_kernel's own join module, median of
+    """The single-core kernel's rate on the bench's workload: bench.kernel's own join module, median of
     `repeats`, on batches of one distribution epoch and of each of `LONGER_SPANS` of event time; the best span's
     median is the limit.  And the real bytes of its window state after the input (`window_footprint`)."""
-    from deploy.bench_kernel import epoch_batches, own_by_span, window_footprint, with_results
-    from master.source import generate_all
-    from protocol.config import load_config
     cfg = load_config(None, settings)
     data = generate_all(cfg)
     spans = {span: {"rate": median(runs), "runs": runs} for span, runs in own_by_span(cfg, data, repeats)[0].items()}

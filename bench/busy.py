@@ -11,7 +11,7 @@ repartitioning has nothing to fix.  Here the cores are split into two "hosts":
   that spin on the CPU, as other work on a shared host would.
 
 Every rank is pinned to its host's CPUs with `os.sched_setaffinity` by the rank
-wrapper `python -m deploy.busy` (which then runs `python -m master` as usual),
+wrapper `python -m bench.busy` (which then runs `python -m master` as usual),
 and the hogs to the busy host's CPUs.  Nothing in the engine is slowed by a
 knob: a busy-host slave is slow only because the kernel's scheduler gives it a
 smaller share of its CPU.
@@ -86,7 +86,7 @@ def main() -> int:
     try:
         plan, rank = decode_plan(os.environ[PLAN_ENV]), int(os.environ[RANK_ENV])
     except KeyError as e:
-        print(f"error: python -m deploy.busy runs as an mpirun rank with {PLAN_ENV} set; {e} is missing",
+        print(f"error: python -m bench.busy runs as an mpirun rank with {PLAN_ENV} set; {e} is missing",
               file=sys.stderr, flush=True)
         return 2
     except ValueError as e:

@@ -1,4 +1,4 @@
-"""`python -m deploy.bench_kernel [--quick] [--repeats 5] [--out bench-report]`: what one core can do.
+"""`python -m bench.kernel [--quick] [--repeats 5] [--out bench-report]`: what one core can do.
 
 The cluster's capacity is judged against the best single-core join of the same
 input (issue 6): this runs the project's own join module in one process, batch
@@ -26,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from deploy.bench import machine_info, md_table, median
+from bench.machine import machine_info
+from bench.search import median
+from bench.tables import md_table
 from master.ingest import to_wire
 from master.source import generate_all
 from protocol.config import load_config
@@ -36,9 +38,9 @@ from slave.result_files import ResultWriter
 
 
 #: Batch spans (seconds of event time) the bench also times the kernel on besides one distribution epoch.  A
-#: paced bench run goes through event time 10-40x faster than wall time, so a slave's batch of one epoch spans
-#: seconds of event time; and longer batches are cheaper per tuple (every batch probes the stored window once:
-#: on the paper workload 1.5M tuples/s in 0.25 s batches, 3.8M in 7.5 s ones, measured).  The best span is the limit.
+#: paced bench run goes through event time many times faster than wall time, so a slave's batch of one epoch
+#: spans seconds of event time; and longer batches are cheaper per tuple (every batch probes the stored window
+#: once).  The best span is the limit.
 LONGER_SPANS = (1.0, 2.0, 4.0, 8.0)
 
 
@@ -168,7 +170,7 @@ def duckdb_join(cfg: dict, data) -> tuple[float, int]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m deploy.bench_kernel", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.kernel", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="10 s of input instead of 30 s")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="workload settings")
@@ -185,13 +187,13 @@ def main(argv: list[str]) -> int:
         runs["duckdb"].append(n / seconds)
         print(f"[duckdb #{i + 1}] {n / seconds:,.0f} tuples/s ({results:,} results in {seconds:.2f}s)", flush=True)
     if len(counts) != 1:
-        print(f"bench_kernel: the kernels disagree on the result count: {sorted(counts)}", file=sys.stderr)
+        print(f"bench.kernel: the kernels disagree on the result count: {sorted(counts)}", file=sys.stderr)
         return 1
     cores = len(os.sched_getaffinity(0))
     best = {k: median(v) for k, v in runs.items()}
     own = max((k for k in best if k.startswith("own")), key=best.get)  # the best batch span is the limit
     limit = best[own] * cores
-    data_out = {"command": "python -m deploy.bench_kernel " + " ".join(argv), "machine": machine_info(),
+    data_out = {"command": "python -m bench.kernel " + " ".join(argv), "machine": machine_info(),
                 "tuples": n, "results": counts.pop(), "runs": runs, "medians": best, "cores": cores, "best": own,
                 "limit_tuples_per_s": limit, "duckdb_times_cores": best["duckdb"] * cores}
     a.out.mkdir(parents=True, exist_ok=True)

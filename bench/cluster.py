@@ -1,0 +1,222 @@
+"""The cluster runner: one `mpirun` of the engine per run, and `Bench`, which runs the search of bench.search
+for one slave count after another and keeps every number for results.json."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.search import HALF_LOAD, bracket, keep_up, median, next_rate, search_verdict, sustained_rate
+from bench.tables import fmt
+from deploy.launch import mpi_env, mpirun_command
+from protocol.config import load_config
+from protocol.delays import exact_percentiles
+from protocol.output import read_tables
+
+RUN_TIMEOUT = 600.0          # seconds per cluster run
+
+
+class RunFailed(Exception):
+    """A cluster run exited non-zero, wrote no summary, or timed out; the message has its stderr tail."""
+
+
+def delay_seconds(s: dict) -> dict:
+    """A run's delay p50, p95, p99 and max: exact (`run_cluster` reads them from the results) where known."""
+    return {**s["delay_seconds"], **s.get("delay_exact", {})}
+
+
+def run_numbers(s: dict) -> dict:
+    """The numbers kept from one summary.json (the config is kept once, the result files not at all)."""
+    slaves = s["slaves"].values()
+    wt, wb = sum(v["window_tuples"] for v in slaves), sum(v["window_bytes"] for v in slaves)
+    d = delay_seconds(s)
+    nan_none = lambda x: None if x is None or math.isnan(x) else x
+    return {"input_total": s["input_total"], "late": s["late"], "results": s["results"],
+            "wall_seconds": s["wall_seconds"], "throughput": s["throughput_tuples_per_s"],
+            **{f"delay_{q}": nan_none(d[q]) for q in ("p50", "p95", "p99", "max")},
+            "delay_parts": s.get("delay_parts_seconds"),  # where the delay goes (buffer, transfer, join)
+            "window_bytes_per_tuple": round(wb / wt, 1) if wt else None,
+            "tuples_moved": s.get("tuples_moved", 0), "moves": len(s.get("balance", {}).get("moves", [])),
+            "slaves": {r: {k: v[k] for k in ("tuples_processed", "window_tuples", "window_bytes", "busy_seconds",
+                                             "comm_seconds")} for r, v in s["slaves"].items()},
+            "rank_rss_mb": {"0": round(s["master_peak_rss_bytes"] / 2**20, 1),
+                            **{r: round(v["peak_rss_bytes"] / 2**20, 1) for r, v in s["slaves"].items()}}}
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Medians over the repeats of one kind of run."""
+    return {f"delay_{q}": median(r[f"delay_{q}"] for r in runs) for q in ("p50", "p95", "p99", "max")}
+
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Processes still in the session a run was started in (mpirun and its ranks)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # after "pid (comm)": state ppid pgrp session
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def _exited(pid: int, timeout: float) -> bool:
+    """Wait up to `timeout` s for the run's mpirun to exit, leaving it unreaped (its pid stays ours)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _end_session(pid: int) -> None:
+    """SIGTERM to mpirun (it ends the job), then SIGKILL to whatever of the run is left."""
+    os.kill(pid, signal.SIGTERM)
+    _exited(pid, 10)
+    for p in _session_pids(pid):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, module: str = "master",
+                env: dict[str, str] | None = None) -> dict:
+    """One `mpirun -n ranks python -m master --set ...` into workdir; its summary.json, plus its peak RSS.
+
+    `module` and `env` replace the rank program and add environment variables (bench.balance runs
+    every rank through the CPU-pinning wrapper `bench.busy`).
+
+    The run gets a session of its own so a hung (or interrupted) run can be ended
+    completely; os.wait4 gives the largest RSS of any process in it (prterun reaps
+    the ranks) at no cost.
+    """
+    workdir.mkdir(parents=True)
+    out = workdir / "out"
+    args = [a for kv in [*settings, f"output.path={out}", "output.progress=0"] for a in ("--set", kv)]
+    with open(workdir / "stdout", "wb") as so, open(workdir / "stderr", "wb") as se:
+        proc = subprocess.Popen(mpirun_command(ranks, args, module=module), env={**mpi_env(), **(env or {})},
+                                stdout=so, stderr=se,
+                                start_new_session=True)
+    try:
+        timed_out = not _exited(proc.pid, timeout)
+    except BaseException:  # Ctrl-C: the run is in its own session and did not get the signal
+        timed_out = True
+        raise
+    finally:
+        if timed_out:
+            _end_session(proc.pid)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    tail = "\n".join((workdir / "stderr").read_text(errors="replace").splitlines()[-30:])
+    summary = out / "summary.json"
+    if timed_out or proc.returncode != 0 or not summary.exists():
+        why = f"timed out after {timeout:.0f}s" if timed_out else f"exit code {proc.returncode}"
+        raise RunFailed(f"{why}: {' '.join(proc.args)}\n--- stderr tail ---\n{tail}")
+    s = json.loads(summary.read_text())
+    s["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux reports KiB
+    # every result row carries its delay: the exact percentiles, not the upper edges of the summary's bins
+    results = read_tables(out / "results", ["delay"])
+    delays = results["delay"].to_numpy() if results is not None else np.empty(0)
+    s["delay_exact"] = dict(zip(("p50", "p95", "p99"), exact_percentiles(delays)))
+    shutil.rmtree(workdir)  # result files can be large; the summary is all we need
+    return s
+
+
+#: where a run's input comes from (`--input`): read from a Parquet file of the generated tuples written before
+#: the runs (the default: the Spark peer and the kernel limit get theirs that way, so all three are measured on
+#: input that is already there; the master reads it before the run's clock starts), or generated at the master
+#: as it goes (the cluster's CPU then also makes the tuples)
+INPUTS = ("file", "generator")
+
+
+def generated_file(settings: list[str], directory: Path) -> Path:
+    """The input generated for `settings`, written once as an input file (the file source's columns) in
+    `directory`, named by the generator config: runs of the same workload share it."""
+    from master.archive import InputArchive
+    from master.source import generate_all
+    cfg = load_config(None, settings)
+    folder = directory / hashlib.sha1(json.dumps(cfg["generator"], sort_keys=True).encode()).hexdigest()[:16]
+    if not folder.exists():
+        archive = InputArchive(folder, flush_rows=1 << 62)
+        archive.add(generate_all(cfg))
+        archive.flush()
+    return folder / "input-000000.parquet"
+
+
+class Bench:
+    """Runs the plan, prints a line per run, and keeps every number for results.json."""
+
+    def __init__(self, slaves: list[int], repeats: int, steps: int, delay_bound: float, workload: list[str],
+                 timeout: float, tmp: Path, *, half: bool = True, tag: str = "", module: str = "master",
+                 env: dict[str, str] | None = None, input_kind: str = "file"):
+        """`half`: also repeat at half the sustained rate; `tag` names the runs (and their folders) in the
+        progress lines; `module`, `env`: see run_cluster; `input_kind`: one of INPUTS."""
+        self.slaves, self.repeats, self.steps, self.delay_bound = slaves, repeats, steps, delay_bound
+        self.workload, self.timeout, self.tmp = workload, timeout, tmp
+        self.half, self.tag, self.module, self.env = half, tag, module, env
+        self.source = ([] if input_kind == "generator" else
+                       ["source.kind=file", f"source.path={generated_file(workload, tmp / 'inputs')}"])
+        self.total_runs, self.done = planned_runs(len(slaves), repeats, steps, half), 0
+        self.config: dict | None = None
+
+    def run_at(self, k: int, label: str, rate: float) -> dict:
+        """One run of k slaves paced at `rate` (0 = unpaced), its numbers, and a progress line."""
+        self.done += 1
+        s = run_cluster(k + 1, [*self.workload, *self.source, f"source.rate={float(rate)!r}"],
+                        self.tmp / f"{self.tag}k{k}-{label.replace(' ', '').replace('#', '-')}", self.timeout,
+                        self.module, self.env)
+        self.config = self.config or s["config"]
+        r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"]}
+        if rate > 0:
+            r.update(rate=rate, **keep_up(r["input_total"] + r["late"], r["wall_seconds"], rate, s["pacing_lag_max_seconds"],
+                                          s["backlog_max_seconds"]))
+            r["passed"], r["verdict"] = search_verdict(r, self.delay_bound)
+        line = (f"[{self.done:>2}/{self.total_runs}] {self.tag + ' ' if self.tag else ''}slaves={k} {label:<12} {r['throughput']:>10,.0f} tuples/s in "
+                f"{r['wall_seconds']:5.1f}s | delay p50 {fmt(r['delay_p50'], '.3f')}s p95 {fmt(r['delay_p95'], '.3f')}s"
+                f" p99 {fmt(r['delay_p99'], '.3f')}s | peak RSS {r['peak_rss_mb']:.0f} MB")
+        if rate > 0:
+            line += (f" | paced {rate:,.0f}/s: {r['ratio']:.0%} {'kept up' if r['kept_up'] else 'FELL BEHIND'}"
+                     f" -> {'PASS' if r['passed'] else 'FAIL: ' + r['verdict']}")
+        print(line, flush=True)
+        return r
+
+    def point(self, k: int) -> dict:
+        """Probe, search, then repeats at the sustained rate and at half of it, for k slaves."""
+        probe = self.run_at(k, "probe", 0.0)
+        unpaced = probe["throughput"]
+        trail, search = [], []
+        while (rate := next_rate(trail, unpaced, self.steps)) is not None:
+            r = self.run_at(k, f"search #{len(search) + 1}", rate)
+            search.append(r)
+            trail.append((rate, r["passed"]))
+        self.total_runs -= self.steps - len(search)  # the search stopped early (gave up or converged)
+        rate = sustained_rate(trail)
+        if not rate:
+            self.total_runs -= (2 if self.half else 1) * self.repeats
+        at = [self.run_at(k, f"sustained #{i + 1}", rate) for i in range(self.repeats)] if rate else []
+        half_rate = round(HALF_LOAD * rate) if self.half else 0
+        half = [self.run_at(k, f"half #{i + 1}", half_rate) for i in range(self.repeats)] if half_rate else []
+        return {"slaves": k, "ranks": k + 1, "unpaced": unpaced, "probe": probe,
+                "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
+                "sustained": {"rate": rate, "throughput": median(r["throughput"] for r in at), **aggregate(at),
+                              "runs": at},
+                "half": {"rate": half_rate, **aggregate(half), "runs": half}}
+
+
+def planned_runs(n_slave_counts: int, repeats: int, steps: int, half: bool = True) -> int:
+    """Runs the plan makes at most: per slave count a probe, the search, and repeats at the sustained rate
+    (and at half of it)."""
+    return n_slave_counts * (1 + steps + (2 if half else 1) * repeats)
+
