@@ -8,7 +8,7 @@ CONFIG  ?=
 ARGS    ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run test bench bench-full clean
+.PHONY: setup run test bench bench-full docs clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,10 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.balance
 	$(BIN)/python -m bench.hotkeys
+
+# the configuration reference, made from protocol/config.py's defaults (tests/test_config.py checks it is current)
+docs: $(STAMP)
+	$(BIN)/python -m protocol.config --reference > docs/configuration.md
 
 clean:
 	rm -rf out bench-report .pytest_cache

@@ -1,11 +1,13 @@
 """The run's configuration: TOML file, `--set section.key=value` overrides, validation.
 
-Every key has a default and a one-line description (the README table is made
-from `DEFAULTS`).  Anything wrong stops the run before it starts with one
-`ConfigError` that names the key.
+Every key has a default and a one-line description: docs/configuration.md is
+made from `DEFAULTS` by `python -m protocol.config --reference` (`make docs`).
+Anything wrong stops the run before it starts with one `ConfigError` that names
+the key.
 """
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 from pathlib import Path
@@ -298,3 +300,35 @@ def _check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
     if sec["server_key"] and not (sec["client_keys"] and Path(sec["client_keys"]).is_dir()):
         raise ConfigError(f"security.client_keys: {sec['client_keys']!r} is not a directory of client public keys "
                           "(needed with security.server_key)")
+
+
+def reference() -> str:
+    """docs/configuration.md: every key with its default, the values it takes and its meaning, from DEFAULTS
+    (tests/test_config.py fails when the committed page differs)."""
+    kinds = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    toml = lambda v: json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else repr(v)
+
+    def values(s: str, k: str, default: Any) -> str:
+        if (s, k) in _CHOICES:
+            return ", ".join(map(toml, _CHOICES[s, k]))
+        return kinds[type(default)] + (" > 0" if (s, k) in _POSITIVE else " >= 0" if (s, k) in _NON_NEGATIVE else "")
+    lines = ["# Configuration reference", "",
+             "<!-- made by `python -m protocol.config --reference > docs/configuration.md` (make docs) from "
+             "protocol/config.py; do not edit by hand -->", "",
+             "A TOML file (`--config my.toml`), one table per section; every key can be overridden with "
+             "`--set section.key=value` (the value in TOML syntax; a bare word is a string). An unknown section or "
+             "key, a wrong type or an impossible value stops the run before it starts with one message that names "
+             "the key; the README lists the combinations refused."]
+    for section, keys in DEFAULTS.items():
+        lines += ["", f"## [{section}]", "", "| key | default | values | meaning |", "|---|---|---|---|"]
+        for key, (default, meaning) in keys.items():
+            meaning = meaning.replace("|", "\\|")  # |r.ts - s.ts| inside a table cell
+            lines.append(f"| `{section}.{key}` | `{toml(default)}` | {values(section, key, default)} | {meaning} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] != ["--reference"]:
+        sys.exit("usage: python -m protocol.config --reference > docs/configuration.md")
+    sys.stdout.write(reference())

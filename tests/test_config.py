@@ -196,3 +196,21 @@ def test_invalid_toml(tmp_path):
 
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
+
+
+def test_configuration_page_is_made_from_the_defaults():
+    """docs/configuration.md is exactly what `python -m protocol.config --reference` prints (regenerate it with
+    `make docs`), and it names every key with its default."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    made = subprocess.run([sys.executable, "-m", "protocol.config", "--reference"], cwd=root, capture_output=True,
+                          text=True, check=True).stdout
+    page = (root / "docs" / "configuration.md").read_text()
+    assert page == made, "docs/configuration.md differs from the defaults in protocol/config.py: run `make docs`"
+    for section, keys in DEFAULTS.items():
+        for key, (default, _) in keys.items():
+            assert f"| `{section}.{key}` | `" in page
+    assert "| `join.predicate` | `\"equal\"` | \"equal\", \"band\", \"less\" |" in page
+    assert "| `output.progress` | `1.0` | number >= 0 |" in page and "| `balance.enabled` | `true` | boolean |" in page
