@@ -105,7 +105,7 @@ class HotKeyDesk:
             print(f"hot key {key} cooled ({share:.0%} of the input): its {size} sub-groups gathered back into "
                   f"partition-group {partition} on slave {owner}", file=sys.stderr, flush=True)
 
-    def state(self) -> list | None:
+    def state(self) -> list:
         return [[k, *v] for k, v in self.router.hot.items()]
 
     def restore(self, hot_keys: list) -> None:
