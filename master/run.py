@@ -81,6 +81,7 @@ class Master:
 
     # -- routing ----------------------------------------------------------------------------------------
     def _route_reports(self) -> int:
+        """Every waiting slave report to its ack's handlers (`on_ack`); returns how many came."""
         reports = self.links.reports()
         for rank, counters, hist in reports:
             self.stats.add_report(rank, counters, hist)
@@ -97,6 +98,7 @@ class Master:
         self.distribution.owe(self.moves.on_installed(counters, time.time()))
 
     def _route_orders(self) -> None:
+        """Every order from another dispatcher to its kind's handler (`on_order`), then READY where due."""
         for source, order in self.links.arrived():
             self.on_order[order["order"]](source, order)
         self.moves.send_ready()
