@@ -18,6 +18,11 @@ from protocol.tuples import STREAM_NAMES
 PREFIX = "input"
 
 
+def named(prefix: str, index: int, k: int) -> str:
+    """The file prefix of dispatcher `index`'s own output (late tuples, archive): several write side by side."""
+    return prefix if k == 1 else f"{prefix}-d{index}"
+
+
 class InputArchive:
     def __init__(self, directory: Path, flush_rows: int, prefix: str = PREFIX):
         """`prefix` names the files: several dispatchers archive their shares side by side."""

@@ -1,0 +1,112 @@
+"""The hot-key desk (equi-join): a heavy key gets a grid of sub-groups, a cooled one is gathered back.
+
+Streaming HyperCube's grid for a heavy hitter (master.hotkeys): at a
+reorganization epoch the sketch names keys past `hotkeys.threshold` and hot
+keys below half of it.  A hot key's owner splits it out of its partition (a
+SPLIT order, served before any later batch), its buffered tuples are routed to
+the grid, and the sub-groups but the first are queued as moves (paper 003,
+IV-C) to the least loaded slaves.  A cooled key's sub-groups move back to the
+owner, which merges them (MERGE).
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from master.balance import Move
+from protocol.messages import Kind
+from protocol.tuples import STREAM_R, STREAM_S
+
+
+class HotKeyDesk:
+    def __init__(self, cfg: dict, router, sketch, buffers, controller, stats, links):
+        self.threshold = cfg["hotkeys"]["threshold"]
+        self.router, self.sketch = router, sketch
+        self.buffers, self.controller, self.stats, self.links = buffers, controller, stats, links
+        self.pending: dict[int, float] = {}  #: keys found hot, waiting for their partition's owner
+        self.cooling: dict[int, float] = {}  #: hot keys found cold, their grid being gathered back
+        self.log: list[dict] = []
+        self.t0 = time.time()
+
+    @property
+    def waiting(self) -> bool:
+        """A split or merge waits to find its owner idle: no slave is to be sent a batch out of its slot."""
+        return bool(self.pending or self.cooling)
+
+    def find(self) -> None:
+        """At a reorganization epoch: keys whose share of this epoch's input passed the threshold, and hot keys
+        whose share fell below half of it (the gap keeps a key near the threshold from flapping)."""
+        for key, share in self.sketch.heavy(self.threshold):
+            if key not in self.router.hot and len(self.router.hot) + len(self.pending) < self.router.max_keys:
+                self.pending.setdefault(key, share)
+        for key in self.router.hot:
+            share = self.sketch.share(key)
+            if key not in self.cooling and share < self.threshold / 2:
+                self.cooling[key] = share
+        self.sketch.reset()
+
+    def _owner(self, key: int) -> tuple[int, int]:
+        partition = self.router.home(key)
+        return partition, int(self.controller.partition_map[partition])
+
+    def split(self) -> None:
+        """Give each pending hot key its grid on the owner of its partition, once the owner is idle."""
+        for key, share in list(self.pending.items()):
+            partition, owner = self._owner(key)
+            if self.controller.moving[partition] or self.links.is_busy(owner):
+                continue  # next time round
+            del self.pending[key]
+            size = self.router.grid_for(share, len(self.controller.active))
+            first = self.router.promote(key, size)
+            self.controller.partition_map[first: first + size] = owner
+            r, s = self.buffers.take_key(partition, key)
+            self.buffers.add(STREAM_S, s, self.router.route_s(s))
+            index, part = self.router.route_r(r)
+            self.buffers.add(STREAM_R, r[index], part)
+            self.links.order(owner, Kind.SPLIT, partition=partition, groups=np.array([[key, first, size]]))
+            others = sorted((r for r in self.controller.active if r != owner),
+                            key=lambda r: self.stats.per_slave[r]["tuples_processed"])
+            for j, consumer in zip(range(1, size), others):
+                self.controller.queue.append(Move(first + j, owner, consumer, "hot key"))
+            self.log.append({"key": key, "event": "split", "share": round(share, 4), "grid": size,
+                             "partition": partition, "groups": list(range(first, first + size)), "owner": owner,
+                             "seconds": round(time.time() - self.t0, 3)})
+            print(f"hot key {key} ({share:.0%} of the input): split out of partition-group {partition} into "
+                  f"{size} sub-groups on slave {owner}, to be spread over slaves {[owner, *others[:size - 1]]}",
+                  file=sys.stderr, flush=True)
+
+    def merge(self) -> None:
+        """Gather each cooled key's grid back: its sub-groups move to the owner of the key's partition, then the
+        owner merges them (a MERGE order, served before any later batch) and the key's buffered tuples go back
+        to the partition: every S tuple, and the R tuples of the first sub-group (each sub-group has a copy)."""
+        for key, share in list(self.cooling.items()):
+            first, size = self.router.hot[key]
+            partition, owner = self._owner(key)
+            subs = range(first, first + size)
+            queued = {m.partition for m in self.controller.queue}
+            away = [g for g in subs if self.controller.partition_map[g] != owner]
+            for g in away:
+                if g not in queued and not self.controller.moving[g]:
+                    self.controller.queue.append(Move(g, int(self.controller.partition_map[g]), owner,
+                                                      "hot key cooled"))
+            if away or self.controller.moving[partition] or self.links.is_busy(owner):
+                continue  # next time round
+            del self.cooling[key]
+            self.router.demote(key)
+            taken = [self.buffers.take_key(g, key) for g in subs]
+            self.buffers.add(STREAM_R, taken[0][0], np.full(len(taken[0][0]), partition))
+            s = np.concatenate([t[1] for t in taken])
+            self.buffers.add(STREAM_S, s, np.full(len(s), partition))
+            self.links.order(owner, Kind.MERGE, partition=partition, groups=np.array([[key, first, size]]))
+            self.log.append({"key": key, "event": "merge", "share": round(share, 4), "partition": partition,
+                             "owner": owner, "seconds": round(time.time() - self.t0, 3)})
+            print(f"hot key {key} cooled ({share:.0%} of the input): its {size} sub-groups gathered back into "
+                  f"partition-group {partition} on slave {owner}", file=sys.stderr, flush=True)
+
+    def state(self) -> list:
+        return [[k, *v] for k, v in self.router.hot.items()]
+
+    def restore(self, hot_keys: list) -> None:
+        self.router.hot = {k: (first, size) for k, first, size in hot_keys}

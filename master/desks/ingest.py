@@ -1,0 +1,191 @@
+"""The ingest desk: paced intake from the source, the lateness rule, routing into the mini-buffers.
+
+Tuples are taken as whole chunks (paper 003, IV-B: the master partitions its
+input into one mini-buffer per partition-group); paced input is taken in ticks
+of a tenth of a sub-group slot.  A tuple below the largest ts seen before it
+minus `join.max_delay` is late (BiStream, Theorem 1): it is set aside in the
+late files, never joined.  On-time tuples go to their hash partition, to their
+key range (band and inequality joins: S to its home, R copied to every range
+that may hold partners), or through the hot-key router to a key's grid
+(Streaming HyperCube).  With checkpoints every tuple taken is archived.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from master.archive import InputArchive, named
+from master.ingest import late_mask, to_wire, to_wire_hashed
+from master.ranges import KeyRanges
+from master.source import skip
+from protocol.output import write_table
+from protocol.predicates import key_distance
+from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
+
+
+class IngestDesk:
+    def __init__(self, cfg: dict, source, buffers, stats, index: int, k: int, groups: int, router, sketch):
+        """`router`, `sketch`: the hot-key router and frequent-key sketch (None: hot keys off)."""
+        self.cfg, self.source, self.buffers, self.stats = cfg, source, buffers, stats
+        self.index, self.k = index, k
+        self.router, self.sketch = router, sketch
+        self.rate = cfg["source"]["rate"] / k  #: this dispatcher's paced share
+        join = cfg["join"]
+        self.max_delay = join["max_delay"]
+        #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions)
+        self.ranges: KeyRanges | None = None
+        self.range_partitioned = join["predicate"] != "equal"
+        self.key_distance = key_distance(join["predicate"], join["band"])
+        #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
+        self.ingest_interval = min(0.01, cfg["epochs"]["distribution"] / groups / 10)
+        self._last_ingest = 0.0
+        self.t0 = 0.0
+        self.exhausted = False
+        self.consumed = 0  #: tuples taken from the source: its position
+        self.max_ts = -np.inf
+        self._late_parts: list[pa.Table] = []
+        self.late_files = 0
+        ck = cfg["checkpoint"]
+        self.archive = InputArchive(Path(cfg["output"]["path"]) / "archive", cfg["output"]["flush_rows"],
+                                    named("input", index, k)) if ck["interval"] and ck["archive"] else None
+
+    def write_rejected(self) -> None:
+        """The rows the source refused when it was opened go to the rejected files, before the run starts."""
+        rejected = self.source.rejected
+        if rejected is not None and rejected.num_rows:
+            self.stats.rejected = rejected.num_rows
+            write_table(Path(self.cfg["output"]["path"]) / "rejected", "rejected", rejected,
+                        self.cfg["output"]["format"])
+
+    def start(self, now: float) -> float:
+        """The run starts: returns the pacing schedule's origin (a resumed run keeps the schedule where it was)."""
+        self.t0 = now - (self.consumed / self.rate if self.rate > 0 else 0.0)
+        return self.t0
+
+    def frontier(self) -> float:
+        """The watermark of what was taken: no on-time tuple still to come lies below it."""
+        return self.max_ts - self.max_delay
+
+    def ingest(self, now: float, slot: bool = False) -> int:
+        """Pull what has arrived (paced) or what fits (unpaced) from the source; returns tuples taken.
+        At a `slot` paced input is taken whatever the tick, so what arrived until then goes out now."""
+        src = self.cfg["source"]
+        room = self.cfg["master"]["buffer_capacity"] - len(self.buffers)
+        limit = min(src["batch"], room)
+        behind = 0.0
+        if self.rate > 0:
+            due = int((now - self.t0) * self.rate) - self.consumed
+            # paced input is taken in ticks, not tuple by tuple; but a whole batch due is taken at once, or the
+            # tick would cap ingest at source.batch per tick (65,536 per 10 ms: 6.5M/s, whatever the cluster)
+            if due < src["batch"] and now - self._last_ingest < self.ingest_interval and not slot:
+                return 0
+            # how far ingest is behind the pacing schedule (the due tuples this step cannot take): it grows only
+            # when the cluster cannot keep up
+            behind = (due - limit) / self.rate
+            limit = min(limit, due)
+        if self.exhausted:
+            return 0  # the schedule goes on, but no tuple is due after the input's end: the drain is no lag
+        if limit <= 0:
+            self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, behind)  # full mini-buffers hold ingest back
+            return 0
+        self._last_ingest = now
+        chunk = self.source.next_chunk(limit)
+        if chunk is None:
+            self.exhausted = True
+            return 0
+        n = len(chunk.ts)
+        if n == limit:  # a shorter chunk is all the source has: the due tuples past it do not exist
+            self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, behind)
+        if self.archive is not None:
+            self.archive.add(chunk)
+        if self.rate > 0:  # nominal arrival of each tuple, so master-side queueing counts as delay
+            arrival = self.t0 + (self.consumed + np.arange(n)) / self.rate
+        else:
+            arrival = np.full(n, now)
+        self.consumed += n
+        late, prev_max, self.max_ts = late_mask(chunk.ts, self.max_ts, self.max_delay)
+        if late.any():
+            self._set_aside_late(chunk, late, prev_max)
+        self._route(chunk, arrival, late)
+        self.stats.buffered_peak = max(self.stats.buffered_peak, len(self.buffers))
+        return n
+
+    def _route(self, chunk, arrival: np.ndarray, late: np.ndarray) -> None:
+        """The on-time tuples of `chunk` into the mini-buffers of their partitions."""
+        on_time = ~late
+        dtype = self.buffers.dtype
+        if self.router is not None:
+            self.sketch.update(chunk.key[on_time])
+        if self.range_partitioned and self.ranges is None and on_time.any():
+            self.ranges = KeyRanges.from_sample(chunk.key[on_time], self.buffers.partitions)
+        if self.router is None and self.ranges is None:  # hash partitions: the rows built in their order
+            for stream, (rows, sizes) in enumerate(to_wire_hashed(dtype, chunk.stream, chunk.id, chunk.ts,
+                                                                  chunk.key, chunk.value, arrival, late,
+                                                                  self.buffers.partitions)):
+                self.stats.input[STREAM_NAMES[stream]] += len(rows)
+                self.buffers.add_ordered(stream, rows, sizes)
+            return
+        for stream in (STREAM_R, STREAM_S):
+            sel = np.flatnonzero(on_time & (chunk.stream == stream))
+            self.stats.input[STREAM_NAMES[stream]] += len(sel)
+            rows = to_wire(dtype, chunk.id, chunk.ts, chunk.key, chunk.value, arrival, sel)
+            if self.router is not None:
+                if stream == STREAM_S:
+                    self.buffers.add(stream, rows, self.router.route_s(rows))
+                else:
+                    index, part = self.router.route_r(rows)
+                    self.buffers.add(stream, rows[index], part)
+            elif stream == STREAM_S:  # the home of its pairs
+                self.buffers.add(stream, rows, self.ranges.home(rows["key"]))
+            else:  # a copy to every range that may hold partners
+                index, part = self.ranges.copies(rows["key"], *self.key_distance)
+                self.buffers.add(stream, rows[index], part)
+
+    def _set_aside_late(self, chunk, late: np.ndarray, prev_max: np.ndarray) -> None:
+        md = self.max_delay
+        self.stats.late += int(late.sum())
+        bound = prev_max[late] - md
+        self._late_parts.append(pa.table({
+            "stream": np.array(STREAM_NAMES)[chunk.stream[late]], "id": chunk.id[late], "ts": chunk.ts[late],
+            "key": chunk.key[late], "value": chunk.value[late],
+            "reason": pa.repeat(f"late: ts below max ts seen before minus join.max_delay ({md})", int(late.sum())),
+            "bound": bound,
+        }))
+        if sum(t.num_rows for t in self._late_parts) >= self.cfg["output"]["flush_rows"]:
+            self._flush_late()
+
+    def _flush_late(self) -> None:
+        if self._late_parts:
+            stem = f"{named('late', self.index, self.k)}-{self.late_files:06d}"
+            write_table(Path(self.cfg["output"]["path"]) / "late", stem,
+                        pa.concat_tables(self._late_parts), self.cfg["output"]["format"])
+            self._late_parts, self.late_files = [], self.late_files + 1
+
+    def flush(self) -> None:
+        """Write the late tuples and the archive held so far (a checkpoint's cut, the end of the run)."""
+        self._flush_late()
+        if self.archive is not None:
+            self.archive.flush()
+
+    def state(self) -> dict:
+        """This desk's part of a checkpoint (after `flush`)."""
+        return {"consumed": self.consumed, "max_ts": self.max_ts, "late_files": self.late_files,
+                "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
+                "archive_files": self.archive.files if self.archive else 0}
+
+    def restore(self, m: dict) -> None:
+        """Resume at the checkpoint's source position (a live stream cannot be rewound: it goes on)."""
+        if self.cfg["source"]["kind"] == "zmq":  # producers get no acks
+            print('recover: source.kind = "zmq": tuples the producers sent after the checkpoint and before the '
+                  "crash are not replayed (a live stream cannot be rewound); the state and results up to the "
+                  "checkpoint are restored", file=sys.stderr, flush=True)
+        else:
+            skip(self.source, m["consumed"])
+        self.consumed, self.max_ts, self.late_files = m["consumed"], m["max_ts"], m["late_files"]
+        if m["key_ranges"] is not None:
+            self.ranges = KeyRanges(m["key_ranges"])
+        if self.archive is not None:
+            self.archive.files = m["archive_files"]

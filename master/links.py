@@ -1,0 +1,108 @@
+"""The master's MPI edge: batches and orders to slaves, their reports, orders between dispatchers.
+
+Everything the master does over MPI besides the result stream happens here,
+so the desks (master/desks/) are plain classes tested with a fake of this
+object.  A slave counts as busy from the send of a message until its report
+answers it (paper 003, V-B: a slave still joining at its slot misses it); the
+buffer of its last message is reused for the next one.  `seq` numbers the
+messages on the FIFO channel to each slave (the `epoch` field of the wire
+format), so a slave notices a lost one; it is not the distribution epoch.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from master.coordination import Orders
+from protocol import faults
+from protocol.arrays import whole_buffer
+from protocol.mpi import wait_all_started
+from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, decode_report, \
+    encode_batch
+
+
+class Links:
+    def __init__(self, comm: MPI.Comm, index: int, k: int, slaves: list[int], dtype: np.dtype):
+        self.comm, self.index, self.dtype = comm, index, dtype
+        #: several dispatchers (BiStream 3.2.3): the order channel between them (master.coordination)
+        self.orders = Orders(comm) if k > 1 else None
+        self.busy: dict[int, tuple[MPI.Request, np.ndarray]] = {}  #: rank -> (send request, its buffer)
+        self.spare: dict[int, np.ndarray] = {}  #: rank -> the buffer of its last message, answered: reused
+        self.seq = {r: 0 for r in slaves}  #: per slave: the sequence number of the last message on its channel
+        self._report = np.empty(REPORT_BYTES, dtype=np.uint8)
+
+    def is_busy(self, rank: int) -> bool:
+        return rank in self.busy
+
+    def batch(self, rank: int, watermark: float, n_r: int, n_s: int, groups: np.ndarray):
+        """The next BATCH to `rank`, numbered, with room for its rows: (buffer, R rows, S rows) to fill, then
+        `send`."""
+        self.seq[rank] += 1
+        return batch_message(Kind.BATCH, self.seq[rank], watermark, n_r, n_s, self.dtype, groups=groups,
+                             spare=self.spare.pop(rank, None))
+
+    def order(self, rank: int, kind: Kind, watermark: float = np.nan, partition: int = -1, peer: int = -1,
+              groups: np.ndarray | None = None) -> None:
+        """An order without tuples (MOVE, CHECKPOINT, SPLIT, MERGE) to `rank`, under its last sequence number."""
+        empty = np.empty(0, dtype=self.dtype)
+        self.send(rank, encode_batch(kind, self.seq[rank], watermark, empty, empty, partition=partition, peer=peer,
+                                     groups=groups))
+
+    def send(self, rank: int, buf: np.ndarray) -> None:
+        """Isend a message; the slave counts as busy until its report for it arrives."""
+        faults.jitter()
+        if faults.fires(self.index, "drop"):  # a channel that loses a batch: the slave must notice
+            self.seq[rank] += 1
+            return
+        self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
+
+    def reports(self) -> list[tuple[int, dict, np.ndarray]]:
+        """(rank, counters, histograms) of every report waiting; a report that answers a message of ours (all
+        but INSTALLED, the consumer's news) makes its slave idle."""
+        got, status = [], MPI.Status()
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REPORT, status=status):
+            rank = status.Get_source()
+            self.comm.Recv([self._report, MPI.BYTE], source=rank, tag=TAG_REPORT)
+            counters, hist = decode_report(self._report)
+            if counters["ack"] != Ack.INSTALLED:
+                request, buf = self.busy.pop(rank)
+                request.Wait()
+                self.spare[rank] = whole_buffer(buf)  # the next batch to it is built in it
+            got.append((rank, counters, hist))
+        return got
+
+    def stop(self) -> None:
+        """STOP to every slave: each answers with its final report once its results are flushed."""
+        empty = np.empty(0, dtype=self.dtype)
+        for rank in self.seq:
+            buf = encode_batch(Kind.STOP, self.seq[rank] + 1, np.inf, empty, empty)
+            self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
+
+    # -- the other dispatchers (master.coordination) ------------------------------------------------------
+    def tell(self, dests, order: str, **fields) -> None:
+        self.orders.send(dests, order, **fields)
+
+    def arrived(self) -> list[tuple[int, dict]]:
+        return self.orders.arrived() if self.orders else []
+
+    def close(self) -> None:
+        if self.orders:
+            self.orders.close()
+
+    def state(self) -> dict:
+        return {str(k): v for k, v in self.seq.items()}
+
+    def restore(self, seq: dict) -> None:
+        self.seq = {int(k): v for k, v in seq.items()}
+
+    # -- the start and the end of the run ------------------------------------------------------------------
+    def wait_all_started(self) -> None:
+        wait_all_started(self.comm)
+
+    def send_summary(self, counters: dict) -> None:
+        """Another dispatcher: its counters to rank 0, which writes the summary."""
+        self.comm.send(counters, dest=0, tag=TAG_SUMMARY)
+
+    def summaries(self, k: int) -> list[dict]:
+        """Rank 0: the counters of dispatchers 1..k-1."""
+        return [self.comm.recv(source=other, tag=TAG_SUMMARY) for other in range(1, k)]
