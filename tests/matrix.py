@@ -214,25 +214,31 @@ class Outcome:
 
 
 def kill_a_rank(tag: str, ranks: int, rng: np.random.Generator, victims: list[str]) -> threading.Thread:
-    """SIGKILL one random rank (the master too) of the run whose command line holds `tag`, 0.5-2 s after it
-    started, like a failed host."""
+    """SIGKILL one random rank (the master too) of the run whose command line holds `tag`, 0.5-2 s after that
+    rank started, like a failed host."""
     victim, delay = str(int(rng.integers(ranks))), float(rng.uniform(0.5, 2.0))
 
-    def kill():
-        deadline = time.time() + delay
-        while time.time() < deadline + 20:
-            time.sleep(0.05)
-            if time.time() < deadline:
+    def find() -> psutil.Process | None:
+        for p in psutil.process_iter(["cmdline", "environ"]):
+            try:
+                if tag in " ".join(p.info["cmdline"] or []) and \
+                        (p.info["environ"] or {}).get("OMPI_COMM_WORLD_RANK") == victim:
+                    return p
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            for p in psutil.process_iter(["cmdline", "environ"]):
-                try:
-                    if tag in " ".join(p.info["cmdline"] or []) and \
-                            (p.info["environ"] or {}).get("OMPI_COMM_WORLD_RANK") == victim:
-                        p.kill()
-                        victims.append(f"rank {victim} at {delay:.1f}s")
-                        return
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
+        return None
+
+    def kill():
+        give_up = time.time() + 120
+        while (target := find()) is None and time.time() < give_up:
+            time.sleep(0.05)
+        if target is not None:
+            time.sleep(delay)
+            try:
+                target.kill()
+                victims.append(f"rank {victim} at {delay:.1f}s")
+            except psutil.NoSuchProcess:  # the run ended first
+                pass
 
     t = threading.Thread(target=kill, daemon=True)
     t.start()
