@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from protocol.config import ConfigError, load_config, validate
 from tests.cluster import run_cluster, write_config
-from tests.reference import reference_pairs, reference_theta_pairs
+from tests.reference import late_flags, reference_pairs, reference_theta_pairs
 
 #: feature -> the values a draw takes
 FEATURES: dict[str, tuple] = {
@@ -178,12 +178,19 @@ def refusal(d: Draw) -> str | None:
 
 
 def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(encoded pairs, encoded late ids) of the whole input, in integer time."""
-    w, md = window_units(d), max_delay_units(d)
-    pairs, late = reference_pairs(data["stream"], data["id"], data["ts"], data["key"], w, md)
-    if d.predicate != "equal":
-        pairs = reference_theta_pairs(data["stream"], data["id"], data["ts"], data["key"], w, md, d.predicate, 2)
-    return pairs, late
+    """(encoded pairs, encoded late ids) of the whole input, in integer time.  With k dispatchers dispatcher i
+    takes every k-th tuple from the i-th on (master.source.ShardedSource) and judges lateness on its own share."""
+    w, md, k = window_units(d), max_delay_units(d), d.dispatchers
+    late = np.zeros(len(data["ts"]), bool)
+    for i in range(k):
+        late[i::k] = late_flags(data["ts"][i::k], md)
+    on = {c: v[~late] for c, v in data.items()}
+    never = float("inf")  # lateness is decided above
+    if d.predicate == "equal":
+        pairs, _ = reference_pairs(on["stream"], on["id"], on["ts"], on["key"], w, never)
+    else:
+        pairs = reference_theta_pairs(on["stream"], on["id"], on["ts"], on["key"], w, never, d.predicate, 2)
+    return pairs, np.sort(data["stream"][late] * 2**40 + data["id"][late])
 
 
 @dataclass
