@@ -83,10 +83,17 @@ class MiniBuffers:
             out.append(rows[mine])
         return out[0], out[1]
 
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        """(R, S) rows buffered now, partition by partition in arrival order, without draining (checkpoints)."""
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(R, S) rows buffered now, partition by partition in arrival order, and the rows per stream and
+        partition, without draining (checkpoints): a row's partition is not always its key's hash partition (key
+        ranges copy R rows, hot keys route to grids), so a restore must not derive it again."""
         out = []
         for stream in range(2):
             taken = [c for chunks in self._chunks[stream] for c in chunks]
             out.append(np.concatenate(taken).view(self.dtype) if taken else np.empty(0, dtype=self.dtype))
-        return out[0], out[1]
+        return out[0], out[1], self.counts.copy()
+
+    def restore(self, r: np.ndarray, s: np.ndarray, counts: np.ndarray) -> None:
+        """Put back what `snapshot` returned, each row in the partition it was buffered for."""
+        for stream, rows in ((0, r), (1, s)):
+            self.add_ordered(stream, rows, counts[stream])

@@ -24,6 +24,10 @@ state when it has every dispatcher's marker and meanwhile receives nothing
 from a dispatcher whose marker it has (protocol.mpi.wait_probe_any), so no
 batch crosses the cut.  The manifest is written when all parts are in.
 
+Band and inequality joins route by key ranges (master.ranges): rank 0 decides
+them from its first keys and sends them (RANGES); the others take no input
+until they have them, so every dispatcher sends a key to the same partition.
+
 The same channel ends the run: a dispatcher whose input is exhausted and
 joined says DONE and keeps serving orders until rank 0, done too and with no
 move in flight, says FINISH.  Orders are small dicts, pickled; no tuple data.
@@ -36,6 +40,7 @@ from protocol.messages import TAG_ORDER
 
 HOLD, READY, RELEASE, DONE, FINISH = "hold", "ready", "release", "done", "finish"
 CHECKPOINT, SNAPSHOT = "checkpoint", "snapshot"
+RANGES = "ranges"  #: band and inequality joins: rank 0's key ranges, which every dispatcher routes by
 
 
 class Orders:

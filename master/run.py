@@ -19,13 +19,14 @@ from mpi4py import MPI
 
 from master.buffers import MiniBuffers
 from master.controller import Controller
-from master.coordination import CHECKPOINT, DONE, FINISH, HOLD, READY, RELEASE, SNAPSHOT
+from master.coordination import CHECKPOINT, DONE, FINISH, HOLD, RANGES, READY, RELEASE, SNAPSHOT
 from master.desks import may_serve
 from master.desks.checkpoints import CheckpointDesk, section
 from master.desks.distribution import DistributionDesk
 from master.desks.hotkeys import HotKeyDesk
 from master.desks.ingest import IngestDesk
 from master.desks.moves import MovesDesk
+from master.desks.stall import StallWatch
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.links import Links
 from master.result_stream import ResultStream
@@ -57,6 +58,7 @@ class Master:
         self.moves = MovesDesk(self.k, controller, stats, links)
         self.hot = HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links) if router else None
         self.checkpoints = CheckpointDesk(cfg, self.index, self.k, slaves, buffers, controller, stats, links)
+        self.stall = StallWatch(cfg, buffers, controller, links)
         self.done_from: set[int] = set()  #: rank 0: dispatchers that said DONE
         self.done_sent = self.finished = False
         self._stop_requested = False
@@ -65,7 +67,8 @@ class Master:
                                                                               self._answered)}
         self.on_order = {HOLD: self._hold, READY: self.moves.on_ready, RELEASE: self._release,
                          CHECKPOINT: self.checkpoints.on_order, SNAPSHOT: self.checkpoints.on_snapshot,
-                         DONE: lambda source, _: self.done_from.add(source), FINISH: self._finish}
+                         DONE: lambda source, _: self.done_from.add(source), FINISH: self._finish,
+                         RANGES: lambda source, order: self.ingest.use_ranges(order["bounds"])}
         if resume is not None:
             self._resume(*resume)
 
@@ -85,6 +88,7 @@ class Master:
         reports = self.links.reports()
         for rank, counters, hist in reports:
             self.stats.add_report(rank, counters, hist)
+            self.stall.on_report(counters["busy"])
             for handle in self.on_ack.get(Ack(int(counters["ack"])), (self._answered,)):
                 handle(rank, counters)
         return len(reports)
@@ -152,6 +156,8 @@ class Master:
                                    "hot_keys": None if self.hot is None else self.hot.state()},
                                   distribution.epochs_done)
             if self.k > 1:
+                if self.index == 0 and (bounds := ingest.ranges_to_share()) is not None:
+                    self.links.tell(range(1, self.k), RANGES, bounds=bounds)
                 self._route_orders()
             if now >= next_reorganization and self.index == 0:
                 if not ingest.exhausted and not checkpoints.pending:
@@ -175,9 +181,18 @@ class Master:
                 next_progress = now + progress
             if self._may_end():
                 break
+            self._watch(now)
             if not worked:
                 time.sleep(min(2e-3, max(0.0, next_slot - time.time())))
         return self._end()
+
+    def _watch(self, now: float) -> None:
+        """End the job, naming what it waits for, when pending work has not moved for too long (desks.stall)."""
+        hot, ck = self.hot, self.checkpoints
+        self.stall.watch(now, self.ingest.consumed, {} if hot is None else {"split": dict(hot.pending),
+                                                                             "merge": dict(hot.cooling)},
+                         "waiting for quiet" if ck.pending else
+                         f"{ck.open['id']} open, parts in: {sorted(ck.open['parts'])}" if ck.open else "")
 
     def _may_end(self) -> bool:
         """Input exhausted and joined, no move in flight; with several dispatchers, all of them (DONE, FINISH)."""

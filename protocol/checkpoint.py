@@ -10,7 +10,7 @@ that the checkpoint holds).  BiStream (section 3.5) keeps upstream backup for
 the same purpose; here the source is rewound to the checkpoint's position.
 
     <checkpoint.path>/ckpt-000007/
-        master.state     mini-buffer contents (R then S rows); master-d1.state ... of further dispatchers
+        master.state     mini-buffer contents (R rows, S rows, rows per stream and partition); master-d1.state ...
         slave-001.state  every partition-group of slave 1 (slave.state.encode_group buffers)
         ...
         MANIFEST.json    written last: a checkpoint without it does not exist
@@ -31,7 +31,7 @@ import numpy as np
 
 MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
-FORMAT = 1
+FORMAT = 2  #: 2: the master's part holds each row's partition (its rows per stream and partition)
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
 BINDING_SECTIONS = ("cluster", "source", "generator", "join", "partitioning", "tuning")
 

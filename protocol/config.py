@@ -70,6 +70,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     },
     "master": {
         "buffer_capacity": (4000000, "tuples the master's mini-buffers may hold before ingest pauses (256 MB of 64-byte tuples)"),
+        "stall_timeout": (0.0, "seconds pending work may stand still before the job ends naming what it waits for (0 = 8 distribution epochs, at least 10 s, plus twice the slowest batch)"),
     },
     "balance": {
         "enabled": (True, "move partition-groups between slaves and adapt the active slave count (paper IV-C, V-A)"),
@@ -143,7 +144,7 @@ _NON_NEGATIVE = {
     ("balance", "supplier_threshold"), ("balance", "consumer_threshold"), ("balance", "initial_slaves"),
     ("checkpoint", "interval"), ("join", "band"),
     ("aggregate", "window"),
-    ("source", "idle_timeout"), ("output", "wait_subscribers"),
+    ("source", "idle_timeout"), ("output", "wait_subscribers"), ("master", "stall_timeout"),
 }
 
 

@@ -24,6 +24,7 @@ from master.desks.distribution import DistributionDesk
 from master.desks.hotkeys import HotKeyDesk
 from master.desks.ingest import IngestDesk
 from master.desks.moves import MovesDesk
+from master.desks.stall import StallError, StallWatch
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.source import FileSource
 from master.stats import RunStats
@@ -249,6 +250,8 @@ def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_
     desk = CheckpointDesk(p.cfg, 0, 1, p.slaves, p.buffers, p.controller, p.stats, p.links)
     p.buffers.add(STREAM_R, rows(np.arange(50), np.arange(50)))
     p.buffers.add(STREAM_S, rows(np.arange(50, 80), np.arange(30)))
+    # rows not in their key's hash partition (a key range's R copy, a hot key's sub-group): restored where they were
+    p.buffers.add(STREAM_R, rows(np.arange(90, 95), np.full(5, 7)), np.array([0, 1, 2, 3, 4]))
     desk.on_epoch(1, exhausted=False)
     assert not desk.pending
     desk.on_epoch(2, exhausted=False)
@@ -260,7 +263,7 @@ def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_
     assert p.links.kinds() == [(1, Kind.CHECKPOINT), (2, Kind.CHECKPOINT)]
     assert {int(head["partition"]) for _, head, *_ in p.links.sent} == {1}
     ckpt_dir = checkpoint.root_of(p.cfg) / checkpoint.name_of(1)
-    assert (ckpt_dir / checkpoint.master_part(0)).is_file() and len(p.buffers) == 80  # a snapshot, not a drain
+    assert (ckpt_dir / checkpoint.master_part(0)).is_file() and len(p.buffers) == 85  # a snapshot, not a drain
 
     slave_writes_its_part(p, desk, 1, ckpt_dir, 10)
     assert not (ckpt_dir / checkpoint.MANIFEST).exists() and desk.written == 0
@@ -269,13 +272,13 @@ def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_
     assert desk.written == 1 and desk.open is None
     assert manifest["master"]["consumed"] == 1234 and manifest["result_files"] == {"1": 1, "2": 2}
     assert manifest["commit"]["late"] == {"late": 2}
-    assert sum(part["tuples"] for part in manifest["parts"].values()) == 80 + 30
+    assert sum(part["tuples"] for part in manifest["parts"].values()) == 85 + 30
 
     q = Parts(p.cfg, [1, 2])
     resumed = CheckpointDesk(q.cfg, 0, 1, q.slaves, q.buffers, q.controller, q.stats, q.links)
     resumed.restore(ckpt_dir, manifest, epochs_done=4)
-    for a, b in zip(p.buffers.snapshot(), q.buffers.snapshot()):
-        assert np.array_equal(np.sort(a["id"]), np.sort(b["id"]))
+    (r0, s0, counts0), (r1, s1, counts1) = p.buffers.snapshot(), q.buffers.snapshot()
+    assert np.array_equal(counts0, counts1) and np.array_equal(r0, r1) and np.array_equal(s0, s1)
     assert (resumed.recovered_from, resumed.next_id, resumed.due) == (1, 2, 6)
     assert q.stats.per_slave[2]["result_files"] == 2
 
@@ -388,20 +391,25 @@ def test_the_merge_keeps_every_s_and_one_copy_of_each_r(tmp_path):
     assert p.buffers.counts[:, first: first + size].sum() == 0
 
 
-def test_the_merge_drops_r_copies_buffered_only_for_other_sub_groups_issue_19(tmp_path):
-    """Pins today's behaviour, a known bug (issue 19, open): the merge keeps the R copies buffered for the
-    first sub-group only; when that sub-group was drained to its slave before the others, the R tuples still
-    buffered for the others are dropped here (and the slave's merge keeps the first sub-group's window only).
-    A fix of issue 19 changes this test."""
+def test_the_merge_waits_until_the_sub_groups_were_drained_together(tmp_path):
+    """A sub-group drained to its slave before the others: its R copies left, the others' still wait here. A
+    merge now would drop those (pairs lost) or send them again (twice); it waits for the owner's next batch,
+    which drains all sub-groups at once."""
     p, desk, router, keys, home, owner = split_and_cooled(tmp_path)
     first, size = router.hot[HOT]
-    p.controller.queue.clear()
     p.buffers.drain(np.array([first]))  # the first sub-group went out at its slave's slot
     assert p.buffers.counts[STREAM_R, first + 1] == (keys[:300] == HOT).sum()  # the others still hold copies
     desk.merge()
-    r, s = p.buffers.drain(np.array([home]))
-    assert HOT not in r["key"]  # dropped
-    assert p.buffers.counts[:, first: first + size].sum() == 0
+    assert desk.cooling and HOT in router.hot and not p.controller.queue  # the queued spread is dropped
+    assert all(Kind(int(head["kind"])) != Kind.MERGE for _, head, *_ in p.links.sent)
+    p.buffers.drain(np.arange(first, first + size))  # the owner's batch: every sub-group at once
+    more = rows(np.arange(1000, 1010), np.full(10, HOT))
+    index, part = router.route_r(more)
+    p.buffers.add(STREAM_R, more[index], part)  # copies to every sub-group
+    desk.merge()
+    assert Kind(int(p.links.sent[-1][1]["kind"])) == Kind.MERGE and HOT not in router.hot
+    r, _ = p.buffers.drain(np.array([home]))
+    assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.arange(1000, 1010))  # one copy each
 
 
 # --------------------------------------------------------------------------- ingest
@@ -479,3 +487,37 @@ def test_a_desk_imports_no_mpi_no_links_and_no_other_desk(path):
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not {n for n in names if n.startswith(("mpi4py", "master.desks", "master.links", "master.run"))}
+
+
+# --------------------------------------------------------------------------- stall watch
+
+def test_pending_work_that_stands_still_ends_the_job_naming_what_it_waits_for(tmp_path):
+    p = Parts(config(tmp_path, "epochs.distribution=0.5"), [1, 2])
+    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links)
+    assert watch.bound() == 10.0  # 8 epochs are 4 s: the floor
+    watch.on_report(3.0)
+    assert watch.bound() == 16.0  # plus twice the slowest batch
+    watch.watch(0.0, 0, {}, "")
+    watch.watch(100.0, 0, {}, "")  # nothing pending: no stall, however long
+    p.buffers.add(STREAM_R, rows(np.arange(40), np.full(40, 5)), np.full(40, 3))
+    p.links.busy[2] = np.empty(0)
+    watch.watch(101.0, 0, {}, "")  # pending work begins
+    watch.watch(110.0, 40, {}, "")  # input was taken: progress
+    watch.watch(126.0, 40, {}, "")
+    with pytest.raises(StallError) as e:
+        watch.watch(126.5, 40, {"split": {}, "merge": {7: 0.01}}, "waiting for quiet")
+    msg = str(e.value)
+    assert "for 16.5s" in msg and "slave(s) [2]" in msg and "40 tuples buffered" in msg
+    assert f"3 (40, slave {int(p.controller.partition_map[3])})" in msg
+    assert "'merge': {7: 0.01}" in msg and "checkpoint: waiting for quiet" in msg
+
+
+def test_a_configured_stall_timeout_replaces_the_automatic_bound(tmp_path):
+    p = Parts(config(tmp_path, "master.stall_timeout=2.5"), [1])
+    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links)
+    watch.on_report(30.0)
+    p.links.busy[1] = np.empty(0)
+    watch.watch(0.0, 0, {}, "")
+    watch.watch(2.5, 0, {}, "")
+    with pytest.raises(StallError):
+        watch.watch(2.6, 0, {}, "")

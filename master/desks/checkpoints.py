@@ -21,7 +21,6 @@ from master.archive import named
 from master.coordination import CHECKPOINT, SNAPSHOT
 from protocol import checkpoint
 from protocol.messages import Kind
-from protocol.tuples import STREAM_R, STREAM_S
 
 
 class CheckpointDesk:
@@ -63,10 +62,11 @@ class CheckpointDesk:
             shutil.rmtree(directory)
         if self.k > 1 and self.index == 0:
             self.links.tell(range(1, self.k), CHECKPOINT, id=ckpt_id)
-        r, s = self.buffers.snapshot()
+        r, s, counts = self.buffers.snapshot()
         name = checkpoint.master_part(self.index)
-        size = checkpoint.write_atomic(directory / name, checkpoint.pack([r.view(np.uint8), s.view(np.uint8)]))
-        part = {name: {"bytes": size, "records": 2, "tuples": len(r) + len(s)}}
+        size = checkpoint.write_atomic(directory / name, checkpoint.pack([r.view(np.uint8), s.view(np.uint8),
+                                                                          counts.ravel().view(np.uint8)]))
+        part = {name: {"bytes": size, "records": 3, "tuples": len(r) + len(s)}}
         mine = {**sections, "stats": self.stats.state(), "controller": self.controller.state()}
         if self.index == 0:
             self.open = {"id": ckpt_id, "dir": directory, "started": time.time(), "slaves": {},
@@ -115,9 +115,9 @@ class CheckpointDesk:
 
     def restore(self, directory: Path, manifest: dict, epochs_done: int) -> None:
         """The checkpoint's mini-buffers, counters and partition map (the desks restore their own sections)."""
-        r, s = checkpoint.read_part(directory / checkpoint.master_part(self.index))
-        self.buffers.add(STREAM_R, r.view(self.buffers.dtype))
-        self.buffers.add(STREAM_S, s.view(self.buffers.dtype))
+        r, s, counts = checkpoint.read_part(directory / checkpoint.master_part(self.index))
+        self.buffers.restore(r.view(self.buffers.dtype), s.view(self.buffers.dtype),
+                             counts.view(np.int64).reshape(2, -1))
         m = section(manifest, self.index)
         self.stats.restore(m["stats"])
         for rank, files in manifest["result_files"].items():  # the checkpoint's own flush came after the snapshot

@@ -80,19 +80,30 @@ class HotKeyDesk:
     def merge(self) -> None:
         """Gather each cooled key's grid back: its sub-groups move to the owner of the key's partition, then the
         owner merges them (a MERGE order, served before any later batch) and the key's buffered tuples go back
-        to the partition: every S tuple, and the R tuples of the first sub-group (each sub-group has a copy)."""
+        to the partition: every S tuple, and one copy of each R tuple.
+
+        The merge waits until every sub-group holds the same R copies here, i.e. until they were last drained
+        together (copies are added to all sub-groups at once, so equal counts mean equal copies): then each R
+        tuple has reached either every sub-group's window or none, and one copy of what is buffered is exact.
+        A sub-group drained on its own slave before the others would otherwise lose the copies still buffered
+        for them (pairs lost) or send its own twice (pairs twice).  Sub-groups still queued to spread from the
+        owner stay there, and a sub-group in flight is waited for."""
         for key, share in list(self.cooling.items()):
             first, size = self.router.hot[key]
             partition, owner = self._owner(key)
             subs = range(first, first + size)
+            pmap = self.controller.partition_map
+            self.controller.queue[:] = [m for m in self.controller.queue
+                                        if not (m.partition in subs and pmap[m.partition] == owner)]
             queued = {m.partition for m in self.controller.queue}
-            away = [g for g in subs if self.controller.partition_map[g] != owner]
+            away = [g for g in subs if pmap[g] != owner]
             for g in away:
                 if g not in queued and not self.controller.moving[g]:
-                    self.controller.queue.append(Move(g, int(self.controller.partition_map[g]), owner,
-                                                      "hot key cooled"))
-            if away or self.controller.moving[partition] or self.links.is_busy(owner):
-                continue  # next time round
+                    self.controller.queue.append(Move(g, int(pmap[g]), owner, "hot key cooled"))
+            copies = self.buffers.counts[STREAM_R, first: first + size]
+            if away or self.controller.moving[partition] or self.controller.moving[first: first + size].any() \
+                    or self.links.is_busy(owner) or (copies != copies[0]).any():
+                continue  # next time round: the owner's next batch drains all sub-groups together
             del self.cooling[key]
             self.router.demote(key)
             taken = [self.buffers.take_key(g, key) for g in subs]

@@ -35,8 +35,11 @@ class IngestDesk:
         self.rate = cfg["source"]["rate"] / k  #: this dispatcher's paced share
         join = cfg["join"]
         self.max_delay = join["max_delay"]
-        #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions)
+        #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions); with
+        #: several dispatchers every one must route by the same ranges, so rank 0 decides them and the others
+        #: take no input until they have them (a RANGES order)
         self.ranges: KeyRanges | None = None
+        self._ranges_shared = False
         self.range_partitioned = join["predicate"] != "equal"
         self.key_distance = key_distance(join["predicate"], join["band"])
         #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
@@ -51,6 +54,17 @@ class IngestDesk:
         ck = cfg["checkpoint"]
         self.archive = InputArchive(Path(cfg["output"]["path"]) / "archive", cfg["output"]["flush_rows"],
                                     named("input", index, k)) if ck["interval"] and ck["archive"] else None
+
+    def ranges_to_share(self) -> list | None:
+        """Rank 0: its key ranges, once, as soon as they are decided (the loop sends them to the others)."""
+        if self.ranges is None or self._ranges_shared or not self.range_partitioned:
+            return None
+        self._ranges_shared = True
+        return self.ranges.bounds.tolist()
+
+    def use_ranges(self, bounds: list) -> None:
+        """Another dispatcher: rank 0's key ranges came."""
+        self.ranges = KeyRanges(bounds)
 
     def write_rejected(self) -> None:
         """The rows the source refused when it was opened go to the rejected files, before the run starts."""
@@ -72,6 +86,8 @@ class IngestDesk:
     def ingest(self, now: float, slot: bool = False) -> int:
         """Pull what has arrived (paced) or what fits (unpaced) from the source; returns tuples taken.
         At a `slot` paced input is taken whatever the tick, so what arrived until then goes out now."""
+        if self.range_partitioned and self.ranges is None and self.index > 0:
+            return 0  # rank 0's key ranges have not come yet
         src = self.cfg["source"]
         room = self.cfg["master"]["buffer_capacity"] - len(self.buffers)
         limit = min(src["batch"], room)
@@ -95,6 +111,8 @@ class IngestDesk:
         chunk = self.source.next_chunk(limit)
         if chunk is None:
             self.exhausted = True
+            if self.range_partitioned and self.ranges is None:  # no on-time key at all: any ranges are exact
+                self.ranges = KeyRanges.from_sample(np.zeros(1, np.int64), self.buffers.partitions)
             return 0
         n = len(chunk.ts)
         if n == limit:  # a shorter chunk is all the source has: the due tuples past it do not exist

@@ -1,0 +1,69 @@
+"""The stall watch: a cluster whose pending work stops moving ends with a message instead of waiting forever.
+
+Work is pending while tuples are buffered, a message to a slave is unanswered,
+a move is queued or in flight, a hot key's split or merge waits, or a
+checkpoint is being taken.  The master makes progress when it takes input,
+sends a message or gets a report.  Pending work with no progress for longer
+than the bound means the master waits for something that will not come (a
+report, an idle owner, a move); it then names what it waits for and the job
+ends with a non-zero exit, so a supervisor restarts it from its last
+checkpoint.  The bound (`master.stall_timeout`, 0 = automatic) is a few
+distribution epochs beyond the slowest batch a slave has taken so far.
+"""
+from __future__ import annotations
+
+
+class StallError(RuntimeError):
+    """The cluster stopped making progress with work pending; the message says what it waited for."""
+
+
+class StallWatch:
+    def __init__(self, cfg: dict, buffers, controller, links):
+        self.buffers, self.controller, self.links = buffers, controller, links
+        self.timeout = cfg["master"]["stall_timeout"]
+        self.epoch = cfg["epochs"]["distribution"]
+        self.slowest = 0.0  #: the longest a slave took over one batch so far (seconds)
+        self.reports = 0  #: reports received
+        self._last = None  #: the progress counters seen last
+        self._since = 0.0  #: when they last changed, or pending work began
+
+    def on_report(self, batch_seconds: float | None) -> None:
+        self.reports += 1
+        if batch_seconds is not None:
+            self.slowest = max(self.slowest, float(batch_seconds))
+
+    def bound(self) -> float:
+        """How long pending work may stand still."""
+        return self.timeout or max(10.0, 8 * self.epoch) + 2 * self.slowest
+
+    def watch(self, now: float, consumed: int, hot: dict, checkpoint: str) -> None:
+        """Raise StallError when pending work has stood still past the bound.  `consumed`: input taken;
+        `hot`: hot keys waiting for their owner ({"split": .., "merge": ..}); `checkpoint`: what a checkpoint
+        waits for ("" when none is being taken)."""
+        c = self.controller
+        pending = bool(len(self.buffers) or self.links.busy or c.busy or any(hot.values()) or checkpoint)
+        progress = (consumed, sum(self.links.seq.values()), self.reports)
+        if progress != self._last or not pending:
+            self._last, self._since = progress, now
+            return
+        still = now - self._since
+        if still <= self.bound():
+            return
+        lines = [f"stalled: no input taken, no message sent and no report for {still:.1f}s with work pending"]
+        if self.links.busy:
+            lines.append(f"  waiting for the report of slave(s) {sorted(self.links.busy)} (a message is unanswered)")
+        counts = self.buffers.counts.sum(axis=0)
+        if counts.any():
+            top = sorted(counts.nonzero()[0].tolist(), key=lambda g: -counts[g])[:8]
+            lines.append(f"  {int(counts.sum()):,} tuples buffered, unsent; most in partition-groups "
+                         + ", ".join(f"{g} ({int(counts[g]):,}, slave {int(c.partition_map[g])}"
+                                     f"{', moving' if c.moving[g] else ''})" for g in top))
+        if c.queue:
+            lines.append(f"  moves queued: {c.queue}")
+        if c.in_flight:
+            lines.append(f"  moves in flight (held until INSTALLED): {[m for m, *_ in c.in_flight.values()]}")
+        if any(hot.values()):
+            lines.append(f"  hot keys waiting for their owner to be idle: {hot}")
+        if checkpoint:
+            lines.append(f"  checkpoint: {checkpoint}")
+        raise StallError("\n".join(lines))
