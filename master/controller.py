@@ -19,7 +19,9 @@ from master.balance import Move, plan
 
 
 class Controller:
-    def __init__(self, cfg: dict, slaves: list[int], partitions: int, share: int = 1):
+    def __init__(self, cfg: dict, slaves: list[int], partitions: int, share: int = 1, live: int | None = None):
+        """`live`: partition ids from it on are hot-key sub-group slots (master.hotkeys), mapped to no slave
+        (-1) until a hot key uses them: nothing must route to, balance or move a group that no slave holds."""
         self.cfg = cfg["balance"]
         #: with k dispatchers rank 0 sees a 1/k share of every slave's input and scales its samples by k
         self.share = share
@@ -28,6 +30,7 @@ class Controller:
         self.active: list[int] = slaves[:n]
         self.inactive: list[int] = slaves[n:]
         self.partition_map = np.array([self.active[p % n] for p in range(partitions)])  #: partition -> rank
+        self.partition_map[partitions if live is None else live:] = -1
         self.moving = np.zeros(partitions, dtype=bool)  #: groups whose state is in flight (held at the master)
         self.queue: list[Move] = []
         self.in_flight: dict[int, tuple[Move, float, int, float]] = {}  #: partition -> (move, start, reorg, watermark)

@@ -47,7 +47,8 @@ class Master:
         sketch = FrequentKeys(hot["sketch"])
         if router is not None:
             parts = router.total_partitions
-        self.controller = controller = Controller(cfg, slaves, parts, share=self.k)
+        self.controller = controller = Controller(cfg, slaves, parts, share=self.k,
+                                                  live=router.partitions if router else None)
         self.buffers = buffers = MiniBuffers(parts, tuple_dtype(cfg["generator"]["tuple_bytes"]))
         self.stats = stats = RunStats(slaves)
         self.links = links = Links(comm, self.index, self.k, slaves, buffers.dtype)

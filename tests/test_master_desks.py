@@ -101,10 +101,10 @@ def rows(ids, keys, ts=None, arrival=0.0):
 class Parts:
     """The shared objects a desk is built with."""
 
-    def __init__(self, cfg, slaves, partitions=PARTS):
+    def __init__(self, cfg, slaves, partitions=PARTS, live=None):
         self.cfg, self.slaves = cfg, slaves
         self.buffers = MiniBuffers(partitions, DT)
-        self.controller = Controller(cfg, slaves, partitions)
+        self.controller = Controller(cfg, slaves, partitions, live=live)
         self.stats = RunStats(slaves)
         self.links = FakeLinks(slaves)
 
@@ -315,7 +315,9 @@ HOT = 7
 def hot_setup(tmp_path):
     cfg = config(tmp_path, "hotkeys.enabled=true", "hotkeys.max_keys=2", "hotkeys.grid=4", "hotkeys.threshold=0.2")
     router = HotKeyRouter(PARTS, 2, 4)
-    p = Parts(cfg, [1, 2, 3], router.total_partitions)
+    p = Parts(cfg, [1, 2, 3], router.total_partitions, live=PARTS)
+    # sub-group slots no hot key uses belong to no slave: balancing must not move a group nobody holds
+    assert (p.controller.partition_map[PARTS:] == -1).all()
     sketch = FrequentKeys(64)
     desk = HotKeyDesk(cfg, router, sketch, p.buffers, p.controller, p.stats, p.links)
     rng = np.random.default_rng(5)
@@ -408,6 +410,7 @@ def test_the_merge_waits_until_the_sub_groups_were_drained_together(tmp_path):
     p.buffers.add(STREAM_R, more[index], part)  # copies to every sub-group
     desk.merge()
     assert Kind(int(p.links.sent[-1][1]["kind"])) == Kind.MERGE and HOT not in router.hot
+    assert (p.controller.partition_map[first: first + size] == -1).all()  # the slots are free again
     r, _ = p.buffers.drain(np.array([home]))
     assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.arange(1000, 1010))  # one copy each
 

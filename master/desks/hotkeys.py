@@ -111,6 +111,7 @@ class HotKeyDesk:
             s = np.concatenate([t[1] for t in taken])
             self.buffers.add(STREAM_S, s, np.full(len(s), partition))
             self.links.order(owner, Kind.MERGE, partition=partition, groups=np.array([[key, first, size]]))
+            pmap[first: first + size] = -1  # the slots hold no group any more
             self.log.append({"key": key, "event": "merge", "share": round(share, 4), "partition": partition,
                              "owner": owner, "seconds": round(time.time() - self.t0, 3)})
             print(f"hot key {key} cooled ({share:.0%} of the input): its {size} sub-groups gathered back into "
