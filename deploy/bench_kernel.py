@@ -28,7 +28,7 @@ import numpy as np
 
 from deploy.bench import machine_info, md_table, median
 from master.ingest import to_wire
-from master.source import generate_all
+from protocol.workload import generate_all
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
 from slave.join import JoinModule

@@ -326,7 +326,7 @@ def kernel_limit(settings: list[str], repeats: int) -> dict:
     `repeats`, on batches of one distribution epoch and of each of `LONGER_SPANS` of event time; the best span's
     median is the limit.  And the real bytes of its window state after the input (`window_footprint`)."""
     from deploy.bench_kernel import epoch_batches, own_by_span, window_footprint, with_results
-    from master.source import generate_all
+    from protocol.workload import generate_all
     from protocol.config import load_config
     cfg = load_config(None, settings)
     data = generate_all(cfg)

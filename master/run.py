@@ -32,7 +32,7 @@ from master.coordination import CHECKPOINT, DONE, FINISH, HOLD, READY, RELEASE, 
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.ranges import KeyRanges
 from master.ingest import late_mask, to_wire, to_wire_hashed
-from master.source import skip
+from master.source import mark, skip
 from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
 from protocol import checkpoint, faults
@@ -472,7 +472,8 @@ class Master:
         name = checkpoint.master_part(self.index)
         size = checkpoint.write_atomic(directory / name, checkpoint.pack([r.view(np.uint8), s.view(np.uint8)]))
         part = {name: {"bytes": size, "records": 2, "tuples": len(r) + len(s)}}
-        mine = {"consumed": self.consumed, "max_ts": self.max_ts, "epochs_done": self.epochs_done,
+        mine = {"consumed": self.consumed, "source": mark(self.source), "max_ts": self.max_ts,
+                "epochs_done": self.epochs_done,
                 "epoch": {str(k): v for k, v in self.epoch.items()},
                 "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()},
                 "late_files": self._late_files,
@@ -536,7 +537,7 @@ class Master:
                   "crash are not replayed (a live stream cannot be rewound); the state and results up to the "
                   "checkpoint are restored", file=sys.stderr, flush=True)
         else:
-            skip(self.source, m["consumed"])
+            skip(self.source, m["consumed"], m.get("source"))
         self.consumed, self.max_ts, self.epochs_done = m["consumed"], m["max_ts"], m["epochs_done"]
         r, s = checkpoint.read_part(directory / checkpoint.master_part(self.index))
         self.buffers.add(STREAM_R, r.view(self.dtype))
@@ -569,9 +570,6 @@ class Master:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, self._request_stop)
         out = Path(self.cfg["output"]["path"])
-        if self.source.rejected is not None and self.source.rejected.num_rows:
-            self.stats.rejected = self.source.rejected.num_rows
-            write_table(out / "rejected", "rejected", self.source.rejected, self.cfg["output"]["format"])
         slot = self.cfg["epochs"]["distribution"] / len(self.subgroups)
         progress = self.cfg["output"]["progress"]
         wait_all_started(self.comm)
