@@ -230,3 +230,12 @@ def test_a_parquet_file_of_many_row_groups_streamed_joins_exactly(tmp_path, disp
     run, _ = check_exact(tmp_path, 2 + dispatchers, settings)
     assert run.summary["rejected"] == inserted
     assert len(read_tables(run.out / "rejected")) == inserted
+
+
+def test_damage_found_during_the_run_ends_the_job_with_the_file_and_row(tmp_path):
+    path = tmp_path / "in.csv"
+    rows = "".join(f"{'RS'[i % 2]},{i},{i * 0.001},{i % 50}\n" for i in range(200_000))  # several 1 MiB blocks
+    path.write_text("stream,id,ts,key\n" + rows + "R,1\n")
+    run = run_cluster(tmp_path, 3, {"source.kind": "file", "source.path": str(path)}, timeout=120)
+    assert run.returncode != 0
+    assert "cannot be read as CSV at row" in run.stderr and "in.csv" in run.stderr

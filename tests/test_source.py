@@ -551,3 +551,14 @@ def test_a_larger_files_source_holds_a_bounded_amount_of_memory(tmp_path):
     assert seen == n
     bound = 48 << 20  # read-ahead batches, the row group being decoded, the chunk handed out
     assert column_bytes > 2 * bound and peak_arrow + peak_py < bound, (peak_arrow, peak_py)
+
+
+def test_damage_far_into_a_csv_stops_reading_there_with_the_file_and_row(tmp_path):
+    good = "".join(f"R,{i},{i * 0.001},{i % 7}\n" for i in range(200_000))  # several 1 MiB blocks
+    p = write_csv(tmp_path, "stream,id,ts,key\n" + good + "R,1\n" + "S,1,1.0,1\n")
+    src = open_file(p)  # the first blocks are fine: the file opens
+    taken = 0
+    with pytest.raises(InputError, match=r"in\.csv.*cannot be read as CSV at row [0-9,]+ or after"):
+        while (c := src.next_chunk(50_000)) is not None:
+            taken += len(c.id)
+    assert 0 < taken <= 200_000
