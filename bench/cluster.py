@@ -145,7 +145,7 @@ def generated_file(settings: list[str], directory: Path) -> Path:
     """The input generated for `settings`, written once as an input file (the file source's columns) in
     `directory`, named by the generator config: runs of the same workload share it."""
     from master.archive import InputArchive
-    from master.source import generate_all
+    from protocol.workload import generate_all
     cfg = load_config(None, settings)
     folder = directory / hashlib.sha1(json.dumps(cfg["generator"], sort_keys=True).encode()).hexdigest()[:16]
     if not folder.exists():

@@ -30,7 +30,7 @@ from bench.machine import machine_info
 from bench.search import median
 from bench.tables import md_table
 from master.ingest import to_wire
-from master.source import generate_all
+from protocol.workload import generate_all
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
 from slave.join import JoinModule

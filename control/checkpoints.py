@@ -13,24 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from control.spark import session
 from protocol import checkpoint
 from protocol.config import ConfigError, load_config
-from protocol.tuples import tuple_dtype
-
-
-def part_tuples(name: str, data: bytes, tuple_bytes: int) -> int:
-    """Tuples held by one part: the master's mini-buffer rows, or the sum over a slave's group states."""
-    from slave.state import stored_tuples
-    records = checkpoint.unpack(np.frombuffer(data, dtype=np.uint8), name)
-    if name.startswith("master"):
-        size = tuple_dtype(tuple_bytes).itemsize
-        if any(len(r) % size for r in records):
-            raise checkpoint.CheckpointError(f"{name}: rows are not whole {size}-byte tuples")
-        return sum(len(r) // size for r in records)
-    return sum(stored_tuples(r) for r in records)
 
 
 def scan(spark, directory: Path, manifest: dict) -> list[str]:
@@ -41,7 +26,7 @@ def scan(spark, directory: Path, manifest: dict) -> list[str]:
         path, data = item
         name = path.rsplit("/", 1)[-1]
         try:
-            return name, len(data), part_tuples(name, data, tuple_bytes), None
+            return name, len(data), checkpoint.part_tuples(name, data, tuple_bytes), None
         except checkpoint.CheckpointError as e:
             return name, len(data), None, str(e)
 

@@ -143,7 +143,7 @@ def main(argv: list[str], spark=None) -> int:
     p.add_argument("--hostfile", help="Open MPI hostfile for several hosts (see hosts.example)")
     p.add_argument("--prepare-only", action="store_true", help="write the selection and print the command only")
     p.add_argument("--endpoint", help="instead of starting a cluster, push the selection at the chosen speed to a "
-                                      "running one whose source.kind = \"zmq\" listens here (protocol.produce)")
+                                      "running one whose source.kind = \"zmq\" listens here (control.produce)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="with --endpoint: give up when the cluster takes no message for this long (default 60 s)")
     add_arguments(p)
@@ -174,7 +174,7 @@ def main(argv: list[str], spark=None) -> int:
           f"({span:g}s) -> {dest} in {time.monotonic() - started:.1f}s; "
           f"pace {'unpaced' if rate == 0 else f'{rate:,.0f} tuples/s'}{skipped}", flush=True)
     if a.endpoint:  # a cluster is already running with the ZeroMQ source
-        from protocol.produce import Blocked, produce
+        from control.produce import Blocked, produce
         try:
             sent = produce(str(dest), a.endpoint, rate=rate, timeout=a.timeout)
         except Blocked as e:

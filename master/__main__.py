@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import runpy
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from mpi4py import MPI
 
 from protocol import checkpoint
+from protocol.chunks import InputError
 from protocol.config import ConfigError, load_config, validate
 from protocol.mpi import wait_barrier
 from protocol.output import reset_output
@@ -64,8 +66,20 @@ def other_rank(comm) -> int:
     from master.source import open_shard
     if resume is not None:
         resume = (Path(resume["dir"]), checkpoint.load_manifest(Path(resume["dir"])))
-    Master(comm, cfg, open_shard(cfg, comm.rank), resume).run()
+    with input_errors_abort(comm):
+        Master(comm, cfg, open_shard(cfg, comm.rank), resume).run()
     return 0
+
+
+@contextmanager
+def input_errors_abort(comm):
+    """A file source finds a bad block or an unreadable file only when it reads that far, during the run: say
+    so and end the whole job (the other ranks would wait for this one forever)."""
+    try:
+        yield
+    except InputError as e:
+        say(f"error: {e}")
+        comm.Abort(2)
 
 
 def main() -> int:
@@ -73,7 +87,7 @@ def main() -> int:
     if comm.rank != 0:
         return other_rank(comm)
     args = parse_args(sys.argv[1:])
-    from master.source import InputError, open_shard
+    from master.source import open_shard
     from master.run import Master
     resume = None
     try:
@@ -102,7 +116,8 @@ def main() -> int:
                                                    for d in range(1, cfg["cluster"]["dispatchers"]))],
         "aggregate_files": resume[1]["commit"][checkpoint.PENDING_AGGREGATES]}, root=0)
     try:
-        master.run()
+        with input_errors_abort(comm):
+            master.run()
     except KeyboardInterrupt:
         say("interrupted twice: aborting without a summary")
         comm.Abort(130)

@@ -131,7 +131,6 @@ class Master:
         ingest, distribution, checkpoints = self.ingest, self.distribution, self.checkpoints
         slot = self.cfg["epochs"]["distribution"] / len(distribution.subgroups)
         progress = self.cfg["output"]["progress"]
-        ingest.write_rejected()
         self.links.wait_all_started()
         self.stats.started = time.time()
         t0 = ingest.start(self.stats.started)

@@ -1,49 +1,38 @@
-"""Input sources the master pulls tuples from, in arrival order, as whole numpy arrays.
+"""Input sources the master pulls tuples from, in arrival order, as whole numpy arrays (protocol.chunks.Chunk).
 
-Two kinds (``source.kind``):
+Three kinds (``source.kind``):
 
-* ``generator`` -- the synthetic workload of the paper (section VI-A): two
-  Poisson streams R and S with b-model skewed keys (or uniform or Zipf keys,
-  ``generator.distribution``), generated lazily in fixed
-  event-time slices so memory stays bounded and the output depends only on the
-  seed, never on the chunk sizes the caller asks for;
-* ``file`` -- a CSV or Parquet file read with pyarrow and validated with
-  vectorized pyarrow.compute; bad rows are set aside in ``rejected`` (the run
-  goes on), while a missing file or column stops the run with ``InputError``;
+* ``generator`` -- the synthetic workload of the paper (protocol.workload);
+* ``file`` -- a CSV or Parquet file, read and validated batch by batch as it goes (protocol.input_file) by a
+  reader thread a bounded number of batches ahead, so the master's memory does not grow with the file and
+  the first tuple moves as soon as the ranks are ready; bad rows are listed in ``rejected/`` as the run passes
+  them (the run goes on), while a missing or unreadable file or column stops the run with ``InputError``;
 * ``zmq`` -- live batches from producers over ZeroMQ (master/zmq_source.py).
 """
 from __future__ import annotations
 
-import math
+import queue
+import threading
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
+from master.zmq_source import ZmqSource
+from protocol.checkpoint import numbered
+from protocol.chunks import Chunk, InputError, concat, rows
 from protocol.config import dispatcher_endpoint
-from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
+from protocol.input_file import DUPLICATE_WINDOW, Batch, InputFile
+from protocol.output import write_table
+from protocol.workload import GeneratorSource
 
-
-class Chunk(NamedTuple):
-    stream: np.ndarray  # int8, STREAM_R / STREAM_S
-    id: np.ndarray      # int64
-    ts: np.ndarray      # float64 event time in seconds, finite
-    key: np.ndarray     # int64
-    value: np.ndarray   # float64
-
-
-class InputError(Exception):
-    """User mistake in the input; the message names file, row and column."""
+#: validated batches (protocol.input_file.BATCH_ROWS rows each) the file reader keeps ready
+READ_AHEAD = 4
 
 
 class Source(Protocol):
-    rejected: pa.Table | None  # rows set aside (file source only); None when there are none
-    total: int | None          # accepted tuples, if known up front
-
     def next_chunk(self, limit: int) -> Chunk | None:
         """At most `limit` tuples in arrival order (none yet: an empty Chunk, live sources only); None when exhausted."""
 
@@ -51,12 +40,15 @@ class Source(Protocol):
         """Release what the source holds after the run; returns entries for summary.json."""
 
 
-def open_source(cfg: dict) -> Source:
-    """The source `cfg` (from protocol.config.load_config) asks for."""
-    if cfg["source"]["kind"] == "file":
-        return FileSource(cfg["source"]["path"])
-    if cfg["source"]["kind"] == "zmq":
-        from master.zmq_source import ZmqSource  # it imports Chunk from here
+def open_source(cfg: dict, listed: bool = True) -> Source:
+    """The source `cfg` (from protocol.config.load_config) asks for; a file source writes its rejected rows
+    into the output only if `listed` (several dispatchers read the same file: one lists them)."""
+    src = cfg["source"]
+    if src["kind"] == "file":
+        listing = RejectedListing(Path(cfg["output"]["path"]) / "rejected", cfg["output"]["format"],
+                                  cfg["output"]["flush_rows"]) if listed else None
+        return FileSource(src["path"], src["duplicate_window"], listing)
+    if src["kind"] == "zmq":
         return ZmqSource(cfg)
     return GeneratorSource(cfg["generator"])
 
@@ -75,17 +67,16 @@ def open_shard(cfg: dict, index: int) -> Source:
                                                 "endpoint": dispatcher_endpoint(cfg["source"]["endpoint"], index)}})
         source.rejected_stem += f"-d{index}"
         return source
-    return ShardedSource(open_source(cfg), k, index)
+    return ShardedSource(open_source(cfg, listed=index == 0), k, index)
 
 
 class ShardedSource:
     """Dispatcher `index` of `k` takes every k-th tuple of the input, counted from `index` (BiStream 3.2.3:
-    several dispatchers ingest in parallel); the shards of all dispatchers are the input, each tuple once."""
+    several dispatchers ingest in parallel); the shards of all dispatchers are the input, each tuple once.
+    Each dispatcher streams the whole input and keeps its share; dispatcher 0 lists the rejected rows."""
 
     def __init__(self, inner: Source, k: int, index: int):
         self.inner, self.k, self.index = inner, k, index
-        self.rejected = inner.rejected if index == 0 else None  # the set-aside rows are reported once
-        self.total = None
         self._position = 0  #: tuples of the whole input read so far
 
     def next_chunk(self, limit: int) -> Chunk | None:
@@ -96,12 +87,34 @@ class ShardedSource:
         self._position += len(chunk.ts)
         return Chunk(*(column[mine] for column in chunk))
 
+    def position(self) -> dict | None:
+        return mark(self.inner)
+
+    def seek(self, where: dict) -> None:
+        self.inner.seek(where)
+        self._position = where["accepted"]
+
     def finish(self) -> dict:
         return self.inner.finish()
 
+    @staticmethod
+    def merge(finished: list[dict]) -> dict:
+        """Dispatcher 0's entries: it alone lists and counts the rejected rows."""
+        return finished[0]
 
-def skip(source: Source, n: int) -> None:
-    """Take and drop the first `n` tuples (rewinding to a checkpoint's position; sources are deterministic)."""
+
+def mark(source: Source) -> dict | None:
+    """Where a source stands, for a checkpoint to `skip` back to without reading what came before (None:
+    a source that is rewound by reading)."""
+    return source.position() if hasattr(source, "position") else None
+
+
+def skip(source: Source, n: int, where: dict | None = None) -> None:
+    """Rewind to a checkpoint's position: to its `mark` if it has one, else take and drop the first `n`
+    tuples (sources are deterministic)."""
+    if where is not None:
+        source.seek(where)
+        return
     while n > 0:
         chunk = source.next_chunk(min(n, 1 << 20))
         if chunk is None:
@@ -109,337 +122,160 @@ def skip(source: Source, n: int) -> None:
         n -= len(chunk.ts)
 
 
-def generate_all(cfg: dict) -> Chunk:
-    """The whole generated input in one Chunk: drains a GeneratorSource, so it is the same data."""
-    src = GeneratorSource(cfg["generator"])
-    parts = []
-    while (c := src.next_chunk(1 << 22)) is not None:
-        parts.append(c)
-    return _concat(parts)
+class RejectedListing:
+    """The rejected rows in `rejected/rejected-NNNNNN.*`, a file per `flush_rows` rows (or per checkpoint):
+    written as the run passes them, so neither the master nor a reader holds them whole."""
 
+    def __init__(self, directory: Path, fmt: str, flush_rows: int):
+        self.directory, self.fmt, self.flush_rows = directory, fmt, flush_rows
+        self._parts: list[pa.Table] = []
+        self._rows = 0
+        self.files = 0
+        self.rows = 0  #: rejected rows listed
 
-def _empty() -> Chunk:
-    return Chunk(np.empty(0, np.int8), np.empty(0, np.int64), np.empty(0, np.float64),
-                 np.empty(0, np.int64), np.empty(0, np.float64))
+    def add(self, table: pa.Table) -> None:
+        self._parts.append(table)
+        self._rows += table.num_rows
+        if self._rows >= self.flush_rows:
+            self.flush()
 
+    def flush(self) -> None:
+        if self._parts:
+            write_table(self.directory, f"rejected-{self.files:06d}", pa.concat_tables(self._parts), self.fmt)
+            self.files += 1
+            self.rows += self._rows
+            self._parts, self._rows = [], 0
 
-def _concat(parts: list[Chunk]) -> Chunk:
-    if not parts:
-        return _empty()
-    if len(parts) == 1:
-        return parts[0]
-    return Chunk(*(np.concatenate(cols) for cols in zip(*parts)))
-
-
-def _slice(c: Chunk, a: int, b: int | None = None) -> Chunk:
-    return Chunk(*(col[a:b] for col in c))
-
-
-# --------------------------------------------------------------------------- generator
-
-#: Expected tuples per stream in one generation slice.  A slice's event-time
-#: length is derived from the rate only, so the data never depends on `limit`.
-SLICE_TUPLES = 1 << 16
-
-
-_U64_MAX = np.iinfo(np.uint64).max
-BMODEL_GROUP = 5  #: b-model levels drawn together from one 16-bit draw
-
-
-def bmodel_tables(levels: int, p_upper: float) -> list[tuple[int, np.ndarray]]:
-    """The b-model (paper 003, VI-A) in groups of up to BMODEL_GROUP levels, most significant first: per group
-    (its levels, a table from a uniform 16-bit draw to the group's bits).  Each level independently takes its
-    upper half with probability `p_upper`, so a group's value v has probability p^ones(v) (1-p)^(bits-ones(v));
-    the table gives v to round(65536 x that) of the draws.  One lookup replaces `bits` uniform draws (the
-    generator's keys took more of the master's CPU than routing them); every probability is exact to 1/65536."""
-    sizes = [BMODEL_GROUP] * (levels // BMODEL_GROUP) + ([levels % BMODEL_GROUP] if levels % BMODEL_GROUP else [])
-    tables = []
-    for bits in sizes:
-        ones = np.array([bin(v).count("1") for v in range(1 << bits)])
-        cdf = np.cumsum(p_upper ** ones * (1 - p_upper) ** (bits - ones))
-        cells = np.searchsorted(cdf / cdf[-1], (np.arange(1 << 16) + 0.5) / (1 << 16), side="right")
-        tables.append((bits, np.minimum(cells, (1 << bits) - 1).astype(np.uint8)))
-    return tables
-
-
-class GeneratorSource:
-    """R and S with Poisson arrivals and b-model, uniform or Zipf keys, generated slice by slice.
-
-    Slice i uses its own rng seeded with (seed, 2, i); the per-slice Poisson
-    counts are drawn up front from (seed, 0), which gives `total` and the id
-    offsets; the key permutation comes from (seed, 1).
-    """
-
-    rejected = None
-
-    def __init__(self, gen: dict):
-        self.rate, self.duration = float(gen["rate"]), float(gen["duration"])
-        self.keys, self.skew = int(gen["keys"]), float(gen["skew"])
-        self.distribution = gen["distribution"]
-        self.disorder = float(gen["disorder"])
-        self.shift = float(gen["shift"])
-        self.hot_share = float(gen["hot_share"])
-        self._seed = int(gen["seed"]) % (1 << 64)  # SeedSequence wants non-negative entropy
-        self._slice_len = SLICE_TUPLES / self.rate
-        n = max(1, math.ceil(self.duration / self._slice_len))
-        starts = np.arange(n) * self._slice_len
-        self._bounds = np.stack([starts, np.minimum(starts + self._slice_len, self.duration)], axis=1)
-        lengths = np.maximum(self._bounds[:, 1] - self._bounds[:, 0], 0.0)
-        counts_rng = np.random.default_rng([self._seed, 0])
-        self._counts = counts_rng.poisson(self.rate * lengths[:, None], size=(n, 2))
-        self._first_id = np.cumsum(self._counts, axis=0) - self._counts  # ids before each slice
-        self.total = int(self._counts.sum())
-        self._perm = np.random.default_rng([self._seed, 1]).permutation(self.keys).astype(np.int64)
-        self._bmodel = bmodel_tables((self.keys - 1).bit_length(), 1.0 - self.skew)  # ceil(log2(keys)) levels
-        if self.distribution == "zipf":  # P(rank r) ~ 1 / (r + 1)^s: drawn by inverting this CDF
-            cdf = np.cumsum(np.arange(1, self.keys + 1, dtype=np.float64) ** -float(gen["zipf"]))
-            self._zipf_cdf = cdf / cdf[-1]
-        self._next_slice = 0
-        self.hot_key = int(self._perm[-1])  #: the heavy hitter of `hot_share` (a key the b-model makes rare)
-        self._pending: list[Chunk] = []
-
-    def finish(self) -> dict:
-        return {}
-
-    def _keys(self, rng: np.random.Generator, arrival: np.ndarray) -> np.ndarray:
-        """A rank per tuple, then the key of that rank: hot ranks are spread over the domain by a permutation.
-
-        b-model: at each level the upper half with probability 1 - skew (paper VI-A); uniform: every rank alike
-        (with few keys, many tuples per key: the high-duplication workload); zipf: rank r with probability
-        proportional to 1 / (r + 1)^zipf, a few heavy hitters and a long tail.
-
-        With `shift` > 0 the b-model ranks rotate by a fixed stride every `shift` seconds of arrival time, so
-        the hot keys change while the distribution keeps its shape (a workload whose skew moves).
-        """
-        if self.distribution == "uniform":
-            rank = rng.integers(0, self.keys, len(arrival), dtype=np.int64)
-        elif self.distribution == "zipf":
-            rank = np.minimum(np.searchsorted(self._zipf_cdf, rng.random(len(arrival)), side="right"), self.keys - 1)
-        else:
-            # four 16-bit draws per 64-bit word, one per group of levels, each looked up in its group's table
-            words = -(-len(self._bmodel) // 4)
-            draws = rng.integers(0, _U64_MAX, size=len(arrival) * words, dtype=np.uint64, endpoint=True)
-            draws = draws.view(np.uint16).reshape(len(arrival), 4 * words)
-            rank = np.zeros(len(arrival), dtype=np.int64)
-            for j, (bits, table) in enumerate(self._bmodel):
-                rank <<= bits
-                rank |= table[draws[:, j]]
-            rank %= self.keys
-        if self.shift > 0:
-            stride = int(self.keys * 0.6180339887) | 1
-            rank = (rank + (arrival // self.shift).astype(np.int64) * stride) % self.keys
-        return self._perm[rank]
-
-    def _make_slice(self, i: int) -> Chunk:
-        """Both streams of slice i merged by arrival time; the disorder is drawn last so it changes nothing else."""
-        rng = np.random.default_rng([self._seed, 2, i])
-        t0, t1 = self._bounds[i]
-        n = self._counts[i]
-        arrival = [t0 + np.sort(rng.random(n[s])) * (t1 - t0) for s in (STREAM_R, STREAM_S)]
-        key = [self._keys(rng, arrival[s]) for s in (STREAM_R, STREAM_S)]
-        value = [rng.random(n[s]) for s in (STREAM_R, STREAM_S)]
-        if self.hot_share > 0:  # drawn only then, so every other workload stays as it was
-            for s in (STREAM_R, STREAM_S):
-                key[s][rng.random(n[s]) < self.hot_share] = self.hot_key
-        arr = np.concatenate(arrival)
-        ts = arr - rng.random(len(arr)) * self.disorder if self.disorder > 0 else arr
-        stream = np.repeat(np.array([STREAM_R, STREAM_S], np.int8), n)
-        ids = np.concatenate([self._first_id[i, s] + np.arange(n[s], dtype=np.int64) for s in (STREAM_R, STREAM_S)])
-        order = np.argsort(arr, kind="stable")
-        return Chunk(stream[order], ids[order], ts[order], np.concatenate(key)[order], np.concatenate(value)[order])
-
-    def next_chunk(self, limit: int) -> Chunk | None:
-        if limit < 1:
-            raise ValueError(f"limit must be positive, got {limit}")
-        buffered = sum(len(c.id) for c in self._pending)
-        while buffered < limit and self._next_slice < len(self._counts):
-            c = self._make_slice(self._next_slice)
-            self._next_slice += 1
-            if len(c.id):
-                self._pending.append(c)
-                buffered += len(c.id)
-        if not self._pending:
-            return None
-        merged = _concat(self._pending)
-        self._pending = [_slice(merged, limit)] if len(merged.id) > limit else []
-        return _slice(merged, 0, limit)
-
-
-# --------------------------------------------------------------------------- file
-
-COLUMNS = ("stream", "id", "ts", "key", "value")
-REQUIRED = COLUMNS[:4]
-EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
-_INT_RE = r"^[+-]?[0-9]+$"
-_FLOAT_RE = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$"
-_INT64_MAX = "9223372036854775807"
-
-#: reason code -> (column, reason); code 0 = accepted, the last code = duplicate id
-_REASONS = [
-    (None, None),
-    ("stream", "stream is not R or S"),
-    ("id", "id is not an integer"),
-    ("ts", "ts is not a number"),
-    ("ts", "ts is NaN or infinite"),
-    ("key", "key is not an integer"),
-    ("value", "value is not a number"),
-    ("id", None),  # duplicate: the reason is built per row
-]
-_DUPLICATE = len(_REASONS) - 1
-
-
-def _raw_strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Cells as strings, as written (what `rejected` shows); an unconvertible type gives nulls, so every row fails."""
-    try:
-        return col if pa.types.is_string(col.type) else pc.cast(col, pa.string())
-    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
-        return pa.chunked_array([pa.nulls(len(col), pa.string())])
-
-
-def _strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Trimmed strings: the regex path for CSV and for non-numeric Parquet columns."""
-    return pc.utf8_trim_whitespace(_raw_strings(col))
-
-
-def _ok(mask) -> np.ndarray:
-    return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def _parse_int(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 values, ok) -- integer columns are taken as they are; anything else goes through the regex."""
-    t = col.type
-    if pa.types.is_integer(t) and t != pa.uint64():
-        return pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy(), _ok(pc.is_valid(col))
-    s = _strings(col)
-    digits = pc.replace_substring_regex(s, r"^[+-]?0*", "")  # for the int64 range check
-    length = pc.utf8_length(digits)
-    fits = pc.or_(pc.less(length, len(_INT64_MAX)),
-                  pc.and_(pc.equal(length, len(_INT64_MAX)), pc.less_equal(digits, _INT64_MAX)))
-    ok = _ok(pc.and_(pc.match_substring_regex(s, _INT_RE), fits))
-    clean = pc.if_else(pa.array(ok), pc.replace_substring_regex(s, r"^\+", ""), "0")
-    return pc.cast(clean, pa.int64()).to_numpy(), ok
-
-
-def _parse_float(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(float64 values, ok, present); null cells are not ok and not present (values 0.0)."""
-    t = col.type
-    present = _ok(pc.is_valid(col))
-    if pa.types.is_floating(t) or pa.types.is_integer(t):
-        return pc.fill_null(pc.cast(col, pa.float64()), 0.0).to_numpy(), present, present
-    s = _strings(col)
-    ok = _ok(pc.match_substring_regex(s, _FLOAT_RE, ignore_case=True))
-    return pc.cast(pc.if_else(pa.array(ok), s, "0"), pa.float64()).to_numpy(), ok, present
+    def roll_back(self, files: int, rows: int) -> None:
+        """Back to a checkpoint: its first `files` files (`rows` rows) stay, the later ones are written again."""
+        for number, f in numbered(self.directory, "rejected"):
+            if number >= files:
+                f.unlink()
+        self.files, self.rows, self._parts, self._rows = files, rows, [], 0
 
 
 class FileSource:
-    """A CSV or Parquet file; row order = arrival order; invalid rows go to `rejected`."""
+    """A CSV or Parquet file; row order = arrival order.  A reader thread validates batches up to READ_AHEAD
+    ahead (pyarrow decodes and computes outside the GIL); the master takes tuples from them.
 
-    def __init__(self, path: str | Path):
-        self.path = str(path)
-        table = self._read()
-        n = table.num_rows
-        stream = _strings(table["stream"])
-        is_s = _ok(pc.equal(stream, "S"))
-        ids, id_ok = _parse_int(table["id"])
-        ts, ts_ok, _ = _parse_float(table["ts"])
-        keys, key_ok = _parse_int(table["key"])
-        if "value" in table.column_names:
-            value, value_ok, present = _parse_float(table["value"])
-            value_ok |= ~present  # a null value is 0.0, not an error
-        else:
-            value, value_ok = np.zeros(n), np.ones(n, bool)
-        checks = [_ok(pc.equal(stream, "R")) | is_s, id_ok, ts_ok, ts_ok & np.isfinite(ts), key_ok, value_ok]
-        code = np.zeros(n, np.int8)
-        for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
-            code[~good] = c
-        first = self._duplicates(code, is_s, ids)
+    Its position is a file row: the row after the last tuple taken (with the duplicate check's state there),
+    so a recovery starts reading there (protocol.input_file.InputFile)."""
 
-        accepted = code == 0
-        self.total = int(accepted.sum())
-        self._data = Chunk(is_s[accepted].astype(np.int8), ids[accepted], ts[accepted], keys[accepted], value[accepted])
-        self._pos = 0
-        self.rejected = self._rejected(table, code, is_s, ids, first) if self.total < n else None
+    def __init__(self, path: str | Path, window: int = DUPLICATE_WINDOW, listing: RejectedListing | None = None):
+        self.path, self.window, self.listing = str(path), window, listing
+        self._start(InputFile(self.path, window))
+        self._row, self._max_id, self.accepted = 0, [None, None], 0
 
-    def finish(self) -> dict:
-        return {}
-
-    def _fail(self, what: str) -> InputError:
-        return InputError(f"input file {self.path!r} {what} (source.path)")
-
-    def _read(self) -> pa.Table:
-        p = Path(self.path)
-        if not p.is_file():
-            raise self._fail("does not exist")
-        fmt = EXTENSIONS.get(p.suffix.lower())
-        if fmt is None:
-            raise self._fail(f"has extension {p.suffix or '(none)'!r}; accepted: {', '.join(EXTENSIONS)}")
-        try:
-            if fmt == "csv":
-                # every column as a string: validation is ours, and pyarrow's type
-                # inference cannot fail on a later block
-                conv = dict(column_types={c: pa.string() for c in COLUMNS}, strings_can_be_null=True, null_values=[""])
-                names = pacsv.open_csv(p, convert_options=pacsv.ConvertOptions(**conv)).schema.names
-                opts = pacsv.ConvertOptions(include_columns=[c for c in COLUMNS if c in names], **conv)
-                table = pacsv.read_csv(p, convert_options=opts)
-            else:
-                names = pq.read_schema(p).names
-                table = pq.read_table(p, columns=[c for c in COLUMNS if c in names])
-        except (pa.ArrowException, OSError) as e:
-            raise self._fail(f"cannot be read as {fmt.upper() if fmt == 'csv' else 'Parquet'}: "
-                             f"{str(e).splitlines()[0]}") from None
-        missing = [c for c in REQUIRED if c not in names]
-        if missing:
-            raise self._fail(f"lacks column(s) {', '.join(missing)}; columns found: {', '.join(names) or '(none)'}")
-        return table
+    def _start(self, infile: InputFile) -> None:
+        """Read `infile` in a thread into a queue of its own (a seek starts another)."""
+        self._queue: queue.Queue = queue.Queue(READ_AHEAD)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(infile, self._queue, self._stop),
+                                        name="file-reader", daemon=True)
+        self._thread.start()
+        self._batch: Batch | None = None
+        self._taken = 0  #: tuples of `_batch` taken
+        self._waiting: list[pa.Table] = []  #: rejections of batches read, not yet passed by the position
+        self._end = False
 
     @staticmethod
-    def _duplicates(code: np.ndarray, is_s: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """Mark the second and later rows with the same (stream, id) among otherwise good rows;
-        returns, per row, the 0-based row of its group's first occurrence.
+    def _read(infile: InputFile, q: queue.Queue, stop: threading.Event) -> None:
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    pass
+            return False
 
-        Ids that rise within each stream (generated input, an archive) have no duplicates: that is checked in one
-        pass, and only other input pays for the sort (3-key lexsort: 1.9 s on 12M rows)."""
-        good = code == 0
-        rows = np.flatnonzero(good)
-        first = np.full(len(code), -1, np.int64)
-        if all(np.all(np.diff(ids[good & (is_s == s)]) > 0) for s in (False, True)):
-            first[rows] = rows
-            return first
-        order = rows[np.lexsort((rows, ids[rows], is_s[rows]))]  # by stream, id, then row
-        start = np.ones(len(order), bool)
-        start[1:] = (ids[order][1:] != ids[order][:-1]) | (is_s[order][1:] != is_s[order][:-1])
-        first[order] = order[np.maximum.accumulate(np.where(start, np.arange(len(order)), 0))]
-        code[order[~start]] = _DUPLICATE
-        return first
+        try:
+            for batch in infile:
+                if not put(batch):
+                    return
+            put(None)
+        except Exception as e:  # noqa: BLE001 -- raised again in the master's thread by next_chunk
+            put(e)
 
-    def _rejected(self, table: pa.Table, code: np.ndarray, is_s: np.ndarray, ids: np.ndarray,
-                  first: np.ndarray) -> pa.Table:
-        """One row per rejected input row: file, 1-based row, column, reason and the raw cells as strings."""
-        rej = np.flatnonzero(code)
-        k = len(rej)
-        cols, reasons = zip(*_REASONS[1:])
-        reason = pa.array(list(reasons), pa.string()).take(pa.array(code[rej] - 1))
-        dup = code[rej] == _DUPLICATE
-        if dup.any():
-            text = lambda a: pc.cast(pa.array(a), pa.string())
-            dup_reason = pc.binary_join_element_wise(
-                "duplicate id ", text(ids[rej]), " in stream ", text(np.array(STREAM_NAMES)[is_s[rej].astype(int)]),
-                " (first seen at row ", text(first[rej] + 1), ")", "")
-            reason = pc.if_else(pa.array(dup), dup_reason, reason)
-        out = {
-            "file": pa.repeat(self.path, k),
-            "row": pa.array(rej + 1, pa.int64()),
-            "column": pa.array(list(cols), pa.string()).take(pa.array(code[rej] - 1)),
-            "reason": reason,
-        }
-        for c in COLUMNS:
-            out[c] = _raw_strings(table[c].take(pa.array(rej))) if c in table.column_names else pa.nulls(k, pa.string())
-        return pa.table(out)
+    def _close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _next_batch(self) -> bool:
+        item = self._queue.get()
+        if isinstance(item, Exception):
+            self._end = True
+            raise item
+        if item is None:
+            self._end = True
+            return False
+        self._batch, self._taken = item, 0
+        if item.rejected is not None:
+            self._waiting.append(item.rejected)
+        return True
 
     def next_chunk(self, limit: int) -> Chunk | None:
         if limit < 1:
             raise ValueError(f"limit must be positive, got {limit}")
-        if self._pos >= self.total:
+        parts, room = [], limit
+        while room > 0:
+            b = self._batch
+            if b is None or self._taken >= len(b.rows):
+                if self._end or not self._next_batch():
+                    break
+                continue
+            n = min(room, len(b.rows) - self._taken)
+            part = rows(b.chunk, self._taken, self._taken + n)
+            for s in (0, 1):
+                mine = part.id[part.stream == s]
+                if len(mine):
+                    top = int(mine.max())
+                    self._max_id[s] = top if self._max_id[s] is None else max(self._max_id[s], top)
+            self._taken += n
+            self._row = int(b.rows[self._taken - 1]) + 1
+            parts.append(part)
+            room -= n
+        if not parts:
+            if self._end and self._batch is not None:
+                self._row = self._batch.end_row  # every row read is passed: the trailing rejections too
+            self._list()
             return None
-        self._pos += limit
-        return _slice(self._data, self._pos - limit, self._pos)
+        self.accepted += limit - room
+        self._list()
+        return concat(parts)
+
+    def _list(self) -> None:
+        """Rejections of rows the position has passed go to the listing; those ahead of it wait."""
+        keep = []
+        for t in self._waiting:
+            passed = pc.less_equal(t["row"], self._row)  # 1-based rows: row <= position is passed
+            n = pc.sum(passed).as_py() or 0
+            if self.listing is not None and n:
+                self.listing.add(t.filter(passed))
+            if n < t.num_rows:
+                keep.append(t.filter(pc.invert(passed)))
+        self._waiting = keep
+
+    def position(self) -> dict:
+        if self.listing is not None:
+            self._list()
+            self.listing.flush()
+        return {"row": self._row, "accepted": self.accepted, "max_id": list(self._max_id),
+                "rejected_files": self.listing.files if self.listing else 0,
+                "rejected_rows": self.listing.rows if self.listing else 0}
+
+    def seek(self, where: dict) -> None:
+        """Start reading at a position `position` gave (a recovery)."""
+        self._close()
+        self._start(InputFile(self.path, self.window, where["row"], tuple(where["max_id"])))
+        self._row, self._max_id, self.accepted = where["row"], list(where["max_id"]), where["accepted"]
+        if self.listing is not None:
+            self.listing.roll_back(where["rejected_files"], where["rejected_rows"])
+
+    def finish(self) -> dict:
+        self._close()
+        if self.listing is None:
+            return {}
+        self._list()
+        self.listing.flush()
+        return {"rejected": self.listing.rows}

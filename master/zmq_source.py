@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import zmq
 
-from master.source import Chunk, InputError, _concat, _slice
 from protocol import wire
+from protocol.chunks import Chunk, InputError, concat, rows
 from protocol.output import write_table
 from protocol.zmq_security import bind_server, stop_authenticators
 
@@ -38,9 +38,6 @@ MAX_LISTED = 10000
 
 
 class ZmqSource:
-    rejected = None  # rejections are only known at the end: `finish` writes them
-    total = None
-
     def __init__(self, cfg: dict):
         src = cfg["source"]
         self.endpoint, self.producers = src["endpoint"], src["producers"]
@@ -77,12 +74,12 @@ class ZmqSource:
                 break
             chunk = self._pending
             n = len(chunk.id)
-            parts.append(_slice(chunk, 0, room))
-            self._pending = _slice(chunk, room) if n > room else None
+            parts.append(rows(chunk, 0, room))
+            self._pending = rows(chunk, room) if n > room else None
             room -= min(n, room)
         if not parts and self._at_end():
             return None
-        return _concat(parts)
+        return concat(parts)
 
     def _at_end(self) -> bool:
         if self.ended >= self.producers:

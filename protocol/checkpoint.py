@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from protocol.tuples import tuple_dtype
+
 MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
 FORMAT = 2  #: 2: the master's part holds each row's partition (its rows per stream and partition)
@@ -88,6 +90,31 @@ def unpack(buf: np.ndarray, where: str) -> list[np.ndarray]:
         raise CheckpointError(f"{where}: record sizes do not add up to the part's {len(buf)} bytes")
     starts = np.concatenate([[16 + 8 * n], ends[:-1]]).astype(np.int64)
     return [buf[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+
+
+#: A slave part's records are partition-groups as slave.state.encode_group writes them: int64 head [partition,
+#: global depth, directory entries, buckets, next bucket id], the directory entries, per bucket [id, local depth,
+#: R rows, S rows], then the rows.  Decoded here so a checker (control.checkpoints) needs no slave code.
+GROUP_HEAD = 5
+
+
+def group_layout(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(head, directory entries, bucket table [id, local depth, R rows, S rows], byte offset of the rows)."""
+    n_entries, n_buckets = (int(x) for x in buf[16:32].view(np.int64))
+    ints = buf[: (GROUP_HEAD + n_entries + 4 * n_buckets) * 8].view(np.int64)
+    table = ints[GROUP_HEAD + n_entries:].reshape(-1, 4)
+    return ints[:GROUP_HEAD], ints[GROUP_HEAD: GROUP_HEAD + n_entries], table, len(ints) * 8
+
+
+def part_tuples(name: str, data: bytes, tuple_bytes: int) -> int:
+    """Tuples held by one part: the master's mini-buffer rows, or the sum over a slave's group states."""
+    records = unpack(np.frombuffer(data, dtype=np.uint8), name)
+    if name.startswith("master"):
+        size = tuple_dtype(tuple_bytes).itemsize
+        if any(len(r) % size for r in records):
+            raise CheckpointError(f"{name}: rows are not whole {size}-byte tuples")
+        return sum(len(r) // size for r in records)
+    return sum(int(group_layout(r)[2][:, 2:].sum()) for r in records)
 
 
 def read_part(path: Path) -> list[np.ndarray]:

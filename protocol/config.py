@@ -34,6 +34,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "producers": (1, 'kind = "zmq": the input ends after this many producers sent their END message'),
         "idle_timeout": (0.0, 'kind = "zmq": the input also ends after this many seconds without a message (0 = never)'),
         "max_message_tuples": (65536, 'kind = "zmq": larger messages are rejected whole'),
+        "duplicate_window": (1000000, 'kind = "file": a repeated id is found when its first row is at most this many rows earlier (always when ids rise per stream)'),
     },
     "generator": {
         "duration": (60.0, "seconds of event time to generate"),
@@ -137,6 +138,7 @@ _POSITIVE = {
     ("balance", "buffer_capacity"), ("balance", "gamma"), ("checkpoint", "keep"),
     ("cluster", "dispatchers"), ("hotkeys", "grid"), ("hotkeys", "max_keys"), ("hotkeys", "sketch"),
     ("aggregate", "flush_interval"), ("source", "producers"), ("source", "max_message_tuples"),
+    ("source", "duplicate_window"),
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from protocol.checkpoint import group_layout
 from slave.exthash import ExtendibleDirectory, PartitionGroup
-
-_HEAD = 5  # partition, global depth, directory entries, buckets, next bucket id
 
 
 def encode_group(partition: int, pg: PartitionGroup) -> np.ndarray:
@@ -39,13 +38,11 @@ def decode_move(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup, float
 
 def decode_group(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup]:
     """Inverse of `encode_group`; `make_group()` returns an empty PartitionGroup with the slave's settings."""
-    head = buf[: _HEAD * 8].view(np.int64)
-    partition, depth, n_entries, n_buckets, next_id = (int(x) for x in head)
-    ints = buf[: (_HEAD + n_entries + 4 * n_buckets) * 8].view(np.int64)
-    entries = ints[_HEAD: _HEAD + n_entries].copy()
-    table = ints[_HEAD + n_entries:].reshape(-1, 4)
+    head, entries, table, body = group_layout(buf)
+    partition, depth, _, _, next_id = (int(x) for x in head)
+    entries = entries.copy()
     pg: PartitionGroup = make_group()
-    rows = buf[len(ints) * 8:].view(pg.dtype)
+    rows = buf[body:].view(pg.dtype)
     if len(rows) != int(table[:, 2:].sum()):
         raise ValueError(f"group state of partition {partition}: {len(rows)} rows, table says {int(table[:, 2:].sum())}")
     pg.directory = ExtendibleDirectory()
@@ -60,11 +57,3 @@ def decode_group(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup]:
         at += n_r + n_s
         pg.buckets[b] = (r, s)
     return partition, pg
-
-
-def stored_tuples(buf: np.ndarray) -> int:
-    """Tuples a group state holds, read from its bucket table alone (for checkpoint checks)."""
-    n_entries, n_buckets = (int(x) for x in buf[16:32].view(np.int64))
-    start = (_HEAD + n_entries) * 8
-    table = buf[start: start + 32 * n_buckets].view(np.int64).reshape(-1, 4)
-    return int(table[:, 2:].sum())

@@ -6,7 +6,10 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 from deploy.launch import mpi_env, mpirun_command
 from protocol.output import read_tables
@@ -62,3 +65,22 @@ def write_config(tmp: Path, settings: dict[str, object]) -> Path:
     cfg.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items())
                            for s, keys in sections.items()))
     return cfg
+
+
+def write_input(path: Path, data, row_group: int = 1 << 20, bad_every: int = 0) -> np.ndarray:
+    """The tuples of `data` (a Chunk) as a CSV or Parquet input file (Parquet in row groups of `row_group` rows),
+    with a row whose ts is missing inserted after every `bad_every` rows, so the accepted tuples are `data`;
+    returns the 1-based rows of the inserted ones."""
+    at = np.arange(bad_every, len(data.id), bad_every) if bad_every else np.empty(0, np.int64)
+    cols = {"stream": np.array(["R", "S"])[data.stream].astype(object), "id": data.id, "ts": data.ts,
+            "key": data.key, "value": data.value}
+    table = pa.table({c: np.insert(v, at, v[at]) for c, v in cols.items()})
+    bad = at + np.arange(len(at))
+    missing = np.zeros(table.num_rows, bool)
+    missing[bad] = True
+    table = table.set_column(2, "ts", pa.array(table["ts"].to_numpy(), mask=missing))  # "ts is not a number"
+    if path.suffix == ".csv":
+        pacsv.write_csv(table, path)
+    else:
+        pq.write_table(table, path, row_group_size=row_group)
+    return bad + 1

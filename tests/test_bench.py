@@ -458,7 +458,8 @@ def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
 
 def test_generated_file_holds_the_generated_input_once_per_generator_config(tmp_path):
     from bench.cluster import generated_file
-    from master.source import FileSource, generate_all
+    from master.source import FileSource
+    from protocol.workload import generate_all
     small = ["generator.duration=2.0", "generator.rate=3000", "generator.keys=64"]
     path = generated_file(small, tmp_path)
     want, got = generate_all(load_config(None, small)), FileSource(path).next_chunk(1 << 20)

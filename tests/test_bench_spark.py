@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.spark import run_spark, slice_bounds, stream_tables
-from master.source import generate_all
+from protocol.workload import generate_all
 from protocol.config import load_config
 from tests.reference import encode_pairs, reference_pairs
 

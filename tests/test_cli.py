@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from deploy.launch import mpi_env, mpirun_command
-from master.source import generate_all
+from protocol.workload import generate_all
 from protocol.config import load_config
 from tests.cluster import Run
 from tests.reference import reference_pairs

@@ -7,9 +7,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from master.source import generate_all
+from protocol.workload import generate_all
 from protocol.config import load_config
-from tests.cluster import run_cluster
+from protocol.output import read_tables
+from tests.cluster import run_cluster, write_input
 from tests.reference import reference_pairs
 
 SMALL = {"generator.duration": 4.0, "generator.rate": 3000.0, "generator.keys": 4096,
@@ -206,6 +207,35 @@ def test_file_source_with_bad_rows(tmp_path):
     got = run.pairs()
     assert np.array_equal(got, expected)
     assert np.array_equal(run.late_ids(), expected_late)
-    rejected = pq.read_table(run.out / "rejected" / "rejected.parquet").to_pylist()
+    rejected = read_tables(run.out / "rejected").to_pylist()
     assert sorted(r["row"] for r in rejected) == [11, 21, 31, 41, 51]
     assert {r["column"] for r in rejected} == {"ts", "key", "stream", "id"}
+
+
+def write_generated(path, settings: dict, row_group: int, bad_every: int) -> int:
+    """The generated input of `settings` as a Parquet file of many row groups with bad rows inserted
+    (tests.cluster.write_input); returns how many."""
+    cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
+    inserted = write_input(path, generate_all(cfg), row_group, bad_every)
+    assert pq.ParquetFile(path).num_row_groups > 10
+    return len(inserted)
+
+
+@pytest.mark.parametrize("dispatchers", [1, 2])
+def test_a_parquet_file_of_many_row_groups_streamed_joins_exactly(tmp_path, dispatchers):
+    path = tmp_path / "in.parquet"
+    inserted = write_generated(path, SMALL, row_group=1000, bad_every=2000)
+    settings = dict(SMALL, **{"source.kind": "file", "source.path": str(path), "source.batch": 700,
+                              "cluster.dispatchers": dispatchers})
+    run, _ = check_exact(tmp_path, 2 + dispatchers, settings)
+    assert run.summary["rejected"] == inserted
+    assert len(read_tables(run.out / "rejected")) == inserted
+
+
+def test_damage_found_during_the_run_ends_the_job_with_the_file_and_row(tmp_path):
+    path = tmp_path / "in.csv"
+    rows = "".join(f"{'RS'[i % 2]},{i},{i * 0.001},{i % 50}\n" for i in range(200_000))  # several 1 MiB blocks
+    path.write_text("stream,id,ts,key\n" + rows + "R,1\n")
+    run = run_cluster(tmp_path, 3, {"source.kind": "file", "source.path": str(path)}, timeout=120)
+    assert run.returncode != 0
+    assert "cannot be read as CSV at row" in run.stderr and "in.csv" in run.stderr

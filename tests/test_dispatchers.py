@@ -92,7 +92,7 @@ def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_p
     cluster = subprocess.Popen([sys.executable, "-m", "deploy.launch", "-n", "4", "--", "--config",
                                 str(write_config(tmp_path, settings))], env=mpi_env(), stderr=subprocess.PIPE,
                                text=True)
-    producer = start("protocol.produce", tmp_path / "half-0.parquet", "--endpoint", f"tcp://127.0.0.1:{port}")
+    producer = start("control.produce", tmp_path / "half-0.parquet", "--endpoint", f"tcp://127.0.0.1:{port}")
     replay = subprocess.run([sys.executable, "-m", "control.replay", str(tmp_path / "half-1.parquet"), "--speed",
                              "max", "--endpoint", f"tcp://127.0.0.1:{port + 1}", "--set",
                              f"output.path={tmp_path / 'replay-out'}"], env=mpi_env(), capture_output=True,

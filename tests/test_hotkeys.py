@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from master.hotkeys import FrequentKeys, HotKeyRouter
-from master.source import GeneratorSource
+from protocol.workload import GeneratorSource
 from protocol.config import ConfigError, load_config
 from protocol.tuples import partition_of, tuple_dtype
 from slave.join import JoinModule

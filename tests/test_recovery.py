@@ -19,7 +19,8 @@ from protocol import checkpoint
 from deploy.launch import mpi_env
 from tests.cluster import Run, run_cluster, write_config
 from tests.test_balance_cluster import FORCED_CHURN, straggler
-from tests.test_cluster import SMALL, check_exact, reference_for
+from protocol.output import read_tables
+from tests.test_cluster import SMALL, check_exact, reference_for, write_generated
 
 # paced so the run spans many checkpoints: 3 s of event time, 2 x 3000 tuples/s, fed at 6000 tuples/s
 CKPT = dict(SMALL, **{"generator.duration": 3.0, "source.rate": 6000.0, "checkpoint.interval": 2,
@@ -125,6 +126,22 @@ def test_several_dispatchers_checkpoint_a_consistent_cut_and_recover(tmp_path, v
     # the archive holds each dispatcher's share exactly once across the crash
     archive = pq.ParquetDataset(tmp_path / "out" / "archive").read()
     assert archive.num_rows == run.summary["input_total"] + run.summary["late"]
+
+
+@pytest.mark.parametrize("dispatchers,ranks", [(1, 3), (2, 5)])
+def test_a_file_source_resumes_at_its_row_and_lists_each_bad_row_once(tmp_path, dispatchers, ranks):
+    # Parquet in row groups of 500 rows: the resumed run skips the row groups before the checkpoint's row
+    # (rejected rows are listed in files of 2 rows, so some are written after the last checkpoint before the crash)
+    settings = dict(CKPT, **{"generator.seed": 23 + dispatchers, "cluster.dispatchers": dispatchers,
+                             "output.flush_rows": 2})
+    path = tmp_path / "in.parquet"
+    inserted = write_generated(path, settings, row_group=500, bad_every=700)
+    settings.update({"source.kind": "file", "source.path": str(path)})
+    run, _ = crash_run(tmp_path, ranks, settings, fault=f"{ranks - 1}:batch:8")
+    _, manifest = checkpoint.latest_complete(tmp_path / "out" / "checkpoints")
+    assert manifest["master"]["source"]["row"] > 0
+    rows = read_tables(tmp_path / "out" / "rejected").column("row").to_pylist()
+    assert len(rows) == len(set(rows)) == inserted == run.summary["rejected"]
 
 
 def test_fresh_start_removes_an_older_runs_checkpoints(tmp_path):

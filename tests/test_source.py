@@ -5,12 +5,17 @@ import math
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from master.source import Chunk, FileSource, GeneratorSource, InputError, bmodel_tables, generate_all, open_source
+from master.source import FileSource, RejectedListing, open_source
+from protocol.chunks import Chunk, InputError
+from protocol.output import read_tables
+from protocol.workload import GeneratorSource, bmodel_tables, generate_all
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S
+from tests.cluster import write_input
 
 
 def gen_cfg(**gen):
@@ -30,7 +35,19 @@ def drain(src, limit):
 def file_cfg(path):
     cfg = load_config()
     cfg["source"].update(kind="file", path=str(path))
+    cfg["output"]["path"] = str(path.parent / f"out-{path.name}")
     return cfg
+
+
+def open_file(path, window=1_000_000):
+    """A file source listing its rejected rows beside the file."""
+    return FileSource(path, window, RejectedListing(path.parent / f"rejected-{path.name}", "parquet", 1000))
+
+
+def rejected(src):
+    """The rejected rows a drained source listed (None: none)."""
+    src.finish()
+    return read_tables(src.listing.directory)
 
 
 def write_csv(tmp_path, text, name="in.csv"):
@@ -55,7 +72,7 @@ def test_generator_same_seed_same_data_whatever_the_limits():
 def test_generator_total_and_dtypes():
     cfg = gen_cfg()
     src = open_source(cfg)
-    assert isinstance(src, GeneratorSource) and src.rejected is None
+    assert isinstance(src, GeneratorSource)
     data = generate_all(cfg)
     assert src.total == len(data.id)
     assert [c.dtype for c in data] == [np.int8, np.int64, np.float64, np.int64, np.float64]
@@ -219,8 +236,8 @@ def test_csv_round_trip(tmp_path):
     rows = "\n".join(",".join(str(TABLE[c][i]) for c in TABLE) for i in range(4))
     p = write_csv(tmp_path, "stream,id,ts,key,value\n" + rows + "\n")
     src = open_source(file_cfg(p))
-    assert src.total == 4 and src.rejected is None
     check_table(drain(src, 3))
+    assert src.accepted == 4 and rejected(src) is None
 
 
 def test_parquet_round_trip(tmp_path):
@@ -228,37 +245,38 @@ def test_parquet_round_trip(tmp_path):
         p = tmp_path / name
         pq.write_table(pa.table(TABLE), p)
         src = open_source(file_cfg(p))
-        assert src.total == 4 and src.rejected is None
         check_table(drain(src, 100))
+        assert src.accepted == 4 and rejected(src) is None
 
 
 def test_parquet_string_columns_use_the_csv_rules(tmp_path):
     p = tmp_path / "s.parquet"
     pq.write_table(pa.table({"stream": ["R", "S", "S"], "id": ["1", "x", "3"], "ts": ["1.5", "2", "inf"],
                              "key": [1, 2, 3], "value": [None, 2.0, 1.0]}), p)
-    src = FileSource(p)
+    src = open_file(p)
     d = drain(src, 10)
     np.testing.assert_array_equal(d.id, [1])
     np.testing.assert_array_equal(d.value, [0.0])
-    assert src.rejected.column("row").to_pylist() == [2, 3]
-    assert src.rejected.column("column").to_pylist() == ["id", "ts"]
+    rej = rejected(src)
+    assert rej.column("row").to_pylist() == [2, 3]
+    assert rej.column("column").to_pylist() == ["id", "ts"]
 
 
 def test_value_absent_or_null_is_zero(tmp_path):
     p = write_csv(tmp_path, "stream,id,ts,key\nR,1,0.5,3\nS,2,0.7,4\n")
-    d = drain(FileSource(p), 10)
+    d = drain(open_file(p), 10)
     np.testing.assert_array_equal(d.value, [0.0, 0.0])
     p = write_csv(tmp_path, "stream,id,ts,key,value\nR,1,0.5,3,\nS,2,0.7,4,2.5\n", "b.csv")
-    src = FileSource(p)
+    src = open_file(p)
     np.testing.assert_array_equal(drain(src, 10).value, [0.0, 2.5])
-    assert src.rejected is None
+    assert rejected(src) is None
 
 
 def test_csv_lenient_syntax(tmp_path):
     p = write_csv(tmp_path, "stream,id,ts,key,value,extra\n R , +5 , 1e-1 ,-0003, .5 ,whatever\nS,6,2.,4,-Inf,1\n")
-    src = FileSource(p)
+    src = open_file(p)
     d = drain(src, 10)
-    assert src.rejected is None
+    assert rejected(src) is None
     np.testing.assert_array_equal(d.stream, [STREAM_R, STREAM_S])
     np.testing.assert_array_equal(d.id, [5, 6])
     np.testing.assert_array_equal(d.ts, [0.1, 2.0])
@@ -284,12 +302,13 @@ R,1,1.3,1,1.0
 Q,zz,bad,bad,bad
 """
     p = write_csv(tmp_path, text)
-    src = FileSource(p)
+    src = open_file(p)
     d = drain(src, 100)
     np.testing.assert_array_equal(d.id, [1, 1])
     np.testing.assert_array_equal(d.stream, [STREAM_R, STREAM_S])
-    assert src.total == 2
-    rej = src.rejected.to_pydict()
+    assert src.accepted == 2
+    table = rejected(src)
+    rej = table.to_pydict()
     assert rej["row"] == [2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14]
     assert rej["column"] == ["stream", "id", "ts", "ts", "ts", "key", "value", "id", "id", "key", "id", "stream"]
     assert rej["reason"][:7] == ["stream is not R or S", "id is not an integer", "ts is not a number",
@@ -301,16 +320,16 @@ Q,zz,bad,bad,bad
     assert rej["file"] == [str(p)] * 12
     assert rej["stream"][0] == "X" and rej["id"][1] == "abc" and rej["ts"][3] == "nan" and rej["value"][6] == "lots"
     assert rej["id"][8] is None  # the empty cell
-    assert src.rejected.schema.field("row").type == pa.int64()
-    assert all(src.rejected.schema.field(c).type == pa.string() for c in ("file", "column", "reason", "stream", "value"))
+    assert table.schema.field("row").type == pa.int64()
+    assert all(table.schema.field(c).type == pa.string() for c in ("file", "column", "reason", "stream", "value"))
 
 
 def test_duplicate_first_seen_is_first_good_row(tmp_path):
     # a row rejected for another reason does not count as the first occurrence
     p = write_csv(tmp_path, "stream,id,ts,key\nS,7,x,1\nS,7,1,1\nS,7,2,1\nR,7,3,1\n")
-    src = FileSource(p)
+    src = open_file(p)
     np.testing.assert_array_equal(drain(src, 10).ts, [1.0, 3.0])
-    assert src.rejected.column("reason").to_pylist() == [
+    assert rejected(src).column("reason").to_pylist() == [
         "ts is not a number", "duplicate id 7 in stream S (first seen at row 2)"]
 
 
@@ -335,18 +354,20 @@ def test_duplicates_match_a_first_seen_reference(tmp_path, order):
         if (s, i) in seen:
             expected.append(f"duplicate id {i} in stream {s} (first seen at row {seen[s, i] + 1})")
         seen.setdefault((s, i), row)
-    src = FileSource(p)
-    got = [] if src.rejected is None else src.rejected.column("reason").to_pylist()
+    src = open_file(p)
+    drain(src, 1000)
+    rej = rejected(src)
+    got = [] if rej is None else rej.column("reason").to_pylist()
     assert got == expected
-    assert src.total == 400 - len(expected)
+    assert src.accepted == 400 - len(expected)
     assert (len(expected) > 0) == (order == "with_duplicates")
 
 
 def test_rejected_value_column_absent_is_null(tmp_path):
     p = write_csv(tmp_path, "stream,id,ts,key\nR,1,x,1\n")
-    src = FileSource(p)
-    assert src.total == 0 and src.next_chunk(5) is None
-    assert src.rejected.column("value").to_pylist() == [None]
+    src = open_file(p)
+    assert src.next_chunk(5) is None and src.accepted == 0
+    assert rejected(src).column("value").to_pylist() == [None]
 
 
 def test_missing_file(tmp_path):
@@ -357,38 +378,38 @@ def test_missing_file(tmp_path):
 def test_missing_column(tmp_path):
     p = write_csv(tmp_path, "stream,id,when,key\nR,1,0.5,3\n", "cols.csv")
     with pytest.raises(InputError, match=r"cols\.csv.*\bts\b.*found: stream, id, when, key") as e:
-        FileSource(p)
+        open_file(p)
     assert "\n" not in str(e.value)
     p = tmp_path / "cols.parquet"
     pq.write_table(pa.table({"stream": ["R"], "ts": [1.0]}), p)
     with pytest.raises(InputError, match=r"cols\.parquet.*id, key"):
-        FileSource(p)
+        open_file(p)
 
 
 def test_bad_extension(tmp_path):
     p = write_csv(tmp_path, "stream,id,ts,key\n", "in.txt")
     with pytest.raises(InputError, match=r"in\.txt.*\.csv.*\.parquet.*\.pq"):
-        FileSource(p)
+        open_file(p)
 
 
 def test_unreadable_files(tmp_path):
     p = tmp_path / "junk.parquet"
     p.write_bytes(b"not parquet at all")
     with pytest.raises(InputError, match=r"junk\.parquet.*Parquet"):
-        FileSource(p)
+        open_file(p)
     p = write_csv(tmp_path, "", "empty.csv")
     with pytest.raises(InputError, match=r"empty\.csv"):
-        FileSource(p)
+        open_file(p)
     p = write_csv(tmp_path, "stream,id,ts,key\nR,1,2\n", "ragged.csv")
     with pytest.raises(InputError, match=r"ragged\.csv"):
-        FileSource(p)
+        open_file(p)
 
 
 def test_header_only_csv_gives_zero_tuples(tmp_path):
     p = write_csv(tmp_path, "stream,id,ts,key,value\n")
-    src = FileSource(p)
-    assert src.total == 0 and src.rejected is None
+    src = open_file(p)
     assert src.next_chunk(10) is None
+    assert src.accepted == 0 and rejected(src) is None
 
 
 def test_file_chunks_follow_file_order(tmp_path):
@@ -397,7 +418,7 @@ def test_file_chunks_follow_file_order(tmp_path):
     streams = np.where(ids % 3 == 0, "S", "R")
     p = tmp_path / "big.parquet"
     pq.write_table(pa.table({"stream": streams, "id": ids, "ts": ids * 0.5, "key": ids % 7}), p)
-    src = FileSource(p)
+    src = open_file(p)
     sizes, parts = [], []
     while (c := src.next_chunk(300)) is not None:
         sizes.append(len(c.id))
@@ -408,7 +429,7 @@ def test_file_chunks_follow_file_order(tmp_path):
 
 def test_shift_moves_the_hot_keys_but_keeps_the_skew():
     from protocol.config import load_config
-    from master.source import generate_all
+    from protocol.workload import generate_all
     base = ["generator.duration=4", "generator.rate=20000", "generator.keys=4096", "generator.skew=0.8"]
     still = generate_all(load_config(None, base))
     moving = generate_all(load_config(None, base + ["generator.shift=2.0"]))
@@ -423,3 +444,121 @@ def test_shift_moves_the_hot_keys_but_keeps_the_skew():
     assert a1 == a2 and b1 == a1          # without shift, and before the first shift, the same hot keys
     assert not (b2 & b1)                  # after the shift, other keys are hot
     assert abs(share1 - share2) < 0.05    # with the same skew
+
+
+# --------------------------------------------------------------------------- streamed file input
+
+def generated_file(tmp_path, fmt, bad_every=997, row_group=5000, **gen):
+    """The generated workload as a file with bad rows inserted: (path, the generated tuples, the bad rows)."""
+    data = generate_all(gen_cfg(**gen))
+    p = tmp_path / f"in.{fmt}"
+    return p, data, write_input(p, data, row_group, bad_every)
+
+
+def chunks_of(src, limits):
+    """Drain with chunk sizes taken in turn from `limits`."""
+    parts, i = [], 0
+    while (c := src.next_chunk(limits[i % len(limits)])) is not None:
+        assert 0 < len(c.id) <= limits[i % len(limits)]
+        parts.append(c)
+        i += 1
+    return parts
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_streamed_reading_gives_the_whole_files_tuples_in_order_and_lists_every_bad_row(tmp_path, fmt):
+    p, data, bad = generated_file(tmp_path, fmt, duration=10.0)
+    if fmt == "parquet":
+        assert pq.ParquetFile(p).num_row_groups > 30
+    else:
+        assert p.stat().st_size > 4 << 20  # several of the CSV reader's 1 MiB blocks
+    src = open_file(p)
+    parts = chunks_of(src, [65536, 7, 30001, 1])
+    got = Chunk(*(np.concatenate(c) for c in zip(*parts)))
+    for a, b in zip(got, data):
+        np.testing.assert_array_equal(a, b)
+    assert all(len(c.id) == lim for c, lim in zip(parts[:-1], [65536, 7, 30001, 1] * len(parts)))  # full chunks
+    rej = rejected(src)
+    assert rej.column("row").to_pylist() == bad.tolist()
+    assert set(rej.column("reason").to_pylist()) == {"ts is not a number"}
+    assert src.finish()["rejected"] == len(bad)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_seeking_to_a_position_lands_on_the_same_next_tuple_and_lists_each_bad_row_once(tmp_path, fmt):
+    p, data, bad = generated_file(tmp_path, fmt, bad_every=331, row_group=3000, duration=3.0)
+    # duplicates whose first rows lie before the position but within the window: found after a seek too
+    table = pq.read_table(p) if fmt == "parquet" else pacsv.read_csv(p)
+    ids = table["id"].to_numpy().copy()
+    streams = table["stream"].to_numpy(zero_copy_only=False)
+    dup_at = [40_000, 40_002]
+    for row in dup_at:
+        earlier = np.flatnonzero(streams[:row - 100] == streams[row])[-1]
+        ids[row] = ids[earlier]
+    table = table.set_column(1, "id", pa.array(ids))
+    if fmt == "csv":
+        pacsv.write_csv(table, p)
+    else:
+        pq.write_table(table, p, row_group_size=3000)
+    whole = open_file(p, window=2000)
+    ref_parts = chunks_of(whole, [65536])
+    reference = Chunk(*(np.concatenate(c) for c in zip(*ref_parts)))
+    ref_rejected = rejected(whole)
+    assert len(ref_rejected) == len(bad) + len(dup_at)
+
+    first = FileSource(p, 2000, RejectedListing(tmp_path / "listing", "parquet", 50))
+    taken = sum(len(c.id) for c in chunks_of_until(first, 38_500))
+    where = first.position()
+    first.next_chunk(5000)  # read on past the position, as a run does before it crashes: listed again after
+    first.listing.flush()
+    again = FileSource(p, 2000, RejectedListing(tmp_path / "listing", "parquet", 50))
+    again.seek(where)
+    rest = chunks_of(again, [4096, 999])
+    for a, b in zip(Chunk(*(np.concatenate(c) for c in zip(*rest))), reference):
+        np.testing.assert_array_equal(a, b[taken:])
+    again.finish()
+    listed = read_tables(tmp_path / "listing")
+    assert listed.column("row").to_pylist() == ref_rejected.column("row").to_pylist()
+    assert listed.column("reason").to_pylist() == ref_rejected.column("reason").to_pylist()
+    assert again.finish()["rejected"] == len(ref_rejected)
+
+
+def chunks_of_until(src, n):
+    parts = []
+    while n > 0:
+        parts.append(src.next_chunk(min(n, 3333)))
+        n -= len(parts[-1].id)
+    return parts
+
+
+def test_a_larger_files_source_holds_a_bounded_amount_of_memory(tmp_path):
+    import tracemalloc
+    n, p = 4_000_000, tmp_path / "big.parquet"
+    ids = np.arange(n, dtype=np.int64)
+    pq.write_table(pa.table({"stream": pa.array(np.where(ids % 2, "S", "R")).dictionary_encode(), "id": ids // 2,
+                             "ts": ids * 1e-4, "key": ids % 1000, "value": np.ones(n)}), p, row_group_size=100_000)
+    column_bytes = n * (1 + 4 * 8)  # what the tuples take as arrays
+    tracemalloc.start()
+    base_arrow = pa.total_allocated_bytes()
+    src = open_file(p)
+    seen, peak_arrow = 0, 0
+    while (c := src.next_chunk(65536)) is not None:
+        seen += len(c.id)
+        peak_arrow = max(peak_arrow, pa.total_allocated_bytes() - base_arrow)
+    _, peak_py = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    src.finish()
+    assert seen == n
+    bound = 48 << 20  # read-ahead batches, the row group being decoded, the chunk handed out
+    assert column_bytes > 2 * bound and peak_arrow + peak_py < bound, (peak_arrow, peak_py)
+
+
+def test_damage_far_into_a_csv_stops_reading_there_with_the_file_and_row(tmp_path):
+    good = "".join(f"R,{i},{i * 0.001},{i % 7}\n" for i in range(200_000))  # several 1 MiB blocks
+    p = write_csv(tmp_path, "stream,id,ts,key\n" + good + "R,1\n" + "S,1,1.0,1\n")
+    src = open_file(p)  # the first blocks are fine: the file opens
+    taken = 0
+    with pytest.raises(InputError, match=r"in\.csv.*cannot be read as CSV at row [0-9,]+ or after"):
+        while (c := src.next_chunk(50_000)) is not None:
+            taken += len(c.id)
+    assert 0 < taken <= 200_000

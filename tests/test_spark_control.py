@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from control import aggregate, replay
-from master.source import generate_all
+from protocol.workload import generate_all
 from protocol.config import load_config
 from protocol.output import read_tables
 from slave.aggregate import combine, partials

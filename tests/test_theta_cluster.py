@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from master.ranges import KeyRanges
-from master.source import generate_all
+from protocol.workload import generate_all
 from protocol.config import ConfigError, load_config
 from slave.join import JoinModule
 from protocol.tuples import tuple_dtype

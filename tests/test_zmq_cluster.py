@@ -87,7 +87,7 @@ def test_zmq_ingest_with_random_send_delays_equals_the_reference(tmp_path):
     ingest, results = free_port(), free_port()
     sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--out", tmp_path / "sub.parquet",
                 "--progress", 0)
-    prod = start("protocol.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 400,
+    prod = start("control.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 400,
                  "--jitter", 0.05, "--seed", 41)
     run = run_cluster(tmp_path, 3, stream_settings(ingest, results, **{"join.window": 0.3, "join.max_delay": 0.2}))
     assert run.returncode == 0, run.stderr
@@ -114,7 +114,7 @@ def test_ordered_stream_from_two_producers(tmp_path):
     ingest, results = free_port(), free_port()
     sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--out", tmp_path / "sub.parquet",
                 "--progress", 0)
-    prods = [start("protocol.produce", tmp_path / f"in{k}.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}",
+    prods = [start("control.produce", tmp_path / f"in{k}.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}",
                    "--batch", 300, "--jitter", 0.04, "--seed", k, "--sender", k) for k in range(2)]
     settings = stream_settings(ingest, results, **{"source.producers": 2, "output.ordered": True,
                                                    "join.window": 0.2, "join.max_delay": 5.0})
@@ -134,7 +134,7 @@ def test_producer_faster_than_the_cluster_is_held_back_and_nothing_is_lost(tmp_p
     stream, ids, ts, keys = make_input(rng, n, 2000, disorder=0.05)
     write_input(tmp_path / "in.csv", stream, ids, ts, keys)
     ingest = free_port()
-    prod = start("protocol.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 1000)
+    prod = start("control.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 1000)
     settings = {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
                 "source.max_message_tuples": 1000, "master.buffer_capacity": 1500, "epochs.distribution": 0.1,
                 "join.window": 0.1, "join.max_delay": 0.1}

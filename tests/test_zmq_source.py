@@ -14,7 +14,7 @@ from control.subscribe import subscribe
 from master.source import open_source
 from protocol import wire
 from protocol.config import ConfigError, load_config
-from protocol.produce import Blocked, Producer
+from control.produce import Blocked, Producer
 from protocol.zmq_security import bind_server, stop_authenticators
 
 

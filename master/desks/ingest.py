@@ -20,7 +20,7 @@ import pyarrow as pa
 from master.archive import InputArchive, named
 from master.ingest import late_mask, to_wire, to_wire_hashed
 from master.ranges import KeyRanges
-from master.source import skip
+from master.source import mark, skip
 from protocol.output import write_table
 from protocol.predicates import key_distance
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
@@ -65,14 +65,6 @@ class IngestDesk:
     def use_ranges(self, bounds: list) -> None:
         """Another dispatcher: rank 0's key ranges came."""
         self.ranges = KeyRanges(bounds)
-
-    def write_rejected(self) -> None:
-        """The rows the source refused when it was opened go to the rejected files, before the run starts."""
-        rejected = self.source.rejected
-        if rejected is not None and rejected.num_rows:
-            self.stats.rejected = rejected.num_rows
-            write_table(Path(self.cfg["output"]["path"]) / "rejected", "rejected", rejected,
-                        self.cfg["output"]["format"])
 
     def start(self, now: float) -> float:
         """The run starts: returns the pacing schedule's origin (a resumed run keeps the schedule where it was)."""
@@ -190,7 +182,7 @@ class IngestDesk:
 
     def state(self) -> dict:
         """This desk's part of a checkpoint (after `flush`)."""
-        return {"consumed": self.consumed, "max_ts": self.max_ts, "late_files": self.late_files,
+        return {"consumed": self.consumed, "source": mark(self.source), "max_ts": self.max_ts, "late_files": self.late_files,
                 "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
                 "archive_files": self.archive.files if self.archive else 0}
 
@@ -201,7 +193,7 @@ class IngestDesk:
                   "crash are not replayed (a live stream cannot be rewound); the state and results up to the "
                   "checkpoint are restored", file=sys.stderr, flush=True)
         else:
-            skip(self.source, m["consumed"])
+            skip(self.source, m["consumed"], m.get("source"))
         self.consumed, self.max_ts, self.late_files = m["consumed"], m["max_ts"], m["late_files"]
         if m["key_ranges"] is not None:
             self.ranges = KeyRanges(m["key_ranges"])

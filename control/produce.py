@@ -1,7 +1,7 @@
-"""`python -m protocol.produce FILE --endpoint tcp://127.0.0.1:5555 [--rate R] [--batch N]`
+"""`python -m control.produce FILE --endpoint tcp://127.0.0.1:5555 [--rate R] [--batch N]`
 
-Reads a CSV/Parquet input file (the columns of the file source; invalid rows are
-set aside the same way and counted) and PUSHes it to a master running with
+Reads a CSV/Parquet input file as it goes (the columns of the file source; invalid
+rows are set aside the same way and counted) and PUSHes it to a master running with
 `source.kind = "zmq"` in protocol.wire TUPLES messages of `batch` tuples, then
 one END message carrying the seconds the sends were held back.  With a small
 SNDHWM a send blocks when the cluster falls behind; that time is measured (a
@@ -19,6 +19,8 @@ import numpy as np
 import zmq
 
 from protocol import wire
+from protocol.chunks import InputError, rows
+from protocol.input_file import InputFile
 from protocol.zmq_security import connect_client
 
 #: messages a producer queues before its sends block, and its kernel send buffer (bytes)
@@ -79,26 +81,28 @@ class Producer:
 def produce(path: str, endpoint: str, rate: float = 0.0, batch: int = 10000, jitter: float = 0.0, seed: int = 0,
             sender: int = 0, server_key: str | None = None, key: str | None = None, timeout: float = 0.0) -> dict:
     """Push the valid rows of `path` in arrival order; `rate` paces (tuples/s), `jitter` adds random pauses."""
-    from master.source import FileSource  # the file source's reading and validation, so both agree on a row
-
-    src = FileSource(path)
+    infile = InputFile(path)  # the file source's reading and checks
     rng = np.random.default_rng(seed)
     prod = Producer(endpoint, sender, server_key, key, timeout)
     started = time.perf_counter()
-    while (c := src.next_chunk(batch)) is not None:
-        if rate > 0:
-            time.sleep(max(0.0, started + prod.tuples / rate - time.perf_counter()))
-        if jitter > 0:
-            time.sleep(rng.random() * jitter)
-        prod.send(c.stream, c.id, c.ts, c.key, c.value)
+    set_aside = 0
+    for read in infile:
+        set_aside += 0 if read.rejected is None else read.rejected.num_rows
+        for at in range(0, len(read.rows), batch):
+            c = rows(read.chunk, at, at + batch)
+            if rate > 0:
+                time.sleep(max(0.0, started + prod.tuples / rate - time.perf_counter()))
+            if jitter > 0:
+                time.sleep(rng.random() * jitter)
+            prod.send(c.stream, c.id, c.ts, c.key, c.value)
     out = prod.close()
-    out["rows_set_aside"] = 0 if src.rejected is None else src.rejected.num_rows
+    out["rows_set_aside"] = set_aside
     out["seconds"] = round(time.perf_counter() - started, 3)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m protocol.produce", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m control.produce", description=__doc__.split("\n")[0])
     p.add_argument("file", help="CSV or Parquet file: stream (R/S), id, ts, key, [value]")
     p.add_argument("--endpoint", default="tcp://127.0.0.1:5555", help="the master's source.endpoint")
     p.add_argument("--rate", type=float, default=0.0, help="tuples/s (0 = as fast as the master takes them)")
@@ -112,7 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.batch < 1:
         p.error("--batch must be at least 1")
-    from master.source import InputError
     try:
         out = produce(a.file, a.endpoint, a.rate, a.batch, a.jitter, a.seed, a.sender, a.server_key, a.key, a.timeout)
     except (InputError, ValueError, OSError, Blocked, zmq.ZMQError) as e:
