@@ -32,6 +32,7 @@ from master.coordination import CHECKPOINT, DONE, FINISH, HOLD, READY, RELEASE, 
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.ranges import KeyRanges
 from master.ingest import late_mask, to_wire, to_wire_hashed
+from master.metrics import Metrics
 from master.source import skip
 from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
@@ -114,10 +115,12 @@ class Master:
         self.checkpoint_open: dict | None = None  #: the checkpoint whose slave parts are being written
         self.checkpoint_ordered = 0  #: another dispatcher: the checkpoint rank 0 ordered
         self.checkpoints_written = 0
+        self.checkpoint_log: list[dict] = []  #: rank 0: every complete checkpoint (metrics, summary)
         self.recovered_from = None
         if resume is not None:
             self._resume(*resume)
         self.results_out = ResultStream(comm, cfg, parts, self.index)
+        self.metrics = Metrics(comm, cfg, self.index)
 
     # -- ingest ---------------------------------------------------------------------------------
     def _ingest(self, now: float, slot: bool = False) -> int:
@@ -526,6 +529,8 @@ class Master:
         mb = sum(p["bytes"] for p in ck["parts"].values()) / 2**20
         print(f"checkpoint {ck['id']} complete: {tuples:,} tuples in state, {mb:.1f} MiB, "
               f"{time.time() - ck['started']:.2f}s", file=sys.stderr, flush=True)
+        self.checkpoint_log.append({"id": ck["id"], "seconds": round(time.time() - self.t0, 3), "tuples": tuples,
+                                    "duration": round(time.time() - ck["started"], 3), "bytes": round(mb * 2**20)})
         self.checkpoint_open = None
 
     def _resume(self, directory: Path, manifest: dict) -> None:
@@ -620,6 +625,7 @@ class Master:
                 print(f"[dispatcher {self.index}] " * (self.k > 1) + self.stats.progress_line(len(self.buffers), len(self.controller.active),
                                                len(self.controller.moves_log)), file=sys.stderr, flush=True)
                 next_progress = now + progress
+            self.metrics.tick(self, now)
             if self._may_end():
                 break
             if not worked:
@@ -633,6 +639,7 @@ class Master:
         self._flush_late()
         if self.archive is not None:
             self.archive.flush()
+        self.metrics.finish(self)
         if self.index > 0:  # another dispatcher: its counters go to rank 0, which writes the summary
             self.comm.send({"stats": self.stats.state(), "results_out": self.results_out.summary(),
                             "source": self.source.finish()}, dest=0, tag=TAG_SUMMARY)
@@ -646,12 +653,14 @@ class Master:
                               "active_at_end": sorted(self.controller.active),
                               "occupancy": self.controller.occupancy_log}
         summary["hot_keys"] = self.hot_log
-        summary["checkpoints"] = {"written": self.checkpoints_written, "recovered_from": self.recovered_from}
+        summary["checkpoints"] = {"written": self.checkpoints_written, "recovered_from": self.recovered_from,
+                                  "log": self.checkpoint_log}
         finished = [self.source.finish(), *(o["source"] for o in others)]
         summary.update(**(type(self.source).merge(finished) if self.k > 1 and finished[0] else finished[0]),
                        **self.results_out.summary([o["results_out"] for o in others if o["results_out"]]))
         write_summary(out / "summary.json", summary)
         print_summary(summary)
+        self.metrics.close(self, summary)
         return summary
 
     def _stop_slaves(self) -> None:
