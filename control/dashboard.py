@@ -2,7 +2,7 @@
 
 Serves the page the master serves live (protocol.dashboard) from a run's files: the samples of its metrics
 log (`OUT/metrics/*.parquet`), the moves, hot-key events and checkpoints of `OUT/summary.json`, and the final
-Prometheus exposition (`OUT/metrics/final.prom`) at /metrics.  Loopback only: it is a viewer, not a service.
+Prometheus exposition (`OUT/metrics.prom`) at /metrics.  Loopback only: it is a viewer, not a service.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         data = load(args.out)
-        final = args.out / "metrics" / "final.prom"
+        final = args.out / "metrics.prom"
         server = DashboardServer(args.endpoint, lambda since: {**data, "samples": data["samples"][since:]},
                                  final.read_bytes if final.exists() else None)
     except (OSError, ValueError) as e:

@@ -123,15 +123,14 @@ class Metrics:
 
     def close(self, master, summary: dict) -> None:
         """Rank 0, after the summary: the final sample (its counters now include every dispatcher's), the
-        rest of the log, the final exposition as `metrics/final.prom`; the server stops; the closing line."""
+        rest of the log, the final exposition as `metrics.prom`; the server stops; the closing line."""
         out = self.out.resolve()
         if self.enabled:
             self.summary = summary
             self._add(self._sample(master, time.time(), []))
             self._write_log()
             if self.server:
-                (self.out / "metrics").mkdir(parents=True, exist_ok=True)
-                (self.out / "metrics" / "final.prom").write_bytes(generate_latest(self.registry))
+                (self.out / "metrics.prom").write_bytes(generate_latest(self.registry))
                 self.server.close()
         print(f"summary {out / 'summary.json'}; results in {out / 'results'}/; "
               + (f"dashboard was live at {self.url}, now: python -m control.dashboard {out}"

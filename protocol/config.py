@@ -286,7 +286,7 @@ def _check_metrics_endpoint(cfg: dict[str, dict[str, Any]]) -> None:
     if not ep:
         return
     host, _, port = ep.rpartition(":")
-    if not host or not port.isdigit() or int(port) > 65535:
+    if not host or "/" in host or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"metrics.endpoint: expected HOST:PORT (e.g. 127.0.0.1:9464) or \"\" (off), got {ep!r}")
     if not endpoint_is_local(ep) and not cfg["security"]["allow_remote"]:
         raise ConfigError(f"metrics.endpoint: {ep!r} is not a loopback address; binding there needs "
