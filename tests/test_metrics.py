@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -111,6 +112,17 @@ def test_metrics_endpoint_is_checked_like_the_other_endpoints(endpoint, allow, n
         load_config(None, [f'metrics.endpoint="{endpoint}"', f"security.allow_remote={str(allow).lower()}"])
     assert load_config(None, ['metrics.endpoint="0.0.0.0:9464"', "security.allow_remote=true"])
     assert load_config(None, ['metrics.endpoint=""'])["metrics"]["endpoint"] == ""
+
+
+def test_a_taken_metrics_port_stops_the_run_before_it_starts_naming_the_key(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(mpirun_command(3, ["--config", str(write_config(tmp_path, {
+            "metrics.endpoint": f"127.0.0.1:{port}"}))]), env=mpi_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and f"metrics.endpoint '127.0.0.1:{port}': cannot serve there" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out" / "summary.json").exists()
 
 
 def test_scraped_counters_rise_during_a_paced_run_and_agree_with_the_summary(tmp_path):
