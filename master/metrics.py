@@ -95,18 +95,20 @@ class Metrics:
     # -- the loop's side ----------------------------------------------------------------------------
     def tick(self, master, now: float) -> None:
         """At the cadence: a sample (rank 0) or this dispatcher's counters sent to rank 0."""
-        if not self.enabled or now < self.next:
+        if now < self.next:
             return
         if self.next == 0.0 and self.index == 0 and self.cfg["output"]["progress"]:
             print(f"output: {self.out.resolve()}/ (results/, late/, metrics/, summary.json)"
                   + (f"; metrics {self.url}metrics, dashboard {self.url}" if self.server else ""),
                   file=sys.stderr, flush=True)
         self.next = now + self.interval
+        if not self.enabled:
+            return
         if self.index > 0:
             if self._sending is None or self._sending.Test():
                 self._sending = self.comm.isend(self._counters(master), dest=0, tag=TAG_METRICS)
             return
-        self._receive(wait=False)
+        self._receive()
         self._add(self._sample(master, now, [o["stats"] for o in self._others.values()]))
 
     def finish(self, master) -> None:
@@ -118,8 +120,9 @@ class Metrics:
                 self._sending.Wait()
             self.comm.isend({**self._counters(master), "final": True}, dest=0, tag=TAG_METRICS).Wait()
             return
-        while self._receiving:
-            self._receive(wait=True)
+        while self._receiving:  # polled, not a blocking wait: MPI's spins and takes a core from the slaves
+            self._receive()
+            time.sleep(1e-3)
 
     def close(self, master, summary: dict) -> None:
         """Rank 0, after the summary: the final sample (its counters now include every dispatcher's), the
@@ -132,9 +135,10 @@ class Metrics:
             if self.server:
                 (self.out / "metrics.prom").write_bytes(generate_latest(self.registry))
                 self.server.close()
-        print(f"summary {out / 'summary.json'}; results in {out / 'results'}/; "
-              + (f"dashboard was live at {self.url}, now: python -m control.dashboard {out}"
-                 if self.log_interval else "no metrics log (metrics.log_interval = 0)"),
+        seen = [f"dashboard was live at {self.url}"] if self.server else []
+        if self.log_interval:
+            seen.append(f"look at the run again: python -m control.dashboard {out}")
+        print("; ".join([f"summary {out / 'summary.json'}", f"results in {out / 'results'}/", *seen]),
               file=sys.stderr, flush=True)
 
     # -- several dispatchers ----------------------------------------------------------------------------
@@ -146,9 +150,9 @@ class Metrics:
         buf = bytearray(MESSAGE_BYTES)
         self._receiving[d] = (self.comm.irecv(buf, source=d, tag=TAG_METRICS), buf)
 
-    def _receive(self, wait: bool) -> None:
+    def _receive(self) -> None:
         for d, (request, _) in list(self._receiving.items()):
-            done, got = (True, request.wait()) if wait else request.test()
+            done, got = request.test()
             if not done:
                 continue
             self._others[d] = got

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 import shutil
 import socket
 import subprocess
@@ -71,8 +72,16 @@ def check_final(out: Path, summary: dict) -> dict:
     """metrics.prom and the log's last sample agree with summary.json; returns the final metrics."""
     final = parse((out / "metrics.prom").read_text())
     for stream in ("R", "S"):
-        assert final[("streamjoin_input_tuples_total", (("source", "generator"), ("stream", stream)))] == \
-               summary["input"][stream]
+        assert sum(v for (n, labels), v in final.items()
+                   if n == "streamjoin_input_tuples_total" and ("stream", stream) in labels) == summary["input"][stream]
+    assert total(final, "streamjoin_rejected_total") == summary["rejected"]
+    for reason, n in Counter(m["reason"] for m in summary["balance"]["moves"]).items():
+        assert final[("streamjoin_moves_total", (("reason", reason),))] == n
+    assert total(final, "streamjoin_moves_total") == len(summary["balance"]["moves"])
+    assert final[("streamjoin_moved_tuples_total", ())] == summary["tuples_moved"]
+    for event in ("split", "merge"):
+        assert final[("streamjoin_hot_key_events_total", (("event", event),))] == \
+               sum(e["event"] == event for e in summary["hot_keys"])
     assert final[("streamjoin_results_total", ())] == summary["results"]
     assert final[("streamjoin_late_tuples_total", ())] == summary["late"]
     assert final[("streamjoin_delay_seconds_count", ())] == summary["results"]  # one delay per result
@@ -99,6 +108,17 @@ def test_delay_histogram_buckets_count_the_delays_at_or_below_each_edge():
     total_delay = next(s.value for s in fam.samples if s.name.endswith("_sum"))
     # _sum is estimated from the bins (their geometric middles; the open ends at their edge): within a bin's width
     assert count == len(values) and total_delay == pytest.approx(np.clip(values, 1e-6, 1e4).sum(), rel=0.07)
+
+
+def test_rejected_file_rows_are_counted_by_reason_with_duplicates_as_one_reason(tmp_path):
+    from master.metrics import rejected_reasons
+    from master.source import FileSource
+    (tmp_path / "in.csv").write_text("stream,id,ts,key\nR,1,0.1,5\nX,2,0.2,5\nS,3,oops,5\nR,1,0.3,5\nR,1,0.4,5\n"
+                                      "S,4,0.5,x\n")
+    source = FileSource(tmp_path / "in.csv")
+    assert rejected_reasons(source) == {"stream is not R or S": 1, "ts is not a number": 1, "duplicate id": 2,
+                                        "key is not an integer": 1}
+    assert sum(rejected_reasons(source).values()) == source.rejected.num_rows
 
 
 @pytest.mark.parametrize("endpoint,allow,needle", [
@@ -169,6 +189,18 @@ def test_two_dispatchers_rank_0_serves_both_counters(tmp_path):
     wm1 = [s.get(("streamjoin_watermark_seconds", (("dispatcher", "1"),)), math.nan) for s in scrapes]
     assert len({w for w in wm1 if math.isfinite(w)}) >= 3, wm1
     check_final(tmp_path / "out", summary)
+
+
+def test_moves_and_hot_keys_are_counted_as_the_summary_counts_them(tmp_path):
+    from tests.cluster import run_cluster
+    from tests.test_hotkeys import HOT
+    run = run_cluster(tmp_path, 4, {**HOT, "generator.duration": 4.0, "generator.seed": 1, "source.rate": 6000.0})
+    assert run.returncode == 0, run.stderr
+    assert run.summary["hot_keys"] and run.summary["balance"]["moves"]  # a grid was made and spread
+    final = check_final(run.out, run.summary)
+    log = pq.read_table(run.out / "metrics").to_pylist()
+    assert any(row["hot_keys"] for row in log)  # the grid is in the log while it exists
+    assert final[("streamjoin_reorganizations_total", ())] == run.summary["balance"]["reorganizations"]
 
 
 # -- the page, in a real browser ------------------------------------------------------------------------------
