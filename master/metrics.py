@@ -146,19 +146,19 @@ class Metrics:
         return {"stats": master.stats.state(), "max_ts": master.max_ts, "buffered": len(master.buffers),
                 "rejected": rejected_reasons(master.source)}
 
-    def _post(self, d: int) -> None:
-        buf = bytearray(MESSAGE_BYTES)
+    def _post(self, d: int, buf: bytearray | None = None) -> None:
+        buf = bytearray(MESSAGE_BYTES) if buf is None else buf
         self._receiving[d] = (self.comm.irecv(buf, source=d, tag=TAG_METRICS), buf)
 
     def _receive(self) -> None:
-        for d, (request, _) in list(self._receiving.items()):
+        for d, (request, buf) in list(self._receiving.items()):
             done, got = request.test()
             if not done:
                 continue
             self._others[d] = got
             del self._receiving[d]
             if not got.get("final"):
-                self._post(d)
+                self._post(d, buf)  # the message is unpickled: its buffer takes the next one
 
     # -- samples ---------------------------------------------------------------------------------
     def _sample(self, m, now: float, others: list[dict]) -> dict:
@@ -185,8 +185,8 @@ class Metrics:
         hist = stats.delay_hist
         last = self.view["hist"] if self.view else np.zeros_like(hist)
         p50, p99 = delays.percentiles(hist - last, (50, 99))  # over the interval since the last sample
-        done = getattr(m, "checkpoint_log", [])
-        elapsed_run = now - getattr(m, "t0", now)
+        done = m.checkpoint_log
+        elapsed_run = now - m.t0
         sample = {
             "seq": self.seq, "time": now, "elapsed": m.stats.elapsed_before + now - m.stats.started,
             "input_r": stats.input["R"], "input_s": stats.input["S"], "results": stats.results,
@@ -197,7 +197,7 @@ class Metrics:
             "watermark": [_finite(t - max_delay) for t in tops],
             "moves": len(c.moves_log), "tuples_moved": stats.tuples_moved, "reorganizations": c.reorganizations,
             "partition_splits": stats.splits, "partition_merges": stats.merges,
-            "checkpoints": getattr(m, "checkpoints_written", 0),
+            "checkpoints": m.checkpoints_written,
             "checkpoint_age_seconds": _finite(elapsed_run - done[-1]["seconds"]) if done else None,
             "checkpoint_duration_seconds": done[-1]["duration"] if done else None,
             "slaves": list(m.slaves), "active": [r in c.active for r in m.slaves],
