@@ -29,6 +29,7 @@ from master.desks.moves import MovesDesk
 from master.desks.stall import StallWatch
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.links import Links
+from master.metrics import Metrics
 from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
 from protocol.messages import Ack
@@ -55,6 +56,7 @@ class Master:
         groups = min(cfg["partitioning"]["subgroups"], len(slaves))
         self.ingest = IngestDesk(cfg, source, buffers, stats, self.index, self.k, groups, router, sketch)
         self.results_out = ResultStream(comm, cfg, parts, self.index)
+        self.metrics = Metrics(comm, cfg, self.index)
         self.distribution = DistributionDesk(cfg, slaves, buffers, controller, stats, links, self.results_out)
         self.moves = MovesDesk(self.k, controller, stats, links)
         self.hot = HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links) if router else None
@@ -133,7 +135,7 @@ class Master:
         progress = self.cfg["output"]["progress"]
         self.links.wait_all_started()
         self.stats.started = time.time()
-        t0 = ingest.start(self.stats.started)
+        t0 = checkpoints.t0 = ingest.start(self.stats.started)
         if self.hot is not None:
             self.hot.t0 = t0
         next_slot, next_progress = t0 + slot, t0 + progress
@@ -179,6 +181,7 @@ class Master:
                     len(self.buffers), len(self.controller.active), len(self.controller.moves_log)),
                     file=sys.stderr, flush=True)
                 next_progress = now + progress
+            self.metrics.tick(self, now)
             if self._may_end():
                 break
             self._watch(now)
@@ -221,6 +224,7 @@ class Master:
                 time.sleep(1e-3)
         self.checkpoints.finish()
         self.ingest.flush()
+        self.metrics.finish(self)
         if self.index > 0:
             self.links.send_summary({"stats": self.stats.state(), "results_out": self.results_out.summary(),
                                      "source": self.source.finish()})
@@ -235,10 +239,11 @@ class Master:
                               "occupancy": c.occupancy_log}
         summary["hot_keys"] = [] if self.hot is None else self.hot.log
         summary["checkpoints"] = {"written": self.checkpoints.written,
-                                  "recovered_from": self.checkpoints.recovered_from}
+                                  "recovered_from": self.checkpoints.recovered_from, "log": self.checkpoints.log}
         finished = [self.source.finish(), *(o["source"] for o in others)]
         summary.update(**(type(self.source).merge(finished) if self.k > 1 and finished[0] else finished[0]),
                        **self.results_out.summary([o["results_out"] for o in others if o["results_out"]]))
         write_summary(Path(self.cfg["output"]["path"]) / "summary.json", summary)
         print_summary(summary)
+        self.metrics.close(self, summary)
         return summary

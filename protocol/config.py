@@ -111,6 +111,10 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "server_key": ("", "secret certificate of the cluster's ZeroMQ sockets (zmq.auth .key_secret file); enables CURVE"),
         "client_keys": ("", "directory of the public certificates (.key) of producers and subscribers let in"),
     },
+    "metrics": {
+        "endpoint": ("127.0.0.1:9464", 'HOST:PORT of the Prometheus /metrics and the live dashboard (rank 0); "" = off'),
+        "log_interval": (5.0, "seconds between two Parquet files of the metrics log in `metrics/` (0 = no log)"),
+    },
     "aggregate": {
         "enabled": (False, "slaves pre-aggregate their results into aggregates/ (phase one; merged by control.aggregate)"),
         "group_by": ("key", '"key", "r_key" or "s_key" (all the same join key in this equi-join)'),
@@ -147,6 +151,7 @@ _NON_NEGATIVE = {
     ("checkpoint", "interval"), ("join", "band"),
     ("aggregate", "window"),
     ("source", "idle_timeout"), ("output", "wait_subscribers"), ("master", "stall_timeout"),
+    ("metrics", "log_interval"),
 }
 
 
@@ -245,6 +250,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     if cfg["hotkeys"]["grid"] < 2:
         raise ConfigError(f"hotkeys.grid: must be at least 2, got {cfg['hotkeys']['grid']!r}")
     _check_endpoints(cfg)
+    _check_metrics_endpoint(cfg)
     if slaves is not None:
         slaves -= cfg["cluster"]["dispatchers"] - 1  # the ranks after the dispatchers
         if slaves < 1:
@@ -277,6 +283,20 @@ def dispatcher_endpoint(endpoint: str, index: int) -> str:
         return f"{endpoint}.{index}" if index else endpoint
     host, port = endpoint.rsplit(":", 1)
     return f"{host}:{int(port) + index}"
+
+
+def _check_metrics_endpoint(cfg: dict[str, dict[str, Any]]) -> None:
+    """The HTTP endpoint of metrics and dashboard: HOST:PORT, off loopback only with security.allow_remote
+    (plain HTTP: it has no CURVE, so whoever reaches the port reads the metrics)."""
+    ep = cfg["metrics"]["endpoint"]
+    if not ep:
+        return
+    host, _, port = ep.rpartition(":")
+    if not host or "/" in host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"metrics.endpoint: expected HOST:PORT (e.g. 127.0.0.1:9464) or \"\" (off), got {ep!r}")
+    if not endpoint_is_local(ep) and not cfg["security"]["allow_remote"]:
+        raise ConfigError(f"metrics.endpoint: {ep!r} is not a loopback address; binding there needs "
+                          "security.allow_remote = true")
 
 
 def _check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:

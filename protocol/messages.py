@@ -25,6 +25,7 @@ TAG_STATE = 3   #: supplier slave -> consumer slave: a partition-group's state
 TAG_RESULTS = 4  #: slave -> master, with output.zmq_endpoint: a batch's results (protocol.wire RESULTS)
 TAG_SUMMARY = 5  #: dispatcher k > 0 -> rank 0 at the end: its counters (a small dict, pickled)
 TAG_ORDER = 6    #: rank 0 <-> dispatcher k > 0: coordination of moves and of the end (master.coordination)
+TAG_METRICS = 7  #: dispatcher k > 0 -> rank 0, at the metrics cadence: its counters (master.metrics)
 
 
 class Kind(enum.IntEnum):

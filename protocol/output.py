@@ -1,5 +1,5 @@
 """The output layout both roles write into: `results/`, `late/`, `rejected/`, `archive/`, `aggregates/`,
-`summary.json`.
+`metrics/`, `metrics.prom`, `summary.json`.
 
 Files are written whole through pyarrow (Parquet or CSV); a file is first
 written under a temporary name and then renamed, so a reader never sees half a
@@ -26,7 +26,8 @@ RESULT_SCHEMA = pa.schema([pa.field(c, pa.int64() if c.endswith(("_id", "_key"))
 PARTIAL_SCHEMA = pa.schema([("key", pa.int64()), ("window_start", pa.float64()), ("count", pa.int64()),
                             ("sum", pa.float64()), ("min", pa.float64()), ("max", pa.float64())])
 
-OUTPUT_PARTS = ("results", "late", "rejected", "archive", "aggregates", "summary.json")
+OUTPUT_PARTS = ("results", "late", "rejected", "archive", "aggregates", "metrics", "metrics.prom",
+                "summary.json")
 
 
 def reset_output(path: str | Path) -> None:

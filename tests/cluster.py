@@ -55,8 +55,10 @@ def run_cluster(tmp: Path, ranks: int, settings: dict[str, object], timeout: flo
 
 
 def write_config(tmp: Path, settings: dict[str, object]) -> Path:
-    """`tmp/run.toml` with `settings` ('section.key': value), output to `tmp/out`, no progress lines."""
-    sections: dict[str, dict[str, object]] = {"output": {"path": str(tmp / "out"), "progress": 0.0}}
+    """`tmp/run.toml` with `settings` ('section.key': value), output to `tmp/out`, no progress lines, metrics
+    served on any free port (tests run side by side)."""
+    sections: dict[str, dict[str, object]] = {"output": {"path": str(tmp / "out"), "progress": 0.0},
+                                              "metrics": {"endpoint": "127.0.0.1:0"}}
     for name, value in settings.items():
         section, key = name.split(".", 1)
         sections.setdefault(section, {})[key] = value

@@ -33,7 +33,9 @@ class CheckpointDesk:
         self.open: dict | None = None  #: rank 0: the checkpoint whose parts are being written
         self.ordered = 0  #: another dispatcher: the checkpoint rank 0 ordered
         self.written = 0
+        self.log: list[dict] = []  #: rank 0: every complete checkpoint (metrics, summary)
         self.recovered_from = None
+        self.t0 = 0.0  #: the run's start (the pacing schedule's origin)
 
     def on_epoch(self, epochs_done: int, exhausted: bool) -> None:
         """A distribution epoch ended: rank 0 wants a checkpoint if one is due and input is still coming."""
@@ -111,6 +113,8 @@ class CheckpointDesk:
         mb = sum(p["bytes"] for p in ck["parts"].values()) / 2**20
         print(f"checkpoint {ck['id']} complete: {tuples:,} tuples in state, {mb:.1f} MiB, "
               f"{time.time() - ck['started']:.2f}s", file=sys.stderr, flush=True)
+        self.log.append({"id": ck["id"], "seconds": round(time.time() - self.t0, 3), "tuples": tuples,
+                         "duration": round(time.time() - ck["started"], 3), "bytes": round(mb * 2**20)})
         self.open = None
 
     def restore(self, directory: Path, manifest: dict, epochs_done: int) -> None:

@@ -53,7 +53,7 @@ def test_whole_engine_in_one_mpi_job_matches_reference(tmp_path_factory):
     out = comm.bcast(str(tmp_path_factory.mktemp("out")) if comm.rank == 0 else None, root=0)
     settings = ["generator.duration=3", "generator.rate=3000", "generator.keys=1024", "generator.disorder=0.2",
                 "join.window=0.4", "join.max_delay=0.3", "epochs.distribution=0.1", "source.rate=20000",
-                f"output.path={out}", "output.progress=0"]
+                f"output.path={out}", "output.progress=0", "metrics.endpoint=\"127.0.0.1:0\""]
     cfg = load_config(None, settings)
     if comm.rank != 0:
         assert run_slave(comm) == 0
