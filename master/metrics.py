@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from mpi4py import MPI
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -44,16 +43,9 @@ _MIDDLES = np.concatenate([[delays.EDGES[0]], np.sqrt(delays.EDGES[1:] * delays.
 
 
 def rejected_reasons(source) -> dict[str, int]:
-    """Rejected inputs by reason: a ZeroMQ source counts messages as they come; a file's rows are known at
-    the start (a duplicate's reason names its id: counted as one reason)."""
-    if hasattr(source, "reasons"):
-        return dict(source.reasons)
-    table = getattr(source, "rejected", None)
-    if table is None or not table.num_rows:
-        return {}
-    reason = table["reason"]
-    reason = pc.if_else(pc.starts_with(reason, "duplicate id"), "duplicate id", reason)
-    return {v["values"]: v["counts"] for v in pc.value_counts(reason).to_pylist()}
+    """Rejected inputs by reason, as far as the source has got (a ZeroMQ source counts messages, a file its
+    rows as the run passes them); with several dispatchers the first counts the file's."""
+    return dict(getattr(source, "reasons", {}))
 
 
 class Metrics:

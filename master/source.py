@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Protocol
 
@@ -87,6 +88,10 @@ class ShardedSource:
         self._position += len(chunk.ts)
         return Chunk(*(column[mine] for column in chunk))
 
+    @property
+    def reasons(self) -> dict[str, int]:
+        return getattr(self.inner, "reasons", {}) if self.index == 0 else {}
+
     def position(self) -> dict | None:
         return mark(self.inner)
 
@@ -132,8 +137,11 @@ class RejectedListing:
         self._rows = 0
         self.files = 0
         self.rows = 0  #: rejected rows listed
+        self.reasons: Counter = Counter()  #: rejected rows by reason since the start or a recovery (metrics)
 
     def add(self, table: pa.Table) -> None:
+        reason = pc.if_else(pc.starts_with(table["reason"], "duplicate id"), "duplicate id", table["reason"])
+        self.reasons.update({v["values"]: v["counts"] for v in pc.value_counts(reason).to_pylist()})
         self._parts.append(table)
         self._rows += table.num_rows
         if self._rows >= self.flush_rows:
@@ -152,6 +160,7 @@ class RejectedListing:
             if number >= files:
                 f.unlink()
         self.files, self.rows, self._parts, self._rows = files, rows, [], 0
+        self.reasons.clear()
 
 
 class FileSource:
@@ -255,6 +264,12 @@ class FileSource:
             if n < t.num_rows:
                 keep.append(t.filter(pc.invert(passed)))
         self._waiting = keep
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        """Rejected rows listed so far, by reason (a duplicate's reason names its id: counted as one)."""
+        self._list()
+        return dict(self.listing.reasons) if self.listing is not None else {}
 
     def position(self) -> dict:
         if self.listing is not None:
