@@ -28,6 +28,11 @@ test: $(STAMP)
 	timeout 600 $(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
 	$(BIN)/python -m pytest -q tests --ignore=tests/mpi
 
+# random draws of the differential matrix (tests/matrix.py) for SOAK_MINUTES, then a table of draws and failures
+SOAK_MINUTES ?= 30
+soak: $(STAMP)
+	$(BIN)/python -m tests.matrix --minutes $(SOAK_MINUTES)
+
 # quick: one run per point, 60 s of event time (6M tuples) per run (docs/benchmarks.md: its time); bench-full: medians of 3, 1-8 slaves, more epochs
 bench: $(STAMP)
 	$(BIN)/python -m bench --quick

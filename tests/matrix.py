@@ -27,7 +27,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from protocol.config import ConfigError, load_config, validate
-from tests.cluster import run_cluster, write_config
+from tests.cluster import run_cluster, toml_value
 from tests.reference import late_flags, reference_pairs, reference_theta_pairs
 
 #: feature -> the values a draw takes
@@ -144,9 +144,9 @@ def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
     return path
 
 
-def settings(d: Draw, path: Path) -> dict:
+def settings(d: Draw, path: Path, n: int = 9000) -> dict:
+    """The draw's configuration ('section.key': value) for `n` tuples in `path`, paced over 3 s."""
     unit = UNITS[d.unit]
-    n = len(workload(d)["ts"])
     s = {"source.kind": "file", "source.path": str(path), "source.rate": n / 3.0,
          "join.window": window_units(d) / unit, "join.max_delay": max_delay_units(d) / unit,
          "join.predicate": d.predicate, "cluster.dispatchers": d.dispatchers,
@@ -169,11 +169,11 @@ def settings(d: Draw, path: Path) -> dict:
 
 def refusal(d: Draw) -> str | None:
     """The configuration's refusal (protocol.config), or None when the engine takes the draw."""
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            validate(load_config(write_config(Path(tmp), settings(d, Path(tmp)))), slaves=d.ranks - 1)
-        except ConfigError as e:
-            return str(e)
+    try:
+        validate(load_config(None, [f"{k}={toml_value(v)}" for k, v in settings(d, Path("input")).items()]),
+                 slaves=d.ranks - 1)
+    except ConfigError as e:
+        return str(e)
     return None
 
 
@@ -267,7 +267,7 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     victims: list[str] = []
     killer = kill_a_rank(str(tmp), d.ranks, np.random.default_rng([d.seed, 3]), victims) if d.crash else None
     try:
-        run = run_cluster(tmp, d.ranks, settings(d, path), timeout=timeout, env=env,
+        run = run_cluster(tmp, d.ranks, settings(d, path, len(data["ts"])), timeout=timeout, env=env,
                           wrapper=SUPERVISE if d.crash else ())
     except Exception as e:  # a hang (timeout) is a failure of the draw, with its seed
         out.error, out.seconds = f"{type(e).__name__}: {e}", time.time() - started

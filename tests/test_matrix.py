@@ -1,0 +1,30 @@
+"""The randomized differential matrix in CI: a fixed set of draws (tests.matrix.covering_seeds) that covers
+every pair of feature values the configuration accepts, each run on the real cluster and compared with the
+independent reference join over its whole input.  `make soak` runs random draws for as long as it is given."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tests.matrix import FEATURES, covering_seeds, draw, refusal, run_draw
+
+SEEDS = covering_seeds()
+
+
+def test_the_seeds_cover_every_pair_of_feature_values_the_engine_accepts():
+    def pairs(seed):
+        f = draw(seed).features()
+        return {((a, f[a]), (b, f[b])) for a, b in itertools.combinations(FEATURES, 2)}
+
+    accepted = set().union(*(pairs(s) for s in range(2000) if refusal(draw(s)) is None))
+    covered = set().union(*(pairs(s) for s in SEEDS))
+    assert accepted - covered == set()
+    assert all(refusal(draw(s)) is None for s in SEEDS)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_drawn_configuration_gives_exactly_the_reference_result(tmp_path, seed):
+    outcome = run_draw(draw(seed), tmp_path)
+    assert outcome.ok, f"{outcome.line()}\n  reproduce: python -m tests.matrix --seed {seed} --keep"
+    assert outcome.expected > 0
