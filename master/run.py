@@ -35,7 +35,7 @@ from master.ingest import late_mask, to_wire, to_wire_hashed
 from master.source import skip
 from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
-from protocol import checkpoint, faults
+from protocol import checkpoint, eventtime, faults
 from protocol.arrays import whole_buffer
 from protocol.predicates import key_distance
 from protocol.mpi import wait_all_started
@@ -84,13 +84,14 @@ class Master:
         self.busy: dict[int, tuple[MPI.Request, np.ndarray]] = {}  #: rank -> (send request, its buffer)
         self.spare: dict[int, np.ndarray] = {}  #: rank -> the buffer of its last batch, joined: reused
         self.epoch = {r: 0 for r in self.slaves}
-        self.sent_watermark = {r: -np.inf for r in self.slaves}
+        self.sent_watermark = {r: eventtime.NEG_INF for r in self.slaves}
         self.in_batch = dict.fromkeys(self.slaves, 0)  #: tuples of the batch each slave is joining
         #: slaves owed a batch before their next slot: they were still joining at their last one, or a group
         #: whose tuples the master held during its move was just installed on them
         self.missed: set[int] = set()
-        self.max_ts = -np.inf
+        self.max_ts = eventtime.NEG_INF  #: event time in integer microseconds, as every ts here (protocol.eventtime)
         join = cfg["join"]
+        self.max_delay = eventtime.duration(join["max_delay"])
         #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions)
         self.ranges: KeyRanges | None = None
         self.range_partitioned = join["predicate"] != "equal"
@@ -157,7 +158,7 @@ class Master:
         else:
             arrival = np.full(n, now)
         self.consumed += n
-        late, prev_max, self.max_ts = late_mask(chunk.ts, self.max_ts, self.cfg["join"]["max_delay"])
+        late, prev_max, self.max_ts = late_mask(chunk.ts, self.max_ts, self.max_delay)
         if late.any():
             self._set_aside_late(chunk, late, prev_max)
         self._route(chunk, arrival, late)
@@ -197,9 +198,10 @@ class Master:
     def _set_aside_late(self, chunk, late: np.ndarray, prev_max: np.ndarray) -> None:
         md = self.cfg["join"]["max_delay"]
         self.stats.late += int(late.sum())
-        bound = prev_max[late] - md
+        bound = eventtime.to_seconds(prev_max[late] - self.max_delay)
         self._late_parts.append(pa.table({
-            "stream": np.array(STREAM_NAMES)[chunk.stream[late]], "id": chunk.id[late], "ts": chunk.ts[late],
+            "stream": np.array(STREAM_NAMES)[chunk.stream[late]], "id": chunk.id[late],
+            "ts": eventtime.to_seconds(chunk.ts[late]),
             "key": chunk.key[late], "value": chunk.value[late],
             "reason": pa.repeat(f"late: ts below max ts seen before minus join.max_delay ({md})", int(late.sum())),
             "bound": bound,
@@ -248,7 +250,7 @@ class Master:
 
     def _serve(self, rank: int) -> None:
         """Send the idle slave `rank` its partitions' buffered tuples in one message, if there is news."""
-        watermark = min(self.max_ts - self.cfg["join"]["max_delay"], self.controller.watermark_cap())
+        watermark = min(self.max_ts - self.max_delay, self.controller.watermark_cap())
         mine = self.controller.partitions_of(rank)
         sizes = self.buffers.counts[:, mine].sum(axis=0)
         if len(mine) == 0 or (not sizes.any() and watermark <= self.sent_watermark[rank]):
@@ -270,7 +272,7 @@ class Master:
                                   spare=self.spare.pop(rank, None))
         self.buffers.drain(mine, out=(r, s))
         self.in_batch[rank] = n_r + n_s
-        self.results_out.sent(rank, self.epoch[rank], mine, r, s, self.max_ts - self.cfg["join"]["max_delay"])
+        self.results_out.sent(rank, self.epoch[rank], mine, r, s, self.max_ts - self.max_delay)
         self._send(rank, buf)
 
     def _send(self, rank: int, buf: np.ndarray) -> None:
@@ -410,8 +412,8 @@ class Master:
             s = np.concatenate([t[1] for t in taken])
             self.buffers.add(STREAM_S, s, np.full(len(s), partition))
             empty = np.empty(0, dtype=self.dtype)
-            self._send(owner, encode_batch(Kind.MERGE, self.epoch[owner], np.nan, empty, empty, partition=partition,
-                                           groups=np.array([[key, first, size]])))
+            self._send(owner, encode_batch(Kind.MERGE, self.epoch[owner], eventtime.NONE, empty, empty,
+                                           partition=partition, groups=np.array([[key, first, size]])))
             self.hot_log.append({"key": key, "event": "merge", "share": round(share, 4), "partition": partition,
                                  "owner": owner, "seconds": round(time.time() - self.t0, 3)})
             print(f"hot key {key} cooled ({share:.0%} of the input): its {size} sub-groups gathered back into "
@@ -435,8 +437,8 @@ class Master:
             index, part = self.router.route_r(r)
             self.buffers.add(STREAM_R, r[index], part)
             empty = np.empty(0, dtype=self.dtype)
-            self._send(owner, encode_batch(Kind.SPLIT, self.epoch[owner], np.nan, empty, empty, partition=partition,
-                                           groups=np.array([[key, first, size]])))
+            self._send(owner, encode_batch(Kind.SPLIT, self.epoch[owner], eventtime.NONE, empty, empty,
+                                           partition=partition, groups=np.array([[key, first, size]])))
             others = sorted((r for r in self.controller.active if r != owner),
                             key=lambda r: self.stats.per_slave[r]["tuples_processed"])
             for j, consumer in zip(range(1, size), others):
@@ -485,7 +487,8 @@ class Master:
                                     "parts": part, "master": mine, "dispatchers": {}}
         empty = np.empty(0, dtype=self.dtype)
         for rank in self.slaves:
-            self._send(rank, encode_batch(Kind.CHECKPOINT, self.epoch[rank], np.nan, empty, empty, partition=ckpt_id))
+            self._send(rank, encode_batch(Kind.CHECKPOINT, self.epoch[rank], eventtime.NONE, empty, empty,
+                                          partition=ckpt_id))
         if self.index > 0:
             self.orders.send([0], SNAPSHOT, id=ckpt_id, part=part, master=mine)
 
@@ -586,7 +589,7 @@ class Master:
             if self._stop_requested:
                 self.exhausted = True
             worked = self._ingest(now, now >= next_slot) + self._collect_reports()
-            worked += self.results_out.pump(np.inf if self.exhausted else self.max_ts - self.cfg["join"]["max_delay"],
+            worked += self.results_out.pump(eventtime.POS_INF if self.exhausted else self.max_ts - self.max_delay,
                                             self.buffers.counts)
             if now >= next_slot:
                 if not self.checkpoint_pending:
@@ -658,7 +661,7 @@ class Master:
         """STOP to every slave, then wait for each final report (results flushed)."""
         empty = np.empty(0, dtype=self.dtype)
         for rank in self.slaves:
-            buf = encode_batch(Kind.STOP, self.epoch[rank] + 1, np.inf, empty, empty)
+            buf = encode_batch(Kind.STOP, self.epoch[rank] + 1, eventtime.POS_INF, empty, empty)
             self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
         while self.busy:
             if not self._collect_reports():

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from protocol import eventtime
 from protocol.config import dispatcher_endpoint
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
 
@@ -31,7 +32,7 @@ from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
 class Chunk(NamedTuple):
     stream: np.ndarray  # int8, STREAM_R / STREAM_S
     id: np.ndarray      # int64
-    ts: np.ndarray      # float64 event time in seconds, finite
+    ts: np.ndarray      # int64 event time in microseconds (protocol.eventtime), converted here once
     key: np.ndarray     # int64
     value: np.ndarray   # float64
 
@@ -119,7 +120,7 @@ def generate_all(cfg: dict) -> Chunk:
 
 
 def _empty() -> Chunk:
-    return Chunk(np.empty(0, np.int8), np.empty(0, np.int64), np.empty(0, np.float64),
+    return Chunk(np.empty(0, np.int8), np.empty(0, np.int64), np.empty(0, np.int64),
                  np.empty(0, np.int64), np.empty(0, np.float64))
 
 
@@ -242,7 +243,7 @@ class GeneratorSource:
             for s in (STREAM_R, STREAM_S):
                 key[s][rng.random(n[s]) < self.hot_share] = self.hot_key
         arr = np.concatenate(arrival)
-        ts = arr - rng.random(len(arr)) * self.disorder if self.disorder > 0 else arr
+        ts = eventtime.from_seconds(arr - rng.random(len(arr)) * self.disorder if self.disorder > 0 else arr)[0]
         stream = np.repeat(np.array([STREAM_R, STREAM_S], np.int8), n)
         ids = np.concatenate([self._first_id[i, s] + np.arange(n[s], dtype=np.int64) for s in (STREAM_R, STREAM_S)])
         order = np.argsort(arr, kind="stable")
@@ -273,6 +274,7 @@ EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 _INT_RE = r"^[+-]?[0-9]+$"
 _FLOAT_RE = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$"
 _INT64_MAX = "9223372036854775807"
+_INT64_MIN_DIGITS = "9223372036854775808"  #: the magnitude of int64's minimum, which only a minus sign may carry
 
 #: reason code -> (column, reason); code 0 = accepted, the last code = duplicate id
 _REASONS = [
@@ -281,6 +283,7 @@ _REASONS = [
     ("id", "id is not an integer"),
     ("ts", "ts is not a number"),
     ("ts", "ts is NaN or infinite"),
+    ("ts", f"ts is out of range (|ts| < {eventtime.TS_LIMIT // eventtime.PER_SECOND} s)"),
     ("key", "key is not an integer"),
     ("value", "value is not a number"),
     ("id", None),  # duplicate: the reason is built per row
@@ -313,8 +316,9 @@ def _parse_int(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     s = _strings(col)
     digits = pc.replace_substring_regex(s, r"^[+-]?0*", "")  # for the int64 range check
     length = pc.utf8_length(digits)
+    largest = pc.if_else(pc.starts_with(s, "-"), _INT64_MIN_DIGITS, _INT64_MAX)  # both 19 digits
     fits = pc.or_(pc.less(length, len(_INT64_MAX)),
-                  pc.and_(pc.equal(length, len(_INT64_MAX)), pc.less_equal(digits, _INT64_MAX)))
+                  pc.and_(pc.equal(length, len(_INT64_MAX)), pc.less_equal(digits, largest)))
     ok = _ok(pc.and_(pc.match_substring_regex(s, _INT_RE), fits))
     clean = pc.if_else(pa.array(ok), pc.replace_substring_regex(s, r"^\+", ""), "0")
     return pc.cast(clean, pa.int64()).to_numpy(), ok
@@ -331,6 +335,25 @@ def _parse_float(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return pc.cast(pc.if_else(pa.array(ok), s, "0"), pa.float64()).to_numpy(), ok, present
 
 
+def _parse_ts(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(int64 microseconds, is a number, finite, ok): the one conversion of an input file's seconds.  Text
+    (CSV) and decimal columns are converted from their digits (protocol.eventtime.from_decimal_text), float
+    columns by rounding to the microsecond, integer columns are whole seconds."""
+    t = col.type
+    if pa.types.is_integer(t) and t != pa.uint64():
+        present = _ok(pc.is_valid(col))
+        ticks, ok = eventtime.from_integer_seconds(pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy())
+        return ticks, present, present, ok & present
+    if pa.types.is_floating(t):
+        x = pc.fill_null(pc.cast(col, pa.float64()), np.nan).to_numpy()
+        present = _ok(pc.is_valid(col))
+        ticks, ok = eventtime.from_seconds(x)
+        return ticks, present, present & np.isfinite(x), ok & present
+    ticks, number, ok = eventtime.from_decimal_text(_strings(col))
+    finite = number & ~_ok(pc.match_substring_regex(_strings(col), "(nan|inf)", ignore_case=True))
+    return ticks, number, finite, ok
+
+
 class FileSource:
     """A CSV or Parquet file; row order = arrival order; invalid rows go to `rejected`."""
 
@@ -341,14 +364,14 @@ class FileSource:
         stream = _strings(table["stream"])
         is_s = _ok(pc.equal(stream, "S"))
         ids, id_ok = _parse_int(table["id"])
-        ts, ts_ok, _ = _parse_float(table["ts"])
+        ts, ts_number, ts_finite, ts_ok = _parse_ts(table["ts"])
         keys, key_ok = _parse_int(table["key"])
         if "value" in table.column_names:
             value, value_ok, present = _parse_float(table["value"])
             value_ok |= ~present  # a null value is 0.0, not an error
         else:
             value, value_ok = np.zeros(n), np.ones(n, bool)
-        checks = [_ok(pc.equal(stream, "R")) | is_s, id_ok, ts_ok, ts_ok & np.isfinite(ts), key_ok, value_ok]
+        checks = [_ok(pc.equal(stream, "R")) | is_s, id_ok, ts_number, ts_finite, ts_ok, key_ok, value_ok]
         code = np.zeros(n, np.int8)
         for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
             code[~good] = c

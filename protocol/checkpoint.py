@@ -31,7 +31,7 @@ import numpy as np
 
 MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
-FORMAT = 1
+FORMAT = 2  #: 2: tuples carry ts in int64 microseconds (protocol.eventtime)
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
 BINDING_SECTIONS = ("cluster", "source", "generator", "join", "partitioning", "tuning")
 

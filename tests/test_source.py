@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.reference import micros
 from master.source import Chunk, FileSource, GeneratorSource, InputError, bmodel_tables, generate_all, open_source
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S
@@ -58,7 +59,7 @@ def test_generator_total_and_dtypes():
     assert isinstance(src, GeneratorSource) and src.rejected is None
     data = generate_all(cfg)
     assert src.total == len(data.id)
-    assert [c.dtype for c in data] == [np.int8, np.int64, np.float64, np.int64, np.float64]
+    assert [c.dtype for c in data] == [np.int8, np.int64, np.int64, np.int64, np.float64]
     assert np.isfinite(data.ts).all()
     assert ((data.value >= 0) & (data.value < 1)).all()
 
@@ -70,7 +71,7 @@ def test_generator_rates(rate, duration):
     for s in (STREAM_R, STREAM_S):
         n = int((data.stream == s).sum())
         assert abs(n - expected) <= 5 * math.sqrt(expected), (s, n, expected)
-    assert data.ts.min() >= 0 and data.ts.max() < duration
+    assert data.ts.min() >= 0 and data.ts.max() < duration * 1e6
 
 
 def test_generator_ids_per_stream_in_arrival_order():
@@ -90,11 +91,11 @@ def test_generator_disorder_bounded():
     data = generate_all(gen_cfg(disorder=d))
     running_max = np.maximum.accumulate(data.ts)
     assert (np.diff(data.ts) < 0).any()  # really out of order
-    assert (data.ts >= running_max - d).all()
+    assert (data.ts >= running_max - d * 1e6).all()
     # the disorder only shifts ts back: same streams, same keys as without disorder
     base = generate_all(gen_cfg(disorder=0.0))
     np.testing.assert_array_equal(base.key, data.key)
-    shift = base.ts - data.ts
+    shift = (base.ts - data.ts) / 1e6
     assert (shift >= 0).all() and (shift < d).all() and shift.max() > 0.9 * d
 
 
@@ -210,7 +211,7 @@ def check_table(data):
     np.testing.assert_array_equal(data.stream, [STREAM_R, STREAM_S, STREAM_S, STREAM_R])
     assert data.stream.dtype == np.int8
     np.testing.assert_array_equal(data.id, TABLE["id"])
-    np.testing.assert_array_equal(data.ts, TABLE["ts"])
+    np.testing.assert_array_equal(data.ts, micros(TABLE["ts"]))
     np.testing.assert_array_equal(data.key, TABLE["key"])
     np.testing.assert_array_equal(data.value, TABLE["value"])
 
@@ -261,7 +262,7 @@ def test_csv_lenient_syntax(tmp_path):
     assert src.rejected is None
     np.testing.assert_array_equal(d.stream, [STREAM_R, STREAM_S])
     np.testing.assert_array_equal(d.id, [5, 6])
-    np.testing.assert_array_equal(d.ts, [0.1, 2.0])
+    np.testing.assert_array_equal(d.ts, [100_000, 2_000_000])
     np.testing.assert_array_equal(d.key, [-3, 4])
     np.testing.assert_array_equal(d.value, [0.5, -np.inf])
 
@@ -309,7 +310,7 @@ def test_duplicate_first_seen_is_first_good_row(tmp_path):
     # a row rejected for another reason does not count as the first occurrence
     p = write_csv(tmp_path, "stream,id,ts,key\nS,7,x,1\nS,7,1,1\nS,7,2,1\nR,7,3,1\n")
     src = FileSource(p)
-    np.testing.assert_array_equal(drain(src, 10).ts, [1.0, 3.0])
+    np.testing.assert_array_equal(drain(src, 10).ts, [1_000_000, 3_000_000])
     assert src.rejected.column("reason").to_pylist() == [
         "ts is not a number", "duplicate id 7 in stream S (first seen at row 2)"]
 
@@ -413,7 +414,7 @@ def test_shift_moves_the_hot_keys_but_keeps_the_skew():
     still = generate_all(load_config(None, base))
     moving = generate_all(load_config(None, base + ["generator.shift=2.0"]))
     def top(c, lo, hi):
-        sel = (c.ts >= lo) & (c.ts < hi)
+        sel = (c.ts >= lo * 1e6) & (c.ts < hi * 1e6)
         keys, counts = np.unique(c.key[sel], return_counts=True)
         return {int(keys[np.argmax(counts)])}, counts.max() / sel.sum()  # the hottest key stands well clear
     a1, share1 = top(still, 0, 2)
