@@ -267,6 +267,33 @@ def test_csv_lenient_syntax(tmp_path):
     np.testing.assert_array_equal(d.value, [0.5, -np.inf])
 
 
+def test_csv_int64_minimum_is_an_integer_for_id_and_key_and_one_below_is_not(tmp_path):
+    # the minimum has one digit more in magnitude than the maximum: only a minus sign may carry it
+    lo, hi = "-9223372036854775808", "9223372036854775807"
+    p = write_csv(tmp_path, "stream,id,ts,key\n"
+                            f"R,{lo},1.0,{lo}\nS,{hi},1.0,{lo}\nS,-0{lo[1:]},1.5,{hi}\n"  # a leading zero: still it
+                            f"R,-9223372036854775809,1.0,1\nR,1,1.0,9223372036854775808\nS,5,1.0,+9223372036854775808\n")
+    src = FileSource(p)
+    d = drain(src, 10)
+    np.testing.assert_array_equal(d.id, [np.iinfo(np.int64).min, np.iinfo(np.int64).max, np.iinfo(np.int64).min])
+    np.testing.assert_array_equal(d.key, [np.iinfo(np.int64).min, np.iinfo(np.int64).min, np.iinfo(np.int64).max])
+    rej = src.rejected.to_pydict()
+    assert rej["row"] == [4, 5, 6] and rej["column"] == ["id", "key", "key"]
+    assert set(rej["reason"]) == {"id is not an integer", "key is not an integer"}
+
+
+def test_ts_out_of_range_is_set_aside_with_its_reason(tmp_path):
+    # the limit is 2**61 us = 2305843009213.693952 s, either side of zero
+    p = write_csv(tmp_path, "stream,id,ts,key\nR,1,2305843009213.693951,1\nR,2,2305843009213.694,1\n"
+                            "S,3,-2305843009213.694,1\nS,4,1e300,1\nS,5,99999999999999999999999.5,1\n"
+                            "S,6,-2305843009213.693951,1\n")
+    src = FileSource(p)
+    np.testing.assert_array_equal(drain(src, 10).ts, [2**61 - 1, -(2**61 - 1)])
+    rej = src.rejected.to_pydict()
+    assert rej["row"] == [2, 3, 4, 5] and set(rej["column"]) == {"ts"}
+    assert all(r.startswith("ts is out of range") for r in rej["reason"])
+
+
 def test_rejections_row_column_reason(tmp_path):
     text = """stream,id,ts,key,value
 R,1,0.1,1,1.0
