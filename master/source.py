@@ -272,7 +272,6 @@ COLUMNS = ("stream", "id", "ts", "key", "value")
 REQUIRED = COLUMNS[:4]
 EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 _INT_RE = r"^[+-]?[0-9]+$"
-_FLOAT_RE = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$"
 _INT64_MAX = "9223372036854775807"
 _INT64_MIN_DIGITS = "9223372036854775808"  #: the magnitude of int64's minimum, which only a minus sign may carry
 
@@ -331,27 +330,8 @@ def _parse_float(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     if pa.types.is_floating(t) or pa.types.is_integer(t):
         return pc.fill_null(pc.cast(col, pa.float64()), 0.0).to_numpy(), present, present
     s = _strings(col)
-    ok = _ok(pc.match_substring_regex(s, _FLOAT_RE, ignore_case=True))
+    ok = _ok(pc.match_substring_regex(s, eventtime.FLOAT_TEXT, ignore_case=True))
     return pc.cast(pc.if_else(pa.array(ok), s, "0"), pa.float64()).to_numpy(), ok, present
-
-
-def _parse_ts(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(int64 microseconds, is a number, finite, ok): the one conversion of an input file's seconds.  Text
-    (CSV) and decimal columns are converted from their digits (protocol.eventtime.from_decimal_text), float
-    columns by rounding to the microsecond, integer columns are whole seconds."""
-    t = col.type
-    if pa.types.is_integer(t) and t != pa.uint64():
-        present = _ok(pc.is_valid(col))
-        ticks, ok = eventtime.from_integer_seconds(pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy())
-        return ticks, present, present, ok & present
-    if pa.types.is_floating(t):
-        x = pc.fill_null(pc.cast(col, pa.float64()), np.nan).to_numpy()
-        present = _ok(pc.is_valid(col))
-        ticks, ok = eventtime.from_seconds(x)
-        return ticks, present, present & np.isfinite(x), ok & present
-    ticks, number, ok = eventtime.from_decimal_text(_strings(col))
-    finite = number & ~_ok(pc.match_substring_regex(_strings(col), "(nan|inf)", ignore_case=True))
-    return ticks, number, finite, ok
 
 
 class FileSource:
@@ -364,7 +344,7 @@ class FileSource:
         stream = _strings(table["stream"])
         is_s = _ok(pc.equal(stream, "S"))
         ids, id_ok = _parse_int(table["id"])
-        ts, ts_number, ts_finite, ts_ok = _parse_ts(table["ts"])
+        ts, ts_number, ts_finite, ts_ok = eventtime.from_column(table["ts"])
         keys, key_ok = _parse_int(table["key"])
         if "value" in table.column_names:
             value, value_ok, present = _parse_float(table["value"])

@@ -15,8 +15,6 @@ from __future__ import annotations
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 PER_SECOND = 1_000_000
 #: a valid ts lies strictly within +-TS_LIMIT (about 73,000 years around 1970), a duration below DURATION_LIMIT:
@@ -29,6 +27,8 @@ POS_INF = 1 << 62
 #: a message header that carries no watermark (was NaN)
 NONE = int(np.iinfo(np.int64).min)
 
+#: a number as text (case aside), what a float64 parse accepts: the file source's rule for ts and value
+FLOAT_TEXT = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$"
 _LARGEST = str(TS_LIMIT // PER_SECOND)  #: whole seconds beyond this are out of range (and would overflow)
 
 
@@ -62,11 +62,16 @@ def from_integer_seconds(seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(ok, s, 0) * PER_SECOND, ok
 
 
-def from_decimal_text(text: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def from_decimal_text(text) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(microseconds, is a number, ok) of trimmed decimal strings, exactly as written: "1.001" is 1_001_000.
 
     Plain decimals ([+-]digits[.digits]) are converted digit by digit, rounded to the microsecond half to
-    even; others that are numbers (exponents, nan, inf) go through float64 (`from_seconds`)."""
+    even; others that are numbers (exponents, nan, inf) go through float64 (`from_seconds`).  `text`: a
+    pyarrow string array (pyarrow is imported here, not with the module: Spark's Python workers import
+    protocol.config, hence this module, without it)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     text = pa.chunked_array([text]) if isinstance(text, pa.Array) else text
     parts = pc.extract_regex(text, r"^(?P<sign>[+-]?)(?P<int>[0-9]*)(?:\.(?P<frac>[0-9]*))?$")
     whole, frac = pc.struct_field(parts, "int"), pc.struct_field(parts, "frac")
@@ -90,8 +95,7 @@ def from_decimal_text(text: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.
     other = ~plain
     number = plain.copy()
     if other.any():
-        floats = _ok(pc.match_substring_regex(text, r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$",
-                                              ignore_case=True))
+        floats = _ok(pc.match_substring_regex(text, FLOAT_TEXT, ignore_case=True))
         number |= other & floats
         parsed = pc.cast(pc.if_else(pa.array(other & floats), text, "0"), pa.float64()).to_numpy()
         f_ticks, f_ok = from_seconds(parsed)
@@ -100,7 +104,34 @@ def from_decimal_text(text: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.
     return np.where(ok, ticks, 0), number, ok
 
 
+def from_column(col) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(microseconds, is a number, finite, ok) of an input file's ts column (master.source; a pyarrow
+    ChunkedArray): text (CSV) and decimal columns from their digits (`from_decimal_text`), float columns
+    rounded to the microsecond (`from_seconds`), integer columns as whole seconds; nulls and other types are
+    not numbers."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = col.type
+    present = _ok(pc.is_valid(col))
+    if pa.types.is_integer(t) and t != pa.uint64():
+        ticks, ok = from_integer_seconds(pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy())
+        return ticks, present, present, ok & present
+    if pa.types.is_floating(t):
+        x = pc.fill_null(pc.cast(col, pa.float64()), np.nan).to_numpy()
+        ticks, ok = from_seconds(x)
+        return ticks, present, present & np.isfinite(x), ok & present
+    try:
+        text = pc.utf8_trim_whitespace(col if pa.types.is_string(t) else pc.cast(col, pa.string()))
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        text = pa.chunked_array([pa.nulls(len(col), pa.string())])
+    ticks, number, ok = from_decimal_text(text)
+    finite = number & ~_ok(pc.match_substring_regex(text, "(nan|inf)", ignore_case=True))
+    return ticks, number, finite, ok
+
+
 def _ok(mask) -> np.ndarray:
+    import pyarrow.compute as pc
     return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 

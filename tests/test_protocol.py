@@ -311,3 +311,8 @@ def test_the_spark_side_and_the_protocol_import_without_numba():
     run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
+    # nor pyarrow, for what the checkpoint check's workers load (protocol.config imports protocol.eventtime)
+    code = "import sys; sys.modules['pyarrow'] = None\nimport control.checkpoints, protocol.wire, protocol.config\n"
+    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
