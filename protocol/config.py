@@ -260,7 +260,8 @@ def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:
     """Event-time durations become integer microseconds (protocol.eventtime): they must fit, and a tumbling
     aggregation window must not round to nothing."""
     limit = eventtime.DURATION_LIMIT // eventtime.PER_SECOND
-    for s, k in (("join", "window"), ("join", "max_delay"), ("aggregate", "window")):
+    for s, k in (("join", "window"), ("join", "max_delay"), ("aggregate", "window"), ("generator", "duration"),
+                 ("generator", "disorder")):
         if cfg[s][k] >= limit:
             raise ConfigError(f"{s}.{k}: must be below {limit} seconds, got {cfg[s][k]!r}")
     if cfg["aggregate"]["window"] > 0 and eventtime.duration(cfg["aggregate"]["window"]) == 0:
