@@ -33,7 +33,7 @@ from protocol.tuples import tuple_dtype
 
 MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
-FORMAT = 2  #: 2: the master's part holds each row's partition (its rows per stream and partition)
+FORMAT = 3  #: 3: tuples carry ts in int64 microseconds (protocol.eventtime), the master's part each row's partition
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
 BINDING_SECTIONS = ("cluster", "source", "generator", "join", "partitioning", "tuning")
 
