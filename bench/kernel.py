@@ -31,6 +31,7 @@ from bench.search import median
 from bench.tables import md_table
 from master.ingest import to_wire
 from protocol.workload import generate_all
+from protocol import eventtime
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
 from slave.join import JoinModule
@@ -49,16 +50,17 @@ def epoch_batches(cfg: dict, span: float | None = None, data=None):
     seconds) of event time, with its watermark (as the master would send it to a single slave)."""
     data = generate_all(cfg) if data is None else data
     dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
-    rows = to_wire(dtype, data.id, data.ts, data.key, data.value, data.ts)
-    epoch = span or cfg["epochs"]["distribution"]
+    rows = to_wire(dtype, data.id, data.ts, data.key, data.value, eventtime.to_seconds(data.ts))
+    epoch = eventtime.duration(span or cfg["epochs"]["distribution"])  # ts are microseconds (protocol.eventtime)
     cut = np.searchsorted(data.ts, np.arange(epoch, data.ts.max() + epoch, epoch))
     seen = np.maximum.accumulate(data.ts)
+    max_delay = eventtime.duration(cfg["join"]["max_delay"])
     batches = []
     for a, b in zip(np.concatenate([[0], cut[:-1]]), cut):
         if b > a:
             part, stream = rows[a:b], data.stream[a:b]
             batches.append((part[stream == STREAM_R], part[stream == STREAM_S],
-                            float(seen[b - 1]) - cfg["join"]["max_delay"]))
+                            int(seen[b - 1]) - max_delay))
     return data, batches
 
 
@@ -81,7 +83,7 @@ def own_by_span(cfg: dict, data, repeats: int) -> tuple[dict[float, list[float]]
 def join_module(cfg: dict, dtype: np.dtype) -> JoinModule:
     """The join module one slave would run with this config, holding every partition-group."""
     t = cfg["tuning"]
-    return JoinModule(dtype, cfg["partitioning"]["partitions"], cfg["join"]["window"],
+    return JoinModule(dtype, cfg["partitioning"]["partitions"], eventtime.duration(cfg["join"]["window"]),
                       t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"])
 
 
@@ -163,7 +165,7 @@ def duckdb_join(cfg: dict, data) -> tuple[float, int]:
     for name, code in (("r", STREAM_R), ("s", STREAM_S)):
         mine = data.stream == code
         con.register(name, pa.table({"id": data.id[mine], "ts": data.ts[mine], "key": data.key[mine]}))
-    w = cfg["join"]["window"]
+    w = eventtime.duration(cfg["join"]["window"])  # integer microseconds, as ts: the engine's exact rule
     started = time.perf_counter()
     (results,) = con.execute(f"SELECT count(*) FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts - {w} AND r.ts + {w}").fetchone()
     return time.perf_counter() - started, int(results)

@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from bench.search import DELAY_BOUND, bracket, confirmed, median, next_rate, search_verdict, sustained_rate
 from bench.tables import fmt, md_table, trail_text
+from protocol import eventtime
 from protocol.config import load_config
 from protocol.delays import exact_percentiles
 from protocol.tuples import STREAM_R
@@ -71,7 +72,7 @@ def stream_tables(data, lo: int, hi: int, arrival: np.ndarray) -> tuple[pa.Table
     """Tuples lo..hi of the generated input as one Arrow table per stream (R, S) with their arrival times."""
     sl = slice(lo, hi)
     is_r = data.stream[sl] == STREAM_R
-    cols = {"id": data.id[sl], "ts": data.ts[sl], "key": data.key[sl], "value": data.value[sl], "arrival": arrival}
+    cols = {"id": data.id[sl], "ts": eventtime.to_seconds(data.ts[sl]), "key": data.key[sl], "value": data.value[sl], "arrival": arrival}
     return (pa.table({k: v[is_r] for k, v in cols.items()}), pa.table({k: v[~is_r] for k, v in cols.items()}))
 
 

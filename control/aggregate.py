@@ -11,7 +11,9 @@ under the same name, so it replaces rather than adds.  Slaves write partial file
 then rename), and Spark's file source ignores names starting with `.` or `_`.
 
 Batch (`--batch`): the same view straight from a finished run's full result files (`results/`), with the
-grouping of the config's `[aggregate]` section; for comparison, and for runs made without partials.
+grouping of the config's `[aggregate]` section; for comparison, and for runs made without partials.  It cuts
+windows as phase one does, in integer microseconds (protocol.eventtime), and Spark's min / max order NaN
+above every number, as phase one's do (slave/aggregate.py).
 Also runnable as `spark-submit control/aggregate.py ...`.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from protocol import eventtime
 from protocol.config import ConfigError
 from protocol.output import PARTIAL_SCHEMA, RESULT_SCHEMA, write_table
 
@@ -71,9 +74,12 @@ def from_results(spark, files: list[Path], agg: dict):
         df = spark.read.csv([str(p) for p in files if p.suffix == ".csv"], header=True, schema=schema)
     else:
         df = spark.read.parquet(*(str(p) for p in files))
-    later = F.greatest("r_ts", "s_ts")
-    w = float(agg["window"])
-    start = (F.floor(later / w) * w).cast("double") if w > 0 else F.lit(0.0)
+    # the later ts back in microseconds (exact: results carry the float64 nearest to them), the window start
+    # by integer arithmetic (pmod floors, negative ts too), then seconds as phase one writes them
+    later = F.round(F.greatest("r_ts", "s_ts") * eventtime.PER_SECOND).cast("long")
+    w = eventtime.duration(agg["window"])
+    start = ((later - F.pmod(later, F.lit(w))) / float(eventtime.PER_SECOND)).cast("double") if w > 0 \
+        else F.lit(0.0)
     key = "s_key" if agg["group_by"] == "s_key" else "r_key"
     rows = df.select(F.col(key).cast("long").alias("key"), start.alias("window_start"), F.col(agg["value"]).alias("v"))
     partial = rows.groupBy(*GROUP).agg(F.count("v").alias("count"), F.sum("v").alias("sum"),

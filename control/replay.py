@@ -3,7 +3,8 @@ replay archived or user-provided streams into the cluster.
 
 Spark reads the inputs (Parquet or CSV with the file source's columns stream, id, ts, key[, value]; a
 folder stands for the files in it, so the cluster's input archive `<out>/archive/` works as it is),
-keeps the tuples with `from <= ts < to`, orders them by ts (ties by stream, then id) and writes them as
+keeps the tuples with `from <= ts < to` (compared as decimals to the microsecond, as the engine compares
+event time: docs/time.md), orders them by ts (ties by stream, then id) and writes them as
 one Parquet file, `<output.path>/replay/selection.parquet`.  The cluster then runs with the file source on
 that file, paced at `source.rate` = tuples / (time span / speed): `max` = unpaced, `realtime` = speed 1,
 `N` = N times real time.  Pacing is uniform at the selection's mean rate; bursts inside it are smoothed.
@@ -18,6 +19,7 @@ import shlex
 import shutil
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file (spark-submit control/replay.py): make the project importable
@@ -77,7 +79,8 @@ def input_files(inputs: list[str]) -> list[tuple[Path, str]]:
 
 
 def read_inputs(spark, files: list[tuple[Path, str]]):
-    """All inputs as one DataFrame of the file source's columns plus `_ts` (ts as a number, null if it is not).
+    """All inputs as one DataFrame of the file source's columns plus `_ts` (ts as a decimal to the microsecond,
+    null if it is not a number: a float column's value or a text cell's digits, not a float's rounding of them).
 
     With any CSV input every column but `_ts` stays text, so the cluster's file source validates the cells
     as written and sets bad rows aside in rejected/ with the replay file's row number.
@@ -95,7 +98,7 @@ def read_inputs(spark, files: list[tuple[Path, str]]):
         cols = [F.col(c) if c in df.columns else F.lit(None).cast("double") for c in COLUMNS]  # value is optional
         cols = [c.cast("string") if as_text else c for c in cols]
         frames.append(df.select(*(c.alias(n) for c, n in zip(cols, COLUMNS)))
-                      .withColumn("_ts", F.col("ts").try_cast("double")))
+                      .withColumn("_ts", F.col("ts").try_cast("decimal(38,6)")))
     out = frames[0]
     for f in frames[1:]:
         out = out.unionByName(f)
@@ -108,7 +111,12 @@ def select(spark, files: list[tuple[Path, str]], start: float, end: float, dest:
 
     df = read_inputs(spark, files)
     stats = df.agg(F.count(F.lit(1)).alias("rows"), F.count("_ts").alias("numeric")).first()
-    chosen = df.where((F.col("_ts") >= start) & (F.col("_ts") < end))
+    inside = F.col("_ts").isNotNull()  # the bounds as decimals too: a double would bring floats back
+    if math.isfinite(start):
+        inside &= F.col("_ts") >= F.lit(Decimal(repr(start)))
+    if math.isfinite(end):
+        inside &= F.col("_ts") < F.lit(Decimal(repr(end)))
+    chosen = df.where(inside)
     span = chosen.agg(F.count(F.lit(1)).alias("n"), F.min("_ts").alias("lo"), F.max("_ts").alias("hi")).first()
     if span["n"] == 0:
         raise ReplayError(f"no tuples with {start:g} <= ts < {end:g} in {len(files)} input file(s) "
@@ -120,7 +128,7 @@ def select(spark, files: list[tuple[Path, str]], start: float, end: float, dest:
     part.replace(dest)
     shutil.rmtree(staging)
     return {"rows": stats["rows"], "no_ts": stats["rows"] - stats["numeric"], "tuples": span["n"],
-            "first_ts": span["lo"], "last_ts": span["hi"]}
+            "first_ts": float(span["lo"]), "last_ts": float(span["hi"])}
 
 
 def inside_engine_output(path: Path, out: Path) -> str | None:

@@ -3,7 +3,8 @@
 It is BiStream's upstream backup (section 3.5) made durable: the checkpoint
 manifest records how many archive files belong to the cut, and `control.replay`
 can feed any time range of it back into a cluster.  The columns are those of
-the file source, so an archive file is also valid input.
+the file source, so an archive file is also valid input: ts in seconds, the float64 nearest to
+the microseconds the engine holds, which the file source reads back to the same microseconds.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from protocol.eventtime import to_seconds
 from protocol.output import write_table
 from protocol.tuples import STREAM_NAMES
 
@@ -33,7 +35,7 @@ class InputArchive:
 
     def add(self, chunk) -> None:
         self._parts.append(pa.table({"stream": np.array(STREAM_NAMES)[chunk.stream], "id": chunk.id,
-                                     "ts": chunk.ts, "key": chunk.key, "value": chunk.value}))
+                                     "ts": to_seconds(chunk.ts), "key": chunk.key, "value": chunk.value}))
         self._rows += len(chunk.ts)
         if self._rows >= self.flush_rows:
             self.flush()

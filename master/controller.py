@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from master.balance import Move, plan
+from protocol.eventtime import POS_INF
 
 
 class Controller:
@@ -33,7 +34,7 @@ class Controller:
         self.partition_map[partitions if live is None else live:] = -1
         self.moving = np.zeros(partitions, dtype=bool)  #: groups whose state is in flight (held at the master)
         self.queue: list[Move] = []
-        self.in_flight: dict[int, tuple[Move, float, int, float]] = {}  #: partition -> (move, start, reorg, watermark)
+        self.in_flight: dict[int, tuple[Move, float, int, int]] = {}  #: partition -> (move, start, reorg, watermark)
         self.retiring: set[int] = set()
         self.reorganizations = 0
         self.moves_log: list[dict] = []
@@ -114,15 +115,15 @@ class Controller:
                 self._retire_if_empty(leaving, now)
         self._reset_epoch()
 
-    def watermark_cap(self) -> float:
+    def watermark_cap(self) -> int:
         """The highest watermark a slave may be sent while groups are in flight.
 
         Tuples of a moving group are held at the master, so a watermark taken after they arrived would let
         the consumer expire the installed group's blocks before those tuples have joined them.  The held
         tuples are those that arrived after the supplier's last batch was drained, so, being on time, none is
-        below the watermark that batch carried.
+        below the watermark that batch carried.  In microseconds; POS_INF when no group is in flight.
         """
-        return min((w for *_, w in self.in_flight.values()), default=np.inf)
+        return min((w for *_, w in self.in_flight.values()), default=POS_INF)
 
     def next_orders(self, idle, last_watermark) -> list[Move]:
         """Queued moves whose supplier and consumer are both idle now (one per supplier), marked in flight;
@@ -143,7 +144,7 @@ class Controller:
             orders.append(move)
         return orders
 
-    def hold(self, move: Move, watermark: float) -> None:
+    def hold(self, move: Move, watermark: int) -> None:
         """From now on the group's tuples wait here and no watermark above `watermark` leaves (see
         `watermark_cap`); every dispatcher does this for every move (master.coordination)."""
         self.moving[move.partition] = True

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from master.coordination import Orders
-from protocol import faults
+from protocol import eventtime, faults
 from protocol.arrays import whole_buffer
 from protocol.mpi import wait_all_started
 from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, decode_report, \
@@ -41,7 +41,7 @@ class Links:
         return batch_message(Kind.BATCH, self.seq[rank], watermark, n_r, n_s, self.dtype, groups=groups,
                              spare=self.spare.pop(rank, None))
 
-    def order(self, rank: int, kind: Kind, watermark: float = np.nan, partition: int = -1, peer: int = -1,
+    def order(self, rank: int, kind: Kind, watermark: int = eventtime.NONE, partition: int = -1, peer: int = -1,
               groups: np.ndarray | None = None) -> None:
         """An order without tuples (MOVE, CHECKPOINT, SPLIT, MERGE) to `rank`, under its last sequence number."""
         empty = np.empty(0, dtype=self.dtype)
@@ -75,7 +75,7 @@ class Links:
         """STOP to every slave: each answers with its final report once its results are flushed."""
         empty = np.empty(0, dtype=self.dtype)
         for rank in self.seq:
-            buf = encode_batch(Kind.STOP, self.seq[rank] + 1, np.inf, empty, empty)
+            buf = encode_batch(Kind.STOP, self.seq[rank] + 1, eventtime.POS_INF, empty, empty)
             self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
 
     # -- the other dispatchers (master.coordination) ------------------------------------------------------

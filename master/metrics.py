@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from master.stats import RunStats
-from protocol import delays
+from protocol import delays, eventtime
 from protocol.dashboard import DashboardServer, finite, sample_schema
 from protocol.messages import TAG_METRICS
 from protocol.output import write_table
@@ -169,8 +169,9 @@ class Metrics:
             self._rejected = Counter(rejected_reasons(m.source))
             for o in self._others.values():
                 self._rejected.update(o["rejected"])
-        max_delay = self.cfg["join"]["max_delay"]
-        tops = [m.ingest.max_ts, *(self._others[d]["max_ts"] if d in self._others else -np.inf for d in range(1, self.k))]
+        max_delay = eventtime.duration(self.cfg["join"]["max_delay"])
+        tops = [m.ingest.max_ts, *(self._others[d]["max_ts"] if d in self._others else eventtime.NEG_INF
+                                   for d in range(1, self.k))]
         occupancy = c.occupancy()
         owned = np.bincount(c.partition_map[c.partition_map >= 0], minlength=max(m.slaves) + 1)  # -1: a free hot-key slot
         per = stats.per_slave
@@ -187,7 +188,7 @@ class Metrics:
             "delay_p50": _finite(p50), "delay_p99": _finite(p99),
             "buffered": len(m.buffers) + sum(self._others[d]["buffered"] for d in self._others),
             "backlog_max_seconds": max(stats.backlog_max, 0.0), "pacing_lag_max_seconds": max(stats.pacing_lag_max, 0.0),
-            "watermark": [_finite(t - max_delay) for t in tops],
+            "watermark": [_finite(eventtime.bound_seconds(t - max_delay)) for t in tops],
             "moves": len(c.moves_log), "tuples_moved": stats.tuples_moved, "reorganizations": c.reorganizations,
             "partition_splits": stats.splits, "partition_merges": stats.merges,
             "checkpoints": m.checkpoints.written,

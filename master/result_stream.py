@@ -29,7 +29,7 @@ import numpy as np
 import zmq
 from mpi4py import MPI
 
-from protocol import wire
+from protocol import eventtime, wire
 from protocol.config import dispatcher_endpoint
 from protocol.messages import TAG_RESULTS
 from protocol.punctuation import Punctuator
@@ -72,13 +72,15 @@ class ResultStream:
                 seen += 1
 
     def sent(self, rank: int, epoch: int, partitions: np.ndarray, r: np.ndarray, s: np.ndarray,
-             floor_now: float) -> None:
-        """The master sent `rank` its batch `epoch` (R rows `r`, S rows `s`) draining `partitions`."""
+             floor_now: int) -> None:
+        """The master sent `rank` its batch `epoch` (R rows `r`, S rows `s`) draining `partitions`; event time
+        in microseconds (protocol.eventtime) here and in `pump`."""
         if self.enabled:
-            min_ts = min(float(r["ts"].min()) if len(r) else np.inf, float(s["ts"].min()) if len(s) else np.inf)
+            min_ts = min(int(r["ts"].min()) if len(r) else eventtime.POS_INF,
+                         int(s["ts"].min()) if len(s) else eventtime.POS_INF)
             self.punctuator.sent(rank, epoch, partitions, min_ts, floor_now)
 
-    def pump(self, future_floor: float, buffered: np.ndarray) -> int:
+    def pump(self, future_floor: int, buffered: np.ndarray) -> int:
         """Publish what the slaves sent and a punctuation if P rose; returns the result messages taken."""
         if not self.enabled:
             return 0
@@ -111,7 +113,10 @@ class ResultStream:
         else:
             self._publish(wire.encode_results(rows, sender=self.index, seq=self.seq))
 
-    def _punctuate(self, p: float) -> None:
+    def _punctuate(self, p: int) -> None:
+        """Publish punctuation `p` (microseconds) as subscribers read it, in seconds like the results' ts: the
+        conversion keeps order, so a result whose later ts in seconds is below P's is below P."""
+        p = eventtime.bound_seconds(p)
         if self.ordered:
             out = wire.take_due(self.held, p)
             if len(out):
@@ -129,10 +134,10 @@ class ResultStream:
             return
         empty = np.zeros(len(self.punctuator.drain_floor), dtype=np.int64)
         while self.punctuator.outstanding:
-            if not self.pump(np.inf, empty):
+            if not self.pump(eventtime.POS_INF, empty):
                 time.sleep(1e-3)
-        if self.punctuator.advance(np.inf, empty) is not None:
-            self._punctuate(np.inf)
+        if self.punctuator.advance(eventtime.POS_INF, empty) is not None:
+            self._punctuate(eventtime.POS_INF)
         self._publish(wire.encode_mark(wire.Kind.END, 0.0, sender=self.index, seq=self.seq))
         self.sock.close()
         stop_authenticators()

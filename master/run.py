@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from mpi4py import MPI
 
 from master.buffers import MiniBuffers
@@ -32,6 +31,7 @@ from master.links import Links
 from master.metrics import Metrics
 from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
+from protocol import eventtime
 from protocol.messages import Ack
 from protocol.tuples import tuple_dtype
 
@@ -146,7 +146,8 @@ class Master:
             if self._stop_requested:
                 ingest.exhausted = True
             worked = ingest.ingest(now, now >= next_slot) + self._route_reports()
-            worked += self.results_out.pump(np.inf if ingest.exhausted else ingest.frontier(), self.buffers.counts)
+            worked += self.results_out.pump(eventtime.POS_INF if ingest.exhausted else ingest.frontier(),
+                                            self.buffers.counts)
             if now >= next_slot:
                 if distribution.slot(ingest.frontier(), serve=not checkpoints.pending):
                     checkpoints.on_epoch(distribution.epochs_done, ingest.exhausted)

@@ -33,7 +33,7 @@ from protocol.tuples import tuple_dtype
 
 MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
-FORMAT = 2  #: 2: the master's part holds each row's partition (its rows per stream and partition)
+FORMAT = 3  #: 3: tuples carry ts in int64 microseconds (protocol.eventtime), the master's part each row's partition
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
 BINDING_SECTIONS = ("cluster", "source", "generator", "join", "partitioning", "tuning")
 
@@ -109,11 +109,15 @@ def group_layout(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, i
 def part_tuples(name: str, data: bytes, tuple_bytes: int) -> int:
     """Tuples held by one part: the master's mini-buffer rows, or the sum over a slave's group states."""
     records = unpack(np.frombuffer(data, dtype=np.uint8), name)
-    if name.startswith("master"):
+    if name.startswith("master"):  # R rows, S rows, the rows per stream and partition
         size = tuple_dtype(tuple_bytes).itemsize
-        if any(len(r) % size for r in records):
-            raise CheckpointError(f"{name}: rows are not whole {size}-byte tuples")
-        return sum(len(r) // size for r in records)
+        if len(records) != 3 or any(len(r) % size for r in records[:2]):
+            raise CheckpointError(f"{name}: not R rows, S rows and partition counts of {size}-byte tuples")
+        counts = int(records[2].view(np.int64).sum())
+        rows = sum(len(r) // size for r in records[:2])
+        if counts != rows:
+            raise CheckpointError(f"{name}: {rows} rows, but its partition counts add up to {counts}")
+        return rows
     return sum(int(group_layout(r)[2][:, 2:].sum()) for r in records)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 class Chunk(NamedTuple):
     stream: np.ndarray  # int8, STREAM_R / STREAM_S
     id: np.ndarray      # int64
-    ts: np.ndarray      # float64 event time in seconds, finite
+    ts: np.ndarray      # int64 event time in microseconds (protocol.eventtime), converted once on input
     key: np.ndarray     # int64
     value: np.ndarray   # float64
 
@@ -22,7 +22,7 @@ class InputError(Exception):
 
 
 def empty() -> Chunk:
-    return Chunk(np.empty(0, np.int8), np.empty(0, np.int64), np.empty(0, np.float64),
+    return Chunk(np.empty(0, np.int8), np.empty(0, np.int64), np.empty(0, np.int64),
                  np.empty(0, np.int64), np.empty(0, np.float64))
 
 

@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from protocol import eventtime
 from protocol.tuples import BASE_TUPLE_BYTES
 
 
@@ -238,6 +239,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     if cfg["balance"]["consumer_threshold"] > cfg["balance"]["supplier_threshold"]:
         raise ConfigError("balance.consumer_threshold: must be at most balance.supplier_threshold "
                           f"(got {cfg['balance']['consumer_threshold']} and {cfg['balance']['supplier_threshold']})")
+    _check_event_time(cfg)
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
     if cfg["cluster"]["dispatchers"] > 1 and cfg["hotkeys"]["enabled"]:
@@ -263,6 +265,19 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
             raise ConfigError(f"partitioning.partitions: must be >= the number of slaves ({slaves}), "
                               f"got {cfg['partitioning']['partitions']}")
 
+
+
+def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:
+    """Event-time durations become integer microseconds (protocol.eventtime): they must fit, and a tumbling
+    aggregation window must not round to nothing."""
+    limit = eventtime.DURATION_LIMIT // eventtime.PER_SECOND
+    for s, k in (("join", "window"), ("join", "max_delay"), ("aggregate", "window"), ("generator", "duration"),
+                 ("generator", "disorder")):
+        if cfg[s][k] >= limit:
+            raise ConfigError(f"{s}.{k}: must be below {limit} seconds, got {cfg[s][k]!r}")
+    if cfg["aggregate"]["window"] > 0 and eventtime.duration(cfg["aggregate"]["window"]) == 0:
+        raise ConfigError(f"aggregate.window: must be 0 or at least one microsecond (event time is counted in "
+                          f"microseconds), got {cfg['aggregate']['window']!r}")
 
 
 _LOOPBACK = ("127.", "localhost", "::1", "[::1]")

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from protocol import eventtime
 from protocol.chunks import Chunk, InputError
 from protocol.config import DEFAULTS
 from protocol.tuples import STREAM_NAMES
@@ -30,8 +31,8 @@ EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 BATCH_ROWS = 1 << 16  #: rows per record batch read (a Parquet batch never spans two row groups)
 DUPLICATE_WINDOW = DEFAULTS["source"]["duplicate_window"][0]
 _INT_RE = r"^[+-]?[0-9]+$"
-_FLOAT_RE = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$"
 _INT64_MAX = "9223372036854775807"
+_INT64_MIN_DIGITS = "9223372036854775808"  #: the magnitude of int64's minimum, which only a minus sign may carry
 
 #: reason code -> (column, reason); code 0 = accepted, the last code = duplicate id
 _REASONS = [
@@ -40,6 +41,7 @@ _REASONS = [
     ("id", "id is not an integer"),
     ("ts", "ts is not a number"),
     ("ts", "ts is NaN or infinite"),
+    ("ts", f"ts is out of range (|ts| < {eventtime.TS_LIMIT // eventtime.PER_SECOND} s)"),
     ("key", "key is not an integer"),
     ("value", "value is not a number"),
     ("id", None),  # duplicate: the reason is built per row
@@ -72,8 +74,9 @@ def _parse_int(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     s = _strings(col)
     digits = pc.replace_substring_regex(s, r"^[+-]?0*", "")  # for the int64 range check
     length = pc.utf8_length(digits)
+    largest = pc.if_else(pc.starts_with(s, "-"), _INT64_MIN_DIGITS, _INT64_MAX)  # both 19 digits
     fits = pc.or_(pc.less(length, len(_INT64_MAX)),
-                  pc.and_(pc.equal(length, len(_INT64_MAX)), pc.less_equal(digits, _INT64_MAX)))
+                  pc.and_(pc.equal(length, len(_INT64_MAX)), pc.less_equal(digits, largest)))
     ok = _ok(pc.and_(pc.match_substring_regex(s, _INT_RE), fits))
     clean = pc.if_else(pa.array(ok), pc.replace_substring_regex(s, r"^\+", ""), "0")
     return pc.cast(clean, pa.int64()).to_numpy(), ok
@@ -86,7 +89,7 @@ def _parse_float(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     if pa.types.is_floating(t) or pa.types.is_integer(t):
         return pc.fill_null(pc.cast(col, pa.float64()), 0.0).to_numpy(), present, present
     s = _strings(col)
-    ok = _ok(pc.match_substring_regex(s, _FLOAT_RE, ignore_case=True))
+    ok = _ok(pc.match_substring_regex(s, eventtime.FLOAT_TEXT, ignore_case=True))
     return pc.cast(pc.if_else(pa.array(ok), s, "0"), pa.float64()).to_numpy(), ok, present
 
 
@@ -105,14 +108,14 @@ def parse(table: pa.Table) -> Parsed:
     stream = _strings(table["stream"])
     is_s = _ok(pc.equal(stream, "S"))
     ids, id_ok = _parse_int(table["id"])
-    ts, ts_ok, _ = _parse_float(table["ts"])
+    ts, ts_number, ts_finite, ts_ok = eventtime.from_column(table["ts"])
     keys, key_ok = _parse_int(table["key"])
     if "value" in table.column_names:
         value, value_ok, present = _parse_float(table["value"])
         value_ok |= ~present  # a null value is 0.0, not an error
     else:
         value, value_ok = np.zeros(n), np.ones(n, bool)
-    checks = [_ok(pc.equal(stream, "R")) | is_s, id_ok, ts_ok, ts_ok & np.isfinite(ts), key_ok, value_ok]
+    checks = [_ok(pc.equal(stream, "R")) | is_s, id_ok, ts_number, ts_finite, ts_ok, key_ok, value_ok]
     code = np.zeros(n, np.int8)
     for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
         code[~good] = c

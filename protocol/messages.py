@@ -12,6 +12,7 @@ delay histogram of that epoch and the histograms of the delay's parts.
 from __future__ import annotations
 
 import enum
+import operator
 import time
 
 import numpy as np
@@ -47,15 +48,17 @@ class Ack(enum.IntEnum):
     MERGED = 5     #: a cooled key's grid is gathered back into its partition-group
 
 
-#: `sent`: the master's wall clock when it encoded the message (the delay decomposition, protocol.delays)
-HEADER = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("watermark", "<f8"), ("n_r", "<i8"), ("n_s", "<i8"),
+#: `watermark`: event time in microseconds (protocol.eventtime), NEG_INF / POS_INF for none yet / no more input,
+#: NONE in orders that carry none; `sent`: the master's wall clock when it encoded the message (the delay
+#: decomposition, protocol.delays)
+HEADER = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("watermark", "<i8"), ("n_r", "<i8"), ("n_s", "<i8"),
                    ("partition", "<i8"), ("peer", "<i8"), ("groups", "<i8"), ("sent", "<f8")])
 #: with key-range partitioning (band and inequality joins) a batch ends with one row per partition-group it
 #: holds: (partition, R rows, S rows), in the order of the rows; a hash-partitioned batch has none
 GROUP_ROW = 3
 
 
-def encode_batch(kind: Kind, epoch: int, watermark: float, r: np.ndarray, s: np.ndarray,
+def encode_batch(kind: Kind, epoch: int, watermark: int, r: np.ndarray, s: np.ndarray,
                  partition: int = -1, peer: int = -1, groups: np.ndarray | None = None) -> np.ndarray:
     """Header + R rows + S rows [+ group table] as one uint8 buffer (one copy of the tuples)."""
     buf, body_r, body_s = batch_message(kind, epoch, watermark, len(r), len(s), r.dtype, partition, peer, groups)
@@ -64,7 +67,7 @@ def encode_batch(kind: Kind, epoch: int, watermark: float, r: np.ndarray, s: np.
     return buf
 
 
-def batch_message(kind: Kind, epoch: int, watermark: float, n_r: int, n_s: int, dtype: np.dtype,
+def batch_message(kind: Kind, epoch: int, watermark: int, n_r: int, n_s: int, dtype: np.dtype,
                   partition: int = -1, peer: int = -1, groups: np.ndarray | None = None,
                   spare: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A batch message with its header and group table written and room for the rows: (buffer, its R rows,
@@ -75,6 +78,7 @@ def batch_message(kind: Kind, epoch: int, watermark: float, n_r: int, n_s: int, 
     rows_end = HEADER.itemsize + (n_r + n_s) * dtype.itemsize
     size = rows_end + table.nbytes
     buf = message_buffer(spare, size)
+    watermark = operator.index(watermark)  # microseconds: a float (seconds?) would be truncated unseen
     buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, n_r, n_s, partition, peer,
                                               len(table), time.time())
     buf[rows_end:] = table.reshape(-1).view(np.uint8)

@@ -10,20 +10,23 @@ A result not yet received comes from a tuple that is either
 and the result's later tuple is at least as late as that tuple.  So P = the min of those bounds.
 This avoids trusting a slave's own watermark, which a partition-group move can undercut (the consumer
 gets held tuples older than watermarks it has already seen).  With several dispatchers each would feed
-`sent` and its own `bound` floor; P is the min over all of them.
+`sent` and its own `bound` floor; P is the min over all of them.  All bounds are event time in integer
+microseconds (protocol.eventtime), POS_INF once nothing can come.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from protocol.eventtime import NEG_INF, POS_INF
+
 
 class Punctuator:
     def __init__(self, partitions: int):
-        self.outstanding: dict[tuple[int, int], float] = {}  #: (rank, epoch) -> smallest ts of that batch
-        self.drain_floor = np.full(partitions, -np.inf)      #: per partition: bound on tuples buffered since
-        self.last = -np.inf                                   #: the last punctuation handed out
+        self.outstanding: dict[tuple[int, int], int] = {}  #: (rank, epoch) -> smallest ts of that batch
+        self.drain_floor = np.full(partitions, NEG_INF, dtype=np.int64)  #: per partition: bound on tuples buffered since
+        self.last = NEG_INF                                 #: the last punctuation handed out
 
-    def sent(self, rank: int, epoch: int, partitions: np.ndarray, min_ts: float, floor_now: float) -> None:
+    def sent(self, rank: int, epoch: int, partitions: np.ndarray, min_ts: int, floor_now: int) -> None:
         """A batch left for `rank` draining `partitions`; `floor_now` = max ts ingested so far - max_delay."""
         self.outstanding[(rank, epoch)] = min_ts
         self.drain_floor[partitions] = floor_now
@@ -32,16 +35,16 @@ class Punctuator:
         """Every result of `rank`'s batch `epoch` has been received."""
         self.outstanding.pop((rank, epoch), None)
 
-    def bound(self, future_floor: float, buffered: np.ndarray) -> float:
-        """`future_floor`: lowest ts an on-time tuple not yet ingested can have (inf when the input ended);
+    def bound(self, future_floor: int, buffered: np.ndarray) -> int:
+        """`future_floor`: lowest ts an on-time tuple not yet ingested can have (POS_INF when the input ended);
         `buffered`: tuples buffered per partition (any shape whose last axis is the partition)."""
         held = np.asarray(buffered).reshape(-1, len(self.drain_floor)).any(axis=0)
-        candidates = [future_floor, min(self.outstanding.values(), default=np.inf)]
+        candidates = [future_floor, min(self.outstanding.values(), default=POS_INF)]
         if held.any():
-            candidates.append(float(self.drain_floor[held].min()))
-        return float(min(candidates))
+            candidates.append(int(self.drain_floor[held].min()))
+        return int(min(candidates))
 
-    def advance(self, future_floor: float, buffered: np.ndarray) -> float | None:
+    def advance(self, future_floor: int, buffered: np.ndarray) -> int | None:
         """The new punctuation if it is above the last one (punctuations are strictly increasing), else None."""
         p = self.bound(future_floor, buffered)
         if p > self.last:

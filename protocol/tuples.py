@@ -14,10 +14,11 @@ STREAM_S = 1
 STREAM_NAMES = ("R", "S")
 
 #: The fields every tuple carries: what the user gave plus the wall-clock
-#: arrival time stamped by the master (needed for the production delay).
+#: arrival time stamped by the master (needed for the production delay).  `ts` is the event time in
+#: integer microseconds (protocol.eventtime); `arrival` is wall-clock seconds.
 BASE_FIELDS = [
     ("id", "<i8"),
-    ("ts", "<f8"),
+    ("ts", "<i8"),
     ("key", "<i8"),
     ("value", "<f8"),
     ("arrival", "<f8"),

@@ -13,6 +13,10 @@ seconds it was held back by backpressure, or an emitter is done), RESULTS and
 PUNCT (master -> subscribers; a punctuation P in `mark` says every result whose
 later tuple has ts < P has been sent: BiStream 3.2.3, SplitJoin's punctuated
 result stream).  `seq` numbers a sender's messages so a subscriber sees gaps.
+
+Event time: a TUPLES record carries `ts` as int64 microseconds since the epoch
+(protocol.eventtime; version 2, version 1 carried float64 seconds); results and
+punctuations carry the user's time again, float64 seconds.
 """
 from __future__ import annotations
 
@@ -21,13 +25,15 @@ from typing import NamedTuple
 
 import numpy as np
 
+from protocol import eventtime
+
 MAGIC = b"SJNB"
-VERSION = 1
+VERSION = 2
 
 HEADER = np.dtype([("magic", "S4"), ("version", "<u2"), ("kind", "<u2"), ("count", "<u4"), ("sender", "<u4"),
                    ("seq", "<u8"), ("mark", "<f8")])
-#: One input tuple: stream code (0 = R, 1 = S), then the contract's columns; packed, 33 bytes.
-TUPLE_RECORD = np.dtype([("stream", "i1"), ("id", "<i8"), ("ts", "<f8"), ("key", "<i8"), ("value", "<f8")])
+#: One input tuple: stream code (0 = R, 1 = S), then the contract's columns, ts in microseconds; packed, 33 bytes.
+TUPLE_RECORD = np.dtype([("stream", "i1"), ("id", "<i8"), ("ts", "<i8"), ("key", "<i8"), ("value", "<f8")])
 #: One result pair, the columns of results/ files (protocol.output.RESULT_COLUMNS); 72 bytes.
 RESULT_RECORD = np.dtype([("r_id", "<i8"), ("s_id", "<i8"), ("r_key", "<i8"), ("s_key", "<i8"), ("r_ts", "<f8"),
                           ("s_ts", "<f8"), ("r_value", "<f8"), ("s_value", "<f8"), ("delay", "<f8")])
@@ -67,7 +73,7 @@ REASONS = {
     "too_large": "more tuples than source.max_message_tuples",
     "size": "record frame size is not count x record size",
     "stream": "stream code is not 0 (R) or 1 (S)",
-    "ts": "ts is NaN or infinite",
+    "ts": "ts (microseconds) is out of range",
     "duplicate_id": "the same (stream, id) twice in one message",
 }
 
@@ -90,7 +96,9 @@ def header(kind: Kind, count: int = 0, sender: int = 0, seq: int = 0, mark: floa
 
 
 def encode_tuples(stream, ids, ts, keys, values, sender: int = 0, seq: int = 0) -> list[bytes]:
-    """A TUPLES message from columns (stream codes 0/1); one vectorized pack."""
+    """A TUPLES message from columns (stream codes 0/1, ts in integer microseconds); one vectorized pack."""
+    if np.asarray(ts).dtype.kind not in "iu":  # seconds as floats would be truncated unseen
+        raise TypeError(f"ts must be integer microseconds (protocol.eventtime), got {np.asarray(ts).dtype}")
     rows = np.empty(len(ids), dtype=TUPLE_RECORD)
     rows["stream"], rows["id"], rows["ts"], rows["key"], rows["value"] = stream, ids, ts, keys, values
     return [header(Kind.TUPLES, len(rows), sender, seq), rows.tobytes()]
@@ -150,9 +158,9 @@ def _check_tuples(rows: np.ndarray) -> Rejection | None:
     if len(wrong):
         return Rejection("stream", f"{len(wrong)} rows, first at row {wrong[0]}: {int(stream[wrong[0]])}")
     ts = rows["ts"]
-    wrong = np.flatnonzero(~np.isfinite(ts))
+    wrong = np.flatnonzero(~eventtime.valid(ts))
     if len(wrong):
-        return Rejection("ts", f"{len(wrong)} rows, first at row {wrong[0]}: {float(ts[wrong[0]])}")
+        return Rejection("ts", f"{len(wrong)} rows, first at row {wrong[0]}: {int(ts[wrong[0]])}")
     ids = rows["id"]
     order = np.lexsort((ids, stream))
     same = (ids[order][1:] == ids[order][:-1]) & (stream[order][1:] == stream[order][:-1])

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from protocol import eventtime
 from protocol.chunks import Chunk, concat, rows
 from protocol.tuples import STREAM_R, STREAM_S
 
@@ -117,7 +118,7 @@ class GeneratorSource:
             for s in (STREAM_R, STREAM_S):
                 key[s][rng.random(n[s]) < self.hot_share] = self.hot_key
         arr = np.concatenate(arrival)
-        ts = arr - rng.random(len(arr)) * self.disorder if self.disorder > 0 else arr
+        ts = eventtime.from_seconds(arr - rng.random(len(arr)) * self.disorder if self.disorder > 0 else arr)[0]
         stream = np.repeat(np.array([STREAM_R, STREAM_S], np.int8), n)
         ids = np.concatenate([self._first_id[i, s] + np.arange(n[s], dtype=np.int64) for s in (STREAM_R, STREAM_S)])
         order = np.argsort(arr, kind="stable")

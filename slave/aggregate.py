@@ -5,6 +5,10 @@ A partial is a table of `protocol.output.PARTIAL_SCHEMA`: per join key and tumbl
 tuple's ts, the count, sum, min and max of the chosen value.  These four combine by sum/sum/min/max, so
 partials can be merged in any grouping and order (avg = sum / count is taken at the end).  Everything is
 a pyarrow group-by over whole columns; no Python loop per tuple.
+
+Windows are cut in integer microseconds (protocol.eventtime), as Spark's `--batch` view cuts them, and
+min / max order NaN as Spark does, above every number: a group's max is NaN if any value is, its min only
+if all are (pyarrow's own min / max skip NaN).
 """
 from __future__ import annotations
 
@@ -14,38 +18,47 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from protocol import eventtime
 from protocol.output import PARTIAL_SCHEMA, write_table
 from slave.join import Pairs
 
 _GROUP = ["key", "window_start"]
 
 
-def window_starts(ts: np.ndarray, window: float) -> np.ndarray:
-    """Start of the tumbling window holding each ts; all 0.0 when window = 0 (one window for all time)."""
+def window_starts(ts: np.ndarray, window: int) -> np.ndarray:
+    """Start of the tumbling window holding each ts, in seconds (ts and window in microseconds: the window
+    holds start <= ts < start + window exactly); all 0.0 when window = 0 (one window for all time)."""
     if window > 0:
-        return np.floor(ts / window) * window
+        ts = np.asarray(ts, np.int64)
+        return eventtime.to_seconds(ts - ts % window)  # numpy's % floors: negative ts too
     return np.zeros(len(ts))
 
 
-def partials(key: np.ndarray, ts: np.ndarray, value: np.ndarray, window: float) -> pa.Table:
+def partials(key: np.ndarray, ts: np.ndarray, value: np.ndarray, window: int) -> pa.Table:
     """One partial row per (key, window) of the given results: ts is the later tuple's ts of each result."""
-    t = pa.table({"key": np.asarray(key, np.int64), "window_start": window_starts(np.asarray(ts, np.float64), window),
-                  "value": np.asarray(value, np.float64)})
-    g = t.group_by(_GROUP).aggregate([("value", "count"), ("value", "sum"), ("value", "min"), ("value", "max")])
+    value = np.asarray(value, np.float64)
+    t = pa.table({"key": np.asarray(key, np.int64), "window_start": window_starts(ts, window),
+                  "value": value, "nan": np.isnan(value)})
+    g = t.group_by(_GROUP).aggregate([("value", "count"), ("value", "sum"), ("value", "min"), ("value", "max"),
+                                      ("nan", "any")])
     return _shape(g, "value_")
 
 
 def combine(tables: list[pa.Table]) -> pa.Table:
     """Merge partials into one partial with a row per (key, window): sums of counts and sums, min, max."""
     t = pa.concat_tables([PARTIAL_SCHEMA.empty_table(), *tables])
-    g = t.group_by(_GROUP).aggregate([("count", "sum"), ("sum", "sum"), ("min", "min"), ("max", "max")])
+    t = t.append_column("nan", pc.is_nan(t["max"]))
+    g = t.group_by(_GROUP).aggregate([("count", "sum"), ("sum", "sum"), ("min", "min"), ("max", "max"),
+                                      ("nan", "any")])
     return _shape(g, "", ("count_sum", "sum_sum", "min_min", "max_max"))
 
 
 def _shape(g: pa.Table, prefix: str, names: tuple[str, ...] | None = None) -> pa.Table:
     names = names or tuple(prefix + f for f in ("count", "sum", "min", "max"))
     cols = [g["key"], g["window_start"], *(g[n] for n in names)]
+    cols[-1] = pc.if_else(g["nan_any"], np.nan, cols[-1])  # NaN is the largest value (Spark's order)
     return pa.Table.from_arrays(cols, schema=PARTIAL_SCHEMA) if g.num_rows else PARTIAL_SCHEMA.empty_table()
 
 
@@ -62,7 +75,7 @@ class PartialAggregator:
 
     def __init__(self, directory: str | Path, rank: int, agg: dict, clock: Callable[[], float] = time.monotonic):
         self.directory, self.rank, self.clock = Path(directory), rank, clock
-        self.window, self.interval = float(agg["window"]), float(agg["flush_interval"])
+        self.window, self.interval = eventtime.duration(agg["window"]), float(agg["flush_interval"])
         self.key_side = "s" if agg["group_by"] == "s_key" else "r"
         self.value_side = agg["value"][0]  # "r_value" -> "r"
         self.files = 0

@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from protocol import eventtime
 from protocol.arrays import field_words, group_pairs, take_rows, words
 from protocol.predicates import key_distance
 from protocol.tuples import FIELDS, directory_hash, mix64, partition_of
@@ -42,11 +43,17 @@ class Pairs:
     def __getitem__(self, name: str) -> np.ndarray:
         return self.columns[name]
 
+    def output(self, name: str) -> np.ndarray:
+        """A column as results carry it: r_ts and s_ts in seconds, the user's time (protocol.eventtime)."""
+        return eventtime.to_seconds(self.columns[name]) if name in ("r_ts", "s_ts") else self.columns[name]
+
 
 class JoinModule:
-    def __init__(self, dtype: np.dtype, partitions: int, window: float, block_size: int,
+    def __init__(self, dtype: np.dtype, partitions: int, window: int, block_size: int,
                  theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0):
-        self.dtype, self.partitions, self.window = dtype, partitions, window
+        """`window` in integer microseconds (protocol.eventtime.duration of join.window)."""
+        self.dtype, self.partitions, self.window = dtype, partitions, int(window)
+        window = self.window
         if predicate == "equal":
             self.kernel = lambda a, b: window_join(a["key"], a["ts"], b["key"], b["ts"], window)
         else:
@@ -110,7 +117,7 @@ class JoinModule:
     def new_group(self) -> PartitionGroup:
         return PartitionGroup(*self._group_args)
 
-    def process_with_delays(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: float,
+    def process_with_delays(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
                             groups: np.ndarray | None, sent: float, started: float) -> tuple[Pairs, np.ndarray, np.ndarray]:
         """`process`, and every result's production delay with the batch's delay histograms
         (slave.kernel.batch_delays): a result is produced when its partition-group's join is done, not when the
@@ -122,7 +129,7 @@ class JoinModule:
                                     [t for _, t in stamps], sent, started)
         return pairs, delay, hists
 
-    def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: float,
+    def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
                 groups: np.ndarray | None = None, stamps: list | None = None) -> Pairs:
         """Join one epoch's fresh tuples; returns all new results.
 
@@ -147,7 +154,7 @@ class JoinModule:
                 stamps.append((produced, time.time()))
         # gathered before expiry: the pieces are views of window storage, which appends never overwrite
         pairs = Pairs(self.dtype, gather_pairs(pieces, self._fields, produced))
-        threshold = watermark - self.window
+        threshold = int(watermark) - self.window  # integers: the join test's own boundary
         for pg in self.groups.values():
             pg.expire(threshold)
             pg.tune()

@@ -20,9 +20,10 @@ epoch batches of `bench.kernel`, the equi-join kernel took 0.7 s where
 the earlier vectorized numpy kernel (np.unique, three searchsorted and a
 repeat/arange expansion per call) took 6.0 s of the slave's 11.7 s.  Each probe
 loop runs twice, count then fill, so the index arrays are allocated once at
-their exact size.  The time condition is evaluated exactly as
-|a.ts - b.ts| <= window (floating-point subtraction is monotone, so a probe's
-partners are one contiguous run of the ts-ordered side).
+their exact size.  Times and the window are integer microseconds
+(protocol.eventtime): |a.ts - b.ts| <= window is an exact integer comparison, the
+same one expiry makes, so a pair exactly `window` apart joins (valid ts and
+windows are far below int64's ends: no difference overflows).
 """
 from __future__ import annotations
 
@@ -37,10 +38,10 @@ _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of key * 2^64/phi
 
 # one signature per kernel, layout "A": field views of the structured windows are strided, test arrays are not
-_EQUI_SIG = "UniTuple(int64[::1], 2)(int64[:], float64[:], int64[:], float64[:], float64)"
+_EQUI_SIG = "UniTuple(int64[::1], 2)(int64[:], int64[:], int64[:], int64[:], int64)"
 _DELAYS_SIG = ("void(float64[:], float64[:], int64[::1], float64[::1], float64, float64, float64[::1], float64, float64, "
                "float64[::1], int64[:, ::1])")
-_RANGE_SIG = "UniTuple(int64[::1], 2)(int64[:], float64[:], int64[:], float64[:], float64, int64, int64, boolean, boolean)"
+_RANGE_SIG = "UniTuple(int64[::1], 2)(int64[:], int64[:], int64[:], int64[:], int64, int64, int64, boolean, boolean)"
 _GATHER_SIG = "void(int64[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64)"
 
 
@@ -77,7 +78,7 @@ def _equi_join(a_key, a_ts, b_key, b_ts, window):  # pragma: no cover - compiled
     start = np.cumsum(count)  # the run of slot h is start[h]..start[h+1]
     fill = start[:size].copy()
     run_idx = np.empty(n_b, np.int64)
-    run_ts = np.empty(n_b, np.float64)
+    run_ts = np.empty(n_b, np.int64)
     for j in np.argsort(b_ts, kind="mergesort"):  # each run in ts order
         p = fill[slot_of[j]]
         run_idx[p] = j
@@ -122,7 +123,7 @@ def _range_join(a_key, a_ts, b_key, b_ts, window, low, high, has_low, has_high):
     n_a, n_b = len(a_key), len(b_key)
     order = np.argsort(b_key, kind="mergesort")
     keys = np.empty(n_b, np.int64)
-    times = np.empty(n_b, np.float64)
+    times = np.empty(n_b, np.int64)
     for q in range(n_b):
         keys[q] = b_key[order[q]]
         times[q] = b_ts[order[q]]
@@ -178,17 +179,18 @@ def _range_join(a_key, a_ts, b_key, b_ts, window, low, high, has_low, has_high):
 
 
 def window_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray,
-                window: float) -> tuple[np.ndarray, np.ndarray]:
-    """Index arrays (ia, ib) of every pair with a_key[ia] == b_key[ib] and |a_ts[ia] - b_ts[ib]| <= window."""
+                window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index arrays (ia, ib) of every pair with a_key[ia] == b_key[ib] and |a_ts[ia] - b_ts[ib]| <= window
+    (ts and window in integer microseconds)."""
     if len(a_key) == 0 or len(b_key) == 0:
         return _EMPTY, _EMPTY
     if len(a_key) < len(b_key):
-        ib, ia = _equi_join(b_key, b_ts, a_key, a_ts, float(window))
+        ib, ia = _equi_join(b_key, b_ts, a_key, a_ts, int(window))
         return ia, ib
-    return _equi_join(a_key, a_ts, b_key, b_ts, float(window))
+    return _equi_join(a_key, a_ts, b_key, b_ts, int(window))
 
 
-def range_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, window: float,
+def range_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, window: int,
                low: int | None, high: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Index arrays (ia, ib) of every pair with low <= b_key - a_key <= high and |a_ts - b_ts| <= window.
 
@@ -204,7 +206,7 @@ def range_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.
         ib, ia = range_join(b_key, b_ts, a_key, a_ts, window, None if high is None else -high,
                             None if low is None else -low)
         return ia, ib
-    return _range_join(a_key, a_ts, b_key, b_ts, float(window), 0 if low is None else int(low),
+    return _range_join(a_key, a_ts, b_key, b_ts, int(window), 0 if low is None else int(low),
                        0 if high is None else int(high), low is not None, high is not None)
 
 

@@ -32,8 +32,8 @@ class ResultWriter:
         self._writing: list[Future] = []
 
     def add(self, pairs: Pairs, delay: np.ndarray) -> int:
-        if len(pairs):  # the columns are contiguous: Arrow takes them without a copy
-            self._parts.append(pa.table([delay if c == "delay" else pairs[c] for c in RESULT_SCHEMA.names],
+        if len(pairs):  # the columns are contiguous: Arrow takes them without a copy (ts: converted to seconds)
+            self._parts.append(pa.table([delay if c == "delay" else pairs.output(c) for c in RESULT_SCHEMA.names],
                                         schema=RESULT_SCHEMA))
             self._rows += len(pairs)
         return self.flush() if self._rows >= self.flush_rows else 0

@@ -27,7 +27,7 @@ class ResultSender:
         self.pending = [(req, buf) for req, buf in self.pending if not req.Test()]
         rows = np.empty(len(pairs), dtype=wire.RESULT_RECORD)
         for name in wire.RESULT_RECORD.names:
-            rows[name] = delay if name == "delay" else pairs[name]
+            rows[name] = delay if name == "delay" else pairs.output(name)
         buf = wire.pack(wire.encode_results(rows, sender=self.comm.rank, seq=epoch))
         self.pending.append((self.comm.Isend([buf, MPI.BYTE], dest=dispatcher, tag=TAG_RESULTS), buf))
 

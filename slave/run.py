@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 from mpi4py import MPI
 
-from protocol import checkpoint, delays, faults
+from protocol import checkpoint, delays, eventtime, faults
 from protocol.arrays import whole_buffer
 from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
     decode_batch, encode_report
@@ -36,7 +36,7 @@ class Slave:
         self.dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
         tuning = cfg["tuning"]
         join = cfg["join"]
-        self.module = JoinModule(self.dtype, cfg["partitioning"]["partitions"], join["window"],
+        self.module = JoinModule(self.dtype, cfg["partitioning"]["partitions"], eventtime.duration(join["window"]),
                                  tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"],
                                  join["predicate"], join["band"])
         out = cfg["output"]
@@ -53,8 +53,8 @@ class Slave:
         self.checkpoints = checkpoint.root_of(cfg)
         k = cfg["cluster"]["dispatchers"]
         #: per dispatcher (ranks 0..k-1; BiStream 3.2.3): the punctuation of its last batch -- every later tuple
-        #: from it has ts >= this -- and the sequence number of that batch on the FIFO channel from it
-        self.watermarks = np.full(k, -np.inf)
+        #: from it has ts >= this (microseconds) -- and the sequence number of that batch on the FIFO channel from it
+        self.watermarks = np.full(k, eventtime.NEG_INF, dtype=np.int64)
         self.sequence = np.zeros(k, dtype=np.int64)
         self.stops = 0
         self.marked: set[int] = set()  #: dispatchers whose marker of the checkpoint being taken has come
@@ -81,8 +81,8 @@ class Slave:
         started, started_wall = time.perf_counter(), time.time()
         faults.straggle(self.comm.rank)
         # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
-        self.watermarks[self.reply_to] = float(head["watermark"])
-        pairs, delay, hists = self.module.process_with_delays(fresh_r, fresh_s, float(self.watermarks.min()), groups,
+        self.watermarks[self.reply_to] = int(head["watermark"])
+        pairs, delay, hists = self.module.process_with_delays(fresh_r, fresh_s, int(self.watermarks.min()), groups,
                                                               float(head["sent"]), started_wall)
         files = self.writer.add(pairs, delay)
         if self.aggregator:
@@ -97,7 +97,7 @@ class Slave:
         partition, consumer = int(head["partition"]), int(head["peer"])
         pg = self.module.extract(partition)
         faults.reached(self.comm.rank, "move")
-        buf = encode_move(partition, pg, float(head["watermark"]))
+        buf = encode_move(partition, pg, int(head["watermark"]))
         self.outgoing.append((self.comm.Isend([buf, MPI.BYTE], dest=consumer, tag=TAG_STATE), buf))
         self.report({"epoch": float(head["epoch"]), "ack": Ack.MOVED, "partition": partition,
                      "moved_tuples": len(pg)})
@@ -197,7 +197,7 @@ class Slave:
             else:  # STOP: every move has been acknowledged before the master stops
                 self.stops += 1
                 if self.stops < len(self.watermarks):  # other dispatchers still send
-                    self.watermarks[self.reply_to] = np.inf
+                    self.watermarks[self.reply_to] = eventtime.POS_INF
                     self.report({"epoch": float(head["epoch"]), "ack": Ack.BATCH})
                     continue
                 MPI.Request.Waitall([req for req, _ in self.outgoing])

@@ -25,15 +25,16 @@ def encode_group(partition: int, pg: PartitionGroup) -> np.ndarray:
     return np.concatenate([meta, body])
 
 
-def encode_move(partition: int, pg: PartitionGroup, floor: float) -> np.ndarray:
+def encode_move(partition: int, pg: PartitionGroup, floor: int) -> np.ndarray:
     """A moving group's state (TAG_STATE), led by the floor the consumer's punctuations must not pass until
-    the dispatchers send it the group's held tuples: the lowest watermark cap of those (master.coordination)."""
-    return np.concatenate([np.array([floor], dtype=np.float64).view(np.uint8), encode_group(partition, pg)])
+    the dispatchers send it the group's held tuples: the lowest watermark cap of those (master.coordination),
+    in microseconds."""
+    return np.concatenate([np.array([floor], dtype=np.int64).view(np.uint8), encode_group(partition, pg)])
 
 
-def decode_move(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup, float]:
+def decode_move(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup, int]:
     """Inverse of `encode_move`: (partition, group, floor)."""
-    return *decode_group(buf[8:], make_group), float(buf[:8].view(np.float64)[0])
+    return *decode_group(buf[8:], make_group), int(buf[:8].view(np.int64)[0])
 
 
 def decode_group(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup]:

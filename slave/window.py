@@ -3,7 +3,8 @@
 Paper 003, IV-D: tuples are kept in arrival order in fixed-size blocks; the block
 is the unit of expiry.  A block is dropped once its newest tuple can no longer
 join any on-time tuple, i.e. its largest ts is below watermark - window (BiStream,
-Theorem 1).  Rows live in one contiguous structured array (block b is rows
+Theorem 1), in integer microseconds (protocol.eventtime): a tuple exactly `window`
+before the watermark stays, as the join test |r.ts - s.ts| <= window wants.  Rows live in one contiguous structured array (block b is rows
 [start + b*B, start + (b+1)*B)) so the join kernel sees the whole mini-window
 without copying; the last block is the head block that fills up with fresh tuples.
 Expiry of the oldest blocks (the usual case: tuples arrive about in ts order)
@@ -28,7 +29,7 @@ class MiniWindow:
     def __init__(self, dtype: np.dtype, block_size: int):
         self.dtype, self.block_size = dtype, block_size
         self._store(np.empty(0, dtype=dtype), 0)
-        self.block_max = np.empty(0, dtype=np.float64)  #: newest ts of each block
+        self.block_max = np.empty(0, dtype=np.int64)  #: newest ts of each block
 
     def __len__(self) -> int:
         return self._end - self._start
@@ -77,7 +78,7 @@ class MiniWindow:
         tail = np.maximum.reduceat(ts, np.arange(0, len(ts), self.block_size)) if len(ts) else ts
         self.block_max = np.concatenate([self.block_max[:first_block], tail])
 
-    def expire(self, threshold: float) -> int:
+    def expire(self, threshold: int) -> int:
         """Drop every block whose newest ts is below `threshold`; returns the tuples dropped."""
         dead = self.block_max < threshold
         if not dead.any():

@@ -12,6 +12,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from deploy.launch import mpi_env, mpirun_command
+from protocol import eventtime
 from protocol.output import read_tables
 from tests.reference import encode_pairs
 
@@ -74,7 +75,8 @@ def write_input(path: Path, data, row_group: int = 1 << 20, bad_every: int = 0) 
     with a row whose ts is missing inserted after every `bad_every` rows, so the accepted tuples are `data`;
     returns the 1-based rows of the inserted ones."""
     at = np.arange(bad_every, len(data.id), bad_every) if bad_every else np.empty(0, np.int64)
-    cols = {"stream": np.array(["R", "S"])[data.stream].astype(object), "id": data.id, "ts": data.ts,
+    cols = {"stream": np.array(["R", "S"])[data.stream].astype(object), "id": data.id,
+            "ts": eventtime.to_seconds(data.ts),  # the user's seconds
             "key": data.key, "value": data.value}
     table = pa.table({c: np.insert(v, at, v[at]) for c, v in cols.items()})
     bad = at + np.arange(len(at))

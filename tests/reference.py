@@ -3,20 +3,38 @@
 Deliberately written differently from the engine: lateness with a plain loop,
 pairs with a per-key broadcast comparison (no sorting, no searchsorted, no windows
 or expiry).  Pairs are encoded as r_id * 2**32 + s_id for set comparison.
+
+Time is compared in integer microseconds, as the contract says (docs/time.md): ts given as integers are
+microseconds already; ts given as floats and the window and max_delay (seconds) are converted here on
+their own, through the shortest decimal of each float (Python's repr) and Decimal rounding, not through
+the engine's conversion.
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from decimal import ROUND_HALF_EVEN, Decimal
 
 import numpy as np
 
 
+def micros(seconds) -> np.ndarray | int:
+    """Seconds (a float, or an array of floats) as integer microseconds, from their decimals; integer
+    arrays are taken as microseconds already."""
+    if np.ndim(seconds) == 0:
+        return int(Decimal(repr(float(seconds))).scaleb(6).to_integral_value(ROUND_HALF_EVEN))
+    a = np.asarray(seconds)
+    if a.dtype.kind in "iu":
+        return a.astype(np.int64)
+    return np.array([micros(x) for x in a.tolist()], dtype=np.int64)
+
+
 def late_flags(ts: np.ndarray, max_delay: float) -> np.ndarray:
+    ts, max_delay = micros(ts), micros(max_delay)
     late = np.zeros(len(ts), dtype=bool)
-    running = -np.inf
+    running = None
     for i, t in enumerate(ts.tolist()):
-        late[i] = t < running - max_delay
-        running = max(running, t)
+        late[i] = running is not None and t < running - max_delay
+        running = t if running is None else max(running, t)
     return late
 
 
@@ -24,6 +42,7 @@ def reference_pairs(stream, ids, ts, keys, window: float, max_delay: float) -> t
     """(sorted encoded result pairs, ids of late tuples encoded as stream * 2**40 + id)."""
     stream, ids, ts, keys = map(np.asarray, (stream, ids, ts, keys))
     late = late_flags(ts, max_delay)
+    ts, window = micros(ts), micros(window)
     ok = ~late
     by_key: dict[int, list[list[int]]] = defaultdict(lambda: [[], []])
     for i in np.flatnonzero(ok).tolist():
@@ -50,6 +69,7 @@ def reference_theta_pairs(stream, ids, ts, keys, window: float, max_delay: float
     tuple is compared with all on-time S tuples by broadcasting, one R tuple at a time."""
     stream, ids, ts, keys = map(np.asarray, (stream, ids, ts, keys))
     ok = ~late_flags(ts, max_delay)
+    ts, window = micros(ts), micros(window)
     r = np.flatnonzero(ok & (stream == 0))
     s = np.flatnonzero(ok & (stream == 1))
     out = []

@@ -16,7 +16,8 @@ from slave.aggregate import PartialAggregator, combine, partials, window_starts
 
 
 def random_results(rng, n, keys=40):
-    return rng.integers(0, keys, n), rng.random(n) * 10.0, rng.normal(size=n)
+    """(key, later ts in microseconds, value)."""
+    return rng.integers(0, keys, n), rng.integers(0, 10_000_000, n), rng.normal(size=n)
 
 
 def sorted_rows(t):
@@ -25,23 +26,25 @@ def sorted_rows(t):
 
 
 def numpy_view(key, ts, value, window):
-    """Per (key, window) count/sum/min/max by sorting and reduceat: a different route than pyarrow's group-by."""
-    ws = np.floor(ts / window) * window if window > 0 else np.zeros(len(ts))
+    """Per (key, window) count/sum/min/max by sorting and reduceat: a different route than pyarrow's group-by.
+    ts and window in microseconds; window_start in seconds; NaN the largest value, as Spark orders it (max is
+    NaN if any value is, min only if all are)."""
+    ws = (ts // window) * window / 1e6 if window > 0 else np.zeros(len(ts))
     order = np.lexsort((ws, key))
     k, w, v = key[order], ws[order], value[order]
     starts = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (w[1:] != w[:-1])])
     return {"key": k[starts], "window_start": w[starts], "count": np.diff(np.r_[starts, len(k)]),
-            "sum": np.add.reduceat(v, starts), "min": np.minimum.reduceat(v, starts),
+            "sum": np.add.reduceat(v, starts), "min": np.fmin.reduceat(v, starts),
             "max": np.maximum.reduceat(v, starts)}
 
 
 def assert_same_view(got, want):
     for c in ("key", "window_start", "count", "min", "max"):
-        assert np.array_equal(got[c], want[c]), c
-    assert np.allclose(got["sum"], want["sum"], rtol=1e-12, atol=1e-12)
+        assert np.array_equal(got[c], want[c], equal_nan=c in ("min", "max")), c
+    assert np.allclose(got["sum"], want["sum"], rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
-@pytest.mark.parametrize("window", [0.0, 0.7])
+@pytest.mark.parametrize("window", [0, 700_000])
 def test_partials_equal_a_direct_aggregation(window):
     key, ts, value = random_results(np.random.default_rng(1), 5000)
     p = partials(key, ts, value, window)
@@ -53,9 +56,12 @@ def test_partials_equal_a_direct_aggregation(window):
 def test_combining_is_associative_any_split_gives_the_same_totals(seed):
     rng = np.random.default_rng(seed)
     key, ts, value = random_results(rng, 4000)
-    want = numpy_view(key, ts, value, 0.5)
+    value[rng.random(4000) < 0.02] = np.nan
+    value[key == 7] = np.nan  # a group of NaN only
+    want = numpy_view(key, ts, value, 500_000)
+    assert np.isnan(want["max"]).any() and not np.isnan(want["min"]).all()
     cuts = np.sort(rng.choice(np.arange(1, 4000), size=rng.integers(1, 12), replace=False))
-    pieces = [partials(k, t, v, 0.5) for k, t, v in zip(*(np.split(a, cuts) for a in (key, ts, value)))]
+    pieces = [partials(k, t, v, 500_000) for k, t, v in zip(*(np.split(a, cuts) for a in (key, ts, value)))]
     flat = combine(pieces)
     rng.shuffle(pieces)
     nested = combine([combine(pieces[: len(pieces) // 2]), combine(pieces[len(pieces) // 2:])])
@@ -64,14 +70,28 @@ def test_combining_is_associative_any_split_gives_the_same_totals(seed):
 
 
 def test_window_starts_on_boundaries_and_negative_ts():
-    ts = np.array([-0.1, 0.0, 0.49, 0.5, 1.0, 1.24])
-    assert np.array_equal(window_starts(ts, 0.5), [-0.5, 0.0, 0.0, 0.5, 1.0, 1.0])
-    assert np.array_equal(window_starts(ts, 0.0), np.zeros(6))
+    ts = np.array([-100_000, 0, 490_000, 499_999, 500_000, 1_000_000, 1_240_000])
+    assert np.array_equal(window_starts(ts, 500_000), [-0.5, 0.0, 0.0, 0.0, 0.5, 1.0, 1.0])
+    assert np.array_equal(window_starts(ts, 0), np.zeros(7))
+    # decimals a float misses: 0.3 s is the start of its own 0.1 s window (floor(0.3 / 0.1) is 2 in floats)
+    assert window_starts(np.array([300_000]), 100_000).tolist() == [0.3]
+
+
+def test_nan_is_the_largest_value_in_partials_and_combine():
+    key = np.array([1, 1, 2, 2, 3, 3])
+    value = np.array([1.0, np.nan, np.nan, np.nan, 2.0, 5.0])
+    p = sorted_rows(partials(key, np.zeros(6, np.int64), value, 0))
+    assert np.array_equal(p["min"], [1.0, np.nan, 2.0], equal_nan=True)
+    assert np.array_equal(p["max"], [np.nan, np.nan, 5.0], equal_nan=True)
+    assert p["count"].tolist() == [2, 2, 2]
+    split = sorted_rows(combine([partials(key[i:i + 1], np.zeros(1, np.int64), value[i:i + 1], 0) for i in range(6)]))
+    for c in ("min", "max", "count"):
+        assert np.array_equal(split[c], p[c], equal_nan=True)
 
 
 def test_combine_of_nothing_is_empty_with_the_schema():
     assert combine([]).schema == PARTIAL_SCHEMA and combine([]).num_rows == 0
-    assert partials(np.empty(0, np.int64), np.empty(0), np.empty(0), 1.0).num_rows == 0
+    assert partials(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), 1_000_000).num_rows == 0
 
 
 class Clock:
@@ -86,7 +106,7 @@ def results(rng, n):
     dt = tuple_dtype(64)
     r, s = np.zeros(n, dt), np.zeros(n, dt)
     r["key"] = s["key"] = rng.integers(0, 30, n)
-    r["ts"], s["ts"] = rng.random(n) * 4, rng.random(n) * 4
+    r["ts"], s["ts"] = rng.integers(0, 4_000_000, n), rng.integers(0, 4_000_000, n)
     r["value"], s["value"] = rng.random(n), rng.random(n) + 10
     return r, s
 
@@ -111,7 +131,7 @@ def test_aggregator_writes_every_interval_and_files_sum_to_the_whole(tmp_path, g
     s = np.concatenate([b[1] for b in batches])
     side = {"r": r, "s": s}
     want = numpy_view(side[group_by[0] if group_by != "key" else "r"]["key"], np.maximum(r["ts"], s["ts"]),
-                      side[value[0]]["value"], 1.0)
+                      side[value[0]]["value"], 1_000_000)
     assert_same_view(sorted_rows(combine([pq.read_table(f) for f in files])), want)
 
 

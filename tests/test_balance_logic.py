@@ -10,6 +10,7 @@ from master.controller import Controller
 from protocol.config import load_config
 from protocol.tuples import directory_hash, tuple_dtype
 from slave.join import JoinModule
+from protocol.eventtime import NEG_INF, POS_INF
 from slave.state import decode_move, encode_move
 
 BAL = {"supplier_threshold": 0.5, "consumer_threshold": 0.1, "gamma": 2.0, "choice": "largest_fit",
@@ -124,15 +125,15 @@ def test_controller_runs_a_move_to_completion_and_retires_an_empty_slave():
     assert c.occupancy() == {1: 2.0, 2: 0.0}
     c.reorganize(now=1.0)
     assert len(c.queue) == 1 and c.queue[0].supplier == 1 and c.queue[0].consumer == 2
-    assert c.next_orders(lambda r: False, {1: 5.0}.get) == []  # supplier busy: nothing starts
-    assert c.watermark_cap() == np.inf
-    (move,) = c.next_orders(lambda r: True, {1: 5.0}.get)
-    assert c.watermark_cap() == 5.0  # the watermark of the supplier's last batch: older tuples are held
+    assert c.next_orders(lambda r: False, {1: 5_000_000}.get) == []  # supplier busy: nothing starts
+    assert c.watermark_cap() == POS_INF
+    (move,) = c.next_orders(lambda r: True, {1: 5_000_000}.get)
+    assert c.watermark_cap() == 5_000_000  # the watermark of the supplier's last batch: older tuples are held
     assert c.moving[move.partition] and move.partition not in c.partitions_of(1).tolist()
     assert move.partition not in c.partitions_of(2).tolist()  # held at the master until installed
     c.on_installed(move.partition, 42, now=2.0)
     assert c.partition_map[move.partition] == 2 and not c.moving.any() and not c.busy
-    assert c.watermark_cap() == np.inf
+    assert c.watermark_cap() == POS_INF
     assert c.moves_log[0]["tuples_moved"] == 42 and c.moves_log[0]["from"] == 1
 
 
@@ -147,16 +148,16 @@ def test_controller_disabled_never_plans():
 def test_state_round_trip_keeps_splits_and_every_tuple(seed):
     rng = np.random.default_rng(seed)
     dt = tuple_dtype(64)
-    module = JoinModule(dt, 1, 0.5, 4, 1, 4, 10)
+    module = JoinModule(dt, 1, 500_000, 4, 1, 4, 10)
     for epoch in range(6):
         batch = np.zeros(400, dt)
         batch["id"] = np.arange(400) + 400 * epoch
         batch["key"] = rng.integers(0, 300, 400)
-        batch["ts"] = epoch + rng.random(400)
-        module.process(batch[:200], batch[200:], watermark=epoch - 5.0)
+        batch["ts"] = (epoch + rng.random(400)) * 1_000_000
+        module.process(batch[:200], batch[200:], watermark=(epoch - 5) * 1_000_000)
     pg = module.extract(0)
     assert pg.directory.global_depth > 0 and len(pg.buckets) > 1
-    floor = -np.inf if seed == 0 else seed - 2.5  # the consumer's punctuation floor travels with the state
+    floor = NEG_INF if seed == 0 else seed * 1_000_000 - 2_500_001  # the consumer's punctuation floor travels along
     partition, copy, got_floor = decode_move(encode_move(0, pg, floor), module.new_group)
     assert partition == 0 and got_floor == floor
     assert copy.directory.global_depth == pg.directory.global_depth

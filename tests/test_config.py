@@ -143,6 +143,10 @@ def test_malformed_override():
     ("generator.zipf=0", "generator.zipf"),
     ("output.format=json", "output.format"),
     ("source.kind=socket", "source.kind"),
+    ("join.window=2e12", "join.window"),            # event time is int64 microseconds: durations below 2**60 us
+    ("join.max_delay=1.2e12", "join.max_delay"),
+    ("generator.duration=1e13", "generator.duration"),
+    ("aggregate.window=4e-7", "aggregate.window"),  # rounds to 0 us: no window at all
 ])
 def test_value_errors(override, key):
     raises_naming(key, None, [override])

@@ -9,6 +9,7 @@ from master.hotkeys import FrequentKeys, HotKeyRouter
 from protocol.workload import GeneratorSource
 from protocol.config import ConfigError, load_config
 from protocol.tuples import partition_of, tuple_dtype
+from protocol.eventtime import NEG_INF
 from slave.join import JoinModule
 from tests.test_cluster import SMALL, check_exact
 
@@ -45,17 +46,17 @@ def test_router_stores_each_s_once_and_copies_r_to_the_whole_grid():
 
 def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
     dt = tuple_dtype(40)
-    m = JoinModule(dt, 4, 10.0, 8, 2, 64, 12)
+    m = JoinModule(dt, 4, 10_000_000, 8, 2, 64, 12)
     rng = np.random.default_rng(2)
 
     def rows(n, start):
         x = np.zeros(n, dt)
         x["id"] = start + np.arange(n)
         x["key"] = np.where(rng.random(n) < 0.5, 7, rng.integers(0, 20, n))
-        x["ts"] = np.sort(rng.random(n))
+        x["ts"] = np.sort(rng.integers(0, 1_000_000, n))
         return x
     r1, s1, r2, s2 = rows(200, 0), rows(200, 0), rows(100, 1000), rows(100, 1000)
-    got = m.process(r1, s1, -np.inf)
+    got = m.process(r1, s1, NEG_INF)
     p = int(partition_of(np.array([7]), 4)[0])
     moved = m.split_hot_key(p, 7, 4, 3)
     n_r, n_s = int((r1["key"] == 7).sum()), int((s1["key"] == 7).sum())
@@ -71,7 +72,7 @@ def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
     order_r, order_s = np.argsort(part, kind="stable"), np.argsort(s_part, kind="stable")
     parts = sorted(set(part) | set(s_part))
     table = np.array([[q, (part == q).sum(), (s_part == q).sum()] for q in parts])
-    got2 = m.process(cr[order_r], cs[order_s], -np.inf, table)
+    got2 = m.process(cr[order_r], cs[order_s], NEG_INF, table)
     all_r = np.concatenate([got["r_id"], got2["r_id"]])
     all_s = np.concatenate([got["s_id"], got2["s_id"]])
     pairs = np.sort(all_r * 2**32 + all_s)
@@ -107,13 +108,13 @@ def test_hot_keys_only_for_the_equi_join():
 
 def test_merge_gathers_the_grid_back_with_every_s_and_one_copy_of_each_r():
     dt = tuple_dtype(40)
-    m = JoinModule(dt, 4, 10.0, 8, 2, 64, 12)
+    m = JoinModule(dt, 4, 10_000_000, 8, 2, 64, 12)
     rng = np.random.default_rng(3)
     r, s = np.zeros(300, dt), np.zeros(300, dt)
     for x in (r, s):
-        x["id"], x["ts"] = np.arange(300), np.sort(rng.random(300))
+        x["id"], x["ts"] = np.arange(300), np.sort(rng.integers(0, 1_000_000, 300))
         x["key"] = np.where(rng.random(300) < 0.5, 7, rng.integers(0, 20, 300))
-    m.process(r, s, -np.inf)
+    m.process(r, s, NEG_INF)
     p = int(partition_of(np.array([7]), 4)[0])
     before = {w: np.sort(np.concatenate([b[i].rows["id"] for b in m.groups[p].buckets.values()]))
               for i, w in enumerate("rs")}

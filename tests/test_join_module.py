@@ -6,17 +6,21 @@ import pytest
 
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from slave.join import JoinModule
-from tests.reference import encode_pairs, late_flags, reference_pairs
+from protocol.eventtime import NEG_INF
+from tests.reference import encode_pairs, late_flags, micros, reference_pairs
 
 DT = tuple_dtype(64)
 
 
-def make_input(rng, n, n_keys, disorder, step=1 / 8):
-    """Interleaved arrival order: stream, id, ts (multiples of 1/8: exact |dt| == window cases), key."""
+def make_input(rng, n, n_keys, disorder, step=1 / 8, decimals=None):
+    """Interleaved arrival order: stream, id, ts in seconds (multiples of `step`: exact |dt| == window cases;
+    with `decimals`, rounded to that many, as a file would hold them), key."""
     stream = (rng.random(n) < 0.45).astype(np.int64)
     ids = rng.permutation(n).astype(np.int64) + 1000  # unique, not in arrival order
     base = np.cumsum(rng.random(n) < 0.05) * step      # many equal ts, slowly increasing
     ts = base - np.round(rng.uniform(0, disorder, n) / step) * step
+    if decimals is not None:
+        ts = np.round(ts, decimals)
     # skewed keys whose hot set drifts with time, so buckets grow and later shrink
     hot = rng.random(n) < 0.5
     keys = np.where(hot, (rng.zipf(1.6, n) % 8) + (base // 3).astype(np.int64) * 100,
@@ -25,16 +29,18 @@ def make_input(rng, n, n_keys, disorder, step=1 / 8):
 
 
 def run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=400):
+    """Feed the input in random epochs; ts (seconds) and max_delay are converted to microseconds here."""
     late = late_flags(ts, max_delay)
-    out, running, pos, n = [], -np.inf, 0, len(ts)
-    ts_of, keys_of = np.zeros(ids.max() + 1), np.zeros(ids.max() + 1, np.int64)
+    ts, max_delay = micros(ts), micros(max_delay)
+    out, running, pos, n = [], NEG_INF, 0, len(ts)
+    ts_of, keys_of = np.zeros(ids.max() + 1, np.int64), np.zeros(ids.max() + 1, np.int64)
     ts_of[ids], keys_of[ids] = ts, keys
     while pos < n:
         k = int(rng.integers(0, max_epoch))
         sl = slice(pos, min(n, pos + k))
         pos = sl.stop
         if len(ts[sl]):
-            running = max(running, float(ts[sl].max()))
+            running = max(running, int(ts[sl].max()))
         ok = ~late[sl]
         sides = []
         for st in (STREAM_R, STREAM_S):
@@ -69,7 +75,7 @@ def test_process_matches_reference(seed, window, max_delay):
     stream, ids, ts, keys = make_input(rng, n, n_keys=300, disorder=max_delay * 1.3)
     expected, late_ids = reference_pairs(stream, ids, ts, keys, window, max_delay)
     assert len(late_ids) > 0  # some input is late and must not join
-    module = JoinModule(DT, partitions=3, window=window, block_size=4, theta_min=2, theta_max=6, max_depth=8)
+    module = JoinModule(DT, partitions=3, window=micros(window), block_size=4, theta_min=2, theta_max=6, max_depth=8)
     got = run_module(module, stream, ids, ts, keys, max_delay, rng)
     assert len(np.unique(got)) == len(got), "a pair was produced twice"
     assert len(expected) > 1000
@@ -90,7 +96,7 @@ def test_process_one_tuple_per_epoch_and_empty_epochs(seed):
     stream, ids, ts, keys = make_input(rng, n, n_keys=20, disorder=0.5)
     window, max_delay = 0.5, 0.375
     expected, _ = reference_pairs(stream, ids, ts, keys, window, max_delay)
-    module = JoinModule(DT, partitions=2, window=window, block_size=2, theta_min=1, theta_max=3, max_depth=6)
+    module = JoinModule(DT, partitions=2, window=micros(window), block_size=2, theta_min=1, theta_max=3, max_depth=6)
     got = run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=3)  # sizes 0, 1, 2
     assert len(expected) > 50
     np.testing.assert_array_equal(got, expected)
@@ -102,7 +108,7 @@ def test_single_hot_key_many_epochs():
     stream, ids, ts, _ = make_input(rng, n, n_keys=1, disorder=0.25)
     keys = np.full(n, 5)
     expected, _ = reference_pairs(stream, ids, ts, keys, 0.25, 0.25)
-    module = JoinModule(DT, partitions=4, window=0.25, block_size=4, theta_min=1, theta_max=3, max_depth=6)
+    module = JoinModule(DT, partitions=4, window=250_000, block_size=4, theta_min=1, theta_max=3, max_depth=6)
     got = run_module(module, stream, ids, ts, keys, 0.25, rng)
     np.testing.assert_array_equal(got, expected)
     assert module.splits == 0
@@ -110,15 +116,42 @@ def test_single_hot_key_many_epochs():
 
 
 def test_empty_process_returns_empty_typed_arrays():
-    module = JoinModule(DT, partitions=4, window=1.0, block_size=4, theta_min=1, theta_max=4, max_depth=4)
+    module = JoinModule(DT, partitions=4, window=1_000_000, block_size=4, theta_min=1, theta_max=4, max_depth=4)
     empty = np.zeros(0, dtype=DT)
-    res = module.process(empty, empty, 0.0)
-    assert len(res) == 0 and res["r_id"].dtype == np.int64 and res["s_ts"].dtype == np.float64
+    res = module.process(empty, empty, 0)
+    assert len(res) == 0 and res["r_id"].dtype == np.int64 and res["s_ts"].dtype == np.int64
     one = np.zeros(1, dtype=DT)
-    assert len(module.process(one, empty, 0.0)) == 0 and module.stored() == (1, 0)
+    assert len(module.process(one, empty, 0)) == 0 and module.stored() == (1, 0)
     other = np.zeros(1, dtype=DT)
     other["id"] = 7
-    res = module.process(empty, other, 0.0)
+    res = module.process(empty, other, 0)
     assert len(res) == 1 and int(res["r_id"][0]) == 0 and int(res["s_id"][0]) == 7
     assert module.stored() == (1, 1)
-    assert len(module.process(empty, empty, 10.0)) == 0 and module.stored() == (0, 0)  # all expire
+    # expiry keeps a tuple exactly `window` before the watermark (it can still join a tuple at the watermark)
+    assert len(module.process(empty, empty, 1_000_000)) == 0 and module.stored() == (1, 1)
+    assert len(module.process(empty, empty, 1_000_001)) == 0 and module.stored() == (0, 0)  # all expire
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("window,decimals", [(0.1, 3), (1.0, 3), (0.001, 6)])
+def test_decimal_timestamps_exactly_one_window_apart(seed, window, decimals):
+    """Millisecond (and microsecond) decimals, many pairs exactly one window apart, whose float64
+    difference misses the window: every such pair joins, none is expired before its partner comes."""
+    rng = np.random.default_rng(200 + seed)
+    n = 4000
+    step = window / 4 if decimals == 3 else 1e-6 * 250
+    stream, ids, ts, keys = make_input(rng, n, n_keys=40, disorder=window, step=step, decimals=decimals)
+    # epoch seconds with decimals no binary fraction holds: a float's ulp is 0.24 us there
+    ts = np.round(ts + (1_700_000_000.123 if decimals == 3 else 1_000.000123), decimals)
+    max_delay = window
+    expected, _ = reference_pairs(stream, ids, ts, keys, window, max_delay)
+    t = micros(ts)
+    at_window = {int(x) for x in np.flatnonzero(np.abs(t[:, None][:400] - t[None, :400]) == micros(window))}
+    assert at_window, "no pair exactly one window apart: the test would prove nothing"
+    if window != int(window):  # floats miss some (with a whole window, x + 1 is exact where x is not)
+        float_says = np.abs(ts[:, None][:400] - ts[None, :400]) <= window
+        assert not float_says[np.abs(t[:, None][:400] - t[None, :400]) == micros(window)].all()
+    module = JoinModule(DT, partitions=3, window=micros(window), block_size=4, theta_min=2, theta_max=6,
+                        max_depth=8)
+    got = run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=60)
+    np.testing.assert_array_equal(got, expected)

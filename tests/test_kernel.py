@@ -8,6 +8,12 @@ from protocol.tuples import tuple_dtype
 from slave.kernel import range_join, window_join
 
 
+def us(x):
+    """Seconds as the kernels' integer microseconds (integer arrays are microseconds already)."""
+    a = np.asarray(x)
+    return a.astype(np.int64) if a.dtype.kind in "iu" else np.rint(a * 1e6).astype(np.int64)
+
+
 def brute_pairs(a_key, a_ts, b_key, b_ts, window):
     """Every (ia, ib) with equal keys and |dt| <= window, from a full n x m comparison."""
     if len(a_key) == 0 or len(b_key) == 0:
@@ -18,6 +24,7 @@ def brute_pairs(a_key, a_ts, b_key, b_ts, window):
 
 
 def check(a_key, a_ts, b_key, b_ts, window):
+    a_ts, b_ts, window = us(a_ts), us(b_ts), int(us(window))
     ia, ib = window_join(a_key, a_ts, b_key, b_ts, window)
     assert len(ia) == len(ib)
     assert ia.dtype.kind == "i" and ib.dtype.kind == "i"
@@ -55,7 +62,7 @@ def test_integer_timestamps_window_zero_and_exact_boundary(seed):
     for window in (0.0, 1.0, 3.0):
         check(a_key, a_ts, b_key, b_ts, window)
         check(b_key, b_ts, a_key, a_ts, window)
-    ia, ib = window_join(a_key, a_ts, b_key, b_ts, 0.0)
+    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), int(us(0.0)))
     assert np.all(a_ts[ia] == b_ts[ib]) and np.all(a_key[ia] == b_key[ib])
 
 
@@ -64,12 +71,12 @@ def test_exact_boundary_included_and_just_outside_excluded():
     a_ts = np.array([10.0, 11.0, 11.5])
     b_key = np.array([7, 8])
     b_ts = np.array([10.5, 10.5])
-    ia, ib = window_join(a_key, a_ts, b_key, b_ts, 0.5)
+    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), int(us(0.5)))
     assert set(zip(ia.tolist(), ib.tolist())) == {(0, 0), (1, 0)}
     # swapped roles (b larger than a) give the mirrored pairs
-    ib2, ia2 = window_join(b_key, b_ts, a_key, a_ts, 0.5)
+    ib2, ia2 = window_join(b_key, us(b_ts), a_key, us(a_ts), int(us(0.5)))
     assert set(zip(ia2.tolist(), ib2.tolist())) == {(0, 0), (1, 0)}
-    ia, ib = window_join(a_key, a_ts, b_key, b_ts, 0.0)
+    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), int(us(0.0)))
     assert len(ia) == 0 and len(ib) == 0
 
 
@@ -77,15 +84,15 @@ def test_all_one_key_is_full_cross_product_within_window():
     n, m = 60, 45
     a_key, b_key = np.full(n, 3), np.full(m, 3)
     a_ts, b_ts = np.zeros(n), np.zeros(m)
-    ia, ib = window_join(a_key, a_ts, b_key, b_ts, 0.0)
+    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), int(us(0.0)))
     assert len(ia) == n * m
     assert len(set(zip(ia.tolist(), ib.tolist()))) == n * m
-    ib, ia = window_join(b_key, b_ts, a_key, a_ts, 0.0)
+    ib, ia = window_join(b_key, us(b_ts), a_key, us(a_ts), int(us(0.0)))
     assert len(set(zip(ia.tolist(), ib.tolist()))) == n * m
 
 
 def test_disjoint_keys_give_nothing():
-    ia, ib = window_join(np.arange(10), np.zeros(10), np.arange(10, 30), np.zeros(20), 1e9)
+    ia, ib = window_join(np.arange(10), us(np.zeros(10)), np.arange(10, 30), us(np.zeros(20)), 10**15)
     assert len(ia) == 0 and len(ib) == 0
 
 
@@ -104,16 +111,16 @@ def test_one_hot_key_far_apart_in_time_does_not_build_all_key_pairs():
     import tracemalloc
     rng = np.random.default_rng(5)
     n = 20_000
-    a_ts, b_ts = np.sort(rng.random(n) * 1000), np.sort(rng.random(n) * 1000)
+    a_ts, b_ts = us(np.sort(rng.random(n) * 1000)), us(np.sort(rng.random(n) * 1000))
     keys = np.zeros(n, dtype=np.int64)
     tracemalloc.start()
-    ia, ib = window_join(keys, a_ts, keys, b_ts, 0.001)
+    ia, ib = window_join(keys, us(a_ts), keys, us(b_ts), int(us(0.001)))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 20 * 2**20
-    expected = sum(int(np.count_nonzero(np.abs(b_ts - t) <= 0.001)) for t in a_ts[:2000])
+    expected = sum(int(np.count_nonzero(np.abs(b_ts - t) <= 1000)) for t in a_ts[:2000])
     assert int(np.count_nonzero(ia < 2000)) == expected
-    assert np.all(np.abs(a_ts[ia] - b_ts[ib]) <= 0.001)
+    assert np.all(np.abs(a_ts[ia] - b_ts[ib]) <= 1000)
 
 
 def test_equal_timestamps_duplicates_and_strided_field_views():
@@ -122,7 +129,7 @@ def test_equal_timestamps_duplicates_and_strided_field_views():
     for n, m in ((400, 90), (90, 400), (1, 250)):
         a, b = np.zeros(n, tuple_dtype(64)), np.zeros(m, tuple_dtype(64))
         a["key"], b["key"] = rng.integers(-3, 3, n), rng.integers(-3, 3, m)
-        a["ts"], b["ts"] = rng.integers(0, 5, n) * 0.25, rng.integers(0, 5, m) * 0.25
+        a["ts"], b["ts"] = rng.integers(0, 5, n) * 250_000, rng.integers(0, 5, m) * 250_000
         for window in (0.0, 0.25, 0.5):
             check(a["key"], a["ts"], b["key"], b["ts"], window)
 
@@ -141,6 +148,7 @@ def brute_range(a_key, a_ts, b_key, b_ts, window, low, high):
 
 
 def check_range(a_key, a_ts, b_key, b_ts, window, low, high):
+    a_ts, b_ts, window = us(a_ts), us(b_ts), int(us(window))
     ia, ib = range_join(a_key, a_ts, b_key, b_ts, window, low, high)
     got = list(zip(ia.tolist(), ib.tolist()))
     assert len(got) == len(set(got)), "range_join returned a pair twice"

@@ -28,13 +28,18 @@ from master.desks.stall import StallError, StallWatch
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.source import FileSource
 from master.stats import RunStats
-from protocol import checkpoint
+from protocol import checkpoint, eventtime
 from protocol.config import load_config
 from protocol.output import read_tables
 from protocol.messages import Kind, batch_groups, batch_message, decode_batch, encode_batch
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 
 DT = tuple_dtype(64)
+
+
+def S(seconds: float) -> int:
+    """Event time in the engine's integer microseconds (protocol.eventtime)."""
+    return eventtime.duration(seconds)
 PARTS = 8
 
 
@@ -54,7 +59,7 @@ class FakeLinks:
         self.seq[rank] += 1
         return batch_message(Kind.BATCH, self.seq[rank], watermark, n_r, n_s, DT, groups=groups)
 
-    def order(self, rank, kind, watermark=np.nan, partition=-1, peer=-1, groups=None):
+    def order(self, rank, kind, watermark=eventtime.NONE, partition=-1, peer=-1, groups=None):
         empty = np.empty(0, DT)
         self.send(rank, encode_batch(kind, self.seq[rank], watermark, empty, empty, partition, peer, groups))
 
@@ -93,7 +98,7 @@ def config(tmp_path, *overrides):
 def rows(ids, keys, ts=None, arrival=0.0):
     out = np.zeros(len(ids), DT)
     out["id"], out["key"] = ids, keys
-    out["ts"] = np.arange(len(ids), dtype=float) if ts is None else ts
+    out["ts"] = np.arange(len(ids)) if ts is None else ts
     out["arrival"] = arrival
     return out
 
@@ -122,41 +127,41 @@ def test_a_busy_slave_misses_its_slot_and_is_served_when_its_report_comes(tmp_pa
     owned = {r: p.controller.partitions_of(r) for r in p.slaves}
     waiting = {r: int(p.buffers.counts[:, owned[r]].sum()) for r in p.slaves}
 
-    assert not desk.slot(frontier=5.0)  # slaves 1 and 3: idle, served
+    assert not desk.slot(frontier=S(5.0))  # slaves 1 and 3: idle, served
     assert p.links.kinds() == [(1, Kind.BATCH), (3, Kind.BATCH)]
     for rank, head, r, s, groups in p.links.sent:
-        assert len(r) + len(s) == waiting[rank] and head["watermark"] == 5.0 and head["epoch"] == 1
+        assert len(r) + len(s) == waiting[rank] and head["watermark"] == S(5.0) and head["epoch"] == 1
         assert set(groups[:, 0]) <= set(owned[rank].tolist())
         assert np.isin(partition_of(np.concatenate([r["key"], s["key"]]), PARTS), owned[rank]).all()
     assert [c[:2] for c in results.calls] == [(1, 1), (3, 1)]
-    assert desk.slot(frontier=5.0)  # slaves 2 and 4: the epoch is over
+    assert desk.slot(frontier=S(5.0))  # slaves 2 and 4: the epoch is over
     assert desk.epochs_done == 1 and p.links.busy.keys() == {1, 2, 3, 4}
 
     p.buffers.add(STREAM_S, rows(np.arange(500, 600), rng.integers(0, 1000, 100)))
     more = int(p.buffers.counts[:, owned[1]].sum())
     p.links.answer(3)
-    desk.slot(frontier=6.0)  # slave 1 still joins its batch: it misses the slot; slave 3 is served
+    desk.slot(frontier=S(6.0))  # slave 1 still joins its batch: it misses the slot; slave 3 is served
     assert p.stats.per_slave[1]["slots_missed"] == 1 and desk.missed == {1}
     assert p.controller.buffer_samples[1][-1] == waiting[1] + more  # its batch and what waits for it
     assert p.links.sent[-1][0] == 3
     rule = may_serve(False, set(), False)
-    desk.serve_missed(rule, frontier=6.0)
+    desk.serve_missed(rule, frontier=S(6.0))
     assert len(p.links.sent) == 5  # still busy: nothing
     p.links.answer(1)
-    desk.serve_missed(rule, frontier=6.0)
+    desk.serve_missed(rule, frontier=S(6.0))
     rank, head, r, s, _ = p.links.sent[-1]
-    assert rank == 1 and len(r) + len(s) == more and head["watermark"] == 6.0 and head["epoch"] == 2
+    assert rank == 1 and len(r) + len(s) == more and head["watermark"] == S(6.0) and head["epoch"] == 2
     assert desk.missed == set() and p.buffers.counts[:, owned[1]].sum() == 0
 
 
 def test_a_slave_with_nothing_new_is_not_sent_a_batch(tmp_path):
     p = Parts(config(tmp_path), [1, 2])
     desk = DistributionDesk(p.cfg, p.slaves, p.buffers, p.controller, p.stats, p.links, FakeResults())
-    desk.serve(1, frontier=3.0)  # no tuples, but a new watermark: it may expire blocks
-    desk.serve(2, frontier=-np.inf)  # no tuples and no news
+    desk.serve(1, frontier=S(3.0))  # no tuples, but a new watermark: it may expire blocks
+    desk.serve(2, frontier=eventtime.NEG_INF)  # no tuples and no news
     assert p.links.kinds() == [(1, Kind.BATCH)]
     p.links.answer(1)
-    desk.serve(1, frontier=3.0)
+    desk.serve(1, frontier=S(3.0))
     assert len(p.links.sent) == 1
 
 
@@ -171,7 +176,7 @@ def test_a_held_move_blocks_serving_its_supplier_and_is_ordered_once_idle(tmp_pa
     p.controller.queue.append(move)
     assert moves.waits_for() == {2, 3}
     p.buffers.add(STREAM_S, rows(np.arange(400), np.arange(400)))
-    desk.serve(2, frontier=1.0)  # its slot came first: busy, so the move waits
+    desk.serve(2, frontier=S(1.0))  # its slot came first: busy, so the move waits
     assert moves.start(desk.sent_watermark.get) == [] and p.controller.queue == [move]
 
     p.links.answer(2)
@@ -181,28 +186,28 @@ def test_a_held_move_blocks_serving_its_supplier_and_is_ordered_once_idle(tmp_pa
     p.buffers.add(STREAM_S, rows(np.arange(400, 800), np.arange(400, 800)))
     held = int(p.buffers.counts[:, group].sum())
     assert held > 0
-    desk.serve(2, frontier=2.0)  # another slot: the held group's tuples stay here, the watermark is capped
+    desk.serve(2, frontier=S(2.0))  # another slot: the held group's tuples stay here, the watermark is capped
     _, head, r, s, groups = p.links.sent[-1]
-    assert group not in groups[:, 0] and head["watermark"] == 1.0
+    assert group not in groups[:, 0] and head["watermark"] == S(1.0)
     assert p.buffers.counts[:, group].sum() == held
 
-    moves.on_ready(1, {"partition": group, "cap": 0.5})
+    moves.on_ready(1, {"partition": group, "cap": S(0.5)})
     assert moves.start(desk.sent_watermark.get) == []  # ready everywhere, but the supplier is joining
     p.links.answer(2)
     desk.owe(2)
-    desk.serve_missed(may_serve(False, moves.waits_for(), False), frontier=2.0)
+    desk.serve_missed(may_serve(False, moves.waits_for(), False), frontier=S(2.0))
     assert p.links.kinds()[-1] == (2, Kind.BATCH) and len(p.links.sent) == 2  # not served: the move waits
     assert moves.start(desk.sent_watermark.get) == [move]
     rank, head, *_ = p.links.sent[-1]
     assert (rank, Kind(int(head["kind"])), head["partition"], head["peer"]) == (2, Kind.MOVE, group, 3)
-    assert head["watermark"] == 0.5  # the lowest cap of every dispatcher that held the group
+    assert head["watermark"] == S(0.5)  # the lowest cap of every dispatcher that held the group
 
     assert moves.on_installed({"partition": group, "moved_tuples": 77}, 0.0) == 3
     assert p.links.told[-1] == ([1], RELEASE, {"partition": group})
     assert p.controller.partition_map[group] == 3 and not p.controller.moving[group]
     assert p.stats.tuples_moved == 77
     desk.owe(3)
-    desk.serve_missed(may_serve(False, moves.waits_for(), False), frontier=2.0)
+    desk.serve_missed(may_serve(False, moves.waits_for(), False), frontier=S(2.0))
     rank, head, r, s, groups = p.links.sent[-1]
     assert rank == 3 and list(groups[:, 0]).count(group) == 1 and len(s) >= held
 
@@ -212,15 +217,15 @@ def test_another_dispatcher_is_ready_only_when_its_batches_before_the_hold_are_j
     moves = MovesDesk(2, p.controller, p.stats, p.links)
     p.links.busy[3] = np.empty(0)  # a batch to the consumer, sent before the hold
     move = Move(int(p.controller.partitions_of(2)[0]), 2, 3, "test")
-    moves.on_hold({"move": move}, last_watermark=4.0)
+    moves.on_hold({"move": move}, last_watermark=S(4.0))
     moves.send_ready()
-    assert p.links.told == [] and p.controller.watermark_cap() == 4.0
+    assert p.links.told == [] and p.controller.watermark_cap() == S(4.0)
     moves.on_answer(2)  # not a slave it waits for
     moves.send_ready()
     assert p.links.told == []
     moves.on_answer(3)
     moves.send_ready()
-    assert p.links.told == [([0], READY, {"partition": move.partition, "cap": 4.0})]
+    assert p.links.told == [([0], READY, {"partition": move.partition, "cap": S(4.0)})]
     assert moves.on_release({"partition": move.partition}, 0.0) == 3
 
 
@@ -235,7 +240,7 @@ def test_the_serving_rule_reads_every_desks_answer():
 
 def master_sections(p, consumed):
     return {"consumed": consumed, "max_ts": 9.5, "late_files": 2, "key_ranges": None, "archive_files": 0,
-            "epochs_done": 4, "sent_watermark": {str(r): 1.0 for r in p.slaves},
+            "epochs_done": 4, "sent_watermark": {str(r): S(1.0) for r in p.slaves},
             "epoch": {str(r): 3 for r in p.slaves}, "hot_keys": None}
 
 
@@ -437,7 +442,7 @@ def test_ingest_sets_late_tuples_aside_and_routes_the_rest_by_hash(tmp_path):
     assert p.stats.late == 3 and desk.late_files == 1 and desk.consumed == len(ts)
     late = read_tables(tmp_path / "late")
     assert sorted(late.column("id").to_pylist()) == [3, 4, 8]
-    assert desk.frontier() == 5.0 - 1.0
+    assert desk.frontier() == S(5.0) - S(1.0)
     on_time = np.setdiff1d(np.arange(len(ts)), [3, 4, 8])
     for stream_id in (STREAM_R, STREAM_S):
         mine = on_time[stream[on_time] == stream_id]

@@ -12,6 +12,7 @@ from protocol import delays
 from protocol.arrays import group_pairs, whole_buffer
 from protocol.messages import HEADER, HISTOGRAMS, REPORT_BYTES, REPORT_FIELDS, Kind, batch_message, decode_batch, \
     decode_report, encode_batch, encode_report
+from protocol.eventtime import NEG_INF, NONE, POS_INF
 from protocol.tuples import BASE_TUPLE_BYTES, directory_hash, mix64, partition_of, tuple_dtype
 
 
@@ -20,7 +21,7 @@ from protocol.tuples import BASE_TUPLE_BYTES, directory_hash, mix64, partition_o
 def random_rows(rng, dtype, n):
     rows = np.zeros(n, dtype=dtype)
     rows["id"] = rng.integers(-2**62, 2**62, n)
-    rows["ts"] = rng.normal(0, 1e6, n)
+    rows["ts"] = rng.integers(-2**61 + 1, 2**61, n)
     rows["key"] = rng.integers(-2**62, 2**62, n)
     rows["value"] = rng.normal(size=n)
     rows["arrival"] = rng.uniform(1.7e9, 1.8e9, n)
@@ -38,14 +39,14 @@ def test_batch_round_trip(tuple_bytes, n_r, n_s):
     dt = tuple_dtype(tuple_bytes)
     r, s = random_rows(rng, dt, n_r), random_rows(rng, dt, n_s)
     before = time.time()
-    buf = encode_batch(Kind.BATCH, 12345, -3.25, r, s)
+    buf = encode_batch(Kind.BATCH, 12345, -3_250_000, r, s)
     after = time.time()
     assert buf.dtype == np.uint8
     assert len(buf) == HEADER.itemsize + (n_r + n_s) * tuple_bytes
     head, r2, s2 = decode_batch(buf, dt)
     assert int(head["kind"]) == Kind.BATCH and Kind(int(head["kind"])) is Kind.BATCH
     assert int(head["epoch"]) == 12345
-    assert float(head["watermark"]) == -3.25
+    assert int(head["watermark"]) == -3_250_000
     assert before <= float(head["sent"]) <= after  # the master's send time: the delay decomposition
     assert (int(head["n_r"]), int(head["n_s"])) == (n_r, n_s)
     assert r2.dtype == dt and s2.dtype == dt
@@ -59,33 +60,37 @@ def test_batch_round_trip(tuple_bytes, n_r, n_s):
 def test_a_batch_message_is_built_in_an_earlier_buffer_that_is_large_enough():
     rng = np.random.default_rng(5)
     dt = tuple_dtype(64)
-    big = encode_batch(Kind.BATCH, 1, 0.0, random_rows(rng, dt, 300), random_rows(rng, dt, 200))
+    big = encode_batch(Kind.BATCH, 1, 0, random_rows(rng, dt, 300), random_rows(rng, dt, 200))
     r, s = random_rows(rng, dt, 40), random_rows(rng, dt, 70)
-    buf, body_r, body_s = batch_message(Kind.BATCH, 2, 1.5, len(r), len(s), dt, spare=big)
+    buf, body_r, body_s = batch_message(Kind.BATCH, 2, 1_500_000, len(r), len(s), dt, spare=big)
     body_r[:], body_s[:] = r, s
     assert np.shares_memory(buf, big) and len(buf) == HEADER.itemsize + 110 * 64  # exact size, in the spare
     head, r2, s2 = decode_batch(buf, dt)
     assert int(head["epoch"]) == 2 and r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
     assert whole_buffer(buf) is big  # kept as the next spare: a later batch up to its size fits again
-    larger, _, _ = batch_message(Kind.BATCH, 3, 2.0, 400, 200, dt, spare=whole_buffer(buf))
+    larger, _, _ = batch_message(Kind.BATCH, 3, 2_000_000, 400, 200, dt, spare=whole_buffer(buf))
     assert not np.shares_memory(larger, big) and len(larger) == HEADER.itemsize + 600 * 64  # too small: fresh
 
 
 def test_stop_message_with_infinite_watermark():
     dt = tuple_dtype(64)
     empty = np.empty(0, dtype=dt)
-    buf = encode_batch(Kind.STOP, 7, np.inf, empty, empty)
+    buf = encode_batch(Kind.STOP, 7, POS_INF, empty, empty)
     assert len(buf) == HEADER.itemsize
     head, r, s = decode_batch(buf, dt)
-    assert int(head["kind"]) == Kind.STOP and head["watermark"] == np.inf and int(head["epoch"]) == 7
+    assert int(head["kind"]) == Kind.STOP and head["watermark"] == POS_INF and int(head["epoch"]) == 7
     assert len(r) == 0 and len(s) == 0
+    for none in (NONE, NEG_INF):  # the other sentinels travel as they are
+        assert decode_batch(encode_batch(Kind.CHECKPOINT, 1, none, empty, empty), dt)[0]["watermark"] == none
+    with pytest.raises(TypeError):  # seconds as a float would be truncated to whole microseconds unseen
+        encode_batch(Kind.BATCH, 1, 2.5, empty, empty)
 
 
 def test_decode_survives_a_copied_buffer():
     rng = np.random.default_rng(1)
     dt = tuple_dtype(48)
     r, s = random_rows(rng, dt, 4), random_rows(rng, dt, 6)
-    raw = bytes(encode_batch(Kind.BATCH, 1, 0.5, r, s))  # as received off the wire
+    raw = bytes(encode_batch(Kind.BATCH, 1, 500_000, r, s))  # as received off the wire
     head, r2, s2 = decode_batch(np.frombuffer(bytearray(raw), dtype=np.uint8), dt)
     assert r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
 
@@ -94,7 +99,7 @@ def test_decode_survives_a_copied_buffer():
 def test_decode_rejects_truncated_and_oversized(tuple_bytes):
     rng = np.random.default_rng(2)
     dt = tuple_dtype(tuple_bytes)
-    buf = encode_batch(Kind.BATCH, 3, 1.0, random_rows(rng, dt, 3), random_rows(rng, dt, 2))
+    buf = encode_batch(Kind.BATCH, 3, 1_000_000, random_rows(rng, dt, 3), random_rows(rng, dt, 2))
     for cut in (0, 1, HEADER.itemsize - 1, HEADER.itemsize, HEADER.itemsize + 1, len(buf) - tuple_bytes,
                 len(buf) - 1):
         with pytest.raises(ValueError, match="bytes"):
@@ -303,6 +308,11 @@ def test_the_spark_side_and_the_protocol_import_without_numba():
             "for pkg in (control, protocol):\n"
             "    for m in pkgutil.iter_modules(pkg.__path__):\n"
             "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    # nor pyarrow, for what the checkpoint check's workers load (protocol.config imports protocol.eventtime)
+    code = "import sys; sys.modules['pyarrow'] = None\nimport control.checkpoints, protocol.wire, protocol.config\n"
     run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -13,6 +13,7 @@ from master.source import FileSource, RejectedListing, open_source
 from protocol.chunks import Chunk, InputError
 from protocol.output import read_tables
 from protocol.workload import GeneratorSource, bmodel_tables, generate_all
+from tests.reference import micros
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S
 from tests.cluster import write_input
@@ -75,7 +76,7 @@ def test_generator_total_and_dtypes():
     assert isinstance(src, GeneratorSource)
     data = generate_all(cfg)
     assert src.total == len(data.id)
-    assert [c.dtype for c in data] == [np.int8, np.int64, np.float64, np.int64, np.float64]
+    assert [c.dtype for c in data] == [np.int8, np.int64, np.int64, np.int64, np.float64]
     assert np.isfinite(data.ts).all()
     assert ((data.value >= 0) & (data.value < 1)).all()
 
@@ -87,7 +88,7 @@ def test_generator_rates(rate, duration):
     for s in (STREAM_R, STREAM_S):
         n = int((data.stream == s).sum())
         assert abs(n - expected) <= 5 * math.sqrt(expected), (s, n, expected)
-    assert data.ts.min() >= 0 and data.ts.max() < duration
+    assert data.ts.min() >= 0 and data.ts.max() < duration * 1e6
 
 
 def test_generator_ids_per_stream_in_arrival_order():
@@ -107,11 +108,11 @@ def test_generator_disorder_bounded():
     data = generate_all(gen_cfg(disorder=d))
     running_max = np.maximum.accumulate(data.ts)
     assert (np.diff(data.ts) < 0).any()  # really out of order
-    assert (data.ts >= running_max - d).all()
+    assert (data.ts >= running_max - d * 1e6).all()
     # the disorder only shifts ts back: same streams, same keys as without disorder
     base = generate_all(gen_cfg(disorder=0.0))
     np.testing.assert_array_equal(base.key, data.key)
-    shift = base.ts - data.ts
+    shift = (base.ts - data.ts) / 1e6
     assert (shift >= 0).all() and (shift < d).all() and shift.max() > 0.9 * d
 
 
@@ -227,7 +228,7 @@ def check_table(data):
     np.testing.assert_array_equal(data.stream, [STREAM_R, STREAM_S, STREAM_S, STREAM_R])
     assert data.stream.dtype == np.int8
     np.testing.assert_array_equal(data.id, TABLE["id"])
-    np.testing.assert_array_equal(data.ts, TABLE["ts"])
+    np.testing.assert_array_equal(data.ts, micros(TABLE["ts"]))
     np.testing.assert_array_equal(data.key, TABLE["key"])
     np.testing.assert_array_equal(data.value, TABLE["value"])
 
@@ -279,9 +280,36 @@ def test_csv_lenient_syntax(tmp_path):
     assert rejected(src) is None
     np.testing.assert_array_equal(d.stream, [STREAM_R, STREAM_S])
     np.testing.assert_array_equal(d.id, [5, 6])
-    np.testing.assert_array_equal(d.ts, [0.1, 2.0])
+    np.testing.assert_array_equal(d.ts, [100_000, 2_000_000])
     np.testing.assert_array_equal(d.key, [-3, 4])
     np.testing.assert_array_equal(d.value, [0.5, -np.inf])
+
+
+def test_csv_int64_minimum_is_an_integer_for_id_and_key_and_one_below_is_not(tmp_path):
+    # the minimum has one digit more in magnitude than the maximum: only a minus sign may carry it
+    lo, hi = "-9223372036854775808", "9223372036854775807"
+    p = write_csv(tmp_path, "stream,id,ts,key\n"
+                            f"R,{lo},1.0,{lo}\nS,{hi},1.0,{lo}\nS,-0{lo[1:]},1.5,{hi}\n"  # a leading zero: still it
+                            f"R,-9223372036854775809,1.0,1\nR,1,1.0,9223372036854775808\nS,5,1.0,+9223372036854775808\n")
+    src = open_file(p)
+    d = drain(src, 10)
+    np.testing.assert_array_equal(d.id, [np.iinfo(np.int64).min, np.iinfo(np.int64).max, np.iinfo(np.int64).min])
+    np.testing.assert_array_equal(d.key, [np.iinfo(np.int64).min, np.iinfo(np.int64).min, np.iinfo(np.int64).max])
+    rej = rejected(src).to_pydict()
+    assert rej["row"] == [4, 5, 6] and rej["column"] == ["id", "key", "key"]
+    assert set(rej["reason"]) == {"id is not an integer", "key is not an integer"}
+
+
+def test_ts_out_of_range_is_set_aside_with_its_reason(tmp_path):
+    # the limit is 2**61 us = 2305843009213.693952 s, either side of zero
+    p = write_csv(tmp_path, "stream,id,ts,key\nR,1,2305843009213.693951,1\nR,2,2305843009213.694,1\n"
+                            "S,3,-2305843009213.694,1\nS,4,1e300,1\nS,5,99999999999999999999999.5,1\n"
+                            "S,6,-2305843009213.693951,1\n")
+    src = open_file(p)
+    np.testing.assert_array_equal(drain(src, 10).ts, [2**61 - 1, -(2**61 - 1)])
+    rej = rejected(src).to_pydict()
+    assert rej["row"] == [2, 3, 4, 5] and set(rej["column"]) == {"ts"}
+    assert all(r.startswith("ts is out of range") for r in rej["reason"])
 
 
 def test_rejections_row_column_reason(tmp_path):
@@ -328,7 +356,7 @@ def test_duplicate_first_seen_is_first_good_row(tmp_path):
     # a row rejected for another reason does not count as the first occurrence
     p = write_csv(tmp_path, "stream,id,ts,key\nS,7,x,1\nS,7,1,1\nS,7,2,1\nR,7,3,1\n")
     src = open_file(p)
-    np.testing.assert_array_equal(drain(src, 10).ts, [1.0, 3.0])
+    np.testing.assert_array_equal(drain(src, 10).ts, [1_000_000, 3_000_000])
     assert rejected(src).column("reason").to_pylist() == [
         "ts is not a number", "duplicate id 7 in stream S (first seen at row 2)"]
 
@@ -434,7 +462,7 @@ def test_shift_moves_the_hot_keys_but_keeps_the_skew():
     still = generate_all(load_config(None, base))
     moving = generate_all(load_config(None, base + ["generator.shift=2.0"]))
     def top(c, lo, hi):
-        sel = (c.ts >= lo) & (c.ts < hi)
+        sel = (c.ts >= lo * 1e6) & (c.ts < hi * 1e6)
         keys, counts = np.unique(c.key[sel], return_counts=True)
         return {int(keys[np.argmax(counts)])}, counts.max() / sel.sum()  # the hottest key stands well clear
     a1, share1 = top(still, 0, 2)

@@ -10,6 +10,7 @@ from protocol.workload import generate_all
 from protocol.config import ConfigError, load_config
 from slave.join import JoinModule
 from protocol.tuples import tuple_dtype
+from protocol.eventtime import NEG_INF
 from tests.cluster import run_cluster
 from tests.reference import reference_theta_pairs
 from tests.test_balance_cluster import FORCED_CHURN, straggler
@@ -90,14 +91,14 @@ def test_copies_of_keys_at_the_int64_limits_reach_their_partners_instead_of_wrap
 
 def test_range_groups_are_never_split_and_produce_each_pair_once():
     dt = tuple_dtype(40)
-    m = JoinModule(dt, 2, 1.0, 4, 1, 2, 12, "band", 2)
+    m = JoinModule(dt, 2, 1_000_000, 4, 1, 2, 12, "band", 2)
     rng = np.random.default_rng(5)
     r = np.zeros(300, dt)
     s = np.zeros(300, dt)
     for x in (r, s):
-        x["id"], x["key"], x["ts"] = np.arange(300), rng.integers(0, 50, 300), np.sort(rng.random(300))
+        x["id"], x["key"], x["ts"] = np.arange(300), rng.integers(0, 50, 300), np.sort(rng.integers(0, 10**6, 300))
     groups = np.array([[0, 300, 300]])
-    got = m.process(r, s, -np.inf, groups)
+    got = m.process(r, s, NEG_INF, groups)
     assert m.splits == 0 and len(m.groups[0].buckets) == 1
     d = np.abs(r["key"][:, None] - s["key"][None, :]) <= 2
     assert len(got) == int(d.sum())

@@ -10,16 +10,22 @@ from slave.window import MiniWindow
 DT = tuple_dtype(48)
 
 
+def us(seconds):
+    """Seconds as the window's integer microseconds."""
+    return np.rint(np.asarray(seconds, dtype=np.float64) * 1e6).astype(np.int64)
+
+
 def make_rows(ids, ts):
+    """Rows with ts given in seconds."""
     rows = np.zeros(len(ids), dtype=DT)
-    rows["id"], rows["ts"], rows["key"] = ids, ts, np.asarray(ids) % 5
+    rows["id"], rows["ts"], rows["key"] = ids, us(ts), np.asarray(ids) % 5
     return rows
 
 
 def recomputed_block_max(w: MiniWindow) -> np.ndarray:
     ts = w.rows["ts"]
     B = w.block_size
-    return np.array([ts[i: i + B].max() for i in range(0, len(ts), B)], dtype=np.float64)
+    return np.array([ts[i: i + B].max() for i in range(0, len(ts), B)], dtype=np.int64)
 
 
 def check_blocks(w: MiniWindow):
@@ -52,14 +58,14 @@ class Model:
 def test_append_across_partial_head_block():
     w = MiniWindow(DT, 4)
     w.append(make_rows([0, 1, 2], [5.0, 1.0, 2.0]))
-    np.testing.assert_array_equal(w.block_max, [5.0])
+    np.testing.assert_array_equal(w.block_max, us([5.0]))
     # fills the partial head block with a larger ts and starts two new blocks
     w.append(make_rows([3, 4, 5, 6, 7, 8, 9], [9.0, 0.5, 0.1, 0.2, 0.3, 7.0, 3.0]))
-    np.testing.assert_array_equal(w.block_max, [9.0, 0.5, 7.0])
+    np.testing.assert_array_equal(w.block_max, us([9.0, 0.5, 7.0]))
     np.testing.assert_array_equal(w.rows["id"], np.arange(10))
     check_blocks(w)
     w.append(make_rows([], []))
-    np.testing.assert_array_equal(w.block_max, [9.0, 0.5, 7.0])
+    np.testing.assert_array_equal(w.block_max, us([9.0, 0.5, 7.0]))
     assert len(w) == 10
 
 
@@ -82,19 +88,19 @@ def test_expire_drops_only_blocks_whose_newest_ts_is_below_threshold():
     # block 0: newest 10 (old tuples inside), block 1: newest 2, block 2: newest 5, head block: newest 1
     ts = [0.0, 10.0, 1.0, 2.0, 0.0, 1.0, 5.0, 4.0, 3.0, 1.0]
     w.append(make_rows(np.arange(10), ts))
-    assert w.expire(-1.0) == 0 and len(w) == 10
-    assert w.expire(2.0) == 1  # only the head block (newest 1 < 2); block 1 has newest == 2, kept
+    assert w.expire(-1000000) == 0 and len(w) == 10
+    assert w.expire(2000000) == 1  # only the head block (newest 1 < 2); block 1 has newest == 2, kept
     np.testing.assert_array_equal(w.rows["id"], np.arange(9))
-    assert w.expire(5.0) == 3  # block 1 (newest 2); block 0 kept although it holds ts 0 and 1
+    assert w.expire(5000000) == 3  # block 1 (newest 2); block 0 kept although it holds ts 0 and 1
     np.testing.assert_array_equal(w.rows["id"], [0, 1, 2, 6, 7, 8])
-    np.testing.assert_array_equal(w.block_max, [10.0, 5.0])
+    np.testing.assert_array_equal(w.block_max, us([10.0, 5.0]))
     check_blocks(w)
-    assert w.expire(10.0) == 3
+    assert w.expire(10000000) == 3
     np.testing.assert_array_equal(w.rows["id"], [0, 1, 2])
-    assert w.expire(10.5) == 3 and len(w) == 0 and w.blocks == 0
+    assert w.expire(10500000) == 3 and len(w) == 0 and w.blocks == 0
     # the window is usable after being emptied
     w.append(make_rows([20, 21], [1.0, 2.0]))
-    np.testing.assert_array_equal(w.block_max, [2.0])
+    np.testing.assert_array_equal(w.block_max, us([2.0]))
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -111,8 +117,8 @@ def test_random_append_expire_against_model(seed, B):
         ids = np.arange(next_id, next_id + k)
         next_id += k
         w.append(make_rows(ids, ts))
-        model.append(ids.tolist(), ts.tolist())
-        threshold = t - rng.uniform(1, 6)
+        model.append(ids.tolist(), us(ts).tolist())
+        threshold = int(us(t - rng.uniform(1, 6)))
         before_max = w.block_max.copy()
         before_rows = w.rows.copy()
         dropped = w.expire(threshold)
@@ -136,9 +142,9 @@ def test_take_returns_masked_rows_and_keeps_rest_in_order():
     mask = rng.random(23) < 0.4
     out = w.take(mask)
     np.testing.assert_array_equal(out["id"], np.flatnonzero(mask))
-    np.testing.assert_array_equal(out["ts"], ts[mask])
+    np.testing.assert_array_equal(out["ts"], us(ts)[mask])
     np.testing.assert_array_equal(w.rows["id"], np.flatnonzero(~mask))
-    np.testing.assert_array_equal(w.rows["ts"], ts[~mask])
+    np.testing.assert_array_equal(w.rows["ts"], us(ts)[~mask])
     check_blocks(w)
     # returned rows are independent of the window's storage
     w.append(make_rows([100, 101], [0.0, 0.0]))
@@ -160,8 +166,8 @@ def test_take_all_none_and_then_expire(seed):
     mask = rng.random(n) < 0.5
     w.take(mask)
     model = Model(B)
-    model.append(np.flatnonzero(~mask).tolist(), ts[~mask].tolist())
-    assert w.expire(5.0) == model.expire(5.0)
+    model.append(np.flatnonzero(~mask).tolist(), us(ts)[~mask].tolist())
+    assert w.expire(5_000_000) == model.expire(5_000_000)
     np.testing.assert_array_equal(w.rows["id"], model.ids)
     check_blocks(w)
     out = w.take(np.ones(len(w), bool))
@@ -175,7 +181,7 @@ def test_nbytes_counts_the_allocated_rows_and_the_block_index():
     # 10 rows in storage grown to at least 10 (here: exactly 10) plus 3 blocks' newest ts
     assert w.nbytes >= 10 * DT.itemsize + 3 * 8
     assert w.nbytes == len(w._rows) * DT.itemsize + w.blocks * 8
-    w.expire(4.5)  # drops the first block
+    w.expire(4_500_000)  # drops the first block
     assert w.nbytes == len(w._rows) * DT.itemsize + 2 * 8 and len(w) == 6
 
 
@@ -189,7 +195,7 @@ def test_a_steady_window_holds_at_most_twice_its_rows(per_epoch, epochs_kept):
     for epoch in range(60):
         n = int(rng.integers(per_epoch // 2, per_epoch * 3 // 2 + 1))
         w.append(make_rows(np.arange(n) + epoch * 10 * per_epoch, epoch + np.sort(rng.random(n))))
-        w.expire(epoch + 1 - epochs_kept)
+        w.expire((epoch + 1 - epochs_kept) * 1_000_000)
         if epoch >= epochs_kept:
             worst = max(worst, w.nbytes / (len(w) * DT.itemsize))
         check_blocks(w)

@@ -12,13 +12,14 @@ ACCEPT = (wire.Kind.TUPLES, wire.Kind.END)
 def good(rng, n=None, first_id=0):
     n = int(rng.integers(1, 200)) if n is None else n
     stream = rng.integers(0, 2, n)
-    return wire.encode_tuples(stream, first_id + np.arange(n), rng.random(n) * 10, rng.integers(0, 50, n),
+    return wire.encode_tuples(stream, first_id + np.arange(n), rng.integers(0, 10_000_000, n), rng.integers(0, 50, n),
                               rng.random(n))
 
 
 def test_round_trip_keeps_every_column():
     rng = np.random.default_rng(1)
-    stream, ids, ts, keys, values = rng.integers(0, 2, 50), np.arange(50) * 7, rng.random(50), rng.integers(-9, 9, 50), rng.random(50)
+    stream, ids, keys, values = rng.integers(0, 2, 50), np.arange(50) * 7, rng.integers(-9, 9, 50), rng.random(50)
+    ts = rng.integers(-2**61 + 1, 2**61, 50)  # microseconds: the whole valid range
     msg = wire.decode(wire.encode_tuples(stream, ids, ts, keys, values, sender=3, seq=9), ACCEPT, 100)
     assert isinstance(msg, wire.Message) and msg.kind == wire.Kind.TUPLES and (msg.sender, msg.seq) == (3, 9)
     for name, col in zip(("stream", "id", "ts", "key", "value"), (stream, ids, ts, keys, values)):
@@ -51,7 +52,7 @@ def mutations(rng, frames):
            ("header", [frames[0][: int(rng.integers(0, 32))], frames[1]]),
            ("header", [frames[0] + b"\0", frames[1]]),
            ("magic", with_header(frames, magic=b"XXXX")),
-           ("version", with_header(frames, version=int(rng.integers(2, 60000)))),
+           ("version", with_header(frames, version=int(rng.choice([1, int(rng.integers(3, 60000))])))),
            ("kind", with_header(frames, kind=wire.Kind.RESULTS)),
            ("kind", with_header(frames, kind=int(rng.integers(5, 60000)))),
            ("too_large", with_header(frames, count=1000 + n)),
@@ -62,7 +63,7 @@ def mutations(rng, frames):
     bad["stream"][rng.integers(0, n)] = rng.choice([2, 3, -1, 127])
     out.append(("stream", with_rows(frames, bad)))
     bad = rows.copy()
-    bad["ts"][rng.integers(0, n)] = rng.choice([np.nan, np.inf, -np.inf])
+    bad["ts"][rng.integers(0, n)] = rng.choice([2**61, -2**61, np.iinfo(np.int64).min, np.iinfo(np.int64).max])
     out.append(("ts", with_rows(frames, bad)))
     if n > 1:
         bad = rows.copy()
@@ -109,7 +110,7 @@ def test_random_bytes_and_truncations_never_crash_and_never_pass_invalid_rows():
         assert isinstance(got, (wire.Rejection, wire.Message))
         if isinstance(got, wire.Message) and got.rows is not None:
             r = got.rows
-            assert np.isin(r["stream"], (0, 1)).all() and np.isfinite(r["ts"]).all()
+            assert np.isin(r["stream"], (0, 1)).all() and (np.abs(r["ts"]) < 2**61).all()
             pairs = np.stack([r["id"], r["stream"].astype(np.int64)], axis=1)
             assert len(np.unique(pairs, axis=0)) == len(r)
 

@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from protocol import eventtime
+
 
 class DistributionDesk:
     def __init__(self, cfg: dict, slaves: list[int], buffers, controller, stats, links, results_out):
@@ -23,7 +25,7 @@ class DistributionDesk:
         self.subgroups = [slaves[g::groups] for g in range(groups)]
         self.next_group = 0
         self.epochs_done = 0  #: distribution epochs completed (every sub-group served once)
-        self.sent_watermark = {r: -np.inf for r in slaves}  #: the watermark of the last batch to each slave
+        self.sent_watermark = {r: eventtime.NEG_INF for r in slaves}  #: the watermark of the last batch to each slave
         self.in_batch = dict.fromkeys(slaves, 0)  #: tuples of the batch each slave is joining
         #: slaves owed a batch before their next slot: they were still joining at their last one, or a group
         #: whose tuples the master held during its move was just installed on them

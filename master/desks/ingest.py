@@ -21,6 +21,7 @@ from master.archive import InputArchive, named
 from master.ingest import late_mask, to_wire, to_wire_hashed
 from master.ranges import KeyRanges
 from master.source import mark, skip
+from protocol import eventtime
 from protocol.output import write_table
 from protocol.predicates import key_distance
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
@@ -34,7 +35,7 @@ class IngestDesk:
         self.router, self.sketch = router, sketch
         self.rate = cfg["source"]["rate"] / k  #: this dispatcher's paced share
         join = cfg["join"]
-        self.max_delay = join["max_delay"]
+        self.max_delay = eventtime.duration(join["max_delay"])  #: integer microseconds, as every ts here
         #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions); with
         #: several dispatchers every one must route by the same ranges, so rank 0 decides them and the others
         #: take no input until they have them (a RANGES order)
@@ -48,7 +49,7 @@ class IngestDesk:
         self.t0 = 0.0
         self.exhausted = False
         self.consumed = 0  #: tuples taken from the source: its position
-        self.max_ts = -np.inf
+        self.max_ts = eventtime.NEG_INF
         self._late_parts: list[pa.Table] = []
         self.late_files = 0
         ck = cfg["checkpoint"]
@@ -155,11 +156,12 @@ class IngestDesk:
                 self.buffers.add(stream, rows[index], part)
 
     def _set_aside_late(self, chunk, late: np.ndarray, prev_max: np.ndarray) -> None:
-        md = self.max_delay
+        md = self.cfg["join"]["max_delay"]
         self.stats.late += int(late.sum())
-        bound = prev_max[late] - md
+        bound = eventtime.to_seconds(prev_max[late] - self.max_delay)
         self._late_parts.append(pa.table({
-            "stream": np.array(STREAM_NAMES)[chunk.stream[late]], "id": chunk.id[late], "ts": chunk.ts[late],
+            "stream": np.array(STREAM_NAMES)[chunk.stream[late]], "id": chunk.id[late],
+            "ts": eventtime.to_seconds(chunk.ts[late]),
             "key": chunk.key[late], "value": chunk.value[late],
             "reason": pa.repeat(f"late: ts below max ts seen before minus join.max_delay ({md})", int(late.sum())),
             "bound": bound,
