@@ -178,14 +178,17 @@ def refusal(d: Draw) -> str | None:
 
 
 def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(encoded pairs, encoded late ids) of the whole input, in integer time.  With k dispatchers dispatcher i
-    takes every k-th tuple from the i-th on (master.source.ShardedSource) and judges lateness on its own share."""
-    w, md, k = window_units(d), max_delay_units(d), d.dispatchers
-    late = np.zeros(len(data["ts"]), bool)
+    """(encoded pairs, encoded late ids) of the whole input, in integer microseconds (tests/reference.py).  With
+    k dispatchers dispatcher i takes every k-th tuple from the i-th on (master.source.ShardedSource) and judges
+    lateness on its own share."""
+    unit, k = UNITS[d.unit], d.dispatchers
+    ts = data["ts"] * (1_000_000 // unit)  # microseconds, exactly
+    w, md = window_units(d) / unit, max_delay_units(d) / unit  # seconds, as the config gives them
+    late = np.zeros(len(ts), bool)
     for i in range(k):
-        late[i::k] = late_flags(data["ts"][i::k], md)
-    on = {c: v[~late] for c, v in data.items()}
-    never = float("inf")  # lateness is decided above
+        late[i::k] = late_flags(ts[i::k], md)
+    on = {c: v[~late] for c, v in {**data, "ts": ts}.items()}
+    never = 1e9  # seconds: lateness is decided above
     if d.predicate == "equal":
         pairs, _ = reference_pairs(on["stream"], on["id"], on["ts"], on["key"], w, never)
     else:
