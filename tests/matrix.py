@@ -325,7 +325,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--minutes", type=float, default=0.0, help="run random draws for this long (make soak)")
     p.add_argument("--covering", action="store_true", help="run the covering seeds CI runs")
     p.add_argument("--keep", action="store_true", help="keep each draw's folder (input, config, output)")
+    p.add_argument("--where", action="append", default=[], metavar="FEATURE=VALUE",
+                   help="random draws only with this feature value, e.g. --where hotkeys=True (repeatable)")
+    p.add_argument("--draws", type=int, default=0, help="stop after this many draws were run (0: by time)")
     a = p.parse_args(argv)
+    wanted = dict(w.split("=", 1) for w in a.where)
+    unknown = set(wanted) - set(FEATURES)
+    if unknown:
+        p.error(f"unknown feature(s) {sorted(unknown)}; known: {', '.join(FEATURES)}")
     seeds = iter(a.seed or (covering_seeds() if a.covering else []))
     rng = np.random.default_rng()
     deadline = time.time() + a.minutes * 60
@@ -334,9 +341,13 @@ def main(argv: list[str]) -> int:
     while True:
         seed = next(seeds, None)
         if seed is None:
-            if time.time() >= deadline or a.seed or a.covering:
+            ran = sum(not o.refused for o in outcomes)
+            if a.seed or a.covering or (ran >= a.draws if a.draws else time.time() >= deadline):
                 break
             seed = int(rng.integers(1_000_000))
+            f = draw(seed).features()
+            if any(str(f[k]) != v for k, v in wanted.items()) or refusal(draw(seed)):
+                continue
         o = run_draw(draw(seed), root / f"seed-{seed}")
         outcomes.append(o)
         print(o.line(), flush=True)
@@ -348,6 +359,11 @@ def main(argv: list[str]) -> int:
     covered, total = coverage(outcomes)
     print(f"\n{len(outcomes)} draws: {len(ran)} run, {len(outcomes) - len(ran)} refused by the config, "
           f"{len(failed)} failed; feature-value pairs covered {covered} of {total}")
+    for feature, values in FEATURES.items():  # draws run per feature value, and failures among them
+        cells = [f"{v}: {sum(o.draw.features()[feature] == v for o in ran)}"
+                 f"{'/' + str(sum(o.draw.features()[feature] == v for o in failed)) + ' failed' if failed else ''}"
+                 for v in values]
+        print(f"  {feature:12s} " + "   ".join(cells))
     for o in failed:
         print(f"  failed: seed {o.draw.seed}  (python -m tests.matrix --seed {o.draw.seed})")
     if not a.keep and not failed:
