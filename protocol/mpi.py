@@ -6,10 +6,7 @@ backs off from 0.1 ms to 5 ms (paper 003 assumes ranks that block, not spin).
 """
 from __future__ import annotations
 
-import ctypes
 import gc
-import os
-import signal
 import sys
 import time
 import traceback
@@ -20,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from protocol.arrays import message_buffer
+from protocol.lifetime import CRASH, USER_ERROR, die_with_parent  # noqa: F401 (USER_ERROR: for the roles)
 
 
 def _poll(ready, timeout: float | None) -> bool:
@@ -75,8 +73,6 @@ def recv_bytes(comm: MPI.Comm, status: MPI.Status, spare: np.ndarray | None = No
     return buf
 
 
-CRASH = 1  #: a rank's exit code (through MPI_Abort) for an exception: the supervisor restarts on it
-USER_ERROR = 2  #: a configuration, argument or output-folder mistake: every rank exits with it, nothing restarts
 PROJECT = Path(__file__).resolve().parent.parent
 
 
@@ -113,17 +109,3 @@ def run_rank(main: Callable[[], int], role: str) -> int:
         comm.Abort(CRASH)
         return CRASH
 
-
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this process when its parent (mpirun or its daemon) dies, so a killed
-    launcher leaves no orphan ranks that go on writing the output folder.  Elsewhere this does nothing."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os.kill(os.getpid(), signal.SIGKILL)
