@@ -1,5 +1,6 @@
 """The output folder belongs to one run (issue 21): a lock refuses a second cluster, a dead run's lock is taken
-over, the engine removes only the files it wrote and refuses to start where a user's file lies."""
+over, the engine removes only the files it wrote and refuses to start where a user's file lies; what it writes
+there is JSON any parser reads."""
 from __future__ import annotations
 
 import json
@@ -8,11 +9,12 @@ import shutil
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 from deploy.launch import mpi_env, mpirun_command
 from master.lock import NAME
-from protocol.output import OutputError, reset_output
+from protocol.output import OutputError, json_text, reset_output
 from tests.cluster import run_cluster, write_config
 from tests.test_cluster import SMALL, check_exact, reference_for
 
@@ -113,3 +115,26 @@ def test_a_dead_runs_lock_is_reported_and_taken_over(tmp_path):
                                         "command": ["x"]}))
     run, _ = check_exact(tmp_path, 3, SMALL)
     assert "the run that held it (pid 4242 on host somewhere" in run.stderr and "taking it over" in run.stderr
+
+
+def strict_json(text: str):
+    """Parse as a strict parser would: NaN, Infinity and -Infinity are not JSON."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_run_without_results_writes_a_summary_any_json_parser_reads(tmp_path):
+    data = tmp_path / "in.csv"
+    data.write_text("stream,id,ts,key,value\nR,1,0.0,5,1.0\nR,2,0.1,6,2.0\n")  # no S tuple: no result
+    run = run_cluster(tmp_path, 3, {"source.kind": "file", "source.path": str(data)}, timeout=BOUND)
+    assert run.returncode == 0, run.stderr
+    summary = strict_json((tmp_path / "out" / "summary.json").read_text())
+    assert summary["results"] == 0 and summary["input_total"] == 2
+    assert summary["delay_seconds"]["p50"] is None and summary["delay_parts_seconds"]["join"]["p99"] is None
+    assert "delay p50 n/a" in run.stderr
+
+
+def test_json_text_writes_null_for_every_non_finite_number():
+    value = {"a": float("nan"), "b": [np.float64("inf"), -np.inf, 1.5, np.int64(3)], "c": {"d": float("-inf")}}
+    assert strict_json(json_text(value)) == {"a": None, "b": [None, None, 1.5, 3], "c": {"d": None}}
