@@ -9,11 +9,13 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+import zmq
 
 from deploy.launch import mpi_env
 from tests.cluster import run_cluster
@@ -177,3 +179,33 @@ def test_two_dispatchers_publish_one_ordered_stream(tmp_path):
     stream = run.summary["result_stream"]
     assert len(stream["endpoints"]) == 2 and stream["results"] == len(expected)
     check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True, merged=True)
+
+
+def test_a_frame_above_the_largest_valid_message_is_refused_unread(tmp_path):
+    """A 400 MiB frame (ZeroMQ sends the zero pages of a calloc'ed buffer: it costs this test no memory) before
+    a producer's input: the master never holds it (ZMQ_MAXMSGSIZE), and the input is joined exactly."""
+    rng = np.random.default_rng(11)
+    stream, ids, ts, keys = make_input(rng, 3000, 256, 0.0)
+    write_input(tmp_path / "in.csv", stream, ids, ts, keys)
+    ingest = free_port()
+    settings = {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
+                "join.window": 0.5, "join.max_delay": 0.5}
+    huge = np.zeros(400 << 20, dtype=np.uint8)
+
+    def rogue():
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.immediate, sock.linger = True, 30000
+        sock.connect(f"tcp://127.0.0.1:{ingest}")
+        sock.send_multipart([b"\0" * 32, huge], copy=False)
+        sock.close()
+        ctx.term()  # returns when the frame has been sent (or refused)
+        start("protocol.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}").communicate()
+
+    sender = threading.Thread(target=rogue, daemon=True)
+    sender.start()
+    run = run_cluster(tmp_path, 3, settings, timeout=180)
+    assert run.returncode == 0, run.stderr
+    expected, _ = reference_pairs(stream, ids, ts, keys, 0.5, 0.5)
+    np.testing.assert_array_equal(run.pairs(), expected)
+    assert run.summary["master_peak_rss_bytes"] < 400 << 20, run.summary["master_peak_rss_bytes"]
