@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -209,3 +210,37 @@ def test_a_frame_above_the_largest_valid_message_is_refused_unread(tmp_path):
     expected, _ = reference_pairs(stream, ids, ts, keys, 0.5, 0.5)
     np.testing.assert_array_equal(run.pairs(), expected)
     assert run.summary["master_peak_rss_bytes"] < 400 << 20, run.summary["master_peak_rss_bytes"]
+
+
+def test_a_slow_subscriber_at_the_end_of_a_run_does_not_crash_the_master(tmp_path):
+    """Results still on their way to a slow subscriber when the master exits: it used to free their buffers
+    under ZeroMQ's I/O thread ("Bad address (src/tcp.cpp:227)", SIGABRT, exit 134 after a complete run)."""
+    many = dict(SMALL, **{"generator.keys": 32, "join.window": 2.0, "output.flush_rows": 200000,
+                          "source.rate": 6000.0, "output.wait_subscribers": 1})
+    for attempt in range(3):  # it struck two runs in three
+        port = free_port()
+        done = threading.Event()
+
+        def read():  # the socket lives and dies in this thread (ZeroMQ sockets are not thread-safe)
+            ctx = zmq.Context()
+            slow = ctx.socket(zmq.SUB)
+            slow.rcvhwm, slow.rcvbuf, slow.linger = 4, 64 * 1024, 0
+            slow.subscribe(b"")
+            slow.connect(f"tcp://127.0.0.1:{port}")
+            while not done.is_set():
+                if slow.poll(100):
+                    slow.recv_multipart()
+                    time.sleep(0.02)
+            slow.close()
+            ctx.term()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        try:
+            run = run_cluster(tmp_path / str(attempt), 3, dict(many, **{"output.zmq_endpoint":
+                                                                         f"tcp://127.0.0.1:{port}"}), timeout=180)
+        finally:
+            done.set()
+            reader.join()
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert run.summary["result_stream"]["results"] == run.summary["results"] > 1_000_000
