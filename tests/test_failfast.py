@@ -44,6 +44,21 @@ def test_a_full_disk_in_a_slaves_write_aborts_the_job_naming_the_rank_and_the_fi
     assert not list((tmp_path / "out" / "results").glob(".*.tmp"))  # no half-written file left behind
 
 
+def test_a_real_full_disk_aborts_the_job(tmp_path):
+    """The same on a real file system of 256 KiB (a tmpfs: needs root; skipped elsewhere)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(out)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        run = run_cluster(tmp_path, 3, dict(RUN, **{"output.flush_rows": 20000}), timeout=BOUND)
+    finally:
+        subprocess.run(["umount", "-l", str(out)])
+    assert run.returncode not in (0, 2), run.stderr
+    line = one_error_line(run.stderr)
+    assert "No space left on device" in line and f"cannot write {out}/" in line, line
+
+
 def test_a_slaves_memory_error_aborts_the_job(tmp_path):
     run = crashed(tmp_path, 3, "1:batch:3:MemoryError")
     line = one_error_line(run.stderr)
