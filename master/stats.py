@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from protocol import delays
-from protocol.output import json_text
+from protocol.strict_json import json_text
 
 
 class RunStats:
@@ -143,7 +143,8 @@ class RunStats:
 def write_summary(path: Path, summary: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json_text({**summary, "null_means": "no value (e.g. no delay percentiles without results)"}, indent=2))
+    null = "no value (e.g. no delay percentiles without results)"
+    tmp.write_text(json_text({**summary, "null_means": null}, indent=2))
     tmp.replace(path)
 
 

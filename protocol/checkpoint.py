@@ -22,12 +22,15 @@ record count and the tuples it holds, so a checker can verify it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
+
+from protocol.strict_json import json_text
 
 MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
@@ -95,8 +98,19 @@ def read_part(path: Path) -> list[np.ndarray]:
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
+    """Strict JSON (protocol.strict_json): a dispatcher's max_ts before any tuple and the watermark of a
+    slave not yet served are -inf, written as null and read back as -inf (`load_manifest`)."""
     manifest = {"format": FORMAT, "created": time.time(), **manifest}
-    write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    write_atomic(directory / MANIFEST, json_text(manifest, indent=1, sort_keys=True).encode())
+
+
+def _below_everything(manifest: dict) -> None:
+    """The nulls `write_manifest` wrote for -inf, back to -inf."""
+    for section in (manifest.get("master", {}), *manifest.get("dispatchers", {}).values()):
+        if section.get("max_ts", 0.0) is None:
+            section["max_ts"] = -math.inf
+        if "sent_watermark" in section:
+            section["sent_watermark"] = {k: -math.inf if v is None else v for k, v in section["sent_watermark"].items()}
 
 
 def load_manifest(directory: Path) -> dict:
@@ -116,6 +130,7 @@ def load_manifest(directory: Path) -> dict:
             raise CheckpointError(f"{directory}: part {name} named by the manifest is missing")
         if f.stat().st_size != part["bytes"]:
             raise CheckpointError(f"{f}: {f.stat().st_size} bytes, the manifest says {part['bytes']}")
+    _below_everything(manifest)
     return manifest
 
 

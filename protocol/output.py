@@ -8,13 +8,10 @@ file.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import re
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -138,21 +135,3 @@ def read_tables(directory: str | Path, columns: list[str] | None = None) -> pa.T
         return None
     return pa.concat_tables(parts, promote_options="default")
 
-
-def finite(value):
-    """`value` with every NaN or infinite float (numpy's too) replaced by None, at any depth."""
-    if isinstance(value, dict):
-        return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
-def json_text(value, **kw) -> str:
-    """JSON that any parser reads: NaN and Infinity (which json.dumps writes by default, and most parsers
-    refuse) become null."""
-    return json.dumps(finite(value), allow_nan=False, **kw)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import numpy as np
@@ -127,3 +128,14 @@ def test_publish_moves_only_what_a_checkpoint_covers_and_never_takes_it_back(tmp
     checkpoint.roll_back_output(tmp_path, {checkpoint.PENDING_AGGREGATES: {"slave-001": 2, "slave-002": 0}})
     assert not any(pending.iterdir())
     assert sorted(f.name for f in (tmp_path / "aggregates").glob("slave-*")) == published
+
+
+def test_a_manifest_is_strict_json_and_reads_back_its_minus_infinities(tmp_path):
+    unserved = {"max_ts": -math.inf, "sent_watermark": {"1": 2.5, "2": -math.inf}, "epoch": {"1": 3, "2": 0}}
+    checkpoint.write_manifest(tmp_path, {"id": 1, "parts": {}, "master": dict(unserved),
+                                         "dispatchers": {"1": dict(unserved, max_ts=7.0)}})
+    text = (tmp_path / checkpoint.MANIFEST).read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    m = checkpoint.load_manifest(tmp_path)
+    assert m["master"]["max_ts"] == -math.inf and m["master"]["sent_watermark"] == {"1": 2.5, "2": -math.inf}
+    assert m["dispatchers"]["1"]["max_ts"] == 7.0 and m["dispatchers"]["1"]["sent_watermark"]["2"] == -math.inf

@@ -14,7 +14,8 @@ import pytest
 
 from deploy.launch import mpi_env, mpirun_command
 from master.lock import NAME
-from protocol.output import OutputError, json_text, reset_output
+from protocol.output import OutputError, reset_output
+from protocol.strict_json import json_text
 from tests.cluster import run_cluster, write_config
 from tests.test_cluster import SMALL, check_exact, reference_for
 
