@@ -16,7 +16,8 @@ from protocol import checkpoint
 from master.cli import parse_args
 from master.lock import OutputBusy, OutputLock
 from protocol.config import ConfigError, load_config, validate
-from protocol.mpi import USER_ERROR, run_rank, wait_barrier
+from protocol.lifetime import USER_ERROR
+from protocol.mpi import run_rank, wait_barrier
 from protocol.output import OutputError, check_owned, reset_output
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from protocol.arrays import message_buffer
-from protocol.lifetime import CRASH, USER_ERROR, die_with_parent  # noqa: F401 (USER_ERROR: for the roles)
+from protocol.lifetime import CRASH, die_with_parent
 
 
 def _poll(ready, timeout: float | None) -> bool:

@@ -21,7 +21,8 @@ from protocol import checkpoint, delays, faults
 from protocol.arrays import whole_buffer
 from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
     decode_batch, encode_report
-from protocol.mpi import USER_ERROR, recv_bytes, wait_all_started, wait_probe_any
+from protocol.lifetime import USER_ERROR
+from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
 from slave.join import JoinModule, Pairs
