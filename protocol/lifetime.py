@@ -1,4 +1,4 @@
-"""Exit codes, and no orphans: a process of the cluster dies with the process that started it (Linux; elsewhere a no-op).
+"""Exit codes, and no orphans: a process of the cluster dies with the process that started it (Linux).
 
 The supervisor starts the launcher, the launcher mpirun, mpirun the ranks; each child asks the kernel
 (prctl PR_SET_PDEATHSIG) for SIGKILL when its parent dies.  Without it a SIGKILLed supervisor or launcher

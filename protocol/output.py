@@ -32,7 +32,8 @@ PARTIAL_SCHEMA = pa.schema([("key", pa.int64()), ("window_start", pa.float64()),
 OUTPUT_PARTS = ("results", "late", "rejected", "archive", "aggregates", "summary.json")
 #: the files this engine writes in those folders (and their temporaries `.NAME.tmp`): result and partial
 #: aggregate files of a slave, late tuples and the input archive of a dispatcher, rejected input
-OWN_FILE = re.compile(r"\.?(slave-\d{3}-\d{6}|(late|input)(-d\d+)?-\d{6}|(zmq-)?rejected(-d\d+)?)\.(parquet|csv)(\.tmp)?")
+OWN_FILE = re.compile(r"\.?(slave-\d{3}-\d{6}|(late|input)(-d\d+)?-\d{6}|(zmq-)?rejected(-d\d+)?)"
+                      r"\.(parquet|csv)(\.tmp)?")
 OWN_FOLDERS = {"aggregates/_pending"}  #: folders inside the parts that are the engine's own
 
 
