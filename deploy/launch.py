@@ -7,9 +7,11 @@ yield the core (they also back off in `protocol.mpi.wait_probe`).
 
 Stopping: Open MPI's mpirun kills the job at once on SIGINT/SIGTERM, but it
 forwards SIGUSR1 to every rank.  So mpirun runs in its own session and this
-launcher turns the first Ctrl-C (or SIGTERM) into SIGUSR1: the master stops
-ingesting, joins what it accepted, flushes results and writes the summary.  A
-second Ctrl-C aborts.  With a bare mpirun, `kill -USR1 <mpirun pid>` does the same.
+launcher turns the first Ctrl-C (or SIGTERM, or SIGUSR1) into SIGUSR1: the master
+stops ingesting, joins what it accepted, flushes results and writes the summary.
+A second Ctrl-C aborts.  With a bare mpirun, `kill -USR1 <mpirun pid>` does the
+same.  Arguments and the configuration are checked before mpirun starts; exit
+codes are the master's (0 done or stopped, 2 a user mistake, else a crash).
 """
 from __future__ import annotations
 
@@ -20,6 +22,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from master.cli import checked_config
+from protocol.config import ConfigError
+from protocol.lifetime import USER_ERROR, die_with_parent, exit_code
 
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -73,26 +79,38 @@ def main(argv: list[str]) -> int:
     p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then arguments for python -m master")
     a = p.parse_args(argv)
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
+    if a.module == "master":  # a mistake is told once, before mpirun starts a rank (exit 2 on a bad argument)
+        try:
+            checked_config(rest, a.ranks - 1)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return USER_ERROR
     return run_until_done(mpirun_command(a.ranks, rest, a.hostfile, a.module))
 
 
 def run_until_done(cmd: list[str]) -> int:
-    """Run mpirun; the first SIGINT/SIGTERM becomes a clean stop (SIGUSR1), the second aborts."""
-    proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True)
+    """Run mpirun; the first SIGINT/SIGTERM/SIGUSR1 becomes a clean stop (SIGUSR1), the second aborts.  mpirun
+    dies with this launcher, and the ranks with mpirun (protocol.lifetime): killing the launcher leaves nothing."""
+    proc = None
     signals = 0
 
     def on_signal(signum, frame):
         nonlocal signals
         signals += 1
+        if proc is None:
+            return
         if signals == 1:
             proc.send_signal(signal.SIGUSR1)
         else:
             print("second signal: aborting the job", file=sys.stderr, flush=True)
             proc.terminate()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, on_signal)
-    return proc.wait()
+    proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True, preexec_fn=die_with_parent)
+    if signals:  # one came while mpirun started
+        on_signal(None, None)
+    return exit_code(proc.wait())
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ module name is the only link between the two roles.
 """
 from __future__ import annotations
 
-import argparse
 import runpy
 import sys
 from contextlib import contextmanager
@@ -15,10 +14,16 @@ from pathlib import Path
 from mpi4py import MPI
 
 from protocol import checkpoint
+from master.cli import parse_args
+from master.lock import OutputBusy, OutputLock
 from protocol.chunks import InputError
 from protocol.config import ConfigError, load_config, validate
-from protocol.mpi import wait_barrier
-from protocol.output import reset_output
+from protocol.lifetime import USER_ERROR
+from protocol.mpi import run_rank, wait_barrier
+from protocol.output import OutputError, check_owned, reset_output
+
+
+RESTART_WAIT = 30.0  #: seconds a --recover start waits for the lock of the run it follows
 
 
 def say(message: str) -> None:
@@ -42,22 +47,12 @@ def find_resume(cfg: dict, slaves: int) -> tuple:
     return found
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m master", description=__doc__.split("\n")[0])
-    p.add_argument("--config", help="TOML config file (every key has a default; see README)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config key, e.g. --set join.window=2.0 (repeatable)")
-    p.add_argument("--recover", action="store_true",
-                   help="resume from the newest complete checkpoint (a fresh start if there is none)")
-    return p.parse_args(argv)
-
-
 def other_rank(comm) -> int:
     """Ranks 1..k-1 are further dispatchers with their share of the input; the rest run the slave."""
     wait_barrier(comm)  # until rank 0 has read the config and opened the input
     cfg = comm.bcast(None, root=0)
     if cfg is None:  # rank 0 refused the configuration and said why
-        return 0
+        return USER_ERROR
     resume = comm.bcast(None, root=0)
     if comm.rank >= cfg["cluster"]["dispatchers"]:
         runpy.run_module("slave", run_name="__main__", init_globals={"RECEIVED": (cfg, resume)})
@@ -84,30 +79,35 @@ def input_errors_abort(comm):
 
 def main() -> int:
     comm = MPI.COMM_WORLD
+    args = parse_args(sys.argv[1:], quiet=comm.rank != 0)  # on every rank: a bad argument ends each alike
     if comm.rank != 0:
         return other_rank(comm)
-    args = parse_args(sys.argv[1:])
     from master.source import open_shard
     from master.run import Master
-    resume = None
+    resume = lock = None
     try:
         if comm.size < 2:
             raise ConfigError("the cluster needs a master and at least one slave: "
                               "run it as `mpirun -n 5 python -m master` (or `make run`)")
         cfg = load_config(args.config, args.set)
         validate(cfg, slaves=comm.size - 1)
+        # a restart waits for the crashed cluster's ranks to be gone: two never write one folder
+        lock = OutputLock(cfg["output"]["path"], wait=RESTART_WAIT if args.recover else 0.0, log=say)
         source = open_shard(cfg, 0)
         if args.recover:
+            check_owned(Path(cfg["output"]["path"]))
             resume = find_resume(cfg, comm.size - cfg["cluster"]["dispatchers"])
         if resume is None:
             reset_output(cfg["output"]["path"])
             checkpoint.clear(checkpoint.root_of(cfg))
         master = Master(comm, cfg, source, resume)
-    except (ConfigError, InputError, checkpoint.CheckpointError, OSError) as e:
+    except (ConfigError, InputError, checkpoint.CheckpointError, OutputError, OutputBusy, OSError) as e:
         say(f"error: {e}")
+        if lock is not None:
+            lock.release()
         wait_barrier(comm)
         comm.bcast(None, root=0)
-        return 2
+        return USER_ERROR
     wait_barrier(comm)
     comm.bcast(cfg, root=0)
     comm.bcast(None if resume is None else {
@@ -121,8 +121,9 @@ def main() -> int:
     except KeyboardInterrupt:
         say("interrupted twice: aborting without a summary")
         comm.Abort(130)
+    lock.release()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_rank(main, "master" if MPI.COMM_WORLD.rank == 0 else "dispatcher"))

@@ -54,7 +54,11 @@ class ResultStream:
         self._next_check = 0.0
         if not self.enabled:
             return
-        self.sock = zmq.Context.instance().socket(zmq.XPUB)
+        # its own context: `close` terminates it, which returns only when ZeroMQ no longer reads the results'
+        # buffers (they are sent without a copy); at interpreter exit they were freed under its I/O thread
+        # ("Bad address (src/tcp.cpp:227)", SIGABRT: a finished run exited 134 and a supervisor restarted it)
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.XPUB)
         self.sock.sndhwm, self.sock.linger = SNDHWM, 2000
         try:
             bind_server(self.sock, self.endpoint, cfg["security"])
@@ -141,6 +145,7 @@ class ResultStream:
         self._publish(wire.encode_mark(wire.Kind.END, 0.0, sender=self.index, seq=self.seq))
         self.sock.close()
         stop_authenticators()
+        self.ctx.term()  # waits for delivery, at most the socket's linger
 
     def summary(self, others: list[dict] = ()) -> dict:
         """This stream's counters, with those of the other dispatchers' streams (their `summary()`) added."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from protocol import delays
+from protocol.strict_json import json_text
 
 
 class RunStats:
@@ -141,19 +143,24 @@ class RunStats:
 def write_summary(path: Path, summary: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=2, default=float))
+    null = "no value (e.g. no delay percentiles without results)"
+    tmp.write_text(json_text({**summary, "null_means": null}, indent=2))
     tmp.replace(path)
+
+
+def seconds(x: float) -> str:
+    return f"{x:.3f}s" if math.isfinite(x) else "n/a"
 
 
 def print_summary(s: dict, out=sys.stderr) -> None:
     d = s["delay_seconds"]
     print(f"done in {s['wall_seconds']:.1f}s: {s['input_total']:,} tuples in (R {s['input']['R']:,}, "
           f"S {s['input']['S']:,}), {s['results']:,} results, {s['late']:,} late, {s['rejected']:,} rejected; "
-          f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {d['p50']:.3f}s p95 {d['p95']:.3f}s "
-          f"p99 {d['p99']:.3f}s max {d['max']:.3f}s; splits {s['partition_splits']}, merges {s['partition_merges']}",
-          file=out, flush=True)
+          f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {seconds(d['p50'])} p95 {seconds(d['p95'])} "
+          f"p99 {seconds(d['p99'])} max {seconds(d['max'])}; splits {s['partition_splits']}, "
+          f"merges {s['partition_merges']}", file=out, flush=True)
     parts = s["delay_parts_seconds"]
-    print("delay parts p50 / p99: " + ", ".join(f"{k} {parts[k]['p50']:.3f}s / {parts[k]['p99']:.3f}s"
+    print("delay parts p50 / p99: " + ", ".join(f"{k} {seconds(parts[k]['p50'])} / {seconds(parts[k]['p99'])}"
                                                 for k in delays.PARTS)
           + f"; slots missed (slave still joining) {sum(v['slots_missed'] for v in s['slaves'].values()):,}",
           file=out, flush=True)

@@ -22,6 +22,7 @@ record count and the tuples it holds, so a checker can verify it.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from protocol.strict_json import json_text
 from protocol.tuples import tuple_dtype
 
 MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
@@ -126,8 +128,10 @@ def read_part(path: Path) -> list[np.ndarray]:
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
+    """Strict JSON (protocol.strict_json): no NaN or Infinity, which most parsers refuse (event times are
+    integers here, their sentinels too: protocol.eventtime)."""
     manifest = {"format": FORMAT, "created": time.time(), **manifest}
-    write_atomic(directory / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    write_atomic(directory / MANIFEST, json_text(manifest, indent=1, sort_keys=True).encode())
 
 
 def load_manifest(directory: Path) -> dict:

@@ -335,9 +335,24 @@ def _check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
                               "security.server_key (a .key_secret file) and security.client_keys (a directory of .key files)")
     if sec["server_key"] and not Path(sec["server_key"]).is_file():
         raise ConfigError(f"security.server_key: {sec['server_key']!r} is not a file")
+    if sec["server_key"]:
+        _check_secret_key(sec["server_key"])
     if sec["server_key"] and not (sec["client_keys"] and Path(sec["client_keys"]).is_dir()):
         raise ConfigError(f"security.client_keys: {sec['client_keys']!r} is not a directory of client public keys "
                           "(needed with security.server_key)")
+
+
+def _check_secret_key(path: str) -> None:
+    """The server's certificate must hold its secret key: a public one (`.key`) failed deep in ZeroMQ's setup."""
+    import zmq.auth  # only when CURVE is configured: the control side reads configs without pyzmq's setup
+
+    try:
+        secret = zmq.auth.load_certificate(path)[1]
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"security.server_key: {path!r} is not a ZeroMQ certificate ({e})") from None
+    if secret is None:
+        raise ConfigError(f"security.server_key: {path!r} holds only a public key: give the secret certificate "
+                          "(the .key_secret file zmq.auth.create_certificates wrote)")
 
 
 def reference() -> str:

@@ -8,9 +8,11 @@ through.  `STREAMJOIN_JITTER=s` makes a dispatcher sleep a random 0..s seconds
 before each send, to shake the interleaving of several dispatchers.
 `STREAMJOIN_STRAGGLER="rank:s"` makes that slave sleep s seconds in each batch's
 join, a straggler on a busy host whatever the machine's speed.
+`STREAMJOIN_RAISE="rank:point:n:error"` raises an exception instead (`fail`): a full disk, a failed allocation.
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -54,3 +56,23 @@ def straggle(rank: int) -> None:
         want_rank, seconds = spec.split(":")
         if int(want_rank) == rank:
             time.sleep(float(seconds))
+
+
+_raised: Counter = Counter()
+
+
+def fail(point: str) -> None:
+    """Raise the error `STREAMJOIN_RAISE="rank:point:n:error"` names when this rank reaches `point` the n-th
+    time: `error` is MemoryError or an errno name (ENOSPC, EROFS, ...) raised as that OSError.  The rank is the
+    MPI launcher's (OMPI_COMM_WORLD_RANK), so code with no communicator at hand (file writes) can fail too."""
+    spec = os.environ.get("STREAMJOIN_RAISE")
+    if not spec:
+        return
+    _raised[point] += 1
+    want_rank, want_point, n, error = spec.split(":")
+    if want_rank != os.environ.get("OMPI_COMM_WORLD_RANK") or want_point != point or int(n) != _raised[point]:
+        return
+    if error == "MemoryError":
+        raise MemoryError(f"injected at {point}")
+    code = getattr(errno, error)
+    raise OSError(code, os.strerror(code))

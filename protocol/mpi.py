@@ -1,4 +1,4 @@
-"""Thin MPI helpers shared by both roles: waiting without spinning, receiving byte buffers.
+"""Thin MPI helpers shared by both roles: waiting without spinning, receiving byte buffers, failing fast.
 
 With 17 ranks on 2 cores a rank that busy-waits in a blocking receive steals
 the core the master needs.  Waiting is therefore `Iprobe` plus a sleep that
@@ -7,12 +7,17 @@ backs off from 0.1 ms to 5 ms (paper 003 assumes ranks that block, not spin).
 from __future__ import annotations
 
 import gc
+import sys
 import time
+import traceback
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from mpi4py import MPI
 
 from protocol.arrays import message_buffer
+from protocol.lifetime import CRASH, die_with_parent
 
 
 def _poll(ready, timeout: float | None) -> bool:
@@ -66,3 +71,41 @@ def recv_bytes(comm: MPI.Comm, status: MPI.Status, spare: np.ndarray | None = No
     buf = message_buffer(spare, status.Get_count(MPI.BYTE))
     comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=status.Get_tag())
     return buf
+
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def where(error: BaseException) -> str:
+    """`file:line in function` of the innermost frame of this project that `error` passed through (an injected
+    fault's own frame aside: where it was injected is the place)."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if Path(f.filename).is_relative_to(PROJECT) and not f.filename.endswith("faults.py")]
+    if not frames:
+        return "?"
+    f = frames[-1]
+    return f"{Path(f.filename).relative_to(PROJECT)}:{f.lineno} in {f.name}"
+
+
+def run_rank(main: Callable[[], int], role: str) -> int:
+    """Run one rank's `main`; an exception on it ends the whole job, loudly and at once.
+
+    Without this a rank that raised printed a traceback and waited in MPI_Finalize while the others waited for
+    its messages: the job hung, so no supervisor ever restarted it.  Here the rank prints one line naming
+    itself, the error (with the path an OSError names) and where it was raised, then MPI_Abort ends every
+    rank with CRASH.  An error of the environment (OSError, MemoryError) is that line; anything else is a bug
+    and its traceback follows the line.  A SystemExit passes: its code is a decision every rank makes alike.
+    """
+    die_with_parent()
+    try:
+        return main()
+    except Exception as error:  # noqa: BLE001 (every exception ends the job)
+        comm = MPI.COMM_WORLD
+        print(f"error: rank {comm.rank} ({role}) failed: {type(error).__name__}: {error} "
+              f"[at {where(error)}]; aborting the job", file=sys.stderr, flush=True)
+        if not isinstance(error, (OSError, MemoryError)):
+            traceback.print_exception(error, file=sys.stderr)
+        sys.stderr.flush()
+        comm.Abort(CRASH)
+        return CRASH
+

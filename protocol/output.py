@@ -7,13 +7,16 @@ file.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
+import re
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+
+from protocol import faults
 
 RESULT_COLUMNS = ("r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value", "delay")
 #: Their types; no result has a missing value, and Parquet writes required columns without the per-value
@@ -26,34 +29,97 @@ RESULT_SCHEMA = pa.schema([pa.field(c, pa.int64() if c.endswith(("_id", "_key"))
 PARTIAL_SCHEMA = pa.schema([("key", pa.int64()), ("window_start", pa.float64()), ("count", pa.int64()),
                             ("sum", pa.float64()), ("min", pa.float64()), ("max", pa.float64())])
 
-OUTPUT_PARTS = ("results", "late", "rejected", "archive", "aggregates", "metrics", "metrics.prom",
-                "summary.json")
+OUTPUT_PARTS = ("results", "late", "rejected", "archive", "aggregates", "metrics", "metrics.prom", "summary.json")
+#: the parts that are single files
+FILE_PARTS = {"metrics.prom", "summary.json"}
+#: the files this engine writes in those folders (and their temporaries `.NAME.tmp`): result and partial
+#: aggregate files of a slave, late tuples and the input archive of a dispatcher, rejected input (a file's
+#: listing, a ZeroMQ source's), the metrics log
+OWN_FILE = re.compile(r"\.?(slave-\d{3}-\d{6}|(late|input)(-d\d+)?-\d{6}|(zmq-)?rejected(-d\d+)?|rejected-\d{6}"
+                      r"|samples-\d{8}T\d{6}-\d{6})\.(parquet|csv)(\.tmp)?")
+OWN_FOLDERS = {"aggregates/_pending"}  #: folders inside the parts that are the engine's own
 
 
-def reset_output(path: str | Path) -> None:
-    """Remove what an earlier run left in `path` (only the parts this engine writes)."""
-    root = Path(path)
+class OutputError(Exception):
+    """The output folder holds what this engine did not write where it must write: it refuses to start rather
+    than delete a user's file or mix its results with it."""
+
+
+def foreign_files(root: Path) -> list[Path]:
+    """What lies where this engine writes (its parts of `root`) and was not written by it."""
+    found = []
     for part in OUTPUT_PARTS:
         target = root / part
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
+        if part in FILE_PARTS:
+            if target.exists() and not target.is_file():
+                found.append(target)
+            continue
+        if target.exists() and not target.is_dir():
+            found.append(target)
+            continue
+        stack = [target] if target.is_dir() else []
+        while stack:
+            for f in stack.pop().iterdir():
+                if f.is_dir() and str(f.relative_to(root)) in OWN_FOLDERS:
+                    stack.append(f)
+                elif not (f.is_file() and OWN_FILE.fullmatch(f.name)):
+                    found.append(f)
+    return sorted(found)
+
+
+def check_owned(root: Path) -> None:
+    """Raise OutputError if anything this engine did not write lies where it writes."""
+    foreign = foreign_files(root)
+    if foreign:
+        shown = ", ".join(str(f) for f in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise OutputError(f"output.path: {shown} {'is' if len(foreign) == 1 else 'are'} not written by this engine "
+                          "but lie where it writes its output: move them away or choose another output.path (the "
+                          "engine removes only the files it wrote)")
+
+
+def reset_output(path: str | Path) -> int:
+    """Remove what an earlier run wrote in `path`: the engine's own files only (OWN_FILE in its parts, the
+    summary).  Anything else there (a user's file, an input placed in `results/`) is an OutputError and nothing
+    is removed.  Returns the files removed."""
+    root = Path(path)
+    check_owned(root)
+    removed = 0
+    for part in OUTPUT_PARTS:
+        target = root / part
+        if target.is_file():
             target.unlink()
+            removed += 1
+        elif target.is_dir():
+            own = sorted(target.rglob("*"), key=lambda f: -len(f.parts))  # files before their folders
+            for f in own:
+                if f.is_dir():
+                    f.rmdir()
+                else:
+                    f.unlink()
+                    removed += 1
+            target.rmdir()
     root.mkdir(parents=True, exist_ok=True)
+    return removed
 
 
 def write_table(directory: str | Path, stem: str, table: pa.Table, fmt: str) -> Path:
     """Write `table` as `directory/stem.{parquet,csv}` atomically; returns the path."""
     d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     final = d / f"{stem}.{fmt}"
     tmp = d / f".{stem}.{fmt}.tmp"
-    if fmt == "parquet":  # dictionary encoding for strings only: on ids, keys and times it tripled the write time
-        strings = [f.name for f in table.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-        pq.write_table(table, tmp, use_dictionary=strings)
-    else:
-        pacsv.write_csv(table, tmp)
-    os.replace(tmp, final)
+    try:
+        faults.fail("write")
+        d.mkdir(parents=True, exist_ok=True)
+        if fmt == "parquet":  # dictionary encoding for strings only: on ids, keys and times it tripled the write time
+            strings = [f.name for f in table.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+            pq.write_table(table, tmp, use_dictionary=strings)
+        else:
+            pacsv.write_csv(table, tmp)
+        os.replace(tmp, final)
+    except OSError as e:  # Arrow's message names no file: the operator needs the path (a full disk, a read-only folder)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OSError(e.errno, f"cannot write {final}: {e.strerror or e}") from e
     return final
 
 
@@ -72,3 +138,4 @@ def read_tables(directory: str | Path, columns: list[str] | None = None) -> pa.T
     if not parts:
         return None
     return pa.concat_tables(parts, promote_options="default")
+

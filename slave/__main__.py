@@ -3,7 +3,8 @@ import sys
 
 from mpi4py import MPI
 
+from protocol.mpi import run_rank
 from slave.run import run
 
 # `python -m master` hands its slave ranks over with the configuration it already received
-sys.exit(run(MPI.COMM_WORLD, globals().get("RECEIVED")))
+sys.exit(run_rank(lambda: run(MPI.COMM_WORLD, globals().get("RECEIVED")), "slave"))

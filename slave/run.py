@@ -21,6 +21,7 @@ from protocol import checkpoint, delays, eventtime, faults
 from protocol.arrays import whole_buffer
 from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
     decode_batch, encode_report
+from protocol.lifetime import USER_ERROR
 from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
@@ -78,6 +79,7 @@ class Slave:
 
     def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups: np.ndarray | None) -> None:
         faults.reached(self.comm.rank, "batch")
+        faults.fail("batch")
         started, started_wall = time.perf_counter(), time.time()
         faults.straggle(self.comm.rank)
         # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
@@ -215,8 +217,8 @@ def run(comm: MPI.Comm, received: tuple | None = None) -> int:
     """Serve as a slave; `received` is (config, resume) when `python -m master` already took them."""
     if received is None:
         cfg = comm.bcast(None, root=0)
-        if cfg is None:  # the master refused the configuration, said why and exits non-zero
-            return 0
+        if cfg is None:  # the master refused the configuration, said why and exits with USER_ERROR
+            return USER_ERROR
         resume = comm.bcast(None, root=0)  # None, or where the recovered run starts from
     else:
         cfg, resume = received

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import numpy as np
@@ -127,3 +128,17 @@ def test_publish_moves_only_what_a_checkpoint_covers_and_never_takes_it_back(tmp
     checkpoint.roll_back_output(tmp_path, {checkpoint.PENDING_AGGREGATES: {"slave-001": 2, "slave-002": 0}})
     assert not any(pending.iterdir())
     assert sorted(f.name for f in (tmp_path / "aggregates").glob("slave-*")) == published
+
+
+def test_a_manifest_is_strict_json_and_keeps_integer_event_times_exact(tmp_path):
+    from protocol import eventtime
+    unserved = {"max_ts": eventtime.NEG_INF, "sent_watermark": {"1": 2_500_000, "2": eventtime.NEG_INF},
+                "stats": {"delay_max": math.nan, "lag": math.inf}}
+    checkpoint.write_manifest(tmp_path, {"id": 1, "parts": {}, "master": dict(unserved),
+                                         "dispatchers": {"1": dict(unserved, max_ts=7_000_001)}})
+    text = (tmp_path / checkpoint.MANIFEST).read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    m = checkpoint.load_manifest(tmp_path)
+    assert m["master"]["max_ts"] == eventtime.NEG_INF and m["master"]["sent_watermark"]["2"] == eventtime.NEG_INF
+    assert m["dispatchers"]["1"]["max_ts"] == 7_000_001 and m["master"]["stats"] == {"delay_max": None, "lag": None}
+

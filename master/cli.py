@@ -1,0 +1,41 @@
+"""The master's command line, without MPI: every rank parses it (an argument error ends all of them alike, not
+rank 0 alone while the others wait for it), and deploy.launch checks it before mpirun starts any rank."""
+from __future__ import annotations
+
+import argparse
+
+from protocol.config import load_config, validate
+
+USAGE = "`mpirun -n N python -m master [--config FILE] [--set section.key=value ...]`"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that, when `quiet`, exits with its code without printing: one rank explains, the others agree."""
+
+    def __init__(self, quiet: bool, **kw):
+        super().__init__(**kw)
+        self.quiet = quiet
+
+    def _print_message(self, message, file=None):
+        if not self.quiet:
+            super()._print_message(message, file)
+
+
+def parse_args(argv: list[str], quiet: bool = False) -> argparse.Namespace:
+    p = Parser(quiet, prog="python -m master", description=f"run the stream join cluster: {USAGE}")
+    p.add_argument("--config", help="TOML config file (every key has a default; see README)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config key, e.g. --set join.window=2.0 (repeatable)")
+    p.add_argument("--recover", action="store_true",
+                   help="resume from the newest complete checkpoint (a fresh start if there is none)")
+    return p.parse_args(argv)
+
+
+def checked_config(argv: list[str], slaves: int) -> dict:
+    """The configuration `argv` gives, validated for `slaves` slaves (raises ConfigError, exits 2 on a bad
+    argument)."""
+    args = parse_args(argv)
+    cfg = load_config(args.config, args.set)
+    validate(cfg, slaves=slaves)
+    return cfg
+
