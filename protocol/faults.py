@@ -2,7 +2,8 @@
 
 `STREAMJOIN_FAULT="rank:point:n:marker"` fires at the n-th time `rank` reaches
 `point` (e.g. "batch", "checkpoint", "move": the rank kills itself with
-SIGKILL; "drop": a dispatcher silently skips one batch send), unless the file
+SIGKILL; "hang-batch": a slave stops answering; "drop": a dispatcher silently
+skips one batch send), unless the file
 `marker` exists; it creates the marker first, so a restarted cluster runs
 through.  `STREAMJOIN_JITTER=s` makes a dispatcher sleep a random 0..s seconds
 before each send, to shake the interleaving of several dispatchers.
@@ -42,6 +43,13 @@ def reached(rank: int, point: str) -> None:
     """Die here if the fault names this point."""
     if fires(rank, point):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hangs(rank: int, point: str) -> None:
+    """Stop answering here (a rank that waits for something that never comes) if the fault names
+    "hang-<point>": the master's stall watch must end the job."""
+    if fires(rank, f"hang-{point}"):
+        time.sleep(3600)
 
 
 def jitter() -> None:

@@ -79,6 +79,7 @@ class Slave:
 
     def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups: np.ndarray | None) -> None:
         faults.reached(self.comm.rank, "batch")
+        faults.hangs(self.comm.rank, "batch")
         faults.fail("batch")
         started, started_wall = time.perf_counter(), time.time()
         faults.straggle(self.comm.rank)

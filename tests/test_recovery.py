@@ -193,3 +193,26 @@ def test_aggregation_after_a_crash_equals_the_reference_aggregation(tmp_path):
     view = combine([read_tables(tmp_path / "out" / "aggregates")])
     view = view.append_column("avg", pc.divide(pc.cast(view["sum"], "float64"), pc.cast(view["count"], "float64")))
     assert_view(view, reference_view(settings, "key", "r_value", 0.5))
+
+
+def test_a_slave_that_stops_answering_ends_the_job_with_what_the_master_waits_for(tmp_path):
+    # slave 2 never answers its 5th batch: the stall watch ends the job (bounded, non-zero, named) instead of the
+    # progress line repeating forever
+    settings = dict(CKPT, **{"generator.seed": 41, "master.stall_timeout": 2.0})
+    started = time.time()
+    run = run_cluster(tmp_path, 3, settings, timeout=120,
+                      env={"STREAMJOIN_FAULT": f"2:hang-batch:5:{tmp_path / 'fired'}"})
+    assert (tmp_path / "fired").exists() and run.returncode not in (0, 2)
+    assert "stalled:" in run.stderr and "waiting for the report of slave(s) [2]" in run.stderr, run.stderr
+    assert time.time() - started < 60
+
+
+def test_a_stalled_cluster_with_hot_keys_is_restarted_by_the_supervisor_and_stays_exact(tmp_path):
+    # issue 27: a recovered cluster with hot keys drains every tuple; a stall ends the run, the supervisor restarts
+    # it from the newest checkpoint (the fault fires once), and the result is the reference's
+    settings = dict(CKPT, **{"generator.seed": 43, "generator.hot_share": 0.3, "generator.keys": 65536,
+                             "hotkeys.enabled": True, "hotkeys.threshold": 0.15, "epochs.reorganization": 0.3,
+                             "master.stall_timeout": 2.0})
+    run, _ = crash_run(tmp_path, 4, settings, fault="3:hang-batch:8")
+    assert "stalled:" in run.stderr
+    assert any(e["event"] == "split" for e in run.summary["hot_keys"]), run.stderr
