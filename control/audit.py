@@ -97,6 +97,16 @@ def run_state(cfg: dict) -> Target:
     if summary.is_file():
         check_same_join(cfg, json.loads(summary.read_text()).get("config"), str(summary))
         return Target(out, cfg, finished=True)
+    for attempt in range(3):  # a running cluster prunes old checkpoints: one may go while it is read
+        try:
+            return _at_checkpoint(cfg, out)
+        except (OSError, checkpoint.CheckpointError):
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
+
+
+def _at_checkpoint(cfg: dict, out: Path) -> Target:
     found = checkpoint.latest_complete(checkpoint.root_of(cfg), log=lambda _: None)
     if found is None:
         raise AuditError(f"{out} holds no summary.json (the run has not finished) and no complete checkpoint "

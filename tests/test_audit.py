@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +15,7 @@ import pytest
 
 from control import audit
 from master.source import generate_all
+from protocol import checkpoint
 from protocol.config import load_config
 from protocol.output import RESULT_SCHEMA, read_tables
 from tests.cluster import run_cluster, write_config
@@ -172,18 +174,34 @@ def test_two_dispatchers_archives_are_merged_and_each_applies_the_lateness_rule(
     assert r["found"] == run.summary["results"] > 1000 and run.summary["late"] > 1000
 
 
-def test_a_crashed_run_is_exact_below_its_checkpoint_and_after_recovery(spark, tmp_path):
+def test_a_crashed_run_is_exact_below_its_checkpoint_and_followed_through_its_recovery(spark, tmp_path):
     settings = dict(LATE, **{"generator.seed": 24, "source.rate": 6000.0, "epochs.distribution": 0.1})
-    crashed = run_cluster(tmp_path, 3, settings, env={"STREAMJOIN_FAULT": f"1:batch:12:{tmp_path / 'fired'}"})
+    crashed = run_cluster(tmp_path, 3, settings, env={"STREAMJOIN_FAULT": f"1:batch:22:{tmp_path / 'fired'}"})
     assert crashed.returncode != 0 and (tmp_path / "fired").exists()
-    # results files past the last commit lie beside the committed ones, to be replaced by the restarted run
+    # a result file past the last commit, as a crashed run leaves them: the restarted run replaces it, so it
+    # does not count (here a copy of a committed file: counted, every pair in it would be a duplicate)
+    _, manifest = checkpoint.latest_complete(tmp_path / "out" / "checkpoints")
+    committed = manifest["commit"]["results"]["slave-001"]
+    assert committed > 0
+    shutil.copy(tmp_path / "out" / "results" / "slave-001-000000.parquet",
+                tmp_path / "out" / "results" / f"slave-001-{committed + 50:06d}.parquet")
     code, r = audited(spark, crashed)
-    assert code == 0 and r["run"].startswith("live run, checkpoint") and r["to"] is not None, r
+    assert code == 0 and r["run"] == f"live run, checkpoint {manifest['id']}, watermark {r['to']:g}", r
     assert r["expected"] == len(reference(settings, -np.inf, r["to"])) > 100
-    recovered = run_cluster(tmp_path, 3, settings, wrapper=SUPERVISE, extra_args=["--recover"])
-    assert recovered.returncode == 0 and recovered.summary["checkpoints"]["recovered_from"] is not None
-    code, r = audited(spark, recovered)
-    assert code == 0 and r["run"] == "finished run" and r["found"] == len(reference(settings)), r
+    # --follow beside the supervisor's recovery: each second of event time once the watermark passed it
+    recovery = threading.Thread(target=lambda: run_cluster(tmp_path, 3, settings, wrapper=SUPERVISE,
+                                                           extra_args=["--recover"]))
+    recovery.start()
+    lines = []
+    code = audit.follow(spark, load_config(tmp_path / "run.toml"), -1.0, 1.0, 1.0, poll=0.2, log=lines.append)
+    recovery.join()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert code == audit.EXACT and summary["checkpoints"]["recovered_from"] is not None, lines
+    reports = [json.loads((tmp_path / "out" / "audit" / f"audit-{line.split()[0]}.json").read_text()) for line in lines]
+    live = int(r["to"]) + 1  # ranges the crashed run's watermark had passed (ts start at -disorder)
+    assert live >= 2 and [x["range"] for x in reports[:live]] == [f"{i}-{i + 1}" for i in range(-1, live - 1)]
+    assert reports[-1]["range"].endswith("-end") and reports[-1]["run"] == "finished run"
+    assert sum(x["found"] for x in reports) == summary["results"] == len(reference(settings))
 
 
 def test_usage_mistakes_exit_2_with_a_message(tmp_path, capsys):
