@@ -47,7 +47,7 @@ TUPLE_SCHEMA = "stream string, id long, ts double, key long, value double"
 RESULT_SCHEMA = ", ".join(f"{c} {'long' if c.endswith(('_id', '_key')) else 'double'}" for c in RESULT_COLUMNS)
 LATE_SCHEMA = TUPLE_SCHEMA + ", reason string, bound double"
 PAIR = ["r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value"]
-#: rows of the generated or file input per arrival block: the unit the lateness prefix is computed over
+#: rows per arrival block (of an archive file, or of an input read whole): the unit the lateness prefix is over
 BLOCK = 1 << 16
 #: sampling resolution: a key is audited iff its hash modulo this is below sample x this
 SAMPLE_SCALE = 1_000_000
@@ -135,19 +135,25 @@ def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
                                  f"{then[section][key]!r} ({where}): audit with the run's config")
 
 
+def uri(path: Path) -> str:
+    """A local path for Spark: file:// so that a cluster whose default file system is HDFS reads the engine's
+    files (output.path must then be a folder every executor mounts)."""
+    return f"file://{Path(path).resolve()}"
+
+
 # -- the input in arrival order -------------------------------------------------------------------------------
 def arrivals(spark, target: Target):
     """(DataFrame of d, f, row, stream, id, ts, key, value; what it was read from).
 
-    d is the dispatcher, (f, row) the tuple's place in its arrival order: archive file number and row, or
-    block and position for an input read whole."""
+    d is the dispatcher, (f, row) the tuple's place in its arrival order: archive file number and row in
+    it, or 0 and the position in the dispatcher's share of an input read whole."""
     from pyspark.sql import functions as F
 
     files = target.files("archive")
     if files:
         name = F.col("_metadata.file_name")
         d = F.regexp_extract(name, r"^input-d(\d+)-", 1)
-        df = spark.read.schema(TUPLE_SCHEMA).parquet(*map(str, files)).select(
+        df = spark.read.schema(TUPLE_SCHEMA).parquet(*map(uri, files)).select(
             F.when(d == "", 0).otherwise(d.cast("int")).alias("d"),
             F.regexp_extract(name, r"-(\d+)\.parquet$", 1).cast("long").alias("f"),
             F.col("_metadata.row_index").alias("row"), "stream", "id", "ts", "key", "value")
@@ -162,7 +168,7 @@ def arrivals(spark, target: Target):
         df, what = _generated(spark, target.cfg), "generator (rebuilt on the driver: no archive)"
     k = target.cfg["cluster"]["dispatchers"]
     df = df.select(F.pmod("pos", F.lit(k)).cast("int").alias("d"), F.expr(f"pos div {k}").alias("row"),
-                   "stream", "id", "ts", "key", "value").withColumn("f", F.expr(f"row div {BLOCK}"))
+                   "stream", "id", "ts", "key", "value").withColumn("f", F.lit(0).cast("long"))
     if not target.finished:  # only what the dispatchers had taken by the cut
         df = df.where(F.col("row") < F.element_at(F.create_map(
             *[F.lit(x) for d, n in target.consumed.items() for x in (d, n)]), F.col("d")))
@@ -178,10 +184,10 @@ def _input_file(spark, target: Target, path: Path):
         raise AuditError(f"source.path {str(path)!r} does not exist, and {target.out / 'archive'} holds no input "
                          "archive: the audit needs the input in arrival order")
     if path.suffix.lower() == ".csv":
-        raw = spark.read.csv(str(path), header=True).withColumn("_mid", F.monotonically_increasing_id())
+        raw = spark.read.csv(uri(path), header=True).withColumn("_mid", F.monotonically_increasing_id())
         raw = raw.withColumn("row0", F.row_number().over(Window.orderBy("_mid")) - 1)  # one task: no archive
     else:
-        raw = spark.read.parquet(str(path)).withColumn("row0", F.col("_metadata.row_index"))
+        raw = spark.read.parquet(uri(path)).withColumn("row0", F.col("_metadata.row_index"))
     cols = [F.col("stream").cast("string"), F.col("id").cast("long"), F.col("ts").cast("double"),
             F.col("key").cast("long"),
             F.coalesce(F.col("value").cast("double"), F.lit(0.0)) if "value" in raw.columns else F.lit(0.0)]
@@ -191,7 +197,7 @@ def _input_file(spark, target: Target, path: Path):
         return df.withColumnRenamed("row0", "pos"), f"input file {path} (no archive)"
     rej = None
     for f in rejected:
-        part = (spark.read.csv(str(f), header=True) if f.suffix == ".csv" else spark.read.parquet(str(f)))
+        part = spark.read.csv(uri(f), header=True) if f.suffix == ".csv" else spark.read.parquet(uri(f))
         part = part.select((F.col("row").cast("long") - 1).alias("row0"))
         rej = part if rej is None else rej.unionByName(part)
     df = df.join(rej, "row0", "left_anti").withColumn("pos", F.row_number().over(Window.orderBy("row0")) - 1)
@@ -213,12 +219,13 @@ def _generated(spark, cfg: dict):
 def classify(arrived, max_delay: float, lo: float, hi: float):
     """The tuples with lo <= ts < hi, each with `late` by the lateness rule over its dispatcher's arrival order.
 
-    Only the blocks (archive files) holding such a tuple are read whole; every earlier block contributes
-    its largest ts, so the running max is exact without one ordered pass over the whole input."""
+    Only the blocks (BLOCK rows of an archive file) holding such a tuple are ordered; every earlier block
+    contributes its largest ts, so the running max is exact without one ordered pass over the whole input."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     inside = (F.col("ts") >= lo) & (F.col("ts") < hi)
+    arrived = arrived.withColumn("f", F.col("f") * F.lit(1 << 32) + F.expr(f"row div {BLOCK}"))  # files in blocks
     blocks = arrived.groupBy("d", "f").agg(F.max("ts").alias("block_max"),
                                           F.max(inside.cast("int")).alias("hits"))
     blocks = blocks.withColumn("before", F.max("block_max").over(
@@ -290,8 +297,8 @@ def expected_pairs(tuples, join: dict, start: float, end: float, sample: float):
 
 def read_folder(spark, files: list[Path], schema: str):
     """Parquet and CSV files of one output folder as one DataFrame (an empty one if there are none)."""
-    parquet = [str(f) for f in files if f.suffix == ".parquet"]
-    csv = [str(f) for f in files if f.suffix == ".csv"]
+    parquet = [uri(f) for f in files if f.suffix == ".parquet"]
+    csv = [uri(f) for f in files if f.suffix == ".csv"]
     frames = ([spark.read.schema(schema).parquet(*parquet)] if parquet else []) + \
              ([spark.read.schema(schema).csv(csv, header=True)] if csv else [])
     if not frames:
@@ -318,7 +325,8 @@ def audit_range(spark, target: Target, start: float, end: float, sample: float =
     in_sample = tuples.where(sampled("key", sample)) if sample < 1 else tuples
 
     later = F.greatest("r_ts", "s_ts")
-    found = read_folder(spark, target.files("results"), RESULT_SCHEMA).where((later >= start) & (later < end))
+    found = read_folder(spark, target.files("results"), RESULT_SCHEMA).where(  # the ts bounds reach Parquet
+        (F.col("r_ts") < end) & (F.col("s_ts") < end) & (later >= start))
     if sample < 1:
         found = found.where(sampled("s_key", sample))
     found = found.select(*PAIR).cache()
@@ -396,7 +404,7 @@ def _finite(x: float) -> float | None:
 def write_single(df, dest: Path) -> Path:
     """`df` as the one Parquet file `dest` (written beside it, then renamed)."""
     staging = dest.parent / f"_{dest.stem}.spark"
-    df.coalesce(1).write.mode("overwrite").parquet(str(staging))
+    df.coalesce(1).write.mode("overwrite").parquet(uri(staging))
     part, = staging.glob("part-*.parquet")
     part.replace(dest)
     shutil.rmtree(staging)

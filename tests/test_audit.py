@@ -174,6 +174,17 @@ def test_two_dispatchers_archives_are_merged_and_each_applies_the_lateness_rule(
     assert r["found"] == run.summary["results"] > 1000 and run.summary["late"] > 1000
 
 
+def test_without_an_archive_the_generator_is_rebuilt_and_split_as_the_dispatchers_split_it(spark, tmp_path):
+    settings = dict(LATE, **{"cluster.dispatchers": 2, "generator.seed": 25, "balance.enabled": False,
+                             "checkpoint.interval": 0, "generator.duration": 2.0})
+    run = run_cluster(tmp_path, 4, settings)
+    assert run.returncode == 0, run.stderr
+    assert not (run.out / "archive").exists() and run.summary["late"] > 500
+    code, r = audited(spark, run)
+    assert code == 0 and r["input"].startswith("generator"), r
+    assert r["found"] == run.summary["results"] > 1000
+
+
 def test_a_crashed_run_is_exact_below_its_checkpoint_and_followed_through_its_recovery(spark, tmp_path):
     settings = dict(LATE, **{"generator.seed": 24, "source.rate": 6000.0, "epochs.distribution": 0.1})
     crashed = run_cluster(tmp_path, 3, settings, env={"STREAMJOIN_FAULT": f"1:batch:22:{tmp_path / 'fired'}"})
