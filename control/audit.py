@@ -388,8 +388,10 @@ def audit_range(spark, target: Target, start: float, end: float, sample: float =
     report["verdict"] = "exact" if exact else "different"
     folder = target.out / "audit"
     folder.mkdir(parents=True, exist_ok=True)
+    evidence = folder / f"diff-{report['range']}.parquet"
+    evidence.unlink(missing_ok=True)  # an earlier audit's, of output that has been replaced since
     report["diff"] = None if exact else str(write_single(diff.orderBy("problem", "r_id", "s_id", "stream", "id"),
-                                                         folder / f"diff-{report['range']}.parquet"))
+                                                         evidence))
     for df in (tuples, expected, found, diff):
         df.unpersist()
     report["seconds"] = round(time.monotonic() - began, 2)
