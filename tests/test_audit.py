@@ -43,7 +43,7 @@ def reference(settings: dict, start: float = -np.inf, end: float = np.inf) -> np
         pairs, _ = reference_pairs(d.stream, d.id, d.ts, d.key, settings["join.window"], settings["join.max_delay"])
     else:
         pairs = reference_theta_pairs(d.stream, d.id, d.ts, d.key, settings["join.window"],
-                                      settings["join.max_delay"], settings["join.predicate"], settings["join.band"])
+                                      settings["join.max_delay"], settings["join.predicate"], settings.get("join.band", 0))
     ts = {s: dict(zip(d.id[d.stream == s].tolist(), d.ts[d.stream == s].tolist())) for s in (0, 1)}
     later = np.array([max(ts[0][p // 2**32], ts[1][p % 2**32]) for p in pairs.tolist()])
     return pairs[(later >= start) & (later < end)] if len(pairs) else pairs
@@ -162,6 +162,25 @@ def test_band_join_from_the_input_file_without_an_archive(spark, tmp_path):
     code, r = audited(spark, run)
     assert code == 0 and r["input"].startswith("input file"), r
     assert r["expected"] == r["found"] == len(reference(settings)) > 500 and run.summary["late"] > 0
+
+
+@pytest.mark.parametrize("settings,ranks", [
+    # r.key < s.key: no key equality to join on, only the time buckets
+    ({**SMALL, "join.predicate": "less", "generator.rate": 400.0, "join.window": 0.1, "generator.disorder": 0.4,
+      "generator.keys": 4096, "generator.seed": 26, "checkpoint.interval": 2}, 3),
+    # a heavy hitter split into a grid of sub-groups moved to other slaves (R tuples copied to each)
+    ({**SMALL, "generator.hot_share": 0.3, "generator.keys": 65536, "hotkeys.enabled": True,
+      "epochs.reorganization": 0.5, "balance.enabled": False, "join.window": 0.3, "generator.seed": 27,
+      "source.rate": 6000.0, "checkpoint.interval": 2}, 4),
+], ids=["less", "hot-keys"])
+def test_less_join_and_hot_key_grids_are_exact(spark, tmp_path, settings, ranks):
+    run = run_cluster(tmp_path, ranks, settings)
+    assert run.returncode == 0, run.stderr
+    if settings.get("hotkeys.enabled"):
+        assert [h["event"] for h in run.summary["hot_keys"]][:1] == ["split"], run.summary["hot_keys"]
+    code, r = audited(spark, run)
+    assert code == 0, r
+    assert r["expected"] == r["found"] == len(reference(settings)) > 500
 
 
 def test_two_dispatchers_archives_are_merged_and_each_applies_the_lateness_rule(spark, tmp_path):
