@@ -14,6 +14,11 @@ without any code of master/ingest or slave/:
   (less), and |r.ts - s.ts| <= join.window, for every pair whose later ts lies in [from, to) (so only the
   input with ts >= from - window is joined);
 
+every time compared as the engine compares it, in integer microseconds (docs/time.md): the files' float
+seconds are converted back in SQL (`micros`), window, max_delay and the range's bounds once from their
+decimals (protocol.eventtime.duration, the config's conversion), so a pair exactly join.window apart is
+expected and one a microsecond further is not;
+
 and compares them with results/ and late/ over the same range: pairs missing, extra, twice; tuples set aside
 as late that are not, and the reverse.  A finished run (summary.json) counts every file; a live or crashed
 one only what its newest complete checkpoint committed (the files past the commit are replaced by a
@@ -29,6 +34,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file (spark-submit control/audit.py): make the project importable
@@ -38,6 +44,7 @@ import numpy as np
 
 from protocol import checkpoint
 from protocol.config import ConfigError
+from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
 from protocol.output import RESULT_COLUMNS
 from protocol.tuples import tuple_dtype
 
@@ -63,18 +70,19 @@ class AuditError(Exception):
 
 @dataclass
 class Target:
-    """What of a run's output counts: everything (finished) or a checkpoint's commit below its watermark."""
+    """What of a run's output counts: everything (finished) or a checkpoint's commit below its watermark (int64
+    microseconds, as every time here)."""
     out: Path
     cfg: dict
     finished: bool
-    watermark: float = math.inf
+    watermark: int = POS_INF
     commit: dict | None = None
     consumed: dict[int, int] = field(default_factory=dict)  #: live: input position of each dispatcher at the cut
     checkpoint_id: int | None = None
 
     def describe(self) -> str:
         return "finished run" if self.finished else \
-            f"live run, checkpoint {self.checkpoint_id}, watermark {self.watermark:g}"
+            f"live run, checkpoint {self.checkpoint_id}, watermark {seconds_text(self.watermark)}"
 
     def files(self, folder: str) -> list[Path]:
         """The data files of `folder` that count, in name order (hidden temporaries never do)."""
@@ -116,10 +124,10 @@ def _at_checkpoint(cfg: dict, out: Path) -> Target:
     check_same_join(cfg, manifest["config"], str(directory / checkpoint.MANIFEST))
     sections = {0: manifest["master"], **{int(d): m for d, m in manifest.get("dispatchers", {}).items()}}
     dtype = tuple_dtype(manifest["config"]["generator"]["tuple_bytes"])
-    buffered = [rows.view(dtype)["ts"] for d in sections
-                for rows in checkpoint.read_part(directory / checkpoint.master_part(d))]
-    lowest = min((float(ts.min()) for ts in buffered if len(ts)), default=math.inf)
-    watermark = min(min(m["max_ts"] for m in sections.values()) - cfg["join"]["max_delay"], lowest)
+    buffered = [rows.view(dtype)["ts"] for d in sections  # R rows, S rows (then the rows per partition)
+                for rows in checkpoint.read_part(directory / checkpoint.master_part(d))[:2]]
+    lowest = min((int(ts.min()) for ts in buffered if len(ts)), default=POS_INF)
+    watermark = min(min(m["max_ts"] for m in sections.values()) - duration(cfg["join"]["max_delay"]), lowest)
     return Target(out, cfg, finished=False, watermark=watermark, commit=manifest["commit"],
                   consumed={d: m["consumed"] for d, m in sections.items()}, checkpoint_id=manifest["id"])
 
@@ -135,6 +143,42 @@ def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
                                  f"{then[section][key]!r} ({where}): audit with the run's config")
 
 
+def micros(column, kind: str = "double"):
+    """Seconds as int64 microseconds, by the engine's documented rule (docs/time.md), in SQL; null if not a
+    valid ts.  Float seconds: whole seconds and fraction apart, the fraction's microseconds rounded half to
+    even, exact for the float64 of a decimal with up to 6 decimals while |ts| < 2**33 s (the files' ts are
+    such floats of microseconds); text and decimals: the digits as written (to 24 decimals), rounded half to
+    even; integers: whole seconds."""
+    from pyspark.sql import functions as F
+
+    limit = F.lit(TS_LIMIT // PER_SECOND)
+    if kind == "integer":
+        s = column.try_cast("long")
+        return F.when(F.abs(s) < limit, s * PER_SECOND)
+    if kind == "text":
+        s = column.try_cast("decimal(38,24)")
+        return F.when(F.abs(s) < limit, F.bround(s, 6) * PER_SECOND).cast("long")
+    s = column.try_cast("double")
+    whole = F.floor(F.when(F.abs(s) < limit, s))  # NaN is above every number in Spark: not < limit
+    return whole * PER_SECOND + F.bround((s - whole) * PER_SECOND).cast("long")
+
+
+def seconds_text(us: int) -> str:
+    """Microseconds as the shortest decimal of their seconds ("1", "-0.5", "0.000001"): exact, for names."""
+    if us <= NEG_INF or us >= POS_INF:
+        return "start" if us <= NEG_INF else "end"
+    return format(Decimal(us).scaleb(-6).normalize(), "f")
+
+
+def instant(seconds: float, option: str = "--from") -> int:
+    """A --from / --to in microseconds, from its decimals as written (infinite: the sentinels)."""
+    if seconds in (-math.inf, math.inf):
+        return NEG_INF if seconds < 0 else POS_INF
+    if not abs(seconds) < TS_LIMIT / PER_SECOND:
+        raise AuditError(f"{option} {seconds:g}: not a valid ts (|ts| < {TS_LIMIT // PER_SECOND} s)")
+    return duration(seconds)
+
+
 def uri(path: Path) -> str:
     """A local path for Spark: file:// so that a cluster whose default file system is HDFS reads the engine's
     files (output.path must then be a folder every executor mounts)."""
@@ -143,10 +187,11 @@ def uri(path: Path) -> str:
 
 # -- the input in arrival order -------------------------------------------------------------------------------
 def arrivals(spark, target: Target):
-    """(DataFrame of d, f, row, stream, id, ts, key, value; what it was read from).
+    """(DataFrame of d, f, row, stream, id, ts, t, key, value; what it was read from).
 
     d is the dispatcher, (f, row) the tuple's place in its arrival order: archive file number and row in
-    it, or 0 and the position in the dispatcher's share of an input read whole."""
+    it, or 0 and the position in the dispatcher's share of an input read whole; ts the seconds as the run's
+    files hold them, t the same in microseconds (what every comparison uses)."""
     from pyspark.sql import functions as F
 
     files = target.files("archive")
@@ -156,7 +201,8 @@ def arrivals(spark, target: Target):
         df = spark.read.schema(TUPLE_SCHEMA).parquet(*map(uri, files)).select(
             F.when(d == "", 0).otherwise(d.cast("int")).alias("d"),
             F.regexp_extract(name, r"-(\d+)\.parquet$", 1).cast("long").alias("f"),
-            F.col("_metadata.row_index").alias("row"), "stream", "id", "ts", "key", "value")
+            F.col("_metadata.row_index").alias("row"), "stream", "id", "ts", micros(F.col("ts")).alias("t"),
+            "key", "value")
         return df, f"archive ({len(files)} files)"
     src = target.cfg["source"]
     if src["kind"] == "zmq":
@@ -168,7 +214,7 @@ def arrivals(spark, target: Target):
         df, what = _generated(spark, target.cfg), "generator (rebuilt on the driver: no archive)"
     k = target.cfg["cluster"]["dispatchers"]
     df = df.select(F.pmod("pos", F.lit(k)).cast("int").alias("d"), F.expr(f"pos div {k}").alias("row"),
-                   "stream", "id", "ts", "key", "value").withColumn("f", F.lit(0).cast("long"))
+                   "stream", "id", "ts", "t", "key", "value").withColumn("f", F.lit(0).cast("long"))
     if not target.finished:  # only what the dispatchers had taken by the cut
         df = df.where(F.col("row") < F.element_at(F.create_map(
             *[F.lit(x) for d, n in target.consumed.items() for x in (d, n)]), F.col("d")))
@@ -188,11 +234,16 @@ def _input_file(spark, target: Target, path: Path):
         raw = raw.withColumn("row0", F.row_number().over(Window.orderBy("_mid")) - 1)  # one task: no archive
     else:
         raw = spark.read.parquet(uri(path)).withColumn("row0", F.col("_metadata.row_index"))
-    cols = [F.col("stream").cast("string"), F.col("id").cast("long"), F.col("ts").cast("double"),
-            F.col("key").cast("long"),
-            F.coalesce(F.col("value").cast("double"), F.lit(0.0)) if "value" in raw.columns else F.lit(0.0)]
-    df = raw.select("row0", *(c.alias(n) for c, n in zip(cols, ("stream", "id", "ts", "key", "value"))))
-    rejected = sorted(f for f in (target.out / "rejected").glob("rejected*") if f.suffix in (".parquet", ".csv"))
+    ts_type = raw.schema["ts"].dataType.typeName()
+    kind = "integer" if ts_type in ("byte", "short", "integer", "long") else \
+        "double" if ts_type in ("float", "double") else "text"
+    # try_cast: the rejected rows are still there (Spark may cast before the anti-join below drops them)
+    cols = [F.col("stream").cast("string"), F.col("id").try_cast("long"), F.col("ts").try_cast("double"),
+            micros(F.col("ts"), kind), F.col("key").try_cast("long"),
+            F.coalesce(F.col("value").try_cast("double"), F.lit(0.0)) if "value" in raw.columns else F.lit(0.0)]
+    df = raw.select("row0", *(c.alias(n) for c, n in zip(cols, ("stream", "id", "ts", "t", "key", "value"))))
+    rejected = [f for _, f in checkpoint.numbered(target.out / "rejected", "rejected")
+                if f.suffix in (".parquet", ".csv")]
     if not rejected:
         return df.withColumnRenamed("row0", "pos"), f"input file {path} (no archive)"
     rej = None
@@ -205,37 +256,39 @@ def _input_file(spark, target: Target, path: Path):
 
 
 def _generated(spark, cfg: dict):
-    """The generator's streams, as the master draws them (the same seed gives the same streams)."""
+    """The generator's streams, as the master draws them (the same seed gives the same streams; ts in
+    microseconds, and in seconds as the run's files would hold them)."""
     import pyarrow as pa
 
-    from master.source import generate_all
+    from protocol.workload import generate_all
 
     c = generate_all(cfg)
     return spark.createDataFrame(pa.table({
         "pos": np.arange(len(c.ts), dtype=np.int64), "stream": np.array(["R", "S"])[c.stream],
-        "id": c.id, "ts": c.ts, "key": c.key, "value": c.value}))
+        "id": c.id, "ts": c.ts / PER_SECOND, "t": c.ts, "key": c.key, "value": c.value}))
 
 
-def classify(arrived, max_delay: float, lo: float, hi: float):
-    """The tuples with lo <= ts < hi, each with `late` by the lateness rule over its dispatcher's arrival order.
+def classify(arrived, max_delay: int, lo: int, hi: int):
+    """The tuples with lo <= t < hi, each with `late` by the lateness rule over its dispatcher's arrival order
+    (microseconds: a tuple exactly max_delay behind the largest t before it is on time).
 
     Only the blocks (BLOCK rows of an archive file) holding such a tuple are ordered; every earlier block
     contributes its largest ts, so the running max is exact without one ordered pass over the whole input."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    inside = (F.col("ts") >= lo) & (F.col("ts") < hi)
+    inside = (F.col("t") >= lo) & (F.col("t") < hi)
     arrived = arrived.withColumn("f", F.col("f") * F.lit(1 << 32) + F.expr(f"row div {BLOCK}"))  # files in blocks
-    blocks = arrived.groupBy("d", "f").agg(F.max("ts").alias("block_max"),
+    blocks = arrived.groupBy("d", "f").agg(F.max("t").alias("block_max"),
                                           F.max(inside.cast("int")).alias("hits"))
     blocks = blocks.withColumn("before", F.max("block_max").over(
         Window.partitionBy("d").orderBy("f").rowsBetween(Window.unboundedPreceding, -1)))
     chosen = F.broadcast(blocks.where("hits = 1").select("d", "f", "before"))
     rows = arrived.join(chosen, ["d", "f"]).withColumn("prev", F.greatest(
-        "before", F.max("ts").over(Window.partitionBy("d", "f").orderBy("row")
-                                   .rowsBetween(Window.unboundedPreceding, -1))))
-    late = F.coalesce(F.col("ts") < F.col("prev") - F.lit(max_delay), F.lit(False))
-    return rows.where(inside).select("d", "stream", "id", "ts", "key", "value", late.alias("late"))
+        "before", F.max("t").over(Window.partitionBy("d", "f").orderBy("row")
+                                  .rowsBetween(Window.unboundedPreceding, -1))))
+    late = F.coalesce(F.col("t") < F.col("prev") - F.lit(max_delay), F.lit(False))
+    return rows.where(inside).select("d", "stream", "id", "ts", "t", "key", "value", late.alias("late"))
 
 
 def sampled(key_column, sample: float):
@@ -256,22 +309,29 @@ def key_predicate(join: dict):
     return r == s
 
 
-def expected_pairs(tuples, join: dict, start: float, end: float, sample: float):
-    """Every pair of on-time tuples that joins and whose later ts is in [start, end).
+def floor_div(column: str, width: int):
+    """Floor division of a long column by a positive width (Spark's div truncates toward zero)."""
+    from pyspark.sql import functions as F
+
+    return F.expr(f"({column} - pmod({column}, {width})) div {width}")
+
+
+def expected_pairs(tuples, join: dict, start: int, end: int, sample: float):
+    """Every pair of on-time tuples that joins and whose later t is in [start, end) (microseconds: a pair
+    exactly join.window apart joins).
 
     Both sides carry a time bucket of twice the window (and, for band, a key bucket of band + 1): a pair is
     at most one bucket apart, so the R side, repeated at the neighbouring buckets, meets its partners in an
     equi-join; the exact predicate follows."""
     from pyspark.sql import functions as F
 
-    window = join["window"]
-    width = 2 * window if window > 0 else 1.0
+    window = duration(join["window"])
     on_time = tuples.where(~F.col("late"))
 
     def side(name: str):
         t = on_time.where(F.col("stream") == name.upper()).select(
-            *(F.col(c).alias(f"{name}_{c}") for c in ("id", "key", "ts", "value")))
-        return t.withColumn(f"{name}_tb", F.floor(F.col(f"{name}_ts") / width))
+            *(F.col(c).alias(f"{name}_{c}") for c in ("id", "key", "ts", "t", "value")))
+        return t.withColumn(f"{name}_tb", floor_div(f"{name}_t", max(2 * window, 1)))
 
     r, s = side("r"), side("s")
     if sample < 1:
@@ -285,12 +345,11 @@ def expected_pairs(tuples, join: dict, start: float, end: float, sample: float):
         on.append(r["r_key"] == s["s_key"])
     elif join["predicate"] == "band":
         w = join["band"] + 1
-        bucket = lambda c: F.expr(f"({c} - pmod({c}, {w})) div {w}")  # floor division, exact on longs
-        r = r.withColumn("kb", F.explode(near)).withColumn("kb", F.col("kb") + bucket("r_key"))
-        s = s.withColumn("s_kb", bucket("s_key"))
+        r = r.withColumn("kb", F.explode(near)).withColumn("kb", F.col("kb") + floor_div("r_key", w))
+        s = s.withColumn("s_kb", floor_div("s_key", w))
         on.append(r["kb"] == s["s_kb"])
-    later = F.greatest("r_ts", "s_ts")
-    pairs = r.join(s, on).where((F.abs(F.col("r_ts") - F.col("s_ts")) <= window) & key_predicate(join)
+    later = F.greatest("r_t", "s_t")
+    pairs = r.join(s, on).where((F.abs(F.col("r_t") - F.col("s_t")) <= window) & key_predicate(join)
                                 & (later >= start) & (later < end))
     return pairs.select(*PAIR)
 
@@ -307,26 +366,36 @@ def read_folder(spark, files: list[Path], schema: str):
 
 
 # -- one range --------------------------------------------------------------------------------------------------
-def range_name(start: float, end: float) -> str:
-    text = lambda x, inf: inf if math.isinf(x) else f"{x:g}"
-    return f"{text(start, 'start')}-{text(end, 'end')}"
+def range_name(start: int, end: int) -> str:
+    return f"{seconds_text(start)}-{seconds_text(end)}"
 
 
-def audit_range(spark, target: Target, start: float, end: float, sample: float = 1.0) -> dict:
-    """Audit [start, end): the report (also written as audit/audit-<range>.json) and, on a difference, the
-    offending pairs and tuples in audit/diff-<range>.parquet."""
+def within(start: int, end: int, *columns: str):
+    """The later of the columns' ts (float seconds, as the files hold them) in [start, end) microseconds.  A
+    looser test in seconds first, which Parquet can use to skip row groups; the exact one on microseconds."""
+    from pyspark.sql import functions as F
+
+    later = micros(F.greatest(*map(F.col, columns)) if len(columns) > 1 else F.col(columns[0]))  # monotone
+    test = (later >= start) & (later < end)
+    for c in columns if end < POS_INF else ():
+        test = (F.col(c) < end / PER_SECOND + 1) & test
+    return test
+
+
+def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0) -> dict:
+    """Audit [start, end) (microseconds): the report (also written as audit/audit-<range>.json) and, on a
+    difference, the offending pairs and tuples in audit/diff-<range>.parquet."""
     from pyspark.sql import functions as F
 
     began = time.monotonic()
     join = target.cfg["join"]
+    window = duration(join["window"])
     arrived, source = arrivals(spark, target)
-    tuples = classify(arrived, join["max_delay"], start - join["window"], end).cache()
+    tuples = classify(arrived, duration(join["max_delay"]), start - window, end).cache()
     expected = expected_pairs(tuples, join, start, end, sample).cache()
     in_sample = tuples.where(sampled("key", sample)) if sample < 1 else tuples
 
-    later = F.greatest("r_ts", "s_ts")
-    found = read_folder(spark, target.files("results"), RESULT_SCHEMA).where(  # the ts bounds reach Parquet
-        (F.col("r_ts") < end) & (F.col("s_ts") < end) & (later >= start))
+    found = read_folder(spark, target.files("results"), RESULT_SCHEMA).where(within(start, end, "r_ts", "s_ts"))
     if sample < 1:
         found = found.where(sampled("s_key", sample))
     found = found.select(*PAIR).cache()
@@ -339,7 +408,8 @@ def audit_range(spark, target: Target, start: float, end: float, sample: float =
     extra = copies.join(expected.select(*ids), ids, "left_anti").join(flag("r"), "r_id", "left") \
         .join(flag("s"), "s_id", "left")
     why = (F.when(F.col("r_late"), "its R tuple is late").when(F.col("s_late"), "its S tuple is late")
-           .when(F.abs(F.col("r_ts") - F.col("s_ts")) > join["window"], "its tuples are more than join.window apart")
+           .when(F.abs(micros(F.col("r_ts")) - micros(F.col("s_ts"))) > window,
+                 "its tuples are more than join.window apart")
            .when(~key_predicate(join), f"its keys do not satisfy join.predicate = {join['predicate']!r}")
            .otherwise("no such pair of on-time tuples in the input"))
     pair_rows = [
@@ -351,11 +421,10 @@ def audit_range(spark, target: Target, start: float, end: float, sample: float =
                                           F.lit("the result files hold this pair more than once").alias("reason"),
                                           "copies", *PAIR),
     ]
-    inside = (F.col("ts") >= start) & (F.col("ts") < end)
-    got_late = read_folder(spark, target.files("late"), LATE_SCHEMA).where(inside)
+    got_late = read_folder(spark, target.files("late"), LATE_SCHEMA).where(within(start, end, "ts"))
     if sample < 1:
         got_late = got_late.where(sampled("key", sample))
-    want_late = in_sample.where(F.col("late") & inside)
+    want_late = in_sample.where(F.col("late") & (F.col("t") >= start) & (F.col("t") < end))
     key = ["stream", "id"]
     tuple_rows = [
         got_late.join(want_late.select(*key), key, "left_anti").select(
@@ -399,8 +468,9 @@ def audit_range(spark, target: Target, start: float, end: float, sample: float =
     return report
 
 
-def _finite(x: float) -> float | None:
-    return None if math.isinf(x) else x
+def _finite(us: int) -> float | None:
+    """A bound in seconds for the report (None: open)."""
+    return None if us <= NEG_INF or us >= POS_INF else us / PER_SECOND
 
 
 def write_single(df, dest: Path) -> Path:
@@ -433,30 +503,31 @@ def verdict(r: dict) -> str:
     return f"DIFFERENT: range {r['range']} ({r['run']}): {', '.join(wrong)}; the evidence is in {r['diff']}"
 
 
-def clamp(target: Target, start: float, end: float) -> float:
+def clamp(target: Target, start: int, end: int) -> int:
     """The range's end, no later than the watermark of a live run (later ranges are not final yet)."""
     if end <= target.watermark:
         return end
     if start >= target.watermark:
-        raise AuditError(f"--from {start:g}: the {target.describe()} has not passed it yet; "
+        raise AuditError(f"--from {seconds_text(start)}: the {target.describe()} has not passed it yet; "
                          "audit an earlier range or wait for a later checkpoint")
-    print(f"audit: --to {end:g} is past the watermark of the {target.describe()}: auditing up to it",
+    print(f"audit: --to {seconds_text(end)} is past the watermark of the {target.describe()}: auditing up to it",
           file=sys.stderr, flush=True)
     return target.watermark
 
 
 def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: float, log=print) -> int:
-    """Audit [start, start + step), [start + step, ...) as the watermark passes each; once the run has finished,
-    the rest in one range.  Returns the exit code over all ranges."""
+    """Audit [start, start + step), [start + step, ...) (seconds) as the watermark passes each; once the run
+    has finished, the rest in one range.  Returns the exit code over all ranges."""
     worst = EXACT
+    start, step = instant(start), duration(step)
     while True:
         target = run_state(cfg)
         while target.finished or start + step <= target.watermark:
-            end = math.inf if target.finished else start + step
+            end = POS_INF if target.finished else start + step
             r = audit_range(spark, target, start, end, sample)
             log(table([r]).splitlines()[1] + ("" if r["verdict"] == "exact" else "   " + verdict(r)))
             worst = max(worst, EXACT if r["verdict"] == "exact" else DIFFERENT)
-            if math.isinf(end):
+            if end == POS_INF:
                 return worst
             start = end
         time.sleep(poll)
@@ -482,18 +553,20 @@ def main(argv: list[str], spark=None) -> int:
     try:
         if not 0 < sample <= 1:
             raise AuditError(f"--sample: expected a fraction in (0, 1], got {sample:g}")
-        if not a.start < a.end:
+        start, end = instant(a.start, "--from"), instant(a.end, "--to")
+        if not start < end:
             raise AuditError(f"--from ({a.start:g}) must be below --to ({a.end:g})")
-        if a.follow and (math.isinf(a.start) or not a.step > 0 or not math.isinf(a.end)):
-            raise AuditError("--follow needs --from T (where the first range starts) and --step > 0, and no --to")
+        if a.follow and (start == NEG_INF or not a.step * PER_SECOND >= 1 or end != POS_INF):
+            raise AuditError("--follow needs --from T (where the first range starts) and --step of at least a "
+                             "microsecond, and no --to")
         cfg = config(a)
         target = run_state(cfg)
-        end = a.end if a.follow else clamp(target, a.start, a.end)
+        end = end if a.follow else clamp(target, start, end)
         spark = spark or session(a.spark_master, "streamjoin-audit")
         if a.follow:
             print(table([]), flush=True)
             return follow(spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True))
-        report = audit_range(spark, target, a.start, end, sample)
+        report = audit_range(spark, target, start, end, sample)
     except (AuditError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE

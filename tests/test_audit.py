@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from control import audit
-from master.source import generate_all
-from protocol import checkpoint
+from protocol import checkpoint, eventtime
 from protocol.config import load_config
 from protocol.output import RESULT_SCHEMA, read_tables
+from protocol.workload import generate_all
 from tests.cluster import run_cluster, write_config
-from tests.reference import late_flags, reference_pairs, reference_theta_pairs
+from tests.reference import late_flags, micros, reference_pairs, reference_theta_pairs
 from tests.test_cluster import SMALL
 
 # disorder above max_delay: about a third of the tuples are late; small files: the lateness prefix spans several
@@ -36,7 +36,8 @@ def audited(spark, run, *args) -> tuple[int, dict]:
 
 
 def reference(settings: dict, start: float = -np.inf, end: float = np.inf) -> np.ndarray:
-    """tests.reference over the generated input: the encoded pairs whose later ts is in [start, end)."""
+    """tests.reference over the generated input: the encoded pairs whose later ts is in [start, end) seconds
+    (compared in microseconds, as the generator's ts are)."""
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
     d = generate_all(cfg)
     if settings.get("join.predicate", "equal") == "equal":
@@ -46,7 +47,12 @@ def reference(settings: dict, start: float = -np.inf, end: float = np.inf) -> np
                                       settings["join.max_delay"], settings["join.predicate"], settings.get("join.band", 0))
     ts = {s: dict(zip(d.id[d.stream == s].tolist(), d.ts[d.stream == s].tolist())) for s in (0, 1)}
     later = np.array([max(ts[0][p // 2**32], ts[1][p % 2**32]) for p in pairs.tolist()])
-    return pairs[(later >= start) & (later < end)] if len(pairs) else pairs
+    inside = np.ones(len(pairs), bool)
+    if start > -np.inf:
+        inside &= later >= micros(start)
+    if end < np.inf:
+        inside &= later < micros(end)
+    return pairs[inside]
 
 
 @pytest.fixture(scope="module")
@@ -83,24 +89,25 @@ def plant(src, dest):
     out = dest / "out"
     results, late = read_tables(out / "results"), read_tables(out / "late")
     a = columns(read_tables(out / "archive"))  # one dispatcher: the files in name order are the arrival order
-    on_time = ~late_flags(a["ts"], LATE["join.max_delay"])
+    t = micros(a["ts"])
+    on_time = ~late_flags(t, LATE["join.max_delay"])
     res = columns(results)
     later = np.maximum(res["r_ts"], res["s_ts"])
     removed, doubled = np.flatnonzero((later > 1.0) & (later < 2.0))[:2]
     rows = {name: np.flatnonzero(on_time & (a["stream"] == name)) for name in "RS"}
     late_s = np.flatnonzero(~on_time & (a["stream"] == "S"))
 
-    def partner(s_rows, low: float, high: float) -> tuple[int, int]:
-        """An on-time R row and one of `s_rows` with the same key whose ts are low < |dt| <= high apart."""
+    def partner(s_rows, low: int, high: int) -> tuple[int, int]:
+        """An on-time R row and one of `s_rows` with the same key whose ts are low < |dt| <= high us apart."""
         for j in s_rows.tolist():
             r = rows["R"][a["key"][rows["R"]] == a["key"][j]]
-            dt = np.abs(a["ts"][r] - a["ts"][j])
+            dt = np.abs(t[r] - t[j])
             if ((dt > low) & (dt <= high)).any():
                 return int(r[np.argmax((dt > low) & (dt <= high))]), j
         raise AssertionError("no such pair in the input: the test plants nothing")
 
-    apart = partner(rows["S"], 0.6, 1.5)
-    late_pair = partner(late_s, -1.0, LATE["join.window"])
+    apart = partner(rows["S"], micros(0.6), micros(1.5))
+    late_pair = partner(late_s, -1, micros(LATE["join.window"]))
 
     def row(i: int, j: int) -> dict:
         return {"r_id": a["id"][i], "s_id": a["id"][j], "r_key": a["key"][i], "s_key": a["key"][j], "r_ts": a["ts"][i],
@@ -155,8 +162,8 @@ def test_band_join_from_the_input_file_without_an_archive(spark, tmp_path):
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
     d = generate_all(cfg)
     path = tmp_path / "input.parquet"
-    pq.write_table(pa.table({"stream": np.array(["R", "S"])[d.stream], "id": d.id, "ts": d.ts, "key": d.key,
-                             "value": d.value}), path)
+    pq.write_table(pa.table({"stream": np.array(["R", "S"])[d.stream], "id": d.id, "ts": eventtime.to_seconds(d.ts),
+                             "key": d.key, "value": d.value}), path)
     run = run_cluster(tmp_path, 3, dict(settings, **{"source.kind": "file", "source.path": str(path)}))
     assert run.returncode == 0, run.stderr
     code, r = audited(spark, run)
@@ -216,14 +223,15 @@ def test_a_crashed_run_is_exact_below_its_checkpoint_and_followed_through_its_re
     shutil.copy(tmp_path / "out" / "results" / "slave-001-000000.parquet",
                 tmp_path / "out" / "results" / f"slave-001-{committed + 50:06d}.parquet")
     code, r = audited(spark, crashed)
-    assert code == 0 and r["run"] == f"live run, checkpoint {manifest['id']}, watermark {r['to']:g}", r
+    assert code == 0 and r["run"] == f"live run, checkpoint {manifest['id']}, watermark {r['range'][len('start-'):]}", r
     assert r["expected"] == len(reference(settings, -np.inf, r["to"])) > 100
     # --follow beside the supervisor's recovery: each second of event time once the watermark passed it
+    cfg = load_config(tmp_path / "run.toml")  # before run_cluster writes it again
     recovery = threading.Thread(target=lambda: run_cluster(tmp_path, 3, settings, wrapper=SUPERVISE,
                                                            extra_args=["--recover"]))
     recovery.start()
     lines = []
-    code = audit.follow(spark, load_config(tmp_path / "run.toml"), -1.0, 1.0, 1.0, poll=0.2, log=lines.append)
+    code = audit.follow(spark, cfg, -1.0, 1.0, 1.0, poll=0.2, log=lines.append)
     recovery.join()
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert code == audit.EXACT and summary["checkpoints"]["recovered_from"] is not None, lines
