@@ -7,9 +7,11 @@ import json
 import shutil
 import sys
 import threading
+from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -82,11 +84,16 @@ def columns(t: pa.Table) -> dict[str, np.ndarray]:
     return {c: t[c].to_numpy(zero_copy_only=False) for c in t.column_names}
 
 
-def plant(src, dest):
-    """A copy of `src`'s output with faults in its results and late files; returns what was planted."""
+def copy_run(src, dest):
+    """A copy of `src`'s output and config under `dest`, as a Run (the caller plants its faults)."""
     shutil.copytree(src.out, dest / "out")
     (dest / "run.toml").write_text((src.out.parent / "run.toml").read_text().replace(str(src.out), str(dest / "out")))
-    out = dest / "out"
+    return type(src)(dest / "out", src.proc)
+
+
+def plant(src, dest):
+    """A copy of `src`'s output with faults in its results and late files; returns what was planted."""
+    out = copy_run(src, dest).out
     results, late = read_tables(out / "results"), read_tables(out / "late")
     a = columns(read_tables(out / "archive"))  # one dispatcher: the files in name order are the arrival order
     t = micros(a["ts"])
@@ -140,7 +147,7 @@ def plant(src, dest):
 
 def test_planted_faults_are_each_counted_and_in_the_diff_file(spark, late_run, tmp_path):
     faults = plant(late_run, tmp_path)
-    run = type(late_run)(tmp_path / "out", late_run.proc)
+    run = type(late_run)(tmp_path / "out", late_run.proc)  # plant copied it there
     code, r = audited(spark, run)
     assert code == audit.DIFFERENT and r["verdict"] == "different"
     assert (r["missing"], r["extra"], r["duplicates"], r["late_unexpected"], r["late_missed"]) == (1, 2, 1, 1, 1), r
@@ -153,6 +160,71 @@ def test_planted_faults_are_each_counted_and_in_the_diff_file(spark, late_run, t
     assert [d["reason"] for d in pair("extra", faults["late_pair"])] == ["its S tuple is late"]
     one = lambda problem, key: [d for d in diff if d["problem"] == problem and (d["stream"], d["id"]) == key]
     assert len(one("late_missed", faults["dropped"])) == 1 and len(one("late_unexpected", faults["wrongly"])) == 1
+
+
+def boundary_input(path, groups: int) -> tuple[dict, dict]:
+    """A CSV input near 1.7e9 s whose decimals float64 seconds would judge wrongly at the boundaries.
+
+    Per group, keys of its own: a pair exactly join.window (0.1 s) apart; a pair 0.100001 s apart; an S tuple
+    exactly join.max_delay (0.3 s) behind the largest ts so far (on time), and one a microsecond further
+    (late), both with the same R partner.  Returns ({(stream, id): (ts as written, key)}, pairs by kind: those
+    that join, those a microsecond too far apart, and the joining ones float64 seconds get wrong)."""
+    rows, pairs = {}, {"joins": [], "too_far": [], "float_window": [], "float_lateness": []}
+    for g in range(groups):
+        b = Decimal(1_700_000_000) + Decimal(g) / 2 + Decimal(g * 7 % 500) / 1000
+        top = b + Decimal("0.100001")  # the largest ts so far once it arrived
+        r = {"early": (b - Decimal("0.2"), 3 * g + 2), "exact": (b, 3 * g), "beyond": (b, 3 * g + 1)}
+        s = {"exact": (b + Decimal("0.1"), 3 * g), "beyond": (top, 3 * g + 1),
+             "on": (top - Decimal("0.3"), 3 * g + 2), "late": (top - Decimal("0.300001"), 3 * g + 2)}
+        ids = {}
+        for stream, tuples in (("R", r), ("S", s)):
+            for name, cell in tuples.items():
+                ids[stream, name] = sum(1 for k in rows if k[0] == stream)
+                rows[stream, ids[stream, name]] = cell
+        pairs["joins"] += [(ids["R", "exact"], ids["S", "exact"]), (ids["R", "early"], ids["S", "on"])]
+        pairs["too_far"].append((ids["R", "beyond"], ids["S", "beyond"]))
+        if float(s["exact"][0]) - float(b) > 0.1:
+            pairs["float_window"].append(pairs["joins"][-2])
+        if float(s["on"][0]) < float(top) - 0.3:
+            pairs["float_lateness"].append(pairs["joins"][-1])
+    path.write_text("stream,id,ts,key\n" + "".join(f"{st},{i},{ts},{k}\n" for (st, i), (ts, k) in rows.items()))
+    return rows, pairs
+
+
+def test_a_pair_exactly_the_window_apart_is_expected_and_one_microsecond_more_is_not(spark, tmp_path):
+    path = tmp_path / "input.csv"
+    rows, pairs = boundary_input(path, 200)
+    assert len(pairs["float_window"]) > 50 and len(pairs["float_lateness"]) > 20  # float seconds would err here
+    run = run_cluster(tmp_path / "run", 3, {
+        "source.kind": "file", "source.path": str(path), "join.window": 0.1, "join.max_delay": 0.3,
+        "checkpoint.interval": 1})
+    assert run.returncode == 0, run.stderr
+    assert run.summary["late"] == 200
+    code, r = audited(spark, run)
+    assert code == audit.EXACT and r["expected"] == r["found"] == len(pairs["joins"]) == 400, r
+    # one pair exactly the window apart removed, the pair one microsecond further apart added
+    faulty = copy_run(run, tmp_path / "planted")
+    results = read_tables(faulty.out / "results")
+    removed, added = pairs["float_window"][0], pairs["too_far"][0]
+    keep = pc.invert(pc.and_(pc.equal(results["r_id"], removed[0]), pc.equal(results["s_id"], removed[1])))
+    (r_ts, r_key), (s_ts, s_key) = rows["R", added[0]], rows["S", added[1]]
+    extra = pa.Table.from_pylist([{"r_id": added[0], "s_id": added[1], "r_key": r_key, "s_key": s_key,
+                                   "r_ts": float(r_ts), "s_ts": float(s_ts), "r_value": 0.0, "s_value": 0.0,
+                                   "delay": 0.0}], schema=RESULT_SCHEMA)
+    shutil.rmtree(faulty.out / "results")
+    (faulty.out / "results").mkdir()
+    pq.write_table(pa.concat_tables([results.filter(keep).cast(RESULT_SCHEMA), extra]),
+                   faulty.out / "results" / "slave-001-000000.parquet")
+    for source in ("archive", "input file"):  # the archive's float seconds, then the CSV's decimals
+        if source == "input file":
+            shutil.rmtree(faulty.out / "archive")
+        code, r = audited(spark, faulty)
+        assert code == audit.DIFFERENT and r["input"].startswith(source), r
+        assert (r["missing"], r["extra"], r["duplicates"], r["late_wrong"]) == (1, 1, 0, 0), r
+        diff = {d["problem"]: d for d in pq.read_table(r["diff"]).to_pylist()}
+        assert (diff["missing"]["r_id"], diff["missing"]["s_id"]) == removed
+        assert (diff["extra"]["r_id"], diff["extra"]["s_id"]) == added
+        assert diff["extra"]["reason"] == "its tuples are more than join.window apart"
 
 
 def test_band_join_from_the_input_file_without_an_archive(spark, tmp_path):
