@@ -1,0 +1,579 @@
+"""`python -m control.audit --config run.toml [--from T] [--to T] [--sample F] [--follow]`: recompute a time
+range of the join with Spark SQL and diff it with the cluster's result files.
+
+The engine promises every pair once, produced with its later tuple (paper 003, IV-D; BiStream, section 3.5
+after a recovery); the tests check it against reference joins on their inputs, this checks it on a real
+run.  Spark reads the input in arrival order -- the input archive `archive/` (written when checkpoints are
+on: checkpoint.interval > 0 and checkpoint.archive), or without one the input the config names (the file of
+source.kind = "file", or the generator's streams rebuilt on the driver) -- and recomputes, in Spark SQL and
+without any code of master/ingest or slave/:
+
+- lateness, per dispatcher (each applies the rule to its own share): a tuple is late iff its ts is below
+  the largest ts before it in that dispatcher's arrival order minus join.max_delay;
+- the join of the on-time tuples: r.key == s.key (equal), |r.key - s.key| <= band (band) or r.key < s.key
+  (less), and |r.ts - s.ts| <= join.window, for every pair whose later ts lies in [from, to) (so only the
+  input with ts >= from - window is joined);
+
+every time compared as the engine compares it, in integer microseconds (docs/time.md): the files' float
+seconds are converted back in SQL (`micros`), window, max_delay and the range's bounds once from their
+decimals (protocol.eventtime.duration, the config's conversion), so a pair exactly join.window apart is
+expected and one a microsecond further is not;
+
+and compares them with results/ and late/ over the same range: pairs missing, extra, twice; tuples set aside
+as late that are not, and the reverse.  A finished run (summary.json) counts every file; a live or crashed
+one only what its newest complete checkpoint committed (the files past the commit are replaced by a
+restarted run: protocol.checkpoint.roll_back_output), and only below that checkpoint's watermark.
+Also runnable as `spark-submit control/audit.py ...`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file (spark-submit control/audit.py): make the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+from protocol import checkpoint
+from protocol.config import ConfigError
+from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
+from protocol.output import RESULT_COLUMNS
+from protocol.tuples import tuple_dtype
+
+#: exit codes: the range is exact, it differs, the command was wrong
+EXACT, DIFFERENT, USAGE = 0, 1, 2
+TUPLE_SCHEMA = "stream string, id long, ts double, key long, value double"
+RESULT_SCHEMA = ", ".join(f"{c} {'long' if c.endswith(('_id', '_key')) else 'double'}" for c in RESULT_COLUMNS)
+LATE_SCHEMA = TUPLE_SCHEMA + ", reason string, bound double"
+PAIR = ["r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value"]
+#: rows per arrival block (of an archive file, or of an input read whole): the unit the lateness prefix is over
+BLOCK = 1 << 16
+#: sampling resolution: a key is audited iff its hash modulo this is below sample x this
+SAMPLE_SCALE = 1_000_000
+#: the table's columns: (heading, report key)
+COLUMNS = [("range", "range"), ("input tuples", "input_tuples"), ("expected pairs", "expected"),
+           ("found", "found"), ("missing", "missing"), ("extra", "extra"), ("duplicates", "duplicates"),
+           ("late wrong", "late_wrong"), ("seconds", "seconds")]
+
+
+class AuditError(Exception):
+    """A usage or configuration mistake (exit 2); the message says what and where."""
+
+
+@dataclass
+class Target:
+    """What of a run's output counts: everything (finished) or a checkpoint's commit below its watermark (int64
+    microseconds, as every time here)."""
+    out: Path
+    cfg: dict
+    finished: bool
+    watermark: int = POS_INF
+    commit: dict | None = None
+    consumed: dict[int, int] = field(default_factory=dict)  #: live: input position of each dispatcher at the cut
+    checkpoint_id: int | None = None
+
+    def describe(self) -> str:
+        return "finished run" if self.finished else \
+            f"live run, checkpoint {self.checkpoint_id}, watermark {seconds_text(self.watermark)}"
+
+    def files(self, folder: str) -> list[Path]:
+        """The data files of `folder` that count, in name order (hidden temporaries never do)."""
+        d = self.out / folder
+        if self.commit is None:
+            return sorted(f for f in d.iterdir() if f.suffix in (".parquet", ".csv")
+                          and not f.name.startswith((".", "_"))) if d.is_dir() else []
+        return sorted(f for prefix, count in self.commit.get(folder, {}).items()
+                      for number, f in checkpoint.numbered(d, prefix) if number < count)
+
+
+def run_state(cfg: dict) -> Target:
+    """A finished run (summary.json) or the newest complete checkpoint of a live or crashed one.
+
+    The watermark of a checkpoint is the lowest of each dispatcher's max ts minus join.max_delay (a tuple
+    arriving later with a smaller ts is late) and of the ts buffered at the master (not joined yet): every
+    on-time pair whose later ts is below it was joined before the cut and lies in the committed files."""
+    out = Path(cfg["output"]["path"])
+    summary = out / "summary.json"
+    if summary.is_file():
+        check_same_join(cfg, json.loads(summary.read_text()).get("config"), str(summary))
+        return Target(out, cfg, finished=True)
+    for attempt in range(3):  # a running cluster prunes old checkpoints: one may go while it is read
+        try:
+            return _at_checkpoint(cfg, out)
+        except (OSError, checkpoint.CheckpointError):
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
+
+
+def _at_checkpoint(cfg: dict, out: Path) -> Target:
+    found = checkpoint.latest_complete(checkpoint.root_of(cfg), log=lambda _: None)
+    if found is None:
+        raise AuditError(f"{out} holds no summary.json (the run has not finished) and no complete checkpoint "
+                         f"under {checkpoint.root_of(cfg)}: nothing is committed yet (a live run is audited "
+                         "from its checkpoints: checkpoint.interval > 0)")
+    directory, manifest = found
+    check_same_join(cfg, manifest["config"], str(directory / checkpoint.MANIFEST))
+    sections = {0: manifest["master"], **{int(d): m for d, m in manifest.get("dispatchers", {}).items()}}
+    dtype = tuple_dtype(manifest["config"]["generator"]["tuple_bytes"])
+    buffered = [rows.view(dtype)["ts"] for d in sections  # R rows, S rows (then the rows per partition)
+                for rows in checkpoint.read_part(directory / checkpoint.master_part(d))[:2]]
+    lowest = min((int(ts.min()) for ts in buffered if len(ts)), default=POS_INF)
+    watermark = min(min(m["max_ts"] for m in sections.values()) - duration(cfg["join"]["max_delay"]), lowest)
+    return Target(out, cfg, finished=False, watermark=watermark, commit=manifest["commit"],
+                  consumed={d: m["consumed"] for d, m in sections.items()}, checkpoint_id=manifest["id"])
+
+
+def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
+    """The audit must join as the run did: same [join] and dispatcher count."""
+    if then is None:
+        return
+    for section, keys in (("join", cfg["join"]), ("cluster", {"dispatchers": cfg["cluster"]["dispatchers"]})):
+        for key, value in keys.items():
+            if then.get(section, {}).get(key, value) != value:
+                raise AuditError(f"{section}.{key} is {value!r} here but the run had "
+                                 f"{then[section][key]!r} ({where}): audit with the run's config")
+
+
+def micros(column, kind: str = "double"):
+    """Seconds as int64 microseconds, by the engine's documented rule (docs/time.md), in SQL; null if not a
+    valid ts.  Float seconds: whole seconds and fraction apart, the fraction's microseconds rounded half to
+    even, exact for the float64 of a decimal with up to 6 decimals while |ts| < 2**33 s (the files' ts are
+    such floats of microseconds); text and decimals: the digits as written (to 24 decimals), rounded half to
+    even; integers: whole seconds."""
+    from pyspark.sql import functions as F
+
+    limit = F.lit(TS_LIMIT // PER_SECOND)
+    if kind == "integer":
+        s = column.try_cast("long")
+        return F.when(F.abs(s) < limit, s * PER_SECOND)
+    if kind == "text":
+        s = column.try_cast("decimal(38,24)")
+        return F.when(F.abs(s) < limit, F.bround(s, 6) * PER_SECOND).cast("long")
+    s = column.try_cast("double")
+    whole = F.floor(F.when(F.abs(s) < limit, s))  # NaN is above every number in Spark: not < limit
+    return whole * PER_SECOND + F.bround((s - whole) * PER_SECOND).cast("long")
+
+
+def seconds_text(us: int) -> str:
+    """Microseconds as the shortest decimal of their seconds ("1", "-0.5", "0.000001"): exact, for names."""
+    if us <= NEG_INF or us >= POS_INF:
+        return "start" if us <= NEG_INF else "end"
+    return format(Decimal(us).scaleb(-6).normalize(), "f")
+
+
+def instant(seconds: float, option: str = "--from") -> int:
+    """A --from / --to in microseconds, from its decimals as written (infinite: the sentinels)."""
+    if seconds in (-math.inf, math.inf):
+        return NEG_INF if seconds < 0 else POS_INF
+    if not abs(seconds) < TS_LIMIT / PER_SECOND:
+        raise AuditError(f"{option} {seconds:g}: not a valid ts (|ts| < {TS_LIMIT // PER_SECOND} s)")
+    return duration(seconds)
+
+
+def uri(path: Path) -> str:
+    """A local path for Spark: file:// so that a cluster whose default file system is HDFS reads the engine's
+    files (output.path must then be a folder every executor mounts)."""
+    return f"file://{Path(path).resolve()}"
+
+
+# -- the input in arrival order -------------------------------------------------------------------------------
+def arrivals(spark, target: Target):
+    """(DataFrame of d, f, row, stream, id, ts, t, key, value; what it was read from).
+
+    d is the dispatcher, (f, row) the tuple's place in its arrival order: archive file number and row in
+    it, or 0 and the position in the dispatcher's share of an input read whole; ts the seconds as the run's
+    files hold them, t the same in microseconds (what every comparison uses)."""
+    from pyspark.sql import functions as F
+
+    files = target.files("archive")
+    if files:
+        name = F.col("_metadata.file_name")
+        d = F.regexp_extract(name, r"^input-d(\d+)-", 1)
+        df = spark.read.schema(TUPLE_SCHEMA).parquet(*map(uri, files)).select(
+            F.when(d == "", 0).otherwise(d.cast("int")).alias("d"),
+            F.regexp_extract(name, r"-(\d+)\.parquet$", 1).cast("long").alias("f"),
+            F.col("_metadata.row_index").alias("row"), "stream", "id", "ts", micros(F.col("ts")).alias("t"),
+            "key", "value")
+        return df, f"archive ({len(files)} files)"
+    src = target.cfg["source"]
+    if src["kind"] == "zmq":
+        raise AuditError(f'{target.out / "archive"} holds no input archive, and source.kind = "zmq" keeps no other '
+                         "record of the input: run with checkpoint.interval > 0 and checkpoint.archive = true")
+    if src["kind"] == "file":
+        df, what = _input_file(spark, target, Path(src["path"]))
+    else:
+        df, what = _generated(spark, target.cfg), "generator (rebuilt on the driver: no archive)"
+    k = target.cfg["cluster"]["dispatchers"]
+    df = df.select(F.pmod("pos", F.lit(k)).cast("int").alias("d"), F.expr(f"pos div {k}").alias("row"),
+                   "stream", "id", "ts", "t", "key", "value").withColumn("f", F.lit(0).cast("long"))
+    if not target.finished:  # only what the dispatchers had taken by the cut
+        df = df.where(F.col("row") < F.element_at(F.create_map(
+            *[F.lit(x) for d, n in target.consumed.items() for x in (d, n)]), F.col("d")))
+    return df, what
+
+
+def _input_file(spark, target: Target, path: Path):
+    """The file source's input: its accepted rows (rejected/ names the others by row) numbered by `pos`."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if not path.is_file():
+        raise AuditError(f"source.path {str(path)!r} does not exist, and {target.out / 'archive'} holds no input "
+                         "archive: the audit needs the input in arrival order")
+    if path.suffix.lower() == ".csv":
+        raw = spark.read.csv(uri(path), header=True).withColumn("_mid", F.monotonically_increasing_id())
+        raw = raw.withColumn("row0", F.row_number().over(Window.orderBy("_mid")) - 1)  # one task: no archive
+    else:
+        raw = spark.read.parquet(uri(path)).withColumn("row0", F.col("_metadata.row_index"))
+    ts_type = raw.schema["ts"].dataType.typeName()
+    kind = "integer" if ts_type in ("byte", "short", "integer", "long") else \
+        "double" if ts_type in ("float", "double") else "text"
+    # try_cast: the rejected rows are still there (Spark may cast before the anti-join below drops them)
+    cols = [F.col("stream").cast("string"), F.col("id").try_cast("long"), F.col("ts").try_cast("double"),
+            micros(F.col("ts"), kind), F.col("key").try_cast("long"),
+            F.coalesce(F.col("value").try_cast("double"), F.lit(0.0)) if "value" in raw.columns else F.lit(0.0)]
+    df = raw.select("row0", *(c.alias(n) for c, n in zip(cols, ("stream", "id", "ts", "t", "key", "value"))))
+    rejected = [f for _, f in checkpoint.numbered(target.out / "rejected", "rejected")
+                if f.suffix in (".parquet", ".csv")]
+    if not rejected:
+        return df.withColumnRenamed("row0", "pos"), f"input file {path} (no archive)"
+    rej = None
+    for f in rejected:
+        part = spark.read.csv(uri(f), header=True) if f.suffix == ".csv" else spark.read.parquet(uri(f))
+        part = part.select((F.col("row").cast("long") - 1).alias("row0"))
+        rej = part if rej is None else rej.unionByName(part)
+    df = df.join(rej, "row0", "left_anti").withColumn("pos", F.row_number().over(Window.orderBy("row0")) - 1)
+    return df.drop("row0"), f"input file {path} without its rejected rows (no archive)"
+
+
+def _generated(spark, cfg: dict):
+    """The generator's streams, as the master draws them (the same seed gives the same streams; ts in
+    microseconds, and in seconds as the run's files would hold them)."""
+    import pyarrow as pa
+
+    from protocol.workload import generate_all
+
+    c = generate_all(cfg)
+    return spark.createDataFrame(pa.table({
+        "pos": np.arange(len(c.ts), dtype=np.int64), "stream": np.array(["R", "S"])[c.stream],
+        "id": c.id, "ts": c.ts / PER_SECOND, "t": c.ts, "key": c.key, "value": c.value}))
+
+
+def classify(arrived, max_delay: int, lo: int, hi: int):
+    """The tuples with lo <= t < hi, each with `late` by the lateness rule over its dispatcher's arrival order
+    (microseconds: a tuple exactly max_delay behind the largest t before it is on time).
+
+    Only the blocks (BLOCK rows of an archive file) holding such a tuple are ordered; every earlier block
+    contributes its largest ts, so the running max is exact without one ordered pass over the whole input."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    inside = (F.col("t") >= lo) & (F.col("t") < hi)
+    arrived = arrived.withColumn("f", F.col("f") * F.lit(1 << 32) + F.expr(f"row div {BLOCK}"))  # files in blocks
+    blocks = arrived.groupBy("d", "f").agg(F.max("t").alias("block_max"),
+                                          F.max(inside.cast("int")).alias("hits"))
+    blocks = blocks.withColumn("before", F.max("block_max").over(
+        Window.partitionBy("d").orderBy("f").rowsBetween(Window.unboundedPreceding, -1)))
+    chosen = F.broadcast(blocks.where("hits = 1").select("d", "f", "before"))
+    rows = arrived.join(chosen, ["d", "f"]).withColumn("prev", F.greatest(
+        "before", F.max("t").over(Window.partitionBy("d", "f").orderBy("row")
+                                  .rowsBetween(Window.unboundedPreceding, -1))))
+    late = F.coalesce(F.col("t") < F.col("prev") - F.lit(max_delay), F.lit(False))
+    return rows.where(inside).select("d", "stream", "id", "ts", "t", "key", "value", late.alias("late"))
+
+
+def sampled(key_column, sample: float):
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.xxhash64(key_column), F.lit(SAMPLE_SCALE)) < F.lit(int(round(sample * SAMPLE_SCALE)))
+
+
+def key_predicate(join: dict):
+    """The join predicate on r_key and s_key, as the config defines it; exact for every int64 key."""
+    from pyspark.sql import functions as F
+
+    r, s = F.col("r_key").cast("decimal(20,0)"), F.col("s_key").cast("decimal(20,0)")
+    if join["predicate"] == "band":
+        return F.abs(s - r) <= F.lit(join["band"])
+    if join["predicate"] == "less":
+        return r < s
+    return r == s
+
+
+def floor_div(column: str, width: int):
+    """Floor division of a long column by a positive width (Spark's div truncates toward zero)."""
+    from pyspark.sql import functions as F
+
+    return F.expr(f"({column} - pmod({column}, {width})) div {width}")
+
+
+def expected_pairs(tuples, join: dict, start: int, end: int, sample: float):
+    """Every pair of on-time tuples that joins and whose later t is in [start, end) (microseconds: a pair
+    exactly join.window apart joins).
+
+    Both sides carry a time bucket of twice the window (and, for band, a key bucket of band + 1): a pair is
+    at most one bucket apart, so the R side, repeated at the neighbouring buckets, meets its partners in an
+    equi-join; the exact predicate follows."""
+    from pyspark.sql import functions as F
+
+    window = duration(join["window"])
+    on_time = tuples.where(~F.col("late"))
+
+    def side(name: str):
+        t = on_time.where(F.col("stream") == name.upper()).select(
+            *(F.col(c).alias(f"{name}_{c}") for c in ("id", "key", "ts", "t", "value")))
+        return t.withColumn(f"{name}_tb", floor_div(f"{name}_t", max(2 * window, 1)))
+
+    r, s = side("r"), side("s")
+    if sample < 1:
+        s = s.where(sampled("s_key", sample))
+        if join["predicate"] == "equal":
+            r = r.where(sampled("r_key", sample))
+    near = F.array(F.lit(-1), F.lit(0), F.lit(1))
+    r = r.withColumn("tb", F.explode(near)).withColumn("tb", F.col("tb") + F.col("r_tb"))
+    on = [r["tb"] == s["s_tb"]]
+    if join["predicate"] == "equal":
+        on.append(r["r_key"] == s["s_key"])
+    elif join["predicate"] == "band":
+        w = join["band"] + 1
+        r = r.withColumn("kb", F.explode(near)).withColumn("kb", F.col("kb") + floor_div("r_key", w))
+        s = s.withColumn("s_kb", floor_div("s_key", w))
+        on.append(r["kb"] == s["s_kb"])
+    later = F.greatest("r_t", "s_t")
+    pairs = r.join(s, on).where((F.abs(F.col("r_t") - F.col("s_t")) <= window) & key_predicate(join)
+                                & (later >= start) & (later < end))
+    return pairs.select(*PAIR)
+
+
+def read_folder(spark, files: list[Path], schema: str):
+    """Parquet and CSV files of one output folder as one DataFrame (an empty one if there are none)."""
+    parquet = [uri(f) for f in files if f.suffix == ".parquet"]
+    csv = [uri(f) for f in files if f.suffix == ".csv"]
+    frames = ([spark.read.schema(schema).parquet(*parquet)] if parquet else []) + \
+             ([spark.read.schema(schema).csv(csv, header=True)] if csv else [])
+    if not frames:
+        return spark.createDataFrame([], schema)
+    return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+
+
+# -- one range --------------------------------------------------------------------------------------------------
+def range_name(start: int, end: int) -> str:
+    return f"{seconds_text(start)}-{seconds_text(end)}"
+
+
+def within(start: int, end: int, *columns: str):
+    """The later of the columns' ts (float seconds, as the files hold them) in [start, end) microseconds.  A
+    looser test in seconds first, which Parquet can use to skip row groups; the exact one on microseconds."""
+    from pyspark.sql import functions as F
+
+    later = micros(F.greatest(*map(F.col, columns)) if len(columns) > 1 else F.col(columns[0]))  # monotone
+    test = (later >= start) & (later < end)
+    for c in columns if end < POS_INF else ():
+        test = (F.col(c) < end / PER_SECOND + 1) & test
+    return test
+
+
+def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0) -> dict:
+    """Audit [start, end) (microseconds): the report (also written as audit/audit-<range>.json) and, on a
+    difference, the offending pairs and tuples in audit/diff-<range>.parquet."""
+    from pyspark.sql import functions as F
+
+    began = time.monotonic()
+    join = target.cfg["join"]
+    window = duration(join["window"])
+    arrived, source = arrivals(spark, target)
+    tuples = classify(arrived, duration(join["max_delay"]), start - window, end).cache()
+    expected = expected_pairs(tuples, join, start, end, sample).cache()
+    in_sample = tuples.where(sampled("key", sample)) if sample < 1 else tuples
+
+    found = read_folder(spark, target.files("results"), RESULT_SCHEMA).where(within(start, end, "r_ts", "s_ts"))
+    if sample < 1:
+        found = found.where(sampled("s_key", sample))
+    found = found.select(*PAIR).cache()
+    copies = found.groupBy("r_id", "s_id").agg(F.count(F.lit(1)).alias("copies"),
+                                              *(F.first(c).alias(c) for c in PAIR[2:]))
+    ids = ["r_id", "s_id"]
+    lateness = tuples.select("stream", "id", "late")
+    flag = lambda side: lateness.where(F.col("stream") == side.upper()).select(
+        F.col("id").alias(f"{side}_id"), F.col("late").alias(f"{side}_late"))
+    extra = copies.join(expected.select(*ids), ids, "left_anti").join(flag("r"), "r_id", "left") \
+        .join(flag("s"), "s_id", "left")
+    why = (F.when(F.col("r_late"), "its R tuple is late").when(F.col("s_late"), "its S tuple is late")
+           .when(F.abs(micros(F.col("r_ts")) - micros(F.col("s_ts"))) > window,
+                 "its tuples are more than join.window apart")
+           .when(~key_predicate(join), f"its keys do not satisfy join.predicate = {join['predicate']!r}")
+           .otherwise("no such pair of on-time tuples in the input"))
+    pair_rows = [
+        expected.join(copies.select(*ids), ids, "left_anti").select(
+            F.lit("missing").alias("problem"), F.lit("no result file holds this on-time pair").alias("reason"),
+            F.lit(0).cast("long").alias("copies"), *PAIR),
+        extra.select(F.lit("extra").alias("problem"), why.alias("reason"), "copies", *PAIR),
+        copies.where("copies > 1").select(F.lit("duplicate").alias("problem"),
+                                          F.lit("the result files hold this pair more than once").alias("reason"),
+                                          "copies", *PAIR),
+    ]
+    got_late = read_folder(spark, target.files("late"), LATE_SCHEMA).where(within(start, end, "ts"))
+    if sample < 1:
+        got_late = got_late.where(sampled("key", sample))
+    want_late = in_sample.where(F.col("late") & (F.col("t") >= start) & (F.col("t") < end))
+    key = ["stream", "id"]
+    tuple_rows = [
+        got_late.join(want_late.select(*key), key, "left_anti").select(
+            F.lit("late_unexpected").alias("problem"),
+            F.lit("set aside as late, but its ts is not below the max ts before it minus join.max_delay").alias("reason"),
+            "stream", "id", "ts", "key", "value"),
+        want_late.join(got_late.select(*key), key, "left_anti").select(
+            F.lit("late_missed").alias("problem"),
+            F.lit("late by the rule, but late/ does not hold it").alias("reason"),
+            "stream", "id", "ts", "key", "value"),
+    ]
+    diff = pair_rows[0].unionByName(pair_rows[1]).unionByName(pair_rows[2])
+    for t in tuple_rows:
+        diff = diff.unionByName(t, allowMissingColumns=True)
+    diff = diff.cache()
+    counts = {r["problem"]: (r["n"], r["surplus"]) for r in
+              diff.groupBy("problem").agg(F.count(F.lit(1)).alias("n"),
+                                          F.sum(F.col("copies") - 1).alias("surplus")).collect()}
+    n = lambda problem: counts.get(problem, (0, 0))[0]
+    report = {
+        "range": range_name(start, end), "from": _finite(start), "to": _finite(end), "sample": sample,
+        "run": target.describe(), "input": source, "predicate": join["predicate"],
+        "dispatchers": target.cfg["cluster"]["dispatchers"],
+        "input_tuples": in_sample.count(), "expected": expected.count(), "found": found.count(),
+        "missing": n("missing"), "extra": n("extra"), "duplicates": int(counts.get("duplicate", (0, 0))[1] or 0),
+        "duplicate_pairs": n("duplicate"), "late_unexpected": n("late_unexpected"), "late_missed": n("late_missed"),
+    }
+    report["late_wrong"] = report["late_unexpected"] + report["late_missed"]
+    exact = not any(report[k] for k in ("missing", "extra", "duplicates", "late_wrong"))
+    report["verdict"] = "exact" if exact else "different"
+    folder = target.out / "audit"
+    folder.mkdir(parents=True, exist_ok=True)
+    evidence = folder / f"diff-{report['range']}.parquet"
+    evidence.unlink(missing_ok=True)  # an earlier audit's, of output that has been replaced since
+    report["diff"] = None if exact else str(write_single(diff.orderBy("problem", "r_id", "s_id", "stream", "id"),
+                                                         evidence))
+    for df in (tuples, expected, found, diff):
+        df.unpersist()
+    report["seconds"] = round(time.monotonic() - began, 2)
+    (folder / f"audit-{report['range']}.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def _finite(us: int) -> float | None:
+    """A bound in seconds for the report (None: open)."""
+    return None if us <= NEG_INF or us >= POS_INF else us / PER_SECOND
+
+
+def write_single(df, dest: Path) -> Path:
+    """`df` as the one Parquet file `dest` (written beside it, then renamed)."""
+    staging = dest.parent / f"_{dest.stem}.spark"
+    df.coalesce(1).write.mode("overwrite").parquet(uri(staging))
+    part, = staging.glob("part-*.parquet")
+    part.replace(dest)
+    shutil.rmtree(staging)
+    return dest
+
+
+# -- the command -----------------------------------------------------------------------------------------------
+def table(reports: list[dict]) -> str:
+    """The reports as a fixed-width table, one range a row."""
+    cells = [[h for h, _ in COLUMNS]] + [[f"{r[k]:,}" if isinstance(r[k], int) else str(r[k]) for _, k in COLUMNS]
+                                        for r in reports]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                     for row in cells)
+
+
+def verdict(r: dict) -> str:
+    if r["verdict"] == "exact":
+        return f"EXACT: range {r['range']} ({r['run']}, {r['input']}, sample {r['sample']:g})"
+    wrong = [f"{r[k]:,} {label}" for k, label in (("missing", "missing"), ("extra", "extra"),
+                                                  ("duplicates", "duplicates"),
+                                                  ("late_unexpected", "late that should not be"),
+                                                  ("late_missed", "not set aside as late")) if r[k]]
+    return f"DIFFERENT: range {r['range']} ({r['run']}): {', '.join(wrong)}; the evidence is in {r['diff']}"
+
+
+def clamp(target: Target, start: int, end: int) -> int:
+    """The range's end, no later than the watermark of a live run (later ranges are not final yet)."""
+    if end <= target.watermark:
+        return end
+    if start >= target.watermark:
+        raise AuditError(f"--from {seconds_text(start)}: the {target.describe()} has not passed it yet; "
+                         "audit an earlier range or wait for a later checkpoint")
+    print(f"audit: --to {seconds_text(end)} is past the watermark of the {target.describe()}: auditing up to it",
+          file=sys.stderr, flush=True)
+    return target.watermark
+
+
+def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: float, log=print) -> int:
+    """Audit [start, start + step), [start + step, ...) (seconds) as the watermark passes each; once the run
+    has finished, the rest in one range.  Returns the exit code over all ranges."""
+    worst = EXACT
+    start, step = instant(start), duration(step)
+    while True:
+        target = run_state(cfg)
+        while target.finished or start + step <= target.watermark:
+            end = POS_INF if target.finished else start + step
+            r = audit_range(spark, target, start, end, sample)
+            log(table([r]).splitlines()[1] + ("" if r["verdict"] == "exact" else "   " + verdict(r)))
+            worst = max(worst, EXACT if r["verdict"] == "exact" else DIFFERENT)
+            if end == POS_INF:
+                return worst
+            start = end
+        time.sleep(poll)
+
+
+def main(argv: list[str], spark=None) -> int:
+    from control.spark import add_arguments, config, session
+
+    p = argparse.ArgumentParser(prog="python -m control.audit", description=__doc__.split("\n")[0])
+    p.add_argument("--from", dest="start", type=float, default=-math.inf,
+                   help="first later-tuple ts audited (inclusive; default: the beginning)")
+    p.add_argument("--to", dest="end", type=float, default=math.inf,
+                   help="later-tuple ts where the audit ends (exclusive; default: the end, or a live run's watermark)")
+    p.add_argument("--sample", type=float, default=None,
+                   help="audit this fraction of the keys, chosen by hash (default 1; 0.1 with --follow)")
+    p.add_argument("--follow", action="store_true",
+                   help="audit each range of --step seconds as the watermark passes it, until the run finishes")
+    p.add_argument("--step", type=float, default=10.0, help="with --follow: seconds of event time per range")
+    p.add_argument("--poll", type=float, default=5.0, help="with --follow: seconds between looks at the checkpoints")
+    add_arguments(p)
+    a = p.parse_args(argv)
+    sample = a.sample if a.sample is not None else (0.1 if a.follow else 1.0)
+    try:
+        if not 0 < sample <= 1:
+            raise AuditError(f"--sample: expected a fraction in (0, 1], got {sample:g}")
+        start, end = instant(a.start, "--from"), instant(a.end, "--to")
+        if not start < end:
+            raise AuditError(f"--from ({a.start:g}) must be below --to ({a.end:g})")
+        if a.follow and (start == NEG_INF or not a.step * PER_SECOND >= 1 or end != POS_INF):
+            raise AuditError("--follow needs --from T (where the first range starts) and --step of at least a "
+                             "microsecond, and no --to")
+        cfg = config(a)
+        target = run_state(cfg)
+        end = end if a.follow else clamp(target, start, end)
+        spark = spark or session(a.spark_master, "streamjoin-audit")
+        if a.follow:
+            print(table([]), flush=True)
+            return follow(spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True))
+        report = audit_range(spark, target, start, end, sample)
+    except (AuditError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE
+    print(verdict(report))
+    print(table([report]), flush=True)
+    return EXACT if report["verdict"] == "exact" else DIFFERENT
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
