@@ -4,9 +4,9 @@ columns stream (R or S), id, ts, key and optionally value (docs/input.md).
 The file is read as it goes, one record batch at a time (Parquet: `ParquetFile.iter_batches` over its row
 groups; CSV: pyarrow's streaming reader), and each batch is validated with vectorized pyarrow.compute: bad rows
 come out as rejections naming file, row, column and reason, while a missing file or column, a column of a type
-that cannot convert (protocol.input_schema), or a file that cannot be parsed, is an InputError.  Reading can start at any row: Parquet skips whole row groups by the row
-counts in its footer, so a recovery does not read what came before its position (BiStream 3.5 rewinds the
-source).  Shared by the master's file source and control.produce, so both agree on every row.
+that cannot convert (protocol.input_schema), or a file that cannot be parsed, is an InputError.  Reading can
+start at any row: Parquet skips whole row groups by the row counts in its footer, so a recovery does not read
+what came before its position (BiStream 3.5 rewinds the source).  Shared by the master's file source and control.produce, so both agree on every row.
 """
 from __future__ import annotations
 
@@ -341,7 +341,8 @@ class InputFile:
 def _inferred_type(p: Path, column: str) -> pa.DataType:
     """The type pyarrow infers for a CSV column from the file's first block (for messages only)."""
     try:
-        return pacsv.open_csv(p, convert_options=pacsv.ConvertOptions(include_columns=[column])).schema.field(column).type
+        opts = pacsv.ConvertOptions(include_columns=[column])
+        return pacsv.open_csv(p, convert_options=opts).schema.field(column).type
     except (pa.ArrowException, OSError):
         return pa.string()
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from decimal import ROUND_HALF_EVEN, Decimal
 
 import numpy as np
@@ -342,7 +342,8 @@ Q,zz,bad,bad,bad
     rej = table.to_pydict()
     assert rej["row"] == [2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14]
     assert rej["column"] == ["stream", "id", "ts", "ts", "ts", "key", "value", "id", "id", "key", "id", "stream"]
-    assert rej["reason"][:7] == ["stream is not R or S", "id is not an integer", "ts is not a number or an ISO-8601 time",
+    assert rej["reason"][:7] == ["stream is not R or S", "id is not an integer",
+                                 "ts is not a number or an ISO-8601 time",
                                  "ts is NaN or infinite", "ts is NaN or infinite", "key is not an integer",
                                  "value is not a number"]
     assert rej["reason"][7] == "duplicate id 1 in stream R (first seen at row 1)"
@@ -655,7 +656,8 @@ def test_ts_unit_ms_reads_integer_float_and_text_milliseconds(tmp_path):
     write_csv(tmp_path, "stream,id,ts,key\n" + "".join(
         f"{s},{i},{t},{k}\n" for s, i, t, k in zip(cols["stream"], cols["id"], ms, cols["key"])), "ms.csv")
     assert_same(tuples_of(tmp_path / "ms.csv", "ms"), want)
-    for name, ts in [("int", ms), ("float", ms.astype(np.float64)), ("decimal", pa.array(ms).cast(pa.decimal128(20, 0)))]:
+    decimals = pa.array(ms).cast(pa.decimal128(20, 0))
+    for name, ts in [("int", ms), ("float", ms.astype(np.float64)), ("decimal", decimals)]:
         p = tmp_path / f"ms-{name}.parquet"
         pq.write_table(pa.table({**cols, "ts": ts}), p)
         assert_same(tuples_of(p, "ms"), want)
@@ -739,3 +741,12 @@ def test_a_few_bad_cells_in_the_first_batch_are_still_rows_set_aside(tmp_path):
     src = open_file(p)
     np.testing.assert_array_equal(drain(src, 10).id, [3])
     assert rejected(src).column("column").to_pylist() == ["key", "ts"]
+
+
+def test_date_columns_are_midnight_utc(tmp_path):
+    days = [date(2026, 11, 25), date(1969, 12, 31)]
+    for unit, arr in [("date32", pa.array(days, pa.date32())), ("date64", pa.array(days, pa.date64()))]:
+        p = tmp_path / f"{unit}.parquet"
+        pq.write_table(pa.table({"stream": ["R", "S"], "id": [1, 2], "ts": arr, "key": [1, 1]}), p)
+        midnights = [datetime(d.year, d.month, d.day, tzinfo=timezone.utc) for d in days]
+        np.testing.assert_array_equal(tuples_of(p).ts, [epoch_micros(m) for m in midnights])
