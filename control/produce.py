@@ -18,7 +18,7 @@ import time
 import numpy as np
 import zmq
 
-from protocol import wire
+from protocol import eventtime, wire
 from protocol.chunks import InputError, rows
 from protocol.input_file import InputFile
 from protocol.zmq_security import connect_client
@@ -79,9 +79,10 @@ class Producer:
 
 
 def produce(path: str, endpoint: str, rate: float = 0.0, batch: int = 10000, jitter: float = 0.0, seed: int = 0,
-            sender: int = 0, server_key: str | None = None, key: str | None = None, timeout: float = 0.0) -> dict:
+            sender: int = 0, server_key: str | None = None, key: str | None = None, timeout: float = 0.0,
+            ts_unit: str = "s") -> dict:
     """Push the valid rows of `path` in arrival order; `rate` paces (tuples/s), `jitter` adds random pauses."""
-    infile = InputFile(path)  # the file source's reading and checks
+    infile = InputFile(path, ts_unit=ts_unit)  # the file source's reading and checks
     rng = np.random.default_rng(seed)
     prod = Producer(endpoint, sender, server_key, key, timeout)
     started = time.perf_counter()
@@ -112,12 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sender", type=int, default=0, help="producer number in the messages (for the master's log)")
     p.add_argument("--server-key", help="CURVE: the cluster's public certificate (.key)")
     p.add_argument("--key", help="CURVE: this producer's secret certificate (.key_secret)")
+    p.add_argument("--ts-unit", choices=list(eventtime.UNITS), default="s",
+                   help="the unit of numbers in the ts column (source.ts_unit)")
     p.add_argument("--timeout", type=float, default=0.0, help="give up when a send blocks this long (0 = never)")
     a = p.parse_args(argv)
     if a.batch < 1:
         p.error("--batch must be at least 1")
     try:
-        out = produce(a.file, a.endpoint, a.rate, a.batch, a.jitter, a.seed, a.sender, a.server_key, a.key, a.timeout)
+        out = produce(a.file, a.endpoint, a.rate, a.batch, a.jitter, a.seed, a.sender, a.server_key, a.key, a.timeout,
+                      a.ts_unit)
     except (InputError, ValueError, OSError, Blocked, zmq.ZMQError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -48,7 +48,7 @@ def open_source(cfg: dict, listed: bool = True) -> Source:
     if src["kind"] == "file":
         listing = RejectedListing(Path(cfg["output"]["path"]) / "rejected", cfg["output"]["format"],
                                   cfg["output"]["flush_rows"]) if listed else None
-        return FileSource(src["path"], src["duplicate_window"], listing)
+        return FileSource(src["path"], src["duplicate_window"], listing, src["ts_unit"])
     if src["kind"] == "zmq":
         return ZmqSource(cfg)
     return GeneratorSource(cfg["generator"])
@@ -170,9 +170,10 @@ class FileSource:
     Its position is a file row: the row after the last tuple taken (with the duplicate check's state there),
     so a recovery starts reading there (protocol.input_file.InputFile)."""
 
-    def __init__(self, path: str | Path, window: int = DUPLICATE_WINDOW, listing: RejectedListing | None = None):
-        self.path, self.window, self.listing = str(path), window, listing
-        self._start(InputFile(self.path, window))
+    def __init__(self, path: str | Path, window: int = DUPLICATE_WINDOW, listing: RejectedListing | None = None,
+                 ts_unit: str = "s"):
+        self.path, self.window, self.listing, self.ts_unit = str(path), window, listing, ts_unit
+        self._start(InputFile(self.path, window, ts_unit=ts_unit))
         self._row, self._max_id, self.accepted = 0, [None, None], 0
 
     def _start(self, infile: InputFile) -> None:
@@ -282,7 +283,7 @@ class FileSource:
     def seek(self, where: dict) -> None:
         """Start reading at a position `position` gave (a recovery)."""
         self._close()
-        self._start(InputFile(self.path, self.window, where["row"], tuple(where["max_id"])))
+        self._start(InputFile(self.path, self.window, where["row"], tuple(where["max_id"]), self.ts_unit))
         self._row, self._max_id, self.accepted = where["row"], list(where["max_id"]), where["accepted"]
         if self.listing is not None:
             self.listing.roll_back(where["rejected_files"], where["rejected_rows"])

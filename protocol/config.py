@@ -35,6 +35,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "producers": (1, 'kind = "zmq": the input ends after this many producers sent their END message'),
         "idle_timeout": (0.0, 'kind = "zmq": the input also ends after this many seconds without a message (0 = never)'),
         "max_message_tuples": (65536, 'kind = "zmq": larger messages are rejected whole'),
+        "ts_unit": ("s", 'kind = "file": the unit of numbers in the ts column, "s", "ms", "us" or "ns" (timestamp columns carry their own; docs/input.md)'),
         "duplicate_window": (1000000, 'kind = "file": a repeated id is found when its first row is at most this many rows earlier (always when ids rise per stream)'),
     },
     "generator": {
@@ -127,6 +128,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
 
 _CHOICES = {
     ("source", "kind"): ("generator", "file", "zmq"),
+    ("source", "ts_unit"): tuple(eventtime.UNITS),
     ("generator", "distribution"): ("bmodel", "uniform", "zipf"),
     ("output", "format"): ("parquet", "csv"),
     ("balance", "choice"): ("random", "largest_fit"),

@@ -3,10 +3,10 @@ columns stream (R or S), id, ts, key and optionally value (docs/input.md).
 
 The file is read as it goes, one record batch at a time (Parquet: `ParquetFile.iter_batches` over its row
 groups; CSV: pyarrow's streaming reader), and each batch is validated with vectorized pyarrow.compute: bad rows
-come out as rejections naming file, row, column and reason, while a missing file or column, or a file that
-cannot be parsed, is an InputError.  Reading can start at any row: Parquet skips whole row groups by the row
-counts in its footer, so a recovery does not read what came before its position (BiStream 3.5 rewinds the
-source).  Shared by the master's file source and control.produce, so both agree on every row.
+come out as rejections naming file, row, column and reason, while a missing file or column, a column of a type
+that cannot convert (protocol.input_schema), or a file that cannot be parsed, is an InputError.  Reading can
+start at any row: Parquet skips whole row groups by the row counts in its footer, so a recovery does not read
+what came before its position (BiStream 3.5 rewinds the source).  Shared by the master's file source and control.produce, so both agree on every row.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from protocol import eventtime
+from protocol import eventtime, input_schema
 from protocol.chunks import Chunk, InputError
 from protocol.config import DEFAULTS
 from protocol.tuples import STREAM_NAMES
@@ -39,7 +39,7 @@ _REASONS = [
     (None, None),
     ("stream", "stream is not R or S"),
     ("id", "id is not an integer"),
-    ("ts", "ts is not a number"),
+    ("ts", "ts is not a number or an ISO-8601 time"),
     ("ts", "ts is NaN or infinite"),
     ("ts", f"ts is out of range (|ts| < {eventtime.TS_LIMIT // eventtime.PER_SECOND} s)"),
     ("key", "key is not an integer"),
@@ -100,15 +100,17 @@ class Parsed(NamedTuple):
     ts: np.ndarray
     key: np.ndarray
     value: np.ndarray
+    converts: dict     #: column -> bool per row: its cell converts (input_schema.unconverted)
 
 
-def parse(table: pa.Table) -> Parsed:
-    """Every row's values and the first check it fails (the duplicate check is IdCheck's)."""
+def parse(table: pa.Table, ts_unit: str = "s") -> Parsed:
+    """Every row's values and the first check it fails (the duplicate check is IdCheck's); numbers in the ts
+    column count `ts_unit`s (source.ts_unit)."""
     n = table.num_rows
     stream = _strings(table["stream"])
     is_s = _ok(pc.equal(stream, "S"))
     ids, id_ok = _parse_int(table["id"])
-    ts, ts_number, ts_finite, ts_ok = eventtime.from_column(table["ts"])
+    ts, ts_number, ts_finite, ts_ok = eventtime.from_column(table["ts"], ts_unit)
     keys, key_ok = _parse_int(table["key"])
     if "value" in table.column_names:
         value, value_ok, present = _parse_float(table["value"])
@@ -119,7 +121,8 @@ def parse(table: pa.Table) -> Parsed:
     code = np.zeros(n, np.int8)
     for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
         code[~good] = c
-    return Parsed(code, is_s, ids, ts, keys, value)
+    converts = dict(zip(COLUMNS, (checks[0], id_ok, ts_ok, key_ok, value_ok)))
+    return Parsed(code, is_s, ids, ts, keys, value, converts)
 
 
 class IdCheck:
@@ -204,10 +207,13 @@ class Batch(NamedTuple):
 
 class InputFile:
     """The validated batches of one file from row `start` on; `max_id` is the duplicate check's state there
-    (IdCheck), and the `window` rows before `start` are read again to fill its window."""
+    (IdCheck), and the `window` rows before `start` are read again to fill its window.  Numbers in the ts
+    column count `ts_unit`s.  Opened at row 0, the first batch is read at once: a column none of whose cells
+    converts stops the run there (protocol.input_schema)."""
 
-    def __init__(self, path: str | Path, window: int = DUPLICATE_WINDOW, start: int = 0, max_id: tuple = (None, None)):
-        self.path = str(path)
+    def __init__(self, path: str | Path, window: int = DUPLICATE_WINDOW, start: int = 0, max_id: tuple = (None, None),
+                 ts_unit: str = "s"):
+        self.path, self.ts_unit = str(path), ts_unit
         p = Path(self.path)
         if not p.is_file():
             raise self._fail("does not exist")
@@ -224,11 +230,22 @@ class InputFile:
                 raise InputError(f"input file {self.path!r} has {self.row:,} rows, fewer than the checkpoint's "
                                  f"position (row {start:,}): is it the same input?")
             head = table.slice(0, start - self.row)
-            parsed = parse(head)
+            parsed = parse(head, ts_unit)
             good = parsed.code == 0
             self.check.remember(parsed.is_s[good], parsed.id[good], self.row + np.flatnonzero(good))
             self.row += head.num_rows
             self._held = table.slice(head.num_rows) if head.num_rows < table.num_rows else None
+        if start == 0:
+            self._check_first_batch(p)
+
+    def _check_first_batch(self, p: Path) -> None:
+        self._held = self._next_table()
+        if self._held is None:
+            return
+        found = (lambda c: self._held[c].type) if self.fmt == "parquet" else (lambda c: _inferred_type(p, c))
+        wrong = input_schema.unconverted(self._held, parse(self._held, self.ts_unit).converts, found)
+        if wrong:
+            raise self._fail("; ".join(wrong))
 
     def _fail(self, what: str) -> InputError:
         return InputError(f"input file {self.path!r} {what} (source.path)")
@@ -252,6 +269,9 @@ class InputFile:
             pf = pq.ParquetFile(p, pre_buffer=False)  # pre-buffering reads every row group asked for at once
             names = pf.schema_arrow.names
             self._check_columns(names)
+            wrong = input_schema.wrong_types(pf.schema_arrow)
+            if wrong:
+                raise self._fail("; ".join(wrong))
             counts = [pf.metadata.row_group(g).num_rows for g in range(pf.num_row_groups)]
             starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
             group = int(np.searchsorted(starts, start, side="right")) - 1
@@ -285,7 +305,7 @@ class InputFile:
     def _validate(self, table: pa.Table) -> Batch:
         first_row, n = self.row, table.num_rows
         rows = first_row + np.arange(n, dtype=np.int64)
-        p = parse(table)
+        p = parse(table, self.ts_unit)
         first = self.check.mark(p, rows)
         self.row += n
         ok = p.code == 0
@@ -316,6 +336,15 @@ class InputFile:
             out[c] = _raw_strings(table[c].take(pa.array(rej))) if c in table.column_names \
                 else pa.nulls(len(rej), pa.string())
         return pa.table(out)
+
+
+def _inferred_type(p: Path, column: str) -> pa.DataType:
+    """The type pyarrow infers for a CSV column from the file's first block (for messages only)."""
+    try:
+        opts = pacsv.ConvertOptions(include_columns=[column])
+        return pacsv.open_csv(p, convert_options=opts).schema.field(column).type
+    except (pa.ArrowException, OSError):
+        return pa.string()
 
 
 def _drop_rows(batches: Iterator[pa.RecordBatch], n: int) -> Iterator[pa.RecordBatch]:

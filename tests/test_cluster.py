@@ -239,3 +239,33 @@ def test_damage_found_during_the_run_ends_the_job_with_the_file_and_row(tmp_path
     run = run_cluster(tmp_path, 3, {"source.kind": "file", "source.path": str(path)}, timeout=120)
     assert run.returncode != 0
     assert "cannot be read as CSV at row" in run.stderr and "in.csv" in run.stderr
+
+
+def test_a_timestamp_typed_parquet_file_joins_exactly(tmp_path):
+    # the generated tuples with ts as timestamp[ns, UTC]: up to 499 ns beside each microsecond, rounded back
+    data = generate_all(load_config(None, [f"{k}={v}" for k, v in SMALL.items() if k.startswith("generator.")]))
+    ns = data.ts * 1000 + np.random.default_rng(5).integers(-499, 500, len(data.ts))
+    path = tmp_path / "ts.parquet"
+    pq.write_table(pa.table({"stream": np.array(["R", "S"])[data.stream].astype(object), "id": data.id,
+                             "ts": pa.array(ns, pa.timestamp("ns", tz="UTC")), "key": data.key}), path,
+                   row_group_size=2000)
+    settings = dict(SMALL, **{"source.kind": "file", "source.path": str(path)})
+    run = run_cluster(tmp_path, 3, settings)
+    assert run.returncode == 0, run.stderr
+    expected, expected_late = reference_pairs(data.stream, data.id, data.ts, data.key, SMALL["join.window"],
+                                              SMALL["join.max_delay"])
+    assert len(expected) > 1000
+    assert np.array_equal(run.pairs(), expected)
+    assert np.array_equal(run.late_ids(), expected_late)
+    assert run.summary["rejected"] == 0
+
+
+def test_a_column_of_the_wrong_type_ends_the_run_before_it_starts_with_one_message(tmp_path):
+    path = tmp_path / "typed.csv"
+    path.write_text("stream,id,ts,key\n" + "".join(f"{'RS'[i % 2]},{i},{i * 0.01},u_{i % 7}\n" for i in range(1000)))
+    run = run_cluster(tmp_path, 3, {"source.kind": "file", "source.path": str(path)}, timeout=120)
+    assert run.returncode == 2, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, run.stderr
+    assert "typed.csv" in errors[0] and "column key of type string" in errors[0] and "expected an integer" in errors[0]
+    assert not (run.out / "results").exists() or read_tables(run.out / "results") is None

@@ -143,6 +143,8 @@ def test_malformed_override():
     ("generator.zipf=0", "generator.zipf"),
     ("output.format=json", "output.format"),
     ("source.kind=socket", "source.kind"),
+    ("source.ts_unit=min", "source.ts_unit"),
+    ("source.ts_unit=1000", "source.ts_unit"),
     ("join.window=2e12", "join.window"),            # event time is int64 microseconds: durations below 2**60 us
     ("join.max_delay=1.2e12", "join.max_delay"),
     ("generator.duration=1e13", "generator.duration"),

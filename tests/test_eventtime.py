@@ -60,7 +60,7 @@ def test_float_seconds_not_finite_or_out_of_range():
 
 
 def test_integer_seconds_and_config_durations():
-    ticks, ok = eventtime.from_integer_seconds(np.array([3, -2, 2**61 // 10**6, -(2**61 // 10**6) + 1]))
+    ticks, ok = eventtime.from_integers(np.array([3, -2, 2**61 // 10**6, -(2**61 // 10**6) + 1]), "s")
     assert ticks.tolist()[:2] == [3_000_000, -2_000_000] and ok.tolist() == [True, True, False, True]
     assert [eventtime.duration(x) for x in (0.1, 1.001, 0.0105, 2.5e-6, 3.5e-6, 1e-7, 0, 1e9)] == \
         [100_000, 1_001_000, 10_500, 2, 4, 0, 0, 10**15]

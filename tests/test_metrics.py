@@ -119,8 +119,8 @@ def test_rejected_file_rows_are_counted_by_reason_with_duplicates_as_one_reason(
     source = FileSource(tmp_path / "in.csv", listing=listing)
     while source.next_chunk(100) is not None:  # rows are counted as the run passes them
         pass
-    assert rejected_reasons(source) == {"stream is not R or S": 1, "ts is not a number": 1, "duplicate id": 2,
-                                        "key is not an integer": 1}
+    assert rejected_reasons(source) == {"stream is not R or S": 1, "ts is not a number or an ISO-8601 time": 1,
+                                        "duplicate id": 2, "key is not an integer": 1}
     assert sum(rejected_reasons(source).values()) == source.finish()["rejected"] == 5
 
 

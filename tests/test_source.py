@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+from datetime import date, datetime, timedelta, timezone
+from decimal import ROUND_HALF_EVEN, Decimal
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +16,7 @@ from protocol.chunks import Chunk, InputError
 from protocol.output import read_tables
 from protocol.workload import GeneratorSource, bmodel_tables, generate_all
 from tests.reference import micros
+from protocol import input_schema as schema
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S
 from tests.cluster import write_input
@@ -339,7 +342,8 @@ Q,zz,bad,bad,bad
     rej = table.to_pydict()
     assert rej["row"] == [2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14]
     assert rej["column"] == ["stream", "id", "ts", "ts", "ts", "key", "value", "id", "id", "key", "id", "stream"]
-    assert rej["reason"][:7] == ["stream is not R or S", "id is not an integer", "ts is not a number",
+    assert rej["reason"][:7] == ["stream is not R or S", "id is not an integer",
+                                 "ts is not a number or an ISO-8601 time",
                                  "ts is NaN or infinite", "ts is NaN or infinite", "key is not an integer",
                                  "value is not a number"]
     assert rej["reason"][7] == "duplicate id 1 in stream R (first seen at row 1)"
@@ -358,7 +362,7 @@ def test_duplicate_first_seen_is_first_good_row(tmp_path):
     src = open_file(p)
     np.testing.assert_array_equal(drain(src, 10).ts, [1_000_000, 3_000_000])
     assert rejected(src).column("reason").to_pylist() == [
-        "ts is not a number", "duplicate id 7 in stream S (first seen at row 2)"]
+        "ts is not a number or an ISO-8601 time", "duplicate id 7 in stream S (first seen at row 2)"]
 
 
 @pytest.mark.parametrize("order", ["rising", "shuffled", "with_duplicates"])
@@ -392,9 +396,9 @@ def test_duplicates_match_a_first_seen_reference(tmp_path, order):
 
 
 def test_rejected_value_column_absent_is_null(tmp_path):
-    p = write_csv(tmp_path, "stream,id,ts,key\nR,1,x,1\n")
+    p = write_csv(tmp_path, "stream,id,ts,key\nR,1,x,1\nS,2,1.0,1\n")
     src = open_file(p)
-    assert src.next_chunk(5) is None and src.accepted == 0
+    assert src.next_chunk(5) is not None and src.accepted == 1
     assert rejected(src).column("value").to_pylist() == [None]
 
 
@@ -508,7 +512,7 @@ def test_streamed_reading_gives_the_whole_files_tuples_in_order_and_lists_every_
     assert all(len(c.id) == lim for c, lim in zip(parts[:-1], [65536, 7, 30001, 1] * len(parts)))  # full chunks
     rej = rejected(src)
     assert rej.column("row").to_pylist() == bad.tolist()
-    assert set(rej.column("reason").to_pylist()) == {"ts is not a number"}
+    assert set(rej.column("reason").to_pylist()) == {"ts is not a number or an ISO-8601 time"}
     assert src.finish()["rejected"] == len(bad)
 
 
@@ -590,3 +594,159 @@ def test_damage_far_into_a_csv_stops_reading_there_with_the_file_and_row(tmp_pat
         while (c := src.next_chunk(50_000)) is not None:
             taken += len(c.id)
     assert 0 < taken <= 200_000
+
+
+# --------------------------------------------------------------------------- the user's time types (issue 20)
+
+def ms_table(n=500, seed=3):
+    """Random rows whose ts are whole milliseconds, as integer ms, plus the same in seconds as written."""
+    rng = np.random.default_rng(seed)
+    ms = 1_700_000_000_000 + np.sort(rng.integers(-10**6, 10**9, n))
+    ms[:3] = [-1, 0, -1_500]  # before the epoch, too
+    seconds = [f"{'-' * (m < 0)}{abs(m) // 1000}.{abs(m) % 1000:03d}" for m in ms.tolist()]
+    cols = {"stream": rng.choice(["R", "S"], n).astype(object), "id": np.arange(n), "key": rng.integers(0, 9, n)}
+    return cols, ms, seconds
+
+
+def tuples_of(path, ts_unit="s"):
+    src = FileSource(path, 1_000_000, RejectedListing(path.parent / f"rejected-{path.name}", "parquet", 1000), ts_unit)
+    out = drain(src, 10_000)
+    assert rejected(src) is None
+    return out
+
+
+def assert_same(a, b):
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_timestamp_columns_of_any_unit_and_zone_give_the_seconds_files_tuples(tmp_path):
+    cols, ms, seconds = ms_table()
+    write_csv(tmp_path, "stream,id,ts,key\n" + "".join(
+        f"{s},{i},{t},{k}\n" for s, i, t, k in zip(cols["stream"], cols["id"], seconds, cols["key"])), "sec.csv")
+    want = tuples_of(tmp_path / "sec.csv")
+    np.testing.assert_array_equal(want.ts, micros(np.array([float(s) for s in seconds])))
+    for name, arr in [("ms_utc", pa.array(ms, pa.timestamp("ms", tz="UTC"))),
+                      ("ns", pa.array(ms * 10**6, pa.timestamp("ns"))),
+                      ("us_tokyo", pa.array(ms * 1000, pa.timestamp("us", tz="Asia/Tokyo"))),
+                      ("ms_as_s", pa.array(ms, pa.timestamp("ms")).cast(pa.timestamp("ns")))]:
+        p = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({**cols, "ts": arr}), p, row_group_size=128)
+        assert_same(tuples_of(p), want)
+
+
+def test_nanoseconds_round_half_to_even_to_the_microsecond(tmp_path):
+    ns = np.array([1_700_000_000_123_456_500, 1_700_000_000_123_457_500, 1_700_000_000_123_457_501,
+                   -1_500, -2_500, 499, 999_999_999])
+    p = tmp_path / "ns.parquet"
+    pq.write_table(pa.table({"stream": ["R"] * len(ns), "id": np.arange(len(ns)), "key": np.ones(len(ns), np.int64),
+                             "ts": pa.array(ns, pa.timestamp("ns", tz="UTC"))}), p)
+    want = [int(Decimal(int(x)).scaleb(-3).to_integral_value(ROUND_HALF_EVEN)) for x in ns.tolist()]
+    np.testing.assert_array_equal(tuples_of(p).ts, want)
+    text = tmp_path / "ns.csv"  # the same integers as text, in source.ts_unit = "ns"
+    text.write_text("stream,id,ts,key\n" + "".join(f"R,{i},{x},1\n" for i, x in enumerate(ns.tolist())))
+    np.testing.assert_array_equal(tuples_of(text, "ns").ts, want)
+
+
+def test_ts_unit_ms_reads_integer_float_and_text_milliseconds(tmp_path):
+    cols, ms, seconds = ms_table()
+    write_csv(tmp_path, "stream,id,ts,key\n" + "".join(
+        f"{s},{i},{t},{k}\n" for s, i, t, k in zip(cols["stream"], cols["id"], seconds, cols["key"])), "sec.csv")
+    want = tuples_of(tmp_path / "sec.csv")
+    write_csv(tmp_path, "stream,id,ts,key\n" + "".join(
+        f"{s},{i},{t},{k}\n" for s, i, t, k in zip(cols["stream"], cols["id"], ms, cols["key"])), "ms.csv")
+    assert_same(tuples_of(tmp_path / "ms.csv", "ms"), want)
+    decimals = pa.array(ms).cast(pa.decimal128(20, 0))
+    for name, ts in [("int", ms), ("float", ms.astype(np.float64)), ("decimal", decimals)]:
+        p = tmp_path / f"ms-{name}.parquet"
+        pq.write_table(pa.table({**cols, "ts": ts}), p)
+        assert_same(tuples_of(p, "ms"), want)
+    cfg = file_cfg(tmp_path / "ms.csv")
+    cfg["source"]["ts_unit"] = "ms"
+    np.testing.assert_array_equal(drain(open_source(cfg), 10_000).ts, want.ts)
+    # the default stays seconds: the same numbers are seconds, a thousand times later
+    np.testing.assert_array_equal(tuples_of(tmp_path / "ms.csv").ts, ms * 10**6)
+
+
+ISO = [  # (text, the same instant as a Python datetime)
+    ("2026-11-25T03:10:31.123Z", datetime(2026, 11, 25, 3, 10, 31, 123000, timezone.utc)),
+    ("2026-11-25 03:10:31.123456+01:00", datetime(2026, 11, 25, 3, 10, 31, 123456, timezone(timedelta(hours=1)))),
+    ("2026-11-25T03:10:31", datetime(2026, 11, 25, 3, 10, 31, tzinfo=timezone.utc)),  # no zone: UTC
+    ("2026-11-25T03:10-0530", datetime(2026, 11, 25, 3, 10, tzinfo=timezone(-timedelta(hours=5, minutes=30)))),
+    ("2026-11-25", datetime(2026, 11, 25, tzinfo=timezone.utc)),
+    ("1969-12-31T23:59:59.5Z", datetime(1969, 12, 31, 23, 59, 59, 500000, timezone.utc)),
+    ("2024-02-29T12:00:00,25+0200", datetime(2024, 2, 29, 12, 0, 0, 250000, timezone(timedelta(hours=2)))),
+]
+
+
+def epoch_micros(d: datetime) -> int:
+    delta = d - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return (delta.days * 86400 + delta.seconds) * 10**6 + delta.microseconds
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_iso_text_with_and_without_zone_and_bad_dates_set_aside(tmp_path, fmt):
+    texts = [t for t, _ in ISO] + ["2026-02-30T00:00:00Z", "2026-11-25T25:00:00", "yesterday", "1.5"]
+    table = pa.table({"stream": ["R"] * len(texts), "id": list(range(1, len(texts) + 1)),
+                      "ts": texts, "key": [1] * len(texts)})
+    p = tmp_path / f"iso.{fmt}"
+    pacsv.write_csv(table, p) if fmt == "csv" else pq.write_table(table, p)
+    src = open_file(p)
+    d = drain(src, 100)
+    np.testing.assert_array_equal(d.ts, [epoch_micros(x) for _, x in ISO] + [1_500_000])
+    rej = rejected(src).to_pydict()
+    assert rej["row"] == [len(ISO) + 1, len(ISO) + 2, len(ISO) + 3]
+    assert set(rej["reason"]) == {"ts is not a number or an ISO-8601 time"}
+    assert rej["ts"] == texts[len(ISO):len(ISO) + 3]
+
+
+@pytest.mark.parametrize("column,cells,found", [
+    ("key", ["u_1", "u_2"], "string"),     # string ids where integers are needed
+    ("ts", ["true", "false"], "bool"),     # a boolean ts
+    ("id", ["", ""], "null"),              # empty in every row
+    ("stream", ["left", "right"], "string"),
+])
+def test_a_csv_column_none_of_whose_first_cells_converts_is_one_error(tmp_path, column, cells, found):
+    rows = {"stream": ["R", "S"], "id": ["1", "2"], "ts": ["0.5", "0.7"], "key": ["3", "4"], column: cells}
+    p = write_csv(tmp_path, "stream,id,ts,key\n" + "".join(
+        ",".join(rows[c][i] for c in ("stream", "id", "ts", "key")) + "\n" for i in range(2)), "typed.csv")
+    with pytest.raises(InputError) as e:
+        open_file(p)
+    msg = str(e.value)
+    assert "typed.csv" in msg and f"column {column} of type {found}" in msg and "expected" in msg
+    assert "\n" not in msg and msg.count("has column") == 1
+
+
+@pytest.mark.parametrize("column,values,found", [
+    ("ts", pa.array([True, False]), "bool"),
+    ("key", pa.array([[1], [2]]), "list<element: int64>"),
+    ("id", pa.array([b"1", b"2"]), "binary"),
+    ("stream", pa.array([0, 1]), "int64"),
+    ("key", pa.array(["u_1", "u_2"]), "string"),  # text: checked on the first batch
+])
+def test_a_parquet_column_of_a_wrong_type_is_one_error_before_any_row(tmp_path, column, values, found):
+    cols = {"stream": pa.array(["R", "S"]), "id": pa.array([1, 2]), "ts": pa.array([0.5, 0.7]), "key": pa.array([3, 4])}
+    cols[column] = values
+    p = tmp_path / "typed.parquet"
+    pq.write_table(pa.table(cols), p)
+    with pytest.raises(InputError) as e:
+        open_file(p)
+    msg = str(e.value)
+    assert "typed.parquet" in msg and f"column {column} of type {found}" in msg
+    assert schema.EXPECTED[column] in msg and "\n" not in msg
+
+
+def test_a_few_bad_cells_in_the_first_batch_are_still_rows_set_aside(tmp_path):
+    p = write_csv(tmp_path, "stream,id,ts,key\nR,1,0.5,u_1\nS,2,true,4\nR,3,0.9,5\n")
+    src = open_file(p)
+    np.testing.assert_array_equal(drain(src, 10).id, [3])
+    assert rejected(src).column("column").to_pylist() == ["key", "ts"]
+
+
+def test_date_columns_are_midnight_utc(tmp_path):
+    days = [date(2026, 11, 25), date(1969, 12, 31)]
+    for unit, arr in [("date32", pa.array(days, pa.date32())), ("date64", pa.array(days, pa.date64()))]:
+        p = tmp_path / f"{unit}.parquet"
+        pq.write_table(pa.table({"stream": ["R", "S"], "id": [1, 2], "ts": arr, "key": [1, 1]}), p)
+        midnights = [datetime(d.year, d.month, d.day, tzinfo=timezone.utc) for d in days]
+        np.testing.assert_array_equal(tuples_of(p).ts, [epoch_micros(m) for m in midnights])
