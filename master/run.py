@@ -61,7 +61,7 @@ class Master:
         self.moves = MovesDesk(self.k, controller, stats, links)
         self.hot = HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links) if router else None
         self.checkpoints = CheckpointDesk(cfg, self.index, self.k, slaves, buffers, controller, stats, links)
-        self.stall = StallWatch(cfg, buffers, controller, links)
+        self.stall = StallWatch(cfg, buffers, controller, links, coordinator=self.index == 0)
         self.done_from: set[int] = set()  #: rank 0: dispatchers that said DONE
         self.done_sent = self.finished = False
         self._stop_requested = False
@@ -107,6 +107,7 @@ class Master:
     def _route_orders(self) -> None:
         """Every order from another dispatcher to its kind's handler (`on_order`), then READY where due."""
         for source, order in self.links.arrived():
+            self.stall.orders += 1
             self.on_order[order["order"]](source, order)
         self.moves.send_ready()
 
@@ -192,11 +193,8 @@ class Master:
 
     def _watch(self, now: float) -> None:
         """End the job, naming what it waits for, when pending work has not moved for too long (desks.stall)."""
-        hot, ck = self.hot, self.checkpoints
-        self.stall.watch(now, self.ingest.consumed, {} if hot is None else {"split": dict(hot.pending),
-                                                                             "merge": dict(hot.cooling)},
-                         "waiting for quiet" if ck.pending else
-                         f"{ck.open['id']} open, parts in: {sorted(ck.open['parts'])}" if ck.open else "")
+        self.stall.watch(now, self.ingest.consumed, {} if self.hot is None else self.hot.waiting_for(),
+                         self.checkpoints.waiting_for())
 
     def _may_end(self) -> bool:
         """Input exhausted and joined, no move in flight; with several dispatchers, all of them (DONE, FINISH)."""

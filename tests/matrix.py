@@ -275,6 +275,7 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     except Exception as e:  # a hang (timeout) is a failure of the draw, with its seed
         out.error, out.seconds = f"{type(e).__name__}: {e}", time.time() - started
         return out
+    (tmp / "stderr.log").write_text(run.stderr)  # the evidence of a failed draw, kept with its folder
     if killer is not None:
         killer.join()
         out.killed = ", ".join(victims)

@@ -529,3 +529,23 @@ def test_a_configured_stall_timeout_replaces_the_automatic_bound(tmp_path):
     watch.watch(2.5, 0, {}, "")
     with pytest.raises(StallError):
         watch.watch(2.6, 0, {}, "")
+
+
+def test_another_dispatcher_waiting_for_rank_0_to_finish_a_move_is_not_stalled(tmp_path):
+    p = Parts(config(tmp_path, "master.stall_timeout=1.0"), [2, 3])
+    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links, coordinator=False)
+    group = int(p.controller.partitions_of(2)[0])
+    p.controller.hold(Move(group, 2, 3, "test"), 0)
+    p.buffers.add(STREAM_S, rows(np.arange(5), np.zeros(5, np.int64)), np.full(5, group))
+    watch.watch(0.0, 0, {}, "")
+    watch.watch(50.0, 0, {}, "")  # its held tuples wait for rank 0's RELEASE: rank 0's work, not its own
+    p.buffers.add(STREAM_S, rows(np.arange(5, 9), np.zeros(4, np.int64)), np.full(4, (group + 1) % PARTS))
+    watch.orders += 1  # an order from rank 0 is progress
+    watch.watch(50.5, 0, {}, "")
+    watch.watch(51.5, 0, {}, "")
+    with pytest.raises(StallError):  # tuples of a group not moving, unsent: its own
+        watch.watch(51.6, 0, {}, "")
+    rank0 = StallWatch(p.cfg, p.buffers, p.controller, p.links)
+    rank0.watch(60.0, 0, {}, "")
+    with pytest.raises(StallError, match="moves in flight"):  # rank 0 drives the move: a stall there is its own
+        rank0.watch(61.1, 0, {}, "")

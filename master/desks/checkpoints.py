@@ -49,6 +49,12 @@ class CheckpointDesk:
         """A checkpoint is wanted, none is being written, and `quiet`: no batch or move is in flight."""
         return self.pending and quiet and self.open is None
 
+    def waiting_for(self) -> str:
+        """What a checkpoint being taken waits for ("" when none is): the stall watch names it."""
+        if self.pending:
+            return "waiting for quiet"
+        return f"{self.open['id']} open, parts in: {sorted(self.open['parts'])}" if self.open else ""
+
     def begin(self, sections: dict, epochs_done: int) -> None:
         """Snapshot the master's side (`sections`: the desks' parts, flushed) and order every slave to write
         its own."""

@@ -35,6 +35,10 @@ class HotKeyDesk:
         """A split or merge waits to find its owner idle: no slave is to be sent a batch out of its slot."""
         return bool(self.pending or self.cooling)
 
+    def waiting_for(self) -> dict:
+        """The keys whose split or merge waits for their owner (the stall watch names them)."""
+        return {"split": dict(self.pending), "merge": dict(self.cooling)}
+
     def find(self) -> None:
         """At a reorganization epoch: keys whose share of this epoch's input passed the threshold, and hot keys
         whose share fell below half of it (the gap keeps a key near the threshold from flapping)."""

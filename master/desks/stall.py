@@ -18,12 +18,15 @@ class StallError(RuntimeError):
 
 
 class StallWatch:
-    def __init__(self, cfg: dict, buffers, controller, links):
-        self.buffers, self.controller, self.links = buffers, controller, links
+    def __init__(self, cfg: dict, buffers, controller, links, coordinator: bool = True):
+        """`coordinator`: rank 0, which drives the moves; another dispatcher holds a moving group's tuples and
+        waits for rank 0's RELEASE, which is rank 0's work to watch, not its own."""
+        self.buffers, self.controller, self.links, self.coordinator = buffers, controller, links, coordinator
         self.timeout = cfg["master"]["stall_timeout"]
         self.epoch = cfg["epochs"]["distribution"]
         self.slowest = 0.0  #: the longest a slave took over one batch so far (seconds)
         self.reports = 0  #: reports received
+        self.orders = 0  #: orders received from other dispatchers (rank 0's HOLD, RELEASE, ...)
         self._last = None  #: the progress counters seen last
         self._since = 0.0  #: when they last changed, or pending work began
 
@@ -41,8 +44,9 @@ class StallWatch:
         `hot`: hot keys waiting for their owner ({"split": .., "merge": ..}); `checkpoint`: what a checkpoint
         waits for ("" when none is being taken)."""
         c = self.controller
-        pending = bool(len(self.buffers) or self.links.busy or c.busy or any(hot.values()) or checkpoint)
-        progress = (consumed, sum(self.links.seq.values()), self.reports)
+        mine = len(self.buffers) if self.coordinator else int(self.buffers.counts[:, ~c.moving].sum())
+        pending = bool(mine or self.links.busy or (c.busy and self.coordinator) or any(hot.values()) or checkpoint)
+        progress = (consumed, sum(self.links.seq.values()), self.reports, self.orders)
         if progress != self._last or not pending:
             self._last, self._since = progress, now
             return
