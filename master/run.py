@@ -169,11 +169,11 @@ class Master:
                     if self.hot is not None:
                         self.hot.find()
                 next_reorganization = now + reorganization
-            if not checkpoints.pending:
-                if self.hot is not None:
+            if checkpoints.open is None:  # no order crosses an open cut (master/desks/checkpoints.py)
+                if self.hot is not None and not checkpoints.pending:
                     self.hot.split()
                     self.hot.merge()
-                for move in self.moves.start(distribution.sent_watermark.get):
+                for move in self.moves.start(distribution.sent_watermark.get, hold=not checkpoints.pending):
                     distribution.handed_over(move.supplier)
             rule = may_serve(checkpoints.pending, self.moves.waits_for(), self.hot is not None and self.hot.waiting)
             if rule is not None:
@@ -194,7 +194,7 @@ class Master:
     def _watch(self, now: float) -> None:
         """End the job, naming what it waits for, when pending work has not moved for too long (desks.stall)."""
         self.stall.watch(now, self.ingest.consumed, {} if self.hot is None else self.hot.waiting_for(),
-                         self.checkpoints.waiting_for())
+                         self.checkpoints.waiting_for(), self.moves.waiting_for())
 
     def _may_end(self) -> bool:
         """Input exhausted and joined, no move in flight; with several dispatchers, all of them (DONE, FINISH)."""

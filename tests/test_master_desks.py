@@ -549,3 +549,17 @@ def test_another_dispatcher_waiting_for_rank_0_to_finish_a_move_is_not_stalled(t
     rank0.watch(60.0, 0, {}, "")
     with pytest.raises(StallError, match="moves in flight"):  # rank 0 drives the move: a stall there is its own
         rank0.watch(61.1, 0, {}, "")
+
+
+def test_a_checkpoint_waiting_for_quiet_holds_no_new_move_but_lets_a_held_one_finish(tmp_path):
+    # the cut waits for no move in flight; a held move must still be ordered, or the two wait for each other
+    p = Parts(config(tmp_path), [2, 3])  # rank 0 with one more dispatcher (rank 1)
+    moves = MovesDesk(2, p.controller, p.stats, p.links)
+    first, second = (int(g) for g in p.controller.partitions_of(2)[:2])
+    p.controller.queue.append(Move(first, 2, 3, "test"))
+    assert moves.start(lambda rank: S(0.0)) == [] and first in p.controller.in_flight  # held: HOLD, wait READY
+    p.controller.queue.append(Move(second, 3, 2, "test"))
+    moves.on_ready(1, {"partition": first, "cap": S(0.0)})
+    (ordered,) = moves.start(lambda rank: S(0.0), hold=False)  # a checkpoint wants quiet
+    assert ordered.partition == first and p.links.kinds()[-1] == (2, Kind.MOVE)
+    assert second not in p.controller.in_flight and p.controller.queue  # no new move held meanwhile

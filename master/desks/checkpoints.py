@@ -7,6 +7,13 @@ batch: the Chandy-Lamport marker) and, with several dispatchers (BiStream
 3.2.3; master.coordination), the others to do the same; they answer SNAPSHOT
 with their part.  The manifest written when all parts are in makes the
 checkpoint complete (protocol.checkpoint).
+
+While a checkpoint is wanted no new move is held (the cut waits for quiet, so
+moves already held are finished first); while it is open no order goes out: a
+slave that has rank 0's marker takes nothing more from rank 0 until every
+dispatcher's marker is in, and another dispatcher sends its marker only with no
+move held, so an order sent across the cut would wait for a marker that waits
+for it.
 """
 from __future__ import annotations
 
@@ -51,9 +58,9 @@ class CheckpointDesk:
 
     def waiting_for(self) -> str:
         """What a checkpoint being taken waits for ("" when none is): the stall watch names it."""
-        if self.pending:
-            return "waiting for quiet"
-        return f"{self.open['id']} open, parts in: {sorted(self.open['parts'])}" if self.open else ""
+        if self.open:
+            return f"{self.open['id']} open, parts in: {sorted(self.open['parts'])}" + " (the next waits)" * self.pending
+        return "waiting for quiet" if self.pending else ""
 
     def begin(self, sections: dict, epochs_done: int) -> None:
         """Snapshot the master's side (`sections`: the desks' parts, flushed) and order every slave to write

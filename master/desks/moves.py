@@ -30,12 +30,21 @@ class MovesDesk:
         waiting.update(m.supplier for m, *_ in self.unready.values())  # its MOVE order waits for it to be idle
         return waiting
 
-    def start(self, last_watermark) -> list[Move]:
+    def waiting_for(self) -> str:
+        """What the held moves wait for (the stall watch names it)."""
+        ready = [f"group {p}: READY from dispatcher(s) {sorted(w)}" for p, (_, w, _) in self.unready.items() if w]
+        idle = [f"group {p}: its supplier {m.supplier} to be idle" for p, (m, w, _) in self.unready.items() if not w]
+        fenced = [f"group {p}: the answers of slave(s) {sorted(w)} before READY" for p, (_, w) in self.fences.items()]
+        return "; ".join(ready + idle + fenced)
+
+    def start(self, last_watermark, hold: bool = True) -> list[Move]:
         """Queued moves whose supplier and consumer are idle here are held, at every dispatcher (HOLD); each
         is ordered from its supplier (MOVE) once the others are READY and the supplier is idle.  Returns the
-        moves ordered; `last_watermark(rank)`: the watermark of the last batch to `rank`."""
+        moves ordered; `last_watermark(rank)`: the watermark of the last batch to `rank`.  Without `hold` (a
+        checkpoint waits for quiet) no new move is held, but the held ones are still ordered: the checkpoint
+        waits for them to finish."""
         idle = lambda rank: not self.links.is_busy(rank)  # noqa: E731
-        for move in self.controller.next_orders(idle, last_watermark):
+        for move in self.controller.next_orders(idle, last_watermark) if hold else ():
             self.unready[move.partition] = [move, set(range(1, self.k)), self.controller.in_flight[move.partition][3]]
             if self.k > 1:
                 self.links.tell(range(1, self.k), HOLD, move=move)

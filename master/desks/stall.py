@@ -39,10 +39,10 @@ class StallWatch:
         """How long pending work may stand still."""
         return self.timeout or max(10.0, 8 * self.epoch) + 2 * self.slowest
 
-    def watch(self, now: float, consumed: int, hot: dict, checkpoint: str) -> None:
+    def watch(self, now: float, consumed: int, hot: dict, checkpoint: str, fences: str = "") -> None:
         """Raise StallError when pending work has stood still past the bound.  `consumed`: input taken;
         `hot`: hot keys waiting for their owner ({"split": .., "merge": ..}); `checkpoint`: what a checkpoint
-        waits for ("" when none is being taken)."""
+        waits for ("" when none is being taken); `fences`: what held moves wait for (READY, earlier batches)."""
         c = self.controller
         mine = len(self.buffers) if self.coordinator else int(self.buffers.counts[:, ~c.moving].sum())
         pending = bool(mine or self.links.busy or (c.busy and self.coordinator) or any(hot.values()) or checkpoint)
@@ -66,6 +66,8 @@ class StallWatch:
             lines.append(f"  moves queued: {c.queue}")
         if c.in_flight:
             lines.append(f"  moves in flight (held until INSTALLED): {[m for m, *_ in c.in_flight.values()]}")
+        if fences:
+            lines.append(f"  held moves wait for: {fences}")
         if any(hot.values()):
             lines.append(f"  hot keys waiting for their owner to be idle: {hot}")
         if checkpoint:
