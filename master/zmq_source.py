@@ -10,8 +10,10 @@ were blocked; the summary sums them (`producers_blocked_seconds`).
 
 Messages are validated whole (protocol.wire.decode): a bad one is dropped,
 counted by reason and listed in `rejected/zmq-rejected.*` at the end; the run
-goes on.  A frame above the largest valid one is not read at all: ZeroMQ
-disconnects its sender (ZMQ_MAXMSGSIZE), which reconnects.  The input ends after `source.producers` END messages, after
+goes on.  A frame far above the largest valid one (twice it, plus 1 MiB) is
+not read at all: ZeroMQ disconnects its sender (ZMQ_MAXMSGSIZE), which
+reconnects; one a little too large is read and rejected whole like any bad
+message, so its sender's later messages still count.  The input ends after `source.producers` END messages, after
 `source.idle_timeout` seconds without any message, or on a stop signal.
 """
 from __future__ import annotations
@@ -48,9 +50,10 @@ class ZmqSource:
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.PULL)
         self.sock.rcvhwm, self.sock.rcvbuf = RCVHWM, RCVBUF
-        # a frame larger than the largest valid one (max_message_tuples rows) is refused as it arrives: ZeroMQ
-        # drops its sender's connection instead of reading it whole into memory (a 1 GiB frame cost 1 GiB here)
-        self.sock.maxmsgsize = max(wire.HEADER.itemsize, self.max_tuples * wire.TUPLE_RECORD.itemsize)
+        # a frame far larger than the largest valid one (max_message_tuples rows) is refused as it arrives:
+        # ZeroMQ drops its sender's connection instead of reading it whole into memory (a 1 GiB frame cost 1 GiB
+        # here); the connection and the messages queued on it are lost, so a merely oversized message is not
+        self.sock.maxmsgsize = 2 * self.max_tuples * wire.TUPLE_RECORD.itemsize + (1 << 20)
         self.sock.linger = 0
         try:
             bind_server(self.sock, self.endpoint, cfg["security"])
