@@ -201,7 +201,7 @@ def test_a_frame_above_the_largest_valid_message_is_refused_unread(tmp_path):
         sock.send_multipart([b"\0" * 32, huge], copy=False)
         sock.close()
         ctx.term()  # returns when the frame has been sent (or refused)
-        start("protocol.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}").communicate()
+        start("control.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}").communicate()
 
     sender = threading.Thread(target=rogue, daemon=True)
     sender.start()
