@@ -25,7 +25,7 @@ from protocol.lifetime import USER_ERROR
 from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
-from slave.join import JoinModule, Pairs
+from slave.join import JoinModule
 from slave.result_files import ResultWriter
 from slave.results_out import ResultSender
 from slave.state import decode_group, decode_move, encode_group, encode_move

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocol.messages import TAG_DATA, Kind, decode_batch, encode_batch
+from protocol.messages import TAG_DATA, decode_batch, encode_batch
 from protocol.mpi import recv_bytes, wait_probe
 from protocol.tuples import tuple_dtype
 
