@@ -112,8 +112,8 @@ def main() -> int:
     comm.bcast(cfg, root=0)
     comm.bcast(None if resume is None else {
         "dir": str(resume[0]), "result_files": resume[1]["result_files"],
-        "epochs": [resume[1]["master"]["epoch"], *(resume[1]["dispatchers"][str(d)]["epoch"]
-                                                   for d in range(1, cfg["cluster"]["dispatchers"]))],
+        "seqs": [resume[1]["master"]["seq"], *(resume[1]["dispatchers"][str(d)]["seq"]
+                                               for d in range(1, cfg["cluster"]["dispatchers"]))],
         "aggregate_files": resume[1]["commit"][checkpoint.PENDING_AGGREGATES]}, root=0)
     try:
         with input_errors_abort(comm):

@@ -5,8 +5,8 @@ so the desks (master/desks/) are plain classes tested with a fake of this
 object.  A slave counts as busy from the send of a message until its report
 answers it (paper 003, V-B: a slave still joining at its slot misses it); the
 buffer of its last message is reused for the next one.  `seq` numbers the
-messages on the FIFO channel to each slave (the `epoch` field of the wire
-format), so a slave notices a lost one; it is not the distribution epoch.
+messages on the FIFO channel to each slave (the header's `seq`,
+protocol.messages), so a slave notices a lost one; it is not the distribution epoch.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from protocol import eventtime, faults
 from protocol.arrays import whole_buffer
 from protocol.mpi import wait_all_started
 from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, decode_report, \
-    encode_batch
+    encode_order
 
 
 class Links:
@@ -38,15 +38,13 @@ class Links:
         """The next BATCH to `rank`, numbered, with room for its rows: (buffer, R rows, S rows) to fill, then
         `send`."""
         self.seq[rank] += 1
-        return batch_message(Kind.BATCH, self.seq[rank], watermark, n_r, n_s, self.dtype, groups=groups,
+        return batch_message(self.seq[rank], watermark, n_r, n_s, self.dtype, groups,
                              spare=self.spare.pop(rank, None))
 
-    def order(self, rank: int, kind: Kind, watermark: int = eventtime.NONE, partition: int = -1, peer: int = -1,
-              groups: np.ndarray | None = None) -> None:
-        """An order without tuples (MOVE, CHECKPOINT, SPLIT, MERGE) to `rank`, under its last sequence number."""
-        empty = np.empty(0, dtype=self.dtype)
-        self.send(rank, encode_batch(kind, self.seq[rank], watermark, empty, empty, partition=partition, peer=peer,
-                                     groups=groups))
+    def order(self, rank: int, kind: Kind, watermark: int = eventtime.NONE, **fields) -> None:
+        """An order without tuples (MOVE, CHECKPOINT, SPLIT, MERGE) to `rank`, under its last sequence number;
+        `fields`: its named header fields (protocol.messages.encode_order)."""
+        self.send(rank, encode_order(kind, self.seq[rank], watermark, **fields))
 
     def send(self, rank: int, buf: np.ndarray) -> None:
         """Isend a message; the slave counts as busy until its report for it arrives."""
@@ -73,9 +71,8 @@ class Links:
 
     def stop(self) -> None:
         """STOP to every slave: each answers with its final report once its results are flushed."""
-        empty = np.empty(0, dtype=self.dtype)
         for rank in self.seq:
-            buf = encode_batch(Kind.STOP, self.seq[rank] + 1, eventtime.POS_INF, empty, empty)
+            buf = encode_order(Kind.STOP, self.seq[rank] + 1, eventtime.POS_INF)
             self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
 
     # -- the other dispatchers (master.coordination) ------------------------------------------------------

@@ -75,14 +75,14 @@ class ResultStream:
             if self.sock.recv()[:1] == b"\x01":  # XPUB: a subscription arrived
                 seen += 1
 
-    def sent(self, rank: int, epoch: int, partitions: np.ndarray, r: np.ndarray, s: np.ndarray,
+    def sent(self, rank: int, seq: int, partitions: np.ndarray, r: np.ndarray, s: np.ndarray,
              floor_now: int) -> None:
-        """The master sent `rank` its batch `epoch` (R rows `r`, S rows `s`) draining `partitions`; event time
+        """The master sent `rank` its batch `seq` (R rows `r`, S rows `s`) draining `partitions`; event time
         in microseconds (protocol.eventtime) here and in `pump`."""
         if self.enabled:
             min_ts = min(int(r["ts"].min()) if len(r) else eventtime.POS_INF,
                          int(s["ts"].min()) if len(s) else eventtime.POS_INF)
-            self.punctuator.sent(rank, epoch, partitions, min_ts, floor_now)
+            self.punctuator.sent(rank, seq, partitions, min_ts, floor_now)
 
     def pump(self, future_floor: int, buffered: np.ndarray) -> int:
         """Publish what the slaves sent and a punctuation if P rose; returns the result messages taken."""

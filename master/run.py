@@ -80,7 +80,7 @@ class Master:
         m = section(manifest, self.index)
         self.ingest.restore(m)
         self.distribution.restore(m)
-        self.links.restore(m["epoch"])
+        self.links.restore(m["seq"])
         if m["hot_keys"] is not None:
             self.hot.restore(m["hot_keys"])
         self.checkpoints.restore(directory, manifest, self.distribution.epochs_done)
@@ -156,7 +156,7 @@ class Master:
                 worked += 1
             if checkpoints.may_begin(quiet=not self.links.busy and not self.controller.in_flight):
                 ingest.flush()
-                checkpoints.begin({**ingest.state(), **distribution.state(), "epoch": self.links.state(),
+                checkpoints.begin({**ingest.state(), **distribution.state(), "seq": self.links.state(),
                                    "hot_keys": None if self.hot is None else self.hot.state()},
                                   distribution.epochs_done)
             if self.k > 1:

@@ -35,7 +35,9 @@ from protocol.tuples import tuple_dtype
 
 MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
-FORMAT = 3  #: 3: tuples carry ts in int64 microseconds (protocol.eventtime), the master's part each row's partition
+#: 3: tuples carry ts in int64 microseconds (protocol.eventtime), the master's part each row's partition;
+#: 4: a dispatcher's section names its channels' sequence numbers "seq" (was "epoch")
+FORMAT = 4
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
 BINDING_SECTIONS = ("cluster", "source", "generator", "join", "partitioning", "tuning")
 

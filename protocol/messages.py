@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from protocol import delays
+from protocol import delays, eventtime
 from protocol.arrays import message_buffer
 
 TAG_DATA = 1    #: master -> slave: a batch (or the stop order)
@@ -30,12 +30,12 @@ TAG_METRICS = 7  #: dispatcher k > 0 -> rank 0, at the metrics cadence: its coun
 
 
 class Kind(enum.IntEnum):
-    BATCH = 1  #: tuples of one distribution epoch
+    BATCH = 1  #: tuples of one distribution epoch, then the group table (`groups`, key-range partitioning)
     STOP = 2   #: no more input: flush and send the final report
     MOVE = 3   #: hand partition-group `partition` over to slave `peer` (paper 003, IV-C)
-    CHECKPOINT = 4  #: write every partition-group's state into checkpoint `partition` (protocol.checkpoint)
-    SPLIT = 5  #: split a hot key out of group `partition` into its grid; the table row is (key, first group, size)
-    MERGE = 6  #: a hot key cooled: gather its grid (all here) back into group `partition`; the same table row
+    CHECKPOINT = 4  #: write every partition-group's state into checkpoint `checkpoint` (protocol.checkpoint)
+    SPLIT = 5  #: split hot key `hot_key` out of group `partition` into its grid (its first sub-group, its size)
+    MERGE = 6  #: a hot key cooled: gather its grid (all here) back into group `partition`; the same `hot_key`
 
 
 class Ack(enum.IntEnum):
@@ -48,67 +48,123 @@ class Ack(enum.IntEnum):
     MERGED = 5     #: a cooled key's grid is gathered back into its partition-group
 
 
+#: `seq`: the message's number on the FIFO channel from its dispatcher to the slave (1, 2, ... per BATCH; an
+#: order carries the last batch's), so a slave notices a lost batch -- not the distribution epoch;
 #: `watermark`: event time in microseconds (protocol.eventtime), NEG_INF / POS_INF for none yet / no more input,
-#: NONE in orders that carry none; `sent`: the master's wall clock when it encoded the message (the delay
-#: decomposition, protocol.delays)
-HEADER = np.dtype([("kind", "<i8"), ("epoch", "<i8"), ("watermark", "<i8"), ("n_r", "<i8"), ("n_s", "<i8"),
-                   ("partition", "<i8"), ("peer", "<i8"), ("groups", "<i8"), ("sent", "<f8")])
-#: with key-range partitioning (band and inequality joins) a batch ends with one row per partition-group it
-#: holds: (partition, R rows, S rows), in the order of the rows; a hash-partitioned batch has none
+#: NONE in orders that carry none; `partition`: the partition-group of MOVE, SPLIT and MERGE; `checkpoint`: the
+#: checkpoint id of CHECKPOINT, in the same eight bytes as `partition` (no kind carries both: the header keeps
+#: its size); `peer`: the consumer slave of MOVE; `table_rows`: rows of the int64 table that ends the message,
+#: each GROUP_ROW wide -- a BATCH's group table (`batch_groups`), the one hot-key row of SPLIT / MERGE
+#: (`hot_key`), none in the other kinds; `sent`: the master's wall clock when it encoded the message (the delay
+#: decomposition, protocol.delays).  Unused fields hold -1.
+HEADER = np.dtype({"names": ["kind", "seq", "watermark", "n_r", "n_s", "partition", "checkpoint", "peer",
+                             "table_rows", "sent"],
+                   "formats": ["<i8"] * 9 + ["<f8"],
+                   "offsets": [0, 8, 16, 24, 32, 40, 40, 48, 56, 64], "itemsize": 72})
+#: width of the table's rows: with key-range partitioning (band and inequality joins) a batch ends with one
+#: row per partition-group it holds, (partition, R rows, S rows), in the order of the rows (a hash-partitioned
+#: batch has none); SPLIT / MERGE end with the row (hot key, its first sub-group, its sub-group count)
 GROUP_ROW = 3
 
 
-def encode_batch(kind: Kind, epoch: int, watermark: int, r: np.ndarray, s: np.ndarray,
-                 partition: int = -1, peer: int = -1, groups: np.ndarray | None = None) -> np.ndarray:
-    """Header + R rows + S rows [+ group table] as one uint8 buffer (one copy of the tuples)."""
-    buf, body_r, body_s = batch_message(kind, epoch, watermark, len(r), len(s), r.dtype, partition, peer, groups)
+def encode_batch(seq: int, watermark: int, r: np.ndarray, s: np.ndarray,
+                 groups: np.ndarray | None = None) -> np.ndarray:
+    """A BATCH: header + R rows + S rows [+ group table] as one uint8 buffer (one copy of the tuples)."""
+    buf, body_r, body_s = batch_message(seq, watermark, len(r), len(s), r.dtype, groups)
     body_r[:] = r
     body_s[:] = s
     return buf
 
 
-def batch_message(kind: Kind, epoch: int, watermark: int, n_r: int, n_s: int, dtype: np.dtype,
-                  partition: int = -1, peer: int = -1, groups: np.ndarray | None = None,
+def batch_message(seq: int, watermark: int, n_r: int, n_s: int, dtype: np.dtype,
+                  groups: np.ndarray | None = None,
                   spare: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A batch message with its header and group table written and room for the rows: (buffer, its R rows,
-    its S rows), the rows to be filled in place, so the master drains its mini-buffers straight into the
-    message, in `spare` (an earlier message's buffer no longer in flight) if it is large enough
+    """A BATCH with its header and group table written and room for the rows: (buffer, its R rows, its S
+    rows), the rows to be filled in place, so the master drains its mini-buffers straight into the message,
+    in `spare` (an earlier message's buffer no longer in flight) if it is large enough
     (`protocol.arrays.message_buffer`)."""
-    table = np.empty((0, GROUP_ROW), np.int64) if groups is None else np.ascontiguousarray(groups, np.int64)
+    table = _table(groups)
     rows_end = HEADER.itemsize + (n_r + n_s) * dtype.itemsize
-    size = rows_end + table.nbytes
-    buf = message_buffer(spare, size)
-    watermark = operator.index(watermark)  # microseconds: a float (seconds?) would be truncated unseen
-    buf[: HEADER.itemsize].view(HEADER)[0] = (int(kind), epoch, watermark, n_r, n_s, partition, peer,
-                                              len(table), time.time())
+    buf = message_buffer(spare, rows_end + table.nbytes)
+    _write_head(buf, Kind.BATCH, seq, watermark, n_r, n_s, len(table))
     buf[rows_end:] = table.reshape(-1).view(np.uint8)
     body = buf[HEADER.itemsize: rows_end].view(dtype)
     return buf, body[:n_r], body[n_r:]
 
 
-def decode_batch(buf: np.ndarray, dtype: np.dtype) -> tuple[np.void, np.ndarray, np.ndarray]:
-    """Inverse of `encode_batch`; the tuple arrays are views into `buf` (the group table: `batch_groups`)."""
+def encode_order(kind: Kind, seq: int, watermark: int = eventtime.NONE, *, partition: int = -1, peer: int = -1,
+                 checkpoint: int = -1, hot_key: tuple[int, int, int] | None = None) -> np.ndarray:
+    """An order without tuples: STOP, MOVE (`partition`, `peer`), CHECKPOINT (`checkpoint`), SPLIT / MERGE
+    (`partition`, `hot_key` = (key, first sub-group, sub-groups))."""
+    if kind == Kind.BATCH:
+        raise ValueError("a BATCH is built by encode_batch / batch_message")
+    if partition >= 0 and checkpoint >= 0:
+        raise ValueError(f"{kind.name}: partition {partition} and checkpoint {checkpoint} share one header field")
+    table = _table(None if hot_key is None else [hot_key])
+    buf = np.empty(HEADER.itemsize + table.nbytes, dtype=np.uint8)
+    _write_head(buf, kind, seq, watermark, 0, 0, len(table), partition, peer)
+    if checkpoint >= 0:
+        buf[: HEADER.itemsize].view(HEADER)[0]["checkpoint"] = checkpoint
+    buf[HEADER.itemsize:] = table.reshape(-1).view(np.uint8)
+    return buf
+
+
+def _table(rows) -> np.ndarray:
+    return np.empty((0, GROUP_ROW), np.int64) if rows is None else np.ascontiguousarray(rows, np.int64)
+
+
+def _write_head(buf: np.ndarray, kind: Kind, seq: int, watermark: int, n_r: int, n_s: int, table_rows: int,
+                partition: int = -1, peer: int = -1) -> None:
+    head = buf[: HEADER.itemsize].view(HEADER)[0]
+    watermark = operator.index(watermark)  # microseconds: a float (seconds?) would be truncated unseen
+    head["kind"], head["seq"], head["watermark"], head["n_r"], head["n_s"] = int(kind), seq, watermark, n_r, n_s
+    head["partition"], head["peer"], head["table_rows"], head["sent"] = partition, peer, table_rows, time.time()
+
+
+def decode_head(buf: np.ndarray, dtype: np.dtype) -> np.void:
+    """The header of a message, after checking that the buffer's length is the one it announces."""
     if len(buf) < HEADER.itemsize:
         raise ValueError(f"batch message of {len(buf)} bytes is shorter than its header")
     head = buf[: HEADER.itemsize].view(HEADER)[0]
-    n_r, n_s, n_g = int(head["n_r"]), int(head["n_s"]), int(head["groups"])
+    n_r, n_s, n_t = int(head["n_r"]), int(head["n_s"]), int(head["table_rows"])
     rows_end = HEADER.itemsize + (n_r + n_s) * dtype.itemsize
-    if min(n_r, n_s, n_g) < 0 or len(buf) != rows_end + n_g * GROUP_ROW * 8:
+    if min(n_r, n_s, n_t) < 0 or len(buf) != rows_end + n_t * GROUP_ROW * 8:
         raise ValueError(f"batch message body has {len(buf) - HEADER.itemsize} bytes, header says {n_r}+{n_s} "
-                         f"tuples of {dtype.itemsize} bytes and {n_g} partition-groups")
-    rows = buf[HEADER.itemsize: rows_end].view(dtype)
-    return head, rows[:n_r], rows[n_r:]
+                         f"tuples of {dtype.itemsize} bytes and {n_t} table rows")
+    return head
+
+
+def batch_rows(buf: np.ndarray, head: np.void, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """A BATCH's R and S tuples: views into `buf`."""
+    n_r, n_s = int(head["n_r"]), int(head["n_s"])
+    rows = buf[HEADER.itemsize: HEADER.itemsize + (n_r + n_s) * dtype.itemsize].view(dtype)
+    return rows[:n_r], rows[n_r:]
+
+
+def decode_batch(buf: np.ndarray, dtype: np.dtype) -> tuple[np.void, np.ndarray, np.ndarray]:
+    """Inverse of `encode_batch`: (header, R rows, S rows), the rows views into `buf`."""
+    head = decode_head(buf, dtype)
+    return (head, *batch_rows(buf, head, dtype))
 
 
 def batch_groups(buf: np.ndarray, head: np.void) -> np.ndarray:
-    """The (partition, R rows, S rows) table that ends a batch: which rows belong to which partition-group."""
-    n_g = int(head["groups"])
-    return buf[len(buf) - n_g * GROUP_ROW * 8:].view(np.int64).reshape(n_g, GROUP_ROW)
+    """The (partition, R rows, S rows) table that ends a BATCH: which rows belong to which partition-group."""
+    n_t = int(head["table_rows"])
+    return buf[len(buf) - n_t * GROUP_ROW * 8:].view(np.int64).reshape(n_t, GROUP_ROW)
+
+
+def hot_key(buf: np.ndarray, head: np.void) -> tuple[int, int, int]:
+    """SPLIT / MERGE: (hot key, its first sub-group, its sub-group count)."""
+    if Kind(int(head["kind"])) not in (Kind.SPLIT, Kind.MERGE) or int(head["table_rows"]) != 1:
+        raise ValueError(f"a {Kind(int(head['kind'])).name} message with {int(head['table_rows'])} table rows "
+                         "carries no hot key")
+    key, first, size = buf[-GROUP_ROW * 8:].view(np.int64).tolist()
+    return key, first, size
 
 
 #: Counters of a report, in order; per-epoch increments unless marked as a level.
 REPORT_FIELDS = (
-    "epoch",
+    "seq",                       # the sequence number of the message answered (HEADER `seq`)
     "tuples_r", "tuples_s",      # tuples joined this epoch
     "results",                   # results produced this epoch
     "window_r", "window_s",      # level: tuples stored now

@@ -22,18 +22,18 @@ from protocol.eventtime import NEG_INF, POS_INF
 
 class Punctuator:
     def __init__(self, partitions: int):
-        self.outstanding: dict[tuple[int, int], int] = {}  #: (rank, epoch) -> smallest ts of that batch
+        self.outstanding: dict[tuple[int, int], int] = {}  #: (rank, batch seq) -> smallest ts of that batch
         self.drain_floor = np.full(partitions, NEG_INF, dtype=np.int64)  #: per partition: bound on tuples buffered since
         self.last = NEG_INF                                 #: the last punctuation handed out
 
-    def sent(self, rank: int, epoch: int, partitions: np.ndarray, min_ts: int, floor_now: int) -> None:
+    def sent(self, rank: int, seq: int, partitions: np.ndarray, min_ts: int, floor_now: int) -> None:
         """A batch left for `rank` draining `partitions`; `floor_now` = max ts ingested so far - max_delay."""
-        self.outstanding[(rank, epoch)] = min_ts
+        self.outstanding[(rank, seq)] = min_ts
         self.drain_floor[partitions] = floor_now
 
-    def done(self, rank: int, epoch: int) -> None:
-        """Every result of `rank`'s batch `epoch` has been received."""
-        self.outstanding.pop((rank, epoch), None)
+    def done(self, rank: int, seq: int) -> None:
+        """Every result of `rank`'s batch `seq` has been received."""
+        self.outstanding.pop((rank, seq), None)
 
     def bound(self, future_floor: int, buffered: np.ndarray) -> int:
         """`future_floor`: lowest ts an on-time tuple not yet ingested can have (POS_INF when the input ended);

@@ -19,8 +19,8 @@ class ResultSender:
         self.comm, self.enabled = comm, bool(cfg["output"]["zmq_endpoint"])
         self.pending: list[tuple[MPI.Request, np.ndarray]] = []
 
-    def send(self, dispatcher: int, epoch: int, pairs: Pairs, delay: np.ndarray) -> None:
-        """The results of `dispatcher`'s batch `epoch` as RESULT_RECORD rows, to that dispatcher: it publishes
+    def send(self, dispatcher: int, seq: int, pairs: Pairs, delay: np.ndarray) -> None:
+        """The results of `dispatcher`'s batch `seq` as RESULT_RECORD rows, to that dispatcher: it publishes
         them and punctuates for its own batches."""
         if not self.enabled:
             return
@@ -28,7 +28,7 @@ class ResultSender:
         rows = np.empty(len(pairs), dtype=wire.RESULT_RECORD)
         for name in wire.RESULT_RECORD.names:
             rows[name] = delay if name == "delay" else pairs.output(name)
-        buf = wire.pack(wire.encode_results(rows, sender=self.comm.rank, seq=epoch))
+        buf = wire.pack(wire.encode_results(rows, sender=self.comm.rank, seq=seq))
         self.pending.append((self.comm.Isend([buf, MPI.BYTE], dest=dispatcher, tag=TAG_RESULTS), buf))
 
     def wait(self) -> None:

@@ -19,13 +19,13 @@ from mpi4py import MPI
 
 from protocol import checkpoint, delays, eventtime, faults
 from protocol.arrays import whole_buffer
-from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
-    decode_batch, encode_report
+from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, batch_rows, \
+    decode_head, encode_report, hot_key
 from protocol.lifetime import USER_ERROR
 from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
-from slave.join import JoinModule, Pairs
+from slave.join import JoinModule
 from slave.result_files import ResultWriter
 from slave.results_out import ResultSender
 from slave.state import decode_group, decode_move, encode_group, encode_move
@@ -61,6 +61,10 @@ class Slave:
         self.marked: set[int] = set()  #: dispatchers whose marker of the checkpoint being taken has come
         self.reply_to = 0  #: the dispatcher whose message is being served
         self.inbox: np.ndarray | None = None  #: the buffer batches are received into (serve)
+        #: a dispatcher's message by its kind (protocol.messages.Kind): each handler takes (header, buffer)
+        self.on_message = {Kind.BATCH: self.on_batch, Kind.MOVE: self.on_move, Kind.CHECKPOINT: self.on_checkpoint,
+                           Kind.SPLIT: self.on_hot_key, Kind.MERGE: self.on_hot_key, Kind.STOP: self.on_stop}
+        self.stopped = False  #: the last dispatcher's STOP is served: `serve` returns
 
     def report(self, counters: dict, hist: np.ndarray | None = None) -> None:
         stored_r, stored_s = self.module.stored()
@@ -77,7 +81,10 @@ class Slave:
         self.outgoing.append((self.comm.Isend(buf, dest=self.reply_to, tag=TAG_REPORT), buf))
         self.comm_seconds += time.perf_counter() - started
 
-    def on_batch(self, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups: np.ndarray | None) -> None:
+    def on_batch(self, head, buf: np.ndarray) -> None:
+        self.check_sequence(int(head["seq"]))
+        fresh_r, fresh_s = batch_rows(buf, head, self.dtype)
+        groups = batch_groups(buf, head) if head["table_rows"] else None
         faults.reached(self.comm.rank, "batch")
         faults.hangs(self.comm.rank, "batch")
         faults.fail("batch")
@@ -90,19 +97,19 @@ class Slave:
         files = self.writer.add(pairs, delay)
         if self.aggregator:
             self.aggregator.add(pairs)
-        self.results_out.send(self.reply_to, int(head["epoch"]), pairs, delay)
-        self.report({"epoch": float(head["epoch"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
+        self.results_out.send(self.reply_to, int(head["seq"]), pairs, delay)
+        self.report({"seq": float(head["seq"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": len(pairs), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
 
-    def on_move(self, head) -> None:
+    def on_move(self, head, buf: np.ndarray) -> None:
         """Supplier side: extract the group, send its state to the consumer, tell the master."""
         partition, consumer = int(head["partition"]), int(head["peer"])
         pg = self.module.extract(partition)
         faults.reached(self.comm.rank, "move")
-        buf = encode_move(partition, pg, int(head["watermark"]))
-        self.outgoing.append((self.comm.Isend([buf, MPI.BYTE], dest=consumer, tag=TAG_STATE), buf))
-        self.report({"epoch": float(head["epoch"]), "ack": Ack.MOVED, "partition": partition,
+        state = encode_move(partition, pg, int(head["watermark"]))
+        self.outgoing.append((self.comm.Isend([state, MPI.BYTE], dest=consumer, tag=TAG_STATE), state))
+        self.report({"seq": float(head["seq"]), "ack": Ack.MOVED, "partition": partition,
                      "moved_tuples": len(pg)})
 
     def on_state(self, buf: np.ndarray) -> None:
@@ -116,13 +123,13 @@ class Slave:
         self.reply_to = 0  # the coordinator's news, not an answer to the supplier
         self.report({"ack": Ack.INSTALLED, "partition": partition, "moved_tuples": len(pg)})
 
-    def on_checkpoint(self, head) -> None:
+    def on_checkpoint(self, head, buf: np.ndarray) -> None:
         """A dispatcher's marker: with the last one, flush results (they are the checkpoint's commit) and write
         every partition-group's state; until then nothing more is taken from a dispatcher whose marker came
         (`channels`), so no batch crosses the cut (master.coordination)."""
         self.marked.add(self.reply_to)
         if self.reply_to != 0:  # rank 0 gets CHECKPOINTED; another dispatcher may go on (its batches wait)
-            self.report({"epoch": float(head["epoch"]), "ack": Ack.BATCH})
+            self.report({"seq": float(head["seq"]), "ack": Ack.BATCH})
         if len(self.marked) < len(self.watermarks):
             return
         self.marked.clear()
@@ -133,11 +140,37 @@ class Slave:
             self.aggregator.flush()
         part = checkpoint.pack([encode_group(p, pg) for p, pg in sorted(self.module.groups.items())])
         faults.reached(self.comm.rank, "checkpoint")
-        directory = self.checkpoints / checkpoint.name_of(int(head["partition"]))
+        directory = self.checkpoints / checkpoint.name_of(int(head["checkpoint"]))
         size = checkpoint.write_atomic(directory / checkpoint.slave_part(self.comm.rank), part)
-        self.report({"epoch": float(head["epoch"]), "ack": Ack.CHECKPOINTED, "files": files,
+        self.report({"seq": float(head["seq"]), "ack": Ack.CHECKPOINTED, "files": files,
                      "result_files": self.writer.files, "part_bytes": size,
                      "aggregate_files": self.aggregator.files if self.aggregator else 0})
+
+    def on_hot_key(self, head, buf: np.ndarray) -> None:
+        """SPLIT a hot key out of its partition-group into its grid of sub-groups, or MERGE the grid back."""
+        split = head["kind"] == Kind.SPLIT
+        act = self.module.split_hot_key if split else self.module.merge_hot_key
+        moved = act(int(head["partition"]), *hot_key(buf, head))
+        self.report({"seq": float(head["seq"]), "ack": Ack.SPLIT if split else Ack.MERGED,
+                     "partition": int(head["partition"]), "moved_tuples": moved})
+
+    def on_stop(self, head, buf: np.ndarray) -> None:
+        """A dispatcher has no more input; with the last one's STOP, flush everything and send the final report
+        (every move has been acknowledged before the master stops)."""
+        self.stops += 1
+        if self.stops < len(self.watermarks):  # other dispatchers still send
+            self.watermarks[self.reply_to] = eventtime.POS_INF
+            self.report({"seq": float(head["seq"]), "ack": Ack.BATCH})
+            return
+        MPI.Request.Waitall([req for req, _ in self.outgoing])
+        if self.aggregator:
+            self.aggregator.flush()
+        self.results_out.wait()
+        files = self.writer.flush()
+        self.writer.wait()
+        self.report({"seq": float(head["seq"]), "files": files, "ack": Ack.BATCH})
+        MPI.Request.Waitall([req for req, _ in self.outgoing])
+        self.stopped = True
 
     def resume(self, directory: str, result_files: int, aggregate_files: int, sequences: list[int]) -> None:
         """Start from this slave's part of a checkpoint; result files and each dispatcher's batches number on
@@ -168,7 +201,7 @@ class Slave:
                                                  if d not in self.marked]
 
     def serve(self) -> int:
-        while True:
+        while not self.stopped:
             self.outgoing = [(req, buf) for req, buf in self.outgoing if not req.Test()]
             status = wait_probe_any(self.comm, self.channels())
             started = time.perf_counter()  # from the probe on: the transfer, not the idle wait for a message
@@ -181,37 +214,10 @@ class Slave:
             buf = recv_bytes(self.comm, status, self.inbox)
             self.inbox = whole_buffer(buf)
             self.comm_seconds += time.perf_counter() - started
-            head, fresh_r, fresh_s = decode_batch(buf, self.dtype)
+            head = decode_head(buf, self.dtype)
             self.reply_to = status.Get_source()
-            if head["kind"] == Kind.BATCH:
-                self.check_sequence(int(head["epoch"]))
-                self.on_batch(head, fresh_r, fresh_s, batch_groups(buf, head) if head["groups"] else None)
-            elif head["kind"] == Kind.MOVE:
-                self.on_move(head)
-            elif head["kind"] == Kind.CHECKPOINT:
-                self.on_checkpoint(head)
-            elif head["kind"] in (Kind.SPLIT, Kind.MERGE):
-                key, first, size = batch_groups(buf, head)[0].tolist()
-                split = head["kind"] == Kind.SPLIT
-                act = self.module.split_hot_key if split else self.module.merge_hot_key
-                moved = act(int(head["partition"]), key, first, size)
-                self.report({"epoch": float(head["epoch"]), "ack": Ack.SPLIT if split else Ack.MERGED,
-                             "partition": int(head["partition"]), "moved_tuples": moved})
-            else:  # STOP: every move has been acknowledged before the master stops
-                self.stops += 1
-                if self.stops < len(self.watermarks):  # other dispatchers still send
-                    self.watermarks[self.reply_to] = eventtime.POS_INF
-                    self.report({"epoch": float(head["epoch"]), "ack": Ack.BATCH})
-                    continue
-                MPI.Request.Waitall([req for req, _ in self.outgoing])
-                if self.aggregator:
-                    self.aggregator.flush()
-                self.results_out.wait()
-                files = self.writer.flush()
-                self.writer.wait()
-                self.report({"epoch": float(head["epoch"]), "files": files, "ack": Ack.BATCH})
-                MPI.Request.Waitall([req for req, _ in self.outgoing])
-                return 0
+            self.on_message[Kind(int(head["kind"]))](head, buf)
+        return 0
 
 
 def run(comm: MPI.Comm, received: tuple | None = None) -> int:
@@ -235,6 +241,6 @@ def run(comm: MPI.Comm, received: tuple | None = None) -> int:
     if resume is not None:
         slave.resume(resume["dir"], int(resume["result_files"].get(str(comm.rank), 0)),
                      int(resume["aggregate_files"].get(f"slave-{comm.rank:03d}", 0)),
-                     [int(epochs[str(comm.rank)]) for epochs in resume["epochs"]])
+                     [int(seqs[str(comm.rank)]) for seqs in resume["seqs"]])
     wait_all_started(comm)
     return slave.serve()

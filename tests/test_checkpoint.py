@@ -142,3 +142,17 @@ def test_a_manifest_is_strict_json_and_keeps_integer_event_times_exact(tmp_path)
     assert m["master"]["max_ts"] == eventtime.NEG_INF and m["master"]["sent_watermark"]["2"] == eventtime.NEG_INF
     assert m["dispatchers"]["1"]["max_ts"] == 7_000_001 and m["master"]["stats"] == {"delay_max": None, "lag": None}
 
+
+
+def test_a_checkpoint_of_an_older_format_is_refused_with_a_message(tmp_path):
+    # format 3 named each channel's sequence numbers "epoch"; this version reads only its own format
+    d = make(tmp_path, 1, [np.arange(5, dtype=np.uint8)])
+    manifest = json.loads((d / checkpoint.MANIFEST).read_text())
+    assert manifest["format"] == checkpoint.FORMAT == 4
+    manifest.update(format=3, master={"epoch": {"1": 7}})
+    (d / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(checkpoint.CheckpointError, match=r"MANIFEST.json: format 3, this version reads 4"):
+        checkpoint.load_manifest(d)
+    said = []
+    assert checkpoint.latest_complete(tmp_path, log=said.append) is None
+    assert said == [f"skipping checkpoint ckpt-000001: {d / checkpoint.MANIFEST}: format 3, this version reads 4"]

@@ -31,7 +31,7 @@ from master.stats import RunStats
 from protocol import checkpoint, eventtime
 from protocol.config import load_config
 from protocol.output import read_tables
-from protocol.messages import Kind, batch_groups, batch_message, decode_batch, encode_batch
+from protocol.messages import Kind, batch_groups, batch_message, decode_batch, encode_order, hot_key
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 
 DT = tuple_dtype(64)
@@ -49,7 +49,8 @@ class FakeLinks:
     def __init__(self, slaves: list[int]):
         self.busy: dict[int, np.ndarray] = {}
         self.seq = {r: 0 for r in slaves}
-        self.sent: list[tuple[int, np.void, np.ndarray, np.ndarray, np.ndarray]] = []  #: rank, header, R, S, groups
+        #: rank, header, R, S, and the table: a BATCH's groups, a SPLIT / MERGE's hot-key row
+        self.sent: list[tuple[int, np.void, np.ndarray, np.ndarray, np.ndarray | tuple | None]] = []
         self.told: list[tuple[list[int], str, dict]] = []
 
     def is_busy(self, rank: int) -> bool:
@@ -57,16 +58,18 @@ class FakeLinks:
 
     def batch(self, rank, watermark, n_r, n_s, groups):
         self.seq[rank] += 1
-        return batch_message(Kind.BATCH, self.seq[rank], watermark, n_r, n_s, DT, groups=groups)
+        return batch_message(self.seq[rank], watermark, n_r, n_s, DT, groups)
 
-    def order(self, rank, kind, watermark=eventtime.NONE, partition=-1, peer=-1, groups=None):
-        empty = np.empty(0, DT)
-        self.send(rank, encode_batch(kind, self.seq[rank], watermark, empty, empty, partition, peer, groups))
+    def order(self, rank, kind, watermark=eventtime.NONE, **fields):
+        self.send(rank, encode_order(kind, self.seq[rank], watermark, **fields))
 
     def send(self, rank, buf):
         assert rank not in self.busy, f"slave {rank} was sent a message while busy"
         head, r, s = decode_batch(buf, DT)
-        self.sent.append((rank, head, r.copy(), s.copy(), batch_groups(buf, head).copy()))
+        kind = Kind(int(head["kind"]))
+        table = batch_groups(buf, head).copy() if kind == Kind.BATCH else \
+            hot_key(buf, head) if kind in (Kind.SPLIT, Kind.MERGE) else None
+        self.sent.append((rank, head, r.copy(), s.copy(), table))
         self.busy[rank] = buf
 
     def tell(self, dests, order, **fields):
@@ -130,7 +133,7 @@ def test_a_busy_slave_misses_its_slot_and_is_served_when_its_report_comes(tmp_pa
     assert not desk.slot(frontier=S(5.0))  # slaves 1 and 3: idle, served
     assert p.links.kinds() == [(1, Kind.BATCH), (3, Kind.BATCH)]
     for rank, head, r, s, groups in p.links.sent:
-        assert len(r) + len(s) == waiting[rank] and head["watermark"] == S(5.0) and head["epoch"] == 1
+        assert len(r) + len(s) == waiting[rank] and head["watermark"] == S(5.0) and head["seq"] == 1
         assert set(groups[:, 0]) <= set(owned[rank].tolist())
         assert np.isin(partition_of(np.concatenate([r["key"], s["key"]]), PARTS), owned[rank]).all()
     assert [c[:2] for c in results.calls] == [(1, 1), (3, 1)]
@@ -150,7 +153,7 @@ def test_a_busy_slave_misses_its_slot_and_is_served_when_its_report_comes(tmp_pa
     p.links.answer(1)
     desk.serve_missed(rule, frontier=S(6.0))
     rank, head, r, s, _ = p.links.sent[-1]
-    assert rank == 1 and len(r) + len(s) == more and head["watermark"] == S(6.0) and head["epoch"] == 2
+    assert rank == 1 and len(r) + len(s) == more and head["watermark"] == S(6.0) and head["seq"] == 2
     assert desk.missed == set() and p.buffers.counts[:, owned[1]].sum() == 0
 
 
@@ -241,7 +244,7 @@ def test_the_serving_rule_reads_every_desks_answer():
 def master_sections(p, consumed):
     return {"consumed": consumed, "max_ts": 9.5, "late_files": 2, "key_ranges": None, "archive_files": 0,
             "epochs_done": 4, "sent_watermark": {str(r): S(1.0) for r in p.slaves},
-            "epoch": {str(r): 3 for r in p.slaves}, "hot_keys": None}
+            "seq": {str(r): 3 for r in p.slaves}, "hot_keys": None}
 
 
 def slave_writes_its_part(p, desk, rank, ckpt_dir, tuples):
@@ -266,7 +269,7 @@ def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_
     desk.begin(master_sections(p, 1234), epochs_done=2)
     assert not desk.pending and not desk.may_begin(quiet=True)  # one at a time
     assert p.links.kinds() == [(1, Kind.CHECKPOINT), (2, Kind.CHECKPOINT)]
-    assert {int(head["partition"]) for _, head, *_ in p.links.sent} == {1}
+    assert {int(head["checkpoint"]) for _, head, *_ in p.links.sent} == {1}
     ckpt_dir = checkpoint.root_of(p.cfg) / checkpoint.name_of(1)
     assert (ckpt_dir / checkpoint.master_part(0)).is_file() and len(p.buffers) == 85  # a snapshot, not a drain
 
@@ -349,7 +352,7 @@ def test_a_hot_key_split_routes_its_buffered_tuples_to_the_grid(tmp_path):
     first, size = router.hot[HOT]
     (rank, head, _, _, table), = p.links.sent
     assert (rank, Kind(int(head["kind"])), head["partition"]) == (owner, Kind.SPLIT, home)
-    assert table.tolist() == [[HOT, first, size]] and size == 3  # a share of ~0.5 over 3 slaves: all of them
+    assert table == (HOT, first, size) and size == 3  # a share of ~0.5 over 3 slaves: all of them
     r_home, s_home = p.buffers.drain(np.array([home]))
     assert HOT not in r_home["key"] and HOT not in s_home["key"]
     grid = [p.buffers.drain(np.array([g])) for g in range(first, first + size)]
@@ -390,7 +393,7 @@ def test_the_merge_keeps_every_s_and_one_copy_of_each_r(tmp_path):
     p.controller.partition_map[moved.partition] = owner
     desk.merge()
     (rank, head, *_, table) = p.links.sent[-1]
-    assert (rank, Kind(int(head["kind"])), table.tolist()) == (owner, Kind.MERGE, [[HOT, first, size]])
+    assert (rank, Kind(int(head["kind"])), table) == (owner, Kind.MERGE, (HOT, first, size))
     assert HOT not in router.hot and not desk.waiting
     r, s = p.buffers.drain(np.array([home]))
     assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.flatnonzero(keys[:300] == HOT))

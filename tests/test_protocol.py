@@ -10,8 +10,8 @@ import pytest
 
 from protocol import delays
 from protocol.arrays import group_pairs, whole_buffer
-from protocol.messages import HEADER, HISTOGRAMS, REPORT_BYTES, REPORT_FIELDS, Kind, batch_message, decode_batch, \
-    decode_report, encode_batch, encode_report
+from protocol.messages import GROUP_ROW, HEADER, HISTOGRAMS, REPORT_BYTES, REPORT_FIELDS, Kind, batch_groups, \
+    batch_message, decode_batch, decode_report, encode_batch, encode_order, encode_report, hot_key
 from protocol.eventtime import NEG_INF, NONE, POS_INF
 from protocol.tuples import BASE_TUPLE_BYTES, directory_hash, mix64, partition_of, tuple_dtype
 
@@ -39,13 +39,13 @@ def test_batch_round_trip(tuple_bytes, n_r, n_s):
     dt = tuple_dtype(tuple_bytes)
     r, s = random_rows(rng, dt, n_r), random_rows(rng, dt, n_s)
     before = time.time()
-    buf = encode_batch(Kind.BATCH, 12345, -3_250_000, r, s)
+    buf = encode_batch(12345, -3_250_000, r, s)
     after = time.time()
     assert buf.dtype == np.uint8
     assert len(buf) == HEADER.itemsize + (n_r + n_s) * tuple_bytes
     head, r2, s2 = decode_batch(buf, dt)
     assert int(head["kind"]) == Kind.BATCH and Kind(int(head["kind"])) is Kind.BATCH
-    assert int(head["epoch"]) == 12345
+    assert int(head["seq"]) == 12345 and int(head["table_rows"]) == 0
     assert int(head["watermark"]) == -3_250_000
     assert before <= float(head["sent"]) <= after  # the master's send time: the delay decomposition
     assert (int(head["n_r"]), int(head["n_s"])) == (n_r, n_s)
@@ -60,37 +60,37 @@ def test_batch_round_trip(tuple_bytes, n_r, n_s):
 def test_a_batch_message_is_built_in_an_earlier_buffer_that_is_large_enough():
     rng = np.random.default_rng(5)
     dt = tuple_dtype(64)
-    big = encode_batch(Kind.BATCH, 1, 0, random_rows(rng, dt, 300), random_rows(rng, dt, 200))
+    big = encode_batch(1, 0, random_rows(rng, dt, 300), random_rows(rng, dt, 200))
     r, s = random_rows(rng, dt, 40), random_rows(rng, dt, 70)
-    buf, body_r, body_s = batch_message(Kind.BATCH, 2, 1_500_000, len(r), len(s), dt, spare=big)
+    buf, body_r, body_s = batch_message(2, 1_500_000, len(r), len(s), dt, spare=big)
     body_r[:], body_s[:] = r, s
     assert np.shares_memory(buf, big) and len(buf) == HEADER.itemsize + 110 * 64  # exact size, in the spare
     head, r2, s2 = decode_batch(buf, dt)
-    assert int(head["epoch"]) == 2 and r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
+    assert int(head["seq"]) == 2 and r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
     assert whole_buffer(buf) is big  # kept as the next spare: a later batch up to its size fits again
-    larger, _, _ = batch_message(Kind.BATCH, 3, 2_000_000, 400, 200, dt, spare=whole_buffer(buf))
+    larger, _, _ = batch_message(3, 2_000_000, 400, 200, dt, spare=whole_buffer(buf))
     assert not np.shares_memory(larger, big) and len(larger) == HEADER.itemsize + 600 * 64  # too small: fresh
 
 
 def test_stop_message_with_infinite_watermark():
     dt = tuple_dtype(64)
     empty = np.empty(0, dtype=dt)
-    buf = encode_batch(Kind.STOP, 7, POS_INF, empty, empty)
+    buf = encode_order(Kind.STOP, 7, POS_INF)
     assert len(buf) == HEADER.itemsize
     head, r, s = decode_batch(buf, dt)
-    assert int(head["kind"]) == Kind.STOP and head["watermark"] == POS_INF and int(head["epoch"]) == 7
+    assert int(head["kind"]) == Kind.STOP and head["watermark"] == POS_INF and int(head["seq"]) == 7
     assert len(r) == 0 and len(s) == 0
     for none in (NONE, NEG_INF):  # the other sentinels travel as they are
-        assert decode_batch(encode_batch(Kind.CHECKPOINT, 1, none, empty, empty), dt)[0]["watermark"] == none
+        assert decode_batch(encode_order(Kind.CHECKPOINT, 1, none, checkpoint=2), dt)[0]["watermark"] == none
     with pytest.raises(TypeError):  # seconds as a float would be truncated to whole microseconds unseen
-        encode_batch(Kind.BATCH, 1, 2.5, empty, empty)
+        encode_batch(1, 2.5, empty, empty)
 
 
 def test_decode_survives_a_copied_buffer():
     rng = np.random.default_rng(1)
     dt = tuple_dtype(48)
     r, s = random_rows(rng, dt, 4), random_rows(rng, dt, 6)
-    raw = bytes(encode_batch(Kind.BATCH, 1, 500_000, r, s))  # as received off the wire
+    raw = bytes(encode_batch(1, 500_000, r, s))  # as received off the wire
     head, r2, s2 = decode_batch(np.frombuffer(bytearray(raw), dtype=np.uint8), dt)
     assert r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
 
@@ -99,7 +99,7 @@ def test_decode_survives_a_copied_buffer():
 def test_decode_rejects_truncated_and_oversized(tuple_bytes):
     rng = np.random.default_rng(2)
     dt = tuple_dtype(tuple_bytes)
-    buf = encode_batch(Kind.BATCH, 3, 1_000_000, random_rows(rng, dt, 3), random_rows(rng, dt, 2))
+    buf = encode_batch(3, 1_000_000, random_rows(rng, dt, 3), random_rows(rng, dt, 2))
     for cut in (0, 1, HEADER.itemsize - 1, HEADER.itemsize, HEADER.itemsize + 1, len(buf) - tuple_bytes,
                 len(buf) - 1):
         with pytest.raises(ValueError, match="bytes"):
@@ -110,6 +110,62 @@ def test_decode_rejects_truncated_and_oversized(tuple_bytes):
     other = tuple_dtype(tuple_bytes + 8)
     with pytest.raises(ValueError, match="bytes"):
         decode_batch(buf, other)
+
+
+def test_a_batch_carries_its_group_table_in_groups():
+    rng = np.random.default_rng(6)
+    dt = tuple_dtype(40)
+    r, s = random_rows(rng, dt, 5), random_rows(rng, dt, 4)
+    groups = np.array([[3, 2, 1], [9, 3, 3]])
+    buf = encode_batch(17, 2_000_000, r, s, groups)
+    assert len(buf) == HEADER.itemsize + 9 * 40 + groups.size * 8
+    head, r2, s2 = decode_batch(buf, dt)
+    assert (int(head["seq"]), int(head["table_rows"])) == (17, 2) and batch_groups(buf, head).tolist() == groups.tolist()
+    assert r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
+    assert (int(head["partition"]), int(head["peer"])) == (-1, -1)  # a batch names no partition-group, no peer
+
+
+def test_a_move_order_names_its_partition_group_and_its_peer():
+    head, r, s = decode_batch(encode_order(Kind.MOVE, 4, 1_250_000, partition=11, peer=3), tuple_dtype(64))
+    assert Kind(int(head["kind"])) is Kind.MOVE and int(head["seq"]) == 4 and head["watermark"] == 1_250_000
+    assert (int(head["partition"]), int(head["peer"]), int(head["table_rows"])) == (11, 3, 0)
+    assert len(r) == len(s) == 0
+
+
+def test_a_checkpoint_order_names_its_checkpoint_id():
+    buf = encode_order(Kind.CHECKPOINT, 8, checkpoint=42)
+    assert len(buf) == HEADER.itemsize  # the id shares the partition's eight bytes: the header keeps its size
+    head, _, _ = decode_batch(buf, tuple_dtype(40))
+    assert Kind(int(head["kind"])) is Kind.CHECKPOINT and int(head["seq"]) == 8 and int(head["checkpoint"]) == 42
+    assert head["watermark"] == NONE and int(head["peer"]) == -1
+    with pytest.raises(ValueError, match="share one header field"):
+        encode_order(Kind.CHECKPOINT, 8, partition=3, checkpoint=42)
+
+
+@pytest.mark.parametrize("kind", [Kind.SPLIT, Kind.MERGE])
+def test_split_and_merge_orders_name_their_partition_group_and_hot_key(kind):
+    buf = encode_order(kind, 6, partition=5, hot_key=(-2**40, 128, 3))
+    assert len(buf) == HEADER.itemsize + GROUP_ROW * 8
+    head, _, _ = decode_batch(buf, tuple_dtype(40))
+    assert Kind(int(head["kind"])) is kind and int(head["seq"]) == 6 and int(head["partition"]) == 5
+    assert int(head["table_rows"]) == 1 and hot_key(buf, head) == (-2**40, 128, 3)
+
+
+def test_only_split_and_merge_carry_a_hot_key_and_a_batch_is_not_an_order():
+    rng = np.random.default_rng(7)
+    dt = tuple_dtype(40)
+    batch = encode_batch(1, 0, random_rows(rng, dt, 1), random_rows(rng, dt, 1), np.array([[0, 1, 1]]))
+    for buf in (batch, encode_order(Kind.MOVE, 1, partition=2, peer=1), encode_order(Kind.SPLIT, 1, partition=2)):
+        with pytest.raises(ValueError, match="carries no hot key"):
+            hot_key(buf, decode_batch(buf, dt)[0])
+    with pytest.raises(ValueError, match="encode_batch"):
+        encode_order(Kind.BATCH, 1)
+
+
+def test_the_header_is_the_size_it_was():
+    assert HEADER.itemsize == 72 and HEADER.fields["checkpoint"][1] == HEADER.fields["partition"][1]
+    named = set(HEADER.names)
+    assert {"seq", "checkpoint", "partition", "table_rows"} <= named and not {"epoch", "groups"} & named
 
 
 def test_report_round_trip():
@@ -138,9 +194,9 @@ def test_report_refuses_a_bin_it_cannot_carry():
 def test_report_missing_counters_are_zero_and_unknown_ignored():
     hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
     hist[0, 5], hist[2, 7] = 3, 4
-    c, h = decode_report(encode_report({"epoch": 4.0, "results": 17, "bogus": 99.0}, hist))
-    assert c["epoch"] == 4.0 and c["results"] == 17.0
-    assert all(c[f] == 0.0 for f in REPORT_FIELDS if f not in ("epoch", "results"))
+    c, h = decode_report(encode_report({"seq": 4.0, "results": 17, "bogus": 99.0}, hist))
+    assert c["seq"] == 4.0 and c["results"] == 17.0
+    assert all(c[f] == 0.0 for f in REPORT_FIELDS if f not in ("seq", "results"))
     assert "bogus" not in c
     np.testing.assert_array_equal(h, hist)
 

@@ -87,7 +87,7 @@ class CheckpointDesk:
             self.open = {"id": ckpt_id, "dir": directory, "started": time.time(), "slaves": {},
                          "parts": part, "master": mine, "dispatchers": {}}
         for rank in self.slaves:
-            self.links.order(rank, Kind.CHECKPOINT, partition=ckpt_id)
+            self.links.order(rank, Kind.CHECKPOINT, checkpoint=ckpt_id)
         if self.index > 0:
             self.links.tell([0], SNAPSHOT, id=ckpt_id, part=part, master=mine)
 

@@ -69,7 +69,7 @@ class HotKeyDesk:
             self.buffers.add(STREAM_S, s, self.router.route_s(s))
             index, part = self.router.route_r(r)
             self.buffers.add(STREAM_R, r[index], part)
-            self.links.order(owner, Kind.SPLIT, partition=partition, groups=np.array([[key, first, size]]))
+            self.links.order(owner, Kind.SPLIT, partition=partition, hot_key=(key, first, size))
             others = sorted((r for r in self.controller.active if r != owner),
                             key=lambda r: self.stats.per_slave[r]["tuples_processed"])
             for j, consumer in zip(range(1, size), others):
@@ -114,7 +114,7 @@ class HotKeyDesk:
             self.buffers.add(STREAM_R, taken[0][0], np.full(len(taken[0][0]), partition))
             s = np.concatenate([t[1] for t in taken])
             self.buffers.add(STREAM_S, s, np.full(len(s), partition))
-            self.links.order(owner, Kind.MERGE, partition=partition, groups=np.array([[key, first, size]]))
+            self.links.order(owner, Kind.MERGE, partition=partition, hot_key=(key, first, size))
             pmap[first: first + size] = -1  # the slots hold no group any more
             self.log.append({"key": key, "event": "merge", "share": round(share, 4), "partition": partition,
                              "owner": owner, "seconds": round(time.time() - self.t0, 3)})

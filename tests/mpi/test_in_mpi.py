@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from protocol.messages import TAG_DATA, Kind, decode_batch, encode_batch
+from protocol.messages import TAG_DATA, decode_batch, encode_batch
 from protocol.mpi import recv_bytes, wait_probe
 from protocol.tuples import tuple_dtype
 
@@ -26,14 +26,14 @@ def test_batches_cross_real_mpi_intact():
             r, s = np.zeros(1000 * dest, dtype), np.zeros(500, dtype)
             for a in (r, s):
                 a["id"], a["key"], a["ts"] = np.arange(len(a)), rng.integers(0, 99, len(a)), rng.integers(0, 10**6, len(a))
-            buf = encode_batch(Kind.BATCH, dest, 1_500_000, r, s)
+            buf = encode_batch(dest, 1_500_000, r, s)
             sent.append((comm.Isend([buf, MPI.BYTE], dest=dest, tag=TAG_DATA), buf))
         MPI.Request.Waitall([req for req, _ in sent])
         checks = comm.gather(None, root=0)
         assert all(checks[1:])
     else:
         head, r, s = decode_batch(recv_bytes(comm, wait_probe(comm, 0, TAG_DATA, timeout=30)), dtype)
-        ok = (head["epoch"] == comm.rank and head["watermark"] == 1_500_000 and len(r) == 1000 * comm.rank
+        ok = (head["seq"] == comm.rank and head["watermark"] == 1_500_000 and len(r) == 1000 * comm.rank
               and len(s) == 500 and np.array_equal(r["id"], np.arange(len(r))))
         comm.gather(bool(ok), root=0)
 
