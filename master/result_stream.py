@@ -84,6 +84,11 @@ class ResultStream:
                          int(s["ts"].min()) if len(s) else eventtime.POS_INF)
             self.punctuator.sent(rank, seq, partitions, min_ts, floor_now)
 
+    def rerouted(self, sources, targets) -> None:
+        """Buffered tuples moved between partitions at the master (protocol.punctuation.Punctuator.rerouted)."""
+        if self.enabled:
+            self.punctuator.rerouted(sources, targets)
+
     def pump(self, future_floor: int, buffered: np.ndarray) -> int:
         """Publish what the slaves sent and a punctuation if P rose; returns the result messages taken."""
         if not self.enabled:

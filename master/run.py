@@ -59,7 +59,8 @@ class Master:
         self.metrics = Metrics(comm, cfg, self.index)
         self.distribution = DistributionDesk(cfg, slaves, buffers, controller, stats, links, self.results_out)
         self.moves = MovesDesk(self.k, controller, stats, links)
-        self.hot = HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links) if router else None
+        self.hot = HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links,
+                              self.results_out.rerouted) if router else None
         self.checkpoints = CheckpointDesk(cfg, self.index, self.k, slaves, buffers, controller, stats, links)
         self.stall = StallWatch(cfg, buffers, controller, links, coordinator=self.index == 0)
         self.done_from: set[int] = set()  #: rank 0: dispatchers that said DONE

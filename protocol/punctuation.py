@@ -31,6 +31,13 @@ class Punctuator:
         self.outstanding[(rank, seq)] = min_ts
         self.drain_floor[partitions] = floor_now
 
+    def rerouted(self, sources, targets) -> None:
+        """Buffered tuples went from partitions `sources` to `targets` (a hot key's split or merge): they bound
+        the targets' results now, so each target's floor falls to the lowest of theirs."""
+        low = int(self.drain_floor[np.asarray(sources)].min())
+        targets = np.asarray(targets)
+        self.drain_floor[targets] = np.minimum(self.drain_floor[targets], low)
+
     def done(self, rank: int, seq: int) -> None:
         """Every result of `rank`'s batch `seq` has been received."""
         self.outstanding.pop((rank, seq), None)

@@ -327,7 +327,9 @@ def hot_setup(tmp_path):
     # sub-group slots no hot key uses belong to no slave: balancing must not move a group nobody holds
     assert (p.controller.partition_map[PARTS:] == -1).all()
     sketch = FrequentKeys(64)
-    desk = HotKeyDesk(cfg, router, sketch, p.buffers, p.controller, p.stats, p.links)
+    p.rerouted = []
+    desk = HotKeyDesk(cfg, router, sketch, p.buffers, p.controller, p.stats, p.links,
+                      lambda sources, targets: p.rerouted.append((list(sources), list(targets))))
     rng = np.random.default_rng(5)
     keys = np.where(rng.random(600) < 0.5, HOT, rng.integers(100, 200, 600))
     sketch.update(keys)
@@ -365,6 +367,7 @@ def test_a_hot_key_split_routes_its_buffered_tuples_to_the_grid(tmp_path):
     assert (p.controller.partition_map[first: first + size] == owner).all()
     assert [(m.partition, m.supplier) for m in p.controller.queue] == [(first + 1, owner), (first + 2, owner)]
     assert {m.consumer for m in p.controller.queue} == {1, 2, 3} - {owner} and desk.log[0]["event"] == "split"
+    assert p.rerouted == [([home], list(range(first, first + size)))]  # the result stream's floors follow
 
 
 def split_and_cooled(tmp_path):
@@ -419,6 +422,7 @@ def test_the_merge_waits_until_the_sub_groups_were_drained_together(tmp_path):
     desk.merge()
     assert Kind(int(p.links.sent[-1][1]["kind"])) == Kind.MERGE and HOT not in router.hot
     assert (p.controller.partition_map[first: first + size] == -1).all()  # the slots are free again
+    assert p.rerouted[-1] == (list(range(first, first + size)), [home])
     r, _ = p.buffers.drain(np.array([home]))
     assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.arange(1000, 1010))  # one copy each
 

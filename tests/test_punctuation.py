@@ -41,3 +41,19 @@ def test_advance_is_strictly_increasing():
     assert p.advance(5, counts) is None
     assert p.advance(20, counts) == 20
     assert p.last == 20
+
+
+def test_tuples_rerouted_by_a_hot_key_split_keep_the_floor_of_the_partition_they_came_from():
+    # partition 0 (the hot key's home) was last drained at floor 3; sub-group slots 2 and 3 at floor 9 (an
+    # earlier hot key's): its buffered tuples now wait in 2 and 3, so those bound results from 3 on, not 9
+    p = Punctuator(4)
+    p.sent(1, 1, np.array([0]), 3, 3)
+    p.sent(1, 2, np.array([2, 3]), 9, 9)
+    p.done(1, 1)
+    p.done(1, 2)
+    counts = np.array([[0, 0, 4, 4], [0, 0, 0, 0]])
+    assert p.bound(20, counts) == 9  # without the reroute: results from 3 on could be punctuated away
+    p.rerouted([0], [2, 3])
+    assert p.bound(20, counts) == 3
+    p.rerouted([2, 3], [0])  # the merge back: the home partition takes the lowest of the sub-groups
+    assert p.drain_floor[0] == 3

@@ -21,7 +21,10 @@ from protocol.tuples import STREAM_R, STREAM_S
 
 
 class HotKeyDesk:
-    def __init__(self, cfg: dict, router, sketch, buffers, controller, stats, links):
+    def __init__(self, cfg: dict, router, sketch, buffers, controller, stats, links, rerouted=lambda s, t: None):
+        """`rerouted(sources, targets)`: told when buffered tuples move between partitions here (the result
+        stream's punctuation must not pass them: master.result_stream)."""
+        self.rerouted = rerouted
         self.threshold = cfg["hotkeys"]["threshold"]
         self.router, self.sketch = router, sketch
         self.buffers, self.controller, self.stats, self.links = buffers, controller, stats, links
@@ -65,6 +68,7 @@ class HotKeyDesk:
             size = self.router.grid_for(share, len(self.controller.active))
             first = self.router.promote(key, size)
             self.controller.partition_map[first: first + size] = owner
+            self.rerouted([partition], range(first, first + size))
             r, s = self.buffers.take_key(partition, key)
             self.buffers.add(STREAM_S, s, self.router.route_s(s))
             index, part = self.router.route_r(r)
@@ -110,6 +114,7 @@ class HotKeyDesk:
                 continue  # next time round: the owner's next batch drains all sub-groups together
             del self.cooling[key]
             self.router.demote(key)
+            self.rerouted(subs, [partition])
             taken = [self.buffers.take_key(g, key) for g in subs]
             self.buffers.add(STREAM_R, taken[0][0], np.full(len(taken[0][0]), partition))
             s = np.concatenate([t[1] for t in taken])
