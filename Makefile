@@ -8,7 +8,7 @@ CONFIG  ?=
 ARGS    ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup run test bench bench-full docs clean
+.PHONY: setup run test soak bench bench-full docs clean
 
 setup: $(STAMP)
 

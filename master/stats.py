@@ -19,7 +19,6 @@ class RunStats:
         self.started = time.time()
         self.input = {"R": 0, "S": 0}
         self.late = 0
-        self.rejected = 0
         self.results = 0
         self.splits = 0
         self.merges = 0
@@ -39,7 +38,7 @@ class RunStats:
         self.buffered_peak = 0     #: most tuples the mini-buffers ever held (at most master.buffer_capacity)
         self.elapsed_before = 0.0  #: seconds run before the checkpoint this run resumed from
 
-    _STATE = ("input", "late", "rejected", "results", "splits", "merges", "delay_max", "tuples_moved",
+    _STATE = ("input", "late", "results", "splits", "merges", "delay_max", "tuples_moved",
               "pacing_lag_max", "backlog_max")
 
     def state(self) -> dict:
@@ -52,7 +51,7 @@ class RunStats:
 
     def merge(self, other: dict) -> None:
         """Add another dispatcher's counters (its `state()`): sums, and maxima for levels and peaks."""
-        for k in ("late", "rejected", "results", "splits", "merges", "tuples_moved"):
+        for k in ("late", "results", "splits", "merges", "tuples_moved"):
             setattr(self, k, getattr(self, k) + other[k])
         for stream, n in other["input"].items():
             self.input[stream] += n
@@ -117,7 +116,7 @@ class RunStats:
             "input_total": self.ingested,
             "results": self.results,
             "late": self.late,
-            "rejected": self.rejected,
+            "rejected": 0,  # the source counts what it set aside: its finish() entries replace this
             "wall_seconds": round(wall, 3),
             "throughput_tuples_per_s": round(self.ingested / wall, 1) if wall > 0 else 0.0,
             "delay_seconds": {"p50": p50, "p95": p95, "p99": p99, "max": self.delay_max,
