@@ -15,7 +15,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from protocol.config import endpoint_is_local
-from protocol.dashboard import DashboardServer, finite
+from protocol.dashboard import DashboardServer
+from protocol.strict_json import finite
 
 
 def load(out: Path) -> dict:

@@ -26,7 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from master.stats import RunStats
 from protocol import delays, eventtime
-from protocol.dashboard import DashboardServer, finite, sample_schema
+from protocol.dashboard import DashboardServer, sample_schema
+from protocol.strict_json import finite
 from protocol.messages import TAG_METRICS
 from protocol.output import write_table
 
@@ -185,14 +186,14 @@ class Metrics:
             "seq": self.seq, "time": now, "elapsed": m.stats.elapsed_before + now - m.stats.started,
             "input_r": stats.input["R"], "input_s": stats.input["S"], "results": stats.results,
             "late": stats.late, "rejected": int(sum(self._rejected.values())),
-            "delay_p50": _finite(p50), "delay_p99": _finite(p99),
+            "delay_p50": finite(p50), "delay_p99": finite(p99),
             "buffered": len(m.buffers) + sum(self._others[d]["buffered"] for d in self._others),
             "backlog_max_seconds": max(stats.backlog_max, 0.0), "pacing_lag_max_seconds": max(stats.pacing_lag_max, 0.0),
-            "watermark": [_finite(eventtime.bound_seconds(t - max_delay)) for t in tops],
+            "watermark": [finite(eventtime.bound_seconds(t - max_delay)) for t in tops],
             "moves": len(c.moves_log), "tuples_moved": stats.tuples_moved, "reorganizations": c.reorganizations,
             "partition_splits": stats.splits, "partition_merges": stats.merges,
             "checkpoints": m.checkpoints.written,
-            "checkpoint_age_seconds": _finite(elapsed_run - done[-1]["seconds"]) if done else None,
+            "checkpoint_age_seconds": finite(elapsed_run - done[-1]["seconds"]) if done else None,
             "checkpoint_duration_seconds": done[-1]["duration"] if done else None,
             "slaves": list(m.slaves), "active": [r in c.active for r in m.slaves],
             "busy_seconds": [per[r]["busy_seconds"] for r in m.slaves],
@@ -330,7 +331,3 @@ def _histogram(name: str, doc: str, rows, labels=()) -> HistogramMetricFamily:
         buckets = [(repr(float(e)), int(cum[i])) for e, i in zip(BUCKET_EDGES, _BUCKET_INDEX)]
         fam.add_metric(list(values), buckets + [("+Inf", int(cum[-1]))], sum_value=float(hist @ _MIDDLES))
     return fam
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None

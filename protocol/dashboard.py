@@ -8,8 +8,6 @@ The server runs in a daemon thread and only reads what its callbacks return.
 """
 from __future__ import annotations
 
-import json
-import math
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,6 +16,8 @@ from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 import pyarrow as pa
+
+from protocol.strict_json import json_text
 
 PAGE = Path(__file__).with_name("dashboard.html")
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -39,17 +39,6 @@ def sample_schema() -> pa.Schema:
     hot = pa.struct([("key", i64), ("first", i64), ("size", i64), ("slaves", pa.list_(i64))])
     return pa.schema([*scalars, *((n, pa.list_(t)) for n, t in per_slave), ("partition_map", pa.list_(i64)),
                       ("moving", pa.list_(i64)), ("hot_keys", pa.list_(hot))])
-
-
-def finite(obj):
-    """`obj` with every non-finite float as None (JSON has no NaN or infinity)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
-    return obj
 
 
 class DashboardServer:
@@ -88,7 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, "text/html; charset=utf-8", PAGE.read_bytes())
         elif url.path == "/api/data":
             since = int(parse_qs(url.query).get("since", ["0"])[0] or 0)
-            self._send(200, "application/json", json.dumps(self.data(since), allow_nan=False).encode())
+            self._send(200, "application/json", json_text(self.data(since)).encode())
         elif url.path == "/metrics" and self.exposition is not None:
             self._send(200, PROMETHEUS_TYPE, self.exposition())
         else:
