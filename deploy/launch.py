@@ -16,11 +16,13 @@ codes are the master's (0 done or stopped, 2 a user mistake, else a crash).
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from master.cli import checked_config
@@ -63,9 +65,27 @@ def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, mod
     return cmd + [sys.executable, "-m", module, *args]
 
 
+_session_files: str | None = None
+
+
+def session_tmpdir() -> str:
+    """A fresh folder for one mpirun's session files (its TMPDIR), removed when this process exits.
+
+    Open MPI keeps its PMIx rendezvous sockets in `$TMPDIR/ompi.<mpirun pid>/`; an mpirun that is killed leaves
+    them behind, and a later mpirun that gets the same pid (pids wrap at 32768 on many machines) cannot bind
+    them: "The PMIx server's listener thread failed to start", exit 213, before any rank runs.  One folder per
+    launch, made here, cannot hold another run's leftovers."""
+    global _session_files
+    if _session_files is None:
+        _session_files = tempfile.mkdtemp(prefix="streamjoin-mpi.")
+        atexit.register(shutil.rmtree, _session_files, True)
+    return tempfile.mkdtemp(dir=_session_files)
+
+
 def mpi_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(MPI_ENV)
+    env["TMPDIR"] = session_tmpdir()
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env

@@ -69,3 +69,27 @@ def test_ctrl_c_stops_cleanly_with_every_result_of_the_accepted_prefix(tmp_path)
     expected, _ = reference_pairs(data.stream[:taken], data.id[:taken], data.ts[:taken], data.key[:taken], 0.5, 0.2)
     run = Run(out, subprocess.CompletedProcess([], 0, "", err))
     assert np.array_equal(run.pairs(), expected)
+
+
+def test_a_killed_mpiruns_leftover_sockets_do_not_stop_the_next_launch(tmp_path):
+    """A killed mpirun leaves its PMIx rendezvous sockets in $TMPDIR/ompi.<pid>/; an mpirun that later got the
+    same pid could not bind them ("listener thread failed to start", exit 213: it failed a CI run).  Leftovers
+    planted for the next pids in the user's TMPDIR must not matter: each launch has a folder of its own."""
+    import os
+    import socket
+
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid_max = int(f.read())
+    nxt = os.getpid()
+    for pid in {(nxt + i) % pid_max for i in range(1, 1500)}:
+        folder = tmp_path / f"ompi.{pid}"
+        folder.mkdir()
+        for name in (f"pmix.vm.tool.{pid}", "pmix.vm.tool", f"pmix.vm.tool.prterun-vm-{pid}@0"):
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(str(folder / name))
+            s.close()
+    proc = subprocess.run([sys.executable, "-m", "deploy.launch", "-n", "2", "--module", "platform"], cwd=ROOT,
+                          env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert len(proc.stdout.splitlines()) == 2  # both ranks ran
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("ompi.")) == []  # and cleaned up
