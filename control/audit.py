@@ -42,6 +42,7 @@ if __package__ in (None, ""):  # run as a file (spark-submit control/audit.py): 
 
 import numpy as np
 
+from control.audit_metrics import DEFAULT_ENDPOINT, AuditMetrics
 from protocol import checkpoint
 from protocol.config import ConfigError
 from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
@@ -515,9 +516,11 @@ def clamp(target: Target, start: int, end: int) -> int:
     return target.watermark
 
 
-def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: float, log=print) -> int:
+def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: float, log=print,
+           metrics=None) -> int:
     """Audit [start, start + step), [start + step, ...) (seconds) as the watermark passes each; once the run
-    has finished, the rest in one range.  Returns the exit code over all ranges."""
+    has finished, the rest in one range.  Each verdict also goes to `metrics` (control.audit_metrics) if
+    given.  Returns the exit code over all ranges."""
     worst = EXACT
     start, step = instant(start), duration(step)
     while True:
@@ -525,6 +528,8 @@ def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: flo
         while target.finished or start + step <= target.watermark:
             end = POS_INF if target.finished else start + step
             r = audit_range(spark, target, start, end, sample)
+            if metrics is not None:
+                metrics.record(r)
             log(table([r]).splitlines()[1] + ("" if r["verdict"] == "exact" else "   " + verdict(r)))
             worst = max(worst, EXACT if r["verdict"] == "exact" else DIFFERENT)
             if end == POS_INF:
@@ -547,6 +552,9 @@ def main(argv: list[str], spark=None) -> int:
                    help="audit each range of --step seconds as the watermark passes it, until the run finishes")
     p.add_argument("--step", type=float, default=10.0, help="with --follow: seconds of event time per range")
     p.add_argument("--poll", type=float, default=5.0, help="with --follow: seconds between looks at the checkpoints")
+    p.add_argument("--metrics", default=None, metavar="HOST:PORT",
+                   help=f"with --follow: serve the verdicts as Prometheus metrics here (default {DEFAULT_ENDPOINT}; "
+                        "\"\" off)")
     add_arguments(p)
     a = p.parse_args(argv)
     sample = a.sample if a.sample is not None else (0.1 if a.follow else 1.0)
@@ -562,10 +570,15 @@ def main(argv: list[str], spark=None) -> int:
         cfg = config(a)
         target = run_state(cfg)
         end = end if a.follow else clamp(target, start, end)
+        endpoint = (DEFAULT_ENDPOINT if a.metrics is None else a.metrics) if a.follow else ""
+        metrics = AuditMetrics(endpoint, cfg) if endpoint else None
         spark = spark or session(a.spark_master, "streamjoin-audit")
         if a.follow:
+            if metrics:
+                print(f"audit: verdicts as metrics on {metrics.url}", file=sys.stderr, flush=True)
             print(table([]), flush=True)
-            return follow(spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True))
+            return follow(spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True),
+                          metrics=metrics)
         report = audit_range(spark, target, start, end, sample)
     except (AuditError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -254,7 +254,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     if cfg["hotkeys"]["grid"] < 2:
         raise ConfigError(f"hotkeys.grid: must be at least 2, got {cfg['hotkeys']['grid']!r}")
     _check_endpoints(cfg)
-    _check_metrics_endpoint(cfg)
+    check_http_endpoint("metrics.endpoint", cfg["metrics"]["endpoint"], cfg)
     if slaves is not None:
         slaves -= cfg["cluster"]["dispatchers"] - 1  # the ranks after the dispatchers
         if slaves < 1:
@@ -302,17 +302,17 @@ def dispatcher_endpoint(endpoint: str, index: int) -> str:
     return f"{host}:{int(port) + index}"
 
 
-def _check_metrics_endpoint(cfg: dict[str, dict[str, Any]]) -> None:
-    """The HTTP endpoint of metrics and dashboard: HOST:PORT, off loopback only with security.allow_remote
-    (plain HTTP: it has no CURVE, so whoever reaches the port reads the metrics)."""
-    ep = cfg["metrics"]["endpoint"]
+def check_http_endpoint(name: str, ep: str, cfg: dict[str, dict[str, Any]]) -> None:
+    """An HTTP endpoint of metrics (the master's metrics.endpoint, the audit's --metrics): HOST:PORT, off
+    loopback only with security.allow_remote (plain HTTP: it has no CURVE, so whoever reaches the port reads
+    the metrics)."""
     if not ep:
         return
     host, _, port = ep.rpartition(":")
     if not host or "/" in host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"metrics.endpoint: expected HOST:PORT (e.g. 127.0.0.1:9464) or \"\" (off), got {ep!r}")
+        raise ConfigError(f"{name}: expected HOST:PORT (e.g. 127.0.0.1:9464) or \"\" (off), got {ep!r}")
     if not endpoint_is_local(ep) and not cfg["security"]["allow_remote"]:
-        raise ConfigError(f"metrics.endpoint: {ep!r} is not a loopback address; binding there needs "
+        raise ConfigError(f"{name}: {ep!r} is not a loopback address; binding there needs "
                           "security.allow_remote = true")
 
 

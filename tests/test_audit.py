@@ -4,9 +4,11 @@ result and late files, each with its count and its pair or tuple in the diff fil
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import threading
+import urllib.request
 from decimal import Decimal
 
 import numpy as np
@@ -16,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from control import audit
+from control.audit_metrics import AuditMetrics
 from protocol import checkpoint, eventtime
 from protocol.config import load_config
 from protocol.output import RESULT_SCHEMA, read_tables
@@ -303,7 +306,12 @@ def test_a_crashed_run_is_exact_below_its_checkpoint_and_followed_through_its_re
                                                            extra_args=["--recover"]))
     recovery.start()
     lines = []
-    code = audit.follow(spark, cfg, -1.0, 1.0, 1.0, poll=0.2, log=lines.append)
+    metrics = AuditMetrics("127.0.0.1:0", cfg)
+    try:
+        code = audit.follow(spark, cfg, -1.0, 1.0, 1.0, poll=0.2, log=lines.append, metrics=metrics)
+        scraped = urllib.request.urlopen(metrics.url, timeout=10).read().decode()
+    finally:
+        metrics.close()
     recovery.join()
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert code == audit.EXACT and summary["checkpoints"]["recovered_from"] is not None, lines
@@ -312,6 +320,13 @@ def test_a_crashed_run_is_exact_below_its_checkpoint_and_followed_through_its_re
     assert live >= 2 and [x["range"] for x in reports[:live]] == [f"{i}-{i + 1}" for i in range(-1, live - 1)]
     assert reports[-1]["range"].endswith("-end") and reports[-1]["run"] == "finished run"
     assert sum(x["found"] for x in reports) == summary["results"] == len(reference(settings))
+    # the verdicts as metrics: every range counted exact, the pairs found add up to the run's results
+    metric = lambda name, label="": float(re.search(rf"^{name}{label} (\S+)$", scraped, re.M).group(1))
+    assert metric("streamjoin_audit_ranges_total", '{verdict="exact"}') == len(reports)
+    assert metric("streamjoin_audit_ranges_total", '{verdict="different"}') == 0
+    assert metric("streamjoin_audit_pairs_total", '{outcome="found"}') == summary["results"]
+    assert metric("streamjoin_audit_pairs_total", '{outcome="missing"}') == 0
+    assert metric("streamjoin_audit_input_tuples_total") == sum(x["input_tuples"] for x in reports)
 
 
 def test_usage_mistakes_exit_2_with_a_message(tmp_path, capsys):
@@ -326,3 +341,6 @@ def test_usage_mistakes_exit_2_with_a_message(tmp_path, capsys):
     assert audit.main(["--config", str(cfg), "--from", "3", "--to", "1"]) == audit.USAGE
     assert audit.main(["--config", str(cfg), "--set", "join.nope=1"]) == audit.USAGE
     assert "unknown key join.nope" in capsys.readouterr().err
+    follow = ["--config", str(cfg), "--follow", "--from", "0", "--metrics"]
+    assert audit.main(follow + ["10.1.2.3:9465"]) == audit.USAGE
+    assert "--metrics: '10.1.2.3:9465' is not a loopback address" in capsys.readouterr().err
