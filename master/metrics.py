@@ -70,6 +70,7 @@ class Metrics:
         self._receiving: dict[int, tuple[MPI.Request, bytearray]] = {}
         self.log_interval, self._log_rows, self._log_files, self._next_log = mc["log_interval"], [], 0, 0.0
         self._stamp = time.strftime("%Y%m%dT%H%M%S")  #: a resumed run's log files sit beside the first run's
+        self._last_input: dict[str, tuple[int, float]] = {}  #: per stream: its input count and when it last rose
         self.server = None
         if not self.enabled or index > 0:
             return
@@ -182,10 +183,14 @@ class Metrics:
         done = m.checkpoints.log
         hot_log = [] if m.hot is None else m.hot.log
         elapsed_run = now - m.ingest.t0
+        for stream in ("R", "S"):  # an idle stream: no new input since (Flink's idle sources)
+            count, since = self._last_input.get(stream, (-1, now))
+            self._last_input[stream] = (count, since) if stats.input[stream] == count else (stats.input[stream], now)
         sample = {
             "seq": self.seq, "time": now, "elapsed": m.stats.elapsed_before + now - m.stats.started,
             "input_r": stats.input["R"], "input_s": stats.input["S"], "results": stats.results,
             "late": stats.late, "rejected": int(sum(self._rejected.values())),
+            "idle_seconds_r": now - self._last_input["R"][1], "idle_seconds_s": now - self._last_input["S"][1],
             "delay_p50": finite(p50), "delay_p99": finite(p99),
             "buffered": len(m.buffers) + sum(self._others[d]["buffered"] for d in self._others),
             "backlog_max_seconds": max(stats.backlog_max, 0.0), "pacing_lag_max_seconds": max(stats.pacing_lag_max, 0.0),
@@ -312,6 +317,8 @@ class Metrics:
                       [((e,), view["hot_events"].get(e, 0)) for e in ("split", "merge")])
         yield gauge("watermark_seconds", "event time below which no on-time tuple can still arrive, per dispatcher",
                     None, ("dispatcher",), [((str(d),), w) for d, w in enumerate(s["watermark"])])
+        yield gauge("stream_idle_seconds", "seconds since the stream's input count last rose", None, ("stream",),
+                    [(("R",), s["idle_seconds_r"]), (("S",), s["idle_seconds_s"])])
         yield gauge("buffered_tuples", "tuples in the master's mini-buffers", s["buffered"])
         yield gauge("buffer_capacity_tuples", "master.buffer_capacity (per dispatcher)", view["capacity"])
         yield gauge("backlog_max_seconds", "longest a tuple waited beyond one distribution epoch", s["backlog_max_seconds"])

@@ -22,7 +22,7 @@ from deploy.launch import mpi_env, mpirun_command
 from master.metrics import BUCKET_EDGES, _histogram
 from protocol import delays
 from protocol.config import ConfigError, load_config
-from tests.cluster import write_config
+from tests.cluster import run_cluster, write_config
 from tests.test_zmq_cluster import free_port
 
 #: a paced run long enough to be scraped a few times: 6,000 tuples/s, with checkpoints
@@ -180,6 +180,24 @@ def test_scraped_counters_rise_during_a_paced_run_and_agree_with_the_summary(tmp
     assert summary["checkpoints"]["written"] >= 1 and len(summary["checkpoints"]["log"]) == summary["checkpoints"]["written"]
 
 
+def test_a_stream_that_stops_is_shown_idle_while_the_other_flows(tmp_path):
+    """streamjoin_stream_idle_seconds: S's input ends after the first of 4 s of paced input, R's goes on."""
+    n = 12_000
+    ts = np.arange(n) * (4.0 / n)
+    stream = np.where((np.arange(n) % 2 == 0) | (ts >= 1.0), "R", "S")
+    rows = "".join(f"{s},{i},{t:.6f},{i % 50},1.0\n" for i, (s, t) in enumerate(zip(stream, ts)))
+    (tmp_path / "in.csv").write_text("stream,id,ts,key,value\n" + rows)
+    run = run_cluster(tmp_path, 3, {"source.kind": "file", "source.path": str(tmp_path / "in.csv"),
+                                    "source.rate": n / 4.0, "join.window": 0.1, "metrics.log_interval": 1.0})
+    assert run.returncode == 0, run.stderr[-2000:]
+    final = parse((run.out / "metrics.prom").read_text())
+    idle_r = final[("streamjoin_stream_idle_seconds", (("stream", "R"),))]
+    idle_s = final[("streamjoin_stream_idle_seconds", (("stream", "S"),))]
+    assert idle_s - idle_r >= 2.0, (idle_r, idle_s)  # S stopped 3 s of input before R
+    log = sorted(pq.read_table(run.out / "metrics").to_pylist(), key=lambda r: r["time"])
+    assert max(r["idle_seconds_r"] for r in log[:-1]) < 2.0  # R rose at every sample while it flowed
+
+
 def test_two_dispatchers_rank_0_serves_both_counters(tmp_path):
     port = free_port()
     proc = start(tmp_path, {**PACED, "cluster.dispatchers": 2, "metrics.endpoint": f"127.0.0.1:{port}",
@@ -195,7 +213,6 @@ def test_two_dispatchers_rank_0_serves_both_counters(tmp_path):
 
 
 def test_moves_and_hot_keys_are_counted_as_the_summary_counts_them(tmp_path):
-    from tests.cluster import run_cluster
     from tests.test_hotkeys import HOT
     run = run_cluster(tmp_path, 4, {**HOT, "generator.duration": 4.0, "generator.seed": 1, "source.rate": 6000.0})
     assert run.returncode == 0, run.stderr
