@@ -38,11 +38,13 @@ bench: $(STAMP)
 	$(BIN)/python -m bench --quick
 	$(BIN)/python -m bench.balance --quick --repeats 1
 	$(BIN)/python -m bench.hotkeys --quick --repeats 1
+	$(BIN)/python -m bench.metrics_cost --quick --repeats 3
 
 bench-full: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.balance
 	$(BIN)/python -m bench.hotkeys
+	$(BIN)/python -m bench.metrics_cost
 
 # the configuration reference, made from protocol/config.py's defaults (tests/test_config.py checks it is current)
 docs: $(STAMP)

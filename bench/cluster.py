@@ -92,11 +92,12 @@ def _end_session(pid: int) -> None:
 
 
 def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, module: str = "master",
-                env: dict[str, str] | None = None) -> dict:
+                env: dict[str, str] | None = None, keep=None) -> dict:
     """One `mpirun -n ranks python -m master --set ...` into workdir; its summary.json, plus its peak RSS.
 
     `module` and `env` replace the rank program and add environment variables (bench.balance runs
-    every rank through the CPU-pinning wrapper `bench.busy`).
+    every rank through the CPU-pinning wrapper `bench.busy`); `keep(out)` takes what it needs from the
+    output folder (as `kept` in the summary) before the folder is removed.
 
     The run gets a session of its own so a hung (or interrupted) run can be ended
     completely; os.wait4 gives the largest RSS of any process in it (prterun reaps
@@ -130,6 +131,8 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
     results = read_tables(out / "results", ["delay"])
     delays = results["delay"].to_numpy() if results is not None else np.empty(0)
     s["delay_exact"] = dict(zip(("p50", "p95", "p99"), exact_percentiles(delays)))
+    if keep is not None:
+        s["kept"] = keep(out)
     shutil.rmtree(workdir)  # result files can be large; the summary is all we need
     return s
 

@@ -480,3 +480,15 @@ def test_bench_runs_the_cluster_on_the_generated_file_with_the_same_results(tmp_
             for kind in ("generator", "file")}
     assert runs["file"]["input_total"] == runs["generator"]["input_total"] > 5000
     assert runs["file"]["results"] == runs["generator"]["results"] > 0
+
+
+def test_metrics_timeline_rates_come_from_successive_samples_of_the_log():
+    from bench.metrics_cost import timeline
+    samples = [{"elapsed": t, "input_r": 100 * t * t, "input_s": 50 * t, "results": 7 * t, "delay_p50": 0.1 * t,
+                "delay_p99": 0.2 * t, "busy_seconds": [0.5 * t, 0.25 * t * t]} for t in (1.0, 2.0, 4.0)]
+    line = timeline(samples)
+    assert line["elapsed"] == [2.0, 4.0]
+    assert line["input_per_s"] == [(500 - 150) / 1, (1800 - 500) / 2]  # R + S: 150, 500, 1800 at t = 1, 2, 4
+    assert line["results_per_s"] == [7.0, 7.0]
+    assert line["busy_share"] == [[0.5, 0.75], [0.5, 1.5]]
+    assert line["delay_p99"] == [0.4, 0.8]

@@ -1,0 +1,120 @@
+"""`python -m bench.metrics_cost [--quick] [--repeats 5] [--slaves 2] [--out bench-report]`: what the metrics cost.
+
+The same unpaced runs of the default workload with the metrics off (`metrics.endpoint = ""`, no log) and on
+(endpoint, dashboard and a Parquet log every second), alternated off/on so the machine's drift falls on both;
+the in-run rate (tuples/s) of each, and the ratio of their medians: the issue's target is a cost of at most
+2% (ratio >= 0.98).  Then one paced run at half the median rate with the metrics on, and its timeline
+plotted from its metrics log (`metrics/*.parquet`): input and result rates, delay p50/p99, per-slave busy
+share, as an operator would plot a run.  Output: metrics.md, metrics.json, metrics-timeline.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from bench.cluster import RunFailed, run_cluster
+from bench.machine import machine_info
+from bench.search import median
+from bench.tables import fmt, md_table
+
+TARGET = 0.98
+MODES = {"off": ["metrics.endpoint=", "metrics.log_interval=0"],
+         "on": ["metrics.endpoint=127.0.0.1:0", "metrics.log_interval=1", "output.progress=1"]}
+
+
+def read_log(out: Path) -> list[dict]:
+    """The run's metrics log, one dict per sample in time order."""
+    return sorted(pq.read_table(out / "metrics").to_pylist(), key=lambda r: r["time"])
+
+
+def timeline(samples: list[dict]) -> dict[str, list]:
+    """Per interval between samples: elapsed s, input and result rates, delay p50/p99, busy share per slave."""
+    t = [s["elapsed"] for s in samples]
+    rate = lambda f: [(f(b) - f(a)) / (b["elapsed"] - a["elapsed"]) for a, b in zip(samples, samples[1:])]
+    busy = [[(y - x) / (b["elapsed"] - a["elapsed"]) for x, y in zip(a["busy_seconds"], b["busy_seconds"])]
+            for a, b in zip(samples, samples[1:])]
+    return {"elapsed": t[1:], "input_per_s": rate(lambda s: s["input_r"] + s["input_s"]),
+            "results_per_s": rate(lambda s: s["results"]), "delay_p50": [s["delay_p50"] for s in samples[1:]],
+            "delay_p99": [s["delay_p99"] for s in samples[1:]], "busy_share": busy}
+
+
+def plot(out: Path, line: dict) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6), dpi=110)
+    x = line["elapsed"]
+    axes[0].plot(x, line["input_per_s"], label="input")
+    axes[0].plot(x, line["results_per_s"], label="results")
+    axes[0].set(title="tuples / s (metrics log)", xlabel="run time, s")
+    axes[0].legend()
+    axes[1].plot(x, line["delay_p50"], label="p50")
+    axes[1].plot(x, line["delay_p99"], label="p99")
+    axes[1].set(title="delay, s", xlabel="run time, s", yscale="log")
+    axes[1].legend()
+    for i, share in enumerate(zip(*line["busy_share"]) if line["busy_share"] else []):
+        axes[2].plot(x, share, label=f"slave {i + 1}")
+    axes[2].set(title="busy share per slave", xlabel="run time, s", ylim=(0, 1.05))
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    png = out / "metrics-timeline.png"
+    fig.savefig(png)
+    plt.close(fig)
+    return png
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.metrics_cost", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="30 s of event time per run instead of 60 s")
+    p.add_argument("--repeats", type=int, default=5, help="off/on pairs (default 5)")
+    p.add_argument("--slaves", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("bench-report"))
+    p.add_argument("--timeout", type=float, default=600.0)
+    a = p.parse_args(argv)
+    workload = [f"generator.duration={30.0 if a.quick else 60.0}"]
+    data = {"command": "python -m bench.metrics_cost " + " ".join(argv), "machine": machine_info(),
+            "workload": workload, "slaves": a.slaves, "runs": {m: [] for m in MODES}}
+    try:
+        with tempfile.TemporaryDirectory(prefix="streamjoin-metrics-") as tmp:
+            for i in range(a.repeats):
+                for mode, settings in MODES.items():
+                    s = run_cluster(a.slaves + 1, [*workload, *settings], Path(tmp) / f"{mode}-{i}", a.timeout)
+                    data["runs"][mode].append(s["throughput_tuples_per_s"])
+                    print(f"[{mode:>3} #{i + 1}] {s['throughput_tuples_per_s']:,.0f} tuples/s in-run", flush=True)
+            data["medians"] = {m: median(r) for m, r in data["runs"].items()}
+            data["ratio"] = round(data["medians"]["on"] / data["medians"]["off"], 4)
+            rate = round(data["medians"]["off"] / 2)
+            s = run_cluster(a.slaves + 1, [*workload, *MODES["on"], f"source.rate={rate}"], Path(tmp) / "timeline",
+                            a.timeout, keep=lambda out: timeline(read_log(out)))
+            data["timeline"] = {"rate": rate, **s["kept"]}
+    except RunFailed as e:
+        print(f"bench.metrics_cost: a run failed: {e}", file=sys.stderr)
+        return 1
+    met = data["ratio"] >= TARGET
+    rows = [[m, *(fmt(x, ",.0f") for x in runs), fmt(data["medians"][m], ",.0f")] for m, runs in data["runs"].items()]
+    table = md_table(["metrics", *(f"run {i + 1}" for i in range(a.repeats)), "median"], rows)
+    verdict = (f"on/off = {data['ratio']:.3f} (target >= {TARGET}: {'met' if met else 'NOT met'}; "
+               f"each side's runs above show the machine's noise)")
+    m = data["machine"]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "metrics.json").write_text(json.dumps(data, indent=2))
+    png = plot(a.out, data["timeline"])
+    (a.out / "metrics.md").write_text("\n".join([
+        "# What the metrics cost", "", f"`{data['command'].strip()}` — {m['date']}", "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {a.slaves} slaves + master; workload "
+        f"`{' '.join(workload)}`, unpaced; in-run tuples/s, off and on alternated.", "", table, "", verdict, "",
+        f"A paced run at {data['timeline']['rate']:,} tuples/s (half the off median), plotted from its metrics log:",
+        "", f"![timeline]({png.name})", ""]))
+    print(table + "\n" + verdict)
+    print(f"wrote {a.out / 'metrics.md'}, {a.out / 'metrics.json'}, {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
