@@ -47,6 +47,9 @@ def run_numbers(s: dict) -> dict:
             "tuples_moved": s.get("tuples_moved", 0), "moves": len(s.get("balance", {}).get("moves", [])),
             "slaves": {r: {k: v[k] for k in ("tuples_processed", "window_tuples", "window_bytes", "busy_seconds",
                                              "comm_seconds")} for r, v in s["slaves"].items()},
+            "first_tuple_seconds": s.get("startup", {}).get("first_tuple_seconds"),  # from the launch
+            "process_seconds": s.get("process_seconds"),  # mpirun's start to its exit
+            "pss_mb": round(sum(s["startup"]["pss_before_data_bytes"].values()) / 2**20, 1) if "startup" in s else None,
             "rank_rss_mb": {"0": round(s["master_peak_rss_bytes"] / 2**20, 1),
                             **{r: round(v["peak_rss_bytes"] / 2**20, 1) for r, v in s["slaves"].items()}}}
 
@@ -106,6 +109,7 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
     workdir.mkdir(parents=True)
     out = workdir / "out"
     args = [a for kv in [*settings, f"output.path={out}", "output.progress=0"] for a in ("--set", kv)]
+    began = time.monotonic()
     with open(workdir / "stdout", "wb") as so, open(workdir / "stderr", "wb") as se:
         proc = subprocess.Popen(mpirun_command(ranks, args, module=module), env={**mpi_env(), **(env or {})},
                                 stdout=so, stderr=se,
@@ -119,6 +123,7 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
         if timed_out:
             _end_session(proc.pid)
         _, status, usage = os.wait4(proc.pid, 0)
+        process_seconds = round(time.monotonic() - began, 2)
         proc.returncode = os.waitstatus_to_exitcode(status)
     tail = "\n".join((workdir / "stderr").read_text(errors="replace").splitlines()[-30:])
     summary = out / "summary.json"
@@ -127,6 +132,7 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
         raise RunFailed(f"{why}: {' '.join(proc.args)}\n--- stderr tail ---\n{tail}")
     s = json.loads(summary.read_text())
     s["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux reports KiB
+    s["process_seconds"] = process_seconds
     # every result row carries its delay: the exact percentiles, not the upper edges of the summary's bins
     results = read_tables(out / "results", ["delay"])
     delays = results["delay"].to_numpy() if results is not None else np.empty(0)

@@ -23,11 +23,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from master.cli import checked_config
 from protocol.config import ConfigError
 from protocol.lifetime import USER_ERROR, die_with_parent, exit_code
+from protocol.startup import LAUNCHED
 
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -86,6 +88,7 @@ def mpi_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(MPI_ENV)
     env["TMPDIR"] = session_tmpdir()
+    env[LAUNCHED] = repr(time.time())  # the summary's start-up times count from here (protocol.startup)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env

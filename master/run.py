@@ -33,6 +33,7 @@ from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
 from protocol import eventtime
 from protocol.messages import Ack
+from protocol.startup import launched_at, pss_bytes
 from protocol.tuples import tuple_dtype
 
 
@@ -135,6 +136,7 @@ class Master:
         ingest, distribution, checkpoints = self.ingest, self.distribution, self.checkpoints
         slot = self.cfg["epochs"]["distribution"] / len(distribution.subgroups)
         progress = self.cfg["output"]["progress"]
+        self.stats.launched, self.stats.pss_start = launched_at(), pss_bytes()
         self.links.wait_all_started()
         self.stats.started = time.time()
         t0 = checkpoints.t0 = ingest.start(self.stats.started)
@@ -148,6 +150,8 @@ class Master:
             if self._stop_requested:
                 ingest.exhausted = True
             worked = ingest.ingest(now, now >= next_slot) + self._route_reports()
+            if self.stats.first_tuple is None and self.stats.ingested:
+                self.stats.first_tuple = now
             worked += self.results_out.pump(eventtime.POS_INF if ingest.exhausted else ingest.frontier(),
                                             self.buffers.counts)
             if now >= next_slot:
@@ -222,6 +226,7 @@ class Master:
         while self.links.busy:
             if not self._route_reports():
                 time.sleep(1e-3)
+        self.stats.last_result = time.time()  # the slaves' final reports: their results are written
         self.checkpoints.finish()
         self.ingest.flush()
         self.metrics.finish(self)

@@ -28,7 +28,8 @@ class RunStats:
         #: slots_missed: slots at which the slave was still joining its last batch (its tuples wait an epoch more)
         self.per_slave = {r: {"tuples_processed": 0, "window_tuples": 0, "window_bytes": 0, "busy_seconds": 0.0,
                               "results": 0, "epochs": 0, "slots_missed": 0, "result_files": 0,
-                              "peak_rss_bytes": 0, "cpu_seconds": 0.0, "comm_seconds": 0.0} for r in slaves}
+                              "peak_rss_bytes": 0, "pss_start_bytes": 0, "cpu_seconds": 0.0, "comm_seconds": 0.0}
+                          for r in slaves}
         self._last_line = (self.started, 0)  #: (time, tuples in) at the last progress line
         self.stopped_by_signal = False
         self.tuples_moved = 0
@@ -37,6 +38,10 @@ class RunStats:
         self.backlog_max = 0.0
         self.buffered_peak = 0     #: most tuples the mini-buffers ever held (at most master.buffer_capacity)
         self.elapsed_before = 0.0  #: seconds run before the checkpoint this run resumed from
+        #: start-up (protocol.startup): unix times of the launch, all ranks ready, the first tuple ingested,
+        #: the last result written (the slaves' final reports in); the master's PSS before data
+        self.launched = self.first_tuple = self.last_result = None
+        self.pss_start = 0
 
     _STATE = ("input", "late", "results", "splits", "merges", "delay_max", "tuples_moved",
               "pacing_lag_max", "backlog_max")
@@ -60,7 +65,7 @@ class RunStats:
         self.delay_max = max(self.delay_max, other["delay_max"])
         self.pacing_lag_max = max(self.pacing_lag_max, other["pacing_lag_max"])
         self.backlog_max = max(self.backlog_max, other["backlog_max"])
-        levels = ("window_tuples", "window_bytes", "peak_rss_bytes", "cpu_seconds", "comm_seconds")
+        levels = ("window_tuples", "window_bytes", "peak_rss_bytes", "pss_start_bytes", "cpu_seconds", "comm_seconds")
         for rank, theirs in other["per_slave"].items():
             mine = self.per_slave[int(rank)]
             for k, v in theirs.items():
@@ -89,6 +94,7 @@ class RunStats:
         s["epochs"] += int(c["ack"] == 0)  # batches (and the stop), not move acknowledgements
         s["result_files"] += int(c["files"])
         s["peak_rss_bytes"] = max(s["peak_rss_bytes"], int(c["rss"]))
+        s["pss_start_bytes"] = int(c["pss_start"])
         s["cpu_seconds"] = round(c["cpu"], 3)
         s["comm_seconds"] = round(c["comm"], 3)
         self.results += int(c["results"])
@@ -135,8 +141,19 @@ class RunStats:
             "partition_splits": self.splits,
             "partition_merges": self.merges,
             "stopped_by_signal": self.stopped_by_signal,
+            "startup": self.startup(),
             "config": cfg,
         }
+
+
+    def startup(self) -> dict:
+        """Seconds from the launch to: all ranks ready, the first tuple ingested, the last result written; PSS
+        per rank before data (a resumed run: of this run's launch)."""
+        since = lambda t: None if t is None or self.launched is None else round(t - self.launched, 3)
+        pss = {"0": self.pss_start, **{str(r): v["pss_start_bytes"] for r, v in self.per_slave.items()}}
+        return {"ranks_ready_seconds": since(self.started), "first_tuple_seconds": since(self.first_tuple),
+                "last_result_seconds": since(self.last_result), "pss_before_data_bytes": pss,
+                "note": "from the launch (deploy.launch, else mpirun's start); PSS counts shared pages once"}
 
 
 def write_summary(path: Path, summary: dict) -> None:
@@ -151,6 +168,10 @@ def seconds(x: float) -> str:
     return f"{x:.3f}s" if math.isfinite(x) else "n/a"
 
 
+def _after(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}s"
+
+
 def print_summary(s: dict, out=sys.stderr) -> None:
     d = s["delay_seconds"]
     print(f"done in {s['wall_seconds']:.1f}s: {s['input_total']:,} tuples in (R {s['input']['R']:,}, "
@@ -158,6 +179,11 @@ def print_summary(s: dict, out=sys.stderr) -> None:
           f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {seconds(d['p50'])} p95 {seconds(d['p95'])} "
           f"p99 {seconds(d['p99'])} max {seconds(d['max'])}; splits {s['partition_splits']}, "
           f"merges {s['partition_merges']}", file=out, flush=True)
+    up = s["startup"]
+    pss = sorted(up["pss_before_data_bytes"].values())
+    print(f"start-up: ranks ready {_after(up['ranks_ready_seconds'])}, first tuple {_after(up['first_tuple_seconds'])}, "
+          f"last result {_after(up['last_result_seconds'])} after the launch; PSS before data "
+          f"{pss[len(pss) // 2] / 2**20:.0f} MiB per rank (median), {sum(pss) / 2**20:.0f} MiB in all", file=out, flush=True)
     parts = s["delay_parts_seconds"]
     print("delay parts p50 / p99: " + ", ".join(f"{k} {seconds(parts[k]['p50'])} / {seconds(parts[k]['p99'])}"
                                                 for k in delays.PARTS)

@@ -176,6 +176,7 @@ REPORT_FIELDS = (
     "rss",                       # level: resident memory of the slave process, bytes
     "cpu",                       # level: CPU seconds the slave process used so far
     "comm",                      # level: seconds the slave spent receiving messages and sending reports so far
+    "pss_start",                 # level: the slave's PSS before any data, bytes (protocol.startup)
     "ack",                       # what this report answers (Ack)
     "partition",                 # with Ack.MOVED / INSTALLED: the partition-group moved
     "moved_tuples",              # with Ack.MOVED / INSTALLED: its stored tuples

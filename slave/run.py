@@ -22,6 +22,7 @@ from protocol.arrays import whole_buffer
 from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, batch_rows, \
     decode_head, encode_report, hot_key
 from protocol.lifetime import USER_ERROR
+from protocol.startup import pss_bytes
 from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
@@ -48,6 +49,7 @@ class Slave:
         self.aggregator = PartialAggregator(staged, comm.rank, agg) if agg["enabled"] else None
         self.results_out = ResultSender(comm, cfg)
         self.process = psutil.Process()
+        self.pss_start = pss_bytes()  #: before any data: imports, MPI, kernels (protocol.startup)
         self.splits = self.merges = 0
         self.comm_seconds = 0.0  #: receiving messages and sending reports (paper 003 VI: communication time)
         self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: reports and group states on their way
@@ -71,7 +73,8 @@ class Slave:
         cpu = self.process.cpu_times()
         counters.update(window_r=stored_r, window_s=stored_s, window_bytes=self.module.nbytes,
                         splits=self.module.splits - self.splits, merges=self.module.merges - self.merges,
-                        rss=self.process.memory_info().rss, cpu=cpu.user + cpu.system, comm=self.comm_seconds)
+                        rss=self.process.memory_info().rss, cpu=cpu.user + cpu.system, comm=self.comm_seconds,
+                        pss_start=self.pss_start)
         self.splits, self.merges = self.module.splits, self.module.merges
         if hist is None:
             hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)

@@ -87,7 +87,8 @@ def summary(throughput, p50, wt=10, wb=640, p95=0.2, comm=0.1):
             "slaves": {"1": {"tuples_processed": 1000, "window_tuples": wt, "window_bytes": wb,
                              "busy_seconds": 0.5, "results": 50, "epochs": 3, "result_files": 1,
                              "comm_seconds": comm, "peak_rss_bytes": 100 * 2**20, "cpu_seconds": 1.0}},
-            "master_peak_rss_bytes": 300 * 2**20, "config": {"big": "dropped"}}
+            "master_peak_rss_bytes": 300 * 2**20, "config": {"big": "dropped"}, "process_seconds": 3.5,
+            "startup": {"first_tuple_seconds": 1.25, "pss_before_data_bytes": {"0": 90 * 2**20, "1": 80 * 2**20}}}
 
 
 def test_run_numbers_and_aggregate():
@@ -96,6 +97,7 @@ def test_run_numbers_and_aggregate():
     assert "config" not in r and r["slaves"]["1"] == {"tuples_processed": 1000, "window_tuples": 10,
                                                       "window_bytes": 640, "busy_seconds": 0.5, "comm_seconds": 0.1}
     assert r["rank_rss_mb"] == {"0": 300.0, "1": 100.0}
+    assert (r["first_tuple_seconds"], r["process_seconds"], r["pss_mb"]) == (1.25, 3.5, 170.0)
     empty = run_numbers(summary(500.0, float("nan"), wt=0, wb=0))
     assert empty["delay_p50"] is None and empty["window_bytes_per_tuple"] is None
     runs = [run_numbers(summary(1.0, p)) for p in (0.3, 0.1, float("nan"))]

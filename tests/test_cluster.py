@@ -67,6 +67,14 @@ def test_sixteen_slaves_oversubscribed_make_progress_and_stay_exact(tmp_path):
     settings = dict(SMALL, **{"generator.seed": 17, "source.rate": 6000.0, "partitioning.subgroups": 4})
     run, _ = check_exact(tmp_path, 17, settings)
     assert all(v["epochs"] > 1 for v in run.summary["slaves"].values())
+    # start-up in the summary: from the launch to ranks ready, first tuple, last result; PSS of all 17 ranks
+    up = run.summary["startup"]
+    assert 0 < up["ranks_ready_seconds"] <= up["first_tuple_seconds"] < up["last_result_seconds"] < 170
+    pss = up["pss_before_data_bytes"]
+    assert sorted(map(int, pss)) == list(range(17)) and all(20 << 20 < v < 1 << 30 for v in pss.values()), pss
+    slave_rss = {r: v["peak_rss_bytes"] for r, v in run.summary["slaves"].items()}
+    assert all(pss[r] <= slave_rss[r] for r in slave_rss)  # shared pages counted once: at most the RSS
+    assert "start-up: ranks ready" in run.stderr
 
 
 def test_second_run_into_the_same_output_replaces_the_first(tmp_path):

@@ -1,0 +1,30 @@
+"""When a run started and what a rank weighs before data: the start-up numbers of the summary and the bench.
+
+Start and shutdown can weigh more than the join (a 10M-tuple file joined in 2.9 s inside a 6.6 s process),
+so the summary reports them beside the in-run rate: from the launch (deploy.launch puts its clock in
+STREAMJOIN_LAUNCHED; under a bare mpirun, the start of the rank's parent, Open MPI's prterun) to all ranks
+ready, to the first tuple ingested and to the last result written.  PSS (proportional set size) counts the
+shared libraries once across the ranks, where RSS counts them in each: it is what 17 ranks really cost.
+"""
+from __future__ import annotations
+
+import os
+
+import psutil
+
+LAUNCHED = "STREAMJOIN_LAUNCHED"
+LAUNCHERS = ("prterun", "mpirun", "mpiexec", "orterun")
+
+
+def launched_at() -> float:
+    """Unix time the job was launched."""
+    if LAUNCHED in os.environ:
+        return float(os.environ[LAUNCHED])
+    me = psutil.Process()
+    parent = me.parent()
+    return parent.create_time() if parent is not None and parent.name() in LAUNCHERS else me.create_time()
+
+
+def pss_bytes() -> int:
+    """This process's proportional set size (0 where the kernel does not report it)."""
+    return int(getattr(psutil.Process().memory_full_info(), "pss", 0))
