@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol import eventtime
+from protocol.durations import DURATION_KEYS, parse_duration
 from protocol.tuples import BASE_TUPLE_BYTES
 
 
@@ -162,7 +163,12 @@ def _typename(v: Any) -> str:
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}[type(v)]
 
 
-def _check_type(name: str, default: Any, value: Any) -> Any:
+def _check_type(name: str, default: Any, value: Any, parse=None) -> Any:
+    if parse is not None:
+        try:
+            return parse(value)
+        except ValueError as e:
+            raise ConfigError(f"{name}: {e}") from None
     if isinstance(default, bool) or isinstance(value, bool):
         if type(value) is not type(default):
             raise ConfigError(f"{name}: expected {_typename(default)}, got {value!r}")
@@ -209,6 +215,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             raise ConfigError(f"[{section}] must be a table of keys")
         if key not in DEFAULTS[section]:
             raise ConfigError(f"unknown key {section}.{key} (known in [{section}]: {', '.join(DEFAULTS[section])})")
+        if (section, key) in DURATION_KEYS and isinstance(value, str):  # "30s", "250ms"
+            value = _check_type(f"{section}.{key}", 0.0, value, parse_duration)
         cfg[section][key] = _check_type(f"{section}.{key}", DEFAULTS[section][key][0], value)
     validate(cfg)
     return cfg
@@ -366,14 +374,15 @@ def reference() -> str:
     def values(s: str, k: str, default: Any) -> str:
         if (s, k) in _CHOICES:
             return ", ".join(map(toml, _CHOICES[s, k]))
-        return kinds[type(default)] + (" > 0" if (s, k) in _POSITIVE else " >= 0" if (s, k) in _NON_NEGATIVE else "")
+        return ("duration" if (s, k) in DURATION_KEYS else kinds[type(default)]) + (" > 0" if (s, k) in _POSITIVE else " >= 0" if (s, k) in _NON_NEGATIVE else "")
     lines = ["# Configuration reference", "",
              "<!-- made by `python -m protocol.config --reference > docs/configuration.md` (make docs) from "
              "protocol/config.py; do not edit by hand -->", "",
              "A TOML file (`--config my.toml`), one table per section; every key can be overridden with "
              "`--set section.key=value` (the value in TOML syntax; a bare word is a string). An unknown section or "
              "key, a wrong type or an impossible value stops the run before it starts with one message that names "
-             "the key; the README lists the combinations refused."]
+             "the key; the README lists the combinations refused. A duration is a number of seconds or text with a unit: "
+             '`"30s"`, `"250ms"`, `"2m"`, `"1h"` (ns, us, ms, s, m, h, d).']
     for section, keys in DEFAULTS.items():
         lines += ["", f"## [{section}]", "", "| key | default | values | meaning |", "|---|---|---|---|"]
         for key, (default, meaning) in keys.items():
