@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol import eventtime
-from protocol.durations import DURATION_KEYS, parse_duration
+from protocol.durations import DURATION_KEYS, from_text
 from protocol.tuples import BASE_TUPLE_BYTES
 
 
@@ -163,12 +163,7 @@ def _typename(v: Any) -> str:
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}[type(v)]
 
 
-def _check_type(name: str, default: Any, value: Any, parse=None) -> Any:
-    if parse is not None:
-        try:
-            return parse(value)
-        except ValueError as e:
-            raise ConfigError(f"{name}: {e}") from None
+def _check_type(name: str, default: Any, value: Any) -> Any:
     if isinstance(default, bool) or isinstance(value, bool):
         if type(value) is not type(default):
             raise ConfigError(f"{name}: expected {_typename(default)}, got {value!r}")
@@ -215,8 +210,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             raise ConfigError(f"[{section}] must be a table of keys")
         if key not in DEFAULTS[section]:
             raise ConfigError(f"unknown key {section}.{key} (known in [{section}]: {', '.join(DEFAULTS[section])})")
-        if (section, key) in DURATION_KEYS and isinstance(value, str):  # "30s", "250ms"
-            value = _check_type(f"{section}.{key}", 0.0, value, parse_duration)
+        value = from_text(section, key, value, ConfigError)  # a duration as text: "30s", "250ms"
         cfg[section][key] = _check_type(f"{section}.{key}", DEFAULTS[section][key][0], value)
     validate(cfg)
     return cfg

@@ -30,3 +30,13 @@ def parse_duration(text: str) -> float:
         raise ValueError(f'expected a number of seconds or a duration such as "30s", "250ms", "2m", "1h" '
                          f"(units: {', '.join(UNITS)}), got {text!r}")
     return float(Decimal(m.group(1)) * Decimal(UNITS[m.group(2) or "s"]))
+
+
+def from_text(section: str, key: str, value, error: type[Exception]):
+    """A duration key's text as seconds (`error`, naming the key, if it is none); any other value as it is."""
+    if (section, key) not in DURATION_KEYS or not isinstance(value, str):
+        return value
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise error(f"{section}.{key}: {e}") from None
