@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from protocol import eventtime
+from protocol import eventtime, streams as streams_config
 from protocol.durations import DURATION_KEYS, from_text
 from protocol.tuples import BASE_TUPLE_BYTES
 
@@ -128,7 +128,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
 }
 
 _CHOICES = {
-    ("source", "kind"): ("generator", "file", "zmq"),
+    ("source", "kind"): ("generator", "file", "zmq", "streams"),
     ("source", "ts_unit"): tuple(eventtime.UNITS),
     ("generator", "distribution"): ("bmodel", "uniform", "zipf"),
     ("output", "format"): ("parquet", "csv"),
@@ -201,9 +201,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             user = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+    streams = user.pop("streams", {})  # [streams.NAME] tables: protocol.streams
     items = [(s, k, v) for s, sec in user.items() for k, v in (sec.items() if isinstance(sec, dict) else [(None, sec)])]
     items += [_parse_override(o) for o in overrides]
     for section, key, value in items:
+        if section == "streams":
+            streams_config.set_key(streams, key, value, ConfigError)
+            continue
         if section not in DEFAULTS:
             raise ConfigError(f"unknown section [{section}] (known: {', '.join(DEFAULTS)})")
         if key is None:
@@ -212,6 +216,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             raise ConfigError(f"unknown key {section}.{key} (known in [{section}]: {', '.join(DEFAULTS[section])})")
         value = from_text(section, key, value, ConfigError)  # a duration as text: "30s", "250ms"
         cfg[section][key] = _check_type(f"{section}.{key}", DEFAULTS[section][key][0], value)
+    cfg["streams"] = streams_config.declared(streams, cfg["source"], ConfigError)
     validate(cfg)
     return cfg
 
@@ -382,7 +387,7 @@ def reference() -> str:
         for key, (default, meaning) in keys.items():
             meaning = meaning.replace("|", "\\|")  # |r.ts - s.ts| inside a table cell
             lines.append(f"| `{section}.{key}` | `{toml(default)}` | {values(section, key, default)} | {meaning} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + streams_config.reference()) + "\n"
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ def write(tmp_path, text, name="run.toml"):
 
 def test_defaults():
     cfg = load_config()
-    assert set(cfg) == set(DEFAULTS)
+    assert set(cfg) == set(DEFAULTS) | {"streams"} and cfg["streams"] == {}  # [streams.NAME]: protocol.streams
     for section, keys in DEFAULTS.items():
         assert set(cfg[section]) == set(keys)
         for key, (default, desc) in keys.items():
