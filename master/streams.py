@@ -24,6 +24,7 @@ import pyarrow as pa
 from master.keys import KeyMapper
 from master.source import READ_AHEAD, FileSource
 from protocol import eventtime
+from protocol.config import ConfigError
 from protocol.chunks import Chunk, InputError, concat, empty, rows
 from protocol.output import write_table
 from protocol.stream_file import StreamInput, key_kinds, stream_files
@@ -36,8 +37,19 @@ class StreamsSource:
     def __init__(self, cfg: dict, listing=None):
         self.cfg, self.listing = cfg, listing
         self.specs = cfg["streams"]
-        self.files = {name: stream_files(name, s["path"]) for name, s in self.specs.items()}
+        self.files, missing = {}, []
+        for name, s in self.specs.items():  # every path that is not there is named at once
+            try:
+                self.files[name] = stream_files(name, s["path"])
+            except InputError as e:
+                missing.append(str(e))
+        if missing:
+            raise InputError("; ".join(missing))
         self.kinds = key_kinds(self.specs, self.files)
+        if self.kinds != ["int"] and cfg["join"]["predicate"] != "equal":
+            raise ConfigError(f'join.predicate = "{cfg["join"]["predicate"]}" compares key values as integers, but '
+                              f"the streams' key {' + '.join(next(iter(self.specs.values()))['key'])} is "
+                              f"{' + '.join(self.kinds)}: use a single integer key column, or predicate = \"equal\"")
         self.accepted = 0
         self._open()
 

@@ -160,6 +160,30 @@ def test_merge_keeps_each_streams_order_judges_lateness_within_it_and_ignores_ba
     assert late.sum() >= 8
 
 
+def test_a_recovery_seeks_to_the_same_next_tuple_with_the_same_key_codes_and_lists_each_bad_row_once(tmp_path):
+    rng = np.random.default_rng(8)
+    for name, n in (("views", 900), ("buys", 700)):
+        users = [f"u_{i}" for i in rng.integers(0, 300, n)]
+        times = [f"2026-11-25T10:{m:02d}:00Z" for m in np.sort(rng.integers(0, 60, n)).tolist()]
+        times[n // 2] = "noon"
+        pacsv.write_csv(pa.table({"user": users, "at": times}), tmp_path / f"{name}.csv")
+    cfg = streams_cfg(tmp_path, {"path": str(tmp_path / "views.csv"), "key": "user", "time": "at"},
+                      {"path": str(tmp_path / "buys.csv"), "key": "user", "time": "at"}, **{"output.flush_rows": 1})
+    first = open_source(cfg)
+    head = concat([first.next_chunk(300), first.next_chunk(300)])
+    where = first.position()
+    first.finish()
+    again = open_source(cfg)
+    again.seek(where)
+    rest = drain(again, 256)
+    whole = drain(open_source(cfg, listed=False), 5000)  # lists nothing
+    for a, b in zip(whole, concat([head, rest])):
+        np.testing.assert_array_equal(a, b)
+    assert again.finish()["rejected"] == 2
+    listed = read_tables(tmp_path / "out" / "rejected")
+    assert sorted(listed["row"].to_pylist()) == [351, 451] and set(listed["stream"].to_pylist()) == {"views", "buys"}
+
+
 def test_missing_columns_wrong_types_and_paths_are_one_error_naming_them(tmp_path):
     pq.write_table(pa.table({"user": ["a"], "at": [True]}), tmp_path / "bool.parquet")
     pq.write_table(pa.table({"user": [[1]], "at": [1.0]}), tmp_path / "list.parquet")
