@@ -64,7 +64,7 @@ class StreamsSource:
                                           name=f"stream-reader-{inp.name}") for inp, q in zip(inputs, self._queues)]
         for t in self._threads:
             t.start()
-        self._pending: list[Chunk | None] = [None, None]  #: per side, read and not merged: (id, ts, key, pm)
+        self._pending: list[tuple | None] = [None, None]  #: per side, read and not merged: (id, ts, key, running max)
         self._running = [eventtime.NEG_INF, eventtime.NEG_INF]  #: per side, the largest ts read
         self._done = [False, False]
         self._ready, self._taken = empty(), 0

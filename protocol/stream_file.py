@@ -110,6 +110,7 @@ class StreamInput:
     def __init__(self, name: str, spec: dict, kinds: list[str], window: int, files: list[Path] | None = None):
         self.name, self.spec, self.kinds = name, spec, kinds
         self.files = files if files is not None else stream_files(name, spec["path"])
+        #: the columns read, by role
         self.roles = {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"} if spec["id"] else {})
         for f in self.files:
             self._check_schema(f, _schema(f))
@@ -119,8 +120,9 @@ class StreamInput:
         self._held = next(self._batches, None)
         if self._held is not None:
             f, _, table = self._held
-            wrong = input_schema.unconverted(table, self._parse(table, 0).converts, lambda c: _schema(f).field(c).type,
-                                             {c: input_schema.STREAM_EXPECTED[r] for c, r in self.roles.items()})
+            expected = {c: input_schema.STREAM_EXPECTED[r] for c, r in self.roles.items()}
+            found = lambda c: _schema(f).field(c).type  # noqa: E731 -- only for the message
+            wrong = input_schema.unconverted(table, self._parse(table, 0).converts, found, expected)
             if wrong:
                 raise self._fail(f, "; ".join(wrong))
 
@@ -130,7 +132,8 @@ class StreamInput:
     def _check_schema(self, f: Path, schema: pa.Schema) -> None:
         missing = [c for c in self.roles if c not in schema.names]
         if missing:
-            raise self._fail(f, f"lacks column(s) {', '.join(missing)}; columns found: {', '.join(schema.names) or '(none)'}")
+            found = ", ".join(schema.names) or "(none)"
+            raise self._fail(f, f"lacks column(s) {', '.join(missing)}; columns found: {found}")
         if EXTENSIONS[f.suffix.lower()] != "csv":  # CSV cells are text: their values tell
             wrong = input_schema.wrong_stream_types(schema, self.roles)
             if wrong:
@@ -155,7 +158,7 @@ class StreamInput:
                     seen += b.num_rows
                     yield f, start, pa.Table.from_batches([b]).select(columns)
             except (pa.ArrowException, OSError) as e:
-                raise self._fail(f, f"cannot be read at stream row {self.row + 1:,} or after: "
+                raise self._fail(f, f"cannot be read at its row {seen - start + 1:,} or after: "
                                     f"{str(e).splitlines()[0]}") from None
 
     def _parse(self, table: pa.Table, first_row: int) -> Parsed:
@@ -163,23 +166,19 @@ class StreamInput:
         rows = first_row + np.arange(n, dtype=np.int64)
         ids, id_ok = _parse_int(table[spec["id"]]) if spec["id"] else (rows, np.ones(n, bool))
         ts, is_time, finite, ts_ok = eventtime.from_column(table[spec["time"]], spec["time_unit"])
-        key_ok = np.ones(n, bool)
-        key_int = np.ones(n, bool)
-        keys = []
+        keys, present, converts = [], [], {spec["time"]: ts_ok}
         for c, kind in zip(spec["key"], self.kinds):
-            col = table[c]
-            key_ok &= _ok(pc.is_valid(col))
-            if kind == "int":
-                values, ok = _parse_int(col)
-                key_int &= ok | ~_ok(pc.is_valid(col))
-            else:
-                values = _text(col, kind)
+            valid = _ok(pc.is_valid(table[c]))
+            values, ok = _parse_int(table[c]) if kind == "int" else (_text(table[c], kind), valid)
             keys.append(values)
+            present.append(valid)
+            converts[c] = ok
+        key_ok = np.logical_and.reduce(present)
+        key_int = np.logical_and.reduce([converts[c] | ~valid for c, valid in zip(spec["key"], present)])
         checks = [id_ok, is_time, finite, ts_ok, key_ok, key_int]
         code = np.zeros(n, np.int8)
         for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
             code[~good] = c
-        converts = {spec["time"]: ts_ok} | {c: key_ok & key_int for c in spec["key"]}
         if spec["id"]:
             converts[spec["id"]] = id_ok
         return Parsed(code, np.zeros(n, bool), ids, ts, keys, None, converts)
