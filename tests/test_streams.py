@@ -160,6 +160,29 @@ def test_merge_keeps_each_streams_order_judges_lateness_within_it_and_ignores_ba
     assert late.sum() >= 8
 
 
+def test_the_same_instants_in_every_time_form_give_the_same_tuples(tmp_path):
+    """R: timestamp[ns, tz=Europe/Paris] and timestamp[s] files (a folder); S: epoch milliseconds as integers in
+    JSON lines (time_unit = "ms"), then ISO text with an offset in CSV (a glob): one instant list either way."""
+    micros = np.sort(np.random.default_rng(4).integers(0, 600, 40)) * 1_000_000 + 1_795_000_000_000_000
+    half, keys = len(micros) // 2, 100 + 7 * np.arange(len(micros))
+    (tmp_path / "r").mkdir()
+    pq.write_table(pa.table({"k": keys[:half], "t": pa.array(micros[:half] * 1000, pa.timestamp("ns", "Europe/Paris"))}),
+                   tmp_path / "r" / "a.parquet")
+    pq.write_table(pa.table({"k": keys[half:], "t": pa.array(micros[half:] // 1_000_000, pa.timestamp("s"))}),
+                   tmp_path / "r" / "b.parquet")
+    with open(tmp_path / "s-1.jsonl", "w") as f:
+        f.writelines(json.dumps({"k": k, "t": m // 1000}) + "\n" for k, m in zip(keys[:half].tolist(), micros.tolist()))
+    iso = [datetime.fromtimestamp(m // 1_000_000 - 5400, timezone.utc).strftime("%Y-%m-%d %H:%M:%S-01:30")
+           for m in micros[half:].tolist()]
+    pacsv.write_csv(pa.table({"k": keys[half:], "t": iso}), tmp_path / "s-2.csv")
+    cfg = streams_cfg(tmp_path, {"path": str(tmp_path / "r"), "key": "k", "time": "t"},
+                      {"path": str(tmp_path / "s-*"), "key": "k", "time": "t", "time_unit": "ms"})
+    got = drain(open_source(cfg))
+    for side in (0, 1):
+        np.testing.assert_array_equal(got.ts[got.stream == side], micros)
+        np.testing.assert_array_equal(got.key[got.stream == side], keys)  # integer keys as they are, not codes
+
+
 def test_a_recovery_seeks_to_the_same_next_tuple_with_the_same_key_codes_and_lists_each_bad_row_once(tmp_path):
     rng = np.random.default_rng(8)
     for name, n in (("views", 900), ("buys", 700)):
