@@ -206,6 +206,9 @@ def arrivals(spark, target: Target):
             "key", "value")
         return df, f"archive ({len(files)} files)"
     src = target.cfg["source"]
+    if src["kind"] == "streams":  # two streams' files: their merged order is the master's (master.streams)
+        raise AuditError(f'{target.out / "archive"} holds no input archive: with [streams.*] the audit reads the '
+                         "archive; run with checkpoint.interval > 0 and checkpoint.archive = true")
     if src["kind"] == "zmq":
         raise AuditError(f'{target.out / "archive"} holds no input archive, and source.kind = "zmq" keeps no other '
                          "record of the input: run with checkpoint.interval > 0 and checkpoint.archive = true")

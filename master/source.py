@@ -45,10 +45,13 @@ def open_source(cfg: dict, listed: bool = True) -> Source:
     """The source `cfg` (from protocol.config.load_config) asks for; a file source writes its rejected rows
     into the output only if `listed` (several dispatchers read the same file: one lists them)."""
     src = cfg["source"]
+    listing = RejectedListing(Path(cfg["output"]["path"]) / "rejected", cfg["output"]["format"],
+                              cfg["output"]["flush_rows"]) if listed else None
     if src["kind"] == "file":
-        listing = RejectedListing(Path(cfg["output"]["path"]) / "rejected", cfg["output"]["format"],
-                                  cfg["output"]["flush_rows"]) if listed else None
         return FileSource(src["path"], src["duplicate_window"], listing, src["ts_unit"])
+    if src["kind"] == "streams":
+        from master.streams import StreamsSource  # it builds on this module's reader
+        return StreamsSource(cfg, listing)
     if src["kind"] == "zmq":
         return ZmqSource(cfg)
     return GeneratorSource(cfg["generator"])

@@ -39,7 +39,7 @@ MANIFEST = "MANIFEST.json"
 #: 4: a dispatcher's section names its channels' sequence numbers "seq" (was "epoch")
 FORMAT = 4
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
-BINDING_SECTIONS = ("cluster", "source", "generator", "join", "partitioning", "tuning")
+BINDING_SECTIONS = ("cluster", "source", "streams", "generator", "join", "partitioning", "tuning")
 
 
 class CheckpointError(Exception):
@@ -181,7 +181,7 @@ def check_binding(manifest: dict, cfg: dict, slaves: int) -> None:
                               f"{manifest['slaves'] + manifest['config']['cluster']['dispatchers']}")
     for section in BINDING_SECTIONS:
         for key, value in cfg[section].items():
-            then = manifest["config"][section].get(key)
+            then = manifest["config"].get(section, {}).get(key)
             if then != value:
                 raise CheckpointError(f"{section}.{key} is {value!r} but was {then!r} when checkpoint "
                                       f"{manifest['id']} was taken: resume with the same setting")

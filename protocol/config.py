@@ -13,7 +13,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from protocol import eventtime
+from protocol import eventtime, streams as streams_config
+from protocol.durations import DURATION_KEYS, from_text
 from protocol.tuples import BASE_TUPLE_BYTES
 
 
@@ -127,7 +128,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
 }
 
 _CHOICES = {
-    ("source", "kind"): ("generator", "file", "zmq"),
+    ("source", "kind"): ("generator", "file", "zmq", "streams"),
     ("source", "ts_unit"): tuple(eventtime.UNITS),
     ("generator", "distribution"): ("bmodel", "uniform", "zipf"),
     ("output", "format"): ("parquet", "csv"),
@@ -200,16 +201,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             user = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+    streams = user.pop("streams", {})  # [streams.NAME] tables: protocol.streams
     items = [(s, k, v) for s, sec in user.items() for k, v in (sec.items() if isinstance(sec, dict) else [(None, sec)])]
     items += [_parse_override(o) for o in overrides]
     for section, key, value in items:
+        if section == "streams":
+            streams_config.set_key(streams, key, value, ConfigError)
+            continue
         if section not in DEFAULTS:
             raise ConfigError(f"unknown section [{section}] (known: {', '.join(DEFAULTS)})")
         if key is None:
             raise ConfigError(f"[{section}] must be a table of keys")
         if key not in DEFAULTS[section]:
             raise ConfigError(f"unknown key {section}.{key} (known in [{section}]: {', '.join(DEFAULTS[section])})")
+        value = from_text(section, key, value, ConfigError)  # a duration as text: "30s", "250ms"
         cfg[section][key] = _check_type(f"{section}.{key}", DEFAULTS[section][key][0], value)
+    cfg["streams"] = streams_config.declared(streams, cfg["source"], ConfigError)
     validate(cfg)
     return cfg
 
@@ -366,20 +373,21 @@ def reference() -> str:
     def values(s: str, k: str, default: Any) -> str:
         if (s, k) in _CHOICES:
             return ", ".join(map(toml, _CHOICES[s, k]))
-        return kinds[type(default)] + (" > 0" if (s, k) in _POSITIVE else " >= 0" if (s, k) in _NON_NEGATIVE else "")
+        return ("duration" if (s, k) in DURATION_KEYS else kinds[type(default)]) + (" > 0" if (s, k) in _POSITIVE else " >= 0" if (s, k) in _NON_NEGATIVE else "")
     lines = ["# Configuration reference", "",
              "<!-- made by `python -m protocol.config --reference > docs/configuration.md` (make docs) from "
              "protocol/config.py; do not edit by hand -->", "",
              "A TOML file (`--config my.toml`), one table per section; every key can be overridden with "
              "`--set section.key=value` (the value in TOML syntax; a bare word is a string). An unknown section or "
              "key, a wrong type or an impossible value stops the run before it starts with one message that names "
-             "the key; the README lists the combinations refused."]
+             "the key; the README lists the combinations refused. A duration is a number of seconds or text with a unit: "
+             '`"30s"`, `"250ms"`, `"2m"`, `"1h"` (ns, us, ms, s, m, h, d).']
     for section, keys in DEFAULTS.items():
         lines += ["", f"## [{section}]", "", "| key | default | values | meaning |", "|---|---|---|---|"]
         for key, (default, meaning) in keys.items():
             meaning = meaning.replace("|", "\\|")  # |r.ts - s.ts| inside a table cell
             lines.append(f"| `{section}.{key}` | `{toml(default)}` | {values(section, key, default)} | {meaning} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + streams_config.reference()) + "\n"
 
 
 if __name__ == "__main__":

@@ -41,20 +41,42 @@ _ACCEPTS: dict[str, Callable[[pa.DataType], bool]] = {
 }
 
 
+#: a declared stream's columns (protocol.streams) by their role
+STREAM_EXPECTED = {
+    "key": "an integer, a string or binary",
+    "time": "a time: a timestamp (any unit, any zone), a date, a number in the stream's time_unit, "
+            "or text of a number or of an ISO-8601 time",
+    "id": "an integer (int64) or text of one (or no id: leave streams.NAME.id out and rows are numbered)",
+}
+_STREAM_ACCEPTS: dict[str, Callable[[pa.DataType], bool]] = {
+    "key": lambda t: _text(t) or pa.types.is_integer(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+    or pa.types.is_fixed_size_binary(t),
+    "time": _ACCEPTS["ts"],
+    "id": lambda t: _text(t) or pa.types.is_integer(t),
+}
+
+
+def wrong_stream_types(schema: pa.Schema, roles: dict[str, str]) -> list[str]:
+    """`wrong_types` for a declared stream's file: `roles` maps each column used to key, time or id."""
+    return [f"has column {f.name} of type {f.type}, expected {STREAM_EXPECTED[roles[f.name]]}"
+            for f in schema if f.name in roles and not _STREAM_ACCEPTS[roles[f.name]](f.type)]
+
+
 def wrong_types(schema: pa.Schema) -> list[str]:
     """What is wrong with the types of `schema`'s columns (a Parquet file's), one phrase per column."""
     return [f"has column {f.name} of type {f.type}, expected {EXPECTED[f.name]}"
             for f in schema if f.name in _ACCEPTS and not _ACCEPTS[f.name](f.type)]
 
 
-def unconverted(table: pa.Table, converts: dict[str, np.ndarray], found: Callable[[str], pa.DataType]) -> list[str]:
+def unconverted(table: pa.Table, converts: dict[str, np.ndarray], found: Callable[[str], pa.DataType],
+                expected: dict[str, str] = EXPECTED) -> list[str]:
     """Columns of which no cell of `table` (the first batch) converts (`converts`: per column, which do),
-    one phrase each naming the type `found` (CSV: pyarrow's inference) and a cell."""
+    one phrase each naming the type `found` (CSV: pyarrow's inference), a cell and what was `expected`."""
     out = []
     for column, ok in converts.items():
         if len(ok) and not ok.any():
             cells = table[column].drop_null()
             cell = f"e.g. {str(cells[0])[:40]!r}" if len(cells) else "every cell empty"
-            out.append(f"has column {column} of type {found(column)} ({cell}), expected {EXPECTED[column]}: "
+            out.append(f"has column {column} of type {found(column)} ({cell}), expected {expected[column]}: "
                        f"no cell of the first {len(ok):,} rows converts")
     return out

@@ -29,9 +29,10 @@ RESULT_SCHEMA = pa.schema([pa.field(c, pa.int64() if c.endswith(("_id", "_key"))
 PARTIAL_SCHEMA = pa.schema([("key", pa.int64()), ("window_start", pa.float64()), ("count", pa.int64()),
                             ("sum", pa.float64()), ("min", pa.float64()), ("max", pa.float64())])
 
-OUTPUT_PARTS = ("results", "late", "rejected", "archive", "aggregates", "metrics", "metrics.prom", "summary.json")
-#: the parts that are single files
-FILE_PARTS = {"metrics.prom", "summary.json"}
+OUTPUT_PARTS = ("results", "late", "rejected", "archive", "aggregates", "metrics", "metrics.prom", "summary.json",
+                "keys.parquet", "keys.csv")
+#: the parts that are single files (keys.*: the user's key values of the engine's keys, master.keys)
+FILE_PARTS = {"metrics.prom", "summary.json", "keys.parquet", "keys.csv"}
 #: the files this engine writes in those folders (and their temporaries `.NAME.tmp`): result and partial
 #: aggregate files of a slave, late tuples and the input archive of a dispatcher, rejected input (a file's
 #: listing, a ZeroMQ source's), the metrics log

@@ -14,7 +14,7 @@ def write(tmp_path, text, name="run.toml"):
 
 def test_defaults():
     cfg = load_config()
-    assert set(cfg) == set(DEFAULTS)
+    assert set(cfg) == set(DEFAULTS) | {"streams"} and cfg["streams"] == {}  # [streams.NAME]: protocol.streams
     for section, keys in DEFAULTS.items():
         assert set(cfg[section]) == set(keys)
         for key, (default, desc) in keys.items():
@@ -105,7 +105,7 @@ def test_unknown_key(tmp_path):
 
 
 @pytest.mark.parametrize("override,key", [
-    ('join.window="1.0"', "join.window"),
+    ('generator.rate="1.0"', "generator.rate"),  # a rate is no duration: text is a wrong type
     ("join.window=abc", "join.window"),
     ("partitioning.partitions=2.5", "partitioning.partitions"),
     ("output.path=5", "output.path"),
@@ -118,7 +118,7 @@ def test_wrong_type(override, key):
 
 
 def test_wrong_type_in_file(tmp_path):
-    raises_naming("join.max_delay", write(tmp_path, '[join]\nmax_delay = "0.5"\n'))
+    raises_naming("join.max_delay", write(tmp_path, '[join]\nmax_delay = "half a second"\n'))
 
 
 def test_malformed_override():
@@ -219,4 +219,27 @@ def test_configuration_page_is_made_from_the_defaults():
         for key, (default, _) in keys.items():
             assert f"| `{section}.{key}` | `" in page
     assert "| `join.predicate` | `\"equal\"` | \"equal\", \"band\", \"less\" |" in page
-    assert "| `output.progress` | `1.0` | number >= 0 |" in page and "| `balance.enabled` | `true` | boolean |" in page
+    assert "| `output.progress` | `1.0` | duration >= 0 |" in page and "| `balance.enabled` | `true` | boolean |" in page
+
+
+@pytest.mark.parametrize("text,micros", [("30s", 30_000_000), ("250ms", 250_000), ("2m", 120_000_000),
+                                         ("1h", 3_600_000_000), ("0.1", 100_000), ("1.5us", 2), (" 3 min ", 180_000_000),
+                                         ("1e-3s", 1_000), ("100ns", 0), ("1d", 86_400_000_000)])
+def test_durations_as_text_are_exact_microseconds(text, micros):
+    from protocol.eventtime import duration
+    cfg = load_config(None, [f'join.window="{text}"', "epochs.reorganization=2m"])
+    assert duration(cfg["join"]["window"]) == micros
+    assert cfg["epochs"]["reorganization"] == 120.0
+
+
+@pytest.mark.parametrize("override,words", [("join.window=3 weeks", "got '3 weeks'"), ("join.max_delay=-1s", ">= 0"),
+                                            ("output.progress=1,5s", "units"), ("join.window=s", "units")])
+def test_bad_durations_name_the_key(override, words):
+    assert words in raises_naming(override.split("=")[0], None, [override])
+
+
+def test_durations_in_a_toml_file(tmp_path):
+    p = tmp_path / "d.toml"
+    p.write_text('[join]\nwindow = "30s"\nmax_delay = "250ms"\n[metrics]\nlog_interval = "1m"\n')
+    cfg = load_config(p)
+    assert (cfg["join"]["window"], cfg["join"]["max_delay"], cfg["metrics"]["log_interval"]) == (30.0, 0.25, 60.0)

@@ -1,0 +1,181 @@
+"""The user's join keys as the engine's int64 keys, exactly (issue 20; docs/input.md, "Keys").
+
+An integer key column is its own int64 key, as before.  A string or binary key, and a composite key of
+several columns, get a code from a dictionary the master builds as the input passes: equal values get equal
+codes and different values different codes, by exact comparison of the values (pyarrow's hash sets look
+them up and compare them whole; a hash never decides a match).  Codes count up from 0 in the order values
+first appear in the merged input, which is the same on every read of the same input: a recovery that reads
+the input again, and every dispatcher of several (each reads the whole input), build the same codes.
+
+A composite key is the row of its components' int64 values (an integer column's value, a text column's
+code), as one fixed-width binary value, coded again.  `table()` gives the codes with the user's values
+(keys.parquet in the output), since results carry the codes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def _hash(data, start, end):
+    """FNV-1a over the bytes, 64 bits (where to look first; equality is decided by the bytes)."""
+    h = np.uint64(14695981039346656037)
+    for i in range(start, end):
+        h = (h ^ np.uint64(data[i])) * np.uint64(1099511628211)
+    return h ^ (h >> np.uint64(29))
+
+
+@njit(cache=True, nogil=True)
+def _same(a, a0, a1, b, b0, b1):
+    if a1 - a0 != b1 - b0:
+        return False
+    for i in range(a1 - a0):
+        if a[a0 + i] != b[b0 + i]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _place(slots, hashes, code):
+    mask = len(slots) - 1
+    at = hashes[code] & np.uint64(mask)
+    while slots[at] >= 0:
+        at = (at + np.uint64(1)) & np.uint64(mask)
+    slots[at] = code
+
+
+@njit(cache=True, nogil=True)
+def _code(data, offsets, slots, hashes, arena, ends, count, used, codes):
+    """Each value's code: found by its hash's slot, then the exact bytes; an unseen value is appended to the
+    arena (bytes `arena`, value ends `ends`, hashes) and the slots.  Returns (count, used) after."""
+    mask = np.uint64(len(slots) - 1)
+    for i in range(len(offsets) - 1):
+        v0, v1 = offsets[i], offsets[i + 1]
+        h = _hash(data, v0, v1)
+        at = h & mask
+        while True:
+            c = slots[at]
+            if c < 0:
+                arena[used:used + v1 - v0] = data[v0:v1]
+                used += v1 - v0
+                ends[count + 1] = used
+                hashes[count] = h
+                slots[at] = count
+                codes[i] = count
+                count += 1
+                break
+            if hashes[c] == h and _same(arena, ends[c], ends[c + 1], data, v0, v1):
+                codes[i] = c
+                break
+            at = (at + np.uint64(1)) & mask
+    return count, used
+
+
+def _grown(a: np.ndarray, size: int) -> np.ndarray:
+    if size <= len(a):
+        return a
+    out = np.empty(max(size, 2 * len(a)), a.dtype)
+    out[:len(a)] = a
+    return out
+
+
+class KeyDictionary:
+    """Exact codes 0, 1, ... of distinct byte strings, in order of first appearance: an open-addressing hash
+    table whose slots hold codes, the values' bytes kept in one growing arena (compiled, whole batches)."""
+
+    def __init__(self, type_: pa.DataType):
+        self.type = type_
+        self.count = self.used = 0
+        self.slots = np.full(16, -1, np.int64)
+        self.hashes = np.empty(8, np.uint64)
+        self.arena = np.empty(1024, np.uint8)
+        self.ends = np.zeros(9, np.int64)  #: value c is arena[ends[c]:ends[c + 1]]
+
+    def codes(self, values: pa.Array) -> np.ndarray:
+        """The int64 code of each value (strings or binary, none null)."""
+        if not len(values):
+            return np.empty(0, np.int64)
+        values = values.cast(pa.large_binary())
+        offsets = np.frombuffer(values.buffers()[1], np.int64)[values.offset:values.offset + len(values) + 1]
+        data = values.buffers()[2]
+        return self.codes_of(np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8), offsets)
+
+    def codes_of(self, data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """The codes of the values data[offsets[i]:offsets[i + 1]]."""
+        n = len(offsets) - 1
+        if 2 * (self.count + n) > len(self.slots):  # at most half full: short probes
+            size = len(self.slots)
+            while 2 * (self.count + n) > size:
+                size *= 2
+            self.slots = np.full(size, -1, np.int64)
+            _rehash(self.slots, self.hashes, self.count)
+        self.hashes = _grown(self.hashes, self.count + n)
+        self.ends = _grown(self.ends, self.count + n + 1)
+        self.arena = _grown(self.arena, self.used + int(offsets[-1] - offsets[0]))
+        codes = np.empty(n, np.int64)
+        self.count, self.used = _code(data, offsets, self.slots, self.hashes, self.arena, self.ends, self.count,
+                                      self.used, codes)
+        return codes
+
+    @property
+    def values(self) -> pa.Array:
+        """The value of each code, as an Arrow array of the dictionary's type."""
+        offsets = pa.py_buffer(self.ends[:self.count + 1].copy())
+        raw = pa.LargeBinaryArray.from_buffers(pa.large_binary(), self.count,
+                                               [None, offsets, pa.py_buffer(self.arena[:self.used].copy())])
+        return raw.cast(pa.large_string()).cast(pa.string()) if pa.types.is_string(self.type) else raw.cast(self.type)
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots.nbytes + self.hashes.nbytes + self.arena.nbytes + self.ends.nbytes
+
+
+@njit(cache=True, nogil=True)
+def _rehash(slots, hashes, count):
+    for c in range(count):
+        _place(slots, hashes, c)
+
+
+class KeyMapper:
+    """Key components (int64 arrays for kind "int", Arrow arrays for "string" / "binary") -> int64 keys."""
+
+    def __init__(self, kinds: list[str]):
+        self.kinds = kinds
+        self.parts = [None if k == "int" else KeyDictionary(pa.binary() if k == "binary" else pa.string())
+                      for k in kinds]
+        #: composite keys: the rows of component values, 8 bytes each
+        self.rows = KeyDictionary(pa.large_binary()) if len(kinds) > 1 else None
+
+    @property
+    def coded(self) -> bool:
+        """Whether keys are codes (not the user's integers): then `table` says which value each stands for."""
+        return self.kinds != ["int"]
+
+    def keys(self, components: list) -> np.ndarray:
+        values = [c if d is None else d.codes(c) for c, d in zip(components, self.parts)]
+        if self.rows is None:
+            return np.asarray(values[0], np.int64)
+        matrix = np.ascontiguousarray(np.stack(values, axis=1).astype(np.int64))
+        width = 8 * len(values)
+        return self.rows.codes_of(matrix.view(np.uint8).ravel(), np.arange(len(matrix) + 1, dtype=np.int64) * width)
+
+    @property
+    def distinct(self) -> int:
+        return (self.rows or self.parts[0]).count if self.coded else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(d.nbytes for d in (*self.parts, self.rows) if d is not None)
+
+    def table(self, names: list[str]) -> pa.Table:
+        """`key` (the engine's int64) and the user's value of each component, named `names`, one row per code."""
+        if self.rows is None:
+            values = [self.parts[0].values]
+        else:
+            matrix = self.rows.arena[:self.rows.used].view(np.int64).reshape(-1, len(self.kinds))
+            values = [pa.array(matrix[:, i]) if d is None else d.values.take(pa.array(matrix[:, i]))
+                      for i, d in enumerate(self.parts)]
+        key = "engine_key" if "key" in names else "key"
+        return pa.table({key: pa.array(np.arange(len(values[0]), dtype=np.int64)), **dict(zip(names, values))})

@@ -1,0 +1,172 @@
+"""Two declared streams read side by side and merged into one arrival order (issue 20; docs/input.md).
+
+Each stream's files are read by a thread of their own, a bounded number of checked batches ahead
+(protocol.stream_file, as the single file source reads: master.source.READ_AHEAD).  The merge orders the
+tuples by their stream's running maximum of event time (ties: R first, then row order), never by the raw
+time: within a stream the order stays as written, and a tuple is late in the merged order exactly when it is
+late within its own stream (each stream's watermark is its own largest time minus join.max_delay).  So two
+files give what the interleaved single file would, without a sort, and files concatenated stream after
+stream are no longer judged late against each other.  The order depends on the data alone (not on batch
+sizes or thread timing), so a replay, a recovery and every dispatcher of several see the same input.
+
+Keys become the engine's int64 keys in that order (master.keys); a recovery reads the input again from its
+start, which rebuilds the same codes and lists the rejected rows once more from an empty listing.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from master.keys import KeyMapper
+from master.source import READ_AHEAD, FileSource
+from protocol import eventtime
+from protocol.config import ConfigError
+from protocol.chunks import Chunk, InputError, concat, empty, rows
+from protocol.output import write_table
+from protocol.stream_file import StreamInput, key_kinds, stream_files
+
+
+class StreamsSource:
+    """The `[streams.*]` of `cfg` (protocol.streams), R first; rejected rows go to `listing` (None: another
+    dispatcher lists them), and the key dictionary to `keys.parquet` (or .csv) in the output at the end."""
+
+    def __init__(self, cfg: dict, listing=None):
+        self.cfg, self.listing = cfg, listing
+        self.specs = cfg["streams"]
+        self.files, missing = {}, []
+        for name, s in self.specs.items():  # every path that is not there is named at once
+            try:
+                self.files[name] = stream_files(name, s["path"])
+            except InputError as e:
+                missing.append(str(e))
+        if missing:
+            raise InputError("; ".join(missing))
+        self.kinds = key_kinds(self.specs, self.files)
+        if self.kinds != ["int"] and cfg["join"]["predicate"] != "equal":
+            raise ConfigError(f'join.predicate = "{cfg["join"]["predicate"]}" compares key values as integers, but '
+                              f"the streams' key {' + '.join(next(iter(self.specs.values()))['key'])} is "
+                              f"{' + '.join(self.kinds)}: use a single integer key column, or predicate = \"equal\"")
+        self.accepted = 0
+        self._open()
+
+    def _open(self) -> None:
+        """Start reading both streams from their first rows (a recovery starts again here)."""
+        window = self.cfg["source"]["duplicate_window"]
+        inputs = [StreamInput(name, s, self.kinds, window, self.files[name]) for name, s in self.specs.items()]
+        self.mapper = KeyMapper(self.kinds)
+        self._stop = threading.Event()
+        self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
+        self._threads = [threading.Thread(target=FileSource._read, args=(inp, q, self._stop), daemon=True,
+                                          name=f"stream-reader-{inp.name}") for inp, q in zip(inputs, self._queues)]
+        for t in self._threads:
+            t.start()
+        self._pending: list[tuple | None] = [None, None]  #: per side, read and not merged: (id, ts, key, running max)
+        self._running = [eventtime.NEG_INF, eventtime.NEG_INF]  #: per side, the largest ts read
+        self._done = [False, False]
+        self._ready, self._taken = empty(), 0
+
+    def _close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def _pull(self, side: int) -> None:
+        """The next checked batch of a stream into its pending tuples (its rejections into the listing)."""
+        item = self._queues[side].get()
+        if isinstance(item, Exception):
+            self._done = [True, True]
+            raise item
+        if item is None:
+            self._done[side] = True
+            return
+        if item.rejected is not None and self.listing is not None:
+            self.listing.add(item.rejected)
+        if not len(item.ts):
+            return
+        pm = np.maximum.accumulate(np.maximum(item.ts, self._running[side]))
+        self._running[side] = int(pm[-1])
+        part = (item.id, item.ts, self.mapper.keys(item.keys), pm)
+        old = self._pending[side]
+        self._pending[side] = part if old is None else tuple(np.concatenate(c) for c in zip(old, part))
+
+    def _merge(self) -> bool:
+        """Append the next run of merged tuples to the ready ones; False at the end of both streams."""
+        for side in (0, 1):
+            while not self._done[side] and self._pending[side] is None:
+                self._pull(side)
+        if self._pending == [None, None]:
+            return False
+        # a stream with nothing pending has ended; otherwise its later tuples have a running max at least its
+        # last pending one's: R goes up to that of S (ties go to R), S below that of R
+        last = [None if p is None else p[3][-1] for p in self._pending]
+        parts = []
+        for side in (0, 1):
+            p = self._pending[side]
+            if p is None:
+                continue
+            other = last[1 - side]
+            n = len(p[3]) if other is None else int(np.searchsorted(p[3], other, "right" if side == 0 else "left"))
+            if n:
+                parts.append((side, [c[:n] for c in p]))
+                self._pending[side] = None if n == len(p[3]) else tuple(c[n:] for c in p)
+        side = np.concatenate([np.full(len(p[0]), s, np.int8) for s, p in parts])
+        cols = [np.concatenate(c) for c in zip(*(p for _, p in parts))]
+        order = np.lexsort((side, cols[3]))  # stable: within a (running max, side) the rows keep their order
+        merged = Chunk(side[order], cols[0][order], cols[1][order], cols[2][order], np.zeros(len(order)))
+        self._ready, self._taken = concat([rows(self._ready, self._taken), merged]), 0
+        return True
+
+    def next_chunk(self, limit: int) -> Chunk | None:
+        if limit < 1:
+            raise ValueError(f"limit must be positive, got {limit}")
+        while len(self._ready.ts) - self._taken < limit and self._merge():
+            pass
+        n = min(limit, len(self._ready.ts) - self._taken)
+        if n == 0:
+            return None
+        chunk = rows(self._ready, self._taken, self._taken + n)
+        self._taken += n
+        self.accepted += n
+        return chunk
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        return dict(self.listing.reasons) if self.listing is not None else {}
+
+    def position(self) -> dict:
+        return {"accepted": self.accepted}
+
+    def seek(self, where: dict) -> None:
+        """A recovery: read the input again from its start to the checkpoint's tuple (the key codes are built
+        again on the way), listing the rejected rows again from an empty listing."""
+        self._close()
+        if self.listing is not None:
+            self.listing.roll_back(0, 0)
+        self.accepted = 0
+        self._open()
+        n = where["accepted"]
+        while n > 0:
+            chunk = self.next_chunk(min(n, 1 << 20))
+            if chunk is None:
+                raise InputError(f"the input ends {n:,} tuples before the checkpoint's position: is it the same input?")
+            n -= len(chunk.ts)
+
+    def finish(self) -> dict:
+        self._close()
+        names = {side: name for side, name in zip("RS", self.specs)}
+        out: dict = {"streams": names}
+        if self.listing is None:
+            return out
+        self.listing.flush()
+        out["rejected"] = self.listing.rows
+        if self.mapper.coded:
+            fmt = self.cfg["output"]["format"]
+            columns = next(iter(self.specs.values()))["key"]
+            write_table(Path(self.cfg["output"]["path"]), "keys", self.mapper.table(columns), fmt)
+            out["keys"] = {"distinct": self.mapper.distinct, "bytes": self.mapper.nbytes, "file": f"keys.{fmt}"}
+        return out
+

@@ -1,0 +1,332 @@
+"""Two declared streams (`[streams.NAME]`, issue 20): config, key codes, the merge, errors, and the cluster
+differentially against an independent reference computed on the original files.
+
+The reference reads the files with Python's csv/datetime and pyarrow's readers on its own, maps the user's
+key values to ints with a Python dict, judges lateness within each stream (the contract of the merge:
+docs/input.md), and joins with tests/reference.py.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from master.keys import KeyMapper
+from master.source import open_source
+from protocol.chunks import InputError, concat
+from protocol.config import ConfigError, load_config
+from protocol.output import read_tables
+from tests.cluster import run_cluster, write_config
+from tests.reference import encode_pairs, late_flags, reference_pairs
+
+ROOT = Path(__file__).resolve().parent.parent
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def micros_of_iso(text: str) -> int:
+    d = datetime.fromisoformat(text)
+    d = d if d.tzinfo else d.replace(tzinfo=timezone.utc)
+    return (d - EPOCH) // (datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=timezone.utc) - EPOCH)
+
+
+def reference(r: dict, s: dict, window: float, max_delay: float) -> tuple[np.ndarray, np.ndarray]:
+    """(encoded pairs, late ids encoded stream * 2**40 + id) of streams given as {"id", "ts" (us), "key"
+    (hashable per row)} in file order: lateness within each stream, keys mapped by a dict."""
+    codes: dict = {}
+    stream, ids, ts, keys, late = [], [], [], [], []
+    for side, x in enumerate((r, s)):
+        stream.append(np.full(len(x["id"]), side))
+        ids.append(np.asarray(x["id"], np.int64))
+        ts.append(np.asarray(x["ts"], np.int64))
+        keys.append(np.array([codes.setdefault(k, len(codes)) for k in x["key"]], np.int64))
+        late.append(late_flags(ts[-1], max_delay))
+    stream, ids, ts, keys, late = map(np.concatenate, (stream, ids, ts, keys, late))
+    pairs, _ = reference_pairs(stream[~late], ids[~late], ts[~late], keys[~late], window, 1e9)
+    return pairs, np.sort(stream[late] * 2**40 + ids[late])
+
+
+def streams_cfg(tmp_path, r: dict, s: dict, **sections) -> dict:
+    p = tmp_path / "streams.toml"
+    text = "".join(f"[streams.{name}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in spec.items())
+                   for name, spec in (("views", r), ("buys", s)))
+    p.write_text(text + f'[output]\npath = "{tmp_path / "out"}"\n')
+    return load_config(p, [f"{k}={v}" for k, v in sections.items()])
+
+
+def drain(src, limit=1000):
+    parts = []
+    while (c := src.next_chunk(limit)) is not None:
+        parts.append(c)
+    return concat(parts)
+
+
+# --------------------------------------------------------------------------- config
+
+def test_streams_config_sides_keys_and_overrides(tmp_path):
+    cfg = streams_cfg(tmp_path, {"path": "a.csv", "key": "u", "time": "t"},
+                      {"path": "b.csv", "key": "u", "time": "t", "side": "R"}, **{"streams.views.time_unit": "ms"})
+    assert cfg["source"]["kind"] == "streams"
+    assert list(cfg["streams"]) == ["buys", "views"]  # side = "R" puts buys first
+    assert cfg["streams"]["views"] == {"path": "a.csv", "key": ["u"], "time": "t", "time_unit": "ms", "id": "",
+                                       "side": "S"}
+    assert load_config()["streams"] == {}  # the single-source form is untouched
+
+
+@pytest.mark.parametrize("r,s,words", [
+    ({"path": "a", "key": "u", "time": "t"}, {"path": "b", "key": ["u", "v"], "time": "t"}, "as many key columns"),
+    ({"path": "a", "key": "u", "time": "t", "side": "S"}, {"path": "b", "key": "u", "time": "t", "side": "S"}, "one must be R"),
+    ({"path": "a", "key": "u"}, {"path": "b", "key": "u", "time": "t"}, "streams.views.time: required"),
+    ({"path": "a", "key": "u", "time": "t", "colour": 1}, {"path": "b", "key": "u", "time": "t"}, "streams.views.colour"),
+    ({"path": "a", "key": "u", "time": "u"}, {"path": "b", "key": "u", "time": "t"}, "different columns"),
+    ({"path": "a", "key": [], "time": "t"}, {"path": "b", "key": "u", "time": "t"}, "streams.views.key"),
+    ({"path": "a", "key": "u", "time": "t", "time_unit": "min"}, {"path": "b", "key": "u", "time": "t"}, "time_unit"),
+])
+def test_streams_config_mistakes_name_the_key(tmp_path, r, s, words):
+    with pytest.raises(ConfigError, match=words):
+        streams_cfg(tmp_path, r, s)
+
+
+def test_streams_and_a_file_source_are_refused_together(tmp_path):
+    with pytest.raises(ConfigError, match="one or the other"):
+        streams_cfg(tmp_path, {"path": "a", "key": "u", "time": "t"}, {"path": "b", "key": "u", "time": "t"},
+                    **{"source.kind": "file", "source.path": "x.csv"})
+
+
+# --------------------------------------------------------------------------- key codes
+
+def test_key_codes_are_exact_and_in_order_of_first_appearance():
+    m = KeyMapper(["string"])
+    a = m.keys([pa.array(["u_1", "u_2", "u_1", "é", "u_10"])])
+    b = m.keys([pa.array(["u_10", "u_3", "é", "u_1 "])])  # a trailing space is another value
+    np.testing.assert_array_equal(a, [0, 1, 0, 2, 3])
+    np.testing.assert_array_equal(b, [3, 4, 2, 5])
+    assert m.distinct == 6 and m.table(["user"]).column("user").to_pylist() == ["u_1", "u_2", "é", "u_10", "u_3", "u_1 "]
+
+
+def test_composite_and_binary_key_codes_follow_the_tuples_of_values():
+    rng = np.random.default_rng(3)
+    users = np.array([f"u_{i}" for i in rng.integers(0, 30, 5000)])
+    blobs = [bytes([0, int(i)]) if i % 2 else bytes([int(i)]) + b"\x00" for i in rng.integers(0, 6, 5000)]
+    region = rng.integers(-2, 3, 5000)
+    m = KeyMapper(["string", "binary", "int"])
+    codes = np.concatenate([m.keys([pa.array(users[i:i + 999]), pa.array(blobs[i:i + 999], pa.binary()),
+                                    region[i:i + 999]]) for i in range(0, 5000, 999)])
+    mine: dict = {}
+    expected = [mine.setdefault(t, len(mine)) for t in zip(users.tolist(), blobs, region.tolist())]
+    np.testing.assert_array_equal(codes, expected)
+    t = m.table(["user", "blob", "region"])
+    assert list(zip(*(t[c].to_pylist() for c in ("user", "blob", "region")))) == list(mine)
+    assert t["key"].to_pylist() == list(range(len(mine)))
+
+
+# --------------------------------------------------------------------------- merge, errors
+
+def test_merge_keeps_each_streams_order_judges_lateness_within_it_and_ignores_batch_sizes(tmp_path, monkeypatch):
+    """Two Parquet streams with disorder and jumps, read in batches of 7 rows: the merged order is sorted by
+    (running max of its stream, side), keeps each stream's order, and a tuple is late (ingest's rule on the
+    merged order) iff it is late within its own stream."""
+    import protocol.stream_file as sf
+    from master.ingest import late_mask
+    rng = np.random.default_rng(5)
+    data = {}
+    for name, n in (("views", 300), ("buys", 200)):
+        ts = np.cumsum(rng.integers(0, 40_000, n)) + 1_700_000_000_000_000 - rng.integers(0, 900_000, n)
+        ts[rng.integers(0, n, 5)] -= 30_000_000  # far behind: late within the stream
+        data[name] = ts
+        pq.write_table(pa.table({"k": rng.integers(0, 9, n), "t": pa.array(ts, pa.timestamp("us"))}),
+                       tmp_path / f"{name}.parquet", row_group_size=50)
+    cfg = streams_cfg(tmp_path, {"path": str(tmp_path / "views.parquet"), "key": "k", "time": "t"},
+                      {"path": str(tmp_path / "buys.parquet"), "key": "k", "time": "t"})
+    whole = drain(open_source(cfg), 10_000)
+    monkeypatch.setattr(sf, "BATCH_ROWS", 7)
+    small = drain(open_source(cfg), 13)
+    for a, b in zip(whole, small):
+        np.testing.assert_array_equal(a, b)
+    late, _, _ = late_mask(whole.ts, -(1 << 62), 2_000_000)
+    for side, name in enumerate(data):
+        mine = whole.stream == side
+        np.testing.assert_array_equal(whole.id[mine], np.arange(len(data[name])))  # numbered rows, in order
+        np.testing.assert_array_equal(whole.ts[mine], data[name])
+        np.testing.assert_array_equal(late[mine], late_flags(data[name], 2.0))
+    assert late.sum() >= 8
+
+
+def test_the_same_instants_in_every_time_form_give_the_same_tuples(tmp_path):
+    """R: timestamp[ns, tz=Europe/Paris] and timestamp[s] files (a folder); S: epoch milliseconds as integers in
+    JSON lines (time_unit = "ms"), then ISO text with an offset in CSV (a glob): one instant list either way."""
+    micros = np.sort(np.random.default_rng(4).integers(0, 600, 40)) * 1_000_000 + 1_795_000_000_000_000
+    half, keys = len(micros) // 2, 100 + 7 * np.arange(len(micros))
+    (tmp_path / "r").mkdir()
+    pq.write_table(pa.table({"k": keys[:half], "t": pa.array(micros[:half] * 1000, pa.timestamp("ns", "Europe/Paris"))}),
+                   tmp_path / "r" / "a.parquet")
+    pq.write_table(pa.table({"k": keys[half:], "t": pa.array(micros[half:] // 1_000_000, pa.timestamp("s"))}),
+                   tmp_path / "r" / "b.parquet")
+    with open(tmp_path / "s-1.jsonl", "w") as f:
+        f.writelines(json.dumps({"k": k, "t": m // 1000}) + "\n" for k, m in zip(keys[:half].tolist(), micros.tolist()))
+    iso = [datetime.fromtimestamp(m // 1_000_000 - 5400, timezone.utc).strftime("%Y-%m-%d %H:%M:%S-01:30")
+           for m in micros[half:].tolist()]
+    pacsv.write_csv(pa.table({"k": keys[half:], "t": iso}), tmp_path / "s-2.csv")
+    cfg = streams_cfg(tmp_path, {"path": str(tmp_path / "r"), "key": "k", "time": "t"},
+                      {"path": str(tmp_path / "s-*"), "key": "k", "time": "t", "time_unit": "ms"})
+    got = drain(open_source(cfg))
+    for side in (0, 1):
+        np.testing.assert_array_equal(got.ts[got.stream == side], micros)
+        np.testing.assert_array_equal(got.key[got.stream == side], keys)  # integer keys as they are, not codes
+
+
+def test_a_recovery_seeks_to_the_same_next_tuple_with_the_same_key_codes_and_lists_each_bad_row_once(tmp_path):
+    rng = np.random.default_rng(8)
+    for name, n in (("views", 900), ("buys", 700)):
+        users = [f"u_{i}" for i in rng.integers(0, 300, n)]
+        times = [f"2026-11-25T10:{m:02d}:00Z" for m in np.sort(rng.integers(0, 60, n)).tolist()]
+        times[n // 2] = "noon"
+        pacsv.write_csv(pa.table({"user": users, "at": times}), tmp_path / f"{name}.csv")
+    cfg = streams_cfg(tmp_path, {"path": str(tmp_path / "views.csv"), "key": "user", "time": "at"},
+                      {"path": str(tmp_path / "buys.csv"), "key": "user", "time": "at"}, **{"output.flush_rows": 1})
+    first = open_source(cfg)
+    head = concat([first.next_chunk(300), first.next_chunk(300)])
+    where = first.position()
+    first.finish()
+    again = open_source(cfg)
+    again.seek(where)
+    rest = drain(again, 256)
+    whole = drain(open_source(cfg, listed=False), 5000)  # lists nothing
+    for a, b in zip(whole, concat([head, rest])):
+        np.testing.assert_array_equal(a, b)
+    assert again.finish()["rejected"] == 2
+    listed = read_tables(tmp_path / "out" / "rejected")
+    assert sorted(listed["row"].to_pylist()) == [351, 451] and set(listed["stream"].to_pylist()) == {"views", "buys"}
+
+
+def test_missing_columns_wrong_types_and_paths_are_one_error_naming_them(tmp_path):
+    pq.write_table(pa.table({"user": ["a"], "at": [True]}), tmp_path / "bool.parquet")
+    pq.write_table(pa.table({"user": [[1]], "at": [1.0]}), tmp_path / "list.parquet")
+    (tmp_path / "ok.csv").write_text("user,at\na,2026-01-01T00:00:00Z\n")
+    (tmp_path / "words.csv").write_text("user,at\na,yesterday\nb,today\n")
+    (tmp_path / "nouser.csv").write_text("name,at\na,1\n")
+    ok = {"path": str(tmp_path / "ok.csv"), "key": "user", "time": "at"}
+    cases = [
+        ("bool.parquet", "has column at of type bool, expected a time"),
+        ("list.parquet", "has column user of type list<element: int64>, expected an integer, a string or binary"),
+        ("words.csv", "has column at of type string (e.g. 'yesterday'), expected a time"),
+        ("nouser.csv", "lacks column(s) user; columns found: name, at"),
+        ("none.csv", "streams.buys.path: '" + str(tmp_path / "none.csv") + "' does not exist"),
+        ("*.json", "matches no file"),
+    ]
+    for name, words in cases:
+        with pytest.raises(InputError) as err:
+            open_source(streams_cfg(tmp_path, ok, {**ok, "path": str(tmp_path / name)}))
+        assert words in str(err.value) and (name in str(err.value) or "*" in name), str(err.value)
+
+
+def test_a_bad_config_or_input_of_streams_exits_2_before_the_run(tmp_path):
+    (tmp_path / "a.csv").write_text("user,at\na,1\n")
+    cfg = write_config(tmp_path, {"streams.views.path": str(tmp_path / "a.csv"), "streams.views.key": "user",
+                                  "streams.views.time": "at", "streams.buys.path": str(tmp_path / "a.csv"),
+                                  "streams.buys.key": "usr", "streams.buys.time": "at"})
+    from deploy.launch import mpi_env, mpirun_command
+    proc = subprocess.run(mpirun_command(2, ["--config", str(cfg)]), env=mpi_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "lacks column(s) usr" in proc.stderr and "a.csv" in proc.stderr and "streams.buys" in proc.stderr
+
+
+# --------------------------------------------------------------------------- the cluster
+
+def read_impressions(folder: Path) -> dict:
+    rows = [row for f in sorted(folder.glob("*.csv")) for row in csv.DictReader(f.open())]
+    return {"id": [int(r["impression_id"]) for r in rows], "ts": [micros_of_iso(r["shown_at"]) for r in rows],
+            "key": [r["user_id"] for r in rows]}
+
+
+def read_clicks(path: Path) -> dict:
+    t = pq.read_table(path)
+    return {"id": t["click_id"].to_numpy(), "ts": t["clicked_at"].cast(pa.int64()).to_numpy() * 1000,
+            "key": t["user_id"].to_pylist()}
+
+
+def test_the_clicks_example_with_two_dispatchers_equals_the_reference_on_its_files(tmp_path):
+    """examples/clicks end to end: make_data.py, then clicks.toml on 3 ranks (2 dispatchers, 1 slave): the
+    result pairs are the reference's on the original files, and keys.parquet gives each result its user ids."""
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, str(ROOT / "examples/clicks/make_data.py"), str(data)], check=True,
+                   capture_output=True)
+    out = tmp_path / "out"
+    from deploy.launch import mpi_env, mpirun_command
+    args = ["--config", str(ROOT / "examples/clicks/clicks.toml"), "--set", f"streams.impressions.path={data / 'impressions'}",
+            "--set", f"streams.clicks.path={data / 'clicks.parquet'}", "--set", f"output.path={out}",
+            "--set", "cluster.dispatchers=2", "--set", "output.progress=0", "--set", "metrics.endpoint=127.0.0.1:0"]
+    proc = subprocess.run(mpirun_command(3, args), env=mpi_env(), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    r, s = read_impressions(data / "impressions"), read_clicks(data / "clicks.parquet")
+    pairs, late = reference(r, s, 30.0, 5.0)
+    results = read_tables(out / "results")
+    assert len(pairs) > 1000 and len(late) == 0
+    np.testing.assert_array_equal(encode_pairs(results["r_id"].to_numpy(), results["s_id"].to_numpy()), pairs)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["input"] == {"R": len(r["id"]), "S": len(s["id"])}
+    assert summary["streams"] == {"R": "impressions", "S": "clicks"}
+    users = dict(zip(*(pq.read_table(out / "keys.parquet")[c].to_pylist() for c in ("key", "user_id"))))
+    assert summary["keys"]["distinct"] == len(users) == len(set(r["key"]) | set(s["key"]))
+    by_id = dict(zip(r["id"], r["key"])) | {("S", i): k for i, k in zip(s["id"].tolist(), s["key"])}
+    for r_id, s_id, r_key, s_key in zip(*(results[c].to_pylist() for c in ("r_id", "s_id", "r_key", "s_key"))):
+        assert users[r_key] == users[s_key] == by_id[r_id] == by_id["S", s_id]
+
+
+def test_composite_keys_without_ids_from_json_lines_and_a_folder_of_csv_equal_the_reference_across_a_crash(tmp_path):
+    """R: JSON lines, epoch milliseconds (time_unit = "ms"), no id; S: two CSV files with ISO text in +01:00,
+    no id, a bad time cell and an empty key cell (rejected rows), and rows late within their own stream;
+    the key is (user, region). One dispatcher, two slaves; slave rank 2 is killed at its 6th batch and the supervisor
+    recovers from a checkpoint: the input is read again and coded again, each pair is written once."""
+    rng = np.random.default_rng(11)
+    t0 = 1_795_000_000_000
+    n_r, n_s = 1500, 1200
+    r_ms = t0 + np.cumsum(rng.integers(0, 40, n_r)) - rng.integers(0, 500, n_r)
+    r_ms[[200, 900]] -= 20_000  # 20 s behind its stream: late
+    r_user, r_region = [f"u_{i}" for i in rng.integers(0, 40, n_r)], rng.integers(0, 3, n_r)
+    with open(tmp_path / "views.jsonl", "w") as f:
+        for u, g, t in zip(r_user, r_region.tolist(), r_ms.tolist()):
+            f.write(json.dumps({"user": u, "region": g, "at": t, "page": "/x"}) + "\n")
+    s_us = (t0 + np.cumsum(rng.integers(0, 50, n_s)) - rng.integers(0, 500, n_s)) * 1000 + rng.integers(0, 1000, n_s)
+    s_us[700] -= 30_000_000
+    s_user, s_region = [f"u_{i}" for i in rng.integers(0, 40, n_s)], rng.integers(0, 3, n_s)
+    iso = [datetime.fromtimestamp(t // 1_000_000 + 3600, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+           + f".{t % 1_000_000:06d}+01:00" for t in s_us.tolist()]
+    iso[100], s_user[333] = "soon", ""
+    (tmp_path / "buys").mkdir()
+    for i, (a, b) in enumerate(((0, 600), (600, n_s))):
+        pacsv.write_csv(pa.table({"user": s_user[a:b], "region": s_region[a:b], "t": iso[a:b]}),
+                        tmp_path / "buys" / f"part-{i}.csv")
+    run = run_cluster(tmp_path, 3, {
+        "streams.views.path": str(tmp_path / "views.jsonl"), "streams.views.key": ["user", "region"],
+        "streams.views.time": "at", "streams.views.time_unit": "ms",
+        "streams.buys.path": str(tmp_path / "buys"), "streams.buys.key": ["user", "region"], "streams.buys.time": "t",
+        "join.window": "2s", "join.max_delay": "1500ms", "partitioning.partitions": 8, "source.rate": 4000.0,
+        "epochs.distribution": "100ms", "checkpoint.interval": 2, "output.flush_rows": 1},
+        wrapper=[sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"],
+        env={"STREAMJOIN_FAULT": f"2:batch:6:{tmp_path / 'fault-fired'}"})
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "fault-fired").exists() and run.summary["checkpoints"]["recovered_from"] is not None
+    bad = np.zeros(n_s, bool)
+    bad[[100, 333]] = True
+    r = {"id": np.arange(n_r), "ts": r_ms * 1000, "key": list(zip(r_user, r_region.tolist()))}
+    s = {"id": np.flatnonzero(~bad), "ts": s_us[~bad],
+         "key": [k for k, b in zip(zip(s_user, s_region.tolist()), bad) if not b]}
+    pairs, late = reference(r, s, 2.0, 1.5)
+    assert len(pairs) > 500 and len(late) == 3
+    np.testing.assert_array_equal(run.pairs(), pairs)
+    np.testing.assert_array_equal(run.late_ids(), late)
+    rejected = read_tables(run.out / "rejected").sort_by("row")
+    assert [(Path(f).name, row, c) for f, row, c in zip(*(rejected[x].to_pylist() for x in ("file", "row", "column")))] \
+        == [("part-0.csv", 101, "t"), ("part-0.csv", 334, "user+region")]
+    keys = pq.read_table(run.out / "keys.parquet")
+    assert keys.column_names == ["key", "user", "region"] and run.summary["keys"]["distinct"] == keys.num_rows
