@@ -57,6 +57,10 @@ def warm_kernels() -> None:
     loads them (well under 1 s)."""
     import master.ingest  # noqa: F401  (compiles at import: one signature per kernel)
     import slave.kernel  # noqa: F401
+    import pyarrow as pa
+    from master.keys import KeyDictionary  # text keys' coding compiles at its first call: 16 values, a rehash too
+
+    KeyDictionary(pa.string()).codes(pa.array([str(i) for i in range(16)]))
 
 
 def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, module: str = "master") -> list[str]:
