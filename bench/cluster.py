@@ -2,7 +2,6 @@
 for one slave count after another and keeps every number for results.json."""
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -13,8 +12,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
-from bench.search import HALF_LOAD, bracket, keep_up, median, next_rate, search_verdict, sustained_rate
+from bench.inputs import InputCache, expected_tuples, rung
+from bench.search import (HALF_LOAD, MIN_INPUT_SECONDS, bracket, counted_verdict, flatness, input_verdict, keep_up,
+                          median, next_rate, search_verdict, sustained_rate)
 from bench.tables import fmt
 from deploy.launch import mpi_env, mpirun_command
 from protocol.config import load_config
@@ -52,6 +54,45 @@ def run_numbers(s: dict) -> dict:
             "pss_mb": round(sum(s["startup"]["pss_before_data_bytes"].values()) / 2**20, 1) if "startup" in s else None,
             "rank_rss_mb": {"0": round(s["master_peak_rss_bytes"] / 2**20, 1),
                             **{r: round(v["peak_rss_bytes"] / 2**20, 1) for r, v in s["slaves"].items()}}}
+
+
+#: the confirmation run's delays are counted in log bins of this many per decade from 1 us (0.23% wide): its
+#: hundreds of millions of results are read file by file, never whole
+FINE_PER_DECADE, FINE_FIRST = 1000, -6
+FINE_BINS = (4 - FINE_FIRST) * FINE_PER_DECADE + 1  # up to 1e4 s; the last bin takes anything longer
+
+
+def fine_bins(delays: np.ndarray) -> np.ndarray:
+    """The fine bin of each delay (delays below 1 us in bin 0)."""
+    logs = np.log10(np.maximum(delays, 10.0 ** FINE_FIRST))
+    return np.minimum(((logs - FINE_FIRST) * FINE_PER_DECADE).astype(np.int64), FINE_BINS - 1)
+
+
+def fine_percentile(hist: np.ndarray, q: float) -> float | None:
+    """The upper edge of the fine bin holding the q-th percentile (the value at rank ceil(q% of n)); None if empty."""
+    total = int(hist.sum())
+    if not total:
+        return None
+    b = int(np.searchsorted(np.cumsum(hist), math.ceil(total * q / 100.0), side="left"))
+    return round(10.0 ** (FINE_FIRST + (b + 1) / FINE_PER_DECADE), 6)
+
+
+def delay_profile(results: Path, duration: float, parts: int = 4) -> dict:
+    """The delay p50/p95/p99 of a run's result files, and the p99 per `parts` of the input by the later tuple's
+    event time (0 .. `duration`, the generator's: a paced run's arrival time grows with it), to the fine bins'
+    width; read one file at a time."""
+    whole = np.zeros(FINE_BINS, np.int64)
+    part = np.zeros((parts, FINE_BINS), np.int64)
+    files = sorted(results.glob("*.parquet")) if results.is_dir() else []
+    for f in files:
+        t = pq.read_table(f, columns=["delay", "r_ts", "s_ts"])
+        b = fine_bins(t["delay"].to_numpy())
+        later = np.maximum(t["r_ts"].to_numpy(), t["s_ts"].to_numpy())
+        which = np.clip((later * parts / duration).astype(np.int64), 0, parts - 1)
+        whole += np.bincount(b, minlength=FINE_BINS)
+        part += np.bincount(which * FINE_BINS + b, minlength=parts * FINE_BINS).reshape(parts, FINE_BINS)
+    return {"p50": fine_percentile(whole, 50), "p95": fine_percentile(whole, 95), "p99": fine_percentile(whole, 99),
+            "part_p99": [fine_percentile(h, 99) for h in part], "part_results": part.sum(axis=1).tolist()}
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -95,12 +136,14 @@ def _end_session(pid: int) -> None:
 
 
 def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, module: str = "master",
-                env: dict[str, str] | None = None, keep=None) -> dict:
+                env: dict[str, str] | None = None, keep=None, exact: bool = True) -> dict:
     """One `mpirun -n ranks python -m master --set ...` into workdir; its summary.json, plus its peak RSS.
 
     `module` and `env` replace the rank program and add environment variables (bench.balance runs
     every rank through the CPU-pinning wrapper `bench.busy`); `keep(out)` takes what it needs from the
-    output folder (as `kept` in the summary) before the folder is removed.
+    output folder (as `kept` in the summary) before the folder is removed; `exact`: read the exact delay
+    percentiles from the result files (every delay at once: a run of hundreds of millions of results reads
+    them through `keep` instead).
 
     The run gets a session of its own so a hung (or interrupted) run can be ended
     completely; os.wait4 gives the largest RSS of any process in it (prterun reaps
@@ -133,35 +176,21 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
     s = json.loads(summary.read_text())
     s["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux reports KiB
     s["process_seconds"] = process_seconds
-    # every result row carries its delay: the exact percentiles, not the upper edges of the summary's bins
-    results = read_tables(out / "results", ["delay"])
-    delays = results["delay"].to_numpy() if results is not None else np.empty(0)
-    s["delay_exact"] = dict(zip(("p50", "p95", "p99"), exact_percentiles(delays)))
+    if exact:  # every result row carries its delay: the exact percentiles, not the upper edges of the summary's bins
+        results = read_tables(out / "results", ["delay"])
+        delays = results["delay"].to_numpy() if results is not None else np.empty(0)
+        s["delay_exact"] = dict(zip(("p50", "p95", "p99"), exact_percentiles(delays)))
     if keep is not None:
         s["kept"] = keep(out)
     shutil.rmtree(workdir)  # result files can be large; the summary is all we need
     return s
 
 
-#: where a run's input comes from (`--input`): read from a Parquet file of the generated tuples written before
-#: the runs (the default: the Spark peer and the kernel limit get theirs that way, so all three are measured on
-#: input that is already there; the master reads it before the run's clock starts), or generated at the master
-#: as it goes (the cluster's CPU then also makes the tuples)
+#: where a run's input comes from (`--input`): read from a Parquet file of the generated tuples (the default:
+#: the Spark peer and the kernel limit get theirs that way, so all three are measured on input that is already
+#: there; bench.inputs keeps the files between runs, the master streams them), or generated at the master as it
+#: goes (the cluster's CPU then also makes the tuples)
 INPUTS = ("file", "generator")
-
-
-def generated_file(settings: list[str], directory: Path) -> Path:
-    """The input generated for `settings`, written once as an input file (the file source's columns) in
-    `directory`, named by the generator config: runs of the same workload share it."""
-    from master.archive import InputArchive
-    from protocol.workload import generate_all
-    cfg = load_config(None, settings)
-    folder = directory / hashlib.sha1(json.dumps(cfg["generator"], sort_keys=True).encode()).hexdigest()[:16]
-    if not folder.exists():
-        archive = InputArchive(folder, flush_rows=1 << 62)
-        archive.add(generate_all(cfg))
-        archive.flush()
-    return folder / "input-000000.parquet"
 
 
 class Bench:
@@ -169,40 +198,82 @@ class Bench:
 
     def __init__(self, slaves: list[int], repeats: int, steps: int, delay_bound: float, workload: list[str],
                  timeout: float, tmp: Path, *, half: bool = True, tag: str = "", module: str = "master",
-                 env: dict[str, str] | None = None, input_kind: str = "file"):
+                 env: dict[str, str] | None = None, input_kind: str = "file", cache: InputCache | None = None,
+                 capacity: bool = False, confirm_seconds: float = 0.0):
         """`half`: also repeat at half the sustained rate; `tag` names the runs (and their folders) in the
-        progress lines; `module`, `env`: see run_cluster; `input_kind`: one of INPUTS."""
+        progress lines; `module`, `env`: see run_cluster; `input_kind`: one of INPUTS; `cache`: where the input
+        files are kept (default: a folder in `tmp`).  `capacity`: the runs measure capacity: every paced run gets
+        at least MIN_INPUT_SECONDS of input at its rate and a shorter one cannot pass; then one confirmation run
+        of `confirm_seconds` of input (0 = none)."""
         self.slaves, self.repeats, self.steps, self.delay_bound = slaves, repeats, steps, delay_bound
         self.workload, self.timeout, self.tmp = workload, timeout, tmp
         self.half, self.tag, self.module, self.env = half, tag, module, env
-        self.source = ([] if input_kind == "generator" else
-                       ["source.kind=file", f"source.path={generated_file(workload, tmp / 'inputs')}"])
-        self.total_runs, self.done = planned_runs(len(slaves), repeats, steps, half), 0
+        self.input_kind, self.cache = input_kind, cache or InputCache(tmp / "inputs")
+        self.capacity, self.confirm_seconds = capacity, confirm_seconds if capacity else 0.0
+        self.total_runs = planned_runs(len(slaves), repeats, steps, half) + (len(slaves) if self.confirm_seconds else 0)
+        self.done = 0
         self.config: dict | None = None
 
-    def run_at(self, k: int, label: str, rate: float) -> dict:
-        """One run of k slaves paced at `rate` (0 = unpaced), its numbers, and a progress line."""
+    def duration(self, tuples: float = 0) -> float:
+        """The event-time length of an input of at least `tuples` (0: the workload's own): a rung of the ladder
+        (bench.inputs), so files are shared between rates."""
+        gen = load_config(None, self.workload)["generator"]
+        if tuples > expected_tuples(gen):
+            return rung(float(gen["duration"]), float(gen["rate"]), tuples)
+        return float(gen["duration"])
+
+    def source(self, tuples: float = 0) -> list[str]:
+        """The settings of a run's input, long enough for `tuples` (0: the workload's own length)."""
+        settings = [*self.workload, f"generator.duration={self.duration(tuples)!r}"]
+        if self.input_kind == "generator":
+            return settings
+        return [*settings, "source.kind=file", f"source.path={self.cache.file(settings)}"]
+
+    def run_at(self, k: int, label: str, rate: float, seconds: float = 0.0, keep=None) -> dict:
+        """One run of k slaves paced at `rate` (0 = unpaced), its numbers, and a progress line.  A paced run of a
+        capacity bench gets at least `seconds` (default MIN_INPUT_SECONDS) of input at its rate."""
         self.done += 1
-        s = run_cluster(k + 1, [*self.workload, *self.source, f"source.rate={float(rate)!r}"],
-                        self.tmp / f"{self.tag}k{k}-{label.replace(' ', '').replace('#', '-')}", self.timeout,
-                        self.module, self.env)
+        seconds = seconds or (MIN_INPUT_SECONDS if self.capacity else 0.0)
+        settings = [*self.source(seconds * rate), f"source.rate={float(rate)!r}"]
+        s = run_cluster(k + 1, settings, self.tmp / f"{self.tag}k{k}-{label.replace(' ', '').replace('#', '-')}",
+                        self.timeout, self.module, self.env, keep=keep, exact=keep is None)
+        if keep is not None:  # the confirmation run: its percentiles from the fine bins, read file by file
+            s["delay_exact"] = {q: s["kept"][q] for q in ("p50", "p95", "p99")}
         self.config = self.config or s["config"]
-        r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"]}
+        r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"], **({"kept": s["kept"]} if keep else {})}
+        if self.input_kind == "file":
+            r["input_file"] = next(x for x in settings if x.startswith("source.path=")).split("=", 1)[1]
         if rate > 0:
-            r.update(rate=rate, **keep_up(r["input_total"] + r["late"], r["wall_seconds"], rate, s["pacing_lag_max_seconds"],
-                                          s["backlog_max_seconds"]))
-            r["passed"], r["verdict"] = search_verdict(r, self.delay_bound)
+            tuples = r["input_total"] + r["late"]
+            r.update(rate=rate, **keep_up(tuples, r["wall_seconds"], rate, s["pacing_lag_max_seconds"],
+                                          s["backlog_max_seconds"]), **input_verdict(tuples, rate))
+            r["passed"], r["verdict"] = (counted_verdict if self.capacity else search_verdict)(r, self.delay_bound)
         line = (f"[{self.done:>2}/{self.total_runs}] {self.tag + ' ' if self.tag else ''}slaves={k} {label:<12} {r['throughput']:>10,.0f} tuples/s in "
                 f"{r['wall_seconds']:5.1f}s | delay p50 {fmt(r['delay_p50'], '.3f')}s p95 {fmt(r['delay_p95'], '.3f')}s"
                 f" p99 {fmt(r['delay_p99'], '.3f')}s | peak RSS {r['peak_rss_mb']:.0f} MB")
         if rate > 0:
-            line += (f" | paced {rate:,.0f}/s: {r['ratio']:.0%} {'kept up' if r['kept_up'] else 'FELL BEHIND'}"
-                     f" -> {'PASS' if r['passed'] else 'FAIL: ' + r['verdict']}")
+            line += (f" | paced {rate:,.0f}/s over {r['input_seconds']:.1f}s: {r['ratio']:.0%} "
+                     f"{'kept up' if r['kept_up'] else 'FELL BEHIND'} -> {'PASS' if r['passed'] else 'FAIL: ' + r['verdict']}")
         print(line, flush=True)
         return r
 
+    def confirm(self, k: int, rate: float) -> dict:
+        """One run paced at `rate` over `confirm_seconds` of input: the search's test, and a delay p99 in its last
+        quarter within `flatness` of its first (a backlog that grows slowly shows only over a long run)."""
+        duration = self.duration(self.confirm_seconds * rate)
+        r = self.run_at(k, "confirm", rate, self.confirm_seconds,
+                        keep=lambda out: delay_profile(out / "results", duration))
+        first, *_, last = r.pop("kept")["part_p99"]
+        r["flatness"] = flatness(first, last, load_config(None, self.workload)["epochs"]["distribution"])
+        r["confirmed"] = bool(r["passed"] and r["flatness"]["flat"])
+        f = r["flatness"]
+        print(f"    confirm: delay p99 first quarter {fmt(f['first_p99'], '.3f')}s, last {fmt(f['last_p99'], '.3f')}s "
+              f"(limit {fmt(f['limit'], '.3f')}s) -> {'CONFIRMED' if r['confirmed'] else 'NOT CONFIRMED'}", flush=True)
+        return r
+
     def point(self, k: int) -> dict:
-        """Probe, search, then repeats at the sustained rate and at half of it, for k slaves."""
+        """Probe, search, then repeats at the sustained rate and at half of it, and the confirmation run, for k
+        slaves."""
         probe = self.run_at(k, "probe", 0.0)
         unpaced = probe["throughput"]
         trail, search = [], []
@@ -213,7 +284,7 @@ class Bench:
         self.total_runs -= self.steps - len(search)  # the search stopped early (gave up or converged)
         rate = sustained_rate(trail)
         if not rate:
-            self.total_runs -= (2 if self.half else 1) * self.repeats
+            self.total_runs -= (2 if self.half else 1) * self.repeats + (1 if self.confirm_seconds else 0)
         at = [self.run_at(k, f"sustained #{i + 1}", rate) for i in range(self.repeats)] if rate else []
         half_rate = round(HALF_LOAD * rate) if self.half else 0
         half = [self.run_at(k, f"half #{i + 1}", half_rate) for i in range(self.repeats)] if half_rate else []
@@ -221,7 +292,8 @@ class Bench:
                 "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
                 "sustained": {"rate": rate, "throughput": median(r["throughput"] for r in at), **aggregate(at),
                               "runs": at},
-                "half": {"rate": half_rate, **aggregate(half), "runs": half}}
+                "half": {"rate": half_rate, **aggregate(half), "runs": half},
+                "confirm": self.confirm(k, rate) if rate and self.confirm_seconds else None}
 
 
 def planned_runs(n_slave_counts: int, repeats: int, steps: int, half: bool = True) -> int:
