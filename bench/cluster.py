@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
 
 from bench.inputs import InputCache, expected_tuples, rung
 from bench.search import (HALF_LOAD, MIN_INPUT_SECONDS, bracket, counted_verdict, flatness, input_verdict, keep_up,
@@ -56,43 +56,19 @@ def run_numbers(s: dict) -> dict:
                             **{r: round(v["peak_rss_bytes"] / 2**20, 1) for r, v in s["slaves"].items()}}}
 
 
-#: the confirmation run's delays are counted in log bins of this many per decade from 1 us (0.23% wide): its
-#: hundreds of millions of results are read file by file, never whole
-FINE_PER_DECADE, FINE_FIRST = 1000, -6
-FINE_BINS = (4 - FINE_FIRST) * FINE_PER_DECADE + 1  # up to 1e4 s; the last bin takes anything longer
-
-
-def fine_bins(delays: np.ndarray) -> np.ndarray:
-    """The fine bin of each delay (delays below 1 us in bin 0)."""
-    logs = np.log10(np.maximum(delays, 10.0 ** FINE_FIRST))
-    return np.minimum(((logs - FINE_FIRST) * FINE_PER_DECADE).astype(np.int64), FINE_BINS - 1)
-
-
-def fine_percentile(hist: np.ndarray, q: float) -> float | None:
-    """The upper edge of the fine bin holding the q-th percentile (the value at rank ceil(q% of n)); None if empty."""
-    total = int(hist.sum())
-    if not total:
-        return None
-    b = int(np.searchsorted(np.cumsum(hist), math.ceil(total * q / 100.0), side="left"))
-    return round(10.0 ** (FINE_FIRST + (b + 1) / FINE_PER_DECADE), 6)
-
-
-def delay_profile(results: Path, duration: float, parts: int = 4) -> dict:
-    """The delay p50/p95/p99 of a run's result files, and the p99 per `parts` of the input by the later tuple's
-    event time (0 .. `duration`, the generator's: a paced run's arrival time grows with it), to the fine bins'
-    width; read one file at a time."""
-    whole = np.zeros(FINE_BINS, np.int64)
-    part = np.zeros((parts, FINE_BINS), np.int64)
-    files = sorted(results.glob("*.parquet")) if results.is_dir() else []
-    for f in files:
-        t = pq.read_table(f, columns=["delay", "r_ts", "s_ts"])
-        b = fine_bins(t["delay"].to_numpy())
-        later = np.maximum(t["r_ts"].to_numpy(), t["s_ts"].to_numpy())
-        which = np.clip((later * parts / duration).astype(np.int64), 0, parts - 1)
-        whole += np.bincount(b, minlength=FINE_BINS)
-        part += np.bincount(which * FINE_BINS + b, minlength=parts * FINE_BINS).reshape(parts, FINE_BINS)
-    return {"p50": fine_percentile(whole, 50), "p95": fine_percentile(whole, 95), "p99": fine_percentile(whole, 99),
-            "part_p99": [fine_percentile(h, 99) for h in part], "part_results": part.sum(axis=1).tolist()}
+def quarter_p99(samples: pa.Table | None, parts: int = 4) -> list[float | None]:
+    """From the master's metrics log of a run (a sample a second: input counts, the delay p99 of the results
+    reported since the sample before), per `parts` of the input by ingest: the median of the samples' delay p99s.
+    The samples after the input's end (the drain) count for no part; a part without a p99 is None."""
+    if samples is None or not samples.num_rows:
+        return [None] * parts
+    t = samples.sort_by("elapsed")
+    seen = t["input_r"].to_numpy() + t["input_s"].to_numpy()
+    total = seen.max()
+    last = int(np.argmax(seen >= total))  # the first sample after the last tuple came in
+    p99 = t["delay_p99"].to_numpy(zero_copy_only=False)[:last + 1].astype(float)
+    part = np.minimum(np.ceil(seen[:last + 1] * parts / max(total, 1)).astype(int) - 1, parts - 1)  # -1: no input yet
+    return [median(p99[part == i]) for i in range(parts)]
 
 
 def aggregate(runs: list[dict]) -> dict:
@@ -114,14 +90,25 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
-def _exited(pid: int, timeout: float) -> bool:
-    """Wait up to `timeout` s for the run's mpirun to exit, leaving it unreaped (its pid stays ours)."""
+def _exited(pid: int, timeout: float, each=None) -> bool:
+    """Wait up to `timeout` s for the run's mpirun to exit, leaving it unreaped (its pid stays ours); `each()` is
+    called about once a second meanwhile."""
     deadline = time.monotonic() + timeout
+    next_call = time.monotonic() + 1.0
     while time.monotonic() < deadline:
         if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
             return True
+        if each is not None and time.monotonic() >= next_call:
+            each()
+            next_call += 1.0
         time.sleep(0.05)
     return False
+
+
+def _drop_results(out: Path) -> None:
+    """Delete the run's complete result files (a slave writes each under a temporary name, then renames it)."""
+    for f in (out / "results").glob("*.parquet"):
+        f.unlink(missing_ok=True)
 
 
 def _end_session(pid: int) -> None:
@@ -136,14 +123,15 @@ def _end_session(pid: int) -> None:
 
 
 def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, module: str = "master",
-                env: dict[str, str] | None = None, keep=None, exact: bool = True) -> dict:
+                env: dict[str, str] | None = None, keep=None, exact: bool = True, drop_results: bool = False) -> dict:
     """One `mpirun -n ranks python -m master --set ...` into workdir; its summary.json, plus its peak RSS.
 
     `module` and `env` replace the rank program and add environment variables (bench.balance runs
     every rank through the CPU-pinning wrapper `bench.busy`); `keep(out)` takes what it needs from the
     output folder (as `kept` in the summary) before the folder is removed; `exact`: read the exact delay
-    percentiles from the result files (every delay at once: a run of hundreds of millions of results reads
-    them through `keep` instead).
+    percentiles from the result files (every delay at once; else the summary's binned ones); `drop_results`:
+    delete the result files as they are written (a long run's results would fill the disk: one per input tuple
+    on the paper workload, about 50 bytes each).
 
     The run gets a session of its own so a hung (or interrupted) run can be ended
     completely; os.wait4 gives the largest RSS of any process in it (prterun reaps
@@ -158,7 +146,7 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
                                 stdout=so, stderr=se,
                                 start_new_session=True)
     try:
-        timed_out = not _exited(proc.pid, timeout)
+        timed_out = not _exited(proc.pid, timeout, (lambda: _drop_results(out)) if drop_results else None)
     except BaseException:  # Ctrl-C: the run is in its own session and did not get the signal
         timed_out = True
         raise
@@ -176,7 +164,7 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
     s = json.loads(summary.read_text())
     s["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux reports KiB
     s["process_seconds"] = process_seconds
-    if exact:  # every result row carries its delay: the exact percentiles, not the upper edges of the summary's bins
+    if exact and not drop_results:  # every result row carries its delay: the exact percentiles, not the upper edges of the summary's bins
         results = read_tables(out / "results", ["delay"])
         delays = results["delay"].to_numpy() if results is not None else np.empty(0)
         s["delay_exact"] = dict(zip(("p50", "p95", "p99"), exact_percentiles(delays)))
@@ -229,18 +217,21 @@ class Bench:
             return settings
         return [*settings, "source.kind=file", f"source.path={self.cache.file(settings)}"]
 
-    def run_at(self, k: int, label: str, rate: float, seconds: float = 0.0, keep=None) -> dict:
+    def run_at(self, k: int, label: str, rate: float, seconds: float = 0.0, long: bool = False) -> dict:
         """One run of k slaves paced at `rate` (0 = unpaced), its numbers, and a progress line.  A paced run of a
-        capacity bench gets at least `seconds` (default MIN_INPUT_SECONDS) of input at its rate."""
+        capacity bench gets at least `seconds` (default MIN_INPUT_SECONDS) of input at its rate.  `long`: the
+        result files are deleted as they come (the delays are the summary's bins) and the metrics log's delay p99
+        per quarter of the input is kept (`quarter_p99`)."""
         self.done += 1
         seconds = seconds or (MIN_INPUT_SECONDS if self.capacity else 0.0)
-        settings = [*self.source(seconds * rate), f"source.rate={float(rate)!r}"]
+        settings = [*self.source(seconds * rate), f"source.rate={float(rate)!r}",
+                    *(["metrics.log_interval=5.0"] if long else [])]
+        keep = (lambda out: quarter_p99(read_tables(out / "metrics", ["elapsed", "input_r", "input_s", "delay_p99"]))
+                ) if long else None
         s = run_cluster(k + 1, settings, self.tmp / f"{self.tag}k{k}-{label.replace(' ', '').replace('#', '-')}",
-                        self.timeout, self.module, self.env, keep=keep, exact=keep is None)
-        if keep is not None:  # the confirmation run: its percentiles from the fine bins, read file by file
-            s["delay_exact"] = {q: s["kept"][q] for q in ("p50", "p95", "p99")}
+                        self.timeout, self.module, self.env, keep=keep, drop_results=long)
         self.config = self.config or s["config"]
-        r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"], **({"kept": s["kept"]} if keep else {})}
+        r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"], **({"quarter_p99": s["kept"]} if long else {})}
         if self.input_kind == "file":
             r["input_file"] = next(x for x in settings if x.startswith("source.path=")).split("=", 1)[1]
         if rate > 0:
@@ -260,10 +251,8 @@ class Bench:
     def confirm(self, k: int, rate: float) -> dict:
         """One run paced at `rate` over `confirm_seconds` of input: the search's test, and a delay p99 in its last
         quarter within `flatness` of its first (a backlog that grows slowly shows only over a long run)."""
-        duration = self.duration(self.confirm_seconds * rate)
-        r = self.run_at(k, "confirm", rate, self.confirm_seconds,
-                        keep=lambda out: delay_profile(out / "results", duration))
-        first, *_, last = r.pop("kept")["part_p99"]
+        r = self.run_at(k, "confirm", rate, self.confirm_seconds, long=True)
+        first, *_, last = r["quarter_p99"]
         r["flatness"] = flatness(first, last, load_config(None, self.workload)["epochs"]["distribution"])
         r["confirmed"] = bool(r["passed"] and r["flatness"]["flat"])
         f = r["flatness"]

@@ -41,9 +41,10 @@ def caveats(data: dict) -> list[str]:
         out.append("No search run failed for " + ", ".join(f"{p['slaves']} slave(s)" for p in open_top)
                    + ": the sustained rate is only a lower bound; more --steps search higher.")
     if data.get("quick"):
-        out.insert(0, f"{QUICK_NOTE[0].upper()}{QUICK_NOTE[1:]}: each paced run's input lasts less than "
-                      f"{MIN_INPUT_SECONDS:g} s at its rate (a backlog cannot show), so its rates are the search's, "
-                      "not capacities, and there is no confirmation run.")
+        out.insert(0, f"{QUICK_NOTE[0].upper()}{QUICK_NOTE[1:]}: its paced runs read the workload as it is, "
+                      f"not sized to last {MIN_INPUT_SECONDS:g} s at their rates (at the rates a cluster sustains "
+                      "here, about a second: a backlog cannot show), and there is no confirmation run, so its rates "
+                      "are the search's, not capacities.")
     unconfirmed = [p for p in points if p.get("confirm") and not p["confirm"]["confirmed"]]
     if unconfirmed:
         out.append("The confirmation run did not confirm the sustained rate of " + ", ".join(
@@ -97,12 +98,14 @@ def write_report(out: Path, data: dict) -> None:
         f"3. **sustained**: {n} runs paced at the sustained rate; the table gives the medians of their achieved "
         "throughput and delay percentiles, how many kept up and how many passed the search's test.",
         f"4. **half**: {n} runs paced at {HALF_LOAD:.0%} of the sustained rate: the delay at half load (medians).",
-        f"5. **confirm**: " + (f"one run paced at the sustained rate over {data['confirm_seconds']:g} s of input. The "
-        f"rate is **confirmed** iff that run passes the search's test and its delay p99 over the results whose later "
-        f"tuple is in the last quarter of the input is at most {FLAT_FACTOR:g}x, or one distribution epoch more than, "
-        "that of the first quarter (whichever allows more): a backlog that grows slowly shows only over a long run. "
-        "Its percentiles come from log bins of 0.23% (its results are read file by file). Targets and the ratio to "
-        "the peer count only slave counts whose rate most repeats passed and the confirmation run confirmed."
+        "5. **confirm**: " + (f"one run paced at the sustained rate over {data['confirm_seconds']:g} s of input. The "
+        "rate is **confirmed** iff that run passes the search's test and its delay p99 in the last quarter of the "
+        f"input is at most {FLAT_FACTOR:g}x, or one distribution epoch more than, that of the first quarter "
+        "(whichever allows more): a backlog that grows slowly shows only over a long run. A quarter's p99 is the "
+        "median of the per-second delay p99s of the master's metrics log while that quarter of the input came in. "
+        "Its result files (one per input tuple, about 50 bytes each) are deleted as they are written, so its "
+        "overall percentiles are the summary's (upper edges of 12.2% bins). Targets and the ratio to the peer "
+        "count only slave counts whose rate most repeats passed and the confirmation run confirmed."
                                if data.get("confirm_seconds") else "none (`--confirm-seconds 0` or `--quick`): "
                                "no rate is confirmed, so no target is claimed."),
         "",
@@ -112,8 +115,8 @@ def write_report(out: Path, data: dict) -> None:
          "(bench.inputs: lengths on a ladder of factor 1.41, so runs last up to 1.41x the minimum); the unpaced "
          "probe reads the workload's own length. A shorter run is reported and marked too short to count."
          if not data.get("quick") else
-         f"**Input length.** Quick runs read the workload as it is (about a second of input at these rates, under "
-         f"the {MIN_INPUT_SECONDS:g} s a run needs to count): {QUICK_NOTE}."), "",
+         f"**Input length.** Quick runs read the workload as it is, not sized to the {MIN_INPUT_SECONDS:g} s of "
+         f"input a run needs to count (the runs tables show each run's): {QUICK_NOTE}."), "",
         *(["Input files (generated once, kept in the cache folder between runs and invocations):", "",
            inputs_table(data["inputs"]), ""] if data.get("inputs") else []),
         f"Every median is over {n} runs on a shared, noisy {m['cores']}-core machine; with more ranks than cores "
@@ -136,7 +139,7 @@ def write_report(out: Path, data: dict) -> None:
         "from the result files (the cluster's own summary gives upper edges of log-spaced bins, up to 12.2% "
         "higher).",
         "- Peak RSS is the largest resident set of any one process (master or a slave) over all runs of that slave "
-        "count; the unpaced probe, which buffers the whole input, usually sets it.", "",
+        "count; the unpaced probe, which fills the master's buffers (`master.buffer_capacity`), usually sets it.", "",
         "![sustained rate vs slaves](capacity.png)", "",
         "![delay at the sustained rate and at half of it vs slaves](delay.png)", "",
         "## Runs per slave count", "",

@@ -145,30 +145,31 @@ def test_confirmed_needs_the_repeats_and_a_flat_confirmation_run():
     assert behind["confirm"]["flatness"]["flat"] and not confirmed(behind)
 
 
-def test_delay_profile_reads_result_files_one_by_one_into_quarters(tmp_path):
+def test_quarter_p99_comes_from_the_metrics_log_by_input_progress():
     import pyarrow as pa
-    import pyarrow.parquet as pq
-    from bench.cluster import delay_profile, fine_percentile
-    rng = np.random.default_rng(5)
-    later = rng.random(40_000) * 100.0  # the later tuple's event time, over an input of 100 s
-    delay = np.where(later < 75, rng.random(40_000) * 0.3, 0.3 + later / 100)  # the last quarter climbs
-    (tmp_path / "results").mkdir()
-    for i, part in enumerate(np.array_split(np.arange(40_000), 3)):  # the later ts is in r_ts or s_ts
-        r_ts = np.where(part % 2 == 0, later[part], later[part] - 0.5)
-        s_ts = np.where(part % 2 == 0, later[part] - 0.5, later[part])
-        pq.write_table(pa.table({"r_ts": r_ts, "s_ts": s_ts, "delay": delay[part]}), tmp_path / "results" / f"r{i}.parquet")
-    prof = delay_profile(tmp_path / "results", 100.0)
-    quarter = np.minimum((later / 25).astype(int), 3)
-    assert prof["part_results"] == np.bincount(quarter).tolist()
-    for q in range(4):
-        want = np.percentile(delay[quarter == q], 99, method="inverted_cdf")
-        assert want <= prof["part_p99"][q] <= want * 1.0024
-    for q in (50, 95, 99):
-        want = np.percentile(delay, q, method="inverted_cdf")
-        assert want <= prof[f"p{q}"] <= want * 1.0024
-    assert not bench.search.flatness(prof["part_p99"][0], prof["part_p99"][3], 0.25)["flat"]
-    assert fine_percentile(np.zeros(10, np.int64), 99) is None
-    assert delay_profile(tmp_path / "none", 100.0)["part_p99"] == [None] * 4
+    from bench.cluster import quarter_p99
+    # a sample a second over 100 tuples of input; after the input's end two drain samples (not counted)
+    seen = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 100, 100]
+    p99 = [None, 0.3, 0.2, 0.4, 0.3, 0.35, 0.3, 0.9, 1.0, 1.1, 1.2, 5.0, 5.0]
+    log = pa.table({"elapsed": [float(i) for i in range(len(seen))][::-1], "input_r": [n // 2 for n in seen][::-1],
+                    "input_s": [n - n // 2 for n in seen][::-1], "delay_p99": p99[::-1]})  # files in any order
+    q = quarter_p99(log)
+    # quarters of the input (0, 25], (25, 50], (50, 75], (75, 100]: medians of 0.3 0.2 | 0.4 0.3 0.35 | 0.3 0.9 |
+    # 1.0 1.1 1.2 (the sample before any input and the drain's count for none)
+    assert q == [pytest.approx(0.25), pytest.approx(0.35), pytest.approx(0.6), pytest.approx(1.1)]
+    assert not bench.search.flatness(q[0], q[-1], 0.25)["flat"]  # 1.1 > max(0.5, 0.5)
+    assert quarter_p99(None) == [None] * 4 and quarter_p99(log.slice(0, 0)) == [None] * 4
+
+
+def test_a_long_run_drops_only_complete_result_files(tmp_path):
+    from bench.cluster import _drop_results
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("slave-001-000000.parquet", ".slave-001-000001.parquet.tmp"):
+        (results / name).write_bytes(b"x")
+    _drop_results(tmp_path)
+    assert [f.name for f in results.iterdir()] == [".slave-001-000001.parquet.tmp"]  # still being written
+    _drop_results(tmp_path / "none")  # no results folder yet
 
 
 def test_search_verdict_needs_keeping_up_and_a_bounded_p95():
@@ -656,3 +657,13 @@ def test_metrics_timeline_rates_come_from_successive_samples_of_the_log():
     assert line["results_per_s"] == [7.0, 7.0]
     assert line["busy_share"] == [[0.5, 0.75], [0.5, 1.5]]
     assert line["delay_p99"] == [0.4, 0.8]
+
+
+def test_big_runs_an_n_row_file_end_to_end_and_deletes_it(tmp_path):
+    """A real run of bench.big at a tiny N: every row joined, the master's peak RSS reported, nothing left behind."""
+    from bench.big import report_rows, run
+    r = run(50_000, 1, 120, tmp_path)
+    assert r["rows"] == r["input_total"] == 50_000 and r["results"] > 0 and r["rank_rss_mb"]["0"] > 0
+    assert r["process_seconds"] > r["wall_seconds"] > 0 and r["first_tuple_seconds"] > 0
+    assert dict(report_rows(r))["tuples joined (input_total)"] == "50,000"
+    assert list(tmp_path.iterdir()) == []
