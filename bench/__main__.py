@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
     most = (planned_runs(len(a.slaves), a.repeats, steps) + len(epochs) + (len(a.slaves) if a.confirm_seconds else 0)
             + searches * planned_runs(len(a.workload_slaves), a.repeats, steps, half=False))
     print(f"bench: slaves {a.slaves}, probe + {steps} search steps + 2 x {a.repeats} repeats per slave count, "
-          f"{f'+ a {a.confirm_seconds:g} s confirmation run ' if a.confirm_seconds else ''}"
+          f"{f'+ a {a.confirm_seconds:g} s confirmation run, ' if a.confirm_seconds else ''}"
           f"delay bound {a.delay_bound:g} s, {' '.join(workload)}, input {a.input} "
           f"({'the workload as it is' if a.quick else f'at least {MIN_INPUT_SECONDS:g} s at each rate'}"
           f"{f', files kept in {a.data}' if a.input == 'file' else ''}); "

@@ -115,10 +115,12 @@ def comm_per_slave(run: dict) -> float:
 
 
 def cluster_runs(data: dict) -> int:
-    """How many cluster runs the bench made: every point's (paper, workloads, tuning off) and the epoch sweep's."""
+    """How many cluster runs the bench made: every point's (paper, workloads, tuning off; with its confirmation
+    run) and the epoch sweep's."""
     points = [*data["points"], *(p for w in data.get("workloads", {}).values() for p in w["points"]),
               *(data.get("tuning_off") or {}).get("points", [])]
-    return (sum(1 + len(p["search"]["runs"]) + len(p["sustained"]["runs"]) + len(p["half"]["runs"]) for p in points)
+    return (sum(1 + len(p["search"]["runs"]) + len(p["sustained"]["runs"]) + len(p["half"]["runs"])
+                + bool(p.get("confirm")) for p in points)
             + len((data.get("epochs") or {}).get("runs", [])))
 
 

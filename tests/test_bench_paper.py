@@ -153,9 +153,11 @@ def test_workload_tuning_epoch_and_kernel_tables():
 
 
 def test_cluster_runs_counts_every_part():
-    data = full_data()  # 2 paper points of 11 runs, zipf and tuning off 1 point each of 11, 3 epoch runs
-    assert bench.paper.cluster_runs(data) == 4 * 11 + 3
-    assert bench.paper.cluster_runs(fake_data([point(1)])) == 11
+    data = full_data()  # 4 points of 11 runs and a confirmation run each (2 paper, zipf, tuning off), 3 epoch runs
+    assert bench.paper.cluster_runs(data) == 4 * 12 + 3
+    data["workloads"]["zipf"]["points"][0]["confirm"] = None  # the workloads make no confirmation run
+    assert bench.paper.cluster_runs(data) == 4 * 12 + 2
+    assert bench.paper.cluster_runs(fake_data([point(1)])) == 12
 
 
 def test_report_has_every_section_and_the_plots_are_written(tmp_path):
@@ -168,7 +170,7 @@ def test_report_has_every_section_and_the_plots_are_written(tmp_path):
                     "| target (issue 6)"):
         assert heading in report, heading
     assert report.index("| target (issue 6)") < report.index("## Method")
-    assert "**72.0 B per tuple** (1.12x the raw 64 B" in report and "47 runs" in report
+    assert "**72.0 B per tuple** (1.12x the raw 64 B" in report and "51 runs" in report
     paths = bench.paper.plot(tmp_path, data, 1.5)
     assert [p.name for p in paths] == ["delay_rate.png", "tuning.png", "epochs.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)
