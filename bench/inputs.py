@@ -3,8 +3,8 @@ in a cache folder between runs and between bench invocations (issue 26: a run co
 if its input lasts at least `bench.search.MIN_INPUT_SECONDS` at its rate, so at millions of tuples per second the
 files hold hundreds of millions of tuples, and generating them costs minutes).
 
-A file is named by its generator config (the workload's keys and its event-time length), so runs of the same
-workload share it.  The lengths come from a ladder: the workload's own duration times LADDER^k, the shortest
+A file is named by its generator config (the workload's keys and its event-time length) and the generator's code,
+so runs of the same workload share it.  The lengths come from a ladder: the workload's own duration times LADDER^k, the shortest
 rung that holds the tuples a run needs, so a few files serve every rate and a run lasts 1 to LADDER times its
 minimum.  Files are written streamed, chunk by chunk, in row groups: memory stays bounded whatever the size.
 The cache deletes only what it wrote (a folder of its naming holding its `meta.json`), least recently used
@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from protocol.config import load_config
 from protocol.eventtime import to_seconds
 from protocol.tuples import STREAM_NAMES
+from protocol import workload
 from protocol.workload import GeneratorSource
 
 LADDER = math.sqrt(2)          #: file lengths are the workload's duration times LADDER^k
@@ -87,7 +88,10 @@ class InputCache:
         self.used: dict[str, dict] = {}  #: the files this bench used, by path: their meta (for the report)
 
     def folder(self, gen: dict) -> Path:
-        return self.directory / hashlib.sha1(json.dumps(gen, sort_keys=True).encode()).hexdigest()[:16]
+        """Named by the generator config and the generator's code: a changed generator makes new files, so the
+        cluster never reads tuples other than those the kernel limit and the peer generate."""
+        key = json.dumps(gen, sort_keys=True).encode() + Path(workload.__file__).read_bytes()
+        return self.directory / hashlib.sha1(key).hexdigest()[:16]
 
     def file(self, settings: list[str], tuples: float = 0) -> Path:
         """The input file of the workload `settings`, long enough for `tuples` (0: the workload's own length):

@@ -550,7 +550,8 @@ def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
     assert f["traced_per_tuple"] < 4 * 64
 
 
-def test_input_cache_writes_the_generated_input_once_and_reuses_it(tmp_path):
+def test_input_cache_writes_the_generated_input_once_and_reuses_it(tmp_path, monkeypatch):
+    import bench.inputs
     from bench.inputs import FILE, InputCache
     from master.source import FileSource
     from protocol.workload import generate_all
@@ -573,6 +574,11 @@ def test_input_cache_writes_the_generated_input_once_and_reuses_it(tmp_path):
     # 3 x 11,959 tuples x 1.01 headroom need 6.04 s at 6,000/s: 2 s x 1.41^3 = 5.66 s is short, x 1.41^4 = 8 s holds
     assert meta["tuples"] >= 3 * len(want.ts) and meta["generator"]["duration"] == 8.0
     assert {p.name for p in longer.parent.iterdir()} == {FILE, "meta.json"}
+    # another generator's code: other files (the kernel limit and the peer generate theirs with the new code)
+    changed = tmp_path / "workload.py"
+    changed.write_text("# changed")
+    monkeypatch.setattr(bench.inputs, "workload", type("Changed", (), {"__file__": str(changed)}))
+    assert cache.folder(load_config(None, small)["generator"]) != path.parent
 
 
 def test_input_cache_evicts_least_recently_used_files_it_wrote_only(tmp_path):
