@@ -123,15 +123,15 @@ def _end_session(pid: int) -> None:
 
 
 def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, module: str = "master",
-                env: dict[str, str] | None = None, keep=None, exact: bool = True, drop_results: bool = False) -> dict:
+                env: dict[str, str] | None = None, keep=None, drop_results: bool = False) -> dict:
     """One `mpirun -n ranks python -m master --set ...` into workdir; its summary.json, plus its peak RSS.
 
     `module` and `env` replace the rank program and add environment variables (bench.balance runs
     every rank through the CPU-pinning wrapper `bench.busy`); `keep(out)` takes what it needs from the
-    output folder (as `kept` in the summary) before the folder is removed; `exact`: read the exact delay
-    percentiles from the result files (every delay at once; else the summary's binned ones); `drop_results`:
-    delete the result files as they are written (a long run's results: 0.9 per input tuple on the paper
-    workload, about 19 bytes each on disk, 8 GB for 60 s at 8M/s, and 4 GB of delays to read whole).
+    output folder (as `kept` in the summary) before the folder is removed.  The exact delay percentiles are read
+    from the result files, unless `drop_results`: delete them as they are written, and keep the summary's binned
+    percentiles (a long run's results: 0.9 per input tuple on the paper workload, about 19 bytes each on disk,
+    8 GB for 60 s at 8M/s, and 4 GB of delays to read whole).
 
     The run gets a session of its own so a hung (or interrupted) run can be ended
     completely; os.wait4 gives the largest RSS of any process in it (prterun reaps
@@ -164,7 +164,7 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
     s = json.loads(summary.read_text())
     s["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux reports KiB
     s["process_seconds"] = process_seconds
-    if exact and not drop_results:  # every result row carries its delay: the exact percentiles, not the upper edges of the summary's bins
+    if not drop_results:  # every result row carries its delay: the exact percentiles, not the summary's bin edges
         results = read_tables(out / "results", ["delay"])
         delays = results["delay"].to_numpy() if results is not None else np.empty(0)
         s["delay_exact"] = dict(zip(("p50", "p95", "p99"), exact_percentiles(delays)))
