@@ -3,7 +3,9 @@
 * `search`: the sustained-rate search rule and the keep-up test (pure);
 * `tables`: markdown tables and number formats (pure);
 * `machine`: what the numbers depend on (CPU, cores, versions);
+* `inputs`: the generated input files, long enough for the rates run, kept in a cache folder;
 * `cluster`: one mpirun of the engine per run, and `Bench`, the search over slave counts;
+* `big`: one file of hundreds of millions of rows end to end (`python -m bench.big`);
 * `kernel`: the single-core limit (`python -m bench.kernel`);
 * `spark`: the peer, Spark Structured Streaming's join on the same data (`python -m bench.spark`);
 * `paper`: the paper's figures beyond capacity (workloads, tuning off, epoch sweep) and the targets;

@@ -5,10 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import paper
-from bench.search import (FIRST_FRACTION, HALF_LOAD, KEEP_UP_LAG, KEEP_UP_SHARE, MAX_FAILS_WITHOUT_PASS,
-                          PROBE_MARGIN)
+from bench.search import (FIRST_FRACTION, FLAT_FACTOR, HALF_LOAD, KEEP_UP_LAG, KEEP_UP_SHARE, MAX_FAILS_WITHOUT_PASS,
+                          MIN_INPUT_SECONDS, PROBE_MARGIN)
 from bench.spark import report_section
-from bench.tables import count, detail_table, krate, search_line, summary_table, to_toml
+from bench.tables import count, detail_table, fmt, krate, md_table, search_line, summary_table, to_toml
+
+QUICK_NOTE = "quick: runs too short to measure capacity; no target is claimed"
+
+
+def inputs_table(inputs: list[dict]) -> str:
+    """The input files the runs read: path, tuples, size, event-time length, and whether this bench wrote them."""
+    return md_table(["input file", "tuples", "MB", "generator.duration s", "this bench"],
+                    [[f"`{i['path']}`", fmt(i["tuples"]), fmt(i["bytes"] / 1e6), f"{i['generator']['duration']:g}",
+                      f"generated in {i['generate_seconds']:.0f} s" if i.get("generated") else "from the cache"]
+                     for i in inputs])
 
 
 def caveats(data: dict) -> list[str]:
@@ -30,6 +40,16 @@ def caveats(data: dict) -> list[str]:
     if open_top:
         out.append("No search run failed for " + ", ".join(f"{p['slaves']} slave(s)" for p in open_top)
                    + ": the sustained rate is only a lower bound; more --steps search higher.")
+    if data.get("quick"):
+        out.insert(0, f"{QUICK_NOTE[0].upper()}{QUICK_NOTE[1:]}: its paced runs read the workload as it is, "
+                      f"not sized to last {MIN_INPUT_SECONDS:g} s at their rates (at the rates a cluster sustains "
+                      "here, about a second: a backlog cannot show), and there is no confirmation run, so its rates "
+                      "are the search's, not capacities.")
+    unconfirmed = [p for p in points if p.get("confirm") and not p["confirm"]["confirmed"]]
+    if unconfirmed:
+        out.append("The confirmation run did not confirm the sustained rate of " + ", ".join(
+            f"{p['slaves']} slave(s) ({p['confirm']['verdict'] if not p['confirm']['passed'] else 'delay p99 climbed'})"
+            for p in unconfirmed) + ": those rates count for no target.")
     weak = [p for p in points if p["sustained"]["runs"] and not all(r["passed"] for r in p["sustained"]["runs"])]
     if weak:
         out.append("At the sustained rate not every repeat passed (kept up and delay p95 <= "
@@ -56,9 +76,10 @@ def write_report(out: Path, data: dict) -> None:
         f"- CPU: {m['cpu']}, {m['cores']} cores; memory {m['memory_gib']} GiB; {m['os']}",
         f"- Python {m['python']}, numpy {m['numpy']}, mpi4py {m['mpi4py']}, {m['open_mpi']}",
         f"- load average when the bench started: {' '.join(map(str, m['load_average_at_start']))}", "",
+        *([f"**{QUICK_NOTE}.**", ""] if data.get("quick") else []),
         "## Summary", "",
-        summary_table(data["points"]), "",
-        paper.targets_table(data), "",
+        summary_table(data["points"], bool(data.get("quick"))), "",
+        *([] if data.get("quick") else [paper.targets_table(data), ""]),
         *(f"**Caveat:** {c}\n" for c in caveats(data)),
         "## Method", "",
         "The capacity is the **sustained input rate**: the highest paced input rate (`source.rate`) at which the "
@@ -77,7 +98,27 @@ def write_report(out: Path, data: dict) -> None:
         f"3. **sustained**: {n} runs paced at the sustained rate; the table gives the medians of their achieved "
         "throughput and delay percentiles, how many kept up and how many passed the search's test.",
         f"4. **half**: {n} runs paced at {HALF_LOAD:.0%} of the sustained rate: the delay at half load (medians).",
+        "5. **confirm**: " + (f"one run paced at the sustained rate over {data['confirm_seconds']:g} s of input. The "
+        "rate is **confirmed** iff that run passes the search's test and its delay p99 in the last quarter of the "
+        f"input is at most {FLAT_FACTOR:g}x, or one distribution epoch more than, that of the first quarter "
+        "(whichever allows more): a backlog that grows slowly shows only over a long run. A quarter's p99 is the "
+        "median of the per-second delay p99s of the master's metrics log while that quarter of the input came in. "
+        "Its result files (0.9 per input tuple, about 19 bytes each on disk) are deleted as they are written, so its "
+        "overall percentiles are the summary's (upper edges of 12.2% bins). Targets and the ratio to the peer "
+        "count only slave counts whose rate most repeats passed and the confirmation run confirmed."
+                               if data.get("confirm_seconds") else "none (`--confirm-seconds 0` or `--quick`): "
+                               "no rate is confirmed, so no target is claimed."),
         "",
+        (f"**Input length.** A paced run counts toward a sustained rate only if its input lasts at least "
+         f"{MIN_INPUT_SECONDS:g} s at its rate (tuples / rate; the run tables show it): over a shorter run a cluster "
+         "below the rate ends only slightly behind. Each paced run reads a generated file at least that long "
+         "(bench.inputs: lengths on a ladder of factor 1.41, so runs last up to 1.41x the minimum); the unpaced "
+         "probe, and a rate the workload's own length already holds for that long, read the workload as it is. A shorter run is reported and marked too short to count."
+         if not data.get("quick") else
+         f"**Input length.** Quick runs read the workload as it is, not sized to the {MIN_INPUT_SECONDS:g} s of "
+         f"input a run needs to count (the runs tables show each run's): {QUICK_NOTE}."), "",
+        *(["Input files (generated once, kept in the cache folder between runs and invocations):", "",
+           inputs_table(data["inputs"]), ""] if data.get("inputs") else []),
         f"Every median is over {n} runs on a shared, noisy {m['cores']}-core machine; with more ranks than cores "
         "the ranks share cores (Open MPI `--oversubscribe`), so more slaves need not mean more capacity here.", "",
         "- In paced runs a tuple's arrival is its nominal pacing time, so the delay is end-to-end and includes any "
@@ -91,14 +132,14 @@ def write_report(out: Path, data: dict) -> None:
         "shown too but is not the test: its wall time includes start-up and the final drain.",
         "- Input: " + ("generated by the master as it runs (`source.kind = generator`), so the cluster's CPU "
                        "includes making the tuples" if data.get("input", "generator") == "generator" else
-                       "read from a Parquet file of the same generated tuples written before the runs "
-                       "(`--input file`, `source.kind = file`; the master reads it before the run's clock starts)")
+                       "read from Parquet files of the same generated tuples written before the runs "
+                       "(`--input file`, `source.kind = file`; the master streams them, a few batches ahead)")
         + ".",
         "- Delay percentiles are exact: every result row carries its production delay, and the bench reads them "
         "from the result files (the cluster's own summary gives upper edges of log-spaced bins, up to 12.2% "
         "higher).",
         "- Peak RSS is the largest resident set of any one process (master or a slave) over all runs of that slave "
-        "count; the unpaced probe, which buffers the whole input, usually sets it.", "",
+        "count; the unpaced probe, which fills the master's buffers (`master.buffer_capacity`), usually sets it.", "",
         "![sustained rate vs slaves](capacity.png)", "",
         "![delay at the sustained rate and at half of it vs slaves](delay.png)", "",
         "## Runs per slave count", "",

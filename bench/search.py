@@ -9,7 +9,13 @@ input rate before the production delay climbs).  Per slave count:
 2. search: single paced runs.  A run *passes* iff it kept up with its pacing (`keep_up`) and its delay p95 is
    at most the delay bound (`search_verdict`); `next_rate` picks each rate;
 3. sustained: repeats paced at the sustained rate (medians of delay and throughput, kept-up counts);
-4. half: repeats paced at half the sustained rate (delay at half load).
+4. half: repeats paced at half the sustained rate (delay at half load);
+5. confirm: one long run at the sustained rate (`confirm_seconds` of input, 60 s by default) whose delay must stay
+   flat from its first to its last quarter (`flatness`).
+
+A paced run counts toward a capacity only if its input lasts at least MIN_INPUT_SECONDS at its rate
+(`input_verdict`): over a shorter run a cluster below the rate ends only slightly behind, so a backlog cannot show
+(issue 26: 12M-tuple runs passed at 9.3M/s, which fell behind over 40M tuples).
 
 Pure functions only: the cluster runner (bench.cluster) and the Spark peer (bench.spark) both use them.
 """
@@ -25,6 +31,9 @@ HALF_LOAD = 0.5              # the delay at half load is measured at this fracti
 PROBE_MARGIN = 0.9           # a pass at this fraction of U with no failure above it: the search looks above U
 KEEP_UP_LAG = 0.5            # a paced run kept up iff the master's ingest never fell more than this behind schedule
 KEEP_UP_SHARE = 0.1          # ... and no more than this share of its input's scheduled length (keep_up)
+MIN_INPUT_SECONDS = 10.0     # a paced run counts only if its input lasts this long at its rate (tuples / rate)
+CONFIRM_SECONDS = 60.0       # default --confirm-seconds: the confirmation run's input at the sustained rate
+FLAT_FACTOR = 2.0            # confirmed iff the last quarter's delay p99 <= max(this x, + one epoch) the first's
 
 
 def median(values) -> float | None:
@@ -69,6 +78,32 @@ def search_verdict(run: dict, delay_bound: float) -> tuple[bool, str]:
     return (not why, "; ".join(why) or "pass")
 
 
+def input_verdict(tuples: int, rate: float) -> dict:
+    """How long a paced run's input lasts at its rate, and whether that is long enough to count."""
+    seconds = tuples / rate
+    return {"input_seconds": round(seconds, 2), "long_enough": seconds >= MIN_INPUT_SECONDS}
+
+
+def counted_verdict(run: dict, delay_bound: float) -> tuple[bool, str]:
+    """The search's test (`search_verdict`) for a run that measures capacity: a run whose input is shorter than
+    MIN_INPUT_SECONDS is reported but cannot pass."""
+    ok, why = search_verdict(run, delay_bound)
+    if run["long_enough"]:
+        return ok, why
+    short = f"too short to count ({run['input_seconds']:.1f} s of input < {MIN_INPUT_SECONDS:g} s)"
+    return False, short if ok else f"{why}; {short}"
+
+
+def flatness(first_p99: float | None, last_p99: float | None, epoch: float) -> dict:
+    """Did the delay stay flat over the confirmation run?  Its last quarter's p99 may exceed the first's by at most
+    FLAT_FACTOR times or one distribution epoch, whichever allows more (a small first p99 would make FLAT_FACTOR
+    alone tighter than the epoch's granularity).  A quarter without results cannot show it."""
+    if first_p99 is None or last_p99 is None or math.isnan(first_p99) or math.isnan(last_p99):
+        return {"first_p99": first_p99, "last_p99": last_p99, "limit": None, "flat": False}
+    limit = max(FLAT_FACTOR * first_p99, first_p99 + epoch)
+    return {"first_p99": first_p99, "last_p99": last_p99, "limit": round(limit, 4), "flat": last_p99 <= limit}
+
+
 def next_rate(trail: list[tuple[float, bool]], unpaced: float, steps: int) -> int | None:
     """The next paced rate for the search, given the (rate, passed) runs so far; None when the search is over.
 
@@ -100,10 +135,12 @@ def sustained_rate(trail: list[tuple[float, bool]]) -> int:
 
 
 def confirmed(point: dict) -> bool:
-    """Did most repeats at the point's sustained rate pass the search's test?  A rate that one search run passed
-    and most repeats did not is luck on a noisy machine, not a capacity: the targets count only confirmed rates."""
-    runs = point["sustained"]["runs"]
-    return 2 * sum(bool(r["passed"]) for r in runs) > len(runs) > 0
+    """Is the point's sustained rate a capacity?  Most repeats at it passed the search's test (a rate that one
+    search run passed and most repeats did not is luck on a noisy machine), and its long confirmation run passed
+    with a flat delay.  The targets count only confirmed rates; a point without a confirmation run (quick, or
+    --confirm-seconds 0) confirms nothing."""
+    runs, confirm = point["sustained"]["runs"], point.get("confirm")
+    return 2 * sum(bool(r["passed"]) for r in runs) > len(runs) > 0 and bool(confirm and confirm["confirmed"])
 
 
 def bracket(trail: list[tuple[float, bool]]) -> tuple[int, int | None]:

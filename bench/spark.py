@@ -281,7 +281,8 @@ def peer_table(p: dict) -> str:
 
 
 def ratio(points: list[dict], peer: dict, cluster_bound: float | None = None) -> dict:
-    """The cluster's best sustained rate (over its slave counts whose rate most repeats confirmed) over Spark's;
+    """The cluster's best sustained rate (over its slave counts whose rate is confirmed: bench.search.confirmed)
+    over Spark's;
     when Spark sustained no rate, a lower bound from the lowest rate it was tried at."""
     best = max([p for p in points if confirmed(p)] or [{"slaves": None, "sustained": {"rate": 0}}],
                key=lambda p: p["sustained"]["rate"])
@@ -296,7 +297,7 @@ def ratio(points: list[dict], peer: dict, cluster_bound: float | None = None) ->
 
 def ratio_text(r: dict) -> str:
     cluster = (f"cluster ({r['cluster_slaves']} slaves) {r['cluster_rate']:,.0f}/s" if r["cluster_slaves"] else
-               "cluster (no slave count's rate confirmed by most repeats)")
+               "cluster (no slave count's rate confirmed by its repeats and confirmation run)")
     head = f"{cluster} vs Spark {r['spark_rate']:,.0f}/s"
     if r.get("bounds"):
         head += f" (delay p95 bounds {r['bounds'][0]:g} s and {r['bounds'][1]:g} s)"
@@ -304,7 +305,7 @@ def ratio_text(r: dict) -> str:
         return f"{head}: ratio cluster/Spark **{r['ratio']:.1f}x**"
     if r["ratio_at_least"]:
         return f"{head}: Spark sustained no paced rate tried, so the ratio is more than {r['ratio_at_least']:.1f}x"
-    return f"{head}: no ratio (the cluster sustained no rate that most of its repeats confirmed)"
+    return f"{head}: no ratio (the cluster sustained no confirmed rate)"
 
 
 def report_section(points: list[dict], peer: dict, cluster_bound: float) -> list[str]:

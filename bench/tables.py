@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import math
 
+from bench.search import median
+
 
 def krate(rate: float) -> str:
     """237710 -> '238k': rates in the compact search trail."""
@@ -33,13 +35,25 @@ def count(runs: list[dict], key: str) -> str:
 
 SUMMARY_HEADER = ["slaves", "unpaced tuples/s", "sustained rate/s", "search (✓ pass, ✗ fail)", "achieved/s",
                   "delay p50 s", "p95 s", "p99 s", "max s", "kept up", "passed", "half rate/s", "half p50 s",
-                  "half p99 s", "half kept up", "peak RSS MB"]
+                  "half p99 s", "half kept up", "peak RSS MB", "first tuple s", "process s", "confirmation run"]
+QUICK_RATE = "search rate/s (not a capacity)"  #: the sustained column's name in quick mode
 
 
-def summary_table(points: list[dict]) -> str:
-    """One row per slave count: unpaced throughput, sustained rate and its search trail, the medians of the
-    runs at the sustained rate (achieved throughput, delays) with kept-up and passed counts, the delay medians
-    at half the sustained rate, and the peak RSS of any run."""
+def confirm_text(c: dict | None) -> str:
+    """The confirmation run in a cell: its input seconds, the delay p99 of its first and last quarter, verdict."""
+    if not c:
+        return "-"
+    f = c["flatness"]
+    why = "" if c["confirmed"] else f": {c['verdict']}" if not c["passed"] else ": delay climbed"
+    return (f"{c['input_seconds']:.0f} s, p99 {fmt(f['first_p99'], '.3f')} → {fmt(f['last_p99'], '.3f')} s "
+            f"{'✓ confirmed' if c['confirmed'] else '✗ not confirmed' + why}")
+
+
+def summary_table(points: list[dict], quick: bool = False) -> str:
+    """One row per slave count: unpaced throughput, sustained rate (quick: the search's rate, not a capacity) and
+    its search trail, the medians of the runs at the sustained rate (achieved throughput, delays) with kept-up
+    and passed counts, the delay medians at half the sustained rate, the peak RSS of any run, the medians at the
+    sustained rate of the time to the first tuple and of the whole process, and the confirmation run."""
     rows = []
     for p in points:
         st, h = p["sustained"], p["half"]
@@ -48,8 +62,11 @@ def summary_table(points: list[dict]) -> str:
                      fmt(st["throughput"]), *(fmt(st[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
                      count(st["runs"], "kept_up"), count(st["runs"], "passed"), fmt(h["rate"] or None),
                      fmt(h["delay_p50"], ".3f"), fmt(h["delay_p99"], ".3f"), count(h["runs"], "kept_up"),
-                     fmt(max((r["peak_rss_mb"] or 0 for r in every), default=None), ".0f")])
-    return md_table(SUMMARY_HEADER, rows)
+                     fmt(max((r["peak_rss_mb"] or 0 for r in every), default=None), ".0f"),
+                     fmt(median(r.get("first_tuple_seconds") for r in st["runs"]), ".2f"),
+                     fmt(median(r.get("process_seconds") for r in st["runs"]), ".1f"), confirm_text(p.get("confirm"))])
+    header = [QUICK_RATE if quick and h == "sustained rate/s" else h for h in SUMMARY_HEADER]
+    return md_table(header, rows)
 
 
 def to_toml(cfg: dict) -> str:
@@ -60,17 +77,18 @@ def to_toml(cfg: dict) -> str:
 def detail_table(p: dict) -> str:
     """Every run of one slave count in the order made: probe, search #i, sustained #i, half #i."""
     rows = []
-    for r in [p["probe"], *p["search"]["runs"], *p["sustained"]["runs"], *p["half"]["runs"]]:
+    for r in [p["probe"], *p["search"]["runs"], *p["sustained"]["runs"], *p["half"]["runs"],
+              *([p["confirm"]] if p.get("confirm") else [])]:
         paced = "rate" in r
         rows.append([r["label"], fmt(r["rate"]) if paced else "unpaced", fmt(r["throughput"]),
                      fmt(r["wall_seconds"], ".1f"), *(fmt(r[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
                      f"{r['ratio']:.0%}, lag {r['lag_seconds']:.1f}s{'' if r['kept_up'] else ' FELL BEHIND'}"
-                     if paced else "-", (r["verdict"] if r["passed"] else f"FAIL: {r['verdict']}") if paced else "-",
+                     if paced else "-", fmt(r.get("input_seconds"), ".1f"), (r["verdict"] if r["passed"] else f"FAIL: {r['verdict']}") if paced else "-",
                      fmt(r["window_bytes_per_tuple"], ".0f"), fmt(r["peak_rss_mb"], ".0f"),
                      fmt(r.get("first_tuple_seconds"), ".2f"), fmt(r.get("process_seconds"), ".1f"),
                      fmt(r.get("pss_mb"), ".0f")])
     return md_table(["run", "pacing/s", "throughput/s", "wall s", "delay p50 s", "p95 s", "p99 s", "max s",
-                     "kept up (achieved/pacing)", "passes", "window B/tuple", "peak RSS MB", "first tuple s",
+                     "kept up (achieved/pacing)", "input s at the rate", "passes", "window B/tuple", "peak RSS MB", "first tuple s",
                      "process s", "PSS MB (all ranks)"], rows)
 
 

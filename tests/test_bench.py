@@ -109,6 +109,69 @@ def test_run_numbers_and_aggregate():
 
 # --------------------------------------------------------------------------- the search for the sustained rate
 
+def test_a_run_shorter_than_ten_seconds_of_input_cannot_pass():
+    from bench.search import MIN_INPUT_SECONDS, counted_verdict, input_verdict
+    assert MIN_INPUT_SECONDS == 10.0
+    # issue 26: 12M tuples at 9.3M/s are 1.3 s of input; it kept up with a bounded delay, and still cannot count
+    short = {"kept_up": True, "delay_p95": 0.4, **input_verdict(12_000_000, 9_300_000)}
+    assert short["input_seconds"] == 1.29 and not short["long_enough"]
+    assert search_verdict(short, 1.5) == (True, "pass")
+    assert counted_verdict(short, 1.5) == (False, "too short to count (1.3 s of input < 10 s)")
+    behind = {**short, "kept_up": False}
+    assert counted_verdict(behind, 1.5) == (False, "fell behind; too short to count (1.3 s of input < 10 s)")
+    long = {"kept_up": True, "delay_p95": 0.4, **input_verdict(93_000_000, 9_300_000)}  # exactly 10 s counts
+    assert long["long_enough"] and counted_verdict(long, 1.5) == (True, "pass")
+    assert counted_verdict({**long, "delay_p95": 2.0}, 1.5)[0] is False
+
+
+def test_flatness_of_the_confirmation_runs_delay():
+    from bench.search import flatness
+    assert flatness(0.3, 0.6, 0.25)["flat"] and flatness(0.3, 0.6, 0.25)["limit"] == 0.6  # 2x the first
+    assert not flatness(0.3, 0.61, 0.25)["flat"]
+    assert flatness(0.05, 0.3, 0.25)["flat"] and not flatness(0.05, 0.31, 0.25)["flat"]  # small: + one epoch
+    assert flatness(0.4, 0.2, 0.25)["flat"]  # falling is flat
+    for missing in (None, float("nan")):  # a quarter without results cannot show a flat delay
+        assert not flatness(missing, 0.2, 0.25)["flat"] and not flatness(0.2, missing, 0.25)["flat"]
+
+
+def test_confirmed_needs_the_repeats_and_a_flat_confirmation_run():
+    from bench.search import confirmed
+    assert confirmed(point()) and point()["confirm"]["flatness"]["limit"] == 0.8
+    assert not confirmed(point(last_p99=0.9))  # the delay climbed over the long run
+    assert not confirmed(point(sustained_kept=(True, False, False)))  # most repeats fell behind
+    assert not confirmed({**point(), "confirm": None})  # no confirmation run (quick, --confirm-seconds 0)
+    behind = point()
+    behind["confirm"] = confirm_run(297_000, 0.3, 0.35, kept=False)
+    assert behind["confirm"]["flatness"]["flat"] and not confirmed(behind)
+
+
+def test_quarter_p99_comes_from_the_metrics_log_by_input_progress():
+    import pyarrow as pa
+    from bench.cluster import quarter_p99
+    # a sample a second over 100 tuples of input; after the input's end two drain samples (not counted)
+    seen = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 100, 100]
+    p99 = [None, 0.3, 0.2, 0.4, 0.3, 0.35, 0.3, 0.9, 1.0, 1.1, 1.2, 5.0, 5.0]
+    log = pa.table({"elapsed": [float(i) for i in range(len(seen))][::-1], "input_r": [n // 2 for n in seen][::-1],
+                    "input_s": [n - n // 2 for n in seen][::-1], "delay_p99": p99[::-1]})  # files in any order
+    q = quarter_p99(log)
+    # quarters of the input (0, 25], (25, 50], (50, 75], (75, 100]: medians of 0.3 0.2 | 0.4 0.3 0.35 | 0.3 0.9 |
+    # 1.0 1.1 1.2 (the sample before any input and the drain's count for none)
+    assert q == [pytest.approx(0.25), pytest.approx(0.35), pytest.approx(0.6), pytest.approx(1.1)]
+    assert not bench.search.flatness(q[0], q[-1], 0.25)["flat"]  # 1.1 > max(0.5, 0.5)
+    assert quarter_p99(None) == [None] * 4 and quarter_p99(log.slice(0, 0)) == [None] * 4
+
+
+def test_a_long_run_drops_only_complete_result_files(tmp_path):
+    from bench.cluster import _drop_results
+    results = tmp_path / "results"
+    results.mkdir()
+    for name in ("slave-001-000000.parquet", ".slave-001-000001.parquet.tmp"):
+        (results / name).write_bytes(b"x")
+    _drop_results(tmp_path)
+    assert [f.name for f in results.iterdir()] == [".slave-001-000001.parquet.tmp"]  # still being written
+    _drop_results(tmp_path / "none")  # no results folder yet
+
+
 def test_search_verdict_needs_keeping_up_and_a_bounded_p95():
     assert search_verdict({"kept_up": True, "delay_p95": 1.5}, 1.5) == (True, "pass")  # the bound is inclusive
     ok, why = search_verdict({"kept_up": True, "delay_p95": 1.6}, 1.5)
@@ -224,8 +287,16 @@ def paced(label, rate, throughput, p50, p95, kept=True, rss=120.0):
     return r
 
 
-def point(k=2, sustained_kept=(True, True, False)):
-    """A plausible point as Bench.point builds it: probe, search 500k fail -> 250k pass -> 354k fail -> 297k pass."""
+def confirm_run(rate, first_p99, last_p99, epoch=0.5, kept=True):
+    r = paced("confirm", rate, 0.95 * rate, 0.6, 1.0, kept=kept)
+    r.update(input_seconds=60.0, long_enough=True, flatness=bench.search.flatness(first_p99, last_p99, epoch))
+    r["confirmed"] = r["passed"] and r["flatness"]["flat"]
+    return r
+
+
+def point(k=2, sustained_kept=(True, True, False), last_p99=0.35):
+    """A plausible point as Bench.point builds it: probe, search 500k fail -> 250k pass -> 354k fail -> 297k pass,
+    repeats, half load, and a confirmation run whose delay p99 went from 0.3 s to `last_p99` (flat up to 0.8 s)."""
     probe = {"label": "probe", **run_numbers(summary(1_000_000.0, 1.0)), "peak_rss_mb": 600.0}
     search = [paced("search #1", 500_000, 400_000.0, 1.0, 2.5, kept=False),
               paced("search #2", 250_000, 240_000.0, 0.5, 0.9),
@@ -239,7 +310,8 @@ def point(k=2, sustained_kept=(True, True, False)):
             "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
             "sustained": {"rate": sustained_rate(trail), "throughput": median(r["throughput"] for r in at),
                           **aggregate(at), "runs": at},
-            "half": {"rate": 148_500, **aggregate(half), "runs": half}}
+            "half": {"rate": 148_500, **aggregate(half), "runs": half},
+            "confirm": confirm_run(297_000, 0.3, last_p99)}
 
 
 def test_summary_table_row():
@@ -270,7 +342,7 @@ def test_summary_table_when_nothing_passed():
 
 def fake_data(points):
     return {"command": "python -m bench --quick", "repeats": 3, "steps": 4, "delay_bound": 1.5,
-            "workload": ["generator.duration=10.0"], "bench_seconds": 200.0, "points": points,
+            "workload": ["generator.duration=10.0"], "bench_seconds": 200.0, "points": points, "confirm_seconds": 60.0,
             "machine": {"cpu": "x", "cores": 2, "memory_gib": 1.0, "load_average_at_start": [0.1, 0.2, 0.3],
                         "os": "linux", "python": "3", "numpy": "2", "mpi4py": "4", "open_mpi": "5",
                         "date": "2026-01-01T00:00:00+00:00"},
@@ -288,6 +360,26 @@ def test_caveats():
     open_top = point(4)
     open_top["search"]["bracket"] = (297_000, None)
     assert any("lower bound" in c and "4 slave(s)" in c for c in caveats(fake_data([open_top])))
+
+
+def test_a_quick_report_claims_no_capacity_and_no_target(tmp_path):
+    from bench.report import QUICK_NOTE
+    data = fake_data([point(1), point(2)])
+    data.update(quick=True, confirm_seconds=0.0)
+    for p in data["points"]:
+        p["confirm"] = None
+    bench.report.write_report(tmp_path, json.loads(json.dumps(data)))
+    report = (tmp_path / "report.md").read_text()
+    assert QUICK_NOTE == "quick: runs too short to measure capacity; no target is claimed"
+    assert f"**{QUICK_NOTE}.**" in report and report.index(QUICK_NOTE) < report.index("## Summary")
+    assert "| target (issue" not in report and "✓ met" not in report and "✗ not met" not in report
+    assert "| slaves | unpaced tuples/s | search rate/s (not a capacity) |" in report
+    assert "sustained rate/s" not in summary_table(data["points"], quick=True)
+    assert any(QUICK_NOTE[1:] in c for c in caveats(data))
+    full = fake_data([point(1), point(2)])
+    bench.report.write_report(tmp_path, json.loads(json.dumps(full)))
+    report = (tmp_path / "report.md").read_text()
+    assert QUICK_NOTE not in report and "| target (issue 6)" in report and "| slaves | unpaced tuples/s | sustained" in report
 
 
 def test_report_and_plots_are_written(tmp_path):
@@ -458,20 +550,97 @@ def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
     assert f["traced_per_tuple"] < 4 * 64
 
 
-def test_generated_file_holds_the_generated_input_once_per_generator_config(tmp_path):
-    from bench.cluster import generated_file
+def test_input_cache_writes_the_generated_input_once_and_reuses_it(tmp_path, monkeypatch):
+    import bench.inputs
+    from bench.inputs import FILE, InputCache
     from master.source import FileSource
     from protocol.workload import generate_all
     small = ["generator.duration=2.0", "generator.rate=3000", "generator.keys=64"]
-    path = generated_file(small, tmp_path)
+    cache = InputCache(tmp_path)
+    path = cache.file(small)
     want, got = generate_all(load_config(None, small)), FileSource(path).next_chunk(1 << 20)
     for a, b in zip(want, got):
         assert np.array_equal(a, b)
+    assert cache.used[str(path)]["generated"] and cache.used[str(path)]["tuples"] == len(want.ts)
     written = path.stat().st_mtime_ns
-    assert generated_file([*small, "join.window=0.5"], tmp_path) == path  # same tuples: the same file, not rewritten
-    assert path.stat().st_mtime_ns == written
-    other = generated_file([*small, "generator.seed=7"], tmp_path)
+    again = InputCache(tmp_path)  # a later bench invocation
+    assert again.file([*small, "join.window=0.5"]) == path  # same tuples: the same file, not rewritten
+    assert path.stat().st_mtime_ns == written and not again.used[str(path)]["generated"]
+    other = cache.file([*small, "generator.seed=7"])
     assert other != path and other.exists()
+    # a run needing more tuples than the workload gets a longer rung of the ladder
+    longer = cache.file(small, tuples=3 * len(want.ts))
+    meta = cache.used[str(longer)]
+    # 3 x 11,959 tuples x 1.01 headroom need 6.04 s at 6,000/s: 2 s x 1.41^3 = 5.66 s is short, x 1.41^4 = 8 s holds
+    assert meta["tuples"] >= 3 * len(want.ts) and meta["generator"]["duration"] == 8.0
+    assert {p.name for p in longer.parent.iterdir()} == {FILE, "meta.json"}
+    # another generator's code: other files (the kernel limit and the peer generate theirs with the new code)
+    changed = tmp_path / "workload.py"
+    changed.write_text("# changed")
+    monkeypatch.setattr(bench.inputs, "workload", type("Changed", (), {"__file__": str(changed)}))
+    assert cache.folder(load_config(None, small)["generator"]) != path.parent
+
+
+def test_input_cache_evicts_least_recently_used_files_it_wrote_only(tmp_path):
+    import time
+    from bench.inputs import InputCache
+    small = lambda seed: ["generator.duration=1.0", "generator.rate=3000", "generator.keys=64", f"generator.seed={seed}"]
+    foreign = tmp_path / "0123456789abcdef"  # named like the cache's, but not written by it (no meta.json)
+    foreign.mkdir()
+    (foreign / "input.parquet").write_bytes(b"x" * 10)
+    cache = InputCache(tmp_path)
+    first = cache.file(small(1))
+    size = first.stat().st_size
+    time.sleep(0.01)
+    cache.limit = 2.5 * size  # room for two files
+    second = cache.file(small(2))
+    third = cache.file(small(3))
+    assert not first.exists() and second.exists() and third.exists()  # the least recently used went
+    assert (foreign / "input.parquet").exists()
+    assert sorted(d.name for d in cache.owned()) == sorted([second.parent.name, third.parent.name])
+
+
+def test_rung_is_the_shortest_ladder_length_that_holds_the_tuples():
+    from bench.inputs import HEADROOM, LADDER, expected_tuples, rung
+    # 50,000/s per stream for 120 s: 12M tuples; 10 s at 9.3M/s needs 93M: 120 x 1.41^6 = 960 s = 96M
+    d = rung(120.0, 50_000, 93_000_000)
+    assert d == pytest.approx(120 * LADDER ** 6, abs=1e-3)
+    assert expected_tuples({"rate": 50_000, "duration": d}) >= HEADROOM * 93_000_000
+    assert expected_tuples({"rate": 50_000, "duration": d / LADDER}) < HEADROOM * 93_000_000
+    assert rung(120.0, 50_000, 5_000_000) == 120.0  # the workload holds them already
+
+
+def test_write_input_stops_at_the_rows_asked_for(tmp_path):
+    import pyarrow.parquet as pq
+    from bench.big import generator_for
+    from bench.inputs import CHUNK_ROWS, write_input
+    from protocol.workload import generate_all
+    rows = 30_001
+    gen = generator_for(rows, ["generator.keys=64"])
+    assert 2 * gen["rate"] * gen["duration"] > rows
+    n = write_input(gen, tmp_path / "big.parquet", rows)
+    f = pq.ParquetFile(tmp_path / "big.parquet")
+    assert n == f.metadata.num_rows == rows and f.metadata.num_row_groups == -(-rows // CHUNK_ROWS)
+    ids = f.read(columns=["id"])["id"].to_numpy()
+    assert np.array_equal(ids, generate_all({"generator": gen}).id[:rows])
+    assert [p.name for p in tmp_path.iterdir()] == ["big.parquet"]  # the temporary name is gone
+    with pytest.raises(ValueError, match="fewer than"):
+        write_input({**gen, "duration": 0.01}, tmp_path / "short.parquet", rows)
+    assert [p.name for p in tmp_path.iterdir()] == ["big.parquet"]
+
+
+def test_a_capacity_bench_gives_every_paced_run_ten_seconds_of_input(tmp_path):
+    from bench.cluster import Bench
+    from bench.inputs import expected_tuples
+    workload = ["generator.duration=120.0"]
+    b = Bench([2], 1, 1, 1.5, workload, 60, tmp_path, input_kind="generator", capacity=True, confirm_seconds=60)
+    for rate in (3e6, 9.3e6, 15e6):
+        gen = load_config(None, b.source(bench.search.MIN_INPUT_SECONDS * rate))["generator"]
+        assert expected_tuples(gen) / rate >= bench.search.MIN_INPUT_SECONDS
+    assert load_config(None, b.source(0))["generator"]["duration"] == 120.0  # the probe: the workload as it is
+    assert b.total_runs == planned_runs(1, 1, 1) + 1  # and a confirmation run
+    quick = Bench([2], 1, 1, 1.5, workload, 60, tmp_path, input_kind="generator", confirm_seconds=60)
+    assert quick.confirm_seconds == 0 and quick.total_runs == planned_runs(1, 1, 1)
 
 
 def test_bench_runs_the_cluster_on_the_generated_file_with_the_same_results(tmp_path):
@@ -494,3 +663,13 @@ def test_metrics_timeline_rates_come_from_successive_samples_of_the_log():
     assert line["results_per_s"] == [7.0, 7.0]
     assert line["busy_share"] == [[0.5, 0.75], [0.5, 1.5]]
     assert line["delay_p99"] == [0.4, 0.8]
+
+
+def test_big_runs_an_n_row_file_end_to_end_and_deletes_it(tmp_path):
+    """A real run of bench.big at a tiny N: every row joined, the master's peak RSS reported, nothing left behind."""
+    from bench.big import report_rows, run
+    r = run(50_000, 1, 120, tmp_path)
+    assert r["rows"] == r["input_total"] == 50_000 and r["results"] > 0 and r["rank_rss_mb"]["0"] > 0
+    assert r["process_seconds"] > r["wall_seconds"] > 0 and r["first_tuple_seconds"] > 0
+    assert dict(report_rows(r))["tuples joined (input_total)"] == "50,000"
+    assert list(tmp_path.iterdir()) == []

@@ -110,6 +110,16 @@ def test_targets_table_says_what_is_met():
     data["points"].append(lucky)
     assert table_rows(bench.paper.targets_table(data))[-1][1].startswith("0.37")
     data["points"].pop()
+    # issue 26: 4 slaves sustaining >= 8M/s, confirmed; no 4-slave point: no row
+    assert "sustained" not in {r[0].split()[0] for r in table_rows(bench.paper.targets_table(data))}
+    four = point(4)
+    data["points"].append(four)
+    row = {r[0].split()[0]: r for r in table_rows(bench.paper.targets_table(data))}["sustained"]
+    assert row[1:] == ["297,000/s", "✗ not met"]
+    four["confirm"]["confirmed"] = False
+    row = {r[0].split()[0]: r for r in table_rows(bench.paper.targets_table(data))}["sustained"]
+    assert row[1:] == ["297,000/s (not confirmed)", "-"]
+    data["points"].pop()
     data["epochs"] = None
     data["config"]["epochs"]["distribution"] = 0.1  # 0.3 s > 0.1 + 0.1
     assert "✗ not met" in {r[0].split()[0]: r for r in table_rows(bench.paper.targets_table(data))}["delay"][2]
@@ -133,14 +143,21 @@ def test_workload_tuning_epoch_and_kernel_tables():
     assert kt[0][6] == "0.59"  # 297,000 / (250,000 x 2) against the kernel that also writes its results
     del data["kernel"]["with_results"]
     assert table_rows(bench.paper.kernel_table(data))[0][6] == "-"
+    data["points"][1]["confirm"]["confirmed"] = False  # the long run's delay climbed: the fraction claims nothing
+    assert [r[5] for r in table_rows(bench.paper.kernel_table(data))] == ["✗ not met", "not confirmed"]
+    data["quick"] = True
+    assert {r[5] for r in table_rows(bench.paper.kernel_table(data))} == {"not measured (quick)"}
+    assert {r[5] for r in table_rows(bench.paper.window_table(data))} == {"not measured (quick)"}
     rss = table_rows(bench.paper.rss_table(data["points"]))
     assert rss[0] == ["1", "300", "1:100", "300", "1:100"]
 
 
 def test_cluster_runs_counts_every_part():
-    data = full_data()  # 2 paper points of 11 runs, zipf and tuning off 1 point each of 11, 3 epoch runs
-    assert bench.paper.cluster_runs(data) == 4 * 11 + 3
-    assert bench.paper.cluster_runs(fake_data([point(1)])) == 11
+    data = full_data()  # 4 points of 11 runs and a confirmation run each (2 paper, zipf, tuning off), 3 epoch runs
+    assert bench.paper.cluster_runs(data) == 4 * 12 + 3
+    data["workloads"]["zipf"]["points"][0]["confirm"] = None  # the workloads make no confirmation run
+    assert bench.paper.cluster_runs(data) == 4 * 12 + 2
+    assert bench.paper.cluster_runs(fake_data([point(1)])) == 12
 
 
 def test_report_has_every_section_and_the_plots_are_written(tmp_path):
@@ -153,7 +170,7 @@ def test_report_has_every_section_and_the_plots_are_written(tmp_path):
                     "| target (issue 6)"):
         assert heading in report, heading
     assert report.index("| target (issue 6)") < report.index("## Method")
-    assert "**72.0 B per tuple** (1.12x the raw 64 B" in report and "47 runs" in report
+    assert "**72.0 B per tuple** (1.12x the raw 64 B" in report and "51 runs" in report
     paths = bench.paper.plot(tmp_path, data, 1.5)
     assert [p.name for p in paths] == ["delay_rate.png", "tuning.png", "epochs.png"]
     assert all(p.stat().st_size > 10_000 for p in paths)

@@ -71,9 +71,12 @@ def _peer(trail, sustained_runs=()):
 def test_ratio_of_the_clusters_best_rate_to_sparks():
     from bench.spark import ratio, ratio_text
     held, luck = [{"passed": True}, {"passed": True}, {"passed": False}], [{"passed": True}, {"passed": False}]
-    points = [{"slaves": 1, "sustained": {"rate": 250_000, "runs": held}},
-              {"slaves": 2, "sustained": {"rate": 450_000, "runs": held}},
-              {"slaves": 4, "sustained": {"rate": 900_000, "runs": luck}}]  # half its repeats: not a capacity
+    flat, climbed = {"confirmed": True}, {"confirmed": False}
+    points = [{"slaves": 1, "sustained": {"rate": 250_000, "runs": held}, "confirm": flat},
+              {"slaves": 2, "sustained": {"rate": 450_000, "runs": held}, "confirm": flat},
+              {"slaves": 4, "sustained": {"rate": 900_000, "runs": luck}, "confirm": flat},  # half its repeats: luck
+              {"slaves": 8, "sustained": {"rate": 800_000, "runs": held}, "confirm": climbed},  # the long run: no
+              {"slaves": 3, "sustained": {"rate": 700_000, "runs": held}, "confirm": None}]  # no confirmation run
     r = ratio(points, _peer([(25_000, False), (12_500, True), (17_700, False)]))
     assert r == {"cluster_rate": 450_000, "cluster_slaves": 2, "spark_rate": 12_500, "ratio": 36.0,
                  "ratio_at_least": None, "bounds": None}
@@ -84,12 +87,14 @@ def test_ratio_of_the_clusters_best_rate_to_sparks():
     assert "more than 144.0x" in ratio_text(none)
     unconfirmed = ratio(points[2:], _peer([(12_500, True)]))
     assert unconfirmed["ratio"] is None and "no ratio" in ratio_text(unconfirmed)
-    assert ratio_text(unconfirmed).startswith("cluster (no slave count's rate confirmed by most repeats) vs Spark")
+    assert ratio_text(unconfirmed).startswith("cluster (no slave count's rate confirmed by its repeats and confirmation "
+                                              "run) vs Spark")
 
 
 def test_report_section_lists_every_spark_run():
     from bench.spark import report_section
-    lines = "\n".join(report_section([{"slaves": 2, "sustained": {"rate": 100_000, "runs": [{"passed": True}]}}],
+    lines = "\n".join(report_section([{"slaves": 2, "sustained": {"rate": 100_000, "runs": [{"passed": True}]},
+                                        "confirm": {"confirmed": True}}],
                                      _peer([(25_000, False), (12_500, True)]), 1.5))
     assert "held to a delay p95 bound of 5 s, the cluster to 1.5 s" in lines
     assert "## Peer: Spark Structured Streaming" in lines and "| Spark local[2] | 50,000 " in lines
