@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from protocol import delays
+from protocol.config import public
 from protocol.strict_json import json_text
 
 
@@ -135,7 +136,7 @@ class RunStats:
             "partition_splits": self.splits,
             "partition_merges": self.merges,
             "stopped_by_signal": self.stopped_by_signal,
-            "config": cfg,
+            "config": public(cfg),
         }
 
 
