@@ -115,17 +115,19 @@ class Producer:
 
     def _sync(self, done) -> None:
         """Read the master's ACKs until `done()`: drop what a checkpoint holds; a new run (a restarted
-        cluster) gets every kept batch again, in order, and the END if it was sent."""
-        started = time.perf_counter()
+        cluster) gets every kept batch again, in order, and the END if it was sent.  `timeout` bounds the time
+        between two ACKs while waiting (the master repeats its last one while it ingests)."""
+        started = last = time.perf_counter()
         while True:
             wait = not done()
             if not wait and not self.acks.poll(0):
                 break
-            left = self.timeout - (time.perf_counter() - started)
+            left = self.timeout - (time.perf_counter() - last)
             if wait and self.timeout > 0 and left <= 0:
                 raise Blocked(f"no acknowledgement from the master for {self.timeout:g}s")
             if not self.acks.poll(int(left * 1000) if wait and self.timeout > 0 else 100 if wait else 0):
                 continue
+            last = time.perf_counter()
             msg = wire.decode(self.acks.recv_multipart(), (wire.Kind.ACK,), 1 << 20)
             if isinstance(msg, wire.Rejection):
                 raise Blocked(f"a malformed acknowledgement from the master ({msg.reason}: {msg.detail})")

@@ -68,11 +68,14 @@ class ZmqSource:
         self.run = int.from_bytes(os.urandom(8), "little") | 1  #: this master's run, which producers address
         self.ctx = zmq.Context.instance()
         self.sock = self._bind(zmq.PULL, self.endpoint, cfg, "source.endpoint")
-        self.sock.rcvhwm, self.sock.rcvbuf = RCVHWM, RCVBUF
         self.endpoint = self.sock.last_endpoint.decode()  # the real port when bound to port *
         self.acks = None  #: PUB of the acknowledgements, in a context of its own (terminated to deliver the last)
         if src["ack_endpoint"]:
-            self.acks = self._bind(zmq.PUB, src["ack_endpoint"], cfg, "source.ack_endpoint", zmq.Context())
+            try:
+                self.acks = self._bind(zmq.PUB, src["ack_endpoint"], cfg, "source.ack_endpoint", zmq.Context())
+            except InputError:
+                self.sock.close()
+                raise
         self._pending: Chunk | None = None  #: the rest of a message larger than the master's room
         self._pending_from: bytes | None = None  #: its producer (None: anonymous)
         self.taken: dict[bytes, int] = {}  #: per producer: its tuples taken so far (its position)
@@ -104,6 +107,7 @@ class ZmqSource:
             # 1 GiB here); the connection and the messages queued on it are lost, so a merely oversized message
             # is not
             sock.maxmsgsize = 2 * self.max_tuples * wire.TUPLE_RECORD.itemsize + (1 << 20)
+            sock.rcvhwm, sock.rcvbuf = RCVHWM, RCVBUF
         sock.linger = 0 if kind == zmq.PULL else ACK_LINGER
         try:
             bind_server(sock, endpoint, cfg["security"])
@@ -173,8 +177,9 @@ class ZmqSource:
                 kind = "end" if getattr(msg, "kind", None) == wire.Kind.END else "tuples"
                 if not sum(self.refused.values()):
                     who = "an anonymous producer" if o is None else f"producer {_name(o)!r}"
-                    print(f"ingest: refused {'an END' if kind == 'end' else 'a TUPLES'} message from {who}: no or wrong source.token; further "
-                          "refusals are counted in the summary", file=sys.stderr, flush=True)
+                    print(f"ingest: refused {'an END' if kind == 'end' else 'a TUPLES'} message from {who}: no or "
+                          "wrong source.token; further refusals are counted in the summary", file=sys.stderr,
+                          flush=True)
                 self.refused[kind] += 1
                 self.refused_tuples += len(msg.rows) if getattr(msg, "rows", None) is not None else 0
                 return False
@@ -193,7 +198,8 @@ class ZmqSource:
         if offset > have:
             if not self.lost:
                 print(f"ingest: producer {_name(o)!r} sent {offset - have:,} tuples that never came (sent to a "
-                      "crashed run and not resent); counted as lost_tuples", file=sys.stderr, flush=True)
+                      "crashed run and not resent, or refused unread for their size); counted as lost_tuples",
+                      file=sys.stderr, flush=True)
             self.lost += offset - have
             self.taken[producer] = have = offset
         skip = min(have - offset, n)

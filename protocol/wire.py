@@ -156,7 +156,8 @@ def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
     return [header(Kind.RESULTS, len(rows), sender, seq), body]
 
 
-def encode_mark(kind: Kind, mark: float, sender: int = 0, seq: int = 0, origin_frame: bytes | None = None) -> list[bytes]:
+def encode_mark(kind: Kind, mark: float, sender: int = 0, seq: int = 0,
+                origin_frame: bytes | None = None) -> list[bytes]:
     """A row-less message: END (mark = seconds blocked; a producer's with its ORIGIN frame) or PUNCT (mark = the
     punctuation)."""
     return [header(kind, 0, sender, seq, mark), *([origin_frame] if origin_frame else [])]

@@ -13,6 +13,7 @@ import zmq.auth
 
 from control.subscribe import subscribe
 from master.source import open_source
+from protocol.chunks import InputError
 from protocol import wire
 from protocol.config import ConfigError, load_config, public
 from control.produce import Blocked, Producer
@@ -234,3 +235,51 @@ def test_a_stranger_neither_feeds_nor_ends_the_input_and_a_resend_is_taken_once(
     assert z["refused_messages"] == {"end": 2, "tuples": 1} and z["refused_tuples"] == 10
     assert (z["duplicate_tuples"], z["lost_tuples"], z["producers_ended"], z["producers"]) == (150, 20, 1, {"feed": 200})
     push.close()
+
+
+def test_a_producer_resends_what_no_checkpoint_holds_to_a_restarted_master(tmp_path):
+    """In-process crash: the master acknowledges a position, takes more, dies; a new master at the same endpoints
+    resumes at that position; the producer (which never stopped sending) resends from it: every tuple once, in
+    order, the resend's overlap trimmed and messages to the dead run dropped."""
+    from tests.test_zmq_cluster import free_port
+    ports = free_port(), free_port()
+    cfg = lambda out: zmq_cfg(tmp_path / out, f'source.endpoint="tcp://127.0.0.1:{ports[0]}"',
+                              f'source.ack_endpoint="tcp://127.0.0.1:{ports[1]}"', "checkpoint.interval=1")
+    src = open_source(cfg("one"))
+    prod = Producer(src.endpoint, name="feed", ack_endpoint=f"tcp://127.0.0.1:{ports[1]}", keep=40, timeout=20)
+    sent = {}
+
+    def send():
+        for i in range(30):
+            ids = np.arange(i * 100, i * 100 + 100)
+            prod.send(ids % 2, ids, ids * 1000, ids % 5, np.zeros(100))
+            time.sleep(0.01)
+        sent.update(prod.close())
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    got, deadline = [], time.monotonic() + 20
+    while (n := sum(map(len, got))) < 1050 and time.monotonic() < deadline:
+        got.append(src.next_chunk(min(70, 1050 - n)).id)
+    held = src.position()  # a checkpoint: 1,050 tuples (a message split at the cut)
+    src.acknowledge(held)
+    while sum(map(len, got)) < 1500 and time.monotonic() < deadline:
+        got.append(src.next_chunk(70).id)
+    src.sock.close()  # SIGKILL: nothing more is taken, nothing is said
+    src.acks.close()
+    src.acks.context.term()
+    got = [np.concatenate(got)[: held["taken"]["feed".encode().hex()]]]
+    for _ in range(50):  # a closed socket's port is free once ZeroMQ's I/O thread has let it go
+        try:
+            again = open_source(cfg("two"))
+            break
+        except InputError:
+            time.sleep(0.1)
+    again.seek(held)
+    got += [c.id for c in drain(again, limit=70)]
+    z = again.finish()["zmq_ingest"]  # the final ACK confirms the producer's END
+    sender.join(20)
+    np.testing.assert_array_equal(np.concatenate(got), np.arange(3000))
+    assert held["taken"] == {"feed".encode().hex(): 1050} and z["producers"] == {"feed": 3000}
+    assert sent["confirmed"] and sent["tuples_resent"] >= 500 and z["lost_tuples"] == 0  # at least 1,000..1,499
+    assert z["duplicate_tuples"] == 50  # the first resent message began before the cut
