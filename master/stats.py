@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from protocol import delays
-from protocol.config import public
+from protocol.access import public
 from protocol.strict_json import json_text
 
 

@@ -40,7 +40,7 @@ import zmq
 
 from protocol import wire
 from protocol.chunks import Chunk, InputError, concat, rows
-from protocol.config import source_token
+from protocol.access import source_token
 from protocol.output import write_table
 from protocol.zmq_security import bind_server, stop_authenticators
 

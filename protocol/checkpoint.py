@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from protocol.config import public
+from protocol.access import public
 from protocol.strict_json import json_text
 from protocol.tuples import tuple_dtype
 

@@ -7,15 +7,14 @@ the key.
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
-import socket
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from protocol import eventtime
+from protocol.access import endpoint_is_local
 from protocol.tuples import BASE_TUPLE_BYTES
 
 
@@ -274,7 +273,6 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
                               f"got {cfg['partitioning']['partitions']}")
 
 
-
 def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:
     """Event-time durations become integer microseconds (protocol.eventtime): they must fit, and a tumbling
     aggregation window must not round to nothing."""
@@ -286,36 +284,6 @@ def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:
     if cfg["aggregate"]["window"] > 0 and eventtime.duration(cfg["aggregate"]["window"]) == 0:
         raise ConfigError(f"aggregate.window: must be 0 or at least one microsecond (event time is counted in "
                           f"microseconds), got {cfg['aggregate']['window']!r}")
-
-
-def endpoint_is_local(endpoint: str) -> bool:
-    """ipc:// is local; tcp:// (or HOST:PORT) is local when every address its host stands for is loopback: an
-    IP literal, a network interface as ZeroMQ binds it (`lo`), else a name, resolved (`localhost.example.com`
-    or a name of this host's public address is not local).  A name that does not resolve is not local."""
-    if endpoint.startswith("ipc://"):
-        return True
-    host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
-    addresses = _addresses(host)
-    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
-
-
-def _addresses(host: str) -> list[str]:
-    """The addresses a bind to `host` may use, in ZeroMQ's order: wildcard, literal, interface name, name."""
-    if host in ("", "*"):
-        return ["0.0.0.0"]
-    try:
-        return [str(ipaddress.ip_address(host))]
-    except ValueError:
-        pass
-    import psutil  # only for a name: the Spark side reads configs with literal endpoints
-
-    nic = psutil.net_if_addrs().get(host)
-    if nic is not None:
-        return [a.address for a in nic if a.family in (socket.AF_INET, socket.AF_INET6)]
-    try:
-        return [info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)]
-    except (socket.gaierror, UnicodeError):
-        return []
 
 
 def dispatcher_endpoint(endpoint: str, index: int) -> str:
@@ -346,10 +314,8 @@ def _check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
     zmq = cfg["source"]["kind"] == "zmq"
     used = [(f"{s}.{k}", cfg[s][k]) for s, k, on in (("source", "endpoint", zmq), ("source", "ack_endpoint", zmq),
                                                      ("output", "zmq_endpoint", True)) if on and cfg[s][k]]
-    for i, (name, ep) in enumerate(used):
-        for other, ep2 in used[:i]:
-            if ep == ep2:
-                raise ConfigError(f"{name}: must differ from {other} (both {ep!r})")
+    for name, other, ep in [(n, o, e) for i, (n, e) in enumerate(used) for o, e2 in used[:i] if e == e2][:1]:
+        raise ConfigError(f"{name}: must differ from {other} (both {ep!r})")
     sec = cfg["security"]
     for name, ep in used:
         if not (ep.startswith("ipc://") or (ep.startswith("tcp://") and ":" in ep[6:])):
@@ -376,29 +342,17 @@ def _check_producers(cfg: dict[str, dict[str, Any]]) -> None:
     src = cfg["source"]
     if src["token"] and src["token_file"]:
         raise ConfigError("source.token_file: give the token either in source.token or in source.token_file, not both")
-    if src["token_file"]:
-        try:
-            if not Path(src["token_file"]).read_text().strip():
-                raise ConfigError(f"source.token_file: {src['token_file']!r} is empty")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"source.token_file: cannot read {src['token_file']!r} ({e})") from None
+    try:
+        if src["token_file"] and not Path(src["token_file"]).read_text().strip():
+            raise ConfigError(f"source.token_file: {src['token_file']!r} is empty")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"source.token_file: cannot read {src['token_file']!r} ({e})") from None
     if src["ack_endpoint"] and src["kind"] == "zmq":
         if not cfg["checkpoint"]["interval"]:
             raise ConfigError("source.ack_endpoint: acknowledgements come from checkpoints: set checkpoint.interval")
         if cfg["cluster"]["dispatchers"] > 1:
             raise ConfigError("source.ack_endpoint: not supported with several dispatchers yet (cluster.dispatchers = "
                               f"{cfg['cluster']['dispatchers']})")
-
-
-def source_token(cfg: dict[str, dict[str, Any]]) -> str:
-    """The producers' shared token ("" = none), from source.token or the file source.token_file."""
-    src = cfg["source"]
-    return Path(src["token_file"]).read_text().strip() if src["token_file"] else src["token"]
-
-
-def public(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """`cfg` as written to summary.json and checkpoint manifests: the token masked (never on disk or in logs)."""
-    return {**cfg, "source": {**cfg["source"], "token": "***" if cfg["source"]["token"] else ""}}
 
 
 def _check_secret_key(path: str) -> None:

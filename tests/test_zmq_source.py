@@ -15,7 +15,8 @@ from control.subscribe import subscribe
 from master.source import open_source
 from protocol.chunks import InputError
 from protocol import wire
-from protocol.config import ConfigError, load_config, public
+from protocol.access import public
+from protocol.config import ConfigError, load_config
 from control.produce import Blocked, Producer
 from protocol.zmq_security import bind_server, stop_authenticators
 

@@ -27,7 +27,7 @@ import numpy as np
 from master.archive import named
 from master.coordination import CHECKPOINT, SNAPSHOT
 from protocol import checkpoint
-from protocol.config import public
+from protocol.access import public
 from protocol.messages import Kind
 
 
