@@ -1,4 +1,5 @@
-"""`python -m control.produce FILE --endpoint tcp://127.0.0.1:5555 [--rate R] [--batch N]`
+"""`python -m control.produce FILE --endpoint tcp://127.0.0.1:5555 [--rate R] [--batch N] [--name ID]
+[--token-file F] [--ack-endpoint tcp://127.0.0.1:5554]`
 
 Reads a CSV/Parquet input file as it goes (the columns of the file source; invalid
 rows are set aside the same way and counted) and PUSHes it to a master running with
@@ -7,6 +8,15 @@ one END message carrying the seconds the sends were held back.  With a small
 SNDHWM a send blocks when the cluster falls behind; that time is measured (a
 send that would block waits in poll) and printed, apart from the wait for the
 master to come up before the first message.
+
+Every message names this producer (`--name`, else a random id), its position
+and the token's digest (`--token-file`, the master's `source.token`).  With
+`--ack-endpoint` (the master's `source.ack_endpoint`, checkpoints on) the
+producer keeps every batch until a complete checkpoint holds it (at most
+`--keep` batches: then it waits), and when the cluster comes back from a crash
+(its ACKs name a new run) it resends what the new run's checkpoint does not
+hold; at the end it waits until the master confirms its END, so nothing it sent
+is lost.
 """
 from __future__ import annotations
 
@@ -14,6 +24,8 @@ import argparse
 import json
 import sys
 import time
+import uuid
+from collections import deque
 
 import numpy as np
 import zmq
@@ -26,28 +38,46 @@ from protocol.zmq_security import connect_client
 #: messages a producer queues before its sends block, and its kernel send buffer (bytes)
 SNDHWM = 2
 SNDBUF = 128 * 1024
+#: batches kept until a checkpoint holds them (with acknowledgements); then sends wait for one
+KEEP = 256
 
 
 class Blocked(Exception):
-    """The master did not take a message within the timeout."""
+    """The master did not take a message (or acknowledge one) within the timeout."""
 
 
 class Producer:
-    """PUSH socket plus the blocked-time accounting; `send` takes columns, `close` sends END."""
+    """PUSH socket plus the blocked-time accounting; `send` takes columns, `close` sends END.  With an
+    `ack_endpoint`, a SUB socket for the master's ACKs and the batches no checkpoint holds yet (bounded)."""
 
     def __init__(self, endpoint: str, sender: int = 0, server_key: str | None = None, key: str | None = None,
-                 timeout: float = 0.0):
+                 timeout: float = 0.0, name: str | None = None, token: str = "", ack_endpoint: str | None = None,
+                 keep: int = KEEP):
         self.ctx = zmq.Context()  # its own, so that `close` can wait for delivery by terminating it
         self.sock = self.ctx.socket(zmq.PUSH)
         self.sock.sndhwm, self.sock.sndbuf = SNDHWM, SNDBUF
         self.sock.immediate = True  # queue only to a connected (and, with CURVE, authenticated) master
         self.sock.linger = int(timeout * 1000) if timeout > 0 else -1
         connect_client(self.sock, endpoint, server_key, key)
-        self.sender, self.timeout = sender, timeout
+        self.name = name or uuid.uuid4().hex
+        self.digest = wire.token_digest(token)
+        wire.origin(self.name, self.digest)  # a name that does not fit fails here, not at the first send
+        self.acks = None
+        if ack_endpoint:
+            self.acks = self.ctx.socket(zmq.SUB)
+            self.acks.linger = 0
+            self.acks.subscribe(b"")
+            connect_client(self.acks, ack_endpoint, server_key, key)
+        self.sender, self.timeout, self.keep = sender, timeout, keep
         self.seq = self.tuples = 0
-        self.blocked = self.connect_wait = 0.0
+        self.blocked = self.connect_wait = self.ack_wait = 0.0
+        self.run = 0  #: the master run the messages address (0: no acknowledgements)
+        self.kept: deque[tuple[int, int, np.ndarray]] = deque()  #: (seq, position, records) not yet held
+        self.acked = self.resent = 0  #: tuples a complete checkpoint holds; tuples sent again after a crash
+        self.end_seq: int | None = None  #: the END, once sent
+        self.confirmed: bool | None = None  #: the master's final ACK: did its run take everything?
 
-    def _send(self, frames: list[bytes]) -> None:
+    def _send(self, frames: list) -> None:
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK)
             return
@@ -63,28 +93,97 @@ class Producer:
         else:
             self.blocked += waited
 
+    def _tuples(self, seq: int, position: int, records: np.ndarray) -> None:
+        origin = wire.origin(self.name, self.digest, self.run, position)
+        self._send([wire.header(wire.Kind.TUPLES, len(records), self.sender, seq), origin, records.data])
+
+    def _end(self) -> None:
+        origin = wire.origin(self.name, self.digest, self.run, self.tuples)
+        self._send(wire.encode_mark(wire.Kind.END, self.reported, self.sender, self.end_seq, origin))
+
     def send(self, stream, ids, ts, keys, values) -> None:
-        self._send(wire.encode_tuples(stream, ids, ts, keys, values, self.sender, self.seq))
+        records = wire.tuple_records(stream, ids, ts, keys, values)
+        if self.acks is not None:
+            self._sync(lambda: self.run != 0 and len(self.kept) < self.keep)
+            if self.confirmed is not None:
+                raise Blocked(f"the cluster's run ended after taking {self.acked:,} of this producer's tuples, "
+                              "before it was done sending")
+            self.kept.append((self.seq, self.tuples, records))
+        self._tuples(self.seq, self.tuples, records)
         self.seq += 1
-        self.tuples += len(ids)
+        self.tuples += len(records)
+
+    def _sync(self, done) -> None:
+        """Read the master's ACKs until `done()`: drop what a checkpoint holds; a new run (a restarted
+        cluster) gets every kept batch again, in order, and the END if it was sent.  `timeout` bounds the time
+        between two ACKs while waiting (the master repeats its last one while it ingests)."""
+        started = last = time.perf_counter()
+        while True:
+            wait = not done()
+            if not wait and not self.acks.poll(0):
+                break
+            left = self.timeout - (time.perf_counter() - last)
+            if wait and self.timeout > 0 and left <= 0:
+                raise Blocked(f"no acknowledgement from the master for {self.timeout:g}s")
+            if not self.acks.poll(int(left * 1000) if wait and self.timeout > 0 else 100 if wait else 0):
+                continue
+            last = time.perf_counter()
+            msg = wire.decode(self.acks.recv_multipart(), (wire.Kind.ACK,), 1 << 20)
+            if isinstance(msg, wire.Rejection):
+                raise Blocked(f"a malformed acknowledgement from the master ({msg.reason}: {msg.detail})")
+            mine = msg.rows[msg.rows["producer"] == self.name.encode()]
+            acked, ended = (int(mine["tuples"][0]), bool(mine["ended"][0])) if len(mine) else (0, False)
+            while self.kept and self.kept[0][1] + len(self.kept[0][2]) <= acked:
+                self.kept.popleft()
+            self.acked = acked
+            if msg.mark:  # the run is over
+                self.confirmed = self.end_seq is not None and ended and acked == self.tuples
+                break
+            if msg.seq != self.run:
+                self._resend(msg.seq)
+            if ended and self.end_seq is not None:
+                self.confirmed = True
+        self.ack_wait += time.perf_counter() - started
+
+    def _resend(self, run: int) -> None:
+        """A new run of the master: everything it does not hold, addressed to it."""
+        again = self.run != 0
+        self.run = run
+        for seq, position, records in self.kept:
+            self._tuples(seq, position, records)
+            self.resent += len(records) * again
+        if self.end_seq is not None:
+            self._end()
 
     def close(self) -> dict:
-        """Send END with the blocked time so far (the END's own wait cannot be in it) and wait for delivery."""
-        reported = self.blocked
-        self._send(wire.encode_mark(wire.Kind.END, reported, self.sender, self.seq))
+        """Send END with the blocked time so far (the END's own wait cannot be in it) and wait for delivery;
+        with acknowledgements, until the master confirms it (or its run ends without it: `confirmed` False)."""
+        self.reported = self.blocked
+        if self.acks is not None:
+            self._sync(lambda: self.run != 0)
+        self.end_seq = self.seq
+        self._end()
+        if self.acks is not None:
+            self._sync(lambda: self.confirmed is not None)
+            self.acks.close()
         self.sock.close()
         self.ctx.term()  # returns once END is delivered (or the linger timeout passed): exiting earlier loses it
-        return {"tuples_sent": self.tuples, "messages": self.seq, "blocked_seconds": round(reported, 3),
-                "connect_wait_seconds": round(self.connect_wait, 3)}
+        out = {"producer": self.name, "tuples_sent": self.tuples, "messages": self.seq,
+               "blocked_seconds": round(self.reported, 3), "connect_wait_seconds": round(self.connect_wait, 3)}
+        if self.acks is not None:
+            out.update(acknowledged=self.acked, confirmed=self.confirmed, tuples_resent=self.resent,
+                       ack_wait_seconds=round(self.ack_wait, 3))
+        return out
 
 
 def produce(path: str, endpoint: str, rate: float = 0.0, batch: int = 10000, jitter: float = 0.0, seed: int = 0,
             sender: int = 0, server_key: str | None = None, key: str | None = None, timeout: float = 0.0,
-            ts_unit: str = "s") -> dict:
+            ts_unit: str = "s", name: str | None = None, token: str = "", ack_endpoint: str | None = None,
+            keep: int = KEEP) -> dict:
     """Push the valid rows of `path` in arrival order; `rate` paces (tuples/s), `jitter` adds random pauses."""
     infile = InputFile(path, ts_unit=ts_unit)  # the file source's reading and checks
     rng = np.random.default_rng(seed)
-    prod = Producer(endpoint, sender, server_key, key, timeout)
+    prod = Producer(endpoint, sender, server_key, key, timeout, name, token, ack_endpoint, keep)
     started = time.perf_counter()
     set_aside = 0
     for read in infile:
@@ -116,12 +215,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ts-unit", choices=list(eventtime.UNITS), default="s",
                    help="the unit of numbers in the ts column (source.ts_unit)")
     p.add_argument("--timeout", type=float, default=0.0, help="give up when a send blocks this long (0 = never)")
+    p.add_argument("--name", help="this producer's id in every message (default: a random one)")
+    p.add_argument("--token-file", help="a file holding the master's source.token")
+    p.add_argument("--ack-endpoint", help="the master's source.ack_endpoint: keep batches until a checkpoint holds "
+                                          "them, resend them after a crash")
+    p.add_argument("--keep", type=int, default=KEEP, help="batches kept unacknowledged before sends wait")
     a = p.parse_args(argv)
-    if a.batch < 1:
-        p.error("--batch must be at least 1")
+    if a.batch < 1 or a.keep < 1:
+        p.error("--batch and --keep must be at least 1")
     try:
+        token = open(a.token_file).read().strip() if a.token_file else ""
         out = produce(a.file, a.endpoint, a.rate, a.batch, a.jitter, a.seed, a.sender, a.server_key, a.key, a.timeout,
-                      a.ts_unit)
+                      a.ts_unit, a.name, token, a.ack_endpoint, a.keep)
     except (InputError, ValueError, OSError, Blocked, zmq.ZMQError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -131,7 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sent {out['tuples_sent']:,} tuples in {out['messages']:,} messages in {out['seconds']:.1f}s; "
           f"held back {out['blocked_seconds']:.2f}s by backpressure (plus {out['connect_wait_seconds']:.2f}s "
           f"waiting for the master); {out['rows_set_aside']:,} invalid rows set aside", file=sys.stderr)
+    if "confirmed" in out:
+        print(f"acknowledged: {out['acknowledged']:,} tuples held by the cluster; {out['tuples_resent']:,} resent "
+              f"after a restart; waited {out['ack_wait_seconds']:.2f}s for acknowledgements", file=sys.stderr)
     print(json.dumps(out))
+    if out.get("confirmed") is False:
+        print("error: the cluster's run ended without taking everything this producer sent", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -183,8 +183,9 @@ def main(argv: list[str], spark=None) -> int:
           f"pace {'unpaced' if rate == 0 else f'{rate:,.0f} tuples/s'}{skipped}", flush=True)
     if a.endpoint:  # a cluster is already running with the ZeroMQ source
         from control.produce import Blocked, produce
-        try:
-            sent = produce(str(dest), a.endpoint, rate=rate, timeout=a.timeout)
+        from protocol.access import source_token
+        try:  # the token of --config / --set source.token_file, as the running cluster's
+            sent = produce(str(dest), a.endpoint, rate=rate, timeout=a.timeout, token=source_token(cfg))
         except Blocked as e:
             print(f"error: replay to {a.endpoint}: {e} (is a cluster with source.kind = \"zmq\" running there?)",
                   file=sys.stderr)

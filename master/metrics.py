@@ -49,6 +49,11 @@ def rejected_reasons(source) -> dict[str, int]:
     return dict(getattr(source, "reasons", {}))
 
 
+def refused_kinds(source) -> dict[str, int]:
+    """ZeroMQ messages refused for want of source.token, by kind (END or TUPLES): master/zmq_source.py."""
+    return dict(getattr(source, "refused", {}))
+
+
 class Metrics:
     def __init__(self, comm: MPI.Comm, cfg: dict, index: int):
         self.comm, self.cfg, self.index = comm, cfg, index
@@ -138,7 +143,7 @@ class Metrics:
     # -- several dispatchers ----------------------------------------------------------------------------
     def _counters(self, master) -> dict:
         return {"stats": master.stats.state(), "max_ts": master.ingest.max_ts, "buffered": len(master.buffers),
-                "rejected": rejected_reasons(master.source)}
+                "rejected": rejected_reasons(master.source), "refused": refused_kinds(master.source)}
 
     def _post(self, d: int, buf: bytearray | None = None) -> None:
         buf = bytearray(MESSAGE_BYTES) if buf is None else buf
@@ -171,6 +176,9 @@ class Metrics:
             self._rejected = Counter(rejected_reasons(m.source))
             for o in self._others.values():
                 self._rejected.update(o["rejected"])
+        refused = Counter(refused_kinds(m.source))
+        for o in self._others.values():
+            refused.update(o["refused"])
         max_delay = eventtime.duration(self.cfg["join"]["max_delay"])
         tops = [m.ingest.max_ts, *(self._others[d]["max_ts"] if d in self._others else eventtime.NEG_INF
                                    for d in range(1, self.k))]
@@ -218,7 +226,7 @@ class Metrics:
                  "slaves": c.partition_map[first: first + size].tolist()} for key, (first, size) in m.hot.router.hot.items()],
         }
         self.view = {"sample": sample, "hist": hist.copy(), "parts": stats.parts_hist.copy(),
-                     "input": dict(stats.input), "rejected": dict(self._rejected),
+                     "input": dict(stats.input), "rejected": dict(self._rejected), "refused": dict(refused),
                      "moves": dict(self.moves_by_reason), "hot_events": Counter(e["event"] for e in hot_log),
                      "started": m.stats.started - m.stats.elapsed_before, "capacity": self.cfg["master"]["buffer_capacity"],
                      "moves_log": c.moves_log[-100:], "hot_log": hot_log[-100:], "checkpoint_log": done[-100:]}
@@ -282,6 +290,8 @@ class Metrics:
         yield counter("late_tuples", "tuples set aside as late (ts below max ts seen minus join.max_delay)", s["late"])
         yield counter("rejected", "inputs rejected (file rows; ZeroMQ messages), by reason", None, ("reason",),
                       [((k,), v) for k, v in view["rejected"].items()])
+        yield counter("refused_messages", "ZeroMQ messages refused and ignored: no or wrong source.token, by kind "
+                      "(end, tuples)", None, ("kind",), [((k,), view["refused"].get(k, 0)) for k in ("end", "tuples")])
         yield _histogram("delay_seconds", "production delay of results (arrival of the later tuple to result)",
                          [((), view["hist"])])
         yield _histogram("delay_part_seconds", "production delay split into buffer, transfer and join",

@@ -63,6 +63,7 @@ class Master:
         self.hot = HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links,
                               self.results_out.rerouted) if router else None
         self.checkpoints = CheckpointDesk(cfg, self.index, self.k, slaves, buffers, controller, stats, links)
+        self.checkpoints.on_commit = self.ingest.committed  # producers learn what a checkpoint made durable
         self.stall = StallWatch(cfg, buffers, controller, links, coordinator=self.index == 0)
         self.done_from: set[int] = set()  #: rank 0: dispatchers that said DONE
         self.done_sent = self.finished = False

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from protocol import delays
+from protocol.access import public
 from protocol.strict_json import json_text
 
 
@@ -142,7 +143,7 @@ class RunStats:
             "partition_merges": self.merges,
             "stopped_by_signal": self.stopped_by_signal,
             "startup": self.startup(),
-            "config": cfg,
+            "config": public(cfg),
         }
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from protocol.access import public
 from protocol.strict_json import json_text
 from protocol.tuples import tuple_dtype
 
@@ -180,7 +181,7 @@ def check_binding(manifest: dict, cfg: dict, slaves: int) -> None:
                               f"this run has {slaves}: resume with mpirun -n "
                               f"{manifest['slaves'] + manifest['config']['cluster']['dispatchers']}")
     for section in BINDING_SECTIONS:
-        for key, value in cfg[section].items():
+        for key, value in public(cfg)[section].items():
             then = manifest["config"].get(section, {}).get(key)
             if then != value:
                 raise CheckpointError(f"{section}.{key} is {value!r} but was {then!r} when checkpoint "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol import eventtime, streams as streams_config
+from protocol.access import endpoint_is_local
 from protocol.durations import DURATION_KEYS, from_text
 from protocol.tuples import BASE_TUPLE_BYTES
 
@@ -36,6 +37,9 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "producers": (1, 'kind = "zmq": the input ends after this many producers sent their END message'),
         "idle_timeout": (0.0, 'kind = "zmq": the input also ends after this many seconds without a message (0 = never)'),
         "max_message_tuples": (65536, 'kind = "zmq": larger messages are rejected whole'),
+        "token": ("", 'kind = "zmq": only producers presenting this shared secret are let in ("" = any local process may feed and end the input); never logged'),
+        "token_file": ("", 'kind = "zmq": a file holding the token (read at start; keeps it off command lines); not with `token`'),
+        "ack_endpoint": ("", 'kind = "zmq", with checkpoints: where the master publishes what each checkpoint made durable per producer, so producers resend after a crash ("" = no acknowledgements)'),
         "ts_unit": ("s", 'kind = "file": the unit of numbers in the ts column, "s", "ms", "us" or "ns" (timestamp columns carry their own; docs/input.md)'),
         "duplicate_window": (1000000, 'kind = "file": a repeated id is found when its first row is at most this many rows earlier (always when ids rise per stream)'),
     },
@@ -262,6 +266,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
         raise ConfigError(f"hotkeys.grid: must be at least 2, got {cfg['hotkeys']['grid']!r}")
     _check_endpoints(cfg)
     check_http_endpoint("metrics.endpoint", cfg["metrics"]["endpoint"], cfg)
+    _check_producers(cfg)
     if slaves is not None:
         slaves -= cfg["cluster"]["dispatchers"] - 1  # the ranks after the dispatchers
         if slaves < 1:
@@ -275,7 +280,6 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
                               f"got {cfg['partitioning']['partitions']}")
 
 
-
 def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:
     """Event-time durations become integer microseconds (protocol.eventtime): they must fit, and a tumbling
     aggregation window must not round to nothing."""
@@ -287,17 +291,6 @@ def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:
     if cfg["aggregate"]["window"] > 0 and eventtime.duration(cfg["aggregate"]["window"]) == 0:
         raise ConfigError(f"aggregate.window: must be 0 or at least one microsecond (event time is counted in "
                           f"microseconds), got {cfg['aggregate']['window']!r}")
-
-
-_LOOPBACK = ("127.", "localhost", "::1", "[::1]")
-
-
-def endpoint_is_local(endpoint: str) -> bool:
-    """ipc:// is local; tcp:// is local when its host is a loopback address."""
-    if endpoint.startswith("ipc://"):
-        return True
-    host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0]
-    return host.startswith(_LOOPBACK)
 
 
 def dispatcher_endpoint(endpoint: str, index: int) -> str:
@@ -325,11 +318,11 @@ def check_http_endpoint(name: str, ep: str, cfg: dict[str, dict[str, Any]]) -> N
 
 def _check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
     """ZeroMQ binds: a well-formed endpoint; off loopback only with security.allow_remote and CURVE keys."""
-    used = [("source.endpoint", cfg["source"]["endpoint"])] if cfg["source"]["kind"] == "zmq" else []
-    if cfg["output"]["zmq_endpoint"]:
-        used.append(("output.zmq_endpoint", cfg["output"]["zmq_endpoint"]))
-    if len(used) == 2 and used[0][1] == used[1][1]:
-        raise ConfigError(f"output.zmq_endpoint: must differ from source.endpoint (both {used[0][1]!r})")
+    zmq = cfg["source"]["kind"] == "zmq"
+    used = [(f"{s}.{k}", cfg[s][k]) for s, k, on in (("source", "endpoint", zmq), ("source", "ack_endpoint", zmq),
+                                                     ("output", "zmq_endpoint", True)) if on and cfg[s][k]]
+    for name, other, ep in [(n, o, e) for i, (n, e) in enumerate(used) for o, e2 in used[:i] if e == e2][:1]:
+        raise ConfigError(f"{name}: must differ from {other} (both {ep!r})")
     sec = cfg["security"]
     for name, ep in used:
         if not (ep.startswith("ipc://") or (ep.startswith("tcp://") and ":" in ep[6:])):
@@ -349,6 +342,24 @@ def _check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
     if sec["server_key"] and not (sec["client_keys"] and Path(sec["client_keys"]).is_dir()):
         raise ConfigError(f"security.client_keys: {sec['client_keys']!r} is not a directory of client public keys "
                           "(needed with security.server_key)")
+
+
+def _check_producers(cfg: dict[str, dict[str, Any]]) -> None:
+    """The shared token (in the config or a file) and the acknowledgement channel (master/zmq_source.py)."""
+    src = cfg["source"]
+    if src["token"] and src["token_file"]:
+        raise ConfigError("source.token_file: give the token either in source.token or in source.token_file, not both")
+    try:
+        if src["token_file"] and not Path(src["token_file"]).read_text().strip():
+            raise ConfigError(f"source.token_file: {src['token_file']!r} is empty")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"source.token_file: cannot read {src['token_file']!r} ({e})") from None
+    if src["ack_endpoint"] and src["kind"] == "zmq":
+        if not cfg["checkpoint"]["interval"]:
+            raise ConfigError("source.ack_endpoint: acknowledgements come from checkpoints: set checkpoint.interval")
+        if cfg["cluster"]["dispatchers"] > 1:
+            raise ConfigError("source.ack_endpoint: not supported with several dispatchers yet (cluster.dispatchers = "
+                              f"{cfg['cluster']['dispatchers']})")
 
 
 def _check_secret_key(path: str) -> None:

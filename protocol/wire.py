@@ -12,7 +12,15 @@ Kinds: TUPLES (producer -> master), END (a producer is done; `mark` carries the
 seconds it was held back by backpressure, or an emitter is done), RESULTS and
 PUNCT (master -> subscribers; a punctuation P in `mark` says every result whose
 later tuple has ts < P has been sent: BiStream 3.2.3, SplitJoin's punctuated
-result stream).  `seq` numbers a sender's messages so a subscriber sees gaps.
+result stream), ACK (master -> producers: per producer, the tuples a complete
+checkpoint holds).  `seq` numbers a sender's messages so a subscriber sees gaps.
+
+A producer's TUPLES and END may carry an ORIGIN frame right after the header:
+who sends (its own id), the SHA-256 of the shared token (source.token), the
+master run it addresses and its position (tuples sent before this message), so
+the master lets in only holders of the token, drops what a resend repeats and
+counts what never came (master/zmq_source.py).  Without it a message is
+anonymous: accepted only when no token is configured, never deduplicated.
 
 Event time: a TUPLES record carries `ts` as int64 microseconds since the epoch
 (protocol.eventtime; version 2, version 1 carried float64 seconds); results and
@@ -21,6 +29,7 @@ punctuations carry the user's time again, float64 seconds.
 from __future__ import annotations
 
 import enum
+import hashlib
 from typing import NamedTuple
 
 import numpy as np
@@ -37,6 +46,11 @@ TUPLE_RECORD = np.dtype([("stream", "i1"), ("id", "<i8"), ("ts", "<i8"), ("key",
 #: One result pair, the columns of results/ files (protocol.output.RESULT_COLUMNS); 72 bytes.
 RESULT_RECORD = np.dtype([("r_id", "<i8"), ("s_id", "<i8"), ("r_key", "<i8"), ("s_key", "<i8"), ("r_ts", "<f8"),
                           ("s_ts", "<f8"), ("r_value", "<f8"), ("s_value", "<f8"), ("delay", "<f8")])
+#: The optional frame of a producer's message: its id, SHA-256 of the token (zeros: none), the master run it
+#: addresses (0: any), the tuples it sent before this message; 112 bytes.
+ORIGIN = np.dtype([("producer", "S64"), ("token", "u1", (32,)), ("run", "<u8"), ("offset", "<u8")])
+#: One producer's acknowledgement: the tuples of it a complete checkpoint holds, and whether its END is in it.
+ACK_RECORD = np.dtype([("producer", "S64"), ("tuples", "<u8"), ("ended", "u1")])
 
 
 def later_ts(results: np.ndarray) -> np.ndarray:
@@ -61,6 +75,7 @@ class Kind(enum.IntEnum):
     END = 2
     RESULTS = 3
     PUNCT = 4
+    ACK = 5
 
 
 #: reason code -> what it means (the rejected/ file and the summary count by code)
@@ -72,6 +87,7 @@ REASONS = {
     "kind": "message kind not accepted here",
     "too_large": "more tuples than source.max_message_tuples",
     "size": "record frame size is not count x record size",
+    "origin": "origin frame is not 112 bytes",
     "stream": "stream code is not 0 (R) or 1 (S)",
     "ts": "ts (microseconds) is out of range",
     "duplicate_id": "the same (stream, id) twice in one message",
@@ -84,24 +100,54 @@ class Message(NamedTuple):
     seq: int
     mark: float
     rows: np.ndarray | None  # a read-only view into the record frame (None for END / PUNCT)
+    origin: np.void | None = None  # a producer's ORIGIN record (None: anonymous)
 
 
 class Rejection(NamedTuple):
     reason: str  # a key of REASONS
     detail: str
+    origin: np.void | None = None  # the sender, when its ORIGIN frame was read
+    count: int = 0  # the rows the header announced (with `origin`: the sender's position moves past them)
 
 
 def header(kind: Kind, count: int = 0, sender: int = 0, seq: int = 0, mark: float = 0.0) -> bytes:
     return np.array([(MAGIC, VERSION, int(kind), count, sender, seq, mark)], dtype=HEADER).tobytes()
 
 
-def encode_tuples(stream, ids, ts, keys, values, sender: int = 0, seq: int = 0) -> list[bytes]:
-    """A TUPLES message from columns (stream codes 0/1, ts in integer microseconds); one vectorized pack."""
+def token_digest(token: str) -> bytes:
+    """What a message carries of the shared token: its SHA-256 (zeros for no token)."""
+    return hashlib.sha256(token.encode()).digest() if token else bytes(32)
+
+
+def origin(producer: str, digest: bytes, run: int = 0, offset: int = 0) -> bytes:
+    """An ORIGIN frame; `producer` is at most 64 bytes of UTF-8."""
+    name = producer.encode()
+    if not 0 < len(name) <= 64:
+        raise ValueError(f"a producer id is 1 to 64 bytes of UTF-8, got {producer!r}")
+    o = np.zeros(1, ORIGIN)
+    o["producer"], o["token"][0], o["run"], o["offset"] = name, np.frombuffer(digest, np.uint8), run, offset
+    return o.tobytes()
+
+
+def tuple_records(stream, ids, ts, keys, values) -> np.ndarray:
+    """Columns (stream codes 0/1, ts in integer microseconds) packed as TUPLE_RECORDs; one vectorized pack."""
     if np.asarray(ts).dtype.kind not in "iu":  # seconds as floats would be truncated unseen
         raise TypeError(f"ts must be integer microseconds (protocol.eventtime), got {np.asarray(ts).dtype}")
     rows = np.empty(len(ids), dtype=TUPLE_RECORD)
     rows["stream"], rows["id"], rows["ts"], rows["key"], rows["value"] = stream, ids, ts, keys, values
-    return [header(Kind.TUPLES, len(rows), sender, seq), rows.tobytes()]
+    return rows
+
+
+def encode_tuples(stream, ids, ts, keys, values, sender: int = 0, seq: int = 0,
+                  origin_frame: bytes | None = None) -> list[bytes]:
+    """A TUPLES message from columns, with an ORIGIN frame if given."""
+    rows = tuple_records(stream, ids, ts, keys, values)
+    return [header(Kind.TUPLES, len(rows), sender, seq), *([origin_frame] if origin_frame else []), rows.tobytes()]
+
+
+def encode_ack(run: int, acked: np.ndarray, final: bool, sender: int = 0) -> list:
+    """An ACK message: ACK_RECORDs, the master's run in `seq`, mark 1 once the run is over (nothing more comes)."""
+    return [header(Kind.ACK, len(acked), sender, run, float(final)), np.ascontiguousarray(acked, ACK_RECORD).tobytes()]
 
 
 def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
@@ -110,9 +156,11 @@ def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
     return [header(Kind.RESULTS, len(rows), sender, seq), body]
 
 
-def encode_mark(kind: Kind, mark: float, sender: int = 0, seq: int = 0) -> list[bytes]:
-    """A row-less message: END (mark = seconds blocked) or PUNCT (mark = the punctuation)."""
-    return [header(kind, 0, sender, seq, mark)]
+def encode_mark(kind: Kind, mark: float, sender: int = 0, seq: int = 0,
+                origin_frame: bytes | None = None) -> list[bytes]:
+    """A row-less message: END (mark = seconds blocked; a producer's with its ORIGIN frame) or PUNCT (mark = the
+    punctuation)."""
+    return [header(kind, 0, sender, seq, mark), *([origin_frame] if origin_frame else [])]
 
 
 def decode(frames: list, accept: tuple[Kind, ...], max_rows: int) -> Message | Rejection:
@@ -132,15 +180,26 @@ def decode(frames: list, accept: tuple[Kind, ...], max_rows: int) -> Message | R
         return Rejection("kind", f"kind {kind}")
     kind = Kind(kind)
     sender, seq, mark = int(h["sender"]), int(h["seq"]), float(h["mark"])
+    source = None
+    if len(frames) == {Kind.TUPLES: 3, Kind.END: 2}.get(kind):
+        if memoryview(frames[1]).nbytes != ORIGIN.itemsize:
+            return Rejection("origin", f"origin frame has {memoryview(frames[1]).nbytes} bytes")
+        source = np.frombuffer(frames[1], dtype=ORIGIN)[0]
+        frames = [frames[0], *frames[2:]]
+    got = _body(frames, kind, count, max_rows, Message(kind, sender, seq, mark, None, source))
+    return got._replace(origin=source, count=count) if isinstance(got, Rejection) and source is not None else got
+
+
+def _body(frames: list, kind: Kind, count: int, max_rows: int, msg: Message) -> Message | Rejection:
     if kind in (Kind.END, Kind.PUNCT):
         if len(frames) != 1 or count != 0:
             return Rejection("frames", f"{kind.name} with {len(frames)} frames and count {count}")
-        return Message(kind, sender, seq, mark, None)
+        return msg
     if len(frames) != 2:
         return Rejection("frames", f"{kind.name} with {len(frames)} frames (expected 2)")
     if count > max_rows:
         return Rejection("too_large", f"{count} rows > {max_rows}")
-    record = TUPLE_RECORD if kind == Kind.TUPLES else RESULT_RECORD
+    record = {Kind.TUPLES: TUPLE_RECORD, Kind.ACK: ACK_RECORD}.get(kind, RESULT_RECORD)
     body = memoryview(frames[1])
     if body.nbytes != count * record.itemsize:
         return Rejection("size", f"{body.nbytes} bytes for {count} records of {record.itemsize}")
@@ -149,7 +208,7 @@ def decode(frames: list, accept: tuple[Kind, ...], max_rows: int) -> Message | R
         bad = _check_tuples(rows)
         if bad is not None:
             return bad
-    return Message(kind, sender, seq, mark, rows)
+    return msg._replace(rows=rows)
 
 
 def _check_tuples(rows: np.ndarray) -> Rejection | None:

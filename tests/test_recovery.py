@@ -216,3 +216,34 @@ def test_a_stalled_cluster_with_hot_keys_is_restarted_by_the_supervisor_and_stay
     run, _ = crash_run(tmp_path, 4, settings, fault="3:hang-batch:8")
     assert "stalled:" in run.stderr
     assert any(e["event"] == "split" for e in run.summary["hot_keys"]), run.stderr
+
+
+def test_a_zmq_run_killed_under_the_supervisor_loses_nothing_the_producer_sent(tmp_path):
+    """SIGKILL of a slave with the ZeroMQ source: the producer CLI keeps what no checkpoint holds, resends it to
+    the restarted cluster (its ACKs name a new run), and the master drops what it already has: the result set is
+    exactly the reference join over everything the producer sent (it used to lose what came after the checkpoint)."""
+    from tests.test_zmq_cluster import finish, free_port, make_input, start, write_input
+    from tests.reference import reference_pairs
+
+    rng = np.random.default_rng(53)
+    stream, ids, ts, keys = make_input(rng, 9000, 300, disorder=0.2)
+    write_input(tmp_path / "in.csv", stream, ids, ts, keys)
+    ingest, acks = free_port(), free_port()
+    prod = start("control.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 300,
+                 "--ack-endpoint", f"tcp://127.0.0.1:{acks}", "--name", "feed", "--timeout", 120)
+    settings = {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
+                "source.ack_endpoint": f"tcp://127.0.0.1:{acks}", "source.rate": 6000.0, "checkpoint.interval": 2,
+                "epochs.distribution": 0.1, "join.window": 0.3, "join.max_delay": 0.2}
+    run = run_cluster(tmp_path, 3, settings, wrapper=SUPERVISE, timeout=150,
+                      env={"STREAMJOIN_FAULT": f"1:batch:8:{tmp_path / 'fault-fired'}"})
+    sent = finish(prod)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "fault-fired").exists() and "restart 1 of 3" in run.stderr
+    assert run.summary["checkpoints"]["recovered_from"] is not None, run.stderr
+    assert sent["tuples_sent"] == 9000 and sent["confirmed"] and sent["tuples_resent"] > 0, sent
+    expected, expected_late = reference_pairs(stream, ids, ts, keys, 0.3, 0.2)
+    np.testing.assert_array_equal(run.pairs(), expected)
+    np.testing.assert_array_equal(run.late_ids(), expected_late)
+    z = run.summary["zmq_ingest"]
+    assert z["lost_tuples"] == 0 and z["producers"] == {"feed": 9000}
+    assert run.summary["input_total"] + run.summary["late"] == 9000

@@ -27,6 +27,20 @@ def test_round_trip_keeps_every_column():
     end = wire.decode(wire.encode_mark(wire.Kind.END, 2.5, sender=3), ACCEPT, 100)
     assert end.kind == wire.Kind.END and end.mark == 2.5 and end.rows is None
     assert wire.HEADER.itemsize == 32 and wire.TUPLE_RECORD.itemsize == 33
+    assert msg.origin is None and end.origin is None  # anonymous
+
+
+def test_origin_frame_names_the_producer_its_token_run_and_position():
+    digest = wire.token_digest("s3cret")
+    o = wire.origin("feed-7", digest, run=12, offset=4000)
+    msg = wire.decode(wire.encode_tuples([0, 1], [1, 2], [5, 6], [0, 0], [0.0, 0.0], seq=3, origin_frame=o), ACCEPT, 9)
+    end = wire.decode(wire.encode_mark(wire.Kind.END, 0.5, seq=4, origin_frame=o), ACCEPT, 9)
+    for m in (msg, end):
+        assert bytes(m.origin["producer"]) == b"feed-7" and m.origin["token"].tobytes() == digest
+        assert (int(m.origin["run"]), int(m.origin["offset"])) == (12, 4000)
+    assert len(msg.rows) == 2 and wire.ORIGIN.itemsize == 112 and wire.token_digest("") == bytes(32)
+    with pytest.raises(ValueError, match="producer id"):
+        wire.origin("x" * 65, digest)
 
 
 def rows_of(frames):
@@ -48,7 +62,8 @@ def mutations(rng, frames):
     """(reason, bad frames) for each way a message can be wrong."""
     rows = rows_of(frames)
     n = len(rows)
-    out = [("frames", []), ("frames", frames[:1]), ("frames", frames + [b"x"]),
+    out = [("frames", []), ("frames", frames[:1]), ("origin", frames + [b"x"]),
+           ("frames", [frames[0], wire.origin("p", bytes(32)), frames[1], b"x"]),
            ("header", [frames[0][: int(rng.integers(0, 32))], frames[1]]),
            ("header", [frames[0] + b"\0", frames[1]]),
            ("magic", with_header(frames, magic=b"XXXX")),

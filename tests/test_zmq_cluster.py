@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import zmq
 
 from deploy.launch import mpi_env
+from protocol import wire
 from tests.cluster import run_cluster
 from tests.reference import encode_pairs, reference_pairs
 from tests.test_balance_cluster import FORCED_CHURN, straggler
@@ -244,3 +245,49 @@ def test_a_slow_subscriber_at_the_end_of_a_run_does_not_crash_the_master(tmp_pat
             reader.join()
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.summary["result_stream"]["results"] == run.summary["results"] > 1_000_000
+
+
+def test_a_strangers_end_does_not_end_the_input_and_is_counted(tmp_path):
+    """source.token_file: a local process without the token (or with a wrong one) sends END and tuples first;
+    the master refuses them (summary, metrics, one line) and joins every tuple of the real producer exactly.
+    The token appears nowhere in the output or the logs."""
+    token = "tok-" + "7f3a9c" * 4
+    (tmp_path / "token").write_text(token + "\n")
+    rng = np.random.default_rng(23)
+    stream, ids, ts, keys = make_input(rng, 3000, 256, disorder=0.0)
+    write_input(tmp_path / "in.csv", stream, ids, ts, keys)
+    ingest = free_port()
+    settings = {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
+                "source.token_file": str(tmp_path / "token"), "join.window": 0.5, "join.max_delay": 0.5}
+    produced = {}
+
+    def stranger_then_producer():
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.immediate, sock.linger = True, 30000
+        sock.connect(f"tcp://127.0.0.1:{ingest}")
+        guess = wire.origin("feed", wire.token_digest("guess"))
+        sock.send_multipart(wire.encode_mark(wire.Kind.END, 0.0))  # today's anonymous END
+        sock.send_multipart(wire.encode_mark(wire.Kind.END, 0.0, origin_frame=guess))
+        sock.send_multipart(wire.encode_tuples([0], [10**9], [0], [1], [0.0], origin_frame=guess))
+        sock.close()
+        ctx.term()  # returns when the three are sent
+        produced.update(finish(start("control.produce", tmp_path / "in.csv", "--endpoint",
+                                     f"tcp://127.0.0.1:{ingest}", "--token-file", tmp_path / "token",
+                                     "--name", "feed", "--batch", 500)))
+
+    sender = threading.Thread(target=stranger_then_producer, daemon=True)
+    sender.start()
+    run = run_cluster(tmp_path, 3, settings, timeout=120)
+    sender.join(30)
+    assert run.returncode == 0, run.stderr
+    expected, _ = reference_pairs(stream, ids, ts, keys, 0.5, 0.5)
+    np.testing.assert_array_equal(run.pairs(), expected)
+    z = run.summary["zmq_ingest"]
+    assert produced["tuples_sent"] == 3000 and z["producers"] == {"feed": 3000} and z["producers_ended"] == 1
+    assert z["refused_messages"] == {"end": 2, "tuples": 1} and z["refused_tuples"] == 1
+    assert "refused an END message from an anonymous producer" in run.stderr
+    assert 'streamjoin_refused_messages_total{kind="end"} 2.0' in (run.out / "metrics.prom").read_text()
+    assert run.summary["config"]["source"]["token_file"] == str(tmp_path / "token")
+    on_disk = "".join(f.read_text(errors="replace") for f in run.out.rglob("*") if f.is_file() and f.suffix != ".parquet")
+    assert token not in run.stderr and token not in on_disk

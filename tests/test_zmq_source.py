@@ -1,6 +1,7 @@
 """master/zmq_source.py, the producer and the subscriber over real loopback ZeroMQ sockets; CURVE; the config rules."""
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -12,7 +13,9 @@ import zmq.auth
 
 from control.subscribe import subscribe
 from master.source import open_source
+from protocol.chunks import InputError
 from protocol import wire
+from protocol.access import public
 from protocol.config import ConfigError, load_config
 from control.produce import Blocked, Producer
 from protocol.zmq_security import bind_server, stop_authenticators
@@ -41,7 +44,7 @@ def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(
     push.connect(src.endpoint)
     rng = np.random.default_rng(3)
     sent_ids, next_id = [], 0
-    bad = {"magic": [b"NOPE" + bytes(28), b""], "too_large": None, "ts": None, "frames": wire.encode_mark(wire.Kind.END, 0.0) + [b"x"]}
+    bad = {"magic": [b"NOPE" + bytes(28), b""], "too_large": None, "ts": None, "frames": wire.encode_mark(wire.Kind.END, 0.0) + [wire.origin("p", bytes(32)), b"x"]}
     for i in range(40):
         n = int(rng.integers(1, 300))
         stream = rng.integers(0, 2, n)
@@ -174,3 +177,110 @@ def test_curve_result_stream_reaches_only_subscribers_holding_an_allowed_key(key
     stop_authenticators()
     assert got["allowed"]["ended"] and got["allowed"]["results"] == 2 and got["allowed"]["punctuations"] == 1
     assert got["stranger"]["results"] == got["plain"]["results"] == 0 and not got["stranger"]["ended"]
+
+
+def test_endpoint_check_resolves_names_before_it_calls_a_bind_loopback(monkeypatch):
+    # a name is local only if every address it resolves to is loopback; a prefix that looks local is not enough
+    load_config(None, ['source.kind="zmq"', 'source.endpoint="tcp://localhost:5555"'])
+    load_config(None, ['source.kind="zmq"', 'source.endpoint="tcp://lo:5555"'])  # ZeroMQ binds an interface name
+    for host in ("localhost.invalid", "127.0.0.1.invalid"):  # passed as loopback by their prefix on main
+        with pytest.raises(ConfigError, match="security.allow_remote"):
+            load_config(None, ['source.kind="zmq"', f'source.endpoint="tcp://{host}:5555"'])
+    real = socket.getaddrinfo
+    names = {"feed-host": "10.1.2.3", "loop-alias": "127.0.0.2"}
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: [(socket.AF_INET, 1, 6, "", (names[host], 0))]
+                        if host in names else real(host, *a, **k))
+    with pytest.raises(ConfigError, match="source.endpoint: 'tcp://feed-host:5555' is not a loopback address"):
+        load_config(None, ['source.kind="zmq"', 'source.endpoint="tcp://feed-host:5555"'])
+    with pytest.raises(ConfigError, match="metrics.endpoint"):
+        load_config(None, ['metrics.endpoint="feed-host:9464"'])
+    load_config(None, ['source.kind="zmq"', 'source.endpoint="tcp://loop-alias:5555"'])
+
+
+def test_config_rules_of_the_token_and_the_acknowledgements(tmp_path):
+    zmq_on = ['source.kind="zmq"']
+    (tmp_path / "empty").write_text("\n")
+    for settings, message in [(['source.token="a"', f'source.token_file="{tmp_path}/t"'], "not both"),
+                              ([f'source.token_file="{tmp_path}/missing"'], "cannot read"),
+                              ([f'source.token_file="{tmp_path}/empty"'], "is empty"),
+                              (['source.ack_endpoint="tcp://127.0.0.1:5554"'], "set checkpoint.interval"),
+                              (['source.ack_endpoint="tcp://127.0.0.1:5555"', "checkpoint.interval=2"], "must differ"),
+                              (['source.ack_endpoint="tcp://127.0.0.1:5554"', "checkpoint.interval=2",
+                                "cluster.dispatchers=2"], "several dispatchers")]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, zmq_on + settings)
+    cfg = load_config(None, zmq_on + ['source.token="s3cret"'])
+    assert public(cfg)["source"]["token"] == "***" and cfg["source"]["token"] == "s3cret"  # summary, manifests
+
+
+def test_a_stranger_neither_feeds_nor_ends_the_input_and_a_resend_is_taken_once(tmp_path):
+    """In-process: a producer holding the token; ENDs and tuples without it (none, wrong) are refused and counted;
+    a producer's resend of what the master has is dropped row-exactly; a gap in its position counts as lost."""
+    src = open_source(zmq_cfg(tmp_path, 'source.token="s3cret"'))
+    push = zmq.Context.instance().socket(zmq.PUSH)
+    push.connect(src.endpoint)
+    cols = lambda a, b: (np.arange(a, b) % 2, np.arange(a, b), np.arange(a, b) * 1000, np.zeros(b - a), np.zeros(b - a))
+    wrong = wire.origin("intruder", wire.token_digest("guess"))
+    mine = lambda offset: wire.origin("feed", wire.token_digest("s3cret"), offset=offset)
+    push.send_multipart(wire.encode_mark(wire.Kind.END, 0.0))
+    push.send_multipart(wire.encode_mark(wire.Kind.END, 0.0, origin_frame=wrong))
+    push.send_multipart(wire.encode_tuples(*cols(900, 910), origin_frame=wrong))
+    push.send_multipart(wire.encode_tuples(*cols(0, 100), origin_frame=mine(0)))
+    push.send_multipart(wire.encode_tuples(*cols(50, 150), origin_frame=mine(50)))  # a resend from 50: half new
+    push.send_multipart(wire.encode_tuples(*cols(0, 100), origin_frame=mine(0)))  # all of it again
+    push.send_multipart(wire.encode_tuples(*cols(170, 200), origin_frame=mine(170)))  # 150..169 never came
+    push.send_multipart(wire.encode_mark(wire.Kind.END, 0.0, origin_frame=mine(200)))
+    got = np.concatenate([c.id for c in drain(src, limit=64)])
+    np.testing.assert_array_equal(got, np.r_[0:150, 170:200])
+    z = src.finish()["zmq_ingest"]
+    assert z["refused_messages"] == {"end": 2, "tuples": 1} and z["refused_tuples"] == 10
+    assert (z["duplicate_tuples"], z["lost_tuples"], z["producers_ended"], z["producers"]) == (150, 20, 1, {"feed": 200})
+    push.close()
+
+
+def test_a_producer_resends_what_no_checkpoint_holds_to_a_restarted_master(tmp_path):
+    """In-process crash: the master acknowledges a position, takes more, dies; a new master at the same endpoints
+    resumes at that position; the producer (which never stopped sending) resends from it: every tuple once, in
+    order, the resend's overlap trimmed and messages to the dead run dropped."""
+    from tests.test_zmq_cluster import free_port
+    ports = free_port(), free_port()
+    cfg = lambda out: zmq_cfg(tmp_path / out, f'source.endpoint="tcp://127.0.0.1:{ports[0]}"',
+                              f'source.ack_endpoint="tcp://127.0.0.1:{ports[1]}"', "checkpoint.interval=1")
+    src = open_source(cfg("one"))
+    prod = Producer(src.endpoint, name="feed", ack_endpoint=f"tcp://127.0.0.1:{ports[1]}", keep=40, timeout=20)
+    sent = {}
+
+    def send():
+        for i in range(30):
+            ids = np.arange(i * 100, i * 100 + 100)
+            prod.send(ids % 2, ids, ids * 1000, ids % 5, np.zeros(100))
+            time.sleep(0.01)
+        sent.update(prod.close())
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    got, deadline = [], time.monotonic() + 20
+    while (n := sum(map(len, got))) < 1050 and time.monotonic() < deadline:
+        got.append(src.next_chunk(min(70, 1050 - n)).id)
+    held = src.position()  # a checkpoint: 1,050 tuples (a message split at the cut)
+    src.acknowledge(held)
+    while sum(map(len, got)) < 1500 and time.monotonic() < deadline:
+        got.append(src.next_chunk(70).id)
+    src.sock.close()  # SIGKILL: nothing more is taken, nothing is said
+    src.acks.close()
+    src.acks.context.term()
+    got = [np.concatenate(got)[: held["taken"]["feed".encode().hex()]]]
+    for _ in range(50):  # a closed socket's port is free once ZeroMQ's I/O thread has let it go
+        try:
+            again = open_source(cfg("two"))
+            break
+        except InputError:
+            time.sleep(0.1)
+    again.seek(held)
+    got += [c.id for c in drain(again, limit=70)]
+    z = again.finish()["zmq_ingest"]  # the final ACK confirms the producer's END
+    sender.join(20)
+    np.testing.assert_array_equal(np.concatenate(got), np.arange(3000))
+    assert held["taken"] == {"feed".encode().hex(): 1050} and z["producers"] == {"feed": 3000}
+    assert sent["confirmed"] and sent["tuples_resent"] >= 500 and z["lost_tuples"] == 0  # at least 1,000..1,499
+    assert z["duplicate_tuples"] == 50  # the first resent message began before the cut

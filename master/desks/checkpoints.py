@@ -27,6 +27,7 @@ import numpy as np
 from master.archive import named
 from master.coordination import CHECKPOINT, SNAPSHOT
 from protocol import checkpoint
+from protocol.access import public
 from protocol.messages import Kind
 
 
@@ -43,6 +44,7 @@ class CheckpointDesk:
         self.log: list[dict] = []  #: rank 0: every complete checkpoint (metrics, summary)
         self.recovered_from = None
         self.t0 = 0.0  #: the run's start (the pacing schedule's origin)
+        self.on_commit = lambda section: None  #: rank 0: told its section of each complete checkpoint
 
     def on_epoch(self, epochs_done: int, exhausted: bool) -> None:
         """A distribution epoch ended: rank 0 wants a checkpoint if one is due and input is still coming."""
@@ -116,7 +118,7 @@ class CheckpointDesk:
                   "archive": {named("input", d, self.k): m["archive_files"] for d, m in sections.items()},
                   checkpoint.PENDING_AGGREGATES: {f"slave-{int(r):03d}": int(v["aggregate_files"])
                                                   for r, v in ck["slaves"].items()}}
-        checkpoint.write_manifest(ck["dir"], {"id": ck["id"], "slaves": len(self.slaves), "config": self.cfg,
+        checkpoint.write_manifest(ck["dir"], {"id": ck["id"], "slaves": len(self.slaves), "config": public(self.cfg),
                                               "parts": ck["parts"], "result_files": result_files, "commit": commit,
                                               "master": ck["master"], "dispatchers": ck["dispatchers"]})
         self.written += 1
@@ -129,6 +131,7 @@ class CheckpointDesk:
         self.log.append({"id": ck["id"], "seconds": round(time.time() - self.t0, 3), "tuples": tuples,
                          "duration": round(time.time() - ck["started"], 3), "bytes": round(mb * 2**20)})
         self.open = None
+        self.on_commit(ck["master"])
 
     def restore(self, directory: Path, manifest: dict, epochs_done: int) -> None:
         """The checkpoint's mini-buffers, counters and partition map (the desks restore their own sections)."""

@@ -182,6 +182,11 @@ class IngestDesk:
         if self.archive is not None:
             self.archive.flush()
 
+    def committed(self, m: dict) -> None:
+        """A checkpoint holding this desk's part `m` is complete: a source that acknowledges says so."""
+        if hasattr(self.source, "acknowledge"):
+            self.source.acknowledge(m["source"])
+
     def state(self) -> dict:
         """This desk's part of a checkpoint (after `flush`)."""
         return {"consumed": self.consumed, "source": mark(self.source), "max_ts": self.max_ts, "late_files": self.late_files,
@@ -189,11 +194,14 @@ class IngestDesk:
                 "archive_files": self.archive.files if self.archive else 0}
 
     def restore(self, m: dict) -> None:
-        """Resume at the checkpoint's source position (a live stream cannot be rewound: it goes on)."""
-        if self.cfg["source"]["kind"] == "zmq":  # producers get no acks
-            print('recover: source.kind = "zmq": tuples the producers sent after the checkpoint and before the '
-                  "crash are not replayed (a live stream cannot be rewound); the state and results up to the "
-                  "checkpoint are restored", file=sys.stderr, flush=True)
+        """Resume at the checkpoint's source position: a ZeroMQ source takes each producer's position (what a
+        producer resends from there is taken again; what it cannot resend is counted as lost)."""
+        if self.cfg["source"]["kind"] == "zmq":
+            print('recover: source.kind = "zmq": producers that resend (control.produce with --ack-endpoint) '
+                  "repeat what they sent after the checkpoint; what others sent after it is lost and counted "
+                  "(zmq_ingest.lost_tuples)", file=sys.stderr, flush=True)
+            if m["source"] is not None:  # None: a checkpoint of a version without producer positions
+                self.source.seek(m["source"])
         else:
             skip(self.source, m["consumed"], m.get("source"))
         self.consumed, self.max_ts, self.late_files = m["consumed"], m["max_ts"], m["late_files"]
