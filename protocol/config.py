@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol import eventtime
+from protocol.predicates import JOIN_TYPES
 from protocol.tuples import BASE_TUPLE_BYTES
 
 
@@ -56,6 +57,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "max_delay": (0.5, "allowed out-of-orderness in ts; later tuples go to the late output"),
         "predicate": ("equal", '"equal" (r.key == s.key), "band" (|r.key - s.key| <= band) or "less" (r.key < s.key)'),
         "band": (0, "with predicate = \"band\": the largest key distance that joins"),
+        "type": ("inner", '"inner" (pairs), "left" / "right" / "full" (also each R / S / both row without a partner, once, at expiry), "semi" (each R with a partner, once) or "anti" (each R without one, at expiry): docs/joins-and-hot-keys.md'),
     },
     "epochs": {
         "distribution": (0.25, "seconds between two sends of buffered tuples to a slave"),
@@ -133,6 +135,7 @@ _CHOICES = {
     ("output", "format"): ("parquet", "csv"),
     ("balance", "choice"): ("random", "largest_fit"),
     ("join", "predicate"): ("equal", "band", "less"),
+    ("join", "type"): JOIN_TYPES,
     ("aggregate", "group_by"): ("key", "r_key", "s_key"),
     ("aggregate", "value"): ("r_value", "s_value"),
 }
@@ -253,6 +256,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
         raise ConfigError(f"hotkeys.threshold: must be in (0, 1], got {cfg['hotkeys']['threshold']!r}")
     if cfg["hotkeys"]["grid"] < 2:
         raise ConfigError(f"hotkeys.grid: must be at least 2, got {cfg['hotkeys']['grid']!r}")
+    _check_join_type(cfg)
     _check_endpoints(cfg)
     _check_metrics_endpoint(cfg)
     if slaves is not None:
@@ -267,6 +271,28 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
             raise ConfigError(f"partitioning.partitions: must be >= the number of slaves ({slaves}), "
                               f"got {cfg['partitioning']['partitions']}")
 
+
+
+def _check_join_type(cfg: dict[str, dict[str, Any]]) -> None:
+    """Rows without a partner are decided where the tuple is stored, from its matched flag (issue 22): refused
+    where a kept tuple has copies that would each decide alone, or where its late row would break a promise."""
+    kind = cfg["join"]["type"]
+    if kind == "inner":
+        return
+    keeps_r = kind in ("left", "full", "semi", "anti")
+    if keeps_r and cfg["join"]["predicate"] != "equal":
+        raise ConfigError(f'join.type: "{kind}" keeps R rows, but with join.predicate = "{cfg["join"]["predicate"]}" '
+                          "an R tuple is copied into every key range that may hold partners and no copy knows "
+                          'whether another matched; use "inner" or "right" (each S tuple is stored once)')
+    if keeps_r and cfg["hotkeys"]["enabled"]:
+        raise ConfigError(f'join.type: "{kind}" keeps R rows, but hotkeys.enabled copies a hot key\'s R tuples into '
+                          'every sub-group of its grid and no copy knows whether another matched; set '
+                          'hotkeys.enabled = false or use "inner" or "right"')
+    if cfg["output"]["zmq_endpoint"]:
+        raise ConfigError(f'output.zmq_endpoint: not with join.type = "{kind}": a row without a partner is decided '
+                          "a window after its ts, below punctuations the result stream has already sent")
+    if cfg["aggregate"]["enabled"]:
+        raise ConfigError(f'aggregate.enabled: not with join.type = "{kind}": partial aggregates count pairs only')
 
 
 def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from protocol import eventtime
 from protocol.arrays import field_words, group_pairs, take_rows, words
-from protocol.predicates import key_distance
+from protocol.predicates import JOIN_TYPES, key_distance
 from protocol.tuples import FIELDS, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_join, window_join
@@ -50,9 +50,19 @@ class Pairs:
 
 class JoinModule:
     def __init__(self, dtype: np.dtype, partitions: int, window: int, block_size: int,
-                 theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0):
-        """`window` in integer microseconds (protocol.eventtime.duration of join.window)."""
+                 theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0,
+                 join_type: str = "inner"):
+        """`window` in integer microseconds (protocol.eventtime.duration of join.window); `join_type` one of
+        protocol.predicates.JOIN_TYPES."""
+        if join_type not in JOIN_TYPES:
+            raise ValueError(f"join type {join_type!r}: must be one of {', '.join(JOIN_TYPES)}")
         self.dtype, self.partitions, self.window = dtype, partitions, int(window)
+        self.join_type = join_type
+        self.keep_r = join_type in ("left", "full", "semi", "anti")  #: R rows carry matched flags
+        self.keep_s = join_type in ("right", "full")
+        self.emit_pairs = join_type in ("inner", "left", "right", "full")
+        #: rows without a partner the last `process` emitted (semi: R rows at their first match), copies
+        self.lone_r = self.lone_s = np.empty(0, dtype)
         window = self.window
         if predicate == "equal":
             self.kernel = lambda a, b: window_join(a["key"], a["ts"], b["key"], b["ts"], window)
@@ -88,18 +98,19 @@ class JoinModule:
         home = [sub.buckets[int(sub.directory.bucket_of(directory_hash(np.array([key])))[0])] for sub in subs]
         moved = 0
         for win_r, win_s in pg.buckets.values():
-            r = win_r.take(win_r.rows["key"] == key)
-            s = win_s.take(win_s.rows["key"] == key)
+            r, r_matched = win_r.take(win_r.rows["key"] == key)
+            s, s_matched = win_s.take(win_s.rows["key"] == key)
             which = (mix64(s["id"]) % np.uint64(size)).astype(np.int64)
             for j, (sub_r, sub_s) in enumerate(home):
-                sub_r.append(r)
-                sub_s.append(s[which == j])
+                sub_r.append(r, r_matched)
+                sub_s.append(s[which == j], s_matched[which == j])
             moved += len(r) + len(s)
         return moved
 
     def merge_hot_key(self, partition: int, key: int, first: int, size: int) -> int:
         """Inverse of `split_hot_key`: gather `key`'s sub-groups back into `partition`: every S tuple (each is in
-        one sub-group) and the R tuples of the first sub-group only (every sub-group holds a copy of each).
+        one sub-group) and the R tuples of the first sub-group only (every sub-group holds a copy of each, so R's
+        matched flags are that copy's: hot keys are refused with the joins that keep R, protocol.config).
         Returns the tuples gathered."""
         pg = self.group(partition)
         win_r, win_s = pg.buckets[int(pg.directory.bucket_of(directory_hash(np.array([key])))[0])]
@@ -108,9 +119,9 @@ class JoinModule:
             sub = self.groups.pop(first + j, None)
             for sub_r, sub_s in (sub.buckets.values() if sub is not None else ()):
                 if j == 0:
-                    win_r.append(sub_r.rows)
+                    win_r.append(sub_r.rows, sub_r.matched)
                     gathered += len(sub_r)
-                win_s.append(sub_s.rows)
+                win_s.append(sub_s.rows, sub_s.matched)
                 gathered += len(sub_s)
         return gathered
 
@@ -147,22 +158,31 @@ class JoinModule:
             batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s])
                        for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()))
         pieces: list[tuple] = []
+        lone_r: list[np.ndarray] = []  # semi: R rows at their first match; then rows unmatched at expiry
+        lone_s: list[np.ndarray] = []
         produced = 0
         for p, new_r, new_s in batches:
-            produced += self._join_group(self.group(p), new_r, new_s, pieces)
+            produced += self._join_group(self.group(p), new_r, new_s, pieces, lone_r)
             if stamps is not None:
                 stamps.append((produced, time.time()))
         # gathered before expiry: the pieces are views of window storage, which appends never overwrite
         pairs = Pairs(self.dtype, gather_pairs(pieces, self._fields, produced))
         threshold = int(watermark) - self.window  # integers: the join test's own boundary
+        expired_r = lone_r if self.keep_r and self.join_type != "semi" else None
+        expired_s = lone_s if self.keep_s else None
         for pg in self.groups.values():
-            pg.expire(threshold)
+            pg.expire(threshold, expired_r, expired_s)
             pg.tune()
+        self.lone_r, self.lone_s = (np.concatenate(lone) if lone else np.empty(0, self.dtype)
+                                    for lone in (lone_r, lone_s))
         return pairs
 
-    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, pieces: list) -> int:
+    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, pieces: list,
+                    semi: list) -> int:
         """Join one group's fresh tuples; each matching (R rows, R indices, S rows, S indices) goes to `pieces`,
-        the rows as words (protocol.arrays.words) for `gather_pairs`.  Returns the results found."""
+        the rows as words (protocol.arrays.words) for `gather_pairs`, and every tuple of a pair is flagged
+        matched; with a semi join R rows matched for the first time go to `semi` instead.  Returns the results
+        found."""
         found = 0
         if pg.directory.global_depth == 0:  # one bucket takes every tuple: no hashing or grouping needed
             buckets = [(int(pg.directory.entries[0]), new_r, new_s)]
@@ -172,13 +192,27 @@ class JoinModule:
                                    pg.directory.bucket_of(directory_hash(new_s["key"])))]
         for b, nr, ns in buckets:
             win_r, win_s = pg.buckets[b]
-            for side_r, side_s in ((nr, win_s.rows), (win_r.rows, ns), (nr, ns)):
+            fresh_r = np.zeros(len(nr), np.uint8) if self.keep_r else None
+            fresh_s = np.zeros(len(ns), np.uint8) if self.keep_s else None
+            for side_r, side_s, flags_r, flags_s in ((nr, win_s.rows, fresh_r, win_s.matched),
+                                                     (win_r.rows, ns, win_r.matched, fresh_s),
+                                                     (nr, ns, fresh_r, fresh_s)):
                 ir, is_ = self.kernel(side_r, side_s)
-                if len(ir):
+                if not len(ir):
+                    continue
+                if self.keep_r:
+                    if self.join_type == "semi" and flags_r is not fresh_r:  # stored R matched the first time
+                        semi.append(take_rows(side_r, np.unique(ir[flags_r[ir] == 0])))
+                    flags_r[ir] = 1
+                if self.keep_s:
+                    flags_s[is_] = 1
+                if self.emit_pairs:
                     pieces.append((words(side_r), ir, words(side_s), is_))
                     found += len(ir)
-            win_r.append(nr)
-            win_s.append(ns)
+            if self.join_type == "semi" and fresh_r.any():
+                semi.append(take_rows(nr, fresh_r == 1))
+            win_r.append(nr, fresh_r)
+            win_s.append(ns, fresh_s)
         return found
 
     def stored(self) -> tuple[int, int]:

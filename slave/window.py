@@ -28,14 +28,17 @@ SLACK = 4
 class MiniWindow:
     def __init__(self, dtype: np.dtype, block_size: int):
         self.dtype, self.block_size = dtype, block_size
-        self._store(np.empty(0, dtype=dtype), 0)
+        self._store(np.empty(0, dtype=dtype), 0, np.empty(0, dtype=np.uint8))
         self.block_max = np.empty(0, dtype=np.int64)  #: newest ts of each block
 
     def __len__(self) -> int:
         return self._end - self._start
 
-    def _store(self, rows: np.ndarray, live: int) -> None:
-        """New storage whose first `live` rows are the window; kept as tuples and as records (two views)."""
+    def _store(self, rows: np.ndarray, live: int, matched: np.ndarray) -> None:
+        """New storage whose first `live` rows are the window, with their `matched` flags; kept as tuples and as
+        records (two views)."""
+        self._flags = np.zeros(len(rows), dtype=np.uint8)
+        self._flags[:live] = matched
         self._rows, self._records = rows, records(rows)
         self._start, self._end = 0, live
 
@@ -43,6 +46,11 @@ class MiniWindow:
     def rows(self) -> np.ndarray:
         """The stored tuples, oldest block first (a view)."""
         return self._rows[self._start: self._end]
+
+    @property
+    def matched(self) -> np.ndarray:
+        """1 where the stored tuple has been part of a pair (a view: set it through this)."""
+        return self._flags[self._start: self._end]
 
     @property
     def records(self) -> np.ndarray:
@@ -55,12 +63,13 @@ class MiniWindow:
 
     @property
     def nbytes(self) -> int:
-        """Allocated bytes: the rows' storage (with its growth slack) and the per-block newest ts."""
-        return self._rows.nbytes + self.block_max.nbytes
+        """Allocated bytes: the rows' storage (with its growth slack), their matched flags and the per-block
+        newest ts."""
+        return self._rows.nbytes + self._flags.nbytes + self.block_max.nbytes
 
-    def append(self, new: np.ndarray) -> None:
-        """Add fresh tuples at the head; when the storage is full, the live rows and the fresh ones move into
-        new storage with room for a quarter more (`SLACK`)."""
+    def append(self, new: np.ndarray, matched: np.ndarray | None = None) -> None:
+        """Add fresh tuples (and their matched flags, 0 if None) at the head; when the storage is full, the live
+        rows and the fresh ones move into new storage with room for a quarter more (`SLACK`)."""
         k = len(new)
         if k == 0:
             return
@@ -68,8 +77,9 @@ class MiniWindow:
         if self._end + k > len(self._rows):
             grown = np.empty(live + k + (live + k) // SLACK, dtype=self.dtype)
             records(grown)[:live] = self.records
-            self._store(grown, live)
+            self._store(grown, live, self.matched)
         self._records[self._end: self._end + k] = records(new)
+        self._flags[self._end: self._end + k] = 0 if matched is None else matched
         self._end += k
         self._refresh_block_max(live // self.block_size)  # the head block may have been partial
 
@@ -78,31 +88,37 @@ class MiniWindow:
         tail = np.maximum.reduceat(ts, np.arange(0, len(ts), self.block_size)) if len(ts) else ts
         self.block_max = np.concatenate([self.block_max[:first_block], tail])
 
-    def expire(self, threshold: int) -> int:
-        """Drop every block whose newest ts is below `threshold`; returns the tuples dropped."""
+    def expire(self, threshold: int, unmatched: list | None = None) -> int:
+        """Drop every block whose newest ts is below `threshold`; returns the tuples dropped.  With a list
+        `unmatched`, the dropped rows whose matched flag is 0 are appended to it (one array, copied)."""
         dead = self.block_max < threshold
         if not dead.any():
             return 0
         before = len(self)
         oldest = len(dead) if dead.all() else int(np.argmin(dead))  # leading dead blocks
+        if unmatched is not None:
+            lone = np.repeat(dead, self.block_size)[:before] & (self.matched == 0)
+            if lone.any():
+                unmatched.append(take_rows(self.rows, lone))
         if not dead[oldest:].any():
             self._start = min(self._start + oldest * self.block_size, self._end)
             if self._start * SLACK > len(self._rows):  # the dead rows in front outgrew the slack: give them back
                 kept = np.empty(len(self), dtype=self.dtype)
                 records(kept)[:] = self.records
-                self._store(kept, len(kept))
+                self._store(kept, len(kept), self.matched)
         else:  # out-of-order input: blocks die in the middle too
-            kept = take_rows(self.rows, np.repeat(~dead, self.block_size)[:before])
-            self._store(kept, len(kept))
+            keep = np.repeat(~dead, self.block_size)[:before]
+            self._store(take_rows(self.rows, keep), int(keep.sum()), self.matched[keep])
         # all kept blocks but the last are full, so block boundaries are unchanged
         self.block_max = self.block_max[~dead]
         return before - len(self)
 
-    def take(self, mask: np.ndarray) -> np.ndarray:
-        """Remove and return the rows where `mask` is true (used to split or hand over a group)."""
-        rows = self.rows
-        out, kept = take_rows(rows, mask), take_rows(rows, ~mask)
-        self._store(kept, len(kept))
+    def take(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Remove and return the rows where `mask` is true and their matched flags (used to split or hand over
+        a group)."""
+        rows, flags = self.rows, self.matched
+        out = take_rows(rows, mask), flags[mask]
+        self._store(take_rows(rows, ~mask), int(len(mask) - np.count_nonzero(mask)), flags[~mask])
         self.block_max = self.block_max[:0]
         self._refresh_block_max(0)
         return out

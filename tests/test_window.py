@@ -37,19 +37,22 @@ class Model:
     """Plain-list model of a mini-window: rows in order, blocks are consecutive chunks of B."""
 
     def __init__(self, B):
-        self.B, self.ids, self.ts = B, [], []
+        self.B, self.ids, self.ts, self.unmatched = B, [], [], []
 
     def append(self, ids, ts):
         self.ids += list(ids)
         self.ts += list(ts)
 
-    def expire(self, threshold):
+    def expire(self, threshold, matched=frozenset()):
+        """Drop whole blocks; the dropped ids not in `matched` go to self.unmatched."""
         keep_ids, keep_ts = [], []
         for i in range(0, len(self.ids), self.B):
             chunk_ids, chunk_ts = self.ids[i: i + self.B], self.ts[i: i + self.B]
             if max(chunk_ts) >= threshold:
                 keep_ids += chunk_ids
                 keep_ts += chunk_ts
+            else:
+                self.unmatched += [x for x in chunk_ids if x not in matched]
         dropped = len(self.ids) - len(keep_ids)
         self.ids, self.ts = keep_ids, keep_ts
         return dropped
@@ -109,6 +112,7 @@ def test_random_append_expire_against_model(seed, B):
     rng = np.random.default_rng(seed)
     w, model = MiniWindow(DT, B), Model(B)
     next_id, t = 0, 0.0
+    matched, unmatched = set(), []
     for _ in range(30):
         k = int(rng.integers(0, 3 * B + 2))
         # slowly increasing ts, out of order by up to 3 inside and across blocks
@@ -116,13 +120,20 @@ def test_random_append_expire_against_model(seed, B):
         t = float(ts.max()) if k else t
         ids = np.arange(next_id, next_id + k)
         next_id += k
-        w.append(make_rows(ids, ts))
+        flags = (rng.random(k) < 0.5).astype(np.uint8)  # matched flags travel with their rows
+        w.append(make_rows(ids, ts), flags)
+        matched |= set(ids[flags == 1].tolist())
+        later = rng.random(len(w)) < 0.1  # a stored tuple matched later
+        w.matched[later] = 1
+        matched |= set(w.rows["id"][later].tolist())
         model.append(ids.tolist(), us(ts).tolist())
         threshold = int(us(t - rng.uniform(1, 6)))
         before_max = w.block_max.copy()
         before_rows = w.rows.copy()
-        dropped = w.expire(threshold)
-        assert dropped == model.expire(threshold)
+        dropped = w.expire(threshold, unmatched)
+        assert dropped == model.expire(threshold, matched)
+        assert sorted(np.concatenate(unmatched or [make_rows([], [])])["id"].tolist()) == sorted(model.unmatched)
+        np.testing.assert_array_equal(w.matched, np.isin(w.rows["id"], list(matched)).astype(np.uint8))
         np.testing.assert_array_equal(w.rows["id"], model.ids)
         np.testing.assert_array_equal(w.rows["ts"], model.ts)
         check_blocks(w)
@@ -140,7 +151,7 @@ def test_take_returns_masked_rows_and_keeps_rest_in_order():
     ts = rng.uniform(0, 100, 23)
     w.append(make_rows(np.arange(23), ts))
     mask = rng.random(23) < 0.4
-    out = w.take(mask)
+    out, _ = w.take(mask)
     np.testing.assert_array_equal(out["id"], np.flatnonzero(mask))
     np.testing.assert_array_equal(out["ts"], us(ts)[mask])
     np.testing.assert_array_equal(w.rows["id"], np.flatnonzero(~mask))
@@ -161,7 +172,7 @@ def test_take_all_none_and_then_expire(seed):
     n = int(rng.integers(1, 40))
     ts = rng.uniform(0, 10, n)
     w.append(make_rows(np.arange(n), ts))
-    assert len(w.take(np.zeros(n, bool))) == 0 and len(w) == n
+    assert len(w.take(np.zeros(n, bool))[0]) == 0 and len(w) == n
     check_blocks(w)
     mask = rng.random(n) < 0.5
     w.take(mask)
@@ -170,7 +181,7 @@ def test_take_all_none_and_then_expire(seed):
     assert w.expire(5_000_000) == model.expire(5_000_000)
     np.testing.assert_array_equal(w.rows["id"], model.ids)
     check_blocks(w)
-    out = w.take(np.ones(len(w), bool))
+    out, _ = w.take(np.ones(len(w), bool))
     np.testing.assert_array_equal(out["id"], model.ids)
     assert len(w) == 0 and w.blocks == 0
 
@@ -180,9 +191,9 @@ def test_nbytes_counts_the_allocated_rows_and_the_block_index():
     w.append(make_rows(np.arange(10), np.arange(10.0)))
     # 10 rows in storage grown to at least 10 (here: exactly 10) plus 3 blocks' newest ts
     assert w.nbytes >= 10 * DT.itemsize + 3 * 8
-    assert w.nbytes == len(w._rows) * DT.itemsize + w.blocks * 8
+    assert w.nbytes == len(w._rows) * (DT.itemsize + 1) + w.blocks * 8  # a matched flag per row
     w.expire(4_500_000)  # drops the first block
-    assert w.nbytes == len(w._rows) * DT.itemsize + 2 * 8 and len(w) == 6
+    assert w.nbytes == len(w._rows) * (DT.itemsize + 1) + 2 * 8 and len(w) == 6
 
 
 @pytest.mark.parametrize("per_epoch,epochs_kept", [(7, 3), (200, 2), (1000, 8)])
