@@ -280,10 +280,10 @@ def _check_join_type(cfg: dict[str, dict[str, Any]]) -> None:
     if kind == "inner":
         return
     keeps_r = kind in ("left", "full", "semi", "anti")
-    if keeps_r and cfg["join"]["predicate"] != "equal":
-        raise ConfigError(f'join.type: "{kind}" keeps R rows, but with join.predicate = "{cfg["join"]["predicate"]}" '
-                          "an R tuple is copied into every key range that may hold partners and no copy knows "
-                          'whether another matched; use "inner" or "right" (each S tuple is stored once)')
+    if kind == "full" and cfg["join"]["predicate"] != "equal":
+        raise ConfigError(f'join.type: "full" keeps both sides, but with join.predicate = "{cfg["join"]["predicate"]}" '
+                          "one side is copied into every key range that may hold partners and no copy knows whether "
+                          'another matched; use "left" or "right" (the kept side is then stored once)')
     if keeps_r and cfg["hotkeys"]["enabled"]:
         raise ConfigError(f'join.type: "{kind}" keeps R rows, but hotkeys.enabled copies a hot key\'s R tuples into '
                           'every sub-group of its grid and no copy knows whether another matched; set '

@@ -11,9 +11,10 @@ Then blocks that no on-time tuple can reach are expired and the buckets tuned.
 
 Band and inequality joins (`join.predicate`) arrive range-partitioned: every S
 tuple in the group of its key's range, every R tuple copied into each group
-whose range may hold partners, with a table saying which rows belong to which
-group.  A pair is then produced only in the group of its S tuple, by the same
-rule; those groups are not split (hashing would scatter neighbouring keys).
+whose range may hold partners (left, semi and anti joins: the other way round),
+with a table saying which rows belong to which group.  A pair is then produced
+only in the group of its tuple that is stored once, by the same rule; those
+groups are not split (hashing would scatter neighbouring keys).
 """
 from __future__ import annotations
 

@@ -72,26 +72,34 @@ def test_left_join_recovers_from_a_killed_slave_without_losing_or_repeating_an_u
 
 @pytest.mark.parametrize("join_type,extra", [
     ("anti", {"cluster.dispatchers": 2}),
-    ("semi", {}),
+    # key ranges: left and semi copy S into the ranges (each R stored once), right copies R
+    ("left", {"join.predicate": "band", "join.band": 3, "generator.keys": 8192}),
     ("right", {"join.predicate": "band", "join.band": 3, "generator.keys": 8192}),
+    ("semi", {"join.predicate": "less", "generator.rate": 400.0, "join.window": 0.1}),
 ])
-def test_semi_anti_and_a_right_band_join_are_exact(tmp_path, join_type, extra):
+def test_semi_anti_left_and_right_joins_are_exact_with_key_ranges_and_dispatchers(tmp_path, join_type, extra):
     settings = dict(SMALL, **{"join.type": join_type, "generator.duration": 2.0, "generator.seed": 43,
                               "generator.disorder": 0.2, **extra})
     _, want = check_outer(tmp_path, 3, settings)
-    kept = [w for w, emitted in zip(want, (join_type == "right", join_type != "right", join_type == "right"))
-            if emitted]
+    kept = [w for w, emitted in zip(want, (join_type in ("left", "right"), join_type != "right",
+                                           join_type == "right")) if emitted]
     assert all(len(w) > 50 for w in kept)  # the rows this type emits are there to be checked
 
 
-@pytest.mark.parametrize("join_type", ["left", "full", "semi", "anti"])
-def test_joins_that_keep_r_are_refused_where_r_is_copied(join_type):
-    with pytest.raises(ConfigError, match="join.type.*key range"):
-        load_config(None, [f'join.type="{join_type}"', 'join.predicate="less"'])
-    with pytest.raises(ConfigError, match="join.type.*hotkeys.enabled"):
+@pytest.mark.parametrize("join_type", ["left", "right", "full", "semi", "anti"])
+def test_the_combinations_that_would_decide_a_copy_alone_are_refused(join_type):
+    for predicate in ("band", "less"):
+        if join_type == "full":  # one side is copied whichever it is
+            with pytest.raises(ConfigError, match="join.type.*key range"):
+                load_config(None, [f'join.type="{join_type}"', f'join.predicate="{predicate}"'])
+        else:
+            load_config(None, [f'join.type="{join_type}"', f'join.predicate="{predicate}"'])
+    if join_type == "right":  # a hot key's S tuples are stored once, its R tuples copied
         load_config(None, [f'join.type="{join_type}"', "hotkeys.enabled=true"])
+    else:
+        with pytest.raises(ConfigError, match="join.type.*hotkeys.enabled"):
+            load_config(None, [f'join.type="{join_type}"', "hotkeys.enabled=true"])
     with pytest.raises(ConfigError, match="output.zmq_endpoint"):
         load_config(None, [f'join.type="{join_type}"', 'output.zmq_endpoint="tcp://127.0.0.1:5599"'])
     with pytest.raises(ConfigError, match="aggregate.enabled"):
         load_config(None, [f'join.type="{join_type}"', "aggregate.enabled=true"])
-    load_config(None, ['join.type="right"', 'join.predicate="less"', "hotkeys.enabled=false"])
