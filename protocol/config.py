@@ -279,15 +279,14 @@ def _check_join_type(cfg: dict[str, dict[str, Any]]) -> None:
     kind = cfg["join"]["type"]
     if kind == "inner":
         return
-    keeps_r = kind in ("left", "full", "semi", "anti")
     if kind == "full" and cfg["join"]["predicate"] != "equal":
         raise ConfigError(f'join.type: "full" keeps both sides, but with join.predicate = "{cfg["join"]["predicate"]}" '
                           "one side is copied into every key range that may hold partners and no copy knows whether "
                           'another matched; use "left" or "right" (the kept side is then stored once)')
-    if keeps_r and cfg["hotkeys"]["enabled"]:
-        raise ConfigError(f'join.type: "{kind}" keeps R rows, but hotkeys.enabled copies a hot key\'s R tuples into '
-                          'every sub-group of its grid and no copy knows whether another matched; set '
-                          'hotkeys.enabled = false or use "inner" or "right"')
+    if kind == "full" and cfg["hotkeys"]["enabled"]:
+        raise ConfigError('join.type: "full" keeps both sides, but hotkeys.enabled copies one side of a hot key into '
+                          "every sub-group of its grid and no copy knows whether another matched; set "
+                          'hotkeys.enabled = false or use "left" or "right"')
     if cfg["output"]["zmq_endpoint"]:
         raise ConfigError(f'output.zmq_endpoint: not with join.type = "{kind}": a row without a partner is decided '
                           "a window after its ts, below punctuations the result stream has already sent")

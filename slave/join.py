@@ -24,7 +24,7 @@ import numpy as np
 
 from protocol import eventtime
 from protocol.arrays import field_words, group_pairs, take_rows, words
-from protocol.predicates import JOIN_TYPES, key_distance
+from protocol.predicates import JOIN_TYPES, copied_stream, key_distance
 from protocol.tuples import FIELDS, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_join, window_join
@@ -62,6 +62,7 @@ class JoinModule:
         self.keep_r = join_type in ("left", "full", "semi", "anti")  #: R rows carry matched flags
         self.keep_s = join_type in ("right", "full")
         self.emit_pairs = join_type in ("inner", "left", "right", "full")
+        self.copied = copied_stream(join_type)  #: the stream a hot key copies into every sub-group
         #: rows without a partner the last `process` emitted (semi: R rows at their first match), copies
         self.lone_r = self.lone_s = np.empty(0, dtype)
         window = self.window
@@ -91,7 +92,8 @@ class JoinModule:
 
     def split_hot_key(self, partition: int, key: int, first: int, size: int) -> int:
         """Move `key`'s stored tuples out of `partition` into sub-groups first..first+size-1 (master/hotkeys.py):
-        each S tuple into the one its id hashes to, each R tuple into all.  Returns the tuples moved."""
+        each tuple of the spread stream (S, or R for left, semi, anti) into the one its id hashes to, each of the
+        copied stream into all, each with its matched flag.  Returns the tuples moved."""
         subs = [self.group(first + j) for j in range(size)]
         pg = self.groups.get(partition)
         if pg is None:
@@ -99,31 +101,30 @@ class JoinModule:
         home = [sub.buckets[int(sub.directory.bucket_of(directory_hash(np.array([key])))[0])] for sub in subs]
         moved = 0
         for win_r, win_s in pg.buckets.values():
-            r, r_matched = win_r.take(win_r.rows["key"] == key)
-            s, s_matched = win_s.take(win_s.rows["key"] == key)
-            which = (mix64(s["id"]) % np.uint64(size)).astype(np.int64)
-            for j, (sub_r, sub_s) in enumerate(home):
-                sub_r.append(r, r_matched)
-                sub_s.append(s[which == j], s_matched[which == j])
-            moved += len(r) + len(s)
+            taken = [w.take(w.rows["key"] == key) for w in (win_r, win_s)]  # (rows, matched) per stream
+            which = (mix64(taken[1 - self.copied][0]["id"]) % np.uint64(size)).astype(np.int64)
+            for j, sub in enumerate(home):
+                for stream, (rows, matched) in enumerate(taken):
+                    mine = slice(None) if stream == self.copied else which == j
+                    sub[stream].append(rows[mine], matched[mine])
+            moved += sum(len(rows) for rows, _ in taken)
         return moved
 
     def merge_hot_key(self, partition: int, key: int, first: int, size: int) -> int:
-        """Inverse of `split_hot_key`: gather `key`'s sub-groups back into `partition`: every S tuple (each is in
-        one sub-group) and the R tuples of the first sub-group only (every sub-group holds a copy of each, so R's
-        matched flags are that copy's: hot keys are refused with the joins that keep R, protocol.config).
-        Returns the tuples gathered."""
+        """Inverse of `split_hot_key`: gather `key`'s sub-groups back into `partition`: every tuple of the spread
+        stream (each is in one sub-group) and those of the copied stream from the first sub-group only (every
+        sub-group holds a copy of each; the copies' matched flags are not used: the join types that keep the
+        copied stream, full, are refused with hot keys, protocol.config).  Returns the tuples gathered."""
         pg = self.group(partition)
-        win_r, win_s = pg.buckets[int(pg.directory.bucket_of(directory_hash(np.array([key])))[0])]
+        home = pg.buckets[int(pg.directory.bucket_of(directory_hash(np.array([key])))[0])]
         gathered = 0
         for j in range(size):
             sub = self.groups.pop(first + j, None)
-            for sub_r, sub_s in (sub.buckets.values() if sub is not None else ()):
-                if j == 0:
-                    win_r.append(sub_r.rows, sub_r.matched)
-                    gathered += len(sub_r)
-                win_s.append(sub_s.rows, sub_s.matched)
-                gathered += len(sub_s)
+            for windows in (sub.buckets.values() if sub is not None else ()):
+                for stream, w in enumerate(windows):
+                    if j == 0 or stream != self.copied:
+                        home[stream].append(w.rows, w.matched)
+                        gathered += len(w)
         return gathered
 
     def new_group(self) -> PartitionGroup:

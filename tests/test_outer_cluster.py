@@ -94,11 +94,11 @@ def test_the_combinations_that_would_decide_a_copy_alone_are_refused(join_type):
                 load_config(None, [f'join.type="{join_type}"', f'join.predicate="{predicate}"'])
         else:
             load_config(None, [f'join.type="{join_type}"', f'join.predicate="{predicate}"'])
-    if join_type == "right":  # a hot key's S tuples are stored once, its R tuples copied
-        load_config(None, [f'join.type="{join_type}"', "hotkeys.enabled=true"])
-    else:
+    if join_type == "full":  # a hot key's grid copies one side (R for right, S for left, semi and anti)
         with pytest.raises(ConfigError, match="join.type.*hotkeys.enabled"):
             load_config(None, [f'join.type="{join_type}"', "hotkeys.enabled=true"])
+    else:
+        load_config(None, [f'join.type="{join_type}"', "hotkeys.enabled=true"])
     with pytest.raises(ConfigError, match="output.zmq_endpoint"):
         load_config(None, [f'join.type="{join_type}"', 'output.zmq_endpoint="tcp://127.0.0.1:5599"'])
     with pytest.raises(ConfigError, match="aggregate.enabled"):

@@ -24,7 +24,7 @@ from master.ranges import KeyRanges
 from master.source import mark, skip
 from protocol import eventtime
 from protocol.output import write_table
-from protocol.predicates import key_distance
+from protocol.predicates import copied_stream, key_distance
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
 
 
@@ -46,7 +46,7 @@ class IngestDesk:
         self.key_distance = key_distance(join["predicate"], join["band"])
         #: the stream copied to every range that may hold partners; the other is stored once, at its key's range,
         #: where its pairs are produced: R, whose matched flag decides a left, semi or anti row (issue 22)
-        self.copied = STREAM_S if join["type"] in ("left", "semi", "anti") else STREAM_R
+        self.copied = copied_stream(join["type"])
         #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
         self.ingest_interval = min(0.01, cfg["epochs"]["distribution"] / groups / 10)
         self._last_ingest = 0.0
@@ -148,11 +148,8 @@ class IngestDesk:
             self.stats.input[STREAM_NAMES[stream]] += len(sel)
             rows = to_wire(dtype, chunk.id, chunk.ts, chunk.key, chunk.value, arrival, sel)
             if self.router is not None:
-                if stream == STREAM_S:
-                    self.buffers.add(stream, rows, self.router.route_s(rows))
-                else:
-                    index, part = self.router.route_r(rows)
-                    self.buffers.add(stream, rows[index], part)
+                index, part = self.router.route(stream, rows)
+                self.buffers.add(stream, rows[index], part)
             elif stream != self.copied:  # the home of its pairs
                 self.buffers.add(stream, rows, self.ranges.home(rows["key"]))
             else:  # a copy to every range that may hold partners: R's keys + (low, high), S's keys - (high, low)
