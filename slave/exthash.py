@@ -88,10 +88,16 @@ class PartitionGroup:
         """The mini-windows' bytes and the directory's entries."""
         return sum(r.nbytes + s.nbytes for r, s in self.buckets.values()) + self.directory.entries.nbytes
 
-    def expire(self, threshold: int, unmatched_r: list | None = None, unmatched_s: list | None = None) -> int:
-        """Expire every bucket; the dropped unmatched rows go to the lists given (MiniWindow.expire)."""
-        return sum(r.expire(threshold, unmatched_r) + s.expire(threshold, unmatched_s)
-                   for r, s in self.buckets.values())
+    def expire(self, threshold: int) -> int:
+        return sum(r.expire(threshold) + s.expire(threshold) for r, s in self.buckets.values())
+
+    def decide(self, threshold: int, unmatched_r: list | None, unmatched_s: list | None) -> None:
+        """Every bucket's rows still unmatched below `threshold` into the lists given (MiniWindow.decide)."""
+        for r, s in self.buckets.values():
+            if unmatched_r is not None:
+                r.decide(threshold, unmatched_r)
+            if unmatched_s is not None:
+                s.decide(threshold, unmatched_s)
 
     def tune(self) -> None:
         """Split oversized buckets and merge undersized ones (called once per epoch)."""

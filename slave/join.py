@@ -15,6 +15,13 @@ whose range may hold partners (left, semi and anti joins: the other way round),
 with a table saying which rows belong to which group.  A pair is then produced
 only in the group of its tuple that is stored once, by the same rule; those
 groups are not split (hashing would scatter neighbouring keys).
+
+Outer, semi and anti joins (`join.type`, issue 22) keep a matched flag beside every stored tuple of the kept
+side(s) (slave.window): set whenever the tuple is part of a pair, in this epoch's join; a row still unmatched
+once its ts is below the expiry threshold -- no on-time tuple can reach it any more, the rule that frees its
+block -- is emitted after the epoch's join, once (`lone_r`, `lone_s`).  Semi emits an R row at its first match
+instead.  The flags move, split, merge and are checkpointed with the rows, so each row is decided once wherever
+it lives.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from protocol.predicates import JOIN_TYPES, copied_stream, key_distance
 from protocol.tuples import FIELDS, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_join, window_join
+from slave.window import MATCHED, UNMATCHED
 
 class Pairs:
     """One epoch's results as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i], and each side's other
@@ -160,7 +168,7 @@ class JoinModule:
             batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s])
                        for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()))
         pieces: list[tuple] = []
-        lone_r: list[np.ndarray] = []  # semi: R rows at their first match; then rows unmatched at expiry
+        lone_r: list[np.ndarray] = []  # semi: R rows at their first match; else rows decided unmatched
         lone_s: list[np.ndarray] = []
         produced = 0
         for p, new_r, new_s in batches:
@@ -170,10 +178,12 @@ class JoinModule:
         # gathered before expiry: the pieces are views of window storage, which appends never overwrite
         pairs = Pairs(self.dtype, gather_pairs(pieces, self._fields, produced))
         threshold = int(watermark) - self.window  # integers: the join test's own boundary
-        expired_r = lone_r if self.keep_r and self.join_type != "semi" else None
-        expired_s = lone_s if self.keep_s else None
+        alone_r = lone_r if self.keep_r and self.join_type != "semi" else None
+        alone_s = lone_s if self.keep_s else None
         for pg in self.groups.values():
-            pg.expire(threshold, expired_r, expired_s)
+            if alone_r is not None or alone_s is not None:
+                pg.decide(threshold, alone_r, alone_s)
+            pg.expire(threshold)
             pg.tune()
         self.lone_r, self.lone_s = (np.concatenate(lone) if lone else np.empty(0, self.dtype)
                                     for lone in (lone_r, lone_s))
@@ -204,15 +214,15 @@ class JoinModule:
                     continue
                 if self.keep_r:
                     if self.join_type == "semi" and flags_r is not fresh_r:  # stored R matched the first time
-                        semi.append(take_rows(side_r, np.unique(ir[flags_r[ir] == 0])))
-                    flags_r[ir] = 1
+                        semi.append(take_rows(side_r, np.unique(ir[flags_r[ir] == UNMATCHED])))
+                    flags_r[ir] = MATCHED
                 if self.keep_s:
-                    flags_s[is_] = 1
+                    flags_s[is_] = MATCHED
                 if self.emit_pairs:
                     pieces.append((words(side_r), ir, words(side_s), is_))
                     found += len(ir)
             if self.join_type == "semi" and fresh_r.any():
-                semi.append(take_rows(nr, fresh_r == 1))
+                semi.append(take_rows(nr, fresh_r == MATCHED))
             win_r.append(nr, fresh_r)
             win_s.append(ns, fresh_s)
         return found

@@ -11,6 +11,13 @@ Expiry of the oldest blocks (the usual case: tuples arrive about in ts order)
 only moves `start`; rows are copied when the tail is full, into storage of the
 live rows plus a quarter (`SLACK`), when the expired rows in front outgrow that
 quarter, and when out-of-order expiry drops blocks from the middle.
+
+Beside the rows each window keeps a `matched` flag per tuple (uint8, the same positions; BiStream keeps no such
+state, Flink's interval join keeps it per row for the same reason): outer, semi and anti joins (issue 22) set it
+to MATCHED when a pair is produced, and `decide` emits each row still unmatched once its ts is below the
+expiry threshold -- the moment no on-time tuple can match it any more -- and marks it DECIDED.  Only blocks
+whose oldest ts is below the threshold are looked at (`block_min`): about one block per window when input
+comes about in ts order.
 """
 from __future__ import annotations
 
@@ -23,6 +30,8 @@ from protocol.arrays import records, take_rows
 #: they outgrow that: rows are copied about once per live rows / SLACK appended or expired, and the storage
 #: stays within about 1 + 2/SLACK of the live rows (issue 6: window state at most 2x the raw tuple bytes)
 SLACK = 4
+#: values of a row's matched flag: no pair yet, in a pair, emitted without one (outer joins, `decide`)
+UNMATCHED, MATCHED, DECIDED = 0, 1, 2
 
 
 class MiniWindow:
@@ -30,6 +39,7 @@ class MiniWindow:
         self.dtype, self.block_size = dtype, block_size
         self._store(np.empty(0, dtype=dtype), 0, np.empty(0, dtype=np.uint8))
         self.block_max = np.empty(0, dtype=np.int64)  #: newest ts of each block
+        self.block_min = np.empty(0, dtype=np.int64)  #: oldest ts of each block
 
     def __len__(self) -> int:
         return self._end - self._start
@@ -64,8 +74,8 @@ class MiniWindow:
     @property
     def nbytes(self) -> int:
         """Allocated bytes: the rows' storage (with its growth slack), their matched flags and the per-block
-        newest ts."""
-        return self._rows.nbytes + self._flags.nbytes + self.block_max.nbytes
+        newest and oldest ts."""
+        return self._rows.nbytes + self._flags.nbytes + self.block_max.nbytes + self.block_min.nbytes
 
     def append(self, new: np.ndarray, matched: np.ndarray | None = None) -> None:
         """Add fresh tuples (and their matched flags, 0 if None) at the head; when the storage is full, the live
@@ -85,21 +95,31 @@ class MiniWindow:
 
     def _refresh_block_max(self, first_block: int) -> None:
         ts = self.rows["ts"][first_block * self.block_size:]
-        tail = np.maximum.reduceat(ts, np.arange(0, len(ts), self.block_size)) if len(ts) else ts
-        self.block_max = np.concatenate([self.block_max[:first_block], tail])
+        starts = np.arange(0, len(ts), self.block_size)
+        high, low = (np.maximum.reduceat(ts, starts), np.minimum.reduceat(ts, starts)) if len(ts) else (ts, ts)
+        self.block_max = np.concatenate([self.block_max[:first_block], high])
+        self.block_min = np.concatenate([self.block_min[:first_block], low])
 
-    def expire(self, threshold: int, unmatched: list | None = None) -> int:
-        """Drop every block whose newest ts is below `threshold`; returns the tuples dropped.  With a list
-        `unmatched`, the dropped rows whose matched flag is 0 are appended to it (one array, copied)."""
+    def decide(self, threshold: int, unmatched: list) -> None:
+        """Append to `unmatched` (one copied array) the rows still UNMATCHED whose ts is below `threshold`, and
+        mark them DECIDED, so each is emitted once."""
+        blocks = np.flatnonzero(self.block_min < threshold)
+        if not len(blocks):
+            return
+        at = (blocks[:, None] * self.block_size + np.arange(self.block_size)).ravel()
+        at = at[at < len(self)]
+        at = at[(self.rows["ts"][at] < threshold) & (self.matched[at] == UNMATCHED)]
+        if len(at):
+            unmatched.append(take_rows(self.rows, at))
+            self.matched[at] = DECIDED
+
+    def expire(self, threshold: int) -> int:
+        """Drop every block whose newest ts is below `threshold`; returns the tuples dropped."""
         dead = self.block_max < threshold
         if not dead.any():
             return 0
         before = len(self)
         oldest = len(dead) if dead.all() else int(np.argmin(dead))  # leading dead blocks
-        if unmatched is not None:
-            lone = np.repeat(dead, self.block_size)[:before] & (self.matched == 0)
-            if lone.any():
-                unmatched.append(take_rows(self.rows, lone))
         if not dead[oldest:].any():
             self._start = min(self._start + oldest * self.block_size, self._end)
             if self._start * SLACK > len(self._rows):  # the dead rows in front outgrew the slack: give them back
@@ -110,7 +130,7 @@ class MiniWindow:
             keep = np.repeat(~dead, self.block_size)[:before]
             self._store(take_rows(self.rows, keep), int(keep.sum()), self.matched[keep])
         # all kept blocks but the last are full, so block boundaries are unchanged
-        self.block_max = self.block_max[~dead]
+        self.block_max, self.block_min = self.block_max[~dead], self.block_min[~dead]
         return before - len(self)
 
     def take(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -119,6 +139,6 @@ class MiniWindow:
         rows, flags = self.rows, self.matched
         out = take_rows(rows, mask), flags[mask]
         self._store(take_rows(rows, ~mask), int(len(mask) - np.count_nonzero(mask)), flags[~mask])
-        self.block_max = self.block_max[:0]
+        self.block_max, self.block_min = self.block_max[:0], self.block_min[:0]
         self._refresh_block_max(0)
         return out

@@ -216,16 +216,20 @@ def test_outer_semi_anti_match_the_reference(join_type, predicate):
         np.testing.assert_array_equal(g, w, err_msg=f"{join_type} {predicate}: {name}")
 
 
-def test_an_unmatched_row_comes_out_when_its_block_expires_not_before():
-    """A left row is decided when no on-time tuple can reach it: its block expires (ts < watermark - window)."""
-    module = JoinModule(DT, partitions=1, window=1_000_000, block_size=1, theta_min=1, theta_max=4, max_depth=0,
+def test_an_unmatched_row_comes_out_when_no_on_time_tuple_can_reach_it_not_before_and_once():
+    """A full join's row alone is decided when ts < watermark - window (the expiry rule, per row, not per block):
+    here two R rows share a block, the older comes out first, the S row (another key) with it."""
+    module = JoinModule(DT, partitions=1, window=1_000_000, block_size=4, theta_min=1, theta_max=4, max_depth=0,
                         join_type="full")
-    r, s = np.zeros(1, dtype=DT), np.zeros(1, dtype=DT)
-    r["ts"], s["ts"], s["key"] = 5_000_000, 5_000_000, 1  # different keys: never a pair
+    r, s = np.zeros(2, dtype=DT), np.zeros(1, dtype=DT)
+    r["id"], r["ts"], s["ts"], s["key"] = [1, 2], [5_000_000, 7_000_000], 5_000_000, 1  # never a pair
     module.process(r, s, 0)
     module.process(r[:0], s[:0], 6_000_000)  # exactly a window later: a tuple at the watermark could still join
     assert len(module.lone_r) == len(module.lone_s) == 0
     module.process(r[:0], s[:0], 6_000_001)
-    assert len(module.lone_r) == len(module.lone_s) == 1
+    assert module.lone_r["id"].tolist() == [1] and len(module.lone_s) == 1
+    assert module.stored() == (2, 0)  # R 1 waits in its block for R 2, decided already
+    module.process(r[:0], s[:0], 6_500_000)
+    assert len(module.lone_r) == len(module.lone_s) == 0
     module.process(r[:0], s[:0], POS_INF)
-    assert len(module.lone_r) == len(module.lone_s) == 0  # once
+    assert module.lone_r["id"].tolist() == [2] and len(module.lone_s) == 0 and module.stored() == (0, 0)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from protocol.tuples import tuple_dtype
-from slave.window import MiniWindow
+from slave.window import DECIDED, MATCHED, UNMATCHED, MiniWindow
 
 DT = tuple_dtype(48)
 
@@ -31,28 +31,27 @@ def recomputed_block_max(w: MiniWindow) -> np.ndarray:
 def check_blocks(w: MiniWindow):
     assert w.blocks == -(-len(w) // w.block_size)
     np.testing.assert_array_equal(w.block_max, recomputed_block_max(w))
+    ts, B = w.rows["ts"], w.block_size
+    np.testing.assert_array_equal(w.block_min, [ts[i: i + B].min() for i in range(0, len(ts), B)])
 
 
 class Model:
     """Plain-list model of a mini-window: rows in order, blocks are consecutive chunks of B."""
 
     def __init__(self, B):
-        self.B, self.ids, self.ts, self.unmatched = B, [], [], []
+        self.B, self.ids, self.ts = B, [], []
 
     def append(self, ids, ts):
         self.ids += list(ids)
         self.ts += list(ts)
 
-    def expire(self, threshold, matched=frozenset()):
-        """Drop whole blocks; the dropped ids not in `matched` go to self.unmatched."""
+    def expire(self, threshold):
         keep_ids, keep_ts = [], []
         for i in range(0, len(self.ids), self.B):
             chunk_ids, chunk_ts = self.ids[i: i + self.B], self.ts[i: i + self.B]
             if max(chunk_ts) >= threshold:
                 keep_ids += chunk_ids
                 keep_ts += chunk_ts
-            else:
-                self.unmatched += [x for x in chunk_ids if x not in matched]
         dropped = len(self.ids) - len(keep_ids)
         self.ids, self.ts = keep_ids, keep_ts
         return dropped
@@ -112,7 +111,7 @@ def test_random_append_expire_against_model(seed, B):
     rng = np.random.default_rng(seed)
     w, model = MiniWindow(DT, B), Model(B)
     next_id, t = 0, 0.0
-    matched, unmatched = set(), []
+    matched, decided, unmatched = set(), set(), []
     for _ in range(30):
         k = int(rng.integers(0, 3 * B + 2))
         # slowly increasing ts, out of order by up to 3 inside and across blocks
@@ -123,17 +122,23 @@ def test_random_append_expire_against_model(seed, B):
         flags = (rng.random(k) < 0.5).astype(np.uint8)  # matched flags travel with their rows
         w.append(make_rows(ids, ts), flags)
         matched |= set(ids[flags == 1].tolist())
-        later = rng.random(len(w)) < 0.1  # a stored tuple matched later
+        later = (rng.random(len(w)) < 0.1) & (w.matched == UNMATCHED)  # a stored tuple matched later
         w.matched[later] = 1
         matched |= set(w.rows["id"][later].tolist())
         model.append(ids.tolist(), us(ts).tolist())
         threshold = int(us(t - rng.uniform(1, 6)))
         before_max = w.block_max.copy()
         before_rows = w.rows.copy()
-        dropped = w.expire(threshold, unmatched)
-        assert dropped == model.expire(threshold, matched)
-        assert sorted(np.concatenate(unmatched or [make_rows([], [])])["id"].tolist()) == sorted(model.unmatched)
-        np.testing.assert_array_equal(w.matched, np.isin(w.rows["id"], list(matched)).astype(np.uint8))
+        # a row is decided once, when the threshold first passes its ts with no match: then it can be dropped
+        decided |= {i for i, x in zip(model.ids, model.ts) if x < threshold and i not in matched}
+        w.decide(threshold, unmatched)
+        emitted = np.concatenate(unmatched or [make_rows([], [])])["id"].tolist()
+        assert sorted(emitted) == sorted(decided)  # each once
+        dropped = w.expire(threshold)
+        assert dropped == model.expire(threshold)
+        want = np.where(np.isin(w.rows["id"], list(matched)), MATCHED,
+                        np.where(np.isin(w.rows["id"], list(decided)), DECIDED, UNMATCHED))
+        np.testing.assert_array_equal(w.matched, want)
         np.testing.assert_array_equal(w.rows["id"], model.ids)
         np.testing.assert_array_equal(w.rows["ts"], model.ts)
         check_blocks(w)
@@ -191,9 +196,9 @@ def test_nbytes_counts_the_allocated_rows_and_the_block_index():
     w.append(make_rows(np.arange(10), np.arange(10.0)))
     # 10 rows in storage grown to at least 10 (here: exactly 10) plus 3 blocks' newest ts
     assert w.nbytes >= 10 * DT.itemsize + 3 * 8
-    assert w.nbytes == len(w._rows) * (DT.itemsize + 1) + w.blocks * 8  # a matched flag per row
+    assert w.nbytes == len(w._rows) * (DT.itemsize + 1) + w.blocks * 16  # a matched flag per row
     w.expire(4_500_000)  # drops the first block
-    assert w.nbytes == len(w._rows) * (DT.itemsize + 1) + 2 * 8 and len(w) == 6
+    assert w.nbytes == len(w._rows) * (DT.itemsize + 1) + 2 * 16 and len(w) == 6
 
 
 @pytest.mark.parametrize("per_epoch,epochs_kept", [(7, 3), (200, 2), (1000, 8)])
