@@ -290,8 +290,13 @@ def _check_join_type(cfg: dict[str, dict[str, Any]]) -> None:
     if cfg["output"]["zmq_endpoint"]:
         raise ConfigError(f'output.zmq_endpoint: not with join.type = "{kind}": a row without a partner is decided '
                           "a window after its ts, below punctuations the result stream has already sent")
-    if cfg["aggregate"]["enabled"]:
-        raise ConfigError(f'aggregate.enabled: not with join.type = "{kind}": partial aggregates count pairs only')
+    agg = cfg["aggregate"]
+    if agg["enabled"] and kind in ("left", "right", "full"):
+        raise ConfigError(f'aggregate.enabled: not with join.type = "{kind}", whose rows mix pairs and rows without a '
+                          'partner; "semi" and "anti" rows (R rows) can be aggregated')
+    if agg["enabled"] and (agg["value"] != "r_value" or agg["group_by"] == "s_key"):
+        raise ConfigError(f'aggregate.value: with join.type = "{kind}" the rows are R rows: aggregate "r_value" '
+                          f'grouped by "key" or "r_key" (got {agg["value"]!r} by {agg["group_by"]!r})')
 
 
 def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:

@@ -97,11 +97,20 @@ class Slave:
                                                               float(head["sent"]), started_wall)
         files = self.writer.add(pairs, delay, self.module.lone_r, self.module.lone_s)
         if self.aggregator:
-            self.aggregator.add(pairs)
+            self.aggregate(pairs)
         self.results_out.send(self.reply_to, int(head["seq"]), pairs, delay)
         self.report({"seq": float(head["seq"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": len(pairs) + len(self.module.lone_r) + len(self.module.lone_s), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
+
+    def aggregate(self, pairs) -> None:
+        """Phase one of the aggregation: the pairs, or with a semi or anti join the R rows it emitted (the
+        configuration refuses aggregation with left, right and full joins, whose rows mix the two)."""
+        if self.module.emit_pairs:
+            self.aggregator.add(pairs)
+        else:
+            lone = self.module.lone_r
+            self.aggregator.add_rows(lone["key"], lone["ts"], lone["value"])
 
     def on_move(self, head, buf: np.ndarray) -> None:
         """Supplier side: extract the group, send its state to the consumer, tell the master."""
@@ -171,6 +180,7 @@ class Slave:
             self.writer.add(pairs, np.empty(0), self.module.lone_r, self.module.lone_s)
             lone = len(self.module.lone_r) + len(self.module.lone_s)
         if self.aggregator:
+            self.aggregate(pairs)
             self.aggregator.flush()
         self.results_out.wait()
         files = self.writer.flush()

@@ -11,6 +11,7 @@ from protocol.config import ConfigError, load_config
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, OUTER_RESULT_SCHEMA, RIGHT_UNMATCHED, read_tables
 from protocol.workload import generate_all
 from tests.cluster import run_cluster
+from slave.aggregate import combine
 from tests.reference import encode_pairs, reference_outer, reference_pairs, reference_theta_pairs
 from tests.test_balance_cluster import FORCED_CHURN, straggler
 from tests.test_cluster import SMALL
@@ -71,7 +72,8 @@ def test_left_join_recovers_from_a_killed_slave_without_losing_or_repeating_an_u
 
 
 @pytest.mark.parametrize("join_type,extra", [
-    ("anti", {"cluster.dispatchers": 2}),
+    # impressions without a click per key and window: the anti join's rows aggregated
+    ("anti", {"cluster.dispatchers": 2, "aggregate.enabled": True, "aggregate.window": 0.5}),
     # key ranges: left and semi copy S into the ranges (each R stored once); right copies R as inner does (the
     # matrix draws it, tests/matrix.py)
     ("left", {"join.predicate": "band", "join.band": 3, "generator.keys": 8192}),
@@ -80,9 +82,24 @@ def test_left_join_recovers_from_a_killed_slave_without_losing_or_repeating_an_u
 def test_semi_anti_and_left_joins_are_exact_with_key_ranges_and_dispatchers(tmp_path, join_type, extra):
     settings = dict(SMALL, **{"join.type": join_type, "generator.duration": 2.0, "generator.seed": 43,
                               "generator.disorder": 0.2, **extra})
-    _, want = check_outer(tmp_path, 3, settings)
+    run, want = check_outer(tmp_path, 3, settings)
     kept = [w for w, emitted in zip(want, (join_type == "left", True, False)) if emitted]
     assert all(len(w) > 50 for w in kept)  # the rows this type emits are there to be checked
+    if settings.get("aggregate.enabled"):  # the merged partials are those of the anti rows, per r_key and window
+        view = combine([read_tables(run.out / "aggregates")])
+        t = read_tables(run.out / "results")
+        key, ts, value = (t[c].to_numpy() for c in ("r_key", "r_ts", "r_value"))
+        assert len(np.unique(t["r_id"].to_numpy())) == len(want[1]) == t.num_rows
+        start = np.floor(ts / 0.5) * 0.5
+        cells = {(int(k), float(w)): [] for k, w in zip(key, start)}
+        for k, w, v in zip(key.tolist(), start.tolist(), value.tolist()):
+            cells[(k, w)].append(v)
+        got = {(k, w): (c, s_, lo, hi) for k, w, c, s_, lo, hi in zip(*(view[c].to_pylist() for c in
+               ("key", "window_start", "count", "sum", "min", "max")))}
+        assert set(got) == set(cells)
+        for cell, values in cells.items():
+            c, s_, lo, hi = got[cell]
+            assert (c, lo, hi) == (len(values), min(values), max(values)) and abs(s_ - sum(values)) < 1e-6
 
 
 @pytest.mark.parametrize("join_type", ["left", "right", "full", "semi", "anti"])
@@ -100,5 +117,10 @@ def test_the_combinations_that_would_decide_a_copy_alone_are_refused(join_type):
         load_config(None, [f'join.type="{join_type}"', "hotkeys.enabled=true"])
     with pytest.raises(ConfigError, match="output.zmq_endpoint"):
         load_config(None, [f'join.type="{join_type}"', 'output.zmq_endpoint="tcp://127.0.0.1:5599"'])
-    with pytest.raises(ConfigError, match="aggregate.enabled"):
+    if join_type in ("semi", "anti"):  # R rows: counted per key and window like pairs
         load_config(None, [f'join.type="{join_type}"', "aggregate.enabled=true"])
+        with pytest.raises(ConfigError, match="aggregate.value"):
+            load_config(None, [f'join.type="{join_type}"', "aggregate.enabled=true", 'aggregate.value="s_value"'])
+    else:
+        with pytest.raises(ConfigError, match="aggregate.enabled"):
+            load_config(None, [f'join.type="{join_type}"', "aggregate.enabled=true"])
