@@ -100,7 +100,8 @@ class Slave:
             self.aggregate(pairs)
         self.results_out.send(self.reply_to, int(head["seq"]), pairs, delay)
         self.report({"seq": float(head["seq"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
-                     "results": len(pairs) + len(self.module.lone_r) + len(self.module.lone_s), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
+                     "results": len(pairs) + len(self.module.lone_r) + len(self.module.lone_s),
+                     "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
 
     def aggregate(self, pairs) -> None:
@@ -179,8 +180,9 @@ class Slave:
             pairs = self.module.process(none, none, eventtime.POS_INF)
             self.writer.add(pairs, np.empty(0), self.module.lone_r, self.module.lone_s)
             lone = len(self.module.lone_r) + len(self.module.lone_s)
+            if self.aggregator:
+                self.aggregate(pairs)
         if self.aggregator:
-            self.aggregate(pairs)
             self.aggregator.flush()
         self.results_out.wait()
         files = self.writer.flush()
