@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from protocol.config import check_http_endpoint
+from protocol.access import check_http_endpoint
 
 #: where `--follow` serves by default: beside the master's 127.0.0.1:9464
 DEFAULT_ENDPOINT = "127.0.0.1:9465"

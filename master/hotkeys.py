@@ -8,7 +8,9 @@ sub-group of its S tuple, once.  The sub-groups are ordinary partition-groups
 (ids after the hash partitions), created on the slave that owns the key's
 partition by splitting the key out of it, and then moved to other slaves with
 the balancing protocol.  Which keys are hot comes from a Misra-Gries summary
-of bounded size, updated with whole batches.
+of bounded size, updated with whole batches.  For the joins that decide R rows
+alone (left, semi, anti) the roles swap: R spread, S copied
+(protocol.predicates.copied_stream), so each R tuple has one matched flag.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import math
 
 import numpy as np
 
-from protocol.tuples import mix64, partition_of
+from protocol.tuples import STREAM_R, mix64, partition_of
 
 
 class FrequentKeys:
@@ -64,8 +66,9 @@ class FrequentKeys:
 class HotKeyRouter:
     """Partition ids of tuples: hash partitions, except for hot keys, which go to their grid of sub-groups."""
 
-    def __init__(self, partitions: int, max_keys: int, grid: int):
-        self.partitions, self.max_keys, self.grid = partitions, max_keys, grid
+    def __init__(self, partitions: int, max_keys: int, grid: int, copied: int = STREAM_R):
+        """`copied`: the stream whose tuples of a hot key go to every sub-group; the other's are spread."""
+        self.partitions, self.max_keys, self.grid, self.copied = partitions, max_keys, grid, copied
         self.hot: dict[int, tuple[int, int]] = {}  #: key -> (first sub-group id, grid size)
 
     @property
@@ -91,15 +94,22 @@ class HotKeyRouter:
     def home(self, key: int) -> int:
         return int(partition_of(np.array([key]), self.partitions)[0])
 
-    def route_s(self, rows: np.ndarray) -> np.ndarray:
+    def route(self, stream: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row index, partition) of every copy of the rows of `stream`: `copies` or `spread`."""
+        if stream == self.copied:
+            return self.copies(rows)
+        return np.arange(len(rows)), self.spread(rows)
+
+    def spread(self, rows: np.ndarray) -> np.ndarray:
+        """Partition of each row of the stream stored once: a hot key's row in one sub-group, by its id."""
         part = partition_of(rows["key"], self.partitions)
         for key, (first, size) in self.hot.items():
             mine = rows["key"] == key
             part[mine] = first + (mix64(rows["id"][mine]) % np.uint64(size)).astype(np.int64)
         return part
 
-    def route_r(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row index, partition) of every copy: one per R tuple, `size` for an R tuple of a hot key."""
+    def copies(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row index, partition) of every copy of the copied stream's rows: one, `size` for a hot key's."""
         part = partition_of(rows["key"], self.partitions)
         copies = np.ones(len(rows), np.int64)
         first = np.zeros(len(rows), np.int64)

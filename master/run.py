@@ -33,6 +33,7 @@ from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
 from protocol import eventtime
 from protocol.messages import Ack
+from protocol.predicates import copied_stream
 from protocol.startup import launched_at, pss_bytes
 from protocol.tuples import tuple_dtype
 
@@ -45,7 +46,8 @@ class Master:
         self.k, self.index = cfg["cluster"]["dispatchers"], comm.rank
         self.slaves = slaves = list(range(self.k, comm.size))
         parts, hot = cfg["partitioning"]["partitions"], cfg["hotkeys"]
-        router = HotKeyRouter(parts, hot["max_keys"], hot["grid"]) if hot["enabled"] else None
+        router = HotKeyRouter(parts, hot["max_keys"], hot["grid"], copied_stream(cfg["join"]["type"])) \
+            if hot["enabled"] else None
         sketch = FrequentKeys(hot["sketch"])
         if router is not None:
             parts = router.total_partitions

@@ -8,6 +8,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from protocol.errors import ConfigError
+
 
 def endpoint_is_local(endpoint: str) -> bool:
     """ipc:// is local; tcp:// (or HOST:PORT) is local when every address its host stands for is loopback: an
@@ -48,3 +50,76 @@ def source_token(cfg: dict[str, dict[str, Any]]) -> str:
 def public(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """`cfg` as written to summary.json and checkpoint manifests: the token masked (never on disk or in logs)."""
     return {**cfg, "source": {**cfg["source"], "token": "***" if cfg["source"]["token"] else ""}}
+
+
+def check_http_endpoint(name: str, ep: str, cfg: dict[str, dict[str, Any]]) -> None:
+    """An HTTP endpoint of metrics (the master's metrics.endpoint, the audit's --metrics): HOST:PORT, off
+    loopback only with security.allow_remote (plain HTTP: it has no CURVE, so whoever reaches the port reads
+    the metrics)."""
+    if not ep:
+        return
+    host, _, port = ep.rpartition(":")
+    if not host or "/" in host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{name}: expected HOST:PORT (e.g. 127.0.0.1:9464) or \"\" (off), got {ep!r}")
+    if not endpoint_is_local(ep) and not cfg["security"]["allow_remote"]:
+        raise ConfigError(f"{name}: {ep!r} is not a loopback address; binding there needs "
+                          "security.allow_remote = true")
+
+
+def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
+    """ZeroMQ binds: a well-formed endpoint; off loopback only with security.allow_remote and CURVE keys."""
+    zmq = cfg["source"]["kind"] == "zmq"
+    used = [(f"{s}.{k}", cfg[s][k]) for s, k, on in (("source", "endpoint", zmq), ("source", "ack_endpoint", zmq),
+                                                     ("output", "zmq_endpoint", True)) if on and cfg[s][k]]
+    for name, other, ep in [(n, o, e) for i, (n, e) in enumerate(used) for o, e2 in used[:i] if e == e2][:1]:
+        raise ConfigError(f"{name}: must differ from {other} (both {ep!r})")
+    sec = cfg["security"]
+    for name, ep in used:
+        if not (ep.startswith("ipc://") or (ep.startswith("tcp://") and ":" in ep[6:])):
+            raise ConfigError(f"{name}: expected tcp://HOST:PORT or ipc://PATH, got {ep!r}")
+        if endpoint_is_local(ep):
+            continue
+        if not sec["allow_remote"]:
+            raise ConfigError(f"{name}: {ep!r} is not a loopback address; binding there needs "
+                              "security.allow_remote = true and CURVE keys (security.server_key, security.client_keys)")
+        if not sec["server_key"] or not sec["client_keys"]:
+            raise ConfigError(f"security.server_key: {name} = {ep!r} binds off loopback, so CURVE is required: set "
+                              "security.server_key (a .key_secret file) and security.client_keys (a directory of .key files)")
+    if sec["server_key"] and not Path(sec["server_key"]).is_file():
+        raise ConfigError(f"security.server_key: {sec['server_key']!r} is not a file")
+    if sec["server_key"]:
+        _check_secret_key(sec["server_key"])
+    if sec["server_key"] and not (sec["client_keys"] and Path(sec["client_keys"]).is_dir()):
+        raise ConfigError(f"security.client_keys: {sec['client_keys']!r} is not a directory of client public keys "
+                          "(needed with security.server_key)")
+
+
+def check_producers(cfg: dict[str, dict[str, Any]]) -> None:
+    """The shared token (in the config or a file) and the acknowledgement channel (master/zmq_source.py)."""
+    src = cfg["source"]
+    if src["token"] and src["token_file"]:
+        raise ConfigError("source.token_file: give the token either in source.token or in source.token_file, not both")
+    try:
+        if src["token_file"] and not Path(src["token_file"]).read_text().strip():
+            raise ConfigError(f"source.token_file: {src['token_file']!r} is empty")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"source.token_file: cannot read {src['token_file']!r} ({e})") from None
+    if src["ack_endpoint"] and src["kind"] == "zmq":
+        if not cfg["checkpoint"]["interval"]:
+            raise ConfigError("source.ack_endpoint: acknowledgements come from checkpoints: set checkpoint.interval")
+        if cfg["cluster"]["dispatchers"] > 1:
+            raise ConfigError("source.ack_endpoint: not supported with several dispatchers yet (cluster.dispatchers = "
+                              f"{cfg['cluster']['dispatchers']})")
+
+
+def _check_secret_key(path: str) -> None:
+    """The server's certificate must hold its secret key: a public one (`.key`) failed deep in ZeroMQ's setup."""
+    import zmq.auth  # only when CURVE is configured: the control side reads configs without pyzmq's setup
+
+    try:
+        secret = zmq.auth.load_certificate(path)[1]
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"security.server_key: {path!r} is not a ZeroMQ certificate ({e})") from None
+    if secret is None:
+        raise ConfigError(f"security.server_key: {path!r} holds only a public key: give the secret certificate "
+                          "(the .key_secret file zmq.auth.create_certificates wrote)")

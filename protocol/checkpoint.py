@@ -37,8 +37,9 @@ from protocol.tuples import tuple_dtype
 MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
 #: 3: tuples carry ts in int64 microseconds (protocol.eventtime), the master's part each row's partition;
-#: 4: a dispatcher's section names its channels' sequence numbers "seq" (was "epoch")
-FORMAT = 4
+#: 4: a dispatcher's section names its channels' sequence numbers "seq" (was "epoch");
+#: 5: a group's rows are followed by their matched flags (outer joins, issue 22)
+FORMAT = 5
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
 BINDING_SECTIONS = ("cluster", "source", "streams", "generator", "join", "partitioning", "tuning")
 
@@ -99,7 +100,7 @@ def unpack(buf: np.ndarray, where: str) -> list[np.ndarray]:
 
 #: A slave part's records are partition-groups as slave.state.encode_group writes them: int64 head [partition,
 #: global depth, directory entries, buckets, next bucket id], the directory entries, per bucket [id, local depth,
-#: R rows, S rows], then the rows.  Decoded here so a checker (control.checkpoints) needs no slave code.
+#: R rows, S rows], then the rows, then a matched flag (uint8) per row, padded to whole 8-byte words.  Decoded here so a checker (control.checkpoints) needs no slave code.
 GROUP_HEAD = 5
 
 

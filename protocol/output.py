@@ -24,6 +24,13 @@ RESULT_COLUMNS = ("r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "
 RESULT_SCHEMA = pa.schema([pa.field(c, pa.int64() if c.endswith(("_id", "_key")) else pa.float64(), nullable=False)
                            for c in RESULT_COLUMNS])
 
+#: the `kind` of a row in the results of a join other than inner: a pair, an R row without a partner (left,
+#: full, anti), an S row without one (right, full), an R row with one (semi; its s_* columns are null)
+MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED, LEFT_MATCHED = "matched", "left_unmatched", "right_unmatched", "left_matched"
+#: The results of those joins: the same columns, nullable (the missing side's are null), and `kind`
+OUTER_RESULT_SCHEMA = pa.schema([pa.field(c, RESULT_SCHEMA.field(c).type, nullable=c != "delay")
+                                 for c in RESULT_COLUMNS] + [pa.field("kind", pa.string(), nullable=False)])
+
 #: A partial aggregate (phase one, written by slaves into `aggregates/`, merged by control.aggregate):
 #: per join key and tumbling window (window_start = 0.0 when aggregate.window = 0), count, sum, min, max.
 PARTIAL_SCHEMA = pa.schema([("key", pa.int64()), ("window_start", pa.float64()), ("count", pa.int64()),

@@ -6,6 +6,19 @@ kernel filters with them.
 """
 from __future__ import annotations
 
+from protocol.tuples import STREAM_R, STREAM_S
+
+#: `join.type` (issue 22): inner gives pairs only; left keeps every R, right every S, full both, each row without a
+#: partner once with the other side's columns null; semi gives each R with a partner once, anti each R without
+JOIN_TYPES = ("inner", "left", "right", "full", "semi", "anti")
+
+
+def copied_stream(join_type: str) -> int:
+    """The stream copied where one must be (an R or S tuple into several key ranges or hot-key sub-groups; the
+    other is stored once, where its pairs are produced): S for the joins that decide R rows alone from R's
+    matched flag (left, semi, anti; issue 22), else R."""
+    return STREAM_S if join_type in ("left", "semi", "anti") else STREAM_R
+
 
 def key_distance(predicate: str, band: int) -> tuple[int | None, int | None]:
     """(low, high): r and s join iff low <= s.key - r.key <= high (None: open); (0, 0) is equality."""
@@ -14,3 +27,29 @@ def key_distance(predicate: str, band: int) -> tuple[int | None, int | None]:
     if predicate == "less":  # r.key < s.key, keys are integers
         return 1, None
     return 0, 0
+
+
+def check_join_type(cfg: dict, error: type[Exception]) -> None:
+    """Rows without a partner are decided where the tuple is stored, from its matched flag (issue 22): refused
+    where a kept tuple has copies that would each decide alone, or where its late row would break a promise."""
+    kind = cfg["join"]["type"]
+    if kind == "inner":
+        return
+    if kind == "full" and cfg["join"]["predicate"] != "equal":
+        raise error(f'join.type: "full" keeps both sides, but with join.predicate = "{cfg["join"]["predicate"]}" '
+                          "one side is copied into every key range that may hold partners and no copy knows whether "
+                          'another matched; use "left" or "right" (the kept side is then stored once)')
+    if kind == "full" and cfg["hotkeys"]["enabled"]:
+        raise error('join.type: "full" keeps both sides, but hotkeys.enabled copies one side of a hot key into '
+                          "every sub-group of its grid and no copy knows whether another matched; set "
+                          'hotkeys.enabled = false or use "left" or "right"')
+    if cfg["output"]["zmq_endpoint"]:
+        raise error(f'output.zmq_endpoint: not with join.type = "{kind}": a row without a partner is decided '
+                          "a window after its ts, below punctuations the result stream has already sent")
+    agg = cfg["aggregate"]
+    if agg["enabled"] and kind in ("left", "right", "full"):
+        raise error(f'aggregate.enabled: not with join.type = "{kind}", whose rows mix pairs and rows without a '
+                          'partner; "semi" and "anti" rows (R rows) can be aggregated')
+    if agg["enabled"] and (agg["value"] != "r_value" or agg["group_by"] == "s_key"):
+        raise error(f'aggregate.value: with join.type = "{kind}" the rows are R rows: aggregate "r_value" '
+                          f'grouped by "key" or "r_key" (got {agg["value"]!r} by {agg["group_by"]!r})')

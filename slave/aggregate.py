@@ -84,9 +84,15 @@ class PartialAggregator:
 
     def add(self, pairs: Pairs) -> int:
         """Pre-aggregate one batch's results (slave.join.Pairs); returns files written (0/1)."""
-        if len(pairs):
-            self._parts.append(partials(pairs[f"{self.key_side}_key"], np.maximum(pairs["r_ts"], pairs["s_ts"]),
-                                        pairs[f"{self.value_side}_value"], self.window))
+        return self.add_rows(pairs[f"{self.key_side}_key"], np.maximum(pairs["r_ts"], pairs["s_ts"]),
+                             pairs[f"{self.value_side}_value"])
+
+    def add_rows(self, key: np.ndarray, ts: np.ndarray, value: np.ndarray) -> int:
+        """Pre-aggregate result rows given as their key, ts (microseconds) and value columns: pairs (`add`), or
+        the R rows of a semi or anti join (issue 22: e.g. impressions without a click per key and window);
+        returns files written (0/1)."""
+        if len(key):
+            self._parts.append(partials(key, ts, value, self.window))
             if len(self._parts) >= self.COMBINE_EVERY:
                 self._parts = [combine(self._parts)]
         return self.flush() if self.clock() - self._last >= self.interval else 0

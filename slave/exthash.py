@@ -88,8 +88,16 @@ class PartitionGroup:
         """The mini-windows' bytes and the directory's entries."""
         return sum(r.nbytes + s.nbytes for r, s in self.buckets.values()) + self.directory.entries.nbytes
 
-    def expire(self, threshold: float) -> int:
+    def expire(self, threshold: int) -> int:
         return sum(r.expire(threshold) + s.expire(threshold) for r, s in self.buckets.values())
+
+    def decide(self, threshold: int, unmatched_r: list | None, unmatched_s: list | None) -> None:
+        """Every bucket's rows still unmatched below `threshold` into the lists given (MiniWindow.decide)."""
+        for r, s in self.buckets.values():
+            if unmatched_r is not None:
+                r.decide(threshold, unmatched_r)
+            if unmatched_s is not None:
+                s.decide(threshold, unmatched_s)
 
     def tune(self) -> None:
         """Split oversized buckets and merge undersized ones (called once per epoch)."""
@@ -113,13 +121,13 @@ class PartitionGroup:
         new, bit = self.directory.split(bucket)
         moved = tuple(MiniWindow(self.dtype, self.block_size) for _ in range(2))
         for w, h, m in zip((r, s), hashes, moved):
-            m.append(w.take(((h >> np.uint64(bit)) & np.uint64(1)).astype(bool)))
+            m.append(*w.take(((h >> np.uint64(bit)) & np.uint64(1)).astype(bool)))
         self.buckets[new] = moved
         self.splits += 1
         return True
 
     def _merge(self, bucket: int, buddy: int) -> None:
         for w, other in zip(self.buckets[bucket], self.buckets.pop(buddy)):
-            w.append(other.rows)
+            w.append(other.rows, other.matched)
         self.directory.merge(bucket, buddy)
         self.merges += 1

@@ -11,9 +11,17 @@ Then blocks that no on-time tuple can reach are expired and the buckets tuned.
 
 Band and inequality joins (`join.predicate`) arrive range-partitioned: every S
 tuple in the group of its key's range, every R tuple copied into each group
-whose range may hold partners, with a table saying which rows belong to which
-group.  A pair is then produced only in the group of its S tuple, by the same
-rule; those groups are not split (hashing would scatter neighbouring keys).
+whose range may hold partners (left, semi and anti joins: the other way round),
+with a table saying which rows belong to which group.  A pair is then produced
+only in the group of its tuple that is stored once, by the same rule; those
+groups are not split (hashing would scatter neighbouring keys).
+
+Outer, semi and anti joins (`join.type`, issue 22) keep a matched flag beside every stored tuple of the kept
+side(s) (slave.window): set whenever the tuple is part of a pair, in this epoch's join; a row still unmatched
+once its ts is below the expiry threshold -- no on-time tuple can reach it any more, the rule that frees its
+block -- is emitted after the epoch's join, once (`lone_r`, `lone_s`).  Semi emits an R row at its first match
+instead.  The flags move, split, merge and are checkpointed with the rows, so each row is decided once wherever
+it lives.
 """
 from __future__ import annotations
 
@@ -23,10 +31,11 @@ import numpy as np
 
 from protocol import eventtime
 from protocol.arrays import field_words, group_pairs, take_rows, words
-from protocol.predicates import key_distance
+from protocol.predicates import JOIN_TYPES, copied_stream, key_distance
 from protocol.tuples import FIELDS, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_join, window_join
+from slave.window import MATCHED, UNMATCHED
 
 class Pairs:
     """One epoch's results as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i], and each side's other
@@ -50,9 +59,20 @@ class Pairs:
 
 class JoinModule:
     def __init__(self, dtype: np.dtype, partitions: int, window: int, block_size: int,
-                 theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0):
-        """`window` in integer microseconds (protocol.eventtime.duration of join.window)."""
+                 theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0,
+                 join_type: str = "inner"):
+        """`window` in integer microseconds (protocol.eventtime.duration of join.window); `join_type` one of
+        protocol.predicates.JOIN_TYPES."""
+        if join_type not in JOIN_TYPES:
+            raise ValueError(f"join type {join_type!r}: must be one of {', '.join(JOIN_TYPES)}")
         self.dtype, self.partitions, self.window = dtype, partitions, int(window)
+        self.join_type = join_type
+        self.keep_r = join_type in ("left", "full", "semi", "anti")  #: R rows carry matched flags
+        self.keep_s = join_type in ("right", "full")
+        self.emit_pairs = join_type in ("inner", "left", "right", "full")
+        self.copied = copied_stream(join_type)  #: the stream a hot key copies into every sub-group
+        #: rows without a partner the last `process` emitted (semi: R rows at their first match), copies
+        self.lone_r = self.lone_s = np.empty(0, dtype)
         window = self.window
         if predicate == "equal":
             self.kernel = lambda a, b: window_join(a["key"], a["ts"], b["key"], b["ts"], window)
@@ -80,7 +100,8 @@ class JoinModule:
 
     def split_hot_key(self, partition: int, key: int, first: int, size: int) -> int:
         """Move `key`'s stored tuples out of `partition` into sub-groups first..first+size-1 (master/hotkeys.py):
-        each S tuple into the one its id hashes to, each R tuple into all.  Returns the tuples moved."""
+        each tuple of the spread stream (S, or R for left, semi, anti) into the one its id hashes to, each of the
+        copied stream into all, each with its matched flag.  Returns the tuples moved."""
         subs = [self.group(first + j) for j in range(size)]
         pg = self.groups.get(partition)
         if pg is None:
@@ -88,30 +109,30 @@ class JoinModule:
         home = [sub.buckets[int(sub.directory.bucket_of(directory_hash(np.array([key])))[0])] for sub in subs]
         moved = 0
         for win_r, win_s in pg.buckets.values():
-            r = win_r.take(win_r.rows["key"] == key)
-            s = win_s.take(win_s.rows["key"] == key)
-            which = (mix64(s["id"]) % np.uint64(size)).astype(np.int64)
-            for j, (sub_r, sub_s) in enumerate(home):
-                sub_r.append(r)
-                sub_s.append(s[which == j])
-            moved += len(r) + len(s)
+            taken = [w.take(w.rows["key"] == key) for w in (win_r, win_s)]  # (rows, matched) per stream
+            which = (mix64(taken[1 - self.copied][0]["id"]) % np.uint64(size)).astype(np.int64)
+            for j, sub in enumerate(home):
+                for stream, (rows, matched) in enumerate(taken):
+                    mine = slice(None) if stream == self.copied else which == j
+                    sub[stream].append(rows[mine], matched[mine])
+            moved += sum(len(rows) for rows, _ in taken)
         return moved
 
     def merge_hot_key(self, partition: int, key: int, first: int, size: int) -> int:
-        """Inverse of `split_hot_key`: gather `key`'s sub-groups back into `partition`: every S tuple (each is in
-        one sub-group) and the R tuples of the first sub-group only (every sub-group holds a copy of each).
-        Returns the tuples gathered."""
+        """Inverse of `split_hot_key`: gather `key`'s sub-groups back into `partition`: every tuple of the spread
+        stream (each is in one sub-group) and those of the copied stream from the first sub-group only (every
+        sub-group holds a copy of each; the copies' matched flags are not used: the join types that keep the
+        copied stream, full, are refused with hot keys, protocol.config).  Returns the tuples gathered."""
         pg = self.group(partition)
-        win_r, win_s = pg.buckets[int(pg.directory.bucket_of(directory_hash(np.array([key])))[0])]
+        home = pg.buckets[int(pg.directory.bucket_of(directory_hash(np.array([key])))[0])]
         gathered = 0
         for j in range(size):
             sub = self.groups.pop(first + j, None)
-            for sub_r, sub_s in (sub.buckets.values() if sub is not None else ()):
-                if j == 0:
-                    win_r.append(sub_r.rows)
-                    gathered += len(sub_r)
-                win_s.append(sub_s.rows)
-                gathered += len(sub_s)
+            for windows in (sub.buckets.values() if sub is not None else ()):
+                for stream, w in enumerate(windows):
+                    if j == 0 or stream != self.copied:
+                        home[stream].append(w.rows, w.matched)
+                        gathered += len(w)
         return gathered
 
     def new_group(self) -> PartitionGroup:
@@ -147,22 +168,33 @@ class JoinModule:
             batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s])
                        for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()))
         pieces: list[tuple] = []
+        lone_r: list[np.ndarray] = []  # semi: R rows at their first match; else rows decided unmatched
+        lone_s: list[np.ndarray] = []
         produced = 0
         for p, new_r, new_s in batches:
-            produced += self._join_group(self.group(p), new_r, new_s, pieces)
+            produced += self._join_group(self.group(p), new_r, new_s, pieces, lone_r)
             if stamps is not None:
                 stamps.append((produced, time.time()))
         # gathered before expiry: the pieces are views of window storage, which appends never overwrite
         pairs = Pairs(self.dtype, gather_pairs(pieces, self._fields, produced))
         threshold = int(watermark) - self.window  # integers: the join test's own boundary
+        alone_r = lone_r if self.keep_r and self.join_type != "semi" else None
+        alone_s = lone_s if self.keep_s else None
         for pg in self.groups.values():
+            if alone_r is not None or alone_s is not None:
+                pg.decide(threshold, alone_r, alone_s)
             pg.expire(threshold)
             pg.tune()
+        self.lone_r, self.lone_s = (np.concatenate(lone) if lone else np.empty(0, self.dtype)
+                                    for lone in (lone_r, lone_s))
         return pairs
 
-    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, pieces: list) -> int:
+    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, pieces: list,
+                    semi: list) -> int:
         """Join one group's fresh tuples; each matching (R rows, R indices, S rows, S indices) goes to `pieces`,
-        the rows as words (protocol.arrays.words) for `gather_pairs`.  Returns the results found."""
+        the rows as words (protocol.arrays.words) for `gather_pairs`, and every tuple of a pair is flagged
+        matched; with a semi join R rows matched for the first time go to `semi` instead.  Returns the results
+        found."""
         found = 0
         if pg.directory.global_depth == 0:  # one bucket takes every tuple: no hashing or grouping needed
             buckets = [(int(pg.directory.entries[0]), new_r, new_s)]
@@ -172,13 +204,27 @@ class JoinModule:
                                    pg.directory.bucket_of(directory_hash(new_s["key"])))]
         for b, nr, ns in buckets:
             win_r, win_s = pg.buckets[b]
-            for side_r, side_s in ((nr, win_s.rows), (win_r.rows, ns), (nr, ns)):
+            fresh_r = np.zeros(len(nr), np.uint8) if self.keep_r else None
+            fresh_s = np.zeros(len(ns), np.uint8) if self.keep_s else None
+            for side_r, side_s, flags_r, flags_s in ((nr, win_s.rows, fresh_r, win_s.matched),
+                                                     (win_r.rows, ns, win_r.matched, fresh_s),
+                                                     (nr, ns, fresh_r, fresh_s)):
                 ir, is_ = self.kernel(side_r, side_s)
-                if len(ir):
+                if not len(ir):
+                    continue
+                if self.keep_r:
+                    if self.join_type == "semi" and flags_r is not fresh_r:  # stored R matched the first time
+                        semi.append(take_rows(side_r, np.unique(ir[flags_r[ir] == UNMATCHED])))
+                    flags_r[ir] = MATCHED
+                if self.keep_s:
+                    flags_s[is_] = MATCHED
+                if self.emit_pairs:
                     pieces.append((words(side_r), ir, words(side_s), is_))
                     found += len(ir)
-            win_r.append(nr)
-            win_s.append(ns)
+            if self.join_type == "semi" and fresh_r.any():
+                semi.append(take_rows(nr, fresh_r == MATCHED))
+            win_r.append(nr, fresh_r)
+            win_s.append(ns, fresh_s)
         return found
 
     def stored(self) -> tuple[int, int]:

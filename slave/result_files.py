@@ -5,13 +5,49 @@ batch (join, delays, result files) in one process without MPI.
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
 
-from protocol.output import RESULT_SCHEMA, write_table
+from protocol import eventtime
+from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, OUTER_RESULT_SCHEMA, RESULT_SCHEMA, \
+    RIGHT_UNMATCHED, write_table
 from slave.join import Pairs
+
+
+def lone_table(rows: np.ndarray, side: str, kind: str, now: float) -> pa.Table:
+    """Rows of one side without a partner (or, semi, with one) as result rows: the other side's columns null,
+    `delay` = `now` minus the row's arrival (it is produced when it is decided)."""
+    n = len(rows)
+    cols = {}
+    for name in OUTER_RESULT_SCHEMA.names:
+        field = name[2:]
+        if name == "delay":
+            cols[name] = pa.array(now - rows["arrival"])
+        elif name == "kind":
+            cols[name] = pa.array([kind], pa.string()).take(np.zeros(n, np.int64))
+        elif name[0] != side:
+            cols[name] = pa.nulls(n, OUTER_RESULT_SCHEMA.field(name).type)
+        elif field == "ts":
+            cols[name] = pa.array(eventtime.to_seconds(rows["ts"]))
+        else:
+            cols[name] = pa.array(np.ascontiguousarray(rows[field]))
+    return pa.table(cols, schema=OUTER_RESULT_SCHEMA)
+
+
+def outer_table(pairs: Pairs, delay: np.ndarray, lone_r: np.ndarray, lone_s: np.ndarray, join_type: str) -> pa.Table:
+    """One batch's rows of an outer, semi or anti join (protocol.output.OUTER_RESULT_SCHEMA): its pairs (none
+    for semi and anti), then the R rows and the S rows it decided."""
+    now = time.time()
+    parts = [lone_table(lone_r, "r", LEFT_MATCHED if join_type == "semi" else LEFT_UNMATCHED, now),
+             lone_table(lone_s, "s", RIGHT_UNMATCHED, now)]
+    if len(pairs):
+        kind = pa.array([MATCHED], pa.string()).take(np.zeros(len(pairs), np.int64))
+        parts.insert(0, pa.table([delay if c == "delay" else kind if c == "kind" else pairs.output(c)
+                                  for c in OUTER_RESULT_SCHEMA.names], schema=OUTER_RESULT_SCHEMA))
+    return pa.concat_tables(parts)
 
 
 class ResultWriter:
@@ -23,16 +59,24 @@ class ResultWriter:
     `wait` returns when all are on disk (a checkpoint's commit counts them).
     """
 
-    def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int):
+    def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int, join_type: str = "inner"):
         self.directory, self.rank, self.fmt, self.flush_rows = directory, rank, fmt, flush_rows
+        self.join_type = join_type
         self._parts: list[pa.Table] = []
         self._rows = 0
         self.files = 0
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
         self._writing: list[Future] = []
 
-    def add(self, pairs: Pairs, delay: np.ndarray) -> int:
-        if len(pairs):  # the columns are contiguous: Arrow takes them without a copy (ts: converted to seconds)
+    def add(self, pairs: Pairs, delay: np.ndarray, lone_r: np.ndarray | None = None,
+            lone_s: np.ndarray | None = None) -> int:
+        """A batch's pairs and, for joins other than inner, the rows without a partner it decided (slave.join:
+        `lone_r`, `lone_s`).  Returns the files written (0 or 1)."""
+        if self.join_type != "inner":
+            if len(pairs) + len(lone_r) + len(lone_s):
+                self._parts.append(outer_table(pairs, delay, lone_r, lone_s, self.join_type))
+                self._rows += self._parts[-1].num_rows
+        elif len(pairs):  # the columns are contiguous: Arrow takes them without a copy (ts: converted to seconds)
             self._parts.append(pa.table([delay if c == "delay" else pairs.output(c) for c in RESULT_SCHEMA.names],
                                         schema=RESULT_SCHEMA))
             self._rows += len(pairs)

@@ -40,9 +40,10 @@ class Slave:
         join = cfg["join"]
         self.module = JoinModule(self.dtype, cfg["partitioning"]["partitions"], eventtime.duration(join["window"]),
                                  tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"],
-                                 join["predicate"], join["band"])
+                                 join["predicate"], join["band"], join["type"])
         out = cfg["output"]
-        self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"])
+        self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"],
+                                   join["type"])
         agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
         # with checkpoints, partials are staged until a checkpoint covers them (protocol/checkpoint.py)
         staged = f"{out['path']}/{checkpoint.PENDING_AGGREGATES if cfg['checkpoint']['interval'] else 'aggregates'}"
@@ -97,13 +98,23 @@ class Slave:
         self.watermarks[self.reply_to] = int(head["watermark"])
         pairs, delay, hists = self.module.process_with_delays(fresh_r, fresh_s, int(self.watermarks.min()), groups,
                                                               float(head["sent"]), started_wall)
-        files = self.writer.add(pairs, delay)
+        files = self.writer.add(pairs, delay, self.module.lone_r, self.module.lone_s)
         if self.aggregator:
-            self.aggregator.add(pairs)
+            self.aggregate(pairs)
         self.results_out.send(self.reply_to, int(head["seq"]), pairs, delay)
         self.report({"seq": float(head["seq"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
-                     "results": len(pairs), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
+                     "results": len(pairs) + len(self.module.lone_r) + len(self.module.lone_s),
+                     "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
+
+    def aggregate(self, pairs) -> None:
+        """Phase one of the aggregation: the pairs, or with a semi or anti join the R rows it emitted (the
+        configuration refuses aggregation with left, right and full joins, whose rows mix the two)."""
+        if self.module.emit_pairs:
+            self.aggregator.add(pairs)
+        else:
+            lone = self.module.lone_r
+            self.aggregator.add_rows(lone["key"], lone["ts"], lone["value"])
 
     def on_move(self, head, buf: np.ndarray) -> None:
         """Supplier side: extract the group, send its state to the consumer, tell the master."""
@@ -166,12 +177,20 @@ class Slave:
             self.report({"seq": float(head["seq"]), "ack": Ack.BATCH})
             return
         MPI.Request.Waitall([req for req, _ in self.outgoing])
+        lone = 0
+        if self.module.join_type != "inner":  # the end of input: every row still undecided is decided now
+            none = np.empty(0, self.dtype)
+            pairs = self.module.process(none, none, eventtime.POS_INF)
+            self.writer.add(pairs, np.empty(0), self.module.lone_r, self.module.lone_s)
+            lone = len(self.module.lone_r) + len(self.module.lone_s)
+            if self.aggregator:
+                self.aggregate(pairs)
         if self.aggregator:
             self.aggregator.flush()
         self.results_out.wait()
         files = self.writer.flush()
         self.writer.wait()
-        self.report({"seq": float(head["seq"]), "files": files, "ack": Ack.BATCH})
+        self.report({"seq": float(head["seq"]), "files": files, "ack": Ack.BATCH, "results": lone})
         MPI.Request.Waitall([req for req, _ in self.outgoing])
         self.stopped = True
 

@@ -11,6 +11,13 @@ Expiry of the oldest blocks (the usual case: tuples arrive about in ts order)
 only moves `start`; rows are copied when the tail is full, into storage of the
 live rows plus a quarter (`SLACK`), when the expired rows in front outgrow that
 quarter, and when out-of-order expiry drops blocks from the middle.
+
+Beside the rows each window keeps a `matched` flag per tuple (uint8, the same positions; BiStream keeps no such
+state, Flink's interval join keeps it per row for the same reason): outer, semi and anti joins (issue 22) set it
+to MATCHED when a pair is produced, and `decide` emits each row still unmatched once its ts is below the
+expiry threshold -- the moment no on-time tuple can match it any more -- and marks it DECIDED.  Only blocks
+whose oldest ts is below the threshold are looked at (`block_min`): about one block per window when input
+comes about in ts order.
 """
 from __future__ import annotations
 
@@ -23,19 +30,25 @@ from protocol.arrays import records, take_rows
 #: they outgrow that: rows are copied about once per live rows / SLACK appended or expired, and the storage
 #: stays within about 1 + 2/SLACK of the live rows (issue 6: window state at most 2x the raw tuple bytes)
 SLACK = 4
+#: values of a row's matched flag: no pair yet, in a pair, emitted without one (outer joins, `decide`)
+UNMATCHED, MATCHED, DECIDED = 0, 1, 2
 
 
 class MiniWindow:
     def __init__(self, dtype: np.dtype, block_size: int):
         self.dtype, self.block_size = dtype, block_size
-        self._store(np.empty(0, dtype=dtype), 0)
+        self._store(np.empty(0, dtype=dtype), 0, np.empty(0, dtype=np.uint8))
         self.block_max = np.empty(0, dtype=np.int64)  #: newest ts of each block
+        self.block_min = np.empty(0, dtype=np.int64)  #: oldest ts of each block
 
     def __len__(self) -> int:
         return self._end - self._start
 
-    def _store(self, rows: np.ndarray, live: int) -> None:
-        """New storage whose first `live` rows are the window; kept as tuples and as records (two views)."""
+    def _store(self, rows: np.ndarray, live: int, matched: np.ndarray) -> None:
+        """New storage whose first `live` rows are the window, with their `matched` flags; kept as tuples and as
+        records (two views)."""
+        self._flags = np.zeros(len(rows), dtype=np.uint8)
+        self._flags[:live] = matched
         self._rows, self._records = rows, records(rows)
         self._start, self._end = 0, live
 
@@ -43,6 +56,11 @@ class MiniWindow:
     def rows(self) -> np.ndarray:
         """The stored tuples, oldest block first (a view)."""
         return self._rows[self._start: self._end]
+
+    @property
+    def matched(self) -> np.ndarray:
+        """1 where the stored tuple has been part of a pair (a view: set it through this)."""
+        return self._flags[self._start: self._end]
 
     @property
     def records(self) -> np.ndarray:
@@ -55,12 +73,13 @@ class MiniWindow:
 
     @property
     def nbytes(self) -> int:
-        """Allocated bytes: the rows' storage (with its growth slack) and the per-block newest ts."""
-        return self._rows.nbytes + self.block_max.nbytes
+        """Allocated bytes: the rows' storage (with its growth slack), their matched flags and the per-block
+        newest and oldest ts."""
+        return self._rows.nbytes + self._flags.nbytes + self.block_max.nbytes + self.block_min.nbytes
 
-    def append(self, new: np.ndarray) -> None:
-        """Add fresh tuples at the head; when the storage is full, the live rows and the fresh ones move into
-        new storage with room for a quarter more (`SLACK`)."""
+    def append(self, new: np.ndarray, matched: np.ndarray | None = None) -> None:
+        """Add fresh tuples (and their matched flags, 0 if None) at the head; when the storage is full, the live
+        rows and the fresh ones move into new storage with room for a quarter more (`SLACK`)."""
         k = len(new)
         if k == 0:
             return
@@ -68,15 +87,31 @@ class MiniWindow:
         if self._end + k > len(self._rows):
             grown = np.empty(live + k + (live + k) // SLACK, dtype=self.dtype)
             records(grown)[:live] = self.records
-            self._store(grown, live)
+            self._store(grown, live, self.matched)
         self._records[self._end: self._end + k] = records(new)
+        self._flags[self._end: self._end + k] = 0 if matched is None else matched
         self._end += k
         self._refresh_block_max(live // self.block_size)  # the head block may have been partial
 
     def _refresh_block_max(self, first_block: int) -> None:
         ts = self.rows["ts"][first_block * self.block_size:]
-        tail = np.maximum.reduceat(ts, np.arange(0, len(ts), self.block_size)) if len(ts) else ts
-        self.block_max = np.concatenate([self.block_max[:first_block], tail])
+        starts = np.arange(0, len(ts), self.block_size)
+        high, low = (np.maximum.reduceat(ts, starts), np.minimum.reduceat(ts, starts)) if len(ts) else (ts, ts)
+        self.block_max = np.concatenate([self.block_max[:first_block], high])
+        self.block_min = np.concatenate([self.block_min[:first_block], low])
+
+    def decide(self, threshold: int, unmatched: list) -> None:
+        """Append to `unmatched` (one copied array) the rows still UNMATCHED whose ts is below `threshold`, and
+        mark them DECIDED, so each is emitted once."""
+        blocks = np.flatnonzero(self.block_min < threshold)
+        if not len(blocks):
+            return
+        at = (blocks[:, None] * self.block_size + np.arange(self.block_size)).ravel()
+        at = at[at < len(self)]
+        at = at[(self.rows["ts"][at] < threshold) & (self.matched[at] == UNMATCHED)]
+        if len(at):
+            unmatched.append(take_rows(self.rows, at))
+            self.matched[at] = DECIDED
 
     def expire(self, threshold: int) -> int:
         """Drop every block whose newest ts is below `threshold`; returns the tuples dropped."""
@@ -90,19 +125,20 @@ class MiniWindow:
             if self._start * SLACK > len(self._rows):  # the dead rows in front outgrew the slack: give them back
                 kept = np.empty(len(self), dtype=self.dtype)
                 records(kept)[:] = self.records
-                self._store(kept, len(kept))
+                self._store(kept, len(kept), self.matched)
         else:  # out-of-order input: blocks die in the middle too
-            kept = take_rows(self.rows, np.repeat(~dead, self.block_size)[:before])
-            self._store(kept, len(kept))
+            keep = np.repeat(~dead, self.block_size)[:before]
+            self._store(take_rows(self.rows, keep), int(keep.sum()), self.matched[keep])
         # all kept blocks but the last are full, so block boundaries are unchanged
-        self.block_max = self.block_max[~dead]
+        self.block_max, self.block_min = self.block_max[~dead], self.block_min[~dead]
         return before - len(self)
 
-    def take(self, mask: np.ndarray) -> np.ndarray:
-        """Remove and return the rows where `mask` is true (used to split or hand over a group)."""
-        rows = self.rows
-        out, kept = take_rows(rows, mask), take_rows(rows, ~mask)
-        self._store(kept, len(kept))
-        self.block_max = self.block_max[:0]
+    def take(self, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Remove and return the rows where `mask` is true and their matched flags (used to split or hand over
+        a group)."""
+        rows, flags = self.rows, self.matched
+        out = take_rows(rows, mask), flags[mask]
+        self._store(take_rows(rows, ~mask), int(len(mask) - np.count_nonzero(mask)), flags[~mask])
+        self.block_max, self.block_min = self.block_max[:0], self.block_min[:0]
         self._refresh_block_max(0)
         return out

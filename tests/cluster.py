@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from deploy.launch import mpi_env, mpirun_command
 from protocol import eventtime
-from protocol.output import read_tables
+from protocol.output import MATCHED, read_tables
 from tests.reference import encode_pairs
 
 
@@ -26,10 +26,22 @@ class Run:
         self.summary = json.loads(summary.read_text()) if summary.exists() else None
 
     def pairs(self) -> np.ndarray:
+        """The joined pairs, encoded (tests.reference.encode_pairs); an outer join's rows without a partner are
+        left out (`alone`)."""
         t = read_tables(self.out / "results")
         if t is None:
             return np.empty(0, dtype=np.int64)
+        if "kind" in t.column_names:
+            t = t.filter(pc.equal(t["kind"], MATCHED))
         return encode_pairs(t["r_id"].to_numpy(), t["s_id"].to_numpy())
+
+    def alone(self, side: str) -> np.ndarray:
+        """Sorted ids of the rows of `side` ("r" or "s") emitted without the other side (outer, semi, anti)."""
+        t = read_tables(self.out / "results")
+        if t is None or "kind" not in t.column_names:
+            return np.empty(0, dtype=np.int64)
+        other = "s" if side == "r" else "r"
+        return np.sort(t[f"{side}_id"].filter(pc.is_null(t[f"{other}_id"])).to_numpy())
 
     def late_ids(self) -> np.ndarray:
         t = read_tables(self.out / "late")

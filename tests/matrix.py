@@ -27,8 +27,9 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from protocol.config import ConfigError, load_config, validate
+from protocol.predicates import JOIN_TYPES
 from tests.cluster import run_cluster, toml_value
-from tests.reference import late_flags, reference_pairs, reference_theta_pairs
+from tests.reference import late_flags, reference_outer, reference_pairs, reference_theta_pairs
 
 #: feature -> the values a draw takes
 FEATURES: dict[str, tuple] = {
@@ -42,7 +43,11 @@ FEATURES: dict[str, tuple] = {
     "unit": ("ms", "us"),
     "wide_window": (False, True),
     "format": ("csv", "parquet"),
+    "join_type": JOIN_TYPES,
 }
+#: the features whose value pairs CI's covering seeds cover; join.type is drawn in every draw (so CI runs some
+#: outer joins) and covered pairwise by `make soak` and `--where join_type=...`: its pairs would double CI's draws
+PAIRED = tuple(f for f in FEATURES if f != "join_type")
 UNITS = {"ms": 1_000, "us": 1_000_000}
 EPOCH = 0.1  #: epochs.distribution of every draw (seconds); a wide window is larger than it, a narrow one smaller
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "4", "--"]
@@ -61,6 +66,7 @@ class Draw:
     unit: str
     wide_window: bool
     format: str
+    join_type: str
 
     @property
     def ranks(self) -> int:
@@ -149,7 +155,7 @@ def settings(d: Draw, path: Path, n: int = 9000) -> dict:
     unit = UNITS[d.unit]
     s = {"source.kind": "file", "source.path": str(path), "source.rate": n / 3.0,
          "join.window": window_units(d) / unit, "join.max_delay": max_delay_units(d) / unit,
-         "join.predicate": d.predicate, "cluster.dispatchers": d.dispatchers,
+         "join.predicate": d.predicate, "join.type": d.join_type, "cluster.dispatchers": d.dispatchers,
          "epochs.distribution": EPOCH, "epochs.reorganization": 0.3, "partitioning.partitions": 16,
          "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 8}
     if d.predicate == "band":
@@ -177,10 +183,11 @@ def refusal(d: Draw) -> str | None:
     return None
 
 
-def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(encoded pairs, encoded late ids) of the whole input, in integer microseconds (tests/reference.py).  With
-    k dispatchers dispatcher i takes every k-th tuple from the i-th on (master.source.ShardedSource) and judges
-    lateness on its own share."""
+def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """((encoded pairs, ids of R rows alone, ids of S rows alone) as the draw's join type emits them
+    (tests.reference.reference_outer), encoded late ids) of the whole input, in integer microseconds
+    (tests/reference.py).  With k dispatchers dispatcher i takes every k-th tuple from the i-th on
+    (master.source.ShardedSource) and judges lateness on its own share."""
     unit, k = UNITS[d.unit], d.dispatchers
     ts = data["ts"] * (1_000_000 // unit)  # microseconds, exactly
     w, md = window_units(d) / unit, max_delay_units(d) / unit  # seconds, as the config gives them
@@ -193,7 +200,8 @@ def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndar
         pairs, _ = reference_pairs(on["stream"], on["id"], on["ts"], on["key"], w, never)
     else:
         pairs = reference_theta_pairs(on["stream"], on["id"], on["ts"], on["key"], w, never, d.predicate, 2)
-    return pairs, np.sort(data["stream"][late] * 2**40 + data["id"][late])
+    kept = reference_outer(pairs, on["id"][on["stream"] == 0], on["id"][on["stream"] == 1], d.join_type)
+    return kept, np.sort(data["stream"][late] * 2**40 + data["id"][late])
 
 
 @dataclass
@@ -220,7 +228,7 @@ class Outcome:
             return f"{head} | refused: {self.refused}"
         verdict = "ok" if self.ok else (f"FAIL missing {self.missing} extra {self.extra} twice {self.twice} "
                                         f"late-wrong {self.late_wrong} {self.error}")
-        return f"{head} | {self.expected} pairs, killed {self.killed or '-'}, {self.seconds:.1f}s: {verdict}"
+        return f"{head} | {self.expected} rows, killed {self.killed or '-'}, {self.seconds:.1f}s: {verdict}"
 
 
 def kill_a_rank(tag: str, ranks: int, rng: np.random.Generator, victims: list[str]) -> threading.Thread:
@@ -265,7 +273,7 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     data = workload(d)
     path = write_input(d, data, tmp)
     expected, expected_late = reference(d, data)
-    out.expected = len(expected)
+    out.expected = sum(map(len, expected))
     env = {"STREAMJOIN_STRAGGLER": f"{d.dispatchers}:0.05"} if d.moves else None  # the first slave lags
     victims: list[str] = []
     killer = kill_a_rank(str(tmp), d.ranks, np.random.default_rng([d.seed, 3]), victims) if d.crash else None
@@ -283,10 +291,10 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     if run.returncode != 0:
         out.error = f"exit {run.returncode}: {run.stderr[-2000:]}"
         return out
-    got = run.pairs()
-    out.twice = len(got) - len(np.unique(got))
-    out.missing = len(np.setdiff1d(expected, got))
-    out.extra = len(np.setdiff1d(got, expected))
+    for got, want in zip((run.pairs(), run.alone("r"), run.alone("s")), expected):  # pairs, rows alone
+        out.twice += len(got) - len(np.unique(got))
+        out.missing += len(np.setdiff1d(want, got))
+        out.extra += len(np.setdiff1d(got, want))
     late = run.late_ids()
     out.late_wrong = len(np.setxor1d(late, expected_late))
     return out
@@ -297,7 +305,7 @@ def covering_seeds(count_limit: int = 40, search: int = 2000) -> list[int]:
     (greedy: the seed that covers most uncovered pairs next)."""
     def pairs_of(d: Draw) -> set:
         f = d.features()
-        return {((a, f[a]), (b, f[b])) for a, b in itertools.combinations(FEATURES, 2)}
+        return {((a, f[a]), (b, f[b])) for a, b in itertools.combinations(PAIRED, 2)}
 
     accepted = {s: pairs_of(draw(s)) for s in range(search) if refusal(draw(s)) is None}
     wanted = set().union(*accepted.values())
@@ -327,10 +335,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--covering", action="store_true", help="run the covering seeds CI runs")
     p.add_argument("--keep", action="store_true", help="keep each draw's folder (input, config, output)")
     p.add_argument("--where", action="append", default=[], metavar="FEATURE=VALUE",
-                   help="random draws only with this feature value, e.g. --where hotkeys=True (repeatable)")
+                   help="random draws only with this feature value, e.g. --where hotkeys=True or --where join.type=left "
+                        "(repeatable)")
     p.add_argument("--draws", type=int, default=0, help="stop after this many draws were run (0: by time)")
     a = p.parse_args(argv)
-    wanted = dict(w.split("=", 1) for w in a.where)
+    wanted = {k.replace(".", "_"): v for k, v in (w.split("=", 1) for w in a.where)}  # join.type = join_type
     unknown = set(wanted) - set(FEATURES)
     if unknown:
         p.error(f"unknown feature(s) {sorted(unknown)}; known: {', '.join(FEATURES)}")

@@ -85,3 +85,18 @@ def pairs_of(r: np.ndarray, s: np.ndarray):
     from protocol.tuples import FIELDS
     from slave.join import Pairs
     return Pairs(r.dtype, np.stack([side[f].view(np.int64) for side in (r, s) for f in FIELDS]))
+
+
+def reference_outer(pairs: np.ndarray, r_ids: np.ndarray, s_ids: np.ndarray, join_type: str
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What a join of `join_type` (protocol.predicates.JOIN_TYPES) emits, from the inner join's encoded `pairs`
+    and the ids of the on-time R and S tuples: (encoded pairs, sorted ids of R rows emitted alone, sorted ids of
+    S rows emitted alone).  Alone means in no pair (left, right, full, anti), or in one (semi, R only)."""
+    r_ids, s_ids = np.asarray(r_ids, np.int64), np.asarray(s_ids, np.int64)
+    r_in, s_in = np.unique(pairs // 2**32), np.unique(pairs % 2**32)
+    none = np.empty(0, np.int64)
+    lone_r = {"left": np.setdiff1d(r_ids, r_in), "full": np.setdiff1d(r_ids, r_in),
+              "anti": np.setdiff1d(r_ids, r_in), "semi": np.intersect1d(r_ids, r_in)}.get(join_type, none)
+    lone_s = np.setdiff1d(s_ids, s_in) if join_type in ("right", "full") else none
+    kept = pairs if join_type in ("inner", "left", "right", "full") else none
+    return kept, np.sort(lone_r), np.sort(lone_s)

@@ -36,10 +36,10 @@ def test_router_stores_each_s_once_and_copies_r_to_the_whole_grid():
     rows = np.zeros(1000, tuple_dtype(40))
     rows["id"] = np.arange(1000)
     rows["key"] = np.where(np.arange(1000) % 2 == 0, 42, np.arange(1000))
-    s_part = router.route_s(rows)
+    s_part = router.spread(rows)
     assert set(s_part[rows["key"] == 42]) == {first, first + 1, first + 2}
     assert np.all(s_part[rows["key"] != 42] < 8)
-    index, part = router.route_r(rows)
+    index, part = router.copies(rows)
     assert np.array_equal(np.bincount(index, minlength=1000), np.where(rows["key"] == 42, 3, 1))
     assert set(part[rows["key"][index] == 42]) == {first, first + 1, first + 2}
 
@@ -66,8 +66,8 @@ def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
                                             for w in b))
     router = HotKeyRouter(4, 1, 3)
     router.promote(7, 3)
-    index, part = router.route_r(r2)
-    s_part = router.route_s(s2)
+    index, part = router.copies(r2)
+    s_part = router.spread(s2)
     cr, cs = r2[index], s2
     order_r, order_s = np.argsort(part, kind="stable"), np.argsort(s_part, kind="stable")
     parts = sorted(set(part) | set(s_part))
@@ -106,24 +106,37 @@ def test_hot_keys_only_for_the_equi_join():
         load_config(None, ["hotkeys.enabled=true", "join.predicate=band"])
 
 
-def test_merge_gathers_the_grid_back_with_every_s_and_one_copy_of_each_r():
+@pytest.mark.parametrize("join_type", ["inner", "left"])
+def test_merge_gathers_the_grid_back_with_every_s_and_one_copy_of_each_r(join_type):
+    """Inner: S spread, R copied.  Left: the other way round (each R once, with its matched flag)."""
     dt = tuple_dtype(40)
-    m = JoinModule(dt, 4, 10_000_000, 8, 2, 64, 12)
+    m = JoinModule(dt, 4, 10_000_000, 8, 2, 64, 12, join_type=join_type)
     rng = np.random.default_rng(3)
     r, s = np.zeros(300, dt), np.zeros(300, dt)
     for x in (r, s):
         x["id"], x["ts"] = np.arange(300), np.sort(rng.integers(0, 1_000_000, 300))
         x["key"] = np.where(rng.random(300) < 0.5, 7, rng.integers(0, 20, 300))
+    lonely = (r["key"] != 7) & (rng.random(300) < 0.5)
+    r["key"][lonely] = 1000 + r["id"][lonely]  # R tuples without a partner: matched flags of both values
     m.process(r, s, NEG_INF)
     p = int(partition_of(np.array([7]), 4)[0])
     before = {w: np.sort(np.concatenate([b[i].rows["id"] for b in m.groups[p].buckets.values()]))
               for i, w in enumerate("rs")}
+    flags = {int(i): int(f) for b in m.groups[p].buckets.values() for i, f in zip(b[0].rows["id"], b[0].matched)}
+    spread = 0 if join_type == "left" else 1
     m.split_hot_key(p, 7, 4, 3)
+    held = [np.concatenate([b[spread].rows["id"][b[spread].rows["key"] == 7] for b in m.groups[4 + j].buckets.values()])
+            for j in range(3)]
+    assert sum(map(len, held)) == len(np.unique(np.concatenate(held))) == int((r, s)[spread]["key"].__eq__(7).sum())
+    assert all(len(h) for h in held)  # spread over every sub-group, each tuple in one
     assert m.merge_hot_key(p, 7, 4, 3) == int((r["key"] == 7).sum() + (s["key"] == 7).sum())
     assert set(m.groups) == {p} | {q for q in range(4) if q in m.groups}  # the sub-groups are gone
     after = {w: np.sort(np.concatenate([b[i].rows["id"] for b in m.groups[p].buckets.values()]))
              for i, w in enumerate("rs")}
     assert all(np.array_equal(before[w], after[w]) for w in "rs")
+    if join_type == "left":  # R's matched flags came back with their rows
+        assert {int(i): int(f) for b in m.groups[p].buckets.values() for i, f in zip(b[0].rows["id"], b[0].matched)} \
+            == flags and 0 < sum(flags.values()) < len(flags)
 
 
 def test_router_reuses_the_slot_of_a_demoted_key():
@@ -135,8 +148,10 @@ def test_router_reuses_the_slot_of_a_demoted_key():
     assert c == a and b != a and sorted(router.hot) == [2, 3]
 
 
-def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path):
-    from tests.reference import reference_pairs
+@pytest.mark.parametrize("join_type", ["inner", "left"])
+def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path, join_type):
+    """Left: R spread over the grid and S copied (each R decided once), through split and merge."""
+    from tests.reference import reference_outer, reference_pairs
     from tests.test_cluster import write_csv
     rng = np.random.default_rng(8)
     n1, n2 = 9000, 9000  # first 2 s: key 7 holds 40% of both streams; then 3 s of uniform keys
@@ -146,13 +161,17 @@ def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path):
     write_csv(tmp_path / "hot-then-cold.csv", stream, ids, ts, keys)
     settings = {"source.kind": "file", "source.path": str(tmp_path / "hot-then-cold.csv"), "source.rate": 4000.0,
                 "join.window": 0.1, "join.max_delay": 0.05, "epochs.distribution": 0.1,
-                "epochs.reorganization": 0.5, "hotkeys.enabled": True, "balance.enabled": False}
+                "epochs.reorganization": 0.5, "hotkeys.enabled": True, "balance.enabled": False,
+                "join.type": join_type}
     from tests.cluster import run_cluster
     run = run_cluster(tmp_path, 4, settings)
     assert run.returncode == 0, run.stderr
-    expected, _ = reference_pairs(stream, ids, ts, keys, 0.1, 0.05)
+    expected, late = reference_pairs(stream, ids, ts, keys, 0.1, 0.05)
     got = run.pairs()
     assert len(np.unique(got)) == len(got) and np.array_equal(np.sort(got), expected)
+    on = ~np.isin(stream * 2**40 + ids, late)
+    _, alone, _ = reference_outer(expected, ids[on & (stream == 0)], ids[on & (stream == 1)], join_type)
+    assert np.array_equal(run.alone("r"), alone) and (join_type == "inner" or len(alone) > 1000)
     events = [(h["key"], h["event"]) for h in run.summary["hot_keys"]]
     assert events == [(7, "split"), (7, "merge")], events
     moves = [m["reason"] for m in run.summary["balance"]["moves"]]

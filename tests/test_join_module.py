@@ -6,8 +6,10 @@ import pytest
 
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from slave.join import JoinModule
-from protocol.eventtime import NEG_INF
-from tests.reference import encode_pairs, late_flags, micros, reference_pairs
+from protocol.eventtime import NEG_INF, POS_INF
+from protocol.predicates import JOIN_TYPES
+from slave.state import decode_move, encode_move
+from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs, reference_theta_pairs
 
 DT = tuple_dtype(64)
 
@@ -155,3 +157,79 @@ def test_decimal_timestamps_exactly_one_window_apart(seed, window, decimals):
                         max_depth=8)
     got = run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=60)
     np.testing.assert_array_equal(got, expected)
+
+
+def run_outer(module, stream, ids, ts, keys, max_delay, rng, move=False):
+    """Feed the input in random epochs, then the end of input (watermark +inf); returns (encoded pairs, ids of
+    R rows emitted alone, ids of S rows emitted alone), each row as often as it was emitted.  With `move`, every
+    partition-group goes through a move's encoding (slave.state) now and then: the matched flags must travel."""
+    late = late_flags(ts, max_delay)
+    ts, max_delay = micros(ts), micros(max_delay)
+    pairs, lone_r, lone_s, running, pos, end = [], [], [], NEG_INF, 0, False
+    while not end:
+        end = pos == len(ts)  # then one more epoch without tuples: the end of input
+        sl = slice(pos, min(len(ts), pos + int(rng.integers(0, 300))))
+        pos = sl.stop
+        if len(ts[sl]):
+            running = max(running, int(ts[sl].max()))
+        sides = []
+        for st in (STREAM_R, STREAM_S):
+            sel = ~late[sl] & (stream[sl] == st)
+            r = np.zeros(int(sel.sum()), dtype=DT)
+            r["id"], r["ts"], r["key"], r["arrival"] = ids[sl][sel], ts[sl][sel], keys[sl][sel], 1.0
+            sides.append(r)
+        res = module.process(sides[0], sides[1], POS_INF if end else running - max_delay)
+        pairs.append(encode_pairs(res["r_id"], res["s_id"]))
+        lone_r.append(module.lone_r["id"])
+        lone_s.append(module.lone_s["id"])
+        if move and rng.random() < 0.3:
+            for p in list(module.groups):
+                module.install(*decode_move(encode_move(p, module.extract(p), 0), module.new_group)[:2])
+    assert module.stored() == (0, 0)  # the end of input decided every row
+    return tuple(np.sort(np.concatenate(x)) for x in (pairs, lone_r, lone_s))
+
+
+@pytest.mark.parametrize("join_type", JOIN_TYPES)
+@pytest.mark.parametrize("predicate", ["equal", "band", "less"])
+def test_outer_semi_anti_match_the_reference(join_type, predicate):
+    """Every type x predicate: the pairs, and each row without a partner (semi: with one) exactly once; late
+    tuples never.  Band and less run in one group (the module alone; the cluster refuses copies of R)."""
+    rng = np.random.default_rng([3, JOIN_TYPES.index(join_type), len(predicate)])
+    n, window, max_delay = 3000, 0.25, 0.375
+    stream, ids, ts, keys = make_input(rng, n, n_keys=400 if predicate == "equal" else 3000, disorder=0.5)
+    if predicate == "equal":
+        inner, late_ids = reference_pairs(stream, ids, ts, keys, window, max_delay)
+    else:
+        inner = reference_theta_pairs(stream, ids, ts, keys, window, max_delay, predicate, band=2)
+        late_ids = np.flatnonzero(late_flags(ts, max_delay))
+    on = ~late_flags(ts, max_delay)
+    want = reference_outer(inner, ids[on & (stream == 0)], ids[on & (stream == 1)], join_type)
+    assert len(late_ids) and len(inner) > 100
+    emitted = (join_type in ("inner", "left", "right", "full"), join_type in ("left", "full", "semi", "anti"),
+               join_type in ("right", "full"))
+    assert [len(w) > 20 for w in want] == list(emitted), "the input has rows of every kind the type emits"
+    module = JoinModule(DT, partitions=3 if predicate == "equal" else 1, window=micros(window), block_size=4,
+                        theta_min=2, theta_max=6, max_depth=8, predicate=predicate, band=2, join_type=join_type)
+    got = run_outer(module, stream, ids, ts, keys, max_delay, rng, move=True)
+    for name, g, w in zip(("pairs", "R rows", "S rows"), got, want):
+        assert len(np.unique(g)) == len(g), f"{join_type}: a {name[:-1]} was emitted twice"
+        np.testing.assert_array_equal(g, w, err_msg=f"{join_type} {predicate}: {name}")
+
+
+def test_an_unmatched_row_comes_out_when_no_on_time_tuple_can_reach_it_not_before_and_once():
+    """A full join's row alone is decided when ts < watermark - window (the expiry rule, per row, not per block):
+    here two R rows share a block, the older comes out first, the S row (another key) with it."""
+    module = JoinModule(DT, partitions=1, window=1_000_000, block_size=4, theta_min=1, theta_max=4, max_depth=0,
+                        join_type="full")
+    r, s = np.zeros(2, dtype=DT), np.zeros(1, dtype=DT)
+    r["id"], r["ts"], s["ts"], s["key"] = [1, 2], [5_000_000, 7_000_000], 5_000_000, 1  # never a pair
+    module.process(r, s, 0)
+    module.process(r[:0], s[:0], 6_000_000)  # exactly a window later: a tuple at the watermark could still join
+    assert len(module.lone_r) == len(module.lone_s) == 0
+    module.process(r[:0], s[:0], 6_000_001)
+    assert module.lone_r["id"].tolist() == [1] and len(module.lone_s) == 1
+    assert module.stored() == (2, 0)  # R 1 waits in its block for R 2, decided already
+    module.process(r[:0], s[:0], 6_500_000)
+    assert len(module.lone_r) == len(module.lone_s) == 0
+    module.process(r[:0], s[:0], POS_INF)
+    assert module.lone_r["id"].tolist() == [2] and len(module.lone_s) == 0 and module.stored() == (0, 0)

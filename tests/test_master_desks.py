@@ -334,8 +334,8 @@ def hot_setup(tmp_path):
     keys = np.where(rng.random(600) < 0.5, HOT, rng.integers(100, 200, 600))
     sketch.update(keys)
     r, s = rows(np.arange(300), keys[:300]), rows(np.arange(300, 600), keys[300:])
-    p.buffers.add(STREAM_R, r, router.route_r(r)[1])  # as ingest routes them: no key is hot yet
-    p.buffers.add(STREAM_S, s, router.route_s(s))
+    p.buffers.add(STREAM_R, r, router.copies(r)[1])  # as ingest routes them: no key is hot yet
+    p.buffers.add(STREAM_S, s, router.spread(s))
     return p, desk, router, keys
 
 
@@ -417,7 +417,7 @@ def test_the_merge_waits_until_the_sub_groups_were_drained_together(tmp_path):
     assert all(Kind(int(head["kind"])) != Kind.MERGE for _, head, *_ in p.links.sent)
     p.buffers.drain(np.arange(first, first + size))  # the owner's batch: every sub-group at once
     more = rows(np.arange(1000, 1010), np.full(10, HOT))
-    index, part = router.route_r(more)
+    index, part = router.copies(more)
     p.buffers.add(STREAM_R, more[index], part)  # copies to every sub-group
     desk.merge()
     assert Kind(int(p.links.sent[-1][1]["kind"])) == Kind.MERGE and HOT not in router.hot

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from protocol.tuples import tuple_dtype
-from slave.window import MiniWindow
+from slave.window import DECIDED, MATCHED, UNMATCHED, MiniWindow
 
 DT = tuple_dtype(48)
 
@@ -31,6 +31,8 @@ def recomputed_block_max(w: MiniWindow) -> np.ndarray:
 def check_blocks(w: MiniWindow):
     assert w.blocks == -(-len(w) // w.block_size)
     np.testing.assert_array_equal(w.block_max, recomputed_block_max(w))
+    ts, B = w.rows["ts"], w.block_size
+    np.testing.assert_array_equal(w.block_min, [ts[i: i + B].min() for i in range(0, len(ts), B)])
 
 
 class Model:
@@ -109,6 +111,7 @@ def test_random_append_expire_against_model(seed, B):
     rng = np.random.default_rng(seed)
     w, model = MiniWindow(DT, B), Model(B)
     next_id, t = 0, 0.0
+    matched, decided, unmatched = set(), set(), []
     for _ in range(30):
         k = int(rng.integers(0, 3 * B + 2))
         # slowly increasing ts, out of order by up to 3 inside and across blocks
@@ -116,13 +119,26 @@ def test_random_append_expire_against_model(seed, B):
         t = float(ts.max()) if k else t
         ids = np.arange(next_id, next_id + k)
         next_id += k
-        w.append(make_rows(ids, ts))
+        flags = (rng.random(k) < 0.5).astype(np.uint8)  # matched flags travel with their rows
+        w.append(make_rows(ids, ts), flags)
+        matched |= set(ids[flags == 1].tolist())
+        later = (rng.random(len(w)) < 0.1) & (w.matched == UNMATCHED)  # a stored tuple matched later
+        w.matched[later] = 1
+        matched |= set(w.rows["id"][later].tolist())
         model.append(ids.tolist(), us(ts).tolist())
         threshold = int(us(t - rng.uniform(1, 6)))
         before_max = w.block_max.copy()
         before_rows = w.rows.copy()
+        # a row is decided once, when the threshold first passes its ts with no match: then it can be dropped
+        decided |= {i for i, x in zip(model.ids, model.ts) if x < threshold and i not in matched}
+        w.decide(threshold, unmatched)
+        emitted = np.concatenate(unmatched or [make_rows([], [])])["id"].tolist()
+        assert sorted(emitted) == sorted(decided)  # each once
         dropped = w.expire(threshold)
         assert dropped == model.expire(threshold)
+        want = np.where(np.isin(w.rows["id"], list(matched)), MATCHED,
+                        np.where(np.isin(w.rows["id"], list(decided)), DECIDED, UNMATCHED))
+        np.testing.assert_array_equal(w.matched, want)
         np.testing.assert_array_equal(w.rows["id"], model.ids)
         np.testing.assert_array_equal(w.rows["ts"], model.ts)
         check_blocks(w)
@@ -140,7 +156,7 @@ def test_take_returns_masked_rows_and_keeps_rest_in_order():
     ts = rng.uniform(0, 100, 23)
     w.append(make_rows(np.arange(23), ts))
     mask = rng.random(23) < 0.4
-    out = w.take(mask)
+    out, _ = w.take(mask)
     np.testing.assert_array_equal(out["id"], np.flatnonzero(mask))
     np.testing.assert_array_equal(out["ts"], us(ts)[mask])
     np.testing.assert_array_equal(w.rows["id"], np.flatnonzero(~mask))
@@ -161,7 +177,7 @@ def test_take_all_none_and_then_expire(seed):
     n = int(rng.integers(1, 40))
     ts = rng.uniform(0, 10, n)
     w.append(make_rows(np.arange(n), ts))
-    assert len(w.take(np.zeros(n, bool))) == 0 and len(w) == n
+    assert len(w.take(np.zeros(n, bool))[0]) == 0 and len(w) == n
     check_blocks(w)
     mask = rng.random(n) < 0.5
     w.take(mask)
@@ -170,7 +186,7 @@ def test_take_all_none_and_then_expire(seed):
     assert w.expire(5_000_000) == model.expire(5_000_000)
     np.testing.assert_array_equal(w.rows["id"], model.ids)
     check_blocks(w)
-    out = w.take(np.ones(len(w), bool))
+    out, _ = w.take(np.ones(len(w), bool))
     np.testing.assert_array_equal(out["id"], model.ids)
     assert len(w) == 0 and w.blocks == 0
 
@@ -180,9 +196,9 @@ def test_nbytes_counts_the_allocated_rows_and_the_block_index():
     w.append(make_rows(np.arange(10), np.arange(10.0)))
     # 10 rows in storage grown to at least 10 (here: exactly 10) plus 3 blocks' newest ts
     assert w.nbytes >= 10 * DT.itemsize + 3 * 8
-    assert w.nbytes == len(w._rows) * DT.itemsize + w.blocks * 8
+    assert w.nbytes == len(w._rows) * (DT.itemsize + 1) + w.blocks * 16  # a matched flag per row
     w.expire(4_500_000)  # drops the first block
-    assert w.nbytes == len(w._rows) * DT.itemsize + 2 * 8 and len(w) == 6
+    assert w.nbytes == len(w._rows) * (DT.itemsize + 1) + 2 * 16 and len(w) == 6
 
 
 @pytest.mark.parametrize("per_epoch,epochs_kept", [(7, 3), (200, 2), (1000, 8)])

@@ -17,7 +17,6 @@ import numpy as np
 
 from master.balance import Move
 from protocol.messages import Kind
-from protocol.tuples import STREAM_R, STREAM_S
 
 
 class HotKeyDesk:
@@ -69,10 +68,9 @@ class HotKeyDesk:
             first = self.router.promote(key, size)
             self.controller.partition_map[first: first + size] = owner
             self.rerouted([partition], range(first, first + size))
-            r, s = self.buffers.take_key(partition, key)
-            self.buffers.add(STREAM_S, s, self.router.route_s(s))
-            index, part = self.router.route_r(r)
-            self.buffers.add(STREAM_R, r[index], part)
+            for stream, rows in enumerate(self.buffers.take_key(partition, key)):
+                index, part = self.router.route(stream, rows)
+                self.buffers.add(stream, rows[index], part)
             self.links.order(owner, Kind.SPLIT, partition=partition, hot_key=(key, first, size))
             others = sorted((r for r in self.controller.active if r != owner),
                             key=lambda r: self.stats.per_slave[r]["tuples_processed"])
@@ -88,9 +86,10 @@ class HotKeyDesk:
     def merge(self) -> None:
         """Gather each cooled key's grid back: its sub-groups move to the owner of the key's partition, then the
         owner merges them (a MERGE order, served before any later batch) and the key's buffered tuples go back
-        to the partition: every S tuple, and one copy of each R tuple.
+        to the partition: every tuple of the spread stream (S; R for left, semi and anti joins), and one copy of
+        each tuple of the copied one.
 
-        The merge waits until every sub-group holds the same R copies here, i.e. until they were last drained
+        The merge waits until every sub-group holds the same copies here, i.e. until they were last drained
         together (copies are added to all sub-groups at once, so equal counts mean equal copies): then each R
         tuple has reached either every sub-group's window or none, and one copy of what is buffered is exact.
         A sub-group drained on its own slave before the others would otherwise lose the copies still buffered
@@ -108,7 +107,8 @@ class HotKeyDesk:
             for g in away:
                 if g not in queued and not self.controller.moving[g]:
                     self.controller.queue.append(Move(g, int(pmap[g]), owner, "hot key cooled"))
-            copies = self.buffers.counts[STREAM_R, first: first + size]
+            copied = self.router.copied
+            copies = self.buffers.counts[copied, first: first + size]
             if away or self.controller.moving[partition] or self.controller.moving[first: first + size].any() \
                     or self.links.is_busy(owner) or (copies != copies[0]).any():
                 continue  # next time round: the owner's next batch drains all sub-groups together
@@ -116,9 +116,9 @@ class HotKeyDesk:
             self.router.demote(key)
             self.rerouted(subs, [partition])
             taken = [self.buffers.take_key(g, key) for g in subs]
-            self.buffers.add(STREAM_R, taken[0][0], np.full(len(taken[0][0]), partition))
-            s = np.concatenate([t[1] for t in taken])
-            self.buffers.add(STREAM_S, s, np.full(len(s), partition))
+            self.buffers.add(copied, taken[0][copied], np.full(len(taken[0][copied]), partition))
+            spread = np.concatenate([t[1 - copied] for t in taken])
+            self.buffers.add(1 - copied, spread, np.full(len(spread), partition))
             self.links.order(owner, Kind.MERGE, partition=partition, hot_key=(key, first, size))
             pmap[first: first + size] = -1  # the slots hold no group any more
             self.log.append({"key": key, "event": "merge", "share": round(share, 4), "partition": partition,

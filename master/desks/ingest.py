@@ -6,7 +6,8 @@ of a tenth of a sub-group slot.  A tuple below the largest ts seen before it
 minus `join.max_delay` is late (BiStream, Theorem 1): it is set aside in the
 late files, never joined.  On-time tuples go to their hash partition, to their
 key range (band and inequality joins: S to its home, R copied to every range
-that may hold partners), or through the hot-key router to a key's grid
+that may hold partners; the other way round for the joins that decide R rows
+alone, so each R is stored once), or through the hot-key router to a key's grid
 (Streaming HyperCube).  With checkpoints every tuple taken is archived.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from master.ranges import KeyRanges
 from master.source import mark, skip
 from protocol import eventtime
 from protocol.output import write_table
-from protocol.predicates import key_distance
+from protocol.predicates import copied_stream, key_distance
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
 
 
@@ -43,6 +44,9 @@ class IngestDesk:
         self._ranges_shared = False
         self.range_partitioned = join["predicate"] != "equal"
         self.key_distance = key_distance(join["predicate"], join["band"])
+        #: the stream copied to every range that may hold partners; the other is stored once, at its key's range,
+        #: where its pairs are produced: R, whose matched flag decides a left, semi or anti row (issue 22)
+        self.copied = copied_stream(join["type"])
         #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
         self.ingest_interval = min(0.01, cfg["epochs"]["distribution"] / groups / 10)
         self._last_ingest = 0.0
@@ -144,15 +148,15 @@ class IngestDesk:
             self.stats.input[STREAM_NAMES[stream]] += len(sel)
             rows = to_wire(dtype, chunk.id, chunk.ts, chunk.key, chunk.value, arrival, sel)
             if self.router is not None:
-                if stream == STREAM_S:
-                    self.buffers.add(stream, rows, self.router.route_s(rows))
-                else:
-                    index, part = self.router.route_r(rows)
-                    self.buffers.add(stream, rows[index], part)
-            elif stream == STREAM_S:  # the home of its pairs
+                index, part = self.router.route(stream, rows)
+                self.buffers.add(stream, rows[index], part)
+            elif stream != self.copied:  # the home of its pairs
                 self.buffers.add(stream, rows, self.ranges.home(rows["key"]))
-            else:  # a copy to every range that may hold partners
-                index, part = self.ranges.copies(rows["key"], *self.key_distance)
+            else:  # a copy to every range that may hold partners: R's keys + (low, high), S's keys - (high, low)
+                low, high = self.key_distance
+                if stream == STREAM_S:
+                    low, high = (None if high is None else -high), (None if low is None else -low)
+                index, part = self.ranges.copies(rows["key"], low, high)
                 self.buffers.add(stream, rows[index], part)
 
     def _set_aside_late(self, chunk, late: np.ndarray, prev_max: np.ndarray) -> None:
