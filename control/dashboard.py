@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from protocol.config import endpoint_is_local
+from protocol.access import endpoint_is_local
 from protocol.dashboard import DashboardServer
 from protocol.strict_json import finite
 
