@@ -252,7 +252,7 @@ def test_band_join_from_the_input_file_without_an_archive(spark, tmp_path):
       "generator.keys": 4096, "generator.seed": 26, "checkpoint.interval": 2}, 3),
     # a heavy hitter split into a grid of sub-groups moved to other slaves (R tuples copied to each)
     ({**SMALL, "generator.hot_share": 0.3, "generator.keys": 65536, "hotkeys.enabled": True,
-      "epochs.reorganization": 0.5, "balance.enabled": False, "join.window": 0.3, "generator.seed": 27,
+      "epochs.reorganization": 0.5, "balance.enabled": False, "join.window": 0.05, "generator.seed": 27,
       "source.rate": 6000.0, "checkpoint.interval": 2}, 4),
 ], ids=["less", "hot-keys"])
 def test_less_join_and_hot_key_grids_are_exact(spark, tmp_path, settings, ranks):

@@ -65,7 +65,7 @@ def test_dispatchers_need_slaves_and_no_hot_keys_yet():
         load_config(None, ["cluster.dispatchers=2", "hotkeys.enabled=true"])
 
 
-def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_path):
+def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_path, spark):
     # dispatcher i binds source.endpoint's port + i; one gets a producer, the other `control.replay --endpoint`
     import subprocess
     import sys
@@ -93,11 +93,9 @@ def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_p
                                 str(write_config(tmp_path, settings))], env=mpi_env(), stderr=subprocess.PIPE,
                                text=True)
     producer = start("control.produce", tmp_path / "half-0.parquet", "--endpoint", f"tcp://127.0.0.1:{port}")
-    replay = subprocess.run([sys.executable, "-m", "control.replay", str(tmp_path / "half-1.parquet"), "--speed",
-                             "max", "--endpoint", f"tcp://127.0.0.1:{port + 1}", "--set",
-                             f"output.path={tmp_path / 'replay-out'}"], env=mpi_env(), capture_output=True,
-                            text=True, timeout=300)
-    assert replay.returncode == 0, replay.stderr
+    from control import replay  # in this process, on the tests' Spark session (a JVM of its own costs ~20 s)
+    assert replay.main([str(tmp_path / "half-1.parquet"), "--speed", "max", "--endpoint",
+                        f"tcp://127.0.0.1:{port + 1}", "--set", f"output.path={tmp_path / 'replay-out'}"], spark) == 0
     finish(producer)
     _, err = cluster.communicate(timeout=300)
     assert cluster.returncode == 0, err
