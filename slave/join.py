@@ -9,6 +9,11 @@ so every pair is produced exactly once, by the epoch in which its later tuple
 arrives (the paper's "fresh tuples of the head block" rule, done per epoch).
 Then blocks that no on-time tuple can reach are expired and the buckets tuned.
 
+An epoch's results come out in chunks of at most `chunk_rows` pairs
+(`output.result_chunk_rows`), each written and sent before the next is built:
+the kernels count first and fill any slice of their pairs (slave.kernel.Matches),
+so one hot key in a large window costs time, not memory.
+
 Band and inequality joins (`join.predicate`) arrive range-partitioned: every S
 tuple in the group of its key's range, every R tuple copied into each group
 whose range may hold partners, with a table saying which rows belong to which
@@ -18,15 +23,18 @@ rule; those groups are not split (hashing would scatter neighbouring keys).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
 from protocol import eventtime
+from protocol.config import DEFAULTS
 from protocol.arrays import field_words, group_pairs, take_rows, words
 from protocol.predicates import key_distance
 from protocol.tuples import FIELDS, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
-from slave.kernel import batch_delays, gather_pairs, range_join, window_join
+from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
 
 class Pairs:
     """One epoch's results as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i], and each side's other
@@ -35,6 +43,7 @@ class Pairs:
 
     def __init__(self, dtype: np.dtype, columns: np.ndarray):
         names = [f"{side}_{field}" for side in "rs" for field in FIELDS]
+        self.words = columns
         self.columns = {name: col.view(dtype[field]) for name, field, col in zip(names, FIELDS * 2, columns)}
 
     def __len__(self) -> int:
@@ -47,18 +56,41 @@ class Pairs:
         """A column as results carry it: r_ts and s_ts in seconds, the user's time (protocol.eventtime)."""
         return eventtime.to_seconds(self.columns[name]) if name in ("r_ts", "s_ts") else self.columns[name]
 
+    @classmethod
+    def concat(cls, dtype: np.dtype, parts: list[Pairs]) -> Pairs:
+        if len(parts) == 1:
+            return parts[0]
+        return cls(dtype, np.concatenate([p.words for p in parts], axis=1))
+
+
+class Chunk(NamedTuple):
+    """Up to `chunk_rows` of an epoch's results.  `stamps`: (results of the chunk so far, time.time()) when
+    each partition-group's join ended in it, and when the chunk was cut: when its results were produced.
+    `last`: the epoch's last chunk (there is always one, empty if the epoch has no results)."""
+    pairs: Pairs
+    stamps: list[tuple[int, float]]
+    last: bool
+
+    def delays(self, sent: float, started: float) -> tuple[np.ndarray, np.ndarray]:
+        """Every result's production delay and the histograms (slave.kernel.batch_delays): a result is produced
+        when its partition-group's join or its chunk is done, not when the whole batch is (paper 003, VI-A).
+        `sent` and `started` are the wall-clock times the batch was sent and its join began."""
+        return batch_delays(self.pairs["r_arrival"], self.pairs["s_arrival"], [n for n, _ in self.stamps],
+                            [t for _, t in self.stamps], sent, started)
+
 
 class JoinModule:
     def __init__(self, dtype: np.dtype, partitions: int, window: int, block_size: int,
-                 theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0):
+                 theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0,
+                 chunk_rows: int = DEFAULTS["output"]["result_chunk_rows"][0]):
         """`window` in integer microseconds (protocol.eventtime.duration of join.window)."""
-        self.dtype, self.partitions, self.window = dtype, partitions, int(window)
+        self.dtype, self.partitions, self.window, self.chunk_rows = dtype, partitions, int(window), int(chunk_rows)
         window = self.window
         if predicate == "equal":
-            self.kernel = lambda a, b: window_join(a["key"], a["ts"], b["key"], b["ts"], window)
+            self.kernel = lambda a, b: window_matches(a["key"], a["ts"], b["key"], b["ts"], window)
         else:
             low, high = key_distance(predicate, band)
-            self.kernel = lambda a, b: range_join(a["key"], a["ts"], b["key"], b["ts"], window, low, high)
+            self.kernel = lambda a, b: range_matches(a["key"], a["ts"], b["key"], b["ts"], window, low, high)
             max_depth = 0  # one bucket per range: a split by hash would not narrow a band probe
         self._group_args = (dtype, block_size, theta_min, theta_max, max_depth)
         self._fields = field_words(dtype, FIELDS)
@@ -117,26 +149,27 @@ class JoinModule:
     def new_group(self) -> PartitionGroup:
         return PartitionGroup(*self._group_args)
 
-    def process_with_delays(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
-                            groups: np.ndarray | None, sent: float, started: float) -> tuple[Pairs, np.ndarray, np.ndarray]:
-        """`process`, and every result's production delay with the batch's delay histograms
-        (slave.kernel.batch_delays): a result is produced when its partition-group's join is done, not when the
-        whole batch is (paper 003, VI-A).  `sent` and `started` are the wall-clock times the batch was sent and
-        its join began."""
-        stamps: list[tuple[int, float]] = []
-        pairs = self.process(fresh_r, fresh_s, watermark, groups, stamps)
-        delay, hists = batch_delays(pairs["r_arrival"], pairs["s_arrival"], [n for n, _ in stamps],
-                                    [t for _, t in stamps], sent, started)
-        return pairs, delay, hists
-
     def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
                 groups: np.ndarray | None = None, stamps: list | None = None) -> Pairs:
-        """Join one epoch's fresh tuples; returns all new results.
+        """All of `chunks` as one Pairs (tests and tools; a slave takes the chunks one by one).  `stamps`, if a
+        list, gets the chunks' stamps numbered over the whole epoch."""
+        parts = []
+        for chunk in self.chunks(fresh_r, fresh_s, watermark, groups):
+            if stamps is not None:
+                done = sum(len(p) for p in parts)
+                stamps.extend((done + n, t) for n, t in chunk.stamps)
+            parts.append(chunk.pairs)
+        return Pairs.concat(self.dtype, parts)
+
+    def chunks(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
+               groups: np.ndarray | None = None) -> Iterator[Chunk]:
+        """Join one epoch's fresh tuples; yields its results in chunks of at most `chunk_rows` pairs, then
+        expires and tunes once the last is taken.
 
         `groups` is the batch's (partition, R rows, S rows) table (the master sends one: the rows come grouped
         by partition, and with key ranges or hot-key grids R rows are copied into several); without it the
-        partition of each tuple is its key's hash partition.  `stamps`, if a list, gets (results so far,
-        time.time()) after each partition-group: when its results were produced (the production delay).
+        partition of each tuple is its key's hash partition.  A chunk is cut only when more pairs follow, so
+        the last one is known as it is yielded.
         """
         if groups is None:
             batches = ((p, take_rows(fresh_r, ri), take_rows(fresh_s, si)) for p, ri, si in
@@ -147,23 +180,38 @@ class JoinModule:
             batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s])
                        for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()))
         pieces: list[tuple] = []
-        produced = 0
+        stamps: list[tuple[int, float]] = []
+        filled = 0
         for p, new_r, new_s in batches:
-            produced += self._join_group(self.group(p), new_r, new_s, pieces)
-            if stamps is not None:
-                stamps.append((produced, time.time()))
-        # gathered before expiry: the pieces are views of window storage, which appends never overwrite
-        pairs = Pairs(self.dtype, gather_pairs(pieces, self._fields, produced))
+            for rows_r, rows_s, matches in self._join_group(self.group(p), new_r, new_s):
+                at = 0
+                while at < matches.total:  # one slice per chunk: a single tuple's pairs are split too
+                    if filled == self.chunk_rows:
+                        yield self._chunk(pieces, filled, stamps, last=False)
+                        pieces, stamps, filled = [], [], 0
+                    n = min(matches.total - at, self.chunk_rows - filled)
+                    ia, ib = matches.take(at, at + n)
+                    pieces.append((rows_r, ia, rows_s, ib))
+                    filled, at = filled + n, at + n
+            stamps.append((filled, time.time()))
+        yield self._chunk(pieces, filled, stamps, last=True)
         threshold = int(watermark) - self.window  # integers: the join test's own boundary
         for pg in self.groups.values():
             pg.expire(threshold)
             pg.tune()
-        return pairs
 
-    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, pieces: list) -> int:
-        """Join one group's fresh tuples; each matching (R rows, R indices, S rows, S indices) goes to `pieces`,
-        the rows as words (protocol.arrays.words) for `gather_pairs`.  Returns the results found."""
-        found = 0
+    def _chunk(self, pieces: list, filled: int, stamps: list, last: bool) -> Chunk:
+        """Gather the pieces' pairs: they are views of window storage, which appends never overwrite (and
+        expiry waits for the last chunk)."""
+        pairs = Pairs(self.dtype, gather_pairs(pieces, self._fields, filled))
+        if filled > (stamps[-1][0] if stamps else 0):  # cut inside a partition-group: produced now
+            stamps.append((filled, time.time()))
+        return Chunk(pairs, stamps, last)
+
+    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray) -> Iterator[tuple]:
+        """Join one group's fresh tuples: yields (R rows, S rows, slave.kernel.Matches) for each of the three
+        joins of each bucket, the rows as words (protocol.arrays.words) for `gather_pairs`; a bucket's fresh
+        tuples are appended once its joins are counted."""
         if pg.directory.global_depth == 0:  # one bucket takes every tuple: no hashing or grouping needed
             buckets = [(int(pg.directory.entries[0]), new_r, new_s)]
         else:
@@ -173,13 +221,11 @@ class JoinModule:
         for b, nr, ns in buckets:
             win_r, win_s = pg.buckets[b]
             for side_r, side_s in ((nr, win_s.rows), (win_r.rows, ns), (nr, ns)):
-                ir, is_ = self.kernel(side_r, side_s)
-                if len(ir):
-                    pieces.append((words(side_r), ir, words(side_s), is_))
-                    found += len(ir)
+                matches = self.kernel(side_r, side_s)
+                if matches.total:
+                    yield words(side_r), words(side_s), matches
             win_r.append(nr)
             win_s.append(ns)
-        return found
 
     def stored(self) -> tuple[int, int]:
         r = sum(len(w_r) for pg in self.groups.values() for w_r, _ in pg.buckets.values())

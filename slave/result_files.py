@@ -20,8 +20,12 @@ class ResultWriter:
     A file is written by a background thread (Arrow releases the GIL while it encodes and writes), so the
     slave goes on joining meanwhile: written in line, a file of 500,000 rows held up the next batch for a
     second or more on a busy host, and every tuple waiting for it.  One thread keeps the files in order;
-    `wait` returns when all are on disk (a checkpoint's commit counts them).
+    `wait` returns when all are on disk (a checkpoint's commit counts them).  At most `WRITING` files wait
+    for the thread: a slave that produces results faster than they are written (a hot key's chunks,
+    slave.join) waits rather than holding them all.
     """
+
+    WRITING = 2
 
     def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int):
         self.directory, self.rank, self.fmt, self.flush_rows = directory, rank, fmt, flush_rows
@@ -47,6 +51,8 @@ class ResultWriter:
                                                  pa.concat_tables(self._parts), self.fmt))
         self._parts, self._rows = [], 0
         self.files += 1
+        while len(self._writing) > self.WRITING:
+            self._writing.pop(0).result()
         return 1
 
     def _done(self) -> None:

@@ -8,6 +8,7 @@ On a CHECKPOINT order it flushes its results and writes every group's state
 """
 from __future__ import annotations
 
+import resource
 import signal
 import sys
 import time
@@ -37,10 +38,10 @@ class Slave:
         self.dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
         tuning = cfg["tuning"]
         join = cfg["join"]
+        out = cfg["output"]
         self.module = JoinModule(self.dtype, cfg["partitioning"]["partitions"], eventtime.duration(join["window"]),
                                  tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"],
-                                 join["predicate"], join["band"])
-        out = cfg["output"]
+                                 join["predicate"], join["band"], out["result_chunk_rows"])
         self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"])
         agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
         # with checkpoints, partials are staged until a checkpoint covers them (protocol/checkpoint.py)
@@ -71,7 +72,8 @@ class Slave:
         cpu = self.process.cpu_times()
         counters.update(window_r=stored_r, window_s=stored_s, window_bytes=self.module.nbytes,
                         splits=self.module.splits - self.splits, merges=self.module.merges - self.merges,
-                        rss=self.process.memory_info().rss, cpu=cpu.user + cpu.system, comm=self.comm_seconds)
+                        rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # its peak (Linux: KiB)
+                        cpu=cpu.user + cpu.system, comm=self.comm_seconds)
         self.splits, self.merges = self.module.splits, self.module.merges
         if hist is None:
             hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
@@ -92,14 +94,21 @@ class Slave:
         faults.straggle(self.comm.rank)
         # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
         self.watermarks[self.reply_to] = int(head["watermark"])
-        pairs, delay, hists = self.module.process_with_delays(fresh_r, fresh_s, int(self.watermarks.min()), groups,
-                                                              float(head["sent"]), started_wall)
-        files = self.writer.add(pairs, delay)
-        if self.aggregator:
-            self.aggregator.add(pairs)
-        self.results_out.send(self.reply_to, int(head["seq"]), pairs, delay)
+        # each chunk of results is written, aggregated and sent before the next is built (output.result_chunk_rows)
+        results = chunks = files = 0
+        delay_max = 0.0
+        hists = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
+        for chunk in self.module.chunks(fresh_r, fresh_s, int(self.watermarks.min()), groups):
+            delay, hist = chunk.delays(float(head["sent"]), started_wall)
+            files += self.writer.add(chunk.pairs, delay)
+            if self.aggregator:
+                self.aggregator.add(chunk.pairs)
+            self.results_out.send(self.reply_to, int(head["seq"]), chunk.pairs, delay, chunk.last)
+            results, chunks, hists = results + len(delay), chunks + 1, hists + hist
+            delay_max = max(delay_max, float(delay.max(initial=0.0)))
+            del chunk, delay  # the next chunk is built without this one
         self.report({"seq": float(head["seq"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
-                     "results": len(pairs), "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
+                     "results": results, "chunks": chunks, "delay_max": delay_max, "files": files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
 
     def on_move(self, head, buf: np.ndarray) -> None:
