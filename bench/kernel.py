@@ -84,7 +84,8 @@ def join_module(cfg: dict, dtype: np.dtype) -> JoinModule:
     """The join module one slave would run with this config, holding every partition-group."""
     t = cfg["tuning"]
     return JoinModule(dtype, cfg["partitioning"]["partitions"], eventtime.duration(cfg["join"]["window"]),
-                      t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"])
+                      t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"],
+                      chunk_rows=cfg["output"]["result_chunk_rows"])
 
 
 @contextmanager
