@@ -131,12 +131,17 @@ def _probe_of(offsets, pair):  # pragma: no cover - compiled
 def _equi_fill(run_idx, first, offsets, start, ia, ib):  # pragma: no cover - compiled
     """Pairs start .. start + len(ia) - 1 of an `_equi_count`, in probe order."""
     i = _probe_of(offsets, start)
-    for j in range(len(ia)):
-        pair = start + j
-        while offsets[i + 1] <= pair:
-            i += 1
-        ia[j] = i
-        ib[j] = run_idx[first[i] + pair - offsets[i]]
+    j, n = 0, len(ia)
+    q = first[i] + start - offsets[i]  # the slice may begin inside probe i's partners
+    while j < n:
+        stop = min(first[i] + offsets[i + 1] - offsets[i], q + n - j)
+        for p in range(q, stop):
+            ia[j] = i
+            ib[j] = run_idx[p]
+            j += 1
+        i += 1
+        if i < len(first):
+            q = first[i]
 
 
 @njit(_RANGE_SIG, cache=True, nogil=True)
