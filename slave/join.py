@@ -37,13 +37,13 @@ from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
 
 class Pairs:
-    """One epoch's results as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i], and each side's other
-    tuple fields (protocol.tuples.FIELDS: r_ts, r_key, r_value, r_arrival, s_ts, ...) beside them; results are
-    written, sent and aggregated column by column."""
+    """An epoch's results (or a chunk of them) as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i],
+    and each side's other tuple fields (protocol.tuples.FIELDS: r_ts, r_key, r_value, r_arrival, s_ts, ...)
+    beside them; results are written, sent and aggregated column by column."""
 
     def __init__(self, dtype: np.dtype, columns: np.ndarray):
         names = [f"{side}_{field}" for side in "rs" for field in FIELDS]
-        self.words = columns
+        self.words = columns  #: the columns as one (2 x fields, n) int64 array (slave.kernel.gather_pairs)
         self.columns = {name: col.view(dtype[field]) for name, field, col in zip(names, FIELDS * 2, columns)}
 
     def __len__(self) -> int:
@@ -153,12 +153,12 @@ class JoinModule:
                 groups: np.ndarray | None = None, stamps: list | None = None) -> Pairs:
         """All of `chunks` as one Pairs (tests and tools; a slave takes the chunks one by one).  `stamps`, if a
         list, gets the chunks' stamps numbered over the whole epoch."""
-        parts = []
+        parts, done = [], 0
         for chunk in self.chunks(fresh_r, fresh_s, watermark, groups):
             if stamps is not None:
-                done = sum(len(p) for p in parts)
                 stamps.extend((done + n, t) for n, t in chunk.stamps)
             parts.append(chunk.pairs)
+            done += len(chunk.pairs)
         return Pairs.concat(self.dtype, parts)
 
     def chunks(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
@@ -203,10 +203,9 @@ class JoinModule:
     def _chunk(self, pieces: list, filled: int, stamps: list, last: bool) -> Chunk:
         """Gather the pieces' pairs: they are views of window storage, which appends never overwrite (and
         expiry waits for the last chunk)."""
-        pairs = Pairs(self.dtype, gather_pairs(pieces, self._fields, filled))
         if filled > (stamps[-1][0] if stamps else 0):  # cut inside a partition-group: produced now
             stamps.append((filled, time.time()))
-        return Chunk(pairs, stamps, last)
+        return Chunk(Pairs(self.dtype, gather_pairs(pieces, self._fields, filled)), stamps, last)
 
     def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray) -> Iterator[tuple]:
         """Join one group's fresh tuples: yields (R rows, S rows, slave.kernel.Matches) for each of the three

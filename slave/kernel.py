@@ -4,13 +4,13 @@ Block-nested-loop joins in the paper compare every tuple of a new block with
 every tuple of the opposite mini-window.  Here the smaller side is indexed once
 and every tuple of the larger side finds exactly its partners:
 
-- `window_join` (equi-join): a hash table over the smaller side's keys, each key
+- `window_matches` (equi-join): a hash table over the smaller side's keys, each key
   pointing at its run of tuples ordered by ts; a probe finds its key's run and,
   with a binary search on time, the partners within the window.  Searching on
   time too matters: with few distinct keys and large batches, pairs that share a
   key but lie far apart in time would otherwise outnumber the results by orders
   of magnitude.  O(n + m log m + results) for m <= n.
-- `range_join` (band and inequality joins): the smaller side sorted by key, a
+- `range_matches` (band and inequality joins): the smaller side sorted by key, a
   probe's key range found by binary search, candidates filtered on time.
 
 Both are compiled with numba (cached on disk, one signature each, compiled at
@@ -20,9 +20,9 @@ epoch batches of `bench.kernel`, the equi-join kernel took 0.7 s where
 the earlier vectorized numpy kernel (np.unique, three searchsorted and a
 repeat/arange expansion per call) took 6.0 s of the slave's 11.7 s.  Each probe
 loop runs twice, count then fill, so the index arrays are allocated at their
-exact size; the fill writes any slice of the pairs (`Matches.take`), so a batch's
-results are produced in chunks of bounded size (slave.join).  Times and the window are integer microseconds
-(protocol.eventtime): |a.ts - b.ts| <= window is an exact integer comparison, the
+exact size; the fill writes any slice of the pairs (`Matches.take`), so a
+batch's results are produced in chunks of bounded size (slave.join).  Times and
+the window are integer microseconds (protocol.eventtime): |a.ts - b.ts| <= window is an exact integer comparison, the
 same one expiry makes, so a pair exactly `window` apart joins (valid ts and
 windows are far below int64's ends: no difference overflows).
 """
@@ -257,12 +257,6 @@ def window_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts:
     return Matches(int(offsets[-1]), partial(_equi_fill, run_idx, first, offsets))
 
 
-def window_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray,
-                window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Index arrays (ia, ib) of all of `window_matches` at once."""
-    return window_matches(a_key, a_ts, b_key, b_ts, window).take()
-
-
 def range_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, window: int,
                   low: int | None, high: int | None) -> Matches:
     """Every pair with low <= b_key - a_key <= high and |a_ts - b_ts| <= window, counted.
@@ -282,12 +276,6 @@ def range_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: 
         a_key, a_ts, b_key, b_ts, int(window), 0 if low is None else int(low), 0 if high is None else int(high),
         low is not None, high is not None)
     return Matches(int(offsets[-1]), partial(_range_fill, a_ts, order, times, first, last, offsets, int(window)))
-
-
-def range_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, window: int,
-               low: int | None, high: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Index arrays (ia, ib) of all of `range_matches` at once."""
-    return range_matches(a_key, a_ts, b_key, b_ts, window, low, high).take()
 
 
 @njit(_GATHER_SIG, cache=True, nogil=True)

@@ -1,11 +1,21 @@
-"""Tests of slave/kernel.py: window_join and range_join against a brute-force n x m broadcast."""
+"""Tests of slave/kernel.py: window_matches and range_matches against a brute-force n x m broadcast."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from protocol.tuples import tuple_dtype
-from slave.kernel import range_join, window_join
+from slave.kernel import range_matches, window_matches
+
+
+def window_join(*args):
+    """Every pair of `window_matches` at once."""
+    return window_matches(*args).take()
+
+
+def range_join(*args):
+    """Every pair of `range_matches` at once."""
+    return range_matches(*args).take()
 
 
 def us(x):
@@ -182,7 +192,6 @@ def test_range_join_huge_keys_do_not_wrap_around():
 @pytest.mark.parametrize("bounds", [None, (-1, 1)])
 def test_matches_taken_in_slices_are_all_pairs_in_order(swap, bounds):
     """Slices of any size, cut inside a probe tuple's partners too, concatenate to all pairs in probe order."""
-    from slave.kernel import range_matches, window_matches
     rng = np.random.default_rng(3)
     a_key = np.where(rng.random(200) < 0.5, 1, rng.integers(0, 9, 200))
     b_key = np.ones(150, np.int64)  # every key-1 probe has up to 150 partners: more than a slice
