@@ -84,7 +84,8 @@ def join_module(cfg: dict, dtype: np.dtype) -> JoinModule:
     """The join module one slave would run with this config, holding every partition-group."""
     t = cfg["tuning"]
     return JoinModule(dtype, cfg["partitioning"]["partitions"], eventtime.duration(cfg["join"]["window"]),
-                      t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"])
+                      t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"],
+                      chunk_rows=cfg["output"]["result_chunk_rows"])
 
 
 @contextmanager
@@ -102,7 +103,7 @@ def own_kernel(cfg: dict, batches, results_to: Path | None = None) -> tuple[floa
     """Seconds and results of the slave's join module over all batches, on one core of this process.
 
     With `results_to`, also the rest of a slave's work on each batch's results: their delays
-    (JoinModule.process_with_delays) and the Parquet result files (slave.result_files.ResultWriter, whose writing
+    (slave.join.Chunk.delays) and the Parquet result files (slave.result_files.ResultWriter, whose writing
     thread shares the core): what the cluster's slaves do besides the join, without master or messages."""
     with one_core():
         module = join_module(cfg, batches[0][0].dtype)
@@ -114,9 +115,10 @@ def own_kernel(cfg: dict, batches, results_to: Path | None = None) -> tuple[floa
                 results += len(module.process(r, s, watermark))
                 continue
             began = time.time()
-            pairs, delay, _ = module.process_with_delays(r, s, watermark, None, began, began)
-            writer.add(pairs, delay)
-            results += len(pairs)
+            for chunk in module.chunks(r, s, watermark):
+                delay, _ = chunk.delays(began, began)
+                writer.add(chunk.pairs, delay)
+                results += len(delay)
         if writer is not None:
             writer.flush()
             writer.wait()

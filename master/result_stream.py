@@ -1,9 +1,10 @@
 """The punctuated result stream (`output.zmq_endpoint`): the master's collector and PUB socket.
 
-Every slave sends, per batch, one MPI message (TAG_RESULTS) with that batch's
-results as protocol.wire RESULTS frames (none is also a message: it says the
-batch is done); the master loop calls `pump`, which publishes them and, when
-protocol.punctuation allows a higher bound P, a PUNCT message.  With
+Every slave sends, per batch, MPI messages (TAG_RESULTS) with that batch's
+results as protocol.wire RESULTS frames, one per chunk (slave.join.Chunk); the
+last (even an empty one) says the batch is done.  The master loop calls `pump`,
+which publishes them and, when protocol.punctuation allows a higher bound P, a
+PUNCT message.  With
 `output.ordered` results are held and released sorted by the later tuple's ts
 up to each P (SplitJoin's punctuated, ordered output with one punctuation per
 released run: the relaxed adjustable punctuation with the epoch as its interval).
@@ -102,7 +103,8 @@ class ResultStream:
             if isinstance(msg, wire.Rejection):  # our own slaves wrote it: a bug, not a user mistake
                 raise RuntimeError(f"result message from slave {status.Get_source()}: {msg.detail}")
             self._add(msg.rows)
-            self.punctuator.done(msg.sender, msg.seq)
+            if msg.mark != wire.MORE:  # the batch's last chunk of results
+                self.punctuator.done(msg.sender, msg.seq)
             got += 1
         now = time.monotonic()
         if got or now >= self._next_check:

@@ -29,8 +29,8 @@ class RunStats:
         #: slots_missed: slots at which the slave was still joining its last batch (its tuples wait an epoch more)
         self.per_slave = {r: {"tuples_processed": 0, "window_tuples": 0, "window_bytes": 0, "busy_seconds": 0.0,
                               "results": 0, "epochs": 0, "slots_missed": 0, "result_files": 0,
-                              "peak_rss_bytes": 0, "pss_start_bytes": 0, "cpu_seconds": 0.0, "comm_seconds": 0.0}
-                          for r in slaves}
+                              "peak_rss_bytes": 0, "pss_start_bytes": 0, "cpu_seconds": 0.0, "comm_seconds": 0.0,
+                              "largest_batch_results": 0, "chunked_batches": 0, "result_chunks": 0} for r in slaves}
         self._last_line = (self.started, 0)  #: (time, tuples in) at the last progress line
         self.stopped_by_signal = False
         self.tuples_moved = 0
@@ -66,7 +66,8 @@ class RunStats:
         self.delay_max = max(self.delay_max, other["delay_max"])
         self.pacing_lag_max = max(self.pacing_lag_max, other["pacing_lag_max"])
         self.backlog_max = max(self.backlog_max, other["backlog_max"])
-        levels = ("window_tuples", "window_bytes", "peak_rss_bytes", "pss_start_bytes", "cpu_seconds", "comm_seconds")
+        levels = ("window_tuples", "window_bytes", "peak_rss_bytes", "pss_start_bytes", "cpu_seconds", "comm_seconds",
+                  "largest_batch_results")
         for rank, theirs in other["per_slave"].items():
             mine = self.per_slave[int(rank)]
             for k, v in theirs.items():
@@ -96,6 +97,10 @@ class RunStats:
         s["result_files"] += int(c["files"])
         s["peak_rss_bytes"] = max(s["peak_rss_bytes"], int(c["rss"]))
         s["pss_start_bytes"] = int(c["pss_start"])
+        s["largest_batch_results"] = max(s["largest_batch_results"], int(c["results"]))
+        if c["chunks"] > 1:  # a batch whose results outgrew output.result_chunk_rows
+            s["chunked_batches"] += 1
+            s["result_chunks"] += int(c["chunks"])
         s["cpu_seconds"] = round(c["cpu"], 3)
         s["comm_seconds"] = round(c["comm"], 3)
         self.results += int(c["results"])
@@ -111,9 +116,19 @@ class RunStats:
         rate = (self.ingested - n0) / max(now - t0, 1e-9)
         self._last_line = (now, self.ingested)
         p50, p99 = delays.percentiles(self.delay_hist, (50, 99))
+        chunked = sum(v["chunked_batches"] for v in self.per_slave.values())
         return (f"[{now - self.started:7.1f}s] in {self.ingested:,} ({rate:,.0f}/s) | results {self.results:,} | "
                 f"late {self.late:,} | delay p50 {p50:.3f}s p99 {p99:.3f}s | buffered {buffered:,} | "
-                f"slaves {active}/{len(self.per_slave)} | moves {moves}")
+                f"slaves {active}/{len(self.per_slave)} | moves {moves}"
+                + f" | chunked batches {chunked:,}" * bool(chunked))
+
+    def chunking(self) -> dict:
+        """How batches' results were cut into chunks (output.result_chunk_rows; slave.join): a run whose
+        batches outgrow the bound says so here and in the progress line."""
+        per = self.per_slave.values()
+        return {"largest_batch_results": max((v["largest_batch_results"] for v in per), default=0),
+                "chunked_batches": sum(v["chunked_batches"] for v in per),
+                "chunks": sum(v["result_chunks"] for v in per)}
 
     def summary(self, cfg: dict) -> dict:
         wall = self.elapsed_before + time.time() - self.started
@@ -138,6 +153,7 @@ class RunStats:
             "backlog_max_seconds": round(max(self.backlog_max, 0.0), 3),
             "buffered_peak": self.buffered_peak,
             "master_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "result_chunks": self.chunking(),
             "tuples_moved": self.tuples_moved,
             "partition_splits": self.splits,
             "partition_merges": self.merges,
@@ -190,6 +206,11 @@ def print_summary(s: dict, out=sys.stderr) -> None:
                                                 for k in delays.PARTS)
           + f"; slots missed (slave still joining) {sum(v['slots_missed'] for v in s['slaves'].values()):,}",
           file=out, flush=True)
+    c = s["result_chunks"]
+    if c["chunked_batches"]:
+        print(f"results of {c['chunked_batches']:,} batches were built in {c['chunks']:,} chunks of at most "
+              f"{s['config']['output']['result_chunk_rows']:,} rows (output.result_chunk_rows); the largest batch had "
+              f"{c['largest_batch_results']:,} results", file=out, flush=True)
     if "zmq_ingest" in s:
         z = s["zmq_ingest"]
         print(f"zmq ingest on {', '.join(z['endpoints'])}: {z['messages']:,} messages, {z['tuples']:,} tuples, rejected {z['rejected_by_reason'] or 0}; "

@@ -167,13 +167,14 @@ REPORT_FIELDS = (
     "seq",                       # the sequence number of the message answered (HEADER `seq`)
     "tuples_r", "tuples_s",      # tuples joined this epoch
     "results",                   # results produced this epoch
+    "chunks",                    # chunks the epoch's results were produced in (output.result_chunk_rows)
     "window_r", "window_s",      # level: tuples stored now
     "window_bytes",              # level: bytes of window state now
     "splits", "merges",          # extendible-hash splits / merges this epoch
     "busy",                      # seconds spent joining this epoch
     "delay_max",                 # largest production delay this epoch
     "files",                     # result files written this epoch
-    "rss",                       # level: resident memory of the slave process, bytes
+    "rss",                       # level: peak resident memory of the slave process so far, bytes
     "cpu",                       # level: CPU seconds the slave process used so far
     "comm",                      # level: seconds the slave spent receiving messages and sending reports so far
     "pss_start",                 # level: the slave's PSS before any data, bytes (protocol.startup)
@@ -186,7 +187,7 @@ REPORT_FIELDS = (
 )
 #: the delay histogram, then one per part of the delay (delays.PARTS)
 HISTOGRAMS = 1 + len(delays.PARTS)
-#: float64 counters, then uint32 bin counts: 3,400 bytes, under Open MPI's shared-memory eager limit (4 KiB),
+#: float64 counters, then uint32 bin counts: 3,408 bytes, under Open MPI's shared-memory eager limit (4 KiB),
 #: so a report is delivered without a handshake that would make the master wait for a busy slave
 REPORT_BYTES = len(REPORT_FIELDS) * 8 + HISTOGRAMS * delays.BINS * 4
 _BIN_MAX = np.iinfo(np.uint32).max

@@ -14,6 +14,8 @@ PUNCT (master -> subscribers; a punctuation P in `mark` says every result whose
 later tuple has ts < P has been sent: BiStream 3.2.3, SplitJoin's punctuated
 result stream), ACK (master -> producers: per producer, the tuples a complete
 checkpoint holds).  `seq` numbers a sender's messages so a subscriber sees gaps.
+Between a slave and the master (over MPI), RESULTS carry one chunk of a batch's
+results, `seq` is the batch's and `mark` is `MORE` on all chunks but the last.
 
 A producer's TUPLES and END may carry an ORIGIN frame right after the header:
 who sends (its own id), the SHA-256 of the shared token (source.token), the
@@ -38,6 +40,8 @@ from protocol import eventtime
 
 MAGIC = b"SJNB"
 VERSION = 2
+#: `mark` of a slave's RESULTS message to the master: more results of the same batch follow
+MORE = 1.0
 
 HEADER = np.dtype([("magic", "S4"), ("version", "<u2"), ("kind", "<u2"), ("count", "<u4"), ("sender", "<u4"),
                    ("seq", "<u8"), ("mark", "<f8")])
@@ -230,12 +234,16 @@ def _check_tuples(rows: np.ndarray) -> Rejection | None:
     return None
 
 
-def pack(frames: list[bytes]) -> np.ndarray:
-    """Header and record frame as one uint8 buffer (for MPI, which carries one buffer per message)."""
-    return np.frombuffer(b"".join(frames), dtype=np.uint8)
+def results_buffer(count: int, sender: int, seq: int, mark: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """A RESULTS message as one uint8 buffer (for MPI, which carries one buffer per message) and its `count`
+    records, a view into it for the caller to fill: the message is built in place, never copied."""
+    head = header(Kind.RESULTS, count, sender, seq, mark)
+    buf = np.empty(len(head) + count * RESULT_RECORD.itemsize, dtype=np.uint8)
+    buf[:len(head)] = np.frombuffer(head, dtype=np.uint8)
+    return buf, buf[len(head):].view(RESULT_RECORD)
 
 
 def unpack(buf: np.ndarray) -> list[memoryview]:
-    """Inverse of `pack` for a message with rows (possibly none): header and record frame, as views."""
+    """Inverse of `results_buffer` (header and record frame, as views)."""
     view = memoryview(buf).cast("B")
     return [view[: HEADER.itemsize], view[HEADER.itemsize:]]

@@ -9,6 +9,11 @@ so every pair is produced exactly once, by the epoch in which its later tuple
 arrives (the paper's "fresh tuples of the head block" rule, done per epoch).
 Then blocks that no on-time tuple can reach are expired and the buckets tuned.
 
+An epoch's results come out in chunks of at most `chunk_rows` pairs
+(`output.result_chunk_rows`), each written and sent before the next is built:
+the kernels count first and fill any slice of their pairs (slave.kernel.Matches),
+so one hot key in a large window costs time, not memory.
+
 Band and inequality joins (`join.predicate`) arrive range-partitioned: every S
 tuple in the group of its key's range, every R tuple copied into each group
 whose range may hold partners (left, semi and anti joins: the other way round),
@@ -26,24 +31,28 @@ it lives.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
 from protocol import eventtime
+from protocol.config import DEFAULTS
 from protocol.arrays import field_words, group_pairs, take_rows, words
 from protocol.predicates import JOIN_TYPES, copied_stream, key_distance
 from protocol.tuples import FIELDS, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
-from slave.kernel import batch_delays, gather_pairs, range_join, window_join
+from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
 from slave.window import MATCHED, UNMATCHED
 
 class Pairs:
-    """One epoch's results as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i], and each side's other
-    tuple fields (protocol.tuples.FIELDS: r_ts, r_key, r_value, r_arrival, s_ts, ...) beside them; results are
-    written, sent and aggregated column by column."""
+    """An epoch's results (or a chunk of them) as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i],
+    and each side's other tuple fields (protocol.tuples.FIELDS: r_ts, r_key, r_value, r_arrival, s_ts, ...)
+    beside them; results are written, sent and aggregated column by column."""
 
     def __init__(self, dtype: np.dtype, columns: np.ndarray):
         names = [f"{side}_{field}" for side in "rs" for field in FIELDS]
+        self.words = columns  #: the columns as one (2 x fields, n) int64 array (slave.kernel.gather_pairs)
         self.columns = {name: col.view(dtype[field]) for name, field, col in zip(names, FIELDS * 2, columns)}
 
     def __len__(self) -> int:
@@ -56,29 +65,64 @@ class Pairs:
         """A column as results carry it: r_ts and s_ts in seconds, the user's time (protocol.eventtime)."""
         return eventtime.to_seconds(self.columns[name]) if name in ("r_ts", "s_ts") else self.columns[name]
 
+    @classmethod
+    def concat(cls, dtype: np.dtype, parts: list[Pairs]) -> Pairs:
+        if len(parts) == 1:
+            return parts[0]
+        return cls(dtype, np.concatenate([p.words for p in parts], axis=1))
+
+
+class Chunk(NamedTuple):
+    """Up to `chunk_rows` of an epoch's results.  `stamps`: (results of the chunk so far, time.time()) when
+    each partition-group's join ended in it, and when the chunk was cut: when its results were produced.
+    `last`: the epoch's last chunk (there is always one, empty if the epoch has no results)."""
+    pairs: Pairs
+    stamps: list[tuple[int, float]]
+    last: bool
+
+    def delays(self, sent: float, started: float) -> tuple[np.ndarray, np.ndarray]:
+        """Every result's production delay and the histograms (slave.kernel.batch_delays): a result is produced
+        when its partition-group's join or its chunk is done, not when the whole batch is (paper 003, VI-A).
+        `sent` and `started` are the wall-clock times the batch was sent and its join began."""
+        return batch_delays(self.pairs["r_arrival"], self.pairs["s_arrival"], [n for n, _ in self.stamps],
+                            [t for _, t in self.stamps], sent, started)
+
+
+class Join(NamedTuple):
+    """One of a bucket's three joins (fresh R x stored S, stored R x fresh S, fresh R x fresh S): the rows of
+    each side, their matched flags (None where the join type keeps no flags on that side), whether the R side
+    is stored (not fresh), and the kernel's count of its pairs."""
+    rows_r: np.ndarray
+    rows_s: np.ndarray
+    flags_r: np.ndarray | None
+    flags_s: np.ndarray | None
+    stored_r: bool
+    matches: object
+
 
 class JoinModule:
     def __init__(self, dtype: np.dtype, partitions: int, window: int, block_size: int,
                  theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0,
-                 join_type: str = "inner"):
+                 join_type: str = "inner", chunk_rows: int = DEFAULTS["output"]["result_chunk_rows"][0]):
         """`window` in integer microseconds (protocol.eventtime.duration of join.window); `join_type` one of
         protocol.predicates.JOIN_TYPES."""
         if join_type not in JOIN_TYPES:
             raise ValueError(f"join type {join_type!r}: must be one of {', '.join(JOIN_TYPES)}")
-        self.dtype, self.partitions, self.window = dtype, partitions, int(window)
+        self.dtype, self.partitions, self.window, self.chunk_rows = dtype, partitions, int(window), int(chunk_rows)
         self.join_type = join_type
         self.keep_r = join_type in ("left", "full", "semi", "anti")  #: R rows carry matched flags
         self.keep_s = join_type in ("right", "full")
         self.emit_pairs = join_type in ("inner", "left", "right", "full")
         self.copied = copied_stream(join_type)  #: the stream a hot key copies into every sub-group
-        #: rows without a partner the last `process` emitted (semi: R rows at their first match), copies
+        #: rows without a partner the last epoch emitted (semi: R rows at their first match), copies; set once
+        #: its last chunk is taken
         self.lone_r = self.lone_s = np.empty(0, dtype)
         window = self.window
         if predicate == "equal":
-            self.kernel = lambda a, b: window_join(a["key"], a["ts"], b["key"], b["ts"], window)
+            self.kernel = lambda a, b: window_matches(a["key"], a["ts"], b["key"], b["ts"], window)
         else:
             low, high = key_distance(predicate, band)
-            self.kernel = lambda a, b: range_join(a["key"], a["ts"], b["key"], b["ts"], window, low, high)
+            self.kernel = lambda a, b: range_matches(a["key"], a["ts"], b["key"], b["ts"], window, low, high)
             max_depth = 0  # one bucket per range: a split by hash would not narrow a band probe
         self._group_args = (dtype, block_size, theta_min, theta_max, max_depth)
         self._fields = field_words(dtype, FIELDS)
@@ -138,26 +182,27 @@ class JoinModule:
     def new_group(self) -> PartitionGroup:
         return PartitionGroup(*self._group_args)
 
-    def process_with_delays(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
-                            groups: np.ndarray | None, sent: float, started: float) -> tuple[Pairs, np.ndarray, np.ndarray]:
-        """`process`, and every result's production delay with the batch's delay histograms
-        (slave.kernel.batch_delays): a result is produced when its partition-group's join is done, not when the
-        whole batch is (paper 003, VI-A).  `sent` and `started` are the wall-clock times the batch was sent and
-        its join began."""
-        stamps: list[tuple[int, float]] = []
-        pairs = self.process(fresh_r, fresh_s, watermark, groups, stamps)
-        delay, hists = batch_delays(pairs["r_arrival"], pairs["s_arrival"], [n for n, _ in stamps],
-                                    [t for _, t in stamps], sent, started)
-        return pairs, delay, hists
-
     def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
                 groups: np.ndarray | None = None, stamps: list | None = None) -> Pairs:
-        """Join one epoch's fresh tuples; returns all new results.
+        """All of `chunks` as one Pairs (tests and tools; a slave takes the chunks one by one).  `stamps`, if a
+        list, gets the chunks' stamps numbered over the whole epoch."""
+        parts, done = [], 0
+        for chunk in self.chunks(fresh_r, fresh_s, watermark, groups):
+            if stamps is not None:
+                stamps.extend((done + n, t) for n, t in chunk.stamps)
+            parts.append(chunk.pairs)
+            done += len(chunk.pairs)
+        return Pairs.concat(self.dtype, parts)
+
+    def chunks(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
+               groups: np.ndarray | None = None) -> Iterator[Chunk]:
+        """Join one epoch's fresh tuples; yields its results in chunks of at most `chunk_rows` pairs, then
+        expires and tunes once the last is taken.
 
         `groups` is the batch's (partition, R rows, S rows) table (the master sends one: the rows come grouped
         by partition, and with key ranges or hot-key grids R rows are copied into several); without it the
-        partition of each tuple is its key's hash partition.  `stamps`, if a list, gets (results so far,
-        time.time()) after each partition-group: when its results were produced (the production delay).
+        partition of each tuple is its key's hash partition.  A chunk is cut only when more pairs follow, so
+        the last one is known as it is yielded.
         """
         if groups is None:
             batches = ((p, take_rows(fresh_r, ri), take_rows(fresh_s, si)) for p, ri, si in
@@ -170,13 +215,24 @@ class JoinModule:
         pieces: list[tuple] = []
         lone_r: list[np.ndarray] = []  # semi: R rows at their first match; else rows decided unmatched
         lone_s: list[np.ndarray] = []
-        produced = 0
+        stamps: list[tuple[int, float]] = []
+        filled = 0
         for p, new_r, new_s in batches:
-            produced += self._join_group(self.group(p), new_r, new_s, pieces, lone_r)
-            if stamps is not None:
-                stamps.append((produced, time.time()))
-        # gathered before expiry: the pieces are views of window storage, which appends never overwrite
-        pairs = Pairs(self.dtype, gather_pairs(pieces, self._fields, produced))
+            for join in self._join_group(self.group(p), new_r, new_s, lone_r):
+                at, matches = 0, join.matches
+                while at < matches.total:  # one slice per chunk: a single tuple's pairs are split too
+                    if filled == self.chunk_rows:
+                        yield self._chunk(pieces, filled, stamps, last=False)
+                        pieces, stamps, filled = [], [], 0
+                    n = min(matches.total - at, self.chunk_rows - (filled if self.emit_pairs else 0))
+                    ia, ib = matches.take(at, at + n)
+                    self._flag(join, ia, ib, lone_r)
+                    if self.emit_pairs:
+                        pieces.append((words(join.rows_r), ia, words(join.rows_s), ib))
+                        filled += n
+                    at += n
+            stamps.append((filled, time.time()))
+        yield self._chunk(pieces, filled, stamps, last=True)
         threshold = int(watermark) - self.window  # integers: the join test's own boundary
         alone_r = lone_r if self.keep_r and self.join_type != "semi" else None
         alone_s = lone_s if self.keep_s else None
@@ -187,15 +243,28 @@ class JoinModule:
             pg.tune()
         self.lone_r, self.lone_s = (np.concatenate(lone) if lone else np.empty(0, self.dtype)
                                     for lone in (lone_r, lone_s))
-        return pairs
 
-    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, pieces: list,
-                    semi: list) -> int:
-        """Join one group's fresh tuples; each matching (R rows, R indices, S rows, S indices) goes to `pieces`,
-        the rows as words (protocol.arrays.words) for `gather_pairs`, and every tuple of a pair is flagged
-        matched; with a semi join R rows matched for the first time go to `semi` instead.  Returns the results
-        found."""
-        found = 0
+    def _chunk(self, pieces: list, filled: int, stamps: list, last: bool) -> Chunk:
+        """Gather the pieces' pairs: they are views of window storage, which appends never overwrite (and
+        expiry waits for the last chunk)."""
+        if filled > (stamps[-1][0] if stamps else 0):  # cut inside a partition-group: produced now
+            stamps.append((filled, time.time()))
+        return Chunk(Pairs(self.dtype, gather_pairs(pieces, self._fields, filled)), stamps, last)
+
+    def _flag(self, join: Join, ir: np.ndarray, is_: np.ndarray, semi: list) -> None:
+        """Flag the tuples of a slice of pairs matched; with a semi join, stored R rows matched for the first
+        time go to `semi` (fresh ones once their bucket's joins are done: `_join_group`)."""
+        if self.keep_r:
+            if self.join_type == "semi" and join.stored_r:
+                semi.append(take_rows(join.rows_r, np.unique(ir[join.flags_r[ir] == UNMATCHED])))
+            join.flags_r[ir] = MATCHED
+        if self.keep_s:
+            join.flags_s[is_] = MATCHED
+
+    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, semi: list) -> Iterator[Join]:
+        """Join one group's fresh tuples: yields a Join (its sides, matched flags and slave.kernel.Matches) for
+        each of the three joins of each bucket; a bucket's fresh tuples are appended, with their flags, once
+        its joins are taken, and with a semi join its fresh R rows matched go to `semi`."""
         if pg.directory.global_depth == 0:  # one bucket takes every tuple: no hashing or grouping needed
             buckets = [(int(pg.directory.entries[0]), new_r, new_s)]
         else:
@@ -209,23 +278,13 @@ class JoinModule:
             for side_r, side_s, flags_r, flags_s in ((nr, win_s.rows, fresh_r, win_s.matched),
                                                      (win_r.rows, ns, win_r.matched, fresh_s),
                                                      (nr, ns, fresh_r, fresh_s)):
-                ir, is_ = self.kernel(side_r, side_s)
-                if not len(ir):
-                    continue
-                if self.keep_r:
-                    if self.join_type == "semi" and flags_r is not fresh_r:  # stored R matched the first time
-                        semi.append(take_rows(side_r, np.unique(ir[flags_r[ir] == UNMATCHED])))
-                    flags_r[ir] = MATCHED
-                if self.keep_s:
-                    flags_s[is_] = MATCHED
-                if self.emit_pairs:
-                    pieces.append((words(side_r), ir, words(side_s), is_))
-                    found += len(ir)
+                matches = self.kernel(side_r, side_s)
+                if matches.total:
+                    yield Join(side_r, side_s, flags_r, flags_s, flags_r is not fresh_r, matches)
             if self.join_type == "semi" and fresh_r.any():
                 semi.append(take_rows(nr, fresh_r == MATCHED))
             win_r.append(nr, fresh_r)
             win_s.append(ns, fresh_s)
-        return found
 
     def stored(self) -> tuple[int, int]:
         r = sum(len(w_r) for pg in self.groups.values() for w_r, _ in pg.buckets.values())

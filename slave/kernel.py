@@ -4,13 +4,13 @@ Block-nested-loop joins in the paper compare every tuple of a new block with
 every tuple of the opposite mini-window.  Here the smaller side is indexed once
 and every tuple of the larger side finds exactly its partners:
 
-- `window_join` (equi-join): a hash table over the smaller side's keys, each key
+- `window_matches` (equi-join): a hash table over the smaller side's keys, each key
   pointing at its run of tuples ordered by ts; a probe finds its key's run and,
   with a binary search on time, the partners within the window.  Searching on
   time too matters: with few distinct keys and large batches, pairs that share a
   key but lie far apart in time would otherwise outnumber the results by orders
   of magnitude.  O(n + m log m + results) for m <= n.
-- `range_join` (band and inequality joins): the smaller side sorted by key, a
+- `range_matches` (band and inequality joins): the smaller side sorted by key, a
   probe's key range found by binary search, candidates filtered on time.
 
 Both are compiled with numba (cached on disk, one signature each, compiled at
@@ -19,29 +19,33 @@ warm it, so 16 slave ranks never compile at once).  Profiled on the
 epoch batches of `bench.kernel`, the equi-join kernel took 0.7 s where
 the earlier vectorized numpy kernel (np.unique, three searchsorted and a
 repeat/arange expansion per call) took 6.0 s of the slave's 11.7 s.  Each probe
-loop runs twice, count then fill, so the index arrays are allocated once at
-their exact size.  Times and the window are integer microseconds
-(protocol.eventtime): |a.ts - b.ts| <= window is an exact integer comparison, the
+loop runs twice, count then fill, so the index arrays are allocated at their
+exact size; the fill writes any slice of the pairs (`Matches.take`), so a
+batch's results are produced in chunks of bounded size (slave.join).  Times and
+the window are integer microseconds (protocol.eventtime): |a.ts - b.ts| <= window is an exact integer comparison, the
 same one expiry makes, so a pair exactly `window` apart joins (valid ts and
 windows are far below int64's ends: no difference overflows).
 """
 from __future__ import annotations
 
+from functools import partial
 
 import numpy as np
 from numba import njit
 
 from protocol import delays
 
-_EMPTY = np.empty(0, dtype=np.int64)
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of key * 2^64/phi
 
 # one signature per kernel, layout "A": field views of the structured windows are strided, test arrays are not
-_EQUI_SIG = "UniTuple(int64[::1], 2)(int64[:], int64[:], int64[:], int64[:], int64)"
+_EQUI_SIG = "UniTuple(int64[::1], 3)(int64[:], int64[:], int64[:], int64[:], int64)"
+_EQUI_FILL_SIG = "void(int64[::1], int64[::1], int64[::1], int64, int64[::1], int64[::1])"
 _DELAYS_SIG = ("void(float64[:], float64[:], int64[::1], float64[::1], float64, float64, float64[::1], float64, float64, "
                "float64[::1], int64[:, ::1])")
-_RANGE_SIG = "UniTuple(int64[::1], 2)(int64[:], int64[:], int64[:], int64[:], int64, int64, int64, boolean, boolean)"
+_RANGE_SIG = "UniTuple(int64[::1], 5)(int64[:], int64[:], int64[:], int64[:], int64, int64, int64, boolean, boolean)"
+_RANGE_FILL_SIG = ("void(int64[:], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64, int64[::1], "
+                   "int64[::1])")
 _GATHER_SIG = "void(int64[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64)"
 
 
@@ -55,8 +59,10 @@ def _slot(used, slot_key, k, shift, mask):  # pragma: no cover - compiled
 
 
 @njit(_EQUI_SIG, cache=True, nogil=True)
-def _equi_join(a_key, a_ts, b_key, b_ts, window):  # pragma: no cover - compiled
-    """(ia, ib) for len(b) <= len(a), both non-empty: hash b's keys, probe with every a."""
+def _equi_count(a_key, a_ts, b_key, b_ts, window):  # pragma: no cover - compiled
+    """The count pass for len(b) <= len(a), both non-empty: hash b's keys, probe with every a.  Returns
+    (run_idx, first, offsets): probe i's partners are run_idx[first[i]:][:offsets[i + 1] - offsets[i]], and
+    offsets[i] numbers its first pair (`_equi_fill` writes any slice of the pairs)."""
     n_a, n_b = len(a_key), len(b_key)
     bits = 1
     while (1 << bits) < 2 * n_b:
@@ -84,10 +90,10 @@ def _equi_join(a_key, a_ts, b_key, b_ts, window):  # pragma: no cover - compiled
         run_idx[p] = j
         run_ts[p] = b_ts[j]
         fill[slot_of[j]] = p + 1
-    first = np.empty(n_a, np.int64)
-    hits = np.zeros(n_a, np.int64)
-    total = 0
+    first = np.zeros(n_a, np.int64)
+    offsets = np.zeros(n_a + 1, np.int64)
     for i in range(n_a):
+        offsets[i + 1] = offsets[i]
         h = _slot(used, slot_key, a_key[i], shift, mask)
         if not used[h]:
             continue
@@ -104,22 +110,45 @@ def _equi_join(a_key, a_ts, b_key, b_ts, window):  # pragma: no cover - compiled
         while end < stop and run_ts[end] - t <= window:
             end += 1
         first[i] = lo
-        hits[i] = end - lo
-        total += end - lo
-    ia = np.empty(total, np.int64)
-    ib = np.empty(total, np.int64)
-    at = 0
-    for i in range(n_a):
-        for q in range(first[i], first[i] + hits[i]):
-            ia[at] = i
-            ib[at] = run_idx[q]
-            at += 1
-    return ia, ib
+        offsets[i + 1] += end - lo
+    return run_idx, first, offsets
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _probe_of(offsets, pair):  # pragma: no cover - compiled
+    """The probe whose pairs hold pair number `pair`: the last i with offsets[i] <= pair."""
+    lo, hi = 0, len(offsets) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if offsets[mid] <= pair:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@njit(_EQUI_FILL_SIG, cache=True, nogil=True)
+def _equi_fill(run_idx, first, offsets, start, ia, ib):  # pragma: no cover - compiled
+    """Pairs start .. start + len(ia) - 1 of an `_equi_count`, in probe order."""
+    i = _probe_of(offsets, start)
+    j, n = 0, len(ia)
+    q = first[i] + start - offsets[i]  # the slice may begin inside probe i's partners
+    while j < n:
+        stop = min(first[i] + offsets[i + 1] - offsets[i], q + n - j)
+        for p in range(q, stop):
+            ia[j] = i
+            ib[j] = run_idx[p]
+            j += 1
+        i += 1
+        if i < len(first):
+            q = first[i]
 
 
 @njit(_RANGE_SIG, cache=True, nogil=True)
-def _range_join(a_key, a_ts, b_key, b_ts, window, low, high, has_low, has_high):  # pragma: no cover - compiled
-    """(ia, ib) for low <= b.key - a.key <= high (a bound is open unless has_*), |dt| <= window."""
+def _range_count(a_key, a_ts, b_key, b_ts, window, low, high, has_low, has_high):  # pragma: no cover - compiled
+    """The count pass for low <= b.key - a.key <= high (a bound is open unless has_*), |dt| <= window.
+    Returns (order, times, first, last, offsets): b sorted by key (its indices and ts), probe i's candidates
+    first[i]..last[i]-1 in that order, offsets[i] the number of its first pair (`_range_fill`)."""
     n_a, n_b = len(a_key), len(b_key)
     order = np.argsort(b_key, kind="mergesort")
     keys = np.empty(n_b, np.int64)
@@ -129,8 +158,9 @@ def _range_join(a_key, a_ts, b_key, b_ts, window, low, high, has_low, has_high):
         times[q] = b_ts[order[q]]
     first = np.zeros(n_a, np.int64)
     last = np.zeros(n_a, np.int64)
-    total = 0
+    offsets = np.zeros(n_a + 1, np.int64)
     for i in range(n_a):
+        offsets[i + 1] = offsets[i]
         k = a_key[i]
         lo, hi = 0, n_b
         if has_low:  # first key >= k + low, saturating instead of wrapping around
@@ -163,36 +193,73 @@ def _range_join(a_key, a_ts, b_key, b_ts, window, low, high, has_low, has_high):
         t = a_ts[i]
         for q in range(start, hi):
             if abs(t - times[q]) <= window:
-                total += 1
+                offsets[i + 1] += 1
         first[i], last[i] = start, hi
-    ia = np.empty(total, np.int64)
-    ib = np.empty(total, np.int64)
-    at = 0
-    for i in range(n_a):
+    return order, times, first, last, offsets
+
+
+@njit(_RANGE_FILL_SIG, cache=True, nogil=True)
+def _range_fill(a_ts, order, times, first, last, offsets, window, start, ia, ib):  # pragma: no cover - compiled
+    """Pairs start .. start + len(ia) - 1 of a `_range_count`, in probe order: the first probe's candidates
+    are filtered again up to the slice's first pair."""
+    i = _probe_of(offsets, start)
+    skip = start - offsets[i]
+    j, n = 0, len(ia)
+    while j < n:
         t = a_ts[i]
         for q in range(first[i], last[i]):
             if abs(t - times[q]) <= window:
-                ia[at] = i
-                ib[at] = order[q]
-                at += 1
-    return ia, ib
+                if skip:
+                    skip -= 1
+                    continue
+                ia[j] = i
+                ib[j] = order[q]
+                j += 1
+                if j == n:
+                    break
+        i += 1
 
 
-def window_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray,
-                window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Index arrays (ia, ib) of every pair with a_key[ia] == b_key[ib] and |a_ts[ia] - b_ts[ib]| <= window
-    (ts and window in integer microseconds)."""
+class Matches:
+    """A kernel's count pass: its pairs numbered 0..total-1 in probe order, written in any slices (`take`), so
+    that a batch's pairs need never exist all at once (output.result_chunk_rows).  The count pass keeps only
+    per-tuple arrays (each probe's first partner and pair number), so a hot key's millions of pairs cost
+    memory only as they are taken."""
+
+    def __init__(self, total: int, fill=None, swapped: bool = False):
+        self.total, self._fill, self._swapped = total, fill, swapped
+
+    def take(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ia, ib) of pairs start..stop-1 (all by default)."""
+        stop = self.total if stop is None else stop
+        ia, ib = np.empty(stop - start, np.int64), np.empty(stop - start, np.int64)
+        if stop > start:
+            self._fill(start, ia, ib)
+        return (ib, ia) if self._swapped else (ia, ib)
+
+    def swapped(self) -> Matches:
+        """The same pairs with the sides' roles exchanged: (ib, ia)."""
+        return Matches(self.total, self._fill, not self._swapped)
+
+
+_NONE = Matches(0)
+
+
+def window_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray,
+                   window: int) -> Matches:
+    """Every pair with a_key[ia] == b_key[ib] and |a_ts[ia] - b_ts[ib]| <= window (ts and window in integer
+    microseconds), counted; the larger side probes."""
     if len(a_key) == 0 or len(b_key) == 0:
-        return _EMPTY, _EMPTY
+        return _NONE
     if len(a_key) < len(b_key):
-        ib, ia = _equi_join(b_key, b_ts, a_key, a_ts, int(window))
-        return ia, ib
-    return _equi_join(a_key, a_ts, b_key, b_ts, int(window))
+        return window_matches(b_key, b_ts, a_key, a_ts, window).swapped()
+    run_idx, first, offsets = _equi_count(a_key, a_ts, b_key, b_ts, int(window))
+    return Matches(int(offsets[-1]), partial(_equi_fill, run_idx, first, offsets))
 
 
-def range_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, window: int,
-               low: int | None, high: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Index arrays (ia, ib) of every pair with low <= b_key - a_key <= high and |a_ts - b_ts| <= window.
+def range_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, window: int,
+                  low: int | None, high: int | None) -> Matches:
+    """Every pair with low <= b_key - a_key <= high and |a_ts - b_ts| <= window, counted.
 
     A bound of None is open.  The band join is (-band, band); r.key < s.key is (1, None) with a = R.
     The smaller side is sorted by key and every tuple of the larger side finds its key range with two
@@ -201,13 +268,14 @@ def range_join(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.
     exceed results by about the ratio of the stored time span to the window.
     """
     if len(a_key) == 0 or len(b_key) == 0:
-        return _EMPTY, _EMPTY
+        return _NONE
     if len(a_key) < len(b_key):  # search in the smaller side: a's key range as seen from b is mirrored
-        ib, ia = range_join(b_key, b_ts, a_key, a_ts, window, None if high is None else -high,
-                            None if low is None else -low)
-        return ia, ib
-    return _range_join(a_key, a_ts, b_key, b_ts, int(window), 0 if low is None else int(low),
-                       0 if high is None else int(high), low is not None, high is not None)
+        return range_matches(b_key, b_ts, a_key, a_ts, window, None if high is None else -high,
+                             None if low is None else -low).swapped()
+    order, times, first, last, offsets = _range_count(
+        a_key, a_ts, b_key, b_ts, int(window), 0 if low is None else int(low), 0 if high is None else int(high),
+        low is not None, high is not None)
+    return Matches(int(offsets[-1]), partial(_range_fill, a_ts, order, times, first, last, offsets, int(window)))
 
 
 @njit(_GATHER_SIG, cache=True, nogil=True)

@@ -37,13 +37,15 @@ def lone_table(rows: np.ndarray, side: str, kind: str, now: float) -> pa.Table:
     return pa.table(cols, schema=OUTER_RESULT_SCHEMA)
 
 
-def outer_table(pairs: Pairs, delay: np.ndarray, lone_r: np.ndarray, lone_s: np.ndarray, join_type: str) -> pa.Table:
+def outer_table(pairs: Pairs | None, delay: np.ndarray | None, lone_r: np.ndarray | None,
+                lone_s: np.ndarray | None, join_type: str) -> pa.Table:
     """One batch's rows of an outer, semi or anti join (protocol.output.OUTER_RESULT_SCHEMA): its pairs (none
     for semi and anti), then the R rows and the S rows it decided."""
     now = time.time()
-    parts = [lone_table(lone_r, "r", LEFT_MATCHED if join_type == "semi" else LEFT_UNMATCHED, now),
-             lone_table(lone_s, "s", RIGHT_UNMATCHED, now)]
-    if len(pairs):
+    parts = [lone_table(rows, side, kind, now) for rows, side, kind in
+             ((lone_r, "r", LEFT_MATCHED if join_type == "semi" else LEFT_UNMATCHED), (lone_s, "s", RIGHT_UNMATCHED))
+             if rows is not None and len(rows)]
+    if pairs is not None and len(pairs):
         kind = pa.array([MATCHED], pa.string()).take(np.zeros(len(pairs), np.int64))
         parts.insert(0, pa.table([delay if c == "delay" else kind if c == "kind" else pairs.output(c)
                                   for c in OUTER_RESULT_SCHEMA.names], schema=OUTER_RESULT_SCHEMA))
@@ -56,8 +58,12 @@ class ResultWriter:
     A file is written by a background thread (Arrow releases the GIL while it encodes and writes), so the
     slave goes on joining meanwhile: written in line, a file of 500,000 rows held up the next batch for a
     second or more on a busy host, and every tuple waiting for it.  One thread keeps the files in order;
-    `wait` returns when all are on disk (a checkpoint's commit counts them).
+    `wait` returns when all are on disk (a checkpoint's commit counts them).  At most `WRITING` files wait
+    for the thread: a slave that produces results faster than they are written (a hot key's chunks,
+    slave.join) waits rather than holding them all.
     """
+
+    WRITING = 2
 
     def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int, join_type: str = "inner"):
         self.directory, self.rank, self.fmt, self.flush_rows = directory, rank, fmt, flush_rows
@@ -68,18 +74,26 @@ class ResultWriter:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
         self._writing: list[Future] = []
 
-    def add(self, pairs: Pairs, delay: np.ndarray, lone_r: np.ndarray | None = None,
-            lone_s: np.ndarray | None = None) -> int:
-        """A batch's pairs and, for joins other than inner, the rows without a partner it decided (slave.join:
-        `lone_r`, `lone_s`).  Returns the files written (0 or 1)."""
+    def add(self, pairs: Pairs, delay: np.ndarray) -> int:
+        """A chunk of a batch's pairs.  Returns the files written (0 or 1)."""
+        if not len(pairs):
+            return 0
         if self.join_type != "inner":
-            if len(pairs) + len(lone_r) + len(lone_s):
-                self._parts.append(outer_table(pairs, delay, lone_r, lone_s, self.join_type))
-                self._rows += self._parts[-1].num_rows
-        elif len(pairs):  # the columns are contiguous: Arrow takes them without a copy (ts: converted to seconds)
-            self._parts.append(pa.table([delay if c == "delay" else pairs.output(c) for c in RESULT_SCHEMA.names],
-                                        schema=RESULT_SCHEMA))
-            self._rows += len(pairs)
+            return self._buffer(outer_table(pairs, delay, None, None, self.join_type))
+        # the columns are contiguous: Arrow takes them without a copy (ts: converted to seconds)
+        return self._buffer(pa.table([delay if c == "delay" else pairs.output(c) for c in RESULT_SCHEMA.names],
+                                     schema=RESULT_SCHEMA))
+
+    def add_lone(self, lone_r: np.ndarray, lone_s: np.ndarray) -> int:
+        """The rows without a partner (semi: R rows with one) a batch decided, once its pairs are in (slave.join:
+        `lone_r`, `lone_s`).  Returns the files written (0 or 1)."""
+        if not len(lone_r) + len(lone_s):
+            return 0
+        return self._buffer(outer_table(None, None, lone_r, lone_s, self.join_type))
+
+    def _buffer(self, table: pa.Table) -> int:
+        self._parts.append(table)
+        self._rows += table.num_rows
         return self.flush() if self._rows >= self.flush_rows else 0
 
     def flush(self) -> int:
@@ -91,6 +105,8 @@ class ResultWriter:
                                                  pa.concat_tables(self._parts), self.fmt))
         self._parts, self._rows = [], 0
         self.files += 1
+        while len(self._writing) > self.WRITING:
+            self._writing.pop(0).result()
         return 1
 
     def _done(self) -> None:

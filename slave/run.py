@@ -8,6 +8,7 @@ On a CHECKPOINT order it flushes its results and writes every group's state
 """
 from __future__ import annotations
 
+import resource
 import signal
 import sys
 import time
@@ -38,10 +39,10 @@ class Slave:
         self.dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
         tuning = cfg["tuning"]
         join = cfg["join"]
+        out = cfg["output"]
         self.module = JoinModule(self.dtype, cfg["partitioning"]["partitions"], eventtime.duration(join["window"]),
                                  tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"],
-                                 join["predicate"], join["band"], join["type"])
-        out = cfg["output"]
+                                 join["predicate"], join["band"], join["type"], out["result_chunk_rows"])
         self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"],
                                    join["type"])
         agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
@@ -74,8 +75,8 @@ class Slave:
         cpu = self.process.cpu_times()
         counters.update(window_r=stored_r, window_s=stored_s, window_bytes=self.module.nbytes,
                         splits=self.module.splits - self.splits, merges=self.module.merges - self.merges,
-                        rss=self.process.memory_info().rss, cpu=cpu.user + cpu.system, comm=self.comm_seconds,
-                        pss_start=self.pss_start)
+                        rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # its peak (Linux: KiB)
+                        cpu=cpu.user + cpu.system, comm=self.comm_seconds, pss_start=self.pss_start)
         self.splits, self.merges = self.module.splits, self.module.merges
         if hist is None:
             hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
@@ -96,25 +97,33 @@ class Slave:
         faults.straggle(self.comm.rank)
         # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
         self.watermarks[self.reply_to] = int(head["watermark"])
-        pairs, delay, hists = self.module.process_with_delays(fresh_r, fresh_s, int(self.watermarks.min()), groups,
-                                                              float(head["sent"]), started_wall)
-        files = self.writer.add(pairs, delay, self.module.lone_r, self.module.lone_s)
-        if self.aggregator:
-            self.aggregate(pairs)
-        self.results_out.send(self.reply_to, int(head["seq"]), pairs, delay)
+        # each chunk of results is written, aggregated and sent before the next is built (output.result_chunk_rows)
+        results = chunks = files = 0
+        delay_max = 0.0
+        hists = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
+        for chunk in self.module.chunks(fresh_r, fresh_s, int(self.watermarks.min()), groups):
+            delay, hist = chunk.delays(float(head["sent"]), started_wall)
+            files += self.writer.add(chunk.pairs, delay)
+            if self.aggregator:
+                self.aggregator.add(chunk.pairs)
+            self.results_out.send(self.reply_to, int(head["seq"]), chunk.pairs, delay, chunk.last)
+            results, chunks, hists = results + len(delay), chunks + 1, hists + hist
+            delay_max = max(delay_max, float(delay.max(initial=0.0)))
+            del chunk, delay  # the next chunk is built without this one
+        lone, lone_files = self.take_lone()
         self.report({"seq": float(head["seq"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
-                     "results": len(pairs) + len(self.module.lone_r) + len(self.module.lone_s),
-                     "delay_max": float(delay.max()) if len(delay) else 0.0, "files": files,
+                     "results": results + lone, "chunks": chunks, "delay_max": delay_max, "files": files + lone_files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
 
-    def aggregate(self, pairs) -> None:
-        """Phase one of the aggregation: the pairs, or with a semi or anti join the R rows it emitted (the
-        configuration refuses aggregation with left, right and full joins, whose rows mix the two)."""
-        if self.module.emit_pairs:
-            self.aggregator.add(pairs)
-        else:
-            lone = self.module.lone_r
-            self.aggregator.add_rows(lone["key"], lone["ts"], lone["value"])
+    def take_lone(self) -> tuple[int, int]:
+        """Outer, semi and anti joins: write the rows the last epoch decided alone (known once its last chunk is
+        taken) and, with a semi or anti join, aggregate them (phase one; the configuration refuses aggregation
+        with left, right and full joins, whose rows mix pairs and lone rows).  Returns (rows, files written)."""
+        lone_r, lone_s = self.module.lone_r, self.module.lone_s
+        files = self.writer.add_lone(lone_r, lone_s)
+        if self.aggregator and len(lone_r) and not self.module.emit_pairs:
+            self.aggregator.add_rows(lone_r["key"], lone_r["ts"], lone_r["value"])
+        return len(lone_r) + len(lone_s), files
 
     def on_move(self, head, buf: np.ndarray) -> None:
         """Supplier side: extract the group, send its state to the consumer, tell the master."""
@@ -177,18 +186,15 @@ class Slave:
             self.report({"seq": float(head["seq"]), "ack": Ack.BATCH})
             return
         MPI.Request.Waitall([req for req, _ in self.outgoing])
-        lone = 0
+        lone = lone_files = 0
         if self.module.join_type != "inner":  # the end of input: every row still undecided is decided now
             none = np.empty(0, self.dtype)
-            pairs = self.module.process(none, none, eventtime.POS_INF)
-            self.writer.add(pairs, np.empty(0), self.module.lone_r, self.module.lone_s)
-            lone = len(self.module.lone_r) + len(self.module.lone_s)
-            if self.aggregator:
-                self.aggregate(pairs)
+            self.module.process(none, none, eventtime.POS_INF)  # no fresh tuples: no pairs
+            lone, lone_files = self.take_lone()
         if self.aggregator:
             self.aggregator.flush()
         self.results_out.wait()
-        files = self.writer.flush()
+        files = lone_files + self.writer.flush()
         self.writer.wait()
         self.report({"seq": float(head["seq"]), "files": files, "ack": Ack.BATCH, "results": lone})
         MPI.Request.Waitall([req for req, _ in self.outgoing])

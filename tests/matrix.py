@@ -157,7 +157,8 @@ def settings(d: Draw, path: Path, n: int = 9000) -> dict:
          "join.window": window_units(d) / unit, "join.max_delay": max_delay_units(d) / unit,
          "join.predicate": d.predicate, "join.type": d.join_type, "cluster.dispatchers": d.dispatchers,
          "epochs.distribution": EPOCH, "epochs.reorganization": 0.3, "partitioning.partitions": 16,
-         "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 8}
+         "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 8,
+         "output.result_chunk_rows": 64}  # small bounds, so that every draw splits and chunks
     if d.predicate == "band":
         s["join.band"] = 2
     if d.moves:  # every slave a supplier or a consumer at every reorganization: groups keep moving

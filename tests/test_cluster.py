@@ -87,6 +87,28 @@ def test_second_run_into_the_same_output_replaces_the_first(tmp_path):
                                             "output.flush_rows": 500000}))
 
 
+def test_one_hot_key_in_a_large_window_costs_time_not_memory(tmp_path):
+    # half of both streams is one key and the window spans the whole input: ~6M results, most in one batch of
+    # one slave (built whole, 100 bytes a pair: +600 MB); in chunks it needs no more memory than the other slave
+    chunk_rows = 1 << 16
+    settings = dict(SMALL, **{"generator.duration": 2.0, "generator.rate": 2500.0, "generator.hot_share": 0.5,
+                              "join.window": 5.0, "balance.enabled": False, "output.flush_rows": chunk_rows,
+                              "output.result_chunk_rows": chunk_rows})
+    expected, expected_late, n = reference_for(settings)
+    run = run_cluster(tmp_path, 3, settings)
+    assert run.returncode == 0, run.stderr
+    got = run.pairs()  # sorted: equal arrays are the same set, each pair once (np.setdiff1d takes a minute here)
+    assert len(got) == len(expected) > 3_000_000 and np.array_equal(got, expected)
+    assert np.array_equal(run.late_ids(), expected_late) and run.summary["input_total"] + len(expected_late) == n
+    slaves = sorted(run.summary["slaves"].values(), key=lambda v: v["results"])
+    cold, hot = slaves
+    assert hot["peak_rss_bytes"] - cold["peak_rss_bytes"] < 200 << 20, (hot, cold)
+    c = run.summary["result_chunks"]
+    assert c["largest_batch_results"] == hot["largest_batch_results"] > len(expected) / 2
+    assert c["chunked_batches"] >= 1 and c["chunks"] >= c["largest_batch_results"] / chunk_rows
+    assert f"chunks of at most {chunk_rows:,} rows" in run.stderr
+
+
 def test_heavy_skew_with_partition_tuning(tmp_path):
     # a few keys hold most tuples; tiny theta bounds force splits and directory doubling
     # (a window of 0.1 s: with 0.5 s the few hot keys made ~10x the pairs and this test took a minute)

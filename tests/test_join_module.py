@@ -209,7 +209,8 @@ def test_outer_semi_anti_match_the_reference(join_type, predicate):
                join_type in ("right", "full"))
     assert [len(w) > 20 for w in want] == list(emitted), "the input has rows of every kind the type emits"
     module = JoinModule(DT, partitions=3 if predicate == "equal" else 1, window=micros(window), block_size=4,
-                        theta_min=2, theta_max=6, max_depth=8, predicate=predicate, band=2, join_type=join_type)
+                        theta_min=2, theta_max=6, max_depth=8, predicate=predicate, band=2, join_type=join_type,
+                        chunk_rows=64)  # the flags are set slice by slice of the pairs (output.result_chunk_rows)
     got = run_outer(module, stream, ids, ts, keys, max_delay, rng, move=True)
     for name, g, w in zip(("pairs", "R rows", "S rows"), got, want):
         assert len(np.unique(g)) == len(g), f"{join_type}: a {name[:-1]} was emitted twice"
@@ -233,3 +234,60 @@ def test_an_unmatched_row_comes_out_when_no_on_time_tuple_can_reach_it_not_befor
     assert len(module.lone_r) == len(module.lone_s) == 0
     module.process(r[:0], s[:0], POS_INF)
     assert module.lone_r["id"].tolist() == [2] and len(module.lone_s) == 0 and module.stored() == (0, 0)
+
+
+@pytest.mark.parametrize("predicate", ["equal", "band"])
+def test_results_come_in_bounded_chunks_whose_union_is_the_reference(predicate):
+    """A hot key's epoch yields chunks of exactly `chunk_rows` pairs but the last, in the order an unchunked
+    module produces them, each with stamps covering its rows; a single tuple with more partners than the
+    bound is split; over all epochs the chunks are the reference's pairs, each once."""
+    rng = np.random.default_rng(5)
+    chunk_rows, window, max_delay = 64, 2.0, 10.0
+    sizes = [(0, 300), (100, 60), (150, 150)]  # (R, S) tuples per epoch; 60% of them carry key 7
+    epochs, next_id, t0 = [], 1000, 0.0
+    for n_r, n_s in sizes:
+        stream = np.repeat([STREAM_R, STREAM_S], [n_r, n_s])
+        keys = np.where(rng.random(len(stream)) < 0.6, 7, rng.integers(0, 30, len(stream)))
+        ts = np.sort(t0 + rng.integers(0, 8, len(stream)) / 8)  # exact |dt| == window cases
+        t0 += 1.0
+        epochs.append((stream, np.arange(next_id, next_id + len(stream)), ts, keys))
+        next_id += len(stream)
+    stream, ids, ts, keys = (np.concatenate(cols) for cols in zip(*epochs))
+    band = 1 if predicate == "band" else 0
+    expected = (reference_pairs(stream, ids, ts, keys, window, max_delay)[0] if predicate == "equal" else
+                reference_theta_pairs(stream, ids, ts, keys, window, max_delay, "band", band))
+    args = dict(partitions=1, window=micros(window), block_size=4, theta_min=1, theta_max=3, max_depth=6,
+                predicate=predicate, band=band)
+    chunked, whole = JoinModule(DT, chunk_rows=chunk_rows, **args), JoinModule(DT, chunk_rows=1 << 30, **args)
+    got, running, split = [], NEG_INF, False
+    for e_stream, e_ids, e_ts, e_keys in epochs:
+        sides = []
+        for st in (STREAM_R, STREAM_S):
+            sel = e_stream == st
+            rows = np.zeros(int(sel.sum()), dtype=DT)
+            rows["id"], rows["ts"], rows["key"] = e_ids[sel], micros(e_ts[sel]), e_keys[sel]
+            rows["arrival"] = 1.0
+            sides.append(rows)
+        running = max(running, int(micros(e_ts).max()))
+        watermark = running - micros(max_delay)
+        chunks = list(chunked.chunks(sides[0], sides[1], watermark))
+        reference = whole.process(sides[0], sides[1], watermark)
+        assert [c.last for c in chunks] == [False] * (len(chunks) - 1) + [True]
+        assert all(len(c.pairs) == chunk_rows for c in chunks[:-1]) and len(chunks[-1].pairs) <= chunk_rows
+        assert len(chunks[-1].pairs) or len(chunks) == 1  # empty only when the epoch has no results
+        for c in chunks:
+            ends, times = np.array(c.stamps).T
+            assert ends[-1] == len(c.pairs) and (np.diff(ends) >= 0).all() and (np.diff(times) >= 0).all()
+            delay, hists = c.delays(sent=0.5, started=1.5)
+            assert np.isfinite(delay).all() and (delay > 0).all() and hists[0].sum() == len(c.pairs)
+        for name in reference.columns:  # the same pairs, in the same order, as without a bound
+            np.testing.assert_array_equal(np.concatenate([c.pairs[name] for c in chunks]), reference[name])
+        r_ids = np.concatenate([c.pairs["r_id"] for c in chunks])
+        s_ids = np.concatenate([c.pairs["s_id"] for c in chunks])
+        for ids_of in (r_ids, s_ids):  # a tuple with more partners than the bound, split across chunks
+            split |= np.bincount(ids_of - 1000).max(initial=0) > chunk_rows
+        got.append(encode_pairs(r_ids, s_ids))
+    got = np.sort(np.concatenate(got))
+    assert split and len(chunks) > 2
+    assert len(np.unique(got)) == len(got), "a pair was produced twice"
+    np.testing.assert_array_equal(got, expected)

@@ -1,11 +1,21 @@
-"""Tests of slave/kernel.py: window_join and range_join against a brute-force n x m broadcast."""
+"""Tests of slave/kernel.py: window_matches and range_matches against a brute-force n x m broadcast."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from protocol.tuples import tuple_dtype
-from slave.kernel import range_join, window_join
+from slave.kernel import range_matches, window_matches
+
+
+def window_join(*args):
+    """Every pair of `window_matches` at once."""
+    return window_matches(*args).take()
+
+
+def range_join(*args):
+    """Every pair of `range_matches` at once."""
+    return range_matches(*args).take()
 
 
 def us(x):
@@ -176,6 +186,30 @@ def test_range_join_huge_keys_do_not_wrap_around():
     for bounds in ((-3, 3), (1, None), (None, -1), (2, 2**62), (-(2**62), -2)):
         check_range(a_key, a_ts, b_key, b_ts, 0.0, *bounds)
         check_range(b_key, b_ts, a_key, a_ts, 0.0, *bounds)
+
+
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("bounds", [None, (-1, 1)])
+def test_matches_taken_in_slices_are_all_pairs_in_order(swap, bounds):
+    """Slices of any size, cut inside a probe tuple's partners too, concatenate to all pairs in probe order."""
+    rng = np.random.default_rng(3)
+    a_key = np.where(rng.random(200) < 0.5, 1, rng.integers(0, 9, 200))
+    b_key = np.ones(150, np.int64)  # every key-1 probe has up to 150 partners: more than a slice
+    a_ts, b_ts = rng.integers(0, 40, 200), rng.integers(0, 40, 150)
+    if swap:
+        a_key, a_ts, b_key, b_ts = b_key, b_ts, a_key, a_ts
+    if bounds is None:
+        matches = window_matches(a_key, a_ts, b_key, b_ts, 20)
+        expected = brute_pairs(a_key, a_ts, b_key, b_ts, 20)
+    else:
+        matches = range_matches(a_key, a_ts, b_key, b_ts, 20, *bounds)
+        expected = brute_range(a_key, a_ts, b_key, b_ts, 20, *bounds)
+    ia, ib = matches.take()
+    assert matches.total == len(ia) == len(expected) > 1000 and set(zip(ia.tolist(), ib.tolist())) == expected
+    for size in (1, 7, 149, 1000):
+        parts = [matches.take(at, min(at + size, matches.total)) for at in range(0, matches.total, size)]
+        np.testing.assert_array_equal(np.concatenate([p[0] for p in parts]), ia)
+        np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), ib)
 
 
 def test_compiled_delays_bin_like_the_binary_search_at_and_beside_every_edge():

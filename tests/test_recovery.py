@@ -186,8 +186,9 @@ def test_aggregation_after_a_crash_equals_the_reference_aggregation(tmp_path):
     from slave.aggregate import combine
     from tests.test_spark_control import assert_view, reference_view
     settings = dict(CKPT, **{"generator.seed": 31, "aggregate.enabled": True, "aggregate.window": 0.5,
-                             "aggregate.flush_interval": 0.05})
+                             "aggregate.flush_interval": 0.05, "output.result_chunk_rows": 50})  # batches in chunks
     run, _ = crash_run(tmp_path, 3, settings, fault="2:batch:5")
+    assert run.summary["result_chunks"]["chunked_batches"] > 0
     staged = tmp_path / "out" / checkpoint.PENDING_AGGREGATES
     assert not staged.exists() or not any(staged.iterdir())  # all published at the end
     view = combine([read_tables(tmp_path / "out" / "aggregates")])

@@ -130,12 +130,14 @@ def test_random_bytes_and_truncations_never_crash_and_never_pass_invalid_rows():
             assert len(np.unique(pairs, axis=0)) == len(r)
 
 
-def test_results_pack_unpack_including_an_empty_batch():
+def test_results_buffer_unpack_including_an_empty_batch():
     rows = np.zeros(3, dtype=wire.RESULT_RECORD)
     rows["r_id"] = [1, 2, 3]
-    for r in (rows, rows[:0]):
-        msg = wire.decode(wire.unpack(wire.pack(wire.encode_results(r, sender=4, seq=11))), (wire.Kind.RESULTS,), 10)
-        assert isinstance(msg, wire.Message) and (msg.sender, msg.seq) == (4, 11)
+    for r, mark in ((rows, wire.MORE), (rows[:0], 0.0)):
+        buf, body = wire.results_buffer(len(r), sender=4, seq=11, mark=mark)
+        body[:] = r
+        msg = wire.decode(wire.unpack(buf), (wire.Kind.RESULTS,), 10)
+        assert isinstance(msg, wire.Message) and (msg.sender, msg.seq, msg.mark) == (4, 11, mark)
         np.testing.assert_array_equal(msg.rows, r)
 
 

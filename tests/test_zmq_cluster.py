@@ -93,7 +93,8 @@ def test_zmq_ingest_with_random_send_delays_equals_the_reference(tmp_path):
                 "--progress", 0)
     prod = start("control.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 400,
                  "--jitter", 0.05, "--seed", 41)
-    run = run_cluster(tmp_path, 3, stream_settings(ingest, results, **{"join.window": 0.3, "join.max_delay": 0.2}))
+    run = run_cluster(tmp_path, 3, stream_settings(ingest, results, **{"join.window": 0.3, "join.max_delay": 0.2,
+                                                                       "output.result_chunk_rows": 100}))
     assert run.returncode == 0, run.stderr
     sent, got = finish(prod), finish(sub)
     assert sent["tuples_sent"] == 9000
@@ -104,6 +105,7 @@ def test_zmq_ingest_with_random_send_delays_equals_the_reference(tmp_path):
     s = run.summary
     assert s["input_total"] + s["late"] == 9000 and s["rejected"] == 0
     assert s["zmq_ingest"]["messages"] == 9000 // 400 + 2 and s["result_stream"]["results"] == len(expected)
+    assert s["result_chunks"]["chunked_batches"] > 0
     # the producer sends for about 0.6 s; ingest starts once every slave is ready (protocol.mpi.wait_all_started),
     # which on a loaded machine can be later: then all of it arrives in one batch per slave (2 punctuations)
     check_stream(got, pq.read_table(tmp_path / "sub.parquet"), expected, ordered=False)
@@ -120,14 +122,17 @@ def test_ordered_stream_from_two_producers(tmp_path):
                 "--progress", 0)
     prods = [start("control.produce", tmp_path / f"in{k}.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}",
                    "--batch", 300, "--jitter", 0.04, "--seed", k, "--sender", k) for k in range(2)]
+    # results in chunks of 40 rows: a batch is done for the punctuation only with its last chunk
     settings = stream_settings(ingest, results, **{"source.producers": 2, "output.ordered": True,
-                                                   "join.window": 0.2, "join.max_delay": 5.0})
+                                                   "join.window": 0.2, "join.max_delay": 5.0,
+                                                   "output.result_chunk_rows": 40})
     run = run_cluster(tmp_path, 4, settings)
     assert run.returncode == 0, run.stderr
     assert sum(finish(p)["tuples_sent"] for p in prods) == 8000
     expected, _ = reference_pairs(stream, ids, ts, keys, 0.2, 5.0)
     np.testing.assert_array_equal(run.pairs(), expected)
     assert run.summary["late"] == 0 and run.summary["zmq_ingest"]["producers_ended"] == 2
+    assert run.summary["result_chunks"]["chunked_batches"] > 0
     check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True)
 
 
