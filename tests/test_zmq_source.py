@@ -1,6 +1,7 @@
 """master/zmq_source.py, the producer and the subscriber over real loopback ZeroMQ sockets; CURVE; the config rules."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -9,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import zmq
 import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
 
 from control.subscribe import subscribe
 from master.source import open_source
@@ -85,6 +87,41 @@ def test_input_ends_after_every_producer_or_when_idle(tmp_path):
     assert drain(idle) == []  # no producer at all: ends after 0.2 s without a message
     idle.finish()
     src.finish()
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_64_mib_frame_is_refused_unread_and_its_sender_disconnected(tmp_path):
+    """max_message_tuples = 300: ZMQ_MAXMSGSIZE is about 1 MiB, so a 64 MiB frame is refused as it arrives
+    (never read whole into this process) and its connection dropped; a well-behaved producer goes on."""
+    src = open_source(zmq_cfg(tmp_path))
+    ctx = zmq.Context()
+    rogue = ctx.socket(zmq.PUSH)
+    rogue.linger = 0
+    monitor = rogue.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    rogue.connect(src.endpoint)
+    huge = np.zeros(64 << 20, dtype=np.uint8)  # calloc'ed zero pages: sending them costs this process nothing
+    before = resident_bytes()
+    rogue.send_multipart(wire.encode_mark(wire.Kind.END, 0.0) + [huge], copy=False)
+    events, deadline = [], time.monotonic() + 10
+    while zmq.EVENT_DISCONNECTED not in events:
+        assert time.monotonic() < deadline, f"the sender was never disconnected (events {events})"
+        assert src.next_chunk(10) is not None and src.messages == 0  # nothing of it reaches the source
+        if monitor.poll(10):
+            events.append(recv_monitor_message(monitor)["event"])
+    assert resident_bytes() - before < 32 << 20, resident_bytes() - before
+    good = Producer(src.endpoint)
+    good.send(np.zeros(5), np.arange(5), np.arange(5) * 1_000_000, np.zeros(5), np.zeros(5))
+    good.close()
+    assert [c.id.tolist() for c in drain(src)] == [[0, 1, 2, 3, 4]]
+    assert src.finish()["rejected"] == 0 and src.messages == 2  # the good message and its END
+    rogue.disable_monitor()
+    monitor.close()
+    rogue.close()
+    ctx.term()
 
 
 def drain_until_empty(src):
