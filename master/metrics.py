@@ -137,7 +137,7 @@ class Metrics:
     # -- several dispatchers ----------------------------------------------------------------------------
     def _counters(self, master) -> dict:
         return {"stats": master.stats.state(), "max_ts": master.ingest.max_ts, "buffered": len(master.buffers),
-                "rejected": rejected_reasons(master.source), "stream_dropped": dict(master.results_out.dropped)}
+                "rejected": rejected_reasons(master.source), "stream_gaps": dict(master.results_out.gaps)}
 
     def _post(self, d: int, buf: bytearray | None = None) -> None:
         buf = bytearray(MESSAGE_BYTES) if buf is None else buf
@@ -170,9 +170,9 @@ class Metrics:
             self._rejected = Counter(rejected_reasons(m.source))
             for o in self._others.values():
                 self._rejected.update(o["rejected"])
-        dropped = Counter(m.results_out.dropped)  # result messages a subscriber missed, by reason
+        gaps = Counter(m.results_out.gaps)  # gaps opened in result stream subscribers' seq, by reason
         for o in self._others.values():
-            dropped.update(o["stream_dropped"])
+            gaps.update(o["stream_gaps"])
         max_delay = eventtime.duration(self.cfg["join"]["max_delay"])
         tops = [m.ingest.max_ts, *(self._others[d]["max_ts"] if d in self._others else eventtime.NEG_INF
                                    for d in range(1, self.k))]
@@ -189,7 +189,7 @@ class Metrics:
             "seq": self.seq, "time": now, "elapsed": m.stats.elapsed_before + now - m.stats.started,
             "input_r": stats.input["R"], "input_s": stats.input["S"], "results": stats.results,
             "late": stats.late, "rejected": int(sum(self._rejected.values())),
-            "result_messages_dropped": int(sum(dropped.values())),
+            "result_stream_gaps": int(sum(gaps.values())),
             "delay_p50": finite(p50), "delay_p99": finite(p99),
             "buffered": len(m.buffers) + sum(self._others[d]["buffered"] for d in self._others),
             "backlog_max_seconds": max(stats.backlog_max, 0.0), "pacing_lag_max_seconds": max(stats.pacing_lag_max, 0.0),
@@ -217,7 +217,7 @@ class Metrics:
                  "slaves": c.partition_map[first: first + size].tolist()} for key, (first, size) in m.hot.router.hot.items()],
         }
         self.view = {"sample": sample, "hist": hist.copy(), "parts": stats.parts_hist.copy(),
-                     "input": dict(stats.input), "rejected": dict(self._rejected), "stream_dropped": dict(dropped),
+                     "input": dict(stats.input), "rejected": dict(self._rejected), "stream_gaps": dict(gaps),
                      "moves": dict(self.moves_by_reason), "hot_events": Counter(e["event"] for e in hot_log),
                      "started": m.stats.started - m.stats.elapsed_before, "capacity": self.cfg["master"]["buffer_capacity"],
                      "moves_log": c.moves_log[-100:], "hot_log": hot_log[-100:], "checkpoint_log": done[-100:]}
@@ -281,10 +281,10 @@ class Metrics:
         yield counter("late_tuples", "tuples set aside as late (ts below max ts seen minus join.max_delay)", s["late"])
         yield counter("rejected", "inputs rejected (file rows; ZeroMQ messages), by reason", None, ("reason",),
                       [((k,), v) for k, v in view["rejected"].items()])
-        yield counter("result_messages_dropped", "result stream messages a subscriber missed, by reason "
+        yield counter("result_stream_gaps", "gaps opened in a result stream subscriber's messages, by reason "
                       "(subscriber_full: output.subscriber_buffer_bytes behind; subscriber_timeout: ordered, full "
                       "for output.subscriber_timeout)", None, ("reason",),
-                      [((k,), v) for k, v in view["stream_dropped"].items()])
+                      [((k,), v) for k, v in view["stream_gaps"].items()])
         yield _histogram("delay_seconds", "production delay of results (arrival of the later tuple to result)",
                          [((), view["hist"])])
         yield _histogram("delay_part_seconds", "production delay split into buffer, transfer and join",

@@ -12,18 +12,19 @@ Memory is bounded per subscriber (`output.subscriber_buffer_bytes`): results
 go out in messages of at most MESSAGE_BYTES and the XPUB socket queues at most
 bound / MESSAGE_BYTES of them for each subscriber.  The socket is set to
 XPUB_NODROP and sent to without blocking, so a full subscriber shows as EAGAIN:
-unordered, the message is then sent lossy (ZeroMQ delivers it to the
-subscribers with room and drops it for the full ones) and counted by reason;
-the subscriber sees the gap in `seq`, and gets messages again once it has read
-its queue down.  The join is never slowed.  With `output.ordered` the stream is
+unordered, the message is then sent lossy: ZeroMQ delivers it to the
+subscribers with room and drops it for the full one, and then skips that one
+silently until it has read half its queue; it sees the gap in `seq`.  So the
+master counts gaps (one per lossy send, by reason), not the messages in them:
+a subscriber counts those itself (`control.subscribe`: `missed_messages`).  The join is never slowed.  With `output.ordered` the stream is
 lossless instead and slows the cluster (SplitJoin's ordered output needs every
 result): messages wait in an outbox while a subscriber is full, and ingest
 takes only as many tuples as the bound has room for (`ingest_room`: the
 results a tuple has brought so far, times the tuples whose results are still
 to come, must fit beside those held and waiting), pausing until punctuation or
 the subscriber frees some; a subscriber full for
-`output.subscriber_timeout` seconds is given up on and its messages dropped
-as unordered until every subscriber has room again.
+`output.subscriber_timeout` seconds is given up on: sends turn lossy as
+unordered until every subscriber has room again.
 `output.wait_subscribers` holds ingest until that many have subscribed, so
 they miss nothing at the start.
 
@@ -69,10 +70,9 @@ class ResultStream:
         self.held: list[np.ndarray] = []  #: ordered mode: results not yet covered by a punctuation
         self.held_peak = self.held_rows = self.held_bytes = self.held_peak_bytes = 0
         self.bound, self.timeout = out["subscriber_buffer_bytes"], out["subscriber_timeout"]
-        self.dropped: Counter[str] = Counter()  #: messages not delivered to some subscriber, by reason
-        self.results_dropped = 0
-        #: ordered mode: messages (frames, rows, bytes) waiting for a full subscriber, oldest first
-        self.outbox: deque[tuple[list, int, int]] = deque()
+        self.gaps: Counter[str] = Counter()  #: gaps opened in a subscriber's stream (lossy sends), by reason
+        #: ordered mode: messages (frames, bytes) waiting for a full subscriber, oldest first
+        self.outbox: deque[tuple[list, int]] = deque()
         self.outbox_bytes = 0
         self._waiting_since: float | None = None  #: ordered: since when the outbox's head waits
         self._given_up = False  #: ordered: a subscriber stayed full past the timeout: drop for it
@@ -184,7 +184,7 @@ class ResultStream:
     def _publish_results(self, rows: np.ndarray) -> None:
         for start in range(0, len(rows), FRAME_ROWS):
             part = rows[start:start + FRAME_ROWS]
-            self._publish(wire.encode_results(part, sender=self.index, seq=self.seq), len(part))
+            self._publish(wire.encode_results(part, sender=self.index, seq=self.seq))
 
     def _punctuate(self, p: int) -> None:
         """Publish punctuation `p` (microseconds) as subscribers read it, in seconds like the results' ts: the
@@ -198,15 +198,15 @@ class ResultStream:
         self._publish(wire.encode_mark(wire.Kind.PUNCT, p, sender=self.index, seq=self.seq))
         self.punctuations += 1
 
-    def _publish(self, frames: list, rows: int = 0) -> None:
+    def _publish(self, frames: list) -> None:
         """Unordered: send now, dropped for full subscribers; ordered: through the outbox (`_flush`)."""
         self.seq += 1
         if not self.ordered:
             if not self._send(frames):
-                self._drop(frames, rows, "subscriber_full")
+                self._drop(frames, "subscriber_full")
             return
         size = sum(len(f) for f in frames)
-        self.outbox.append((frames, rows, size))
+        self.outbox.append((frames, size))
         self.outbox_bytes += size
         self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes + self.outbox_bytes)
         self._flush()
@@ -219,33 +219,34 @@ class ResultStream:
             return False
         return True
 
-    def _drop(self, frames: list, rows: int, reason: str) -> None:
-        """Send lossy: to the subscribers with room; the full ones miss it (they see the gap in `seq`)."""
-        if not self.dropped:
-            print(f"results: a subscriber of {self.endpoint} is {self.bound:,} bytes behind; messages for it are "
-                  "dropped (it sees the gap in seq; counted in the summary)", file=sys.stderr, flush=True)
+    def _drop(self, frames: list, reason: str) -> None:
+        """Send lossy: to the subscribers with room; a full one misses it and what follows until it has read
+        half its queue (ZeroMQ skips it meanwhile): one gap in its `seq`."""
+        if not self.gaps:
+            print(f"results: a subscriber of {self.endpoint} is {self.bound:,} bytes behind: it misses messages "
+                  "until it has read half of them (it sees the gap in seq; gaps counted in the summary)",
+                  file=sys.stderr, flush=True)
         self.sock.setsockopt(zmq.XPUB_NODROP, 0)
         self.sock.send_multipart(frames)
         self.sock.setsockopt(zmq.XPUB_NODROP, 1)
-        self.dropped[reason] += 1
-        self.results_dropped += rows
+        self.gaps[reason] += 1
 
     def _flush(self) -> None:
         """Ordered: send what waits in the outbox while every subscriber has room; a subscriber full for
         `output.subscriber_timeout` seconds is given up on until every subscriber has room again."""
         while self.outbox:
-            frames, rows, size = self.outbox[0]
+            frames, size = self.outbox[0]
             if self._send(frames):
                 self._waiting_since, self._given_up = None, False
             elif self._given_up:
-                self._drop(frames, rows, "subscriber_timeout")
+                self._drop(frames, "subscriber_timeout")
             else:
                 now = time.monotonic()
                 self._waiting_since = self._waiting_since or now
                 if now - self._waiting_since < self.timeout:
                     return
                 self._given_up = True
-                self._drop(frames, rows, "subscriber_timeout")
+                self._drop(frames, "subscriber_timeout")
             self.outbox.popleft()
             self.outbox_bytes -= size
 
@@ -260,7 +261,7 @@ class ResultStream:
         if self.punctuator.advance(eventtime.POS_INF, empty) is not None:
             self._punctuate(eventtime.POS_INF)
         self._publish(wire.encode_mark(wire.Kind.END, 0.0, sender=self.index, seq=self.seq))
-        while self.outbox:  # ordered: within subscriber_timeout, or dropped
+        while self.outbox:  # ordered: within subscriber_timeout, or lossy
             self._flush()
             time.sleep(1e-3)
         self.ingest_room(0)  # ends a pause still counted
@@ -274,16 +275,14 @@ class ResultStream:
             return {}
         mine = {"endpoints": [self.endpoint], "ordered": self.ordered, "results": self.results,
                 "punctuations": self.punctuations, "messages": self.seq, "subscriber_buffer_bytes": self.bound,
-                "messages_dropped": sum(self.dropped.values()), "dropped_by_reason": dict(self.dropped),
-                "results_dropped": self.results_dropped, "held_peak_results": self.held_peak,
+                "gaps": sum(self.gaps.values()), "gaps_by_reason": dict(self.gaps), "held_peak_results": self.held_peak,
                 "held_peak_bytes": self.held_peak_bytes, "ingest_held_seconds": round(self.held_back, 3)}
         for theirs in others:
             theirs = theirs["result_stream"]
             mine["endpoints"] += theirs["endpoints"]
-            for key in ("results", "punctuations", "messages", "messages_dropped", "results_dropped",
-                        "ingest_held_seconds"):
+            for key in ("results", "punctuations", "messages", "gaps", "ingest_held_seconds"):
                 mine[key] += theirs[key]
             for key in ("held_peak_results", "held_peak_bytes"):
                 mine[key] = max(mine[key], theirs[key])
-            mine["dropped_by_reason"] = dict(Counter(mine["dropped_by_reason"]) + Counter(theirs["dropped_by_reason"]))
+            mine["gaps_by_reason"] = dict(Counter(mine["gaps_by_reason"]) + Counter(theirs["gaps_by_reason"]))
         return {"result_stream": mine}

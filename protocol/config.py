@@ -107,8 +107,8 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "zmq_endpoint": ("", 'publish results with punctuations on this ZeroMQ endpoint (e.g. "tcp://127.0.0.1:5556"); "" = off'),
         "ordered": (False, "with zmq_endpoint: publish results in order of the later tuple's ts (held until punctuated)"),
         "wait_subscribers": (0, "with zmq_endpoint: wait for this many subscribers before ingesting (PUB drops what comes before)"),
-        "subscriber_buffer_bytes": (64 << 20, "with zmq_endpoint: bytes of results the master queues per subscriber (at least 65536); a subscriber further behind misses messages (counted); with ordered, results held beyond it pause ingest"),
-        "subscriber_timeout": (10.0, "with ordered: seconds a full subscriber may hold the stream (and the cluster) back before its messages are dropped as unordered"),
+        "subscriber_buffer_bytes": (64 << 20, "with zmq_endpoint: bytes of results the master queues per subscriber (at least 65536); a subscriber further behind misses messages (its gaps counted); with ordered, results held beyond it pause ingest"),
+        "subscriber_timeout": (10.0, "with ordered: seconds a full subscriber may hold the stream (and the cluster) back before it misses messages as unordered"),
     },
     "security": {
         "allow_remote": (False, "allow ZeroMQ endpoints on non-loopback addresses (then CURVE keys are required)"),

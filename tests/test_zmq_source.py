@@ -211,3 +211,19 @@ def test_curve_result_stream_reaches_only_subscribers_holding_an_allowed_key(key
     stop_authenticators()
     assert got["allowed"]["ended"] and got["allowed"]["results"] == 2 and got["allowed"]["punctuations"] == 1
     assert got["stranger"]["results"] == got["plain"]["results"] == 0 and not got["stranger"]["ended"]
+
+
+def test_the_subscriber_counts_the_messages_missed_in_each_gap():
+    pub = zmq.Context.instance().socket(zmq.XPUB)
+    pub.bind("tcp://127.0.0.1:*")
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(subscribe(pub.last_endpoint.decode(), timeout=3.0,
+                                                                  progress=0)))
+    reader.start()
+    assert pub.poll(5000) and pub.recv()[:1] == b"\x01"
+    for frames in (wire.encode_mark(wire.Kind.PUNCT, 1.0, seq=0), wire.encode_mark(wire.Kind.PUNCT, 2.0, seq=3),
+                   wire.encode_mark(wire.Kind.PUNCT, 3.0, seq=4), wire.encode_mark(wire.Kind.END, 0.0, seq=9)):
+        pub.send_multipart(frames)
+    reader.join()
+    pub.close()
+    assert got["ended"] and got["gaps"] == 2 and got["missed_messages"] == 2 + 4
