@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 
@@ -227,3 +228,45 @@ def test_the_subscriber_counts_the_messages_missed_in_each_gap():
     reader.join()
     pub.close()
     assert got["ended"] and got["gaps"] == 2 and got["missed_messages"] == 2 + 4
+
+
+def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_path):
+    """master.result_stream.ResultStream.ingest_room over MPI.COMM_SELF: results per tuple so far x tuples on
+    their way must fit in output.subscriber_buffer_bytes beside the held results."""
+    from mpi4py import MPI
+
+    from master.result_stream import FRAME_ROWS, ResultStream
+    from protocol.messages import TAG_RESULTS
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = load_config(None, [f'output.zmq_endpoint="tcp://127.0.0.1:{port}"', "output.ordered=true",
+                             "output.subscriber_buffer_bytes=720000"])
+    out = ResultStream(MPI.COMM_SELF, cfg, 4)
+    hundred = np.zeros(100, dtype=[("ts", "<i8")])
+
+    def batch(seq, results):  # a slave's answer to batch `seq`: `results` rows, later ts 1 s
+        rows = np.zeros(results, wire.RESULT_RECORD)
+        rows["r_ts"] = 1.0
+        out.sent(0, seq, np.arange(4), hundred, hundred[:0], 0)
+        request = MPI.COMM_SELF.Isend([wire.pack(wire.encode_results(rows, seq=seq)), MPI.BYTE], dest=0,
+                                      tag=TAG_RESULTS)
+        while not out.pump(0, np.zeros(4, np.int64)):  # punctuation 0: everything stays held
+            pass
+        request.Wait()
+
+    assert out.ingest_room(0) is None  # no results yet: no estimate
+    batch(1, 2000)  # 20 results a tuple, 1,440 bytes; 144,000 held
+    assert out.ingest_room(0) == (720000 - 144000) // 1440 == 400
+    assert out.ingest_room(400) == 0  # 400 tuples buffered: their results take the rest
+    batch(2, 9000)  # 55 results a tuple; 792,000 held, over the bound, and nothing on its way to release any
+    assert out.ingest_room(0) == 720000 // (55 * 72)  # so one bound's worth of input is let in
+    deadline = time.monotonic() + 5
+    while out.held_bytes and time.monotonic() < deadline:  # punctuation 2 s releases them all
+        out.pump(2_000_000, np.zeros(4, np.int64))
+        time.sleep(0.01)
+    assert out.held_bytes == 0 and out.held_peak_bytes == 792000
+    out.close()
+    s = out.summary()["result_stream"]  # the results in messages of at most FRAME_ROWS, the punctuations, END
+    assert s["messages"] == -(-11000 // FRAME_ROWS) + s["punctuations"] + 1 and s["gaps"] == 0
