@@ -3,8 +3,9 @@
 Subscribes to a run's result stream (`output.zmq_endpoint`), prints a progress
 line about once a second, checks the stream as it goes (punctuations strictly
 increasing, no result after a punctuation that covers it, no gap in the
-message numbers: PUB drops messages for a subscriber that falls behind) and at
-END prints a JSON summary; `--out` saves the results with the punctuation each
+message numbers: the master drops messages for a subscriber that falls
+`output.subscriber_buffer_bytes` behind; `gaps` counts the holes, `missed_messages`
+the messages in them) and at END prints a JSON summary; `--out` saves the results with the punctuation each
 one arrived after (`punctuation_before`).
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
     parts, before = [], []
     held: list[np.ndarray] = []  #: ordered: results not yet passed by the punctuation, with it as they came
     out = {"results": 0, "punctuations": 0, "last_punctuation": None, "non_monotone": 0, "covered": 0,
-           "gaps": 0, "rejected": 0, "ended": False}
+           "gaps": 0, "missed_messages": 0, "rejected": 0, "ended": False}
     marks = np.full(dispatchers, -np.inf)  #: each dispatcher's last punctuation
     expect_seq: dict[int, int] = {}
     ended: set[int] = set()
@@ -73,6 +74,7 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
             continue
         if msg.sender in expect_seq and msg.seq != expect_seq[msg.sender]:
             out["gaps"] += 1
+            out["missed_messages"] += msg.seq - expect_seq[msg.sender]
         expect_seq[msg.sender] = msg.seq + 1
         if msg.kind == wire.Kind.RESULTS:
             out["results"] += len(msg.rows)

@@ -143,7 +143,8 @@ class Metrics:
     # -- several dispatchers ----------------------------------------------------------------------------
     def _counters(self, master) -> dict:
         return {"stats": master.stats.state(), "max_ts": master.ingest.max_ts, "buffered": len(master.buffers),
-                "rejected": rejected_reasons(master.source), "refused": refused_kinds(master.source)}
+                "rejected": rejected_reasons(master.source), "refused": refused_kinds(master.source),
+                "stream_gaps": dict(master.results_out.gaps)}
 
     def _post(self, d: int, buf: bytearray | None = None) -> None:
         buf = bytearray(MESSAGE_BYTES) if buf is None else buf
@@ -177,8 +178,10 @@ class Metrics:
             for o in self._others.values():
                 self._rejected.update(o["rejected"])
         refused = Counter(refused_kinds(m.source))
+        gaps = Counter(m.results_out.gaps)  # gaps opened in result stream subscribers' seq, by reason
         for o in self._others.values():
             refused.update(o["refused"])
+            gaps.update(o["stream_gaps"])
         max_delay = eventtime.duration(self.cfg["join"]["max_delay"])
         tops = [m.ingest.max_ts, *(self._others[d]["max_ts"] if d in self._others else eventtime.NEG_INF
                                    for d in range(1, self.k))]
@@ -199,6 +202,7 @@ class Metrics:
             "input_r": stats.input["R"], "input_s": stats.input["S"], "results": stats.results,
             "late": stats.late, "rejected": int(sum(self._rejected.values())),
             "idle_seconds_r": now - self._last_input["R"][1], "idle_seconds_s": now - self._last_input["S"][1],
+            "result_stream_gaps": int(sum(gaps.values())),
             "delay_p50": finite(p50), "delay_p99": finite(p99),
             "buffered": len(m.buffers) + sum(self._others[d]["buffered"] for d in self._others),
             "backlog_max_seconds": max(stats.backlog_max, 0.0), "pacing_lag_max_seconds": max(stats.pacing_lag_max, 0.0),
@@ -227,6 +231,7 @@ class Metrics:
         }
         self.view = {"sample": sample, "hist": hist.copy(), "parts": stats.parts_hist.copy(),
                      "input": dict(stats.input), "rejected": dict(self._rejected), "refused": dict(refused),
+                     "stream_gaps": dict(gaps),
                      "moves": dict(self.moves_by_reason), "hot_events": Counter(e["event"] for e in hot_log),
                      "started": m.stats.started - m.stats.elapsed_before, "capacity": self.cfg["master"]["buffer_capacity"],
                      "moves_log": c.moves_log[-100:], "hot_log": hot_log[-100:], "checkpoint_log": done[-100:]}
@@ -292,6 +297,10 @@ class Metrics:
                       [((k,), v) for k, v in view["rejected"].items()])
         yield counter("refused_messages", "ZeroMQ messages refused and ignored: no or wrong source.token, by kind "
                       "(end, tuples)", None, ("kind",), [((k,), view["refused"].get(k, 0)) for k in ("end", "tuples")])
+        yield counter("result_stream_gaps", "gaps opened in a result stream subscriber's messages, by reason "
+                      "(subscriber_full: output.subscriber_buffer_bytes behind; subscriber_timeout: ordered, full "
+                      "for output.subscriber_timeout)", None, ("reason",),
+                      [((k,), v) for k, v in view["stream_gaps"].items()])
         yield _histogram("delay_seconds", "production delay of results (arrival of the later tuple to result)",
                          [((), view["hist"])])
         yield _histogram("delay_part_seconds", "production delay split into buffer, transfer and join",

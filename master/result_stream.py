@@ -9,8 +9,23 @@ PUNCT message.  With
 up to each P (SplitJoin's punctuated, ordered output with one punctuation per
 released run: the relaxed adjustable punctuation with the epoch as its interval).
 
-The socket is XPUB: a slow or absent subscriber never slows the join (messages
-beyond SNDHWM are dropped for that subscriber, which sees the gap in `seq`);
+Memory is bounded per subscriber (`output.subscriber_buffer_bytes`): results
+go out in messages of at most MESSAGE_BYTES and the XPUB socket queues at most
+bound / MESSAGE_BYTES of them for each subscriber.  The socket is set to
+XPUB_NODROP and sent to without blocking, so a full subscriber shows as EAGAIN:
+unordered, the message is then sent lossy: ZeroMQ delivers it to the
+subscribers with room and drops it for the full one, and then skips that one
+silently until it has read half its queue; it sees the gap in `seq`.  So the
+master counts gaps (one per lossy send, by reason), not the messages in them:
+a subscriber counts those itself (`control.subscribe`: `missed_messages`).  The join is never slowed.  With `output.ordered` the stream is
+lossless instead and slows the cluster (SplitJoin's ordered output needs every
+result): messages wait in an outbox while a subscriber is full, and ingest
+takes only as many tuples as the bound has room for (`ingest_room`: the
+results a tuple has brought so far, times the tuples whose results are still
+to come, must fit beside those held and waiting), pausing until punctuation or
+the subscriber frees some; a subscriber full for
+`output.subscriber_timeout` seconds is given up on: sends turn lossy as
+unordered until every subscriber has room again.
 `output.wait_subscribers` holds ingest until that many have subscribed, so
 they miss nothing at the start.
 
@@ -25,6 +40,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter, deque
 
 import numpy as np
 import zmq
@@ -36,8 +52,10 @@ from protocol.messages import TAG_RESULTS
 from protocol.punctuation import Punctuator
 from protocol.zmq_security import bind_server, stop_authenticators
 
-#: messages queued per subscriber before PUB drops
-SNDHWM = 10000
+#: the largest result message in bytes: RESULTS frames of FRAME_ROWS records (ZeroMQ gets its own copy, so
+#: a queued message never pins a larger array), the socket's SNDHWM is the bound over this
+MESSAGE_BYTES = 64 * 1024
+FRAME_ROWS = (MESSAGE_BYTES - wire.HEADER.itemsize) // wire.RESULT_RECORD.itemsize
 #: seconds between two punctuation checks when no result message came in
 CHECK_INTERVAL = 0.05
 
@@ -51,16 +69,28 @@ class ResultStream:
         self.punctuator = Punctuator(partitions)
         self.seq = self.results = self.punctuations = 0
         self.held: list[np.ndarray] = []  #: ordered mode: results not yet covered by a punctuation
-        self.held_peak = 0
+        self.held_peak = self.held_rows = self.held_bytes = self.held_peak_bytes = 0
+        self.bound, self.timeout = out["subscriber_buffer_bytes"], out["subscriber_timeout"]
+        self.gaps: Counter[str] = Counter()  #: gaps opened in a subscriber's stream (lossy sends), by reason
+        #: ordered mode: messages (frames, bytes) waiting for a full subscriber, oldest first
+        self.outbox: deque[tuple[list, int]] = deque()
+        self.outbox_bytes = 0
+        self._waiting_since: float | None = None  #: ordered: since when the outbox's head waits
+        self._given_up = False  #: ordered: a subscriber stayed full past the timeout: drop for it
+        self.held_back = 0.0  #: ordered: seconds ingest was paused by `ingest_room`
+        self._holding_since: float | None = None
+        self._batch_tuples: dict[tuple[int, int], int] = {}  #: ordered: tuples of each batch out
+        self.tuples_sent = self.tuples_done = 0  #: ordered: tuples sent to slaves, those whose results came
         self._next_check = 0.0
         if not self.enabled:
             return
-        # its own context: `close` terminates it, which returns only when ZeroMQ no longer reads the results'
-        # buffers (they are sent without a copy); at interpreter exit they were freed under its I/O thread
-        # ("Bad address (src/tcp.cpp:227)", SIGABRT: a finished run exited 134 and a supervisor restarted it)
+        # its own context: `close` terminates it, which returns once the queued messages went out (at most the
+        # socket's linger), before the interpreter exits under ZeroMQ's I/O thread
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.XPUB)
-        self.sock.sndhwm, self.sock.linger = SNDHWM, 2000
+        self.sock.sndhwm, self.sock.linger = max(1, self.bound // MESSAGE_BYTES), 2000
+        self.sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber: EAGAIN, and we decide (`_publish`)
+        self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, not only a topic's first: wait_subscribers
         try:
             bind_server(self.sock, self.endpoint, cfg["security"])
         except zmq.ZMQError as e:
@@ -84,6 +114,9 @@ class ResultStream:
             min_ts = min(int(r["ts"].min()) if len(r) else eventtime.POS_INF,
                          int(s["ts"].min()) if len(s) else eventtime.POS_INF)
             self.punctuator.sent(rank, seq, partitions, min_ts, floor_now)
+            if self.ordered:
+                self._batch_tuples[(rank, seq)] = len(r) + len(s)
+                self.tuples_sent += len(r) + len(s)
 
     def rerouted(self, sources, targets) -> None:
         """Buffered tuples moved between partitions at the master (protocol.punctuation.Punctuator.rerouted)."""
@@ -94,6 +127,7 @@ class ResultStream:
         """Publish what the slaves sent and a punctuation if P rose; returns the result messages taken."""
         if not self.enabled:
             return 0
+        self._flush()
         got = 0
         status = MPI.Status()
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_RESULTS, status=status):
@@ -105,6 +139,7 @@ class ResultStream:
             self._add(msg.rows)
             if msg.mark != wire.MORE:  # the batch's last chunk of results
                 self.punctuator.done(msg.sender, msg.seq)
+                self.tuples_done += self._batch_tuples.pop((msg.sender, msg.seq), 0)
             got += 1
         now = time.monotonic()
         if got or now >= self._next_check:
@@ -114,15 +149,44 @@ class ResultStream:
                 self._punctuate(p)
         return got
 
+    def ingest_room(self, buffered: int) -> int | None:
+        """Ordered mode: how many more tuples ingest may take now (None: no limit of ours).  The results per
+        tuple so far, times the tuples whose results are still to come (`buffered` at the master and in batches
+        out) and the new ones, must fit in the bound beside the results held and waiting; at 0 ingest pauses
+        until punctuation or the subscribers free room.  If nothing is on its way, the held results wait for
+        input that moves the punctuation on: then one bound's worth of input is let in."""
+        room = None
+        if self.ordered and self.tuples_done and self.results:
+            per_tuple = self.results * wire.RESULT_RECORD.itemsize / self.tuples_done
+            pending = buffered + self.tuples_sent - self.tuples_done
+            room = max(0, int((self.bound - self.held_bytes - self.outbox_bytes) / per_tuple) - pending)
+            if not room and not (pending or self.outbox):
+                room = max(1, int(self.bound / per_tuple))
+        now = time.monotonic()
+        if room == 0 and self._holding_since is None:
+            self._holding_since = now
+        elif room != 0 and self._holding_since is not None:
+            self.held_back += now - self._holding_since
+            self._holding_since = None
+        return room
+
     def _add(self, rows: np.ndarray) -> None:
         if not len(rows):
             return
         self.results += len(rows)
         if self.ordered:
             self.held.append(rows)
-            self.held_peak = max(self.held_peak, sum(len(h) for h in self.held))
+            self.held_rows += len(rows)
+            self.held_bytes += rows.nbytes
+            self.held_peak = max(self.held_peak, self.held_rows)
+            self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes + self.outbox_bytes)
         else:
-            self._publish(wire.encode_results(rows, sender=self.index, seq=self.seq))
+            self._publish_results(rows)
+
+    def _publish_results(self, rows: np.ndarray) -> None:
+        for start in range(0, len(rows), FRAME_ROWS):
+            part = rows[start:start + FRAME_ROWS]
+            self._publish(wire.encode_results(part, sender=self.index, seq=self.seq))
 
     def _punctuate(self, p: int) -> None:
         """Publish punctuation `p` (microseconds) as subscribers read it, in seconds like the results' ts: the
@@ -130,14 +194,63 @@ class ResultStream:
         p = eventtime.bound_seconds(p)
         if self.ordered:
             out = wire.take_due(self.held, p)
-            if len(out):
-                self._publish(wire.encode_results(out, sender=self.index, seq=self.seq))
+            self.held_rows = sum(len(h) for h in self.held)
+            self.held_bytes = sum(h.nbytes for h in self.held)
+            self._publish_results(out)
         self._publish(wire.encode_mark(wire.Kind.PUNCT, p, sender=self.index, seq=self.seq))
         self.punctuations += 1
 
-    def _publish(self, frames: list[bytes]) -> None:
-        self.sock.send_multipart(frames, copy=False)  # XPUB never blocks: past SNDHWM a subscriber's are dropped
+    def _publish(self, frames: list) -> None:
+        """Unordered: send now, dropped for full subscribers; ordered: through the outbox (`_flush`)."""
         self.seq += 1
+        if not self.ordered:
+            if not self._send(frames):
+                self._drop(frames, "subscriber_full")
+            return
+        size = sum(len(f) for f in frames)
+        self.outbox.append((frames, size))
+        self.outbox_bytes += size
+        self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes + self.outbox_bytes)
+        self._flush()
+
+    def _send(self, frames: list) -> bool:
+        """Every subscriber had room (XPUB_NODROP: a full one makes the whole send EAGAIN, nothing sent)."""
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def _drop(self, frames: list, reason: str) -> None:
+        """Send lossy: to the subscribers with room; a full one misses it and what follows until it has read
+        half its queue (ZeroMQ skips it meanwhile): one gap in its `seq`."""
+        if not self.gaps:
+            print(f"results: a subscriber of {self.endpoint} is {self.bound:,} bytes behind: it misses messages "
+                  "until it has read half of them (it sees the gap in seq; gaps counted in the summary)",
+                  file=sys.stderr, flush=True)
+        self.sock.setsockopt(zmq.XPUB_NODROP, 0)
+        self.sock.send_multipart(frames)
+        self.sock.setsockopt(zmq.XPUB_NODROP, 1)
+        self.gaps[reason] += 1
+
+    def _flush(self) -> None:
+        """Ordered: send what waits in the outbox while every subscriber has room; a subscriber full for
+        `output.subscriber_timeout` seconds is given up on until every subscriber has room again."""
+        while self.outbox:
+            frames, size = self.outbox[0]
+            if self._send(frames):
+                self._waiting_since, self._given_up = None, False
+            elif self._given_up:
+                self._drop(frames, "subscriber_timeout")
+            else:
+                now = time.monotonic()
+                self._waiting_since = self._waiting_since or now
+                if now - self._waiting_since < self.timeout:
+                    return
+                self._given_up = True
+                self._drop(frames, "subscriber_timeout")
+            self.outbox.popleft()
+            self.outbox_bytes -= size
 
     def close(self) -> None:
         """After the last batch: wait for every slave's last results, punctuate with +inf, send END."""
@@ -150,6 +263,10 @@ class ResultStream:
         if self.punctuator.advance(eventtime.POS_INF, empty) is not None:
             self._punctuate(eventtime.POS_INF)
         self._publish(wire.encode_mark(wire.Kind.END, 0.0, sender=self.index, seq=self.seq))
+        while self.outbox:  # ordered: within subscriber_timeout, or lossy
+            self._flush()
+            time.sleep(1e-3)
+        self.ingest_room(0)  # ends a pause still counted
         self.sock.close()
         stop_authenticators()
         self.ctx.term()  # waits for delivery, at most the socket's linger
@@ -159,11 +276,15 @@ class ResultStream:
         if not self.enabled:
             return {}
         mine = {"endpoints": [self.endpoint], "ordered": self.ordered, "results": self.results,
-                "punctuations": self.punctuations, "messages": self.seq, "held_peak_results": self.held_peak}
+                "punctuations": self.punctuations, "messages": self.seq, "subscriber_buffer_bytes": self.bound,
+                "gaps": sum(self.gaps.values()), "gaps_by_reason": dict(self.gaps), "held_peak_results": self.held_peak,
+                "held_peak_bytes": self.held_peak_bytes, "ingest_held_seconds": round(self.held_back, 3)}
         for theirs in others:
             theirs = theirs["result_stream"]
             mine["endpoints"] += theirs["endpoints"]
-            for key in ("results", "punctuations", "messages"):
+            for key in ("results", "punctuations", "messages", "gaps", "ingest_held_seconds"):
                 mine[key] += theirs[key]
-            mine["held_peak_results"] = max(mine["held_peak_results"], theirs["held_peak_results"])
+            for key in ("held_peak_results", "held_peak_bytes"):
+                mine[key] = max(mine[key], theirs[key])
+            mine["gaps_by_reason"] = dict(Counter(mine["gaps_by_reason"]) + Counter(theirs["gaps_by_reason"]))
         return {"result_stream": mine}

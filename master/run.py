@@ -152,7 +152,9 @@ class Master:
             now = time.time()
             if self._stop_requested:
                 ingest.exhausted = True
-            worked = ingest.ingest(now, now >= next_slot) + self._route_reports()
+            # an ordered result stream takes no more input than its byte bound has room for the results of
+            room = self.results_out.ingest_room(len(self.buffers))
+            worked = ingest.ingest(now, now >= next_slot, room) + self._route_reports()
             if self.stats.first_tuple is None and self.stats.ingested:
                 self.stats.first_tuple = now
             worked += self.results_out.pump(eventtime.POS_INF if ingest.exhausted else ingest.frontier(),

@@ -224,4 +224,6 @@ def print_summary(s: dict, out=sys.stderr) -> None:
     if "result_stream" in s:
         r = s["result_stream"]
         print(f"result stream on {', '.join(r['endpoints'])}: {r['results']:,} results, {r['punctuations']:,} punctuations"
-              f"{', ordered' if r['ordered'] else ''}", file=out, flush=True)
+              f"{', ordered' if r['ordered'] else ''}; {r['gaps']:,} gaps for subscribers behind"
+              f"{'; ingest held %.2fs' % r['ingest_held_seconds'] if r['ordered'] else ''}",
+              file=out, flush=True)

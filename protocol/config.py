@@ -112,6 +112,8 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "zmq_endpoint": ("", 'publish results with punctuations on this ZeroMQ endpoint (e.g. "tcp://127.0.0.1:5556"); "" = off'),
         "ordered": (False, "with zmq_endpoint: publish results in order of the later tuple's ts (held until punctuated)"),
         "wait_subscribers": (0, "with zmq_endpoint: wait for this many subscribers before ingesting (PUB drops what comes before)"),
+        "subscriber_buffer_bytes": (64 << 20, "with zmq_endpoint: bytes of results the master queues per subscriber (at least 65536); a subscriber further behind misses messages (its gaps counted); with ordered, results held beyond it pause ingest"),
+        "subscriber_timeout": (10.0, "with ordered: seconds a full subscriber may hold the stream (and the cluster) back before it misses messages as unordered"),
     },
     "security": {
         "allow_remote": (False, "allow ZeroMQ endpoints on non-loopback addresses (then CURVE keys are required)"),
@@ -151,7 +153,7 @@ _POSITIVE = {
     ("balance", "buffer_capacity"), ("balance", "gamma"), ("checkpoint", "keep"),
     ("cluster", "dispatchers"), ("hotkeys", "grid"), ("hotkeys", "max_keys"), ("hotkeys", "sketch"),
     ("aggregate", "flush_interval"), ("source", "producers"), ("source", "max_message_tuples"),
-    ("source", "duplicate_window"),
+    ("source", "duplicate_window"), ("output", "subscriber_buffer_bytes"),
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),
@@ -160,7 +162,7 @@ _NON_NEGATIVE = {
     ("checkpoint", "interval"), ("join", "band"),
     ("aggregate", "window"),
     ("source", "idle_timeout"), ("output", "wait_subscribers"), ("master", "stall_timeout"),
-    ("metrics", "log_interval"),
+    ("metrics", "log_interval"), ("output", "subscriber_timeout"),
 }
 
 
@@ -265,6 +267,9 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
         raise ConfigError(f"hotkeys.threshold: must be in (0, 1], got {cfg['hotkeys']['threshold']!r}")
     if cfg["hotkeys"]["grid"] < 2:
         raise ConfigError(f"hotkeys.grid: must be at least 2, got {cfg['hotkeys']['grid']!r}")
+    if cfg["output"]["subscriber_buffer_bytes"] < 65536:
+        raise ConfigError("output.subscriber_buffer_bytes: must be at least 65536 (one result message), got "
+                          f"{cfg['output']['subscriber_buffer_bytes']!r}")
     check_join_type(cfg, ConfigError)
     check_endpoints(cfg)
     check_http_endpoint("metrics.endpoint", cfg["metrics"]["endpoint"], cfg)

@@ -470,6 +470,10 @@ def test_paced_ingest_takes_what_is_due_in_ticks_and_everything_due_at_a_slot(tm
     assert desk.ingest(t0 + 0.501, slot=True) == 1
     arrival = p.buffers.drain(np.arange(PARTS))[0]["arrival"]
     assert arrival.min() == t0 and arrival.max() < t0 + 0.501  # nominal arrival on the schedule
+    # the ordered result stream's room caps what is taken; a cap of 0 holds the due tuples back (pacing lag)
+    assert desk.ingest(t0 + 0.7, slot=True, cap=0) == 0 and p.stats.pacing_lag_max > 0.19
+    assert desk.ingest(t0 + 0.7, slot=True, cap=120) == 120
+    assert desk.ingest(t0 + 0.7, slot=True) == 79
 
 
 def test_band_join_routes_s_to_its_range_and_copies_r_to_every_range_with_partners(tmp_path):

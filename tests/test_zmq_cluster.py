@@ -6,6 +6,7 @@ input the producers sent, whatever the random pauses between their sends.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -296,3 +297,97 @@ def test_a_strangers_end_does_not_end_the_input_and_is_counted(tmp_path):
     assert run.summary["config"]["source"]["token_file"] == str(tmp_path / "token")
     on_disk = "".join(f.read_text(errors="replace") for f in run.out.rglob("*") if f.is_file() and f.suffix != ".parquet")
     assert token not in run.stderr and token not in on_disk
+
+
+#: a paced run of many results: 3 s of 6,000 tuples/s on 32 keys, window 1 s (about 2.9M results, 210 MB)
+MANY_RESULTS = dict(SMALL, **{"generator.duration": 3.0, "generator.keys": 32, "join.window": 1.0,
+                              "source.rate": 6000.0, "output.wait_subscribers": 1})
+
+
+def test_a_subscriber_that_stops_reading_costs_the_master_its_byte_bound_and_is_counted(tmp_path):
+    """The old stream queued every result for a subscriber that stops reading (the master's RSS grew by the
+    results' bytes, 210 MB here); now at most output.subscriber_buffer_bytes, the rest is dropped for it and
+    the gap counted.  A second subscriber stops for a second and then reads on: it sees gaps in seq."""
+    port = free_port()
+    done, seqs = threading.Event(), []
+
+    def subscriber(pause: float | None):  # pause None: never reads during the run
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.rcvhwm, sub.rcvbuf, sub.linger = 1, 64 * 1024, 0
+        sub.subscribe(b"")
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        if pause is None:
+            done.wait()
+        else:
+            while not sub.poll(100) and not done.is_set():
+                pass
+            time.sleep(pause)  # results are flowing: stop reading for a while
+            while not done.is_set() or sub.poll(100):
+                if sub.poll(100):
+                    seqs.append(int(np.frombuffer(sub.recv_multipart()[0], wire.HEADER)["seq"][0]))
+        sub.close()
+        ctx.term()
+
+    readers = [threading.Thread(target=subscriber, args=(pause,), daemon=True) for pause in (None, 1.0)]
+    for reader in readers:
+        reader.start()
+    try:
+        run = run_cluster(tmp_path, 3, dict(MANY_RESULTS, **{"output.zmq_endpoint": f"tcp://127.0.0.1:{port}",
+                                                             "output.wait_subscribers": 2,
+                                                             "output.subscriber_buffer_bytes": 4 << 20}))
+    finally:
+        done.set()
+        for reader in readers:
+            reader.join(timeout=30)
+    assert run.returncode == 0, run.stderr[-2000:]
+    s, stream = run.summary, run.summary["result_stream"]
+    assert stream["results"] == s["results"] > 2_500_000
+    assert s["master_peak_rss_bytes"] < 320 << 20, s["master_peak_rss_bytes"]  # the old stream: 411 MiB
+    assert "it misses messages until it has read half of them" in run.stderr
+    # the one that paused: the start of the run, then jumps in seq past what was dropped for it (one lossy send
+    # may open a gap for both subscribers at once)
+    seen = int((np.diff(seqs) > 1).sum())
+    assert seqs[0] == 0 and 1 <= seen <= stream["gaps"], (seen, stream)
+    assert stream["gaps_by_reason"] == {"subscriber_full": stream["gaps"]}
+    metrics = (tmp_path / "out" / "metrics.prom").read_text()
+    assert f'streamjoin_result_stream_gaps_total{{reason="subscriber_full"}} {float(stream["gaps"])}' in metrics
+
+
+def test_ordered_stream_waits_for_a_paused_subscriber_with_bounded_memory_and_stays_exact(tmp_path):
+    """Ordered: the subscriber stops (SIGSTOP) for 3 s mid-run; the master keeps at most about
+    output.subscriber_buffer_bytes of results, pauses ingest meanwhile, and the subscriber gets every result,
+    in order, as the reference join has them."""
+    port = free_port()
+    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{port}", "--out", tmp_path / "sub.parquet",
+                "--progress", 0.1)
+    paused = []
+
+    def pause_once_results_flow():
+        for line in sub.stderr:
+            if line.startswith("results ") and not line.startswith("results 0 "):
+                sub.send_signal(signal.SIGSTOP)
+                time.sleep(3.0)
+                sub.send_signal(signal.SIGCONT)
+                paused.append(line)
+                return
+
+    pauser = threading.Thread(target=pause_once_results_flow, daemon=True)
+    pauser.start()
+    settings = dict(MANY_RESULTS, **{"generator.keys": 256, "generator.seed": 5, "output.ordered": True,
+                                     "join.max_delay": 0.05, "epochs.distribution": 0.1,
+                                     "output.zmq_endpoint": f"tcp://127.0.0.1:{port}",
+                                     "output.subscriber_buffer_bytes": 4 << 20, "output.subscriber_timeout": 60.0})
+    try:
+        run, expected = check_exact(tmp_path, 3, settings)
+    finally:
+        sub.send_signal(signal.SIGCONT)
+    pauser.join(timeout=10)
+    assert paused, "the subscriber never saw results"
+    stream = run.summary["result_stream"]
+    assert stream["gaps"] == 0 and stream["results"] == len(expected) > 300_000
+    assert stream["ingest_held_seconds"] > 1.0  # the pause reached ingest
+    # about the bound: the estimate of results per tuple errs, and the results of join.max_delay of input wait
+    # for more input whatever the bound; the old stream queued every result (40 MB) while the subscriber stood
+    assert stream["held_peak_bytes"] < 3 * (4 << 20), stream["held_peak_bytes"]
+    check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True)

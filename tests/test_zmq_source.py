@@ -1,6 +1,7 @@
 """master/zmq_source.py, the producer and the subscriber over real loopback ZeroMQ sockets; CURVE; the config rules."""
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -10,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import zmq
 import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
 
 from control.subscribe import subscribe
 from master.source import open_source
@@ -88,6 +90,41 @@ def test_input_ends_after_every_producer_or_when_idle(tmp_path):
     assert drain(idle) == []  # no producer at all: ends after 0.2 s without a message
     idle.finish()
     src.finish()
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_64_mib_frame_is_refused_unread_and_its_sender_disconnected(tmp_path):
+    """max_message_tuples = 300: ZMQ_MAXMSGSIZE is about 1 MiB, so a 64 MiB frame is refused as it arrives
+    (never read whole into this process) and its connection dropped; a well-behaved producer goes on."""
+    src = open_source(zmq_cfg(tmp_path))
+    ctx = zmq.Context()
+    rogue = ctx.socket(zmq.PUSH)
+    rogue.linger = 0
+    monitor = rogue.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+    rogue.connect(src.endpoint)
+    huge = np.zeros(64 << 20, dtype=np.uint8)  # calloc'ed zero pages: sending them costs this process nothing
+    before = resident_bytes()
+    rogue.send_multipart(wire.encode_mark(wire.Kind.END, 0.0) + [huge], copy=False)
+    events, deadline = [], time.monotonic() + 10
+    while zmq.EVENT_DISCONNECTED not in events:
+        assert time.monotonic() < deadline, f"the sender was never disconnected (events {events})"
+        assert src.next_chunk(10) is not None and src.messages == 0  # nothing of it reaches the source
+        if monitor.poll(10):
+            events.append(recv_monitor_message(monitor)["event"])
+    assert resident_bytes() - before < 32 << 20, resident_bytes() - before
+    good = Producer(src.endpoint)
+    good.send(np.zeros(5), np.arange(5), np.arange(5) * 1_000_000, np.zeros(5), np.zeros(5))
+    good.close()
+    assert [c.id.tolist() for c in drain(src)] == [[0, 1, 2, 3, 4]]
+    assert src.finish()["rejected"] == 0 and src.messages == 2  # the good message and its END
+    rogue.disable_monitor()
+    monitor.close()
+    rogue.close()
+    ctx.term()
 
 
 def drain_until_empty(src):
@@ -284,3 +321,61 @@ def test_a_producer_resends_what_no_checkpoint_holds_to_a_restarted_master(tmp_p
     assert held["taken"] == {"feed".encode().hex(): 1050} and z["producers"] == {"feed": 3000}
     assert sent["confirmed"] and sent["tuples_resent"] >= 500 and z["lost_tuples"] == 0  # at least 1,000..1,499
     assert z["duplicate_tuples"] == 50  # the first resent message began before the cut
+
+
+def test_the_subscriber_counts_the_messages_missed_in_each_gap():
+    pub = zmq.Context.instance().socket(zmq.XPUB)
+    pub.bind("tcp://127.0.0.1:*")
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(subscribe(pub.last_endpoint.decode(), timeout=3.0,
+                                                                  progress=0)))
+    reader.start()
+    assert pub.poll(5000) and pub.recv()[:1] == b"\x01"
+    for frames in (wire.encode_mark(wire.Kind.PUNCT, 1.0, seq=0), wire.encode_mark(wire.Kind.PUNCT, 2.0, seq=3),
+                   wire.encode_mark(wire.Kind.PUNCT, 3.0, seq=4), wire.encode_mark(wire.Kind.END, 0.0, seq=9)):
+        pub.send_multipart(frames)
+    reader.join()
+    pub.close()
+    assert got["ended"] and got["gaps"] == 2 and got["missed_messages"] == 2 + 4
+
+
+def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_path):
+    """master.result_stream.ResultStream.ingest_room over MPI.COMM_SELF: results per tuple so far x tuples on
+    their way must fit in output.subscriber_buffer_bytes beside the held results."""
+    from mpi4py import MPI
+
+    from master.result_stream import FRAME_ROWS, ResultStream
+    from protocol.messages import TAG_RESULTS
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = load_config(None, [f'output.zmq_endpoint="tcp://127.0.0.1:{port}"', "output.ordered=true",
+                             "output.subscriber_buffer_bytes=720000"])
+    out = ResultStream(MPI.COMM_SELF, cfg, 4)
+    hundred = np.zeros(100, dtype=[("ts", "<i8")])
+
+    def batch(seq, results):  # a slave's answer to batch `seq`: `results` rows, later ts 1 s
+        rows = np.zeros(results, wire.RESULT_RECORD)
+        rows["r_ts"] = 1.0
+        out.sent(0, seq, np.arange(4), hundred, hundred[:0], 0)
+        request = MPI.COMM_SELF.Isend([wire.pack(wire.encode_results(rows, seq=seq)), MPI.BYTE], dest=0,
+                                      tag=TAG_RESULTS)
+        while not out.pump(0, np.zeros(4, np.int64)):  # punctuation 0: everything stays held
+            pass
+        request.Wait()
+
+    assert out.ingest_room(0) is None  # no results yet: no estimate
+    batch(1, 2000)  # 20 results a tuple, 1,440 bytes; 144,000 held
+    assert out.ingest_room(0) == (720000 - 144000) // 1440 == 400
+    assert out.ingest_room(400) == 0  # 400 tuples buffered: their results take the rest
+    batch(2, 9000)  # 55 results a tuple; 792,000 held, over the bound, and nothing on its way to release any
+    assert out.ingest_room(0) == 720000 // (55 * 72)  # so one bound's worth of input is let in
+    deadline = time.monotonic() + 5
+    while out.held_bytes and time.monotonic() < deadline:  # punctuation 2 s releases them all
+        out.pump(2_000_000, np.zeros(4, np.int64))
+        time.sleep(0.01)
+    assert out.held_bytes == 0 and out.held_peak_bytes == 792000
+    out.close()
+    s = out.summary()["result_stream"]  # the results in messages of at most FRAME_ROWS, the punctuations, END
+    assert s["messages"] == -(-11000 // FRAME_ROWS) + s["punctuations"] + 1 and s["gaps"] == 0

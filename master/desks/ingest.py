@@ -80,14 +80,15 @@ class IngestDesk:
         """The watermark of what was taken: no on-time tuple still to come lies below it."""
         return self.max_ts - self.max_delay
 
-    def ingest(self, now: float, slot: bool = False) -> int:
+    def ingest(self, now: float, slot: bool = False, cap: int | None = None) -> int:
         """Pull what has arrived (paced) or what fits (unpaced) from the source; returns tuples taken.
-        At a `slot` paced input is taken whatever the tick, so what arrived until then goes out now."""
+        At a `slot` paced input is taken whatever the tick, so what arrived until then goes out now.  `cap`:
+        at most this many (the ordered result stream's room, master.result_stream)."""
         if self.range_partitioned and self.ranges is None and self.index > 0:
             return 0  # rank 0's key ranges have not come yet
         src = self.cfg["source"]
         room = self.cfg["master"]["buffer_capacity"] - len(self.buffers)
-        limit = min(src["batch"], room)
+        limit = min(src["batch"], room, src["batch"] if cap is None else cap)
         behind = 0.0
         if self.rate > 0:
             due = int((now - self.t0) * self.rate) - self.consumed
