@@ -356,11 +356,11 @@ def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_p
     hundred = np.zeros(100, dtype=[("ts", "<i8")])
 
     def batch(seq, results):  # a slave's answer to batch `seq`: `results` rows, later ts 1 s
-        rows = np.zeros(results, wire.RESULT_RECORD)
+        buf, rows = wire.results_buffer(results, 0, seq)
+        rows[:] = np.zeros(results, wire.RESULT_RECORD)
         rows["r_ts"] = 1.0
         out.sent(0, seq, np.arange(4), hundred, hundred[:0], 0)
-        request = MPI.COMM_SELF.Isend([wire.pack(wire.encode_results(rows, seq=seq)), MPI.BYTE], dest=0,
-                                      tag=TAG_RESULTS)
+        request = MPI.COMM_SELF.Isend([buf, MPI.BYTE], dest=0, tag=TAG_RESULTS)
         while not out.pump(0, np.zeros(4, np.int64)):  # punctuation 0: everything stays held
             pass
         request.Wait()
