@@ -39,12 +39,14 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.balance --quick --repeats 1
 	$(BIN)/python -m bench.hotkeys --quick --repeats 1
 	$(BIN)/python -m bench.metrics_cost --quick --repeats 3
+	$(BIN)/python -m bench.join_types --quick --repeats 1
 
 bench-full: $(STAMP)
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.balance
 	$(BIN)/python -m bench.hotkeys
 	$(BIN)/python -m bench.metrics_cost
+	$(BIN)/python -m bench.join_types
 
 # the configuration reference, made from protocol/config.py's defaults (tests/test_config.py checks it is current)
 docs: $(STAMP)

@@ -9,18 +9,14 @@ share, as an operator would plot a run.  Output: metrics.md, metrics.json, metri
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from bench.ab import Comparison, parser
 from bench.cluster import RunFailed, run_cluster
-from bench.machine import machine_info
-from bench.search import median
-from bench.tables import fmt, md_table
 
 TARGET = 0.98
 MODES = {"off": ["metrics.endpoint=", "metrics.log_interval=0"],
@@ -70,49 +66,25 @@ def plot(out: Path, line: dict) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.metrics_cost", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="30 s of event time per run instead of 60 s")
-    p.add_argument("--repeats", type=int, default=5, help="off/on pairs (default 5)")
-    p.add_argument("--slaves", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("bench-report"))
-    p.add_argument("--timeout", type=float, default=600.0)
-    a = p.parse_args(argv)
+    a = parser("python -m bench.metrics_cost", __doc__, 30.0, 60.0, 5).parse_args(argv)
     workload = [f"generator.duration={30.0 if a.quick else 60.0}"]
-    data = {"command": "python -m bench.metrics_cost " + " ".join(argv), "machine": machine_info(),
-            "workload": workload, "slaves": a.slaves, "runs": {m: [] for m in MODES}}
+    ab = Comparison("python -m bench.metrics_cost " + " ".join(argv), a, workload, MODES)
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-metrics-") as tmp:
-            for i in range(a.repeats):
-                for mode, settings in MODES.items():
-                    s = run_cluster(a.slaves + 1, [*workload, *settings], Path(tmp) / f"{mode}-{i}", a.timeout)
-                    data["runs"][mode].append(s["throughput_tuples_per_s"])
-                    print(f"[{mode:>3} #{i + 1}] {s['throughput_tuples_per_s']:,.0f} tuples/s in-run", flush=True)
-            data["medians"] = {m: median(r) for m, r in data["runs"].items()}
-            data["ratio"] = round(data["medians"]["on"] / data["medians"]["off"], 4)
-            rate = round(data["medians"]["off"] / 2)
+            ab.run(Path(tmp))
+            rate = round(ab.data["medians"]["off"] / 2)
             s = run_cluster(a.slaves + 1, [*workload, *MODES["on"], f"source.rate={rate}"], Path(tmp) / "timeline",
                             a.timeout, keep=lambda out: timeline(read_log(out)))
-            data["timeline"] = {"rate": rate, **s["kept"]}
+            ab.data["timeline"] = {"rate": rate, **s["kept"]}
     except RunFailed as e:
         print(f"bench.metrics_cost: a run failed: {e}", file=sys.stderr)
         return 1
-    met = data["ratio"] >= TARGET
-    rows = [[m, *(fmt(x, ",.0f") for x in runs), fmt(data["medians"][m], ",.0f")] for m, runs in data["runs"].items()]
-    table = md_table(["metrics", *(f"run {i + 1}" for i in range(a.repeats)), "median"], rows)
-    verdict = (f"on/off = {data['ratio']:.3f} (target >= {TARGET}: {'met' if met else 'NOT met'}; "
-               f"each side's runs above show the machine's noise)")
-    m = data["machine"]
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "metrics.json").write_text(json.dumps(data, indent=2))
-    png = plot(a.out, data["timeline"])
-    (a.out / "metrics.md").write_text("\n".join([
-        "# What the metrics cost", "", f"`{data['command'].strip()}` — {m['date']}", "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {a.slaves} slaves + master; workload "
-        f"`{' '.join(workload)}`, unpaced; in-run tuples/s, off and on alternated.", "", table, "", verdict, "",
-        f"A paced run at {data['timeline']['rate']:,} tuples/s (half the off median), plotted from its metrics log:",
-        "", f"![timeline]({png.name})", ""]))
-    print(table + "\n" + verdict)
-    print(f"wrote {a.out / 'metrics.md'}, {a.out / 'metrics.json'}, {png}")
+    png = plot(a.out, ab.data["timeline"])
+    ab.write("metrics", "What the metrics cost", "metrics", [
+        ab.verdict(TARGET), "",
+        f"A paced run at {rate:,} tuples/s (half the off median), plotted from its metrics log:", "",
+        f"![timeline]({png.name})"])
     return 0
 
 

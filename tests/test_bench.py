@@ -673,3 +673,21 @@ def test_big_runs_an_n_row_file_end_to_end_and_deletes_it(tmp_path):
     assert r["process_seconds"] > r["wall_seconds"] > 0 and r["first_tuple_seconds"] > 0
     assert dict(report_rows(r))["tuples joined (input_total)"] == "50,000"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_lone_rows_are_timed_from_the_moment_they_become_final(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from bench.join_types import after_final
+    (tmp_path / "results").mkdir()
+    # R rows alone at ts 0..9 s, each out 1.5 s + 0.1 * i after it arrived; a pair (not timed); the rows of the
+    # last 1.5 s of event time are decided by the end of input (not timed)
+    ts = np.arange(10.0)
+    delay = 1.5 + 0.1 * np.arange(10)
+    pq.write_table(pa.table({"r_ts": np.r_[ts, 3.0], "delay": np.r_[delay, 0.05],
+                             "kind": ["left_unmatched"] * 10 + ["matched"]}), tmp_path / "results" / "slave-001.parquet")
+    got = after_final(tmp_path, 1.5)
+    assert got["rows"] == 8  # ts 0..7: below 9 - 1.5
+    assert got["after_final_max"] == pytest.approx(0.7)
+    assert got["after_final_p50"] == pytest.approx(np.percentile(0.1 * np.arange(8), 50))

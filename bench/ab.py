@@ -1,0 +1,68 @@
+"""Two settings of the same workload compared: unpaced runs alternated A, B, A, B, ... (so the machine's drift
+falls on both), the in-run rate of each, the ratio of the medians against a target, and a report.  Used by
+bench.metrics_cost (metrics off / on) and bench.join_types (inner / left join)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench.cluster import run_cluster
+from bench.machine import machine_info
+from bench.search import median
+from bench.tables import fmt, md_table
+
+
+def parser(prog: str, doc: str, quick_seconds: float, seconds: float, repeats: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help=f"{quick_seconds:g} s of event time per run instead of {seconds:g} s")
+    p.add_argument("--repeats", type=int, default=repeats, help=f"pairs of runs (default {repeats})")
+    p.add_argument("--slaves", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("bench-report"))
+    p.add_argument("--timeout", type=float, default=600.0)
+    return p
+
+
+class Comparison:
+    """`modes`: {name: settings}, the first the baseline; `workload`: settings of both."""
+
+    def __init__(self, command: str, a: argparse.Namespace, workload: list[str], modes: dict[str, list[str]]):
+        self.a, self.workload, self.modes = a, workload, modes
+        self.data = {"command": command, "machine": machine_info(), "workload": workload, "slaves": a.slaves,
+                     "runs": {m: [] for m in modes}}
+
+    def run(self, tmp: Path) -> None:
+        """The alternated unpaced runs; then the medians and the ratio (second mode over the first)."""
+        for i in range(self.a.repeats):
+            for mode, settings in self.modes.items():
+                s = run_cluster(self.a.slaves + 1, [*self.workload, *settings], tmp / f"{mode}-{i}", self.a.timeout)
+                self.data["runs"][mode].append(s["throughput_tuples_per_s"])
+                print(f"[{mode:>5} #{i + 1}] {s['throughput_tuples_per_s']:,.0f} tuples/s in-run", flush=True)
+        self.data["medians"] = {m: median(r) for m, r in self.data["runs"].items()}
+        base, other = self.data["medians"].values()
+        self.data["ratio"] = round(other / base, 4)
+
+    def verdict(self, target: float) -> str:
+        base, other = self.modes
+        ratio = self.data["ratio"]
+        return (f"{other}/{base} = {ratio:.3f} (target >= {target}: {'met' if ratio >= target else 'NOT met'}; "
+                "each side's runs show the machine's noise)")
+
+    def write(self, name: str, title: str, heading: str, lines: list[str]) -> str:
+        """`name`.json and `name`.md (the table of runs, then `lines`); returns the table."""
+        runs = self.data["runs"]
+        table = md_table([heading, *(f"run {i + 1}" for i in range(self.a.repeats)), "median"],
+                         [[m, *(fmt(x, ",.0f") for x in r), fmt(self.data["medians"][m], ",.0f")]
+                          for m, r in runs.items()])
+        m, out = self.data["machine"], self.a.out
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}.json").write_text(json.dumps(self.data, indent=2))
+        (out / f"{name}.md").write_text("\n".join([
+            f"# {title}", "", f"`{self.data['command'].strip()}` — {m['date']}", "",
+            f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {self.a.slaves} slaves + master; "
+            f"workload `{' '.join(self.workload)}`, unpaced, {' and '.join(runs)} alternated; in-run tuples/s.",
+            "", table, "", *lines, ""]))
+        print(table + "\n" + "\n".join(lines))
+        print(f"wrote {out / (name + '.md')}, {out / (name + '.json')}")
+        return table
