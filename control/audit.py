@@ -13,14 +13,17 @@ without any code of master/ingest or slave/:
 - the join of the on-time tuples: r.key == s.key (equal), |r.key - s.key| <= band (band) or r.key < s.key
   (less), and |r.ts - s.ts| <= join.window, for every pair whose later ts lies in [from, to) (so only the
   input with ts >= from - window is joined);
+- with join.type other than inner (docs/joins-and-hot-keys.md), the rows without a partner whose own ts lies
+  in [from, to): the on-time tuples no tuple of the other stream joins (left, right, full, anti), or the R
+  tuples some S tuple joins (semi), from the input up to to + window;
 
 every time compared as the engine compares it, in integer microseconds (docs/time.md): the files' float
 seconds are converted back in SQL (`micros`), window, max_delay and the range's bounds once from their
 decimals (protocol.eventtime.duration, the config's conversion), so a pair exactly join.window apart is
 expected and one a microsecond further is not;
 
-and compares them with results/ and late/ over the same range: pairs missing, extra, twice; tuples set aside
-as late that are not, and the reverse.  A finished run (summary.json) counts every file; a live or crashed
+and compares them with results/ and late/ over the same range: pairs missing, extra, twice, and so rows
+alone per kind; tuples set aside as late that are not, and the reverse.  A finished run (summary.json) counts every file; a live or crashed
 one only what its newest complete checkpoint committed (the files past the commit are replaced by a
 restarted run: protocol.checkpoint.roll_back_output), and only below that checkpoint's watermark.
 Also runnable as `spark-submit control/audit.py ...`.
