@@ -4,7 +4,9 @@ faults in the rows without a partner (one removed, one doubled, one added for a 
 each counted under its kind and present in the diff file."""
 from __future__ import annotations
 
+import re
 import shutil
+import urllib.request
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from control import audit
+from control.audit_metrics import AuditMetrics
 from protocol.config import load_config
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED, read_tables
 from protocol.workload import generate_all
@@ -61,6 +64,16 @@ def test_the_audit_of_a_full_join_counts_each_kind_like_the_reference(spark, ful
     header, row = audit.table([r]).splitlines()
     assert "left_unmatched missing" in header and "right_unmatched duplicates" in header
     assert row.split()[0] == r["range"]
+    metrics = AuditMetrics("127.0.0.1:0", load_config(full_run.out.parent / "run.toml"))
+    try:
+        metrics.record(r)
+        scraped = urllib.request.urlopen(metrics.url, timeout=10).read().decode()
+    finally:
+        metrics.close()
+    metric = lambda labels: float(re.search(rf"^streamjoin_audit_rows_alone_total{{{labels}}} (\S+)$", scraped,
+                                            re.M).group(1))
+    assert metric('kind="right_unmatched",outcome="found"') == len(lone_s)
+    assert metric('kind="left_unmatched",outcome="missing"') == 0
 
 
 def test_planted_faults_in_rows_alone_are_counted_by_kind_and_in_the_diff_file(spark, full_run, tmp_path):
