@@ -135,5 +135,9 @@ def test_a_semi_band_join_expects_each_r_row_with_a_partner_once(spark, tmp_path
     assert code == audit.EXACT, r
     assert r["kinds"] == [LEFT_MATCHED] and r["expected"] == r["found"] == 0
     assert r["left_matched_expected"] == r["left_matched_found"] == len(lone_r) > 500
+    # a sample of the R rows' keys: their partners are still looked for among every S key (band)
+    code, sampled = audited(spark, run, "--sample", "0.3")
+    assert code == audit.EXACT, sampled
+    assert 0 < sampled["left_matched_expected"] == sampled["left_matched_found"] < len(lone_r) / 2
     results = read_tables(run.out / "results")
     assert pc.all(pc.is_null(results["s_id"])).as_py()
