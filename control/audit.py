@@ -22,10 +22,11 @@ seconds are converted back in SQL (`micros`), window, max_delay and the range's 
 decimals (protocol.eventtime.duration, the config's conversion), so a pair exactly join.window apart is
 expected and one a microsecond further is not;
 
-and compares them with results/ and late/ over the same range: pairs missing, extra, twice, and so rows
-alone per kind; tuples set aside as late that are not, and the reverse.  A finished run (summary.json) counts every file; a live or crashed
-one only what its newest complete checkpoint committed (the files past the commit are replaced by a
-restarted run: protocol.checkpoint.roll_back_output), and only below that checkpoint's watermark.
+and compares them with results/ and late/ over the same range: pairs missing, extra, twice, the same for
+the rows alone of each kind; tuples set aside as late that are not, and the reverse.  A finished run
+(summary.json) counts every file; a live or crashed one only what its newest complete checkpoint committed
+(the files past the commit are replaced by a restarted run: protocol.checkpoint.roll_back_output), and only
+below that checkpoint's watermark (for rows alone: below the slaves' watermark minus join.window).
 Also runnable as `spark-submit control/audit.py ...`.
 """
 from __future__ import annotations
@@ -89,12 +90,12 @@ class Target:
     commit: dict | None = None
     consumed: dict[int, int] = field(default_factory=dict)  #: live: input position of each dispatcher at the cut
     checkpoint_id: int | None = None
-    lone_bound: int | None = None  #: live, join.type other than inner: the watermark is that of rows alone
+    rows_alone: bool = False  #: live, join.type other than inner: the watermark is the bound of rows alone
 
     def describe(self) -> str:
         if self.finished:
             return "finished run"
-        if self.lone_bound is not None:
+        if self.rows_alone:
             return (f"live run, checkpoint {self.checkpoint_id}, rows alone final below "
                     f"{seconds_text(self.watermark)}")
         return f"live run, checkpoint {self.checkpoint_id}, watermark {seconds_text(self.watermark)}"
@@ -143,15 +144,15 @@ def _at_checkpoint(cfg: dict, out: Path) -> Target:
                 for rows in checkpoint.read_part(directory / checkpoint.master_part(d))[:2]]
     lowest = min((int(ts.min()) for ts in buffered if len(ts)), default=POS_INF)
     watermark = min(min(m["max_ts"] for m in sections.values()) - duration(cfg["join"]["max_delay"]), lowest)
-    lone = None
-    if cfg["join"].get("type", "inner") != "inner":
+    rows_alone = cfg["join"].get("type", "inner") != "inner"
+    if rows_alone:
         # a row alone is written once the watermark its slave joined by passes its ts + window (the slave's:
         # the lowest of the last batch each dispatcher sent it); its partners must have been joined too
         sent = min(w for m in sections.values() for w in m["sent_watermark"].values())
-        lone = watermark = min(watermark, sent) - duration(cfg["join"]["window"])
+        watermark = min(watermark, sent) - duration(cfg["join"]["window"])
     return Target(out, cfg, finished=False, watermark=watermark, commit=manifest["commit"],
                   consumed={d: m["consumed"] for d, m in sections.items()}, checkpoint_id=manifest["id"],
-                  lone_bound=lone)
+                  rows_alone=rows_alone)
 
 
 def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
@@ -532,8 +533,8 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         F.lit(0).cast("long").alias("copies"), *PAIR, F.lit(MATCHED).alias("kind")) \
         .unionByName(extra.select(F.lit("extra").alias("problem"), why.alias("reason"), "copies", *PAIR, "kind")) \
         .unionByName(copies.where("copies > 1").select(
-            F.lit("duplicate").alias("problem"), F.lit("the result files hold this pair more than once").alias("reason"),
-            "copies", *PAIR, "kind"))
+            F.lit("duplicate").alias("problem"),
+            F.lit("the result files hold this pair more than once").alias("reason"), "copies", *PAIR, "kind"))
     lone_found, lone_expected, cached = [], {}, []
     for side in ("r", "s") if join_type != "inner" else ():
         rows = results.where(alone[side] & within(start, end, f"{side}_ts"))
