@@ -13,16 +13,20 @@ without any code of master/ingest or slave/:
 - the join of the on-time tuples: r.key == s.key (equal), |r.key - s.key| <= band (band) or r.key < s.key
   (less), and |r.ts - s.ts| <= join.window, for every pair whose later ts lies in [from, to) (so only the
   input with ts >= from - window is joined);
+- with join.type other than inner (docs/joins-and-hot-keys.md), the rows without a partner whose own ts lies
+  in [from, to): the on-time tuples no tuple of the other stream joins (left, right, full, anti), or the R
+  tuples some S tuple joins (semi), from the input up to to + window;
 
 every time compared as the engine compares it, in integer microseconds (docs/time.md): the files' float
 seconds are converted back in SQL (`micros`), window, max_delay and the range's bounds once from their
 decimals (protocol.eventtime.duration, the config's conversion), so a pair exactly join.window apart is
 expected and one a microsecond further is not;
 
-and compares them with results/ and late/ over the same range: pairs missing, extra, twice; tuples set aside
-as late that are not, and the reverse.  A finished run (summary.json) counts every file; a live or crashed
-one only what its newest complete checkpoint committed (the files past the commit are replaced by a
-restarted run: protocol.checkpoint.roll_back_output), and only below that checkpoint's watermark.
+and compares them with results/ and late/ over the same range: pairs missing, extra, twice, the same for
+the rows alone of each kind; tuples set aside as late that are not, and the reverse.  A finished run
+(summary.json) counts every file; a live or crashed one only what its newest complete checkpoint committed
+(the files past the commit are replaced by a restarted run: protocol.checkpoint.roll_back_output), and only
+below that checkpoint's watermark (for rows alone: below the slaves' watermark minus join.window).
 Also runnable as `spark-submit control/audit.py ...`.
 """
 from __future__ import annotations
@@ -42,11 +46,11 @@ if __package__ in (None, ""):  # run as a file (spark-submit control/audit.py): 
 
 import numpy as np
 
-from control.audit_metrics import DEFAULT_ENDPOINT, AuditMetrics
+from control.audit_metrics import DEFAULT_ENDPOINT, PAIR_OUTCOMES, AuditMetrics
 from protocol import checkpoint
 from protocol.config import ConfigError
 from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
-from protocol.output import RESULT_COLUMNS
+from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RESULT_COLUMNS, RIGHT_UNMATCHED
 from protocol.tuples import tuple_dtype
 
 #: exit codes: the range is exact, it differs, the command was wrong
@@ -55,6 +59,12 @@ TUPLE_SCHEMA = "stream string, id long, ts double, key long, value double"
 RESULT_SCHEMA = ", ".join(f"{c} {'long' if c.endswith(('_id', '_key')) else 'double'}" for c in RESULT_COLUMNS)
 LATE_SCHEMA = TUPLE_SCHEMA + ", reason string, bound double"
 PAIR = ["r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value"]
+#: per join.type (docs/joins-and-hot-keys.md): whether it emits pairs, the kind of its R rows alone, of its S
+#: rows alone (None: it emits none)
+EMITS = {"inner": (True, None, None), "left": (True, LEFT_UNMATCHED, None), "right": (True, None, RIGHT_UNMATCHED),
+         "full": (True, LEFT_UNMATCHED, RIGHT_UNMATCHED), "semi": (False, LEFT_MATCHED, None),
+         "anti": (False, LEFT_UNMATCHED, None)}
+LONE_KINDS = (LEFT_UNMATCHED, RIGHT_UNMATCHED, LEFT_MATCHED)
 #: rows per arrival block (of an archive file, or of an input read whole): the unit the lateness prefix is over
 BLOCK = 1 << 16
 #: sampling resolution: a key is audited iff its hash modulo this is below sample x this
@@ -80,10 +90,15 @@ class Target:
     commit: dict | None = None
     consumed: dict[int, int] = field(default_factory=dict)  #: live: input position of each dispatcher at the cut
     checkpoint_id: int | None = None
+    rows_alone: bool = False  #: live, join.type other than inner: the watermark is the bound of rows alone
 
     def describe(self) -> str:
-        return "finished run" if self.finished else \
-            f"live run, checkpoint {self.checkpoint_id}, watermark {seconds_text(self.watermark)}"
+        if self.finished:
+            return "finished run"
+        if self.rows_alone:
+            return (f"live run, checkpoint {self.checkpoint_id}, rows alone final below "
+                    f"{seconds_text(self.watermark)}")
+        return f"live run, checkpoint {self.checkpoint_id}, watermark {seconds_text(self.watermark)}"
 
     def files(self, folder: str) -> list[Path]:
         """The data files of `folder` that count, in name order (hidden temporaries never do)."""
@@ -129,8 +144,15 @@ def _at_checkpoint(cfg: dict, out: Path) -> Target:
                 for rows in checkpoint.read_part(directory / checkpoint.master_part(d))[:2]]
     lowest = min((int(ts.min()) for ts in buffered if len(ts)), default=POS_INF)
     watermark = min(min(m["max_ts"] for m in sections.values()) - duration(cfg["join"]["max_delay"]), lowest)
+    rows_alone = cfg["join"].get("type", "inner") != "inner"
+    if rows_alone:
+        # a row alone is written once the watermark its slave joined by passes its ts + window (the slave's:
+        # the lowest of the last batch each dispatcher sent it); its partners must have been joined too
+        sent = min(w for m in sections.values() for w in m["sent_watermark"].values())
+        watermark = min(watermark, sent) - duration(cfg["join"]["window"])
     return Target(out, cfg, finished=False, watermark=watermark, commit=manifest["commit"],
-                  consumed={d: m["consumed"] for d, m in sections.items()}, checkpoint_id=manifest["id"])
+                  consumed={d: m["consumed"] for d, m in sections.items()}, checkpoint_id=manifest["id"],
+                  rows_alone=rows_alone)
 
 
 def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
@@ -320,28 +342,24 @@ def floor_div(column: str, width: int):
     return F.expr(f"({column} - pmod({column}, {width})) div {width}")
 
 
-def expected_pairs(tuples, join: dict, start: int, end: int, sample: float):
-    """Every pair of on-time tuples that joins and whose later t is in [start, end) (microseconds: a pair
-    exactly join.window apart joins).
+def on_time_side(tuples, name: str, window: int):
+    """The on-time tuples of stream `name` ("r" or "s") with their columns prefixed, and a time bucket."""
+    from pyspark.sql import functions as F
+
+    t = tuples.where(~F.col("late") & (F.col("stream") == name.upper())).select(
+        *(F.col(c).alias(f"{name}_{c}") for c in ("id", "key", "ts", "t", "value")))
+    return t.withColumn(f"{name}_tb", floor_div(f"{name}_t", max(2 * window, 1)))
+
+
+def matches(r, s, join: dict):
+    """Every pair of the R and S sides (on_time_side) that joins (microseconds: a pair exactly join.window
+    apart joins).
 
     Both sides carry a time bucket of twice the window (and, for band, a key bucket of band + 1): a pair is
     at most one bucket apart, so the R side, repeated at the neighbouring buckets, meets its partners in an
     equi-join; the exact predicate follows."""
     from pyspark.sql import functions as F
 
-    window = duration(join["window"])
-    on_time = tuples.where(~F.col("late"))
-
-    def side(name: str):
-        t = on_time.where(F.col("stream") == name.upper()).select(
-            *(F.col(c).alias(f"{name}_{c}") for c in ("id", "key", "ts", "t", "value")))
-        return t.withColumn(f"{name}_tb", floor_div(f"{name}_t", max(2 * window, 1)))
-
-    r, s = side("r"), side("s")
-    if sample < 1:
-        s = s.where(sampled("s_key", sample))
-        if join["predicate"] == "equal":
-            r = r.where(sampled("r_key", sample))
     near = F.array(F.lit(-1), F.lit(0), F.lit(1))
     r = r.withColumn("tb", F.explode(near)).withColumn("tb", F.col("tb") + F.col("r_tb"))
     on = [r["tb"] == s["s_tb"]]
@@ -352,10 +370,45 @@ def expected_pairs(tuples, join: dict, start: int, end: int, sample: float):
         r = r.withColumn("kb", F.explode(near)).withColumn("kb", F.col("kb") + floor_div("r_key", w))
         s = s.withColumn("s_kb", floor_div("s_key", w))
         on.append(r["kb"] == s["s_kb"])
+    return r.join(s, on).where((F.abs(F.col("r_t") - F.col("s_t")) <= duration(join["window"]))
+                               & key_predicate(join))
+
+
+def expected_pairs(tuples, join: dict, start: int, end: int, sample: float):
+    """Every pair of on-time tuples that joins and whose later t is in [start, end); sampled by s_key (and
+    r_key for an equi-join)."""
+    from pyspark.sql import functions as F
+
+    window = duration(join["window"])
+    r, s = on_time_side(tuples, "r", window), on_time_side(tuples, "s", window)
+    if sample < 1:
+        s = s.where(sampled("s_key", sample))
+        if join["predicate"] == "equal":
+            r = r.where(sampled("r_key", sample))
     later = F.greatest("r_t", "s_t")
-    pairs = r.join(s, on).where((F.abs(F.col("r_t") - F.col("s_t")) <= window) & key_predicate(join)
-                                & (later >= start) & (later < end))
-    return pairs.select(*PAIR)
+    return matches(r, s, join).where((later >= start) & (later < end)).select(*PAIR)
+
+
+def partnered(tuples, join: dict, start: int, end: int, sample: float, name: str):
+    """The on-time tuples of stream `name` with ts in [start, end) (of the sampled keys), each with
+    `partnered`: whether any on-time tuple of the other stream joins it.  `tuples` must reach a window past
+    both ends: a partner is at most join.window away.  For an equi-join the other side is sampled too (a
+    partner has the same key); for band and less it is whole."""
+    from pyspark.sql import functions as F
+
+    window = duration(join["window"])
+    other = "s" if name == "r" else "r"
+    own = on_time_side(tuples, name, window).where((F.col(f"{name}_t") >= start) & (F.col(f"{name}_t") < end))
+    far = on_time_side(tuples, other, window)
+    if sample < 1:
+        own = own.where(sampled(f"{name}_key", sample))
+        if join["predicate"] == "equal":
+            far = far.where(sampled(f"{other}_key", sample))
+    r, s = (own, far) if name == "r" else (far, own)
+    hit = matches(r, s, join).select(F.col(f"{name}_id").alias("hit")).distinct()
+    return own.join(hit, own[f"{name}_id"] == hit["hit"], "left").select(
+        *(F.col(f"{name}_{c}").alias(c) for c in ("id", "key", "ts", "t", "value")),
+        F.col("hit").isNotNull().alias("partnered"))
 
 
 def read_folder(spark, files: list[Path], schema: str):
@@ -374,57 +427,128 @@ def range_name(start: int, end: int) -> str:
     return f"{seconds_text(start)}-{seconds_text(end)}"
 
 
-def within(start: int, end: int, *columns: str):
+def within(start: int, end: int, *columns: str, nullable: bool = False):
     """The later of the columns' ts (float seconds, as the files hold them) in [start, end) microseconds.  A
-    looser test in seconds first, which Parquet can use to skip row groups; the exact one on microseconds."""
+    looser test in seconds first, which Parquet can use to skip row groups; the exact one on microseconds.
+    `nullable`: a null column (the missing side of a row alone) is left out of the later ts."""
     from pyspark.sql import functions as F
 
     later = micros(F.greatest(*map(F.col, columns)) if len(columns) > 1 else F.col(columns[0]))  # monotone
     test = (later >= start) & (later < end)
     for c in columns if end < POS_INF else ():
-        test = (F.col(c) < end / PER_SECOND + 1) & test
+        loose = F.col(c) < end / PER_SECOND + 1
+        test = (F.col(c).isNull() | loose if nullable else loose) & test
     return test
+
+
+def lone_problems(rows, own, want: str | None, side: str, flags, join_type: str):
+    """(diff rows, expected rows) of the rows of stream `side` emitted without the other side.
+
+    `rows`: those the result files hold (PAIR and kind); `own`: `partnered` over the range, None when the
+    join type emits no such row; `want`: the kind they carry (semi: left_matched, an R row with a partner;
+    otherwise *_unmatched, one with none).  Compared by (id, kind): missing, extra (with why), duplicates."""
+    from pyspark.sql import functions as F
+
+    sid = f"{side}_id"
+    mine = [c for c in PAIR if c.startswith(side)]
+    copies = rows.groupBy(sid, "kind").agg(F.count(F.lit(1)).alias("copies"),
+                                          *(F.first(c).alias(c) for c in PAIR if c != sid))
+    if own is None:
+        expected = missing = None
+        extra = copies.withColumn("partnered", F.lit(None).cast("boolean"))
+    else:
+        expected = own.where(F.col("partnered") if want == LEFT_MATCHED else ~F.col("partnered")).select(
+            *(F.col(c[2:]).alias(c) for c in mine))
+        extra = copies.join(expected.select(sid, F.lit(want).alias("kind")), [sid, "kind"], "left_anti") \
+            .join(own.select(F.col("id").alias(sid), "partnered"), sid, "left")
+        missing = expected.join(copies.where(F.col("kind") == want).select(sid), sid, "left_anti")
+    extra = extra.join(flags, sid, "left")
+    why = F.when(F.lit(want is None) | (F.col("kind") != F.lit(want or "")),
+                 F.concat(F.lit(f"join.type = {join_type!r} emits no "), F.col("kind"), F.lit(" rows"))) \
+        .when(F.col(f"{side}_late"), "its tuple is late") \
+        .when(F.col("partnered").isNull(), "no such on-time tuple in the input")
+    why = why.when(~F.col("partnered"), "its tuple has no partner: semi emits an R row with one") \
+        if want == LEFT_MATCHED else why.when(F.col("partnered"), "its tuple has a partner: it belongs in a pair")
+    nulls = [F.lit(None).cast("long" if c.endswith(("_id", "_key")) else "double").alias(c)
+             for c in PAIR if not c.startswith(side)]
+    diff = extra.select(F.lit("extra").alias("problem"), why.otherwise("not expected").alias("reason"),
+                        "copies", *PAIR, "kind") \
+        .unionByName(copies.where("copies > 1").select(
+            F.lit("duplicate").alias("problem"), F.lit("the result files hold this row more than once").alias("reason"),
+            "copies", *PAIR, "kind"))
+    if missing is not None:
+        diff = diff.unionByName(missing.select(
+            F.lit("missing").alias("problem"), F.lit(f"no result file holds this {want} row").alias("reason"),
+            F.lit(0).cast("long").alias("copies"), *mine, *nulls, F.lit(want).alias("kind")))
+    return diff, expected
 
 
 def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0) -> dict:
     """Audit [start, end) (microseconds): the report (also written as audit/audit-<range>.json) and, on a
-    difference, the offending pairs and tuples in audit/diff-<range>.parquet."""
+    difference, the offending pairs, rows and tuples in audit/diff-<range>.parquet.
+
+    A pair is in the range by its later ts, a row without a partner (join.type other than inner) by its own
+    ts; such a row's partners may lie a window past the range, so the input is read up to end + window."""
     from pyspark.sql import functions as F
 
     began = time.monotonic()
     join = target.cfg["join"]
+    join_type = join.get("type", "inner")
     window = duration(join["window"])
     arrived, source = arrivals(spark, target)
-    tuples = classify(arrived, duration(join["max_delay"]), start - window, end).cache()
-    expected = expected_pairs(tuples, join, start, end, sample).cache()
+    hi = end if join_type == "inner" or end >= POS_INF else end + window
+    tuples = classify(arrived, duration(join["max_delay"]), start - window, hi).cache()
+    expected = expected_pairs(tuples, join, start, end, sample)
+    expected = (expected if EMITS[join_type][0] else expected.where(F.lit(False))).cache()
     in_sample = tuples.where(sampled("key", sample)) if sample < 1 else tuples
 
-    found = read_folder(spark, target.files("results"), RESULT_SCHEMA).where(within(start, end, "r_ts", "s_ts"))
+    schema = RESULT_SCHEMA + ("" if join_type == "inner" else ", kind string")
+    results = read_folder(spark, target.files("results"), schema)
+    kind = F.col("kind") if join_type != "inner" else F.lit(MATCHED)
+    alone = {"r": kind.isin(LEFT_UNMATCHED, LEFT_MATCHED), "s": kind == RIGHT_UNMATCHED}
+    found = results.where(within(start, end, "r_ts", "s_ts", nullable=join_type != "inner"))
+    if join_type != "inner":
+        found = found.where(~alone["r"] & ~alone["s"])
     if sample < 1:
         found = found.where(sampled("s_key", sample))
-    found = found.select(*PAIR).cache()
+    found = found.select(*PAIR, kind.alias("kind")).cache()
     copies = found.groupBy("r_id", "s_id").agg(F.count(F.lit(1)).alias("copies"),
-                                              *(F.first(c).alias(c) for c in PAIR[2:]))
+                                              *(F.first(c).alias(c) for c in PAIR[2:] + ["kind"]))
     ids = ["r_id", "s_id"]
     lateness = tuples.select("stream", "id", "late")
     flag = lambda side: lateness.where(F.col("stream") == side.upper()).select(
         F.col("id").alias(f"{side}_id"), F.col("late").alias(f"{side}_late"))
     extra = copies.join(expected.select(*ids), ids, "left_anti").join(flag("r"), "r_id", "left") \
         .join(flag("s"), "s_id", "left")
-    why = (F.when(F.col("r_late"), "its R tuple is late").when(F.col("s_late"), "its S tuple is late")
+    why = (F.when(F.col("kind") != MATCHED, F.concat(F.lit("its kind "), F.col("kind"),
+                                                       F.lit(" is none the engine writes")))
+           .when(F.lit(not EMITS[join_type][0]), f"join.type = {join_type!r} emits no pairs")
+           .when(F.col("r_late"), "its R tuple is late").when(F.col("s_late"), "its S tuple is late")
            .when(F.abs(micros(F.col("r_ts")) - micros(F.col("s_ts"))) > window,
                  "its tuples are more than join.window apart")
            .when(~key_predicate(join), f"its keys do not satisfy join.predicate = {join['predicate']!r}")
            .otherwise("no such pair of on-time tuples in the input"))
-    pair_rows = [
-        expected.join(copies.select(*ids), ids, "left_anti").select(
-            F.lit("missing").alias("problem"), F.lit("no result file holds this on-time pair").alias("reason"),
-            F.lit(0).cast("long").alias("copies"), *PAIR),
-        extra.select(F.lit("extra").alias("problem"), why.alias("reason"), "copies", *PAIR),
-        copies.where("copies > 1").select(F.lit("duplicate").alias("problem"),
-                                          F.lit("the result files hold this pair more than once").alias("reason"),
-                                          "copies", *PAIR),
-    ]
+    diff = expected.join(copies.select(*ids), ids, "left_anti").select(
+        F.lit("missing").alias("problem"), F.lit("no result file holds this on-time pair").alias("reason"),
+        F.lit(0).cast("long").alias("copies"), *PAIR, F.lit(MATCHED).alias("kind")) \
+        .unionByName(extra.select(F.lit("extra").alias("problem"), why.alias("reason"), "copies", *PAIR, "kind")) \
+        .unionByName(copies.where("copies > 1").select(
+            F.lit("duplicate").alias("problem"),
+            F.lit("the result files hold this pair more than once").alias("reason"), "copies", *PAIR, "kind"))
+    lone_found, lone_expected, cached = [], {}, []
+    for side in ("r", "s") if join_type != "inner" else ():
+        rows = results.where(alone[side] & within(start, end, f"{side}_ts"))
+        if sample < 1:
+            rows = rows.where(sampled(f"{side}_key", sample))
+        rows = rows.select(*PAIR, "kind").cache()
+        lone_found.append(rows)
+        want = EMITS[join_type][1 if side == "r" else 2]
+        own = partnered(tuples, join, start, end, sample, side).cache() if want else None
+        problems, expected_rows = lone_problems(rows, own, want, side, flag(side), join_type)
+        diff = diff.unionByName(problems)
+        if want:
+            lone_expected[want] = lone_expected.get(want, 0) + expected_rows.count()
+            cached.append(own)
     got_late = read_folder(spark, target.files("late"), LATE_SCHEMA).where(within(start, end, "ts"))
     if sample < 1:
         got_late = got_late.where(sampled("key", sample))
@@ -440,24 +564,40 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
             F.lit("late by the rule, but late/ does not hold it").alias("reason"),
             "stream", "id", "ts", "key", "value"),
     ]
-    diff = pair_rows[0].unionByName(pair_rows[1]).unionByName(pair_rows[2])
     for t in tuple_rows:
         diff = diff.unionByName(t, allowMissingColumns=True)
+    if join_type == "inner":
+        diff = diff.drop("kind")
     diff = diff.cache()
-    counts = {r["problem"]: (r["n"], r["surplus"]) for r in
-              diff.groupBy("problem").agg(F.count(F.lit(1)).alias("n"),
-                                          F.sum(F.col("copies") - 1).alias("surplus")).collect()}
-    n = lambda problem: counts.get(problem, (0, 0))[0]
+    by_kind = F.col("kind") if join_type != "inner" else F.lit(MATCHED)
+    counts = {(r["problem"], r["kind"]): (r["n"], r["surplus"]) for r in
+              diff.groupBy("problem", by_kind.alias("kind")).agg(
+                  F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("surplus")).collect()}
+    n = lambda problem, k=MATCHED: counts.get((problem, k), (0, 0))[0]
+    surplus = lambda k=MATCHED: int(counts.get(("duplicate", k), (0, 0))[1] or 0)
     report = {
         "range": range_name(start, end), "from": _finite(start), "to": _finite(end), "sample": sample,
         "run": target.describe(), "input": source, "predicate": join["predicate"],
         "dispatchers": target.cfg["cluster"]["dispatchers"],
         "input_tuples": in_sample.count(), "expected": expected.count(), "found": found.count(),
-        "missing": n("missing"), "extra": n("extra"), "duplicates": int(counts.get("duplicate", (0, 0))[1] or 0),
+        "missing": n("missing"), "extra": n("extra"), "duplicates": surplus(),
         "duplicate_pairs": n("duplicate"), "late_unexpected": n("late_unexpected"), "late_missed": n("late_missed"),
     }
+    wrong = ["missing", "extra", "duplicates"]
+    if join_type != "inner":
+        seen = {}
+        for rows in lone_found:
+            for k, c in rows.groupBy("kind").count().collect():
+                seen[k] = seen.get(k, 0) + c
+        report["join_type"] = join_type
+        report["kinds"] = [k for k in LONE_KINDS if k in EMITS[join_type][1:] or k in seen]
+        for k in report["kinds"]:
+            report[f"{k}_expected"], report[f"{k}_found"] = lone_expected.get(k, 0), seen.get(k, 0)
+            report.update({f"{k}_missing": n("missing", k), f"{k}_extra": n("extra", k),
+                           f"{k}_duplicates": surplus(k)})
+            wrong += [f"{k}_missing", f"{k}_extra", f"{k}_duplicates"]
     report["late_wrong"] = report["late_unexpected"] + report["late_missed"]
-    exact = not any(report[k] for k in ("missing", "extra", "duplicates", "late_wrong"))
+    exact = not any(report[k] for k in wrong + ["late_wrong"])
     report["verdict"] = "exact" if exact else "different"
     folder = target.out / "audit"
     folder.mkdir(parents=True, exist_ok=True)
@@ -465,7 +605,7 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     evidence.unlink(missing_ok=True)  # an earlier audit's, of output that has been replaced since
     report["diff"] = None if exact else str(write_single(diff.orderBy("problem", "r_id", "s_id", "stream", "id"),
                                                          evidence))
-    for df in (tuples, expected, found, diff):
+    for df in (tuples, expected, found, diff, *lone_found, *cached):
         df.unpersist()
     report["seconds"] = round(time.monotonic() - began, 2)
     (folder / f"audit-{report['range']}.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -488,11 +628,15 @@ def write_single(df, dest: Path) -> Path:
 
 
 # -- the command -----------------------------------------------------------------------------------------------
-def table(reports: list[dict]) -> str:
-    """The reports as a fixed-width table, one range a row."""
-    cells = [[h for h, _ in COLUMNS]] + [[f"{r[k]:,}" if isinstance(r[k], int) else str(r[k]) for _, k in COLUMNS]
-                                        for r in reports]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+def table(reports: list[dict], kinds: list[str] | None = None) -> str:
+    """The reports as a fixed-width table, one range a row; with a join type other than inner, five columns
+    per kind of row alone (`kinds`, or the first report's) before `late wrong`."""
+    kinds = kinds if kinds is not None else reports[0].get("kinds", []) if reports else []
+    lone = [(f"{k} {o}", f"{k}_{o}") for k in kinds for o in PAIR_OUTCOMES]
+    columns = COLUMNS[:-2] + lone + COLUMNS[-2:]
+    cells = [[h for h, _ in columns]] + [[f"{r.get(k, 0):,}" if isinstance(r.get(k, 0), int) else str(r[k])
+                                          for _, k in columns] for r in reports]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
                      for row in cells)
 
@@ -500,10 +644,11 @@ def table(reports: list[dict]) -> str:
 def verdict(r: dict) -> str:
     if r["verdict"] == "exact":
         return f"EXACT: range {r['range']} ({r['run']}, {r['input']}, sample {r['sample']:g})"
-    wrong = [f"{r[k]:,} {label}" for k, label in (("missing", "missing"), ("extra", "extra"),
-                                                  ("duplicates", "duplicates"),
-                                                  ("late_unexpected", "late that should not be"),
-                                                  ("late_missed", "not set aside as late")) if r[k]]
+    labels = [("missing", "missing"), ("extra", "extra"), ("duplicates", "duplicates")]
+    labels = [(k, f"pairs {label}" if r.get("kinds") else label) for k, label in labels] + \
+        [(f"{k}_{o}", f"{k} rows {o}") for k in r.get("kinds", []) for o in ("missing", "extra", "duplicates")] + \
+        [("late_unexpected", "late that should not be"), ("late_missed", "not set aside as late")]
+    wrong = [f"{r[k]:,} {label}" for k, label in labels if r[k]]
     return f"DIFFERENT: range {r['range']} ({r['run']}): {', '.join(wrong)}; the evidence is in {r['diff']}"
 
 
@@ -579,7 +724,7 @@ def main(argv: list[str], spark=None) -> int:
         if a.follow:
             if metrics:
                 print(f"audit: verdicts as metrics on {metrics.url}", file=sys.stderr, flush=True)
-            print(table([]), flush=True)
+            print(table([], [k for k in LONE_KINDS if k in EMITS[cfg["join"].get("type", "inner")][1:]]), flush=True)
             return follow(spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True),
                           metrics=metrics)
         report = audit_range(spark, target, start, end, sample)

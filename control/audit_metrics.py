@@ -13,7 +13,8 @@ from protocol.access import check_http_endpoint
 
 #: where `--follow` serves by default: beside the master's 127.0.0.1:9464
 DEFAULT_ENDPOINT = "127.0.0.1:9465"
-#: report keys counted as pairs, by outcome (`duplicates` counts the surplus copies)
+#: report keys counted as pairs, by outcome (`duplicates` counts the surplus copies); for rows without a partner
+#: the same outcomes, as `<kind>_<outcome>`
 PAIR_OUTCOMES = ("expected", "found", "missing", "extra", "duplicates")
 LATE_PROBLEMS = ("late_unexpected", "late_missed")
 
@@ -30,6 +31,8 @@ class AuditMetrics:
                              registry=r)
         self.late = Counter("streamjoin_audit_late_wrong", "tuples whose lateness the run got wrong, by problem",
                             ["problem"], registry=r)
+        self.alone = Counter("streamjoin_audit_rows_alone", "rows without a partner over the audited ranges "
+                             "(join.type other than inner), by kind and outcome", ["kind", "outcome"], registry=r)
         self.tuples = Counter("streamjoin_audit_input_tuples", "input tuples read for the audited ranges",
                               registry=r)
         self.until = Gauge("streamjoin_audit_audited_until_seconds",
@@ -52,6 +55,9 @@ class AuditMetrics:
             self.pairs.labels(o).inc(report[o])
         for p in LATE_PROBLEMS:
             self.late.labels(p).inc(report[p])
+        for k in report.get("kinds", []):
+            for o in PAIR_OUTCOMES:
+                self.alone.labels(k, o).inc(report[f"{k}_{o}"])
         self.tuples.inc(report["input_tuples"])
         if report["to"] is not None:
             self.until.set(report["to"])
