@@ -26,7 +26,7 @@ run: $(STAMP)
 # the in-MPI tests (pytest-mpi) first, then everything else (whose closing line CI reads)
 test: $(STAMP)
 	timeout 600 $(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
-	$(BIN)/python -m pytest -q --durations=25 tests --ignore=tests/mpi
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 tests --ignore=tests/mpi
 
 # random draws of the differential matrix (tests/matrix.py) for SOAK_MINUTES, then a table of draws and failures
 SOAK_MINUTES ?= 30
