@@ -139,7 +139,9 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
     """
     workdir.mkdir(parents=True)
     out = workdir / "out"
-    args = [a for kv in [*settings, f"output.path={out}", "output.progress=0"] for a in ("--set", kv)]
+    # metrics on any free port (a run beside another cluster, or another bench, would find 9464 taken)
+    args = [a for kv in ["metrics.endpoint=127.0.0.1:0", *settings, f"output.path={out}", "output.progress=0"]
+            for a in ("--set", kv)]
     began = time.monotonic()
     with open(workdir / "stdout", "wb") as so, open(workdir / "stderr", "wb") as se:
         proc = subprocess.Popen(mpirun_command(ranks, args, module=module), env={**mpi_env(), **(env or {})},

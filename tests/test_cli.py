@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,7 +55,8 @@ def test_ctrl_c_stops_cleanly_with_every_result_of_the_accepted_prefix(tmp_path)
     settings = ["generator.duration=60", "generator.rate=2000", "generator.keys=2048", "join.window=0.5",
                 "join.max_delay=0.2", "generator.disorder=0.1", "source.rate=4000"]
     out = tmp_path / "out"
-    args = [f"--set={s}" for s in settings] + [f"--set=output.path={out}", "--set=output.progress=0.5"]
+    args = [f"--set={s}" for s in settings] + [f"--set=output.path={out}", "--set=output.progress=0.5",
+                                              "--set=metrics.endpoint=127.0.0.1:0"]  # tests run side by side
     proc = subprocess.Popen([sys.executable, "-m", "deploy.launch", "-n", "4", "--", *args], cwd=ROOT,
                             env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -71,25 +76,30 @@ def test_ctrl_c_stops_cleanly_with_every_result_of_the_accepted_prefix(tmp_path)
     assert np.array_equal(run.pairs(), expected)
 
 
-def test_a_killed_mpiruns_leftover_sockets_do_not_stop_the_next_launch(tmp_path):
+@pytest.fixture
+def short_tmp():
+    """A folder under /tmp with a short path: a socket's path has at most 107 bytes (pytest's are longer)."""
+    folder = Path(tempfile.mkdtemp(prefix="sj", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_a_killed_mpiruns_leftover_sockets_do_not_stop_the_next_launch(short_tmp):
     """A killed mpirun leaves its PMIx rendezvous sockets in $TMPDIR/ompi.<pid>/; an mpirun that later got the
     same pid could not bind them ("listener thread failed to start", exit 213: it failed a CI run).  Leftovers
     planted for the next pids in the user's TMPDIR must not matter: each launch has a folder of its own."""
-    import os
-    import socket
-
     with open("/proc/sys/kernel/pid_max") as f:
         pid_max = int(f.read())
     nxt = os.getpid()
     for pid in {(nxt + i) % pid_max for i in range(1, 1500)}:
-        folder = tmp_path / f"ompi.{pid}"
+        folder = short_tmp / f"ompi.{pid}"
         folder.mkdir()
         for name in (f"pmix.vm.tool.{pid}", "pmix.vm.tool", f"pmix.vm.tool.prterun-vm-{pid}@0"):
             s = socket.socket(socket.AF_UNIX)
             s.bind(str(folder / name))
             s.close()
     proc = subprocess.run([sys.executable, "-m", "deploy.launch", "-n", "2", "--module", "platform"], cwd=ROOT,
-                          env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=120)
+                          env={**os.environ, "TMPDIR": str(short_tmp)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert len(proc.stdout.splitlines()) == 2  # both ranks ran
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("ompi.")) == []  # and cleaned up
+    assert sorted(p.name for p in short_tmp.iterdir() if not p.name.startswith("ompi.")) == []  # and cleaned up

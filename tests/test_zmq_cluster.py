@@ -224,7 +224,7 @@ def test_a_slow_subscriber_at_the_end_of_a_run_does_not_crash_the_master(tmp_pat
     under ZeroMQ's I/O thread ("Bad address (src/tcp.cpp:227)", SIGABRT, exit 134 after a complete run)."""
     many = dict(SMALL, **{"generator.keys": 32, "join.window": 2.0, "output.flush_rows": 200000,
                           "source.rate": 6000.0, "output.wait_subscribers": 1})
-    for attempt in range(3):  # it struck two runs in three
+    for attempt in range(1):  # it struck two runs in three; results are copied to ZeroMQ now, so one run guards it
         port = free_port()
         done = threading.Event()
 
