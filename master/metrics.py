@@ -142,7 +142,8 @@ class Metrics:
 
     # -- several dispatchers ----------------------------------------------------------------------------
     def _counters(self, master) -> dict:
-        return {"stats": master.stats.state(), "max_ts": master.ingest.max_ts, "buffered": len(master.buffers),
+        return {"stats": master.stats.state(), "max_ts": master.ingest.max_ts,
+                "stream_max_ts": master.ingest.stream_max_ts, "buffered": len(master.buffers),
                 "rejected": rejected_reasons(master.source), "refused": refused_kinds(master.source),
                 "stream_gaps": dict(master.results_out.gaps)}
 
@@ -185,6 +186,9 @@ class Metrics:
         max_delay = eventtime.duration(self.cfg["join"]["max_delay"])
         tops = [m.ingest.max_ts, *(self._others[d]["max_ts"] if d in self._others else eventtime.NEG_INF
                                    for d in range(1, self.k))]
+        stream_tops = [m.ingest.stream_max_ts, *(self._others[d]["stream_max_ts"] if d in self._others
+                                                 else [eventtime.NEG_INF] * 2 for d in range(1, self.k))]
+        wm = lambda t: finite(eventtime.bound_seconds(t - max_delay))
         occupancy = c.occupancy()
         owned = np.bincount(c.partition_map[c.partition_map >= 0], minlength=max(m.slaves) + 1)  # -1: a free hot-key slot
         per = stats.per_slave
@@ -206,7 +210,8 @@ class Metrics:
             "delay_p50": finite(p50), "delay_p99": finite(p99),
             "buffered": len(m.buffers) + sum(self._others[d]["buffered"] for d in self._others),
             "backlog_max_seconds": max(stats.backlog_max, 0.0), "pacing_lag_max_seconds": max(stats.pacing_lag_max, 0.0),
-            "watermark": [finite(eventtime.bound_seconds(t - max_delay)) for t in tops],
+            "watermark": [wm(t) for t in tops],
+            "watermark_r": [wm(t[0]) for t in stream_tops], "watermark_s": [wm(t[1]) for t in stream_tops],
             "moves": len(c.moves_log), "tuples_moved": stats.tuples_moved, "reorganizations": c.reorganizations,
             "partition_splits": stats.splits, "partition_merges": stats.merges,
             "checkpoints": m.checkpoints.written,
@@ -336,6 +341,11 @@ class Metrics:
                       [((e,), view["hot_events"].get(e, 0)) for e in ("split", "merge")])
         yield gauge("watermark_seconds", "event time below which no on-time tuple can still arrive, per dispatcher",
                     None, ("dispatcher",), [((str(d),), w) for d, w in enumerate(s["watermark"])])
+        yield gauge("stream_watermark_seconds", "one stream's own largest event time minus join.max_delay, per "
+                    "dispatcher (a stream that lags behind the other shows here; the join's is watermark_seconds)",
+                    None, ("stream", "dispatcher"),
+                    [((st, str(d)), w) for st, key in (("R", "watermark_r"), ("S", "watermark_s"))
+                     for d, w in enumerate(s[key])])
         yield gauge("stream_idle_seconds", "seconds since the stream's input count last rose", None, ("stream",),
                     [(("R",), s["idle_seconds_r"]), (("S",), s["idle_seconds_s"])])
         yield gauge("buffered_tuples", "tuples in the master's mini-buffers", s["buffered"])

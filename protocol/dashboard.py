@@ -31,6 +31,7 @@ def sample_schema() -> pa.Schema:
                ("late", i64), ("rejected", i64), ("idle_seconds_r", f64), ("idle_seconds_s", f64),
                ("result_stream_gaps", i64), ("delay_p50", f64), ("delay_p99", f64), ("buffered", i64),
                ("backlog_max_seconds", f64), ("pacing_lag_max_seconds", f64), ("watermark", pa.list_(f64)),
+               ("watermark_r", pa.list_(f64)), ("watermark_s", pa.list_(f64)),
                ("moves", i64), ("tuples_moved", i64), ("reorganizations", i64), ("partition_splits", i64),
                ("partition_merges", i64), ("checkpoints", i64), ("checkpoint_age_seconds", f64),
                ("checkpoint_duration_seconds", f64), ("slaves", pa.list_(i64)), ("active", pa.list_(pa.bool_()))]

@@ -194,6 +194,11 @@ def test_a_stream_that_stops_is_shown_idle_while_the_other_flows(tmp_path):
     idle_r = final[("streamjoin_stream_idle_seconds", (("stream", "R"),))]
     idle_s = final[("streamjoin_stream_idle_seconds", (("stream", "S"),))]
     assert idle_s - idle_r >= 2.0, (idle_r, idle_s)  # S stopped 3 s of input before R
+    # each stream's own watermark: its largest ts (S's below 1 s, R's near 4 s) minus join.max_delay
+    wm = {st: final[("streamjoin_stream_watermark_seconds", (("dispatcher", "0"), ("stream", st)))] for st in "RS"}
+    max_delay = load_config(None)["join"]["max_delay"]
+    assert wm["S"] == pytest.approx(ts[stream == "S"].max() - max_delay, abs=1e-6)
+    assert wm["R"] == pytest.approx(ts[stream == "R"].max() - max_delay, abs=1e-6)
     log = sorted(pq.read_table(run.out / "metrics").to_pylist(), key=lambda r: r["time"])
     assert max(r["idle_seconds_r"] for r in log[:-1]) < 2.0  # R rose at every sample while it flowed
 

@@ -54,6 +54,9 @@ class IngestDesk:
         self.exhausted = False
         self.consumed = 0  #: tuples taken from the source: its position
         self.max_ts = eventtime.NEG_INF
+        #: per stream (R, S): the largest ts taken in, for the metrics' per-stream watermarks (the lateness rule
+        #: uses max_ts, both streams together)
+        self.stream_max_ts = [eventtime.NEG_INF, eventtime.NEG_INF]
         self._late_parts: list[pa.Table] = []
         self.late_files = 0
         ck = cfg["checkpoint"]
@@ -123,6 +126,10 @@ class IngestDesk:
             arrival = np.full(n, now)
         self.consumed += n
         late, prev_max, self.max_ts = late_mask(chunk.ts, self.max_ts, self.max_delay)
+        for stream in (0, 1):
+            ts = chunk.ts[chunk.stream == stream]
+            if len(ts):
+                self.stream_max_ts[stream] = max(self.stream_max_ts[stream], int(ts.max()))
         if late.any():
             self._set_aside_late(chunk, late, prev_max)
         self._route(chunk, arrival, late)
