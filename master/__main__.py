@@ -93,13 +93,13 @@ def main() -> int:
         validate(cfg, slaves=comm.size - 1)
         # a restart waits for the crashed cluster's ranks to be gone: two never write one folder
         lock = OutputLock(cfg["output"]["path"], wait=RESTART_WAIT if args.recover else 0.0, log=say)
-        source = open_shard(cfg, 0)
         if args.recover:
             check_owned(Path(cfg["output"]["path"]))
             resume = find_resume(cfg, comm.size - cfg["cluster"]["dispatchers"])
         if resume is None:
             reset_output(cfg["output"]["path"])
             checkpoint.clear(checkpoint.root_of(cfg))
+        source = open_shard(cfg, 0)  # after the reset: declared streams write their payload log as they read
         master = Master(comm, cfg, source, resume)
     except (ConfigError, InputError, checkpoint.CheckpointError, OutputError, OutputBusy, OSError) as e:
         say(f"error: {e}")

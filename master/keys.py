@@ -8,8 +8,8 @@ first appear in the merged input, which is the same on every read of the same in
 the input again, and every dispatcher of several (each reads the whole input), build the same codes.
 
 A composite key is the row of its components' int64 values (an integer column's value, a text column's
-code), as one fixed-width binary value, coded again.  `table()` gives the codes with the user's values
-(keys.parquet in the output), since results carry the codes.
+code), as one fixed-width binary value, coded again.  Results carry the user's values, from the payload log
+(protocol.payload), not the codes.
 """
 from __future__ import annotations
 
@@ -168,14 +168,3 @@ class KeyMapper:
     @property
     def nbytes(self) -> int:
         return sum(d.nbytes for d in (*self.parts, self.rows) if d is not None)
-
-    def table(self, names: list[str]) -> pa.Table:
-        """`key` (the engine's int64) and the user's value of each component, named `names`, one row per code."""
-        if self.rows is None:
-            values = [self.parts[0].values]
-        else:
-            matrix = self.rows.arena[:self.rows.used].view(np.int64).reshape(-1, len(self.kinds))
-            values = [pa.array(matrix[:, i]) if d is None else d.values.take(pa.array(matrix[:, i]))
-                      for i, d in enumerate(self.parts)]
-        key = "engine_key" if "key" in names else "key"
-        return pa.table({key: pa.array(np.arange(len(values[0]), dtype=np.int64)), **dict(zip(names, values))})

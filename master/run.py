@@ -33,6 +33,7 @@ from master.result_stream import ResultStream
 from master.stats import RunStats, print_summary, write_summary
 from protocol import eventtime
 from protocol.messages import Ack
+from protocol.payload import remove_log
 from protocol.predicates import copied_stream
 from protocol.startup import launched_at, pss_bytes
 from protocol.tuples import tuple_dtype
@@ -253,6 +254,7 @@ class Master:
         finished = [self.source.finish(), *(o["source"] for o in others)]
         summary.update(**(type(self.source).merge(finished) if self.k > 1 and finished[0] else finished[0]),
                        **self.results_out.summary([o["results_out"] for o in others if o["results_out"]]))
+        remove_log(self.cfg["output"]["path"])  # every result is written: no row needs its columns any more
         write_summary(Path(self.cfg["output"]["path"]) / "summary.json", summary)
         print_summary(summary)
         self.metrics.close(self, summary)

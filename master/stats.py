@@ -216,11 +216,11 @@ def print_summary(s: dict, out=sys.stderr) -> None:
         print(f"zmq ingest on {', '.join(z['endpoints'])}: {z['messages']:,} messages, {z['tuples']:,} tuples, rejected {z['rejected_by_reason'] or 0}; "
               f"producers held back {z['producers_blocked_seconds']:.2f}s in all; buffered at most {s['buffered_peak']:,}",
               file=out, flush=True)
-    if "streams" in s:  # [streams.*] (master.streams); with coded keys, where their values are
+    if "streams" in s:  # [streams.*] (master.streams); with text keys, what their dictionary holds
         k = s.get("keys")
         print(f"streams: R = {s['streams']['R']}, S = {s['streams']['S']}" + (
-            f"; {k['distinct']:,} distinct keys coded ({k['bytes'] / 2**20:.1f} MiB at the master), r_key/s_key "
-            f"are codes: their values are in {k['file']}" if k else ""), file=out, flush=True)
+            f"; {k['distinct']:,} distinct keys coded ({k['bytes'] / 2**20:.1f} MiB at the master)" if k else ""),
+              file=out, flush=True)
     if "result_stream" in s:
         r = s["result_stream"]
         print(f"result stream on {', '.join(r['endpoints'])}: {r['results']:,} results, {r['punctuations']:,} punctuations"

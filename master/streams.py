@@ -9,14 +9,16 @@ files give what the interleaved single file would, without a sort, and files con
 stream are no longer judged late against each other.  The order depends on the data alone (not on batch
 sizes or thread timing), so a replay, a recovery and every dispatcher of several see the same input.
 
-Keys become the engine's int64 keys in that order (master.keys); a recovery reads the input again from its
+Keys become the engine's int64 keys in that order (master.keys); a tuple's `id` is its stream row, the reference
+by which results gather the row's own columns from the payload log (protocol.payload), which the reader threads
+write batch by batch before any tuple of the batch is handed on.  A recovery reads the input again from its
 start, which rebuilds the same codes and lists the rejected rows once more from an empty listing.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -26,13 +28,13 @@ from master.source import READ_AHEAD, FileSource
 from protocol import eventtime
 from protocol.config import ConfigError
 from protocol.chunks import Chunk, InputError, concat, empty, rows
-from protocol.output import write_table
+from protocol.payload import PayloadLog
 from protocol.stream_file import StreamInput, key_kinds, stream_files
 
 
 class StreamsSource:
     """The `[streams.*]` of `cfg` (protocol.streams), R first; rejected rows go to `listing` (None: another
-    dispatcher lists them), and the key dictionary to `keys.parquet` (or .csv) in the output at the end."""
+    dispatcher lists them)."""
 
     def __init__(self, cfg: dict, listing=None):
         self.cfg, self.listing = cfg, listing
@@ -57,17 +59,45 @@ class StreamsSource:
         """Start reading both streams from their first rows (a recovery starts again here)."""
         window = self.cfg["source"]["duplicate_window"]
         inputs = [StreamInput(name, s, self.kinds, window, self.files[name]) for name, s in self.specs.items()]
+        self._check_columns(inputs)
+        log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()))
+        for side, inp in enumerate(inputs):
+            log.write_schema(side, inp.schema)
         self.mapper = KeyMapper(self.kinds)
         self._stop = threading.Event()
         self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
-        self._threads = [threading.Thread(target=FileSource._read, args=(inp, q, self._stop), daemon=True,
-                                          name=f"stream-reader-{inp.name}") for inp, q in zip(inputs, self._queues)]
+        self._threads = [threading.Thread(target=FileSource._read, args=(self._logged(log, side, inp), q, self._stop),
+                                          daemon=True, name=f"stream-reader-{inp.name}")
+                         for side, (inp, q) in enumerate(zip(inputs, self._queues))]
         for t in self._threads:
             t.start()
         self._pending: list[tuple | None] = [None, None]  #: per side, read and not merged: (id, ts, key, running max)
         self._running = [eventtime.NEG_INF, eventtime.NEG_INF]  #: per side, the largest ts read
         self._done = [False, False]
         self._ready, self._taken = empty(), 0
+
+    def _check_columns(self, inputs: list[StreamInput]) -> None:
+        """The results' column names are distinct, and CSV results can hold every column (no nested types)."""
+        names = {"delay": "the production delay", "kind": "the row's kind (outer joins)",
+                 **{c: f"the late rows' {c}" for c in ("stream", "reason", "bound")}}
+        for inp in inputs:
+            for field in inp.schema:
+                name = inp.spec["prefix"] + field.name
+                if name in names:
+                    raise ConfigError(f"streams.{inp.name}.prefix: results would have two columns {name!r} "
+                                      f"({names[name]} and {inp.name}'s {field.name}): choose other prefixes")
+                names[name] = f"{inp.name}'s {field.name}"
+                if self.cfg["output"]["format"] == "csv" and pa.types.is_nested(field.type):
+                    raise ConfigError(f'output.format = "csv": column {field.name} of streams.{inp.name} is '
+                                      f"{field.type}, which CSV cannot hold: use Parquet, or leave it out of "
+                                      f"streams.{inp.name}.payload")
+
+    @staticmethod
+    def _logged(log: PayloadLog, side: int, inp: StreamInput):
+        """The stream's checked batches, each one's columns written to the payload log before it goes on."""
+        for batch in inp:
+            log.write(side, batch.rows, batch.columns)
+            yield batch._replace(columns=None)
 
     def _close(self) -> None:
         self._stop.set()
@@ -89,7 +119,7 @@ class StreamsSource:
             return
         pm = np.maximum.accumulate(np.maximum(item.ts, self._running[side]))
         self._running[side] = int(pm[-1])
-        part = (item.id, item.ts, self.mapper.keys(item.keys), pm)
+        part = (item.rows, item.ts, self.mapper.keys(item.keys), pm)
         old = self._pending[side]
         self._pending[side] = part if old is None else tuple(np.concatenate(c) for c in zip(old, part))
 
@@ -164,9 +194,6 @@ class StreamsSource:
         self.listing.flush()
         out["rejected"] = self.listing.rows
         if self.mapper.coded:
-            fmt = self.cfg["output"]["format"]
-            columns = next(iter(self.specs.values()))["key"]
-            write_table(Path(self.cfg["output"]["path"]), "keys", self.mapper.table(columns), fmt)
-            out["keys"] = {"distinct": self.mapper.distinct, "bytes": self.mapper.nbytes, "file": f"keys.{fmt}"}
+            out["keys"] = {"distinct": self.mapper.distinct, "bytes": self.mapper.nbytes}
         return out
 

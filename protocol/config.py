@@ -270,6 +270,11 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     if cfg["output"]["subscriber_buffer_bytes"] < 65536:
         raise ConfigError("output.subscriber_buffer_bytes: must be at least 65536 (one result message), got "
                           f"{cfg['output']['subscriber_buffer_bytes']!r}")
+    if cfg.get("streams") and (cfg["output"]["zmq_endpoint"] or cfg["aggregate"]["enabled"]):
+        raise ConfigError(f"{'output.zmq_endpoint' if cfg['output']['zmq_endpoint'] else 'aggregate.enabled'}: not "
+                          "with [streams.*] yet: the result stream and the aggregates carry the engine's fixed-width "
+                          "fields (stream rows, key codes), not the streams' own columns, which results gather from "
+                          "the payload log when they are written")
     check_join_type(cfg, ConfigError)
     check_endpoints(cfg)
     check_http_endpoint("metrics.endpoint", cfg["metrics"]["endpoint"], cfg)

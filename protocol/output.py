@@ -37,15 +37,16 @@ PARTIAL_SCHEMA = pa.schema([("key", pa.int64()), ("window_start", pa.float64()),
                             ("sum", pa.float64()), ("min", pa.float64()), ("max", pa.float64())])
 
 OUTPUT_PARTS = ("results", "late", "rejected", "archive", "aggregates", "metrics", "metrics.prom", "summary.json",
-                "keys.parquet", "keys.csv")
-#: the parts that are single files (keys.*: the user's key values of the engine's keys, master.keys)
+                "keys.parquet", "keys.csv", "payload")
+#: the parts that are single files (keys.*: the key dictionary earlier versions wrote)
 FILE_PARTS = {"metrics.prom", "summary.json", "keys.parquet", "keys.csv"}
 #: the files this engine writes in those folders (and their temporaries `.NAME.tmp`): result and partial
 #: aggregate files of a slave, late tuples and the input archive of a dispatcher, rejected input (a file's
 #: listing, a ZeroMQ source's), the metrics log
 OWN_FILE = re.compile(r"\.?(slave-\d{3}-\d{6}|(late|input)(-d\d+)?-\d{6}|(zmq-)?rejected(-d\d+)?|rejected-\d{6}"
-                      r"|samples-\d{8}T\d{6}-\d{6})\.(parquet|csv)(\.tmp)?")
-OWN_FOLDERS = {"aggregates/_pending"}  #: folders inside the parts that are the engine's own
+                      r"|samples-\d{8}T\d{6}-\d{6})\.(parquet|csv)(\.tmp)?"
+                      r"|\.?(\d{12}-\d{12}|schema)\.arrow(\.\d+\.tmp)?")  # the payload log's (protocol.payload)
+OWN_FOLDERS = {"aggregates/_pending", "payload/R", "payload/S"}  #: folders inside the parts that are the engine's own
 
 
 class OutputError(Exception):

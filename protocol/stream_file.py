@@ -92,6 +92,7 @@ class StreamBatch(NamedTuple):
     ts: np.ndarray            #: int64 microseconds
     keys: list                #: per key component: int64 values ("int") or an Arrow array of the accepted rows
     rejected: pa.Table | None
+    columns: pa.Table         #: the accepted rows' output columns (`StreamInput.schema`: protocol.payload)
 
 
 #: reason code -> (role, reason); the column is the stream's column of that role
@@ -112,8 +113,12 @@ class StreamInput:
         self.files = files if files is not None else stream_files(name, spec["path"])
         #: the columns read, by role
         self.roles = {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"} if spec["id"] else {})
-        for f in self.files:
-            self._check_schema(f, _schema(f))
+        self._check_schema(self.files[0], _schema(self.files[0]), list(self.roles))
+        self.schema = self._output_schema(_schema(self.files[0]))
+        #: the columns read: those used, then the payload ones
+        self.read = list(self.roles) + [c for c in self.schema.names if c not in self.roles and c != "row"]
+        for f in self.files[1:]:
+            self._check_schema(f, _schema(f), self.read)
         self.check = IdCheck(window) if spec["id"] else None
         self.row = 0  #: the next stream row
         self._batches = self._read()
@@ -126,11 +131,32 @@ class StreamInput:
             if wrong:
                 raise self._fail(f, "; ".join(wrong))
 
+    def _output_schema(self, first: pa.Schema) -> pa.Schema:
+        """The columns results carry of this stream (protocol.payload), in the first file's order: key(s), time,
+        id (without one: `row`, the stream row) and the payload; types as in the first file (CSV: as pyarrow
+        infers them), the time as microseconds in its zone (text and numbers: UTC)."""
+        payload = self.spec["payload"]
+        missing = [c for c in ([] if payload == "*" else payload) if c not in first.names]
+        if missing:
+            raise self._fail(self.files[0], f"lacks payload column(s) {', '.join(missing)}; columns found: "
+                                            f"{', '.join(first.names)}")
+        if not self.spec["id"] and "row" in first.names:
+            raise self._fail(self.files[0], "has a column named row, the name results give the stream row of a "
+                                            f"stream without an id: declare streams.{self.name}.id")
+        fields = [] if self.spec["id"] else [pa.field("row", pa.int64())]
+        for f in first:
+            if f.name == self.spec["time"]:
+                zone = f.type.tz if pa.types.is_timestamp(f.type) else "UTC"
+                fields.append(pa.field(f.name, pa.timestamp("us", zone)))
+            elif f.name in self.roles or payload == "*" or f.name in payload:
+                fields.append(pa.field(f.name, pa.string() if pa.types.is_null(f.type) else f.type))
+        return pa.schema(fields)
+
     def _fail(self, f: Path, what: str) -> InputError:
         return InputError(f"input file {str(f)!r} {what} (streams.{self.name})")
 
-    def _check_schema(self, f: Path, schema: pa.Schema) -> None:
-        missing = [c for c in self.roles if c not in schema.names]
+    def _check_schema(self, f: Path, schema: pa.Schema, columns: list[str]) -> None:
+        missing = [c for c in columns if c not in schema.names]
         if missing:
             found = ", ".join(schema.names) or "(none)"
             raise self._fail(f, f"lacks column(s) {', '.join(missing)}; columns found: {found}")
@@ -144,10 +170,11 @@ class StreamInput:
         seen = 0
         for f in self.files:
             start = seen
-            fmt, columns = EXTENSIONS[f.suffix.lower()], list(self.roles)
+            fmt, columns = EXTENSIONS[f.suffix.lower()], self.read
             try:
-                if fmt == "csv":
-                    opts = pacsv.ConvertOptions(column_types={c: pa.string() for c in columns}, include_columns=columns,
+                if fmt == "csv":  # the columns used as text (checked cell by cell), the payload as the first file's
+                    types = {c: pa.string() if c in self.roles else self.schema.field(c).type for c in columns}
+                    opts = pacsv.ConvertOptions(column_types=types, include_columns=columns,
                                                 strings_can_be_null=True, null_values=[""])
                     batches = pacsv.open_csv(f, convert_options=opts)
                 elif fmt == "parquet":
@@ -200,7 +227,24 @@ class StreamInput:
         take = pa.array(np.flatnonzero(ok))
         keys = [k[ok] if isinstance(k, np.ndarray) else k.take(take) for k in p.key]
         rejected = self._rejected(f, table, p, rows - file_start, first) if not ok.all() else None
-        return StreamBatch(rows[ok], p.id[ok], p.ts[ok], keys, rejected)
+        return StreamBatch(rows[ok], p.id[ok], p.ts[ok], keys, rejected, self._columns(f, table.filter(ok), p.ts[ok], rows[ok]))
+
+    def _columns(self, f: Path, table: pa.Table, ts: np.ndarray, rows: np.ndarray) -> pa.Table:
+        """The accepted rows' output columns in `self.schema`'s types (the time from the engine's microseconds)."""
+        out = []
+        for field in self.schema:
+            if field.name == "row" and not self.spec["id"]:
+                out.append(pa.array(rows, pa.int64()))
+            elif field.name == self.spec["time"]:
+                out.append(pa.array(ts, pa.int64()).cast(field.type))
+            else:
+                try:
+                    out.append(pc.cast(table[field.name], field.type))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                    raise self._fail(f, f"has column {field.name} of type {table[field.name].type} that does not "
+                                        f"become {field.type}, its type in {str(self.files[0])!r}: "
+                                        f"{str(e).splitlines()[0]}") from None
+        return pa.Table.from_arrays(out, schema=self.schema)
 
     def _rejected(self, f: Path, table: pa.Table, p: Parsed, file_rows: np.ndarray, first) -> pa.Table:
         """One row per rejected row: file, its row in the file (1-based), stream, column, reason, cells."""
@@ -218,7 +262,7 @@ class StreamInput:
             reason = pc.if_else(pa.array(code == _DUPLICATE), dup, reason)
         at = pa.array(rej)
         cells = [pc.binary_join_element_wise(f"{c}=", pc.fill_null(_raw_strings(table[c].take(at)), ""), "")
-                 for c in self.roles]
+                 for c in self.read]
         return pa.table({
             "file": pa.repeat(str(f), len(rej)),
             "row": pa.array(file_rows[rej] + 1, pa.int64()),

@@ -19,6 +19,10 @@ STREAM_KEYS: dict[str, tuple[Any, str]] = {
     "time_unit": ("s", 'the unit of numbers in the time column: "s", "ms", "us" or "ns"'),
     "id": ("", "an integer id column, unique within the stream; \"\" = rows numbered by their position in the stream (0, 1, ...)"),
     "side": ("", '"R" or "S"; "" = the first stream declared is R, the second S'),
+    "payload": ("*", 'the columns results carry besides key, time and id: "*" = every other column of the files, '
+                     "or a list of column names ([] = none)"),
+    "prefix": ("{stream}_", "what the stream's columns are named with in results and late rows; {stream} is the "
+                            "stream's name (\"\" = the columns' own names)"),
 }
 SIDES = ("R", "S")
 
@@ -75,7 +79,7 @@ def _one(name: str, table: Any, error: type[Exception]) -> dict:
             or len(set(key)) < len(key):
         raise error(f"streams.{name}.key: expected a column name or a list of distinct column names, got {s['key']!r}")
     s["key"] = key
-    for k in ("path", "time", "time_unit", "id", "side"):
+    for k in ("path", "time", "time_unit", "id", "side", "prefix"):
         if not isinstance(s[k], str):
             raise error(f"streams.{name}.{k}: expected a string, got {s[k]!r}")
     if not s["path"] or not s["time"]:
@@ -87,6 +91,10 @@ def _one(name: str, table: Any, error: type[Exception]) -> dict:
     used = [*key, s["time"], *([s["id"]] if s["id"] else [])]
     if len(set(used)) < len(used):
         raise error(f"streams.{name}: key, time and id must be different columns, got {used}")
+    if s["payload"] != "*" and (not isinstance(s["payload"], list)
+                                or not all(isinstance(c, str) and c for c in s["payload"])):
+        raise error(f'streams.{name}.payload: expected "*" or a list of column names, got {s["payload"]!r}')
+    s["prefix"] = s["prefix"].replace("{stream}", name)
     return s
 
 

@@ -14,7 +14,20 @@ import pyarrow as pa
 from protocol import eventtime
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, OUTER_RESULT_SCHEMA, RESULT_SCHEMA, \
     RIGHT_UNMATCHED, write_table
+from protocol.payload import PayloadReader
 from slave.join import Pairs
+
+
+def _kind(kind: str, n: int) -> pa.Array:
+    return pa.array([kind], pa.string()).take(np.zeros(n, np.int64))
+
+
+def with_columns(payload: PayloadReader, r_rows: np.ndarray, s_rows: np.ndarray, delay: np.ndarray,
+                 kind: str | None) -> pa.Table:
+    """Result rows of declared streams (issue 20): both sides' own columns gathered by stream row from the
+    payload log (-1: the side is missing, its columns null), then `delay` and, outside inner joins, `kind`."""
+    t = payload.both(r_rows, s_rows).append_column(pa.field("delay", pa.float64(), nullable=False), pa.array(delay))
+    return t if kind is None else t.append_column(pa.field("kind", pa.string(), nullable=False), _kind(kind, len(delay)))
 
 
 def lone_table(rows: np.ndarray, side: str, kind: str, now: float) -> pa.Table:
@@ -27,7 +40,7 @@ def lone_table(rows: np.ndarray, side: str, kind: str, now: float) -> pa.Table:
         if name == "delay":
             cols[name] = pa.array(now - rows["arrival"])
         elif name == "kind":
-            cols[name] = pa.array([kind], pa.string()).take(np.zeros(n, np.int64))
+            cols[name] = _kind(kind, n)
         elif name[0] != side:
             cols[name] = pa.nulls(n, OUTER_RESULT_SCHEMA.field(name).type)
         elif field == "ts":
@@ -38,17 +51,25 @@ def lone_table(rows: np.ndarray, side: str, kind: str, now: float) -> pa.Table:
 
 
 def outer_table(pairs: Pairs | None, delay: np.ndarray | None, lone_r: np.ndarray | None,
-                lone_s: np.ndarray | None, join_type: str) -> pa.Table:
-    """One batch's rows of an outer, semi or anti join (protocol.output.OUTER_RESULT_SCHEMA): its pairs (none
-    for semi and anti), then the R rows and the S rows it decided."""
+                lone_s: np.ndarray | None, join_type: str, payload: PayloadReader | None = None) -> pa.Table:
+    """One batch's rows of an outer, semi or anti join (protocol.output.OUTER_RESULT_SCHEMA; with `payload`, the
+    streams' own columns): its pairs (none for semi and anti), then the R rows and the S rows it decided."""
     now = time.time()
-    parts = [lone_table(rows, side, kind, now) for rows, side, kind in
-             ((lone_r, "r", LEFT_MATCHED if join_type == "semi" else LEFT_UNMATCHED), (lone_s, "s", RIGHT_UNMATCHED))
-             if rows is not None and len(rows)]
+    parts = []
+    for rows, side, kind in ((lone_r, "r", LEFT_MATCHED if join_type == "semi" else LEFT_UNMATCHED),
+                             (lone_s, "s", RIGHT_UNMATCHED)):
+        if rows is None or not len(rows):
+            continue
+        if payload is None:
+            parts.append(lone_table(rows, side, kind, now))
+            continue
+        none = np.full(len(rows), -1, np.int64)
+        ids = np.ascontiguousarray(rows["id"])
+        parts.append(with_columns(payload, *((ids, none) if side == "r" else (none, ids)), now - rows["arrival"], kind))
     if pairs is not None and len(pairs):
-        kind = pa.array([MATCHED], pa.string()).take(np.zeros(len(pairs), np.int64))
-        parts.insert(0, pa.table([delay if c == "delay" else kind if c == "kind" else pairs.output(c)
-                                  for c in OUTER_RESULT_SCHEMA.names], schema=OUTER_RESULT_SCHEMA))
+        parts.insert(0, with_columns(payload, pairs["r_id"], pairs["s_id"], delay, MATCHED) if payload is not None
+                     else pa.table([delay if c == "delay" else _kind(MATCHED, len(pairs)) if c == "kind"
+                                    else pairs.output(c) for c in OUTER_RESULT_SCHEMA.names], schema=OUTER_RESULT_SCHEMA))
     return pa.concat_tables(parts)
 
 
@@ -65,9 +86,11 @@ class ResultWriter:
 
     WRITING = 2
 
-    def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int, join_type: str = "inner"):
+    def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int, join_type: str = "inner",
+                 payload: PayloadReader | None = None):
+        """`payload`: with declared streams, where results gather the streams' own columns (protocol.payload)."""
         self.directory, self.rank, self.fmt, self.flush_rows = directory, rank, fmt, flush_rows
-        self.join_type = join_type
+        self.join_type, self.payload = join_type, payload
         self._parts: list[pa.Table] = []
         self._rows = 0
         self.files = 0
@@ -79,7 +102,9 @@ class ResultWriter:
         if not len(pairs):
             return 0
         if self.join_type != "inner":
-            return self._buffer(outer_table(pairs, delay, None, None, self.join_type))
+            return self._buffer(outer_table(pairs, delay, None, None, self.join_type, self.payload))
+        if self.payload is not None:
+            return self._buffer(with_columns(self.payload, pairs["r_id"], pairs["s_id"], delay, None))
         # the columns are contiguous: Arrow takes them without a copy (ts: converted to seconds)
         return self._buffer(pa.table([delay if c == "delay" else pairs.output(c) for c in RESULT_SCHEMA.names],
                                      schema=RESULT_SCHEMA))
@@ -89,7 +114,7 @@ class ResultWriter:
         `lone_r`, `lone_s`).  Returns the files written (0 or 1)."""
         if not len(lone_r) + len(lone_s):
             return 0
-        return self._buffer(outer_table(None, None, lone_r, lone_s, self.join_type))
+        return self._buffer(outer_table(None, None, lone_r, lone_s, self.join_type, self.payload))
 
     def _buffer(self, table: pa.Table) -> int:
         self._parts.append(table)

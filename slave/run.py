@@ -28,6 +28,7 @@ from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
 from slave.join import JoinModule
+from protocol.payload import payload_reader
 from slave.result_files import ResultWriter
 from slave.results_out import ResultSender
 from slave.state import decode_group, decode_move, encode_group, encode_move
@@ -44,7 +45,7 @@ class Slave:
                                  tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"],
                                  join["predicate"], join["band"], join["type"], out["result_chunk_rows"])
         self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"],
-                                   join["type"])
+                                   join["type"], payload_reader(cfg))
         agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
         # with checkpoints, partials are staged until a checkpoint covers them (protocol/checkpoint.py)
         staged = f"{out['path']}/{checkpoint.PENDING_AGGREGATES if cfg['checkpoint']['interval'] else 'aggregates'}"

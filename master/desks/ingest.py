@@ -24,6 +24,7 @@ from master.ranges import KeyRanges
 from master.source import mark, skip
 from protocol import eventtime
 from protocol.output import write_table
+from protocol.payload import payload_reader
 from protocol.predicates import copied_stream, key_distance
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
 
@@ -58,6 +59,7 @@ class IngestDesk:
         #: uses max_ts, both streams together)
         self.stream_max_ts = [eventtime.NEG_INF, eventtime.NEG_INF]
         self._late_parts: list[pa.Table] = []
+        self.payload = payload_reader(cfg)  #: declared streams: where late rows find their own columns
         self.late_files = 0
         ck = cfg["checkpoint"]
         self.archive = InputArchive(Path(cfg["output"]["path"]) / "archive", cfg["output"]["flush_rows"],
@@ -167,14 +169,23 @@ class IngestDesk:
                 index, part = self.ranges.copies(rows["key"], low, high)
                 self.buffers.add(stream, rows[index], part)
 
+    def _late_columns(self, chunk, late: np.ndarray) -> dict:
+        """The late tuples as the user gave them: the engine's fields, or with declared streams the stream's name
+        and both streams' own columns (the other stream's null) from the payload log."""
+        stream = chunk.stream[late]
+        if self.payload is None:
+            return {"stream": np.array(STREAM_NAMES)[stream], "id": chunk.id[late],
+                    "ts": eventtime.to_seconds(chunk.ts[late]), "key": chunk.key[late], "value": chunk.value[late]}
+        rows = chunk.id[late]
+        table = self.payload.both(np.where(stream == STREAM_R, rows, -1), np.where(stream == STREAM_S, rows, -1))
+        return {"stream": np.array(list(self.cfg["streams"]))[stream], **dict(zip(table.column_names, table.columns))}
+
     def _set_aside_late(self, chunk, late: np.ndarray, prev_max: np.ndarray) -> None:
         md = self.cfg["join"]["max_delay"]
         self.stats.late += int(late.sum())
         bound = eventtime.to_seconds(prev_max[late] - self.max_delay)
         self._late_parts.append(pa.table({
-            "stream": np.array(STREAM_NAMES)[chunk.stream[late]], "id": chunk.id[late],
-            "ts": eventtime.to_seconds(chunk.ts[late]),
-            "key": chunk.key[late], "value": chunk.value[late],
+            **self._late_columns(chunk, late),
             "reason": pa.repeat(f"late: ts below max ts seen before minus join.max_delay ({md})", int(late.sum())),
             "bound": bound,
         }))

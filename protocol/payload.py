@@ -1,0 +1,180 @@
+"""The payload log: the user's columns of every row of a declared stream, on disk beside the run (issue 20).
+
+The join runs on fixed-width tuples (protocol.tuples): key code, event time, arrival and, in `id`, the row's
+position in its stream (its row reference).  The rest of a row -- the user's key values, id and payload columns,
+any Arrow type -- is written once by the master as it reads the input, one Arrow IPC file (a segment) per
+record batch, and gathered for the results where they are written with vectorized `take`s from memory-mapped
+segments (late materialization, as column stores do): it never crosses MPI, never sits in a window, a move or a
+checkpoint, so every path that keeps the join exact (moves, hot-key grids, band copies, recovery) carries it
+unchanged.  The cost is disk: a run keeps its input's payload under `output.path/payload/` until it ends (a
+shared file system on several hosts, as results and checkpoints already need).
+
+A segment `payload/<R|S>/<first row>-<last row>.arrow` holds the column `__row` (the stream rows, rising) and the
+stream's output columns under the user's names; `schema.arrow` beside them holds none, only their types, so a
+side with no row to gather still has its columns.  Every dispatcher reads the same input and writes a segment
+that is not there yet under a temporary name, then renames it: the same rows, the same bytes, whoever is first.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from protocol.tuples import STREAM_NAMES
+
+ROW = "__row"
+FOLDER = "payload"
+SCHEMA_FILE = "schema.arrow"
+#: segments each reader keeps open per side (memory-mapped: the pages stay the page cache's to drop)
+OPEN_SEGMENTS = 64
+
+
+class PayloadError(Exception):
+    """A row's payload cannot be found: the payload log was removed or belongs to another input."""
+
+
+def segment_name(first: int, last: int) -> str:
+    return f"{first:012d}-{last:012d}.arrow"
+
+
+def _write_ipc(path: Path, table: pa.Table, tag: str) -> None:
+    tmp = path.with_name(f".{path.name}.{tag}.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(tmp, path)
+
+
+class PayloadLog:
+    """The master's side: segments and schemas of both streams under `root`/payload (`tag`: this writer's
+    name in temporary files, so that dispatchers never write into each other's)."""
+
+    def __init__(self, root: Path | str, tag: str):
+        self.folder, self.tag = Path(root) / FOLDER, tag
+
+    def write_schema(self, side: int, schema: pa.Schema) -> None:
+        """The output columns of stream `side` (R = 0), before any of its tuples is sent."""
+        _write_ipc(self.folder / STREAM_NAMES[side] / SCHEMA_FILE, schema.empty_table(), self.tag)
+
+    def write(self, side: int, rows: np.ndarray, columns: pa.Table) -> None:
+        """One batch's accepted rows (`rows` rising) and their output columns, unless a dispatcher wrote them."""
+        if not len(rows):
+            return
+        path = self.folder / STREAM_NAMES[side] / segment_name(int(rows[0]), int(rows[-1]))
+        if not path.exists():
+            _write_ipc(path, columns.add_column(0, ROW, pa.array(rows, pa.int64())), self.tag)
+
+
+def remove_log(root: Path | str) -> None:
+    """The payload log of a run that has ended (its results hold what they need): its own files, then its
+    folders if nothing else is in them."""
+    folder = Path(root) / FOLDER
+    for side in STREAM_NAMES:
+        d = folder / side
+        if d.is_dir():
+            for f in d.iterdir():
+                if f.name == SCHEMA_FILE or (f.name.endswith(".arrow") and f.name[:12].isdigit()):
+                    f.unlink()
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+class PayloadReader:
+    """Gathers the output columns of stream rows from the payload log under `root` (a slave writing results,
+    the master writing late rows); `prefixes`: per side, what each output column's name starts with."""
+
+    def __init__(self, root: Path | str, prefixes: tuple[str, str]):
+        self.folder, self.prefixes = Path(root) / FOLDER, prefixes
+        self._firsts = [np.empty(0, np.int64), np.empty(0, np.int64)]
+        self._lasts = [np.empty(0, np.int64), np.empty(0, np.int64)]
+        self._names: list[list[str]] = [[], []]
+        self._open: list[OrderedDict] = [OrderedDict(), OrderedDict()]
+        self._schemas: list[pa.Schema | None] = [None, None]
+
+    def schema(self, side: int) -> pa.Schema:
+        if self._schemas[side] is None:
+            self._schemas[side] = self._read(self.folder / STREAM_NAMES[side] / SCHEMA_FILE).schema
+        return self._schemas[side]
+
+    @staticmethod
+    def _read(path: Path) -> pa.Table:
+        try:
+            return pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        except (OSError, pa.ArrowException) as e:
+            raise PayloadError(f"payload log: cannot read {str(path)!r}: {str(e).splitlines()[0]}") from None
+
+    def _list(self, side: int) -> None:
+        names = sorted(f.name for f in (self.folder / STREAM_NAMES[side]).iterdir()
+                       if f.name.endswith(".arrow") and f.name != SCHEMA_FILE and not f.name.startswith("."))
+        self._names[side] = names
+        self._firsts[side] = np.array([int(n[:12]) for n in names], np.int64)
+        self._lasts[side] = np.array([int(n[13:25]) for n in names], np.int64)
+
+    def _where(self, side: int, rows: np.ndarray) -> np.ndarray:
+        """The segment of each of `rows` (sorted), listing the folder again when one is not known yet."""
+        for attempt in (0, 1):
+            seg = np.searchsorted(self._firsts[side], rows, "right") - 1
+            ok = (seg >= 0) & (rows <= self._lasts[side][np.maximum(seg, 0)]) if len(self._firsts[side]) else \
+                np.zeros(len(rows), bool)
+            if ok.all():
+                return seg
+            if attempt == 0:
+                self._list(side)
+        row = int(rows[np.flatnonzero(~ok)[0]])
+        raise PayloadError(f"payload log: no segment of stream {STREAM_NAMES[side]} holds its row {row} "
+                           f"(in {str(self.folder / STREAM_NAMES[side])!r})")
+
+    def _segment(self, side: int, index: int) -> pa.Table:
+        name = self._names[side][index]
+        cache = self._open[side]
+        if name in cache:
+            cache.move_to_end(name)
+            return cache[name]
+        table = cache[name] = self._read(self.folder / STREAM_NAMES[side] / name)
+        if len(cache) > OPEN_SEGMENTS:
+            cache.popitem(last=False)
+        return table
+
+    def gather(self, side: int, rows: np.ndarray) -> pa.Table:
+        """The output columns of stream `side`'s `rows` (int64; -1: no row, all its columns null), in that order,
+        named with the side's prefix."""
+        rows = np.asarray(rows, np.int64)
+        valid = rows >= 0
+        wanted = rows[valid]
+        order = np.argsort(wanted, kind="stable")
+        ordered = wanted[order]
+        parts = [self.schema(side).empty_table()]
+        if len(ordered):
+            seg = self._where(side, ordered)
+            cuts = np.flatnonzero(np.diff(seg)) + 1
+            for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(ordered)]):
+                table = self._segment(side, int(seg[start]))
+                got = ordered[start:stop]
+                at = np.searchsorted(table[ROW].to_numpy(), got)
+                if (at >= table.num_rows).any() or (table[ROW].to_numpy()[np.minimum(at, table.num_rows - 1)] != got).any():
+                    raise PayloadError(f"payload log: segment {self._names[side][int(seg[start])]} of stream "
+                                       f"{STREAM_NAMES[side]} lacks rows it should hold")
+                parts.append(table.drop_columns([ROW]).take(at))
+        gathered = pa.concat_tables(parts)
+        index = np.zeros(len(rows), np.int64)
+        index[np.flatnonzero(valid)[order]] = np.arange(len(ordered))
+        out = gathered.take(pa.array(index, mask=~valid))
+        return out.rename_columns([self.prefixes[side] + c for c in out.column_names])
+
+    def both(self, r_rows: np.ndarray, s_rows: np.ndarray) -> pa.Table:
+        """R's columns then S's, row by row (-1: that side is missing)."""
+        r, s = self.gather(0, r_rows), self.gather(1, s_rows)
+        return pa.Table.from_arrays(r.columns + s.columns, names=r.column_names + s.column_names)
+
+
+def payload_reader(cfg: dict) -> PayloadReader | None:
+    """The payload log of the run `cfg` describes, if its input is declared streams (protocol.streams)."""
+    if not cfg.get("streams"):
+        return None
+    return PayloadReader(cfg["output"]["path"], tuple(s["prefix"] for s in cfg["streams"].values()))
