@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.hotkeys --quick --repeats 1
 	$(BIN)/python -m bench.metrics_cost --quick --repeats 3
 	$(BIN)/python -m bench.join_types --quick --repeats 1
+	$(BIN)/python -m bench.payload --quick --repeats 1
 
 bench-full: $(STAMP)
 	$(BIN)/python -m bench
@@ -47,6 +48,7 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench.hotkeys
 	$(BIN)/python -m bench.metrics_cost
 	$(BIN)/python -m bench.join_types
+	$(BIN)/python -m bench.payload
 
 # the configuration reference, made from protocol/config.py's defaults (tests/test_config.py checks it is current)
 docs: $(STAMP)

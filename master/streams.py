@@ -53,6 +53,7 @@ class StreamsSource:
                               f"the streams' key {' + '.join(next(iter(self.specs.values()))['key'])} is "
                               f"{' + '.join(self.kinds)}: use a single integer key column, or predicate = \"equal\"")
         self.accepted = 0
+        self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()))
         self._open()
 
     def _open(self) -> None:
@@ -60,13 +61,12 @@ class StreamsSource:
         window = self.cfg["source"]["duplicate_window"]
         inputs = [StreamInput(name, s, self.kinds, window, self.files[name]) for name, s in self.specs.items()]
         self._check_columns(inputs)
-        log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()))
         for side, inp in enumerate(inputs):
-            log.write_schema(side, inp.schema)
+            self.log.write_schema(side, inp.schema)
         self.mapper = KeyMapper(self.kinds)
         self._stop = threading.Event()
         self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
-        self._threads = [threading.Thread(target=FileSource._read, args=(self._logged(log, side, inp), q, self._stop),
+        self._threads = [threading.Thread(target=FileSource._read, args=(self._logged(self.log, side, inp), q, self._stop),
                                           daemon=True, name=f"stream-reader-{inp.name}")
                          for side, (inp, q) in enumerate(zip(inputs, self._queues))]
         for t in self._threads:
@@ -177,6 +177,7 @@ class StreamsSource:
         if self.listing is not None:
             self.listing.roll_back(0, 0)
         self.accepted = 0
+        self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()))
         self._open()
         n = where["accepted"]
         while n > 0:
@@ -188,7 +189,7 @@ class StreamsSource:
     def finish(self) -> dict:
         self._close()
         names = {side: name for side, name in zip("RS", self.specs)}
-        out: dict = {"streams": names}
+        out: dict = {"streams": names, "payload_log_bytes": self.log.bytes}
         if self.listing is None:
             return out
         self.listing.flush()

@@ -55,6 +55,7 @@ class PayloadLog:
 
     def __init__(self, root: Path | str, tag: str):
         self.folder, self.tag = Path(root) / FOLDER, tag
+        self.bytes = 0  #: what this writer wrote
 
     def write_schema(self, side: int, schema: pa.Schema) -> None:
         """The output columns of stream `side` (R = 0), before any of its tuples is sent."""
@@ -67,6 +68,7 @@ class PayloadLog:
         path = self.folder / STREAM_NAMES[side] / segment_name(int(rows[0]), int(rows[-1]))
         if not path.exists():
             _write_ipc(path, columns.add_column(0, ROW, pa.array(rows, pa.int64())), self.tag)
+            self.bytes += path.stat().st_size
 
 
 def remove_log(root: Path | str) -> None:

@@ -25,30 +25,33 @@ class Run:
         summary = out / "summary.json"
         self.summary = json.loads(summary.read_text()) if summary.exists() else None
 
-    def pairs(self) -> np.ndarray:
-        """The joined pairs, encoded (tests.reference.encode_pairs); an outer join's rows without a partner are
-        left out (`alone`)."""
+    def pairs(self, ids: tuple[str, str] = ("r_id", "s_id")) -> np.ndarray:
+        """The joined pairs, encoded (tests.reference.encode_pairs) from the result columns `ids` (declared
+        streams: their id or row columns); an outer join's rows without a partner are left out (`alone`)."""
         t = read_tables(self.out / "results")
         if t is None:
             return np.empty(0, dtype=np.int64)
         if "kind" in t.column_names:
             t = t.filter(pc.equal(t["kind"], MATCHED))
-        return encode_pairs(t["r_id"].to_numpy(), t["s_id"].to_numpy())
+        return encode_pairs(t[ids[0]].to_numpy(), t[ids[1]].to_numpy())
 
-    def alone(self, side: str) -> np.ndarray:
+    def alone(self, side: str, ids: tuple[str, str] = ("r_id", "s_id")) -> np.ndarray:
         """Sorted ids of the rows of `side` ("r" or "s") emitted without the other side (outer, semi, anti)."""
         t = read_tables(self.out / "results")
         if t is None or "kind" not in t.column_names:
             return np.empty(0, dtype=np.int64)
-        other = "s" if side == "r" else "r"
-        return np.sort(t[f"{side}_id"].filter(pc.is_null(t[f"{other}_id"])).to_numpy())
+        mine, other = ids if side == "r" else ids[::-1]
+        return np.sort(t[mine].filter(pc.is_null(t[other])).to_numpy())
 
-    def late_ids(self) -> np.ndarray:
+    def late_ids(self, ids: tuple[str, str] = ("id", "id"), streams: tuple[str, str] = ("R", "S")) -> np.ndarray:
+        """Sorted late tuples encoded stream * 2**40 + id; declared streams: `ids` their id or row columns in
+        the late rows, `streams` their names."""
         t = read_tables(self.out / "late")
         if t is None:
             return np.empty(0, dtype=np.int64)
-        stream = (pc.equal(t["stream"], "S")).to_numpy(zero_copy_only=False).astype(np.int64)
-        return np.sort(stream * 2**40 + t["id"].to_numpy())
+        stream = (pc.equal(t["stream"], streams[1])).to_numpy(zero_copy_only=False)
+        ident = pc.coalesce(t[ids[0]], t[ids[1]]) if ids[0] != ids[1] else t[ids[0]]
+        return np.sort(stream.astype(np.int64) * 2**40 + ident.to_numpy())
 
 
 def toml_value(v) -> str:

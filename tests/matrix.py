@@ -23,10 +23,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from protocol.config import ConfigError, load_config, validate
+from protocol.output import read_tables
 from protocol.predicates import JOIN_TYPES
 from tests.cluster import run_cluster, toml_value
 from tests.reference import late_flags, reference_outer, reference_pairs, reference_theta_pairs
@@ -44,6 +46,7 @@ FEATURES: dict[str, tuple] = {
     "wide_window": (False, True),
     "format": ("csv", "parquet"),
     "join_type": JOIN_TYPES,
+    "input": ("file", "streams"),
 }
 #: the features whose value pairs CI's covering seeds cover; join.type is drawn in every draw (so CI runs some
 #: outer joins) and covered pairwise by `make soak` and `--where join_type=...`: its pairs would double CI's draws
@@ -67,6 +70,7 @@ class Draw:
     wide_window: bool
     format: str
     join_type: str
+    input: str
 
     @property
     def ranks(self) -> int:
@@ -137,7 +141,26 @@ def seconds_text(ts: np.ndarray, unit: str) -> np.ndarray:
     return np.char.add(np.char.add(whole.astype(str), "."), np.char.zfill(frac.astype(str), digits))
 
 
+#: declared streams (input = "streams"): their names, so results and late rows name their columns trades_*, quotes_*
+STREAMS = ("trades", "quotes")
+
+
 def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
+    """The draw's input: one file of both streams, or (input = "streams") a file per stream with the user's
+    own column names, text keys for an equi-join, times as decimal text (CSV) or integers in the draw's unit,
+    and a text payload column; returns the file, or the folder holding the two."""
+    if d.input == "streams":
+        for side, name in enumerate(STREAMS):
+            mine = data["stream"] == side
+            ids = data["id"][mine]
+            key = np.char.add("k", data["key"][mine].astype(str)) if d.predicate == "equal" else data["key"][mine]
+            when = seconds_text(data["ts"][mine], d.unit) if d.format == "csv" else data["ts"][mine]
+            table = pa.table({"event_id": ids, "sym": key, "at": when, "note": np.char.add("n", ids.astype(str))})
+            if d.format == "csv":
+                pacsv.write_csv(table, directory / f"{name}.csv")
+            else:
+                pq.write_table(table, directory / f"{name}.parquet", row_group_size=1000)
+        return directory
     text = seconds_text(data["ts"], d.unit)
     table = pa.table({"stream": np.where(data["stream"] == 0, "R", "S"), "id": data["id"],
                       "ts": text if d.format == "csv" else text.astype(np.float64),
@@ -153,7 +176,13 @@ def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
 def settings(d: Draw, path: Path, n: int = 9000) -> dict:
     """The draw's configuration ('section.key': value) for `n` tuples in `path`, paced over 3 s."""
     unit = UNITS[d.unit]
-    s = {"source.kind": "file", "source.path": str(path), "source.rate": n / 3.0,
+    if d.input == "streams":
+        source = {f"streams.{name}.{k}": v for name in STREAMS for k, v in
+                  (("path", str(path / f"{name}.{d.format}")), ("key", "sym"), ("time", "at"), ("id", "event_id"),
+                   ("time_unit", "s" if d.format == "csv" else d.unit))}
+    else:
+        source = {"source.kind": "file", "source.path": str(path)}
+    s = {**source, "source.rate": n / 3.0,
          "join.window": window_units(d) / unit, "join.max_delay": max_delay_units(d) / unit,
          "join.predicate": d.predicate, "join.type": d.join_type, "cluster.dispatchers": d.dispatchers,
          "epochs.distribution": EPOCH, "epochs.reorganization": 0.3, "partitioning.partitions": 16,
@@ -193,8 +222,20 @@ def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[tuple[np.ndarray, n
     ts = data["ts"] * (1_000_000 // unit)  # microseconds, exactly
     w, md = window_units(d) / unit, max_delay_units(d) / unit  # seconds, as the config gives them
     late = np.zeros(len(ts), bool)
-    for i in range(k):
-        late[i::k] = late_flags(ts[i::k], md)
+    if d.input == "streams":  # the streams merged by their running max ts (R first), lateness within each stream
+        running = np.zeros(len(ts), np.int64)
+        for side in (0, 1):
+            mine = np.flatnonzero(data["stream"] == side)
+            running[mine] = np.maximum.accumulate(ts[mine])
+        merged = np.lexsort((np.arange(len(ts)), data["stream"], running))
+        for i in range(k):
+            share = merged[i::k]
+            for side in (0, 1):
+                mine = share[data["stream"][share] == side]
+                late[mine] = late_flags(ts[mine], md)
+    else:
+        for i in range(k):
+            late[i::k] = late_flags(ts[i::k], md)
     on = {c: v[~late] for c, v in {**data, "ts": ts}.items()}
     never = 1e9  # seconds: lateness is decided above
     if d.predicate == "equal":
@@ -292,13 +333,31 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     if run.returncode != 0:
         out.error = f"exit {run.returncode}: {run.stderr[-2000:]}"
         return out
-    for got, want in zip((run.pairs(), run.alone("r"), run.alone("s")), expected):  # pairs, rows alone
+    ids = tuple(f"{name}_event_id" for name in STREAMS) if d.input == "streams" else ("r_id", "s_id")
+    for got, want in zip((run.pairs(ids), run.alone("r", ids), run.alone("s", ids)), expected):  # pairs, rows alone
         out.twice += len(got) - len(np.unique(got))
         out.missing += len(np.setdiff1d(want, got))
         out.extra += len(np.setdiff1d(got, want))
-    late = run.late_ids()
+    if d.input == "streams":
+        out.error += payload_mismatch(run.out)
+    late = run.late_ids(ids, STREAMS) if d.input == "streams" else run.late_ids()
     out.late_wrong = len(np.setxor1d(late, expected_late))
     return out
+
+
+def payload_mismatch(out: Path) -> str:
+    """With declared streams, every result row's payload is its own row's ("n<id>" beside id <id>); else a
+    message."""
+    t = read_tables(out / "results")
+    if t is None:
+        return ""
+    for name in STREAMS:
+        present = pc.is_valid(t[f"{name}_event_id"])
+        want = pc.binary_join_element_wise("n", pc.cast(t[f"{name}_event_id"], pa.string()), "")
+        wrong = pc.sum(pc.and_(present, pc.invert(pc.fill_null(pc.equal(t[f"{name}_note"], want), False)))).as_py()
+        if wrong:
+            return f"payload of {wrong} {name} rows is not their own"
+    return ""
 
 
 def covering_seeds(count_limit: int = 40, search: int = 2000) -> list[int]:

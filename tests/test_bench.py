@@ -691,3 +691,18 @@ def test_lone_rows_are_timed_from_the_moment_they_become_final(tmp_path):
     assert got["rows"] == 8  # ts 0..7: below 9 - 1.5
     assert got["after_final_max"] == pytest.approx(0.7)
     assert got["after_final_p50"] == pytest.approx(np.percentile(0.1 * np.arange(8), 50))
+
+
+def test_the_payload_workload_is_the_generators_tuples_per_stream_with_three_payload_columns(tmp_path):
+    import pyarrow.parquet as pq
+
+    from bench.payload import STREAMS, write_streams
+    from protocol.workload import GeneratorSource
+    gen = load_config(None, ["generator.duration=2"])["generator"]
+    sizes = write_streams(gen, tmp_path)
+    every = GeneratorSource(gen).next_chunk(1 << 30)
+    for side, name in enumerate(STREAMS):
+        t = pq.read_table(tmp_path / f"{name}.parquet")
+        assert t.column_names == ["id", "key", "ts", "label", "amount", "qty"] and sizes[name]["rows"] == t.num_rows
+        np.testing.assert_array_equal(t["ts"].to_numpy(), every.ts[every.stream == side])
+        assert min(len(x) for x in t["label"].to_pylist()) >= 20
