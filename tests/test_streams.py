@@ -385,3 +385,72 @@ def test_composite_keys_without_ids_from_json_lines_and_a_folder_of_csv_equal_th
     assert [(Path(f).name, row, c) for f, row, c in zip(*(rejected[x].to_pylist() for x in ("file", "row", "column")))] \
         == [("part-0.csv", 101, "t"), ("part-0.csv", 334, "user+region")]
     assert run.summary["keys"]["distinct"] == len(set(r["key"]) | set(s["key"]))
+
+
+def test_payload_of_every_type_survives_a_left_join_with_hot_keys_moves_and_a_crash_and_spark_reads_it(tmp_path, spark):
+    """Parquet streams whose payload holds a decimal, a list, text with nulls and a struct, times as
+    timestamp[ns, Europe/Paris] (R) and int64 milliseconds (S); a left join with a hot key (a third of the
+    tuples), groups moving at every reorganization and slave rank 2 killed at its 5th batch under the
+    supervisor.  Every pair and every R row alone equals the reference, and each result row's payload is its
+    own rows' (looked up by id in the input) with the Arrow types kept; Spark reads the folder as it is."""
+    import decimal
+
+    rng = np.random.default_rng(5)
+    n_r, n_s, t0 = 3000, 2500, 1_795_000_000_000
+    r_ms = t0 + np.cumsum(rng.integers(0, 4, n_r))
+    s_ms = t0 + np.cumsum(rng.integers(0, 5, n_s)) - rng.integers(0, 300, n_s)
+    r_key, s_key = rng.integers(0, 60, n_r), rng.integers(0, 60, n_s)
+    r_key[rng.random(n_r) < 0.33], s_key[rng.random(n_s) < 0.33] = 7, 7
+    price = [decimal.Decimal(int(x)).scaleb(-2) for x in rng.integers(0, 10**6, n_r)]
+    tags = [[int(x)] * int(x % 4) for x in rng.integers(0, 100, n_r)]
+    note = [None if x % 5 == 0 else f"note {x}" for x in range(n_r)]
+    pq.write_table(pa.table({
+        "oid": np.arange(n_r) + 10**9, "acct": r_key,
+        "placed": pa.array(r_ms * 1_000_000, pa.timestamp("ns", "Europe/Paris")),
+        "price": pa.array(price, pa.decimal128(12, 2)), "tags": pa.array(tags, pa.list_(pa.int32())),
+        "note": pa.array(note, pa.string()),
+        "venue": pa.array([{"id": int(x), "open": bool(x % 2)} for x in r_key]),
+    }), tmp_path / "orders.parquet", row_group_size=700)
+    pq.write_table(pa.table({"fid": np.arange(n_s), "acct": s_key, "at": s_ms, "qty": (np.arange(n_s) % 9).astype(np.int16)}),
+                   tmp_path / "fills.parquet", row_group_size=600)
+    run = run_cluster(tmp_path, 4, {
+        "streams.orders.path": str(tmp_path / "orders.parquet"), "streams.orders.key": "acct",
+        "streams.orders.time": "placed", "streams.orders.id": "oid",
+        "streams.fills.path": str(tmp_path / "fills.parquet"), "streams.fills.key": "acct",
+        "streams.fills.time": "at", "streams.fills.time_unit": "ms", "streams.fills.id": "fid",
+        "join.type": "left", "join.window": "150ms", "join.max_delay": "400ms", "source.rate": 3000.0,
+        "epochs.distribution": "100ms", "epochs.reorganization": 0.3, "partitioning.partitions": 16,
+        "hotkeys.enabled": True, "hotkeys.threshold": 0.15, "balance.buffer_capacity": 50,
+        "balance.supplier_threshold": 1e-9, "balance.consumer_threshold": 1e-9, "balance.choice": "random",
+        "checkpoint.interval": 3, "output.result_chunk_rows": 64},
+        wrapper=[sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"],
+        env={"STREAMJOIN_FAULT": f"2:batch:5:{tmp_path / 'fault-fired'}"})
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "fault-fired").exists() and run.summary["checkpoints"]["recovered_from"] is not None
+    r = {"id": np.arange(n_r) + 10**9, "ts": r_ms * 1000, "key": r_key.tolist()}
+    s = {"id": np.arange(n_s), "ts": s_ms * 1000, "key": s_key.tolist()}
+    pairs, late = reference(r, s, 0.15, 0.4)
+    assert len(pairs) > 1000 and len(late) == 0
+    ids = ("orders_oid", "fills_fid")
+    np.testing.assert_array_equal(run.pairs(ids), pairs)
+    np.testing.assert_array_equal(run.alone("r", ids), np.setdiff1d(r["id"], pairs // 2**32))
+    assert run.summary["balance"]["moves"] and run.summary["hot_keys"]
+    results = read_tables(run.out / "results")
+    assert results.schema.field("orders_price").type == pa.decimal128(12, 2)
+    assert results.schema.field("orders_tags").type == pa.list_(pa.int32())
+    assert results.schema.field("orders_placed").type == pa.timestamp("us", "Europe/Paris")
+    assert results.schema.field("fills_at").type == pa.timestamp("us", "UTC")
+    row = results["orders_oid"].to_numpy() - 10**9
+    assert results["orders_price"].to_pylist() == [price[i] for i in row]
+    assert results["orders_tags"].to_pylist() == [tags[i] for i in row]
+    assert results["orders_note"].to_pylist() == [note[i] for i in row]
+    assert results["orders_venue"].to_pylist() == [{"id": int(r_key[i]), "open": bool(r_key[i] % 2)} for i in row]
+    matched = pc.is_valid(results["fills_fid"])
+    fid = results["fills_fid"].filter(matched).to_numpy()
+    assert results["fills_qty"].filter(matched).to_pylist() == (fid % 9).tolist()
+    np.testing.assert_array_equal(results["fills_at"].filter(matched).cast(pa.int64()).to_numpy(), s_ms[fid] * 1000)
+    assert results["fills_qty"].filter(pc.invert(matched)).null_count == len(results) - len(fid)
+    frame = spark.read.parquet(str(run.out / "results"))
+    assert frame.count() == len(results)
+    assert dict(frame.dtypes)["orders_price"] == "decimal(12,2)" and dict(frame.dtypes)["orders_tags"] == "array<int>"
+    assert frame.filter("kind = 'left_unmatched'").count() == len(run.alone("r", ids))
