@@ -336,7 +336,7 @@ def test_results_of_declared_streams_read_as_they_are_in_pandas_and_duckdb(tmp_p
 def test_composite_keys_without_ids_from_json_lines_and_a_folder_of_csv_equal_the_reference_across_a_crash(tmp_path):
     """R: JSON lines, epoch milliseconds (time_unit = "ms"), no id; S: two CSV files with ISO text in +01:00,
     no id, a bad time cell and an empty key cell (rejected rows), and rows late within their own stream;
-    the key is (user, region). One dispatcher, two slaves; slave rank 2 is killed at its 6th batch and the supervisor
+    the key is (user, region). One dispatcher, two slaves; slave rank 2 is killed at its 4th batch and the supervisor
     recovers from a checkpoint: the input is read again and coded again, each pair is written once."""
     rng = np.random.default_rng(11)
     t0 = 1_795_000_000_000
@@ -361,10 +361,10 @@ def test_composite_keys_without_ids_from_json_lines_and_a_folder_of_csv_equal_th
         "streams.views.path": str(tmp_path / "views.jsonl"), "streams.views.key": ["user", "region"],
         "streams.views.time": "at", "streams.views.time_unit": "ms",
         "streams.buys.path": str(tmp_path / "buys"), "streams.buys.key": ["user", "region"], "streams.buys.time": "t",
-        "join.window": "2s", "join.max_delay": "1500ms", "partitioning.partitions": 8, "source.rate": 4000.0,
+        "join.window": "2s", "join.max_delay": "1500ms", "partitioning.partitions": 8, "source.rate": 2500.0,
         "epochs.distribution": "100ms", "checkpoint.interval": 2, "output.flush_rows": 1},
         wrapper=[sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"],
-        env={"STREAMJOIN_FAULT": f"2:batch:6:{tmp_path / 'fault-fired'}"})
+        env={"STREAMJOIN_FAULT": f"2:batch:4:{tmp_path / 'fault-fired'}"})
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "fault-fired").exists() and run.summary["checkpoints"]["recovered_from"] is not None
     bad = np.zeros(n_s, bool)
