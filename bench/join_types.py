@@ -6,11 +6,12 @@ rows without a partner come out within one distribution epoch of the moment they
 - Rate: the same unpaced runs of the default workload with `join.type` inner and left, alternated, their in-run
   rates (tuples/s) and the ratio of the medians (target >= 0.8).
 - Timeliness: one left join paced in real time (source.rate = both streams' generator.rate, so a second of
-  event time takes a second).  A row without a partner becomes final when the watermark passes its ts +
-  join.window, that is when a tuple with ts >= its ts + window + max_delay has arrived: window + max_delay
-  seconds after the row itself arrived.  Its `delay` column counts from its arrival, so delay - (window +
-  max_delay) is how long after becoming final it came out (target: within epochs.distribution).  Rows decided
-  only by the end of input (ts within window + max_delay of the last) are left out.
+  event time takes a second).  An R row without a partner becomes final when the watermark passes its ts +
+  upper (join.upper, or join.window), that is when a tuple with ts >= its ts + upper + max_delay has arrived:
+  upper + max_delay seconds after the row itself arrived.  Its `delay` column counts from its arrival, so
+  delay - (upper + max_delay) is how long after becoming final it came out (target: within
+  epochs.distribution).  Rows decided only by the end of input (ts within upper + max_delay of the last) are
+  left out.
 Output: join_types.md, join_types.json.
 """
 from __future__ import annotations
@@ -26,7 +27,9 @@ from bench.ab import Comparison, parser
 from bench.cluster import RunFailed, run_cluster
 from bench.tables import fmt
 from protocol.config import load_config
+from protocol.eventtime import PER_SECOND
 from protocol.output import LEFT_UNMATCHED, read_tables
+from protocol.predicates import time_bounds
 
 RATE_TARGET = 0.8
 
@@ -53,7 +56,7 @@ def main(argv: list[str]) -> int:
         with tempfile.TemporaryDirectory(prefix="streamjoin-join-types-") as tmp:
             ab.run(Path(tmp))
             rate = 2 * cfg["generator"]["rate"]  # real time: a second of event time a second
-            wait = cfg["join"]["window"] + cfg["join"]["max_delay"]
+            wait = time_bounds(cfg["join"])[1] / PER_SECOND + cfg["join"]["max_delay"]
             s = run_cluster(a.slaves + 1, [*workload, "join.type=left", f"source.rate={rate}"], Path(tmp) / "paced",
                             a.timeout, keep=lambda out: after_final(out, wait))
     except RunFailed as e:

@@ -33,6 +33,7 @@ from master.ingest import to_wire
 from protocol.workload import generate_all
 from protocol import eventtime
 from protocol.config import load_config
+from protocol.predicates import time_bounds
 from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
 from slave.join import JoinModule
 from slave.result_files import ResultWriter
@@ -83,7 +84,7 @@ def own_by_span(cfg: dict, data, repeats: int) -> tuple[dict[float, list[float]]
 def join_module(cfg: dict, dtype: np.dtype) -> JoinModule:
     """The join module one slave would run with this config, holding every partition-group."""
     t = cfg["tuning"]
-    return JoinModule(dtype, cfg["partitioning"]["partitions"], eventtime.duration(cfg["join"]["window"]),
+    return JoinModule(dtype, cfg["partitioning"]["partitions"], time_bounds(cfg["join"]),
                       t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"],
                       chunk_rows=cfg["output"]["result_chunk_rows"])
 
@@ -167,9 +168,9 @@ def duckdb_join(cfg: dict, data) -> tuple[float, int]:
     for name, code in (("r", STREAM_R), ("s", STREAM_S)):
         mine = data.stream == code
         con.register(name, pa.table({"id": data.id[mine], "ts": data.ts[mine], "key": data.key[mine]}))
-    w = eventtime.duration(cfg["join"]["window"])  # integer microseconds, as ts: the engine's exact rule
+    lower, upper = time_bounds(cfg["join"])  # integer microseconds, as ts: the engine's exact rule
     started = time.perf_counter()
-    (results,) = con.execute(f"SELECT count(*) FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts - {w} AND r.ts + {w}").fetchone()
+    (results,) = con.execute(f"SELECT count(*) FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts + {lower} AND r.ts + {upper}").fetchone()
     return time.perf_counter() - started, int(results)
 
 

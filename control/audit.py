@@ -11,22 +11,24 @@ without any code of master/ingest or slave/:
 - lateness, per dispatcher (each applies the rule to its own share): a tuple is late iff its ts is below
   the largest ts before it in that dispatcher's arrival order minus join.max_delay;
 - the join of the on-time tuples: r.key == s.key (equal), |r.key - s.key| <= band (band) or r.key < s.key
-  (less), and |r.ts - s.ts| <= join.window, for every pair whose later ts lies in [from, to) (so only the
-  input with ts >= from - window is joined);
+  (less), and lower <= s.ts - r.ts <= upper (join.lower / join.upper, or -+join.window), for every pair
+  whose later ts lies in [from, to) (so only the input with ts >= from - reach is joined, reach the largest
+  |s.ts - r.ts| that joins);
 - with join.type other than inner (docs/joins-and-hot-keys.md), the rows without a partner whose own ts lies
   in [from, to): the on-time tuples no tuple of the other stream joins (left, right, full, anti), or the R
-  tuples some S tuple joins (semi), from the input up to to + window;
+  tuples some S tuple joins (semi), from the input up to to + reach;
 
 every time compared as the engine compares it, in integer microseconds (docs/time.md): the files' float
-seconds are converted back in SQL (`micros`), window, max_delay and the range's bounds once from their
-decimals (protocol.eventtime.duration, the config's conversion), so a pair exactly join.window apart is
-expected and one a microsecond further is not;
+seconds are converted back in SQL (`micros`), the bounds, max_delay and the range's ends once from their
+decimals (protocol.predicates.time_bounds and protocol.eventtime.duration, the config's conversion), so a
+pair exactly at lower or upper is expected and one a microsecond outside is not;
 
 and compares them with results/ and late/ over the same range: pairs missing, extra, twice, the same for
 the rows alone of each kind; tuples set aside as late that are not, and the reverse.  A finished run
 (summary.json) counts every file; a live or crashed one only what its newest complete checkpoint committed
 (the files past the commit are replaced by a restarted run: protocol.checkpoint.roll_back_output), and only
-below that checkpoint's watermark (for rows alone: below the slaves' watermark minus join.window).
+below that checkpoint's watermark (for rows alone: below the slaves' watermark minus reach, where R rows
+(final below it minus upper) and S rows (below it plus lower) are both final).
 Also runnable as `spark-submit control/audit.py ...`.
 """
 from __future__ import annotations
@@ -51,6 +53,7 @@ from protocol import checkpoint
 from protocol.config import ConfigError
 from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RESULT_COLUMNS, RIGHT_UNMATCHED
+from protocol.predicates import time_bounds
 from protocol.tuples import tuple_dtype
 
 #: exit codes: the range is exact, it differs, the command was wrong
@@ -146,13 +149,20 @@ def _at_checkpoint(cfg: dict, out: Path) -> Target:
     watermark = min(min(m["max_ts"] for m in sections.values()) - duration(cfg["join"]["max_delay"]), lowest)
     rows_alone = cfg["join"].get("type", "inner") != "inner"
     if rows_alone:
-        # a row alone is written once the watermark its slave joined by passes its ts + window (the slave's:
+        # a row alone is written once the watermark its slave joined by passes its ts + upper (R) or ts - lower
+        # (S), both at most ts + reach (the slave's:
         # the lowest of the last batch each dispatcher sent it); its partners must have been joined too
         sent = min(w for m in sections.values() for w in m["sent_watermark"].values())
-        watermark = min(watermark, sent) - duration(cfg["join"]["window"])
+        watermark = min(watermark, sent) - reach(cfg["join"])
     return Target(out, cfg, finished=False, watermark=watermark, commit=manifest["commit"],
                   consumed={d: m["consumed"] for d, m in sections.items()}, checkpoint_id=manifest["id"],
                   rows_alone=rows_alone)
+
+
+def reach(join: dict) -> int:
+    """The largest |s.ts - r.ts| that joins (microseconds): max(-lower, upper), at least 0 as lower <= upper."""
+    lower, upper = time_bounds(join)
+    return max(-lower, upper)
 
 
 def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
@@ -342,20 +352,21 @@ def floor_div(column: str, width: int):
     return F.expr(f"({column} - pmod({column}, {width})) div {width}")
 
 
-def on_time_side(tuples, name: str, window: int):
-    """The on-time tuples of stream `name` ("r" or "s") with their columns prefixed, and a time bucket."""
+def on_time_side(tuples, name: str, span: int):
+    """The on-time tuples of stream `name` ("r" or "s") with their columns prefixed, and a time bucket of twice
+    `span` (the `reach` of the join)."""
     from pyspark.sql import functions as F
 
     t = tuples.where(~F.col("late") & (F.col("stream") == name.upper())).select(
         *(F.col(c).alias(f"{name}_{c}") for c in ("id", "key", "ts", "t", "value")))
-    return t.withColumn(f"{name}_tb", floor_div(f"{name}_t", max(2 * window, 1)))
+    return t.withColumn(f"{name}_tb", floor_div(f"{name}_t", max(2 * span, 1)))
 
 
 def matches(r, s, join: dict):
-    """Every pair of the R and S sides (on_time_side) that joins (microseconds: a pair exactly join.window
-    apart joins).
+    """Every pair of the R and S sides (on_time_side) that joins (microseconds: lower <= s.ts - r.ts <= upper,
+    both ends included).
 
-    Both sides carry a time bucket of twice the window (and, for band, a key bucket of band + 1): a pair is
+    Both sides carry a time bucket of twice the reach (and, for band, a key bucket of band + 1): a pair is
     at most one bucket apart, so the R side, repeated at the neighbouring buckets, meets its partners in an
     equi-join; the exact predicate follows."""
     from pyspark.sql import functions as F
@@ -370,8 +381,8 @@ def matches(r, s, join: dict):
         r = r.withColumn("kb", F.explode(near)).withColumn("kb", F.col("kb") + floor_div("r_key", w))
         s = s.withColumn("s_kb", floor_div("s_key", w))
         on.append(r["kb"] == s["s_kb"])
-    return r.join(s, on).where((F.abs(F.col("r_t") - F.col("s_t")) <= duration(join["window"]))
-                               & key_predicate(join))
+    lower, upper = time_bounds(join)
+    return r.join(s, on).where((F.col("s_t") - F.col("r_t")).between(lower, upper) & key_predicate(join))
 
 
 def expected_pairs(tuples, join: dict, start: int, end: int, sample: float):
@@ -379,8 +390,7 @@ def expected_pairs(tuples, join: dict, start: int, end: int, sample: float):
     r_key for an equi-join)."""
     from pyspark.sql import functions as F
 
-    window = duration(join["window"])
-    r, s = on_time_side(tuples, "r", window), on_time_side(tuples, "s", window)
+    r, s = on_time_side(tuples, "r", reach(join)), on_time_side(tuples, "s", reach(join))
     if sample < 1:
         s = s.where(sampled("s_key", sample))
         if join["predicate"] == "equal":
@@ -391,15 +401,14 @@ def expected_pairs(tuples, join: dict, start: int, end: int, sample: float):
 
 def partnered(tuples, join: dict, start: int, end: int, sample: float, name: str):
     """The on-time tuples of stream `name` with ts in [start, end) (of the sampled keys), each with
-    `partnered`: whether any on-time tuple of the other stream joins it.  `tuples` must reach a window past
-    both ends: a partner is at most join.window away.  For an equi-join the other side is sampled too (a
+    `partnered`: whether any on-time tuple of the other stream joins it.  `tuples` must reach `reach` past
+    both ends: a partner is at most that far away.  For an equi-join the other side is sampled too (a
     partner has the same key); for band and less it is whole."""
     from pyspark.sql import functions as F
 
-    window = duration(join["window"])
     other = "s" if name == "r" else "r"
-    own = on_time_side(tuples, name, window).where((F.col(f"{name}_t") >= start) & (F.col(f"{name}_t") < end))
-    far = on_time_side(tuples, other, window)
+    own = on_time_side(tuples, name, reach(join)).where((F.col(f"{name}_t") >= start) & (F.col(f"{name}_t") < end))
+    far = on_time_side(tuples, other, reach(join))
     if sample < 1:
         own = own.where(sampled(f"{name}_key", sample))
         if join["predicate"] == "equal":
@@ -488,16 +497,16 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     difference, the offending pairs, rows and tuples in audit/diff-<range>.parquet.
 
     A pair is in the range by its later ts, a row without a partner (join.type other than inner) by its own
-    ts; such a row's partners may lie a window past the range, so the input is read up to end + window."""
+    ts; such a row's partners may lie `reach` past the range, so the input is read up to end + reach."""
     from pyspark.sql import functions as F
 
     began = time.monotonic()
     join = target.cfg["join"]
     join_type = join.get("type", "inner")
-    window = duration(join["window"])
+    far = reach(join)
     arrived, source = arrivals(spark, target)
-    hi = end if join_type == "inner" or end >= POS_INF else end + window
-    tuples = classify(arrived, duration(join["max_delay"]), start - window, hi).cache()
+    hi = end if join_type == "inner" or end >= POS_INF else end + far
+    tuples = classify(arrived, duration(join["max_delay"]), start - far, hi).cache()
     expected = expected_pairs(tuples, join, start, end, sample)
     expected = (expected if EMITS[join_type][0] else expected.where(F.lit(False))).cache()
     in_sample = tuples.where(sampled("key", sample)) if sample < 1 else tuples
@@ -524,8 +533,8 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
                                                        F.lit(" is none the engine writes")))
            .when(F.lit(not EMITS[join_type][0]), f"join.type = {join_type!r} emits no pairs")
            .when(F.col("r_late"), "its R tuple is late").when(F.col("s_late"), "its S tuple is late")
-           .when(F.abs(micros(F.col("r_ts")) - micros(F.col("s_ts"))) > window,
-                 "its tuples are more than join.window apart")
+           .when(~(micros(F.col("s_ts")) - micros(F.col("r_ts"))).between(*time_bounds(join)),
+                 "s_ts - r_ts is outside the join's time bounds (join.lower, join.upper or -+join.window)")
            .when(~key_predicate(join), f"its keys do not satisfy join.predicate = {join['predicate']!r}")
            .otherwise("no such pair of on-time tuples in the input"))
     diff = expected.join(copies.select(*ids), ids, "left_anti").select(

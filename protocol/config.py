@@ -55,7 +55,9 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "hot_share": (0.0, "this share of both streams carries one single key (a heavy hitter), on top of the b-model"),
     },
     "join": {
-        "window": (1.0, "join r and s iff r.key == s.key and |r.ts - s.ts| <= window (seconds)"),
+        "window": (1.0, "join r and s iff r.key == s.key and |r.ts - s.ts| <= window (seconds): shorthand for lower = -window, upper = window"),
+        "lower": (None, "with `upper`, in place of `window`: join r and s iff lower <= s.ts - r.ts <= upper (seconds, either may be negative; unset: -window)"),
+        "upper": (None, "with `lower`: the largest s.ts - r.ts that joins (seconds; unset: window)"),
         "max_delay": (0.5, "allowed out-of-orderness in ts; later tuples go to the late output"),
         "predicate": ("equal", '"equal" (r.key == s.key), "band" (|r.key - s.key| <= band) or "less" (r.key < s.key)'),
         "band": (0, "with predicate = \"band\": the largest key distance that joins"),
@@ -171,6 +173,8 @@ def _typename(v: Any) -> str:
 
 
 def _check_type(name: str, default: Any, value: Any) -> Any:
+    if default is None:  # join.lower / join.upper: unset by default, a number of seconds when set
+        default = 0.0
     if isinstance(default, bool) or isinstance(value, bool):
         if type(value) is not type(default):
             raise ConfigError(f"{name}: expected {_typename(default)}, got {value!r}")
@@ -223,6 +227,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             raise ConfigError(f"unknown key {section}.{key} (known in [{section}]: {', '.join(DEFAULTS[section])})")
         value = from_text(section, key, value, ConfigError)  # a duration as text: "30s", "250ms"
         cfg[section][key] = _check_type(f"{section}.{key}", DEFAULTS[section][key][0], value)
+    named = {(s, k) for s, k, _ in items}
+    if ("join", "window") in named and named & {("join", "lower"), ("join", "upper")}:
+        raise ConfigError("join.window: not together with join.lower / join.upper (window w is the shorthand for "
+                          "lower = -w, upper = w): set either window or lower and upper")
     cfg["streams"] = streams_config.declared(streams, cfg["source"], ConfigError)
     validate(cfg)
     return cfg
@@ -256,6 +264,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
         raise ConfigError("balance.consumer_threshold: must be at most balance.supplier_threshold "
                           f"(got {cfg['balance']['consumer_threshold']} and {cfg['balance']['supplier_threshold']})")
     _check_event_time(cfg)
+    _check_bounds(cfg["join"])
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
     if cfg["cluster"]["dispatchers"] > 1 and cfg["hotkeys"]["enabled"]:
@@ -305,6 +314,23 @@ def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:
                           f"microseconds), got {cfg['aggregate']['window']!r}")
 
 
+def _check_bounds(join: dict[str, Any]) -> None:
+    """join.lower and join.upper come together (one alone would silently take the other from window), below
+    the duration limit either way, and lower <= upper (else nothing joins)."""
+    lower, upper = join.get("lower"), join.get("upper")
+    if (lower is None) != (upper is None):
+        given, missing = ("lower", "upper") if upper is None else ("upper", "lower")
+        raise ConfigError(f"join.{missing}: required with join.{given} (they replace join.window together)")
+    if lower is None:
+        return
+    limit = eventtime.DURATION_LIMIT // eventtime.PER_SECOND
+    for k in ("lower", "upper"):
+        if not abs(join[k]) < limit:
+            raise ConfigError(f"join.{k}: must be between -{limit} and {limit} seconds, got {join[k]!r}")
+    if lower > upper:
+        raise ConfigError(f"join.lower: must be at most join.upper (got {lower!r} and {upper!r}): no pair would join")
+
+
 def dispatcher_endpoint(endpoint: str, index: int) -> str:
     """Dispatcher `index`'s own socket for a configured endpoint: the port + index (ipc: the path + ".index");
     with several dispatchers each binds its own ingest and result-stream socket."""
@@ -318,7 +344,8 @@ def reference() -> str:
     """docs/configuration.md: every key with its default, the values it takes and its meaning, from DEFAULTS
     (tests/test_config.py fails when the committed page differs)."""
     kinds = {bool: "boolean", int: "integer", float: "number", str: "string"}
-    toml = lambda v: json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else repr(v)
+    toml = lambda v: json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else \
+        "unset" if v is None else repr(v)
 
     def values(s: str, k: str, default: Any) -> str:
         if (s, k) in _CHOICES:

@@ -1,4 +1,5 @@
-"""The join predicates both roles must agree on: which key distances s.key - r.key join.
+"""The join predicates both roles must agree on: which key distances s.key - r.key join, and which time
+distances s.ts - r.ts (`time_bounds`).
 
 `equal` is served by hash partitioning; `band` and `less` by key ranges
 (master/ranges.py), where the master routes with these bounds and the slaves'
@@ -6,6 +7,7 @@ kernel filters with them.
 """
 from __future__ import annotations
 
+from protocol import eventtime
 from protocol.tuples import STREAM_R, STREAM_S
 
 #: `join.type` (issue 22): inner gives pairs only; left keeps every R, right every S, full both, each row without a
@@ -27,6 +29,16 @@ def key_distance(predicate: str, band: int) -> tuple[int | None, int | None]:
     if predicate == "less":  # r.key < s.key, keys are integers
         return 1, None
     return 0, 0
+
+
+def time_bounds(join: dict) -> tuple[int, int]:
+    """(lower, upper) in integer microseconds: r and s join iff lower <= s.ts - r.ts <= upper (issue 20; Flink's
+    intervalJoin between(lower, upper)).  `join.window = w` is the shorthand (-w, w); protocol.config refuses
+    both forms together and one bound alone."""
+    if join.get("lower") is None:
+        w = eventtime.duration(join["window"])
+        return -w, w
+    return eventtime.duration(join["lower"]), eventtime.duration(join["upper"])
 
 
 def check_join_type(cfg: dict, error: type[Exception]) -> None:

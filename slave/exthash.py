@@ -88,16 +88,19 @@ class PartitionGroup:
         """The mini-windows' bytes and the directory's entries."""
         return sum(r.nbytes + s.nbytes for r, s in self.buckets.values()) + self.directory.entries.nbytes
 
-    def expire(self, threshold: int) -> int:
-        return sum(r.expire(threshold) + s.expire(threshold) for r, s in self.buckets.values())
+    def expire(self, thresholds: tuple[int, int]) -> int:
+        """Drop the blocks of R below thresholds[0] and of S below thresholds[1] (JoinModule.thresholds: each
+        stream its own, as the time bounds may be asymmetric); returns the tuples dropped."""
+        return sum(r.expire(thresholds[0]) + s.expire(thresholds[1]) for r, s in self.buckets.values())
 
-    def decide(self, threshold: int, unmatched_r: list | None, unmatched_s: list | None) -> None:
-        """Every bucket's rows still unmatched below `threshold` into the lists given (MiniWindow.decide)."""
+    def decide(self, thresholds: tuple[int, int], unmatched_r: list | None, unmatched_s: list | None) -> None:
+        """Every bucket's rows still unmatched below their stream's threshold (R, S) into the lists given
+        (MiniWindow.decide)."""
         for r, s in self.buckets.values():
             if unmatched_r is not None:
-                r.decide(threshold, unmatched_r)
+                r.decide(thresholds[0], unmatched_r)
             if unmatched_s is not None:
-                s.decide(threshold, unmatched_s)
+                s.decide(thresholds[1], unmatched_s)
 
     def tune(self) -> None:
         """Split oversized buckets and merge undersized ones (called once per epoch)."""

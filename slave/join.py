@@ -8,6 +8,11 @@ the opposite mini-window and with each other, then appended:
 so every pair is produced exactly once, by the epoch in which its later tuple
 arrives (the paper's "fresh tuples of the head block" rule, done per epoch).
 Then blocks that no on-time tuple can reach are expired and the buckets tuned.
+With the time bounds lower <= s.ts - r.ts <= upper (join.lower / join.upper, or
++-join.window) and the watermark W (every later on-time tuple has ts >= W:
+BiStream, Theorem 1), an R tuple can still meet a future S only if r.ts >= W -
+upper, an S tuple a future R only if s.ts >= W + lower: each stream has its own
+threshold (`thresholds`).
 
 An epoch's results come out in chunks of at most `chunk_rows` pairs
 (`output.result_chunk_rows`), each written and sent before the next is built:
@@ -23,8 +28,8 @@ groups are not split (hashing would scatter neighbouring keys).
 
 Outer, semi and anti joins (`join.type`, issue 22) keep a matched flag beside every stored tuple of the kept
 side(s) (slave.window): set whenever the tuple is part of a pair, in this epoch's join; a row still unmatched
-once its ts is below the expiry threshold -- no on-time tuple can reach it any more, the rule that frees its
-block -- is emitted after the epoch's join, once (`lone_r`, `lone_s`).  Semi emits an R row at its first match
+once its ts is below its stream's expiry threshold -- no on-time tuple can reach it any more, the rule that
+frees its block -- is emitted after the epoch's join, once (`lone_r`, `lone_s`).  Semi emits an R row at its first match
 instead.  The flags move, split, merge and are checkpointed with the rows, so each row is decided once wherever
 it lives.
 """
@@ -101,14 +106,17 @@ class Join(NamedTuple):
 
 
 class JoinModule:
-    def __init__(self, dtype: np.dtype, partitions: int, window: int, block_size: int,
+    def __init__(self, dtype: np.dtype, partitions: int, window: int | tuple[int, int], block_size: int,
                  theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0,
                  join_type: str = "inner", chunk_rows: int = DEFAULTS["output"]["result_chunk_rows"][0]):
-        """`window` in integer microseconds (protocol.eventtime.duration of join.window); `join_type` one of
+        """`window`: the time bounds (lower, upper) in integer microseconds, r and s join iff lower <= s.ts - r.ts
+        <= upper (protocol.predicates.time_bounds), or w for (-w, w); `join_type` one of
         protocol.predicates.JOIN_TYPES."""
         if join_type not in JOIN_TYPES:
             raise ValueError(f"join type {join_type!r}: must be one of {', '.join(JOIN_TYPES)}")
-        self.dtype, self.partitions, self.window, self.chunk_rows = dtype, partitions, int(window), int(chunk_rows)
+        lower, upper = (-int(window), int(window)) if np.ndim(window) == 0 else map(int, window)
+        self.lower, self.upper = lower, upper
+        self.dtype, self.partitions, self.chunk_rows = dtype, partitions, int(chunk_rows)
         self.join_type = join_type
         self.keep_r = join_type in ("left", "full", "semi", "anti")  #: R rows carry matched flags
         self.keep_s = join_type in ("right", "full")
@@ -117,12 +125,11 @@ class JoinModule:
         #: rows without a partner the last epoch emitted (semi: R rows at their first match), copies; set once
         #: its last chunk is taken
         self.lone_r = self.lone_s = np.empty(0, dtype)
-        window = self.window
-        if predicate == "equal":
-            self.kernel = lambda a, b: window_matches(a["key"], a["ts"], b["key"], b["ts"], window)
+        if predicate == "equal":  # a is R, b is S: the bounds as configured
+            self.kernel = lambda a, b: window_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper)
         else:
             low, high = key_distance(predicate, band)
-            self.kernel = lambda a, b: range_matches(a["key"], a["ts"], b["key"], b["ts"], window, low, high)
+            self.kernel = lambda a, b: range_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper, low, high)
             max_depth = 0  # one bucket per range: a split by hash would not narrow a band probe
         self._group_args = (dtype, block_size, theta_min, theta_max, max_depth)
         self._fields = field_words(dtype, FIELDS)
@@ -233,16 +240,24 @@ class JoinModule:
                     at += n
             stamps.append((filled, time.time()))
         yield self._chunk(pieces, filled, stamps, last=True)
-        threshold = int(watermark) - self.window  # integers: the join test's own boundary
+        thresholds = self.thresholds(watermark)
         alone_r = lone_r if self.keep_r and self.join_type != "semi" else None
         alone_s = lone_s if self.keep_s else None
         for pg in self.groups.values():
             if alone_r is not None or alone_s is not None:
-                pg.decide(threshold, alone_r, alone_s)
-            pg.expire(threshold)
+                pg.decide(thresholds, alone_r, alone_s)
+            pg.expire(thresholds)
             pg.tune()
         self.lone_r, self.lone_s = (np.concatenate(lone) if lone else np.empty(0, self.dtype)
                                     for lone in (lone_r, lone_s))
+
+    def thresholds(self, watermark: int) -> tuple[int, int]:
+        """(R's, S's) expiry threshold at watermark W: a stored tuple whose ts is below its stream's can join no
+        later on-time tuple (ts >= W), so its row alone is final and its block may go.  R: a future s has s.ts
+        - r.ts >= W - r.ts, which exceeds upper once r.ts < W - upper; S: a future r has s.ts - r.ts <= s.ts -
+        W, below lower once s.ts < W + lower.  Integers: the join test's own boundaries, so a tuple exactly
+        at a bound from W stays."""
+        return int(watermark) - self.upper, int(watermark) + self.lower
 
     def _chunk(self, pieces: list, filled: int, stamps: list, last: bool) -> Chunk:
         """Gather the pieces' pairs: they are views of window storage, which appends never overwrite (and

@@ -1,4 +1,4 @@
-"""The join kernels: all pairs with matching keys and timestamps at most `window` apart.
+"""The join kernels: all pairs with matching keys and lower <= b.ts - a.ts <= upper.
 
 Block-nested-loop joins in the paper compare every tuple of a new block with
 every tuple of the opposite mini-window.  Here the smaller side is indexed once
@@ -6,7 +6,7 @@ and every tuple of the larger side finds exactly its partners:
 
 - `window_matches` (equi-join): a hash table over the smaller side's keys, each key
   pointing at its run of tuples ordered by ts; a probe finds its key's run and,
-  with a binary search on time, the partners within the window.  Searching on
+  with a binary search on time, the partners within its time bounds.  Searching on
   time too matters: with few distinct keys and large batches, pairs that share a
   key but lie far apart in time would otherwise outnumber the results by orders
   of magnitude.  O(n + m log m + results) for m <= n.
@@ -22,9 +22,11 @@ repeat/arange expansion per call) took 6.0 s of the slave's 11.7 s.  Each probe
 loop runs twice, count then fill, so the index arrays are allocated at their
 exact size; the fill writes any slice of the pairs (`Matches.take`), so a
 batch's results are produced in chunks of bounded size (slave.join).  Times and
-the window are integer microseconds (protocol.eventtime): |a.ts - b.ts| <= window is an exact integer comparison, the
-same one expiry makes, so a pair exactly `window` apart joins (valid ts and
-windows are far below int64's ends: no difference overflows).
+the bounds are integer microseconds (protocol.eventtime): lower <= b.ts - a.ts <= upper is an exact integer
+comparison, the same one expiry makes, so a pair exactly `lower` or `upper` apart joins (valid ts and bounds
+are far below int64's ends: no difference overflows).  The bounds are those of join.lower / join.upper
+(s.ts - r.ts) when a is R; a kernel that indexes the other side swaps a and b and mirrors them to
+(-upper, -lower).
 """
 from __future__ import annotations
 
@@ -39,13 +41,14 @@ _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of key * 2^64/phi
 
 # one signature per kernel, layout "A": field views of the structured windows are strided, test arrays are not
-_EQUI_SIG = "UniTuple(int64[::1], 3)(int64[:], int64[:], int64[:], int64[:], int64)"
+_EQUI_SIG = "UniTuple(int64[::1], 3)(int64[:], int64[:], int64[:], int64[:], int64, int64)"
 _EQUI_FILL_SIG = "void(int64[::1], int64[::1], int64[::1], int64, int64[::1], int64[::1])"
 _DELAYS_SIG = ("void(float64[:], float64[:], int64[::1], float64[::1], float64, float64, float64[::1], float64, float64, "
                "float64[::1], int64[:, ::1])")
-_RANGE_SIG = "UniTuple(int64[::1], 5)(int64[:], int64[:], int64[:], int64[:], int64, int64, int64, boolean, boolean)"
-_RANGE_FILL_SIG = ("void(int64[:], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64, int64[::1], "
-                   "int64[::1])")
+_RANGE_SIG = ("UniTuple(int64[::1], 5)(int64[:], int64[:], int64[:], int64[:], int64, int64, int64, int64, boolean, "
+              "boolean)")
+_RANGE_FILL_SIG = ("void(int64[:], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64, int64, "
+                   "int64[::1], int64[::1])")
 _GATHER_SIG = "void(int64[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64)"
 
 
@@ -59,7 +62,7 @@ def _slot(used, slot_key, k, shift, mask):  # pragma: no cover - compiled
 
 
 @njit(_EQUI_SIG, cache=True, nogil=True)
-def _equi_count(a_key, a_ts, b_key, b_ts, window):  # pragma: no cover - compiled
+def _equi_count(a_key, a_ts, b_key, b_ts, lower, upper):  # pragma: no cover - compiled
     """The count pass for len(b) <= len(a), both non-empty: hash b's keys, probe with every a.  Returns
     (run_idx, first, offsets): probe i's partners are run_idx[first[i]:][:offsets[i + 1] - offsets[i]], and
     offsets[i] numbers its first pair (`_equi_fill` writes any slice of the pairs)."""
@@ -99,15 +102,15 @@ def _equi_count(a_key, a_ts, b_key, b_ts, window):  # pragma: no cover - compile
             continue
         t = a_ts[i]
         lo, hi = start[h], start[h + 1]
-        while lo < hi:  # first partner: t - b.ts <= window
+        while lo < hi:  # first partner: b.ts - t >= lower
             mid = (lo + hi) >> 1
-            if t - run_ts[mid] > window:
+            if run_ts[mid] - t < lower:
                 lo = mid + 1
             else:
                 hi = mid
         end = lo
         stop = start[h + 1]
-        while end < stop and run_ts[end] - t <= window:
+        while end < stop and run_ts[end] - t <= upper:
             end += 1
         first[i] = lo
         offsets[i + 1] += end - lo
@@ -145,8 +148,8 @@ def _equi_fill(run_idx, first, offsets, start, ia, ib):  # pragma: no cover - co
 
 
 @njit(_RANGE_SIG, cache=True, nogil=True)
-def _range_count(a_key, a_ts, b_key, b_ts, window, low, high, has_low, has_high):  # pragma: no cover - compiled
-    """The count pass for low <= b.key - a.key <= high (a bound is open unless has_*), |dt| <= window.
+def _range_count(a_key, a_ts, b_key, b_ts, lower, upper, low, high, has_low, has_high):  # pragma: no cover - compiled
+    """The count pass for low <= b.key - a.key <= high (a bound is open unless has_*), lower <= b.ts - a.ts <= upper.
     Returns (order, times, first, last, offsets): b sorted by key (its indices and ts), probe i's candidates
     first[i]..last[i]-1 in that order, offsets[i] the number of its first pair (`_range_fill`)."""
     n_a, n_b = len(a_key), len(b_key)
@@ -192,14 +195,14 @@ def _range_count(a_key, a_ts, b_key, b_ts, window, low, high, has_low, has_high)
                 hi = n_b
         t = a_ts[i]
         for q in range(start, hi):
-            if abs(t - times[q]) <= window:
+            if lower <= times[q] - t <= upper:
                 offsets[i + 1] += 1
         first[i], last[i] = start, hi
     return order, times, first, last, offsets
 
 
 @njit(_RANGE_FILL_SIG, cache=True, nogil=True)
-def _range_fill(a_ts, order, times, first, last, offsets, window, start, ia, ib):  # pragma: no cover - compiled
+def _range_fill(a_ts, order, times, first, last, offsets, lower, upper, start, ia, ib):  # pragma: no cover - compiled
     """Pairs start .. start + len(ia) - 1 of a `_range_count`, in probe order: the first probe's candidates
     are filtered again up to the slice's first pair."""
     i = _probe_of(offsets, start)
@@ -208,7 +211,7 @@ def _range_fill(a_ts, order, times, first, last, offsets, window, start, ia, ib)
     while j < n:
         t = a_ts[i]
         for q in range(first[i], last[i]):
-            if abs(t - times[q]) <= window:
+            if lower <= times[q] - t <= upper:
                 if skip:
                     skip -= 1
                     continue
@@ -246,36 +249,37 @@ _NONE = Matches(0)
 
 
 def window_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray,
-                   window: int) -> Matches:
-    """Every pair with a_key[ia] == b_key[ib] and |a_ts[ia] - b_ts[ib]| <= window (ts and window in integer
-    microseconds), counted; the larger side probes."""
+                   lower: int, upper: int) -> Matches:
+    """Every pair with a_key[ia] == b_key[ib] and lower <= b_ts[ib] - a_ts[ia] <= upper (ts and bounds in
+    integer microseconds), counted; the larger side probes (as a, with the bounds mirrored if it was b)."""
     if len(a_key) == 0 or len(b_key) == 0:
         return _NONE
     if len(a_key) < len(b_key):
-        return window_matches(b_key, b_ts, a_key, a_ts, window).swapped()
-    run_idx, first, offsets = _equi_count(a_key, a_ts, b_key, b_ts, int(window))
+        return window_matches(b_key, b_ts, a_key, a_ts, -upper, -lower).swapped()
+    run_idx, first, offsets = _equi_count(a_key, a_ts, b_key, b_ts, int(lower), int(upper))
     return Matches(int(offsets[-1]), partial(_equi_fill, run_idx, first, offsets))
 
 
-def range_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, window: int,
+def range_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, lower: int, upper: int,
                   low: int | None, high: int | None) -> Matches:
-    """Every pair with low <= b_key - a_key <= high and |a_ts - b_ts| <= window, counted.
+    """Every pair with low <= b_key - a_key <= high and lower <= b_ts - a_ts <= upper, counted.
 
     A bound of None is open.  The band join is (-band, band); r.key < s.key is (1, None) with a = R.
     The smaller side is sorted by key and every tuple of the larger side finds its key range with two
     binary searches (BiStream keeps a sorted index per predicate for the same reason); candidates are
     then filtered on time.  The stored side holds about one window of tuples (expiry), so candidates
-    exceed results by about the ratio of the stored time span to the window.
+    exceed results by about the ratio of the stored time span to upper - lower.
     """
     if len(a_key) == 0 or len(b_key) == 0:
         return _NONE
     if len(a_key) < len(b_key):  # search in the smaller side: a's key range as seen from b is mirrored
-        return range_matches(b_key, b_ts, a_key, a_ts, window, None if high is None else -high,
+        return range_matches(b_key, b_ts, a_key, a_ts, -upper, -lower, None if high is None else -high,
                              None if low is None else -low).swapped()
     order, times, first, last, offsets = _range_count(
-        a_key, a_ts, b_key, b_ts, int(window), 0 if low is None else int(low), 0 if high is None else int(high),
-        low is not None, high is not None)
-    return Matches(int(offsets[-1]), partial(_range_fill, a_ts, order, times, first, last, offsets, int(window)))
+        a_key, a_ts, b_key, b_ts, int(lower), int(upper), 0 if low is None else int(low),
+        0 if high is None else int(high), low is not None, high is not None)
+    return Matches(int(offsets[-1]), partial(_range_fill, a_ts, order, times, first, last, offsets, int(lower),
+                                             int(upper)))
 
 
 @njit(_GATHER_SIG, cache=True, nogil=True)

@@ -25,6 +25,7 @@ from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, 
 from protocol.lifetime import USER_ERROR
 from protocol.startup import pss_bytes
 from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
+from protocol.predicates import time_bounds
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
 from slave.join import JoinModule
@@ -41,7 +42,7 @@ class Slave:
         tuning = cfg["tuning"]
         join = cfg["join"]
         out = cfg["output"]
-        self.module = JoinModule(self.dtype, cfg["partitioning"]["partitions"], eventtime.duration(join["window"]),
+        self.module = JoinModule(self.dtype, cfg["partitioning"]["partitions"], time_bounds(join),
                                  tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"],
                                  join["predicate"], join["band"], join["type"], out["result_chunk_rows"])
         self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"],

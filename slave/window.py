@@ -2,9 +2,10 @@
 
 Paper 003, IV-D: tuples are kept in arrival order in fixed-size blocks; the block
 is the unit of expiry.  A block is dropped once its newest tuple can no longer
-join any on-time tuple, i.e. its largest ts is below watermark - window (BiStream,
-Theorem 1), in integer microseconds (protocol.eventtime): a tuple exactly `window`
-before the watermark stays, as the join test |r.ts - s.ts| <= window wants.  Rows live in one contiguous structured array (block b is rows
+join any on-time tuple, i.e. its largest ts is below its stream's threshold (BiStream,
+Theorem 1: watermark - upper for R, watermark + lower for S; slave.join.JoinModule.thresholds),
+in integer microseconds (protocol.eventtime): a tuple exactly at the threshold stays, as the join
+test lower <= s.ts - r.ts <= upper wants.  Rows live in one contiguous structured array (block b is rows
 [start + b*B, start + (b+1)*B)) so the join kernel sees the whole mini-window
 without copying; the last block is the head block that fills up with fresh tuples.
 Expiry of the oldest blocks (the usual case: tuples arrive about in ts order)

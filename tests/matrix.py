@@ -7,7 +7,9 @@ draws for M minutes and prints a table of draws, the feature pairs covered and t
 runs a fixed set of seeds that covers every pair of feature values at small scale.
 
 Event time in the workload is an integer count of milliseconds or microseconds, written as exact decimal seconds;
-the reference compares those integers, so a pair exactly one window apart joins.
+the reference compares those integers, so a pair exactly at a bound (one window apart, or exactly join.lower or
+join.upper) joins.  `bounds` draws the time condition: the symmetric join.window, or join.lower / join.upper
+asymmetric, one-sided (lower = 0) or both negative (issue 20).
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ FEATURES: dict[str, tuple] = {
     "disorder": (False, True),
     "unit": ("ms", "us"),
     "wide_window": (False, True),
+    "bounds": ("window", "asymmetric", "one_sided", "negative"),
     "format": ("csv", "parquet"),
     "join_type": JOIN_TYPES,
     "input": ("file", "streams"),
@@ -68,6 +71,7 @@ class Draw:
     disorder: bool
     unit: str
     wide_window: bool
+    bounds: str
     format: str
     join_type: str
     input: str
@@ -92,6 +96,15 @@ def window_units(d: Draw) -> int:
     return UNITS[d.unit] * (3 if d.wide_window else 1) // 20  # 0.15 s or 0.05 s, in the draw's unit
 
 
+#: `bounds` -> (lower, upper) in fifths of the window: s.ts - r.ts in [lower, upper]
+BOUNDS = {"window": (-5, 5), "asymmetric": (-1, 5), "one_sided": (0, 5), "negative": (-5, -1)}
+
+
+def bounds_units(d: Draw) -> tuple[int, int]:
+    """(lower, upper) in the draw's unit (the window's fifths are whole: it is 50 or 150 ms)."""
+    return tuple(window_units(d) * f // 5 for f in BOUNDS[d.bounds])
+
+
 def max_delay_units(d: Draw) -> int:
     return UNITS[d.unit] // 10  # 0.1 s
 
@@ -101,8 +114,8 @@ def workload(d: Draw) -> dict[str, np.ndarray]:
 
     About 3 s of event time; keys from a small domain (equal), or near each other (band, less: few keys per
     window so `less` stays small); with hot keys two keys take turns at 30% of the input and then cool; some S
-    tuples are exactly one window after an R tuple of the same key (the boundary); with disorder tuples arrive
-    up to 0.25 s late in event time, past max_delay for some (the late set)."""
+    tuples are exactly lower or upper after an R tuple of the same key (the boundary), or one unit outside;
+    with disorder tuples arrive up to 0.25 s late in event time, past max_delay for some (the late set)."""
     rng = np.random.default_rng([d.seed, 7])
     unit = UNITS[d.unit]
     n = {"equal": 9000, "band": 6000, "less": 2400}[d.predicate]
@@ -113,10 +126,12 @@ def workload(d: Draw) -> dict[str, np.ndarray]:
         for p, key in ((0, 7), (1, 11)):
             keys[(phase == p) & (rng.random(n) < 0.3)] = key
     stream = rng.integers(0, 2, n)
-    # the boundary: for one R tuple in twenty an S tuple of the same key exactly one window later or earlier
+    # the boundary: for one R tuple in twenty an S tuple of the same key exactly at lower or upper after it, or
+    # one unit outside
     r = np.flatnonzero(stream == 0)
     twins = r[rng.random(len(r)) < 0.05]
-    twin_ts = ts[twins] + window_units(d) * rng.choice([-1, 1], len(twins))
+    lower, upper = bounds_units(d)
+    twin_ts = ts[twins] + rng.choice([lower, upper, lower, upper, lower - 1, upper + 1], len(twins))
     ok = twin_ts >= 0
     ts = np.concatenate([ts, twin_ts[ok]])
     keys = np.concatenate([keys, keys[twins][ok]])
@@ -182,8 +197,11 @@ def settings(d: Draw, path: Path, n: int = 9000) -> dict:
                    ("time_unit", "s" if d.format == "csv" else d.unit))}
     else:
         source = {"source.kind": "file", "source.path": str(path)}
-    s = {**source, "source.rate": n / 3.0,
-         "join.window": window_units(d) / unit, "join.max_delay": max_delay_units(d) / unit,
+    lower, upper = bounds_units(d)
+    time_bounds = {"join.window": upper / unit} if d.bounds == "window" else \
+        {"join.lower": lower / unit, "join.upper": upper / unit}
+    s = {**source, "source.rate": n / 3.0, **time_bounds,
+         "join.max_delay": max_delay_units(d) / unit,
          "join.predicate": d.predicate, "join.type": d.join_type, "cluster.dispatchers": d.dispatchers,
          "epochs.distribution": EPOCH, "epochs.reorganization": 0.3, "partitioning.partitions": 16,
          "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 8,
@@ -220,7 +238,7 @@ def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[tuple[np.ndarray, n
     (master.source.ShardedSource) and judges lateness on its own share."""
     unit, k = UNITS[d.unit], d.dispatchers
     ts = data["ts"] * (1_000_000 // unit)  # microseconds, exactly
-    w, md = window_units(d) / unit, max_delay_units(d) / unit  # seconds, as the config gives them
+    w, md = tuple(b / unit for b in bounds_units(d)), max_delay_units(d) / unit  # seconds, as the config gives them
     late = np.zeros(len(ts), bool)
     if d.input == "streams":  # the streams merged by their running max ts (R first), lateness within each stream
         running = np.zeros(len(ts), np.int64)

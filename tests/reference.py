@@ -7,7 +7,8 @@ or expiry).  Pairs are encoded as r_id * 2**32 + s_id for set comparison.
 Time is compared in integer microseconds, as the contract says (docs/time.md): ts given as integers are
 microseconds already; ts given as floats and the window and max_delay (seconds) are converted here on
 their own, through the shortest decimal of each float (Python's repr) and Decimal rounding, not through
-the engine's conversion.
+the engine's conversion.  A window is a number w (r and s join iff |s.ts - r.ts| <= w) or a pair (lower,
+upper) of seconds (iff lower <= s.ts - r.ts <= upper: join.lower / join.upper).
 """
 from __future__ import annotations
 
@@ -28,6 +29,12 @@ def micros(seconds) -> np.ndarray | int:
     return np.array([micros(x) for x in a.tolist()], dtype=np.int64)
 
 
+def bounds(window) -> tuple[int, int]:
+    """(lower, upper) in microseconds of a window w (-w, w) or a pair (lower, upper), in seconds."""
+    lower, upper = (-window, window) if np.ndim(window) == 0 else window
+    return micros(lower), micros(upper)
+
+
 def late_flags(ts: np.ndarray, max_delay: float) -> np.ndarray:
     ts, max_delay = micros(ts), micros(max_delay)
     late = np.zeros(len(ts), dtype=bool)
@@ -38,11 +45,11 @@ def late_flags(ts: np.ndarray, max_delay: float) -> np.ndarray:
     return late
 
 
-def reference_pairs(stream, ids, ts, keys, window: float, max_delay: float) -> tuple[np.ndarray, np.ndarray]:
+def reference_pairs(stream, ids, ts, keys, window: float | tuple, max_delay: float) -> tuple[np.ndarray, np.ndarray]:
     """(sorted encoded result pairs, ids of late tuples encoded as stream * 2**40 + id)."""
     stream, ids, ts, keys = map(np.asarray, (stream, ids, ts, keys))
     late = late_flags(ts, max_delay)
-    ts, window = micros(ts), micros(window)
+    ts, (lower, upper) = micros(ts), bounds(window)
     ok = ~late
     by_key: dict[int, list[list[int]]] = defaultdict(lambda: [[], []])
     for i in np.flatnonzero(ok).tolist():
@@ -51,7 +58,8 @@ def reference_pairs(stream, ids, ts, keys, window: float, max_delay: float) -> t
     for r_idx, s_idx in by_key.values():
         if r_idx and s_idx:
             r_idx, s_idx = np.array(r_idx), np.array(s_idx)
-            close = np.abs(ts[r_idx][:, None] - ts[s_idx][None, :]) <= window
+            dt = ts[s_idx][None, :] - ts[r_idx][:, None]
+            close = (dt >= lower) & (dt <= upper)
             ri, si = np.nonzero(close)
             out.append(ids[r_idx][ri].astype(np.int64) * 2**32 + ids[s_idx][si].astype(np.int64))
     pairs = np.sort(np.concatenate(out)) if out else np.empty(0, dtype=np.int64)
@@ -63,18 +71,18 @@ def encode_pairs(r_id: np.ndarray, s_id: np.ndarray) -> np.ndarray:
     return np.sort(np.asarray(r_id, dtype=np.int64) * 2**32 + np.asarray(s_id, dtype=np.int64))
 
 
-def reference_theta_pairs(stream, ids, ts, keys, window: float, max_delay: float, predicate: str,
+def reference_theta_pairs(stream, ids, ts, keys, window: float | tuple, max_delay: float, predicate: str,
                           band: int = 0) -> np.ndarray:
     """Sorted encoded pairs for `band` (|r.key - s.key| <= band) or `less` (r.key < s.key): every on-time R
     tuple is compared with all on-time S tuples by broadcasting, one R tuple at a time."""
     stream, ids, ts, keys = map(np.asarray, (stream, ids, ts, keys))
     ok = ~late_flags(ts, max_delay)
-    ts, window = micros(ts), micros(window)
+    ts, (lower, upper) = micros(ts), bounds(window)
     r = np.flatnonzero(ok & (stream == 0))
     s = np.flatnonzero(ok & (stream == 1))
     out = []
     for i in r.tolist():
-        close = np.abs(ts[s] - ts[i]) <= window
+        close = (ts[s] - ts[i] >= lower) & (ts[s] - ts[i] <= upper)
         match = np.abs(keys[s] - keys[i]) <= band if predicate == "band" else keys[s] > keys[i]
         out.append(ids[i] * 2**32 + ids[s[close & match]].astype(np.int64))
     return np.sort(np.concatenate(out)) if out else np.empty(0, dtype=np.int64)

@@ -31,7 +31,8 @@ def reference_rows(settings: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     S ids alone)."""
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
     d = generate_all(cfg)
-    window, max_delay = settings["join.window"], settings["join.max_delay"]
+    window = (settings["join.lower"], settings["join.upper"]) if "join.lower" in settings else settings["join.window"]
+    max_delay = settings["join.max_delay"]
     pairs, late = reference_pairs(d.stream, d.id, d.ts, d.key, window, max_delay)
     if settings.get("join.predicate", "equal") != "equal":
         pairs = reference_theta_pairs(d.stream, d.id, d.ts, d.key, window, max_delay, settings["join.predicate"],
@@ -74,6 +75,21 @@ def test_the_audit_of_a_full_join_counts_each_kind_like_the_reference(spark, ful
                                             re.M).group(1))
     assert metric('kind="right_unmatched",outcome="found"') == len(lone_s)
     assert metric('kind="left_unmatched",outcome="missing"') == 0
+
+
+def test_the_audit_of_asymmetric_time_bounds_is_exact_over_the_run_and_a_range(spark, tmp_path_factory):
+    """join.lower / join.upper (issue 20): the audit joins by lower <= s.ts - r.ts <= upper and reads partners
+    up to the farther bound past a range; a full join, so both streams' rows alone are recomputed too."""
+    settings = {**{k: v for k, v in OUTER.items() if k != "join.window"}, "join.lower": -0.1, "join.upper": 0.4,
+                "join.type": "full", "generator.seed": 53}
+    run = outer_run(tmp_path_factory, "bounds", settings)
+    pairs, lone_r, lone_s = reference_rows(settings)
+    code, r = audited(spark, run)
+    assert code == audit.EXACT and r["verdict"] == "exact", r
+    assert r["expected"] == r["found"] == len(pairs) > 1000
+    assert r["left_unmatched_expected"] == len(lone_r) > 100 and r["right_unmatched_expected"] == len(lone_s) > 100
+    code, r = audited(spark, run, "--from", "0.5", "--to", "1.5")
+    assert code == audit.EXACT and 0 < r["expected"] < len(pairs), r
 
 
 def test_planted_faults_in_rows_alone_are_counted_by_kind_and_in_the_diff_file(spark, full_run, tmp_path):

@@ -243,3 +243,36 @@ def test_durations_in_a_toml_file(tmp_path):
     p.write_text('[join]\nwindow = "30s"\nmax_delay = "250ms"\n[metrics]\nlog_interval = "1m"\n')
     cfg = load_config(p)
     assert (cfg["join"]["window"], cfg["join"]["max_delay"], cfg["metrics"]["log_interval"]) == (30.0, 0.25, 60.0)
+
+
+@pytest.mark.parametrize("settings,bounds", [
+    ([], (-1_000_000, 1_000_000)),                                   # the default window of 1 s
+    (['join.window="250ms"'], (-250_000, 250_000)),                  # the shorthand
+    (['join.lower="-30s"', 'join.upper="2m"'], (-30_000_000, 120_000_000)),
+    (["join.lower=0", "join.upper=0.001"], (0, 1_000)),               # one-sided: s at or after r
+    (['join.lower="-2s"', 'join.upper="-500ms"'], (-2_000_000, -500_000)),  # s before r
+    (["join.lower=0.1", "join.upper=0.1"], (100_000, 100_000)),       # one offset exactly
+])
+def test_time_bounds_from_window_or_lower_and_upper(settings, bounds):
+    from protocol.predicates import time_bounds
+    cfg = load_config(None, settings)
+    assert time_bounds(cfg["join"]) == bounds
+    assert (cfg["join"]["lower"] is None) == (not any("lower" in s for s in settings))
+
+
+@pytest.mark.parametrize("settings,key,words", [
+    (["join.window=2", "join.lower=0", "join.upper=1"], "join.window", "not together with join.lower"),
+    (["join.lower=0"], "join.upper", "required with join.lower"),
+    (["join.upper=1"], "join.lower", "required with join.upper"),
+    (["join.lower=1", "join.upper=0.5"], "join.lower", "at most join.upper"),
+    (['join.lower="-2000000000000s"', "join.upper=0"], "join.lower", "between"),
+    (['join.lower="1 week"', "join.upper=0"], "join.lower", "units"),
+])
+def test_bad_time_bounds_name_the_keys(settings, key, words):
+    assert words in raises_naming(key, None, settings)
+
+
+def test_window_and_bounds_from_a_file_and_the_command_line_are_refused_together(tmp_path):
+    p = write(tmp_path, '[join]\nlower = "-1s"\nupper = "3s"\n')
+    assert load_config(p)["join"]["upper"] == 3.0
+    raises_naming("join.window", p, ["join.window=1"])

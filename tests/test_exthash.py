@@ -221,7 +221,7 @@ def test_group_splits_then_merges_keep_every_tuple_once(seed, time_limit):
     depth_before, buckets_before = pg.directory.global_depth, len(pg.buckets)
 
     # expire most tuples: keep only ts >= 97 (whole blocks whose newest ts is >= 97 survive)
-    dropped = pg.expire(97.0)
+    dropped = pg.expire((97.0, 97.0))
     left = stored(pg)
     assert dropped == 2 * n - sum(left.values())
     assert sum(left.values()) < 0.5 * 2 * n
@@ -233,7 +233,7 @@ def test_group_splits_then_merges_keep_every_tuple_once(seed, time_limit):
     assert len(pg.buckets) < buckets_before and pg.directory.global_depth <= depth_before
 
     # expire everything: merging collapses the directory back down
-    pg.expire(1e9)
+    pg.expire((1e9, 1e9))
     tune_until_stable(pg)
     assert len(pg) == 0
     assert pg.directory.global_depth == 0 and len(pg.buckets) == 1

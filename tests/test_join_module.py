@@ -9,7 +9,8 @@ from slave.join import JoinModule
 from protocol.eventtime import NEG_INF, POS_INF
 from protocol.predicates import JOIN_TYPES
 from slave.state import decode_move, encode_move
-from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs, reference_theta_pairs
+from tests.reference import bounds, encode_pairs, late_flags, micros, reference_outer, reference_pairs, \
+    reference_theta_pairs
 
 DT = tuple_dtype(64)
 
@@ -70,14 +71,16 @@ def run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=400):
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("window,max_delay", [(0.5, 0.375), (0.0, 0.25), (2.0, 1.0)])
+@pytest.mark.parametrize("window,max_delay", [(0.5, 0.375), (0.0, 0.25), (2.0, 1.0), ((-0.25, 1.0), 0.375),
+                                              ((0.0, 0.5), 0.25), ((-1.0, -0.25), 0.5), ((0.25, 0.75), 0.375)])
 def test_process_matches_reference(seed, window, max_delay):
+    """A window w or time bounds (lower, upper) (join.lower / join.upper, one-sided and negative too)."""
     rng = np.random.default_rng(seed)
     n = 6000
     stream, ids, ts, keys = make_input(rng, n, n_keys=300, disorder=max_delay * 1.3)
     expected, late_ids = reference_pairs(stream, ids, ts, keys, window, max_delay)
     assert len(late_ids) > 0  # some input is late and must not join
-    module = JoinModule(DT, partitions=3, window=micros(window), block_size=4, theta_min=2, theta_max=6, max_depth=8)
+    module = JoinModule(DT, partitions=3, window=bounds(window), block_size=4, theta_min=2, theta_max=6, max_depth=8)
     got = run_module(module, stream, ids, ts, keys, max_delay, rng)
     assert len(np.unique(got)) == len(got), "a pair was produced twice"
     assert len(expected) > 1000
@@ -189,13 +192,15 @@ def run_outer(module, stream, ids, ts, keys, max_delay, rng, move=False):
     return tuple(np.sort(np.concatenate(x)) for x in (pairs, lone_r, lone_s))
 
 
+@pytest.mark.parametrize("window", [0.25, (-0.5, 0.125), (0.0, 0.25)])
 @pytest.mark.parametrize("join_type", JOIN_TYPES)
 @pytest.mark.parametrize("predicate", ["equal", "band", "less"])
-def test_outer_semi_anti_match_the_reference(join_type, predicate):
-    """Every type x predicate: the pairs, and each row without a partner (semi: with one) exactly once; late
-    tuples never.  Band and less run in one group (the module alone; the cluster refuses copies of R)."""
+def test_outer_semi_anti_match_the_reference(join_type, predicate, window):
+    """Every type x predicate x window (symmetric, asymmetric, one-sided): the pairs, and each row without a
+    partner (semi: with one) exactly once; late tuples never.  Band and less run in one group (the module alone;
+    the cluster refuses copies of R)."""
     rng = np.random.default_rng([3, JOIN_TYPES.index(join_type), len(predicate)])
-    n, window, max_delay = 3000, 0.25, 0.375
+    n, max_delay = 3000, 0.375
     stream, ids, ts, keys = make_input(rng, n, n_keys=400 if predicate == "equal" else 3000, disorder=0.5)
     if predicate == "equal":
         inner, late_ids = reference_pairs(stream, ids, ts, keys, window, max_delay)
@@ -208,7 +213,7 @@ def test_outer_semi_anti_match_the_reference(join_type, predicate):
     emitted = (join_type in ("inner", "left", "right", "full"), join_type in ("left", "full", "semi", "anti"),
                join_type in ("right", "full"))
     assert [len(w) > 20 for w in want] == list(emitted), "the input has rows of every kind the type emits"
-    module = JoinModule(DT, partitions=3 if predicate == "equal" else 1, window=micros(window), block_size=4,
+    module = JoinModule(DT, partitions=3 if predicate == "equal" else 1, window=bounds(window), block_size=4,
                         theta_min=2, theta_max=6, max_depth=8, predicate=predicate, band=2, join_type=join_type,
                         chunk_rows=64)  # the flags are set slice by slice of the pairs (output.result_chunk_rows)
     got = run_outer(module, stream, ids, ts, keys, max_delay, rng, move=True)
@@ -234,6 +239,43 @@ def test_an_unmatched_row_comes_out_when_no_on_time_tuple_can_reach_it_not_befor
     assert len(module.lone_r) == len(module.lone_s) == 0
     module.process(r[:0], s[:0], POS_INF)
     assert module.lone_r["id"].tolist() == [2] and len(module.lone_s) == 0 and module.stored() == (0, 0)
+
+
+@pytest.mark.parametrize("lower,upper", [(-200_000, 1_000_000), (0, 1_000_000), (-1_000_000, -500_000),
+                                         (300_000, 800_000), (-1_000_000, 1_000_000)])
+def test_each_stream_expires_and_is_final_at_its_own_threshold(lower, upper):
+    """With bounds [lower, upper] and watermark W, R tuple r can still meet a later S (ts >= W) while r.ts >= W -
+    upper, S tuple s a later R while s.ts >= W + lower: a full join keeps each exactly until then (a tuple
+    exactly at its threshold stays) and writes its row alone one microsecond of watermark later, not before."""
+    module = JoinModule(DT, partitions=1, window=(lower, upper), block_size=4, theta_min=1, theta_max=4,
+                        max_depth=0, join_type="full")
+    r, s = np.zeros(1, dtype=DT), np.zeros(1, dtype=DT)
+    r["id"], r["ts"], s["id"], s["ts"], s["key"] = 1, 5_000_000, 2, 5_000_000, 1  # other keys: never a pair
+    module.process(r, s, NEG_INF)
+    r_last, s_last = 5_000_000 + upper, 5_000_000 - lower  # the last watermarks at which each is kept
+    seen = {"r": [], "s": []}
+    for w in sorted({r_last - 1, r_last, r_last + 1, s_last - 1, s_last, s_last + 1}):
+        module.process(r[:0], s[:0], w)
+        seen["r"] += [w] * len(module.lone_r)
+        seen["s"] += [w] * len(module.lone_s)
+        assert module.stored() == (int(w <= r_last), int(w <= s_last)), f"watermark {w}"
+    assert seen == {"r": [r_last + 1], "s": [s_last + 1]}
+
+
+def test_a_later_tuple_at_the_watermark_still_joins_at_both_bounds():
+    """The thresholds are no tighter than the join test: with bounds [-0.2 s, 1 s] and W = 5.2 s, R 1 (5.0 s,
+    kept: 5.0 >= W - upper) joins S 3 arriving at 6.0 s, exactly upper after it, and S 2 (5.0 s, kept: 5.0 >= W +
+    lower) joins R 4 arriving at W, exactly -lower before it."""
+    module = JoinModule(DT, partitions=1, window=(-200_000, 1_000_000), block_size=4, theta_min=1, theta_max=4,
+                        max_depth=0)
+    r, s = np.zeros(2, dtype=DT), np.zeros(2, dtype=DT)
+    r["id"], r["ts"], r["key"] = [1, 4], [5_000_000, 5_200_000], [1, 2]
+    s["id"], s["ts"], s["key"] = [2, 3], [5_000_000, 6_000_000], [2, 1]
+    assert len(module.process(r[:1], s[:1], NEG_INF)) == 0
+    module.process(r[:0], s[:0], 5_200_000)
+    assert module.stored() == (1, 1)
+    got = module.process(r[1:], s[1:], 5_200_000)
+    assert sorted(zip(got["r_id"].tolist(), got["s_id"].tolist())) == [(1, 3), (4, 2)]
 
 
 @pytest.mark.parametrize("predicate", ["equal", "band"])

@@ -24,23 +24,36 @@ def us(x):
     return a.astype(np.int64) if a.dtype.kind in "iu" else np.rint(a * 1e6).astype(np.int64)
 
 
-def brute_pairs(a_key, a_ts, b_key, b_ts, window):
-    """Every (ia, ib) with equal keys and |dt| <= window, from a full n x m comparison."""
+def bounds(window):
+    """(lower, upper) in microseconds of a window in seconds: w is (-w, w), a pair is (lower, upper)."""
+    lower, upper = (-window, window) if np.ndim(window) == 0 else window
+    return int(us(lower)), int(us(upper))
+
+
+def in_time(a_ts, b_ts, lower, upper):
+    """n x m: lower <= b.ts - a.ts <= upper."""
+    dt = b_ts[None, :] - a_ts[:, None]
+    return (dt >= lower) & (dt <= upper)
+
+
+def brute_pairs(a_key, a_ts, b_key, b_ts, lower, upper):
+    """Every (ia, ib) with equal keys and lower <= b.ts - a.ts <= upper, from a full n x m comparison."""
     if len(a_key) == 0 or len(b_key) == 0:
         return set()
-    ok = (a_key[:, None] == b_key[None, :]) & (np.abs(a_ts[:, None] - b_ts[None, :]) <= window)
+    ok = (a_key[:, None] == b_key[None, :]) & in_time(a_ts, b_ts, lower, upper)
     ia, ib = np.nonzero(ok)
     return set(zip(ia.tolist(), ib.tolist()))
 
 
 def check(a_key, a_ts, b_key, b_ts, window):
-    a_ts, b_ts, window = us(a_ts), us(b_ts), int(us(window))
-    ia, ib = window_join(a_key, a_ts, b_key, b_ts, window)
+    """The kernel against the broadcast for `window` (seconds, see `bounds`), a as probe and as index."""
+    a_ts, b_ts, (lower, upper) = us(a_ts), us(b_ts), bounds(window)
+    ia, ib = window_join(a_key, a_ts, b_key, b_ts, lower, upper)
     assert len(ia) == len(ib)
     assert ia.dtype.kind == "i" and ib.dtype.kind == "i"
     got = list(zip(ia.tolist(), ib.tolist()))
     assert len(got) == len(set(got)), "window_join returned a pair twice"
-    expected = brute_pairs(a_key, a_ts, b_key, b_ts, window)
+    expected = brute_pairs(a_key, a_ts, b_key, b_ts, lower, upper)
     assert set(got) == expected
     return expected
 
@@ -57,7 +70,7 @@ def test_random_against_broadcast(n, m, seed, n_keys):
     b_key = rng.integers(0, n_keys, m)
     a_ts = rng.uniform(0, 10, n)
     b_ts = rng.uniform(0, 10, m)
-    for window in (0.0, 0.3, 2.5, 100.0):
+    for window in (0.0, 0.3, 2.5, 100.0, (-0.3, 2.5), (0.0, 0.3), (-2.5, -0.3), (0.3, 2.5), (1.0, 1.0)):
         check(a_key, a_ts, b_key, b_ts, window)
 
 
@@ -69,10 +82,10 @@ def test_integer_timestamps_window_zero_and_exact_boundary(seed):
     a_key, b_key = rng.integers(0, 4, n), rng.integers(0, 4, m)
     a_ts = rng.integers(0, 8, n).astype(np.float64)
     b_ts = rng.integers(0, 8, m).astype(np.float64)
-    for window in (0.0, 1.0, 3.0):
+    for window in (0.0, 1.0, 3.0, (-1.0, 3.0), (0.0, 2.0), (-3.0, -1.0), (2.0, 2.0)):
         check(a_key, a_ts, b_key, b_ts, window)
         check(b_key, b_ts, a_key, a_ts, window)
-    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), int(us(0.0)))
+    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), 0, 0)
     assert np.all(a_ts[ia] == b_ts[ib]) and np.all(a_key[ia] == b_key[ib])
 
 
@@ -81,28 +94,48 @@ def test_exact_boundary_included_and_just_outside_excluded():
     a_ts = np.array([10.0, 11.0, 11.5])
     b_key = np.array([7, 8])
     b_ts = np.array([10.5, 10.5])
-    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), int(us(0.5)))
+    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), *bounds(0.5))
     assert set(zip(ia.tolist(), ib.tolist())) == {(0, 0), (1, 0)}
     # swapped roles (b larger than a) give the mirrored pairs
-    ib2, ia2 = window_join(b_key, us(b_ts), a_key, us(a_ts), int(us(0.5)))
+    ib2, ia2 = window_join(b_key, us(b_ts), a_key, us(a_ts), *bounds(0.5))
     assert set(zip(ia2.tolist(), ib2.tolist())) == {(0, 0), (1, 0)}
-    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), int(us(0.0)))
+    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), 0, 0)
     assert len(ia) == 0 and len(ib) == 0
+
+
+@pytest.mark.parametrize("lower,upper", [(-300, 700), (0, 700), (-700, 0), (200, 700), (-700, -200), (400, 400)])
+@pytest.mark.parametrize("probes", [1, 40])
+def test_asymmetric_bounds_join_exactly_at_lower_and_upper_and_not_one_microsecond_outside(lower, upper, probes):
+    """R tuples (a) at 10_000 us, S tuples (b) at every offset from lower - 2 to upper + 2 us and at the far
+    side's mirror image: exactly the offsets in [lower, upper] join, in both kernels and whichever side is the
+    smaller (indexed) one, i.e. also when the kernel sees S as a with the bounds mirrored."""
+    offsets = np.array(sorted({lower - 2, lower - 1, lower, lower + 1, upper - 1, upper, upper + 1, upper + 2,
+                               -lower, -upper, -lower + 1, -upper - 1}))
+    a_key, a_ts = np.full(probes, 5), np.full(probes, 10_000)
+    b_key, b_ts = np.full(len(offsets), 5), 10_000 + offsets
+    want = {(i, j) for i in range(probes) for j in np.flatnonzero((offsets >= lower) & (offsets <= upper)).tolist()}
+    assert want  # each case has pairs inside and offsets outside
+    for got in (window_join(a_key, a_ts, b_key, b_ts, lower, upper),
+                range_join(a_key, a_ts, b_key, b_ts, lower, upper, 0, 0),
+                range_join(a_key, a_ts, b_key, b_ts, lower, upper, -1, None)):
+        assert set(zip(got[0].tolist(), got[1].tolist())) == want
+    joined = offsets[[j for _, j in want if _ == 0]]
+    assert lower in joined and upper in joined and lower - 1 not in joined and upper + 1 not in joined
 
 
 def test_all_one_key_is_full_cross_product_within_window():
     n, m = 60, 45
     a_key, b_key = np.full(n, 3), np.full(m, 3)
     a_ts, b_ts = np.zeros(n), np.zeros(m)
-    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), int(us(0.0)))
+    ia, ib = window_join(a_key, us(a_ts), b_key, us(b_ts), 0, 0)
     assert len(ia) == n * m
     assert len(set(zip(ia.tolist(), ib.tolist()))) == n * m
-    ib, ia = window_join(b_key, us(b_ts), a_key, us(a_ts), int(us(0.0)))
+    ib, ia = window_join(b_key, us(b_ts), a_key, us(a_ts), 0, 0)
     assert len(set(zip(ia.tolist(), ib.tolist()))) == n * m
 
 
 def test_disjoint_keys_give_nothing():
-    ia, ib = window_join(np.arange(10), us(np.zeros(10)), np.arange(10, 30), us(np.zeros(20)), 10**15)
+    ia, ib = window_join(np.arange(10), us(np.zeros(10)), np.arange(10, 30), us(np.zeros(20)), -10**15, 10**15)
     assert len(ia) == 0 and len(ib) == 0
 
 
@@ -124,7 +157,7 @@ def test_one_hot_key_far_apart_in_time_does_not_build_all_key_pairs():
     a_ts, b_ts = us(np.sort(rng.random(n) * 1000)), us(np.sort(rng.random(n) * 1000))
     keys = np.zeros(n, dtype=np.int64)
     tracemalloc.start()
-    ia, ib = window_join(keys, us(a_ts), keys, us(b_ts), int(us(0.001)))
+    ia, ib = window_join(keys, us(a_ts), keys, us(b_ts), -1000, 1000)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 20 * 2**20
@@ -140,15 +173,15 @@ def test_equal_timestamps_duplicates_and_strided_field_views():
         a, b = np.zeros(n, tuple_dtype(64)), np.zeros(m, tuple_dtype(64))
         a["key"], b["key"] = rng.integers(-3, 3, n), rng.integers(-3, 3, m)
         a["ts"], b["ts"] = rng.integers(0, 5, n) * 250_000, rng.integers(0, 5, m) * 250_000
-        for window in (0.0, 0.25, 0.5):
+        for window in (0.0, 0.25, 0.5, (0.0, 0.5), (-0.5, -0.25)):
             check(a["key"], a["ts"], b["key"], b["ts"], window)
 
 
-def brute_range(a_key, a_ts, b_key, b_ts, window, low, high):
+def brute_range(a_key, a_ts, b_key, b_ts, lower, upper, low, high):
     if len(a_key) == 0 or len(b_key) == 0:
         return set()
     d = b_key[None, :].astype(object) - a_key[:, None].astype(object)  # exact: no int64 wrap-around
-    ok = np.abs(a_ts[:, None] - b_ts[None, :]) <= window
+    ok = in_time(a_ts, b_ts, lower, upper)
     if low is not None:
         ok &= d >= low
     if high is not None:
@@ -158,22 +191,22 @@ def brute_range(a_key, a_ts, b_key, b_ts, window, low, high):
 
 
 def check_range(a_key, a_ts, b_key, b_ts, window, low, high):
-    a_ts, b_ts, window = us(a_ts), us(b_ts), int(us(window))
-    ia, ib = range_join(a_key, a_ts, b_key, b_ts, window, low, high)
+    a_ts, b_ts, (lower, upper) = us(a_ts), us(b_ts), bounds(window)
+    ia, ib = range_join(a_key, a_ts, b_key, b_ts, lower, upper, low, high)
     got = list(zip(ia.tolist(), ib.tolist()))
     assert len(got) == len(set(got)), "range_join returned a pair twice"
-    assert set(got) == brute_range(a_key, a_ts, b_key, b_ts, window, low, high)
+    assert set(got) == brute_range(a_key, a_ts, b_key, b_ts, lower, upper, low, high)
 
 
 @pytest.mark.parametrize("n,m", SIZES)
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("bounds", [(0, 0), (-2, 2), (1, None), (None, -1), (None, None), (3, 1)])
-def test_range_join_random_against_broadcast(n, m, seed, bounds):
+@pytest.mark.parametrize("keys", [(0, 0), (-2, 2), (1, None), (None, -1), (None, None), (3, 1)])
+def test_range_join_random_against_broadcast(n, m, seed, keys):
     rng = np.random.default_rng(seed * 1000 + n * 7 + m)
     a_key, b_key = rng.integers(-10, 10, n), rng.integers(-10, 10, m)
     a_ts, b_ts = rng.integers(0, 12, n) * 0.5, rng.integers(0, 12, m) * 0.5  # exact |dt| == window cases
-    for window in (0.0, 0.5, 2.0, 100.0):
-        check_range(a_key, a_ts, b_key, b_ts, window, *bounds)
+    for window in (0.0, 0.5, 2.0, 100.0, (-0.5, 2.0), (0.0, 1.0), (-2.0, -0.5), (0.5, 0.5)):
+        check_range(a_key, a_ts, b_key, b_ts, window, *keys)
 
 
 def test_range_join_huge_keys_do_not_wrap_around():
@@ -183,14 +216,14 @@ def test_range_join_huge_keys_do_not_wrap_around():
     rng = np.random.default_rng(2)
     a_key, b_key = rng.choice(pool, 60), rng.choice(pool, 25)
     a_ts, b_ts = np.zeros(60), np.zeros(25)
-    for bounds in ((-3, 3), (1, None), (None, -1), (2, 2**62), (-(2**62), -2)):
-        check_range(a_key, a_ts, b_key, b_ts, 0.0, *bounds)
-        check_range(b_key, b_ts, a_key, a_ts, 0.0, *bounds)
+    for keys in ((-3, 3), (1, None), (None, -1), (2, 2**62), (-(2**62), -2)):
+        check_range(a_key, a_ts, b_key, b_ts, 0.0, *keys)
+        check_range(b_key, b_ts, a_key, a_ts, 0.0, *keys)
 
 
 @pytest.mark.parametrize("swap", [False, True])
-@pytest.mark.parametrize("bounds", [None, (-1, 1)])
-def test_matches_taken_in_slices_are_all_pairs_in_order(swap, bounds):
+@pytest.mark.parametrize("keys", [None, (-1, 1)])
+def test_matches_taken_in_slices_are_all_pairs_in_order(swap, keys):
     """Slices of any size, cut inside a probe tuple's partners too, concatenate to all pairs in probe order."""
     rng = np.random.default_rng(3)
     a_key = np.where(rng.random(200) < 0.5, 1, rng.integers(0, 9, 200))
@@ -198,12 +231,12 @@ def test_matches_taken_in_slices_are_all_pairs_in_order(swap, bounds):
     a_ts, b_ts = rng.integers(0, 40, 200), rng.integers(0, 40, 150)
     if swap:
         a_key, a_ts, b_key, b_ts = b_key, b_ts, a_key, a_ts
-    if bounds is None:
-        matches = window_matches(a_key, a_ts, b_key, b_ts, 20)
-        expected = brute_pairs(a_key, a_ts, b_key, b_ts, 20)
+    if keys is None:
+        matches = window_matches(a_key, a_ts, b_key, b_ts, -5, 20)
+        expected = brute_pairs(a_key, a_ts, b_key, b_ts, -5, 20)
     else:
-        matches = range_matches(a_key, a_ts, b_key, b_ts, 20, *bounds)
-        expected = brute_range(a_key, a_ts, b_key, b_ts, 20, *bounds)
+        matches = range_matches(a_key, a_ts, b_key, b_ts, -5, 20, *keys)
+        expected = brute_range(a_key, a_ts, b_key, b_ts, -5, 20, *keys)
     ia, ib = matches.take()
     assert matches.total == len(ia) == len(expected) > 1000 and set(zip(ia.tolist(), ib.tolist())) == expected
     for size in (1, 7, 149, 1000):
