@@ -223,7 +223,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             raise ConfigError(f"unknown key {section}.{key} (known in [{section}]: {', '.join(DEFAULTS[section])})")
         value = from_text(section, key, value, ConfigError)  # a duration as text: "30s", "250ms"
         cfg[section][key] = _check_type(f"{section}.{key}", DEFAULTS[section][key][0], value)
-    cfg["streams"] = streams_config.declared(streams, cfg["source"], ConfigError)
+    cfg["streams"] = streams_config.declared(streams, cfg["source"], cfg["join"], ConfigError)
     validate(cfg)
     return cfg
 
