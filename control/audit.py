@@ -116,8 +116,8 @@ class Target:
 def run_state(cfg: dict) -> Target:
     """A finished run (summary.json) or the newest complete checkpoint of a live or crashed one.
 
-    The watermark of a checkpoint is the lowest of each dispatcher's max ts minus join.max_delay (a tuple
-    arriving later with a smaller ts is late) and of the ts buffered at the master (not joined yet): every
+    The watermark of a checkpoint is the lowest of each dispatcher's watermark (master.ingest.Lateness: a
+    tuple arriving later with a smaller ts is late) and of the ts buffered at the master (not joined yet): every
     on-time pair whose later ts is below it was joined before the cut and lies in the committed files."""
     out = Path(cfg["output"]["path"])
     summary = out / "summary.json"
@@ -146,7 +146,7 @@ def _at_checkpoint(cfg: dict, out: Path) -> Target:
     buffered = [rows.view(dtype)["ts"] for d in sections  # R rows, S rows (then the rows per partition)
                 for rows in checkpoint.read_part(directory / checkpoint.master_part(d))[:2]]
     lowest = min((int(ts.min()) for ts in buffered if len(ts)), default=POS_INF)
-    watermark = min(min(m["max_ts"] for m in sections.values()) - duration(cfg["join"]["max_delay"]), lowest)
+    watermark = min(min(m["lateness"]["watermark"] for m in sections.values()), lowest)
     rows_alone = cfg["join"].get("type", "inner") != "inner"
     if rows_alone:
         # a row alone is written once the watermark its slave joined by passes its ts + upper (R) or ts - lower

@@ -142,7 +142,7 @@ class Metrics:
 
     # -- several dispatchers ----------------------------------------------------------------------------
     def _counters(self, master) -> dict:
-        return {"stats": master.stats.state(), "max_ts": master.ingest.max_ts,
+        return {"stats": master.stats.state(), "watermark": master.ingest.frontier(),
                 "stream_max_ts": master.ingest.stream_max_ts, "buffered": len(master.buffers),
                 "rejected": rejected_reasons(master.source), "refused": refused_kinds(master.source),
                 "stream_gaps": dict(master.results_out.gaps)}
@@ -183,12 +183,12 @@ class Metrics:
         for o in self._others.values():
             refused.update(o["refused"])
             gaps.update(o["stream_gaps"])
-        max_delay = eventtime.duration(self.cfg["join"]["max_delay"])
-        tops = [m.ingest.max_ts, *(self._others[d]["max_ts"] if d in self._others else eventtime.NEG_INF
-                                   for d in range(1, self.k))]
+        marks = [m.ingest.frontier(), *(self._others[d]["watermark"] if d in self._others else eventtime.NEG_INF
+                                        for d in range(1, self.k))]
         stream_tops = [m.ingest.stream_max_ts, *(self._others[d]["stream_max_ts"] if d in self._others
                                                  else [eventtime.NEG_INF] * 2 for d in range(1, self.k))]
-        wm = lambda t: finite(eventtime.bound_seconds(t - max_delay))
+        seconds = lambda w: finite(eventtime.bound_seconds(w))
+        delay_r, delay_s = m.ingest.stream_delays  # each stream's own max_delay
         occupancy = c.occupancy()
         owned = np.bincount(c.partition_map[c.partition_map >= 0], minlength=max(m.slaves) + 1)  # -1: a free hot-key slot
         per = stats.per_slave
@@ -210,8 +210,9 @@ class Metrics:
             "delay_p50": finite(p50), "delay_p99": finite(p99),
             "buffered": len(m.buffers) + sum(self._others[d]["buffered"] for d in self._others),
             "backlog_max_seconds": max(stats.backlog_max, 0.0), "pacing_lag_max_seconds": max(stats.pacing_lag_max, 0.0),
-            "watermark": [wm(t) for t in tops],
-            "watermark_r": [wm(t[0]) for t in stream_tops], "watermark_s": [wm(t[1]) for t in stream_tops],
+            "watermark": [seconds(w) for w in marks],
+            "watermark_r": [seconds(t[0] - delay_r) for t in stream_tops],
+            "watermark_s": [seconds(t[1] - delay_s) for t in stream_tops],
             "moves": len(c.moves_log), "tuples_moved": stats.tuples_moved, "reorganizations": c.reorganizations,
             "partition_splits": stats.splits, "partition_merges": stats.merges,
             "checkpoints": m.checkpoints.written,
@@ -297,7 +298,7 @@ class Metrics:
         yield counter("input_tuples", "on-time tuples taken in, by stream and source kind", None, ("stream", "source"),
                       [((st, source), n) for st, n in view["input"].items()])
         yield counter("results", "join results produced", s["results"])
-        yield counter("late_tuples", "tuples set aside as late (ts below max ts seen minus join.max_delay)", s["late"])
+        yield counter("late_tuples", "tuples set aside as late (ts below max ts seen minus max_delay, or below the watermark)", s["late"])
         yield counter("rejected", "inputs rejected (file rows; ZeroMQ messages), by reason", None, ("reason",),
                       [((k,), v) for k, v in view["rejected"].items()])
         yield counter("refused_messages", "ZeroMQ messages refused and ignored: no or wrong source.token, by kind "
@@ -341,7 +342,7 @@ class Metrics:
                       [((e,), view["hot_events"].get(e, 0)) for e in ("split", "merge")])
         yield gauge("watermark_seconds", "event time below which no on-time tuple can still arrive, per dispatcher",
                     None, ("dispatcher",), [((str(d),), w) for d, w in enumerate(s["watermark"])])
-        yield gauge("stream_watermark_seconds", "one stream's own largest event time minus join.max_delay, per "
+        yield gauge("stream_watermark_seconds", "one stream's own largest event time minus its max_delay, per "
                     "dispatcher (a stream that lags behind the other shows here; the join's is watermark_seconds)",
                     None, ("stream", "dispatcher"),
                     [((st, str(d)), w) for st, key in (("R", "watermark_r"), ("S", "watermark_s"))

@@ -191,8 +191,8 @@ class Master:
                 distribution.serve_missed(rule, ingest.frontier())
             if progress and now >= next_progress:
                 print(f"[dispatcher {self.index}] " * (self.k > 1) + self.stats.progress_line(
-                    len(self.buffers), len(self.controller.active), len(self.controller.moves_log)),
-                    file=sys.stderr, flush=True)
+                    len(self.buffers), len(self.controller.active), len(self.controller.moves_log))
+                    + ingest.idle_note(), file=sys.stderr, flush=True)
                 next_progress = now + progress
             self.metrics.tick(self, now)
             if self._may_end():
@@ -236,9 +236,10 @@ class Master:
         self.checkpoints.finish()
         self.ingest.flush()
         self.metrics.finish(self)
+        lateness = self.ingest.stream_summary(time.time())
         if self.index > 0:
             self.links.send_summary({"stats": self.stats.state(), "results_out": self.results_out.summary(),
-                                     "source": self.source.finish()})
+                                     "source": self.source.finish(), "lateness": lateness})
             return {}
         others = self.links.summaries(self.k)
         for other in others:
@@ -254,6 +255,8 @@ class Master:
         finished = [self.source.finish(), *(o["source"] for o in others)]
         summary.update(**(type(self.source).merge(finished) if self.k > 1 and finished[0] else finished[0]),
                        **self.results_out.summary([o["results_out"] for o in others if o["results_out"]]))
+        if lateness:  # [streams]: each stream's max_delay, late tuples and idle periods
+            summary["lateness"] = IngestDesk.merge_summaries([lateness, *(o["lateness"] for o in others)])
         remove_log(self.cfg["output"]["path"])  # every result is written: no row needs its columns any more
         write_summary(Path(self.cfg["output"]["path"]) / "summary.json", summary)
         print_summary(summary)

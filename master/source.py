@@ -95,6 +95,10 @@ class ShardedSource:
     def reasons(self) -> dict[str, int]:
         return getattr(self.inner, "reasons", {}) if self.index == 0 else {}
 
+    def ended(self) -> list[bool]:
+        """[streams]: per side, every tuple of that stream has been taken (the shards as the whole input)."""
+        return self.inner.ended()
+
     def position(self) -> dict | None:
         return mark(self.inner)
 

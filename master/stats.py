@@ -216,6 +216,13 @@ def print_summary(s: dict, out=sys.stderr) -> None:
         print(f"zmq ingest on {', '.join(z['endpoints'])}: {z['messages']:,} messages, {z['tuples']:,} tuples, rejected {z['rejected_by_reason'] or 0}; "
               f"producers held back {z['producers_blocked_seconds']:.2f}s in all; buffered at most {s['buffered_peak']:,}",
               file=out, flush=True)
+    for side, x in s.get("lateness", {}).items():  # [streams]: lateness and idleness per stream
+        idle = x["idle"]
+        print(f"stream {side} ({x['stream']}): max_delay {x['max_delay']:g}s, {x['late']:,} late; " + (
+            f"idle {len(idle)} time(s) for {sum(i['ended_seconds'] - i['began_seconds'] for i in idle):.1f}s in all "
+            f"(idle_timeout {x['idle_timeout']:g}s), the first from {idle[0]['began_seconds']:.1f}s"
+            if idle else "never idle" + f" (idle_timeout {x['idle_timeout']:g}s)" * bool(x["idle_timeout"])),
+            file=out, flush=True)
     if "streams" in s:  # [streams.*] (master.streams); with text keys, what their dictionary holds
         k = s.get("keys")
         print(f"streams: R = {s['streams']['R']}, S = {s['streams']['S']}" + (

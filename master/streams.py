@@ -2,11 +2,12 @@
 
 Each stream's files are read by a thread of their own, a bounded number of checked batches ahead
 (protocol.stream_file, as the single file source reads: master.source.READ_AHEAD).  The merge orders the
-tuples by their stream's running maximum of event time (ties: R first, then row order), never by the raw
-time: within a stream the order stays as written, and a tuple is late in the merged order exactly when it is
-late within its own stream (each stream's watermark is its own largest time minus join.max_delay).  So two
+tuples by their stream's own watermark (its running maximum of event time minus its max_delay; ties: R
+first, then row order), never by the raw time: within a stream the order stays as written.  Lateness is
+judged within each stream (master.ingest.Lateness), and every tuple on time within its stream is at or above
+every stream's watermark before it in the merged order, so the join's watermark never makes it late: two
 files give what the interleaved single file would, without a sort, and files concatenated stream after
-stream are no longer judged late against each other.  The order depends on the data alone (not on batch
+stream are not judged late against each other.  The order depends on the data alone (not on batch
 sizes or thread timing), so a replay, a recovery and every dispatcher of several see the same input.
 
 Keys become the engine's int64 keys in that order (master.keys); a tuple's `id` is its stream row, the reference
@@ -39,6 +40,7 @@ class StreamsSource:
     def __init__(self, cfg: dict, listing=None):
         self.cfg, self.listing = cfg, listing
         self.specs = cfg["streams"]
+        self._delays = [eventtime.duration(s["max_delay"]) for s in self.specs.values()]  #: R's, S's, microseconds
         self.files, missing = {}, []
         for name, s in self.specs.items():  # every path that is not there is named at once
             try:
@@ -71,9 +73,11 @@ class StreamsSource:
                          for side, (inp, q) in enumerate(zip(inputs, self._queues))]
         for t in self._threads:
             t.start()
-        self._pending: list[tuple | None] = [None, None]  #: per side, read and not merged: (id, ts, key, running max)
+        #: per side, read and not merged: (id, ts, key, the stream's watermark: running max - max_delay)
+        self._pending: list[tuple | None] = [None, None]
         self._running = [eventtime.NEG_INF, eventtime.NEG_INF]  #: per side, the largest ts read
         self._done = [False, False]
+        self._end_at: list[int | None] = [None, None]  #: per side, once known: the position after its last tuple
         self._ready, self._taken = empty(), 0
 
     def _check_columns(self, inputs: list[StreamInput]) -> None:
@@ -110,8 +114,10 @@ class StreamsSource:
         if isinstance(item, Exception):
             self._done = [True, True]
             raise item
-        if item is None:
+        if item is None:  # nothing of this side is pending: its last tuple is the last of it ready, if any
             self._done[side] = True
+            rest = np.flatnonzero(self._ready.stream[self._taken:] == side)
+            self._end_at[side] = self.accepted + (int(rest[-1]) + 1 if len(rest) else 0)
             return
         if item.rejected is not None and self.listing is not None:
             self.listing.add(item.rejected)
@@ -119,7 +125,7 @@ class StreamsSource:
             return
         pm = np.maximum.accumulate(np.maximum(item.ts, self._running[side]))
         self._running[side] = int(pm[-1])
-        part = (item.rows, item.ts, self.mapper.keys(item.keys), pm)
+        part = (item.rows, item.ts, self.mapper.keys(item.keys), pm - self._delays[side])
         old = self._pending[side]
         self._pending[side] = part if old is None else tuple(np.concatenate(c) for c in zip(old, part))
 
@@ -130,7 +136,7 @@ class StreamsSource:
                 self._pull(side)
         if self._pending == [None, None]:
             return False
-        # a stream with nothing pending has ended; otherwise its later tuples have a running max at least its
+        # a stream with nothing pending has ended; otherwise its later tuples have a watermark at least its
         # last pending one's: R goes up to that of S (ties go to R), S below that of R
         last = [None if p is None else p[3][-1] for p in self._pending]
         parts = []
@@ -145,7 +151,7 @@ class StreamsSource:
                 self._pending[side] = None if n == len(p[3]) else tuple(c[n:] for c in p)
         side = np.concatenate([np.full(len(p[0]), s, np.int8) for s, p in parts])
         cols = [np.concatenate(c) for c in zip(*(p for _, p in parts))]
-        order = np.lexsort((side, cols[3]))  # stable: within a (running max, side) the rows keep their order
+        order = np.lexsort((side, cols[3]))  # stable: within a (watermark, side) the rows keep their order
         merged = Chunk(side[order], cols[0][order], cols[1][order], cols[2][order], np.zeros(len(order)))
         self._ready, self._taken = concat([rows(self._ready, self._taken), merged]), 0
         return True
@@ -162,6 +168,10 @@ class StreamsSource:
         self._taken += n
         self.accepted += n
         return chunk
+
+    def ended(self) -> list[bool]:
+        """Per side (R, S): every tuple of that stream has been taken (known once the merge has seen its end)."""
+        return [end is not None and self.accepted >= end for end in self._end_at]
 
     @property
     def reasons(self) -> dict[str, int]:

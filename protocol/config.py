@@ -231,7 +231,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
     if ("join", "window") in named and named & {("join", "lower"), ("join", "upper")}:
         raise ConfigError("join.window: not together with join.lower / join.upper (window w is the shorthand for "
                           "lower = -w, upper = w): set either window or lower and upper")
-    cfg["streams"] = streams_config.declared(streams, cfg["source"], ConfigError)
+    cfg["streams"] = streams_config.declared(streams, cfg["source"], cfg["join"], ConfigError)
     validate(cfg)
     return cfg
 

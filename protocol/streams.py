@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.eventtime import UNITS
+from protocol.durations import parse_duration
+from protocol.eventtime import DURATION_LIMIT, PER_SECOND, UNITS
 
 #: key -> (default, description); None = required
 STREAM_KEYS: dict[str, tuple[Any, str]] = {
@@ -19,6 +20,10 @@ STREAM_KEYS: dict[str, tuple[Any, str]] = {
     "time_unit": ("s", 'the unit of numbers in the time column: "s", "ms", "us" or "ns"'),
     "id": ("", "an integer id column, unique within the stream; \"\" = rows numbered by their position in the stream (0, 1, ...)"),
     "side": ("", '"R" or "S"; "" = the first stream declared is R, the second S'),
+    "max_delay": ("", "this stream's allowed out-of-orderness (a duration): a tuple more than this behind the largest "
+                      'earlier time of its own stream is late; "" = `join.max_delay`'),
+    "idle_timeout": (0.0, "wall-clock time (a duration) without a tuple of this stream after which it stops holding the "
+                          "join's watermark back, until its next tuple (Flink's `withIdleness`; 0 = never idle)"),
     "payload": ("*", 'the columns results carry besides key, time and id: "*" = every other column of the files, '
                      "or a list of column names ([] = none)"),
     "prefix": ("{stream}_", "what the stream's columns are named with in results and late rows; {stream} is the "
@@ -35,9 +40,10 @@ def set_key(streams: dict, name: str, value: Any, error: type[Exception]) -> Non
     streams.setdefault(stream, {})[key] = value
 
 
-def declared(streams: dict, source: dict, error: type[Exception]) -> dict[str, dict]:
+def declared(streams: dict, source: dict, join: dict, error: type[Exception]) -> dict[str, dict]:
     """The `[streams.*]` tables checked and completed, R first ({} when none); sets source.kind to
-    "streams" when there are some.  `error` (protocol.config.ConfigError) names the key."""
+    "streams" when there are some.  A stream's `max_delay` left out is `join`'s.  `error`
+    (protocol.config.ConfigError) names the key."""
     if not isinstance(streams, dict):
         raise error("streams: must be tables [streams.NAME], one per stream")
     if not streams:
@@ -49,7 +55,7 @@ def declared(streams: dict, source: dict, error: type[Exception]) -> dict[str, d
                     '(remove source.kind, or set it to "streams")')
     if len(streams) != 2:
         raise error(f"[streams.*]: a join takes two streams, got {len(streams)} ({', '.join(streams) or 'none'})")
-    out = {name: _one(name, table, error) for name, table in streams.items()}
+    out = {name: _one(name, table, join, error) for name, table in streams.items()}
     sides = [s["side"] for s in out.values()]
     if sides[0] == sides[1] != "":
         raise error(f"streams.{list(out)[1]}.side: both streams are {sides[0]!r}; one must be R, the other S")
@@ -64,7 +70,7 @@ def declared(streams: dict, source: dict, error: type[Exception]) -> dict[str, d
     return out
 
 
-def _one(name: str, table: Any, error: type[Exception]) -> dict:
+def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
     if not isinstance(table, dict):
         raise error(f"streams.{name}: must be a table [streams.{name}] of keys ({', '.join(STREAM_KEYS)})")
     unknown = [k for k in table if k not in STREAM_KEYS]
@@ -88,6 +94,10 @@ def _one(name: str, table: Any, error: type[Exception]) -> dict:
         raise error(f"streams.{name}.time_unit: must be one of {', '.join(map(repr, UNITS))}, got {s['time_unit']!r}")
     if s["side"] not in ("", *SIDES):
         raise error(f"streams.{name}.side: must be \"R\" or \"S\", got {s['side']!r}")
+    if s["max_delay"] == "":
+        s["max_delay"] = join["max_delay"]
+    for k in ("max_delay", "idle_timeout"):
+        s[k] = _duration(f"streams.{name}.{k}", s[k], error)
     used = [*key, s["time"], *([s["id"]] if s["id"] else [])]
     if len(set(used)) < len(used):
         raise error(f"streams.{name}: key, time and id must be different columns, got {used}")
@@ -98,6 +108,20 @@ def _one(name: str, table: Any, error: type[Exception]) -> dict:
     return s
 
 
+def _duration(name: str, value: Any, error: type[Exception]) -> float:
+    """A duration key's value in float seconds (text such as "5s" or a number), finite, >= 0 and below
+    protocol.eventtime.DURATION_LIMIT."""
+    if isinstance(value, str):
+        try:
+            value = parse_duration(value)
+        except ValueError as e:
+            raise error(f"{name}: {e}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < DURATION_LIMIT // PER_SECOND:
+        raise error(f"{name}: expected a duration >= 0 and below {DURATION_LIMIT // PER_SECOND} seconds "
+                    f'(a number of seconds or text such as "5s"), got {value!r}')
+    return float(value)
+
+
 def reference() -> list[str]:
     """The [streams.NAME] part of docs/configuration.md."""
     lines = ["", "## [streams.NAME]", "",
@@ -105,6 +129,6 @@ def reference() -> list[str]:
              '`source.kind` is "streams" (docs/input.md). Override one key with `--set streams.NAME.KEY=value`.', "",
              "| key | default | meaning |", "|---|---|---|"]
     for key, (default, meaning) in STREAM_KEYS.items():
-        shown = "required" if default is None else f'`"{default}"`'
+        shown = "required" if default is None else f'`"{default}"`' if isinstance(default, str) else f"`{default}`"
         lines.append(f"| `streams.NAME.{key}` | {shown} | {meaning} |")
     return lines

@@ -1,11 +1,13 @@
 """Tests of master/ingest.py (lateness) and master/buffers.py (mini-buffers)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from master.buffers import MiniBuffers
-from master.ingest import late_mask, partition_one, to_wire, to_wire_hashed
+from master.ingest import Lateness, partition_one, to_wire, to_wire_hashed
 from protocol.eventtime import NEG_INF
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from tests.reference import late_flags, micros
@@ -13,7 +15,7 @@ from tests.reference import late_flags, micros
 DT = tuple_dtype(64)
 
 
-# --------------------------------------------------------------------------- late_mask
+# --------------------------------------------------------------------------- lateness, both streams together
 
 def prev_max_loop(ts):
     out, running = [], NEG_INF
@@ -23,8 +25,15 @@ def prev_max_loop(ts):
     return np.array(out)
 
 
+def judge(lateness, ts, stream=None):
+    ts = np.asarray(ts, dtype=np.int64)
+    late, bound, below_watermark = lateness.judge(ts, np.zeros(len(ts), np.int8) if stream is None else stream, 0.0)
+    assert not below_watermark.any()  # one running max: W never passes a tuple's own bound
+    return late, bound
+
+
 @pytest.mark.parametrize("seed", range(20))
-def test_late_mask_batches_with_carry_equal_whole_array(seed):
+def test_lateness_batches_with_carry_equal_whole_array(seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 3000))
     max_delay = float(rng.choice([0.0, 0.3, 2.0]))
@@ -35,36 +44,152 @@ def test_late_mask_batches_with_carry_equal_whole_array(seed):
         ts = np.round(ts, 1)  # decimals a float misses: ts == max - max_delay holds in decimals only
     expected = late_flags(ts, max_delay)
     ts, max_delay = micros(ts), micros(max_delay)
+    stream = rng.integers(0, 2, n).astype(np.int8)  # both streams together: the stream does not matter
     cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(0, 12))))
-    running = NEG_INF
-    flags, prevs = [], []
+    lateness = Lateness([max_delay])
+    flags, bounds = [], []
     for part in np.split(np.arange(n), cuts):
-        late, prev, new_running = late_mask(ts[part], running, max_delay)
-        assert late.dtype == bool and len(late) == len(part) == len(prev)
-        assert new_running == max([running, *ts[part].tolist()])
-        running = new_running
+        before = lateness.running[0]
+        late, bound = judge(lateness, ts[part], stream[part])
+        assert late.dtype == bool and len(late) == len(part) == len(bound)
+        assert lateness.running[0] == max([before, *ts[part].tolist()])
+        assert lateness.watermark == lateness.running[0] - max_delay
         flags.append(late)
-        prevs.append(prev)
+        bounds.append(bound)
     np.testing.assert_array_equal(np.concatenate(flags), expected)
-    np.testing.assert_array_equal(np.concatenate(prevs), prev_max_loop(ts))
-    whole, _, whole_running = late_mask(ts, NEG_INF, max_delay)
-    np.testing.assert_array_equal(whole, expected)
-    assert whole_running == (ts.max() if n else NEG_INF)
+    np.testing.assert_array_equal(np.concatenate(bounds), prev_max_loop(ts) - max_delay)
+    whole = Lateness([max_delay])
+    np.testing.assert_array_equal(judge(whole, ts, stream)[0], expected)
+    assert whole.running[0] == (ts.max() if n else NEG_INF)
+    np.testing.assert_array_equal(whole.late, [expected[stream == 0].sum(), expected[stream == 1].sum()])
     if n > 100 and max_delay < 1:
         assert expected.any() and not expected.all()
 
 
-def test_late_mask_boundary_and_carry():
+def test_lateness_boundary_and_carry():
     # a tuple exactly max_delay behind is on time; just beyond is late; the first tuple never is
-    late, prev, running = late_mask(np.array([10_000_000, 9_500_000, 9_499_999, 12_000_000]), NEG_INF, 500_000)
+    lateness = Lateness([500_000])
+    late, bound = judge(lateness, [10_000_000, 9_500_000, 9_499_999, 12_000_000])
     assert late.tolist() == [False, False, True, False]
-    assert prev.tolist() == [NEG_INF, 10_000_000, 10_000_000, 10_000_000] and running == 12_000_000
+    assert bound.tolist() == [NEG_INF - 500_000, 9_500_000, 9_500_000, 9_500_000] and lateness.running[0] == 12_000_000
     # carried running max makes the first tuple of the next batch late
-    late, prev, running = late_mask(np.array([11_000_000, 11_500_000]), running, 500_000)
-    assert late.tolist() == [True, False] and running == 12_000_000
+    late, _ = judge(lateness, [11_000_000, 11_500_000])
+    assert late.tolist() == [True, False] and lateness.running[0] == 12_000_000
     # an empty batch keeps the running max
-    late, _, running = late_mask(np.empty(0, np.int64), 12_000_000, 500_000)
-    assert len(late) == 0 and running == 12_000_000
+    late, _ = judge(lateness, [])
+    assert len(late) == 0 and lateness.running[0] == 12_000_000 and lateness.watermark == 11_500_000
+
+
+# --------------------------------------------------------------------------- lateness per stream ([streams])
+
+S_ = 1_000_000  # a second in microseconds
+
+
+def per_stream(ts, stream, lateness, now):
+    late, bound, below_watermark = lateness.judge(np.array(ts, np.int64) * S_, np.array(stream, np.int8), now)
+    return late.tolist(), (bound // S_).tolist(), below_watermark.tolist()
+
+
+def test_each_stream_is_judged_by_its_own_largest_ts_and_max_delay():
+    lateness = Lateness([1 * S_, 5 * S_])  # R may be 1 s out of order, S 5 s
+    late, bound, _ = per_stream([10, 10, 9, 5, 8, 4, 12], [0, 1, 0, 1, 0, 1, 1], lateness, 0.0)
+    assert late == [False, False, False, False, True, True, False]  # R 8 < 10 - 1; S 4 < 10 - 5
+    assert bound[2:6] == [9, 5, 9, 5]
+    assert lateness.watermark == 7 * S_  # min(10 - 1, 12 - 5)
+    assert lateness.late.tolist() == [1, 1]
+
+
+def test_an_ended_stream_stops_holding_the_watermark_back_and_none_left_gives_the_largest():
+    lateness = Lateness([1 * S_, 2 * S_])
+    per_stream([10, 30], [0, 1], lateness, 0.0)
+    assert lateness.tick(0.5, [False, False]) == 9 * S_
+    assert lateness.tick(0.6, [True, False]) == 28 * S_  # R has ended: S's bound alone
+    per_stream([40], [1], lateness, 0.7)
+    assert lateness.tick(0.8, [True, True]) == 38 * S_ and lateness.periods == []
+
+
+def test_an_idle_stream_stops_holding_the_watermark_and_resuming_its_tuples_below_it_are_late():
+    lateness = Lateness([1 * S_, 5 * S_], [2.0, 0.0])  # R idle after 2 s without a tuple; S never
+    lateness.start(0.0)
+    per_stream([10, 10], [0, 1], lateness, 0.1)
+    assert lateness.tick(2.0, [False, False]) == 5 * S_ and lateness.idle == [False, False]  # 1.9 s: not yet
+    assert lateness.tick(2.1, [False, False]) == 5 * S_ and lateness.idle == [True, False]
+    per_stream([30], [1], lateness, 3.0)
+    assert lateness.watermark == 25 * S_  # S's bound alone
+    late, bound, below = per_stream([24, 26, 25], [0, 0, 0], lateness, 3.5)  # R resumes
+    assert late == [True, False, False] and below == [True, False, False] and bound == [25, 25, 25]
+    assert lateness.late.tolist() == [1, 0] and lateness.idle == [False, False]
+    assert lateness.watermark == 25 * S_  # R counts again (26 - 1), W never falls
+    assert lateness.periods == [{"stream": "R", "began": 2.1, "ended": 3.5, "watermark": 5 * S_,
+                                 "watermark_ended": 25 * S_, "resumed": True}]
+    # both idle: none counts, W is the largest bound; the run's end closes the periods
+    lateness = Lateness([1 * S_, 5 * S_], [1.0, 1.0])
+    lateness.start(0.0)
+    per_stream([10, 30], [0, 1], lateness, 0.0)
+    assert lateness.tick(1.0, [False, False]) == 25 * S_ and lateness.idle == [True, True]
+    restored = Lateness([1 * S_, 5 * S_], [1.0, 1.0])
+    restored.restore(json.loads(json.dumps(lateness.state())))  # a checkpoint keeps the open periods open
+    for x in (lateness, restored):
+        x.finish(4.0)
+        assert [(p["stream"], p["began"], p["ended"], p["resumed"]) for p in x.periods] == \
+            [("R", 1.0, 4.0, False), ("S", 1.0, 4.0, False)]
+
+
+def reference_per_stream(batches, delays, timeouts):
+    """Tuple by tuple, the rule as the issue states it: (late flags, W after each batch); `batches` are
+    (now, ts, stream, ended), a tick at `now` before each."""
+    running, last, idle, w, flags, marks = [None, None], [0.0, 0.0], [False, False], -(2**70), [], []
+
+    def watermark(w, ended):
+        bounds = [-(2**70) if r is None else r - d for r, d in zip(running, delays)]
+        counting = [b for b, e, i in zip(bounds, ended, idle) if not e and not i]
+        return max(w, min(counting) if counting else max(bounds))
+    for now, ts, stream, ended in batches:
+        idle = [not e and t > 0 and (now - x >= t or i) for e, t, x, i in zip(ended, timeouts, last, idle)]
+        w = watermark(w, ended)
+        for t, x in zip(ts, stream):
+            own = -(2**70) if running[x] is None else running[x] - delays[x]
+            flags.append(t < own or t < w)
+            running[x] = t if running[x] is None else max(running[x], t)
+            last[x], idle[x] = now, False
+        w = watermark(w, ended)
+        marks.append(w)
+    return flags, marks
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lateness_per_stream_with_idleness_and_ends_equals_the_rule_tuple_by_tuple(seed):
+    rng = np.random.default_rng(seed)
+    delays = [int(d) for d in rng.choice([0, 300_000, 2_000_000], 2)]
+    timeouts = [float(t) for t in rng.choice([0.0, 0.5, 1.5], 2)]
+    lateness, batches, now, ended = Lateness(delays, timeouts), [], 0.0, [False, False]
+    lateness.start(0.0)
+    clock = [0, 0]  # each stream's event time moves on at its own pace, with pauses
+    for _ in range(60):
+        now += float(rng.choice([0.05, 0.4, 1.0]))
+        n = int(rng.integers(0, 40))
+        stream = rng.integers(0, 2, n).astype(np.int8)
+        stream[~np.isin(stream, np.flatnonzero(~np.array(ended)))] = -1
+        stream = stream[stream >= 0]
+        if rng.random() < 0.3 and len(stream):  # one stream pauses for this batch
+            stream = stream[stream == stream[0]]
+        ts = np.empty(len(stream), np.int64)
+        for x in (0, 1):
+            k = int((stream == x).sum())
+            ts[stream == x] = clock[x] + np.cumsum(rng.integers(0, 200_000, k)) - rng.integers(0, 2_500_000, k)
+            clock[x] += int(rng.integers(0, 200_000)) * k
+        if rng.random() < 0.03:
+            ended[int(rng.integers(0, 2))] = True
+        batches.append((now, ts.tolist(), stream.tolist(), list(ended)))
+    flags, marks = [], []
+    for now, ts, stream, ended in batches:
+        lateness.tick(now, ended)
+        flags += lateness.judge(np.array(ts, np.int64), np.array(stream, np.int8), now)[0].tolist()
+        marks.append(None if lateness.watermark <= NEG_INF else lateness.watermark)  # before any bound
+    expected_flags, expected_marks = reference_per_stream(batches, delays, timeouts)
+    assert flags == expected_flags
+    assert marks == [None if w < -(2**62) else w for w in expected_marks]
+    assert any(flags) and not all(flags)
 
 
 def test_to_wire_packs_columns():

@@ -23,11 +23,12 @@ import pytest
 
 from master.keys import KeyMapper
 from master.source import open_source
+from protocol import eventtime
 from protocol.chunks import InputError, concat
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from tests.cluster import run_cluster, write_config
-from tests.reference import encode_pairs, late_flags, reference_pairs
+from tests.reference import encode_pairs, late_flags, micros, reference_pairs
 
 ROOT = Path(__file__).resolve().parent.parent
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -39,18 +40,26 @@ def micros_of_iso(text: str) -> int:
     return (d - EPOCH) // (datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=timezone.utc) - EPOCH)
 
 
-def reference(r: dict, s: dict, window: float, max_delay: float) -> tuple[np.ndarray, np.ndarray]:
+def reference(r: dict, s: dict, window: float, max_delay, dispatchers: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """(encoded pairs, late ids encoded stream * 2**40 + id) of streams given as {"id", "ts" (us), "key"
-    (hashable per row)} in file order: lateness within each stream, keys mapped by a dict."""
+    (hashable per row)} in file order: lateness within each stream, by `max_delay` (seconds: one for both,
+    or (R's, S's)), keys mapped by a dict.  With several dispatchers each judges its share: every k-th tuple
+    of the merged order, which is sorted by (the stream's running max minus its max_delay, R before S, row)."""
+    delays = (max_delay, max_delay) if np.ndim(max_delay) == 0 else max_delay
     codes: dict = {}
-    stream, ids, ts, keys, late = [], [], [], [], []
-    for side, x in enumerate((r, s)):
-        stream.append(np.full(len(x["id"]), side))
-        ids.append(np.asarray(x["id"], np.int64))
-        ts.append(np.asarray(x["ts"], np.int64))
-        keys.append(np.array([codes.setdefault(k, len(codes)) for k in x["key"]], np.int64))
-        late.append(late_flags(ts[-1], max_delay))
-    stream, ids, ts, keys, late = map(np.concatenate, (stream, ids, ts, keys, late))
+    rows = []  # (merge key, side, row, id, ts, key code) in the merged order
+    for side, (x, delay) in enumerate(zip((r, s), delays)):
+        top = None
+        for row, (i, t, k) in enumerate(zip(np.asarray(x["id"]).tolist(), np.asarray(x["ts"]).tolist(), x["key"])):
+            top = t if top is None else max(top, t)
+            rows.append((top - micros(delay), side, row, i, t, codes.setdefault(k, len(codes))))
+    rows.sort()
+    late = np.zeros(len(rows), bool)
+    for d in range(dispatchers):
+        for side, delay in enumerate(delays):
+            mine = [p for p in range(d, len(rows), dispatchers) if rows[p][1] == side]
+            late[mine] = late_flags(np.array([rows[p][4] for p in mine], np.int64), delay)
+    stream, ids, ts, keys = (np.array([row[c] for row in rows], np.int64) for c in (1, 3, 4, 5))
     pairs, _ = reference_pairs(stream[~late], ids[~late], ts[~late], keys[~late], window, 1e9)
     return pairs, np.sort(stream[late] * 2**40 + ids[late])
 
@@ -74,12 +83,15 @@ def drain(src, limit=1000):
 
 def test_streams_config_sides_keys_and_overrides(tmp_path):
     cfg = streams_cfg(tmp_path, {"path": "a.csv", "key": "u", "time": "t"},
-                      {"path": "b.csv", "key": "u", "time": "t", "side": "R", "payload": ["p"], "prefix": "b{stream}."},
-                      **{"streams.views.time_unit": "ms"})
+                      {"path": "b.csv", "key": "u", "time": "t", "side": "R", "max_delay": "250ms", "payload": ["p"],
+                       "prefix": "b{stream}."},
+                      **{"streams.views.time_unit": "ms", "streams.views.idle_timeout": "2m", "join.max_delay": "3s"})
     assert cfg["source"]["kind"] == "streams"
     assert list(cfg["streams"]) == ["buys", "views"]  # side = "R" puts buys first
     assert cfg["streams"]["views"] == {"path": "a.csv", "key": ["u"], "time": "t", "time_unit": "ms", "id": "",
-                                       "side": "S", "payload": "*", "prefix": "views_"}
+                                       "side": "S", "max_delay": 3.0, "idle_timeout": 120.0,  # join.max_delay's
+                                       "payload": "*", "prefix": "views_"}
+    assert (cfg["streams"]["buys"]["max_delay"], cfg["streams"]["buys"]["idle_timeout"]) == (0.25, 0.0)
     assert cfg["streams"]["buys"]["payload"] == ["p"] and cfg["streams"]["buys"]["prefix"] == "bbuys."
     assert load_config()["streams"] == {}  # the single-source form is untouched
 
@@ -94,6 +106,12 @@ def test_streams_config_sides_keys_and_overrides(tmp_path):
     ({"path": "a", "key": "u", "time": "t", "time_unit": "min"}, {"path": "b", "key": "u", "time": "t"}, "time_unit"),
     ({"path": "a", "key": "u", "time": "t", "payload": "p"}, {"path": "b", "key": "u", "time": "t"}, "views.payload"),
     ({"path": "a", "key": "u", "time": "t", "prefix": 1}, {"path": "b", "key": "u", "time": "t"}, "views.prefix"),
+    ({"path": "a", "key": "u", "time": "t", "max_delay": "5 parsecs"}, {"path": "b", "key": "u", "time": "t"},
+     "streams.views.max_delay: expected a number of seconds or a duration"),
+    ({"path": "a", "key": "u", "time": "t"}, {"path": "b", "key": "u", "time": "t", "idle_timeout": -1},
+     "streams.buys.idle_timeout: expected a duration >= 0"),
+    ({"path": "a", "key": "u", "time": "t", "max_delay": True}, {"path": "b", "key": "u", "time": "t"},
+     "streams.views.max_delay: expected a duration"),
 ])
 def test_streams_config_mistakes_name_the_key(tmp_path, r, s, words):
     with pytest.raises(ConfigError, match=words):
@@ -134,11 +152,12 @@ def test_composite_and_binary_key_codes_follow_the_tuples_of_values():
 # --------------------------------------------------------------------------- merge, errors
 
 def test_merge_keeps_each_streams_order_judges_lateness_within_it_and_ignores_batch_sizes(tmp_path, monkeypatch):
-    """Two Parquet streams with disorder and jumps, read in batches of 7 rows: the merged order is sorted by
-    (running max of its stream, side), keeps each stream's order, and a tuple is late (ingest's rule on the
-    merged order) iff it is late within its own stream."""
+    """Two Parquet streams with disorder and jumps, read in batches of 7 rows, views with max_delay 2 s, buys
+    0.5 s: the merged order is sorted by (its stream's running max minus its max_delay, side), keeps each
+    stream's order, and ingest's rule on the merged order (master.ingest.Lateness, also against the join's
+    watermark) finds late exactly the tuples late within their own stream."""
     import protocol.stream_file as sf
-    from master.ingest import late_mask
+    from master.ingest import Lateness
     rng = np.random.default_rng(5)
     data = {}
     for name, n in (("views", 300), ("buys", 200)):
@@ -147,19 +166,32 @@ def test_merge_keeps_each_streams_order_judges_lateness_within_it_and_ignores_ba
         data[name] = ts
         pq.write_table(pa.table({"k": rng.integers(0, 9, n), "t": pa.array(ts, pa.timestamp("us"))}),
                        tmp_path / f"{name}.parquet", row_group_size=50)
-    cfg = streams_cfg(tmp_path, {"path": str(tmp_path / "views.parquet"), "key": "k", "time": "t"},
-                      {"path": str(tmp_path / "buys.parquet"), "key": "k", "time": "t"})
+    delays = {"views": 2.0, "buys": 0.5}
+    cfg = streams_cfg(tmp_path, {"path": str(tmp_path / "views.parquet"), "key": "k", "time": "t", "max_delay": "2s"},
+                      {"path": str(tmp_path / "buys.parquet"), "key": "k", "time": "t", "max_delay": "500ms"})
+    assert [s["max_delay"] for s in cfg["streams"].values()] == [2.0, 0.5]
     whole = drain(open_source(cfg), 10_000)
     monkeypatch.setattr(sf, "BATCH_ROWS", 7)
     small = drain(open_source(cfg), 13)
     for a, b in zip(whole, small):
         np.testing.assert_array_equal(a, b)
-    late, _, _ = late_mask(whole.ts, -(1 << 62), 2_000_000)
+    running = np.zeros(len(whole.ts), np.int64)
+    lateness = Lateness([2_000_000, 500_000])
+    late, below_watermark = [], []
+    for i in range(0, len(whole.ts), 37):  # the watermark moves between batches, as at the master
+        flags, _, below = lateness.judge(whole.ts[i:i + 37], whole.stream[i:i + 37], 0.0)
+        late.append(flags)
+        below_watermark.append(below)
+    late, below_watermark = np.concatenate(late), np.concatenate(below_watermark)
+    assert not below_watermark.any()
     for side, name in enumerate(data):
         mine = whole.stream == side
         np.testing.assert_array_equal(whole.id[mine], np.arange(len(data[name])))  # numbered rows, in order
         np.testing.assert_array_equal(whole.ts[mine], data[name])
-        np.testing.assert_array_equal(late[mine], late_flags(data[name], 2.0))
+        np.testing.assert_array_equal(late[mine], late_flags(data[name], delays[name]))
+        running[mine] = np.maximum.accumulate(data[name]) - int(delays[name] * 1_000_000)
+    order = np.lexsort((whole.stream, running))
+    np.testing.assert_array_equal(order, np.arange(len(order)))  # sorted by (own watermark, side), stable
     assert late.sum() >= 8
 
 
@@ -336,8 +368,8 @@ def test_results_of_declared_streams_read_as_they_are_in_pandas_and_duckdb(tmp_p
 def test_composite_keys_without_ids_from_json_lines_and_a_folder_of_csv_equal_the_reference_across_a_crash(tmp_path):
     """R: JSON lines, epoch milliseconds (time_unit = "ms"), no id; S: two CSV files with ISO text in +01:00,
     no id, a bad time cell and an empty key cell (rejected rows), and rows late within their own stream;
-    the key is (user, region). One dispatcher, two slaves; slave rank 2 is killed at its 4th batch and the supervisor
-    recovers from a checkpoint: the input is read again and coded again, each pair is written once."""
+    the key is (user, region). One dispatcher, two slaves; slave rank 2 is killed as it writes its part of the second
+    checkpoint and the supervisor recovers from the first: the input is read again and coded again, each pair is written once."""
     rng = np.random.default_rng(11)
     t0 = 1_795_000_000_000
     n_r, n_s = 1500, 1200
@@ -361,10 +393,10 @@ def test_composite_keys_without_ids_from_json_lines_and_a_folder_of_csv_equal_th
         "streams.views.path": str(tmp_path / "views.jsonl"), "streams.views.key": ["user", "region"],
         "streams.views.time": "at", "streams.views.time_unit": "ms",
         "streams.buys.path": str(tmp_path / "buys"), "streams.buys.key": ["user", "region"], "streams.buys.time": "t",
-        "join.window": "2s", "join.max_delay": "1500ms", "partitioning.partitions": 8, "source.rate": 2500.0,
+        "join.window": "2s", "join.max_delay": "1500ms", "partitioning.partitions": 8, "source.rate": 2000.0,
         "epochs.distribution": "100ms", "checkpoint.interval": 2, "output.flush_rows": 1},
         wrapper=[sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"],
-        env={"STREAMJOIN_FAULT": f"2:batch:4:{tmp_path / 'fault-fired'}"})
+        env={"STREAMJOIN_FAULT": f"2:checkpoint:2:{tmp_path / 'fault-fired'}"})
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "fault-fired").exists() and run.summary["checkpoints"]["recovered_from"] is not None
     bad = np.zeros(n_s, bool)
@@ -454,3 +486,100 @@ def test_payload_of_every_type_survives_a_left_join_with_hot_keys_moves_and_a_cr
     assert frame.count() == len(results)
     assert dict(frame.dtypes)["orders_price"] == "decimal(12,2)" and dict(frame.dtypes)["orders_tags"] == "array<int>"
     assert frame.filter("kind = 'left_unmatched'").count() == len(run.alone("r", ids))
+
+
+# --------------------------------------------------------------------------- lateness per stream, idleness
+
+def disordered(rng, n: int, start: int, step: int, disorder: int) -> np.ndarray:
+    """n event times in microseconds, rising by up to `step` and each up to `disorder` behind."""
+    return start + np.cumsum(rng.integers(0, step, n)) - rng.integers(0, disorder, n)
+
+
+def test_each_stream_its_own_max_delay_with_two_dispatchers_across_a_crash_equals_the_reference(tmp_path):
+    """views (CSV, max_delay 1.5 s, out of order by up to 2 s) and buys (Parquet, 300 ms, up to 1 s), views
+    ending half way through buys: 2 dispatchers and 2 slaves, slave rank 3 killed as it writes its part of the
+    second checkpoint and the run recovered from the first.  Pairs and late tuples are the reference's (each dispatcher judges each
+    stream of its share by that stream's max_delay), late/ states each stream's bound, and summary.json each
+    stream's max_delay and late count."""
+    rng = np.random.default_rng(21)
+    t0 = 1_795_000_000_000_000
+    n_r, n_s = 1200, 2400
+    r_ts, s_ts = disordered(rng, n_r, t0, 30_000, 2_000_000), disordered(rng, n_s, t0, 30_000, 1_000_000)
+    r_key, s_key = rng.integers(0, 50, n_r), rng.integers(0, 50, n_s)
+    pacsv.write_csv(pa.table({"view": np.arange(n_r), "user": r_key, "at": eventtime.to_seconds(r_ts)}),
+                    tmp_path / "views.csv")
+    pq.write_table(pa.table({"buy": np.arange(n_s), "user": s_key, "at": pa.array(s_ts, pa.timestamp("us"))}),
+                   tmp_path / "buys.parquet", row_group_size=300)
+    run = run_cluster(tmp_path, 4, {
+        "streams.views.path": str(tmp_path / "views.csv"), "streams.views.key": "user", "streams.views.time": "at",
+        "streams.views.id": "view", "streams.views.max_delay": "1500ms",
+        "streams.buys.path": str(tmp_path / "buys.parquet"), "streams.buys.key": "user", "streams.buys.time": "at",
+        "streams.buys.id": "buy", "streams.buys.max_delay": 0.3,
+        "join.window": "1s", "join.max_delay": "10s", "cluster.dispatchers": 2, "partitioning.partitions": 8,
+        "source.rate": 2000.0, "epochs.distribution": "100ms", "checkpoint.interval": 2, "output.flush_rows": 50},
+        wrapper=[sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"],
+        env={"STREAMJOIN_FAULT": f"3:checkpoint:2:{tmp_path / 'fault-fired'}"})
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "fault-fired").exists() and run.summary["checkpoints"]["recovered_from"] is not None
+    r = {"id": np.arange(n_r), "ts": r_ts, "key": r_key.tolist()}
+    s = {"id": np.arange(n_s), "ts": s_ts, "key": s_key.tolist()}
+    pairs, late = reference(r, s, 1.0, (1.5, 0.3), dispatchers=2)
+    late_r, late_s = int((late < 2**40).sum()), int((late >= 2**40).sum())
+    assert len(pairs) > 1000 and 0 < late_r < late_s
+    # one max_delay for both (join.max_delay = 1.5 s) would set aside other tuples: the per-stream rule is used
+    assert not np.array_equal(reference(r, s, 1.0, 1.5, dispatchers=2)[1], late)
+    ids = ("views_view", "buys_buy")
+    np.testing.assert_array_equal(run.pairs(ids), pairs)
+    np.testing.assert_array_equal(run.late_ids(ids, ("views", "buys")), late)
+    lateness = run.summary["lateness"]
+    assert {side: (x["stream"], x["max_delay"], x["late"], x["idle"]) for side, x in lateness.items()} == \
+        {"R": ("views", 1.5, late_r, []), "S": ("buys", 0.3, late_s, [])}
+    t = read_tables(run.out / "late")
+    assert set(t["reason"].to_pylist()) == {
+        "late: ts below the largest ts of stream views before it minus streams.views.max_delay (1.5)",
+        "late: ts below the largest ts of stream buys before it minus streams.buys.max_delay (0.3)"}
+    # the bound is the stream's largest ts before it in its dispatcher's share minus its max_delay: above the
+    # tuple, by at most the disorder less the max_delay
+    ts = pc.coalesce(t["views_at"], t["buys_at"]).cast(pa.int64()).to_numpy()
+    bound, stream = (t[c].to_numpy(zero_copy_only=False) for c in ("bound", "stream"))
+    gap = micros(bound) - ts
+    assert (gap > 0).all() and (gap[stream == "views"] <= 500_000).all() and (gap[stream == "buys"] <= 700_000).all()
+
+
+def test_a_stream_that_pauses_goes_idle_lets_the_watermark_on_and_changes_no_result(tmp_path):
+    """A paced run (source.rate) where views has no tuple for 18 s of event time (the merge meanwhile takes
+    buys', about 2,200 tuples: 1.1 s of wall clock) and streams.views.idle_timeout = 300 ms: summary.json lists views' idle
+    period (begun after 300 ms, ended when views resumed, the watermark then past views' own bound), and
+    pairs and late tuples are the reference's: the merge by each stream's watermark never lets a resumed
+    stream's on-time tuple fall below the join's watermark."""
+    rng = np.random.default_rng(22)
+    t0 = 1_795_000_000_000_000
+    r_ts = np.concatenate([disordered(rng, 300, t0, 20_000, 200_000),
+                           disordered(rng, 300, t0 + 21_000_000, 20_000, 200_000)])
+    s_ts = disordered(rng, 3000, t0, 16_000, 200_000)
+    r_key, s_key = rng.integers(0, 30, len(r_ts)), rng.integers(0, 30, len(s_ts))
+    for name, ts, key in (("views", r_ts, r_key), ("buys", s_ts, s_key)):
+        pq.write_table(pa.table({"user": key, "at": pa.array(ts, pa.timestamp("us"))}), tmp_path / f"{name}.parquet")
+    run = run_cluster(tmp_path, 3, {
+        "streams.views.path": str(tmp_path / "views.parquet"), "streams.views.key": "user",
+        "streams.views.time": "at", "streams.views.idle_timeout": "300ms", "streams.views.max_delay": "100ms",
+        "streams.buys.path": str(tmp_path / "buys.parquet"), "streams.buys.key": "user", "streams.buys.time": "at",
+        "join.window": "500ms", "join.max_delay": "150ms", "partitioning.partitions": 4, "source.rate": 2000.0,
+        "source.batch": 64, "epochs.distribution": "50ms", "output.progress": 0.2})
+    assert run.returncode == 0, run.stderr
+    pairs, late = reference({"id": np.arange(len(r_ts)), "ts": r_ts, "key": r_key.tolist()},
+                            {"id": np.arange(len(s_ts)), "ts": s_ts, "key": s_key.tolist()}, 0.5, (0.1, 0.15))
+    assert len(pairs) > 1000 and len(late) > 10
+    ids = ("views_row", "buys_row")
+    np.testing.assert_array_equal(run.pairs(ids), pairs)
+    np.testing.assert_array_equal(run.late_ids(ids, ("views", "buys")), late)
+    views, buys = run.summary["lateness"]["R"], run.summary["lateness"]["S"]
+    assert (views["idle_timeout"], views["max_delay"], buys["idle_timeout"], buys["idle"]) == (0.3, 0.1, 0.0, [])
+    # the pause: buys' bound carried the watermark on past views' own (a stall of the loaded host may add others)
+    paused_at = micros(eventtime.to_seconds(r_ts[:300].max())) - 100_000  # views' own bound when it paused
+    gap = [p for p in views["idle"] if p["resumed"] and micros(p["watermark_ended_seconds"]) > t0 + 15_000_000]
+    assert len(gap) == 1, views["idle"]
+    p = gap[0]
+    assert 0.2 < p["ended_seconds"] - p["began_seconds"] < 3.0  # 1.1 s of buys at 2000 tuples/s, less 300 ms
+    assert micros(p["watermark_seconds"]) <= paused_at < micros(p["watermark_ended_seconds"])
+    assert "idle: views" in run.stderr and "stream R (views): max_delay 0.1s" in run.stderr

@@ -3,12 +3,14 @@
 Tuples are taken as whole chunks (paper 003, IV-B: the master partitions its
 input into one mini-buffer per partition-group); paced input is taken in ticks
 of a tenth of a sub-group slot.  A tuple below the largest ts seen before it
-minus `join.max_delay` is late (BiStream, Theorem 1): it is set aside in the
-late files, never joined.  On-time tuples go to their hash partition, to their
-key range (band and inequality joins: S to its home, R copied to every range
-that may hold partners; the other way round for the joins that decide R rows
-alone, so each R is stored once), or through the hot-key router to a key's grid
-(Streaming HyperCube).  With checkpoints every tuple taken is archived.
+minus `join.max_delay` is late (BiStream, Theorem 1); with two declared streams
+each has its own max_delay and is judged within itself and against the join's
+watermark, which an idle stream stops holding back (master.ingest.Lateness).
+Late tuples are set aside in the late files, never joined.  On-time tuples go
+to their hash partition, to their key range (band and inequality joins: S to
+its home, R copied to every range that may hold partners; the other way round
+for the joins that decide R rows alone, so each R is stored once), or through
+the hot-key router to a key's grid (Streaming HyperCube).  With checkpoints every tuple taken is archived.
 """
 from __future__ import annotations
 
@@ -19,13 +21,14 @@ import numpy as np
 import pyarrow as pa
 
 from master.archive import InputArchive, named
-from master.ingest import late_mask, to_wire, to_wire_hashed
+from master.ingest import Lateness, to_wire, to_wire_hashed
 from master.ranges import KeyRanges
 from master.source import mark, skip
 from protocol import eventtime
 from protocol.output import write_table
 from protocol.payload import payload_reader
 from protocol.predicates import copied_stream, key_distance
+from protocol.strict_json import finite
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
 
 
@@ -37,7 +40,12 @@ class IngestDesk:
         self.router, self.sketch = router, sketch
         self.rate = cfg["source"]["rate"] / k  #: this dispatcher's paced share
         join = cfg["join"]
-        self.max_delay = eventtime.duration(join["max_delay"])  #: integer microseconds, as every ts here
+        #: [streams]: each stream judged within itself, by its own max_delay (R's, S's); else both together
+        self.streams = cfg["streams"] if cfg["source"]["kind"] == "streams" else {}
+        delays = [s["max_delay"] for s in self.streams.values()] or [join["max_delay"]]
+        self.lateness = Lateness([eventtime.duration(d) for d in delays],  # integer microseconds, as every ts here
+                                 [s["idle_timeout"] for s in self.streams.values()] or None)
+        self.stream_delays = [eventtime.duration(d) for d in (delays if len(delays) == 2 else delays * 2)]  #: R's, S's
         #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions); with
         #: several dispatchers every one must route by the same ranges, so rank 0 decides them and the others
         #: take no input until they have them (a RANGES order)
@@ -52,11 +60,10 @@ class IngestDesk:
         self.ingest_interval = min(0.01, cfg["epochs"]["distribution"] / groups / 10)
         self._last_ingest = 0.0
         self.t0 = 0.0
+        self.origin = 0.0  #: the run's first start (a resumed run's too): idle periods are seconds since then
         self.exhausted = False
         self.consumed = 0  #: tuples taken from the source: its position
-        self.max_ts = eventtime.NEG_INF
-        #: per stream (R, S): the largest ts taken in, for the metrics' per-stream watermarks (the lateness rule
-        #: uses max_ts, both streams together)
+        #: per stream (R, S): the largest ts taken in, for the metrics' per-stream watermarks
         self.stream_max_ts = [eventtime.NEG_INF, eventtime.NEG_INF]
         self._late_parts: list[pa.Table] = []
         self.payload = payload_reader(cfg)  #: declared streams: where late rows find their own columns
@@ -79,16 +86,25 @@ class IngestDesk:
     def start(self, now: float) -> float:
         """The run starts: returns the pacing schedule's origin (a resumed run keeps the schedule where it was)."""
         self.t0 = now - (self.consumed / self.rate if self.rate > 0 else 0.0)
+        self.origin = now - self.stats.elapsed_before
+        self.lateness.start(now - self.origin)
         return self.t0
 
-    def frontier(self) -> float:
-        """The watermark of what was taken: no on-time tuple still to come lies below it."""
-        return self.max_ts - self.max_delay
+    def frontier(self) -> int:
+        """The join's watermark W of what was taken: no on-time tuple still to come lies below it."""
+        return self.lateness.watermark
+
+    def idle_note(self) -> str:
+        """For the progress line: the streams idle now, if any."""
+        idle = [name for name, now in zip(self.streams, self.lateness.idle) if now]
+        return f" | idle: {', '.join(idle)}" if idle else ""
 
     def ingest(self, now: float, slot: bool = False, cap: int | None = None) -> int:
         """Pull what has arrived (paced) or what fits (unpaced) from the source; returns tuples taken.
         At a `slot` paced input is taken whatever the tick, so what arrived until then goes out now.  `cap`:
         at most this many (the ordered result stream's room, master.result_stream)."""
+        if self.streams:  # an idle or ended stream stops holding the watermark back
+            self.lateness.tick(now - self.origin, self.source.ended())
         if self.range_partitioned and self.ranges is None and self.index > 0:
             return 0  # rank 0's key ranges have not come yet
         src = self.cfg["source"]
@@ -127,13 +143,13 @@ class IngestDesk:
         else:
             arrival = np.full(n, now)
         self.consumed += n
-        late, prev_max, self.max_ts = late_mask(chunk.ts, self.max_ts, self.max_delay)
+        late, bound, below_watermark = self.lateness.judge(chunk.ts, chunk.stream, now - self.origin)
         for stream in (0, 1):
             ts = chunk.ts[chunk.stream == stream]
             if len(ts):
                 self.stream_max_ts[stream] = max(self.stream_max_ts[stream], int(ts.max()))
         if late.any():
-            self._set_aside_late(chunk, late, prev_max)
+            self._set_aside_late(chunk, late, bound, below_watermark)
         self._route(chunk, arrival, late)
         self.stats.buffered_peak = max(self.stats.buffered_peak, len(self.buffers))
         return n
@@ -180,14 +196,23 @@ class IngestDesk:
         table = self.payload.both(np.where(stream == STREAM_R, rows, -1), np.where(stream == STREAM_S, rows, -1))
         return {"stream": np.array(list(self.cfg["streams"]))[stream], **dict(zip(table.column_names, table.columns))}
 
-    def _set_aside_late(self, chunk, late: np.ndarray, prev_max: np.ndarray) -> None:
-        md = self.cfg["join"]["max_delay"]
+    def _reasons(self) -> np.ndarray:
+        """The late output's reasons: [[R's own bound, R below W], [S's ...]] (`bound` says which value)."""
+        if not self.streams:
+            md = self.cfg["join"]["max_delay"]
+            return np.array([[f"late: ts below max ts seen before minus join.max_delay ({md})"] * 2] * 2)
+        return np.array([[f"late: ts below the largest ts of stream {name} before it minus streams.{name}.max_delay "
+                          f"({s['max_delay']})",
+                          f"late: ts below the join's watermark, which passed it while stream {name} was idle"]
+                         for name, s in self.streams.items()])
+
+    def _set_aside_late(self, chunk, late: np.ndarray, bound: np.ndarray, below_watermark: np.ndarray) -> None:
         self.stats.late += int(late.sum())
-        bound = eventtime.to_seconds(prev_max[late] - self.max_delay)
+        stream = chunk.stream[late]
         self._late_parts.append(pa.table({
             **self._late_columns(chunk, late),
-            "reason": pa.repeat(f"late: ts below max ts seen before minus join.max_delay ({md})", int(late.sum())),
-            "bound": bound,
+            "reason": self._reasons()[stream, below_watermark[late].astype(np.int64)],
+            "bound": eventtime.to_seconds(bound[late]),
         }))
         if sum(t.num_rows for t in self._late_parts) >= self.cfg["output"]["flush_rows"]:
             self._flush_late()
@@ -212,7 +237,8 @@ class IngestDesk:
 
     def state(self) -> dict:
         """This desk's part of a checkpoint (after `flush`)."""
-        return {"consumed": self.consumed, "source": mark(self.source), "max_ts": self.max_ts, "late_files": self.late_files,
+        return {"consumed": self.consumed, "source": mark(self.source), "lateness": self.lateness.state(),
+                "late_files": self.late_files,
                 "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
                 "archive_files": self.archive.files if self.archive else 0}
 
@@ -227,8 +253,31 @@ class IngestDesk:
                 self.source.seek(m["source"])
         else:
             skip(self.source, m["consumed"], m.get("source"))
-        self.consumed, self.max_ts, self.late_files = m["consumed"], m["max_ts"], m["late_files"]
+        self.consumed, self.late_files = m["consumed"], m["late_files"]
+        self.lateness.restore(m["lateness"])
         if m["key_ranges"] is not None:
             self.ranges = KeyRanges(m["key_ranges"])
         if self.archive is not None:
             self.archive.files = m["archive_files"]
+
+    def stream_summary(self, now: float) -> dict:
+        """[streams]: per stream (R, S) its max_delay, idle_timeout, late tuples and idle periods (seconds since
+        the run's start; W in seconds then), closing the periods still open; {} otherwise."""
+        self.lateness.finish(now - self.origin)
+        out = {}
+        for x, (side, (name, s)) in enumerate(zip(STREAM_NAMES, self.streams.items())):
+            idle = [{"dispatcher": self.index, "began_seconds": round(p["began"], 3),
+                     "ended_seconds": round(p["ended"], 3), "resumed": p["resumed"],
+                     "watermark_seconds": eventtime.bound_seconds(p["watermark"]),
+                     "watermark_ended_seconds": eventtime.bound_seconds(p["watermark_ended"])}
+                    for p in self.lateness.periods if p["stream"] == side]
+            out[side] = {"stream": name, "max_delay": s["max_delay"], "idle_timeout": s["idle_timeout"],
+                         "late": int(self.lateness.late[x]), "idle": finite(idle)}
+        return out
+
+    @staticmethod
+    def merge_summaries(parts: list[dict]) -> dict:
+        """The dispatchers' `stream_summary`s as one: late tuples summed, idle periods of all, by start."""
+        return {side: {**s, "late": sum(p[side]["late"] for p in parts),
+                       "idle": sorted((i for p in parts for i in p[side]["idle"]), key=lambda i: i["began_seconds"])}
+                for side, s in parts[0].items()}
