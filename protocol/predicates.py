@@ -11,6 +11,9 @@ from protocol.tuples import STREAM_R, STREAM_S
 #: `join.type` (issue 22): inner gives pairs only; left keeps every R, right every S, full both, each row without a
 #: partner once with the other side's columns null; semi gives each R with a partner once, anti each R without
 JOIN_TYPES = ("inner", "left", "right", "full", "semi", "anti")
+#: the `kind` of a row in the results of a join other than inner: a pair, an R row without a partner (left,
+#: full, anti), an S row without one (right, full), an R row with one (semi; its s_* columns are null)
+MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED, LEFT_MATCHED = "matched", "left_unmatched", "right_unmatched", "left_matched"
 
 
 def copied_stream(join_type: str) -> int:
@@ -18,6 +21,15 @@ def copied_stream(join_type: str) -> int:
     other is stored once, where its pairs are produced): S for the joins that decide R rows alone from R's
     matched flag (left, semi, anti; issue 22), else R."""
     return STREAM_S if join_type in ("left", "semi", "anti") else STREAM_R
+
+
+def final_time(stream: int, ts, window: int):
+    """When a stored tuple of `stream` with `ts` (microseconds; an int or an array) becomes final: once a batch's
+    watermark W is above it, no on-time tuple still to come (ts >= W) can join it, so its row alone is decided
+    (slave.join: decided iff final_time(stream, ts) < W, i.e. ts below the expiry threshold W - window), and the
+    result stream gives that row this stream time (protocol.punctuation).  Both streams: ts + window (time
+    bounds lower/upper would make it ts + upper for R, ts - lower for S)."""
+    return ts + window
 
 
 def key_distance(predicate: str, band: int) -> tuple[int | None, int | None]:
@@ -31,7 +43,7 @@ def key_distance(predicate: str, band: int) -> tuple[int | None, int | None]:
 
 def check_join_type(cfg: dict, error: type[Exception]) -> None:
     """Rows without a partner are decided where the tuple is stored, from its matched flag (issue 22): refused
-    where a kept tuple has copies that would each decide alone, or where its late row would break a promise."""
+    where a kept tuple has copies that would each decide alone."""
     kind = cfg["join"]["type"]
     if kind == "inner":
         return
@@ -43,9 +55,6 @@ def check_join_type(cfg: dict, error: type[Exception]) -> None:
         raise error('join.type: "full" keeps both sides, but hotkeys.enabled copies one side of a hot key into '
                           "every sub-group of its grid and no copy knows whether another matched; set "
                           'hotkeys.enabled = false or use "left" or "right"')
-    if cfg["output"]["zmq_endpoint"]:
-        raise error(f'output.zmq_endpoint: not with join.type = "{kind}": a row without a partner is decided '
-                          "a window after its ts, below punctuations the result stream has already sent")
     agg = cfg["aggregate"]
     if agg["enabled"] and kind in ("left", "right", "full"):
         raise error(f'aggregate.enabled: not with join.type = "{kind}", whose rows mix pairs and rows without a '
