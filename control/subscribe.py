@@ -62,7 +62,7 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
 
     With k dispatchers each publishes on its own socket (the endpoint's port + i) and punctuates for its own
     batches; the stream's punctuation is the min over theirs (master.result_stream), and the checks use it.
-    `ordered` (the run has `output.ordered`): results are held and kept in order of the later tuple's ts up to
+    `ordered` (the run has `output.ordered`): results are held and kept in order of stream time (protocol.wire.stream_time) up to
     that punctuation, merging the dispatchers' streams, each ordered only within itself."""
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.rcvhwm = 0  # never drop on our side; the publisher's SNDHWM is the only limit
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dispatchers", type=int, default=1,
                    help="the run's cluster.dispatchers: dispatcher i publishes at the endpoint's port + i")
     p.add_argument("--ordered", action="store_true",
-                   help="the run has output.ordered: keep the results in order of the later ts across dispatchers")
+                   help="the run has output.ordered: keep the results in order of stream time across dispatchers")
     p.add_argument("--out", help="save the results as this Parquet file")
     p.add_argument("--server-key", help="CURVE: the cluster's public certificate (.key)")
     p.add_argument("--key", help="CURVE: this subscriber's secret certificate (.key_secret)")

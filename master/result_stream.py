@@ -9,7 +9,7 @@ answered the same way (the last one with every row still undecided), and
 `close` waits for those answers.  The master loop calls `pump`,
 which publishes them and, when protocol.punctuation allows a higher bound P, a
 PUNCT message.  With
-`output.ordered` results are held and released sorted by the later tuple's ts
+`output.ordered` results are held and released sorted by stream time (a pair's later ts)
 up to each P (SplitJoin's punctuated, ordered output with one punctuation per
 released run: the relaxed adjustable punctuation with the epoch as its interval);
 a row without a partner is held and released by its stream time as a pair is.
