@@ -7,6 +7,10 @@ message numbers: the master drops messages for a subscriber that falls
 `output.subscriber_buffer_bytes` behind; `gaps` counts the holes, `missed_messages`
 the messages in them) and at END prints a JSON summary; `--out` saves the results with the punctuation each
 one arrived after (`punctuation_before`).
+
+A run with a `join.type` other than inner sends ROWS: pairs and rows without a partner, each with its `kind`
+(counted in the summary's `kinds`) and its stream time `time`, which the checks and the order use; in the
+saved results the side a row lacks is null, as in the run's `results/` files.
 """
 from __future__ import annotations
 
@@ -22,10 +26,26 @@ import zmq
 
 from protocol import wire
 from protocol.config import dispatcher_endpoint
+from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED
 from protocol.zmq_security import connect_client
 
-#: a held result: its record and the punctuation it arrived after
-HELD = np.dtype(wire.RESULT_RECORD.descr + [("punctuation_before", "<f8")])
+def held(record: np.dtype) -> np.dtype:
+    """A held result: its record and the punctuation it arrived after."""
+    return np.dtype(record.descr + [("punctuation_before", "<f8")])
+
+
+def rows_table(rows: np.ndarray) -> pa.Table:
+    """Result records as the columns of `results/` files; ROW_RECORDs with the side a row lacks null, `kind` by
+    name, and `time`, the stream time."""
+    if rows.dtype != wire.ROW_RECORD:
+        return pa.table({name: rows[name] for name in wire.RESULT_RECORD.names})
+    kind = rows["kind"]
+    lacks = {"r": kind == wire.ROW_KINDS.index(RIGHT_UNMATCHED),
+             "s": np.isin(kind, [wire.ROW_KINDS.index(LEFT_UNMATCHED), wire.ROW_KINDS.index(LEFT_MATCHED)])}
+    table = pa.table({name: pa.array(rows[name], mask=lacks.get(name[0]) if name != "delay" else None)
+                      for name in wire.RESULT_RECORD.names})
+    return table.append_column("kind", pa.array(np.array(wire.ROW_KINDS, dtype=object)[kind], pa.string())) \
+        .append_column("time", pa.array(rows["time"]))
 
 
 def recast(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -42,7 +62,7 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
 
     With k dispatchers each publishes on its own socket (the endpoint's port + i) and punctuates for its own
     batches; the stream's punctuation is the min over theirs (master.result_stream), and the checks use it.
-    `ordered` (the run has `output.ordered`): results are held and kept in order of the later tuple's ts up to
+    `ordered` (the run has `output.ordered`): results are held and kept in order of stream time (protocol.wire.stream_time) up to
     that punctuation, merging the dispatchers' streams, each ordered only within itself."""
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.rcvhwm = 0  # never drop on our side; the publisher's SNDHWM is the only limit
@@ -50,18 +70,19 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
     for index in range(dispatchers):
         connect_client(sock, dispatcher_endpoint(endpoint, index), server_key, key)
     parts, before = [], []
-    held: list[np.ndarray] = []  #: ordered: results not yet passed by the punctuation, with it as they came
-    out = {"results": 0, "punctuations": 0, "last_punctuation": None, "non_monotone": 0, "covered": 0,
-           "gaps": 0, "missed_messages": 0, "rejected": 0, "ended": False}
+    waiting: list[np.ndarray] = []  #: ordered: results not yet passed by the punctuation, with it as they came
+    out = {"results": 0, "kinds": {}, "punctuations": 0, "last_punctuation": None, "non_monotone": 0,
+           "covered": 0, "gaps": 0, "missed_messages": 0, "rejected": 0, "ended": False}
+    record = wire.RESULT_RECORD  #: the results' record: ROW_RECORD once a ROWS message came
     marks = np.full(dispatchers, -np.inf)  #: each dispatcher's last punctuation
     expect_seq: dict[int, int] = {}
     ended: set[int] = set()
     last_p = -np.inf
 
     def release(p: float) -> None:
-        due = wire.take_due(held, p)
+        due = wire.take_due(waiting, p)
         if len(due):
-            parts.append(recast(due, wire.RESULT_RECORD))
+            parts.append(recast(due, record))
             before.append(due["punctuation_before"])
 
     next_line = time.monotonic() + progress
@@ -76,13 +97,17 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
             out["gaps"] += 1
             out["missed_messages"] += msg.seq - expect_seq[msg.sender]
         expect_seq[msg.sender] = msg.seq + 1
-        if msg.kind == wire.Kind.RESULTS:
+        if msg.kind in (wire.Kind.RESULTS, wire.Kind.ROWS):
+            record = msg.rows.dtype
             out["results"] += len(msg.rows)
-            out["covered"] += int((wire.later_ts(msg.rows) < last_p).sum())
+            out["covered"] += int((wire.stream_time(msg.rows) < last_p).sum())
+            if msg.kind == wire.Kind.ROWS:
+                for code, n in zip(*np.unique(msg.rows["kind"], return_counts=True)):
+                    out["kinds"][wire.ROW_KINDS[code]] = out["kinds"].get(wire.ROW_KINDS[code], 0) + int(n)
             if ordered:
-                rows = recast(msg.rows, HELD)
+                rows = recast(msg.rows, held(record))
                 rows["punctuation_before"] = last_p
-                held.append(rows)
+                waiting.append(rows)
             elif keep:
                 parts.append(msg.rows.copy())
                 before.append(np.full(len(msg.rows), last_p))
@@ -106,9 +131,8 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
             next_line = time.monotonic() + progress
     sock.close()
     release(np.inf)
-    rows = np.concatenate(parts) if parts else np.empty(0, wire.RESULT_RECORD)
-    table = pa.table({name: rows[name] for name in wire.RESULT_RECORD.names})
-    return out | {"table": table.append_column("punctuation_before", pa.array(
+    rows = np.concatenate(parts) if parts else np.empty(0, record)
+    return out | {"table": rows_table(rows).append_column("punctuation_before", pa.array(
         np.concatenate(before) if before else np.empty(0)))}
 
 
@@ -118,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dispatchers", type=int, default=1,
                    help="the run's cluster.dispatchers: dispatcher i publishes at the endpoint's port + i")
     p.add_argument("--ordered", action="store_true",
-                   help="the run has output.ordered: keep the results in order of the later ts across dispatchers")
+                   help="the run has output.ordered: keep the results in order of stream time across dispatchers")
     p.add_argument("--out", help="save the results as this Parquet file")
     p.add_argument("--server-key", help="CURVE: the cluster's public certificate (.key)")
     p.add_argument("--key", help="CURVE: this subscriber's secret certificate (.key_secret)")

@@ -69,11 +69,14 @@ class Links:
             got.append((rank, counters, hist))
         return got
 
-    def stop(self) -> None:
-        """STOP to every slave: each answers with its final report once its results are flushed."""
-        for rank in self.seq:
-            buf = encode_order(Kind.STOP, self.seq[rank] + 1, eventtime.POS_INF)
+    def stop(self) -> dict[int, int]:
+        """STOP to every slave: each answers with its final report once its results are flushed.  Returns each
+        slave's STOP sequence number (its answer on the result stream carries it)."""
+        stops = {rank: seq + 1 for rank, seq in self.seq.items()}
+        for rank, seq in stops.items():
+            buf = encode_order(Kind.STOP, seq, eventtime.POS_INF)
             self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
+        return stops
 
     # -- the other dispatchers (master.coordination) ------------------------------------------------------
     def tell(self, dests, order: str, **fields) -> None:

@@ -1,13 +1,18 @@
 """The punctuated result stream (`output.zmq_endpoint`): the master's collector and PUB socket.
 
 Every slave sends, per batch, MPI messages (TAG_RESULTS) with that batch's
-results as protocol.wire RESULTS frames, one per chunk (slave.join.Chunk); the
-last (even an empty one) says the batch is done.  The master loop calls `pump`,
+results as protocol.wire RESULTS frames (ROWS for the join types other than
+inner: pairs and rows without a partner with their kind and stream time), one
+per chunk (slave.join.Chunk); the last (even an empty one) says the batch is
+done and carries the watermark the slave decided rows alone by.  Each STOP is
+answered the same way (the last one with every row still undecided), and
+`close` waits for those answers.  The master loop calls `pump`,
 which publishes them and, when protocol.punctuation allows a higher bound P, a
 PUNCT message.  With
-`output.ordered` results are held and released sorted by the later tuple's ts
+`output.ordered` results are held and released sorted by stream time (a pair's later ts)
 up to each P (SplitJoin's punctuated, ordered output with one punctuation per
-released run: the relaxed adjustable punctuation with the epoch as its interval).
+released run: the relaxed adjustable punctuation with the epoch as its interval);
+a row without a partner is held and released by its stream time as a pair is.
 
 Memory is bounded per subscriber (`output.subscriber_buffer_bytes`): results
 go out in messages of at most MESSAGE_BYTES and the XPUB socket queues at most
@@ -49,13 +54,19 @@ from mpi4py import MPI
 from protocol import eventtime, wire
 from protocol.config import dispatcher_endpoint
 from protocol.messages import TAG_RESULTS
+from protocol.predicates import final_time, time_bounds
 from protocol.punctuation import Punctuator
 from protocol.zmq_security import bind_server, stop_authenticators
 
-#: the largest result message in bytes: RESULTS frames of FRAME_ROWS records (ZeroMQ gets its own copy, so
+#: the largest result message in bytes: RESULTS frames of as many records as fit (ZeroMQ gets its own copy, so
 #: a queued message never pins a larger array), the socket's SNDHWM is the bound over this
 MESSAGE_BYTES = 64 * 1024
-FRAME_ROWS = (MESSAGE_BYTES - wire.HEADER.itemsize) // wire.RESULT_RECORD.itemsize
+
+
+def frame_rows(record: np.dtype) -> int:
+    """How many records of `record` (protocol.wire RESULT_RECORD or ROW_RECORD) one result message holds."""
+    return (MESSAGE_BYTES - wire.HEADER.itemsize) // record.itemsize
+
 #: seconds between two punctuation checks when no result message came in
 CHECK_INTERVAL = 0.05
 
@@ -66,7 +77,12 @@ class ResultStream:
         self.comm, self.ordered, self.index = comm, out["ordered"], index
         self.endpoint = dispatcher_endpoint(out["zmq_endpoint"], index) if out["zmq_endpoint"] else ""
         self.enabled = bool(self.endpoint)
-        self.punctuator = Punctuator(partitions)
+        join = cfg["join"]
+        #: rows without a partner decided by the watermark: their final time lies `lead` after their ts at least
+        kept = {"left": (0,), "anti": (0,), "right": (1,), "full": (0, 1)}.get(join["type"], ())
+        lead = min((final_time(stream, 0, time_bounds(join)) for stream in kept), default=None)
+        self.punctuator = Punctuator(partitions, lead)
+        self.record = wire.RESULT_RECORD if join["type"] == "inner" else wire.ROW_RECORD
         self.seq = self.results = self.punctuations = 0
         self.held: list[np.ndarray] = []  #: ordered mode: results not yet covered by a punctuation
         self.held_peak = self.held_rows = self.held_bytes = self.held_peak_bytes = 0
@@ -118,8 +134,19 @@ class ResultStream:
                 self._batch_tuples[(rank, seq)] = len(r) + len(s)
                 self.tuples_sent += len(r) + len(s)
 
+    def stopped(self, rank: int, seq: int, partitions: np.ndarray) -> None:
+        """The master sent `rank` its STOP `seq`; its groups are `partitions`: the slave answers with its last
+        results (protocol.punctuation: the last STOP brings every row still undecided)."""
+        if self.enabled:
+            self.punctuator.sent(rank, seq, partitions, eventtime.POS_INF, eventtime.POS_INF)
+
+    def may_hold(self, partitions: np.ndarray) -> None:
+        """Groups that may hold stored rows already (a recovered run's): Punctuator.may_hold."""
+        if self.enabled:
+            self.punctuator.may_hold(partitions)
+
     def rerouted(self, sources, targets) -> None:
-        """Buffered tuples moved between partitions at the master (protocol.punctuation.Punctuator.rerouted)."""
+        """Tuples moved between partitions (protocol.punctuation.Punctuator.rerouted)."""
         if self.enabled:
             self.punctuator.rerouted(sources, targets)
 
@@ -133,12 +160,12 @@ class ResultStream:
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_RESULTS, status=status):
             buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
             self.comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=TAG_RESULTS)
-            msg = wire.decode(wire.unpack(buf), (wire.Kind.RESULTS,), sys.maxsize)
+            msg = wire.decode(wire.unpack(buf), (wire.Kind.RESULTS, wire.Kind.ROWS), sys.maxsize)
             if isinstance(msg, wire.Rejection):  # our own slaves wrote it: a bug, not a user mistake
                 raise RuntimeError(f"result message from slave {status.Get_source()}: {msg.detail}")
             self._add(msg.rows)
             if msg.mark != wire.MORE:  # the batch's last chunk of results
-                self.punctuator.done(msg.sender, msg.seq)
+                self.punctuator.done(msg.sender, msg.seq, wire.mark_floor(msg.mark))
                 self.tuples_done += self._batch_tuples.pop((msg.sender, msg.seq), 0)
             got += 1
         now = time.monotonic()
@@ -157,7 +184,7 @@ class ResultStream:
         input that moves the punctuation on: then one bound's worth of input is let in."""
         room = None
         if self.ordered and self.tuples_done and self.results:
-            per_tuple = self.results * wire.RESULT_RECORD.itemsize / self.tuples_done
+            per_tuple = self.results * self.record.itemsize / self.tuples_done
             pending = buffered + self.tuples_sent - self.tuples_done
             room = max(0, int((self.bound - self.held_bytes - self.outbox_bytes) / per_tuple) - pending)
             if not room and not (pending or self.outbox):
@@ -184,13 +211,14 @@ class ResultStream:
             self._publish_results(rows)
 
     def _publish_results(self, rows: np.ndarray) -> None:
-        for start in range(0, len(rows), FRAME_ROWS):
-            part = rows[start:start + FRAME_ROWS]
+        size = frame_rows(self.record)
+        for start in range(0, len(rows), size):
+            part = rows[start:start + size]
             self._publish(wire.encode_results(part, sender=self.index, seq=self.seq))
 
     def _punctuate(self, p: int) -> None:
         """Publish punctuation `p` (microseconds) as subscribers read it, in seconds like the results' ts: the
-        conversion keeps order, so a result whose later ts in seconds is below P's is below P."""
+        conversion keeps order, so a result whose stream time in seconds is below P's is below P."""
         p = eventtime.bound_seconds(p)
         if self.ordered:
             out = wire.take_due(self.held, p)
@@ -253,14 +281,14 @@ class ResultStream:
             self.outbox_bytes -= size
 
     def close(self) -> None:
-        """After the last batch: wait for every slave's last results, punctuate with +inf, send END."""
+        """After the STOPs (`stopped`): wait for every slave's last results, punctuate with +inf, send END."""
         if not self.enabled:
             return
         empty = np.zeros(len(self.punctuator.drain_floor), dtype=np.int64)
         while self.punctuator.outstanding:
             if not self.pump(eventtime.POS_INF, empty):
                 time.sleep(1e-3)
-        if self.punctuator.advance(eventtime.POS_INF, empty) is not None:
+        if self.punctuator.end() is not None:
             self._punctuate(eventtime.POS_INF)
         self._publish(wire.encode_mark(wire.Kind.END, 0.0, sender=self.index, seq=self.seq))
         while self.outbox:  # ordered: within subscriber_timeout, or lossy

@@ -80,6 +80,7 @@ class Master:
                          RANGES: lambda source, order: self.ingest.use_ranges(order["bounds"])}
         if resume is not None:
             self._resume(*resume)
+        self.results_out.may_hold(controller.partition_map >= 0)  # a recovered run's groups hold rows already
 
     def _resume(self, directory: Path, manifest: dict) -> None:
         """Start where the checkpoint left off: source position, mini-buffers, counters, partition map."""
@@ -226,9 +227,10 @@ class Master:
 
     def _end(self) -> dict:
         """STOP to every slave and their final reports; rank 0 writes the summary with the others' counters."""
-        self.results_out.close()
         self.links.close()
-        self.links.stop()
+        for rank, seq in self.links.stop().items():  # each answers on the result stream too (rows undecided)
+            self.results_out.stopped(rank, seq, self.controller.partitions_of(rank))
+        self.results_out.close()
         while self.links.busy:
             if not self._route_reports():
                 time.sleep(1e-3)

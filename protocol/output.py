@@ -17,6 +17,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from protocol import faults
+#: the `kind` of a row of a join other than inner (defined beside the join types, which the wire reads too)
+from protocol.predicates import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED  # noqa: F401
 
 RESULT_COLUMNS = ("r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value", "delay")
 #: Their types; no result has a missing value, and Parquet writes required columns without the per-value
@@ -24,10 +26,7 @@ RESULT_COLUMNS = ("r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "
 RESULT_SCHEMA = pa.schema([pa.field(c, pa.int64() if c.endswith(("_id", "_key")) else pa.float64(), nullable=False)
                            for c in RESULT_COLUMNS])
 
-#: the `kind` of a row in the results of a join other than inner: a pair, an R row without a partner (left,
-#: full, anti), an S row without one (right, full), an R row with one (semi; its s_* columns are null)
-MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED, LEFT_MATCHED = "matched", "left_unmatched", "right_unmatched", "left_matched"
-#: The results of those joins: the same columns, nullable (the missing side's are null), and `kind`
+#: The results of a join other than inner: the same columns, nullable (the missing side's are null), and `kind`
 OUTER_RESULT_SCHEMA = pa.schema([pa.field(c, RESULT_SCHEMA.field(c).type, nullable=c != "delay")
                                  for c in RESULT_COLUMNS] + [pa.field("kind", pa.string(), nullable=False)])
 

@@ -13,6 +13,9 @@ from protocol.tuples import STREAM_R, STREAM_S
 #: `join.type` (issue 22): inner gives pairs only; left keeps every R, right every S, full both, each row without a
 #: partner once with the other side's columns null; semi gives each R with a partner once, anti each R without
 JOIN_TYPES = ("inner", "left", "right", "full", "semi", "anti")
+#: the `kind` of a row in the results of a join other than inner: a pair, an R row without a partner (left,
+#: full, anti), an S row without one (right, full), an R row with one (semi; its s_* columns are null)
+MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED, LEFT_MATCHED = "matched", "left_unmatched", "right_unmatched", "left_matched"
 
 
 def copied_stream(join_type: str) -> int:
@@ -20,6 +23,16 @@ def copied_stream(join_type: str) -> int:
     other is stored once, where its pairs are produced): S for the joins that decide R rows alone from R's
     matched flag (left, semi, anti; issue 22), else R."""
     return STREAM_S if join_type in ("left", "semi", "anti") else STREAM_R
+
+
+def final_time(stream: int, ts, bounds: tuple[int, int]):
+    """When a stored tuple of `stream` with `ts` (microseconds; an int or an array) becomes final: once a batch's
+    watermark W is above it, no on-time tuple still to come (ts >= W) can join it, so its row alone is decided
+    (slave.join: decided iff final_time(stream, ts) < W, i.e. ts below its stream's expiry threshold), and the
+    result stream gives that row this stream time (protocol.punctuation).  With `bounds` (lower, upper)
+    (`time_bounds`): ts + upper for R, ts - lower for S (ts + window for both with the symmetric window)."""
+    lower, upper = bounds
+    return ts + upper if stream == STREAM_R else ts - lower
 
 
 def key_distance(predicate: str, band: int) -> tuple[int | None, int | None]:
@@ -43,7 +56,7 @@ def time_bounds(join: dict) -> tuple[int, int]:
 
 def check_join_type(cfg: dict, error: type[Exception]) -> None:
     """Rows without a partner are decided where the tuple is stored, from its matched flag (issue 22): refused
-    where a kept tuple has copies that would each decide alone, or where its late row would break a promise."""
+    where a kept tuple has copies that would each decide alone."""
     kind = cfg["join"]["type"]
     if kind == "inner":
         return
@@ -55,9 +68,6 @@ def check_join_type(cfg: dict, error: type[Exception]) -> None:
         raise error('join.type: "full" keeps both sides, but hotkeys.enabled copies one side of a hot key into '
                           "every sub-group of its grid and no copy knows whether another matched; set "
                           'hotkeys.enabled = false or use "left" or "right"')
-    if cfg["output"]["zmq_endpoint"]:
-        raise error(f'output.zmq_endpoint: not with join.type = "{kind}": a row without a partner is decided '
-                          "a window after its ts, below punctuations the result stream has already sent")
     agg = cfg["aggregate"]
     if agg["enabled"] and kind in ("left", "right", "full"):
         raise error(f'aggregate.enabled: not with join.type = "{kind}", whose rows mix pairs and rows without a '

@@ -9,13 +9,17 @@ loop per tuple.  One record frame rather than one frame per column: a fixed
 frame count, one size check, one copy to pack on the producer side.
 
 Kinds: TUPLES (producer -> master), END (a producer is done; `mark` carries the
-seconds it was held back by backpressure, or an emitter is done), RESULTS and
-PUNCT (master -> subscribers; a punctuation P in `mark` says every result whose
-later tuple has ts < P has been sent: BiStream 3.2.3, SplitJoin's punctuated
-result stream), ACK (master -> producers: per producer, the tuples a complete
-checkpoint holds).  `seq` numbers a sender's messages so a subscriber sees gaps.
-Between a slave and the master (over MPI), RESULTS carry one chunk of a batch's
-results, `seq` is the batch's and `mark` is `MORE` on all chunks but the last.
+seconds it was held back by backpressure, or an emitter is done), RESULTS,
+ROWS and PUNCT (master -> subscribers; a punctuation P in `mark` says every
+result whose stream time is < P has been sent: BiStream 3.2.3, SplitJoin's
+punctuated result stream), ACK (master -> producers: per producer, the tuples a
+complete checkpoint holds).  `seq` numbers a sender's messages so a subscriber
+sees gaps.  RESULTS carry pairs (the inner join); ROWS carry the rows of the
+other join types (`ROW_RECORD`): pairs and rows without a partner, each with
+its `kind` and its stream time `time` (`stream_time`).  Between a slave and the
+master (over MPI), RESULTS / ROWS carry one chunk of a batch's results, `seq` is
+the batch's and `mark` is `MORE` on all chunks but the last, whose `mark` is the
+watermark the slave decided rows alone by (`floor_mark`).
 
 A producer's TUPLES and END may carry an ORIGIN frame right after the header:
 who sends (its own id), the SHA-256 of the shared token (source.token), the
@@ -32,16 +36,19 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 from protocol import eventtime
+from protocol.predicates import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
 
 MAGIC = b"SJNB"
 VERSION = 2
-#: `mark` of a slave's RESULTS message to the master: more results of the same batch follow
-MORE = 1.0
+#: `mark` of a slave's RESULTS message to the master: more results of the same batch follow (the last one's
+#: mark is a finite watermark, `floor_mark`)
+MORE = math.inf
 
 HEADER = np.dtype([("magic", "S4"), ("version", "<u2"), ("kind", "<u2"), ("count", "<u4"), ("sender", "<u4"),
                    ("seq", "<u8"), ("mark", "<f8")])
@@ -50,6 +57,12 @@ TUPLE_RECORD = np.dtype([("stream", "i1"), ("id", "<i8"), ("ts", "<i8"), ("key",
 #: One result pair, the columns of results/ files (protocol.output.RESULT_COLUMNS); 72 bytes.
 RESULT_RECORD = np.dtype([("r_id", "<i8"), ("s_id", "<i8"), ("r_key", "<i8"), ("s_key", "<i8"), ("r_ts", "<f8"),
                           ("s_ts", "<f8"), ("r_value", "<f8"), ("s_value", "<f8"), ("delay", "<f8")])
+#: One row of a join other than inner (ROWS): the result columns, the row's stream time in seconds (`stream_time`)
+#: and its kind (a code of ROW_KINDS).  The side a row lacks has id and key 0, ts and value NaN; 81 bytes.
+ROW_RECORD = np.dtype(RESULT_RECORD.descr + [("time", "<f8"), ("kind", "u1")])
+#: ROW_RECORD `kind` codes -> protocol.output's names: a pair, an R row without a partner (left, full, anti), an S
+#: row without one (right, full), an R row with one (semi)
+ROW_KINDS = (MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED, LEFT_MATCHED)
 #: The optional frame of a producer's message: its id, SHA-256 of the token (zeros: none), the master run it
 #: addresses (0: any), the tuples it sent before this message; 112 bytes.
 ORIGIN = np.dtype([("producer", "S64"), ("token", "u1", (32,)), ("run", "<u8"), ("offset", "<u8")])
@@ -57,18 +70,22 @@ ORIGIN = np.dtype([("producer", "S64"), ("token", "u1", (32,)), ("run", "<u8"), 
 ACK_RECORD = np.dtype([("producer", "S64"), ("tuples", "<u8"), ("ended", "u1")])
 
 
-def later_ts(results: np.ndarray) -> np.ndarray:
-    """The ts of each result's later tuple: what the result stream's punctuation and order refer to."""
+def stream_time(results: np.ndarray) -> np.ndarray:
+    """Each result's stream time, what the result stream's punctuation and order refer to: a pair's is the ts of
+    its later tuple; a ROW_RECORD carries its own (`time`: the same for a pair, the final time of a row without
+    a partner, the first pair's for a semi row; protocol.punctuation)."""
+    if "time" in results.dtype.names:
+        return results["time"]
     return np.maximum(results["r_ts"], results["s_ts"])
 
 
 def take_due(held: list[np.ndarray], p: float) -> np.ndarray:
     """Remove from `held` (result rows, held for ordered output) those a punctuation `p` passes, and return
-    them in order of the later tuple's ts."""
+    them in order of their stream time."""
     if not held:
         return np.empty(0, RESULT_RECORD)
     rows = np.concatenate(held)
-    ts = later_ts(rows)
+    ts = stream_time(rows)
     due = ts < p
     held[:] = [rows[~due]] if not due.all() else []
     return rows[due][np.argsort(ts[due], kind="stable")]
@@ -80,6 +97,7 @@ class Kind(enum.IntEnum):
     RESULTS = 3
     PUNCT = 4
     ACK = 5
+    ROWS = 6
 
 
 #: reason code -> what it means (the rejected/ file and the summary count by code)
@@ -155,9 +173,11 @@ def encode_ack(run: int, acked: np.ndarray, final: bool, sender: int = 0) -> lis
 
 
 def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
-    """A RESULTS message; the record frame is a view of `rows` when they are contiguous (no copy)."""
-    body = np.ascontiguousarray(rows, RESULT_RECORD).view(np.uint8).data
-    return [header(Kind.RESULTS, len(rows), sender, seq), body]
+    """A RESULTS message (ROWS for ROW_RECORDs); the record frame is a view of `rows` when they are contiguous
+    (no copy)."""
+    kind, record = (Kind.ROWS, ROW_RECORD) if rows.dtype == ROW_RECORD else (Kind.RESULTS, RESULT_RECORD)
+    body = np.ascontiguousarray(rows, record).view(np.uint8).data
+    return [header(kind, len(rows), sender, seq), body]
 
 
 def encode_mark(kind: Kind, mark: float, sender: int = 0, seq: int = 0,
@@ -203,7 +223,7 @@ def _body(frames: list, kind: Kind, count: int, max_rows: int, msg: Message) -> 
         return Rejection("frames", f"{kind.name} with {len(frames)} frames (expected 2)")
     if count > max_rows:
         return Rejection("too_large", f"{count} rows > {max_rows}")
-    record = {Kind.TUPLES: TUPLE_RECORD, Kind.ACK: ACK_RECORD}.get(kind, RESULT_RECORD)
+    record = {Kind.TUPLES: TUPLE_RECORD, Kind.ACK: ACK_RECORD, Kind.ROWS: ROW_RECORD}.get(kind, RESULT_RECORD)
     body = memoryview(frames[1])
     if body.nbytes != count * record.itemsize:
         return Rejection("size", f"{body.nbytes} bytes for {count} records of {record.itemsize}")
@@ -234,13 +254,27 @@ def _check_tuples(rows: np.ndarray) -> Rejection | None:
     return None
 
 
-def results_buffer(count: int, sender: int, seq: int, mark: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """A RESULTS message as one uint8 buffer (for MPI, which carries one buffer per message) and its `count`
-    records, a view into it for the caller to fill: the message is built in place, never copied."""
-    head = header(Kind.RESULTS, count, sender, seq, mark)
-    buf = np.empty(len(head) + count * RESULT_RECORD.itemsize, dtype=np.uint8)
+def results_buffer(count: int, sender: int, seq: int, mark: float = 0.0,
+                   record: np.dtype = RESULT_RECORD) -> tuple[np.ndarray, np.ndarray]:
+    """A RESULTS message (ROWS with `record` ROW_RECORD) as one uint8 buffer (for MPI, which carries one buffer
+    per message) and its `count` records, a view into it for the caller to fill: the message is built in place,
+    never copied."""
+    head = header(Kind.ROWS if record == ROW_RECORD else Kind.RESULTS, count, sender, seq, mark)
+    buf = np.empty(len(head) + count * record.itemsize, dtype=np.uint8)
     buf[:len(head)] = np.frombuffer(head, dtype=np.uint8)
-    return buf, buf[len(head):].view(RESULT_RECORD)
+    return buf, buf[len(head):].view(record)
+
+
+def floor_mark(micros: int) -> float:
+    """A watermark (integer microseconds) as the float64 `mark` of a slave's last RESULTS message, rounded down
+    where float64 cannot hold it exactly (beyond 2^53 us), so `mark_floor` of it is never above it."""
+    mark = float(micros)
+    return math.nextafter(mark, -math.inf) if mark > micros else mark
+
+
+def mark_floor(mark: float) -> int:
+    """Inverse of `floor_mark`: a watermark no higher than the one sent."""
+    return int(mark)
 
 
 def unpack(buf: np.ndarray) -> list[memoryview]:

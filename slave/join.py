@@ -31,7 +31,9 @@ side(s) (slave.window): set whenever the tuple is part of a pair, in this epoch'
 once its ts is below its stream's expiry threshold -- no on-time tuple can reach it any more, the rule that
 frees its block -- is emitted after the epoch's join, once (`lone_r`, `lone_s`).  Semi emits an R row at its first match
 instead.  The flags move, split, merge and are checkpointed with the rows, so each row is decided once wherever
-it lives.
+it lives.  On the result stream a row alone has a stream time (`stream_times`): when it became final
+(protocol.predicates.final_time; decided iff that is below the watermark, as the threshold below says), and a
+semi row the later ts of its first pair (the earliest of its pairs in the slice of pairs that first matched it).
 """
 from __future__ import annotations
 
@@ -44,8 +46,8 @@ import numpy as np
 from protocol import eventtime
 from protocol.config import DEFAULTS
 from protocol.arrays import field_words, group_pairs, take_rows, words
-from protocol.predicates import JOIN_TYPES, copied_stream, key_distance
-from protocol.tuples import FIELDS, directory_hash, mix64, partition_of
+from protocol.predicates import JOIN_TYPES, copied_stream, final_time, key_distance
+from protocol.tuples import FIELDS, STREAM_R, STREAM_S, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
 from slave.window import MATCHED, UNMATCHED
@@ -96,13 +98,15 @@ class Chunk(NamedTuple):
 class Join(NamedTuple):
     """One of a bucket's three joins (fresh R x stored S, stored R x fresh S, fresh R x fresh S): the rows of
     each side, their matched flags (None where the join type keeps no flags on that side), whether the R side
-    is stored (not fresh), and the kernel's count of its pairs."""
+    is stored (not fresh), the kernel's count of its pairs, and with a semi join and fresh R the stream time of
+    each fresh R row's first pair (set as it first matches)."""
     rows_r: np.ndarray
     rows_s: np.ndarray
     flags_r: np.ndarray | None
     flags_s: np.ndarray | None
     stored_r: bool
     matches: object
+    first_r: np.ndarray | None = None
 
 
 class JoinModule:
@@ -125,6 +129,7 @@ class JoinModule:
         #: rows without a partner the last epoch emitted (semi: R rows at their first match), copies; set once
         #: its last chunk is taken
         self.lone_r = self.lone_s = np.empty(0, dtype)
+        self.semi_time = np.empty(0, np.int64)  #: semi: the stream time of each row of `lone_r` (its first pair's)
         if predicate == "equal":  # a is R, b is S: the bounds as configured
             self.kernel = lambda a, b: window_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper)
         else:
@@ -220,12 +225,13 @@ class JoinModule:
             batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s])
                        for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()))
         pieces: list[tuple] = []
-        lone_r: list[np.ndarray] = []  # semi: R rows at their first match; else rows decided unmatched
+        lone_r: list[np.ndarray] = []  # rows decided unmatched
         lone_s: list[np.ndarray] = []
+        semi: list[tuple[np.ndarray, np.ndarray]] = []  # semi: (R rows at their first match, their stream times)
         stamps: list[tuple[int, float]] = []
         filled = 0
         for p, new_r, new_s in batches:
-            for join in self._join_group(self.group(p), new_r, new_s, lone_r):
+            for join in self._join_group(self.group(p), new_r, new_s, semi):
                 at, matches = 0, join.matches
                 while at < matches.total:  # one slice per chunk: a single tuple's pairs are split too
                     if filled == self.chunk_rows:
@@ -233,7 +239,7 @@ class JoinModule:
                         pieces, stamps, filled = [], [], 0
                     n = min(matches.total - at, self.chunk_rows - (filled if self.emit_pairs else 0))
                     ia, ib = matches.take(at, at + n)
-                    self._flag(join, ia, ib, lone_r)
+                    self._flag(join, ia, ib, semi)
                     if self.emit_pairs:
                         pieces.append((words(join.rows_r), ia, words(join.rows_s), ib))
                         filled += n
@@ -248,6 +254,9 @@ class JoinModule:
                 pg.decide(thresholds, alone_r, alone_s)
             pg.expire(thresholds)
             pg.tune()
+        if semi:
+            lone_r = [rows for rows, _ in semi]
+        self.semi_time = np.concatenate([times for _, times in semi]) if semi else np.empty(0, np.int64)
         self.lone_r, self.lone_s = (np.concatenate(lone) if lone else np.empty(0, self.dtype)
                                     for lone in (lone_r, lone_s))
 
@@ -259,6 +268,13 @@ class JoinModule:
         at a bound from W stays."""
         return int(watermark) - self.upper, int(watermark) + self.lower
 
+    def stream_times(self) -> tuple[np.ndarray, np.ndarray]:
+        """The stream time of each row of `lone_r` and `lone_s` (integer microseconds): a semi row's first pair's,
+        else the time the row became final (protocol.punctuation)."""
+        bounds = (self.lower, self.upper)
+        times_r = self.semi_time if self.join_type == "semi" else final_time(STREAM_R, self.lone_r["ts"], bounds)
+        return times_r, final_time(STREAM_S, self.lone_s["ts"], bounds)
+
     def _chunk(self, pieces: list, filled: int, stamps: list, last: bool) -> Chunk:
         """Gather the pieces' pairs: they are views of window storage, which appends never overwrite (and
         expiry waits for the last chunk)."""
@@ -268,10 +284,18 @@ class JoinModule:
 
     def _flag(self, join: Join, ir: np.ndarray, is_: np.ndarray, semi: list) -> None:
         """Flag the tuples of a slice of pairs matched; with a semi join, stored R rows matched for the first
-        time go to `semi` (fresh ones once their bucket's joins are done: `_join_group`)."""
+        time go to `semi` with their first pair's stream time (fresh ones once their bucket's joins are done:
+        `_join_group`)."""
         if self.keep_r:
-            if self.join_type == "semi" and join.stored_r:
-                semi.append(take_rows(join.rows_r, np.unique(ir[join.flags_r[ir] == UNMATCHED])))
+            if self.join_type == "semi":
+                new = join.flags_r[ir] == UNMATCHED
+                ir_new, later = ir[new], np.maximum(join.rows_r["ts"][ir[new]], join.rows_s["ts"][is_[new]])
+                order = np.lexsort((later, ir_new))  # per R row its earliest pair first
+                first = order[np.r_[True, ir_new[order][1:] != ir_new[order][:-1]]] if len(order) else order
+                if join.stored_r:
+                    semi.append((take_rows(join.rows_r, ir_new[first]), later[first]))
+                else:
+                    join.first_r[ir_new[first]] = later[first]
             join.flags_r[ir] = MATCHED
         if self.keep_s:
             join.flags_s[is_] = MATCHED
@@ -279,7 +303,8 @@ class JoinModule:
     def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, semi: list) -> Iterator[Join]:
         """Join one group's fresh tuples: yields a Join (its sides, matched flags and slave.kernel.Matches) for
         each of the three joins of each bucket; a bucket's fresh tuples are appended, with their flags, once
-        its joins are taken, and with a semi join its fresh R rows matched go to `semi`."""
+        its joins are taken, and with a semi join its fresh R rows matched go to `semi` with their first
+        pair's stream time."""
         if pg.directory.global_depth == 0:  # one bucket takes every tuple: no hashing or grouping needed
             buckets = [(int(pg.directory.entries[0]), new_r, new_s)]
         else:
@@ -290,14 +315,16 @@ class JoinModule:
             win_r, win_s = pg.buckets[b]
             fresh_r = np.zeros(len(nr), np.uint8) if self.keep_r else None
             fresh_s = np.zeros(len(ns), np.uint8) if self.keep_s else None
+            first_r = np.zeros(len(nr), np.int64) if self.join_type == "semi" else None
             for side_r, side_s, flags_r, flags_s in ((nr, win_s.rows, fresh_r, win_s.matched),
                                                      (win_r.rows, ns, win_r.matched, fresh_s),
                                                      (nr, ns, fresh_r, fresh_s)):
                 matches = self.kernel(side_r, side_s)
                 if matches.total:
-                    yield Join(side_r, side_s, flags_r, flags_s, flags_r is not fresh_r, matches)
+                    stored = flags_r is not fresh_r
+                    yield Join(side_r, side_s, flags_r, flags_s, stored, matches, None if stored else first_r)
             if self.join_type == "semi" and fresh_r.any():
-                semi.append(take_rows(nr, fresh_r == MATCHED))
+                semi.append((take_rows(nr, fresh_r == MATCHED), first_r[fresh_r == MATCHED]))
             win_r.append(nr, fresh_r)
             win_s.append(ns, fresh_s)
 

@@ -3,17 +3,26 @@
 One MPI message per chunk of a batch's results (slave.join.Chunk), at least one
 per batch, even an empty one: the last says the batch is done, so the master's
 punctuation can pass the batch's tuples (protocol.punctuation); the others are
-marked `wire.MORE`.  Sent with Isend before the batch's report, so the master
-never waits on it; at most `IN_FLIGHT` are on their way, so a master that
-falls behind slows the slave instead of filling its memory.
+marked `wire.MORE`.  The last carries the watermark the slave decided rows alone
+by (`wire.floor_mark`).  With a join type other than inner the records are
+ROW_RECORDs, and the rows without a partner the batch decided (semi: R rows with
+one) follow its pairs in the last message, each with its kind, its stream time
+(slave.join.JoinModule.stream_times) and the other side's fields as the
+wire's null (id and key 0, ts and value NaN).  Each STOP is answered in the
+same way.  Sent with Isend before the batch's report, so the master never
+waits on it; at most `IN_FLIGHT` are on their way, so a master that falls
+behind slows the slave instead of filling its memory.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from mpi4py import MPI
 
-from protocol import wire
+from protocol import eventtime, wire
 from protocol.messages import TAG_RESULTS
+from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
 from slave.join import Pairs
 
 #: result messages a slave may have on their way to the master (each at most output.result_chunk_rows rows)
@@ -23,19 +32,61 @@ IN_FLIGHT = 2
 class ResultSender:
     def __init__(self, comm: MPI.Comm, cfg: dict):
         self.comm, self.enabled = comm, bool(cfg["output"]["zmq_endpoint"])
+        self.join_type = cfg["join"]["type"]
+        self.record = wire.RESULT_RECORD if self.join_type == "inner" else wire.ROW_RECORD
         self.pending: list[tuple[MPI.Request, np.ndarray]] = []
 
-    def send(self, dispatcher: int, seq: int, pairs: Pairs, delay: np.ndarray, last: bool) -> None:
-        """A chunk of the results of `dispatcher`'s batch `seq` as RESULT_RECORD rows, to that dispatcher: it
-        publishes them and punctuates for its own batches once the `last` has come."""
+    def send(self, dispatcher: int, seq: int, pairs: Pairs, delay: np.ndarray, last: bool,
+             watermark: int = eventtime.NEG_INF) -> None:
+        """A chunk of the results of `dispatcher`'s batch `seq`, to that dispatcher: it publishes them and
+        punctuates for its own batches once the `last` has come (with the `watermark` rows alone were decided
+        by)."""
         if not self.enabled:
             return
+        buf, rows = self._buffer(len(pairs), seq, last, watermark)
+        for name in wire.RESULT_RECORD.names:
+            rows[name] = delay if name == "delay" else pairs.output(name)
+        if self.record == wire.ROW_RECORD:
+            rows["time"] = wire.stream_time(rows[["r_ts", "s_ts"]])  # a pair's: its later ts
+            rows["kind"] = wire.ROW_KINDS.index(MATCHED)
+        self._send(dispatcher, buf)
+
+    def send_lone(self, dispatcher: int, seq: int, lone_r: np.ndarray, lone_s: np.ndarray,
+                  times: tuple[np.ndarray, np.ndarray], watermark: int) -> None:
+        """The last message of `dispatcher`'s batch (or STOP) `seq`: the rows it decided alone (semi: R rows with
+        a partner) with their stream `times` (microseconds), decided by `watermark`."""
+        if not self.enabled:
+            return
+        buf, rows = self._buffer(len(lone_r) + len(lone_s), seq, True, watermark)
+        now = time.time()
+        kind_r = LEFT_MATCHED if self.join_type == "semi" else LEFT_UNMATCHED
+        for part, side, kind, at in ((lone_r, "r", kind_r, slice(0, len(lone_r))),
+                                     (lone_s, "s", RIGHT_UNMATCHED, slice(len(lone_r), len(rows)))):
+            other = "s" if side == "r" else "r"
+            out = rows[at]
+            for field in ("id", "ts", "key", "value"):  # this side's, the other side's null
+                out[f"{side}_{field}"] = eventtime.to_seconds(part["ts"]) if field == "ts" else part[field]
+                out[f"{other}_{field}"] = np.nan if field in ("ts", "value") else 0
+            out["delay"] = now - part["arrival"]
+            out["kind"] = wire.ROW_KINDS.index(kind)
+        rows["time"] = eventtime.to_seconds(np.concatenate(times))
+        self._send(dispatcher, buf)
+
+    def answer(self, dispatcher: int, seq: int) -> None:
+        """The last message, without rows, of `dispatcher`'s STOP `seq` that decides nothing here (it is not the
+        last STOP, or the join is inner): the watermark sent is NEG_INF, which bounds anything."""
+        if self.enabled:
+            self._send(dispatcher, self._buffer(0, seq, True, eventtime.NEG_INF)[0])
+
+    def _buffer(self, count: int, seq: int, last: bool, watermark: int) -> tuple[np.ndarray, np.ndarray]:
+        """A message of `count` records to fill, once at most IN_FLIGHT - 1 others are on their way."""
         self.pending = [(req, buf) for req, buf in self.pending if not req.Test()]
         while len(self.pending) >= IN_FLIGHT:
             self.pending.pop(0)[0].Wait()
-        buf, rows = wire.results_buffer(len(pairs), self.comm.rank, seq, 0.0 if last else wire.MORE)
-        for name in wire.RESULT_RECORD.names:
-            rows[name] = delay if name == "delay" else pairs.output(name)
+        mark = wire.floor_mark(watermark) if last else wire.MORE
+        return wire.results_buffer(count, self.comm.rank, seq, mark, self.record)
+
+    def _send(self, dispatcher: int, buf: np.ndarray) -> None:
         self.pending.append((self.comm.Isend([buf, MPI.BYTE], dest=dispatcher, tag=TAG_RESULTS), buf))
 
     def wait(self) -> None:

@@ -103,25 +103,31 @@ class Slave:
         results = chunks = files = 0
         delay_max = 0.0
         hists = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
-        for chunk in self.module.chunks(fresh_r, fresh_s, int(self.watermarks.min()), groups):
+        watermark = int(self.watermarks.min())
+        alone = self.module.join_type != "inner"  # its rows alone are the batch's last results message
+        for chunk in self.module.chunks(fresh_r, fresh_s, watermark, groups):
             delay, hist = chunk.delays(float(head["sent"]), started_wall)
             files += self.writer.add(chunk.pairs, delay)
             if self.aggregator:
                 self.aggregator.add(chunk.pairs)
-            self.results_out.send(self.reply_to, int(head["seq"]), chunk.pairs, delay, chunk.last)
+            self.results_out.send(self.reply_to, int(head["seq"]), chunk.pairs, delay, chunk.last and not alone,
+                                  watermark)
             results, chunks, hists = results + len(delay), chunks + 1, hists + hist
             delay_max = max(delay_max, float(delay.max(initial=0.0)))
             del chunk, delay  # the next chunk is built without this one
-        lone, lone_files = self.take_lone()
+        lone, lone_files = self.take_lone(int(head["seq"]), watermark)
         self.report({"seq": float(head["seq"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": results + lone, "chunks": chunks, "delay_max": delay_max, "files": files + lone_files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
 
-    def take_lone(self) -> tuple[int, int]:
+    def take_lone(self, seq: int, watermark: int) -> tuple[int, int]:
         """Outer, semi and anti joins: write the rows the last epoch decided alone (known once its last chunk is
-        taken) and, with a semi or anti join, aggregate them (phase one; the configuration refuses aggregation
-        with left, right and full joins, whose rows mix pairs and lone rows).  Returns (rows, files written)."""
+        taken), send them as the last results message of the batch (or STOP) `seq` decided by `watermark`, and,
+        with a semi or anti join, aggregate them (phase one; the configuration refuses aggregation with left,
+        right and full joins, whose rows mix pairs and lone rows).  Returns (rows, files written)."""
         lone_r, lone_s = self.module.lone_r, self.module.lone_s
+        if self.module.join_type != "inner":
+            self.results_out.send_lone(self.reply_to, seq, lone_r, lone_s, self.module.stream_times(), watermark)
         files = self.writer.add_lone(lone_r, lone_s)
         if self.aggregator and len(lone_r) and not self.module.emit_pairs:
             self.aggregator.add_rows(lone_r["key"], lone_r["ts"], lone_r["value"])
@@ -185,6 +191,7 @@ class Slave:
         self.stops += 1
         if self.stops < len(self.watermarks):  # other dispatchers still send
             self.watermarks[self.reply_to] = eventtime.POS_INF
+            self.results_out.answer(self.reply_to, int(head["seq"]))
             self.report({"seq": float(head["seq"]), "ack": Ack.BATCH})
             return
         MPI.Request.Waitall([req for req, _ in self.outgoing])
@@ -192,7 +199,9 @@ class Slave:
         if self.module.join_type != "inner":  # the end of input: every row still undecided is decided now
             none = np.empty(0, self.dtype)
             self.module.process(none, none, eventtime.POS_INF)  # no fresh tuples: no pairs
-            lone, lone_files = self.take_lone()
+            lone, lone_files = self.take_lone(int(head["seq"]), eventtime.POS_INF)
+        else:
+            self.results_out.answer(self.reply_to, int(head["seq"]))
         if self.aggregator:
             self.aggregator.flush()
         self.results_out.wait()

@@ -148,21 +148,27 @@ def test_router_reuses_the_slot_of_a_demoted_key():
     assert c == a and b != a and sorted(router.hot) == [2, 3]
 
 
-@pytest.mark.parametrize("join_type", ["inner", "left"])
-def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path, join_type):
-    """Left: R spread over the grid and S copied (each R decided once), through split and merge."""
-    from tests.reference import reference_outer, reference_pairs
+def hot_then_cold(tmp_path, join_type: str) -> tuple[tuple, dict]:
+    """An input file whose key 7 holds 40% of both streams for 2 s, then 3 s of uniform keys, and the settings
+    that give key 7 a grid and take it back: ((stream, ids, ts, keys), settings); window 0.1, max_delay 0.05."""
     from tests.test_cluster import write_csv
     rng = np.random.default_rng(8)
-    n1, n2 = 9000, 9000  # first 2 s: key 7 holds 40% of both streams; then 3 s of uniform keys
+    n1, n2 = 9000, 9000
     ts = np.concatenate([np.sort(rng.random(n1) * 2.0), 2.0 + np.sort(rng.random(n2) * 3.0)])
     keys = np.concatenate([np.where(rng.random(n1) < 0.4, 7, rng.integers(0, 5000, n1)), rng.integers(0, 5000, n2)])
     stream, ids = rng.integers(0, 2, n1 + n2), np.arange(n1 + n2)
     write_csv(tmp_path / "hot-then-cold.csv", stream, ids, ts, keys)
-    settings = {"source.kind": "file", "source.path": str(tmp_path / "hot-then-cold.csv"), "source.rate": 4000.0,
-                "join.window": 0.1, "join.max_delay": 0.05, "epochs.distribution": 0.1,
-                "epochs.reorganization": 0.5, "hotkeys.enabled": True, "balance.enabled": False,
-                "join.type": join_type}
+    return (stream, ids, ts, keys), {
+        "source.kind": "file", "source.path": str(tmp_path / "hot-then-cold.csv"), "source.rate": 4000.0,
+        "join.window": 0.1, "join.max_delay": 0.05, "epochs.distribution": 0.1, "epochs.reorganization": 0.5,
+        "hotkeys.enabled": True, "balance.enabled": False, "join.type": join_type}
+
+
+@pytest.mark.parametrize("join_type", ["inner", "left"])
+def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path, join_type):
+    """Left: R spread over the grid and S copied (each R decided once), through split and merge."""
+    from tests.reference import reference_outer, reference_pairs
+    (stream, ids, ts, keys), settings = hot_then_cold(tmp_path, join_type)
     from tests.cluster import run_cluster
     run = run_cluster(tmp_path, 4, settings)
     assert run.returncode == 0, run.stderr

@@ -115,8 +115,7 @@ def test_the_combinations_that_would_decide_a_copy_alone_are_refused(join_type):
             load_config(None, [f'join.type="{join_type}"', "hotkeys.enabled=true"])
     else:
         load_config(None, [f'join.type="{join_type}"', "hotkeys.enabled=true"])
-    with pytest.raises(ConfigError, match="output.zmq_endpoint"):
-        load_config(None, [f'join.type="{join_type}"', 'output.zmq_endpoint="tcp://127.0.0.1:5599"'])
+    load_config(None, [f'join.type="{join_type}"', 'output.zmq_endpoint="tcp://127.0.0.1:5599"'])  # punctuated
     if join_type in ("semi", "anti"):  # R rows: counted per key and window like pairs
         load_config(None, [f'join.type="{join_type}"', "aggregate.enabled=true"])
         with pytest.raises(ConfigError, match="aggregate.value"):

@@ -145,3 +145,27 @@ def test_results_buffer_unpack_including_an_empty_batch():
 def test_mark_messages_carry_their_value(kind):
     msg = wire.decode(wire.encode_mark(kind, -3.25, seq=5), tuple(wire.Kind), 10)
     assert msg.kind == kind and msg.mark == -3.25 and msg.seq == 5
+
+
+def test_rows_of_other_join_types_travel_with_their_kind_and_stream_time():
+    rows = np.zeros(2, dtype=wire.ROW_RECORD)
+    rows["r_ts"], rows["s_ts"], rows["time"] = [1.0, 2.0], [3.0, np.nan], [3.0, 2.5]
+    rows["kind"] = [wire.ROW_KINDS.index("matched"), wire.ROW_KINDS.index("left_unmatched")]
+    msg = wire.decode(wire.encode_results(rows, seq=3), tuple(wire.Kind), 10)
+    assert msg.kind == wire.Kind.ROWS and wire.ROW_RECORD.itemsize == 81
+    np.testing.assert_array_equal(wire.stream_time(msg.rows), [3.0, 2.5])  # a lone row's own time, not its ts
+    pair = np.zeros(1, wire.RESULT_RECORD)
+    pair["r_ts"], pair["s_ts"] = 4.0, 1.5
+    np.testing.assert_array_equal(wire.stream_time(pair), [4.0])  # a pair's: its later ts
+    buf, body = wire.results_buffer(2, sender=1, seq=4, mark=0.0, record=wire.ROW_RECORD)
+    body[:] = rows
+    assert wire.decode(wire.unpack(buf), (wire.Kind.ROWS,), 10).kind == wire.Kind.ROWS
+    held = [rows.copy()]
+    np.testing.assert_array_equal(wire.take_due(held, 2.75)["r_ts"], [2.0])  # released by time 2.5, not ts 2.0
+
+
+@pytest.mark.parametrize("micros", [0, -7, 1 << 53, (1 << 53) + 1, (1 << 61) - 1, -(1 << 61) + 1, 1 << 62, -(1 << 62)])
+def test_a_watermark_as_mark_is_never_read_back_above_itself(micros):
+    got = wire.mark_floor(wire.floor_mark(micros))
+    assert got <= micros and micros - got < max(1, abs(micros) >> 51)
+    assert wire.floor_mark(micros) != wire.MORE

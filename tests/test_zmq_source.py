@@ -344,7 +344,7 @@ def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_p
     their way must fit in output.subscriber_buffer_bytes beside the held results."""
     from mpi4py import MPI
 
-    from master.result_stream import FRAME_ROWS, ResultStream
+    from master.result_stream import ResultStream, frame_rows
     from protocol.messages import TAG_RESULTS
 
     with socket.socket() as s:
@@ -377,5 +377,5 @@ def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_p
         time.sleep(0.01)
     assert out.held_bytes == 0 and out.held_peak_bytes == 792000
     out.close()
-    s = out.summary()["result_stream"]  # the results in messages of at most FRAME_ROWS, the punctuations, END
-    assert s["messages"] == -(-11000 // FRAME_ROWS) + s["punctuations"] + 1 and s["gaps"] == 0
+    s = out.summary()["result_stream"]  # the results in messages of at most frame_rows, the punctuations, END
+    assert s["messages"] == -(-11000 // frame_rows(wire.RESULT_RECORD)) + s["punctuations"] + 1 and s["gaps"] == 0
