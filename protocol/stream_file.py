@@ -103,33 +103,21 @@ _REASONS = [(None, None), ("id", "is not an integer"), ("time", "is not a number
 _DUPLICATE = len(_REASONS) - 1
 
 
-class StreamInput:
-    """The checked batches of stream `name` (its settings `spec` from protocol.streams, its key components'
-    `kinds`); the first batch is read at once, so a column none of whose cells converts stops the run
-    before it starts (protocol.input_schema)."""
+class StreamChecks:
+    """The checks and conversions of stream `name`'s rows (its settings `spec` from protocol.streams, its key
+    components' `kinds`) for tables of the columns `first` (the first file's, or a live stream's declared
+    schema), named `where` in messages: the output columns (protocol.payload), rejected rows, the ids."""
 
-    def __init__(self, name: str, spec: dict, kinds: list[str], window: int, files: list[Path] | None = None):
-        self.name, self.spec, self.kinds = name, spec, kinds
-        self.files = files if files is not None else stream_files(name, spec["path"])
+    def __init__(self, name: str, spec: dict, kinds: list[str], window: int, first: pa.Schema, where: Path | str):
+        self.name, self.spec, self.kinds, self.where = name, spec, kinds, where
         #: the columns read, by role
         self.roles = {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"} if spec["id"] else {})
-        self._check_schema(self.files[0], _schema(self.files[0]), list(self.roles))
-        self.schema = self._output_schema(_schema(self.files[0]))
+        self._check_schema(where, first, list(self.roles))
+        self.schema = self._output_schema(first)
         #: the columns read: those used, then the payload ones
         self.read = list(self.roles) + [c for c in self.schema.names if c not in self.roles and c != "row"]
-        for f in self.files[1:]:
-            self._check_schema(f, _schema(f), self.read)
         self.check = IdCheck(window) if spec["id"] else None
         self.row = 0  #: the next stream row
-        self._batches = self._read()
-        self._held = next(self._batches, None)
-        if self._held is not None:
-            f, _, table = self._held
-            expected = {c: input_schema.STREAM_EXPECTED[r] for c, r in self.roles.items()}
-            found = lambda c: _schema(f).field(c).type  # noqa: E731 -- only for the message
-            wrong = input_schema.unconverted(table, self._parse(table, 0).converts, found, expected)
-            if wrong:
-                raise self._fail(f, "; ".join(wrong))
 
     def _output_schema(self, first: pa.Schema) -> pa.Schema:
         """The columns results carry of this stream (protocol.payload), in the first file's order: key(s), time,
@@ -138,11 +126,11 @@ class StreamInput:
         payload = self.spec["payload"]
         missing = [c for c in ([] if payload == "*" else payload) if c not in first.names]
         if missing:
-            raise self._fail(self.files[0], f"lacks payload column(s) {', '.join(missing)}; columns found: "
-                                            f"{', '.join(first.names)}")
+            raise self._fail(self.where, f"lacks payload column(s) {', '.join(missing)}; columns found: "
+                                         f"{', '.join(first.names)}")
         if not self.spec["id"] and "row" in first.names:
-            raise self._fail(self.files[0], "has a column named row, the name results give the stream row of a "
-                                            f"stream without an id: declare streams.{self.name}.id")
+            raise self._fail(self.where, "has a column named row, the name results give the stream row of a "
+                                         f"stream without an id: declare streams.{self.name}.id")
         fields = [] if self.spec["id"] else [pa.field("row", pa.int64())]
         for f in first:
             if f.name == self.spec["time"]:
@@ -152,16 +140,113 @@ class StreamInput:
                 fields.append(pa.field(f.name, pa.string() if pa.types.is_null(f.type) else f.type))
         return pa.schema(fields)
 
-    def _fail(self, f: Path, what: str) -> InputError:
-        return InputError(f"input file {str(f)!r} {what} (streams.{self.name})")
+    def _fail(self, f: Path | str, what: str) -> InputError:
+        return InputError(f"{'input file' if isinstance(f, Path) else 'stream'} {str(f)!r} {what} (streams.{self.name})")
 
-    def _check_schema(self, f: Path, schema: pa.Schema, columns: list[str]) -> None:
+    def _check_schema(self, f: Path | str, schema: pa.Schema, columns: list[str]) -> None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
             found = ", ".join(schema.names) or "(none)"
             raise self._fail(f, f"lacks column(s) {', '.join(missing)}; columns found: {found}")
-        if EXTENSIONS[f.suffix.lower()] != "csv":  # CSV cells are text: their values tell
+        if not isinstance(f, Path) or EXTENSIONS[f.suffix.lower()] != "csv":  # CSV cells are text: their values tell
             wrong = input_schema.wrong_stream_types(schema, self.roles)
+            if wrong:
+                raise self._fail(f, "; ".join(wrong))
+
+    def _parse(self, table: pa.Table, first_row: int) -> Parsed:
+        n, spec = table.num_rows, self.spec
+        rows = first_row + np.arange(n, dtype=np.int64)
+        ids, id_ok = _parse_int(table[spec["id"]]) if spec["id"] else (rows, np.ones(n, bool))
+        ts, is_time, finite, ts_ok = eventtime.from_column(table[spec["time"]], spec["time_unit"])
+        keys, present, converts = [], [], {spec["time"]: ts_ok}
+        for c, kind in zip(spec["key"], self.kinds):
+            valid = _ok(pc.is_valid(table[c]))
+            values, ok = _parse_int(table[c]) if kind == "int" else (_text(table[c], kind), valid)
+            keys.append(values)
+            present.append(valid)
+            converts[c] = ok
+        key_ok = np.logical_and.reduce(present)
+        key_int = np.logical_and.reduce([converts[c] | ~valid for c, valid in zip(spec["key"], present)])
+        checks = [id_ok, is_time, finite, ts_ok, key_ok, key_int]
+        code = np.zeros(n, np.int8)
+        for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
+            code[~good] = c
+        if spec["id"]:
+            converts[spec["id"]] = id_ok
+        return Parsed(code, np.zeros(n, bool), ids, ts, keys, None, converts)
+
+    def _validate(self, f: Path | str, file_start: int, table: pa.Table) -> StreamBatch:
+        n, first_row = table.num_rows, self.row
+        rows = first_row + np.arange(n, dtype=np.int64)
+        p = self._parse(table, first_row)
+        first = self.check.mark(p, rows) if self.check is not None else None
+        self.row += n
+        ok = p.code == 0
+        take = pa.array(np.flatnonzero(ok))
+        keys = [k[ok] if isinstance(k, np.ndarray) else k.take(take) for k in p.key]
+        rejected = self._rejected(f, table, p, rows - file_start, first) if not ok.all() else None
+        return StreamBatch(rows[ok], p.id[ok], p.ts[ok], keys, rejected, self._columns(f, table.filter(ok), p.ts[ok], rows[ok]))
+
+    def _columns(self, f: Path | str, table: pa.Table, ts: np.ndarray, rows: np.ndarray) -> pa.Table:
+        """The accepted rows' output columns in `self.schema`'s types (the time from the engine's microseconds)."""
+        out = []
+        for field in self.schema:
+            if field.name == "row" and not self.spec["id"]:
+                out.append(pa.array(rows, pa.int64()))
+            elif field.name == self.spec["time"]:
+                out.append(pa.array(ts, pa.int64()).cast(field.type))
+            else:
+                try:
+                    out.append(pc.cast(table[field.name], field.type))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                    raise self._fail(f, f"has column {field.name} of type {table[field.name].type} that does not "
+                                        f"become {field.type}, its type in {str(self.where)!r}: "
+                                        f"{str(e).splitlines()[0]}") from None
+        return pa.Table.from_arrays(out, schema=self.schema)
+
+    def _rejected(self, f: Path | str, table: pa.Table, p: Parsed, file_rows: np.ndarray, first) -> pa.Table:
+        """One row per rejected row: file, its row in the file (1-based), stream, column, reason, cells."""
+        rej = np.flatnonzero(p.code)
+        code = p.code[rej]
+        role_column = {"id": self.spec["id"], "time": self.spec["time"]}
+        key_column = self.spec["key"][0] if len(self.spec["key"]) == 1 else "+".join(self.spec["key"])
+        columns = [role_column.get(r, key_column) for r, _ in _REASONS[1:]]
+        reason = pc.binary_join_element_wise(pa.array(columns).take(pa.array(code - 1)), " ",
+                                             pa.array([r or "" for _, r in _REASONS[1:]]).take(pa.array(code - 1)), "")
+        if (code == _DUPLICATE).any():
+            text = lambda a: pc.cast(pa.array(a), pa.string())
+            dup = pc.binary_join_element_wise("duplicate id ", text(p.id[rej]), " (first seen at stream row ",
+                                              text(first[rej] + 1), ")", "")
+            reason = pc.if_else(pa.array(code == _DUPLICATE), dup, reason)
+        at = pa.array(rej)
+        cells = [pc.binary_join_element_wise(f"{c}=", pc.fill_null(_raw_strings(table[c].take(at)), ""), "")
+                 for c in self.read]
+        return pa.table({
+            "file": pa.repeat(str(f), len(rej)),
+            "row": pa.array(file_rows[rej] + 1, pa.int64()),
+            "stream": pa.repeat(self.name, len(rej)),
+            "column": pa.array(columns).take(pa.array(code - 1)),
+            "reason": reason,
+            "cells": pc.binary_join_element_wise(*cells, "; ") if len(cells) > 1 else cells[0],
+        })
+
+
+class StreamInput(StreamChecks):
+    """The checked batches of a stream's files (protocol.streams `path`); the first batch is read at once, so a
+    column none of whose cells converts stops the run before it starts (protocol.input_schema)."""
+
+    def __init__(self, name: str, spec: dict, kinds: list[str], window: int, files: list[Path] | None = None):
+        self.files = files if files is not None else stream_files(name, spec["path"])
+        super().__init__(name, spec, kinds, window, _schema(self.files[0]), self.files[0])
+        for f in self.files[1:]:
+            self._check_schema(f, _schema(f), self.read)
+        self._batches = self._read()
+        self._held = next(self._batches, None)
+        if self._held is not None:
+            f, _, table = self._held
+            expected = {c: input_schema.STREAM_EXPECTED[r] for c, r in self.roles.items()}
+            found = lambda c: _schema(f).field(c).type  # noqa: E731 -- only for the message
+            wrong = input_schema.unconverted(table, self._parse(table, 0).converts, found, expected)
             if wrong:
                 raise self._fail(f, "; ".join(wrong))
 
@@ -188,89 +273,12 @@ class StreamInput:
                 raise self._fail(f, f"cannot be read at its row {seen - start + 1:,} or after: "
                                     f"{str(e).splitlines()[0]}") from None
 
-    def _parse(self, table: pa.Table, first_row: int) -> Parsed:
-        n, spec = table.num_rows, self.spec
-        rows = first_row + np.arange(n, dtype=np.int64)
-        ids, id_ok = _parse_int(table[spec["id"]]) if spec["id"] else (rows, np.ones(n, bool))
-        ts, is_time, finite, ts_ok = eventtime.from_column(table[spec["time"]], spec["time_unit"])
-        keys, present, converts = [], [], {spec["time"]: ts_ok}
-        for c, kind in zip(spec["key"], self.kinds):
-            valid = _ok(pc.is_valid(table[c]))
-            values, ok = _parse_int(table[c]) if kind == "int" else (_text(table[c], kind), valid)
-            keys.append(values)
-            present.append(valid)
-            converts[c] = ok
-        key_ok = np.logical_and.reduce(present)
-        key_int = np.logical_and.reduce([converts[c] | ~valid for c, valid in zip(spec["key"], present)])
-        checks = [id_ok, is_time, finite, ts_ok, key_ok, key_int]
-        code = np.zeros(n, np.int8)
-        for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
-            code[~good] = c
-        if spec["id"]:
-            converts[spec["id"]] = id_ok
-        return Parsed(code, np.zeros(n, bool), ids, ts, keys, None, converts)
-
     def __iter__(self) -> Iterator[StreamBatch]:
         while True:
             item, self._held = (self._held, None) if self._held is not None else (next(self._batches, None), None)
             if item is None:
                 return
             yield self._validate(*item)
-
-    def _validate(self, f: Path, file_start: int, table: pa.Table) -> StreamBatch:
-        n, first_row = table.num_rows, self.row
-        rows = first_row + np.arange(n, dtype=np.int64)
-        p = self._parse(table, first_row)
-        first = self.check.mark(p, rows) if self.check is not None else None
-        self.row += n
-        ok = p.code == 0
-        take = pa.array(np.flatnonzero(ok))
-        keys = [k[ok] if isinstance(k, np.ndarray) else k.take(take) for k in p.key]
-        rejected = self._rejected(f, table, p, rows - file_start, first) if not ok.all() else None
-        return StreamBatch(rows[ok], p.id[ok], p.ts[ok], keys, rejected, self._columns(f, table.filter(ok), p.ts[ok], rows[ok]))
-
-    def _columns(self, f: Path, table: pa.Table, ts: np.ndarray, rows: np.ndarray) -> pa.Table:
-        """The accepted rows' output columns in `self.schema`'s types (the time from the engine's microseconds)."""
-        out = []
-        for field in self.schema:
-            if field.name == "row" and not self.spec["id"]:
-                out.append(pa.array(rows, pa.int64()))
-            elif field.name == self.spec["time"]:
-                out.append(pa.array(ts, pa.int64()).cast(field.type))
-            else:
-                try:
-                    out.append(pc.cast(table[field.name], field.type))
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                    raise self._fail(f, f"has column {field.name} of type {table[field.name].type} that does not "
-                                        f"become {field.type}, its type in {str(self.files[0])!r}: "
-                                        f"{str(e).splitlines()[0]}") from None
-        return pa.Table.from_arrays(out, schema=self.schema)
-
-    def _rejected(self, f: Path, table: pa.Table, p: Parsed, file_rows: np.ndarray, first) -> pa.Table:
-        """One row per rejected row: file, its row in the file (1-based), stream, column, reason, cells."""
-        rej = np.flatnonzero(p.code)
-        code = p.code[rej]
-        role_column = {"id": self.spec["id"], "time": self.spec["time"]}
-        key_column = self.spec["key"][0] if len(self.spec["key"]) == 1 else "+".join(self.spec["key"])
-        columns = [role_column.get(r, key_column) for r, _ in _REASONS[1:]]
-        reason = pc.binary_join_element_wise(pa.array(columns).take(pa.array(code - 1)), " ",
-                                             pa.array([r or "" for _, r in _REASONS[1:]]).take(pa.array(code - 1)), "")
-        if (code == _DUPLICATE).any():
-            text = lambda a: pc.cast(pa.array(a), pa.string())
-            dup = pc.binary_join_element_wise("duplicate id ", text(p.id[rej]), " (first seen at stream row ",
-                                              text(first[rej] + 1), ")", "")
-            reason = pc.if_else(pa.array(code == _DUPLICATE), dup, reason)
-        at = pa.array(rej)
-        cells = [pc.binary_join_element_wise(f"{c}=", pc.fill_null(_raw_strings(table[c].take(at)), ""), "")
-                 for c in self.read]
-        return pa.table({
-            "file": pa.repeat(str(f), len(rej)),
-            "row": pa.array(file_rows[rej] + 1, pa.int64()),
-            "stream": pa.repeat(self.name, len(rej)),
-            "column": pa.array(columns).take(pa.array(code - 1)),
-            "reason": reason,
-            "cells": pc.binary_join_element_wise(*cells, "; ") if len(cells) > 1 else cells[0],
-        })
 
 
 def _text(col: pa.ChunkedArray, kind: str) -> pa.Array:
