@@ -1,5 +1,9 @@
 """`python -m control.produce FILE --endpoint tcp://127.0.0.1:5555 [--rate R] [--batch N] [--name ID]
-[--token-file F] [--ack-endpoint tcp://127.0.0.1:5554]`
+[--token-file F] [--ack-endpoint tcp://127.0.0.1:5554] [--stream]`
+
+With `--stream` the file is one declared stream's (a CSV, Parquet or JSON-lines file of any columns) and
+its rows go as they are, `batch` rows to a BATCH message (one Arrow record batch, protocol.wire), to the
+`endpoint` of a live `[streams.NAME]` (master.live_stream checks them against the stream's schema).
 
 Reads a CSV/Parquet input file as it goes (the columns of the file source; invalid
 rows are set aside the same way and counted) and PUSHes it to a master running with
@@ -27,7 +31,11 @@ import time
 import uuid
 from collections import deque
 
+from pathlib import Path
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
 import zmq
 
 from protocol import eventtime, wire
@@ -96,6 +104,16 @@ class Producer:
     def _tuples(self, seq: int, position: int, records: np.ndarray) -> None:
         origin = wire.origin(self.name, self.digest, self.run, position)
         self._send([wire.header(wire.Kind.TUPLES, len(records), self.sender, seq), origin, records.data])
+
+    def send_table(self, table: pa.Table) -> None:
+        """One BATCH message: the rows of `table` as an Arrow record batch (a live declared stream)."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        origin = wire.origin(self.name, self.digest, self.run, self.tuples)
+        self._send(wire.encode_batch(sink.getvalue(), table.num_rows, self.sender, self.seq, origin))
+        self.seq += 1
+        self.tuples += table.num_rows
 
     def _end(self) -> None:
         origin = wire.origin(self.name, self.digest, self.run, self.tuples)
@@ -201,6 +219,29 @@ def produce(path: str, endpoint: str, rate: float = 0.0, batch: int = 10000, jit
     return out
 
 
+def produce_stream(path: str, endpoint: str, rate: float = 0.0, batch: int = 10000, jitter: float = 0.0,
+                   seed: int = 0, sender: int = 0, server_key: str | None = None, key: str | None = None,
+                   timeout: float = 0.0, name: str | None = None, token: str = "", hold: float = 0.0) -> dict:
+    """Push the rows of a declared stream's file as they are, in BATCH messages of `batch` rows; `rate` paces
+    (rows/s), `jitter` adds random pauses, `hold` waits that long before the END (a producer gone quiet)."""
+    fmt = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(Path(path).suffix.lower(), "json")
+    rng = np.random.default_rng(seed)
+    prod = Producer(endpoint, sender, server_key, key, timeout, name, token)
+    started = time.perf_counter()
+    for b in ds.dataset(path, format=fmt).to_batches(batch_size=batch):
+        if rate > 0:
+            time.sleep(max(0.0, started + prod.tuples / rate - time.perf_counter()))
+        if jitter > 0:
+            time.sleep(rng.random() * jitter)
+        if b.num_rows:
+            prod.send_table(pa.Table.from_batches([b]))
+    time.sleep(hold)
+    out = prod.close()
+    out["rows_set_aside"] = 0  # the master checks a stream's rows
+    out["seconds"] = round(time.perf_counter() - started, 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m control.produce", description=__doc__.split("\n")[0])
     p.add_argument("file", help="CSV or Parquet file: stream (R/S), id, ts, key, [value]")
@@ -220,14 +261,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ack-endpoint", help="the master's source.ack_endpoint: keep batches until a checkpoint holds "
                                           "them, resend them after a crash")
     p.add_argument("--keep", type=int, default=KEEP, help="batches kept unacknowledged before sends wait")
+    p.add_argument("--stream", action="store_true", help="FILE is a declared stream's (any columns): send its rows "
+                                                         "as Arrow record batches to a live [streams.NAME] endpoint")
+    p.add_argument("--hold", type=float, default=0.0, help="with --stream: seconds to wait before the END")
     a = p.parse_args(argv)
     if a.batch < 1 or a.keep < 1:
         p.error("--batch and --keep must be at least 1")
+    if a.stream and a.ack_endpoint:
+        p.error("--stream takes no --ack-endpoint: a live declared stream runs without checkpoints")
     try:
         token = open(a.token_file).read().strip() if a.token_file else ""
-        out = produce(a.file, a.endpoint, a.rate, a.batch, a.jitter, a.seed, a.sender, a.server_key, a.key, a.timeout,
-                      a.ts_unit, a.name, token, a.ack_endpoint, a.keep)
-    except (InputError, ValueError, OSError, Blocked, zmq.ZMQError) as e:
+        if a.stream:
+            out = produce_stream(a.file, a.endpoint, a.rate, a.batch, a.jitter, a.seed, a.sender, a.server_key,
+                                 a.key, a.timeout, a.name, token, a.hold)
+        else:
+            out = produce(a.file, a.endpoint, a.rate, a.batch, a.jitter, a.seed, a.sender, a.server_key, a.key,
+                          a.timeout, a.ts_unit, a.name, token, a.ack_endpoint, a.keep)
+    except (InputError, ValueError, OSError, Blocked, zmq.ZMQError, pa.ArrowException) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -20,17 +20,19 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
 
 from master.keys import KeyMapper
+from master.live_stream import LiveStream
 from master.source import READ_AHEAD, FileSource
 from protocol import eventtime
 from protocol.config import ConfigError
 from protocol.chunks import Chunk, InputError, concat, empty, rows
 from protocol.payload import PayloadLog
-from protocol.stream_file import StreamInput, key_kinds, stream_files
+from protocol.stream_file import StreamChecks, StreamInput, arrow_type, first_schema, key_kinds, stream_files
 
 
 class StreamsSource:
@@ -41,15 +43,20 @@ class StreamsSource:
         self.cfg, self.listing = cfg, listing
         self.specs = cfg["streams"]
         self._delays = [eventtime.duration(s["max_delay"]) for s in self.specs.values()]  #: R's, S's, microseconds
-        self.files, missing = {}, []
+        self.files, self.declared, missing = {}, {}, []
         for name, s in self.specs.items():  # every path that is not there is named at once
             try:
-                self.files[name] = stream_files(name, s["path"])
+                if s["endpoint"]:
+                    self.declared[name] = _declared(name, s)
+                else:
+                    self.files[name] = stream_files(name, s["path"])
             except InputError as e:
                 missing.append(str(e))
         if missing:
             raise InputError("; ".join(missing))
-        self.kinds = key_kinds(self.specs, self.files)
+        firsts = {name: self.declared[name] if name in self.declared else first_schema(self.files[name][0])
+                  for name in self.specs}
+        self.kinds = key_kinds(self.specs, firsts)
         if self.kinds != ["int"] and cfg["join"]["predicate"] != "equal":
             raise ConfigError(f'join.predicate = "{cfg["join"]["predicate"]}" compares key values as integers, but '
                               f"the streams' key {' + '.join(next(iter(self.specs.values()))['key'])} is "
@@ -61,16 +68,22 @@ class StreamsSource:
     def _open(self) -> None:
         """Start reading both streams from their first rows (a recovery starts again here)."""
         window = self.cfg["source"]["duplicate_window"]
-        inputs = [StreamInput(name, s, self.kinds, window, self.files[name]) for name, s in self.specs.items()]
+        inputs = [StreamChecks(name, s, self.kinds, window, self.declared[name], s["endpoint"])
+                  if name in self.declared else StreamInput(name, s, self.kinds, window, self.files[name])
+                  for name, s in self.specs.items()]
         self._check_columns(inputs)
         for side, inp in enumerate(inputs):
             self.log.write_schema(side, inp.schema)
         self.mapper = KeyMapper(self.kinds)
         self._stop = threading.Event()
+        #: per side: a live stream (master.live_stream), or the queue its file reader fills
+        self._live = [LiveStream(self.cfg, side, inp.spec, inp, self.declared[inp.name])
+                      if isinstance(inp, StreamChecks) and not isinstance(inp, StreamInput) else None
+                      for side, inp in enumerate(inputs)]
         self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
         self._threads = [threading.Thread(target=FileSource._read, args=(self._logged(self.log, side, inp), q, self._stop),
                                           daemon=True, name=f"stream-reader-{inp.name}")
-                         for side, (inp, q) in enumerate(zip(inputs, self._queues))]
+                         for side, (inp, q) in enumerate(zip(inputs, self._queues)) if self._live[side] is None]
         for t in self._threads:
             t.start()
         #: per side, read and not merged: (id, ts, key, the stream's watermark: running max - max_delay)
@@ -109,8 +122,24 @@ class StreamsSource:
             t.join()
 
     def _pull(self, side: int) -> None:
-        """The next checked batch of a stream into its pending tuples (its rejections into the listing)."""
-        item = self._queues[side].get()
+        """The next checked batch(es) of a stream into its pending tuples (its rejections into the listing); a
+        live stream's that have arrived, if any."""
+        live = self._live[side]
+        if live is None:
+            self._take(side, self._queues[side].get())
+            return
+        for batch in live.batches():
+            self.log.write(side, batch.rows, batch.columns)
+            self._take(side, batch._replace(columns=None))
+        if live.done:
+            self._done[side] = True
+
+    def _idle(self, side: int) -> bool:
+        """A live stream without a message for its idle_timeout (> 0): it no longer holds the other back."""
+        live, timeout = self._live[side], self.specs[list(self.specs)[side]]["idle_timeout"]
+        return live is not None and timeout > 0 and time.monotonic() - live.last_message > timeout
+
+    def _take(self, side: int, item) -> None:
         if isinstance(item, Exception):
             self._done = [True, True]
             raise item
@@ -130,15 +159,20 @@ class StreamsSource:
         self._pending[side] = part if old is None else tuple(np.concatenate(c) for c in zip(old, part))
 
     def _merge(self) -> bool:
-        """Append the next run of merged tuples to the ready ones; False at the end of both streams."""
+        """Append the next run of merged tuples to the ready ones; False when none can be merged now (at the
+        end of both streams, or waiting for a live one)."""
         for side in (0, 1):
             while not self._done[side] and self._pending[side] is None:
                 self._pull(side)
+                if self._live[side] is not None:
+                    break  # nothing has come: it waits
         if self._pending == [None, None]:
             return False
-        # a stream with nothing pending has ended; otherwise its later tuples have a watermark at least its
-        # last pending one's: R goes up to that of S (ties go to R), S below that of R
-        last = [None if p is None else p[3][-1] for p in self._pending]
+        # a stream that has ended, or a live one idle for its idle_timeout, holds nothing back; otherwise its later
+        # tuples have a watermark at least its last one's (pending, or read: a live stream waiting): R goes up to
+        # that of S (ties go to R), S below that of R
+        last = [p[3][-1] if p is not None else None if self._done[side] or self._idle(side)
+                else self._running[side] - self._delays[side] for side, p in enumerate(self._pending)]
         parts = []
         for side in (0, 1):
             p = self._pending[side]
@@ -149,6 +183,8 @@ class StreamsSource:
             if n:
                 parts.append((side, [c[:n] for c in p]))
                 self._pending[side] = None if n == len(p[3]) else tuple(c[n:] for c in p)
+        if not parts:
+            return False
         side = np.concatenate([np.full(len(p[0]), s, np.int8) for s, p in parts])
         cols = [np.concatenate(c) for c in zip(*(p for _, p in parts))]
         order = np.lexsort((side, cols[3]))  # stable: within a (watermark, side) the rows keep their order
@@ -163,7 +199,7 @@ class StreamsSource:
             pass
         n = min(limit, len(self._ready.ts) - self._taken)
         if n == 0:
-            return None
+            return None if all(self._done) and self._pending == [None, None] else empty()
         chunk = rows(self._ready, self._taken, self._taken + n)
         self._taken += n
         self.accepted += n
@@ -198,13 +234,23 @@ class StreamsSource:
 
     def finish(self) -> dict:
         self._close()
+        live = [x.finish()["zmq_ingest"] for x in self._live if x is not None]
         names = {side: name for side, name in zip("RS", self.specs)}
-        out: dict = {"streams": names, "payload_log_bytes": self.log.bytes}
+        out: dict = {"streams": names, "payload_log_bytes": self.log.bytes,
+                     **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))} if live else {})}
         if self.listing is None:
             return out
         self.listing.flush()
-        out["rejected"] = self.listing.rows
+        out["rejected"] = self.listing.rows + sum(sum(x["rejected_by_reason"].values()) for x in live)
         if self.mapper.coded:
             out["keys"] = {"distinct": self.mapper.distinct, "bytes": self.mapper.nbytes}
         return out
 
+
+
+def _declared(name: str, spec: dict) -> pa.Schema:
+    """A live stream's declared columns (protocol.streams `schema`) as an Arrow schema."""
+    try:
+        return pa.schema([(column, arrow_type(text)) for column, text in spec["schema"].items()])
+    except ValueError as e:
+        raise ConfigError(f"streams.{name}.schema: {e}") from None

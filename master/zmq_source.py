@@ -57,6 +57,9 @@ ACK_LINGER = 2000
 
 
 class ZmqSource:
+    #: bytes per row the largest valid message may have (master.live_stream's Arrow rows are wider)
+    record_bytes = wire.TUPLE_RECORD.itemsize
+
     def __init__(self, cfg: dict):
         src = cfg["source"]
         self.endpoint, self.producers = src["endpoint"], src["producers"]
@@ -106,7 +109,7 @@ class ZmqSource:
             # ZeroMQ drops its sender's connection instead of reading it whole into memory (a 1 GiB frame cost
             # 1 GiB here); the connection and the messages queued on it are lost, so a merely oversized message
             # is not
-            sock.maxmsgsize = 2 * self.max_tuples * wire.TUPLE_RECORD.itemsize + (1 << 20)
+            sock.maxmsgsize = 2 * self.max_tuples * self.record_bytes + (1 << 20)
             sock.rcvhwm, sock.rcvbuf = RCVHWM, RCVBUF
         sock.linger = 0 if kind == zmq.PULL else ACK_LINGER
         try:

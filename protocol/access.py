@@ -71,6 +71,8 @@ def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
     zmq = cfg["source"]["kind"] == "zmq"
     used = [(f"{s}.{k}", cfg[s][k]) for s, k, on in (("source", "endpoint", zmq), ("source", "ack_endpoint", zmq),
                                                      ("output", "zmq_endpoint", True)) if on and cfg[s][k]]
+    used += [(f"streams.{name}.endpoint", spec["endpoint"]) for name, spec in cfg.get("streams", {}).items()
+             if spec["endpoint"]]
     for name, other, ep in [(n, o, e) for i, (n, e) in enumerate(used) for o, e2 in used[:i] if e == e2][:1]:
         raise ConfigError(f"{name}: must differ from {other} (both {ep!r})")
     sec = cfg["security"]

@@ -279,6 +279,11 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     if cfg["output"]["subscriber_buffer_bytes"] < 65536:
         raise ConfigError("output.subscriber_buffer_bytes: must be at least 65536 (one result message), got "
                           f"{cfg['output']['subscriber_buffer_bytes']!r}")
+    live = [f"streams.{n}.endpoint" for n, spec in cfg.get("streams", {}).items() if spec["endpoint"]]
+    if live and (cfg["checkpoint"]["interval"] or cfg["cluster"]["dispatchers"] > 1):
+        raise ConfigError(f"{live[0]}: not with {'checkpoint.interval' if cfg['checkpoint']['interval'] else 'cluster.dispatchers > 1'}"
+                          " yet: a live stream's producers cannot resend what a recovery needs, and every dispatcher "
+                          "would bind its endpoint")
     if cfg.get("streams") and (cfg["output"]["zmq_endpoint"] or cfg["aggregate"]["enabled"]):
         raise ConfigError(f"{'output.zmq_endpoint' if cfg['output']['zmq_endpoint'] else 'aggregate.enabled'}: not "
                           "with [streams.*] yet: the result stream and the aggregates carry the engine's fixed-width "

@@ -13,6 +13,7 @@ them to the engine's int64 keys (master.keys).  Without an id column a row's id 
 from __future__ import annotations
 
 import glob
+import re
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
@@ -57,7 +58,7 @@ def stream_files(name: str, path: str) -> list[Path]:
     return files
 
 
-def _schema(f: Path) -> pa.Schema:
+def first_schema(f: Path) -> pa.Schema:
     """The file's columns and types (CSV, JSON: as pyarrow infers them from the first block)."""
     fmt = EXTENSIONS[f.suffix.lower()]
     try:
@@ -69,12 +70,13 @@ def _schema(f: Path) -> pa.Schema:
         raise InputError(f"input file {str(f)!r} cannot be read as {kind}: {str(e).splitlines()[0]}") from None
 
 
-def key_kinds(streams: dict[str, dict], files: dict[str, list[Path]]) -> list[str]:
-    """Per key component, how both streams' values are compared: "int" when both first files hold integers
-    (CSV: as pyarrow infers them), else "binary" when either holds binary, else "string" (both as text)."""
+def key_kinds(streams: dict[str, dict], firsts: dict[str, pa.Schema]) -> list[str]:
+    """Per key component, how both streams' values are compared: "int" when both first files (or a live
+    stream's declared schema) hold integers (CSV: as pyarrow infers them), else "binary" when either holds
+    binary, else "string" (both as text)."""
     kinds = []
     for columns in zip(*(s["key"] for s in streams.values())):
-        schemas = [_schema(files[name][0]) for name in streams]
+        schemas = [firsts[name] for name in streams]
         types = [x.field(c).type if c in x.names else pa.null() for x, c in zip(schemas, columns)]
         if all(pa.types.is_integer(t) for t in types):
             kinds.append("int")
@@ -84,6 +86,28 @@ def key_kinds(streams: dict[str, dict], files: dict[str, list[Path]]) -> list[st
         else:
             kinds.append("string")
     return kinds
+
+
+_TIMESTAMP = re.compile(r"timestamp\[(s|ms|us|ns)(?:, *tz=([^\]]+))?\]")
+_DECIMAL = re.compile(r"decimal(128|256)?\( *(\d+) *, *(-?\d+) *\)")
+_LIST = re.compile(r"list<(?:item: *)?(.+)>")
+
+
+def arrow_type(text: str) -> pa.DataType:
+    """An Arrow type written as pyarrow prints it ("int64", "string", "timestamp[ms, tz=UTC]",
+    "decimal128(12, 2)", "list<int32>", "date32"): a live stream's declared schema (protocol.streams)."""
+    t = text.strip()
+    if m := _TIMESTAMP.fullmatch(t):
+        return pa.timestamp(m[1], m[2])
+    if m := _DECIMAL.fullmatch(t):
+        return (pa.decimal256 if m[1] == "256" else pa.decimal128)(int(m[2]), int(m[3]))
+    if m := _LIST.fullmatch(t):
+        return pa.list_(arrow_type(m[1]))
+    try:
+        return pa.type_for_alias(t)
+    except (ValueError, KeyError):
+        raise ValueError(f"{text!r} is not an Arrow type (e.g. \"int64\", \"string\", \"double\", "
+                         "\"timestamp[ms, tz=UTC]\", \"decimal128(12, 2)\", \"list<int32>\")") from None
 
 
 class StreamBatch(NamedTuple):
@@ -118,6 +142,11 @@ class StreamChecks:
         self.read = list(self.roles) + [c for c in self.schema.names if c not in self.roles and c != "row"]
         self.check = IdCheck(window) if spec["id"] else None
         self.row = 0  #: the next stream row
+
+    def checked(self, table: pa.Table) -> StreamBatch:
+        """The next rows of the stream (a live stream's batch, in `first`'s columns), checked; rejected rows are
+        listed with their stream row (1-based)."""
+        return self._validate(self.where, 0, table)
 
     def _output_schema(self, first: pa.Schema) -> pa.Schema:
         """The columns results carry of this stream (protocol.payload), in the first file's order: key(s), time,
@@ -237,15 +266,15 @@ class StreamInput(StreamChecks):
 
     def __init__(self, name: str, spec: dict, kinds: list[str], window: int, files: list[Path] | None = None):
         self.files = files if files is not None else stream_files(name, spec["path"])
-        super().__init__(name, spec, kinds, window, _schema(self.files[0]), self.files[0])
+        super().__init__(name, spec, kinds, window, first_schema(self.files[0]), self.files[0])
         for f in self.files[1:]:
-            self._check_schema(f, _schema(f), self.read)
+            self._check_schema(f, first_schema(f), self.read)
         self._batches = self._read()
         self._held = next(self._batches, None)
         if self._held is not None:
             f, _, table = self._held
             expected = {c: input_schema.STREAM_EXPECTED[r] for c, r in self.roles.items()}
-            found = lambda c: _schema(f).field(c).type  # noqa: E731 -- only for the message
+            found = lambda c: first_schema(f).field(c).type  # noqa: E731 -- only for the message
             wrong = input_schema.unconverted(table, self._parse(table, 0).converts, found, expected)
             if wrong:
                 raise self._fail(f, "; ".join(wrong))

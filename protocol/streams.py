@@ -14,7 +14,13 @@ from protocol.eventtime import DURATION_LIMIT, PER_SECOND, UNITS
 
 #: key -> (default, description); None = required
 STREAM_KEYS: dict[str, tuple[Any, str]] = {
-    "path": (None, "a file, a glob (`data/*.csv`) or a folder of CSV, Parquet or JSON-lines files, read in name order"),
+    "path": ("", "a file, a glob (`data/*.csv`) or a folder of CSV, Parquet or JSON-lines files, read in name order "
+                 "(this or `endpoint`)"),
+    "endpoint": ("", "a live stream instead of files: the ZeroMQ endpoint its producers push Arrow record batches "
+                     "to (`python -m control.produce --stream`); needs `schema`"),
+    "producers": (1, "with endpoint: the stream ends after this many producers sent their END"),
+    "schema": ({}, 'with endpoint: its columns and their Arrow types, e.g. {user_id = "string", at = '
+                   '"timestamp[ms, tz=UTC]", cost = "double", price = "decimal128(12, 2)"}'),
     "key": (None, "the join key: a column, or a list of columns (a composite key); integers, strings or binary"),
     "time": (None, "the event-time column: a timestamp (any unit, any zone), ISO-8601 text, or numbers in `time_unit`"),
     "time_unit": ("s", 'the unit of numbers in the time column: "s", "ms", "us" or "ns"'),
@@ -85,11 +91,25 @@ def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
             or len(set(key)) < len(key):
         raise error(f"streams.{name}.key: expected a column name or a list of distinct column names, got {s['key']!r}")
     s["key"] = key
-    for k in ("path", "time", "time_unit", "id", "side", "prefix"):
+    for k in ("path", "endpoint", "time", "time_unit", "id", "side", "prefix"):
         if not isinstance(s[k], str):
             raise error(f"streams.{name}.{k}: expected a string, got {s[k]!r}")
-    if not s["path"] or not s["time"]:
-        raise error(f"streams.{name}.{'path' if not s['path'] else 'time'}: must not be empty")
+    if not s["time"]:
+        raise error(f"streams.{name}.time: must not be empty")
+    if bool(s["path"]) == bool(s["endpoint"]):
+        raise error(f"streams.{name}: give it a path (files) or an endpoint (live producers), "
+                    f"{'not both' if s['path'] else 'one of them'}")
+    if not isinstance(s["producers"], int) or isinstance(s["producers"], bool) or s["producers"] < 1:
+        raise error(f"streams.{name}.producers: expected a positive integer, got {s['producers']!r}")
+    if not isinstance(s["schema"], dict) or not all(isinstance(t, str) for t in s["schema"].values()):
+        raise error(f"streams.{name}.schema: expected a table of column = \"Arrow type\", got {s['schema']!r}")
+    if s["endpoint"]:
+        missing = [c for c in [*key, s["time"], *([s["id"]] if s["id"] else [])] if c not in s["schema"]]
+        if missing:
+            raise error(f"streams.{name}.schema: a live stream declares its columns with their types; "
+                        f"missing {', '.join(missing)}")
+    elif s["schema"]:
+        raise error(f"streams.{name}.schema: only for a live stream (endpoint): files carry their own schema")
     if s["time_unit"] not in UNITS:
         raise error(f"streams.{name}.time_unit: must be one of {', '.join(map(repr, UNITS))}, got {s['time_unit']!r}")
     if s["side"] not in ("", *SIDES):

@@ -8,7 +8,8 @@ ingest, `RESULT_RECORD` for results), so a receiver checks one size
 loop per tuple.  One record frame rather than one frame per column: a fixed
 frame count, one size check, one copy to pack on the producer side.
 
-Kinds: TUPLES (producer -> master), END (a producer is done; `mark` carries the
+Kinds: TUPLES (producer -> master), BATCH (producer -> master, a live declared stream: one Arrow
+record batch of the stream's own columns in Arrow's IPC stream format, checked by master.live_stream), END (a producer is done; `mark` carries the
 seconds it was held back by backpressure, or an emitter is done), RESULTS,
 ROWS and PUNCT (master -> subscribers; a punctuation P in `mark` says every
 result whose stream time is < P has been sent: BiStream 3.2.3, SplitJoin's
@@ -98,6 +99,7 @@ class Kind(enum.IntEnum):
     PUNCT = 4
     ACK = 5
     ROWS = 6
+    BATCH = 7
 
 
 #: reason code -> what it means (the rejected/ file and the summary count by code)
@@ -113,6 +115,8 @@ REASONS = {
     "stream": "stream code is not 0 (R) or 1 (S)",
     "ts": "ts (microseconds) is out of range",
     "duplicate_id": "the same (stream, id) twice in one message",
+    "arrow": "BATCH frame is not one Arrow record batch in IPC stream format, or its row count is not the header's",
+    "columns": "a column the stream declares is missing or does not become its declared type",
 }
 
 
@@ -121,8 +125,9 @@ class Message(NamedTuple):
     sender: int
     seq: int
     mark: float
-    rows: np.ndarray | None  # a read-only view into the record frame (None for END / PUNCT)
+    rows: np.ndarray | None  # a read-only view into the record frame (None for END / PUNCT / BATCH)
     origin: np.void | None = None  # a producer's ORIGIN record (None: anonymous)
+    arrow: memoryview | None = None  # BATCH: the record batch's IPC stream bytes
 
 
 class Rejection(NamedTuple):
@@ -180,6 +185,11 @@ def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
     return [header(kind, len(rows), sender, seq), body]
 
 
+def encode_batch(ipc: bytes, count: int, sender: int = 0, seq: int = 0, origin_frame: bytes | None = None) -> list:
+    """A BATCH message: `count` rows as one Arrow record batch in IPC stream format (`ipc`)."""
+    return [header(Kind.BATCH, count, sender, seq), *([origin_frame] if origin_frame else []), ipc]
+
+
 def encode_mark(kind: Kind, mark: float, sender: int = 0, seq: int = 0,
                 origin_frame: bytes | None = None) -> list[bytes]:
     """A row-less message: END (mark = seconds blocked; a producer's with its ORIGIN frame) or PUNCT (mark = the
@@ -205,7 +215,7 @@ def decode(frames: list, accept: tuple[Kind, ...], max_rows: int) -> Message | R
     kind = Kind(kind)
     sender, seq, mark = int(h["sender"]), int(h["seq"]), float(h["mark"])
     source = None
-    if len(frames) == {Kind.TUPLES: 3, Kind.END: 2}.get(kind):
+    if len(frames) == {Kind.TUPLES: 3, Kind.BATCH: 3, Kind.END: 2}.get(kind):
         if memoryview(frames[1]).nbytes != ORIGIN.itemsize:
             return Rejection("origin", f"origin frame has {memoryview(frames[1]).nbytes} bytes")
         source = np.frombuffer(frames[1], dtype=ORIGIN)[0]
@@ -223,6 +233,8 @@ def _body(frames: list, kind: Kind, count: int, max_rows: int, msg: Message) -> 
         return Rejection("frames", f"{kind.name} with {len(frames)} frames (expected 2)")
     if count > max_rows:
         return Rejection("too_large", f"{count} rows > {max_rows}")
+    if kind == Kind.BATCH:  # its rows are checked once decoded (master.live_stream)
+        return msg._replace(arrow=memoryview(frames[1]))
     record = {Kind.TUPLES: TUPLE_RECORD, Kind.ACK: ACK_RECORD, Kind.ROWS: ROW_RECORD}.get(kind, RESULT_RECORD)
     body = memoryview(frames[1])
     if body.nbytes != count * record.itemsize:

@@ -55,6 +55,10 @@ class Run:
 
 
 def toml_value(v) -> str:
+    if isinstance(v, dict):  # an inline table
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(map(toml_value, v)) + "]"
     return json.dumps(v) if isinstance(v, str) else repr(v).lower() if isinstance(v, bool) else repr(v)
 
 
