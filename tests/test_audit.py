@@ -32,6 +32,9 @@ LATE = dict(SMALL, **{"generator.duration": 3.0, "generator.disorder": 0.5, "out
                       "checkpoint.interval": 2})
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
 
+#: the audit's reason for a pair whose times are outside the bounds
+OUTSIDE = "s_ts - r_ts is outside the join's time bounds (join.lower, join.upper or -+join.window)"
+
 
 def audited(spark, run, *args) -> tuple[int, dict]:
     """Run the command in-process on `run`'s config; (exit code, the report it wrote)."""
@@ -159,7 +162,7 @@ def test_planted_faults_are_each_counted_and_in_the_diff_file(spark, late_run, t
     pair = lambda problem, ids: [d for d in diff if d["problem"] == problem and (d["r_id"], d["s_id"]) == ids]
     assert len(pair("missing", faults["removed"])) == 1
     assert [d["copies"] for d in pair("duplicate", faults["doubled"])] == [2]
-    assert [d["reason"] for d in pair("extra", faults["apart"])] == ["s_ts - r_ts is outside the join's time bounds (join.lower, join.upper or -+join.window)"]
+    assert [d["reason"] for d in pair("extra", faults["apart"])] == [OUTSIDE]
     assert [d["reason"] for d in pair("extra", faults["late_pair"])] == ["its S tuple is late"]
     one = lambda problem, key: [d for d in diff if d["problem"] == problem and (d["stream"], d["id"]) == key]
     assert len(one("late_missed", faults["dropped"])) == 1 and len(one("late_unexpected", faults["wrongly"])) == 1
@@ -227,7 +230,7 @@ def test_a_pair_exactly_the_window_apart_is_expected_and_one_microsecond_more_is
         diff = {d["problem"]: d for d in pq.read_table(r["diff"]).to_pylist()}
         assert (diff["missing"]["r_id"], diff["missing"]["s_id"]) == removed
         assert (diff["extra"]["r_id"], diff["extra"]["s_id"]) == added
-        assert diff["extra"]["reason"] == "s_ts - r_ts is outside the join's time bounds (join.lower, join.upper or -+join.window)"
+        assert diff["extra"]["reason"] == OUTSIDE
 
 
 def test_band_join_from_the_input_file_without_an_archive(spark, tmp_path):

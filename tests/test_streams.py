@@ -450,7 +450,7 @@ def test_payload_of_every_type_survives_a_left_join_with_hot_keys_moves_and_a_cr
         "streams.orders.time": "placed", "streams.orders.id": "oid",
         "streams.fills.path": str(tmp_path / "fills.parquet"), "streams.fills.key": "acct",
         "streams.fills.time": "at", "streams.fills.time_unit": "ms", "streams.fills.id": "fid",
-        "join.type": "left", "join.window": "150ms", "join.max_delay": "400ms", "source.rate": 3000.0,
+        "join.type": "left", "join.window": "150ms", "join.max_delay": "400ms", "source.rate": 2000.0,
         "epochs.distribution": "100ms", "epochs.reorganization": 0.3, "partitioning.partitions": 16,
         "hotkeys.enabled": True, "hotkeys.threshold": 0.15, "balance.buffer_capacity": 50,
         "balance.supplier_threshold": 1e-9, "balance.consumer_threshold": 1e-9, "balance.choice": "random",
