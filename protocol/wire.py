@@ -118,6 +118,8 @@ REASONS = {
     "arrow": "BATCH frame is not one Arrow record batch in IPC stream format, or its row count is not the header's",
     "columns": "a column the stream declares is missing or does not become its declared type",
 }
+#: the reasons found once a BATCH's record batch is decoded (master.live_stream), not by `decode`
+BATCH_REASONS = {"arrow", "columns"}
 
 
 class Message(NamedTuple):

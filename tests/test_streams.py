@@ -90,7 +90,8 @@ def test_streams_config_sides_keys_and_overrides(tmp_path):
     assert list(cfg["streams"]) == ["buys", "views"]  # side = "R" puts buys first
     assert cfg["streams"]["views"] == {"path": "a.csv", "key": ["u"], "time": "t", "time_unit": "ms", "id": "",
                                        "side": "S", "max_delay": 3.0, "idle_timeout": 120.0,  # join.max_delay's
-                                       "payload": "*", "prefix": "views_"}
+                                       "payload": "*", "prefix": "views_", "endpoint": "", "producers": 1,
+                                       "schema": {}}
     assert (cfg["streams"]["buys"]["max_delay"], cfg["streams"]["buys"]["idle_timeout"]) == (0.25, 0.0)
     assert cfg["streams"]["buys"]["payload"] == ["p"] and cfg["streams"]["buys"]["prefix"] == "bbuys."
     assert load_config()["streams"] == {}  # the single-source form is untouched
@@ -422,8 +423,8 @@ def test_composite_keys_without_ids_from_json_lines_and_a_folder_of_csv_equal_th
 def test_payload_of_every_type_survives_a_left_join_with_hot_keys_moves_and_a_crash_and_spark_reads_it(tmp_path, spark):
     """Parquet streams whose payload holds a decimal, a list, text with nulls and a struct, times as
     timestamp[ns, Europe/Paris] (R) and int64 milliseconds (S); a left join with a hot key (a third of the
-    tuples), groups moving at every reorganization and slave rank 2 killed at its 5th batch under the
-    supervisor.  Every pair and every R row alone equals the reference, and each result row's payload is its
+    tuples), groups moving at every reorganization and slave rank 2 killed as it writes its part of the
+    second checkpoint, under the supervisor.  Every pair and every R row alone equals the reference, and each result row's payload is its
     own rows' (looked up by id in the input) with the Arrow types kept; Spark reads the folder as it is."""
     import decimal
 
@@ -454,9 +455,9 @@ def test_payload_of_every_type_survives_a_left_join_with_hot_keys_moves_and_a_cr
         "epochs.distribution": "100ms", "epochs.reorganization": 0.3, "partitioning.partitions": 16,
         "hotkeys.enabled": True, "hotkeys.threshold": 0.15, "balance.buffer_capacity": 50,
         "balance.supplier_threshold": 1e-9, "balance.consumer_threshold": 1e-9, "balance.choice": "random",
-        "checkpoint.interval": 3, "output.result_chunk_rows": 64},
+        "checkpoint.interval": 6, "output.result_chunk_rows": 64},
         wrapper=[sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"],
-        env={"STREAMJOIN_FAULT": f"2:batch:5:{tmp_path / 'fault-fired'}"})
+        env={"STREAMJOIN_FAULT": f"2:checkpoint:2:{tmp_path / 'fault-fired'}"})
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "fault-fired").exists() and run.summary["checkpoints"]["recovered_from"] is not None
     r = {"id": np.arange(n_r) + 10**9, "ts": r_ms * 1000, "key": r_key.tolist()}
@@ -466,7 +467,7 @@ def test_payload_of_every_type_survives_a_left_join_with_hot_keys_moves_and_a_cr
     ids = ("orders_oid", "fills_fid")
     np.testing.assert_array_equal(run.pairs(ids), pairs)
     np.testing.assert_array_equal(run.alone("r", ids), np.setdiff1d(r["id"], pairs // 2**32))
-    assert run.summary["balance"]["moves"] and run.summary["hot_keys"]
+    assert run.summary["balance"]["moves"] and run.summary["hot_keys"], (run.summary["balance"], run.summary["hot_keys"])
     results = read_tables(run.out / "results")
     assert results.schema.field("orders_price").type == pa.decimal128(12, 2)
     assert results.schema.field("orders_tags").type == pa.list_(pa.int32())
