@@ -23,6 +23,7 @@ from protocol.output import read_tables
 from protocol.stream_file import arrow_type
 from tests.cluster import run_cluster, toml_value
 from tests.test_streams import reference
+from tests.test_zmq_source import drain
 
 
 def free_port() -> int:
@@ -93,17 +94,6 @@ def send(endpoint: str, table: pa.Table | None = None, raw: list | None = None, 
     if table is not None:
         prod.send_table(table)
     return prod
-
-
-def drain(src, deadline: float = 10.0) -> list:
-    parts, end = [], time.monotonic() + deadline
-    while (c := src.next_chunk(1000)) is not None:
-        if len(c.ts):
-            parts.append(c)
-        else:
-            assert time.monotonic() < end, "the streams never ended"
-            time.sleep(2e-3)
-    return parts
 
 
 def test_live_batches_are_checked_merged_and_logged_and_bad_messages_rejected_whole(tmp_path):
