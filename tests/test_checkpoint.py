@@ -149,11 +149,11 @@ def test_a_checkpoint_of_an_older_format_is_refused_with_a_message(tmp_path):
     # only its own format
     d = make(tmp_path, 1, [np.arange(5, dtype=np.uint8)])
     manifest = json.loads((d / checkpoint.MANIFEST).read_text())
-    assert manifest["format"] == checkpoint.FORMAT == 5
+    assert manifest["format"] == checkpoint.FORMAT == 6
     manifest.update(format=3, master={"epoch": {"1": 7}})
     (d / checkpoint.MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(checkpoint.CheckpointError, match=r"MANIFEST.json: format 3, this version reads 5"):
+    with pytest.raises(checkpoint.CheckpointError, match=r"MANIFEST.json: format 3, this version reads 6"):
         checkpoint.load_manifest(d)
     said = []
     assert checkpoint.latest_complete(tmp_path, log=said.append) is None
-    assert said == [f"skipping checkpoint ckpt-000001: {d / checkpoint.MANIFEST}: format 3, this version reads 5"]
+    assert said == [f"skipping checkpoint ckpt-000001: {d / checkpoint.MANIFEST}: format 3, this version reads 6"]
