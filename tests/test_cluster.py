@@ -155,12 +155,13 @@ def test_pacing_lag_counts_input_held_back_not_the_drain_after_it(tmp_path):
     settings = dict(SMALL, **{"generator.duration": 2.0, "source.rate": 6000.0, "source.batch": 200,
                               "epochs.distribution": 0.5, "balance.enabled": False, "generator.seed": 9})
     run, _ = check_exact(tmp_path / "drain", 3, settings, env={"STREAMJOIN_STRAGGLER": "1:0.3"})
-    assert run.summary["pacing_lag_max_seconds"] < 0.1 and run.summary["backlog_max_seconds"] < 0.1
+    # the drain lasts 0.3 s: counted as lag or backlog it would pass 0.2 s; a busy 2-core host adds up to 0.1 s
+    assert run.summary["pacing_lag_max_seconds"] < 0.2 and run.summary["backlog_max_seconds"] < 0.2, run.summary
     run, _ = check_exact(tmp_path / "held", 3, dict(settings, **{"master.buffer_capacity": 2000}),
                          env={"STREAMJOIN_STRAGGLER": "1:1.0"})
     assert run.summary["pacing_lag_max_seconds"] > 0.5
     run, _ = check_exact(tmp_path / "buffered", 3, settings, env={"STREAMJOIN_STRAGGLER": "1:1.0"})
-    assert run.summary["pacing_lag_max_seconds"] < 0.1 and run.summary["backlog_max_seconds"] > 0.5
+    assert run.summary["pacing_lag_max_seconds"] < 0.2 and run.summary["backlog_max_seconds"] > 0.5, run.summary
 
 
 def test_paced_ingest_is_not_capped_at_one_step_per_tick(tmp_path):
