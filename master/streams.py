@@ -43,6 +43,7 @@ class StreamsSource:
         self.cfg, self.listing = cfg, listing
         self.specs = cfg["streams"]
         self._delays = [eventtime.duration(s["max_delay"]) for s in self.specs.values()]  #: R's, S's, microseconds
+        self._idle_timeouts = [s["idle_timeout"] for s in self.specs.values()]  #: R's, S's, seconds
         self.files, self.declared, missing = {}, {}, []
         for name, s in self.specs.items():  # every path that is not there is named at once
             try:
@@ -78,8 +79,7 @@ class StreamsSource:
         self._stop = threading.Event()
         #: per side: a live stream (master.live_stream), or the queue its file reader fills
         self._live = [LiveStream(self.cfg, side, inp.spec, inp, self.declared[inp.name])
-                      if isinstance(inp, StreamChecks) and not isinstance(inp, StreamInput) else None
-                      for side, inp in enumerate(inputs)]
+                      if inp.name in self.declared else None for side, inp in enumerate(inputs)]
         self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
         self._threads = [threading.Thread(target=FileSource._read, args=(self._logged(self.log, side, inp), q, self._stop),
                                           daemon=True, name=f"stream-reader-{inp.name}")
@@ -136,7 +136,7 @@ class StreamsSource:
 
     def _idle(self, side: int) -> bool:
         """A live stream without a message for its idle_timeout (> 0): it no longer holds the other back."""
-        live, timeout = self._live[side], self.specs[list(self.specs)[side]]["idle_timeout"]
+        live, timeout = self._live[side], self._idle_timeouts[side]
         return live is not None and timeout > 0 and time.monotonic() - live.last_message > timeout
 
     def _take(self, side: int, item) -> None:
@@ -223,7 +223,6 @@ class StreamsSource:
         if self.listing is not None:
             self.listing.roll_back(0, 0)
         self.accepted = 0
-        self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()))
         self._open()
         n = where["accepted"]
         while n > 0:
@@ -245,7 +244,6 @@ class StreamsSource:
         if self.mapper.coded:
             out["keys"] = {"distinct": self.mapper.distinct, "bytes": self.mapper.nbytes}
         return out
-
 
 
 def _declared(name: str, spec: dict) -> pa.Schema:

@@ -158,8 +158,9 @@ class PayloadReader:
             for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(ordered)]):
                 table = self._segment(side, int(seg[start]))
                 got = ordered[start:stop]
-                at = np.searchsorted(table[ROW].to_numpy(), got)
-                if (at >= table.num_rows).any() or (table[ROW].to_numpy()[np.minimum(at, table.num_rows - 1)] != got).any():
+                held = table[ROW].to_numpy()
+                at = np.searchsorted(held, got)
+                if (at >= len(held)).any() or (held[np.minimum(at, len(held) - 1)] != got).any():
                     raise PayloadError(f"payload log: segment {self._names[side][int(seg[start])]} of stream "
                                        f"{STREAM_NAMES[side]} lacks rows it should hold")
                 parts.append(table.drop_columns([ROW]).take(at))

@@ -67,6 +67,7 @@ class IngestDesk:
         self.stream_max_ts = [eventtime.NEG_INF, eventtime.NEG_INF]
         self._late_parts: list[pa.Table] = []
         self.payload = payload_reader(cfg)  #: declared streams: where late rows find their own columns
+        self.late_reasons = self._late_reasons()
         self.late_files = 0
         ck = cfg["checkpoint"]
         self.archive = InputArchive(Path(cfg["output"]["path"]) / "archive", cfg["output"]["flush_rows"],
@@ -196,7 +197,7 @@ class IngestDesk:
         table = self.payload.both(np.where(stream == STREAM_R, rows, -1), np.where(stream == STREAM_S, rows, -1))
         return {"stream": np.array(list(self.cfg["streams"]))[stream], **dict(zip(table.column_names, table.columns))}
 
-    def _reasons(self) -> np.ndarray:
+    def _late_reasons(self) -> np.ndarray:
         """The late output's reasons: [[R's own bound, R below W], [S's ...]] (`bound` says which value)."""
         if not self.streams:
             md = self.cfg["join"]["max_delay"]
@@ -211,7 +212,7 @@ class IngestDesk:
         stream = chunk.stream[late]
         self._late_parts.append(pa.table({
             **self._late_columns(chunk, late),
-            "reason": self._reasons()[stream, below_watermark[late].astype(np.int64)],
+            "reason": self.late_reasons[stream, below_watermark[late].astype(np.int64)],
             "bound": eventtime.to_seconds(bound[late]),
         }))
         if sum(t.num_rows for t in self._late_parts) >= self.cfg["output"]["flush_rows"]:
