@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.metrics_cost --quick --repeats 3
 	$(BIN)/python -m bench.join_types --quick --repeats 1
 	$(BIN)/python -m bench.payload --quick --repeats 1
+	$(BIN)/python -m bench.startup --quick --repeats 3
 
 bench-full: $(STAMP)
 	$(BIN)/python -m bench
@@ -49,6 +50,7 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench.metrics_cost
 	$(BIN)/python -m bench.join_types
 	$(BIN)/python -m bench.payload
+	$(BIN)/python -m bench.startup
 
 # the configuration reference, made from protocol/config.py's defaults (tests/test_config.py checks it is current)
 docs: $(STAMP)

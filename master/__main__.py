@@ -13,14 +13,13 @@ from pathlib import Path
 
 from mpi4py import MPI
 
-from protocol import checkpoint
 from master.cli import parse_args
-from master.lock import OutputBusy, OutputLock
-from protocol.chunks import InputError
-from protocol.config import ConfigError, load_config, validate
 from protocol.lifetime import USER_ERROR
 from protocol.mpi import run_rank, wait_barrier
-from protocol.output import OutputError, check_owned, reset_output
+
+# Only light modules above: every rank imports them, then the others sleep in a barrier while rank 0 alone
+# imports numpy, pyarrow and its desks, reads the config and the input's first batch on a core of its own
+# (17 ranks importing at once on 2 cores took 5 s before the first tuple; issue 21).
 
 
 RESTART_WAIT = 30.0  #: seconds a --recover start waits for the lock of the run it follows
@@ -32,6 +31,7 @@ def say(message: str) -> None:
 
 def find_resume(cfg: dict, slaves: int) -> tuple:
     """With --recover: the newest complete checkpoint that fits this run, with the output rolled back to it."""
+    from protocol import checkpoint
     root = checkpoint.root_of(cfg)
     found = checkpoint.latest_complete(root, log=say)
     if found is None:
@@ -59,6 +59,7 @@ def other_rank(comm) -> int:
         return 0
     from master.run import Master
     from master.source import open_shard
+    from protocol import checkpoint
     if resume is not None:
         resume = (Path(resume["dir"]), checkpoint.load_manifest(Path(resume["dir"])))
     with input_errors_abort(comm):
@@ -70,6 +71,7 @@ def other_rank(comm) -> int:
 def input_errors_abort(comm):
     """A file source finds a bad block or an unreadable file only when it reads that far, during the run: say
     so and end the whole job (the other ranks would wait for this one forever)."""
+    from protocol.chunks import InputError
     try:
         yield
     except InputError as e:
@@ -82,8 +84,13 @@ def main() -> int:
     args = parse_args(sys.argv[1:], quiet=comm.rank != 0)  # on every rank: a bad argument ends each alike
     if comm.rank != 0:
         return other_rank(comm)
-    from master.source import open_shard
+    from master.lock import OutputBusy, OutputLock
     from master.run import Master
+    from master.source import open_shard
+    from protocol import checkpoint
+    from protocol.chunks import InputError
+    from protocol.config import ConfigError, load_config, validate
+    from protocol.output import OutputError, check_owned, reset_output
     resume = lock = None
     try:
         if comm.size < 2:
@@ -101,6 +108,7 @@ def main() -> int:
             checkpoint.clear(checkpoint.root_of(cfg))
         source = open_shard(cfg, 0)  # after the reset: declared streams write their payload log as they read
         master = Master(comm, cfg, source, resume)
+        master.read_ahead()  # the first tuple, before the others start importing (issue 21)
     except (ConfigError, InputError, checkpoint.CheckpointError, OutputError, OutputBusy, OSError) as e:
         say(f"error: {e}")
         if lock is not None:

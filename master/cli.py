@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from protocol.config import load_config, validate
-
 USAGE = "`mpirun -n N python -m master [--config FILE] [--set section.key=value ...]`"
 
 
@@ -34,6 +32,8 @@ def parse_args(argv: list[str], quiet: bool = False) -> argparse.Namespace:
 def checked_config(argv: list[str], slaves: int) -> dict:
     """The configuration `argv` gives, validated for `slaves` slaves (raises ConfigError, exits 2 on a bad
     argument)."""
+    from protocol.config import load_config, validate
+
     args = parse_args(argv)
     cfg = load_config(args.config, args.set)
     validate(cfg, slaves=slaves)

@@ -279,7 +279,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     if cfg["output"]["subscriber_buffer_bytes"] < 65536:
         raise ConfigError("output.subscriber_buffer_bytes: must be at least 65536 (one result message), got "
                           f"{cfg['output']['subscriber_buffer_bytes']!r}")
-    live = [f"streams.{n}.endpoint" for n, spec in cfg.get("streams", {}).items() if spec["endpoint"]]
+    live = [key for key in streams_config.live_endpoints(cfg) if key.startswith("streams.")]
     if live and (cfg["checkpoint"]["interval"] or cfg["cluster"]["dispatchers"] > 1):
         raise ConfigError(f"{live[0]}: not with {'checkpoint.interval' if cfg['checkpoint']['interval'] else 'cluster.dispatchers > 1'}"
                           " yet: a live stream's producers cannot resend what a recovery needs, and every dispatcher "

@@ -13,10 +13,8 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 from mpi4py import MPI
 
-from protocol.arrays import message_buffer
 from protocol.lifetime import CRASH, die_with_parent
 
 
@@ -65,9 +63,10 @@ def wait_barrier(comm: MPI.Comm) -> None:
     _poll(request.Test, None)
 
 
-def recv_bytes(comm: MPI.Comm, status: MPI.Status, spare: np.ndarray | None = None) -> np.ndarray:
+def recv_bytes(comm: MPI.Comm, status: MPI.Status, spare=None):
     """Receive the probed message into a uint8 buffer of its exact size: the front of `spare` (a buffer whose
     contents are no longer used) if it is large enough, else a fresh one."""
+    from protocol.arrays import message_buffer  # here: the ranks' first import stays light (master.__main__)
     buf = message_buffer(spare, status.Get_count(MPI.BYTE))
     comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=status.Get_tag())
     return buf

@@ -152,3 +152,10 @@ def reference() -> list[str]:
         shown = "required" if default is None else f'`"{default}"`' if isinstance(default, str) else f"`{default}`"
         lines.append(f"| `streams.NAME.{key}` | {shown} | {meaning} |")
     return lines
+
+
+def live_endpoints(cfg: dict) -> list[str]:
+    """The config keys of the live inputs a run binds (producers push to them): `source.endpoint` of a ZeroMQ
+    source, `streams.NAME.endpoint` of live declared streams."""
+    return ["source.endpoint"] * (cfg["source"]["kind"] == "zmq") + [
+        f"streams.{n}.endpoint" for n, spec in cfg.get("streams", {}).items() if spec["endpoint"]]

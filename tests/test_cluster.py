@@ -49,6 +49,9 @@ def test_uniform_keys_any_slave_count(tmp_path, ranks):
     assert len(expected) > 1000
     processed = [v["tuples_processed"] for v in run.summary["slaves"].values()]
     assert len(processed) == ranks - 1 and min(processed) > 0
+    # unpaced: the master takes its first batch before the slaves start importing, so before all are ready
+    up = run.summary["startup"]
+    assert 0 < up["first_tuple_seconds"] < up["ranks_ready_seconds"] < up["last_result_seconds"], up
 
 
 @pytest.mark.parametrize("workload", [
