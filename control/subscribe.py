@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import zmq
 
 from protocol import wire
-from protocol.config import dispatcher_endpoint
+from protocol.access import dispatcher_endpoint
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED
 from protocol.zmq_security import connect_client
 

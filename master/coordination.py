@@ -30,7 +30,10 @@ until they have them, so every dispatcher sends a key to the same partition.
 
 The same channel ends the run: a dispatcher whose input is exhausted and
 joined says DONE and keeps serving orders until rank 0, done too and with no
-move in flight, says FINISH.  Orders are small dicts, pickled; no tuple data.
+move in flight, says FINISH.  A dispatcher's ZeroMQ producers learn what a
+checkpoint made durable from it: rank 0 sends each other dispatcher COMMITTED
+with the source position of its part once the manifest is written.  Orders are
+small dicts, pickled; no tuple data.
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from protocol.messages import TAG_ORDER
 
 HOLD, READY, RELEASE, DONE, FINISH = "hold", "ready", "release", "done", "finish"
 CHECKPOINT, SNAPSHOT = "checkpoint", "snapshot"
+COMMITTED = "committed"  #: rank 0 to another dispatcher: a checkpoint holding its part is complete (its `source` mark)
 RANGES = "ranges"  #: band and inequality joins: rank 0's key ranges, which every dispatcher routes by
 
 

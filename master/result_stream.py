@@ -52,7 +52,7 @@ import zmq
 from mpi4py import MPI
 
 from protocol import eventtime, wire
-from protocol.config import dispatcher_endpoint
+from protocol.access import dispatcher_endpoint
 from protocol.messages import TAG_RESULTS
 from protocol.predicates import final_time, time_bounds
 from protocol.punctuation import Punctuator

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from master.buffers import MiniBuffers
 from master.controller import Controller
-from master.coordination import CHECKPOINT, DONE, FINISH, HOLD, RANGES, READY, RELEASE, SNAPSHOT
+from master.coordination import CHECKPOINT, COMMITTED, DONE, FINISH, HOLD, RANGES, READY, RELEASE, SNAPSHOT
 from master.desks import may_serve
 from master.desks.checkpoints import CheckpointDesk, section
 from master.desks.distribution import DistributionDesk
@@ -78,7 +78,8 @@ class Master:
         self.on_order = {HOLD: self._hold, READY: self.moves.on_ready, RELEASE: self._release,
                          CHECKPOINT: self.checkpoints.on_order, SNAPSHOT: self.checkpoints.on_snapshot,
                          DONE: lambda source, _: self.done_from.add(source), FINISH: self._finish,
-                         RANGES: lambda source, order: self.ingest.use_ranges(order["bounds"])}
+                         RANGES: lambda source, order: self.ingest.use_ranges(order["bounds"]),
+                         COMMITTED: lambda source, order: self.checkpoints.on_commit(order)}
         if resume is not None:
             self._resume(*resume)
         self.results_out.may_hold(controller.partition_map >= 0)  # a recovered run's groups hold rows already

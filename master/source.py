@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from master.zmq_source import ZmqSource
 from protocol.checkpoint import numbered
 from protocol.chunks import Chunk, InputError, concat, rows
-from protocol.config import dispatcher_endpoint
+from protocol.access import dispatcher_endpoint
 from protocol.input_file import DUPLICATE_WINDOW, Batch, InputFile
 from protocol.output import write_table
 from protocol.workload import GeneratorSource
@@ -61,14 +61,16 @@ def open_shard(cfg: dict, index: int) -> Source:
     """Dispatcher `index`'s share of the source (the whole source with one dispatcher).
 
     A file or the generator is split tuple by tuple; a ZeroMQ source is not split: dispatcher i binds its
-    own socket, at the endpoint's port + i (ipc: the path with ".i" appended), for its own producers.
+    own socket, at the endpoint's port + i (ipc: the path with ".i" appended), for its own producers, and
+    publishes their acknowledgements at `source.ack_endpoint`'s port + i.
     """
     k = cfg["cluster"]["dispatchers"]
     if k == 1:
         return open_source(cfg)
     if cfg["source"]["kind"] == "zmq":
-        source = open_source({**cfg, "source": {**cfg["source"],
-                                                "endpoint": dispatcher_endpoint(cfg["source"]["endpoint"], index)}})
+        src = cfg["source"]
+        own = {key: dispatcher_endpoint(src[key], index) for key in ("endpoint", "ack_endpoint") if src[key]}
+        source = open_source({**cfg, "source": {**src, **own}})
         source.rejected_stem += f"-d{index}"
         return source
     return ShardedSource(open_source(cfg, listed=index == 0), k, index)

@@ -86,6 +86,7 @@ class ZmqSource:
         self.anonymous_ended = self.ended = 0
         self.lost = self.duplicates = self.stale = 0  #: tuples never received; tuples and messages dropped
         self.acked: dict = self.position()  #: what the last complete checkpoint holds
+        self.acknowledged = 0  #: complete checkpoints this dispatcher was told of (and published, with acks)
         self._next_ack = 0.0
         self.messages = self.tuples = self.held_peak = 0
         self.blocked_seconds = 0.0
@@ -253,6 +254,7 @@ class ZmqSource:
     def acknowledge(self, where: dict) -> None:
         """A checkpoint holding `where` (a `position`) is complete: tell the producers."""
         self.acked = where
+        self.acknowledged += 1
         if self.acks is not None:
             self._publish(where, final=False)
 
@@ -302,7 +304,8 @@ class ZmqSource:
                 "refused_messages": dict(self.refused), "refused_tuples": self.refused_tuples,
                 "duplicate_tuples": self.duplicates, "stale_messages": self.stale, "lost_tuples": self.lost,
                 "producers": {_text(p): n for p, n in self.taken.items()},
-                "producers_blocked_seconds": round(self.blocked_seconds, 3), "held_peak_tuples": self.held_peak}}
+                "producers_blocked_seconds": round(self.blocked_seconds, 3), "held_peak_tuples": self.held_peak,
+                "checkpoints_acknowledged": self.acknowledged}}
         return self._finished
 
 

@@ -66,19 +66,34 @@ def check_http_endpoint(name: str, ep: str, cfg: dict[str, dict[str, Any]]) -> N
                           "security.allow_remote = true")
 
 
+def dispatcher_endpoint(endpoint: str, index: int) -> str:
+    """Dispatcher `index`'s own socket for a configured endpoint: the port + index (ipc: the path + ".index");
+    with several dispatchers each binds its own ingest and result-stream socket."""
+    if endpoint.startswith("ipc://"):
+        return f"{endpoint}.{index}" if index else endpoint
+    host, port = endpoint.rsplit(":", 1)
+    return f"{host}:{int(port) + index}"
+
+
 def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
-    """ZeroMQ binds: a well-formed endpoint; off loopback only with security.allow_remote and CURVE keys."""
+    """ZeroMQ binds: a well-formed endpoint; off loopback only with security.allow_remote and CURVE keys; no
+    two binds at one endpoint, counting each dispatcher's own (port + i)."""
     zmq = cfg["source"]["kind"] == "zmq"
     used = [(f"{s}.{k}", cfg[s][k]) for s, k, on in (("source", "endpoint", zmq), ("source", "ack_endpoint", zmq),
                                                      ("output", "zmq_endpoint", True)) if on and cfg[s][k]]
     used += [(f"streams.{name}.endpoint", spec["endpoint"]) for name, spec in cfg.get("streams", {}).items()
              if spec["endpoint"]]
-    for name, other, ep in [(n, o, e) for i, (n, e) in enumerate(used) for o, e2 in used[:i] if e == e2][:1]:
-        raise ConfigError(f"{name}: must differ from {other} (both {ep!r})")
-    sec = cfg["security"]
     for name, ep in used:
         if not (ep.startswith("ipc://") or (ep.startswith("tcp://") and ":" in ep[6:])):
             raise ConfigError(f"{name}: expected tcp://HOST:PORT or ipc://PATH, got {ep!r}")
+    k = cfg["cluster"]["dispatchers"]
+    numbered = [(n, e) for n, e in used if e.startswith("ipc://") or e.rpartition(":")[2].isdigit()]  # not port *
+    bound = [(n if i == 0 else f"{n} (dispatcher {i}'s)", dispatcher_endpoint(e, i))
+             for n, e in numbered for i in range(k if n.startswith(("source.", "output.")) else 1)]
+    for name, other, ep in [(n, o, e) for i, (n, e) in enumerate(bound) for o, e2 in bound[:i] if e == e2][:1]:
+        raise ConfigError(f"{name}: must differ from {other} (both {ep!r})")
+    sec = cfg["security"]
+    for name, ep in used:
         if endpoint_is_local(ep):
             continue
         if not sec["allow_remote"]:
@@ -109,9 +124,6 @@ def check_producers(cfg: dict[str, dict[str, Any]]) -> None:
     if src["ack_endpoint"] and src["kind"] == "zmq":
         if not cfg["checkpoint"]["interval"]:
             raise ConfigError("source.ack_endpoint: acknowledgements come from checkpoints: set checkpoint.interval")
-        if cfg["cluster"]["dispatchers"] > 1:
-            raise ConfigError("source.ack_endpoint: not supported with several dispatchers yet (cluster.dispatchers = "
-                              f"{cfg['cluster']['dispatchers']})")
 
 
 def _check_secret_key(path: str) -> None:

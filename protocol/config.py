@@ -336,15 +336,6 @@ def _check_bounds(join: dict[str, Any]) -> None:
         raise ConfigError(f"join.lower: must be at most join.upper (got {lower!r} and {upper!r}): no pair would join")
 
 
-def dispatcher_endpoint(endpoint: str, index: int) -> str:
-    """Dispatcher `index`'s own socket for a configured endpoint: the port + index (ipc: the path + ".index");
-    with several dispatchers each binds its own ingest and result-stream socket."""
-    if endpoint.startswith("ipc://"):
-        return f"{endpoint}.{index}" if index else endpoint
-    host, port = endpoint.rsplit(":", 1)
-    return f"{host}:{int(port) + index}"
-
-
 def reference() -> str:
     """docs/configuration.md: every key with its default, the values it takes and its meaning, from DEFAULTS
     (tests/test_config.py fails when the committed page differs)."""

@@ -242,7 +242,8 @@ def test_the_serving_rule_reads_every_desks_answer():
 # --------------------------------------------------------------------------- checkpoints
 
 def master_sections(p, consumed):
-    return {"consumed": consumed, "max_ts": 9.5, "late_files": 2, "key_ranges": None, "archive_files": 0,
+    return {"consumed": consumed, "source": {"accepted": consumed}, "max_ts": 9.5, "late_files": 2,
+            "key_ranges": None, "archive_files": 0,
             "epochs_done": 4, "sent_watermark": {str(r): S(1.0) for r in p.slaves},
             "seq": {str(r): 3 for r in p.slaves}, "hot_keys": None}
 
@@ -310,9 +311,12 @@ def test_with_two_dispatchers_the_manifest_waits_for_the_others_snapshot(tmp_pat
     other.begin(master_sections(q, 20), epochs_done=1)
     (dests, order, fields), = q.links.told
     assert (dests, order) == ([0], "snapshot")
+    told = len(p.links.told)
     desk.on_snapshot(1, fields)
     manifest = checkpoint.load_manifest(ckpt_dir)
     assert desk.written == 1 and manifest["dispatchers"]["1"]["consumed"] == 20
+    # once the manifest is written, dispatcher 1 learns that its part is durable (its producers' acks)
+    assert p.links.told[told:] == [([1], "committed", {"source": {"accepted": 20}})]
 
 
 # --------------------------------------------------------------------------- hot keys

@@ -219,32 +219,45 @@ def test_a_stalled_cluster_with_hot_keys_is_restarted_by_the_supervisor_and_stay
     assert any(e["event"] == "split" for e in run.summary["hot_keys"]), run.stderr
 
 
-def test_a_zmq_run_killed_under_the_supervisor_loses_nothing_the_producer_sent(tmp_path):
+@pytest.mark.parametrize("dispatchers", [1, 2])
+def test_a_zmq_run_killed_under_the_supervisor_loses_nothing_the_producer_sent(tmp_path, dispatchers):
     """SIGKILL of a slave with the ZeroMQ source: the producer CLI keeps what no checkpoint holds, resends it to
     the restarted cluster (its ACKs name a new run), and the master drops what it already has: the result set is
-    exactly the reference join over everything the producer sent (it used to lose what came after the checkpoint)."""
+    exactly the reference join over everything the producer sent (it used to lose what came after the checkpoint).
+    With 2 dispatchers each has its own producer, endpoint and acknowledgements (port + i), and learns from rank
+    0 when a checkpoint holding its part is complete (they used to be refused).  The disorder stays below
+    max_delay there: each dispatcher judges lateness on its own share, which the whole-input reference does not."""
     from tests.test_zmq_cluster import finish, free_port, make_input, start, write_input
     from tests.reference import reference_pairs
 
     rng = np.random.default_rng(53)
-    stream, ids, ts, keys = make_input(rng, 9000, 300, disorder=0.2)
-    write_input(tmp_path / "in.csv", stream, ids, ts, keys)
-    ingest, acks = free_port(), free_port()
-    prod = start("control.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 300,
-                 "--ack-endpoint", f"tcp://127.0.0.1:{acks}", "--name", "feed", "--timeout", 120)
+    stream, ids, ts, keys = make_input(rng, 9000, 300, disorder=0.2 if dispatchers == 1 else 0.15)
+    ingest, acks = free_port(dispatchers), free_port(dispatchers)
+    producers = []
+    for i in range(dispatchers):  # each dispatcher's producer sends every k-th row
+        mine = np.arange(i, 9000, dispatchers)
+        write_input(tmp_path / f"in-{i}.csv", stream[mine], ids[mine], ts[mine], keys[mine])
+        producers.append(start("control.produce", tmp_path / f"in-{i}.csv", "--endpoint",
+                               f"tcp://127.0.0.1:{ingest + i}", "--batch", 300, "--ack-endpoint",
+                               f"tcp://127.0.0.1:{acks + i}", "--name", f"feed-{i}", "--timeout", 120))
     settings = {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
-                "source.ack_endpoint": f"tcp://127.0.0.1:{acks}", "source.rate": 6000.0, "checkpoint.interval": 2,
-                "epochs.distribution": 0.1, "join.window": 0.3, "join.max_delay": 0.2}
-    run = run_cluster(tmp_path, 3, settings, wrapper=SUPERVISE, timeout=150,
-                      env={"STREAMJOIN_FAULT": f"1:batch:8:{tmp_path / 'fault-fired'}"})
-    sent = finish(prod)
+                "source.ack_endpoint": f"tcp://127.0.0.1:{acks}", "source.rate": 6000.0 / dispatchers,
+                "checkpoint.interval": 2, "epochs.distribution": 0.1, "join.window": 0.3, "join.max_delay": 0.2,
+                "cluster.dispatchers": dispatchers}
+    victim = dispatchers  # the first slave
+    run = run_cluster(tmp_path, dispatchers + 2, settings, wrapper=SUPERVISE, timeout=150,
+                      env={"STREAMJOIN_FAULT": f"{victim}:batch:8:{tmp_path / 'fault-fired'}"})
+    sent = [finish(p) for p in producers]
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "fault-fired").exists() and "restart 1 of 3" in run.stderr
     assert run.summary["checkpoints"]["recovered_from"] is not None, run.stderr
-    assert sent["tuples_sent"] == 9000 and sent["confirmed"] and sent["tuples_resent"] > 0, sent
+    assert all(s["tuples_sent"] == 9000 // dispatchers and s["confirmed"] for s in sent), sent
+    assert sum(s["tuples_resent"] for s in sent) > 0, sent
     expected, expected_late = reference_pairs(stream, ids, ts, keys, 0.3, 0.2)
     np.testing.assert_array_equal(run.pairs(), expected)
     np.testing.assert_array_equal(run.late_ids(), expected_late)
     z = run.summary["zmq_ingest"]
-    assert z["lost_tuples"] == 0 and z["producers"] == {"feed": 9000}
+    assert z["lost_tuples"] == 0 and z["producers"] == {f"feed-{i}": 9000 // dispatchers for i in range(dispatchers)}
+    # every dispatcher published every checkpoint of the final run (the others as rank 0 told them: COMMITTED)
+    assert z["checkpoints_acknowledged"] == dispatchers * run.summary["checkpoints"]["written"], z
     assert run.summary["input_total"] + run.summary["late"] == 9000

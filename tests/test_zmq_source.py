@@ -242,10 +242,15 @@ def test_config_rules_of_the_token_and_the_acknowledgements(tmp_path):
                               ([f'source.token_file="{tmp_path}/empty"'], "is empty"),
                               (['source.ack_endpoint="tcp://127.0.0.1:5554"'], "set checkpoint.interval"),
                               (['source.ack_endpoint="tcp://127.0.0.1:5555"', "checkpoint.interval=2"], "must differ"),
+                              # dispatcher 1 binds every endpoint's port + 1: its acks would meet 0's input
                               (['source.ack_endpoint="tcp://127.0.0.1:5554"', "checkpoint.interval=2",
-                                "cluster.dispatchers=2"], "several dispatchers")]:
+                                "cluster.dispatchers=2"],
+                               r"source.ack_endpoint \(dispatcher 1's\): must differ from source.endpoint")]:
         with pytest.raises(ConfigError, match=message):
             load_config(None, zmq_on + settings)
+    two = load_config(None, zmq_on + ['source.ack_endpoint="tcp://127.0.0.1:5557"', "checkpoint.interval=2",
+                                      "cluster.dispatchers=2"])  # acknowledgements with several dispatchers
+    assert two["source"]["ack_endpoint"] == "tcp://127.0.0.1:5557"
     cfg = load_config(None, zmq_on + ['source.token="s3cret"'])
     assert public(cfg)["source"]["token"] == "***" and cfg["source"]["token"] == "s3cret"  # summary, manifests
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from master.archive import named
-from master.coordination import CHECKPOINT, SNAPSHOT
+from master.coordination import CHECKPOINT, COMMITTED, SNAPSHOT
 from protocol import checkpoint
 from protocol.access import public
 from protocol.messages import Kind
@@ -44,7 +44,8 @@ class CheckpointDesk:
         self.log: list[dict] = []  #: rank 0: every complete checkpoint (metrics, summary)
         self.recovered_from = None
         self.t0 = 0.0  #: the run's start (the pacing schedule's origin)
-        self.on_commit = lambda section: None  #: rank 0: told its section of each complete checkpoint
+        #: told its section of each complete checkpoint (rank 0 at once, the others by a COMMITTED order)
+        self.on_commit = lambda section: None
 
     def on_epoch(self, epochs_done: int, exhausted: bool) -> None:
         """A distribution epoch ended: rank 0 wants a checkpoint if one is due and input is still coming."""
@@ -132,6 +133,8 @@ class CheckpointDesk:
                          "duration": round(time.time() - ck["started"], 3), "bytes": round(mb * 2**20)})
         self.open = None
         self.on_commit(ck["master"])
+        for d, m in ck["dispatchers"].items():  # their producers learn it from them (master.coordination)
+            self.links.tell([int(d)], COMMITTED, source=m["source"])
 
     def restore(self, directory: Path, manifest: dict, epochs_done: int) -> None:
         """The checkpoint's mini-buffers, counters and partition map (the desks restore their own sections)."""
