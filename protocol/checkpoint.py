@@ -22,7 +22,6 @@ record count and the tuples it holds, so a checker can verify it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time

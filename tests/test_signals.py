@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from deploy.launch import mpi_env, mpirun_command
+from deploy.launch import mpi_env
 from master.lock import OutputLock
 from tests.cluster import write_config
 from tests.test_cluster import SMALL, check_exact
