@@ -7,10 +7,17 @@ keys seen so the partitions start with about equal load (they are then moved
 between slaves like any partition-group).  Every S tuple goes to the partition
 of its key (its home, where its pairs are produced); every R tuple is copied to
 each partition that may hold partners: those covering [key + low, key + high].
+A full join copies both sides (S to those covering [key - high, key - low]), each
+also to its own partition (`copy_offsets`); the slaves tell a tuple's home from
+its guest copies by the span of keys each partition holds (`spans`, sent in
+every batch's group table).
 """
 from __future__ import annotations
 
 import numpy as np
+
+from protocol.messages import ALL_KEYS
+from protocol.tuples import STREAM_R
 
 
 _I64 = np.iinfo(np.int64)
@@ -27,6 +34,24 @@ def shifted(keys: np.ndarray, d: int) -> np.ndarray:
     return out
 
 
+def copy_offsets(stream: int, low: int | None, high: int | None, home: bool) -> tuple[int | None, int | None]:
+    """The key offsets (lo, hi) of the ranges a copied tuple of `stream` goes to, those covering [key + lo, key +
+    hi] (None: open), for a predicate whose partners lie at s.key - r.key in [low, high]
+    (protocol.predicates.key_distance): R's partners at key + [low, high], S's at key - [high, low].  With `home`
+    (a full join, both sides copied) the tuple's own range too, where its row alone is decided: a less join's
+    partners (low = 1) may all lie in the ranges above the tuple's."""
+    lo, hi = (low, high) if stream == STREAM_R else ((None if high is None else -high), (None if low is None else -low))
+    if home:
+        lo, hi = (None if lo is None else min(lo, 0)), (None if hi is None else max(hi, 0))
+    return lo, hi
+
+
+def every_key(partitions: np.ndarray) -> np.ndarray:
+    """The span (first, last key) of each of `partitions` with hash partitions or hot-key grids: every key is at
+    home in its group (no guest copies)."""
+    return np.tile(np.array(ALL_KEYS, np.int64), (len(partitions), 1))
+
+
 class KeyRanges:
     def __init__(self, bounds):
         self.bounds = np.asarray(bounds, dtype=np.int64)  #: partitions - 1 split points, non-decreasing
@@ -41,6 +66,15 @@ class KeyRanges:
 
     def home(self, keys: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.bounds, keys, side="right").astype(np.int64)
+
+    def spans(self, partitions: np.ndarray) -> np.ndarray:
+        """(first key, last key) of each of `partitions`: exactly the keys whose `home` it is (first > last where
+        none is: a split point repeated)."""
+        p = np.asarray(partitions, np.int64)
+        first = np.concatenate([[_I64.min], self.bounds])[p]
+        after = np.concatenate([self.bounds, [_I64.max]])[p]  # the next range's first key (the last: none)
+        last = np.where(p == self.partitions - 1, _I64.max, after - (after != _I64.min))
+        return np.column_stack([np.where(after == _I64.min, _I64.max, first), last]).astype(np.int64)
 
     def copies(self, keys: np.ndarray, low: int | None, high: int | None) -> tuple[np.ndarray, np.ndarray]:
         """(row index, partition) of every copy: each row to all partitions covering [key + low, key + high]."""

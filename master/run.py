@@ -62,7 +62,8 @@ class Master:
         self.ingest = IngestDesk(cfg, source, buffers, stats, self.index, self.k, groups, router, sketch)
         self.results_out = ResultStream(comm, cfg, parts, self.index)
         self.metrics = Metrics(comm, cfg, self.index)
-        self.distribution = DistributionDesk(cfg, slaves, buffers, controller, stats, links, self.results_out)
+        self.distribution = DistributionDesk(cfg, slaves, buffers, controller, stats, links, self.results_out,
+                                             self.ingest.spans)
         self.moves = MovesDesk(self.k, controller, stats, links)
         self.hot = HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links,
                               self.results_out.rerouted) if router else None

@@ -30,7 +30,7 @@ TAG_METRICS = 7  #: dispatcher k > 0 -> rank 0, at the metrics cadence: its coun
 
 
 class Kind(enum.IntEnum):
-    BATCH = 1  #: tuples of one distribution epoch, then the group table (`groups`, key-range partitioning)
+    BATCH = 1  #: tuples of one distribution epoch, then the group table (`batch_groups`)
     STOP = 2   #: no more input: flush and send the final report
     MOVE = 3   #: hand partition-group `partition` over to slave `peer` (paper 003, IV-C)
     CHECKPOINT = 4  #: write every partition-group's state into checkpoint `checkpoint` (protocol.checkpoint)
@@ -61,10 +61,14 @@ HEADER = np.dtype({"names": ["kind", "seq", "watermark", "n_r", "n_s", "partitio
                              "table_rows", "sent"],
                    "formats": ["<i8"] * 9 + ["<f8"],
                    "offsets": [0, 8, 16, 24, 32, 40, 40, 48, 56, 64], "itemsize": 72})
-#: width of the table's rows: with key-range partitioning (band and inequality joins) a batch ends with one
-#: row per partition-group it holds, (partition, R rows, S rows), in the order of the rows (a hash-partitioned
-#: batch has none); SPLIT / MERGE end with the row (hot key, its first sub-group, its sub-group count)
-GROUP_ROW = 3
+#: width of the table's rows: a batch ends with one row per partition-group it holds, (partition, R rows, S
+#: rows, first key, last key), in the order of the rows; the keys are the span whose home the group is (key
+#: ranges: master.ranges.KeyRanges.spans; hash partitions and hot-key grids: ALL_KEYS): a full join with key ranges
+#: copies both sides, and a row of the group whose key is outside its span is a guest copy (slave.join).
+#: SPLIT / MERGE end with the row (hot key, its first sub-group, its sub-group count, -1, -1)
+GROUP_ROW = 5
+#: the span of a group that is every key's home (no guests): hash partitions, hot-key sub-groups
+ALL_KEYS = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
 
 
 def encode_batch(seq: int, watermark: int, r: np.ndarray, s: np.ndarray,
@@ -100,7 +104,7 @@ def encode_order(kind: Kind, seq: int, watermark: int = eventtime.NONE, *, parti
         raise ValueError("a BATCH is built by encode_batch / batch_message")
     if partition >= 0 and checkpoint >= 0:
         raise ValueError(f"{kind.name}: partition {partition} and checkpoint {checkpoint} share one header field")
-    table = _table(None if hot_key is None else [hot_key])
+    table = _table(None if hot_key is None else [(*hot_key, -1, -1)])
     buf = np.empty(HEADER.itemsize + table.nbytes, dtype=np.uint8)
     _write_head(buf, kind, seq, watermark, 0, 0, len(table), partition, peer)
     if checkpoint >= 0:
@@ -110,7 +114,10 @@ def encode_order(kind: Kind, seq: int, watermark: int = eventtime.NONE, *, parti
 
 
 def _table(rows) -> np.ndarray:
-    return np.empty((0, GROUP_ROW), np.int64) if rows is None else np.ascontiguousarray(rows, np.int64)
+    table = np.empty((0, GROUP_ROW), np.int64) if rows is None else np.ascontiguousarray(rows, np.int64)
+    if table.ndim != 2 or table.shape[1] != GROUP_ROW:
+        raise ValueError(f"a message's table has rows of {GROUP_ROW} int64, not of shape {table.shape[1:]}")
+    return table
 
 
 def _write_head(buf: np.ndarray, kind: Kind, seq: int, watermark: int, n_r: int, n_s: int, table_rows: int,
@@ -148,7 +155,8 @@ def decode_batch(buf: np.ndarray, dtype: np.dtype) -> tuple[np.void, np.ndarray,
 
 
 def batch_groups(buf: np.ndarray, head: np.void) -> np.ndarray:
-    """The (partition, R rows, S rows) table that ends a BATCH: which rows belong to which partition-group."""
+    """The (partition, R rows, S rows, first key, last key) table that ends a BATCH: which rows belong to which
+    partition-group, and the span of keys whose home it is (`GROUP_ROW`)."""
     n_t = int(head["table_rows"])
     return buf[len(buf) - n_t * GROUP_ROW * 8:].view(np.int64).reshape(n_t, GROUP_ROW)
 
@@ -158,7 +166,7 @@ def hot_key(buf: np.ndarray, head: np.void) -> tuple[int, int, int]:
     if Kind(int(head["kind"])) not in (Kind.SPLIT, Kind.MERGE) or int(head["table_rows"]) != 1:
         raise ValueError(f"a {Kind(int(head['kind'])).name} message with {int(head['table_rows'])} table rows "
                          "carries no hot key")
-    key, first, size = buf[-GROUP_ROW * 8:].view(np.int64).tolist()
+    key, first, size = buf[-GROUP_ROW * 8:].view(np.int64).tolist()[:3]
     return key, first, size
 
 

@@ -25,6 +25,13 @@ def copied_stream(join_type: str) -> int:
     return STREAM_S if join_type in ("left", "semi", "anti") else STREAM_R
 
 
+def range_copied(join_type: str) -> tuple[int, ...]:
+    """The streams key ranges (band and less joins) copy into every range that may hold partners: one
+    (`copied_stream`), or both for a full join, whose R and S rows alone are each decided once, at the tuple's
+    home range (the range of its own key; its copies elsewhere are guests: slave.join)."""
+    return (STREAM_R, STREAM_S) if join_type == "full" else (copied_stream(join_type),)
+
+
 def final_time(stream: int, ts, bounds: tuple[int, int]):
     """When a stored tuple of `stream` with `ts` (microseconds; an int or an array) becomes final: once a batch's
     watermark W is above it, no on-time tuple still to come (ts >= W) can join it, so its row alone is decided
@@ -56,14 +63,11 @@ def time_bounds(join: dict) -> tuple[int, int]:
 
 def check_join_type(cfg: dict, error: type[Exception]) -> None:
     """Rows without a partner are decided where the tuple is stored, from its matched flag (issue 22): refused
-    where a kept tuple has copies that would each decide alone."""
+    where a kept tuple has copies that would each decide alone (a full join with key ranges decides each at its
+    home range only, `range_copied`; a hot key's grid has no home sub-group)."""
     kind = cfg["join"]["type"]
     if kind == "inner":
         return
-    if kind == "full" and cfg["join"]["predicate"] != "equal":
-        raise error(f'join.type: "full" keeps both sides, but with join.predicate = "{cfg["join"]["predicate"]}" '
-                          "one side is copied into every key range that may hold partners and no copy knows whether "
-                          'another matched; use "left" or "right" (the kept side is then stored once)')
     if kind == "full" and cfg["hotkeys"]["enabled"]:
         raise error('join.type: "full" keeps both sides, but hotkeys.enabled copies one side of a hot key into '
                           "every sub-group of its grid and no copy knows whether another matched; set "

@@ -24,7 +24,15 @@ tuple in the group of its key's range, every R tuple copied into each group
 whose range may hold partners (left, semi and anti joins: the other way round),
 with a table saying which rows belong to which group.  A pair is then produced
 only in the group of its tuple that is stored once, by the same rule; those
-groups are not split (hashing would scatter neighbouring keys).
+groups are not split (hashing would scatter neighbouring keys).  A full join
+copies both sides: each tuple is at its *home* in the group of its key's range
+(the table gives each group's span of keys) and a *guest* in the others, its
+flag GUEST (slave.window).  Each pair is emitted in its R tuple's home only (all
+of r's partners are there, at home or guests) and each tuple flagged matched
+in its own home only (all its partners are there too), so a pair is flagged
+at S's home but emitted at R's; a guest is never decided alone.  A pair of two
+guests is of no use anywhere: the kernel does not search for it (slave.kernel,
+range_matches' `home`).
 
 Outer, semi and anti joins (`join.type`, issue 22) keep a matched flag beside every stored tuple of the kept
 side(s) (slave.window): set whenever the tuple is part of a pair, in this epoch's join; a row still unmatched
@@ -50,7 +58,7 @@ from protocol.predicates import JOIN_TYPES, copied_stream, final_time, key_dista
 from protocol.tuples import FIELDS, STREAM_R, STREAM_S, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
-from slave.window import MATCHED, UNMATCHED
+from slave.window import GUEST, MATCHED, UNMATCHED
 
 class Pairs:
     """An epoch's results (or a chunk of them) as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i],
@@ -126,15 +134,18 @@ class JoinModule:
         self.keep_s = join_type in ("right", "full")
         self.emit_pairs = join_type in ("inner", "left", "right", "full")
         self.copied = copied_stream(join_type)  #: the stream a hot key copies into every sub-group
+        #: a full join with key ranges: both sides copied, each tuple a guest outside the span of its key's range
+        self.guests = join_type == "full" and predicate != "equal"
         #: rows without a partner the last epoch emitted (semi: R rows at their first match), copies; set once
         #: its last chunk is taken
         self.lone_r = self.lone_s = np.empty(0, dtype)
         self.semi_time = np.empty(0, np.int64)  #: semi: the stream time of each row of `lone_r` (its first pair's)
         if predicate == "equal":  # a is R, b is S: the bounds as configured
-            self.kernel = lambda a, b: window_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper)
+            self.kernel = lambda a, b, home: window_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper)
         else:
             low, high = key_distance(predicate, band)
-            self.kernel = lambda a, b: range_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper, low, high)
+            self.kernel = lambda a, b, home: range_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper, low,
+                                                           high, home)
             max_depth = 0  # one bucket per range: a split by hash would not narrow a band probe
         self._group_args = (dtype, block_size, theta_min, theta_max, max_depth)
         self._fields = field_words(dtype, FIELDS)
@@ -211,27 +222,30 @@ class JoinModule:
         """Join one epoch's fresh tuples; yields its results in chunks of at most `chunk_rows` pairs, then
         expires and tunes once the last is taken.
 
-        `groups` is the batch's (partition, R rows, S rows) table (the master sends one: the rows come grouped
-        by partition, and with key ranges or hot-key grids R rows are copied into several); without it the
-        partition of each tuple is its key's hash partition.  A chunk is cut only when more pairs follow, so
-        the last one is known as it is yielded.
+        `groups` is the batch's (partition, R rows, S rows[, first key, last key]) table (the master sends one:
+        the rows come grouped by partition, and with key ranges or hot-key grids rows are copied into several;
+        protocol.messages.GROUP_ROW); without it the partition of each tuple is its key's hash partition.  With
+        `guests`, a row whose key is outside its group's [first key, last key] is a guest copy.  A chunk is cut
+        only when more pairs follow, so the last one is known as it is yielded (with guests it may be empty:
+        the pairs that followed were a guest R's).
         """
         if groups is None:
-            batches = ((p, take_rows(fresh_r, ri), take_rows(fresh_s, si)) for p, ri, si in
+            batches = ((p, take_rows(fresh_r, ri), take_rows(fresh_s, si), None) for p, ri, si in
                        group_pairs(partition_of(fresh_r["key"], self.partitions),
                                    partition_of(fresh_s["key"], self.partitions)))
         else:
-            ends = np.cumsum(groups[:, 1:], axis=0)
-            batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s])
-                       for (p, n_r, n_s), (end_r, end_s) in zip(groups.tolist(), ends.tolist()))
+            ends = np.cumsum(groups[:, 1:3], axis=0)
+            spans = groups[:, 3:5].tolist() if self.guests and groups.shape[1] > 3 else [None] * len(groups)
+            batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s], span)
+                       for (p, n_r, n_s, *_), (end_r, end_s), span in zip(groups.tolist(), ends.tolist(), spans))
         pieces: list[tuple] = []
         lone_r: list[np.ndarray] = []  # rows decided unmatched
         lone_s: list[np.ndarray] = []
         semi: list[tuple[np.ndarray, np.ndarray]] = []  # semi: (R rows at their first match, their stream times)
         stamps: list[tuple[int, float]] = []
         filled = 0
-        for p, new_r, new_s in batches:
-            for join in self._join_group(self.group(p), new_r, new_s, semi):
+        for p, new_r, new_s, span in batches:
+            for join in self._join_group(self.group(p), new_r, new_s, semi, span):
                 at, matches = 0, join.matches
                 while at < matches.total:  # one slice per chunk: a single tuple's pairs are split too
                     if filled == self.chunk_rows:
@@ -239,10 +253,13 @@ class JoinModule:
                         pieces, stamps, filled = [], [], 0
                     n = min(matches.total - at, self.chunk_rows - (filled if self.emit_pairs else 0))
                     ia, ib = matches.take(at, at + n)
-                    self._flag(join, ia, ib, semi)
-                    if self.emit_pairs:
+                    if self.guests:
+                        ia, ib = self._flag_at_home(join, ia, ib)
+                    else:
+                        self._flag(join, ia, ib, semi)
+                    if self.emit_pairs and len(ia):
                         pieces.append((words(join.rows_r), ia, words(join.rows_s), ib))
-                        filled += n
+                        filled += len(ia)
                     at += n
             stamps.append((filled, time.time()))
         yield self._chunk(pieces, filled, stamps, last=True)
@@ -300,11 +317,24 @@ class JoinModule:
         if self.keep_s:
             join.flags_s[is_] = MATCHED
 
-    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, semi: list) -> Iterator[Join]:
+    @staticmethod
+    def _flag_at_home(join: Join, ir: np.ndarray, is_: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A full join with key ranges: flag the tuples of a slice of pairs matched where they are at home (a
+        guest's flag stays GUEST), and return the slice's pairs whose R tuple is at home: those alone are
+        emitted here (a pair whose R is a guest is emitted at its R's home, which holds its S as well)."""
+        home_r = join.flags_r[ir] != GUEST
+        ir, is_home = ir[home_r], is_[home_r]
+        join.flags_r[ir] = MATCHED
+        join.flags_s[is_[join.flags_s[is_] != GUEST]] = MATCHED
+        return ir, is_home
+
+    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, semi: list,
+                    span: list | None = None) -> Iterator[Join]:
         """Join one group's fresh tuples: yields a Join (its sides, matched flags and slave.kernel.Matches) for
         each of the three joins of each bucket; a bucket's fresh tuples are appended, with their flags, once
         its joins are taken, and with a semi join its fresh R rows matched go to `semi` with their first
-        pair's stream time."""
+        pair's stream time.  `span`: [first, last] key whose home the group is (`guests`): a fresh tuple whose
+        key is outside is a guest copy, flagged GUEST."""
         if pg.directory.global_depth == 0:  # one bucket takes every tuple: no hashing or grouping needed
             buckets = [(int(pg.directory.entries[0]), new_r, new_s)]
         else:
@@ -316,10 +346,13 @@ class JoinModule:
             fresh_r = np.zeros(len(nr), np.uint8) if self.keep_r else None
             fresh_s = np.zeros(len(ns), np.uint8) if self.keep_s else None
             first_r = np.zeros(len(nr), np.int64) if self.join_type == "semi" else None
+            if span is not None:
+                for fresh, rows in ((fresh_r, nr), (fresh_s, ns)):
+                    fresh[(rows["key"] < span[0]) | (rows["key"] > span[1])] = GUEST
             for side_r, side_s, flags_r, flags_s in ((nr, win_s.rows, fresh_r, win_s.matched),
                                                      (win_r.rows, ns, win_r.matched, fresh_s),
                                                      (nr, ns, fresh_r, fresh_s)):
-                matches = self.kernel(side_r, side_s)
+                matches = self.kernel(side_r, side_s, span)  # with a span: no pair of two guests
                 if matches.total:
                     stored = flags_r is not fresh_r
                     yield Join(side_r, side_s, flags_r, flags_s, stored, matches, None if stored else first_r)

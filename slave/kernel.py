@@ -46,7 +46,7 @@ _EQUI_FILL_SIG = "void(int64[::1], int64[::1], int64[::1], int64, int64[::1], in
 _DELAYS_SIG = ("void(float64[:], float64[:], int64[::1], float64[::1], float64, float64, float64[::1], float64, float64, "
                "float64[::1], int64[:, ::1])")
 _RANGE_SIG = ("UniTuple(int64[::1], 5)(int64[:], int64[:], int64[:], int64[:], int64, int64, int64, int64, boolean, "
-              "boolean)")
+              "boolean, int64, int64, boolean)")
 _RANGE_FILL_SIG = ("void(int64[:], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64, int64, "
                    "int64[::1], int64[::1])")
 _GATHER_SIG = "void(int64[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64)"
@@ -148,10 +148,12 @@ def _equi_fill(run_idx, first, offsets, start, ia, ib):  # pragma: no cover - co
 
 
 @njit(_RANGE_SIG, cache=True, nogil=True)
-def _range_count(a_key, a_ts, b_key, b_ts, lower, upper, low, high, has_low, has_high):  # pragma: no cover - compiled
+def _range_count(a_key, a_ts, b_key, b_ts, lower, upper, low, high, has_low, has_high, home_lo, home_hi,
+                 clip):  # pragma: no cover - compiled
     """The count pass for low <= b.key - a.key <= high (a bound is open unless has_*), lower <= b.ts - a.ts <= upper.
-    Returns (order, times, first, last, offsets): b sorted by key (its indices and ts), probe i's candidates
-    first[i]..last[i]-1 in that order, offsets[i] the number of its first pair (`_range_fill`)."""
+    With `clip`, a probe whose key is outside [home_lo, home_hi] (a guest copy) looks only at candidates whose key
+    is inside (at home).  Returns (order, times, first, last, offsets): b sorted by key (its indices and ts), probe
+    i's candidates first[i]..last[i]-1 in that order, offsets[i] the number of its first pair (`_range_fill`)."""
     n_a, n_b = len(a_key), len(b_key)
     order = np.argsort(b_key, kind="mergesort")
     keys = np.empty(n_b, np.int64)
@@ -165,34 +167,41 @@ def _range_count(a_key, a_ts, b_key, b_ts, lower, upper, low, high, has_low, has
     for i in range(n_a):
         offsets[i + 1] = offsets[i]
         k = a_key[i]
-        lo, hi = 0, n_b
+        guest = clip and (k < home_lo or k > home_hi)
+        bounded, target = False, np.int64(0)
         if has_low:  # first key >= k + low, saturating instead of wrapping around
             if low > 0 and k > _I64_MAX - low:
                 continue
             if not (low < 0 and k < _I64_MIN - low):
-                target = k + low
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if keys[mid] < target:
-                        lo = mid + 1
-                    else:
-                        hi = mid
+                bounded, target = True, k + low
+        if guest and (not bounded or target < home_lo):
+            bounded, target = True, home_lo
+        lo, hi = 0, n_b
+        if bounded:
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if keys[mid] < target:
+                    lo = mid + 1
+                else:
+                    hi = mid
         start = lo
-        lo, hi = start, n_b
+        bounded, target = False, np.int64(0)
         if has_high:  # first key > k + high
             if high < 0 and k < _I64_MIN - high:
                 continue
             if not (high > 0 and k > _I64_MAX - high):
-                target = k + high
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if keys[mid] <= target:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                hi = lo
-            else:
-                hi = n_b
+                bounded, target = True, k + high
+        if guest and (not bounded or target > home_hi):
+            bounded, target = True, home_hi
+        lo, hi = start, n_b
+        if bounded:
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if keys[mid] <= target:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            hi = lo
         t = a_ts[i]
         for q in range(start, hi):
             if lower <= times[q] - t <= upper:
@@ -261,23 +270,27 @@ def window_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts:
 
 
 def range_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, lower: int, upper: int,
-                  low: int | None, high: int | None) -> Matches:
-    """Every pair with low <= b_key - a_key <= high and lower <= b_ts - a_ts <= upper, counted.
+                  low: int | None, high: int | None, home: tuple[int, int] | None = None) -> Matches:
+    """Every pair with low <= b_key - a_key <= high and lower <= b_ts - a_ts <= upper, counted; with `home`
+    (first, last key), only the pairs of which at least one key is in [first, last].
 
     A bound of None is open.  The band join is (-band, band); r.key < s.key is (1, None) with a = R.
     The smaller side is sorted by key and every tuple of the larger side finds its key range with two
     binary searches (BiStream keeps a sorted index per predicate for the same reason); candidates are
     then filtered on time.  The stored side holds about one window of tuples (expiry), so candidates
-    exceed results by about the ratio of the stored time span to upper - lower.
+    exceed results by about the ratio of the stored time span to upper - lower.  `home` is a full join's
+    range (slave.join): a pair of two guest copies is neither emitted nor flagged there, so a probe outside the
+    range searches only the keys inside it -- with less, most of a range's tuples are guests of both sides.
     """
     if len(a_key) == 0 or len(b_key) == 0:
         return _NONE
     if len(a_key) < len(b_key):  # search in the smaller side: a's key range as seen from b is mirrored
         return range_matches(b_key, b_ts, a_key, a_ts, -upper, -lower, None if high is None else -high,
-                             None if low is None else -low).swapped()
+                             None if low is None else -low, home).swapped()
+    home_lo, home_hi = (0, 0) if home is None else map(int, home)
     order, times, first, last, offsets = _range_count(
         a_key, a_ts, b_key, b_ts, int(lower), int(upper), 0 if low is None else int(low),
-        0 if high is None else int(high), low is not None, high is not None)
+        0 if high is None else int(high), low is not None, high is not None, home_lo, home_hi, home is not None)
     return Matches(int(offsets[-1]), partial(_range_fill, a_ts, order, times, first, last, offsets, int(lower),
                                              int(upper)))
 

@@ -108,3 +108,26 @@ def reference_outer(pairs: np.ndarray, r_ids: np.ndarray, s_ids: np.ndarray, joi
     lone_s = np.setdiff1d(s_ids, s_in) if join_type in ("right", "full") else none
     kept = pairs if join_type in ("inner", "left", "right", "full") else none
     return kept, np.sort(lone_r), np.sort(lone_s)
+
+
+def duckdb_outer(r_ids, r_ts, r_keys, s_ids, s_ts, s_keys, lower: int, upper: int, predicate: str, band: int = 0,
+                 join_type: str = "full") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The same triple as `reference_outer`, from DuckDB's own outer join (`join_type` left, right or full) of the
+    on-time tuples given (ts and the bounds in integer microseconds): r and s join iff lower <= s.ts - r.ts <=
+    upper and the predicate holds for their keys (equal, |r.key - s.key| <= band, r.key < s.key).  Independent of
+    the inner reference: SQL decides which rows are alone."""
+    import duckdb
+    import pyarrow as pa
+
+    con = duckdb.connect()
+    for name, ids, ts, keys in (("r", r_ids, r_ts, r_keys), ("s", s_ids, s_ts, s_keys)):
+        con.register(name, pa.table({"id": np.asarray(ids, np.int64), "ts": np.asarray(ts, np.int64),
+                                     "key": np.asarray(keys, np.int64)}))
+    on = {"equal": "s.key = r.key", "band": f"s.key BETWEEN r.key - {int(band)} AND r.key + {int(band)}",
+          "less": "r.key < s.key"}[predicate]
+    got = con.execute(f"SELECT coalesce(r.id, 0) AS r_id, coalesce(s.id, 0) AS s_id, r.id IS NULL AS r_null, "
+                      f"s.id IS NULL AS s_null FROM r {join_type.upper()} OUTER JOIN s ON {on} "
+                      f"AND s.ts - r.ts BETWEEN {int(lower)} AND {int(upper)}").fetchnumpy()
+    r_id, s_id, r_null, s_null = (np.asarray(got[c]) for c in ("r_id", "s_id", "r_null", "s_null"))
+    both = ~r_null & ~s_null
+    return encode_pairs(r_id[both], s_id[both]), np.sort(r_id[s_null]), np.sort(s_id[r_null])

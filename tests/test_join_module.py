@@ -4,13 +4,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from master.ranges import KeyRanges, copy_offsets
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from slave.join import JoinModule
 from protocol.eventtime import NEG_INF, POS_INF
-from protocol.predicates import JOIN_TYPES
-from slave.state import decode_move, encode_move
-from tests.reference import bounds, encode_pairs, late_flags, micros, reference_outer, reference_pairs, \
-    reference_theta_pairs
+from protocol.predicates import JOIN_TYPES, key_distance
+from slave.state import decode_group, decode_move, encode_group, encode_move
+from slave.window import GUEST
+from tests.reference import bounds, duckdb_outer, encode_pairs, late_flags, micros, reference_outer, \
+    reference_pairs, reference_theta_pairs
 
 DT = tuple_dtype(64)
 
@@ -197,8 +199,9 @@ def run_outer(module, stream, ids, ts, keys, max_delay, rng, move=False):
 @pytest.mark.parametrize("predicate", ["equal", "band", "less"])
 def test_outer_semi_anti_match_the_reference(join_type, predicate, window):
     """Every type x predicate x window (symmetric, asymmetric, one-sided): the pairs, and each row without a
-    partner (semi: with one) exactly once; late tuples never.  Band and less run in one group (the module alone;
-    the cluster refuses copies of R)."""
+    partner (semi: with one) exactly once; late tuples never.  Band and less run in one group (the module alone,
+    no copies; a full join over several ranges with copies of both sides:
+    test_full_join_with_key_ranges_decides_each_row_at_its_home_once)."""
     rng = np.random.default_rng([3, JOIN_TYPES.index(join_type), len(predicate)])
     n, max_delay = 3000, 0.375
     stream, ids, ts, keys = make_input(rng, n, n_keys=400 if predicate == "equal" else 3000, disorder=0.5)
@@ -333,3 +336,116 @@ def test_results_come_in_bounded_chunks_whose_union_is_the_reference(predicate):
     assert split and len(chunks) > 2
     assert len(np.unique(got)) == len(got), "a pair was produced twice"
     np.testing.assert_array_equal(got, expected)
+
+
+def ranged_input(rng, n, n_keys, predicate, band, lower, upper, disorder):
+    """(stream, id, ts in integer microseconds, key) in arrival order, for a band or less join: for one R in
+    six an S tuple exactly at the key edge (band: key -+ band; less: key + 1) or just past it (band -+ 1; less:
+    the same key), exactly `lower` or `upper` after it in time or one microsecond outside."""
+    stream = (rng.random(n) < 0.5).astype(np.int64)
+    ts = np.sort(rng.integers(0, n * 2_000, n))  # ~2 ms apart
+    keys = rng.integers(0, n_keys, n)
+    r = np.flatnonzero(stream == STREAM_R)
+    twins = r[rng.random(len(r)) < 1 / 6]
+    edges = [-band, band, -band - 1, band + 1] if predicate == "band" else [1, 1, 0]
+    stream = np.concatenate([stream, np.full(len(twins), STREAM_S)])
+    ts = np.concatenate([ts, ts[twins] + rng.choice([lower, upper, lower, upper, lower - 1, upper + 1], len(twins))])
+    keys = np.concatenate([keys, keys[twins] + rng.choice(edges, len(twins))])
+    order = np.argsort(ts + rng.integers(0, disorder, len(ts)), kind="stable")
+    ids = rng.permutation(len(ts)).astype(np.int64) + 1000
+    return stream[order], ids, ts[order], keys[order]
+
+
+def routed(ranges, predicate, band, rows_r, rows_s, owner, slave):
+    """What the master sends slave `slave` of one epoch's on-time rows with key ranges and a full join (as
+    master.desks.ingest routes them, both sides copied): (R rows, S rows, the group table (partition, R rows, S
+    rows, first key, last key)) of the partitions `owner` maps to it."""
+    sides, counts = [], []
+    for st, rows in ((STREAM_R, rows_r), (STREAM_S, rows_s)):
+        index, part = ranges.copies(rows["key"], *copy_offsets(st, *key_distance(predicate, band), home=True))
+        mine = owner[part] == slave
+        index, part = index[mine], part[mine]
+        order = np.argsort(part, kind="stable")
+        sides.append(rows[index[order]])
+        counts.append(np.bincount(part, minlength=ranges.partitions))
+    present = np.flatnonzero(counts[0] + counts[1])
+    table = np.column_stack([present, counts[0][present], counts[1][present], ranges.spans(present)])
+    return sides[0], sides[1], table
+
+
+@pytest.mark.parametrize("predicate,window", [("band", 0.25), ("band", (-0.5, 0.125)), ("less", 0.02),
+                                              ("less", (0.0, 0.05))])
+def test_full_join_with_key_ranges_decides_each_row_at_its_home_once(predicate, window):
+    """join.type = "full" with band and less: both sides copied into every range that may hold partners, the
+    ranges on two slaves (modules) that move groups between them and restart from their groups' encoding (a
+    checkpoint); each pair exactly once (at its R's home), each R and each S without a partner exactly once (at
+    its own home), against the numpy reference and DuckDB's FULL OUTER JOIN, with pairs exactly at the band edge
+    and exactly lower / upper apart in time, across ranges."""
+    rng = np.random.default_rng([22, len(predicate), int(np.ndim(window))])
+    band, max_delay, n = 2, 0.1, 3000
+    lower, upper = bounds(window)
+    stream, ids, ts, keys = ranged_input(rng, n, 200, predicate, band, lower, upper, disorder=150_000)
+    late = late_flags(ts, max_delay)
+    on = ~late
+    inner = reference_theta_pairs(stream, ids, ts, keys, window, max_delay, predicate, band)
+    want = reference_outer(inner, ids[on & (stream == STREAM_R)], ids[on & (stream == STREAM_S)], "full")
+    r_on, s_on = on & (stream == STREAM_R), on & (stream == STREAM_S)
+    duck = duckdb_outer(ids[r_on], ts[r_on], keys[r_on], ids[s_on], ts[s_on], keys[s_on], lower, upper, predicate,
+                        band)
+    for name, w, d in zip(("pairs", "R rows alone", "S rows alone"), want, duck):
+        np.testing.assert_array_equal(w, d, err_msg=f"the references disagree on the {name}")
+    assert late.any() and all(len(w) > 30 for w in want), [len(w) for w in want]
+
+    ranges = KeyRanges.from_sample(keys[:300], 12)
+    at = np.zeros(ids.max() + 1, np.int64)
+    at[ids] = np.arange(len(ids))
+    r, s = at[want[0] // 2**32], at[want[0] % 2**32]  # each pair's tuples
+    key_edge = (np.abs(keys[s] - keys[r]) == band) if predicate == "band" else (keys[s] - keys[r] == 1)
+    time_edge = np.isin(ts[s] - ts[r], [lower, upper])
+    across = ranges.home(keys[r]) != ranges.home(keys[s])
+    assert (key_edge & time_edge & across).any(), "no pair at both edges across ranges: the test would prove less"
+
+    args = dict(window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=8, predicate=predicate,
+                band=band, join_type="full", chunk_rows=64)
+    modules = [JoinModule(DT, ranges.partitions, **args) for _ in range(2)]
+    owner = np.arange(ranges.partitions) % 2
+    pairs, lone_r, lone_s, guests = [], [], [], 0
+    running, pos, end, max_delay_us = NEG_INF, 0, False, micros(max_delay)
+    while not end:
+        end = pos == len(ts)  # then one more epoch without tuples: the end of input
+        sl = slice(pos, min(len(ts), pos + int(rng.integers(0, 300))))
+        pos = sl.stop
+        if pos > sl.start:
+            running = max(running, int(ts[sl].max()))
+        rows = []
+        for st in (STREAM_R, STREAM_S):
+            sel = on[sl] & (stream[sl] == st)
+            x = np.zeros(int(sel.sum()), dtype=DT)
+            x["id"], x["ts"], x["key"], x["arrival"] = ids[sl][sel], ts[sl][sel], keys[sl][sel], 1.0
+            rows.append(x)
+        for slave, module in enumerate(modules):
+            fresh_r, fresh_s, table = routed(ranges, predicate, band, *rows, owner, slave)
+            res = module.process(fresh_r, fresh_s, POS_INF if end else running - max_delay_us, table)
+            pairs.append(encode_pairs(res["r_id"], res["s_id"]))
+            lone_r.append(module.lone_r["id"])
+            lone_s.append(module.lone_s["id"])
+            guests += sum(int((w.matched == GUEST).sum()) for pg in module.groups.values()
+                          for bucket in pg.buckets.values() for w in bucket)
+        if rng.random() < 0.2:  # a group moves to the other slave, its flags with it
+            p = int(rng.integers(ranges.partitions))
+            src = owner[p]
+            modules[1 - src].install(*decode_move(encode_move(p, modules[src].extract(p), 0),
+                                                  modules[1 - src].new_group)[:2])
+            owner[p] = 1 - src
+        if rng.random() < 0.1:  # a slave restarts from its groups' state, as from a checkpoint
+            slave = int(rng.integers(2))
+            restarted = JoinModule(DT, ranges.partitions, **args)
+            for p, pg in sorted(modules[slave].groups.items()):
+                restarted.install(*decode_group(encode_group(p, pg), restarted.new_group))
+            modules[slave] = restarted
+    assert all(m.stored() == (0, 0) for m in modules)  # the end of input decided every row, guests expired
+    assert guests > 100  # guest copies were stored (summed over the epochs)
+    got = tuple(np.sort(np.concatenate(x)) for x in (pairs, lone_r, lone_s))
+    for name, g, w in zip(("pairs", "R rows alone", "S rows alone"), got, want):
+        assert len(np.unique(g)) == len(g), f"{name}: {len(g) - len(np.unique(g))} emitted twice"
+        np.testing.assert_array_equal(g, w, err_msg=f"full {predicate}: {name}")

@@ -245,6 +245,24 @@ def test_matches_taken_in_slices_are_all_pairs_in_order(swap, keys):
         np.testing.assert_array_equal(np.concatenate([p[1] for p in parts]), ib)
 
 
+@pytest.mark.parametrize("low,high", [(-3, 3), (1, None), (None, -1), (0, 0), (None, None)])
+@pytest.mark.parametrize("home", [(40, 59), (0, 0), (-2**63, 10), (90, 2**63 - 1), (1, 0)])
+def test_a_home_range_leaves_out_exactly_the_pairs_of_two_guests(low, high, home):
+    """A full join's range (slave.join): with `home` (first, last key) the pairs are exactly those of which at
+    least one key is at home, whichever side probes (the larger), at and beside the range's edges and with
+    an empty range ((1, 0): no pair at all)."""
+    rng = np.random.default_rng([7, 0 if low is None else low + 9, home[0] % 97])
+    for n_a, n_b in ((300, 120), (120, 300)):
+        a_key, b_key = rng.integers(-5, 105, n_a), rng.integers(-5, 105, n_b)
+        a_ts, b_ts = rng.integers(0, 50, n_a), rng.integers(0, 50, n_b)
+        ia, ib = range_matches(a_key, a_ts, b_key, b_ts, -8, 8, low, high, home).take()
+        at_home = lambda k: (k >= home[0]) & (k <= home[1])
+        want = {(i, j) for i, j in brute_range(a_key, a_ts, b_key, b_ts, -8, 8, low, high)
+                if at_home(a_key[i]) or at_home(b_key[j])}
+        assert len(ia) == len(want) and set(zip(ia.tolist(), ib.tolist())) == want
+        assert len(want) > 5 or home in ((1, 0), (0, 0))  # the pairs must be there to be left out
+
+
 def test_compiled_delays_bin_like_the_binary_search_at_and_beside_every_edge():
     from protocol import delays
     from slave.kernel import batch_delays

@@ -1,6 +1,7 @@
 """Outer, semi and anti joins on the real cluster (issue 22): every row without a partner exactly once, across
-moves, a crash with recovery, several dispatchers and key ranges; differential against the inner reference
-join (tests/reference.py, `reference_outer`), late tuples removed."""
+moves, a crash with recovery, several dispatchers and key ranges (a full join's both sides copied); differential
+against the inner reference join (tests/reference.py, `reference_outer`) and, for left, right and full, DuckDB's
+outer join, late tuples removed."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,8 @@ from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, OUTER_RESULT_
 from protocol.workload import generate_all
 from tests.cluster import run_cluster
 from slave.aggregate import combine
-from tests.reference import encode_pairs, reference_outer, reference_pairs, reference_theta_pairs
+from protocol.predicates import time_bounds
+from tests.reference import duckdb_outer, encode_pairs, reference_outer, reference_pairs, reference_theta_pairs
 from tests.test_balance_cluster import FORCED_CHURN, straggler
 from tests.test_cluster import SMALL
 from tests.test_recovery import CKPT, SUPERVISE
@@ -30,6 +32,13 @@ def check_outer(tmp_path, ranks: int, settings: dict, **kw):
                                       settings.get("join.band", 0))
     on = ~np.isin(data.stream.astype(np.int64) * 2**40 + data.id, late)
     want = reference_outer(pairs, data.id[on & (data.stream == 0)], data.id[on & (data.stream == 1)], join_type)
+    if join_type in ("left", "right", "full"):  # the SQL outer join over the on-time tuples says the same
+        r, s = on & (data.stream == 0), on & (data.stream == 1)
+        lower, upper = time_bounds({"window": window})
+        duck = duckdb_outer(data.id[r], data.ts[r], data.key[r], data.id[s], data.ts[s], data.key[s], lower, upper,
+                            predicate or "equal", settings.get("join.band", 0), join_type)
+        for name, w, d in zip(("pairs", "R rows alone", "S rows alone"), want, duck):
+            assert np.array_equal(w, d), f"the references disagree on the {name}"
     run = run_cluster(tmp_path, ranks, settings, **kw)
     assert run.returncode == 0, run.stderr
     t = read_tables(run.out / "results")
@@ -102,14 +111,41 @@ def test_semi_anti_and_left_joins_are_exact_with_key_ranges_and_dispatchers(tmp_
             assert (c, lo, hi) == (len(values), min(values), max(values)) and abs(s_ - sum(values)) < 1e-6
 
 
+#: key ranges with a full join: both sides copied, each row alone decided at its tuple's home range only
+RANGED_FULL = {"join.type": "full", "generator.duration": 3.0, "generator.seed": 47, "generator.disorder": 0.2,
+               "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 8}
+
+
+@pytest.mark.parametrize("ranks,extra", [
+    # ranges moving between the slaves (the first straggles), two dispatchers routing by rank 0's ranges
+    (4, {**FORCED_CHURN, "join.predicate": "band", "join.band": 3, "generator.keys": 2048, "join.window": 0.1,
+         "generator.distribution": "uniform", "cluster.dispatchers": 2, "source.rate": 6000.0}),
+    # less: R copied to every range from its own up, S to every range up to its own; ranges moving
+    (3, {**FORCED_CHURN, "join.predicate": "less", "generator.rate": 1000.0, "join.window": 0.02,
+         "source.rate": 3000.0}),
+])
+def test_full_join_with_key_ranges_is_exact_while_ranges_move(tmp_path, ranks, extra):
+    settings = dict(SMALL, **{**RANGED_FULL, **extra})
+    run, want = check_outer(tmp_path, ranks, settings, env=straggler(extra.get("cluster.dispatchers", 1)))
+    assert len(run.summary["balance"]["moves"]) >= 2 and all(len(w) > 50 for w in want), [len(w) for w in want]
+
+
+def test_full_band_join_recovers_from_a_killed_slave_deciding_each_row_once(tmp_path):
+    """A slave SIGKILLed under the supervisor: the restarted slaves take their groups (guest copies and their
+    flags too) from the checkpoint, and the master its key ranges and buffered copies."""
+    settings = dict(CKPT, **{**RANGED_FULL, "join.predicate": "band", "join.band": 3, "generator.keys": 2048,
+                             "join.window": 0.1, "generator.distribution": "uniform", "generator.seed": 5})
+    env = {"STREAMJOIN_FAULT": f"2:batch:8:{tmp_path / 'fault-fired'}"}
+    run, want = check_outer(tmp_path, 3, settings, wrapper=SUPERVISE, env=env)
+    assert (tmp_path / "fault-fired").exists() and "restart 1 of 3" in run.stderr
+    assert run.summary["checkpoints"]["recovered_from"] is not None
+    assert all(len(w) > 50 for w in want), [len(w) for w in want]
+
+
 @pytest.mark.parametrize("join_type", ["left", "right", "full", "semi", "anti"])
 def test_the_combinations_that_would_decide_a_copy_alone_are_refused(join_type):
-    for predicate in ("band", "less"):
-        if join_type == "full":  # one side is copied whichever it is
-            with pytest.raises(ConfigError, match="join.type.*key range"):
-                load_config(None, [f'join.type="{join_type}"', f'join.predicate="{predicate}"'])
-        else:
-            load_config(None, [f'join.type="{join_type}"', f'join.predicate="{predicate}"'])
+    for predicate in ("band", "less"):  # full copies both sides and decides each tuple at its home range
+        load_config(None, [f'join.type="{join_type}"', f'join.predicate="{predicate}"'])
     if join_type == "full":  # a hot key's grid copies one side (R for right, S for left, semi and anti)
         with pytest.raises(ConfigError, match="join.type.*hotkeys.enabled"):
             load_config(None, [f'join.type="{join_type}"', "hotkeys.enabled=true"])

@@ -89,6 +89,19 @@ def test_copies_of_keys_at_the_int64_limits_reach_their_partners_instead_of_wrap
     assert all((i, p) in have for i, p in zip(ri.tolist(), ranges.home(s[si]).tolist()))
 
 
+def test_each_range_spans_exactly_the_keys_whose_home_it_is():
+    """The group table's span (first, last key) of a range (a full join's slave tells a guest copy by it) holds
+    exactly the keys `home` sends there, at int64's limits and with a split point repeated (an empty range)."""
+    top, bottom = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    for bounds in ([bottom + 10, -5, 0, 0, 5, top - 10], [bottom, bottom, 3, top, top], [], [7]):
+        ranges = KeyRanges(bounds)
+        keys = np.unique(np.array([top, top - 1, top - 10, top - 11, bottom, bottom + 1, bottom + 9, bottom + 10,
+                                   -6, -5, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8], dtype=np.int64))
+        spans = ranges.spans(np.arange(ranges.partitions))
+        inside = (keys[None, :] >= spans[:, :1]) & (keys[None, :] <= spans[:, 1:])
+        assert np.array_equal(inside, ranges.home(keys)[None, :] == np.arange(ranges.partitions)[:, None]), bounds
+
+
 def test_range_groups_are_never_split_and_produce_each_pair_once():
     dt = tuple_dtype(40)
     m = JoinModule(dt, 2, 1_000_000, 4, 1, 2, 12, "band", 2)

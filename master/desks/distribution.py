@@ -14,13 +14,17 @@ from typing import Callable
 
 import numpy as np
 
+from master.ranges import every_key
 from protocol import eventtime
 
 
 class DistributionDesk:
-    def __init__(self, cfg: dict, slaves: list[int], buffers, controller, stats, links, results_out):
+    def __init__(self, cfg: dict, slaves: list[int], buffers, controller, stats, links, results_out,
+                 spans: Callable[[np.ndarray], np.ndarray] = every_key):
+        """`spans(partitions)`: the (first, last) keys whose home each partition is (IngestDesk.spans), for
+        the group table."""
         self.cfg, self.buffers, self.controller, self.stats, self.links = cfg, buffers, controller, stats, links
-        self.results_out = results_out
+        self.results_out, self.spans = results_out, spans
         groups = min(cfg["partitioning"]["subgroups"], len(slaves))
         self.subgroups = [slaves[g::groups] for g in range(groups)]
         self.next_group = 0
@@ -81,11 +85,13 @@ class DistributionDesk:
             return  # nothing new: no tuples and no punctuation that would let the slave expire blocks
         self.sent_watermark[rank] = watermark
         self.controller.on_batch(mine, sizes)
-        # which rows belong to which group: R copies (key ranges, hot-key grids) cannot be told apart otherwise,
-        # and the slave need not hash and sort the batch again to find its groups
+        # which rows belong to which group: copies (key ranges, hot-key grids) cannot be told apart otherwise,
+        # and the slave need not hash and sort the batch again to find its groups; with each group the keys whose
+        # home it is, so a full join's slave tells a tuple from its guest copies (slave.join)
         counts = self.buffers.counts[:, mine]
         nonempty = counts.any(axis=0)
-        groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty]])
+        groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty],
+                                  self.spans(mine[nonempty])])
         n_r, n_s = counts.sum(axis=1).tolist()
         # a tuple waits at most one epoch for its slave's slot; longer means the cluster is behind, even while
         # the mini-buffers still have room (ingest, and so the pacing lag, is held back only once they are full)

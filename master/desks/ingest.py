@@ -9,7 +9,8 @@ watermark, which an idle stream stops holding back (master.ingest.Lateness).
 Late tuples are set aside in the late files, never joined.  On-time tuples go
 to their hash partition, to their key range (band and inequality joins: S to
 its home, R copied to every range that may hold partners; the other way round
-for the joins that decide R rows alone, so each R is stored once), or through
+for the joins that decide R rows alone, so each R is stored once; both copied
+for a full join, each decided at its home), or through
 the hot-key router to a key's grid (Streaming HyperCube).  With checkpoints every tuple taken is archived.
 """
 from __future__ import annotations
@@ -22,12 +23,12 @@ import pyarrow as pa
 
 from master.archive import InputArchive, named
 from master.ingest import Lateness, to_wire, to_wire_hashed
-from master.ranges import KeyRanges
+from master.ranges import KeyRanges, copy_offsets, every_key
 from master.source import mark, skip
 from protocol import eventtime
 from protocol.output import write_table
 from protocol.payload import payload_reader
-from protocol.predicates import copied_stream, key_distance
+from protocol.predicates import key_distance, range_copied
 from protocol.strict_json import finite
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
 
@@ -53,9 +54,10 @@ class IngestDesk:
         self._ranges_shared = False
         self.range_partitioned = join["predicate"] != "equal"
         self.key_distance = key_distance(join["predicate"], join["band"])
-        #: the stream copied to every range that may hold partners; the other is stored once, at its key's range,
-        #: where its pairs are produced: R, whose matched flag decides a left, semi or anti row (issue 22)
-        self.copied = copied_stream(join["type"])
+        #: the streams copied to every range that may hold partners; the other is stored once, at its key's range,
+        #: where its pairs are produced: R, whose matched flag decides a left, semi or anti row (issue 22); a full
+        #: join copies both (each tuple's row alone is decided at its home range only: slave.join)
+        self.copied = range_copied(join["type"])
         #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
         self.ingest_interval = min(0.01, cfg["epochs"]["distribution"] / groups / 10)
         self._last_ingest = 0.0
@@ -79,6 +81,11 @@ class IngestDesk:
             return None
         self._ranges_shared = True
         return self.ranges.bounds.tolist()
+
+    def spans(self, partitions: np.ndarray) -> np.ndarray:
+        """The (first, last) keys whose home each of `partitions` is (the batches' group table): its key range, or
+        every key with hash partitions."""
+        return every_key(partitions) if self.ranges is None else self.ranges.spans(partitions)
 
     def use_ranges(self, bounds: list) -> None:
         """Another dispatcher: rank 0's key ranges came."""
@@ -177,13 +184,11 @@ class IngestDesk:
             if self.router is not None:
                 index, part = self.router.route(stream, rows)
                 self.buffers.add(stream, rows[index], part)
-            elif stream != self.copied:  # the home of its pairs
+            elif stream not in self.copied:  # the home of its pairs
                 self.buffers.add(stream, rows, self.ranges.home(rows["key"]))
             else:  # a copy to every range that may hold partners: R's keys + (low, high), S's keys - (high, low)
-                low, high = self.key_distance
-                if stream == STREAM_S:
-                    low, high = (None if high is None else -high), (None if low is None else -low)
-                index, part = self.ranges.copies(rows["key"], low, high)
+                index, part = self.ranges.copies(rows["key"], *copy_offsets(stream, *self.key_distance,
+                                                                            home=len(self.copied) == 2))
                 self.buffers.add(stream, rows[index], part)
 
     def _late_columns(self, chunk, late: np.ndarray) -> dict:
