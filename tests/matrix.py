@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 import zmq
 
 from protocol import wire
-from protocol.config import ConfigError, dispatcher_endpoint, load_config, validate
+from protocol.config import ConfigError, load_config, validate
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED, read_tables
 from protocol.predicates import JOIN_TYPES
 from tests.cluster import run_cluster, toml_value
@@ -347,12 +347,12 @@ def stream_port(dispatchers: int) -> int:
 
 class Subscriber(threading.Thread):
     """A real subscriber of the draw's result stream: one ZeroMQ SUB socket connected to every dispatcher's
-    endpoint (the port + i), keeping each message as it arrives (protocol.wire.decode: a Message, or a
+    endpoint (dispatcher i publishes on the port + i), keeping each message as it arrives (protocol.wire.decode: a Message, or a
     Rejection) until every dispatcher's END, or until `finish` stops it."""
 
     def __init__(self, port: int, dispatchers: int):
         super().__init__(daemon=True)
-        self.endpoint, self.dispatchers = f"tcp://127.0.0.1:{port}", dispatchers
+        self.port, self.dispatchers = port, dispatchers
         self.messages: list = []
         self.ended = False
         self._stop_reading = threading.Event()
@@ -363,7 +363,7 @@ class Subscriber(threading.Thread):
         sock.rcvhwm = 0  # never drop on our side: only the publisher's bound could
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         for i in range(self.dispatchers):
-            sock.connect(dispatcher_endpoint(self.endpoint, i))
+            sock.connect(f"tcp://127.0.0.1:{self.port + i}")
         ends = set()
         while len(ends) < self.dispatchers and not self._stop_reading.is_set():
             if sock.poll(100):
