@@ -347,8 +347,8 @@ def stream_port(dispatchers: int) -> int:
 
 class Subscriber(threading.Thread):
     """A real subscriber of the draw's result stream: one ZeroMQ SUB socket connected to every dispatcher's
-    endpoint (dispatcher i publishes on the port + i), keeping each message as it arrives (protocol.wire.decode: a Message, or a
-    Rejection) until every dispatcher's END, or until `finish` stops it."""
+    endpoint (dispatcher i publishes on the port + i), keeping each message as it arrives (protocol.wire.decode:
+    a Message, or a Rejection) until every dispatcher's END, or until `finish` stops it."""
 
     def __init__(self, port: int, dispatchers: int):
         super().__init__(daemon=True)
@@ -447,7 +447,7 @@ def stream_time_faults(d: Draw, rows: np.ndarray, pair: np.ndarray, lone_r: np.n
     r, s = (np.clip(rows[c], 0, len(ts[0]) - 1) for c in ("r_id", "s_id"))  # an unknown id is an extra already
     r_ts, s_ts = ts[0][r], ts[1][s]
     has_r, has_s = pair | lone_r, pair | lone_s
-    wrong = {"ts": int((micros(rows["r_ts"][has_r]) != r_ts[has_r]).sum() +
+    wrong = {"ts is not their tuple's": int((micros(rows["r_ts"][has_r]) != r_ts[has_r]).sum() +
                        (micros(rows["s_ts"][has_s]) != s_ts[has_s]).sum())}
     if "time" in rows.dtype.names:  # ROWS; in RESULTS a pair's stream time is its later ts, checked above
         t = micros(rows["time"])
@@ -455,8 +455,8 @@ def stream_time_faults(d: Draw, rows: np.ndarray, pair: np.ndarray, lone_r: np.n
             right = (t >= r_ts + max(0, lower)) & (t <= r_ts + max(0, upper))
         else:
             right = np.where(pair, t == np.maximum(r_ts, s_ts), np.where(lone_r, t == r_ts + upper, t == s_ts - lower))
-        wrong["stream time"] = int((~right & (pair | lone_r | lone_s)).sum())
-    return [f"{n} records whose {what} is not their tuple's" for what, n in wrong.items() if n]
+        wrong["stream time is not the contract's"] = int((~right & (pair | lone_r | lone_s)).sum())
+    return [f"{n} records whose {what}" for what, n in wrong.items() if n]
 
 
 def kill_a_rank(tag: str, ranks: int, rng: np.random.Generator, victims: list[str]) -> threading.Thread:
