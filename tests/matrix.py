@@ -10,11 +10,32 @@ Event time in the workload is an integer count of milliseconds or microseconds, 
 the reference compares those integers, so a pair exactly at a bound (one window apart, or exactly join.lower or
 join.upper) joins.  `bounds` draws the time condition: the symmetric join.window, or join.lower / join.upper
 asymmetric, one-sided (lower = 0) or both negative (issue 20).
+
+`output` draws the punctuated result stream (issue 22): "files" only, or also `output.zmq_endpoint` ("stream"),
+or with `output.ordered` ("ordered").  A draw with the stream runs a real subscriber (`Subscriber`: a ZeroMQ SUB
+socket in a thread, connected before the cluster starts, `output.wait_subscribers = 1`, reading each dispatcher's
+socket until its END) and checks what it received beside the files (`stream_faults`): the pairs and rows alone
+on the stream are exactly the reference's, each once; each record's stream time is the contract's (a pair's the
+ts of its later tuple, an R row alone ts + upper, an S row alone ts - lower, a semi row its first pair's) and
+not below any punctuation its dispatcher sent before it (each dispatcher punctuates for its own batches, which
+implies the min over them that a subscriber of all k sockets uses); punctuations strictly increase to +inf,
+then END; with `ordered` each dispatcher's records come in non-decreasing stream time; `seq` runs 0, 1, 2, ...
+on each socket, no gap.  `output.subscriber_buffer_bytes` (64 MiB) is far above a draw's whole stream (a few MB
+at most), so a subscriber that keeps reading is never dropped: any gap is a fault.
+
+The stream is not drawn with `crash` (`refusal`): nothing is promised to a subscriber across a recovery
+(docs/live-input-and-result-stream.md states none), and the restarted master starts its stream over (`seq` from
+0, its own punctuations from its own start, the results after the checkpoint again, while those the killed
+master held for ordering or had queued are gone), so neither exactly once nor no gap holds; a weaker check (no
+extra record, each run's punctuations within that run) would need to tell the two runs' messages apart, which
+the result frames do not carry (no run number; only ACKs have one).  The config refuses the stream with
+`[streams]` input (`input = "streams"`), so a stream draw reads one file of both streams.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import socket
 import sys
 import tempfile
 import threading
@@ -28,12 +49,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+import zmq
 
+from protocol import wire
 from protocol.config import ConfigError, load_config, validate
-from protocol.output import read_tables
+from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED, read_tables
 from protocol.predicates import JOIN_TYPES
 from tests.cluster import run_cluster, toml_value
-from tests.reference import late_flags, reference_outer, reference_pairs, reference_theta_pairs
+from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs, reference_theta_pairs
 
 #: feature -> the values a draw takes
 FEATURES: dict[str, tuple] = {
@@ -50,6 +73,7 @@ FEATURES: dict[str, tuple] = {
     "format": ("csv", "parquet"),
     "join_type": JOIN_TYPES,
     "input": ("file", "streams"),
+    "output": ("files", "stream", "ordered"),
 }
 #: the features whose value pairs CI's covering seeds cover; join.type is drawn in every draw (so CI runs some
 #: outer joins) and covered pairwise by `make soak` and `--where join_type=...`: its pairs would double CI's draws
@@ -75,6 +99,7 @@ class Draw:
     format: str
     join_type: str
     input: str
+    output: str
 
     @property
     def ranks(self) -> int:
@@ -188,8 +213,9 @@ def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
     return path
 
 
-def settings(d: Draw, path: Path, n: int = 9000) -> dict:
-    """The draw's configuration ('section.key': value) for `n` tuples in `path`, paced over 3 s."""
+def settings(d: Draw, path: Path, n: int = 9000, results_port: int = 5556) -> dict:
+    """The draw's configuration ('section.key': value) for `n` tuples in `path`, paced over 3 s; with the stream
+    dispatcher i publishes on `results_port` + i."""
     unit = UNITS[d.unit]
     if d.input == "streams":
         source = {f"streams.{name}.{k}": v for name in STREAMS for k, v in
@@ -218,11 +244,17 @@ def settings(d: Draw, path: Path, n: int = 9000) -> dict:
         s.update({"hotkeys.enabled": True, "hotkeys.threshold": 0.15})
     if d.crash:
         s["checkpoint.interval"] = 3
+    if d.output != "files":  # a bound far above the whole stream: a subscriber that reads is never dropped
+        s.update({"output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}", "output.ordered": d.output == "ordered",
+                  "output.wait_subscribers": 1, "output.subscriber_buffer_bytes": 64 << 20})
     return s
 
 
 def refusal(d: Draw) -> str | None:
-    """The configuration's refusal (protocol.config), or None when the engine takes the draw."""
+    """The configuration's refusal (protocol.config), or None when the engine takes the draw; the result stream
+    with a crash is not drawn (the module's docstring says why)."""
+    if d.crash and d.output != "files":
+        return "not drawn: the result stream promises nothing across a recovery (it starts over)"
     try:
         validate(load_config(None, [f"{k}={toml_value(v)}" for k, v in settings(d, Path("input")).items()]),
                  slaves=d.ranks - 1)
@@ -276,6 +308,7 @@ class Outcome:
     error: str = ""
     killed: str = ""
     seconds: float = 0.0
+    streamed: int | None = None  #: records the subscriber received (a draw with the result stream)
 
     @property
     def ok(self) -> bool:
@@ -288,7 +321,142 @@ class Outcome:
             return f"{head} | refused: {self.refused}"
         verdict = "ok" if self.ok else (f"FAIL missing {self.missing} extra {self.extra} twice {self.twice} "
                                         f"late-wrong {self.late_wrong} {self.error}")
-        return f"{head} | {self.expected} rows, killed {self.killed or '-'}, {self.seconds:.1f}s: {verdict}"
+        streamed = "" if self.streamed is None else f", {self.streamed} streamed"
+        return f"{head} | {self.expected} rows{streamed}, killed {self.killed or '-'}, {self.seconds:.1f}s: {verdict}"
+
+
+def stream_port(dispatchers: int) -> int:
+    """A port p with p .. p + dispatchers - 1 free, for dispatcher i's result stream, drawn below the kernel's
+    ephemeral ports (net.ipv4.ip_local_port_range): one that a bind to port 0 handed out, as
+    tests.test_zmq_cluster.free_port takes, may be taken again before the master binds it by any outgoing
+    connection or bind to port 0 (MPI's, the subscriber's own connection attempts, the metrics endpoint's), and
+    a draw lost to that race is no finding."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    rng = np.random.default_rng()
+    while True:
+        port = int(rng.integers(10_000, max(low, 20_000) - dispatchers))
+        try:
+            for p in range(port, port + dispatchers):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+
+
+class Subscriber(threading.Thread):
+    """A real subscriber of the draw's result stream: one ZeroMQ SUB socket connected to every dispatcher's
+    endpoint (dispatcher i publishes on the port + i), keeping each message as it arrives (protocol.wire.decode:
+    a Message, or a Rejection) until every dispatcher's END, or until `finish` stops it."""
+
+    def __init__(self, port: int, dispatchers: int):
+        super().__init__(daemon=True)
+        self.port, self.dispatchers = port, dispatchers
+        self.messages: list = []
+        self.ended = False
+        self._stop_reading = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        sock = zmq.Context.instance().socket(zmq.SUB)
+        sock.rcvhwm = 0  # never drop on our side: only the publisher's bound could
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        for i in range(self.dispatchers):
+            sock.connect(f"tcp://127.0.0.1:{self.port + i}")
+        ends = set()
+        while len(ends) < self.dispatchers and not self._stop_reading.is_set():
+            if sock.poll(100):
+                msg = wire.decode(sock.recv_multipart(), tuple(wire.Kind), sys.maxsize)
+                self.messages.append(msg)
+                if getattr(msg, "kind", None) == wire.Kind.END:
+                    ends.add(msg.sender)
+        self.ended = len(ends) == self.dispatchers
+        sock.close(linger=0)
+
+    def finish(self, wait: float) -> list:
+        """The messages received, after waiting up to `wait` seconds for the END of every dispatcher."""
+        self.join(wait)
+        self._stop_reading.set()
+        self.join()
+        return self.messages
+
+
+def stream_faults(d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarray, np.ndarray],
+                  data: dict[str, np.ndarray]) -> str:
+    """What the result stream `sub` received breaks of its contract (the module's docstring), "" when nothing:
+    `expected` the reference's (pairs, R rows alone, S rows alone), `data` the workload."""
+    faults = []
+    if not sub.ended:
+        faults.append("no END from every dispatcher")
+    bad = [m for m in sub.messages if isinstance(m, wire.Rejection) or not 0 <= m.sender < d.dispatchers]
+    if bad:
+        faults.append(f"{len(bad)} messages not of the stream, e.g. {bad[0]}")
+    kind = wire.Kind.RESULTS if d.join_type == "inner" else wire.Kind.ROWS
+    received = []
+    for sender in range(d.dispatchers):
+        mine = [m for m in sub.messages if not isinstance(m, wire.Rejection) and m.sender == sender]
+        if [m.seq for m in mine] != list(range(len(mine))):
+            faults.append(f"dispatcher {sender}: seq is not 0, 1, 2, ... (a gap or a repeat)")
+        kinds = [m.kind for m in mine]
+        if kinds.count(wire.Kind.END) != 1 or kinds[-1] != wire.Kind.END:
+            faults.append(f"dispatcher {sender}: not one END, last")
+        marks = [m.mark for m in mine if m.kind == wire.Kind.PUNCT]
+        if not marks or marks[-1] != np.inf or any(b <= a for a, b in zip(marks, marks[1:])):
+            faults.append(f"dispatcher {sender}: punctuations do not rise strictly to +inf")
+        p, latest, covered, disordered = -np.inf, -np.inf, 0, 0
+        for m in mine:
+            if m.kind == wire.Kind.PUNCT:
+                p = m.mark
+            elif m.kind in (wire.Kind.RESULTS, wire.Kind.ROWS):
+                if m.kind != kind:
+                    faults.append(f"dispatcher {sender}: {m.kind.name} messages, {kind.name} expected")
+                t = m.rows["time"] if "time" in m.rows.dtype.names else np.maximum(m.rows["r_ts"], m.rows["s_ts"])
+                covered += int((t < p).sum())
+                disordered += int((np.diff(t, prepend=latest) < 0).sum())
+                latest = t[-1] if len(t) else latest
+                received.append(m.rows)
+        if covered:
+            faults.append(f"dispatcher {sender}: {covered} records below a punctuation sent before them")
+        if disordered and d.output == "ordered":
+            faults.append(f"dispatcher {sender}: {disordered} records below one before them (ordered)")
+    rows = np.concatenate(received) if received else np.empty(0, wire.ROW_RECORD)
+    code = rows["kind"] if "kind" in rows.dtype.names else np.zeros(len(rows), np.uint8)
+    pair, lone_r, lone_s = (code == wire.ROW_KINDS.index(k) for k in (
+        MATCHED, LEFT_MATCHED if d.join_type == "semi" else LEFT_UNMATCHED, RIGHT_UNMATCHED))
+    if (~(pair | lone_r | lone_s)).any():
+        faults.append(f"{int((~(pair | lone_r | lone_s)).sum())} records of a kind {d.join_type} does not emit")
+    got = (encode_pairs(rows["r_id"][pair], rows["s_id"][pair]), rows["r_id"][lone_r], rows["s_id"][lone_s])
+    for name, g, want in zip(("pairs", "R rows alone", "S rows alone"), got, expected):
+        counts = (len(np.setdiff1d(want, g)), len(np.setdiff1d(g, want)), len(g) - len(np.unique(g)))
+        if any(counts):
+            faults.append(f"{name}: missing {counts[0]} extra {counts[1]} twice {counts[2]}")
+    faults += stream_time_faults(d, rows, pair, lone_r, lone_s, data)
+    return f"stream: {'; '.join(faults)}" if faults else ""
+
+
+def stream_time_faults(d: Draw, rows: np.ndarray, pair: np.ndarray, lone_r: np.ndarray, lone_s: np.ndarray,
+                       data: dict[str, np.ndarray]) -> list[str]:
+    """Records whose ts is not their input tuple's, or whose stream time is not the contract's (microseconds)."""
+    scale = 1_000_000 // UNITS[d.unit]
+    ts = [np.full(int(data["id"].max()) + 1, np.iinfo(np.int64).min) for _ in (0, 1)]  #: per stream, by id
+    for side in (0, 1):
+        mine = data["stream"] == side
+        ts[side][data["id"][mine]] = data["ts"][mine] * scale
+    lower, upper = (b * scale for b in bounds_units(d))
+    r, s = (np.clip(rows[c], 0, len(ts[0]) - 1) for c in ("r_id", "s_id"))  # an unknown id is an extra already
+    r_ts, s_ts = ts[0][r], ts[1][s]
+    has_r, has_s = pair | lone_r, pair | lone_s
+    wrong = {"ts is not their tuple's": int((micros(rows["r_ts"][has_r]) != r_ts[has_r]).sum() +
+                       (micros(rows["s_ts"][has_s]) != s_ts[has_s]).sum())}
+    if "time" in rows.dtype.names:  # ROWS; in RESULTS a pair's stream time is its later ts, checked above
+        t = micros(rows["time"])
+        if d.join_type == "semi":  # its first pair's: the later of r and a partner within the bounds
+            right = (t >= r_ts + max(0, lower)) & (t <= r_ts + max(0, upper))
+        else:
+            right = np.where(pair, t == np.maximum(r_ts, s_ts), np.where(lone_r, t == r_ts + upper, t == s_ts - lower))
+        wrong["stream time is not the contract's"] = int((~right & (pair | lone_r | lone_s)).sum())
+    return [f"{n} records whose {what}" for what, n in wrong.items() if n]
 
 
 def kill_a_rank(tag: str, ranks: int, rng: np.random.Generator, victims: list[str]) -> threading.Thread:
@@ -337,12 +505,18 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     env = {"STREAMJOIN_STRAGGLER": f"{d.dispatchers}:0.05"} if d.moves else None  # the first slave lags
     victims: list[str] = []
     killer = kill_a_rank(str(tmp), d.ranks, np.random.default_rng([d.seed, 3]), victims) if d.crash else None
+    port = stream_port(d.dispatchers) if d.output != "files" else 0
+    sub = Subscriber(port, d.dispatchers) if port else None  # before the cluster, which waits for it
+    run = None
     try:
-        run = run_cluster(tmp, d.ranks, settings(d, path, len(data["ts"])), timeout=timeout, env=env,
+        run = run_cluster(tmp, d.ranks, settings(d, path, len(data["ts"]), port), timeout=timeout, env=env,
                           wrapper=SUPERVISE if d.crash else ())
     except Exception as e:  # a hang (timeout) is a failure of the draw, with its seed
         out.error, out.seconds = f"{type(e).__name__}: {e}", time.time() - started
         return out
+    finally:
+        if sub is not None:  # the master sent END before it exited, unless it failed
+            sub.finish(wait=10.0 if run is not None and run.returncode == 0 else 0.0)
     (tmp / "stderr.log").write_text(run.stderr)  # the evidence of a failed draw, kept with its folder
     if killer is not None:
         killer.join()
@@ -358,6 +532,9 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
         out.extra += len(np.setdiff1d(got, want))
     if d.input == "streams":
         out.error += payload_mismatch(run.out)
+    if sub is not None:
+        out.error += stream_faults(d, sub, expected, data)
+        out.streamed = sum(len(m.rows) for m in sub.messages if getattr(m, "rows", None) is not None)
     late = run.late_ids(ids, STREAMS) if d.input == "streams" else run.late_ids()
     out.late_wrong = len(np.setxor1d(late, expected_late))
     return out
@@ -414,7 +591,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--keep", action="store_true", help="keep each draw's folder (input, config, output)")
     p.add_argument("--where", action="append", default=[], metavar="FEATURE=VALUE",
                    help="random draws only with this feature value, e.g. --where hotkeys=True or --where join.type=left "
-                        "(repeatable)")
+                        "(repeatable; VALUE,VALUE: either, e.g. --where output=stream,ordered)")
     p.add_argument("--draws", type=int, default=0, help="stop after this many draws were run (0: by time)")
     a = p.parse_args(argv)
     wanted = {k.replace(".", "_"): v for k, v in (w.split("=", 1) for w in a.where)}  # join.type = join_type
@@ -434,7 +611,7 @@ def main(argv: list[str]) -> int:
                 break
             seed = int(rng.integers(1_000_000))
             f = draw(seed).features()
-            if any(str(f[k]) != v for k, v in wanted.items()) or refusal(draw(seed)):
+            if any(str(f[k]) not in v.split(",") for k, v in wanted.items()) or refusal(draw(seed)):
                 continue
         o = run_draw(draw(seed), root / f"seed-{seed}")
         outcomes.append(o)
@@ -445,8 +622,8 @@ def main(argv: list[str]) -> int:
     ran = [o for o in outcomes if not o.refused]
     failed = [o for o in ran if not o.ok]
     covered, total = coverage(outcomes)
-    print(f"\n{len(outcomes)} draws: {len(ran)} run, {len(outcomes) - len(ran)} refused by the config, "
-          f"{len(failed)} failed; feature-value pairs covered {covered} of {total}")
+    print(f"\n{len(outcomes)} draws: {len(ran)} run, {len(outcomes) - len(ran)} refused (by the config, or not "
+          f"drawn), {len(failed)} failed; feature-value pairs covered {covered} of {total}")
     for feature, values in FEATURES.items():  # draws run per feature value, and failures among them
         cells = [f"{v}: {sum(o.draw.features()[feature] == v for o in ran)}"
                  f"{'/' + str(sum(o.draw.features()[feature] == v for o in failed)) + ' failed' if failed else ''}"
