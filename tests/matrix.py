@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import socket
 import sys
 import tempfile
 import threading
@@ -55,7 +54,7 @@ from protocol import wire
 from protocol.config import ConfigError, load_config, validate
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED, read_tables
 from protocol.predicates import JOIN_TYPES
-from tests.cluster import run_cluster, toml_value
+from tests.cluster import free_port, run_cluster, toml_value
 from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs, reference_theta_pairs
 
 #: feature -> the values a draw takes
@@ -325,26 +324,6 @@ class Outcome:
         return f"{head} | {self.expected} rows{streamed}, killed {self.killed or '-'}, {self.seconds:.1f}s: {verdict}"
 
 
-def stream_port(dispatchers: int) -> int:
-    """A port p with p .. p + dispatchers - 1 free, for dispatcher i's result stream, drawn below the kernel's
-    ephemeral ports (net.ipv4.ip_local_port_range): one that a bind to port 0 handed out, as
-    tests.test_zmq_cluster.free_port takes, may be taken again before the master binds it by any outgoing
-    connection or bind to port 0 (MPI's, the subscriber's own connection attempts, the metrics endpoint's), and
-    a draw lost to that race is no finding."""
-    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
-    rng = np.random.default_rng()
-    while True:
-        port = int(rng.integers(10_000, max(low, 20_000) - dispatchers))
-        try:
-            for p in range(port, port + dispatchers):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-
-
 class Subscriber(threading.Thread):
     """A real subscriber of the draw's result stream: one ZeroMQ SUB socket connected to every dispatcher's
     endpoint (dispatcher i publishes on the port + i), keeping each message as it arrives (protocol.wire.decode:
@@ -505,7 +484,7 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     env = {"STREAMJOIN_STRAGGLER": f"{d.dispatchers}:0.05"} if d.moves else None  # the first slave lags
     victims: list[str] = []
     killer = kill_a_rank(str(tmp), d.ranks, np.random.default_rng([d.seed, 3]), victims) if d.crash else None
-    port = stream_port(d.dispatchers) if d.output != "files" else 0
+    port = free_port(d.dispatchers) if d.output != "files" else 0
     sub = Subscriber(port, d.dispatchers) if port else None  # before the cluster, which waits for it
     run = None
     try:

@@ -76,7 +76,8 @@ def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_p
     from deploy.launch import mpi_env
     from tests.cluster import write_config
     from tests.reference import reference_pairs
-    from tests.test_zmq_cluster import finish, free_port, start
+    from tests.cluster import free_port
+    from tests.test_zmq_cluster import finish, start
 
     port = free_port(consecutive=2)
     rng = np.random.default_rng(50)

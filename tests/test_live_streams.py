@@ -5,7 +5,6 @@ independent reference join of the two files the producers read."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -21,15 +20,9 @@ from protocol import wire
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from protocol.stream_file import arrow_type
-from tests.cluster import run_cluster, toml_value
+from tests.cluster import free_port, run_cluster, toml_value
 from tests.test_streams import reference
 from tests.test_zmq_source import drain
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SCHEMAS = {"views": {"vid": "int64", "user": "string", "at": "timestamp[ms, tz=UTC]", "page": "string"},

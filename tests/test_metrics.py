@@ -22,8 +22,7 @@ from deploy.launch import mpi_env, mpirun_command
 from master.metrics import BUCKET_EDGES, _histogram
 from protocol import delays
 from protocol.config import ConfigError, load_config
-from tests.cluster import run_cluster, write_config
-from tests.test_zmq_cluster import free_port
+from tests.cluster import free_port, run_cluster, write_config
 
 #: a paced run long enough to be scraped a few times: 6,000 tuples/s, with checkpoints
 PACED = {"generator.duration": 12.0, "generator.rate": 3000.0, "generator.keys": 4096, "source.rate": 6000.0,

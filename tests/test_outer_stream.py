@@ -9,13 +9,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
-from tests.cluster import run_cluster
+from tests.cluster import free_port, run_cluster
 from tests.reference import encode_pairs, micros, reference_outer, reference_pairs
 from tests.test_balance_cluster import FORCED_CHURN, straggler
 from tests.test_cluster import SMALL
 from tests.test_hotkeys import hot_then_cold
 from tests.test_outer_cluster import check_outer
-from tests.test_zmq_cluster import finish, free_port, make_input, start, stream_settings, write_input
+from tests.test_zmq_cluster import finish, make_input, start, stream_settings, write_input
 
 
 def check_rows(sub: dict, path, want: tuple, join_type: str, window: float, ordered: bool,

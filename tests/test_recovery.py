@@ -227,7 +227,8 @@ def test_a_zmq_run_killed_under_the_supervisor_loses_nothing_the_producer_sent(t
     With 2 dispatchers each has its own producer, endpoint and acknowledgements (port + i), and learns from rank
     0 when a checkpoint holding its part is complete (they used to be refused).  The disorder stays below
     max_delay there: each dispatcher judges lateness on its own share, which the whole-input reference does not."""
-    from tests.test_zmq_cluster import finish, free_port, make_input, start, write_input
+    from tests.cluster import free_port
+    from tests.test_zmq_cluster import finish, make_input, start, write_input
     from tests.reference import reference_pairs
 
     rng = np.random.default_rng(53)

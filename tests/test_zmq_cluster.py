@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,25 +20,10 @@ import zmq
 
 from deploy.launch import mpi_env
 from protocol import wire
-from tests.cluster import run_cluster
+from tests.cluster import free_port, run_cluster
 from tests.reference import encode_pairs, reference_pairs
 from tests.test_balance_cluster import FORCED_CHURN, straggler
 from tests.test_cluster import SMALL, check_exact
-
-
-def free_port(consecutive: int = 1) -> int:
-    """A port p with p .. p + consecutive - 1 free (dispatcher i binds the configured port + i)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            for extra in range(1, consecutive):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port + extra))
-        except OSError:
-            continue
-        return port
 
 
 def write_input(path, stream, ids, ts, keys):

@@ -21,6 +21,7 @@ from protocol.access import public
 from protocol.config import ConfigError, load_config
 from control.produce import Blocked, Producer
 from protocol.zmq_security import bind_server, stop_authenticators
+from tests.cluster import free_port
 
 
 def zmq_cfg(tmp_path, *extra):
@@ -284,7 +285,6 @@ def test_a_producer_resends_what_no_checkpoint_holds_to_a_restarted_master(tmp_p
     """In-process crash: the master acknowledges a position, takes more, dies; a new master at the same endpoints
     resumes at that position; the producer (which never stopped sending) resends from it: every tuple once, in
     order, the resend's overlap trimmed and messages to the dead run dropped."""
-    from tests.test_zmq_cluster import free_port
     ports = free_port(), free_port()
     cfg = lambda out: zmq_cfg(tmp_path / out, f'source.endpoint="tcp://127.0.0.1:{ports[0]}"',
                               f'source.ack_endpoint="tcp://127.0.0.1:{ports[1]}"', "checkpoint.interval=1")
@@ -352,9 +352,7 @@ def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_p
     from master.result_stream import ResultStream, frame_rows
     from protocol.messages import TAG_RESULTS
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cfg = load_config(None, [f'output.zmq_endpoint="tcp://127.0.0.1:{port}"', "output.ordered=true",
                              "output.subscriber_buffer_bytes=720000"])
     out = ResultStream(MPI.COMM_SELF, cfg, 4)
