@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -50,17 +52,42 @@ def find_mpirun() -> str:
     return found
 
 
+#: the modules whose numba kernels are cached on disk (`cache=True`)
+KERNEL_MODULES = ("master.ingest", "master.keys", "slave.kernel")
+
+
+def kernel_stamp(modules: tuple[str, ...] = KERNEL_MODULES) -> tuple[Path, str]:
+    """Where the note of a warm cache is kept (beside numba's cache files, in slave/__pycache__: removing the
+    caches removes it) and what it must say: each kernel module's size and modification time (what numba's cache
+    checks too), numba's and Python's versions and NUMBA_CACHE_DIR."""
+    from importlib.metadata import version
+    from importlib.util import find_spec
+
+    files = [Path(find_spec(name).origin) for name in modules]
+    state = json.dumps([version("numba"), sys.version, os.environ.get("NUMBA_CACHE_DIR"),
+                        *((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)])
+    return files[-1].parent / "__pycache__" / "streamjoin-kernels-warm.json", state
+
+
 def warm_kernels() -> None:
     """Compile the slaves' join kernels (and the master's tuple packing) into numba's on-disk cache here, once,
     if it is stale (a fresh checkout or a changed slave/kernel.py): otherwise every slave rank would compile
-    them at once at start, about 10 s of CPU each (16 slaves on 2 cores: minutes).  With a warm cache this only
-    loads them (well under 1 s)."""
+    them at once at start, about 10 s of CPU each (16 slaves on 2 cores: minutes).  Loading a warm cache still
+    costs this process about 0.9 s before mpirun may start, so a note of the modules it was warmed for skips
+    it when nothing changed."""
+    stamp, state = kernel_stamp()
+    with contextlib.suppress(OSError):
+        if stamp.read_text() == state:
+            return
     import master.ingest  # noqa: F401  (compiles at import: one signature per kernel)
     import slave.kernel  # noqa: F401
     import pyarrow as pa
     from master.keys import KeyDictionary  # text keys' coding compiles at its first call: 16 values, a rehash too
 
     KeyDictionary(pa.string()).codes(pa.array([str(i) for i in range(16)]))
+    with contextlib.suppress(OSError):  # a read-only checkout warms each time
+        stamp.parent.mkdir(exist_ok=True)
+        stamp.write_text(state)
 
 
 def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, module: str = "master") -> list[str]:
