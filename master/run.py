@@ -146,7 +146,7 @@ class Master:
         start when the cluster can join: a paced replay's delays measure the join, not the start-up."""
         if self.stats.launched is not None:
             return
-        self.stats.launched, self.stats.pss_start = launched_at(), pss_bytes()  # before data
+        self.stats.launched = launched_at()
         if self.ingest.rate > 0 or live_endpoints(self.cfg):
             return
         now = time.time()
@@ -164,6 +164,8 @@ class Master:
         self.read_ahead()
         self.links.wait_all_started()
         self.stats.started = time.time()
+        # with the others' libraries loaded, so shared pages count once each (its first batch in it, if read)
+        self.stats.pss_start = pss_bytes()
         t0 = checkpoints.t0 = ingest.start(self.stats.started)
         if self.hot is not None:
             self.hot.t0 = t0
