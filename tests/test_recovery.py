@@ -216,7 +216,9 @@ def test_a_stalled_cluster_with_hot_keys_is_restarted_by_the_supervisor_and_stay
                              "master.stall_timeout": 2.0})
     run, _ = crash_run(tmp_path, 4, settings, fault="3:hang-batch:8")
     assert "stalled:" in run.stderr
-    assert any(e["event"] == "split" for e in run.summary["hot_keys"]), run.stderr
+    # the key was split in the stalled run or the restarted one (a split made before the checkpoint the restart
+    # resumes from is in its state, not in its summary's log)
+    assert "split out of partition-group" in run.stderr, run.stderr
 
 
 @pytest.mark.parametrize("dispatchers", [1, 2])
