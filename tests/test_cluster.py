@@ -169,11 +169,12 @@ def test_pacing_lag_counts_input_held_back_not_the_drain_after_it(tmp_path):
 
 def test_paced_ingest_is_not_capped_at_one_step_per_tick(tmp_path):
     """Paced input is taken in ticks of 10 ms here; steps of 50 tuples per tick would cap ingest at 5,000/s.
-    At 12,000/s a whole step is due within every tick, so it is taken at once: no lag (about 1.2 s capped)."""
+    At 12,000/s a whole step is due within every tick, so it is taken at once: no lag (about 1.2 s capped; a
+    busy host's stalls make up to 0.26 s of it, so the bound is 0.5 s)."""
     settings = dict(SMALL, **{"generator.duration": 2.0, "source.rate": 12000.0, "source.batch": 50,
                               "generator.seed": 10})
     run, _ = check_exact(tmp_path, 3, settings)
-    assert run.summary["pacing_lag_max_seconds"] < 0.25
+    assert run.summary["pacing_lag_max_seconds"] < 0.5
 
 
 def test_slaves_that_miss_their_slot_are_served_when_idle_and_stay_exact(tmp_path):
