@@ -467,7 +467,9 @@ def test_payload_of_every_type_survives_a_left_join_with_hot_keys_moves_and_a_cr
     ids = ("orders_oid", "fills_fid")
     np.testing.assert_array_equal(run.pairs(ids), pairs)
     np.testing.assert_array_equal(run.alone("r", ids), np.setdiff1d(r["id"], pairs // 2**32))
-    assert run.summary["balance"]["moves"] and run.summary["hot_keys"], (run.summary["balance"], run.summary["hot_keys"])
+    # a group moved and a hot key was split, in the crashed run or the restarted one (a split made before the
+    # checkpoint the restart resumes from is in its state, not in its summary's log)
+    assert "moved partition-group" in run.stderr and "split out of partition-group" in run.stderr, run.stderr
     results = read_tables(run.out / "results")
     assert results.schema.field("orders_price").type == pa.decimal128(12, 2)
     assert results.schema.field("orders_tags").type == pa.list_(pa.int32())
