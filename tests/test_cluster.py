@@ -166,7 +166,7 @@ def test_pacing_lag_counts_input_held_back_not_the_drain_after_it(tmp_path):
                          env={"STREAMJOIN_STRAGGLER": "1:1.0"})
     assert run.summary["pacing_lag_max_seconds"] > 0.5
     run, _ = check_exact(tmp_path / "buffered", 3, settings, env={"STREAMJOIN_STRAGGLER": "1:1.0"})
-    assert run.summary["pacing_lag_max_seconds"] < 0.2 and run.summary["backlog_max_seconds"] > 0.5, run.summary
+    assert run.summary["pacing_lag_max_seconds"] < 0.4 and run.summary["backlog_max_seconds"] > 0.5, run.summary
 
 
 def test_paced_ingest_is_not_capped_at_one_step_per_tick(tmp_path):
