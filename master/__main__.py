@@ -6,6 +6,8 @@ module name is the only link between the two roles.
 """
 from __future__ import annotations
 
+import importlib
+import os
 import runpy
 import sys
 from contextlib import contextmanager
@@ -49,6 +51,10 @@ def find_resume(cfg: dict, slaves: int) -> tuple:
 
 def other_rank(comm) -> int:
     """Ranks 1..k-1 are further dispatchers with their share of the input; the rest run the slave."""
+    if comm.rank >= comm.size - (len(os.sched_getaffinity(0)) - 1):
+        # a core rank 0 leaves idle: the last ranks (slaves, since the config leaves at least one) import the
+        # slave's modules beside it, the others after its first batch
+        importlib.import_module("slave.run")
     wait_barrier(comm)  # until rank 0 has read the config and opened the input
     cfg = comm.bcast(None, root=0)
     if cfg is None:  # rank 0 refused the configuration and said why

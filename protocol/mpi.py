@@ -50,8 +50,8 @@ def wait_all_started(comm: MPI.Comm) -> None:
 
     What is built by then (modules, numba's and pyarrow's objects: hundreds of thousands) is moved out of the
     cyclic garbage collector's reach: every full collection during the run scanned it all again, a few
-    percent of the cluster's CPU in profiles."""
-    gc.collect()
+    percent of the cluster's CPU in profiles.  No collection first: it took 30 ms of CPU per rank (0.25 s of
+    a 17-rank start on 2 cores) to free a few hundred objects the imports left."""
     gc.freeze()
     wait_barrier(comm)
 

@@ -18,7 +18,6 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from protocol import eventtime
 from protocol.output import PARTIAL_SCHEMA, write_table
@@ -48,6 +47,7 @@ def partials(key: np.ndarray, ts: np.ndarray, value: np.ndarray, window: int) ->
 
 def combine(tables: list[pa.Table]) -> pa.Table:
     """Merge partials into one partial with a row per (key, window): sums of counts and sums, min, max."""
+    import pyarrow.compute as pc  # here: a slave that does not aggregate starts without it (issue 26)
     t = pa.concat_tables([PARTIAL_SCHEMA.empty_table(), *tables])
     t = t.append_column("nan", pc.is_nan(t["max"]))
     g = t.group_by(_GROUP).aggregate([("count", "sum"), ("sum", "sum"), ("min", "min"), ("max", "max"),
@@ -56,6 +56,7 @@ def combine(tables: list[pa.Table]) -> pa.Table:
 
 
 def _shape(g: pa.Table, prefix: str, names: tuple[str, ...] | None = None) -> pa.Table:
+    import pyarrow.compute as pc
     names = names or tuple(prefix + f for f in ("count", "sum", "min", "max"))
     cols = [g["key"], g["window_start"], *(g[n] for n in names)]
     cols[-1] = pc.if_else(g["nan_any"], np.nan, cols[-1])  # NaN is the largest value (Spark's order)

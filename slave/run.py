@@ -53,7 +53,7 @@ class Slave:
         self.aggregator = PartialAggregator(staged, comm.rank, agg) if agg["enabled"] else None
         self.results_out = ResultSender(comm, cfg)
         self.process = psutil.Process()
-        self.pss_start = pss_bytes()  #: before any data: imports, MPI, kernels (protocol.startup)
+        self.pss_start = 0  #: before any data: imports, MPI, kernels (protocol.startup); taken in `run`
         self.splits = self.merges = 0
         self.comm_seconds = 0.0  #: receiving messages and sending reports (paper 003 VI: communication time)
         self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: reports and group states on their way
@@ -282,4 +282,6 @@ def run(comm: MPI.Comm, received: tuple | None = None) -> int:
                      int(resume["aggregate_files"].get(f"slave-{comm.rank:03d}", 0)),
                      [int(seqs[str(comm.rank)]) for seqs in resume["seqs"]])
     wait_all_started(comm)
+    # once every rank has imported: earlier, a rank that imported first counted the shared libraries whole
+    slave.pss_start = pss_bytes()
     return slave.serve()
