@@ -48,7 +48,6 @@ import time
 from collections import Counter, deque
 
 import numpy as np
-import zmq
 from mpi4py import MPI
 
 from protocol import eventtime, wire
@@ -56,7 +55,6 @@ from protocol.access import dispatcher_endpoint
 from protocol.messages import TAG_RESULTS
 from protocol.predicates import final_time, time_bounds
 from protocol.punctuation import Punctuator
-from protocol.zmq_security import bind_server, stop_authenticators
 
 #: the largest result message in bytes: RESULTS frames of as many records as fit (ZeroMQ gets its own copy, so
 #: a queued message never pins a larger array), the socket's SNDHWM is the bound over this
@@ -100,6 +98,8 @@ class ResultStream:
         self._next_check = 0.0
         if not self.enabled:
             return
+        import zmq  # here and below, not at the top: pyzmq takes 50 ms of a start that has no result stream
+        from protocol.zmq_security import bind_server
         # its own context: `close` terminates it, which returns once the queued messages went out (at most the
         # socket's linger), before the interpreter exits under ZeroMQ's I/O thread
         self.ctx = zmq.Context()
@@ -243,6 +243,7 @@ class ResultStream:
 
     def _send(self, frames: list) -> bool:
         """Every subscriber had room (XPUB_NODROP: a full one makes the whole send EAGAIN, nothing sent)."""
+        import zmq
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
@@ -256,6 +257,7 @@ class ResultStream:
             print(f"results: a subscriber of {self.endpoint} is {self.bound:,} bytes behind: it misses messages "
                   "until it has read half of them (it sees the gap in seq; gaps counted in the summary)",
                   file=sys.stderr, flush=True)
+        import zmq
         self.sock.setsockopt(zmq.XPUB_NODROP, 0)
         self.sock.send_multipart(frames)
         self.sock.setsockopt(zmq.XPUB_NODROP, 1)
@@ -295,6 +297,7 @@ class ResultStream:
             self._flush()
             time.sleep(1e-3)
         self.ingest_room(0)  # ends a pause still counted
+        from protocol.zmq_security import stop_authenticators
         self.sock.close()
         stop_authenticators()
         self.ctx.term()  # waits for delivery, at most the socket's linger
