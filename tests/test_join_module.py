@@ -408,12 +408,28 @@ def test_full_join_with_key_ranges_decides_each_row_at_its_home_once(predicate, 
 
     args = dict(window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=8, predicate=predicate,
                 band=band, join_type="full", chunk_rows=64)
-    modules = [JoinModule(DT, ranges.partitions, **args) for _ in range(2)]
     owner = np.arange(ranges.partitions) % 2
-    pairs, lone_r, lone_s, guests = [], [], [], 0
+    got, guests, _ = two_modules(rng, lambda: JoinModule(DT, ranges.partitions, **args), owner,
+                                 lambda *rows: routed(ranges, predicate, band, *rows),
+                                 lambda: np.arange(ranges.partitions), (stream, ids, ts, keys, on), max_delay)
+    assert guests > 100  # guest copies were stored (summed over the epochs)
+    assert_each_once(got, want, f"full {predicate}")
+
+
+def two_modules(rng, new_module, owner, route, movable, feed, max_delay, epoch=lambda pos, modules: None,
+                move_p=0.2):
+    """Feed the on-time tuples of `feed` (stream, ids, ts, keys, on) in random epochs to two slaves' modules
+    (`route(rows_r, rows_s, owner, slave)`: what the master sends one), moving one of the groups `movable()`
+    to the other slave now and then, its flags with it, and restarting a slave from its groups' encoding (a
+    checkpoint); `epoch(pos, modules)` comes before each epoch.  Returns ((pairs, R alone, S alone), sorted;
+    guest copies stored, summed over the epochs; the groups moved)."""
+    stream, ids, ts, keys, on = feed
+    modules = [new_module() for _ in range(2)]
+    pairs, lone_r, lone_s, guests, moves = [], [], [], 0, []
     running, pos, end, max_delay_us = NEG_INF, 0, False, micros(max_delay)
     while not end:
         end = pos == len(ts)  # then one more epoch without tuples: the end of input
+        epoch(pos, modules)
         sl = slice(pos, min(len(ts), pos + int(rng.integers(0, 300))))
         pos = sl.stop
         if pos > sl.start:
@@ -425,31 +441,34 @@ def test_full_join_with_key_ranges_decides_each_row_at_its_home_once(predicate, 
             x["id"], x["ts"], x["key"], x["arrival"] = ids[sl][sel], ts[sl][sel], keys[sl][sel], 1.0
             rows.append(x)
         for slave, module in enumerate(modules):
-            fresh_r, fresh_s, table = routed(ranges, predicate, band, *rows, owner, slave)
+            fresh_r, fresh_s, table = route(*rows, owner, slave)
             res = module.process(fresh_r, fresh_s, POS_INF if end else running - max_delay_us, table)
             pairs.append(encode_pairs(res["r_id"], res["s_id"]))
             lone_r.append(module.lone_r["id"])
             lone_s.append(module.lone_s["id"])
             guests += sum(int((w.matched == GUEST).sum()) for pg in module.groups.values()
                           for bucket in pg.buckets.values() for w in bucket)
-        if rng.random() < 0.2:  # a group moves to the other slave, its flags with it
-            p = int(rng.integers(ranges.partitions))
+        if rng.random() < move_p:  # a group moves to the other slave, its flags with it
+            p = int(rng.choice(movable()))
             src = owner[p]
             modules[1 - src].install(*decode_move(encode_move(p, modules[src].extract(p), 0),
                                                   modules[1 - src].new_group)[:2])
             owner[p] = 1 - src
+            moves.append(p)
         if rng.random() < 0.1:  # a slave restarts from its groups' state, as from a checkpoint
             slave = int(rng.integers(2))
-            restarted = JoinModule(DT, ranges.partitions, **args)
+            restarted = new_module()
             for p, pg in sorted(modules[slave].groups.items()):
                 restarted.install(*decode_group(encode_group(p, pg), restarted.new_group))
             modules[slave] = restarted
     assert all(m.stored() == (0, 0) for m in modules)  # the end of input decided every row, guests expired
-    assert guests > 100  # guest copies were stored (summed over the epochs)
-    got = tuple(np.sort(np.concatenate(x)) for x in (pairs, lone_r, lone_s))
+    return tuple(np.sort(np.concatenate(x)) for x in (pairs, lone_r, lone_s)), guests, moves
+
+
+def assert_each_once(got: tuple, want: tuple, what: str) -> None:
     for name, g, w in zip(("pairs", "R rows alone", "S rows alone"), got, want):
         assert len(np.unique(g)) == len(g), f"{name}: {len(g) - len(np.unique(g))} emitted twice"
-        np.testing.assert_array_equal(g, w, err_msg=f"full {predicate}: {name}")
+        np.testing.assert_array_equal(g, w, err_msg=f"{what}: {name}")
 
 
 def grid_routed(router, rows_r, rows_s, owner, slave):
@@ -493,62 +512,33 @@ def test_full_join_with_a_hot_key_grid_decides_each_row_at_its_home_once(window)
     router = HotKeyRouter(4, 1, 3, "full")
     args = dict(window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=8, join_type="full",
                 chunk_rows=64)
-    modules = [JoinModule(DT, 4, **args) for _ in range(2)]
     owner = np.full(router.total_partitions, -1)
     owner[:4] = np.arange(4) % 2
-    home = router.home(7)
-    pairs, lone_r, lone_s, guests, decided, moved, split = [], [], [], 0, 0, 0, False
-    running, pos, end, max_delay_us = NEG_INF, 0, False, micros(max_delay)
-    while not end:
-        end = pos == len(ts)  # then one more epoch without tuples: the end of input
-        if n // 4 <= pos and not split:  # key 7 is split on the owner of its partition
+    home, decided = router.home(7), []
+
+    def split_or_merge(pos, modules):
+        if n // 4 <= pos and not decided:  # key 7 is split on the owner of its partition
             first = router.promote(7, 3)
-            subs = range(first, first + router.hot[7][1])
             held = modules[owner[home]].groups[home]
-            decided += sum(int((w.matched[w.rows["key"] == 7] == DECIDED).sum()) for b in held.buckets.values()
-                           for w in b)
-            assert modules[owner[home]].split_hot_key(home, 7, first, len(subs)) > 0
-            owner[subs.start: subs.stop], split = owner[home], True
+            decided.append(sum(int((w.matched[w.rows["key"] == 7] == DECIDED).sum()) for b in held.buckets.values()
+                               for w in b))
+            assert modules[owner[home]].split_hot_key(home, 7, *router.hot[7]) > 0
+            owner[first: first + router.hot[7][1]] = owner[home]
         if 3 * n // 4 <= pos and router.hot:  # key 7 cooled: its sub-groups come back to the owner and merge
-            for g in subs:
+            first, count = router.demote(7)
+            for g in range(first, first + count):
                 if owner[g] != owner[home]:
                     modules[owner[home]].install(g, modules[owner[g]].extract(g))
-            modules[owner[home]].merge_hot_key(home, 7, *router.demote(7))
-            owner[subs.start: subs.stop] = -1
-        sl = slice(pos, min(len(ts), pos + int(rng.integers(0, 300))))
-        pos = sl.stop
-        if pos > sl.start:
-            running = max(running, int(ts[sl].max()))
-        rows = []
-        for st in (STREAM_R, STREAM_S):
-            sel = on[sl] & (stream[sl] == st)
-            x = np.zeros(int(sel.sum()), dtype=DT)
-            x["id"], x["ts"], x["key"], x["arrival"] = ids[sl][sel], ts[sl][sel], keys[sl][sel], 1.0
-            rows.append(x)
-        for slave, module in enumerate(modules):
-            fresh_r, fresh_s, table = grid_routed(router, *rows, owner, slave)
-            res = module.process(fresh_r, fresh_s, POS_INF if end else running - max_delay_us, table)
-            pairs.append(encode_pairs(res["r_id"], res["s_id"]))
-            lone_r.append(module.lone_r["id"])
-            lone_s.append(module.lone_s["id"])
-            guests += sum(int((w.matched == GUEST).sum()) for pg in module.groups.values()
-                          for bucket in pg.buckets.values() for w in bucket)
+            modules[owner[home]].merge_hot_key(home, 7, first, count)
+            owner[first: first + count] = -1
+
+    def movable():  # while key 7 is hot, one of its sub-groups
         present = np.flatnonzero(owner >= 0)
-        if rng.random() < 0.3:  # a group moves to the other slave (while key 7 is hot: one of its sub-groups)
-            p = int(rng.choice(present[present >= 4])) if router.hot else int(rng.choice(present))
-            src = owner[p]
-            modules[1 - src].install(*decode_move(encode_move(p, modules[src].extract(p), 0),
-                                                  modules[1 - src].new_group)[:2])
-            owner[p], moved = 1 - src, moved + bool(router.hot)
-        if rng.random() < 0.1:  # a slave restarts from its groups' state, as from a checkpoint
-            slave = int(rng.integers(2))
-            restarted = JoinModule(DT, 4, **args)
-            for p, pg in sorted(modules[slave].groups.items()):
-                restarted.install(*decode_group(encode_group(p, pg), restarted.new_group))
-            modules[slave] = restarted
-    assert all(m.stored() == (0, 0) for m in modules)  # the end of input decided every row, guests expired
-    assert guests > 100 and decided > 0 and moved > 2  # guests stored, the split carried decided rows, moves
-    got = tuple(np.sort(np.concatenate(x)) for x in (pairs, lone_r, lone_s))
-    for name, g, w in zip(("pairs", "R rows alone", "S rows alone"), got, want):
-        assert len(np.unique(g)) == len(g), f"{name}: {len(g) - len(np.unique(g))} emitted twice"
-        np.testing.assert_array_equal(g, w, err_msg=f"full, hot key: {name}")
+        return present[present >= 4] if router.hot else present
+
+    got, guests, moves = two_modules(rng, lambda: JoinModule(DT, 4, **args), owner,
+                                     lambda *rows: grid_routed(router, *rows), movable,
+                                     (stream, ids, ts, keys, on), max_delay, split_or_merge, move_p=0.3)
+    moved = sum(p >= 4 for p in moves)
+    assert guests > 100 and decided[0] > 0 and moved > 2  # guests stored, the split carried decided rows, moves
+    assert_each_once(got, want, "full, hot key")
