@@ -187,7 +187,7 @@ class JoinModule:
             for stream, w in enumerate(windows):
                 rows, matched = w.take(w.rows["key"] == key)
                 spread, copied = hot_grids(self.join_type, stream, first, count)
-                which = (mix64(rows["id"]) % np.uint64(max(len(spread), 1))).astype(np.int64)
+                which = (mix64(rows["id"]) % np.uint64(len(spread))).astype(np.int64) if spread else None
                 for j, g in enumerate(spread):
                     home[g - first][stream].append(rows[which == j], matched[which == j])
                 guest = np.full(len(rows), GUEST, np.uint8) if spread else matched
@@ -234,9 +234,9 @@ class JoinModule:
         `groups` is the batch's (partition, R rows, S rows[, R's first key, last key, S's first key, last key])
         table (the master sends one: the rows come grouped by partition, and with key ranges or hot-key grids
         rows are copied into several; protocol.messages.GROUP_ROW); without it the partition of each tuple is its
-        key's hash partition.  With `guests`, a row whose key is outside its stream's span is a guest copy.  A chunk is cut
-        only when more pairs follow, so the last one is known as it is yielded (with guests it may be empty:
-        the pairs that followed were a guest R's).
+        key's hash partition.  With `guests`, a row whose key is outside its stream's span is a guest copy.  A
+        chunk is cut only when more pairs follow, so the last one is known as it is yielded (with guests it may
+        be empty: the pairs that followed were a guest R's).
         """
         if groups is None:
             batches = ((p, take_rows(fresh_r, ri), take_rows(fresh_s, si), None) for p, ri, si in
