@@ -19,6 +19,9 @@ class MiniBuffers:
         self.partitions, self.dtype = partitions, dtype
         self._chunks: list[list[list[np.ndarray]]] = [[[] for _ in range(partitions)] for _ in range(2)]
         self.counts = np.zeros((2, partitions), dtype=np.int64)  #: buffered tuples per stream and partition
+        #: per partition, the drain that last emptied it (`together`); distinct until one does
+        self.drained = -1 - np.arange(partitions)
+        self._drains = 0
 
     def __len__(self) -> int:
         return int(self.counts.sum())
@@ -56,6 +59,7 @@ class MiniBuffers:
         """Remove and return (R, S) tuples buffered for `partitions`; into `out` (R rows, S rows of exactly
         the sizes `counts` gives, e.g. a message's body) if given."""
         res = []
+        self.emptied(partitions)
         for stream in range(2):
             chunks = self._chunks[stream]
             taken = [c for p in partitions.tolist() for c in chunks[p]]
@@ -69,6 +73,17 @@ class MiniBuffers:
             else:
                 res.append(np.concatenate(taken).view(self.dtype) if taken else np.empty(0, dtype=self.dtype))
         return res[0], res[1]
+
+    def emptied(self, partitions) -> None:
+        """`partitions` are empty now, together (drained, or a hot key's new sub-groups)."""
+        self._drains += 1
+        self.drained[partitions] = self._drains
+
+    def together(self, partitions: range) -> bool:
+        """Whether `partitions` were last emptied together or hold nothing: then a tuple added to several of them
+        at once has either left all of them or none."""
+        part = slice(partitions.start, partitions.stop)
+        return bool((self.drained[part] == self.drained[partitions.start]).all() or not self.counts[:, part].any())
 
     def take_key(self, partition: int, key: int) -> tuple[np.ndarray, np.ndarray]:
         """Remove and return (R, S) rows of `key` buffered for `partition` (a key that became hot is re-routed)."""

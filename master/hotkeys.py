@@ -10,7 +10,10 @@ partition by splitting the key out of it, and then moved to other slaves with
 the balancing protocol.  Which keys are hot comes from a Misra-Gries summary
 of bounded size, updated with whole batches.  For the joins that decide R rows
 alone (left, semi, anti) the roles swap: R spread, S copied
-(protocol.predicates.copied_stream), so each R tuple has one matched flag.
+(protocol.predicates.copied_stream), so each R tuple has one matched flag.  A
+full join keeps both sides' flags, so its hot key gets two grids: S spread and
+R copied, then R spread and S copied (protocol.predicates.hot_grids); a copy
+is a guest, flagged and emitted only at its tuple's home (slave.join).
 """
 from __future__ import annotations
 
@@ -18,7 +21,10 @@ import math
 
 import numpy as np
 
-from protocol.tuples import STREAM_R, mix64, partition_of
+from master.ranges import every_key
+from protocol.messages import NO_KEYS
+from protocol.predicates import hot_grids, hot_homes
+from protocol.tuples import STREAM_R, STREAM_S, mix64, partition_of
 
 
 class FrequentKeys:
@@ -66,59 +72,67 @@ class FrequentKeys:
 class HotKeyRouter:
     """Partition ids of tuples: hash partitions, except for hot keys, which go to their grid of sub-groups."""
 
-    def __init__(self, partitions: int, max_keys: int, grid: int, copied: int = STREAM_R):
-        """`copied`: the stream whose tuples of a hot key go to every sub-group; the other's are spread."""
-        self.partitions, self.max_keys, self.grid, self.copied = partitions, max_keys, grid, copied
-        self.hot: dict[int, tuple[int, int]] = {}  #: key -> (first sub-group id, grid size)
+    def __init__(self, partitions: int, max_keys: int, grid: int, join_type: str = "inner"):
+        """`join_type` says which stream is spread over a hot key's grid and which copied into it, and whether
+        it has one grid or two (a full join: protocol.predicates.hot_grids)."""
+        self.partitions, self.max_keys, self.grid, self.join_type = partitions, max_keys, grid, join_type
+        self.grids = 2 if join_type == "full" else 1  #: grids per hot key
+        self.hot: dict[int, tuple[int, int]] = {}  #: key -> (first sub-group id, sub-groups)
 
     @property
     def total_partitions(self) -> int:
-        return self.partitions + self.max_keys * self.grid
+        return self.partitions + self.max_keys * self.grid * self.grids
 
     def grid_for(self, share: float, active: int) -> int:
         """Sub-groups for a key with this share of the input: enough that each holds about one slave's share."""
         return max(2, min(self.grid, active, math.ceil(share * active * 2)))
 
     def promote(self, key: int, size: int) -> int:
-        """Make `key` hot with `size` sub-groups in a free slot of ids; returns the first sub-group's id."""
-        used = {(first - self.partitions) // self.grid for first, _ in self.hot.values()}
-        slot = min(set(range(self.max_keys)) - used)
-        first = self.partitions + slot * self.grid
-        self.hot[key] = (first, size)
+        """Make `key` hot with a grid of `size` sub-groups (two with a full join) in a free slot of ids; returns
+        the first sub-group's id."""
+        width = self.grid * self.grids
+        used = {(first - self.partitions) // width for first, _ in self.hot.values()}
+        first = self.partitions + min(set(range(self.max_keys)) - used) * width
+        self.hot[key] = (first, size * self.grids)
         return first
 
     def demote(self, key: int) -> tuple[int, int]:
-        """`key` is no longer hot: its tuples go to its hash partition again; returns (first sub-group, size)."""
+        """`key` is no longer hot: its tuples go to its hash partition again; returns (first sub-group, count)."""
         return self.hot.pop(key)
 
     def home(self, key: int) -> int:
         return int(partition_of(np.array([key]), self.partitions)[0])
 
+    def homes(self, stream: int, key: int) -> range:
+        """The sub-groups of hot `key` that hold each tuple of `stream` once (protocol.predicates.hot_homes)."""
+        return hot_homes(self.join_type, stream, *self.hot[key])
+
     def route(self, stream: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row index, partition) of every copy of the rows of `stream`: `copies` or `spread`."""
-        if stream == self.copied:
-            return self.copies(rows)
-        return np.arange(len(rows)), self.spread(rows)
-
-    def spread(self, rows: np.ndarray) -> np.ndarray:
-        """Partition of each row of the stream stored once: a hot key's row in one sub-group, by its id."""
-        part = partition_of(rows["key"], self.partitions)
-        for key, (first, size) in self.hot.items():
+        """(row index, partition) of every copy of the rows of `stream`: a hot key's row in the one sub-group
+        its id hashes to of those it is spread over, and in every one it is copied into (`hot_grids`); any
+        other row once, in its hash partition."""
+        once = partition_of(rows["key"], self.partitions)
+        placed = np.ones(len(rows), bool)  #: rows in `once`
+        copies, start = np.zeros(len(rows), np.int64), np.zeros(len(rows), np.int64)
+        for key, (first, count) in self.hot.items():
             mine = rows["key"] == key
-            part[mine] = first + (mix64(rows["id"][mine]) % np.uint64(size)).astype(np.int64)
-        return part
-
-    def copies(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row index, partition) of every copy of the copied stream's rows: one, `size` for a hot key's."""
-        part = partition_of(rows["key"], self.partitions)
-        copies = np.ones(len(rows), np.int64)
-        first = np.zeros(len(rows), np.int64)
-        for key, (start, size) in self.hot.items():
-            mine = rows["key"] == key
-            copies[mine], first[mine] = size, start
+            spread, copied = hot_grids(self.join_type, stream, first, count)
+            if spread:
+                once[mine] = spread.start + (mix64(rows["id"][mine]) % np.uint64(len(spread))).astype(np.int64)
+            placed[mine] = bool(spread)
+            copies[mine], start[mine] = len(copied), copied.start
         index = np.repeat(np.arange(len(rows)), copies)
         offset = np.arange(len(index)) - np.repeat(np.cumsum(copies) - copies, copies)
-        hot = copies[index] > 1
-        out = part[index]
-        out[hot] = first[index][hot] + offset[hot]
-        return index, out
+        return (np.concatenate([np.flatnonzero(placed), index]),
+                np.concatenate([once[placed], start[index] + offset]))
+
+    def spans(self, partitions: np.ndarray) -> np.ndarray:
+        """The spans of `partitions` for the batches' group table (protocol.messages.GROUP_ROW): every key at home
+        (master.ranges.every_key), but NO_KEYS for a stream a full join copies into a sub-group as guests."""
+        spans = every_key(partitions)
+        for first, count in self.hot.values():
+            for stream in (STREAM_R, STREAM_S):
+                spread, copied = hot_grids(self.join_type, stream, first, count)
+                if spread:
+                    spans[np.isin(partitions, copied), 2 * stream: 2 * stream + 2] = NO_KEYS
+        return spans

@@ -10,7 +10,7 @@ each partition that may hold partners: those covering [key + low, key + high].
 A full join copies both sides (S to those covering [key - high, key - low]), each
 also to its own partition (`copy_offsets`); the slaves tell a tuple's home from
 its guest copies by the span of keys each partition holds (`spans`, sent in
-every batch's group table).
+every batch's group table for both streams).
 """
 from __future__ import annotations
 
@@ -47,9 +47,9 @@ def copy_offsets(stream: int, low: int | None, high: int | None, home: bool) -> 
 
 
 def every_key(partitions: np.ndarray) -> np.ndarray:
-    """The span (first, last key) of each of `partitions` with hash partitions or hot-key grids: every key is at
-    home in its group (no guest copies)."""
-    return np.tile(np.array(ALL_KEYS, np.int64), (len(partitions), 1))
+    """The spans (R's first, last key, S's first, last key) of each of `partitions` with hash partitions: every
+    key is at home in its group (no guest copies)."""
+    return np.tile(np.array(ALL_KEYS * 2, np.int64), (len(partitions), 1))
 
 
 class KeyRanges:

@@ -34,7 +34,6 @@ from master.stats import RunStats, print_summary, write_summary
 from protocol import eventtime
 from protocol.messages import Ack
 from protocol.payload import remove_log
-from protocol.predicates import copied_stream
 from protocol.startup import launched_at, pss_bytes
 from protocol.streams import live_endpoints
 from protocol.tuples import tuple_dtype
@@ -48,7 +47,7 @@ class Master:
         self.k, self.index = cfg["cluster"]["dispatchers"], comm.rank
         self.slaves = slaves = list(range(self.k, comm.size))
         parts, hot = cfg["partitioning"]["partitions"], cfg["hotkeys"]
-        router = HotKeyRouter(parts, hot["max_keys"], hot["grid"], copied_stream(cfg["join"]["type"])) \
+        router = HotKeyRouter(parts, hot["max_keys"], hot["grid"], cfg["join"]["type"]) \
             if hot["enabled"] else None
         sketch = FrequentKeys(hot["sketch"])
         if router is not None:

@@ -95,7 +95,8 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     "hotkeys": {
         "enabled": (False, "give keys above `threshold` of the input a grid of sub-groups on several slaves (equi-join)"),
         "threshold": (0.1, "share of the input over a reorganization epoch that makes a key hot"),
-        "grid": (4, "most sub-groups per hot key (its S tuples are spread over them, its R tuples copied to all)"),
+        "grid": (4, "most sub-groups per hot key (its S tuples are spread over them, its R tuples copied to all; a "
+                    "full join: two such grids, the second with R spread and S copied)"),
         "max_keys": (4, "most hot keys at once"),
         "sketch": (64, "counters of the frequent-items summary at the master (keys above 1/sketch of the input are seen)"),
     },

@@ -62,13 +62,16 @@ HEADER = np.dtype({"names": ["kind", "seq", "watermark", "n_r", "n_s", "partitio
                    "formats": ["<i8"] * 9 + ["<f8"],
                    "offsets": [0, 8, 16, 24, 32, 40, 40, 48, 56, 64], "itemsize": 72})
 #: width of the table's rows: a batch ends with one row per partition-group it holds, (partition, R rows, S
-#: rows, first key, last key), in the order of the rows; the keys are the span whose home the group is (key
-#: ranges: master.ranges.KeyRanges.spans; hash partitions and hot-key grids: ALL_KEYS): a full join with key ranges
-#: copies both sides, and a row of the group whose key is outside its span is a guest copy (slave.join).
-#: SPLIT / MERGE end with the row (hot key, its first sub-group, its sub-group count, -1, -1)
-GROUP_ROW = 5
-#: the span of a group that is every key's home (no guests): hash partitions, hot-key sub-groups
+#: rows, R's first key, R's last key, S's first key, S's last key), in the order of the rows; the keys are per
+#: stream the span whose home the group is (key ranges: master.ranges.KeyRanges.spans, both streams; hash
+#: partitions: ALL_KEYS; a full join's hot-key grids: NO_KEYS for the stream copied as guests,
+#: master.hotkeys.HotKeyRouter.spans): a row of the group whose key is outside its stream's span is a guest copy
+#: (slave.join).  SPLIT / MERGE end with the row (hot key, its first sub-group, its sub-group count, -1, ...)
+GROUP_ROW = 7
+#: the span of a group that is every key's home (no guests of the stream): hash partitions, hot-key sub-groups
 ALL_KEYS = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
+#: the span of a group that is no key's home: every tuple of the stream there is a guest
+NO_KEYS = ALL_KEYS[::-1]
 
 
 def encode_batch(seq: int, watermark: int, r: np.ndarray, s: np.ndarray,
@@ -104,7 +107,7 @@ def encode_order(kind: Kind, seq: int, watermark: int = eventtime.NONE, *, parti
         raise ValueError("a BATCH is built by encode_batch / batch_message")
     if partition >= 0 and checkpoint >= 0:
         raise ValueError(f"{kind.name}: partition {partition} and checkpoint {checkpoint} share one header field")
-    table = _table(None if hot_key is None else [(*hot_key, -1, -1)])
+    table = _table(None if hot_key is None else [(*hot_key, *[-1] * (GROUP_ROW - 3))])
     buf = np.empty(HEADER.itemsize + table.nbytes, dtype=np.uint8)
     _write_head(buf, kind, seq, watermark, 0, 0, len(table), partition, peer)
     if checkpoint >= 0:
@@ -155,8 +158,8 @@ def decode_batch(buf: np.ndarray, dtype: np.dtype) -> tuple[np.void, np.ndarray,
 
 
 def batch_groups(buf: np.ndarray, head: np.void) -> np.ndarray:
-    """The (partition, R rows, S rows, first key, last key) table that ends a BATCH: which rows belong to which
-    partition-group, and the span of keys whose home it is (`GROUP_ROW`)."""
+    """The (partition, R rows, S rows, R's first and last key, S's first and last key) table that ends a BATCH:
+    which rows belong to which partition-group, and per stream the span of keys whose home it is (`GROUP_ROW`)."""
     n_t = int(head["table_rows"])
     return buf[len(buf) - n_t * GROUP_ROW * 8:].view(np.int64).reshape(n_t, GROUP_ROW)
 

@@ -25,6 +25,26 @@ def copied_stream(join_type: str) -> int:
     return STREAM_S if join_type in ("left", "semi", "anti") else STREAM_R
 
 
+def hot_grids(join_type: str, stream: int, first: int, count: int) -> tuple[range, range]:
+    """A hot key's sub-groups first..first+count-1 (master.hotkeys) as a tuple of `stream` sees them: (those it is
+    spread over, stored at home in one by a hash of its id; those it is copied into, every one).  One grid
+    (Streaming HyperCube, paper 000): the `copied_stream` copied, the other spread.  A full join keeps both
+    sides, so it has two grids of count / 2: S spread and R copied, then R spread and S copied; each tuple is
+    at home in one sub-group and a guest in the other grid (slave.join)."""
+    if join_type == "full":
+        grids = range(first, first + count // 2), range(first + count // 2, first + count)
+        return grids[::-1] if stream == STREAM_R else grids
+    grid = range(first, first + count)
+    return (range(0), grid) if stream == copied_stream(join_type) else (grid, range(0))
+
+
+def hot_homes(join_type: str, stream: int, first: int, count: int) -> range:
+    """The sub-groups a merge gathers the tuples of `stream` from, each tuple once (with its flag): those it is
+    spread over, or the first it is copied into (`hot_grids`)."""
+    spread, copied = hot_grids(join_type, stream, first, count)
+    return spread or copied[:1]
+
+
 def range_copied(join_type: str) -> tuple[int, ...]:
     """The streams key ranges (band and less joins) copy into every range that may hold partners: one
     (`copied_stream`), or both for a full join, whose R and S rows alone are each decided once, at the tuple's
@@ -62,16 +82,12 @@ def time_bounds(join: dict) -> tuple[int, int]:
 
 
 def check_join_type(cfg: dict, error: type[Exception]) -> None:
-    """Rows without a partner are decided where the tuple is stored, from its matched flag (issue 22): refused
-    where a kept tuple has copies that would each decide alone (a full join with key ranges decides each at its
-    home range only, `range_copied`; a hot key's grid has no home sub-group)."""
+    """What `join.type` refuses (issue 22): aggregating rows that mix pairs and rows alone, or anything but an R
+    row's value.  (Every type takes copies: a row alone is decided where its tuple is stored once, or a full
+    join's at its home range, `range_copied`, or home sub-group, `hot_grids`.)"""
     kind = cfg["join"]["type"]
     if kind == "inner":
         return
-    if kind == "full" and cfg["hotkeys"]["enabled"]:
-        raise error('join.type: "full" keeps both sides, but hotkeys.enabled copies one side of a hot key into '
-                          "every sub-group of its grid and no copy knows whether another matched; set "
-                          'hotkeys.enabled = false or use "left" or "right"')
     agg = cfg["aggregate"]
     if agg["enabled"] and kind in ("left", "right", "full"):
         raise error(f'aggregate.enabled: not with join.type = "{kind}", whose rows mix pairs and rows without a '

@@ -34,6 +34,14 @@ at S's home but emitted at R's; a guest is never decided alone.  A pair of two
 guests is of no use anywhere: the kernel does not search for it (slave.kernel,
 range_matches' `home`).
 
+Hot keys of the equi-join get a grid of sub-groups (Streaming HyperCube, paper
+000; master/hotkeys.py): one stream spread over it, each tuple in one, the
+other copied into all.  A full join's hot key has two grids, S spread and R
+copied, then R spread and S copied, and the copies are guests by the same
+rule (the table's span of a copied stream is empty there): each pair is
+emitted in the second grid, at its R's home, each S flagged at its home in
+the first (protocol.predicates.hot_grids).
+
 Outer, semi and anti joins (`join.type`, issue 22) keep a matched flag beside every stored tuple of the kept
 side(s) (slave.window): set whenever the tuple is part of a pair, in this epoch's join; a row still unmatched
 once its ts is below its stream's expiry threshold -- no on-time tuple can reach it any more, the rule that
@@ -54,7 +62,7 @@ import numpy as np
 from protocol import eventtime
 from protocol.config import DEFAULTS
 from protocol.arrays import field_words, group_pairs, take_rows, words
-from protocol.predicates import JOIN_TYPES, copied_stream, final_time, key_distance
+from protocol.predicates import JOIN_TYPES, final_time, hot_grids, hot_homes, key_distance
 from protocol.tuples import FIELDS, STREAM_R, STREAM_S, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
@@ -133,19 +141,18 @@ class JoinModule:
         self.keep_r = join_type in ("left", "full", "semi", "anti")  #: R rows carry matched flags
         self.keep_s = join_type in ("right", "full")
         self.emit_pairs = join_type in ("inner", "left", "right", "full")
-        self.copied = copied_stream(join_type)  #: the stream a hot key copies into every sub-group
-        #: a full join with key ranges: both sides copied, each tuple a guest outside the span of its key's range
-        self.guests = join_type == "full" and predicate != "equal"
+        #: a full join: both sides copied (key ranges, hot-key grids), each tuple a guest outside its stream's span
+        self.guests = join_type == "full"
         #: rows without a partner the last epoch emitted (semi: R rows at their first match), copies; set once
         #: its last chunk is taken
         self.lone_r = self.lone_s = np.empty(0, dtype)
         self.semi_time = np.empty(0, np.int64)  #: semi: the stream time of each row of `lone_r` (its first pair's)
         if predicate == "equal":  # a is R, b is S: the bounds as configured
-            self.kernel = lambda a, b, home: window_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper)
+            self.kernel = lambda a, b, spans: window_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper)
         else:
             low, high = key_distance(predicate, band)
-            self.kernel = lambda a, b, home: range_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper, low,
-                                                           high, home)
+            self.kernel = lambda a, b, spans: range_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper, low,
+                                                            high, spans and spans[0])  # a range: R's span is S's
             max_depth = 0  # one bucket per range: a split by hash would not narrow a band probe
         self._group_args = (dtype, block_size, theta_min, theta_max, max_depth)
         self._fields = field_words(dtype, FIELDS)
@@ -165,41 +172,43 @@ class JoinModule:
             raise ValueError(f"partition-group {partition} is already installed here")
         self.groups[partition] = pg
 
-    def split_hot_key(self, partition: int, key: int, first: int, size: int) -> int:
-        """Move `key`'s stored tuples out of `partition` into sub-groups first..first+size-1 (master/hotkeys.py):
-        each tuple of the spread stream (S, or R for left, semi, anti) into the one its id hashes to, each of the
-        copied stream into all, each with its matched flag.  Returns the tuples moved."""
-        subs = [self.group(first + j) for j in range(size)]
+    def split_hot_key(self, partition: int, key: int, first: int, count: int) -> int:
+        """Move `key`'s stored tuples out of `partition` into sub-groups first..first+count-1 (master/hotkeys.py),
+        each into the one its id hashes to of those its stream is spread over, with its matched flag, and into
+        every one its stream is copied into (protocol.predicates.hot_grids): as a guest (flag GUEST) where it
+        is at home in another (a full join), else with its flag.  Returns the tuples moved."""
+        subs = [self.group(first + j) for j in range(count)]
         pg = self.groups.get(partition)
         if pg is None:
             return 0
         home = [sub.buckets[int(sub.directory.bucket_of(directory_hash(np.array([key])))[0])] for sub in subs]
         moved = 0
-        for win_r, win_s in pg.buckets.values():
-            taken = [w.take(w.rows["key"] == key) for w in (win_r, win_s)]  # (rows, matched) per stream
-            which = (mix64(taken[1 - self.copied][0]["id"]) % np.uint64(size)).astype(np.int64)
-            for j, sub in enumerate(home):
-                for stream, (rows, matched) in enumerate(taken):
-                    mine = slice(None) if stream == self.copied else which == j
-                    sub[stream].append(rows[mine], matched[mine])
-            moved += sum(len(rows) for rows, _ in taken)
+        for windows in pg.buckets.values():
+            for stream, w in enumerate(windows):
+                rows, matched = w.take(w.rows["key"] == key)
+                spread, copied = hot_grids(self.join_type, stream, first, count)
+                which = (mix64(rows["id"]) % np.uint64(len(spread))).astype(np.int64) if spread else None
+                for j, g in enumerate(spread):
+                    home[g - first][stream].append(rows[which == j], matched[which == j])
+                guest = np.full(len(rows), GUEST, np.uint8) if spread else matched
+                for g in copied:
+                    home[g - first][stream].append(rows, guest)
+                moved += len(rows)
         return moved
 
-    def merge_hot_key(self, partition: int, key: int, first: int, size: int) -> int:
-        """Inverse of `split_hot_key`: gather `key`'s sub-groups back into `partition`: every tuple of the spread
-        stream (each is in one sub-group) and those of the copied stream from the first sub-group only (every
-        sub-group holds a copy of each; the copies' matched flags are not used: the join types that keep the
-        copied stream, full, are refused with hot keys, protocol.config).  Returns the tuples gathered."""
+    def merge_hot_key(self, partition: int, key: int, first: int, count: int) -> int:
+        """Inverse of `split_hot_key`: gather `key`'s sub-groups back into `partition`, each tuple once with its
+        flag (protocol.predicates.hot_homes: every tuple of a spread stream from its home, one copy of each of a
+        copied one from the first sub-group; a guest is dropped).  Returns the tuples gathered."""
         pg = self.group(partition)
         home = pg.buckets[int(pg.directory.bucket_of(directory_hash(np.array([key])))[0])]
+        subs = {g: self.groups.pop(g, None) for g in range(first, first + count)}
         gathered = 0
-        for j in range(size):
-            sub = self.groups.pop(first + j, None)
-            for windows in (sub.buckets.values() if sub is not None else ()):
-                for stream, w in enumerate(windows):
-                    if j == 0 or stream != self.copied:
-                        home[stream].append(w.rows, w.matched)
-                        gathered += len(w)
+        for stream in (STREAM_R, STREAM_S):
+            for g in hot_homes(self.join_type, stream, first, count):
+                for windows in (subs[g].buckets.values() if subs[g] is not None else ()):
+                    home[stream].append(windows[stream].rows, windows[stream].matched)
+                    gathered += len(windows[stream])
         return gathered
 
     def new_group(self) -> PartitionGroup:
@@ -222,12 +231,12 @@ class JoinModule:
         """Join one epoch's fresh tuples; yields its results in chunks of at most `chunk_rows` pairs, then
         expires and tunes once the last is taken.
 
-        `groups` is the batch's (partition, R rows, S rows[, first key, last key]) table (the master sends one:
-        the rows come grouped by partition, and with key ranges or hot-key grids rows are copied into several;
-        protocol.messages.GROUP_ROW); without it the partition of each tuple is its key's hash partition.  With
-        `guests`, a row whose key is outside its group's [first key, last key] is a guest copy.  A chunk is cut
-        only when more pairs follow, so the last one is known as it is yielded (with guests it may be empty:
-        the pairs that followed were a guest R's).
+        `groups` is the batch's (partition, R rows, S rows[, R's first key, last key, S's first key, last key])
+        table (the master sends one: the rows come grouped by partition, and with key ranges or hot-key grids
+        rows are copied into several; protocol.messages.GROUP_ROW); without it the partition of each tuple is its
+        key's hash partition.  With `guests`, a row whose key is outside its stream's span is a guest copy.  A
+        chunk is cut only when more pairs follow, so the last one is known as it is yielded (with guests it may
+        be empty: the pairs that followed were a guest R's).
         """
         if groups is None:
             batches = ((p, take_rows(fresh_r, ri), take_rows(fresh_s, si), None) for p, ri, si in
@@ -235,17 +244,17 @@ class JoinModule:
                                    partition_of(fresh_s["key"], self.partitions)))
         else:
             ends = np.cumsum(groups[:, 1:3], axis=0)
-            spans = groups[:, 3:5].tolist() if self.guests and groups.shape[1] > 3 else [None] * len(groups)
-            batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s], span)
-                       for (p, n_r, n_s, *_), (end_r, end_s), span in zip(groups.tolist(), ends.tolist(), spans))
+            spans = groups[:, 3:7].reshape(-1, 2, 2).tolist() if self.guests else [None] * len(groups)
+            batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s], mine)
+                       for (p, n_r, n_s, *_), (end_r, end_s), mine in zip(groups.tolist(), ends.tolist(), spans))
         pieces: list[tuple] = []
         lone_r: list[np.ndarray] = []  # rows decided unmatched
         lone_s: list[np.ndarray] = []
         semi: list[tuple[np.ndarray, np.ndarray]] = []  # semi: (R rows at their first match, their stream times)
         stamps: list[tuple[int, float]] = []
         filled = 0
-        for p, new_r, new_s, span in batches:
-            for join in self._join_group(self.group(p), new_r, new_s, semi, span):
+        for p, new_r, new_s, spans in batches:
+            for join in self._join_group(self.group(p), new_r, new_s, semi, spans):
                 at, matches = 0, join.matches
                 while at < matches.total:  # one slice per chunk: a single tuple's pairs are split too
                     if filled == self.chunk_rows:
@@ -319,9 +328,9 @@ class JoinModule:
 
     @staticmethod
     def _flag_at_home(join: Join, ir: np.ndarray, is_: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A full join with key ranges: flag the tuples of a slice of pairs matched where they are at home (a
-        guest's flag stays GUEST), and return the slice's pairs whose R tuple is at home: those alone are
-        emitted here (a pair whose R is a guest is emitted at its R's home, which holds its S as well)."""
+        """A full join: flag the tuples of a slice of pairs matched where they are at home (a guest's flag stays
+        GUEST), and return the slice's pairs whose R tuple is at home: those alone are emitted here (a pair whose
+        R is a guest is emitted at its R's home, which holds its S as well)."""
         home_r = join.flags_r[ir] != GUEST
         ir, is_home = ir[home_r], is_[home_r]
         join.flags_r[ir] = MATCHED
@@ -329,12 +338,12 @@ class JoinModule:
         return ir, is_home
 
     def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, semi: list,
-                    span: list | None = None) -> Iterator[Join]:
+                    spans: list | None = None) -> Iterator[Join]:
         """Join one group's fresh tuples: yields a Join (its sides, matched flags and slave.kernel.Matches) for
         each of the three joins of each bucket; a bucket's fresh tuples are appended, with their flags, once
         its joins are taken, and with a semi join its fresh R rows matched go to `semi` with their first
-        pair's stream time.  `span`: [first, last] key whose home the group is (`guests`): a fresh tuple whose
-        key is outside is a guest copy, flagged GUEST."""
+        pair's stream time.  `spans`: per stream the [first, last] key whose home the group is (`guests`): a
+        fresh tuple whose key is outside its stream's is a guest copy, flagged GUEST."""
         if pg.directory.global_depth == 0:  # one bucket takes every tuple: no hashing or grouping needed
             buckets = [(int(pg.directory.entries[0]), new_r, new_s)]
         else:
@@ -346,13 +355,13 @@ class JoinModule:
             fresh_r = np.zeros(len(nr), np.uint8) if self.keep_r else None
             fresh_s = np.zeros(len(ns), np.uint8) if self.keep_s else None
             first_r = np.zeros(len(nr), np.int64) if self.join_type == "semi" else None
-            if span is not None:
-                for fresh, rows in ((fresh_r, nr), (fresh_s, ns)):
-                    fresh[(rows["key"] < span[0]) | (rows["key"] > span[1])] = GUEST
+            if spans is not None:
+                for fresh, rows, (first, last) in zip((fresh_r, fresh_s), (nr, ns), spans):
+                    fresh[(rows["key"] < first) | (rows["key"] > last)] = GUEST
             for side_r, side_s, flags_r, flags_s in ((nr, win_s.rows, fresh_r, win_s.matched),
                                                      (win_r.rows, ns, win_r.matched, fresh_s),
                                                      (nr, ns, fresh_r, fresh_s)):
-                matches = self.kernel(side_r, side_s, span)  # with a span: no pair of two guests
+                matches = self.kernel(side_r, side_s, spans)  # with spans: no pair of two guests
                 if matches.total:
                     stored = flags_r is not fresh_r
                     yield Join(side_r, side_s, flags_r, flags_s, stored, matches, None if stored else first_r)

@@ -18,8 +18,9 @@ state, Flink's interval join keeps it per row for the same reason): outer, semi 
 to MATCHED when a pair is produced, and `decide` emits each row still unmatched once its ts is below the
 expiry threshold -- the moment no on-time tuple can match it any more -- and marks it DECIDED.  Only blocks
 whose oldest ts is below the threshold are looked at (`block_min`): about one block per window when input
-comes about in ts order.  A full join with key ranges stores guest copies too (tuples copied into a range that
-is not their key's: slave.join): their flag is GUEST, which no pair overwrites and `decide` never emits.
+comes about in ts order.  A full join stores guest copies too (tuples copied into a range that is not their
+key's, or into a hot key's sub-groups where they are not at home: slave.join): their flag is GUEST, which no
+pair overwrites and `decide` never emits.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from protocol.arrays import records, take_rows
 #: stays within about 1 + 2/SLACK of the live rows (issue 6: window state at most 2x the raw tuple bytes)
 SLACK = 4
 #: values of a row's matched flag: no pair yet, in a pair, emitted without one (outer joins, `decide`), a guest
-#: copy whose row alone is decided at its home range, not here (a full join with key ranges)
+#: copy whose row alone is decided at its home range or sub-group, not here (a full join)
 UNMATCHED, MATCHED, DECIDED, GUEST = 0, 1, 2, 3
 
 

@@ -8,7 +8,7 @@ import pytest
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from protocol.workload import GeneratorSource
 from protocol.config import ConfigError, load_config
-from protocol.tuples import partition_of, tuple_dtype
+from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from protocol.eventtime import NEG_INF
 from slave.join import JoinModule
 from tests.test_cluster import SMALL, check_exact
@@ -36,10 +36,11 @@ def test_router_stores_each_s_once_and_copies_r_to_the_whole_grid():
     rows = np.zeros(1000, tuple_dtype(40))
     rows["id"] = np.arange(1000)
     rows["key"] = np.where(np.arange(1000) % 2 == 0, 42, np.arange(1000))
-    s_part = router.spread(rows)
+    index, s_part = router.route(STREAM_S, rows)
+    assert np.array_equal(index, np.arange(1000))
     assert set(s_part[rows["key"] == 42]) == {first, first + 1, first + 2}
     assert np.all(s_part[rows["key"] != 42] < 8)
-    index, part = router.copies(rows)
+    index, part = router.route(STREAM_R, rows)
     assert np.array_equal(np.bincount(index, minlength=1000), np.where(rows["key"] == 42, 3, 1))
     assert set(part[rows["key"][index] == 42]) == {first, first + 1, first + 2}
 
@@ -66,8 +67,8 @@ def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
                                             for w in b))
     router = HotKeyRouter(4, 1, 3)
     router.promote(7, 3)
-    index, part = router.copies(r2)
-    s_part = router.spread(s2)
+    index, part = router.route(STREAM_R, r2)
+    s_part = router.route(STREAM_S, s2)[1]
     cr, cs = r2[index], s2
     order_r, order_s = np.argsort(part, kind="stable"), np.argsort(s_part, kind="stable")
     parts = sorted(set(part) | set(s_part))
@@ -164,9 +165,10 @@ def hot_then_cold(tmp_path, join_type: str) -> tuple[tuple, dict]:
         "hotkeys.enabled": True, "balance.enabled": False, "join.type": join_type}
 
 
-@pytest.mark.parametrize("join_type", ["inner", "left"])
+@pytest.mark.parametrize("join_type", ["inner", "left", "full"])
 def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path, join_type):
-    """Left: R spread over the grid and S copied (each R decided once), through split and merge."""
+    """Left: R spread over the grid and S copied (each R decided once), through split and merge.  Full: two
+    grids, S spread with R guests and R spread with S guests, each row alone decided at its tuple's home."""
     from tests.reference import reference_outer, reference_pairs
     (stream, ids, ts, keys), settings = hot_then_cold(tmp_path, join_type)
     from tests.cluster import run_cluster
@@ -176,9 +178,12 @@ def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path, joi
     got = run.pairs()
     assert len(np.unique(got)) == len(got) and np.array_equal(np.sort(got), expected)
     on = ~np.isin(stream * 2**40 + ids, late)
-    _, alone, _ = reference_outer(expected, ids[on & (stream == 0)], ids[on & (stream == 1)], join_type)
+    _, alone, alone_s = reference_outer(expected, ids[on & (stream == 0)], ids[on & (stream == 1)], join_type)
     assert np.array_equal(run.alone("r"), alone) and (join_type == "inner" or len(alone) > 1000)
+    assert np.array_equal(run.alone("s"), alone_s) and (join_type != "full" or len(alone_s) > 1000)
     events = [(h["key"], h["event"]) for h in run.summary["hot_keys"]]
     assert events == [(7, "split"), (7, "merge")], events
+    split = run.summary["hot_keys"][0]
+    assert len(split["groups"]) == split["grid"] * (2 if join_type == "full" else 1)  # a full join: two grids
     moves = [m["reason"] for m in run.summary["balance"]["moves"]]
     assert "hot key" in moves and "hot key cooled" in moves

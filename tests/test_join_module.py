@@ -4,13 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from master.hotkeys import HotKeyRouter
 from master.ranges import KeyRanges, copy_offsets
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from slave.join import JoinModule
 from protocol.eventtime import NEG_INF, POS_INF
 from protocol.predicates import JOIN_TYPES, key_distance
 from slave.state import decode_group, decode_move, encode_group, encode_move
-from slave.window import GUEST
+from slave.window import DECIDED, GUEST
 from tests.reference import bounds, duckdb_outer, encode_pairs, late_flags, micros, reference_outer, \
     reference_pairs, reference_theta_pairs
 
@@ -359,7 +360,7 @@ def ranged_input(rng, n, n_keys, predicate, band, lower, upper, disorder):
 def routed(ranges, predicate, band, rows_r, rows_s, owner, slave):
     """What the master sends slave `slave` of one epoch's on-time rows with key ranges and a full join (as
     master.desks.ingest routes them, both sides copied): (R rows, S rows, the group table (partition, R rows, S
-    rows, first key, last key)) of the partitions `owner` maps to it."""
+    rows, then each stream's first and last key) of the partitions `owner` maps to it."""
     sides, counts = [], []
     for st, rows in ((STREAM_R, rows_r), (STREAM_S, rows_s)):
         index, part = ranges.copies(rows["key"], *copy_offsets(st, *key_distance(predicate, band), home=True))
@@ -369,7 +370,7 @@ def routed(ranges, predicate, band, rows_r, rows_s, owner, slave):
         sides.append(rows[index[order]])
         counts.append(np.bincount(part, minlength=ranges.partitions))
     present = np.flatnonzero(counts[0] + counts[1])
-    table = np.column_stack([present, counts[0][present], counts[1][present], ranges.spans(present)])
+    table = np.column_stack([present, counts[0][present], counts[1][present], np.tile(ranges.spans(present), 2)])
     return sides[0], sides[1], table
 
 
@@ -407,12 +408,28 @@ def test_full_join_with_key_ranges_decides_each_row_at_its_home_once(predicate, 
 
     args = dict(window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=8, predicate=predicate,
                 band=band, join_type="full", chunk_rows=64)
-    modules = [JoinModule(DT, ranges.partitions, **args) for _ in range(2)]
     owner = np.arange(ranges.partitions) % 2
-    pairs, lone_r, lone_s, guests = [], [], [], 0
+    got, guests, _ = two_modules(rng, lambda: JoinModule(DT, ranges.partitions, **args), owner,
+                                 lambda *rows: routed(ranges, predicate, band, *rows),
+                                 lambda: np.arange(ranges.partitions), (stream, ids, ts, keys, on), max_delay)
+    assert guests > 100  # guest copies were stored (summed over the epochs)
+    assert_each_once(got, want, f"full {predicate}")
+
+
+def two_modules(rng, new_module, owner, route, movable, feed, max_delay, epoch=lambda pos, modules: None,
+                move_p=0.2):
+    """Feed the on-time tuples of `feed` (stream, ids, ts, keys, on) in random epochs to two slaves' modules
+    (`route(rows_r, rows_s, owner, slave)`: what the master sends one), moving one of the groups `movable()`
+    to the other slave now and then, its flags with it, and restarting a slave from its groups' encoding (a
+    checkpoint); `epoch(pos, modules)` comes before each epoch.  Returns ((pairs, R alone, S alone), sorted;
+    guest copies stored, summed over the epochs; the groups moved)."""
+    stream, ids, ts, keys, on = feed
+    modules = [new_module() for _ in range(2)]
+    pairs, lone_r, lone_s, guests, moves = [], [], [], 0, []
     running, pos, end, max_delay_us = NEG_INF, 0, False, micros(max_delay)
     while not end:
         end = pos == len(ts)  # then one more epoch without tuples: the end of input
+        epoch(pos, modules)
         sl = slice(pos, min(len(ts), pos + int(rng.integers(0, 300))))
         pos = sl.stop
         if pos > sl.start:
@@ -424,28 +441,104 @@ def test_full_join_with_key_ranges_decides_each_row_at_its_home_once(predicate, 
             x["id"], x["ts"], x["key"], x["arrival"] = ids[sl][sel], ts[sl][sel], keys[sl][sel], 1.0
             rows.append(x)
         for slave, module in enumerate(modules):
-            fresh_r, fresh_s, table = routed(ranges, predicate, band, *rows, owner, slave)
+            fresh_r, fresh_s, table = route(*rows, owner, slave)
             res = module.process(fresh_r, fresh_s, POS_INF if end else running - max_delay_us, table)
             pairs.append(encode_pairs(res["r_id"], res["s_id"]))
             lone_r.append(module.lone_r["id"])
             lone_s.append(module.lone_s["id"])
             guests += sum(int((w.matched == GUEST).sum()) for pg in module.groups.values()
                           for bucket in pg.buckets.values() for w in bucket)
-        if rng.random() < 0.2:  # a group moves to the other slave, its flags with it
-            p = int(rng.integers(ranges.partitions))
+        if rng.random() < move_p:  # a group moves to the other slave, its flags with it
+            p = int(rng.choice(movable()))
             src = owner[p]
             modules[1 - src].install(*decode_move(encode_move(p, modules[src].extract(p), 0),
                                                   modules[1 - src].new_group)[:2])
             owner[p] = 1 - src
+            moves.append(p)
         if rng.random() < 0.1:  # a slave restarts from its groups' state, as from a checkpoint
             slave = int(rng.integers(2))
-            restarted = JoinModule(DT, ranges.partitions, **args)
+            restarted = new_module()
             for p, pg in sorted(modules[slave].groups.items()):
                 restarted.install(*decode_group(encode_group(p, pg), restarted.new_group))
             modules[slave] = restarted
     assert all(m.stored() == (0, 0) for m in modules)  # the end of input decided every row, guests expired
-    assert guests > 100  # guest copies were stored (summed over the epochs)
-    got = tuple(np.sort(np.concatenate(x)) for x in (pairs, lone_r, lone_s))
+    return tuple(np.sort(np.concatenate(x)) for x in (pairs, lone_r, lone_s)), guests, moves
+
+
+def assert_each_once(got: tuple, want: tuple, what: str) -> None:
     for name, g, w in zip(("pairs", "R rows alone", "S rows alone"), got, want):
         assert len(np.unique(g)) == len(g), f"{name}: {len(g) - len(np.unique(g))} emitted twice"
-        np.testing.assert_array_equal(g, w, err_msg=f"full {predicate}: {name}")
+        np.testing.assert_array_equal(g, w, err_msg=f"{what}: {name}")
+
+
+def grid_routed(router, rows_r, rows_s, owner, slave):
+    """What the master sends slave `slave` of one epoch's on-time rows with hot keys (master.desks.ingest routes
+    them through the router): (R rows, S rows, the group table with each stream's span) of its partitions."""
+    sides, counts = [], []
+    for st, rows in ((STREAM_R, rows_r), (STREAM_S, rows_s)):
+        index, part = router.route(st, rows)
+        mine = owner[part] == slave
+        index, part = index[mine], part[mine]
+        sides.append(rows[index[np.argsort(part, kind="stable")]])
+        counts.append(np.bincount(part, minlength=router.total_partitions))
+    present = np.flatnonzero(counts[0] + counts[1])
+    table = np.column_stack([present, counts[0][present], counts[1][present], router.spans(present)])
+    return sides[0], sides[1], table
+
+
+@pytest.mark.parametrize("window", [0.02, (-0.03, 0.01)])
+def test_full_join_with_a_hot_key_grid_decides_each_row_at_its_home_once(window):
+    """join.type = "full" with a hot key (Streaming HyperCube's grid, twice: S spread and R copied as guests, then
+    R spread and S copied as guests): key 7 holds 40% of the input, is split out of its partition-group into
+    its two grids, whose sub-groups move between two slaves (modules) and restart from their groups' encoding
+    (a checkpoint), and is merged back; each pair exactly once (at its R's home), each R and each S without a
+    partner exactly once, against the numpy reference and DuckDB's FULL OUTER JOIN."""
+    rng = np.random.default_rng([23, int(np.ndim(window))])
+    max_delay, n = 0.1, 4000
+    lower, upper = bounds(window)
+    stream, ids, ts, keys = ranged_input(rng, n, 100, "less", 0, lower, upper, disorder=150_000)
+    quiet = (ts > np.quantile(ts, 0.15)) & (ts < np.quantile(ts, 0.25))  # key 7 rare before the split: rows alone
+    keys = np.where(rng.random(len(keys)) < np.where(quiet, 0.02, 0.4), 7, keys)
+    late = late_flags(ts, max_delay)
+    on = ~late
+    inner = reference_pairs(stream, ids, ts, keys, window, max_delay)[0]
+    want = reference_outer(inner, ids[on & (stream == STREAM_R)], ids[on & (stream == STREAM_S)], "full")
+    r_on, s_on = on & (stream == STREAM_R), on & (stream == STREAM_S)
+    duck = duckdb_outer(ids[r_on], ts[r_on], keys[r_on], ids[s_on], ts[s_on], keys[s_on], lower, upper, "equal", 0)
+    for name, w, d in zip(("pairs", "R rows alone", "S rows alone"), want, duck):
+        np.testing.assert_array_equal(w, d, err_msg=f"the references disagree on the {name}")
+    assert late.any() and all(len(w) > 100 for w in want), [len(w) for w in want]
+
+    router = HotKeyRouter(4, 1, 3, "full")
+    args = dict(window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=8, join_type="full",
+                chunk_rows=64)
+    owner = np.full(router.total_partitions, -1)
+    owner[:4] = np.arange(4) % 2
+    home, decided = router.home(7), []
+
+    def split_or_merge(pos, modules):
+        if n // 4 <= pos and not decided:  # key 7 is split on the owner of its partition
+            first = router.promote(7, 3)
+            held = modules[owner[home]].groups[home]
+            decided.append(sum(int((w.matched[w.rows["key"] == 7] == DECIDED).sum()) for b in held.buckets.values()
+                               for w in b))
+            assert modules[owner[home]].split_hot_key(home, 7, *router.hot[7]) > 0
+            owner[first: first + router.hot[7][1]] = owner[home]
+        if 3 * n // 4 <= pos and router.hot:  # key 7 cooled: its sub-groups come back to the owner and merge
+            first, count = router.demote(7)
+            for g in range(first, first + count):
+                if owner[g] != owner[home]:
+                    modules[owner[home]].install(g, modules[owner[g]].extract(g))
+            modules[owner[home]].merge_hot_key(home, 7, first, count)
+            owner[first: first + count] = -1
+
+    def movable():  # while key 7 is hot, one of its sub-groups
+        present = np.flatnonzero(owner >= 0)
+        return present[present >= 4] if router.hot else present
+
+    got, guests, moves = two_modules(rng, lambda: JoinModule(DT, 4, **args), owner,
+                                     lambda *rows: grid_routed(router, *rows), movable,
+                                     (stream, ids, ts, keys, on), max_delay, split_or_merge, move_p=0.3)
+    moved = sum(p >= 4 for p in moves)
+    assert guests > 100 and decided[0] > 0 and moved > 2  # guests stored, the split carried decided rows, moves
+    assert_each_once(got, want, "full, hot key")

@@ -31,7 +31,8 @@ from master.stats import RunStats
 from protocol import checkpoint, eventtime
 from protocol.config import load_config
 from protocol.output import read_tables
-from protocol.messages import Kind, batch_groups, batch_message, decode_batch, encode_order, hot_key
+from protocol.messages import ALL_KEYS, NO_KEYS, Kind, batch_groups, batch_message, decode_batch, encode_order, \
+    hot_key
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 
 DT = tuple_dtype(64)
@@ -324,9 +325,10 @@ def test_with_two_dispatchers_the_manifest_waits_for_the_others_snapshot(tmp_pat
 HOT = 7
 
 
-def hot_setup(tmp_path):
-    cfg = config(tmp_path, "hotkeys.enabled=true", "hotkeys.max_keys=2", "hotkeys.grid=4", "hotkeys.threshold=0.2")
-    router = HotKeyRouter(PARTS, 2, 4)
+def hot_setup(tmp_path, join_type="inner"):
+    cfg = config(tmp_path, "hotkeys.enabled=true", "hotkeys.max_keys=2", "hotkeys.grid=4", "hotkeys.threshold=0.2",
+                 f'join.type="{join_type}"')
+    router = HotKeyRouter(PARTS, 2, 4, join_type)
     p = Parts(cfg, [1, 2, 3], router.total_partitions, live=PARTS)
     # sub-group slots no hot key uses belong to no slave: balancing must not move a group nobody holds
     assert (p.controller.partition_map[PARTS:] == -1).all()
@@ -338,8 +340,8 @@ def hot_setup(tmp_path):
     keys = np.where(rng.random(600) < 0.5, HOT, rng.integers(100, 200, 600))
     sketch.update(keys)
     r, s = rows(np.arange(300), keys[:300]), rows(np.arange(300, 600), keys[300:])
-    p.buffers.add(STREAM_R, r, router.copies(r)[1])  # as ingest routes them: no key is hot yet
-    p.buffers.add(STREAM_S, s, router.spread(s))
+    p.buffers.add(STREAM_R, r, router.route(STREAM_R, r)[1])  # as ingest routes them: no key is hot yet
+    p.buffers.add(STREAM_S, s, router.route(STREAM_S, s)[1])
     return p, desk, router, keys
 
 
@@ -374,9 +376,9 @@ def test_a_hot_key_split_routes_its_buffered_tuples_to_the_grid(tmp_path):
     assert p.rerouted == [([home], list(range(first, first + size)))]  # the result stream's floors follow
 
 
-def split_and_cooled(tmp_path):
+def split_and_cooled(tmp_path, join_type="inner"):
     """A hot key split on its idle owner, then found cooled: (parts, desk, router, keys, home, owner)."""
-    p, desk, router, keys = hot_setup(tmp_path)
+    p, desk, router, keys = hot_setup(tmp_path, join_type)
     desk.find()
     desk.split()
     home = router.home(HOT)
@@ -421,7 +423,7 @@ def test_the_merge_waits_until_the_sub_groups_were_drained_together(tmp_path):
     assert all(Kind(int(head["kind"])) != Kind.MERGE for _, head, *_ in p.links.sent)
     p.buffers.drain(np.arange(first, first + size))  # the owner's batch: every sub-group at once
     more = rows(np.arange(1000, 1010), np.full(10, HOT))
-    index, part = router.copies(more)
+    index, part = router.route(STREAM_R, more)
     p.buffers.add(STREAM_R, more[index], part)  # copies to every sub-group
     desk.merge()
     assert Kind(int(p.links.sent[-1][1]["kind"])) == Kind.MERGE and HOT not in router.hot
@@ -429,6 +431,49 @@ def test_the_merge_waits_until_the_sub_groups_were_drained_together(tmp_path):
     assert p.rerouted[-1] == (list(range(first, first + size)), [home])
     r, _ = p.buffers.drain(np.array([home]))
     assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.arange(1000, 1010))  # one copy each
+
+
+def test_a_full_joins_hot_key_gets_two_grids_with_each_tuple_at_home_in_one_sub_group(tmp_path):
+    """join.type = "full": S spread over the first grid with R copied into it as guests, R spread over the second
+    with S copied as guests (protocol.predicates.hot_grids); the group table's spans say which are guests."""
+    p, desk, router, keys = hot_setup(tmp_path, "full")
+    desk.find()
+    desk.split()
+    first, count = router.hot[HOT]
+    assert count == 6 and first == PARTS and router.total_partitions == PARTS + 2 * 2 * 4
+    owner = int(p.controller.partition_map[router.home(HOT)])
+    assert p.links.sent[-1][-1] == (HOT, first, count) and (p.controller.partition_map[first: first + 6] == owner).all()
+    others = sorted({1, 2, 3} - {owner})  # round the slaves: two sub-groups stay on the owner
+    assert sorted(m.partition for m in p.controller.queue) == [first + 1, first + 2, first + 4, first + 5]
+    assert {m.consumer for m in p.controller.queue} == set(others)
+    grids = [p.buffers.drain(np.array([g])) for g in range(first, first + 6)]
+    hot_r, hot_s = np.flatnonzero(keys[:300] == HOT), 300 + np.flatnonzero(keys[300:] == HOT)
+    for j, (r, s) in enumerate(grids):  # first grid: every R, S spread; second: every S, R spread
+        assert np.array_equal(np.sort((r, s)[j >= 3]["id"]), (hot_r, hot_s)[j >= 3])
+    for stream, spread in ((STREAM_R, grids[3:]), (STREAM_S, grids[:3])):
+        ids = np.concatenate([g[stream]["id"] for g in spread])
+        assert np.array_equal(np.sort(ids), (hot_r, hot_s)[stream]) and all(len(g[stream]) for g in spread)
+    spans = router.spans(np.array([first, first + 3, 0]))
+    assert spans.tolist() == [[*NO_KEYS, *ALL_KEYS], [*ALL_KEYS, *NO_KEYS], [*ALL_KEYS, *ALL_KEYS]]
+
+
+def test_a_full_joins_merge_gathers_each_tuple_once_from_its_home_grid(tmp_path):
+    p, desk, router, keys, home, owner = split_and_cooled(tmp_path, "full")
+    first, count = router.hot[HOT]
+    p.buffers.drain(np.array([first + 3]))  # one sub-group of the second grid went out alone
+    desk.merge()
+    assert desk.cooling and HOT in router.hot  # its R went out, their guest copies in the first grid did not
+    p.buffers.drain(np.arange(first, first + count))  # the owner's batch: every sub-group at once
+    more_r, more_s = rows(np.arange(1000, 1010), np.full(10, HOT)), rows(np.arange(2000, 2010), np.full(10, HOT))
+    for stream, more in ((STREAM_R, more_r), (STREAM_S, more_s)):
+        index, part = router.route(stream, more)
+        p.buffers.add(stream, more[index], part)  # each at home once, a guest in every sub-group of the other grid
+    desk.merge()
+    assert Kind(int(p.links.sent[-1][1]["kind"])) == Kind.MERGE and p.links.sent[-1][-1] == (HOT, first, count)
+    r, s = p.buffers.drain(np.array([home]))
+    assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.arange(1000, 1010))  # each once, from its home
+    assert np.array_equal(np.sort(s["id"][s["key"] == HOT]), np.arange(2000, 2010))
+    assert p.buffers.counts[:, first: first + count].sum() == 0
 
 
 # --------------------------------------------------------------------------- ingest

@@ -116,14 +116,15 @@ def test_a_batch_carries_its_group_table_in_groups():
     rng = np.random.default_rng(6)
     dt = tuple_dtype(40)
     r, s = random_rows(rng, dt, 5), random_rows(rng, dt, 4)
-    groups = np.array([[3, 2, 1, -2**63, 2**63 - 1], [9, 3, 3, -5, 40]])  # with each group its span of keys
+    groups = np.array([[3, 2, 1, -2**63, 2**63 - 1, 2**63 - 1, -2**63],  # with each group each stream's span
+                       [9, 3, 3, -5, 40, -5, 40]])
     buf = encode_batch(17, 2_000_000, r, s, groups)
     assert len(buf) == HEADER.itemsize + 9 * 40 + groups.size * 8
     head, r2, s2 = decode_batch(buf, dt)
     assert (int(head["seq"]), int(head["table_rows"])) == (17, 2) and batch_groups(buf, head).tolist() == groups.tolist()
     assert r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
     assert (int(head["partition"]), int(head["peer"])) == (-1, -1)  # a batch names no partition-group, no peer
-    with pytest.raises(ValueError, match="rows of 5 int64"):  # a row without its span would shift every row after it
+    with pytest.raises(ValueError, match="rows of 7 int64"):  # a row without its spans would shift every row after it
         encode_batch(17, 2_000_000, r, s, groups[:, :3])
 
 
@@ -156,7 +157,7 @@ def test_split_and_merge_orders_name_their_partition_group_and_hot_key(kind):
 def test_only_split_and_merge_carry_a_hot_key_and_a_batch_is_not_an_order():
     rng = np.random.default_rng(7)
     dt = tuple_dtype(40)
-    batch = encode_batch(1, 0, random_rows(rng, dt, 1), random_rows(rng, dt, 1), np.array([[0, 1, 1, 0, 9]]))
+    batch = encode_batch(1, 0, random_rows(rng, dt, 1), random_rows(rng, dt, 1), np.array([[0, 1, 1, 0, 9, 0, 9]]))
     for buf in (batch, encode_order(Kind.MOVE, 1, partition=2, peer=1), encode_order(Kind.SPLIT, 1, partition=2)):
         with pytest.raises(ValueError, match="carries no hot key"):
             hot_key(buf, decode_batch(buf, dt)[0])

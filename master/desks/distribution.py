@@ -21,8 +21,8 @@ from protocol import eventtime
 class DistributionDesk:
     def __init__(self, cfg: dict, slaves: list[int], buffers, controller, stats, links, results_out,
                  spans: Callable[[np.ndarray], np.ndarray] = every_key):
-        """`spans(partitions)`: the (first, last) keys whose home each partition is (IngestDesk.spans), for
-        the group table."""
+        """`spans(partitions)`: per stream the (first, last) keys whose home each partition is
+        (IngestDesk.spans), for the group table."""
         self.cfg, self.buffers, self.controller, self.stats, self.links = cfg, buffers, controller, stats, links
         self.results_out, self.spans = results_out, spans
         groups = min(cfg["partitioning"]["subgroups"], len(slaves))

@@ -17,6 +17,7 @@ import numpy as np
 
 from master.balance import Move
 from protocol.messages import Kind
+from protocol.tuples import STREAM_R, STREAM_S
 
 
 class HotKeyDesk:
@@ -66,39 +67,41 @@ class HotKeyDesk:
             del self.pending[key]
             size = self.router.grid_for(share, len(self.controller.active))
             first = self.router.promote(key, size)
-            self.controller.partition_map[first: first + size] = owner
-            self.rerouted([partition], range(first, first + size))
+            subs = range(first, first + self.router.hot[key][1])
+            self.controller.partition_map[subs.start: subs.stop] = owner
+            self.buffers.emptied(subs)
+            self.rerouted([partition], subs)
             for stream, rows in enumerate(self.buffers.take_key(partition, key)):
                 index, part = self.router.route(stream, rows)
                 self.buffers.add(stream, rows[index], part)
-            self.links.order(owner, Kind.SPLIT, partition=partition, hot_key=(key, first, size))
-            others = sorted((r for r in self.controller.active if r != owner),
-                            key=lambda r: self.stats.per_slave[r]["tuples_processed"])
-            for j, consumer in zip(range(1, size), others):
-                self.controller.queue.append(Move(first + j, owner, consumer, "hot key"))
+            self.links.order(owner, Kind.SPLIT, partition=partition, hot_key=(key, first, len(subs)))
+            ring = [owner, *sorted((r for r in self.controller.active if r != owner),
+                                   key=lambda r: self.stats.per_slave[r]["tuples_processed"])]
+            for j in range(1, len(subs)):  # round the slaves, least loaded first (a full join's two grids)
+                if ring[j % len(ring)] != owner:
+                    self.controller.queue.append(Move(first + j, owner, ring[j % len(ring)], "hot key"))
             self.log.append({"key": key, "event": "split", "share": round(share, 4), "grid": size,
-                             "partition": partition, "groups": list(range(first, first + size)), "owner": owner,
+                             "partition": partition, "groups": list(subs), "owner": owner,
                              "seconds": round(time.time() - self.t0, 3)})
             print(f"hot key {key} ({share:.0%} of the input): split out of partition-group {partition} into "
-                  f"{size} sub-groups on slave {owner}, to be spread over slaves {[owner, *others[:size - 1]]}",
+                  f"{len(subs)} sub-groups on slave {owner}, to be spread over slaves {ring[:len(subs)]}",
                   file=sys.stderr, flush=True)
 
     def merge(self) -> None:
         """Gather each cooled key's grid back: its sub-groups move to the owner of the key's partition, then the
         owner merges them (a MERGE order, served before any later batch) and the key's buffered tuples go back
-        to the partition: every tuple of the spread stream (S; R for left, semi and anti joins), and one copy of
-        each tuple of the copied one.
+        to the partition: each tuple once, from the sub-groups the slave gathers it from (`HotKeyRouter.homes`:
+        every tuple of the spread stream, one copy of each of the copied one; a full join's homes only).
 
-        The merge waits until every sub-group holds the same copies here, i.e. until they were last drained
-        together (copies are added to all sub-groups at once, so equal counts mean equal copies): then each R
-        tuple has reached either every sub-group's window or none, and one copy of what is buffered is exact.
-        A sub-group drained on its own slave before the others would otherwise lose the copies still buffered
+        The merge waits until the sub-groups were last drained together (or hold nothing here): then every
+        tuple has reached either all its sub-groups' windows or none, and what is buffered is exact.  A
+        sub-group drained on its own slave before the others would otherwise lose the copies still buffered
         for them (pairs lost) or send its own twice (pairs twice).  Sub-groups still queued to spread from the
         owner stay there, and a sub-group in flight is waited for."""
         for key, share in list(self.cooling.items()):
-            first, size = self.router.hot[key]
+            first, count = self.router.hot[key]
             partition, owner = self._owner(key)
-            subs = range(first, first + size)
+            subs = range(first, first + count)
             pmap = self.controller.partition_map
             self.controller.queue[:] = [m for m in self.controller.queue
                                         if not (m.partition in subs and pmap[m.partition] == owner)]
@@ -107,23 +110,22 @@ class HotKeyDesk:
             for g in away:
                 if g not in queued and not self.controller.moving[g]:
                     self.controller.queue.append(Move(g, int(pmap[g]), owner, "hot key cooled"))
-            copied = self.router.copied
-            copies = self.buffers.counts[copied, first: first + size]
-            if away or self.controller.moving[partition] or self.controller.moving[first: first + size].any() \
-                    or self.links.is_busy(owner) or (copies != copies[0]).any():
+            if away or self.controller.moving[partition] or self.controller.moving[first: first + count].any() \
+                    or self.links.is_busy(owner) or not self.buffers.together(subs):
                 continue  # next time round: the owner's next batch drains all sub-groups together
             del self.cooling[key]
+            homes = [self.router.homes(stream, key) for stream in (STREAM_R, STREAM_S)]
             self.router.demote(key)
             self.rerouted(subs, [partition])
-            taken = [self.buffers.take_key(g, key) for g in subs]
-            self.buffers.add(copied, taken[0][copied], np.full(len(taken[0][copied]), partition))
-            spread = np.concatenate([t[1 - copied] for t in taken])
-            self.buffers.add(1 - copied, spread, np.full(len(spread), partition))
-            self.links.order(owner, Kind.MERGE, partition=partition, hot_key=(key, first, size))
-            pmap[first: first + size] = -1  # the slots hold no group any more
+            taken = {g: self.buffers.take_key(g, key) for g in subs}
+            for stream, mine in enumerate(homes):
+                rows = np.concatenate([taken[g][stream] for g in mine])
+                self.buffers.add(stream, rows, np.full(len(rows), partition))
+            self.links.order(owner, Kind.MERGE, partition=partition, hot_key=(key, first, count))
+            pmap[first: first + count] = -1  # the slots hold no group any more
             self.log.append({"key": key, "event": "merge", "share": round(share, 4), "partition": partition,
                              "owner": owner, "seconds": round(time.time() - self.t0, 3)})
-            print(f"hot key {key} cooled ({share:.0%} of the input): its {size} sub-groups gathered back into "
+            print(f"hot key {key} cooled ({share:.0%} of the input): its {count} sub-groups gathered back into "
                   f"partition-group {partition} on slave {owner}", file=sys.stderr, flush=True)
 
     def state(self) -> list:

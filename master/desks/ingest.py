@@ -83,9 +83,12 @@ class IngestDesk:
         return self.ranges.bounds.tolist()
 
     def spans(self, partitions: np.ndarray) -> np.ndarray:
-        """The (first, last) keys whose home each of `partitions` is (the batches' group table): its key range, or
-        every key with hash partitions."""
-        return every_key(partitions) if self.ranges is None else self.ranges.spans(partitions)
+        """Per stream the (first, last) keys whose home each of `partitions` is (the batches' group table): its key
+        range for both, every key with hash partitions, none for a stream a full join copies into a hot key's
+        sub-group as guests (master.hotkeys)."""
+        if self.ranges is not None:
+            return np.tile(self.ranges.spans(partitions), 2)
+        return every_key(partitions) if self.router is None else self.router.spans(partitions)
 
     def use_ranges(self, bounds: list) -> None:
         """Another dispatcher: rank 0's key ranges came."""
