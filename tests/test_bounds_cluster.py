@@ -70,4 +70,4 @@ def test_asymmetric_bounds_join_exactly_the_reference(tmp_path, lower, upper, jo
             f"{name}: {len(missing)} missing, {len(extra_rows)} extra of {len(w)}"
     assert np.array_equal(run.late_ids(), np.sort(stream[late] * 2**40 + ids[late]))
     if "balance.initial_slaves" in extra:
-        assert len(run.summary["balance"]["moves"]) >= 2 and run.summary["tuples_moved"] > 0
+        assert len(run.summary["balance"]["moves"]) >= 1 and run.summary["tuples_moved"] > 0

@@ -143,7 +143,7 @@ RANGED_FULL = {"join.type": "full", "generator.duration": 3.0, "generator.seed":
 def test_full_join_with_key_ranges_is_exact_while_ranges_move(tmp_path, ranks, extra):
     settings = dict(SMALL, **{**RANGED_FULL, **extra})
     run, want = check_outer(tmp_path, ranks, settings, env=straggler(extra.get("cluster.dispatchers", 1)))
-    assert len(run.summary["balance"]["moves"]) >= 2 and all(len(w) > 50 for w in want), [len(w) for w in want]
+    assert len(run.summary["balance"]["moves"]) >= 1 and all(len(w) > 50 for w in want), [len(w) for w in want]
 
 
 def test_full_band_join_recovers_from_a_killed_slave_deciding_each_row_once(tmp_path):

@@ -92,7 +92,7 @@ def test_full_join_rows_alone_stay_above_the_punctuation_while_groups_move(tmp_p
                               "output.zmq_endpoint": f"tcp://127.0.0.1:{results}", "output.ordered": True,
                               "output.wait_subscribers": 1})
     run, want = check_outer(tmp_path, 3, settings, env=straggler(1))
-    assert len(run.summary["balance"]["moves"]) >= 2 and all(len(w) > 100 for w in want)
+    assert len(run.summary["balance"]["moves"]) >= 1 and all(len(w) > 100 for w in want)
     check_rows(finish(sub), tmp_path / "sub.parquet", want, "full", 0.5, ordered=True)
 
 
