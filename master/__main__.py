@@ -51,7 +51,9 @@ def find_resume(cfg: dict, slaves: int) -> tuple:
 
 def other_rank(comm) -> int:
     """Ranks 1..k-1 are further dispatchers with their share of the input; the rest run the slave."""
-    if comm.rank >= comm.size - (len(os.sched_getaffinity(0)) - 1):
+    # the cores this rank may run on (every core where the system has no affinity call, as macOS)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if comm.rank >= comm.size - (cores - 1):
         # a core rank 0 leaves idle: the last ranks (slaves, since the config leaves at least one) import the
         # slave's modules beside it, the others after its first batch
         importlib.import_module("slave.run")
