@@ -17,8 +17,8 @@ from master.coordination import Orders
 from protocol import eventtime, faults
 from protocol.arrays import whole_buffer
 from protocol.mpi import wait_all_started
-from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, decode_report, \
-    encode_order
+from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_JOINING, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, \
+    decode_report, encode_order
 
 
 class Links:
@@ -30,6 +30,7 @@ class Links:
         self.spare: dict[int, np.ndarray] = {}  #: rank -> the buffer of its last message, answered: reused
         self.seq = {r: 0 for r in slaves}  #: per slave: the sequence number of the last message on its channel
         self._report = np.empty(REPORT_BYTES, dtype=np.uint8)
+        self._joining = np.empty(2, dtype=np.int64)
 
     def is_busy(self, rank: int) -> bool:
         return rank in self.busy
@@ -68,6 +69,14 @@ class Links:
                 self.spare[rank] = whole_buffer(buf)  # the next batch to it is built in it
             got.append((rank, counters, hist))
         return got
+
+    def joining(self) -> int:
+        """How many words came from slaves still joining a long batch (protocol.messages.joining_message)."""
+        n, status = 0, MPI.Status()
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_JOINING, status=status):
+            self.comm.Recv(self._joining, source=status.Get_source(), tag=TAG_JOINING)
+            n += 1
+        return n
 
     def stop(self) -> dict[int, int]:
         """STOP to every slave: each answers with its final report once its results are flushed.  Returns each

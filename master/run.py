@@ -97,6 +97,7 @@ class Master:
     # -- routing ----------------------------------------------------------------------------------------
     def _route_reports(self) -> int:
         """Every waiting slave report to its ack's handlers (`on_ack`); returns how many came."""
+        self.stall.joining += self.links.joining()
         reports = self.links.reports()
         for rank, counters, hist in reports:
             self.stats.add_report(rank, counters, hist)

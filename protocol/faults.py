@@ -8,7 +8,8 @@ skips one batch send), unless the file
 through.  `STREAMJOIN_JITTER=s` makes a dispatcher sleep a random 0..s seconds
 before each send, to shake the interleaving of several dispatchers.
 `STREAMJOIN_STRAGGLER="rank:s"` makes that slave sleep s seconds in each batch's
-join, a straggler on a busy host whatever the machine's speed.
+join, a straggler on a busy host whatever the machine's speed; `STREAMJOIN_SLOW_CHUNKS="rank:s"` before each
+chunk of a batch's results it writes, a long batch (a hot key's) whatever the machine's speed.
 `STREAMJOIN_RAISE="rank:point:n:error"` raises an exception instead (`fail`): a full disk, a failed allocation.
 """
 from __future__ import annotations
@@ -58,8 +59,8 @@ def jitter() -> None:
         time.sleep(random.uniform(0, most))
 
 
-def straggle(rank: int) -> None:
-    spec = os.environ.get("STREAMJOIN_STRAGGLER")
+def straggle(rank: int, variable: str = "STREAMJOIN_STRAGGLER") -> None:
+    spec = os.environ.get(variable)
     if spec:
         want_rank, seconds = spec.split(":")
         if int(want_rank) == rank:

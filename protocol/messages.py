@@ -27,6 +27,7 @@ TAG_RESULTS = 4  #: slave -> master, with output.zmq_endpoint: a batch's results
 TAG_SUMMARY = 5  #: dispatcher k > 0 -> rank 0 at the end: its counters (a small dict, pickled)
 TAG_ORDER = 6    #: rank 0 <-> dispatcher k > 0: coordination of moves and of the end (master.coordination)
 TAG_METRICS = 7  #: dispatcher k > 0 -> rank 0, at the metrics cadence: its counters (master.metrics)
+TAG_JOINING = 8  #: slave -> dispatcher: still joining its batch (`joining_message`), the stall watch's sign of life
 
 
 class Kind(enum.IntEnum):
@@ -196,6 +197,15 @@ REPORT_FIELDS = (
     "part_bytes",                # with Ack.CHECKPOINTED: size of the slave's checkpoint part
     "aggregate_files",           # with Ack.CHECKPOINTED: level: partial-aggregate files written so far
 )
+
+
+def joining_message(seq: int, results: int) -> np.ndarray:
+    """A slave's word, at most once per distribution epoch, that it is still joining batch `seq` and has
+    produced `results` of its results so far: a hot key's batch may take longer than the stall watch's
+    bound (master.desks.stall), and its report comes only at the end."""
+    return np.array([seq, results], dtype=np.int64)
+
+
 #: the delay histogram, then one per part of the delay (delays.PARTS)
 HISTOGRAMS = 1 + len(delays.PARTS)
 #: float64 counters, then uint32 bin counts: 3,408 bytes, under Open MPI's shared-memory eager limit (4 KiB),

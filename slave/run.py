@@ -20,8 +20,8 @@ from mpi4py import MPI
 
 from protocol import checkpoint, delays, eventtime, faults
 from protocol.arrays import whole_buffer
-from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, batch_rows, \
-    decode_head, encode_report, hot_key
+from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_JOINING, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
+    batch_rows, decode_head, encode_report, hot_key, joining_message
 from protocol.lifetime import USER_ERROR
 from protocol.startup import pss_bytes
 from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
@@ -58,6 +58,7 @@ class Slave:
         self.comm_seconds = 0.0  #: receiving messages and sending reports (paper 003 VI: communication time)
         self.outgoing: list[tuple[MPI.Request, np.ndarray]] = []  #: reports and group states on their way
         self.checkpoints = checkpoint.root_of(cfg)
+        self.epoch = cfg["epochs"]["distribution"]  #: a long batch says it is still joining once per epoch
         k = cfg["cluster"]["dispatchers"]
         #: per dispatcher (ranks 0..k-1; BiStream 3.2.3): the punctuation of its last batch -- every later tuple
         #: from it has ts >= this (microseconds) -- and the sequence number of that batch on the FIFO channel from it
@@ -105,8 +106,10 @@ class Slave:
         hists = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
         watermark = int(self.watermarks.min())
         alone = self.module.join_type != "inner"  # its rows alone are the batch's last results message
+        said = started
         for chunk in self.module.chunks(fresh_r, fresh_s, watermark, groups):
             delay, hist = chunk.delays(float(head["sent"]), started_wall)
+            faults.straggle(self.comm.rank, "STREAMJOIN_SLOW_CHUNKS")
             files += self.writer.add(chunk.pairs, delay)
             if self.aggregator:
                 self.aggregator.add(chunk.pairs)
@@ -115,10 +118,22 @@ class Slave:
             results, chunks, hists = results + len(delay), chunks + 1, hists + hist
             delay_max = max(delay_max, float(delay.max(initial=0.0)))
             del chunk, delay  # the next chunk is built without this one
+            said = self.say_joining(int(head["seq"]), results, said)
         lone, lone_files = self.take_lone(int(head["seq"]), watermark)
         self.report({"seq": float(head["seq"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": results + lone, "chunks": chunks, "delay_max": delay_max, "files": files + lone_files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
+
+    def say_joining(self, seq: int, results: int, said: float) -> float:
+        """Tell the dispatcher that its batch `seq` is still being joined, once a distribution epoch has passed
+        since the batch began or this was last said (a hot key's batch of billions of pairs outlasts the stall
+        watch's bound); returns when it was last said."""
+        now = time.perf_counter()
+        if now - said < self.epoch:
+            return said
+        buf = joining_message(seq, results)
+        self.outgoing.append((self.comm.Isend(buf, dest=self.reply_to, tag=TAG_JOINING), buf))
+        return now
 
     def take_lone(self, seq: int, watermark: int) -> tuple[int, int]:
         """Outer, semi and anti joins: write the rows the last epoch decided alone (known once its last chunk is

@@ -587,8 +587,11 @@ def test_a_configured_stall_timeout_replaces_the_automatic_bound(tmp_path):
     p.links.busy[1] = np.empty(0)
     watch.watch(0.0, 0, {}, "")
     watch.watch(2.5, 0, {}, "")
+    watch.joining += 1  # the busy slave says it is still joining its batch: progress
+    watch.watch(2.6, 0, {}, "")
+    watch.watch(5.1, 0, {}, "")
     with pytest.raises(StallError):
-        watch.watch(2.6, 0, {}, "")
+        watch.watch(5.2, 0, {}, "")
 
 
 def test_another_dispatcher_waiting_for_rank_0_to_finish_a_move_is_not_stalled(tmp_path):

@@ -3,12 +3,14 @@
 Work is pending while tuples are buffered, a message to a slave is unanswered,
 a move is queued or in flight, a hot key's split or merge waits, or a
 checkpoint is being taken.  The master makes progress when it takes input,
-sends a message or gets a report.  Pending work with no progress for longer
-than the bound means the master waits for something that will not come (a
-report, an idle owner, a move); it then names what it waits for and the job
-ends with a non-zero exit, so a supervisor restarts it from its last
-checkpoint.  The bound (`master.stall_timeout`, 0 = automatic) is a few
-distribution epochs beyond the slowest batch a slave has taken so far.
+sends a message or gets a report, or when a slave says it is still joining a
+long batch (a hot key's billions of pairs are written in chunks and reported
+at the end).  Pending work with no progress for longer than the bound means
+the master waits for something that will not come (a report, an idle owner, a
+move); it then names what it waits for and the job ends with a non-zero exit,
+so a supervisor restarts it from its last checkpoint.  The bound
+(`master.stall_timeout`, 0 = automatic) is a few distribution epochs beyond the
+slowest batch a slave has taken so far.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class StallWatch:
         self.slowest = 0.0  #: the longest a slave took over one batch so far (seconds)
         self.reports = 0  #: reports received
         self.orders = 0  #: orders received from other dispatchers (rank 0's HOLD, RELEASE, ...)
+        self.joining = 0  #: words from slaves still joining a long batch (protocol.messages.joining_message)
         self._last = None  #: the progress counters seen last
         self._since = 0.0  #: when they last changed, or pending work began
 
@@ -46,14 +49,15 @@ class StallWatch:
         c = self.controller
         mine = len(self.buffers) if self.coordinator else int(self.buffers.counts[:, ~c.moving].sum())
         pending = bool(mine or self.links.busy or (c.busy and self.coordinator) or any(hot.values()) or checkpoint)
-        progress = (consumed, sum(self.links.seq.values()), self.reports, self.orders)
+        progress = (consumed, sum(self.links.seq.values()), self.reports, self.orders, self.joining)
         if progress != self._last or not pending:
             self._last, self._since = progress, now
             return
         still = now - self._since
         if still <= self.bound():
             return
-        lines = [f"stalled: no input taken, no message sent and no report for {still:.1f}s with work pending"]
+        lines = [f"stalled: no input taken, no message sent and no report for {still:.1f}s with work pending (no slave "
+                 f"said it was still joining)"]
         if self.links.busy:
             lines.append(f"  waiting for the report of slave(s) {sorted(self.links.busy)} (a message is unanswered)")
         counts = self.buffers.counts.sum(axis=0)
