@@ -71,6 +71,10 @@ class Controller:
         """The groups `rank` is sent now: mapped to it and not being moved."""
         return np.flatnonzero((self.partition_map == rank) & ~self.moving)
 
+    def holders(self) -> list[int]:
+        """The slaves a partition-group is mapped to (a moving one: to its supplier until installed)."""
+        return np.unique(self.partition_map[self.partition_map >= 0]).tolist()
+
     def on_slot(self, rank: int, unjoined: int) -> None:
         """`rank`'s buffer at the end of a distribution epoch: tuples it has not joined yet."""
         self.buffer_samples.setdefault(rank, []).append(unjoined * self.share)

@@ -25,6 +25,7 @@ from master.desks.distribution import DistributionDesk
 from master.desks.hotkeys import HotKeyDesk
 from master.desks.ingest import IngestDesk
 from master.desks.moves import MovesDesk
+from master.desks.payload import PayloadDesk, payload_cuts
 from master.desks.stall import StallWatch
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.links import Links
@@ -67,7 +68,9 @@ class Master:
         self.hot = HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links,
                               self.results_out.rerouted) if router else None
         self.checkpoints = CheckpointDesk(cfg, self.index, self.k, slaves, buffers, controller, stats, links)
-        self.checkpoints.on_commit = self.ingest.committed  # producers learn what a checkpoint made durable
+        self.checkpoints.on_commit = self._committed
+        log = getattr(source, "log", None)  # declared streams: their rows' own columns (protocol.payload)
+        self.payload = PayloadDesk(cfg, slaves, log) if log is not None and self.k == 1 else None
         self.stall = StallWatch(cfg, buffers, controller, links, coordinator=self.index == 0)
         self.done_from: set[int] = set()  #: rank 0: dispatchers that said DONE
         self.done_sent = self.finished = False
@@ -93,6 +96,8 @@ class Master:
         if m["hot_keys"] is not None:
             self.hot.restore(m["hot_keys"])
         self.checkpoints.restore(directory, manifest, self.distribution.epochs_done)
+        if self.payload is not None:
+            self.payload.restore(payload_cuts(self.cfg))
 
     # -- routing ----------------------------------------------------------------------------------------
     def _route_reports(self) -> int:
@@ -109,10 +114,21 @@ class Master:
     def _answered(self, rank: int, counters: dict) -> None:
         self.controller.on_work(rank, int(counters["tuples_r"] + counters["tuples_s"]), counters["busy"])
         self.moves.on_answer(rank)
+        if self.payload is not None:
+            self.payload.on_answer(rank, self.distribution.sent_watermark[rank])
 
     def _installed(self, rank: int, counters: dict) -> None:
         """Not an answer to a message of ours: the consumer's news; the group's held tuples go out at once."""
-        self.distribution.owe(self.moves.on_installed(counters, time.time()))
+        consumer = self.moves.on_installed(counters, time.time())
+        self.distribution.owe(consumer)
+        if self.payload is not None:
+            self.payload.on_installed(consumer)
+
+    def _committed(self, section: dict) -> None:
+        """A checkpoint is complete: producers learn what it made durable, the payload log what it must keep."""
+        self.ingest.committed(section)
+        if self.payload is not None:
+            self.payload.on_commit(section["payload_cut"])
 
     def _route_orders(self) -> None:
         """Every order from another dispatcher to its kind's handler (`on_order`), then READY where due."""
@@ -186,12 +202,15 @@ class Master:
             if now >= next_slot:
                 if distribution.slot(ingest.frontier(), serve=not checkpoints.pending):
                     checkpoints.on_epoch(distribution.epochs_done, ingest.exhausted)
+                if self.payload is not None:
+                    self.payload.release(self.source.taken, self.controller.holders())
                 next_slot = max(next_slot + slot, now)
                 worked += 1
             if checkpoints.may_begin(quiet=not self.links.busy and not self.controller.in_flight):
                 ingest.flush()
                 checkpoints.begin({**ingest.state(), **distribution.state(), "seq": self.links.state(),
-                                   "hot_keys": None if self.hot is None else self.hot.state()},
+                                   "hot_keys": None if self.hot is None else self.hot.state(),
+                                   "payload_cut": None if self.payload is None else self.payload.cut(self.controller.holders())},
                                   distribution.epochs_done)
             if self.k > 1:
                 if self.index == 0 and (bounds := ingest.ranges_to_share()) is not None:
@@ -209,6 +228,8 @@ class Master:
                     self.hot.merge()
                 for move in self.moves.start(distribution.sent_watermark.get, hold=not checkpoints.pending):
                     distribution.handed_over(move.supplier)
+                    if self.payload is not None:
+                        self.payload.on_move(move.consumer, distribution.sent_watermark[move.supplier])
             rule = may_serve(checkpoints.pending, self.moves.waits_for(), self.hot is not None and self.hot.waiting)
             if rule is not None:
                 distribution.serve_missed(rule, ingest.frontier())

@@ -73,6 +73,7 @@ class StreamsSource:
                   if name in self.declared else StreamInput(name, s, self.kinds, window, self.files[name])
                   for name, s in self.specs.items()]
         self._check_columns(inputs)
+        self.log.forget()
         for side, inp in enumerate(inputs):
             self.log.write_schema(side, inp.schema)
         self.mapper = KeyMapper(self.kinds)
@@ -92,6 +93,7 @@ class StreamsSource:
         self._done = [False, False]
         self._end_at: list[int | None] = [None, None]  #: per side, once known: the position after its last tuple
         self._ready, self._taken = empty(), 0
+        self.taken = [0, 0]  #: per side: every row below this one has been taken (their payload may go)
 
     def _check_columns(self, inputs: list[StreamInput]) -> None:
         """The results' column names are distinct, and CSV results can hold every column (no nested types)."""
@@ -113,7 +115,7 @@ class StreamsSource:
     def _logged(log: PayloadLog, side: int, inp: StreamInput):
         """The stream's checked batches, each one's columns written to the payload log before it goes on."""
         for batch in inp:
-            log.write(side, batch.rows, batch.columns)
+            log.write(side, batch.rows, batch.ts, batch.columns)
             yield batch._replace(columns=None)
 
     def _close(self) -> None:
@@ -129,7 +131,7 @@ class StreamsSource:
             self._take(side, self._queues[side].get())
             return
         for batch in live.batches():
-            self.log.write(side, batch.rows, batch.columns)
+            self.log.write(side, batch.rows, batch.ts, batch.columns)
             self._take(side, batch._replace(columns=None))
         if live.done:
             self._done[side] = True
@@ -202,6 +204,10 @@ class StreamsSource:
             return None if all(self._done) and self._pending == [None, None] else empty()
         chunk = rows(self._ready, self._taken, self._taken + n)
         self._taken += n
+        for side in (0, 1):
+            ids = chunk.id[chunk.stream == side]
+            if len(ids):
+                self.taken[side] = max(self.taken[side], int(ids.max()) + 1)
         self.accepted += n
         return chunk
 
@@ -236,6 +242,7 @@ class StreamsSource:
         live = [x.finish()["zmq_ingest"] for x in self._live if x is not None]
         names = {side: name for side, name in zip("RS", self.specs)}
         out: dict = {"streams": names, "payload_log_bytes": self.log.bytes,
+                     "payload_log_removed_bytes": self.log.removed_bytes, "payload_log_peak_bytes": self.log.peak_bytes,
                      **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))} if live else {})}
         if self.listing is None:
             return out

@@ -6,8 +6,10 @@ any Arrow type -- is written once by the master as it reads the input, one Arrow
 record batch, and gathered for the results where they are written with vectorized `take`s from memory-mapped
 segments (late materialization, as column stores do): it never crosses MPI, never sits in a window, a move or a
 checkpoint, so every path that keeps the join exact (moves, hot-key grids, band copies, recovery) carries it
-unchanged.  The cost is disk: a run keeps its input's payload under `output.path/payload/` until it ends (a
-shared file system on several hosts, as results and checkpoints already need).
+unchanged.  The cost is disk under `output.path/payload/` (a shared file system on several hosts, as results
+and checkpoints already need): a segment is removed once no result can need its rows (master.desks.payload),
+so the log holds about a window and a checkpoint's worth of input; with several dispatchers it is kept until
+the run ends.
 
 A segment `payload/<R|S>/<first row>-<last row>.arrow` holds the column `__row` (the stream rows, rising) and the
 stream's output columns under the user's names; `schema.arrow` beside them holds none, only their types, so a
@@ -18,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections import OrderedDict
+import threading
+from collections import OrderedDict, deque
 from pathlib import Path
 
 import numpy as np
@@ -56,19 +59,52 @@ class PayloadLog:
     def __init__(self, root: Path | str, tag: str):
         self.folder, self.tag = Path(root) / FOLDER, tag
         self.bytes = 0  #: what this writer wrote
+        self.removed_bytes = 0  #: what `release` removed
+        self.peak_bytes = 0  #: the most the segments in `segments` ever were
+        self._lock = threading.Lock()  #: each stream's reader thread appends, the master's loop releases
+        self.forget()
+
+    def forget(self) -> None:
+        """Start listing segments anew (the input is read again from its start)."""
+        with self._lock:
+            #: per side, the segments written or found, in row order: (first row, last row, largest ts, bytes, path)
+            self.segments: list[deque] = [deque(), deque()]
+            self.held_bytes = 0  #: their bytes
 
     def write_schema(self, side: int, schema: pa.Schema) -> None:
         """The output columns of stream `side` (R = 0), before any of its tuples is sent."""
         _write_ipc(self.folder / STREAM_NAMES[side] / SCHEMA_FILE, schema.empty_table(), self.tag)
 
-    def write(self, side: int, rows: np.ndarray, columns: pa.Table) -> None:
-        """One batch's accepted rows (`rows` rising) and their output columns, unless a dispatcher wrote them."""
+    def write(self, side: int, rows: np.ndarray, ts: np.ndarray, columns: pa.Table) -> None:
+        """One batch's accepted rows (`rows` rising, their event times `ts`) and their output columns, unless a
+        dispatcher wrote them."""
         if not len(rows):
             return
         path = self.folder / STREAM_NAMES[side] / segment_name(int(rows[0]), int(rows[-1]))
         if not path.exists():
             _write_ipc(path, columns.add_column(0, ROW, pa.array(rows, pa.int64())), self.tag)
             self.bytes += path.stat().st_size
+        size = path.stat().st_size
+        with self._lock:
+            self.held_bytes += size
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+            self.segments[side].append((int(rows[0]), int(rows[-1]), int(ts.max()), size, path))
+
+    def release(self, side: int, taken: int, below: int) -> tuple[int, int]:
+        """Remove the oldest segments of stream `side` whose rows are all below row `taken` and whose times are
+        all below `below`; returns (segments, bytes) removed."""
+        gone = []
+        with self._lock:
+            segments = self.segments[side]
+            while segments and segments[0][1] < taken and segments[0][2] < below:
+                gone.append(segments.popleft())
+            removed = sum(g[3] for g in gone)
+            self.removed_bytes += removed
+            self.held_bytes -= removed
+        for *_, path in gone:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return len(gone), removed
 
 
 def remove_log(root: Path | str) -> None:

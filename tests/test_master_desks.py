@@ -24,6 +24,7 @@ from master.desks.distribution import DistributionDesk
 from master.desks.hotkeys import HotKeyDesk
 from master.desks.ingest import IngestDesk
 from master.desks.moves import MovesDesk
+from master.desks.payload import PayloadDesk
 from master.desks.stall import StallError, StallWatch
 from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.source import FileSource
@@ -31,6 +32,7 @@ from master.stats import RunStats
 from protocol import checkpoint, eventtime
 from protocol.config import load_config
 from protocol.output import read_tables
+from protocol.payload import PayloadLog
 from protocol.messages import ALL_KEYS, NO_KEYS, Kind, batch_groups, batch_message, decode_batch, encode_order, \
     hot_key
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
@@ -626,3 +628,44 @@ def test_a_checkpoint_waiting_for_quiet_holds_no_new_move_but_lets_a_held_one_fi
     (ordered,) = moves.start(lambda rank: S(0.0), hold=False)  # a checkpoint wants quiet
     assert ordered.partition == first and p.links.kinds()[-1] == (2, Kind.MOVE)
     assert second not in p.controller.in_flight and p.controller.queue  # no new move held meanwhile
+
+
+# --------------------------------------------------------------------------- payload log
+
+def test_the_payload_desk_removes_a_segment_once_every_holder_is_past_its_rows_partners(tmp_path):
+    """R rows' last partner lies `upper` after them, S rows' `-lower` after: a segment goes once the smallest
+    watermark the slaves holding groups answered (a move's consumer at its floor until it answers again; a
+    checkpoint's cut from the moment it is taken) is past that, and the master has taken its rows in."""
+    cfg = config(tmp_path, "join.lower=-0.5", "join.upper=2.0", "checkpoint.keep=1")
+    log = PayloadLog(tmp_path / "out", "test")
+    for side in (0, 1):
+        log.write(side, np.arange(0, 10), np.full(10, S(10)), pa.table({"x": np.arange(10)}))
+        log.write(side, np.arange(10, 20), np.full(10, S(20)), pa.table({"x": np.arange(10)}))
+    desk = PayloadDesk(cfg, [1, 2, 3], log)
+    def files(side: int) -> list[int]:  # the first rows of the segments still on disk
+        return sorted(int(p.name[:12]) for p in (tmp_path / "out" / "payload" / "RS"[side]).glob("0*.arrow"))
+
+    assert desk.release((20, 20), [1, 2]) == 0  # no slave has answered
+    desk.on_answer(1, S(12.5))
+    desk.on_answer(2, S(11))
+    assert desk.release((20, 20), [1, 2]) == 1  # W = 11 s: S's rows at 10 s are done (10.5 < 11), R's are not (12)
+    assert (files(0), files(1)) == ([0, 10], [10])
+    desk.on_answer(2, S(12.5))
+    desk.on_move(3, S(11.5))  # slave 3 takes a group decided up to 11.5 s: it counts from now on
+    assert desk.release((20, 20), [1, 2]) == 0
+    desk.on_answer(3, S(30))  # an answer before the install does not lift the floor
+    assert desk.release((20, 20), [1, 2]) == 0
+    desk.on_installed(3)
+    assert desk.release((20, 20), [1, 2, 3]) == 0  # installed, not yet answered: the group's rows wait there
+    desk.on_answer(3, S(12.5))
+    assert desk.cut([1, 2, 3]) == S(12.5)  # a checkpoint is being taken at 12.5 s
+    for rank in (1, 2, 3):
+        desk.on_answer(rank, S(40))
+    assert desk.release((5, 20), [1, 2, 3]) == 0  # W = the open cut, 12.5 s; R's rows 5.. are not taken in yet
+    assert desk.release((20, 20), [1, 2, 3]) == 1  # R's first segment (10 + 2 < 12.5); its second needs 22 s
+    assert (files(0), files(1)) == ([10], [10])
+    desk.on_commit(S(12.5))
+    desk.cut([1, 2, 3])
+    desk.on_commit(S(40))  # keep = 1: the older checkpoint is gone
+    assert desk.release((20, 20), [1, 2, 3]) == 2
+    assert files(0) == files(1) == [] and log.removed_bytes == log.peak_bytes > 0 and log.held_bytes == 0

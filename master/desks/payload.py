@@ -1,0 +1,91 @@
+"""The payload desk: the payload log's segments that no result can need any more are removed as the run goes.
+
+With declared streams every row's own columns wait in the payload log (protocol.payload) until a result
+gathers them.  A row of R with time t has its last partner at t + upper and is decided alone (outer joins)
+once the watermark passes t + upper (slave.window: the expiry rule); a row of S likewise at t - lower.  So a
+row is done with once every slave has answered a batch whose watermark W lies above both its own time (it was
+sent: BiStream's punctuation) and that bound: a segment goes when all its rows are done with and the master
+has taken them all in (late rows gather their columns when taken).
+
+A slave's `done` is the watermark of the last message it answered (the batch is joined, its results written
+with their columns); only slaves holding a partition-group count.  A moved group's rows are decided up to
+its supplier's floor (the MOVE's watermark) until the consumer installs it, and then until the consumer
+answers again (NEG_INF).  A recovery replays from the newest complete
+checkpoint whose state still holds undecided rows: the log keeps what any kept checkpoint's cut needs (the
+smallest `done` at its cut, from the moment it is taken).  Before the first checkpoint a restart reads the
+input again from its start and writes the log anew.  With several dispatchers a slave's watermark is the smallest of theirs, which no one
+dispatcher knows: their log is kept until the run ends.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from protocol import checkpoint, eventtime
+from protocol.predicates import time_bounds
+
+
+class PayloadDesk:
+    def __init__(self, cfg: dict, slaves: list[int], log):
+        """`log`: the source's protocol.payload.PayloadLog."""
+        self.log = log
+        lower, upper = time_bounds(cfg["join"])
+        #: per side: how far after a row's own time its last partner may lie (never below its own time)
+        self.reach = (max(0, upper), max(0, -lower))
+        self.done = {rank: eventtime.NEG_INF for rank in slaves}  #: per slave: the watermark it answered last
+        self.moving: dict[int, int] = {}  #: consumers of moves not yet installed: the smallest floor of theirs
+        #: the smallest `done` at each kept complete checkpoint's cut (a recovery may start from any of them)
+        self.kept: deque = deque(maxlen=max(1, cfg["checkpoint"]["keep"]))
+        self.open: int | None = None  #: the cut of the checkpoint being taken
+
+    def on_answer(self, rank: int, watermark: int) -> None:
+        """`rank` answered the message it was sent last, under `watermark` (its last batch's)."""
+        self.done[rank] = watermark
+
+    def on_move(self, consumer: int, floor: int) -> None:
+        """A group leaves its supplier, decided up to `floor` (the watermark its MOVE carries): until the
+        consumer installs it, nothing it may still need is done with."""
+        self.moving[consumer] = min(self.moving.get(consumer, eventtime.POS_INF), floor)
+
+    def on_installed(self, rank: int) -> None:
+        """`rank` installed a moved group whose undecided rows it decides only at its next batch."""
+        self.moving.pop(rank, None)
+        self.done[rank] = eventtime.NEG_INF
+
+    def watermark(self, holders) -> int:
+        """Below what every row that a slave holding a group (`holders`), or about to, is done with."""
+        return min([self.done[r] for r in holders] + list(self.moving.values()), default=eventtime.NEG_INF)
+
+    def cut(self, holders) -> int:
+        """What the checkpoint being taken now needs kept (the cut is quiet).  It holds from now on: the slaves
+        may answer later batches before the checkpoint is complete."""
+        self.open = self.watermark(holders)
+        return self.open
+
+    def on_commit(self, cut: int) -> None:
+        """A checkpoint taken at `cut` is complete; the oldest beyond `checkpoint.keep` is gone."""
+        self.kept.append(cut)
+        self.open = None
+
+    def restore(self, cuts: list[int]) -> None:
+        """A recovery: the cuts of the complete checkpoints on disk, oldest first."""
+        self.kept.extend(cuts)
+
+    def release(self, taken: tuple[int, int], holders) -> int:
+        """Remove every segment done with; `taken`: per side, the rows the master has taken in; `holders`: the
+        slaves holding a partition-group (one that holds none needs nothing).  Returns the segments removed."""
+        w = min([self.watermark(holders), *self.kept, *([] if self.open is None else [self.open])])
+        if w == eventtime.NEG_INF:
+            return 0
+        return sum(self.log.release(side, taken[side], w - self.reach[side])[0] for side in (0, 1))
+
+
+def payload_cuts(cfg: dict) -> list[int]:
+    """The payload cuts of the complete checkpoints on disk, oldest first (NEG_INF for one that has none)."""
+    cuts = []
+    for directory in checkpoint.checkpoints(checkpoint.root_of(cfg)):
+        try:
+            cut = checkpoint.load_manifest(directory)["master"].get("payload_cut")
+        except checkpoint.CheckpointError:
+            continue  # not complete: no recovery starts there
+        cuts.append(eventtime.NEG_INF if cut is None else int(cut))
+    return cuts
