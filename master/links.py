@@ -70,13 +70,15 @@ class Links:
             got.append((rank, counters, hist))
         return got
 
-    def joining(self) -> int:
-        """How many words came from slaves still joining a long batch (protocol.messages.joining_message)."""
-        n, status = 0, MPI.Status()
+    def joining(self) -> list[tuple[int, int]]:
+        """(rank, results so far) of every word from a slave still joining a long batch
+        (protocol.messages.joining_message)."""
+        got, status = [], MPI.Status()
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_JOINING, status=status):
-            self.comm.Recv(self._joining, source=status.Get_source(), tag=TAG_JOINING)
-            n += 1
-        return n
+            rank = status.Get_source()
+            self.comm.Recv(self._joining, source=rank, tag=TAG_JOINING)
+            got.append((rank, int(self._joining[1])))
+        return got
 
     def stop(self) -> dict[int, int]:
         """STOP to every slave: each answers with its final report once its results are flushed.  Returns each

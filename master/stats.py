@@ -38,6 +38,8 @@ class RunStats:
         #: largest time a tuple waited in the mini-buffers beyond one distribution epoch (its slave's slot)
         self.backlog_max = 0.0
         self.buffered_peak = 0     #: most tuples the mini-buffers ever held (at most master.buffer_capacity)
+        #: slaves that said they are still joining one long batch: the results they had made by then
+        self.joining: dict[int, int] = {}
         self.elapsed_before = 0.0  #: seconds run before the checkpoint this run resumed from
         #: start-up (protocol.startup): unix times of the launch, all ranks ready, the first tuple ingested,
         #: the last result written (the slaves' final reports in); the master's PSS before data
@@ -88,6 +90,7 @@ class RunStats:
     def add_report(self, rank: int, c: dict[str, float], hists: np.ndarray) -> None:
         """A slave's report: counters and its delay histogram followed by those of the parts (delays.PARTS)."""
         s = self.per_slave[rank]
+        self.joining.pop(rank, None)
         s["tuples_processed"] += int(c["tuples_r"] + c["tuples_s"])
         s["window_tuples"] = int(c["window_r"] + c["window_s"])
         s["window_bytes"] = int(c["window_bytes"])
@@ -120,7 +123,9 @@ class RunStats:
         return (f"[{now - self.started:7.1f}s] in {self.ingested:,} ({rate:,.0f}/s) | results {self.results:,} | "
                 f"late {self.late:,} | delay p50 {p50:.3f}s p99 {p99:.3f}s | buffered {buffered:,} | "
                 f"slaves {active}/{len(self.per_slave)} | moves {moves}"
-                + f" | chunked batches {chunked:,}" * bool(chunked))
+                + f" | chunked batches {chunked:,}" * bool(chunked)
+                + "".join(f" | slave {rank} still joining one batch: {n:,} results so far"
+                          for rank, n in sorted(self.joining.items())))
 
     def chunking(self) -> dict:
         """How batches' results were cut into chunks (output.result_chunk_rows; slave.join): a run whose
