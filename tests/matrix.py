@@ -182,10 +182,11 @@ def seconds_text(ts: np.ndarray, unit: str) -> np.ndarray:
 
 #: declared streams (input = "streams"): their names, so results and late rows name their columns trades_*, quotes_*
 STREAMS = ("trades", "quotes")
+PART_ROWS = 500  #: rows per file of a declared stream
 
 
 def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
-    """The draw's input: one file of both streams, or (input = "streams") a file per stream with the user's
+    """The draw's input: one file of both streams, or (input = "streams") a folder of files per stream with the user's
     own column names, text keys for an equi-join, times as decimal text (CSV) or integers in the draw's unit,
     and a text payload column; returns the file, or the folder holding the two."""
     if d.input == "streams":
@@ -195,10 +196,13 @@ def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
             key = np.char.add("k", data["key"][mine].astype(str)) if d.predicate == "equal" else data["key"][mine]
             when = seconds_text(data["ts"][mine], d.unit) if d.format == "csv" else data["ts"][mine]
             table = pa.table({"event_id": ids, "sym": key, "at": when, "note": np.char.add("n", ids.astype(str))})
-            if d.format == "csv":
-                pacsv.write_csv(table, directory / f"{name}.csv")
-            else:
-                pq.write_table(table, directory / f"{name}.parquet", row_group_size=1000)
+            (directory / name).mkdir()
+            for i in range(0, len(table), PART_ROWS):  # each file is a segment of the payload log, removed as it goes
+                part = directory / name / f"part-{i // PART_ROWS:04d}.{d.format}"
+                if d.format == "csv":
+                    pacsv.write_csv(table.slice(i, PART_ROWS), part)
+                else:
+                    pq.write_table(table.slice(i, PART_ROWS), part)
         return directory
     text = seconds_text(data["ts"], d.unit)
     table = pa.table({"stream": np.where(data["stream"] == 0, "R", "S"), "id": data["id"],
@@ -218,7 +222,7 @@ def settings(d: Draw, path: Path, n: int = 9000, results_port: int = 5556) -> di
     unit = UNITS[d.unit]
     if d.input == "streams":
         source = {f"streams.{name}.{k}": v for name in STREAMS for k, v in
-                  (("path", str(path / f"{name}.{d.format}")), ("key", "sym"), ("time", "at"), ("id", "event_id"),
+                  (("path", str(path / name)), ("key", "sym"), ("time", "at"), ("id", "event_id"),
                    ("time_unit", "s" if d.format == "csv" else d.unit))}
     else:
         source = {"source.kind": "file", "source.path": str(path)}
