@@ -24,7 +24,7 @@ from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_JOINING, TAG_REPORT, TAG
     batch_rows, decode_head, encode_report, hot_key, joining_message
 from protocol.lifetime import USER_ERROR
 from protocol.startup import pss_bytes
-from protocol.mpi import recv_bytes, wait_all_started, wait_probe_any
+from protocol.mpi import next_arrival, recv_bytes, wait_all_started, wait_probe_any
 from protocol.predicates import time_bounds
 from protocol.tuples import tuple_dtype
 from slave.aggregate import PartialAggregator
@@ -64,6 +64,7 @@ class Slave:
         #: from it has ts >= this (microseconds) -- and the sequence number of that batch on the FIFO channel from it
         self.watermarks = np.full(k, eventtime.NEG_INF, dtype=np.int64)
         self.sequence = np.zeros(k, dtype=np.int64)
+        self.batch_came: list[float | None] = [None] * k  #: per dispatcher, when its last batch was seen (monotonic)
         self.stops = 0
         self.marked: set[int] = set()  #: dispatchers whose marker of the checkpoint being taken has come
         self.reply_to = 0  #: the dispatcher whose message is being served
@@ -257,7 +258,7 @@ class Slave:
     def serve(self) -> int:
         while not self.stopped:
             self.outgoing = [(req, buf) for req, buf in self.outgoing if not req.Test()]
-            status = wait_probe_any(self.comm, self.channels())
+            status = wait_probe_any(self.comm, self.channels(), soon=self.next_batch())
             started = time.perf_counter()  # from the probe on: the transfer, not the idle wait for a message
             if status.Get_tag() == TAG_STATE:  # installed as it is: its own buffer
                 buf = recv_bytes(self.comm, status)
@@ -270,8 +271,15 @@ class Slave:
             self.comm_seconds += time.perf_counter() - started
             head = decode_head(buf, self.dtype)
             self.reply_to = status.Get_source()
+            if head["kind"] == Kind.BATCH:
+                self.batch_came[self.reply_to] = time.monotonic() - (time.perf_counter() - started)
             self.on_message[Kind(int(head["kind"]))](head, buf)
         return 0
+
+    def next_batch(self) -> float | None:
+        """When the next batch should come (time.monotonic): a dispatcher serves each slave once per distribution
+        epoch, at its slot, so a whole number of epochs after its last; None before the first."""
+        return next_arrival(self.batch_came, self.epoch, time.monotonic())
 
 
 def run(comm: MPI.Comm, received: tuple | None = None) -> int:

@@ -375,3 +375,20 @@ def test_the_spark_side_and_the_protocol_import_without_numba():
     run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_a_slave_polls_finely_only_around_its_next_expected_batch():
+    """protocol.mpi: an idle slave sleeps up to 5 ms between probes, except from 3 ms before the moment its next
+    batch is due (one distribution epoch after the last from each dispatcher) to 10 ms after it."""
+    from protocol.mpi import SOON_LEAD, SOON_PAUSE, SOON_WINDOW, next_arrival, sleep_for
+    assert sleep_for(5e-3, 100.0, None) == 5e-3
+    assert sleep_for(5e-3, 100.0, 100.5) == 5e-3  # far from it: the usual back-off
+    assert sleep_for(5e-3, 100.0, 100.0 + SOON_LEAD + 0.001) == pytest.approx(0.001)  # wake as the lead begins
+    assert sleep_for(5e-3, 100.0, 100.001) == SOON_PAUSE  # within the lead
+    assert sleep_for(5e-3, 100.0, 100.0 - SOON_WINDOW / 2) == SOON_PAUSE  # a little late
+    assert sleep_for(5e-3, 100.0, 100.0 - 2 * SOON_WINDOW) == 5e-3  # it did not come: back off again
+    assert sleep_for(1e-4, 100.0, 100.001) == 1e-4  # a shorter pause stays
+    assert next_arrival([None, None], 0.25, 10.0) is None
+    assert next_arrival([9.9, None], 0.25, 10.0) == pytest.approx(10.15)
+    assert next_arrival([9.1, 9.8], 0.25, 10.0) == pytest.approx(10.05)  # the soonest of the dispatchers (10.1)
+    assert next_arrival([9.0], 0.25, 10.0) == pytest.approx(10.0)  # slots missed: the next one, whole epochs on
