@@ -45,6 +45,8 @@ HOLD, READY, RELEASE, DONE, FINISH = "hold", "ready", "release", "done", "finish
 CHECKPOINT, SNAPSHOT = "checkpoint", "snapshot"
 COMMITTED = "committed"  #: rank 0 to another dispatcher: a checkpoint holding its part is complete (its `source` mark)
 RANGES = "ranges"  #: band and inequality joins: rank 0's key ranges, which every dispatcher routes by
+#: declared streams: another dispatcher to rank 0, how far its batches are done with (master.desks.payload)
+PAYLOAD = "payload"
 
 
 class Orders:

@@ -18,7 +18,8 @@ from mpi4py import MPI
 
 from master.buffers import MiniBuffers
 from master.controller import Controller
-from master.coordination import CHECKPOINT, COMMITTED, DONE, FINISH, HOLD, RANGES, READY, RELEASE, SNAPSHOT
+from master.coordination import CHECKPOINT, COMMITTED, DONE, FINISH, HOLD, PAYLOAD, RANGES, READY, RELEASE, \
+    SNAPSHOT
 from master.desks import may_serve
 from master.desks.checkpoints import CheckpointDesk, section
 from master.desks.distribution import DistributionDesk
@@ -70,7 +71,7 @@ class Master:
         self.checkpoints = CheckpointDesk(cfg, self.index, self.k, slaves, buffers, controller, stats, links)
         self.checkpoints.on_commit = self._committed
         log = getattr(source, "log", None)  # declared streams: their rows' own columns (protocol.payload)
-        self.payload = PayloadDesk(cfg, slaves, log) if log is not None and self.k == 1 else None
+        self.payload = PayloadDesk(cfg, self.index, slaves, log) if log is not None else None
         self.stall = StallWatch(cfg, buffers, controller, links, coordinator=self.index == 0)
         self.done_from: set[int] = set()  #: rank 0: dispatchers that said DONE
         self.done_sent = self.finished = False
@@ -82,7 +83,9 @@ class Master:
                          CHECKPOINT: self.checkpoints.on_order, SNAPSHOT: self.checkpoints.on_snapshot,
                          DONE: lambda source, _: self.done_from.add(source), FINISH: self._finish,
                          RANGES: lambda source, order: self.ingest.use_ranges(order["bounds"]),
-                         COMMITTED: lambda source, order: self.checkpoints.on_commit(order)}
+                         COMMITTED: lambda source, order: self.checkpoints.on_commit(order),
+                         PAYLOAD: lambda source, order: self.payload.on_report(source, order["watermark"],
+                                                                               order["taken"])}
         if resume is not None:
             self._resume(*resume)
         self.results_out.may_hold(controller.partition_map >= 0)  # a recovered run's groups hold rows already
@@ -124,12 +127,12 @@ class Master:
         consumer = self.moves.on_installed(counters, time.time())
         self.distribution.owe(consumer)
         if self.payload is not None:
-            self.payload.on_installed(consumer)
+            self.payload.on_installed(int(counters["partition"]), consumer)
 
     def _committed(self, section: dict) -> None:
         """A checkpoint is complete: producers learn what it made durable, the payload log what it must keep."""
         self.ingest.committed(section)
-        if self.payload is not None:
+        if self.payload is not None and self.index == 0:
             self.payload.on_commit(section["payload_cut"])
 
     def _route_orders(self) -> None:
@@ -140,10 +143,25 @@ class Master:
         self.moves.send_ready()
 
     def _hold(self, source: int, order: dict) -> None:
-        self.moves.on_hold(order, self.distribution.sent_watermark[order["move"].supplier])
+        move = order["move"]
+        self.moves.on_hold(order, self.distribution.sent_watermark[move.supplier])
+        if self.payload is not None:
+            self.payload.on_move(move.partition, self.distribution.sent_watermark[move.supplier])
 
     def _release(self, source: int, order: dict) -> None:
-        self.distribution.owe(self.moves.on_release(order, time.time()))
+        consumer = self.moves.on_release(order, time.time())
+        self.distribution.owe(consumer)
+        if self.payload is not None:
+            self.payload.on_installed(order["partition"], consumer)
+
+    def _payload(self) -> None:
+        """Rank 0 removes the payload log's segments no result can still need; another dispatcher tells it how
+        far its own batches are done with (master.desks.payload)."""
+        holders = self.controller.holders()
+        if self.index == 0:
+            self.payload.release(self.source.taken, holders)
+        elif (report := self.payload.report(self.source.taken, holders)) is not None:
+            self.links.tell([0], PAYLOAD, **report)
 
     def _finish(self, source: int, order: dict) -> None:
         self.finished = True
@@ -205,14 +223,15 @@ class Master:
                 if distribution.slot(ingest.frontier(), serve=not checkpoints.pending):
                     checkpoints.on_epoch(distribution.epochs_done, ingest.exhausted)
                 if self.payload is not None:
-                    self.payload.release(self.source.taken, self.controller.holders())
+                    self._payload()
                 next_slot = max(next_slot + slot, now)
                 worked += 1
             if checkpoints.may_begin(quiet=not self.links.busy and not self.controller.in_flight):
                 ingest.flush()
                 checkpoints.begin({**ingest.state(), **distribution.state(), "seq": self.links.state(),
                                    "hot_keys": None if self.hot is None else self.hot.state(),
-                                   "payload_cut": None if self.payload is None else self.payload.cut(self.controller.holders())},
+                                   "payload_cut": self.payload.cut(self.controller.holders())
+                                   if self.payload is not None and self.index == 0 else None},
                                   distribution.epochs_done)
             if self.k > 1:
                 if self.index == 0 and (bounds := ingest.ranges_to_share()) is not None:
@@ -231,7 +250,7 @@ class Master:
                 for move in self.moves.start(distribution.sent_watermark.get, hold=not checkpoints.pending):
                     distribution.handed_over(move.supplier)
                     if self.payload is not None:
-                        self.payload.on_move(move.consumer, distribution.sent_watermark[move.supplier])
+                        self.payload.on_move(move.partition, distribution.sent_watermark[move.supplier])
             rule = may_serve(checkpoints.pending, self.moves.waits_for(), self.hot is not None and self.hot.waiting)
             if rule is not None:
                 distribution.serve_missed(rule, ingest.frontier())

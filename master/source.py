@@ -111,6 +111,16 @@ class ShardedSource:
     def finish(self) -> dict:
         return self.inner.finish()
 
+    @property
+    def log(self):
+        """[streams]: the payload log every dispatcher writes (protocol.payload), else None."""
+        return getattr(self.inner, "log", None)
+
+    @property
+    def taken(self) -> list[int]:
+        """[streams]: per side, the rows read so far, this dispatcher's and the others' (master.streams)."""
+        return self.inner.taken
+
     @staticmethod
     def merge(finished: list[dict]) -> dict:
         """Dispatcher 0's entries: it alone lists and counts the rejected rows."""

@@ -8,8 +8,7 @@ segments (late materialization, as column stores do): it never crosses MPI, neve
 checkpoint, so every path that keeps the join exact (moves, hot-key grids, band copies, recovery) carries it
 unchanged.  The cost is disk under `output.path/payload/` (a shared file system on several hosts, as results
 and checkpoints already need): a segment is removed once no result can need its rows (master.desks.payload),
-so the log holds about a window and a checkpoint's worth of input; with several dispatchers it is kept until
-the run ends.
+so the log holds about a window and a checkpoint's worth of input.
 
 A segment `payload/<R|S>/<first row>-<last row>.arrow` holds the column `__row` (the stream rows, rising) and the
 stream's output columns under the user's names; `schema.arrow` beside them holds none, only their types, so a
@@ -58,7 +57,6 @@ class PayloadLog:
 
     def __init__(self, root: Path | str, tag: str):
         self.folder, self.tag = Path(root) / FOLDER, tag
-        self.bytes = 0  #: what this writer wrote
         self.removed_bytes = 0  #: what `release` removed
         self.peak_bytes = 0  #: the most the segments in `segments` ever were
         self._lock = threading.Lock()  #: each stream's reader thread appends, the master's loop releases
@@ -70,6 +68,7 @@ class PayloadLog:
             #: per side, the segments written or found, in row order: (first row, last row, largest ts, bytes, path)
             self.segments: list[deque] = [deque(), deque()]
             self.held_bytes = 0  #: their bytes
+            self.bytes = 0  #: the log's size: every segment listed, written here or by another dispatcher
 
     def write_schema(self, side: int, schema: pa.Schema) -> None:
         """The output columns of stream `side` (R = 0), before any of its tuples is sent."""
@@ -83,9 +82,9 @@ class PayloadLog:
         path = self.folder / STREAM_NAMES[side] / segment_name(int(rows[0]), int(rows[-1]))
         if not path.exists():
             _write_ipc(path, columns.add_column(0, ROW, pa.array(rows, pa.int64())), self.tag)
-            self.bytes += path.stat().st_size
         size = path.stat().st_size
         with self._lock:
+            self.bytes += size
             self.held_bytes += size
             self.peak_bytes = max(self.peak_bytes, self.held_bytes)
             self.segments[side].append((int(rows[0]), int(rows[-1]), int(ts.max()), size, path))

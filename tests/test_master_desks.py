@@ -641,7 +641,7 @@ def test_the_payload_desk_removes_a_segment_once_every_holder_is_past_its_rows_p
     for side in (0, 1):
         log.write(side, np.arange(0, 10), np.full(10, S(10)), pa.table({"x": np.arange(10)}))
         log.write(side, np.arange(10, 20), np.full(10, S(20)), pa.table({"x": np.arange(10)}))
-    desk = PayloadDesk(cfg, [1, 2, 3], log)
+    desk = PayloadDesk(cfg, 0, [1, 2, 3], log)
     def files(side: int) -> list[int]:  # the first rows of the segments still on disk
         return sorted(int(p.name[:12]) for p in (tmp_path / "out" / "payload" / "RS"[side]).glob("0*.arrow"))
 
@@ -651,12 +651,13 @@ def test_the_payload_desk_removes_a_segment_once_every_holder_is_past_its_rows_p
     assert desk.release((20, 20), [1, 2]) == 1  # W = 11 s: S's rows at 10 s are done (10.5 < 11), R's are not (12)
     assert (files(0), files(1)) == ([0, 10], [10])
     desk.on_answer(2, S(12.5))
-    desk.on_move(3, S(11.5))  # slave 3 takes a group decided up to 11.5 s: it counts from now on
+    desk.on_move(5, S(11.5))  # group 5 goes to slave 3, decided up to 11.5 s: it counts from now on
     assert desk.release((20, 20), [1, 2]) == 0
     desk.on_answer(3, S(30))  # an answer before the install does not lift the floor
     assert desk.release((20, 20), [1, 2]) == 0
-    desk.on_installed(3)
-    assert desk.release((20, 20), [1, 2, 3]) == 0  # installed, not yet answered: the group's rows wait there
+    desk.on_installed(5, 3)
+    assert desk.watermark([1, 2, 3]) == S(11.5)  # installed, not yet answered: the group's rows wait there
+    assert desk.release((20, 20), [1, 2, 3]) == 0
     desk.on_answer(3, S(12.5))
     assert desk.cut([1, 2, 3]) == S(12.5)  # a checkpoint is being taken at 12.5 s
     for rank in (1, 2, 3):
@@ -669,3 +670,28 @@ def test_the_payload_desk_removes_a_segment_once_every_holder_is_past_its_rows_p
     desk.on_commit(S(40))  # keep = 1: the older checkpoint is gone
     assert desk.release((20, 20), [1, 2, 3]) == 2
     assert files(0) == files(1) == [] and log.removed_bytes == log.peak_bytes > 0 and log.held_bytes == 0
+
+
+def test_with_two_dispatchers_rank_0_removes_segments_only_as_far_as_the_other_reports(tmp_path):
+    """A slave's watermark is the smallest of the dispatchers': rank 0 removes by its own answers and the last
+    PAYLOAD report of dispatcher 1 (its watermark and the rows it has taken in), which reports only changes."""
+    cfg = config(tmp_path, "join.window=1", "cluster.dispatchers=2")
+    log = PayloadLog(tmp_path / "out", "test")
+    for side in (0, 1):
+        for first in (0, 10):
+            log.write(side, np.arange(first, first + 10), np.full(10, S(first)), pa.table({"x": np.arange(10)}))
+    rank0, other = PayloadDesk(cfg, 0, [2, 3], log), PayloadDesk(cfg, 1, [2, 3], None)
+    for desk in (rank0, other):
+        desk.on_answer(2, S(30))
+        desk.on_answer(3, S(30))
+    assert rank0.release((20, 20), [2, 3]) == 0  # no word from dispatcher 1 yet
+    other.on_answer(3, S(5))  # dispatcher 1's last batch to slave 3 held a watermark of 5 s
+    report = other.report((20, 15), [2, 3])
+    assert report == {"watermark": S(5), "taken": (20, 15)} and other.report((20, 15), [2, 3]) is None
+    rank0.on_report(1, report["watermark"], report["taken"])
+    assert rank0.release((20, 20), [2, 3]) == 2  # the first segment of each (0 s + the 1 s window < 5 s)
+    other.on_answer(3, S(30))
+    rank0.on_report(1, **other.report((20, 15), [2, 3]))
+    assert rank0.release((20, 20), [2, 3]) == 1  # R's second; S's rows 15.. are not taken in by dispatcher 1
+    rank0.on_report(1, **other.report((20, 20), [2, 3]))
+    assert rank0.release((20, 20), [2, 3]) == 1 and log.held_bytes == 0

@@ -4,17 +4,22 @@ With declared streams every row's own columns wait in the payload log (protocol.
 gathers them.  A row of R with time t has its last partner at t + upper and is decided alone (outer joins)
 once the watermark passes t + upper (slave.window: the expiry rule); a row of S likewise at t - lower.  So a
 row is done with once every slave has answered a batch whose watermark W lies above both its own time (it was
-sent: BiStream's punctuation) and that bound: a segment goes when all its rows are done with and the master
-has taken them all in (late rows gather their columns when taken).
+sent: BiStream's punctuation) and that bound: a segment goes when all its rows are done with and every
+dispatcher has taken them all in (late rows gather their columns when taken).
 
 A slave's `done` is the watermark of the last message it answered (the batch is joined, its results written
 with their columns); only slaves holding a partition-group count.  A moved group's rows are decided up to
-its supplier's floor (the MOVE's watermark) until the consumer installs it, and then until the consumer
-answers again (NEG_INF).  A recovery replays from the newest complete
-checkpoint whose state still holds undecided rows: the log keeps what any kept checkpoint's cut needs (the
-smallest `done` at its cut, from the moment it is taken).  Before the first checkpoint a restart reads the
-input again from its start and writes the log anew.  With several dispatchers a slave's watermark is the smallest of theirs, which no one
-dispatcher knows: their log is kept until the run ends.
+its supplier's floor (the watermark of the last batch to it) until the consumer installs it, and then until
+the consumer answers again.  A recovery replays from the newest complete checkpoint whose state
+still holds undecided rows: the log keeps what any kept checkpoint's cut needs (the smallest `done` at its
+cut, from the moment it is taken).  Before the first checkpoint a restart reads the input again from its
+start and writes the log anew.
+
+With several dispatchers (BiStream 3.2.3) a slave's watermark is the smallest of theirs: each keeps this desk
+for its own batches (a move's floor from its HOLD, the install from RELEASE) and tells rank 0 its watermark
+and rows taken (PAYLOAD) when they change, at most once a slot; rank 0 removes segments by the smallest of
+all.  A report may be old, never above what the dispatcher's state allows now: its watermark falls only at an
+install, below the move's floor that its reports were already under.
 """
 from __future__ import annotations
 
@@ -25,35 +30,51 @@ from protocol.predicates import time_bounds
 
 
 class PayloadDesk:
-    def __init__(self, cfg: dict, slaves: list[int], log):
-        """`log`: the source's protocol.payload.PayloadLog."""
+    def __init__(self, cfg: dict, index: int, slaves: list[int], log):
+        """`index`: the dispatcher's; `log`: the source's protocol.payload.PayloadLog."""
         self.log = log
         lower, upper = time_bounds(cfg["join"])
         #: per side: how far after a row's own time its last partner may lie (never below its own time)
         self.reach = (max(0, upper), max(0, -lower))
         self.done = {rank: eventtime.NEG_INF for rank in slaves}  #: per slave: the watermark it answered last
-        self.moving: dict[int, int] = {}  #: consumers of moves not yet installed: the smallest floor of theirs
+        self.moving: dict[int, int] = {}  #: partition-groups on their way to a consumer: their floors
         #: the smallest `done` at each kept complete checkpoint's cut (a recovery may start from any of them)
         self.kept: deque = deque(maxlen=max(1, cfg["checkpoint"]["keep"]))
         self.open: int | None = None  #: the cut of the checkpoint being taken
+        #: rank 0: the other dispatchers' last reports, (watermark, rows taken per side); none yet: nothing
+        self.others = {d: (eventtime.NEG_INF, (0, 0)) for d in range(1, cfg["cluster"]["dispatchers"] * (index == 0))}
+        self.reported = None  #: another dispatcher: what it told rank 0 last
 
     def on_answer(self, rank: int, watermark: int) -> None:
         """`rank` answered the message it was sent last, under `watermark` (its last batch's)."""
         self.done[rank] = watermark
 
-    def on_move(self, consumer: int, floor: int) -> None:
-        """A group leaves its supplier, decided up to `floor` (the watermark its MOVE carries): until the
-        consumer installs it, nothing it may still need is done with."""
-        self.moving[consumer] = min(self.moving.get(consumer, eventtime.POS_INF), floor)
+    def on_move(self, partition: int, floor: int) -> None:
+        """Group `partition` leaves its supplier, decided up to `floor` (the watermark of the last batch to the
+        supplier): until its consumer installs it, nothing it may still need is done with."""
+        self.moving[partition] = floor
 
-    def on_installed(self, rank: int) -> None:
-        """`rank` installed a moved group whose undecided rows it decides only at its next batch."""
-        self.moving.pop(rank, None)
-        self.done[rank] = eventtime.NEG_INF
+    def on_installed(self, partition: int, consumer: int) -> None:
+        """`consumer` installed group `partition`, decided up to the move's floor until it answers again."""
+        self.done[consumer] = min(self.done[consumer], self.moving.pop(partition))
 
     def watermark(self, holders) -> int:
-        """Below what every row that a slave holding a group (`holders`), or about to, is done with."""
-        return min([self.done[r] for r in holders] + list(self.moving.values()), default=eventtime.NEG_INF)
+        """Below what every row that a slave holding a group (`holders`), or about to, is done with, as far
+        as this dispatcher's batches go; with rank 0, the others' as they last reported."""
+        own = min([self.done[r] for r in holders] + list(self.moving.values()), default=eventtime.NEG_INF)
+        return min([own] + [w for w, _ in self.others.values()])
+
+    def report(self, taken: tuple[int, int], holders) -> dict | None:
+        """Another dispatcher: its PAYLOAD report for rank 0 if it changed since the last, else None."""
+        now = {"watermark": self.watermark(holders), "taken": tuple(taken)}
+        if now == self.reported:
+            return None
+        self.reported = now
+        return now
+
+    def on_report(self, dispatcher: int, watermark: int, taken) -> None:
+        """Rank 0: another dispatcher's PAYLOAD report."""
+        self.others[dispatcher] = (watermark, tuple(taken))
 
     def cut(self, holders) -> int:
         """What the checkpoint being taken now needs kept (the cut is quiet).  It holds from now on: the slaves
@@ -71,11 +92,12 @@ class PayloadDesk:
         self.kept.extend(cuts)
 
     def release(self, taken: tuple[int, int], holders) -> int:
-        """Remove every segment done with; `taken`: per side, the rows the master has taken in; `holders`: the
+        """Rank 0: remove every segment done with; `taken`: per side, the rows it has taken in; `holders`: the
         slaves holding a partition-group (one that holds none needs nothing).  Returns the segments removed."""
         w = min([self.watermark(holders), *self.kept, *([] if self.open is None else [self.open])])
         if w == eventtime.NEG_INF:
             return 0
+        taken = [min([taken[side]] + [t[side] for _, t in self.others.values()]) for side in (0, 1)]
         return sum(self.log.release(side, taken[side], w - self.reach[side])[0] for side in (0, 1))
 
 
