@@ -56,7 +56,7 @@ class PayloadDesk:
 
     def on_installed(self, partition: int, consumer: int) -> None:
         """`consumer` installed group `partition`, decided up to the move's floor until it answers again."""
-        self.done[consumer] = min(self.done[consumer], self.moving.pop(partition))
+        self.done[consumer] = min(self.done[consumer], self.moving.pop(partition, eventtime.NEG_INF))
 
     def watermark(self, holders) -> int:
         """Below what every row that a slave holding a group (`holders`), or about to, is done with, as far
