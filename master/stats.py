@@ -231,8 +231,9 @@ def print_summary(s: dict, out=sys.stderr) -> None:
     if "streams" in s:  # [streams.*] (master.streams); with text keys, what their dictionary holds
         k = s.get("keys")
         print(f"streams: R = {s['streams']['R']}, S = {s['streams']['S']}" + (
-            f"; {k['distinct']:,} distinct keys coded ({k['bytes'] / 2**20:.1f} MiB at the master)" if k else ""),
-              file=out, flush=True)
+            f"; {k['distinct']:,} distinct keys coded ({k['bytes'] / 2**20:.1f} MiB at the master)" if k else "")
+              + f"; payload log {s['payload_log_bytes'] / 2**20:.1f} MiB, at most "
+                f"{s['payload_log_peak_bytes'] / 2**20:.1f} MiB on disk at once", file=out, flush=True)
     if "result_stream" in s:
         r = s["result_stream"]
         print(f"result stream on {', '.join(r['endpoints'])}: {r['results']:,} results, {r['punctuations']:,} punctuations"

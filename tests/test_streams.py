@@ -565,6 +565,7 @@ def test_the_payload_log_holds_a_small_part_of_a_long_input_at_once(tmp_path, di
     assert s["results"] > 0 and s["payload_log_removed_bytes"] > 0.5 * s["payload_log_bytes"], s
     # about a third when the host is quiet; slaves that fall behind (a loaded host) hold more of it
     assert s["payload_log_peak_bytes"] < 0.75 * s["payload_log_bytes"], s
+    assert f"at most {s['payload_log_peak_bytes'] / 2**20:.1f} MiB on disk at once" in run.stderr  # the summary
     assert not (run.out / "payload").exists()
 
 
