@@ -30,7 +30,7 @@ class Links:
         self.spare: dict[int, np.ndarray] = {}  #: rank -> the buffer of its last message, answered: reused
         self.seq = {r: 0 for r in slaves}  #: per slave: the sequence number of the last message on its channel
         self._report = np.empty(REPORT_BYTES, dtype=np.uint8)
-        self._joining = np.empty(2, dtype=np.int64)
+        self._joining = np.empty(3, dtype=np.int64)
 
     def is_busy(self, rank: int) -> bool:
         return rank in self.busy
@@ -70,14 +70,14 @@ class Links:
             got.append((rank, counters, hist))
         return got
 
-    def joining(self) -> list[tuple[int, int]]:
-        """(rank, results so far) of every word from a slave still joining a long batch
-        (protocol.messages.joining_message)."""
+    def joining(self) -> list[tuple[int, int, float]]:
+        """(rank, results so far, seconds the batch has taken) of every word from a slave still joining a long
+        batch (protocol.messages.joining_message)."""
         got, status = [], MPI.Status()
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_JOINING, status=status):
             rank = status.Get_source()
             self.comm.Recv(self._joining, source=rank, tag=TAG_JOINING)
-            got.append((rank, int(self._joining[1])))
+            got.append((rank, int(self._joining[1]), int(self._joining[2]) / 1000))
         return got
 
     def stop(self) -> dict[int, int]:

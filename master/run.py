@@ -105,9 +105,9 @@ class Master:
     # -- routing ----------------------------------------------------------------------------------------
     def _route_reports(self) -> int:
         """Every waiting slave report to its ack's handlers (`on_ack`); returns how many came."""
-        for rank, results in self.links.joining():
+        for rank, results, seconds in self.links.joining():
             self.stall.joining += 1
-            self.stats.joining[rank] = results
+            self.stats.joining[rank] = (results, seconds)
         reports = self.links.reports()
         for rank, counters, hist in reports:
             self.stats.add_report(rank, counters, hist)

@@ -14,6 +14,9 @@ from protocol import delays
 from protocol.access import public
 from protocol.strict_json import json_text
 
+#: seconds one batch may take before the progress line names its slave (a busy host's batches take a second)
+LONG_BATCH = 2.0
+
 
 class RunStats:
     def __init__(self, slaves: list[int]):
@@ -38,8 +41,8 @@ class RunStats:
         #: largest time a tuple waited in the mini-buffers beyond one distribution epoch (its slave's slot)
         self.backlog_max = 0.0
         self.buffered_peak = 0     #: most tuples the mini-buffers ever held (at most master.buffer_capacity)
-        #: slaves that said they are still joining one long batch: the results they had made by then
-        self.joining: dict[int, int] = {}
+        #: slaves that said they are still joining one long batch: (results so far, seconds it has taken)
+        self.joining: dict[int, tuple[int, float]] = {}
         self.elapsed_before = 0.0  #: seconds run before the checkpoint this run resumed from
         #: start-up (protocol.startup): unix times of the launch, all ranks ready, the first tuple ingested,
         #: the last result written (the slaves' final reports in); the master's PSS before data
@@ -124,8 +127,17 @@ class RunStats:
                 f"late {self.late:,} | delay p50 {p50:.3f}s p99 {p99:.3f}s | buffered {buffered:,} | "
                 f"slaves {active}/{len(self.per_slave)} | moves {moves}"
                 + f" | chunked batches {chunked:,}" * bool(chunked)
-                + "".join(f" | slave {rank} still joining one batch: {n:,} results so far"
-                          for rank, n in sorted(self.joining.items())))
+                + self._longest_batch())
+
+    def _longest_batch(self) -> str:
+        """The progress line's note of the slave longest at one batch, once that is a long one (LONG_BATCH):
+        while it lasts no report comes, and the line would show a cluster standing still."""
+        long = {rank: v for rank, v in self.joining.items() if v[1] >= LONG_BATCH}
+        if not long:
+            return ""
+        rank, (results, seconds) = max(long.items(), key=lambda item: item[1][1])
+        return (f" | slave {rank} still joining one batch after {seconds:.0f}s: {results:,} results so far"
+                + f" (and {len(long) - 1} other slave{'s' * (len(long) > 2)})" * (len(long) > 1))
 
     def chunking(self) -> dict:
         """How batches' results were cut into chunks (output.result_chunk_rows; slave.join): a run whose

@@ -199,11 +199,11 @@ REPORT_FIELDS = (
 )
 
 
-def joining_message(seq: int, results: int) -> np.ndarray:
-    """A slave's word, at most once per distribution epoch, that it is still joining batch `seq` and has
-    produced `results` of its results so far: a hot key's batch may take longer than the stall watch's
-    bound (master.desks.stall), and its report comes only at the end."""
-    return np.array([seq, results], dtype=np.int64)
+def joining_message(seq: int, results: int, milliseconds: int) -> np.ndarray:
+    """A slave's word, at most once per distribution epoch, that it has been joining batch `seq` for
+    `milliseconds` and has produced `results` of its results so far: a hot key's batch may take longer than
+    the stall watch's bound (master.desks.stall), and its report comes only at the end."""
+    return np.array([seq, results, milliseconds], dtype=np.int64)
 
 
 #: the delay histogram, then one per part of the delay (delays.PARTS)

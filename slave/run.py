@@ -119,20 +119,20 @@ class Slave:
             results, chunks, hists = results + len(delay), chunks + 1, hists + hist
             delay_max = max(delay_max, float(delay.max(initial=0.0)))
             del chunk, delay  # the next chunk is built without this one
-            said = self.say_joining(int(head["seq"]), results, said)
+            said = self.say_joining(int(head["seq"]), results, started, said)
         lone, lone_files = self.take_lone(int(head["seq"]), watermark)
         self.report({"seq": float(head["seq"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
                      "results": results + lone, "chunks": chunks, "delay_max": delay_max, "files": files + lone_files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
 
-    def say_joining(self, seq: int, results: int, said: float) -> float:
-        """Tell the dispatcher that its batch `seq` is still being joined, once a distribution epoch has passed
-        since the batch began or this was last said (a hot key's batch of billions of pairs outlasts the stall
-        watch's bound); returns when it was last said."""
+    def say_joining(self, seq: int, results: int, started: float, said: float) -> float:
+        """Tell the dispatcher that its batch `seq` (begun at `started`) is still being joined, once a
+        distribution epoch has passed since the batch began or this was last said (a hot key's batch of billions
+        of pairs outlasts the stall watch's bound); returns when it was last said."""
         now = time.perf_counter()
         if now - said < self.epoch:
             return said
-        buf = joining_message(seq, results)
+        buf = joining_message(seq, results, round((now - started) * 1000))
         self.outgoing.append((self.comm.Isend(buf, dest=self.reply_to, tag=TAG_JOINING), buf))
         return now
 

@@ -330,3 +330,18 @@ def test_run_stats_keep_each_slaves_communication_seconds_as_a_level():
     from protocol.config import load_config
     per_slave = stats.summary(load_config(None))["slaves"]
     assert per_slave["1"]["comm_seconds"] == 0.75 and per_slave["2"]["comm_seconds"] == 0.0
+
+
+def test_the_progress_line_names_the_slave_longest_at_one_batch_once_it_is_long():
+    from master.stats import LONG_BATCH, RunStats
+    from protocol import delays
+    from protocol.messages import HISTOGRAMS, REPORT_FIELDS
+    stats = RunStats([1, 2, 3])
+    stats.joining = {1: (10, LONG_BATCH / 2)}  # a busy host's batch: not named
+    assert "still joining" not in stats.progress_line(0, 3, 0)
+    stats.joining = {1: (10, LONG_BATCH / 2), 2: (5000, LONG_BATCH + 1.2), 3: (7, LONG_BATCH + 0.2)}
+    line = stats.progress_line(0, 3, 0)
+    assert line.endswith(f" | slave 2 still joining one batch after {LONG_BATCH + 1.2:.0f}s: 5,000 results so far "
+                         "(and 1 other slave)"), line
+    stats.add_report(2, dict.fromkeys(REPORT_FIELDS, 0.0), np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64))
+    assert "slave 3 still joining" in stats.progress_line(0, 3, 0)  # slave 2's report came: its batch is done

@@ -209,15 +209,15 @@ def test_a_slave_that_stops_answering_ends_the_job_with_what_the_master_waits_fo
 
 
 def test_a_slave_joining_a_long_batch_is_not_taken_for_a_stalled_one(tmp_path):
-    # a hot key's batch may take longer than the stall watch's bound: its results come in chunks (here 0.25 s
+    # a hot key's batch may take longer than the stall watch's bound: its results come in chunks (here 0.5 s
     # each, 2.5 s or more in all against a 1 s bound) and the slave says once an epoch that it is still joining
     settings = dict(SMALL, **{"generator.duration": 1.0, "generator.distribution": "uniform", "generator.keys": 16,
                               "generator.seed": 3, "output.result_chunk_rows": 40000, "master.stall_timeout": 1.0,
                               "output.progress": 0.2})
-    run, expected = check_exact(tmp_path, 2, settings, env={"STREAMJOIN_SLOW_CHUNKS": "1:0.25"})
-    # a batch of 5 chunks or more: 1.25 s of writing or more, longer than the bound
+    run, expected = check_exact(tmp_path, 2, settings, env={"STREAMJOIN_SLOW_CHUNKS": "1:0.5"})
+    # a batch of 5 chunks or more: 2.5 s of writing or more, longer than the bound and than LONG_BATCH
     assert run.summary["result_chunks"]["largest_batch_results"] > 4 * 40000, run.summary["result_chunks"]
-    assert "| slave 1 still joining one batch: " in run.stderr, run.stderr  # the progress line says why it waits
+    assert "| slave 1 still joining one batch after " in run.stderr, run.stderr  # the progress line says why
 
 
 def test_a_stalled_cluster_with_hot_keys_is_restarted_by_the_supervisor_and_stays_exact(tmp_path):
