@@ -159,8 +159,8 @@ class Master:
         far its own batches are done with (master.desks.payload)."""
         holders = self.controller.holders()
         if self.index == 0:
-            self.payload.release(self.source.taken, holders)
-        elif (report := self.payload.report(self.source.taken, holders)) is not None:
+            self.payload.release(self.source.rows_taken, holders)
+        elif (report := self.payload.report(self.source.rows_taken, holders)) is not None:
             self.links.tell([0], PAYLOAD, **report)
 
     def _finish(self, source: int, order: dict) -> None:

@@ -117,9 +117,9 @@ class ShardedSource:
         return getattr(self.inner, "log", None)
 
     @property
-    def taken(self) -> list[int]:
+    def rows_taken(self) -> list[int]:
         """[streams]: per side, the rows read so far, this dispatcher's and the others' (master.streams)."""
-        return self.inner.taken
+        return self.inner.rows_taken
 
     @staticmethod
     def merge(finished: list[dict]) -> dict:

@@ -93,7 +93,7 @@ class StreamsSource:
         self._done = [False, False]
         self._end_at: list[int | None] = [None, None]  #: per side, once known: the position after its last tuple
         self._ready, self._taken = empty(), 0
-        self.taken = [0, 0]  #: per side: every row below this one has been taken (their payload may go)
+        self.rows_taken = [0, 0]  #: per side: every row below this one has been taken (their payload may go)
 
     def _check_columns(self, inputs: list[StreamInput]) -> None:
         """The results' column names are distinct, and CSV results can hold every column (no nested types)."""
@@ -207,7 +207,7 @@ class StreamsSource:
         for side in (0, 1):
             ids = chunk.id[chunk.stream == side]
             if len(ids):
-                self.taken[side] = max(self.taken[side], int(ids.max()) + 1)
+                self.rows_taken[side] = max(self.rows_taken[side], int(ids.max()) + 1)
         self.accepted += n
         return chunk
 

@@ -22,6 +22,7 @@ import os
 import threading
 from collections import OrderedDict, deque
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +52,15 @@ def _write_ipc(path: Path, table: pa.Table, tag: str) -> None:
     os.replace(tmp, path)
 
 
+class Segment(NamedTuple):
+    """One segment file of the log, as the writer lists it."""
+    first: int  #: its first stream row
+    last: int   #: its last stream row
+    ts_max: int  #: the largest event time of its rows
+    size: int   #: its bytes
+    path: Path
+
+
 class PayloadLog:
     """The master's side: segments and schemas of both streams under `root`/payload (`tag`: this writer's
     name in temporary files, so that dispatchers never write into each other's)."""
@@ -65,8 +75,7 @@ class PayloadLog:
     def forget(self) -> None:
         """Start listing segments anew (the input is read again from its start)."""
         with self._lock:
-            #: per side, the segments written or found, in row order: (first row, last row, largest ts, bytes, path)
-            self.segments: list[deque] = [deque(), deque()]
+            self.segments: list[deque[Segment]] = [deque(), deque()]  #: per side, written or found, in row order
             self.held_bytes = 0  #: their bytes
             self.bytes = 0  #: the log's size: every segment listed, written here or by another dispatcher
 
@@ -87,7 +96,7 @@ class PayloadLog:
             self.bytes += size
             self.held_bytes += size
             self.peak_bytes = max(self.peak_bytes, self.held_bytes)
-            self.segments[side].append((int(rows[0]), int(rows[-1]), int(ts.max()), size, path))
+            self.segments[side].append(Segment(int(rows[0]), int(rows[-1]), int(ts.max()), size, path))
 
     def release(self, side: int, taken: int, below: int) -> tuple[int, int]:
         """Remove the oldest segments of stream `side` whose rows are all below row `taken` and whose times are
@@ -95,14 +104,14 @@ class PayloadLog:
         gone = []
         with self._lock:
             segments = self.segments[side]
-            while segments and segments[0][1] < taken and segments[0][2] < below:
+            while segments and segments[0].last < taken and segments[0].ts_max < below:
                 gone.append(segments.popleft())
-            removed = sum(g[3] for g in gone)
+            removed = sum(g.size for g in gone)
             self.removed_bytes += removed
             self.held_bytes -= removed
-        for *_, path in gone:
+        for g in gone:
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                g.path.unlink()
         return len(gone), removed
 
 

@@ -260,6 +260,7 @@ class Slave:
             self.outgoing = [(req, buf) for req, buf in self.outgoing if not req.Test()]
             status = wait_probe_any(self.comm, self.channels(), soon=self.next_batch())
             started = time.perf_counter()  # from the probe on: the transfer, not the idle wait for a message
+            seen = time.monotonic()
             if status.Get_tag() == TAG_STATE:  # installed as it is: its own buffer
                 buf = recv_bytes(self.comm, status)
                 self.comm_seconds += time.perf_counter() - started
@@ -272,7 +273,7 @@ class Slave:
             head = decode_head(buf, self.dtype)
             self.reply_to = status.Get_source()
             if head["kind"] == Kind.BATCH:
-                self.batch_came[self.reply_to] = time.monotonic() - (time.perf_counter() - started)
+                self.batch_came[self.reply_to] = seen
             self.on_message[Kind(int(head["kind"]))](head, buf)
         return 0
 
