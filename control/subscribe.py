@@ -11,6 +11,9 @@ one arrived after (`punctuation_before`).
 A run with a `join.type` other than inner sends ROWS: pairs and rows without a partner, each with its `kind`
 (counted in the summary's `kinds`) and its stream time `time`, which the checks and the order use; in the
 saved results the side a row lacks is null, as in the run's `results/` files.
+
+A run of declared streams (`[streams]`) sends TABLEs: its result rows with the streams' own columns, exactly as
+in its `results/` files, and `time` (the stream time, seconds); `--out` saves those columns.
 """
 from __future__ import annotations
 
@@ -70,7 +73,8 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
     for index in range(dispatchers):
         connect_client(sock, dispatcher_endpoint(endpoint, index), server_key, key)
     parts, before = [], []
-    waiting: list[np.ndarray] = []  #: ordered: results not yet passed by the punctuation, with it as they came
+    tables: list[pa.Table] = []  #: TABLEs' rows (declared streams), each with its punctuation_before
+    waiting: list = []  #: ordered: results not yet passed by the punctuation, with it as they came
     out = {"results": 0, "kinds": {}, "punctuations": 0, "last_punctuation": None, "non_monotone": 0,
            "covered": 0, "gaps": 0, "missed_messages": 0, "rejected": 0, "ended": False}
     record = wire.RESULT_RECORD  #: the results' record: ROW_RECORD once a ROWS message came
@@ -81,7 +85,9 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
 
     def release(p: float) -> None:
         due = wire.take_due(waiting, p)
-        if len(due):
+        if isinstance(due, pa.Table):
+            tables.append(due)
+        elif len(due):
             parts.append(recast(due, record))
             before.append(due["punctuation_before"])
 
@@ -111,6 +117,17 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
             elif keep:
                 parts.append(msg.rows.copy())
                 before.append(np.full(len(msg.rows), last_p))
+        elif msg.kind == wire.Kind.TABLE and (table := wire.read_table(msg.arrow)) is not None:
+            out["results"] += table.num_rows
+            out["covered"] += int((table["time"].to_numpy() < last_p).sum())
+            if "kind" in table.column_names:
+                for kind in table["kind"].value_counts().to_pylist():
+                    out["kinds"][kind["values"]] = out["kinds"].get(kind["values"], 0) + kind["counts"]
+            table = table.append_column("punctuation_before", pa.array(np.full(table.num_rows, last_p)))
+            if ordered:
+                waiting.append(table)
+            elif keep:
+                tables.append(table)
         elif msg.kind == wire.Kind.PUNCT:
             out["non_monotone"] += int(msg.mark <= marks[msg.sender])
             marks[msg.sender] = msg.mark
@@ -131,6 +148,8 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
             next_line = time.monotonic() + progress
     sock.close()
     release(np.inf)
+    if tables:
+        return out | {"table": pa.concat_tables(tables)}
     rows = np.concatenate(parts) if parts else np.empty(0, record)
     return out | {"table": rows_table(rows).append_column("punctuation_before", pa.array(
         np.concatenate(before) if before else np.empty(0)))}

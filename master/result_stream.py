@@ -13,6 +13,9 @@ PUNCT message.  With
 up to each P (SplitJoin's punctuated, ordered output with one punctuation per
 released run: the relaxed adjustable punctuation with the epoch as its interval);
 a row without a partner is held and released by its stream time as a pair is.
+With declared streams (`[streams]`) the slaves send TABLEs, their results with
+the streams' own columns and each row's stream time (`time`), and the stream
+publishes TABLEs, held and ordered by that column in the same way.
 
 Memory is bounded per subscriber (`output.subscriber_buffer_bytes`): results
 go out in messages of at most MESSAGE_BYTES and the XPUB socket queues at most
@@ -61,9 +64,11 @@ from protocol.punctuation import Punctuator
 MESSAGE_BYTES = 64 * 1024
 
 
-def frame_rows(record: np.dtype) -> int:
-    """How many records of `record` (protocol.wire RESULT_RECORD or ROW_RECORD) one result message holds."""
-    return (MESSAGE_BYTES - wire.HEADER.itemsize) // record.itemsize
+def frame_rows(rows) -> int:
+    """How many of `rows` (protocol.wire RESULT_RECORDs or ROW_RECORDs, or a TABLE's pa.Table) one result
+    message holds."""
+    size = rows.dtype.itemsize if isinstance(rows, np.ndarray) else max(1, rows.nbytes // max(1, len(rows)))
+    return max(1, (MESSAGE_BYTES - wire.HEADER.itemsize) // size)
 
 #: seconds between two punctuation checks when no result message came in
 CHECK_INTERVAL = 0.05
@@ -80,9 +85,9 @@ class ResultStream:
         kept = {"left": (0,), "anti": (0,), "right": (1,), "full": (0, 1)}.get(join["type"], ())
         lead = min((final_time(stream, 0, time_bounds(join)) for stream in kept), default=None)
         self.punctuator = Punctuator(partitions, lead)
-        self.record = wire.RESULT_RECORD if join["type"] == "inner" else wire.ROW_RECORD
         self.seq = self.results = self.punctuations = 0
-        self.held: list[np.ndarray] = []  #: ordered mode: results not yet covered by a punctuation
+        self.result_bytes = 0  #: of the results so far, as they came (records, or TABLEs' columns)
+        self.held: list = []  #: ordered mode: results (records, or TABLEs' tables) not yet covered by a punctuation
         self.held_peak = self.held_rows = self.held_bytes = self.held_peak_bytes = 0
         self.bound, self.timeout = out["subscriber_buffer_bytes"], out["subscriber_timeout"]
         self.gaps: Counter[str] = Counter()  #: gaps opened in a subscriber's stream (lossy sends), by reason
@@ -160,10 +165,10 @@ class ResultStream:
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_RESULTS, status=status):
             buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
             self.comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=TAG_RESULTS)
-            msg = wire.decode(wire.unpack(buf), (wire.Kind.RESULTS, wire.Kind.ROWS), sys.maxsize)
+            msg = wire.decode(wire.unpack(buf), (wire.Kind.RESULTS, wire.Kind.ROWS, wire.Kind.TABLE), sys.maxsize)
             if isinstance(msg, wire.Rejection):  # our own slaves wrote it: a bug, not a user mistake
                 raise RuntimeError(f"result message from slave {status.Get_source()}: {msg.detail}")
-            self._add(msg.rows)
+            self._add(wire.read_table(msg.arrow) if msg.kind == wire.Kind.TABLE else msg.rows)
             if msg.mark != wire.MORE:  # the batch's last chunk of results
                 self.punctuator.done(msg.sender, msg.seq, wire.mark_floor(msg.mark))
                 self.tuples_done += self._batch_tuples.pop((msg.sender, msg.seq), 0)
@@ -184,7 +189,7 @@ class ResultStream:
         input that moves the punctuation on: then one bound's worth of input is let in."""
         room = None
         if self.ordered and self.tuples_done and self.results:
-            per_tuple = self.results * self.record.itemsize / self.tuples_done
+            per_tuple = self.result_bytes / self.tuples_done
             pending = buffered + self.tuples_sent - self.tuples_done
             room = max(0, int((self.bound - self.held_bytes - self.outbox_bytes) / per_tuple) - pending)
             if not room and not (pending or self.outbox):
@@ -197,10 +202,12 @@ class ResultStream:
             self._holding_since = None
         return room
 
-    def _add(self, rows: np.ndarray) -> None:
-        if not len(rows):
+    def _add(self, rows) -> None:
+        """A slave's results: records, or a TABLE's pa.Table (None: a TABLE of no rows)."""
+        if rows is None or not len(rows):
             return
         self.results += len(rows)
+        self.result_bytes += rows.nbytes
         if self.ordered:
             self.held.append(rows)
             self.held_rows += len(rows)
@@ -210,11 +217,11 @@ class ResultStream:
         else:
             self._publish_results(rows)
 
-    def _publish_results(self, rows: np.ndarray) -> None:
-        size = frame_rows(self.record)
+    def _publish_results(self, rows) -> None:
+        size = frame_rows(rows)
+        encode = wire.encode_results if isinstance(rows, np.ndarray) else wire.encode_table
         for start in range(0, len(rows), size):
-            part = rows[start:start + size]
-            self._publish(wire.encode_results(part, sender=self.index, seq=self.seq))
+            self._publish(encode(rows[start:start + size], sender=self.index, seq=self.seq))
 
     def _punctuate(self, p: int) -> None:
         """Publish punctuation `p` (microseconds) as subscribers read it, in seconds like the results' ts: the

@@ -285,9 +285,8 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
         raise ConfigError(f"{live[0]}: not with {'checkpoint.interval' if cfg['checkpoint']['interval'] else 'cluster.dispatchers > 1'}"
                           " yet: a live stream's producers cannot resend what a recovery needs, and every dispatcher "
                           "would bind its endpoint")
-    if cfg.get("streams") and (cfg["output"]["zmq_endpoint"] or cfg["aggregate"]["enabled"]):
-        raise ConfigError(f"{'output.zmq_endpoint' if cfg['output']['zmq_endpoint'] else 'aggregate.enabled'}: not "
-                          "with [streams.*] yet: the result stream and the aggregates carry the engine's fixed-width "
+    if cfg.get("streams") and cfg["aggregate"]["enabled"]:
+        raise ConfigError("aggregate.enabled: not with [streams.*] yet: the aggregates carry the engine's fixed-width "
                           "fields (stream rows, key codes), not the streams' own columns, which results gather from "
                           "the payload log when they are written")
     check_join_type(cfg, ConfigError)

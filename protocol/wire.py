@@ -11,13 +11,17 @@ frame count, one size check, one copy to pack on the producer side.
 Kinds: TUPLES (producer -> master), BATCH (producer -> master, a live declared stream: one Arrow
 record batch of the stream's own columns in Arrow's IPC stream format, checked by master.live_stream), END (a producer is done; `mark` carries the
 seconds it was held back by backpressure, or an emitter is done), RESULTS,
-ROWS and PUNCT (master -> subscribers; a punctuation P in `mark` says every
+ROWS, TABLE and PUNCT (master -> subscribers; a punctuation P in `mark` says every
 result whose stream time is < P has been sent: BiStream 3.2.3, SplitJoin's
 punctuated result stream), ACK (master -> producers: per producer, the tuples a
 complete checkpoint holds).  `seq` numbers a sender's messages so a subscriber
 sees gaps.  RESULTS carry pairs (the inner join); ROWS carry the rows of the
 other join types (`ROW_RECORD`): pairs and rows without a partner, each with
-its `kind` and its stream time `time` (`stream_time`).  Between a slave and the
+its `kind` and its stream time `time` (`stream_time`).  With declared streams
+(`[streams]`, issue 20) results carry the streams' own columns instead: a TABLE
+is one Arrow record batch in IPC stream format with the columns of the run's
+`results/` files and `time` (float64 seconds) last; a TABLE of no rows has an
+empty frame.  Between a slave and the
 master (over MPI), RESULTS / ROWS carry one chunk of a batch's results, `seq` is
 the batch's and `mark` is `MORE` on all chunks but the last, whose `mark` is the
 watermark the slave decided rows alone by (`floor_mark`).
@@ -41,6 +45,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from protocol import eventtime
 from protocol.predicates import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
@@ -80,11 +85,17 @@ def stream_time(results: np.ndarray) -> np.ndarray:
     return np.maximum(results["r_ts"], results["s_ts"])
 
 
-def take_due(held: list[np.ndarray], p: float) -> np.ndarray:
-    """Remove from `held` (result rows, held for ordered output) those a punctuation `p` passes, and return
-    them in order of their stream time."""
+def take_due(held: list, p: float):
+    """Remove from `held` (result rows, held for ordered output: records, or TABLEs' pa.Tables) those a
+    punctuation `p` passes, and return them in order of their stream time."""
     if not held:
         return np.empty(0, RESULT_RECORD)
+    if isinstance(held[0], pa.Table):
+        rows = pa.concat_tables(held)
+        ts = rows["time"].to_numpy()
+        due = ts < p
+        held[:] = [rows.filter(~due)] if not due.all() else []
+        return rows.take(np.flatnonzero(due)[np.argsort(ts[due], kind="stable")])
     rows = np.concatenate(held)
     ts = stream_time(rows)
     due = ts < p
@@ -100,6 +111,7 @@ class Kind(enum.IntEnum):
     ACK = 5
     ROWS = 6
     BATCH = 7
+    TABLE = 8
 
 
 #: reason code -> what it means (the rejected/ file and the summary count by code)
@@ -127,9 +139,9 @@ class Message(NamedTuple):
     sender: int
     seq: int
     mark: float
-    rows: np.ndarray | None  # a read-only view into the record frame (None for END / PUNCT / BATCH)
+    rows: np.ndarray | None  # a read-only view into the record frame (None for END / PUNCT / BATCH / TABLE)
     origin: np.void | None = None  # a producer's ORIGIN record (None: anonymous)
-    arrow: memoryview | None = None  # BATCH: the record batch's IPC stream bytes
+    arrow: memoryview | None = None  # BATCH, TABLE: the record batch's IPC stream bytes (TABLE of no rows: empty)
 
 
 class Rejection(NamedTuple):
@@ -187,6 +199,36 @@ def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
     return [header(kind, len(rows), sender, seq), body]
 
 
+def table_ipc(table: pa.Table) -> pa.Buffer:
+    """`table` as one Arrow record batch in IPC stream format (a BATCH's or a TABLE's frame; empty: no rows)."""
+    if not table.num_rows:
+        return pa.py_buffer(b"")
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_batch(table.combine_chunks().to_batches()[0])
+    return sink.getvalue()
+
+
+def read_table(ipc: memoryview) -> pa.Table | None:
+    """A TABLE's rows (None for a TABLE of no rows)."""
+    return pa.ipc.open_stream(ipc).read_all() if ipc.nbytes else None
+
+
+def encode_table(table: pa.Table, sender: int = 0, seq: int = 0) -> list:
+    """A TABLE message: result rows of declared streams with their `time` column."""
+    return [header(Kind.TABLE, table.num_rows, sender, seq), table_ipc(table)]
+
+
+def table_buffer(table: pa.Table, sender: int, seq: int, mark: float) -> np.ndarray:
+    """A slave's TABLE message to the master as one uint8 buffer (header, then the IPC stream; MPI carries
+    one buffer per message)."""
+    head, ipc = header(Kind.TABLE, table.num_rows, sender, seq, mark), table_ipc(table)
+    buf = np.empty(len(head) + ipc.size, dtype=np.uint8)
+    buf[:len(head)] = np.frombuffer(head, dtype=np.uint8)
+    buf[len(head):] = np.frombuffer(ipc, dtype=np.uint8)
+    return buf
+
+
 def encode_batch(ipc: bytes, count: int, sender: int = 0, seq: int = 0, origin_frame: bytes | None = None) -> list:
     """A BATCH message: `count` rows as one Arrow record batch in IPC stream format (`ipc`)."""
     return [header(Kind.BATCH, count, sender, seq), *([origin_frame] if origin_frame else []), ipc]
@@ -235,7 +277,7 @@ def _body(frames: list, kind: Kind, count: int, max_rows: int, msg: Message) -> 
         return Rejection("frames", f"{kind.name} with {len(frames)} frames (expected 2)")
     if count > max_rows:
         return Rejection("too_large", f"{count} rows > {max_rows}")
-    if kind == Kind.BATCH:  # its rows are checked once decoded (master.live_stream)
+    if kind in (Kind.BATCH, Kind.TABLE):  # a BATCH's rows are checked once decoded (master.live_stream)
         return msg._replace(arrow=memoryview(frames[1]))
     record = {Kind.TUPLES: TUPLE_RECORD, Kind.ACK: ACK_RECORD, Kind.ROWS: ROW_RECORD}.get(kind, RESULT_RECORD)
     body = memoryview(frames[1])

@@ -97,10 +97,11 @@ class ResultWriter:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
         self._writing: list[Future] = []
 
-    def add(self, pairs: Pairs, delay: np.ndarray) -> int:
-        """A chunk of a batch's pairs.  Returns the files written (0 or 1)."""
+    def add(self, pairs: Pairs, delay: np.ndarray) -> pa.Table | None:
+        """A chunk of a batch's pairs; returns them as the rows written (None: no pairs), which the result
+        stream of declared streams sends as they are (slave.results_out)."""
         if not len(pairs):
-            return 0
+            return None
         if self.join_type != "inner":
             return self._buffer(outer_table(pairs, delay, None, None, self.join_type, self.payload))
         if self.payload is not None:
@@ -109,17 +110,19 @@ class ResultWriter:
         return self._buffer(pa.table([delay if c == "delay" else pairs.output(c) for c in RESULT_SCHEMA.names],
                                      schema=RESULT_SCHEMA))
 
-    def add_lone(self, lone_r: np.ndarray, lone_s: np.ndarray) -> int:
+    def add_lone(self, lone_r: np.ndarray, lone_s: np.ndarray) -> pa.Table | None:
         """The rows without a partner (semi: R rows with one) a batch decided, once its pairs are in (slave.join:
-        `lone_r`, `lone_s`).  Returns the files written (0 or 1)."""
+        `lone_r`, `lone_s`); returns them as written (None: none)."""
         if not len(lone_r) + len(lone_s):
-            return 0
+            return None
         return self._buffer(outer_table(None, None, lone_r, lone_s, self.join_type, self.payload))
 
-    def _buffer(self, table: pa.Table) -> int:
+    def _buffer(self, table: pa.Table) -> pa.Table:
         self._parts.append(table)
         self._rows += table.num_rows
-        return self.flush() if self._rows >= self.flush_rows else 0
+        if self._rows >= self.flush_rows:
+            self.flush()
+        return table
 
     def flush(self) -> int:
         """Write what is buffered; returns the number of files written (0 or 1)."""

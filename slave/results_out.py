@@ -8,7 +8,10 @@ by (`wire.floor_mark`).  With a join type other than inner the records are
 ROW_RECORDs, and the rows without a partner the batch decided (semi: R rows with
 one) follow its pairs in the last message, each with its kind, its stream time
 (slave.join.JoinModule.stream_times) and the other side's fields as the
-wire's null (id and key 0, ts and value NaN).  Each STOP is answered in the
+wire's null (id and key 0, ts and value NaN).  With declared streams (`[streams]`) a
+message is a TABLE instead: the rows as the result files have them, with the
+streams' own columns (gathered once, for both: slave.result_files), and their
+stream time.  Each STOP is answered in the
 same way.  Sent with Isend before the batch's report, so the master never
 waits on it; at most `IN_FLIGHT` are on their way, so a master that falls
 behind slows the slave instead of filling its memory.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pyarrow as pa
 from mpi4py import MPI
 
 from protocol import eventtime, wire
@@ -33,16 +37,20 @@ class ResultSender:
     def __init__(self, comm: MPI.Comm, cfg: dict):
         self.comm, self.enabled = comm, bool(cfg["output"]["zmq_endpoint"])
         self.join_type = cfg["join"]["type"]
+        self.tables = bool(cfg.get("streams"))  #: declared streams: TABLE messages
         self.record = wire.RESULT_RECORD if self.join_type == "inner" else wire.ROW_RECORD
         self.pending: list[tuple[MPI.Request, np.ndarray]] = []
 
     def send(self, dispatcher: int, seq: int, pairs: Pairs, delay: np.ndarray, last: bool,
-             watermark: int = eventtime.NEG_INF) -> None:
+             watermark: int = eventtime.NEG_INF, table: pa.Table | None = None) -> None:
         """A chunk of the results of `dispatcher`'s batch `seq`, to that dispatcher: it publishes them and
         punctuates for its own batches once the `last` has come (with the `watermark` rows alone were decided
-        by)."""
+        by); `table`: the pairs as written, with declared streams."""
         if not self.enabled:
             return
+        if self.tables:  # a pair's stream time: its later ts
+            times = eventtime.to_seconds(np.maximum(pairs["r_ts"], pairs["s_ts"]))
+            return self._send_table(dispatcher, seq, table, times, last, watermark)
         buf, rows = self._buffer(len(pairs), seq, last, watermark)
         for name in wire.RESULT_RECORD.names:
             rows[name] = delay if name == "delay" else pairs.output(name)
@@ -52,11 +60,15 @@ class ResultSender:
         self._send(dispatcher, buf)
 
     def send_lone(self, dispatcher: int, seq: int, lone_r: np.ndarray, lone_s: np.ndarray,
-                  times: tuple[np.ndarray, np.ndarray], watermark: int) -> None:
+                  times: tuple[np.ndarray, np.ndarray], watermark: int, table: pa.Table | None = None) -> None:
         """The last message of `dispatcher`'s batch (or STOP) `seq`: the rows it decided alone (semi: R rows with
-        a partner) with their stream `times` (microseconds), decided by `watermark`."""
+        a partner) with their stream `times` (microseconds), decided by `watermark`; `table`: those rows as
+        written, with declared streams."""
         if not self.enabled:
             return
+        if self.tables:
+            return self._send_table(dispatcher, seq, table, eventtime.to_seconds(np.concatenate(times)), True,
+                                    watermark)
         buf, rows = self._buffer(len(lone_r) + len(lone_s), seq, True, watermark)
         now = time.time()
         kind_r = LEFT_MATCHED if self.join_type == "semi" else LEFT_UNMATCHED
@@ -75,16 +87,30 @@ class ResultSender:
     def answer(self, dispatcher: int, seq: int) -> None:
         """The last message, without rows, of `dispatcher`'s STOP `seq` that decides nothing here (it is not the
         last STOP, or the join is inner): the watermark sent is NEG_INF, which bounds anything."""
-        if self.enabled:
+        if self.enabled and self.tables:
+            self._send_table(dispatcher, seq, None, np.empty(0), True, eventtime.NEG_INF)
+        elif self.enabled:
             self._send(dispatcher, self._buffer(0, seq, True, eventtime.NEG_INF)[0])
+
+    def _send_table(self, dispatcher: int, seq: int, table: pa.Table | None, times: np.ndarray, last: bool,
+                    watermark: int) -> None:
+        """A TABLE message: `table` (None: no rows) with its rows' stream `times` (seconds) as `time`."""
+        table = pa.table({}) if table is None else table.append_column("time", pa.array(times, pa.float64()))
+        self._room()
+        mark = wire.floor_mark(watermark) if last else wire.MORE
+        self._send(dispatcher, wire.table_buffer(table, self.comm.rank, seq, mark))
 
     def _buffer(self, count: int, seq: int, last: bool, watermark: int) -> tuple[np.ndarray, np.ndarray]:
         """A message of `count` records to fill, once at most IN_FLIGHT - 1 others are on their way."""
+        self._room()
+        mark = wire.floor_mark(watermark) if last else wire.MORE
+        return wire.results_buffer(count, self.comm.rank, seq, mark, self.record)
+
+    def _room(self) -> None:
+        """Wait until at most IN_FLIGHT - 1 messages are on their way."""
         self.pending = [(req, buf) for req, buf in self.pending if not req.Test()]
         while len(self.pending) >= IN_FLIGHT:
             self.pending.pop(0)[0].Wait()
-        mark = wire.floor_mark(watermark) if last else wire.MORE
-        return wire.results_buffer(count, self.comm.rank, seq, mark, self.record)
 
     def _send(self, dispatcher: int, buf: np.ndarray) -> None:
         self.pending.append((self.comm.Isend([buf, MPI.BYTE], dest=dispatcher, tag=TAG_RESULTS), buf))

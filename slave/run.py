@@ -102,7 +102,8 @@ class Slave:
         # expire only below every dispatcher's punctuation: a tuple still to come from any of them may need it
         self.watermarks[self.reply_to] = int(head["watermark"])
         # each chunk of results is written, aggregated and sent before the next is built (output.result_chunk_rows)
-        results = chunks = files = 0
+        results = chunks = 0
+        files = self.writer.files
         delay_max = 0.0
         hists = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
         watermark = int(self.watermarks.min())
@@ -111,18 +112,19 @@ class Slave:
         for chunk in self.module.chunks(fresh_r, fresh_s, watermark, groups):
             delay, hist = chunk.delays(float(head["sent"]), started_wall)
             faults.straggle(self.comm.rank, "STREAMJOIN_SLOW_CHUNKS")
-            files += self.writer.add(chunk.pairs, delay)
+            table = self.writer.add(chunk.pairs, delay)
             if self.aggregator:
                 self.aggregator.add(chunk.pairs)
             self.results_out.send(self.reply_to, int(head["seq"]), chunk.pairs, delay, chunk.last and not alone,
-                                  watermark)
+                                  watermark, table)
             results, chunks, hists = results + len(delay), chunks + 1, hists + hist
             delay_max = max(delay_max, float(delay.max(initial=0.0)))
-            del chunk, delay  # the next chunk is built without this one
+            del chunk, delay, table  # the next chunk is built without this one
             said = self.say_joining(int(head["seq"]), results, started, said)
-        lone, lone_files = self.take_lone(int(head["seq"]), watermark)
+        lone = self.take_lone(int(head["seq"]), watermark)
         self.report({"seq": float(head["seq"]), "tuples_r": len(fresh_r), "tuples_s": len(fresh_s),
-                     "results": results + lone, "chunks": chunks, "delay_max": delay_max, "files": files + lone_files,
+                     "results": results + lone, "chunks": chunks, "delay_max": delay_max,
+                     "files": self.writer.files - files,
                      "busy": time.perf_counter() - started, "ack": Ack.BATCH}, hists)
 
     def say_joining(self, seq: int, results: int, started: float, said: float) -> float:
@@ -136,18 +138,19 @@ class Slave:
         self.outgoing.append((self.comm.Isend(buf, dest=self.reply_to, tag=TAG_JOINING), buf))
         return now
 
-    def take_lone(self, seq: int, watermark: int) -> tuple[int, int]:
+    def take_lone(self, seq: int, watermark: int) -> int:
         """Outer, semi and anti joins: write the rows the last epoch decided alone (known once its last chunk is
         taken), send them as the last results message of the batch (or STOP) `seq` decided by `watermark`, and,
         with a semi or anti join, aggregate them (phase one; the configuration refuses aggregation with left,
-        right and full joins, whose rows mix pairs and lone rows).  Returns (rows, files written)."""
+        right and full joins, whose rows mix pairs and lone rows).  Returns the rows."""
         lone_r, lone_s = self.module.lone_r, self.module.lone_s
+        table = self.writer.add_lone(lone_r, lone_s)
         if self.module.join_type != "inner":
-            self.results_out.send_lone(self.reply_to, seq, lone_r, lone_s, self.module.stream_times(), watermark)
-        files = self.writer.add_lone(lone_r, lone_s)
+            self.results_out.send_lone(self.reply_to, seq, lone_r, lone_s, self.module.stream_times(), watermark,
+                                       table)
         if self.aggregator and len(lone_r) and not self.module.emit_pairs:
             self.aggregator.add_rows(lone_r["key"], lone_r["ts"], lone_r["value"])
-        return len(lone_r) + len(lone_s), files
+        return len(lone_r) + len(lone_s)
 
     def on_move(self, head, buf: np.ndarray) -> None:
         """Supplier side: extract the group, send its state to the consumer, tell the master."""
@@ -211,19 +214,20 @@ class Slave:
             self.report({"seq": float(head["seq"]), "ack": Ack.BATCH})
             return
         MPI.Request.Waitall([req for req, _ in self.outgoing])
-        lone = lone_files = 0
+        lone, files = 0, self.writer.files
         if self.module.join_type != "inner":  # the end of input: every row still undecided is decided now
             none = np.empty(0, self.dtype)
             self.module.process(none, none, eventtime.POS_INF)  # no fresh tuples: no pairs
-            lone, lone_files = self.take_lone(int(head["seq"]), eventtime.POS_INF)
+            lone = self.take_lone(int(head["seq"]), eventtime.POS_INF)
         else:
             self.results_out.answer(self.reply_to, int(head["seq"]))
         if self.aggregator:
             self.aggregator.flush()
         self.results_out.wait()
-        files = lone_files + self.writer.flush()
+        self.writer.flush()
         self.writer.wait()
-        self.report({"seq": float(head["seq"]), "files": files, "ack": Ack.BATCH, "results": lone})
+        self.report({"seq": float(head["seq"]), "files": self.writer.files - files, "ack": Ack.BATCH,
+                     "results": lone})
         MPI.Request.Waitall([req for req, _ in self.outgoing])
         self.stopped = True
 

@@ -28,8 +28,9 @@ The stream is not drawn with `crash` (`refusal`): nothing is promised to a subsc
 0, its own punctuations from its own start, the results after the checkpoint again, while those the killed
 master held for ordering or had queued are gone), so neither exactly once nor no gap holds; a weaker check (no
 extra record, each run's punctuations within that run) would need to tell the two runs' messages apart, which
-the result frames do not carry (no run number; only ACKs have one).  The config refuses the stream with
-`[streams]` input (`input = "streams"`), so a stream draw reads one file of both streams.
+the result frames do not carry (no run number; only ACKs have one).  With `[streams]` input (`input =
+"streams"`) the stream carries TABLEs, the rows with the streams' own columns and their stream time: the same
+checks read them through `table_records`.
 """
 from __future__ import annotations
 
@@ -365,6 +366,32 @@ class Subscriber(threading.Thread):
         return self.messages
 
 
+def table_records(table: pa.Table | None) -> np.ndarray:
+    """A TABLE's rows (declared streams: STREAMS' own columns) as the ROW_RECORDs the checks read: each side's
+    event_id and its time `at` in seconds (a missing side's id 0 and ts NaN, as ROWS have them), the kind's code
+    and the stream time."""
+    rows = np.zeros(0 if table is None else table.num_rows, wire.ROW_RECORD)
+    if table is None:
+        return rows
+    for side, name in zip("rs", STREAMS):
+        at = table[f"{name}_at"]
+        rows[f"{side}_id"] = table[f"{name}_event_id"].fill_null(0).to_numpy()
+        micros_or_null = at.cast(pa.timestamp("us", at.type.tz)).cast(pa.int64()).to_numpy(zero_copy_only=False)
+        rows[f"{side}_ts"] = micros_or_null / 1e6  # null: NaN
+    if "kind" in table.column_names:  # inner: pairs only
+        names, which = np.unique(table["kind"].to_numpy(zero_copy_only=False), return_inverse=True)
+        rows["kind"] = np.array([wire.ROW_KINDS.index(k) for k in names], np.uint8)[which]
+    rows["time"] = table["time"].to_numpy()
+    return rows
+
+
+def message_rows(m) -> np.ndarray | None:
+    """The result records of a message of the stream (None: it carries none)."""
+    if getattr(m, "kind", None) == wire.Kind.TABLE:
+        return table_records(wire.read_table(m.arrow))
+    return getattr(m, "rows", None)
+
+
 def stream_faults(d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarray, np.ndarray],
                   data: dict[str, np.ndarray]) -> str:
     """What the result stream `sub` received breaks of its contract (the module's docstring), "" when nothing:
@@ -375,7 +402,7 @@ def stream_faults(d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarr
     bad = [m for m in sub.messages if isinstance(m, wire.Rejection) or not 0 <= m.sender < d.dispatchers]
     if bad:
         faults.append(f"{len(bad)} messages not of the stream, e.g. {bad[0]}")
-    kind = wire.Kind.RESULTS if d.join_type == "inner" else wire.Kind.ROWS
+    kind = wire.Kind.TABLE if d.input == "streams" else wire.Kind.RESULTS if d.join_type == "inner" else wire.Kind.ROWS
     received = []
     for sender in range(d.dispatchers):
         mine = [m for m in sub.messages if not isinstance(m, wire.Rejection) and m.sender == sender]
@@ -391,14 +418,15 @@ def stream_faults(d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarr
         for m in mine:
             if m.kind == wire.Kind.PUNCT:
                 p = m.mark
-            elif m.kind in (wire.Kind.RESULTS, wire.Kind.ROWS):
+            elif m.kind in (wire.Kind.RESULTS, wire.Kind.ROWS, wire.Kind.TABLE):
                 if m.kind != kind:
                     faults.append(f"dispatcher {sender}: {m.kind.name} messages, {kind.name} expected")
-                t = m.rows["time"] if "time" in m.rows.dtype.names else np.maximum(m.rows["r_ts"], m.rows["s_ts"])
+                rows = message_rows(m)
+                t = wire.stream_time(rows)
                 covered += int((t < p).sum())
                 disordered += int((np.diff(t, prepend=latest) < 0).sum())
                 latest = t[-1] if len(t) else latest
-                received.append(m.rows)
+                received.append(rows)
         if covered:
             faults.append(f"dispatcher {sender}: {covered} records below a punctuation sent before them")
         if disordered and d.output == "ordered":
@@ -517,7 +545,7 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
         out.error += payload_mismatch(run.out)
     if sub is not None:
         out.error += stream_faults(d, sub, expected, data)
-        out.streamed = sum(len(m.rows) for m in sub.messages if getattr(m, "rows", None) is not None)
+        out.streamed = sum(len(rows) for m in sub.messages if (rows := message_rows(m)) is not None)
     late = run.late_ids(ids, STREAMS) if d.input == "streams" else run.late_ids()
     out.late_wrong = len(np.setxor1d(late, expected_late))
     return out

@@ -27,9 +27,11 @@ from protocol import eventtime
 from protocol.chunks import InputError, concat
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
-from tests.cluster import run_cluster, write_config
+from protocol.output import LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
+from tests.cluster import free_port, run_cluster, write_config
 from tests.test_balance_cluster import FORCED_CHURN, straggler
-from tests.reference import encode_pairs, late_flags, micros, reference_pairs
+from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs
+from tests.test_zmq_cluster import finish, start
 
 ROOT = Path(__file__).resolve().parent.parent
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -346,6 +348,46 @@ def test_the_clicks_example_with_two_dispatchers_equals_the_reference_and_carrie
     assert summary["streams"] == {"R": "impressions", "S": "clicks"}
     assert summary["keys"]["distinct"] == len(set(r["key"]) | set(s["key"]))
     assert not (out / "payload").exists()
+
+
+def test_the_result_stream_of_declared_streams_carries_the_users_columns_in_order(tmp_path):
+    """examples/clicks as a full join on 2 dispatchers, paced, with the ordered result stream: a subscriber of
+    both sockets gets TABLEs whose rows are those of the results/ files, columns and all, each once, plus their
+    stream time (a pair's later time, an impression alone its shown_at + 30 s, a click alone its clicked_at),
+    never below a punctuation sent before them and merged in stream-time order; the rows equal the reference."""
+    port = free_port(consecutive=2)
+    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{port}", "--dispatchers", 2, "--ordered",
+                "--out", tmp_path / "sub.parquet", "--progress", 0)
+    data, out = run_clicks_example(tmp_path, "cluster.dispatchers=2", "join.type=full", "source.rate=3000",
+                                   f"output.zmq_endpoint=tcp://127.0.0.1:{port}", "output.ordered=true",
+                                   "output.wait_subscribers=1")
+    got = finish(sub)
+    assert got["ended"] and not (got["gaps"] or got["covered"] or got["non_monotone"]), got
+    assert got["punctuations"] > 10, got
+    streamed, files = pq.read_table(tmp_path / "sub.parquet"), read_tables(out / "results")
+    assert streamed.column_names == files.column_names + ["time", "punctuation_before"]
+    ids = ("impressions_impression_id", "clicks_click_id", "kind")
+    rows = [sorted(zip(*(t[c].to_pylist() for c in ids)), key=str) for t in (streamed, files)]
+    assert rows[0] == rows[1] and len(set(rows[0])) == len(rows[0])
+    assert streamed.drop_columns(["delay", "time", "punctuation_before"]).sort_by([(c, "ascending") for c in ids[:2]]) \
+        .equals(files.drop_columns(["delay"]).sort_by([(c, "ascending") for c in ids[:2]]))
+    r, s = read_impressions(data / "impressions"), read_clicks(data / "clicks.parquet")
+    pairs, late = reference(r, s, (0.0, 30.0), 5.0)
+    want = reference_outer(pairs, r["id"], s["id"], "full")
+    kind = streamed["kind"].to_numpy(zero_copy_only=False)
+    r_id, s_id = (streamed[c].fill_null(-1).to_numpy() for c in ids[:2])
+    assert len(late) == 0 and len(want[0]) > 5000 and len(want[1]) > 1000 and len(want[2]) > 20
+    np.testing.assert_array_equal(np.sort(encode_pairs(r_id[kind == MATCHED], s_id[kind == MATCHED])), want[0])
+    np.testing.assert_array_equal(np.sort(r_id[kind == LEFT_UNMATCHED]), want[1])
+    np.testing.assert_array_equal(np.sort(s_id[kind == RIGHT_UNMATCHED]), want[2])
+    shown, clicked = (streamed[c].cast(pa.int64()).fill_null(np.iinfo(np.int64).min).to_numpy()
+                      for c in ("impressions_shown_at", "clicks_clicked_at"))
+    expected = np.where(kind == MATCHED, np.maximum(shown, clicked),
+                        np.where(kind == LEFT_UNMATCHED, shown + 30_000_000, clicked))
+    np.testing.assert_array_equal(micros(streamed["time"].to_numpy()), expected)
+    time, before = streamed["time"].to_numpy(), streamed["punctuation_before"].to_numpy()
+    assert (time >= before).all() and (np.diff(time) >= 0).all()
+    assert json.loads((out / "summary.json").read_text())["result_stream"]["results"] == streamed.num_rows
 
 
 def test_results_of_declared_streams_read_as_they_are_in_pandas_and_duckdb(tmp_path):

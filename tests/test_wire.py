@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from protocol import wire
@@ -162,6 +163,23 @@ def test_rows_of_other_join_types_travel_with_their_kind_and_stream_time():
     assert wire.decode(wire.unpack(buf), (wire.Kind.ROWS,), 10).kind == wire.Kind.ROWS
     held = [rows.copy()]
     np.testing.assert_array_equal(wire.take_due(held, 2.75)["r_ts"], [2.0])  # released by time 2.5, not ts 2.0
+
+
+def test_a_table_of_declared_streams_travels_whole_and_is_released_in_stream_time_order():
+    table = pa.table({"views_user": ["u_1", None, "u_3"], "views_at": pa.array([5, 6, 7], pa.timestamp("us", "UTC")),
+                      "kind": ["matched", "right_unmatched", "left_unmatched"], "time": [3.0, 1.0, 2.0]})
+    msg = wire.decode(wire.encode_table(table, sender=2, seq=9), tuple(wire.Kind), 10)
+    assert (msg.kind, msg.sender, msg.seq, msg.rows) == (wire.Kind.TABLE, 2, 9, None)
+    assert wire.read_table(msg.arrow).equals(table)  # every column, its type and its nulls
+    buf = wire.table_buffer(table, sender=1, seq=4, mark=wire.floor_mark(12))  # a slave's, over MPI
+    msg = wire.decode(wire.unpack(buf), (wire.Kind.TABLE,), 10)
+    assert wire.read_table(msg.arrow).equals(table) and wire.mark_floor(msg.mark) == 12
+    empty = wire.decode(wire.unpack(wire.table_buffer(pa.table({}), 1, 5, 0.0)), (wire.Kind.TABLE,), 10)
+    assert wire.read_table(empty.arrow) is None
+    held = [table.slice(0, 2), table.slice(2)]
+    due = wire.take_due(held, 2.5)
+    assert due["time"].to_pylist() == [1.0, 2.0] and due["views_user"].to_pylist() == [None, "u_3"]
+    assert len(held) == 1 and held[0]["time"].to_pylist() == [3.0]
 
 
 @pytest.mark.parametrize("micros", [0, -7, 1 << 53, (1 << 53) + 1, (1 << 61) - 1, -(1 << 61) + 1, 1 << 62, -(1 << 62)])
