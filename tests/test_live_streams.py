@@ -21,7 +21,9 @@ from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from protocol.stream_file import arrow_type
 from tests.cluster import free_port, run_cluster, toml_value
+from tests.reference import encode_pairs
 from tests.test_streams import reference
+from tests.test_zmq_cluster import finish, start
 from tests.test_zmq_source import drain
 
 
@@ -153,7 +155,8 @@ def test_a_quiet_live_stream_holds_the_other_back_until_its_idle_timeout(tmp_pat
 def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tmp_path):
     """Two producer processes (control.produce --stream), one per stream, each pacing its own Parquet file
     (views: timestamps; buys: epoch milliseconds, decimal prices) into a cluster of 1 master and 2 slaves:
-    results equal the reference join of the files, with both streams' columns."""
+    results equal the reference join of the files, with both streams' columns, in the result files and on the
+    result stream a subscriber reads (TABLEs)."""
     rng = np.random.default_rng(4)
     t0 = 1_795_000_000_000
     n_v, n_b = 3000, 2000
@@ -164,14 +167,20 @@ def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tm
                              "at": pa.array(v_ms, pa.timestamp("ms", "UTC"))}), tmp_path / "views.parquet")
     pq.write_table(pa.table({"bid": np.arange(n_b) + 500, "user": b_user, "at": b_ms,
                              "price": [str(i % 1000) + ".25" for i in range(n_b)]}), tmp_path / "buys.parquet")
-    ports = {"views": free_port(), "buys": free_port()}
+    ports, results_port = {"views": free_port(), "buys": free_port()}, free_port()
+    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results_port}", "--out",
+                tmp_path / "sub.parquet", "--progress", 0)
     producers = [subprocess.Popen([sys.executable, "-m", "control.produce", "--stream", str(tmp_path / f"{n}.parquet"),
                                    "--endpoint", f"tcp://127.0.0.1:{p}", "--batch", "200", "--rate", "2000",
                                    "--timeout", "30", "--name", n], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                  for n, p in ports.items()]
     run = run_cluster(tmp_path, 3, {**live_settings(ports), "join.window": "300ms", "join.max_delay": "250ms",
-                                    "partitioning.partitions": 8, "epochs.distribution": "100ms"})
+                                    "partitioning.partitions": 8, "epochs.distribution": "100ms",
+                                    "output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}",
+                                    "output.wait_subscribers": 1})
     assert run.returncode == 0, run.stderr
+    got = finish(sub)
+    assert got["ended"] and not (got["gaps"] or got["covered"]) and got["results"] == run.summary["results"], got
     for p in producers:
         assert p.wait(60) == 0, p.stderr.read()
     pairs, late = reference({"id": np.arange(n_v), "ts": v_ms * 1000, "key": v_user},
@@ -183,4 +192,8 @@ def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tm
     results = read_tables(run.out / "results")
     assert results.schema.field("buys_price").type == pa.decimal128(10, 2)
     assert results["views_page"].to_pylist() == [f"/p{i % 7}" for i in results["views_vid"].to_pylist()]
+    streamed = pq.read_table(tmp_path / "sub.parquet")
+    np.testing.assert_array_equal(np.sort(encode_pairs(*(streamed[c].to_numpy() for c in ids))), pairs)
+    assert streamed.schema.field("buys_price").type == pa.decimal128(10, 2)
+    assert streamed["views_page"].to_pylist() == [f"/p{i % 7}" for i in streamed["views_vid"].to_pylist()]
     assert run.summary["live_streams"]["buys"]["tuples"] == n_b
