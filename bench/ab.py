@@ -1,6 +1,7 @@
-"""Two settings of the same workload compared: unpaced runs alternated A, B, A, B, ... (so the machine's drift
-falls on both), the in-run rate of each, the ratio of the medians against a target, and a report.  Used by
-bench.metrics_cost (metrics off / on) and bench.join_types (inner / left join)."""
+"""Settings of the same workload compared: unpaced runs alternated A, B, A, B, ... (so the machine's drift
+falls on all), the in-run rate of each, the ratio of the medians to the first's against a target, and a report.
+Used by bench.metrics_cost (metrics off / on), bench.join_types (inner / left join) and bench.payload (no
+payload / payload / payload on the result stream)."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,8 @@ def parser(prog: str, doc: str, quick_seconds: float, seconds: float, repeats: i
 
 
 class Comparison:
-    """`modes`: {name: settings}, the first the baseline; `workload`: settings of both."""
+    """`modes`: {name: settings}, the first the baseline, the second the one the target is for; `workload`:
+    settings of all."""
 
     def __init__(self, command: str, a: argparse.Namespace, workload: list[str], modes: dict[str, list[str]]):
         self.a, self.workload, self.modes = a, workload, modes
@@ -33,18 +35,20 @@ class Comparison:
                      "runs": {m: [] for m in modes}}
 
     def run(self, tmp: Path) -> None:
-        """The alternated unpaced runs; then the medians and the ratio (second mode over the first)."""
+        """The alternated unpaced runs; then the medians and their ratios to the first mode's (`ratio`: the
+        second's)."""
         for i in range(self.a.repeats):
             for mode, settings in self.modes.items():
                 s = run_cluster(self.a.slaves + 1, [*self.workload, *settings], tmp / f"{mode}-{i}", self.a.timeout)
                 self.data["runs"][mode].append(s["throughput_tuples_per_s"])
                 print(f"[{mode:>5} #{i + 1}] {s['throughput_tuples_per_s']:,.0f} tuples/s in-run", flush=True)
         self.data["medians"] = {m: median(r) for m, r in self.data["runs"].items()}
-        base, other = self.data["medians"].values()
-        self.data["ratio"] = round(other / base, 4)
+        base, *others = self.data["medians"].items()
+        self.data["ratios"] = {m: round(v / base[1], 4) for m, v in others}
+        self.data["ratio"] = self.data["ratios"][others[0][0]]
 
     def verdict(self, target: float) -> str:
-        base, other = self.modes
+        base, other = list(self.modes)[:2]
         ratio = self.data["ratio"]
         return (f"{other}/{base} = {ratio:.3f} (target >= {target}: {'met' if ratio >= target else 'NOT met'}; "
                 "each side's runs show the machine's noise)")

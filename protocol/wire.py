@@ -19,7 +19,7 @@ sees gaps.  RESULTS carry pairs (the inner join); ROWS carry the rows of the
 other join types (`ROW_RECORD`): pairs and rows without a partner, each with
 its `kind` and its stream time `time` (`stream_time`).  With declared streams
 (`[streams]`, issue 20) results carry the streams' own columns instead: a TABLE
-is one Arrow record batch in IPC stream format with the columns of the run's
+is an Arrow IPC stream (record batches of one schema) with the columns of the run's
 `results/` files and `time` (float64 seconds) last; a TABLE of no rows has an
 empty frame.  Between a slave and the
 master (over MPI), RESULTS / ROWS carry one chunk of a batch's results, `seq` is
@@ -42,7 +42,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -199,14 +199,25 @@ def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
     return [header(kind, len(rows), sender, seq), body]
 
 
-def table_ipc(table: pa.Table) -> pa.Buffer:
-    """`table` as one Arrow record batch in IPC stream format (a BATCH's or a TABLE's frame; empty: no rows)."""
-    if not table.num_rows:
-        return pa.py_buffer(b"")
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_batch(table.combine_chunks().to_batches()[0])
-    return sink.getvalue()
+def new_bytes(size: int) -> np.ndarray:
+    return np.empty(size, np.uint8)
+
+
+def table_ipc(table: pa.Table, head: bytes = b"", alloc: Callable[[int], np.ndarray] = new_bytes) -> np.ndarray:
+    """`head`, then `table` in Arrow's IPC stream format (a TABLE's frame; no rows: nothing), as uint8: its
+    chunks as they are, a record batch each, written once into a buffer of the exact size from `alloc(size)`
+    (sized by a dry run that copies nothing)."""
+    def write(sink) -> None:
+        sink.write(head)
+        if table.num_rows:
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+
+    size = pa.MockOutputStream()
+    write(size)
+    out = alloc(size.size())
+    write(pa.FixedSizeBufferWriter(pa.py_buffer(out)))
+    return out
 
 
 def read_table(ipc: memoryview) -> pa.Table | None:
@@ -219,14 +230,11 @@ def encode_table(table: pa.Table, sender: int = 0, seq: int = 0) -> list:
     return [header(Kind.TABLE, table.num_rows, sender, seq), table_ipc(table)]
 
 
-def table_buffer(table: pa.Table, sender: int, seq: int, mark: float) -> np.ndarray:
-    """A slave's TABLE message to the master as one uint8 buffer (header, then the IPC stream; MPI carries
-    one buffer per message)."""
-    head, ipc = header(Kind.TABLE, table.num_rows, sender, seq, mark), table_ipc(table)
-    buf = np.empty(len(head) + ipc.size, dtype=np.uint8)
-    buf[:len(head)] = np.frombuffer(head, dtype=np.uint8)
-    buf[len(head):] = np.frombuffer(ipc, dtype=np.uint8)
-    return buf
+def table_buffer(table: pa.Table, sender: int, seq: int, mark: float,
+                 alloc: Callable[[int], np.ndarray] = new_bytes) -> np.ndarray:
+    """A slave's TABLE message to the master as one uint8 buffer from `alloc` (header, then the IPC stream,
+    written in place; MPI carries one buffer per message)."""
+    return table_ipc(table, header(Kind.TABLE, table.num_rows, sender, seq, mark), alloc)
 
 
 def encode_batch(ipc: bytes, count: int, sender: int = 0, seq: int = 0, origin_frame: bytes | None = None) -> list:

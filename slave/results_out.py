@@ -40,6 +40,9 @@ class ResultSender:
         self.tables = bool(cfg.get("streams"))  #: declared streams: TABLE messages
         self.record = wire.RESULT_RECORD if self.join_type == "inner" else wire.ROW_RECORD
         self.pending: list[tuple[MPI.Request, np.ndarray]] = []
+        #: buffers of completed sends, the largest IN_FLIGHT, refilled by TABLEs: writing a message into fresh
+        #: pages cost a slave more than encoding it (page faults), so their pages are kept
+        self.spare: list[np.ndarray] = []
 
     def send(self, dispatcher: int, seq: int, pairs: Pairs, delay: np.ndarray, last: bool,
              watermark: int = eventtime.NEG_INF, table: pa.Table | None = None) -> None:
@@ -98,7 +101,14 @@ class ResultSender:
         table = pa.table({}) if table is None else table.append_column("time", pa.array(times, pa.float64()))
         self._room()
         mark = wire.floor_mark(watermark) if last else wire.MORE
-        self._send(dispatcher, wire.table_buffer(table, self.comm.rank, seq, mark))
+        self._send(dispatcher, wire.table_buffer(table, self.comm.rank, seq, mark, self._alloc))
+
+    def _alloc(self, size: int) -> np.ndarray:
+        """A send buffer of `size` bytes: the smallest spare one that is large enough, else a new one."""
+        for i, spare in enumerate(self.spare):
+            if len(spare) >= size:
+                return self.spare.pop(i)[:size]
+        return wire.new_bytes(size)
 
     def _buffer(self, count: int, seq: int, last: bool, watermark: int) -> tuple[np.ndarray, np.ndarray]:
         """A message of `count` records to fill, once at most IN_FLIGHT - 1 others are on their way."""
@@ -107,10 +117,16 @@ class ResultSender:
         return wire.results_buffer(count, self.comm.rank, seq, mark, self.record)
 
     def _room(self) -> None:
-        """Wait until at most IN_FLIGHT - 1 messages are on their way."""
-        self.pending = [(req, buf) for req, buf in self.pending if not req.Test()]
+        """Wait until at most IN_FLIGHT - 1 messages are on their way; the buffers of those sent are spare."""
+        done = [req.Test() for req, _ in self.pending]
+        sent = [buf for (_, buf), d in zip(self.pending, done) if d]
+        self.pending = [p for p, d in zip(self.pending, done) if not d]
         while len(self.pending) >= IN_FLIGHT:
-            self.pending.pop(0)[0].Wait()
+            req, buf = self.pending.pop(0)
+            req.Wait()
+            sent.append(buf)
+        whole = [buf if buf.base is None else buf.base for buf in sent]
+        self.spare = sorted([*self.spare, *whole], key=len)[-IN_FLIGHT:]
 
     def _send(self, dispatcher: int, buf: np.ndarray) -> None:
         self.pending.append((self.comm.Isend([buf, MPI.BYTE], dest=dispatcher, tag=TAG_RESULTS), buf))
