@@ -51,6 +51,7 @@ import time
 from collections import Counter, deque
 
 import numpy as np
+import pyarrow as pa
 from mpi4py import MPI
 
 from protocol import eventtime, wire
@@ -64,11 +65,39 @@ from protocol.punctuation import Punctuator
 MESSAGE_BYTES = 64 * 1024
 
 
-def frame_rows(rows) -> int:
-    """How many of `rows` (protocol.wire RESULT_RECORDs or ROW_RECORDs, or a TABLE's pa.Table) one result
-    message holds."""
-    size = rows.dtype.itemsize if isinstance(rows, np.ndarray) else max(1, rows.nbytes // max(1, len(rows)))
-    return max(1, (MESSAGE_BYTES - wire.HEADER.itemsize) // size)
+def frame_rows(record: np.dtype) -> int:
+    """How many records of `record` (protocol.wire RESULT_RECORD or ROW_RECORD) one result message holds."""
+    return (MESSAGE_BYTES - wire.HEADER.itemsize) // record.itemsize
+
+
+def table_cuts(rows: pa.Table) -> np.ndarray:
+    """Where to cut a TABLE's rows into messages of at most MESSAGE_BYTES (the row offsets, 0 first, len(rows)
+    last): each row's bytes -- fixed widths, 4 or 8 bytes of offset plus the length of a text or binary value,
+    a nested column's mean -- summed until the message's room (beside the header, the schema its IPC stream
+    repeats and a KiB of batch metadata and padding) is full; at least one row a message."""
+    import pyarrow.compute as pc  # here: a run without TABLEs does not pay its import at start (issue 21)
+    size = np.zeros(len(rows))
+    for column in rows.columns:
+        kind = column.type
+        if pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind) \
+                or pa.types.is_large_binary(kind):
+            size += 4 + 4 * (pa.types.is_large_string(kind) or pa.types.is_large_binary(kind))
+            size += pc.binary_length(column).fill_null(0).to_numpy()
+        elif pa.types.is_boolean(kind) or pa.types.is_null(kind):
+            size += 1 / 8
+        else:
+            try:
+                size += kind.bit_width / 8
+            except ValueError:  # nested
+                size += column.nbytes / max(1, len(rows))
+        size += column.null_count > 0 and 1 / 8  # validity bits
+    room = MESSAGE_BYTES - wire.HEADER.itemsize - rows.schema.serialize().size - 1024
+    ends = np.cumsum(size)
+    cuts = [0]
+    while cuts[-1] < len(rows):
+        before = ends[cuts[-1] - 1] if cuts[-1] else 0.0
+        cuts.append(max(cuts[-1] + 1, int(np.searchsorted(ends, before + room, "right"))))
+    return np.array(cuts)
 
 #: seconds between two punctuation checks when no result message came in
 CHECK_INTERVAL = 0.05
@@ -218,10 +247,14 @@ class ResultStream:
             self._publish_results(rows)
 
     def _publish_results(self, rows) -> None:
-        size = frame_rows(rows)
-        encode = wire.encode_results if isinstance(rows, np.ndarray) else wire.encode_table
-        for start in range(0, len(rows), size):
-            self._publish(encode(rows[start:start + size], sender=self.index, seq=self.seq))
+        if isinstance(rows, np.ndarray):
+            size = frame_rows(rows.dtype)
+            for start in range(0, len(rows), size):
+                self._publish(wire.encode_results(rows[start:start + size], sender=self.index, seq=self.seq))
+            return
+        cuts = table_cuts(rows)
+        for start, stop in zip(cuts[:-1], cuts[1:]):
+            self._publish(wire.encode_table(rows[start:stop], sender=self.index, seq=self.seq))
 
     def _punctuate(self, p: int) -> None:
         """Publish punctuation `p` (microseconds) as subscribers read it, in seconds like the results' ts: the

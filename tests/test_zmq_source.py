@@ -382,3 +382,44 @@ def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_p
     out.close()
     s = out.summary()["result_stream"]  # the results in messages of at most frame_rows, the punctuations, END
     assert s["messages"] == -(-11000 // frame_rows(wire.RESULT_RECORD)) + s["punctuations"] + 1 and s["gaps"] == 0
+
+
+def test_a_slaves_table_goes_out_whole_in_messages_within_the_bound():
+    """A TABLE from a slave (over MPI.COMM_SELF) of 5,000 rows whose text grows from 1 to 100 bytes, unordered:
+    a real SUB socket gets it in TABLE messages of at most MESSAGE_BYTES each, their rows the table's, in order,
+    then the punctuation and END."""
+    import pyarrow as pa
+    from mpi4py import MPI
+
+    from master.result_stream import MESSAGE_BYTES, ResultStream
+    from protocol.messages import TAG_RESULTS
+
+    port = free_port()
+    cfg = load_config(None, [f'output.zmq_endpoint="tcp://127.0.0.1:{port}"', "output.wait_subscribers=1"])
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    out = ResultStream(MPI.COMM_SELF, cfg, 4)  # returns once the subscriber is in
+    n = 5000
+    table = pa.table({"views_page": ["/" + "x" * (i // 50) for i in range(n)], "views_vid": np.arange(n),
+                      "delay": np.zeros(n), "time": np.linspace(0.0, 1.0, n)})
+    out.sent(0, 1, np.arange(4), np.zeros(n, [("ts", "<i8")]), np.zeros(0, [("ts", "<i8")]), 0)
+    request = MPI.COMM_SELF.Isend([wire.table_buffer(table, 0, 1, wire.floor_mark(2_000_000)), MPI.BYTE], dest=0,
+                                  tag=TAG_RESULTS)
+    while not out.pump(2_000_000, np.zeros(4, np.int64)):
+        pass
+    request.Wait()
+    out.close()
+    got, sizes, kinds = [], [], []
+    while sub.poll(2000):
+        frames = sub.recv_multipart()
+        msg = wire.decode(frames, tuple(wire.Kind), n)
+        kinds.append(msg.kind)
+        if msg.kind == wire.Kind.TABLE:
+            got.append(wire.read_table(msg.arrow))
+            sizes.append(sum(len(f) for f in frames))
+        if msg.kind == wire.Kind.END:
+            break
+    sub.close()
+    assert pa.concat_tables(got).equals(table) and len(got) > 5 and max(sizes) <= MESSAGE_BYTES
+    assert kinds[-2:] == [wire.Kind.PUNCT, wire.Kind.END]
