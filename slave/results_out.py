@@ -31,6 +31,8 @@ from slave.join import Pairs
 
 #: result messages a slave may have on their way to the master (each at most output.result_chunk_rows rows)
 IN_FLIGHT = 2
+#: the largest send buffer kept for reuse (ResultSender.spare): a larger one is given back when its send is done
+SPARE_BYTES = 1 << 27
 
 
 class ResultSender:
@@ -40,8 +42,8 @@ class ResultSender:
         self.tables = bool(cfg.get("streams"))  #: declared streams: TABLE messages
         self.record = wire.RESULT_RECORD if self.join_type == "inner" else wire.ROW_RECORD
         self.pending: list[tuple[MPI.Request, np.ndarray]] = []
-        #: buffers of completed sends, the largest IN_FLIGHT, refilled by TABLEs: writing a message into fresh
-        #: pages cost a slave more than encoding it (page faults), so their pages are kept
+        #: buffers of completed sends (at most SPARE_BYTES each), the largest IN_FLIGHT, refilled by TABLEs:
+        #: writing a message into fresh pages cost a slave more than encoding it (page faults), so they are kept
         self.spare: list[np.ndarray] = []
 
     def send(self, dispatcher: int, seq: int, pairs: Pairs, delay: np.ndarray, last: bool,
@@ -126,7 +128,7 @@ class ResultSender:
             req.Wait()
             sent.append(buf)
         whole = [buf if buf.base is None else buf.base for buf in sent]
-        self.spare = sorted([*self.spare, *whole], key=len)[-IN_FLIGHT:]
+        self.spare = sorted([*self.spare, *(b for b in whole if len(b) <= SPARE_BYTES)], key=len)[-IN_FLIGHT:]
 
     def _send(self, dispatcher: int, buf: np.ndarray) -> None:
         self.pending.append((self.comm.Isend([buf, MPI.BYTE], dest=dispatcher, tag=TAG_RESULTS), buf))
