@@ -42,13 +42,15 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
-import pyarrow as pa
 
 from protocol import eventtime
 from protocol.predicates import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
+
+if TYPE_CHECKING:  # pyarrow is imported where TABLEs are made or read: Spark's workers load this module without it
+    import pyarrow as pa
 
 MAGIC = b"SJNB"
 VERSION = 2
@@ -90,7 +92,8 @@ def take_due(held: list, p: float):
     punctuation `p` passes, and return them in order of their stream time."""
     if not held:
         return np.empty(0, RESULT_RECORD)
-    if isinstance(held[0], pa.Table):
+    if not isinstance(held[0], np.ndarray):
+        import pyarrow as pa
         rows = pa.concat_tables(held)
         ts = rows["time"].to_numpy()
         due = ts < p
@@ -207,6 +210,8 @@ def table_ipc(table: pa.Table, head: bytes = b"", alloc: Callable[[int], np.ndar
     """`head`, then `table` in Arrow's IPC stream format (a TABLE's frame; no rows: nothing), as uint8: its
     chunks as they are, a record batch each, written once into a buffer of the exact size from `alloc(size)`
     (sized by a dry run that copies nothing)."""
+    import pyarrow as pa
+
     def write(sink) -> None:
         sink.write(head)
         if table.num_rows:
@@ -222,7 +227,8 @@ def table_ipc(table: pa.Table, head: bytes = b"", alloc: Callable[[int], np.ndar
 
 def read_table(ipc: memoryview) -> pa.Table | None:
     """A TABLE's rows (None for a TABLE of no rows)."""
-    return pa.ipc.open_stream(ipc).read_all() if ipc.nbytes else None
+    import pyarrow.ipc
+    return pyarrow.ipc.open_stream(ipc).read_all() if ipc.nbytes else None
 
 
 def encode_table(table: pa.Table, sender: int = 0, seq: int = 0) -> list:
