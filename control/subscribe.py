@@ -119,7 +119,7 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
                 before.append(np.full(len(msg.rows), last_p))
         elif msg.kind == wire.Kind.TABLE and (table := wire.read_table(msg.arrow)) is not None:
             out["results"] += table.num_rows
-            out["covered"] += int((table["time"].to_numpy() < last_p).sum())
+            out["covered"] += int((wire.stream_time(table) < last_p).sum())
             if "kind" in table.column_names:
                 for kind in table["kind"].value_counts().to_pylist():
                     out["kinds"][kind["values"]] = out["kinds"].get(kind["values"], 0) + kind["counts"]

@@ -79,10 +79,9 @@ def table_cuts(rows: pa.Table) -> np.ndarray:
     size = np.zeros(len(rows))
     for column in rows.columns:
         kind = column.type
-        if pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind) \
-                or pa.types.is_large_binary(kind):
-            size += 4 + 4 * (pa.types.is_large_string(kind) or pa.types.is_large_binary(kind))
-            size += pc.binary_length(column).fill_null(0).to_numpy()
+        large = pa.types.is_large_string(kind) or pa.types.is_large_binary(kind)
+        if large or pa.types.is_string(kind) or pa.types.is_binary(kind):
+            size += (8 if large else 4) + pc.binary_length(column).fill_null(0).to_numpy()
         elif pa.types.is_boolean(kind) or pa.types.is_null(kind):
             size += 1 / 8
         else:
@@ -90,7 +89,8 @@ def table_cuts(rows: pa.Table) -> np.ndarray:
                 size += kind.bit_width / 8
             except ValueError:  # nested
                 size += column.nbytes / max(1, len(rows))
-        size += column.null_count > 0 and 1 / 8  # validity bits
+        if column.null_count:
+            size += 1 / 8  # validity bits
     room = MESSAGE_BYTES - wire.HEADER.itemsize - rows.schema.serialize().size - 1024
     ends = np.cumsum(size)
     cuts = [0]
@@ -248,13 +248,11 @@ class ResultStream:
 
     def _publish_results(self, rows) -> None:
         if isinstance(rows, np.ndarray):
-            size = frame_rows(rows.dtype)
-            for start in range(0, len(rows), size):
-                self._publish(wire.encode_results(rows[start:start + size], sender=self.index, seq=self.seq))
-            return
-        cuts = table_cuts(rows)
+            encode, cuts = wire.encode_results, np.r_[0:len(rows):frame_rows(rows.dtype), len(rows)]
+        else:
+            encode, cuts = wire.encode_table, table_cuts(rows)
         for start, stop in zip(cuts[:-1], cuts[1:]):
-            self._publish(wire.encode_table(rows[start:stop], sender=self.index, seq=self.seq))
+            self._publish(encode(rows[start:stop], sender=self.index, seq=self.seq))
 
     def _punctuate(self, p: int) -> None:
         """Publish punctuation `p` (microseconds) as subscribers read it, in seconds like the results' ts: the

@@ -78,10 +78,12 @@ ORIGIN = np.dtype([("producer", "S64"), ("token", "u1", (32,)), ("run", "<u8"), 
 ACK_RECORD = np.dtype([("producer", "S64"), ("tuples", "<u8"), ("ended", "u1")])
 
 
-def stream_time(results: np.ndarray) -> np.ndarray:
+def stream_time(results) -> np.ndarray:
     """Each result's stream time, what the result stream's punctuation and order refer to: a pair's is the ts of
-    its later tuple; a ROW_RECORD carries its own (`time`: the same for a pair, the final time of a row without
-    a partner, the first pair's for a semi row; protocol.punctuation)."""
+    its later tuple; a ROW_RECORD or a TABLE (a pa.Table) carries its own (`time`: the same for a pair, the final
+    time of a row without a partner, the first pair's for a semi row; protocol.punctuation)."""
+    if not isinstance(results, np.ndarray):
+        return results["time"].to_numpy()
     if "time" in results.dtype.names:
         return results["time"]
     return np.maximum(results["r_ts"], results["s_ts"])
@@ -92,18 +94,15 @@ def take_due(held: list, p: float):
     punctuation `p` passes, and return them in order of their stream time."""
     if not held:
         return np.empty(0, RESULT_RECORD)
-    if not isinstance(held[0], np.ndarray):
+    if isinstance(held[0], np.ndarray):
+        rows = np.concatenate(held)
+    else:
         import pyarrow as pa
         rows = pa.concat_tables(held)
-        ts = rows["time"].to_numpy()
-        due = ts < p
-        held[:] = [rows.filter(~due)] if not due.all() else []
-        return rows.take(np.flatnonzero(due)[np.argsort(ts[due], kind="stable")])
-    rows = np.concatenate(held)
     ts = stream_time(rows)
     due = ts < p
-    held[:] = [rows[~due]] if not due.all() else []
-    return rows[due][np.argsort(ts[due], kind="stable")]
+    held[:] = [rows.take(np.flatnonzero(~due))] if not due.all() else []
+    return rows.take(np.flatnonzero(due)[np.argsort(ts[due], kind="stable")])
 
 
 class Kind(enum.IntEnum):
