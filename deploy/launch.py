@@ -5,33 +5,41 @@ as root and to start more ranks than cores unless told; a stream join with 17
 ranks on a laptop is the normal case here, so both are allowed, and idle ranks
 yield the core (they also back off in `protocol.mpi.wait_probe`).
 
-Stopping: Open MPI's mpirun kills the job at once on SIGINT/SIGTERM, but it
-forwards SIGUSR1 to every rank.  So mpirun runs in its own session and this
-launcher turns the first Ctrl-C (or SIGTERM, or SIGUSR1) into SIGUSR1: the master
-stops ingesting, joins what it accepted, flushes results and writes the summary.
-A second Ctrl-C aborts.  With a bare mpirun, `kill -USR1 <mpirun pid>` does the
-same.  Arguments and the configuration are checked before mpirun starts; exit
-codes are the master's (0 done or stopped, 2 a user mistake, else a crash).
+With a hostfile the launcher places the ranks itself (deploy.hosts): Open MPI 5
+given `--oversubscribe` puts every rank on the first host whatever the hostfile
+says.  Ranks are never bound to cores: with more ranks than cores (the normal
+case here) and each rank's helper threads (file writer, reader, heartbeats), a
+binding makes them queue for one core while another idles.
+
+Stopping and the exit code are deploy.job's: the first Ctrl-C (or SIGTERM, or
+SIGUSR1) is the clean stop, a second aborts, an abort that mpirun does not
+complete (a host cut off) is completed here, and Open MPI's own exit codes are
+mapped to the documented ones.  With a bare mpirun, `kill -USR1 <mpirun pid>`
+is the clean stop.  Arguments, the configuration and the hostfile are checked
+before mpirun starts (exit 2).
 """
 from __future__ import annotations
 
 import argparse
 import atexit
 import contextlib
+import ipaddress
 import json
+import math
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from deploy.hosts import HostfileError, describe, place, read_hostfile, write_placement
+from deploy.job import run_job
 from master.cli import checked_config
 from protocol.config import ConfigError
-from protocol.lifetime import USER_ERROR, die_with_parent, exit_code
-from protocol.startup import LAUNCHED
+from protocol.lifetime import USER_ERROR
+from protocol.liveness import heartbeat_timeout
+from protocol.startup import LAUNCHED, PLACED_HOSTS
 
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -90,29 +98,65 @@ def warm_kernels() -> None:
         stamp.write_text(state)
 
 
-def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, module: str = "master") -> list[str]:
+def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, module: str = "master",
+                   cluster: dict | None = None, log=print) -> list[str]:
+    """The mpirun command line.  With a hostfile the ranks go where `deploy.hosts.place` puts them (said in one
+    line through `log`), and every rank gets this launcher's environment; `cluster`: the config's [cluster]
+    and [epochs] keys that set Open MPI's network and keepalive (`network_options`)."""
     warm_kernels()
-    cmd = [find_mpirun(), "--oversubscribe", "-n", str(ranks)]
-    if hostfile:  # ranks on other hosts get the same environment (the checkout is at the same path there)
-        cmd += ["--hostfile", hostfile, *[x for name in (*MPI_ENV, "OMPI_MCA_btl", "PYTHONPATH") for x in ("-x", name)]]
+    cmd = [find_mpirun(), "--bind-to", "none", *network_options(cluster)]
+    if not hostfile:
+        return cmd + ["--oversubscribe", "-n", str(ranks), sys.executable, "-m", module, *args]
+    placement = place(read_hostfile(hostfile), ranks)
+    log(describe(placement))
+    placed = write_placement(placement, Path(session_root()) / "hostfile")
+    forwarded = [name for name in os.environ if name.startswith(("STREAMJOIN_", "OMPI_MCA_"))]
+    cmd += ["--hostfile", str(placed), "--map-by", "slot", "-n", str(ranks),
+            "-x", f"{PLACED_HOSTS}={len(placement)}",
+            *[x for name in dict.fromkeys([*MPI_ENV, "OMPI_MCA_btl", "PYTHONPATH", LAUNCHED, *forwarded])
+              for x in ("-x", name)]]
     return cmd + [sys.executable, "-m", module, *args]
+
+
+def network_options(cluster: dict | None) -> list[str]:
+    """Open MPI's daemons keep their connections alive with TCP keepalives tuned to the heartbeat timeout (a
+    daemon cut off from mpirun then ends, and its ranks with it, instead of waiting for its link for minutes:
+    Open MPI's default is 300 s + 9 x 20 s); `cluster.network` limits Open MPI's traffic, the ranks' (btl)
+    and the daemons' (oob), to one address range (IPv4 only when the range is IPv4)."""
+    timeout = heartbeat_timeout(cluster, cluster["epoch"]) if cluster else 5.0
+    # idle for the timeout + 2 s, then 3 probes 1 s apart: the engine's own detector, which names the rank and
+    # what it last said, speaks first (protocol.liveness)
+    opts = ["--prtemca", "oob_tcp_keepalive_time", str(math.ceil(timeout) + 2), "--prtemca",
+            "oob_tcp_keepalive_intvl", "1", "--prtemca", "oob_tcp_keepalive_probes", "3"]
+    network = (cluster or {}).get("network")
+    if network:
+        opts += ["--mca", "btl_tcp_if_include", network, "--prtemca", "oob_tcp_if_include", network]
+        if ipaddress.ip_network(network, strict=False).version == 4:
+            opts += ["--mca", "btl_tcp_disable_family", "6", "--prtemca", "oob_tcp_disable_ipv6_family", "1"]
+    return opts
 
 
 _session_files: str | None = None
 
 
+def session_root() -> str:
+    """This launch's folder for mpirun's session files and the placed hostfile, removed when this process
+    exits."""
+    global _session_files
+    if _session_files is None:
+        _session_files = tempfile.mkdtemp(prefix="streamjoin-mpi.")
+        atexit.register(shutil.rmtree, _session_files, True)
+    return _session_files
+
+
 def session_tmpdir() -> str:
-    """A fresh folder for one mpirun's session files (its TMPDIR), removed when this process exits.
+    """A fresh folder for one mpirun's session files (its TMPDIR).
 
     Open MPI keeps its PMIx rendezvous sockets in `$TMPDIR/ompi.<mpirun pid>/`; an mpirun that is killed leaves
     them behind, and a later mpirun that gets the same pid (pids wrap at 32768 on many machines) cannot bind
     them: "The PMIx server's listener thread failed to start", exit 213, before any rank runs.  One folder per
     launch, made here, cannot hold another run's leftovers."""
-    global _session_files
-    if _session_files is None:
-        _session_files = tempfile.mkdtemp(prefix="streamjoin-mpi.")
-        atexit.register(shutil.rmtree, _session_files, True)
-    return tempfile.mkdtemp(dir=_session_files)
+    return tempfile.mkdtemp(dir=session_root())
 
 
 #: Open MPI's byte transfer layers: loopback, shared memory, TCP between hosts.  Left to choose, it also probes
@@ -135,43 +179,22 @@ def mpi_env() -> dict[str, str]:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m deploy.launch", description=__doc__.split("\n")[0])
     p.add_argument("-n", "--ranks", type=int, default=17, help="ranks in all: 1 master + slaves (default 17)")
-    p.add_argument("--hostfile", help="Open MPI hostfile for several hosts (see hosts.example)")
+    p.add_argument("--hostfile", help="Open MPI hostfile for several hosts (see hosts.example, docs/operating.md)")
     p.add_argument("--module", default="master", help="python module every rank runs (default master)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then arguments for python -m master")
     a = p.parse_args(argv)
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
-    if a.module == "master":  # a mistake is told once, before mpirun starts a rank (exit 2 on a bad argument)
-        try:
-            checked_config(rest, a.ranks - 1)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            return USER_ERROR
-    return run_until_done(mpirun_command(a.ranks, rest, a.hostfile, a.module))
-
-
-def run_until_done(cmd: list[str]) -> int:
-    """Run mpirun; the first SIGINT/SIGTERM/SIGUSR1 becomes a clean stop (SIGUSR1), the second aborts.  mpirun
-    dies with this launcher, and the ranks with mpirun (protocol.lifetime): killing the launcher leaves nothing."""
-    proc = None
-    signals = 0
-
-    def on_signal(signum, frame):
-        nonlocal signals
-        signals += 1
-        if proc is None:
-            return
-        if signals == 1:
-            proc.send_signal(signal.SIGUSR1)
-        else:
-            print("second signal: aborting the job", file=sys.stderr, flush=True)
-            proc.terminate()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, on_signal)
-    proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True, preexec_fn=die_with_parent)
-    if signals:  # one came while mpirun started
-        on_signal(None, None)
-    return exit_code(proc.wait())
+    cluster = None
+    try:
+        if a.module == "master":  # a mistake is told once, before mpirun starts a rank (exit 2 on a bad argument)
+            cfg = checked_config(rest, a.ranks - 1)
+            cluster = {**cfg["cluster"], "epoch": cfg["epochs"]["distribution"]}
+        cmd = mpirun_command(a.ranks, rest, a.hostfile, a.module, cluster,
+                             log=lambda line: print(line, file=sys.stderr, flush=True))
+    except (ConfigError, HostfileError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return USER_ERROR
+    return run_job(cmd, mpi_env())
 
 
 if __name__ == "__main__":

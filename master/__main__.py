@@ -31,8 +31,9 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def find_resume(cfg: dict, slaves: int) -> tuple:
-    """With --recover: the newest complete checkpoint that fits this run, with the output rolled back to it."""
+def find_resume(cfg: dict, slaves: list[int]) -> tuple:
+    """With --recover: the newest complete checkpoint that fits this run, with the output rolled back to it; on
+    another slave count its partition-groups are placed anew (protocol.checkpoint.reassign)."""
     from protocol import checkpoint
     root = checkpoint.root_of(cfg)
     found = checkpoint.latest_complete(root, log=say)
@@ -40,11 +41,13 @@ def find_resume(cfg: dict, slaves: int) -> tuple:
         say(f"recover: no complete checkpoint under {root}: starting from the beginning")
         return None
     directory, manifest = found
-    checkpoint.check_binding(manifest, cfg, slaves)
+    checkpoint.check_binding(manifest, cfg)
     out = Path(cfg["output"]["path"])
     removed = checkpoint.roll_back_output(out, manifest["commit"])
     checkpoint.publish_aggregates(out, manifest["commit"][checkpoint.PENDING_AGGREGATES])  # if the crash came between
-    say(f"recover: resuming from checkpoint {manifest['id']} ({directory}); "
+    then = len(checkpoint.slaves_of(manifest))
+    rescale = f", taken with {then} slaves, on {len(slaves)}: its partition-groups placed anew" * (then != len(slaves))
+    say(f"recover: resuming from checkpoint {manifest['id']} ({directory}){rescale}; "
         f"{removed} output files written after it removed")
     return found
 
@@ -84,7 +87,7 @@ def input_errors_abort(comm):
         yield
     except InputError as e:
         say(f"error: {e}")
-        comm.Abort(2)
+        comm.Abort(USER_ERROR)
 
 
 def main() -> int:
@@ -110,7 +113,7 @@ def main() -> int:
         lock = OutputLock(cfg["output"]["path"], wait=RESTART_WAIT if args.recover else 0.0, log=say)
         if args.recover:
             check_owned(Path(cfg["output"]["path"]))
-            resume = find_resume(cfg, comm.size - cfg["cluster"]["dispatchers"])
+            resume = find_resume(cfg, list(range(cfg["cluster"]["dispatchers"], comm.size)))
         if resume is None:
             reset_output(cfg["output"]["path"])
             checkpoint.clear(checkpoint.root_of(cfg))
@@ -130,7 +133,9 @@ def main() -> int:
         "dir": str(resume[0]), "result_files": resume[1]["result_files"],
         "seqs": [resume[1]["master"]["seq"], *(resume[1]["dispatchers"][str(d)]["seq"]
                                                for d in range(1, cfg["cluster"]["dispatchers"]))],
-        "aggregate_files": resume[1]["commit"][checkpoint.PENDING_AGGREGATES]}, root=0)
+        "aggregate_files": resume[1]["commit"][checkpoint.PENDING_AGGREGATES],
+        "groups": checkpoint.slave_assignment(resume[1], list(range(cfg["cluster"]["dispatchers"], comm.size)))},
+        root=0)
     try:
         with input_errors_abort(comm):
             master.run()

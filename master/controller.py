@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from master.balance import Move, plan
+from protocol.checkpoint import reassign
 from protocol.eventtime import POS_INF
 
 
@@ -28,6 +29,7 @@ class Controller:
         self.share = share
         self.enabled = self.cfg["enabled"]
         n = self.cfg["initial_slaves"] or len(slaves)
+        self.slaves = list(slaves)
         self.active: list[int] = slaves[:n]
         self.inactive: list[int] = slaves[n:]
         self.partition_map = np.array([self.active[p % n] for p in range(partitions)])  #: partition -> rank
@@ -50,10 +52,15 @@ class Controller:
                 "inactive": list(self.inactive), "retiring": sorted(self.retiring),
                 "reorganizations": self.reorganizations, "moves_log": self.moves_log, "active_log": self.active_log}
 
-    def restore(self, state: dict) -> None:
-        self.partition_map = np.array(state["partition_map"])
-        self.active, self.inactive = list(state["active"]), list(state["inactive"])
-        self.retiring = set(state["retiring"])
+    def restore(self, state: dict, then: list[int]) -> None:
+        """A checkpoint taken on slaves `then`: on others its groups are placed anew (protocol.checkpoint.reassign)
+        and every slave of this run is active."""
+        self.partition_map = reassign(np.array(state["partition_map"]), self.slaves, then)
+        if sorted(then) == sorted(self.slaves):
+            self.active, self.inactive = list(state["active"]), list(state["inactive"])
+            self.retiring = set(state["retiring"])
+        else:
+            self.active, self.inactive, self.retiring = list(self.slaves), [], set()
         self.reorganizations = state["reorganizations"]
         self.moves_log, self.active_log = state["moves_log"], state["active_log"]
         self._reset_epoch()

@@ -10,11 +10,13 @@ protocol.messages), so a slave notices a lost one; it is not the distribution ep
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from mpi4py import MPI
 
 from master.coordination import Orders
-from protocol import eventtime, faults
+from protocol import eventtime, faults, liveness
 from protocol.arrays import whole_buffer
 from protocol.mpi import wait_all_started
 from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_JOINING, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, \
@@ -29,6 +31,9 @@ class Links:
         self.busy: dict[int, tuple[MPI.Request, np.ndarray]] = {}  #: rank -> (send request, its buffer)
         self.spare: dict[int, np.ndarray] = {}  #: rank -> the buffer of its last message, answered: reused
         self.seq = {r: 0 for r in slaves}  #: per slave: the sequence number of the last message on its channel
+        #: per slave: (time.monotonic(), what) of the last report, for the failure detector's message
+        self.last_report: dict[int, tuple[float, str]] = {}
+        self.stopping: set[int] = set()  #: slaves sent STOP: their answer is their last word
         self._report = np.empty(REPORT_BYTES, dtype=np.uint8)
         self._joining = np.empty(3, dtype=np.int64)
 
@@ -63,6 +68,10 @@ class Links:
             rank = status.Get_source()
             self.comm.Recv([self._report, MPI.BYTE], source=rank, tag=TAG_REPORT)
             counters, hist = decode_report(self._report)
+            self.last_report[rank] = (time.monotonic(), f"{Ack(int(counters['ack'])).name} report, message "
+                                                        f"{int(counters['seq'])}")
+            if rank in self.stopping:
+                liveness.forget(rank)
             if counters["ack"] != Ack.INSTALLED:
                 request, buf = self.busy.pop(rank)
                 request.Wait()
@@ -84,6 +93,7 @@ class Links:
         """STOP to every slave: each answers with its final report once its results are flushed.  Returns each
         slave's STOP sequence number (its answer on the result stream carries it)."""
         stops = {rank: seq + 1 for rank, seq in self.seq.items()}
+        self.stopping.update(stops)
         for rank, seq in stops.items():
             buf = encode_order(Kind.STOP, seq, eventtime.POS_INF)
             self.busy[rank] = (self.comm.Isend([buf, MPI.BYTE], dest=rank, tag=TAG_DATA), buf)
@@ -104,16 +114,34 @@ class Links:
         return {str(k): v for k, v in self.seq.items()}
 
     def restore(self, seq: dict) -> None:
-        self.seq = {int(k): v for k, v in seq.items()}
+        """Each channel's count at the checkpoint; a slave the checkpoint's run did not have starts at 0."""
+        self.seq = {r: int(seq.get(str(r), 0)) for r in self.seq}
 
     # -- the start and the end of the run ------------------------------------------------------------------
-    def wait_all_started(self) -> None:
-        wait_all_started(self.comm)
+    def wait_all_started(self, cfg: dict) -> list[str]:
+        """Every rank's host, once all are ready; the heartbeats run from then on (protocol.liveness)."""
+        return wait_all_started(self.comm, cfg, self.about)
+
+    def about(self, rank: int) -> str:
+        """What was last heard from slave `rank` besides heartbeats, and what it owes (a lost rank's message)."""
+        said = []
+        if rank in self.last_report:
+            at, what = self.last_report[rank]
+            said.append(f"its last report: {what}, {time.monotonic() - at:.1f}s ago")
+        else:
+            said.append("no report from it yet")
+        if rank in self.busy:
+            said.append(f"message {self.seq[rank]} to it unanswered")
+        return "; ".join(said)
 
     def send_summary(self, counters: dict) -> None:
         """Another dispatcher: its counters to rank 0, which writes the summary."""
         self.comm.send(counters, dest=0, tag=TAG_SUMMARY)
 
     def summaries(self, k: int) -> list[dict]:
-        """Rank 0: the counters of dispatchers 1..k-1."""
-        return [self.comm.recv(source=other, tag=TAG_SUMMARY) for other in range(1, k)]
+        """Rank 0: the counters of dispatchers 1..k-1 (their last word: no longer watched then)."""
+        got = []
+        for other in range(1, k):
+            got.append(self.comm.recv(source=other, tag=TAG_SUMMARY))
+            liveness.forget(other)
+        return got

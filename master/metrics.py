@@ -219,6 +219,7 @@ class Metrics:
             "checkpoint_age_seconds": finite(elapsed_run - done[-1]["seconds"]) if done else None,
             "checkpoint_duration_seconds": done[-1]["duration"] if done else None,
             "slaves": list(m.slaves), "active": [r in c.active for r in m.slaves],
+            "hosts": [m.stats.hosts[r] if r < len(m.stats.hosts) else "" for r in m.slaves],
             "busy_seconds": [per[r]["busy_seconds"] for r in m.slaves],
             "tuples_joined": [per[r]["tuples_processed"] for r in m.slaves],
             "slave_results": [per[r]["results"] for r in m.slaves],

@@ -32,13 +32,22 @@ from master.hotkeys import FrequentKeys, HotKeyRouter
 from master.links import Links
 from master.metrics import Metrics
 from master.result_stream import ResultStream
-from master.stats import RunStats, print_summary, write_summary
+from master.stats import RunStats, print_summary, ranks_by_host, spans, write_summary
 from protocol import eventtime
+from protocol.liveness import heartbeat_timeout
 from protocol.messages import Ack
 from protocol.payload import remove_log
-from protocol.startup import launched_at, pss_bytes
+from protocol.startup import launched_at, pss_bytes, restarts
 from protocol.streams import live_endpoints
 from protocol.tuples import tuple_dtype
+
+
+def say_started(hosts: list[str], k: int, cfg: dict) -> None:
+    by_host = ranks_by_host(hosts)
+    print(f"started: {'1 master' if k == 1 else f'{k} dispatchers'} + {len(hosts) - k} slaves on {len(by_host)} "
+          f"host{'s' * (len(by_host) > 1)} (" + "; ".join(f"{h}: {spans(r)}" for h, r in by_host.items())
+          + f"); heartbeat_timeout {heartbeat_timeout(cfg['cluster'], cfg['epochs']['distribution']):g}s",
+          file=sys.stderr, flush=True)
 
 
 class Master:
@@ -198,7 +207,9 @@ class Master:
         slot = self.cfg["epochs"]["distribution"] / len(distribution.subgroups)
         progress = self.cfg["output"]["progress"]
         self.read_ahead()
-        self.links.wait_all_started()
+        self.stats.hosts = self.links.wait_all_started(self.cfg)
+        if self.index == 0:  # the launcher reads this line: from here on every rank runs (deploy.job)
+            say_started(self.stats.hosts, self.k, self.cfg)
         self.stats.started = time.time()
         # with the others' libraries loaded, so shared pages count once each (its first batch in it, if read)
         self.stats.pss_start = pss_bytes()
@@ -318,6 +329,7 @@ class Master:
         summary["hot_keys"] = [] if self.hot is None else self.hot.log
         summary["checkpoints"] = {"written": self.checkpoints.written,
                                   "recovered_from": self.checkpoints.recovered_from, "log": self.checkpoints.log}
+        summary["restarts"] = restarts()
         finished = [self.source.finish(), *(o["source"] for o in others)]
         summary.update(**(type(self.source).merge(finished) if self.k > 1 and finished[0] else finished[0]),
                        **self.results_out.summary([o["results_out"] for o in others if o["results_out"]]))

@@ -48,6 +48,7 @@ class RunStats:
         #: the last result written (the slaves' final reports in); the master's PSS before data
         self.launched = self.first_tuple = self.last_result = None
         self.pss_start = 0
+        self.hosts: list[str] = []  #: every rank's host, by rank
 
     _STATE = ("input", "late", "results", "splits", "merges", "delay_max", "tuples_moved",
               "pacing_lag_max", "backlog_max")
@@ -83,7 +84,8 @@ class RunStats:
             setattr(self, k, state[k])
         self.delay_hist = np.array(state["delay_hist"], dtype=np.int64)
         self.parts_hist = np.array(state["parts_hist"], dtype=np.int64)
-        self.per_slave = {int(r): v for r, v in state["per_slave"].items()}
+        then = {int(r): v for r, v in state["per_slave"].items()}  # slaves of this run only (a rescale)
+        self.per_slave = {r: then.get(r, v) for r, v in self.per_slave.items()}
         self.elapsed_before = state["elapsed"]
 
     @property
@@ -165,7 +167,8 @@ class RunStats:
                                     "note": "where the delay goes, per result: buffer = the later tuple's arrival "
                                             "until the master sent its batch (its slave's slot), transfer = until "
                                             "the slave started joining it, join = until the result was produced"},
-            "slaves": {str(r): v for r, v in self.per_slave.items()},
+            "slaves": {str(r): {**v, "host": self.hosts[r] if r < len(self.hosts) else None}
+                       for r, v in self.per_slave.items()},
             "pacing_lag_max_seconds": round(max(self.pacing_lag_max, 0.0), 3),
             "backlog_max_seconds": round(max(self.backlog_max, 0.0), 3),
             "buffered_peak": self.buffered_peak,
@@ -176,6 +179,7 @@ class RunStats:
             "partition_merges": self.merges,
             "stopped_by_signal": self.stopped_by_signal,
             "startup": self.startup(),
+            "hosts": ranks_by_host(self.hosts),
             "config": public(cfg),
         }
 
@@ -190,12 +194,31 @@ class RunStats:
                 "note": "from the launch (deploy.launch, else mpirun's start); PSS counts shared pages once"}
 
 
+def ranks_by_host(hosts: list[str]) -> dict[str, list[int]]:
+    """{host: its ranks} in the order of each host's first rank."""
+    by: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        by.setdefault(host, []).append(rank)
+    return by
+
+
 def write_summary(path: Path, summary: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     null = "no value (e.g. no delay percentiles without results)"
     tmp.write_text(json_text({**summary, "null_means": null}, indent=2))
     tmp.replace(path)
+
+
+def spans(ranks: list[int]) -> str:
+    """Ranks as runs: [0, 1, 2, 5] -> "0-2, 5"."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ", ".join(f"{x[0]}-{x[-1]}" if len(x) > 1 else f"{x[0]}" for x in runs)
 
 
 def seconds(x: float) -> str:
@@ -218,6 +241,8 @@ def print_summary(s: dict, out=sys.stderr) -> None:
     print(f"start-up: ranks ready {_after(up['ranks_ready_seconds'])}, first tuple {_after(up['first_tuple_seconds'])}, "
           f"last result {_after(up['last_result_seconds'])} after the launch; PSS before data "
           f"{pss[len(pss) // 2] / 2**20:.0f} MiB per rank (median), {sum(pss) / 2**20:.0f} MiB in all", file=out, flush=True)
+    print("hosts: " + "; ".join(f"{host} rank{'s' * (len(r) > 1)} {spans(r)}" for host, r in s["hosts"].items()),
+          file=out, flush=True)
     parts = s["delay_parts_seconds"]
     print("delay parts p50 / p99: " + ", ".join(f"{k} {seconds(parts[k]['p50'])} / {seconds(parts[k]['p99'])}"
                                                 for k in delays.PARTS)

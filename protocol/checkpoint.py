@@ -43,6 +43,8 @@ MANIFEST = "MANIFEST.json"
 FORMAT = 6
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
 BINDING_SECTIONS = ("cluster", "source", "streams", "generator", "join", "partitioning", "tuning")
+#: keys of those sections that say how the cluster runs, not what it joins: free to change on a recovery
+UNBOUND_KEYS = {("cluster", "heartbeat_timeout"), ("cluster", "network")}
 
 
 class CheckpointError(Exception):
@@ -113,6 +115,11 @@ def group_layout(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, i
     return ints[:GROUP_HEAD], ints[GROUP_HEAD: GROUP_HEAD + n_entries], table, len(ints) * 8
 
 
+def group_partition(buf: np.ndarray) -> int:
+    """The partition-group a slave part's record holds."""
+    return int(buf[:8].view(np.int64)[0])
+
+
 def part_tuples(name: str, data: bytes, tuple_bytes: int) -> int:
     """Tuples held by one part: the master's mini-buffer rows, or the sum over a slave's group states."""
     records = unpack(np.frombuffer(data, dtype=np.uint8), name)
@@ -176,18 +183,67 @@ def latest_complete(root: Path, log=print) -> tuple[Path, dict] | None:
     return None
 
 
-def check_binding(manifest: dict, cfg: dict, slaves: int) -> None:
-    """Refuse to resume with a different cluster size or different join-relevant settings."""
-    if manifest["slaves"] != slaves:
-        raise CheckpointError(f"checkpoint {manifest['id']} was taken with {manifest['slaves']} slaves, "
-                              f"this run has {slaves}: resume with mpirun -n "
-                              f"{manifest['slaves'] + manifest['config']['cluster']['dispatchers']}")
+def check_binding(manifest: dict, cfg: dict) -> None:
+    """Refuse to resume with different join-relevant settings (the slave count may differ: `reassign`)."""
     for section in BINDING_SECTIONS:
         for key, value in public(cfg)[section].items():
             then = manifest["config"].get(section, {}).get(key)
-            if then != value:
+            if then != value and (section, key) not in UNBOUND_KEYS:
                 raise CheckpointError(f"{section}.{key} is {value!r} but was {then!r} when checkpoint "
                                       f"{manifest['id']} was taken: resume with the same setting")
+
+
+def slaves_of(manifest: dict) -> list[int]:
+    """The slave ranks of the run that took the checkpoint."""
+    k = manifest["config"]["cluster"]["dispatchers"]
+    return list(range(k, k + manifest["slaves"]))
+
+
+def reassign(partition_map: np.ndarray, slaves: list[int], then: list[int]) -> np.ndarray:
+    """The partition map of a checkpoint taken on slaves `then`, for a run on `slaves` (fewer, more or others).
+
+    The partition-groups are the units of state (paper 003, IV-C), so a rescale is a placement: on the same
+    slaves nothing changes; else a group stays where its slave remains, a group of a slave gone goes to the
+    slave holding fewest, then the slaves holding most give groups to those holding fewest until their counts
+    differ by at most one (new slaves get their share).  Unused hot-key slots (-1) stay unused."""
+    new = np.array(partition_map, dtype=np.int64)
+    if sorted(then) == sorted(slaves):
+        return new
+    count = {r: int((new == r).sum()) for r in slaves}
+    fewest = lambda: min(slaves, key=lambda r: (count[r], r))
+    for g in np.flatnonzero((new >= 0) & ~np.isin(new, slaves)):
+        new[g] = fewest()
+        count[int(new[g])] += 1
+    while True:
+        most, least = max(slaves, key=lambda r: (count[r], -r)), fewest()
+        if count[most] - count[least] <= 1:
+            return new
+        new[np.flatnonzero(new == most)[-1]] = least
+        count[most] -= 1
+        count[least] += 1
+
+
+def slave_assignment(manifest: dict, slaves: list[int]) -> dict[str, list]:
+    """Per slave of the resuming run (str(rank)): [slave part, its partition-groups to install] pairs; None for
+    the groups when the slave takes its own part whole (the same slaves as at the checkpoint)."""
+    then = slaves_of(manifest)
+    if sorted(then) == sorted(slaves):
+        return {str(r): [[slave_part(r), None]] for r in slaves}
+    old = np.array(manifest["master"]["controller"]["partition_map"], dtype=np.int64)
+    new = reassign(old, slaves, then)
+    out: dict[str, list] = {str(r): [] for r in slaves}
+    for owner in then:
+        for rank in slaves:
+            groups = np.flatnonzero((old == owner) & (new == rank)).tolist()
+            if groups:
+                out[str(rank)].append([slave_part(owner), groups])
+    return out
+
+
+def inherited(counts: dict[str, int], slaves: list[int]) -> dict[str, int]:
+    """The committed file counts of slaves that are not in this run (by str(rank)): a later checkpoint keeps
+    them, so their files stay committed and a slave that comes back numbers on after them."""
+    return {r: n for r, n in counts.items() if int(r) not in slaves}
 
 
 def clear(root: Path) -> None:
@@ -244,7 +300,9 @@ def roll_back_output(out: Path, commit: dict) -> int:
     """Remove output written after the checkpoint (and half-written temporaries); returns files removed.
 
     `commit` maps a folder of the output (`results`, `late`, `archive`) to {file prefix: files committed};
-    a file numbered at or past its count was written after the checkpoint and will be written again.
+    a file numbered at or past its count was written after the checkpoint and will be written again.  In the
+    slaves' folders a slave the checkpoint does not name committed none: its files came from a run on more
+    slaves after the checkpoint (a rescaled recovery, then a crash).
     """
     removed = 0
     for folder, prefixes in commit.items():
@@ -254,9 +312,16 @@ def roll_back_output(out: Path, commit: dict) -> int:
         for f in d.glob(".*.tmp"):
             f.unlink()
             removed += 1
+        if folder in SLAVE_FOLDERS:
+            others = {f.name[:len("slave-000")] for f in d.glob("slave-[0-9][0-9][0-9]-*")}
+            prefixes = {**dict.fromkeys(others - set(prefixes), 0), **prefixes}
         for prefix, count in prefixes.items():
             for number, f in numbered(d, prefix):
                 if number >= count:
                     f.unlink()
                     removed += 1
     return removed
+
+
+#: the output folders whose files are numbered per slave (`slave-NNN-MMMMMM.*`)
+SLAVE_FOLDERS = ("results", PENDING_AGGREGATES)

@@ -7,6 +7,7 @@ the key.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import tomllib
@@ -25,6 +26,8 @@ from protocol.tuples import BASE_TUPLE_BYTES
 DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     "cluster": {
         "dispatchers": (1, "ranks 0..k-1 each ingest a 1/k share of the input and route it (BiStream 3.2.3); slaves are the rest"),
+        "heartbeat_timeout": (0.0, "a rank silent this long is lost and the job ends (a slave that no longer hears rank 0 exits); 0 = the larger of 5 s and 20 distribution epochs (docs/operating.md)"),
+        "network": ("", 'the address range the ranks and Open MPI\'s daemons talk over between hosts, e.g. "10.0.0.0/24" ("" = Open MPI\'s choice); docs/operating.md lists the ports'),
     },
     "source": {
         "kind": ("generator", '"generator" (built-in b-model workload), "file" (CSV/Parquet at `path`) or "zmq" (live, at `endpoint`)'),
@@ -165,7 +168,7 @@ _NON_NEGATIVE = {
     ("checkpoint", "interval"), ("join", "band"),
     ("aggregate", "window"),
     ("source", "idle_timeout"), ("output", "wait_subscribers"), ("master", "stall_timeout"),
-    ("metrics", "log_interval"), ("output", "subscriber_timeout"),
+    ("metrics", "log_interval"), ("output", "subscriber_timeout"), ("cluster", "heartbeat_timeout"),
 }
 
 
@@ -266,6 +269,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
                           f"(got {cfg['balance']['consumer_threshold']} and {cfg['balance']['supplier_threshold']})")
     _check_event_time(cfg)
     _check_bounds(cfg["join"])
+    _check_cluster(cfg)
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
     if cfg["cluster"]["dispatchers"] > 1 and cfg["hotkeys"]["enabled"]:
@@ -317,6 +321,21 @@ def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:
     if cfg["aggregate"]["window"] > 0 and eventtime.duration(cfg["aggregate"]["window"]) == 0:
         raise ConfigError(f"aggregate.window: must be 0 or at least one microsecond (event time is counted in "
                           f"microseconds), got {cfg['aggregate']['window']!r}")
+
+
+def _check_cluster(cfg: dict[str, dict[str, Any]]) -> None:
+    """The heartbeat timeout must leave room for a few heartbeats (one per distribution epoch at least); the
+    network is an address range."""
+    timeout, epoch = cfg["cluster"]["heartbeat_timeout"], cfg["epochs"]["distribution"]
+    if timeout and timeout < min(1.0, 4 * epoch):
+        raise ConfigError(f"cluster.heartbeat_timeout: must be 0 (automatic) or at least {min(1.0, 4 * epoch):g}s "
+                          f"(four distribution epochs, at most 1 s), got {timeout!r}")
+    if cfg["cluster"]["network"]:
+        try:
+            ipaddress.ip_network(cfg["cluster"]["network"], strict=False)
+        except ValueError as e:
+            raise ConfigError(f"cluster.network: expected an address range such as \"10.0.0.0/24\", got "
+                              f"{cfg['cluster']['network']!r} ({e})") from None
 
 
 def _check_bounds(join: dict[str, Any]) -> None:

@@ -34,7 +34,8 @@ def sample_schema() -> pa.Schema:
                ("watermark_r", pa.list_(f64)), ("watermark_s", pa.list_(f64)),
                ("moves", i64), ("tuples_moved", i64), ("reorganizations", i64), ("partition_splits", i64),
                ("partition_merges", i64), ("checkpoints", i64), ("checkpoint_age_seconds", f64),
-               ("checkpoint_duration_seconds", f64), ("slaves", pa.list_(i64)), ("active", pa.list_(pa.bool_()))]
+               ("checkpoint_duration_seconds", f64), ("slaves", pa.list_(i64)), ("active", pa.list_(pa.bool_())),
+               ("hosts", pa.list_(pa.string()))]
     per_slave = [("busy_seconds", f64), ("tuples_joined", i64), ("slave_results", i64), ("occupancy", f64),
                  ("window_tuples", i64), ("window_bytes", i64), ("rss_bytes", i64), ("slots_missed", i64),
                  ("cpu_seconds", f64), ("comm_seconds", f64), ("partitions", i64)]

@@ -14,7 +14,7 @@ DURATION_KEYS = {
     ("join", "window"), ("join", "lower"), ("join", "upper"), ("join", "max_delay"), ("epochs", "distribution"), ("epochs", "reorganization"),
     ("master", "stall_timeout"), ("source", "idle_timeout"), ("generator", "duration"), ("generator", "disorder"),
     ("generator", "shift"), ("output", "progress"), ("metrics", "log_interval"), ("aggregate", "window"),
-    ("aggregate", "flush_interval"),
+    ("aggregate", "flush_interval"), ("cluster", "heartbeat_timeout"),
 }
 #: unit -> seconds, as exact decimals
 UNITS = {"ns": "1e-9", "us": "1e-6", "µs": "1e-6", "ms": "1e-3", "s": "1", "m": "60", "min": "60", "h": "3600",

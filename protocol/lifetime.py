@@ -16,6 +16,13 @@ PR_SET_PDEATHSIG = 1
 #: exit codes of every command of the cluster (master, launcher, supervisor): 0 done or stopped cleanly
 CRASH = 1  #: an exception on a rank (MPI_Abort): the supervisor restarts
 USER_ERROR = 2  #: a mistake in arguments, configuration, input or output folder: restarting cannot help
+CHANNEL = 3  #: a slave saw a batch missing on its channel from a dispatcher
+LOST = 4  #: a rank was lost: it died, froze or its host was cut off (protocol.liveness, deploy.launch)
+START_FAILED = 5  #: the job could not start: a host did not answer, Open MPI failed before the ranks ran
+TOO_FEW = 6  #: the supervisor: fewer slaves than --min-slaves remain on the hosts that answer
+#: every code a command of the cluster ends with besides 128 + N (killed by signal N); deploy.launch maps
+#: any other code of Open MPI's to one of these
+CODES = (0, CRASH, USER_ERROR, CHANNEL, LOST, START_FAILED, TOO_FEW)
 
 
 def die_with_parent() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import sys
 import time
 import traceback
@@ -16,7 +17,9 @@ from typing import Callable
 
 from mpi4py import MPI
 
-from protocol.lifetime import CRASH, die_with_parent
+from protocol import liveness
+from protocol.lifetime import CRASH, USER_ERROR, die_with_parent
+from protocol.startup import PLACED_HOSTS
 
 
 #: waiting for a message expected at a known moment (`soon`): poll this often from SOON_LEAD before it to
@@ -69,10 +72,12 @@ def wait_probe_any(comm: MPI.Comm, channels: list[tuple[int, int]], timeout: flo
                                        for source, tag in channels), timeout, soon) else None
 
 
-def wait_all_started(comm: MPI.Comm) -> None:
+def wait_all_started(comm: MPI.Comm, cfg: dict, about=lambda rank: "") -> list[str]:
     """Every rank of the job calls this once it is ready to work (the slaves after importing their join
     kernels, which take about 0.7 s of CPU per rank: seconds with 16 slaves on 2 cores), the dispatchers
     before they start the clock of the run, so paced input and delays count from when the cluster can join.
+    Then the heartbeats start (protocol.liveness; `about`: rank 0's note on a lost peer).  Returns every
+    rank's host name; rank 0 checks them against the launcher's placement.
 
     What is built by then (modules, numba's and pyarrow's objects: hundreds of thousands) is moved out of the
     cyclic garbage collector's reach: every full collection during the run scanned it all again, a few
@@ -80,6 +85,23 @@ def wait_all_started(comm: MPI.Comm) -> None:
     a 17-rank start on 2 cores) to free a few hundred objects the imports left."""
     gc.freeze()
     wait_barrier(comm)
+    hosts = comm.allgather(MPI.Get_processor_name())  # right after the barrier: nobody waits in it
+    if comm.rank == 0:
+        check_placement(comm, hosts)
+    liveness.start(comm, hosts, cfg, about)
+    return hosts
+
+
+def check_placement(comm: MPI.Comm, hosts: list[str]) -> None:
+    """Rank 0: end the job if its ranks run on fewer hosts than the launcher placed them on (deploy.launch
+    puts that count in PLACED_HOSTS): a hostfile that Open MPI did not follow is an error, not a silent
+    success on one host."""
+    expected = int(os.environ.get(PLACED_HOSTS) or 0)
+    if len(set(hosts)) < expected:
+        print(f"error: the launcher placed the {len(hosts)} ranks on {expected} hosts, but they run on "
+              f"{len(set(hosts))}: {', '.join(sorted(set(hosts)))} (check the hostfile's names, and that each "
+              "host has its own host name)", file=sys.stderr, flush=True)
+        comm.Abort(USER_ERROR)
 
 
 def wait_barrier(comm: MPI.Comm) -> None:
@@ -123,7 +145,7 @@ def run_rank(main: Callable[[], int], role: str) -> int:
     """
     die_with_parent()
     try:
-        return main()
+        code = main()
     except Exception as error:  # noqa: BLE001 (every exception ends the job)
         comm = MPI.COMM_WORLD
         print(f"error: rank {comm.rank} ({role}) failed: {type(error).__name__}: {error} "
@@ -133,4 +155,9 @@ def run_rank(main: Callable[[], int], role: str) -> int:
         sys.stderr.flush()
         comm.Abort(CRASH)
         return CRASH
+    liveness.stop(grace=FINALIZE_GRACE)
+    return code
 
+
+#: seconds a rank that has done its part may wait in MPI_Finalize for the others (rank 0 writes the summary)
+FINALIZE_GRACE = 60.0

@@ -8,11 +8,14 @@ shared libraries once across the ranks, where RSS counts them in each: it is wha
 """
 from __future__ import annotations
 
+import json
 import os
 
 import psutil
 
 LAUNCHED = "STREAMJOIN_LAUNCHED"
+PLACED_HOSTS = "STREAMJOIN_PLACED_HOSTS"  #: set by deploy.launch: the number of hosts its placement uses
+RESTARTS = "STREAMJOIN_RESTARTS"  #: set by control.supervise: its restarts so far, as JSON (the summary's)
 LAUNCHERS = ("prterun", "mpirun", "mpiexec", "orterun")
 
 
@@ -23,6 +26,11 @@ def launched_at() -> float:
     me = psutil.Process()
     parent = me.parent()
     return parent.create_time() if parent is not None and parent.name() in LAUNCHERS else me.create_time()
+
+
+def restarts() -> list[dict]:
+    """The supervisor's restarts before this run (each: after which exit code, the hosts and slaves used)."""
+    return json.loads(os.environ.get(RESTARTS) or "[]")
 
 
 def pss_bytes() -> int:

@@ -22,7 +22,7 @@ from protocol import checkpoint, delays, eventtime, faults
 from protocol.arrays import whole_buffer
 from protocol.messages import HISTOGRAMS, TAG_DATA, TAG_JOINING, TAG_REPORT, TAG_STATE, Ack, Kind, batch_groups, \
     batch_rows, decode_head, encode_report, hot_key, joining_message
-from protocol.lifetime import USER_ERROR
+from protocol.lifetime import CHANNEL, USER_ERROR
 from protocol.startup import pss_bytes
 from protocol.mpi import next_arrival, recv_bytes, wait_all_started, wait_probe_any
 from protocol.predicates import time_bounds
@@ -231,14 +231,19 @@ class Slave:
         MPI.Request.Waitall([req for req, _ in self.outgoing])
         self.stopped = True
 
-    def resume(self, directory: str, result_files: int, aggregate_files: int, sequences: list[int]) -> None:
-        """Start from this slave's part of a checkpoint; result files and each dispatcher's batches number on
-        from it."""
+    def resume(self, directory: str, groups: list, result_files: int, aggregate_files: int,
+               sequences: list[int]) -> None:
+        """Start from a checkpoint: `groups` are [slave part, partition-groups (None: all)] pairs, this slave's
+        own part on the same slaves, the parts of others when the checkpoint was taken on another slave count.
+        Result files and each dispatcher's batches number on from the checkpoint."""
         self.sequence[:] = sequences
         if self.aggregator:
             self.aggregator.files = aggregate_files
-        for buf in checkpoint.read_part(Path(directory) / checkpoint.slave_part(self.comm.rank)):
-            self.module.install(*decode_group(buf, self.module.new_group))
+        for part, partitions in groups:
+            wanted = None if partitions is None else set(partitions)
+            for buf in checkpoint.read_part(Path(directory) / part):
+                if wanted is None or checkpoint.group_partition(buf) in wanted:
+                    self.module.install(*decode_group(buf, self.module.new_group))
         self.writer.files = result_files
 
     def check_sequence(self, number: int) -> None:
@@ -248,7 +253,7 @@ class Slave:
         if number != expected:
             print(f"error: slave {self.comm.rank}: batch {number} from dispatcher {self.reply_to}, expected "
                   f"{expected}: the channel lost or reordered a batch", file=sys.stderr, flush=True)
-            self.comm.Abort(3)
+            self.comm.Abort(CHANNEL)
         self.sequence[self.reply_to] = number
 
     def channels(self) -> list[tuple[int, int]]:
@@ -300,16 +305,17 @@ def run(comm: MPI.Comm, received: tuple | None = None) -> int:
         print(f"error: rank {comm.rank} runs `python -m slave` but is a dispatcher "
               f"(cluster.dispatchers = {cfg['cluster']['dispatchers']}): start ranks 0..k-1 with `python -m master`",
               file=sys.stderr, flush=True)
-        comm.Abort(2)
+        comm.Abort(USER_ERROR)
     # mpirun forwards stop signals to every rank; the master alone decides when to stop.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     slave = Slave(comm, cfg)
     if resume is not None:
-        slave.resume(resume["dir"], int(resume["result_files"].get(str(comm.rank), 0)),
+        slave.resume(resume["dir"], resume["groups"][str(comm.rank)],
+                     int(resume["result_files"].get(str(comm.rank), 0)),
                      int(resume["aggregate_files"].get(f"slave-{comm.rank:03d}", 0)),
-                     [int(seqs[str(comm.rank)]) for seqs in resume["seqs"]])
-    wait_all_started(comm)
+                     [int(seqs.get(str(comm.rank), 0)) for seqs in resume["seqs"]])
+    wait_all_started(comm, cfg)
     # once every rank has imported: earlier, a rank that imported first counted the shared libraries whole
     slave.pss_start = pss_bytes()
     return slave.serve()

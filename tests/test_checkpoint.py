@@ -67,20 +67,22 @@ def test_roll_back_removes_exactly_what_was_written_after_the_cut(tmp_path):
         for i in range(n):
             (results / f"slave-{rank:03d}-{i:06d}.parquet").touch()
     (results / ".slave-001-000004.parquet.tmp").touch()
+    (results / "slave-003-000000.parquet").touch()  # a slave the checkpoint's run did not have: after it
     removed = checkpoint.roll_back_output(tmp_path, {"results": {"slave-001": 2, "slave-002": 0}})
-    assert removed == 5
+    assert removed == 6
     assert sorted(f.name for f in results.iterdir()) == ["slave-001-000000.parquet", "slave-001-000001.parquet"]
 
 
-def test_binding_refuses_another_cluster_size_or_join_setting():
+def test_binding_refuses_another_join_setting_but_not_how_the_cluster_runs():
     cfg = load_config()
     manifest = {"id": 7, "slaves": 4, "config": json.loads(json.dumps(cfg))}
-    checkpoint.check_binding(manifest, cfg, 4)
-    with pytest.raises(checkpoint.CheckpointError, match="mpirun -n 5"):
-        checkpoint.check_binding(manifest, cfg, 3)
+    checkpoint.check_binding(manifest, cfg)
+    checkpoint.check_binding(manifest, load_config(None, ["cluster.heartbeat_timeout=9", "cluster.network=10.0.0.0/8"]))
     other = load_config(None, ["join.window=3.0"])
     with pytest.raises(checkpoint.CheckpointError, match="join.window is 3.0 but was 1.0"):
-        checkpoint.check_binding(manifest, other, 4)
+        checkpoint.check_binding(manifest, other)
+    with pytest.raises(checkpoint.CheckpointError, match="cluster.dispatchers is 2 but was 1"):
+        checkpoint.check_binding(manifest, load_config(None, ["cluster.dispatchers=2"]))
 
 
 def shell(tmp_path, script):

@@ -43,6 +43,8 @@ class CheckpointDesk:
         self.written = 0
         self.log: list[dict] = []  #: rank 0: every complete checkpoint (metrics, summary)
         self.recovered_from = None
+        #: from the checkpoint resumed: committed file counts of slaves not in this run (protocol.checkpoint)
+        self.inherited = {"results": {}, checkpoint.PENDING_AGGREGATES: {}}
         self.t0 = 0.0  #: the run's start (the pacing schedule's origin)
         #: told its section of each complete checkpoint (rank 0 at once, the others by a COMMITTED order)
         self.on_commit = lambda section: None
@@ -112,13 +114,14 @@ class CheckpointDesk:
         ck = self.open
         if len(ck["slaves"]) < len(self.slaves) or len(ck["dispatchers"]) < self.k - 1:
             return
-        result_files = {str(r): int(v["result_files"]) for r, v in ck["slaves"].items()}
+        result_files = {**self.inherited["results"], **{str(r): int(v["result_files"]) for r, v in ck["slaves"].items()}}
+        aggregate_files = {**self.inherited[checkpoint.PENDING_AGGREGATES],
+                           **{str(r): int(v["aggregate_files"]) for r, v in ck["slaves"].items()}}
         sections = {0: ck["master"], **{int(d): m for d, m in ck["dispatchers"].items()}}
         commit = {"results": {f"slave-{int(r):03d}": n for r, n in result_files.items()},
                   "late": {named("late", d, self.k): m["late_files"] for d, m in sections.items()},
                   "archive": {named("input", d, self.k): m["archive_files"] for d, m in sections.items()},
-                  checkpoint.PENDING_AGGREGATES: {f"slave-{int(r):03d}": int(v["aggregate_files"])
-                                                  for r, v in ck["slaves"].items()}}
+                  checkpoint.PENDING_AGGREGATES: {f"slave-{int(r):03d}": n for r, n in aggregate_files.items()}}
         checkpoint.write_manifest(ck["dir"], {"id": ck["id"], "slaves": len(self.slaves), "config": public(self.cfg),
                                               "parts": ck["parts"], "result_files": result_files, "commit": commit,
                                               "master": ck["master"], "dispatchers": ck["dispatchers"]})
@@ -144,8 +147,13 @@ class CheckpointDesk:
         m = section(manifest, self.index)
         self.stats.restore(m["stats"])
         for rank, files in manifest["result_files"].items():  # the checkpoint's own flush came after the snapshot
-            self.stats.per_slave[int(rank)]["result_files"] = files
-        self.controller.restore(m["controller"])
+            if int(rank) in self.stats.per_slave:
+                self.stats.per_slave[int(rank)]["result_files"] = files
+        self.inherited = {"results": checkpoint.inherited(manifest["result_files"], self.slaves),
+                          checkpoint.PENDING_AGGREGATES: checkpoint.inherited(
+                              {str(int(p.removeprefix("slave-"))): n for p, n in
+                               manifest["commit"][checkpoint.PENDING_AGGREGATES].items()}, self.slaves)}
+        self.controller.restore(m["controller"], checkpoint.slaves_of(manifest))
         self.recovered_from = manifest["id"]
         self.next_id, self.due = manifest["id"] + 1, epochs_done + self.interval
 

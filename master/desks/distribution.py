@@ -108,5 +108,10 @@ class DistributionDesk:
                 "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()}}
 
     def restore(self, m: dict) -> None:
+        """The checkpoint's epochs and watermarks; taken on other slaves, each slave of this run counts as sent
+        the lowest of them (its groups come from slaves that were sent any of them)."""
         self.epochs_done = m["epochs_done"]
-        self.sent_watermark = {int(k): v for k, v in m["sent_watermark"].items()}
+        sent = {int(k): v for k, v in m["sent_watermark"].items()}
+        lowest = min(sent.values(), default=eventtime.NEG_INF)
+        self.sent_watermark = sent if sent.keys() == self.sent_watermark.keys() else \
+            dict.fromkeys(self.sent_watermark, lowest)
