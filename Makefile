@@ -51,6 +51,7 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench.join_types
 	$(BIN)/python -m bench.payload
 	$(BIN)/python -m bench.startup
+	$(BIN)/python -m bench.failover
 
 # the configuration reference, made from protocol/config.py's defaults (tests/test_config.py checks it is current)
 docs: $(STAMP)

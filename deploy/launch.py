@@ -122,17 +122,25 @@ def network_options(cluster: dict | None) -> list[str]:
     """Open MPI's daemons keep their connections alive with TCP keepalives tuned to the heartbeat timeout (a
     daemon cut off from mpirun then ends, and its ranks with it, instead of waiting for its link for minutes:
     Open MPI's default is 300 s + 9 x 20 s); `cluster.network` limits Open MPI's traffic, the ranks' (btl)
-    and the daemons' (oob), to one address range (IPv4 only when the range is IPv4)."""
+    and the daemons' (oob), to one address range (IPv4 only when the range is IPv4); `cluster.ports` the ports
+    they listen on (Open MPI listens on every address whatever the range: a firewall decides who reaches
+    them)."""
     timeout = heartbeat_timeout(cluster, cluster["epoch"]) if cluster else 5.0
     # idle for the timeout + 2 s, then 3 probes 1 s apart: the engine's own detector, which names the rank and
     # what it last said, speaks first (protocol.liveness)
     opts = ["--prtemca", "oob_tcp_keepalive_time", str(math.ceil(timeout) + 2), "--prtemca",
             "oob_tcp_keepalive_intvl", "1", "--prtemca", "oob_tcp_keepalive_probes", "3"]
-    network = (cluster or {}).get("network")
+    network, ports = (cluster or {}).get("network"), (cluster or {}).get("ports")
     if network:
         opts += ["--mca", "btl_tcp_if_include", network, "--prtemca", "oob_tcp_if_include", network]
         if ipaddress.ip_network(network, strict=False).version == 4:
             opts += ["--mca", "btl_tcp_disable_family", "6", "--prtemca", "oob_tcp_disable_ipv6_family", "1"]
+    if ports:  # the ranks' listeners from the first half, the daemons' from the second
+        low, high = map(int, ports.split("-"))
+        middle = (low + high + 1) // 2
+        for v in ("4", "6"):
+            opts += ["--mca", f"btl_tcp_port_min_v{v}", str(low), "--mca", f"btl_tcp_port_range_v{v}",
+                     str(middle - low), "--prtemca", f"oob_tcp_dynamic_ipv{v}_ports", f"{middle}-{high}"]
     return opts
 
 

@@ -44,7 +44,7 @@ FORMAT = 6
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
 BINDING_SECTIONS = ("cluster", "source", "streams", "generator", "join", "partitioning", "tuning")
 #: keys of those sections that say how the cluster runs, not what it joins: free to change on a recovery
-UNBOUND_KEYS = {("cluster", "heartbeat_timeout"), ("cluster", "network")}
+UNBOUND_KEYS = {("cluster", "heartbeat_timeout"), ("cluster", "network"), ("cluster", "ports")}
 
 
 class CheckpointError(Exception):

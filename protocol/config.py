@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "dispatchers": (1, "ranks 0..k-1 each ingest a 1/k share of the input and route it (BiStream 3.2.3); slaves are the rest"),
         "heartbeat_timeout": (0.0, "a rank silent this long is lost and the job ends (a slave that no longer hears rank 0 exits); 0 = the larger of 5 s and 20 distribution epochs (docs/operating.md)"),
         "network": ("", 'the address range the ranks and Open MPI\'s daemons talk over between hosts, e.g. "10.0.0.0/24" ("" = Open MPI\'s choice); docs/operating.md lists the ports'),
+        "ports": ("", 'TCP ports "A-B" Open MPI listens on between hosts, for a firewall: the ranks take the first half, the daemons the second ("" = any it picks)'),
     },
     "source": {
         "kind": ("generator", '"generator" (built-in b-model workload), "file" (CSV/Parquet at `path`) or "zmq" (live, at `endpoint`)'),
@@ -330,6 +332,10 @@ def _check_cluster(cfg: dict[str, dict[str, Any]]) -> None:
     if timeout and timeout < min(1.0, 4 * epoch):
         raise ConfigError(f"cluster.heartbeat_timeout: must be 0 (automatic) or at least {min(1.0, 4 * epoch):g}s "
                           f"(four distribution epochs, at most 1 s), got {timeout!r}")
+    ports = cfg["cluster"]["ports"]
+    if ports and (not re.fullmatch(r"\d+-\d+", ports) or not 1024 <= int(ports.split("-")[0])
+                  or int(ports.split("-")[1]) - int(ports.split("-")[0]) < 3 or int(ports.split("-")[1]) > 65535):
+        raise ConfigError(f'cluster.ports: expected a range "A-B" of at least 4 ports within 1024-65535, got {ports!r}')
     if cfg["cluster"]["network"]:
         try:
             ipaddress.ip_network(cfg["cluster"]["network"], strict=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,25 @@ def run_cluster(tmp: Path, ranks: int, settings: dict[str, object], timeout: flo
     cmd = [*wrapper, *mpirun_command(ranks, ["--config", str(cfg), *extra_args])]
     proc = subprocess.run(cmd, env={**mpi_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout)
     return Run(tmp / "out", proc)
+
+
+class BedJob:
+    """deploy.launch (or the supervisor around it) started on host 1 of the bed, its stderr read line by line."""
+
+    def __init__(self, bed, tmp_path: Path, ranks: int, slots: list[int], settings: dict, wrapper=(),
+                 env: dict | None = None, hosts: list[int] | None = None):
+        """`slots`: of each host of `hosts` (all the bed's by default); `env` adds environment variables."""
+        self.out = tmp_path / "out"
+        cmd = [*wrapper, sys.executable, "-m", "deploy.launch", "-n", str(ranks), "--hostfile",
+               str(bed.hostfile(slots, hosts)), "--", "--config", str(write_config(tmp_path, settings))]
+        self.watched = bed.start(0, cmd, {**mpi_env(), **(env or {})})
+
+    def wait_for(self, needle, timeout: float = 120) -> str:
+        return self.watched.wait_for(needle, timeout)[1]
+
+    def finish(self, timeout: float = 180) -> Run:
+        code = self.watched.wait(timeout)
+        return Run(self.out, subprocess.CompletedProcess(self.watched.proc.args, code, "", self.watched.stderr()))
 
 
 def write_config(tmp: Path, settings: dict[str, object]) -> Path:

@@ -11,6 +11,12 @@ the reference compares those integers, so a pair exactly at a bound (one window 
 join.upper) joins.  `bounds` draws the time condition: the symmetric join.window, or join.lower / join.upper
 asymmetric, one-sided (lower = 0) or both negative (issue 20).
 
+`hosts` draws one host, or three made as network namespaces (deploy.testbed): the dispatchers on the first, the
+slaves one by one from the second, launched by deploy.launch with a hostfile; the subscriber of the result stream
+joins rank 0's host.  A `crash` on three hosts with two or more slaves cuts the third host's link at the first
+complete checkpoint and leaves it down: the supervisor finishes the run on the hosts that answer, with fewer
+slaves than the checkpoint was taken on (a rescaled recovery); with one slave it kills a rank as on one host.
+
 `output` draws the punctuated result stream (issue 22): "files" only, or also `output.zmq_endpoint` ("stream"),
 or with `output.ordered` ("ordered").  A draw with the stream runs a real subscriber (`Subscriber`: a ZeroMQ SUB
 socket in a thread, connected before the cluster starts, `output.wait_subscribers = 1`, reading each dispatcher's
@@ -55,7 +61,8 @@ from protocol import wire
 from protocol.config import ConfigError, load_config, validate
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED, read_tables
 from protocol.predicates import JOIN_TYPES
-from tests.cluster import free_port, run_cluster, toml_value
+from deploy.testbed import TestBed
+from tests.cluster import BedJob, Run, free_port, run_cluster, toml_value
 from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs, reference_theta_pairs
 
 #: feature -> the values a draw takes
@@ -74,6 +81,7 @@ FEATURES: dict[str, tuple] = {
     "join_type": JOIN_TYPES,
     "input": ("file", "streams"),
     "output": ("files", "stream", "ordered"),
+    "hosts": (1, 3),
 }
 #: the features whose value pairs CI's covering seeds cover; join.type is drawn in every draw (so CI runs some
 #: outer joins) and covered pairwise by `make soak` and `--where join_type=...`: its pairs would double CI's draws
@@ -100,6 +108,7 @@ class Draw:
     join_type: str
     input: str
     output: str
+    hosts: int
 
     @property
     def ranks(self) -> int:
@@ -248,6 +257,8 @@ def settings(d: Draw, path: Path, n: int = 9000, results_port: int = 5556) -> di
         s.update({"hotkeys.enabled": True, "hotkeys.threshold": 0.15})
     if d.crash:
         s["checkpoint.interval"] = 3
+    if d.hosts > 1:  # a host cut off is found within 2 s
+        s["cluster.heartbeat_timeout"] = 2.0
     if d.output != "files":  # a bound far above the whole stream: a subscriber that reads is never dropped
         s.update({"output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}", "output.ordered": d.output == "ordered",
                   "output.wait_subscribers": 1, "output.subscriber_buffer_bytes": 64 << 20})
@@ -334,16 +345,20 @@ class Subscriber(threading.Thread):
     endpoint (dispatcher i publishes on the port + i), keeping each message as it arrives (protocol.wire.decode:
     a Message, or a Rejection) until every dispatcher's END, or until `finish` stops it."""
 
-    def __init__(self, port: int, dispatchers: int):
+    def __init__(self, port: int, dispatchers: int, netns: str | None = None):
+        """`netns`: the network namespace of the host rank 0 runs on (a draw on several hosts)."""
         super().__init__(daemon=True)
-        self.port, self.dispatchers = port, dispatchers
+        self.port, self.dispatchers, self.netns = port, dispatchers, netns
         self.messages: list = []
         self.ended = False
         self._stop_reading = threading.Event()
         self.start()
 
     def run(self) -> None:
-        sock = zmq.Context.instance().socket(zmq.SUB)
+        if self.netns:  # this thread, and the context's I/O thread it starts, on rank 0's host
+            enter_netns(self.netns)
+        context = zmq.Context()
+        sock = context.socket(zmq.SUB)
         sock.rcvhwm = 0  # never drop on our side: only the publisher's bound could
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         for i in range(self.dispatchers):
@@ -357,6 +372,7 @@ class Subscriber(threading.Thread):
                     ends.add(msg.sender)
         self.ended = len(ends) == self.dispatchers
         sock.close(linger=0)
+        context.term()
 
     def finish(self, wait: float) -> list:
         """The messages received, after waiting up to `wait` seconds for the END of every dispatcher."""
@@ -364,6 +380,15 @@ class Subscriber(threading.Thread):
         self._stop_reading.set()
         self.join()
         return self.messages
+
+
+def enter_netns(name: str) -> None:
+    """Move the calling thread into network namespace `name` (`ip netns`; Linux setns, root)."""
+    import ctypes
+    import os
+    with open(f"/var/run/netns/{name}") as f:
+        if ctypes.CDLL(None, use_errno=True).setns(f.fileno(), 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns {name}")
 
 
 def table_records(table: pa.Table | None) -> np.ndarray:
@@ -502,6 +527,32 @@ def kill_a_rank(tag: str, ranks: int, rng: np.random.Generator, victims: list[st
     return t
 
 
+def host_slots(d: Draw) -> list[int]:
+    """Ranks per host of a draw on three hosts: the dispatchers on the first, the slaves one by one from the
+    second (so with two or more slaves, a slave's host can be cut off and slaves remain)."""
+    per = [d.dispatchers, 0, 0]
+    for i in range(d.slaves):
+        per[(i + 1) % 3] += 1
+    return per
+
+
+def run_on_hosts(bed: TestBed, d: Draw, tmp: Path, cfg: dict, env, cut: bool, victims: list[str],
+                 timeout: float) -> Run:
+    """Run the draw on the bed's hosts by deploy.launch; with `cut`, the third host's link goes down at the
+    first complete checkpoint and stays down: the supervisor finishes on the others (a rescaled recovery)."""
+    per = host_slots(d)
+    hosts = [i for i, n in enumerate(per) if n]
+    job = BedJob(bed, tmp, d.ranks, [per[i] for i in hosts], cfg, SUPERVISE if d.crash else (), env, hosts)
+    if cut:
+        try:
+            job.wait_for("checkpoint 1 complete", timeout)
+            bed.cut(2)
+            victims.append(f"host {bed.name(2)} cut off")
+        except AssertionError:  # the run ended first
+            pass
+    return job.finish(timeout)
+
+
 def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     """Run draw `d` in folder `tmp` and compare with the reference."""
     out = Outcome(d, refused=refusal(d))
@@ -515,23 +566,31 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     out.expected = sum(map(len, expected))
     env = {"STREAMJOIN_STRAGGLER": f"{d.dispatchers}:0.05"} if d.moves else None  # the first slave lags
     victims: list[str] = []
-    killer = kill_a_rank(str(tmp), d.ranks, np.random.default_rng([d.seed, 3]), victims) if d.crash else None
+    cut = d.crash and d.hosts > 1 and d.slaves >= 2  # the third host holds a slave, another host one more
+    killer = kill_a_rank(str(tmp), d.ranks, np.random.default_rng([d.seed, 3]), victims) \
+        if d.crash and not cut else None
     port = free_port(d.dispatchers) if d.output != "files" else 0
-    sub = Subscriber(port, d.dispatchers) if port else None  # before the cluster, which waits for it
     run = None
+    bed = TestBed(3).__enter__() if d.hosts > 1 else None
+    sub = Subscriber(port, d.dispatchers, bed and bed.ns(0)) if port else None  # before the cluster
     try:
-        run = run_cluster(tmp, d.ranks, settings(d, path, len(data["ts"]), port), timeout=timeout, env=env,
-                          wrapper=SUPERVISE if d.crash else ())
+        cfg = settings(d, path, len(data["ts"]), port)
+        if bed is None:
+            run = run_cluster(tmp, d.ranks, cfg, timeout=timeout, env=env, wrapper=SUPERVISE if d.crash else ())
+        else:
+            run = run_on_hosts(bed, d, tmp, cfg, env, cut, victims, timeout)
     except Exception as e:  # a hang (timeout) is a failure of the draw, with its seed
         out.error, out.seconds = f"{type(e).__name__}: {e}", time.time() - started
         return out
     finally:
         if sub is not None:  # the master sent END before it exited, unless it failed
             sub.finish(wait=10.0 if run is not None and run.returncode == 0 else 0.0)
+        if bed is not None:
+            bed.__exit__()
     (tmp / "stderr.log").write_text(run.stderr)  # the evidence of a failed draw, kept with its folder
     if killer is not None:
         killer.join()
-        out.killed = ", ".join(victims)
+    out.killed = ", ".join(victims)
     out.seconds = time.time() - started
     if run.returncode != 0:
         out.error = f"exit {run.returncode}: {run.stderr[-2000:]}"

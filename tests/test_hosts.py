@@ -14,9 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from deploy.launch import mpi_env
 from deploy.testbed import TestBed, TestBedError
-from tests.cluster import Run, write_config
+from tests.cluster import BedJob, Run
 from tests.test_cluster import SMALL, reference_for
 
 TIMEOUT = 3.0  #: cluster.heartbeat_timeout in these tests
@@ -33,23 +32,6 @@ def bed():
             yield made
     except TestBedError as e:
         pytest.skip(f"no network namespaces here: {e}")
-
-
-class Job:
-    """deploy.launch (or the supervisor around it) started on host 1 of the bed, its stderr read line by line."""
-
-    def __init__(self, bed: TestBed, tmp_path, ranks: int, slots: list[int], settings: dict, wrapper=()):
-        self.out = tmp_path / "out"
-        cmd = [*wrapper, sys.executable, "-m", "deploy.launch", "-n", str(ranks), "--hostfile",
-               str(bed.hostfile(slots)), "--", "--config", str(write_config(tmp_path, settings))]
-        self.watched = bed.start(0, cmd, mpi_env())
-
-    def wait_for(self, needle, timeout: float = 120) -> str:
-        return self.watched.wait_for(needle, timeout)[1]
-
-    def finish(self, timeout: float = 180) -> Run:
-        code = self.watched.wait(timeout)
-        return Run(self.out, subprocess.CompletedProcess(self.watched.proc.args, code, "", self.watched.stderr()))
 
 
 def with_results(line: str) -> bool:
@@ -76,10 +58,20 @@ def nothing_left(bed: TestBed, hosts, within: float) -> None:
     assert not left, f"still running after {within}s: {left}"
 
 
-def test_ranks_go_where_the_slots_say_and_the_join_is_exact(bed, tmp_path):
-    settings = dict(PACED, **{"generator.duration": 3.0, "source.rate": 0.0})
-    job = Job(bed, tmp_path, 5, [2, 2, 1], settings)
+def listening(bed: TestBed, host: int) -> set[int]:
+    """The TCP ports listened on on `host`, but on loopback."""
+    out = subprocess.run(["ip", "netns", "exec", bed.ns(host), "ss", "-Hltn"], capture_output=True, text=True).stdout
+    local = [line.split()[3] for line in out.splitlines()]
+    return {int(a.rsplit(":", 1)[1]) for a in local if not a.startswith(("127.", "[::1]"))}
+
+
+def test_ranks_go_where_the_slots_say_the_join_is_exact_and_open_mpi_listens_on_its_ports(bed, tmp_path):
+    settings = dict(PACED, **{"generator.duration": 6.0, "cluster.ports": "46000-46199"})
+    job = BedJob(bed, tmp_path, 5, [2, 2, 1], settings)
+    job.wait_for(with_results)
+    ports = {host: listening(bed, host) for host in range(3)}
     run = job.finish()
+    assert all(ports.values()) and all(46000 <= p <= 46199 for found in ports.values() for p in found), ports
     assert run.returncode == 0, run.stderr
     assert "placement: 10.77.0.1: ranks 0-1; 10.77.0.2: ranks 2-3; 10.77.0.3: rank 4" in run.stderr
     assert run.summary["hosts"] == {"h1": [0, 1], "h2": [2, 3], "h3": [4]}
@@ -89,7 +81,7 @@ def test_ranks_go_where_the_slots_say_and_the_join_is_exact(bed, tmp_path):
 
 def test_more_ranks_than_slots_are_spread_by_slots_and_said(bed, tmp_path):
     settings = dict(PACED, **{"generator.duration": 2.0, "source.rate": 0.0})
-    run = Job(bed, tmp_path, 7, [2, 2, 1], settings).finish()
+    run = BedJob(bed, tmp_path, 7, [2, 2, 1], settings).finish()
     assert run.returncode == 0, run.stderr
     assert "10.77.0.1: ranks 0-2, 1 over its 2 slots: oversubscribed" in run.stderr
     assert run.summary["hosts"] == {"h1": [0, 1, 2], "h2": [3, 4, 5], "h3": [6]}
@@ -97,7 +89,7 @@ def test_more_ranks_than_slots_are_spread_by_slots_and_said(bed, tmp_path):
 
 @pytest.mark.parametrize("fault", ["cut", "stop"])
 def test_a_slaves_host_cut_off_or_a_frozen_slave_ends_the_job_naming_it(bed, tmp_path, fault):
-    job = Job(bed, tmp_path, 5, [2, 2, 1], PACED)
+    job = BedJob(bed, tmp_path, 5, [2, 2, 1], PACED)
     job.wait_for(with_results)
     if fault == "cut":
         bed.cut(2)
@@ -123,7 +115,7 @@ def signal_rank(bed: TestBed, host: int, sig: int) -> None:
 
 
 def test_rank_0s_host_cut_off_every_slave_exits_by_itself(bed, tmp_path):
-    job = Job(bed, tmp_path, 5, [2, 2, 1], PACED)
+    job = BedJob(bed, tmp_path, 5, [2, 2, 1], PACED)
     job.wait_for(with_results)
     bed.cut(0)
     began = time.monotonic()
@@ -134,7 +126,7 @@ def test_rank_0s_host_cut_off_every_slave_exits_by_itself(bed, tmp_path):
 
 
 def test_sigterm_to_the_launcher_while_a_host_is_cut_off_ends_it_within_seconds(bed, tmp_path):
-    job = Job(bed, tmp_path, 5, [2, 2, 1], dict(PACED, **{"cluster.heartbeat_timeout": 5.0}))
+    job = BedJob(bed, tmp_path, 5, [2, 2, 1], dict(PACED, **{"cluster.heartbeat_timeout": 5.0}))
     job.wait_for(with_results)
     bed.cut(2)
     launcher = [p for p in bed.pids(0) if "deploy.launch" in open(f"/proc/{p}/cmdline").read().replace("\0", " ")]
@@ -150,7 +142,7 @@ def test_sigterm_to_the_launcher_while_a_host_is_cut_off_ends_it_within_seconds(
 
 def test_the_supervisor_finishes_on_the_hosts_that_remain_and_takes_a_host_back(bed, tmp_path):
     settings = dict(PACED, **{"checkpoint.interval": 4, "generator.duration": 10.0, "generator.seed": 11})
-    job = Job(bed, tmp_path, 5, [2, 2, 1], settings, wrapper=SUPERVISE)
+    job = BedJob(bed, tmp_path, 5, [2, 2, 1], settings, wrapper=SUPERVISE)
     job.wait_for("checkpoint 2 complete")
     bed.cut(2)
     job.wait_for("restarting on 10.77.0.1, 10.77.0.2 with 3 slaves (left out, not answering: 10.77.0.3)")
