@@ -18,7 +18,7 @@ LOCAL = "local[*]"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """--config/--set (the cluster's config: output.path, [aggregate]) and --spark-master."""
-    p.add_argument("--config", help="the cluster's TOML config (output.path, [aggregate]; see README)")
+    p.add_argument("--config", help="the cluster's TOML config (output.path, [aggregate]: docs/configuration.md)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config key, as for python -m master (repeatable)")
     p.add_argument("--spark-master", help=f"Spark master URL (default {LOCAL}, or spark-submit's --master)")

@@ -21,7 +21,7 @@ class Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str], quiet: bool = False) -> argparse.Namespace:
     p = Parser(quiet, prog="python -m master", description=f"run the stream join cluster: {USAGE}")
-    p.add_argument("--config", help="TOML config file (every key has a default; see README)")
+    p.add_argument("--config", help="TOML config file (every key has a default: docs/configuration.md)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config key, e.g. --set join.window=2.0 (repeatable)")
     p.add_argument("--recover", action="store_true",

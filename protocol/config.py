@@ -87,7 +87,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "stall_timeout": (0.0, "seconds pending work may stand still before the job ends naming what it waits for (0 = 8 distribution epochs, at least 10 s, plus twice the slowest batch)"),
     },
     "balance": {
-        "enabled": (True, "move partition-groups between slaves and adapt the active slave count (paper IV-C, V-A)"),
+        "enabled": (True, "move partition-groups between slaves by their load (paper IV-C); balance.declustering also adapts the active slave count"),
         "supplier_threshold": (0.5, "average buffer occupancy above which a slave is a supplier (paper 0.5)"),
         "consumer_threshold": (0.01, "average buffer occupancy below which a slave is a consumer (paper 0.01)"),
         "buffer_capacity": (20000, "tuples a slave's buffer holds; occupancy = mean tuples not yet joined at its slots / this"),
@@ -378,7 +378,7 @@ def reference() -> str:
              "A TOML file (`--config my.toml`), one table per section; every key can be overridden with "
              "`--set section.key=value` (the value in TOML syntax; a bare word is a string). An unknown section or "
              "key, a wrong type or an impossible value stops the run before it starts with one message that names "
-             "the key; the README lists the combinations refused. A duration is a number of seconds or text with a unit: "
+             "the key; docs/refusals.md lists the combinations refused. A duration is a number of seconds or text with a unit: "
              '`"30s"`, `"250ms"`, `"2m"`, `"1h"` (ns, us, ms, s, m, h, d).']
     for section, keys in DEFAULTS.items():
         lines += ["", f"## [{section}]", "", "| key | default | values | meaning |", "|---|---|---|---|"]
