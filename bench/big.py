@@ -1,5 +1,5 @@
 """`python -m bench.big [--rows N] [--slaves 4]` (or `python -m bench --big N`): a file far larger than the runs of
-the capacity bench, end to end (issue 26: a user's archive of hundreds of millions of rows must run without
+the capacity bench, end to end (a user's archive of hundreds of millions of rows must run without
 running out of memory, its first tuple moving at once).
 
 It writes the paper workload's first N rows (default 200M) as a Parquet file streamed in row groups

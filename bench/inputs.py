@@ -1,5 +1,5 @@
 """The bench's input files: the generated workload written once as Parquet, long enough for the rates run, kept
-in a cache folder between runs and between bench invocations (issue 26: a run counts toward a capacity only
+in a cache folder between runs and between bench invocations (a run counts toward a capacity only
 if its input lasts at least `bench.search.MIN_INPUT_SECONDS` at its rate, so at millions of tuples per second the
 files hold hundreds of millions of tuples, and generating them costs minutes).
 

@@ -1,7 +1,7 @@
 """`python -m bench.kernel [--quick] [--repeats 5] [--out bench-report]`: what one core can do.
 
 The cluster's capacity is judged against the best single-core join of the same
-input (issue 6): this runs the project's own join module in one process, batch
+input: this runs the project's own join module in one process, batch
 by batch as a slave would (watermark expiry, extendible-hash tuning), on
 batches of one distribution epoch of event time and of `LONGER_SPANS`, and
 DuckDB with one thread joining the whole input at once with the same key and

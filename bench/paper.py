@@ -1,6 +1,6 @@
 """The parts of the bench beyond the capacity per slave count: the paper's figures and the issue's targets.
 
-* **workloads** (issue 6): besides the paper's default (`paper`: b-model skew 0.7, 64-byte tuples) the
+* **workloads**: besides the paper's default (`paper`: b-model skew 0.7, 64-byte tuples) the
   sustained-rate search (bench.search) runs on uniform keys, Zipf keys with a few heavy hitters and high
   key duplication (few distinct keys, many tuples each, as in the Rovio workload of multicore stream-join
   studies), each a set of generator keys (`WORKLOADS`), reproducible by `generator.seed`;
@@ -47,7 +47,7 @@ FULL_EPOCHS = [0.1, 0.25, 0.5, 1.0, 2.0]
 WINDOW_TARGET = 2.0    #: window state per stored tuple at most this times the raw tuple bytes
 KERNEL_TARGET = 0.5    #: sustained rate at least this fraction of the single-core kernel x cores in use
 DELAY_SLACK = 0.1      #: delay p99 at half capacity within one distribution epoch + this
-SUSTAINED_TARGET, SUSTAINED_SLAVES = 8_000_000, 4  #: issue 26 (this machine's kind, paper workload)
+SUSTAINED_TARGET, SUSTAINED_SLAVES = 8_000_000, 4  #: the sustained-rate target (this machine's kind, paper workload)
 OFF_SCALE = 4.0        #: delay-against-rate plots cut their y axis at this many delay bounds
 
 
@@ -149,7 +149,7 @@ def targets_table(data: dict) -> str:
     four = next((p for p in points if p["slaves"] == SUSTAINED_SLAVES), None)
     if four is not None:
         ok = confirmed(four)
-        rows.append([f"sustained >= {SUSTAINED_TARGET / 1e6:g}M tuples/s with {SUSTAINED_SLAVES} slaves (issue 26; "
+        rows.append([f"sustained >= {SUSTAINED_TARGET / 1e6:g}M tuples/s with {SUSTAINED_SLAVES} slaves ("
                      f"confirmed, every run >= {MIN_INPUT_SECONDS:g} s of input)",
                      f"{four['sustained']['rate']:,.0f}/s" + ("" if ok else " (not confirmed)"),
                      mark(four["sustained"]["rate"] >= SUSTAINED_TARGET) if ok else "-"])
@@ -172,7 +172,7 @@ def targets_table(data: dict) -> str:
             rows.append([f">= {KERNEL_TARGET:g} of the single-core kernel x cores in use",
                          f"{best['fraction']:.2f} ({best['slaves']} slave(s): {best['rate']:,.0f}/s of "
                          f"{best['limit']:,.0f}/s)", mark(best["fraction"] >= KERNEL_TARGET)])
-    return md_table(["target (issue 6)", "measured (paper workload; slave counts whose sustained rate most repeats "
+    return md_table(["target", "measured (paper workload; slave counts whose sustained rate most repeats "
                      "passed and the confirmation run confirmed)", ""], rows)
 
 

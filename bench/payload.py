@@ -1,7 +1,7 @@
 """`python -m bench.payload [--quick] [--repeats 3] [--slaves 2] [--out bench-report]`: joins with the streams'
 own columns against the same join without them.
 
-Issue 20's target: with three payload columns per side (one of them a string of about 20 bytes) results carry
+The target: with three payload columns per side (one of them a string of about 20 bytes) results carry
 them at a sustained rate of at least half that of the same workload without payload.  A third mode also
 publishes the results on the result stream (`output.zmq_endpoint`: TABLEs with the columns, no subscriber, so
 the engine's own cost of gathering, encoding and publishing them); its ratio is reported, with no target.

@@ -15,7 +15,7 @@ input rate before the production delay climbs).  Per slave count:
 
 A paced run counts toward a capacity only if its input lasts at least MIN_INPUT_SECONDS at its rate
 (`input_verdict`): over a shorter run a cluster below the rate ends only slightly behind, so a backlog cannot show
-(issue 26: 12M-tuple runs passed at 9.3M/s, which fell behind over 40M tuples).
+(12M-tuple runs passed at 9.3M/s, which fell behind over 40M tuples).
 
 Pure functions only: the cluster runner (bench.cluster) and the Spark peer (bench.spark) both use them.
 """

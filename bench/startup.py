@@ -1,7 +1,7 @@
 """`python -m bench.startup [--quick] [--repeats 3] [--ranks 17] [--out bench-report]`: how long the default job
 takes to start, and what each rank weighs before data.
 
-Issue 21's targets (medians of the repeats, 17 ranks, 2 cores): the first tuple ingested within 1.5 s of the
+The targets (medians of the repeats, 17 ranks, 2 cores): the first tuple ingested within 1.5 s of the
 launch, and PSS per rank before data no higher than about 85 MB (PSS counts the shared libraries once across the
 ranks, protocol.startup).  Each run is `make run`'s job (the default config: the built-in workload, unpaced),
 `generator.duration` seconds of event time; the report gives, from the launch: all ranks ready, the first tuple,

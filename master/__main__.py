@@ -21,7 +21,7 @@ from protocol.mpi import run_rank, wait_barrier
 
 # Only light modules above: every rank imports them, then the others sleep in a barrier while rank 0 alone
 # imports numpy, pyarrow and its desks, reads the config and the input's first batch on a core of its own
-# (17 ranks importing at once on 2 cores took 5 s before the first tuple; issue 21).
+# (all ranks importing at once on 2 cores delayed the first tuple by seconds: docs/benchmark-history.md).
 
 
 RESTART_WAIT = 30.0  #: seconds a --recover start waits for the lock of the run it follows
@@ -119,7 +119,7 @@ def main() -> int:
             checkpoint.clear(checkpoint.root_of(cfg))
         source = open_shard(cfg, 0)  # after the reset: declared streams write their payload log as they read
         master = Master(comm, cfg, source, resume)
-        master.read_ahead()  # the first tuple, before the others start importing (issue 21)
+        master.read_ahead()  # the first tuple, before the others start importing
     except (ConfigError, InputError, checkpoint.CheckpointError, OutputError, OutputBusy, OSError) as e:
         say(f"error: {e}")
         if lock is not None:

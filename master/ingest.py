@@ -35,8 +35,8 @@ _LATE_SIG = "void(int64[:], int8[:], int8[::1], int64[::1], int64[::1], int64, b
 @njit(_LATE_SIG, cache=True, nogil=True)
 def _late(ts, stream, group, running, delay, floor, late, own):  # pragma: no cover - compiled
     """Each tuple's own bound (its group's largest ts before it minus the group's delay) and whether it is late:
-    below that bound or below `floor`; one compiled pass (np.maximum.accumulate cost the master about 5 ns a
-    tuple, a fifth of its work)."""
+    below that bound or below `floor`; one compiled pass, not a numpy running maximum that cost a fifth of the
+    master's work (docs/benchmark-history.md)."""
     for i in range(len(ts)):
         g = group[stream[i]]
         own[i] = running[g] - delay[g]

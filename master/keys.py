@@ -1,4 +1,4 @@
-"""The user's join keys as the engine's int64 keys, exactly (issue 20; docs/input.md, "Keys").
+"""The user's join keys as the engine's int64 keys, exactly (docs/input.md, "Keys").
 
 An integer key column is its own int64 key, as before.  A string or binary key, and a composite key of
 several columns, get a code from a dictionary the master builds as the input passes: equal values get equal

@@ -1,4 +1,4 @@
-"""A declared stream fed live (`[streams.NAME] endpoint = ...`, issue 20): producers PUSH Arrow record batches.
+"""A declared stream fed live (`[streams.NAME] endpoint = ...`): producers PUSH Arrow record batches.
 
 A BATCH message (protocol.wire) carries one record batch of the stream's own columns in Arrow's IPC stream
 format; the stream declares its columns and their types (`schema`), so the payload log's schema, the key kinds

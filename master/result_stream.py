@@ -75,7 +75,7 @@ def table_cuts(rows: pa.Table) -> np.ndarray:
     last): each row's bytes -- fixed widths, 4 or 8 bytes of offset plus the length of a text or binary value,
     a nested column's mean -- summed until the message's room (beside the header, the schema its IPC stream
     repeats and a KiB of batch metadata and padding) is full; at least one row a message."""
-    import pyarrow.compute as pc  # here: a run without TABLEs does not pay its import at start (issue 21)
+    import pyarrow.compute as pc  # here: a run without TABLEs does not pay its import at start
     size = np.zeros(len(rows))
     for column in rows.columns:
         kind = column.type

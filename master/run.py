@@ -184,7 +184,7 @@ class Master:
         print("stopping: no more input; joining what was accepted, flushing results ...", file=sys.stderr, flush=True)
 
     def read_ahead(self) -> None:
-        """Take the first batch of unpaced input while the other ranks start (issue 21): rank 0 before it lets
+        """Take the first batch of unpaced input while the other ranks start: rank 0 before it lets
         them import their kernels (until then it has the cores to itself), every other dispatcher before it
         waits for them; a file source's reader thread reads on meanwhile.  The run's clock still starts when
         the cluster can join, so rates count at most one batch read before it.  Paced input and live sources

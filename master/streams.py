@@ -1,4 +1,4 @@
-"""Two declared streams read side by side and merged into one arrival order (issue 20; docs/input.md).
+"""Two declared streams read side by side and merged into one arrival order (docs/input.md).
 
 Each stream's files are read by a thread of their own, a bounded number of checked batches ahead
 (protocol.stream_file, as the single file source reads: master.source.READ_AHEAD).  The merge orders the

@@ -37,8 +37,8 @@ MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
 #: 3: tuples carry ts in int64 microseconds (protocol.eventtime), the master's part each row's partition;
 #: 4: a dispatcher's section names its channels' sequence numbers "seq" (was "epoch");
-#: 5: a group's rows are followed by their matched flags (outer joins, issue 22);
-#: 6: a dispatcher's section holds the lateness state (per stream with [streams], issue 20) instead of max_ts,
+#: 5: a group's rows are followed by their matched flags (outer joins);
+#: 6: a dispatcher's section holds the lateness state (per stream with [streams]) instead of max_ts,
 #: and a declared stream's tuples carry their stream row (the payload log's reference) as id
 FORMAT = 6
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs

@@ -1,4 +1,4 @@
-"""Durations in the config as text ("30s", "250ms", "2m", "1h") as well as numbers of seconds (issue 20).
+"""Durations in the config as text ("30s", "250ms", "2m", "1h") as well as numbers of seconds.
 
 One parser for every duration key (`DURATION_KEYS`), used by protocol.config when it reads a value.  The
 text becomes float seconds whose shortest decimal is the value as written, so protocol.eventtime.duration

@@ -1,4 +1,4 @@
-"""The payload log: the user's columns of every row of a declared stream, on disk beside the run (issue 20).
+"""The payload log: the user's columns of every row of a declared stream, on disk beside the run.
 
 The join runs on fixed-width tuples (protocol.tuples): key code, event time, arrival and, in `id`, the row's
 position in its stream (its row reference).  The rest of a row -- the user's key values, id and payload columns,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from protocol import eventtime
 from protocol.tuples import STREAM_R, STREAM_S
 
-#: `join.type` (issue 22): inner gives pairs only; left keeps every R, right every S, full both, each row without a
+#: `join.type`: inner gives pairs only; left keeps every R, right every S, full both, each row without a
 #: partner once with the other side's columns null; semi gives each R with a partner once, anti each R without
 JOIN_TYPES = ("inner", "left", "right", "full", "semi", "anti")
 #: the `kind` of a row in the results of a join other than inner: a pair, an R row without a partner (left,
@@ -21,7 +21,7 @@ MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED, LEFT_MATCHED = "matched", "left_unmatc
 def copied_stream(join_type: str) -> int:
     """The stream copied where one must be (an R or S tuple into several key ranges or hot-key sub-groups; the
     other is stored once, where its pairs are produced): S for the joins that decide R rows alone from R's
-    matched flag (left, semi, anti; issue 22), else R."""
+    matched flag (left, semi, anti), else R."""
     return STREAM_S if join_type in ("left", "semi", "anti") else STREAM_R
 
 
@@ -72,7 +72,7 @@ def key_distance(predicate: str, band: int) -> tuple[int | None, int | None]:
 
 
 def time_bounds(join: dict) -> tuple[int, int]:
-    """(lower, upper) in integer microseconds: r and s join iff lower <= s.ts - r.ts <= upper (issue 20; Flink's
+    """(lower, upper) in integer microseconds: r and s join iff lower <= s.ts - r.ts <= upper (Flink's
     intervalJoin between(lower, upper)).  `join.window = w` is the shorthand (-w, w); protocol.config refuses
     both forms together and one bound alone."""
     if join.get("lower") is None:
@@ -82,7 +82,7 @@ def time_bounds(join: dict) -> tuple[int, int]:
 
 
 def check_join_type(cfg: dict, error: type[Exception]) -> None:
-    """What `join.type` refuses (issue 22): aggregating rows that mix pairs and rows alone, or anything but an R
+    """What `join.type` refuses: aggregating rows that mix pairs and rows alone, or anything but an R
     row's value.  (Every type takes copies: a row alone is decided where its tuple is stored once, or a full
     join's at its home range, `range_copied`, or home sub-group, `hot_grids`.)"""
     kind = cfg["join"]["type"]

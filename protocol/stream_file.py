@@ -1,4 +1,4 @@
-"""One declared stream's input (protocol.streams): its files, read batch by batch and checked (issue 20).
+"""One declared stream's input (protocol.streams): its files, read batch by batch and checked.
 
 The files of `path` (a file, a glob or a folder; CSV, Parquet or JSON-lines by extension) are read in name
 order, as one stream, a record batch at a time with the columns the stream uses: its key column(s), its time

@@ -1,4 +1,4 @@
-"""Two streams declared in the config, one `[streams.NAME]` table each (issue 20; docs/input.md, "Two streams").
+"""Two streams declared in the config, one `[streams.NAME]` table each (docs/input.md, "Two streams").
 
 Each names its files (a file, a glob or a folder of CSV, Parquet or JSON-lines), its key column(s), its
 event-time column and optionally an id column; the first declared is R unless `side` says otherwise.  The

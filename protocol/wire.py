@@ -18,7 +18,7 @@ complete checkpoint holds).  `seq` numbers a sender's messages so a subscriber
 sees gaps.  RESULTS carry pairs (the inner join); ROWS carry the rows of the
 other join types (`ROW_RECORD`): pairs and rows without a partner, each with
 its `kind` and its stream time `time` (`stream_time`).  With declared streams
-(`[streams]`, issue 20) results carry the streams' own columns instead: a TABLE
+(`[streams]`) results carry the streams' own columns instead: a TABLE
 is an Arrow IPC stream (record batches of one schema) with the columns of the run's
 `results/` files and `time` (float64 seconds) last; a TABLE of no rows has an
 empty frame.  Between a slave and the

@@ -47,7 +47,7 @@ def partials(key: np.ndarray, ts: np.ndarray, value: np.ndarray, window: int) ->
 
 def combine(tables: list[pa.Table]) -> pa.Table:
     """Merge partials into one partial with a row per (key, window): sums of counts and sums, min, max."""
-    import pyarrow.compute as pc  # here: a slave that does not aggregate starts without it (issue 26)
+    import pyarrow.compute as pc  # here: a slave that does not aggregate starts without it
     t = pa.concat_tables([PARTIAL_SCHEMA.empty_table(), *tables])
     t = t.append_column("nan", pc.is_nan(t["max"]))
     g = t.group_by(_GROUP).aggregate([("count", "sum"), ("sum", "sum"), ("min", "min"), ("max", "max"),
@@ -90,7 +90,7 @@ class PartialAggregator:
 
     def add_rows(self, key: np.ndarray, ts: np.ndarray, value: np.ndarray) -> int:
         """Pre-aggregate result rows given as their key, ts (microseconds) and value columns: pairs (`add`), or
-        the R rows of a semi or anti join (issue 22: e.g. impressions without a click per key and window);
+        the R rows of a semi or anti join (e.g. impressions without a click per key and window);
         returns files written (0/1)."""
         if len(key):
             self._parts.append(partials(key, ts, value, self.window))

@@ -42,7 +42,7 @@ rule (the table's span of a copied stream is empty there): each pair is
 emitted in the second grid, at its R's home, each S flagged at its home in
 the first (protocol.predicates.hot_grids).
 
-Outer, semi and anti joins (`join.type`, issue 22) keep a matched flag beside every stored tuple of the kept
+Outer, semi and anti joins (`join.type`) keep a matched flag beside every stored tuple of the kept
 side(s) (slave.window): set whenever the tuple is part of a pair, in this epoch's join; a row still unmatched
 once its ts is below its stream's expiry threshold -- no on-time tuple can reach it any more, the rule that
 frees its block -- is emitted after the epoch's join, once (`lone_r`, `lone_s`).  Semi emits an R row at its first match

@@ -15,10 +15,8 @@ and every tuple of the larger side finds exactly its partners:
 
 Both are compiled with numba (cached on disk, one signature each, compiled at
 import or loaded from the cache; `make setup` and the launcher (`deploy.launch.warm_kernels`)
-warm it, so 16 slave ranks never compile at once).  Profiled on the
-epoch batches of `bench.kernel`, the equi-join kernel took 0.7 s where
-the earlier vectorized numpy kernel (np.unique, three searchsorted and a
-repeat/arange expansion per call) took 6.0 s of the slave's 11.7 s.  Each probe
+warm it, so 16 slave ranks never compile at once); a compiled probe replaced a vectorized numpy kernel that
+spent most of a slave's time (docs/benchmark-history.md, "The compiled join kernel").  Each probe
 loop runs twice, count then fill, so the index arrays are allocated at their
 exact size; the fill writes any slice of the pairs (`Matches.take`), so a
 batch's results are produced in chunks of bounded size (slave.join).  Times and

@@ -24,7 +24,7 @@ def _kind(kind: str, n: int) -> pa.Array:
 
 def with_columns(payload: PayloadReader, r_rows: np.ndarray, s_rows: np.ndarray, delay: np.ndarray,
                  kind: str | None) -> pa.Table:
-    """Result rows of declared streams (issue 20): both sides' own columns gathered by stream row from the
+    """Result rows of declared streams: both sides' own columns gathered by stream row from the
     payload log (-1: the side is missing, its columns null), then `delay` and, outside inner joins, `kind`."""
     t = payload.both(r_rows, s_rows).append_column(pa.field("delay", pa.float64(), nullable=False), pa.array(delay))
     return t if kind is None else t.append_column(pa.field("kind", pa.string(), nullable=False), _kind(kind, len(delay)))

@@ -3,7 +3,7 @@
 A supplier extracts the group's extendible-hash directory (global depth,
 entries, local depths) and the blocks of both mini-windows of every bucket, and
 sends them as one message of raw records, then every row's matched flag (outer
-joins, issue 22); the consumer rebuilds the same buckets, so the group keeps its
+joins); the consumer rebuilds the same buckets, so the group keeps its
 splits and every stored tuple, in order, with its flag.
 """
 from __future__ import annotations

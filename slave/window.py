@@ -14,7 +14,7 @@ live rows plus a quarter (`SLACK`), when the expired rows in front outgrow that
 quarter, and when out-of-order expiry drops blocks from the middle.
 
 Beside the rows each window keeps a `matched` flag per tuple (uint8, the same positions; BiStream keeps no such
-state, Flink's interval join keeps it per row for the same reason): outer, semi and anti joins (issue 22) set it
+state, Flink's interval join keeps it per row for the same reason): outer, semi and anti joins set it
 to MATCHED when a pair is produced, and `decide` emits each row still unmatched once its ts is below the
 expiry threshold -- the moment no on-time tuple can match it any more -- and marks it DECIDED.  Only blocks
 whose oldest ts is below the threshold are looked at (`block_min`): about one block per window when input
@@ -31,7 +31,7 @@ from protocol.arrays import records, take_rows
 
 #: new storage holds the live rows plus 1/SLACK of them more, and expired rows in front are given back once
 #: they outgrow that: rows are copied about once per live rows / SLACK appended or expired, and the storage
-#: stays within about 1 + 2/SLACK of the live rows (issue 6: window state at most 2x the raw tuple bytes)
+#: stays within about 1 + 2/SLACK of the live rows (window state at most 2x the raw tuple bytes)
 SLACK = 4
 #: values of a row's matched flag: no pair yet, in a pair, emitted without one (outer joins, `decide`), a guest
 #: copy whose row alone is decided at its home range or sub-group, not here (a full join)

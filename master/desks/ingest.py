@@ -55,7 +55,7 @@ class IngestDesk:
         self.range_partitioned = join["predicate"] != "equal"
         self.key_distance = key_distance(join["predicate"], join["band"])
         #: the streams copied to every range that may hold partners; the other is stored once, at its key's range,
-        #: where its pairs are produced: R, whose matched flag decides a left, semi or anti row (issue 22); a full
+        #: where its pairs are produced: R, whose matched flag decides a left, semi or anti row; a full
         #: join copies both (each tuple's row alone is decided at its home range only: slave.join)
         self.copied = range_copied(join["type"])
         #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
