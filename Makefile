@@ -12,7 +12,7 @@ STAMP   := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
@@ -23,8 +23,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/python -m deploy.launch -n $(NP) -- $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
 
-# the in-MPI tests (pytest-mpi) first, then everything else (whose closing line CI reads)
+# the lint (ruff, pyproject.toml) and the in-MPI tests (pytest-mpi) first, then everything else (whose closing
+# line CI reads): tests/unit (pure, in-process) and tests/cluster (mpirun, Spark, sockets, namespace hosts)
 test: $(STAMP)
+	$(BIN)/ruff check .
 	timeout 600 $(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 tests --ignore=tests/mpi
 
@@ -53,7 +55,7 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench.startup
 	$(BIN)/python -m bench.failover
 
-# the configuration reference, made from protocol/config.py's defaults (tests/test_config.py checks it is current)
+# the configuration reference, made from protocol/config.py's defaults (tests/unit/test_config.py checks it is current)
 docs: $(STAMP)
 	$(BIN)/python -m protocol.config --reference > docs/configuration.md
 

@@ -37,7 +37,7 @@ from deploy.launch import mpi_env
 from deploy.testbed import TestBed, TestBedError
 from protocol.config import load_config
 from protocol.output import read_tables
-from protocol.workload import generate_all
+from common.workload import generate_all
 
 HEARTBEAT = 3.0  #: cluster.heartbeat_timeout of the runs (seconds)
 REPORT_TARGET = HEARTBEAT + 2.0  #: seconds from the fault to the loss reported

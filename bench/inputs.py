@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 from protocol.config import load_config
 from protocol.eventtime import to_seconds
 from protocol.tuples import STREAM_NAMES
-from protocol import workload
-from protocol.workload import GeneratorSource
+from common import workload
+from common.workload import GeneratorSource
 
 LADDER = math.sqrt(2)          #: file lengths are the workload's duration times LADDER^k
 HEADROOM = 1.01                #: a rung must hold this many times the tuples needed (the counts are Poisson)

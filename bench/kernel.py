@@ -29,8 +29,8 @@ import numpy as np
 from bench.machine import machine_info
 from bench.search import median
 from bench.tables import md_table
-from master.ingest import to_wire
-from protocol.workload import generate_all
+from master.state.packing import to_wire
+from common.workload import generate_all
 from protocol import eventtime
 from protocol.config import load_config
 from protocol.predicates import time_bounds
@@ -118,7 +118,7 @@ def own_kernel(cfg: dict, batches, results_to: Path | None = None) -> tuple[floa
             began = time.time()
             for chunk in module.chunks(r, s, watermark):
                 delay, _ = chunk.delays(began, began)
-                writer.add(chunk.pairs, delay)
+                writer.add_pairs(chunk.pairs, delay)
                 results += len(delay)
         if writer is not None:
             writer.flush()

@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.kernel import epoch_batches, own_by_span, window_footprint, with_results
 from bench.search import HALF_LOAD, MIN_INPUT_SECONDS, confirmed, median
 from bench.tables import detail_table, fmt, md_table, summary_table, trail_text
-from protocol.workload import generate_all
+from common.workload import generate_all
 from protocol.config import load_config
 
 #: name -> (what it is, generator/join settings on top of the bench's workload).  The windows of zipf and

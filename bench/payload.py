@@ -28,7 +28,7 @@ from bench.ab import Comparison, parser
 from bench.cluster import RunFailed, run_cluster
 from protocol.config import load_config
 from protocol.tuples import STREAM_NAMES
-from protocol.workload import GeneratorSource
+from common.workload import GeneratorSource
 
 RATE_TARGET = 0.5
 STREAMS = ("bids", "asks")

@@ -10,7 +10,7 @@ can drop state, plus the exact test on the float seconds), written by `foreachBa
 runs on `local[N]` with N = the cores and `spark.sql.shuffle.partitions` = N, the default trigger (the
 next micro-batch starts as soon as the last one ended: Spark's lowest delay), and the in-memory state store.
 
-The data is the project's generated workload (`protocol.workload.generate_all`), so the same seed gives the
+The data is the project's generated workload (`common.workload.generate_all`), so the same seed gives the
 same tuples as the cluster joins.  A feeder thread paces it: the tuple i of a run at rate x arrives at
 t0 + i/x (its nominal arrival, as in the cluster's paced runs), and every `SLICE` seconds the tuples that
 arrived in the slice are written as one Parquet file per stream (atomically: a hidden name, then a
@@ -221,7 +221,7 @@ class SparkBench:
 
     def __init__(self, cfg: dict, run_seconds: float, steps: int, repeats: int, delay_bound: float,
                  timeout: float, tmp: Path):
-        from protocol.workload import generate_all
+        from common.workload import generate_all
         self.cfg, self.run_seconds, self.steps, self.repeats = cfg, run_seconds, steps, repeats
         self.delay_bound, self.timeout, self.tmp = delay_bound, timeout, tmp
         if cfg["generator"]["disorder"]:
@@ -327,7 +327,7 @@ def report_section(points: list[dict], peer: dict, cluster_bound: float) -> list
             f"with watermarks of join.max_delay. A run passes iff everything was joined and written within "
             f"{delay_bound:g} s of the last file (drain) and its delay p95 <= {delay_bound:g} s; delay = wall "
             "time the micro-batch's results were written minus the nominal arrival of the later tuple. "
-            "Its result set equals the reference join (tests/test_bench_spark.py).", "",
+            "Its result set equals the reference join (tests/cluster/test_bench_spark.py).", "",
             detail_table(peer), ""]
 
 

@@ -6,7 +6,7 @@ after a recovery); the tests check it against reference joins on their inputs, t
 run.  Spark reads the input in arrival order -- the input archive `archive/` (written when checkpoints are
 on: checkpoint.interval > 0 and checkpoint.archive), or without one the input the config names (the file of
 source.kind = "file", or the generator's streams rebuilt on the driver) -- and recomputes, in Spark SQL and
-without any code of master/ingest or slave/:
+without any code of master/ or slave/:
 
 - lateness, per dispatcher (each applies the rule to its own share): a tuple is late iff its ts is below
   the largest ts before it in that dispatcher's arrival order minus join.max_delay;
@@ -116,7 +116,7 @@ class Target:
 def run_state(cfg: dict) -> Target:
     """A finished run (summary.json) or the newest complete checkpoint of a live or crashed one.
 
-    The watermark of a checkpoint is the lowest of each dispatcher's watermark (master.ingest.Lateness: a
+    The watermark of a checkpoint is the lowest of each dispatcher's watermark (master.state.lateness.Lateness: a
     tuple arriving later with a smaller ts is late) and of the ts buffered at the master (not joined yet): every
     on-time pair whose later ts is below it was joined before the cut and lies in the committed files."""
     out = Path(cfg["output"]["path"])
@@ -296,7 +296,7 @@ def _generated(spark, cfg: dict):
     microseconds, and in seconds as the run's files would hold them)."""
     import pyarrow as pa
 
-    from protocol.workload import generate_all
+    from common.workload import generate_all
 
     c = generate_all(cfg)
     return spark.createDataFrame(pa.table({

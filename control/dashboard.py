@@ -1,6 +1,6 @@
 """`python -m control.dashboard OUT [--endpoint 127.0.0.1:9464]`: the dashboard of a finished run.
 
-Serves the page the master serves live (protocol.dashboard) from a run's files: the samples of its metrics
+Serves the page the master serves live (common.dashboard) from a run's files: the samples of its metrics
 log (`OUT/metrics/*.parquet`), the moves, hot-key events and checkpoints of `OUT/summary.json`, and the final
 Prometheus exposition (`OUT/metrics.prom`) at /metrics.  Loopback only: it is a viewer, not a service.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from protocol.access import endpoint_is_local
-from protocol.dashboard import DashboardServer
+from common.dashboard import DashboardServer
 from protocol.strict_json import finite
 
 

@@ -3,7 +3,7 @@
 
 With `--stream` the file is one declared stream's (a CSV, Parquet or JSON-lines file of any columns) and
 its rows go as they are, `batch` rows to a BATCH message (one Arrow record batch, protocol.wire), to the
-`endpoint` of a live `[streams.NAME]` (master.live_stream checks them against the stream's schema).
+`endpoint` of a live `[streams.NAME]` (master.sources.live checks them against the stream's schema).
 
 Reads a CSV/Parquet input file as it goes (the columns of the file source; invalid
 rows are set aside the same way and counted) and PUSHes it to a master running with
@@ -39,9 +39,9 @@ import pyarrow.dataset as ds
 import zmq
 
 from protocol import eventtime, wire
-from protocol.chunks import InputError, rows
-from protocol.input_file import InputFile
-from protocol.zmq_security import connect_client
+from common.chunks import InputError, rows
+from common.input_file import InputFile
+from common.zmq_security import connect_client
 
 #: messages a producer queues before its sends block, and its kernel send buffer (bytes)
 SNDHWM = 2
@@ -103,7 +103,7 @@ class Producer:
 
     def _tuples(self, seq: int, position: int, records: np.ndarray) -> None:
         origin = wire.origin(self.name, self.digest, self.run, position)
-        self._send([wire.header(wire.Kind.TUPLES, len(records), self.sender, seq), origin, records.data])
+        self._send([wire.header(wire.Frame.TUPLES, len(records), self.sender, seq), origin, records.data])
 
     def send_table(self, table: pa.Table) -> None:
         """One BATCH message: the rows of `table` as an Arrow record batch (a live declared stream)."""
@@ -117,7 +117,7 @@ class Producer:
 
     def _end(self) -> None:
         origin = wire.origin(self.name, self.digest, self.run, self.tuples)
-        self._send(wire.encode_mark(wire.Kind.END, self.reported, self.sender, self.end_seq, origin))
+        self._send(wire.encode_end(self.reported, self.sender, self.end_seq, origin))
 
     def send(self, stream, ids, ts, keys, values) -> None:
         records = wire.tuple_records(stream, ids, ts, keys, values)
@@ -146,7 +146,7 @@ class Producer:
             if not self.acks.poll(int(left * 1000) if wait and self.timeout > 0 else 100 if wait else 0):
                 continue
             last = time.perf_counter()
-            msg = wire.decode(self.acks.recv_multipart(), (wire.Kind.ACK,), 1 << 20)
+            msg = wire.decode(self.acks.recv_multipart(), (wire.Frame.ACK,), 1 << 20)
             if isinstance(msg, wire.Rejection):
                 raise Blocked(f"a malformed acknowledgement from the master ({msg.reason}: {msg.detail})")
             mine = msg.rows[msg.rows["producer"] == self.name.encode()]
@@ -154,11 +154,11 @@ class Producer:
             while self.kept and self.kept[0][1] + len(self.kept[0][2]) <= acked:
                 self.kept.popleft()
             self.acked = acked
-            if msg.mark:  # the run is over
+            if msg.final:  # the run is over
                 self.confirmed = self.end_seq is not None and ended and acked == self.tuples
                 break
-            if msg.seq != self.run:
-                self._resend(msg.seq)
+            if msg.run != self.run:
+                self._resend(msg.run)
             if ended and self.end_seq is not None:
                 self.confirmed = True
         self.ack_wait += time.perf_counter() - started

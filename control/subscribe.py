@@ -30,7 +30,7 @@ import zmq
 from protocol import wire
 from protocol.access import dispatcher_endpoint
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED
-from protocol.zmq_security import connect_client
+from common.zmq_security import connect_client
 
 def held(record: np.dtype) -> np.dtype:
     """A held result: its record and the punctuation it arrived after."""
@@ -95,7 +95,7 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
     while True:
         if not sock.poll(int(timeout * 1000) if timeout > 0 else None):
             break
-        msg = wire.decode(sock.recv_multipart(), tuple(wire.Kind), sys.maxsize)
+        msg = wire.decode(sock.recv_multipart(), tuple(wire.Frame), sys.maxsize)
         if isinstance(msg, wire.Rejection) or not 0 <= msg.sender < dispatchers:
             out["rejected"] += 1
             continue
@@ -103,11 +103,11 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
             out["gaps"] += 1
             out["missed_messages"] += msg.seq - expect_seq[msg.sender]
         expect_seq[msg.sender] = msg.seq + 1
-        if msg.kind in (wire.Kind.RESULTS, wire.Kind.ROWS):
+        if msg.kind in (wire.Frame.RESULTS, wire.Frame.ROWS):
             record = msg.rows.dtype
             out["results"] += len(msg.rows)
             out["covered"] += int((wire.stream_time(msg.rows) < last_p).sum())
-            if msg.kind == wire.Kind.ROWS:
+            if msg.kind == wire.Frame.ROWS:
                 for code, n in zip(*np.unique(msg.rows["kind"], return_counts=True)):
                     out["kinds"][wire.ROW_KINDS[code]] = out["kinds"].get(wire.ROW_KINDS[code], 0) + int(n)
             if ordered:
@@ -117,7 +117,7 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
             elif keep:
                 parts.append(msg.rows.copy())
                 before.append(np.full(len(msg.rows), last_p))
-        elif msg.kind == wire.Kind.TABLE and (table := wire.read_table(msg.arrow)) is not None:
+        elif msg.kind == wire.Frame.TABLE and (table := wire.read_table(msg.arrow)) is not None:
             out["results"] += table.num_rows
             out["covered"] += int((wire.stream_time(table) < last_p).sum())
             if "kind" in table.column_names:
@@ -128,16 +128,16 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
                 waiting.append(table)
             elif keep:
                 tables.append(table)
-        elif msg.kind == wire.Kind.PUNCT:
-            out["non_monotone"] += int(msg.mark <= marks[msg.sender])
-            marks[msg.sender] = msg.mark
+        elif msg.kind == wire.Frame.PUNCT:
+            out["non_monotone"] += int(msg.punctuation <= marks[msg.sender])
+            marks[msg.sender] = msg.punctuation
             out["punctuations"] += 1
             if marks.min() > last_p:
                 last_p = float(marks.min())
                 out["last_punctuation"] = last_p
                 if ordered:
                     release(last_p)
-        elif msg.kind == wire.Kind.END:
+        elif msg.kind == wire.Frame.END:
             ended.add(msg.sender)
             if len(ended) == dispatchers:
                 out["ended"] = True

@@ -118,8 +118,10 @@ def _dispatchers(command: list[str]) -> int:
 
 
 def is_hosted_launch(command: list[str]) -> bool:
-    return any(w.endswith("deploy.launch") or w.endswith("deploy/launch.py") for w in command) and \
-        _value(command, ("--hostfile",)) is not None
+    """`deploy.launch --hostfile ...`, as `python -m deploy.launch` or as `streamjoin run` (or `launch`)."""
+    launch = any(w.endswith("deploy.launch") or w.endswith("deploy/launch.py") for w in command) or \
+        any(Path(w).name == "streamjoin" and then in ("run", "launch") for w, then in zip(command, command[1:]))
+    return launch and _value(command, ("--hostfile",)) is not None
 
 
 def supervise(command: list[str], restarts: int, backoff: float, log=print, min_slaves: int = 1,

@@ -61,7 +61,7 @@ def find_mpirun() -> str:
 
 
 #: the modules whose numba kernels are cached on disk (`cache=True`)
-KERNEL_MODULES = ("master.ingest", "master.keys", "slave.kernel")
+KERNEL_MODULES = ("master.state.lateness", "master.state.packing", "master.sources.keys", "slave.kernel")
 
 
 def kernel_stamp(modules: tuple[str, ...] = KERNEL_MODULES) -> tuple[Path, str]:
@@ -87,10 +87,11 @@ def warm_kernels() -> None:
     with contextlib.suppress(OSError):
         if stamp.read_text() == state:
             return
-    import master.ingest  # noqa: F401  (compiles at import: one signature per kernel)
+    import master.state.lateness  # noqa: F401  (compiles at import: one signature per kernel)
+    import master.state.packing  # noqa: F401
     import slave.kernel  # noqa: F401
     import pyarrow as pa
-    from master.keys import KeyDictionary  # text keys' coding compiles at its first call: 16 values, a rehash too
+    from master.sources.keys import KeyDictionary  # text keys' coding compiles at its first call: 16 values, a rehash too
 
     KeyDictionary(pa.string()).codes(pa.array([str(i) for i in range(16)]))
     with contextlib.suppress(OSError):  # a read-only checkout warms each time
@@ -102,11 +103,12 @@ def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, mod
                    cluster: dict | None = None, log=print) -> list[str]:
     """The mpirun command line.  With a hostfile the ranks go where `deploy.hosts.place` puts them (said in one
     line through `log`), and every rank gets this launcher's environment; `cluster`: the config's [cluster]
-    and [epochs] keys that set Open MPI's network and keepalive (`network_options`)."""
+    and [epochs] keys that set Open MPI's network and keepalive (`network_options`).  Ranks start with
+    `python -P`: the working folder is not on their path, so a user's `common.py` there cannot hide ours."""
     warm_kernels()
     cmd = [find_mpirun(), "--bind-to", "none", *network_options(cluster)]
     if not hostfile:
-        return cmd + ["--oversubscribe", "-n", str(ranks), sys.executable, "-m", module, *args]
+        return cmd + ["--oversubscribe", "-n", str(ranks), sys.executable, "-P", "-m", module, *args]
     placement = place(read_hostfile(hostfile), ranks)
     log(describe(placement))
     placed = write_placement(placement, Path(session_root()) / "hostfile")
@@ -115,7 +117,7 @@ def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, mod
             "-x", f"{PLACED_HOSTS}={len(placement)}",
             *[x for name in dict.fromkeys([*MPI_ENV, "OMPI_MCA_btl", "PYTHONPATH", LAUNCHED, *forwarded])
               for x in ("-x", name)]]
-    return cmd + [sys.executable, "-m", module, *args]
+    return cmd + [sys.executable, "-P", "-m", module, *args]
 
 
 def network_options(cluster: dict | None) -> list[str]:

@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from master.cli import parse_args
 from protocol.lifetime import USER_ERROR
-from protocol.mpi import run_rank, wait_barrier
+from protocol.mpi import receive_start, run_rank, wait_barrier
 
 # Only light modules above: every rank imports them, then the others sleep in a barrier while rank 0 alone
 # imports numpy, pyarrow and its desks, reads the config and the input's first batch on a core of its own
@@ -61,15 +61,14 @@ def other_rank(comm) -> int:
         # slave's modules beside it, the others after its first batch
         importlib.import_module("slave.run")
     wait_barrier(comm)  # until rank 0 has read the config and opened the input
-    cfg = comm.bcast(None, root=0)
+    cfg, resume = receive_start(comm)
     if cfg is None:  # rank 0 refused the configuration and said why
         return USER_ERROR
-    resume = comm.bcast(None, root=0)
     if comm.rank >= cfg["cluster"]["dispatchers"]:
         runpy.run_module("slave", run_name="__main__", init_globals={"RECEIVED": (cfg, resume)})
         return 0
     from master.run import Master
-    from master.source import open_shard
+    from master.sources import open_shard
     from protocol import checkpoint
     if resume is not None:
         resume = (Path(resume["dir"]), checkpoint.load_manifest(Path(resume["dir"])))
@@ -82,7 +81,7 @@ def other_rank(comm) -> int:
 def input_errors_abort(comm):
     """A file source finds a bad block or an unreadable file only when it reads that far, during the run: say
     so and end the whole job (the other ranks would wait for this one forever)."""
-    from protocol.chunks import InputError
+    from common.chunks import InputError
     try:
         yield
     except InputError as e:
@@ -97,9 +96,9 @@ def main() -> int:
         return other_rank(comm)
     from master.lock import OutputBusy, OutputLock
     from master.run import Master
-    from master.source import open_shard
+    from master.sources import open_shard
     from protocol import checkpoint
-    from protocol.chunks import InputError
+    from common.chunks import InputError
     from protocol.config import ConfigError, load_config, validate
     from protocol.output import OutputError, check_owned, reset_output
     resume = lock = None

@@ -24,7 +24,7 @@ state when it has every dispatcher's marker and meanwhile receives nothing
 from a dispatcher whose marker it has (protocol.mpi.wait_probe_any), so no
 batch crosses the cut.  The manifest is written when all parts are in.
 
-Band and inequality joins route by key ranges (master.ranges): rank 0 decides
+Band and inequality joins route by key ranges (master.state.ranges): rank 0 decides
 them from its first keys and sends them (RANGES); the others take no input
 until they have them, so every dispatcher sends a key to the same partition.
 
@@ -32,42 +32,41 @@ The same channel ends the run: a dispatcher whose input is exhausted and
 joined says DONE and keeps serving orders until rank 0, done too and with no
 move in flight, says FINISH.  A dispatcher's ZeroMQ producers learn what a
 checkpoint made durable from it: rank 0 sends each other dispatcher COMMITTED
-with the source position of its part once the manifest is written.  Orders are
-small dicts, pickled; no tuple data.
+with the source position of its part once the manifest is written.  The orders,
+their fields and their encoding are protocol.orders'; no tuple data.
 """
 from __future__ import annotations
 
+import numpy as np
 from mpi4py import MPI
 
 from protocol.messages import TAG_ORDER
-
-HOLD, READY, RELEASE, DONE, FINISH = "hold", "ready", "release", "done", "finish"
-CHECKPOINT, SNAPSHOT = "checkpoint", "snapshot"
-COMMITTED = "committed"  #: rank 0 to another dispatcher: a checkpoint holding its part is complete (its `source` mark)
-RANGES = "ranges"  #: band and inequality joins: rank 0's key ranges, which every dispatcher routes by
-#: declared streams: another dispatcher to rank 0, how far its batches are done with (master.desks.payload)
-PAYLOAD = "payload"
+from protocol import orders
+from protocol.orders import Order
 
 
 class Orders:
-    """The order channel of one dispatcher: non-blocking sends, and whatever has arrived."""
+    """The order channel of one dispatcher: non-blocking sends of encoded orders, and whatever has arrived."""
 
     def __init__(self, comm: MPI.Comm):
         self.comm = comm
-        self._sending: list[MPI.Request] = []
+        self._sending: list[tuple[MPI.Request, np.ndarray]] = []  #: requests with their buffers
 
-    def send(self, dests, order: str, **fields) -> None:
-        self._sending = [r for r in self._sending if not r.Test()]
+    def send(self, dests, order: Order, **fields) -> None:
+        self._sending = [(r, b) for r, b in self._sending if not r.Test()]
+        buf = orders.encode(order, **fields)
         for dest in dests:
-            self._sending.append(self.comm.isend({"order": order, **fields}, dest=dest, tag=TAG_ORDER))
+            self._sending.append((self.comm.Isend([buf, MPI.BYTE], dest=dest, tag=TAG_ORDER), buf))
 
-    def arrived(self) -> list[tuple[int, dict]]:
-        """(source, order) of every order waiting, in arrival order."""
+    def arrived(self) -> list[tuple[int, Order, dict]]:
+        """(source, kind, fields) of every order waiting, in arrival order."""
         got, status = [], MPI.Status()
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_ORDER, status=status):
-            got.append((status.Get_source(), self.comm.recv(source=status.Get_source(), tag=TAG_ORDER)))
+            buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+            self.comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=TAG_ORDER)
+            got.append((status.Get_source(), *orders.decode(buf)))
         return got
 
     def close(self) -> None:
-        MPI.Request.Waitall(self._sending)
+        MPI.Request.Waitall([r for r, _ in self._sending])
         self._sending = []

@@ -1,7 +1,7 @@
 """The master's MPI edge: batches and orders to slaves, their reports, orders between dispatchers.
 
 Everything the master does over MPI besides the result stream happens here,
-so the desks (master/desks/) are plain classes tested with a fake of this
+so the desks (master/state/) are plain classes tested with a fake of this
 object.  A slave counts as busy from the send of a message until its report
 answers it (paper 003, V-B: a slave still joining at its slot misses it); the
 buffer of its last message is reused for the next one.  `seq` numbers the
@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from master.coordination import Orders
+from protocol.orders import Order
 from protocol import eventtime, faults, liveness
 from protocol.arrays import whole_buffer
 from protocol.mpi import wait_all_started
@@ -100,10 +101,10 @@ class Links:
         return stops
 
     # -- the other dispatchers (master.coordination) ------------------------------------------------------
-    def tell(self, dests, order: str, **fields) -> None:
+    def tell(self, dests, order: Order, **fields) -> None:
         self.orders.send(dests, order, **fields)
 
-    def arrived(self) -> list[tuple[int, dict]]:
+    def arrived(self) -> list[tuple[int, Order, dict]]:
         return self.orders.arrived() if self.orders else []
 
     def close(self) -> None:

@@ -4,7 +4,7 @@ and a Parquet log (`metrics/`).
 The master already holds every counter (RunStats, from ingest and the slaves' reports), the controller's
 load bookkeeping and partition map (paper 003, IV-A) and the hot keys; `tick` copies them into one sample at
 the progress cadence: O(slaves + partitions) per sample, nothing per tuple.  Scrapes and the dashboard read
-the latest sample from the server's thread (protocol.dashboard); the loop never waits for them.
+the latest sample from the server's thread (common.dashboard); the loop never waits for them.
 
 With several dispatchers (BiStream 3.2.3) each other dispatcher sends its counters to rank 0 at the same
 cadence (TAG_METRICS, a small pickled dict, no tuple data) into a receive rank 0 keeps posted; rank 0 adds
@@ -24,9 +24,9 @@ from mpi4py import MPI
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from master.stats import RunStats
+from master.state.stats import RunStats
 from protocol import delays, eventtime
-from protocol.dashboard import DashboardServer, sample_schema
+from common.dashboard import DashboardServer, sample_schema
 from protocol.strict_json import finite
 from protocol.messages import TAG_METRICS
 from protocol.output import write_table
@@ -46,12 +46,12 @@ _MIDDLES = np.concatenate([[delays.EDGES[0]], np.sqrt(delays.EDGES[1:] * delays.
 def rejected_reasons(source) -> dict[str, int]:
     """Rejected inputs by reason, as far as the source has got (a ZeroMQ source counts messages, a file its
     rows as the run passes them); with several dispatchers the first counts the file's."""
-    return dict(getattr(source, "reasons", {}))
+    return dict(source.reasons)
 
 
 def refused_kinds(source) -> dict[str, int]:
-    """ZeroMQ messages refused for want of source.token, by kind (END or TUPLES): master/zmq_source.py."""
-    return dict(getattr(source, "refused", {}))
+    """ZeroMQ messages refused for want of source.token, by kind (END or TUPLES): master/sources/zmq_input.py."""
+    return dict(source.refused)
 
 
 class Metrics:
@@ -174,10 +174,9 @@ class Metrics:
         for move in c.moves_log[self._moves_seen:]:
             self.moves_by_reason[move["reason"]] += 1
         self._moves_seen = len(c.moves_log)
-        if self._rejected is None or hasattr(m.source, "reasons"):  # a file's rejections are known at the start
-            self._rejected = Counter(rejected_reasons(m.source))
-            for o in self._others.values():
-                self._rejected.update(o["rejected"])
+        self._rejected = Counter(rejected_reasons(m.source))
+        for o in self._others.values():
+            self._rejected.update(o["rejected"])
         refused = Counter(refused_kinds(m.source))
         gaps = Counter(m.results_out.gaps)  # gaps opened in result stream subscribers' seq, by reason
         for o in self._others.values():

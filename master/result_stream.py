@@ -7,7 +7,7 @@ per chunk (slave.join.Chunk); the last (even an empty one) says the batch is
 done and carries the watermark the slave decided rows alone by.  Each STOP is
 answered the same way (the last one with every row still undecided), and
 `close` waits for those answers.  The master loop calls `pump`,
-which publishes them and, when protocol.punctuation allows a higher bound P, a
+which publishes them and, when master.punctuation allows a higher bound P, a
 PUNCT message.  With
 `output.ordered` results are held and released sorted by stream time (a pair's later ts)
 up to each P (SplitJoin's punctuated, ordered output with one punctuation per
@@ -58,7 +58,7 @@ from protocol import eventtime, wire
 from protocol.access import dispatcher_endpoint
 from protocol.messages import TAG_RESULTS
 from protocol.predicates import final_time, time_bounds
-from protocol.punctuation import Punctuator
+from master.punctuation import Punctuator
 
 #: the largest result message in bytes: RESULTS frames of as many records as fit (ZeroMQ gets its own copy, so
 #: a queued message never pins a larger array), the socket's SNDHWM is the bound over this
@@ -133,7 +133,7 @@ class ResultStream:
         if not self.enabled:
             return
         import zmq  # here and below, not at the top: pyzmq takes 50 ms of a start that has no result stream
-        from protocol.zmq_security import bind_server
+        from common.zmq_security import bind_server
         # its own context: `close` terminates it, which returns once the queued messages went out (at most the
         # socket's linger), before the interpreter exits under ZeroMQ's I/O thread
         self.ctx = zmq.Context()
@@ -170,7 +170,7 @@ class ResultStream:
 
     def stopped(self, rank: int, seq: int, partitions: np.ndarray) -> None:
         """The master sent `rank` its STOP `seq`; its groups are `partitions`: the slave answers with its last
-        results (protocol.punctuation: the last STOP brings every row still undecided)."""
+        results (master.punctuation: the last STOP brings every row still undecided)."""
         if self.enabled:
             self.punctuator.sent(rank, seq, partitions, eventtime.POS_INF, eventtime.POS_INF)
 
@@ -180,7 +180,7 @@ class ResultStream:
             self.punctuator.may_hold(partitions)
 
     def rerouted(self, sources, targets) -> None:
-        """Tuples moved between partitions (protocol.punctuation.Punctuator.rerouted)."""
+        """Tuples moved between partitions (master.punctuation.Punctuator.rerouted)."""
         if self.enabled:
             self.punctuator.rerouted(sources, targets)
 
@@ -194,12 +194,12 @@ class ResultStream:
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_RESULTS, status=status):
             buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
             self.comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=TAG_RESULTS)
-            msg = wire.decode(wire.unpack(buf), (wire.Kind.RESULTS, wire.Kind.ROWS, wire.Kind.TABLE), sys.maxsize)
+            msg = wire.decode(wire.unpack(buf), (wire.Frame.RESULTS, wire.Frame.ROWS, wire.Frame.TABLE), sys.maxsize)
             if isinstance(msg, wire.Rejection):  # our own slaves wrote it: a bug, not a user mistake
                 raise RuntimeError(f"result message from slave {status.Get_source()}: {msg.detail}")
-            self._add(wire.read_table(msg.arrow) if msg.kind == wire.Kind.TABLE else msg.rows)
-            if msg.mark != wire.MORE:  # the batch's last chunk of results
-                self.punctuator.done(msg.sender, msg.seq, wire.mark_floor(msg.mark))
+            self._add(wire.read_table(msg.arrow) if msg.kind == wire.Frame.TABLE else msg.rows)
+            if msg.floor != wire.MORE:  # the batch's last chunk of results
+                self.punctuator.done(msg.sender, msg.seq, msg.floor)
                 self.tuples_done += self._batch_tuples.pop((msg.sender, msg.seq), 0)
             got += 1
         now = time.monotonic()
@@ -263,7 +263,7 @@ class ResultStream:
             self.held_rows = sum(len(h) for h in self.held)
             self.held_bytes = sum(h.nbytes for h in self.held)
             self._publish_results(out)
-        self._publish(wire.encode_mark(wire.Kind.PUNCT, p, sender=self.index, seq=self.seq))
+        self._publish(wire.encode_punct(p, sender=self.index, seq=self.seq))
         self.punctuations += 1
 
     def _publish(self, frames: list) -> None:
@@ -330,12 +330,12 @@ class ResultStream:
                 time.sleep(1e-3)
         if self.punctuator.end() is not None:
             self._punctuate(eventtime.POS_INF)
-        self._publish(wire.encode_mark(wire.Kind.END, 0.0, sender=self.index, seq=self.seq))
+        self._publish(wire.encode_end(sender=self.index, seq=self.seq))
         while self.outbox:  # ordered: within subscriber_timeout, or lossy
             self._flush()
             time.sleep(1e-3)
         self.ingest_room(0)  # ends a pause still counted
-        from protocol.zmq_security import stop_authenticators
+        from common.zmq_security import stop_authenticators
         self.sock.close()
         stop_authenticators()
         self.ctx.term()  # waits for delivery, at most the socket's linger

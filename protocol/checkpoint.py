@@ -11,7 +11,7 @@ the same purpose; here the source is rewound to the checkpoint's position.
 
     <checkpoint.path>/ckpt-000007/
         master.state     mini-buffer contents (R rows, S rows, rows per stream and partition); master-d1.state ...
-        slave-001.state  every partition-group of slave 1 (slave.state.encode_group buffers)
+        slave-001.state  every partition-group of slave 1 (slave.mover.encode_group buffers)
         ...
         MANIFEST.json    written last: a checkpoint without it does not exist
 
@@ -101,7 +101,7 @@ def unpack(buf: np.ndarray, where: str) -> list[np.ndarray]:
     return [buf[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
 
 
-#: A slave part's records are partition-groups as slave.state.encode_group writes them: int64 head [partition,
+#: A slave part's records are partition-groups as slave.mover.encode_group writes them: int64 head [partition,
 #: global depth, directory entries, buckets, next bucket id], the directory entries, per bucket [id, local depth,
 #: R rows, S rows], then the rows, then a matched flag (uint8) per row, padded to whole 8-byte words.  Decoded here so a checker (control.checkpoints) needs no slave code.
 GROUP_HEAD = 5

@@ -363,7 +363,7 @@ def _check_bounds(join: dict[str, Any]) -> None:
 
 def reference() -> str:
     """docs/configuration.md: every key with its default, the values it takes and its meaning, from DEFAULTS
-    (tests/test_config.py fails when the committed page differs)."""
+    (tests/unit/test_config.py fails when the committed page differs)."""
     kinds = {bool: "boolean", int: "integer", float: "number", str: "string"}
     toml = lambda v: json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else \
         "unset" if v is None else repr(v)

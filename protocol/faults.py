@@ -1,7 +1,9 @@
 """Fault injection for the crash and channel tests; does nothing unless a test sets the variables.
 
 `STREAMJOIN_FAULT="rank:point:n:marker"` fires at the n-th time `rank` reaches
-`point` (e.g. "batch", "checkpoint", "move": the rank kills itself with
+`point` (e.g. "batch", "batch-after-checkpoint" -- a slave's batches once it has
+written its part of a second checkpoint, so the first is surely complete, however
+few batches a loaded machine makes --, "checkpoint", "move": the rank kills itself with
 SIGKILL; "hang-batch": a slave stops answering; "drop": a dispatcher silently
 skips one batch send), unless the file
 `marker` exists; it creates the marker first, so a restarted cluster runs
@@ -44,6 +46,17 @@ def reached(rank: int, point: str) -> None:
     """Die here if the fault names this point."""
     if fires(rank, point):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def at_batch(rank: int, after_checkpoint: bool) -> None:
+    """A slave's batch: the faults of "batch", and of "batch-after-checkpoint" once it has written its part of a
+    second checkpoint (so the first is complete)."""
+    reached(rank, "batch")
+    hangs(rank, "batch")
+    if after_checkpoint:
+        reached(rank, "batch-after-checkpoint")
+        hangs(rank, "batch-after-checkpoint")
+    fail("batch")
 
 
 def hangs(rank: int, point: str) -> None:

@@ -35,6 +35,12 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def ignore_stop_signals() -> None:
+    """A slave: mpirun forwards stop signals to every rank, and the master alone decides when the job stops."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def exit_code(returncode: int) -> int:
     """A child's Popen return code as a shell reports it: 128 + N when signal N ended it."""
     return 128 - returncode if returncode < 0 else returncode

@@ -51,22 +51,23 @@ class Ack(enum.IntEnum):
 
 #: `seq`: the message's number on the FIFO channel from its dispatcher to the slave (1, 2, ... per BATCH; an
 #: order carries the last batch's), so a slave notices a lost batch -- not the distribution epoch;
-#: `watermark`: event time in microseconds (protocol.eventtime), NEG_INF / POS_INF for none yet / no more input,
-#: NONE in orders that carry none; `partition`: the partition-group of MOVE, SPLIT and MERGE; `checkpoint`: the
-#: checkpoint id of CHECKPOINT, in the same eight bytes as `partition` (no kind carries both: the header keeps
-#: its size); `peer`: the consumer slave of MOVE; `table_rows`: rows of the int64 table that ends the message,
+#: `watermark`: the dispatcher's punctuation, event time in microseconds (protocol.eventtime): every later tuple
+#: from it has ts >= this; NEG_INF / POS_INF for none yet / no more input, NONE in orders;
+#: `partition`: the partition-group of MOVE, SPLIT and MERGE; `checkpoint`: the checkpoint id of CHECKPOINT;
+#: `floor`: MOVE's lowest watermark cap of the dispatchers holding the group (master.coordination), which the
+#: consumer's punctuations must not pass until the held tuples come (microseconds; NONE in the other kinds);
+#: `peer`: the consumer slave of MOVE; `table_rows`: rows of the int64 table that ends the message,
 #: each GROUP_ROW wide -- a BATCH's group table (`batch_groups`), the one hot-key row of SPLIT / MERGE
 #: (`hot_key`), none in the other kinds; `sent`: the master's wall clock when it encoded the message (the delay
 #: decomposition, protocol.delays).  Unused fields hold -1.
-HEADER = np.dtype({"names": ["kind", "seq", "watermark", "n_r", "n_s", "partition", "checkpoint", "peer",
-                             "table_rows", "sent"],
-                   "formats": ["<i8"] * 9 + ["<f8"],
-                   "offsets": [0, 8, 16, 24, 32, 40, 40, 48, 56, 64], "itemsize": 72})
+HEADER = np.dtype([("kind", "<i8"), ("seq", "<i8"), ("watermark", "<i8"), ("n_r", "<i8"), ("n_s", "<i8"),
+                   ("partition", "<i8"), ("checkpoint", "<i8"), ("floor", "<i8"), ("peer", "<i8"),
+                   ("table_rows", "<i8"), ("sent", "<f8")])
 #: width of the table's rows: a batch ends with one row per partition-group it holds, (partition, R rows, S
 #: rows, R's first key, R's last key, S's first key, S's last key), in the order of the rows; the keys are per
-#: stream the span whose home the group is (key ranges: master.ranges.KeyRanges.spans, both streams; hash
+#: stream the span whose home the group is (key ranges: master.state.ranges.KeyRanges.spans, both streams; hash
 #: partitions: ALL_KEYS; a full join's hot-key grids: NO_KEYS for the stream copied as guests,
-#: master.hotkeys.HotKeyRouter.spans): a row of the group whose key is outside its stream's span is a guest copy
+#: master.state.hot_key_router.HotKeyRouter.spans): a row of the group whose key is outside its stream's span is a guest copy
 #: (slave.join).  SPLIT / MERGE end with the row (hot key, its first sub-group, its sub-group count, -1, ...)
 GROUP_ROW = 7
 #: the span of a group that is every key's home (no guests of the stream): hash partitions, hot-key sub-groups
@@ -101,18 +102,15 @@ def batch_message(seq: int, watermark: int, n_r: int, n_s: int, dtype: np.dtype,
 
 
 def encode_order(kind: Kind, seq: int, watermark: int = eventtime.NONE, *, partition: int = -1, peer: int = -1,
-                 checkpoint: int = -1, hot_key: tuple[int, int, int] | None = None) -> np.ndarray:
-    """An order without tuples: STOP, MOVE (`partition`, `peer`), CHECKPOINT (`checkpoint`), SPLIT / MERGE
-    (`partition`, `hot_key` = (key, first sub-group, sub-groups))."""
+                 checkpoint: int = -1, floor: int = eventtime.NONE,
+                 hot_key: tuple[int, int, int] | None = None) -> np.ndarray:
+    """An order without tuples: STOP (`watermark` +inf), MOVE (`partition`, `peer`, `floor`), CHECKPOINT
+    (`checkpoint`), SPLIT / MERGE (`partition`, `hot_key` = (key, first sub-group, sub-groups))."""
     if kind == Kind.BATCH:
         raise ValueError("a BATCH is built by encode_batch / batch_message")
-    if partition >= 0 and checkpoint >= 0:
-        raise ValueError(f"{kind.name}: partition {partition} and checkpoint {checkpoint} share one header field")
     table = _table(None if hot_key is None else [(*hot_key, *[-1] * (GROUP_ROW - 3))])
     buf = np.empty(HEADER.itemsize + table.nbytes, dtype=np.uint8)
-    _write_head(buf, kind, seq, watermark, 0, 0, len(table), partition, peer)
-    if checkpoint >= 0:
-        buf[: HEADER.itemsize].view(HEADER)[0]["checkpoint"] = checkpoint
+    _write_head(buf, kind, seq, watermark, 0, 0, len(table), partition, peer, checkpoint, floor)
     buf[HEADER.itemsize:] = table.reshape(-1).view(np.uint8)
     return buf
 
@@ -125,11 +123,13 @@ def _table(rows) -> np.ndarray:
 
 
 def _write_head(buf: np.ndarray, kind: Kind, seq: int, watermark: int, n_r: int, n_s: int, table_rows: int,
-                partition: int = -1, peer: int = -1) -> None:
+                partition: int = -1, peer: int = -1, checkpoint: int = -1, floor: int = eventtime.NONE) -> None:
     head = buf[: HEADER.itemsize].view(HEADER)[0]
-    watermark = operator.index(watermark)  # microseconds: a float (seconds?) would be truncated unseen
+    # microseconds: a float (seconds?) would be truncated unseen
+    watermark, floor = operator.index(watermark), operator.index(floor)
     head["kind"], head["seq"], head["watermark"], head["n_r"], head["n_s"] = int(kind), seq, watermark, n_r, n_s
-    head["partition"], head["peer"], head["table_rows"], head["sent"] = partition, peer, table_rows, time.time()
+    head["partition"], head["checkpoint"], head["floor"], head["peer"] = partition, checkpoint, floor, peer
+    head["table_rows"], head["sent"] = table_rows, time.time()
 
 
 def decode_head(buf: np.ndarray, dtype: np.dtype) -> np.void:
@@ -174,59 +174,63 @@ def hot_key(buf: np.ndarray, head: np.void) -> tuple[int, int, int]:
     return key, first, size
 
 
-#: Counters of a report, in order; per-epoch increments unless marked as a level.
-REPORT_FIELDS = (
-    "seq",                       # the sequence number of the message answered (HEADER `seq`)
-    "tuples_r", "tuples_s",      # tuples joined this epoch
-    "results",                   # results produced this epoch
-    "chunks",                    # chunks the epoch's results were produced in (output.result_chunk_rows)
-    "window_r", "window_s",      # level: tuples stored now
-    "window_bytes",              # level: bytes of window state now
-    "splits", "merges",          # extendible-hash splits / merges this epoch
-    "busy",                      # seconds spent joining this epoch
-    "delay_max",                 # largest production delay this epoch
-    "files",                     # result files written this epoch
-    "rss",                       # level: peak resident memory of the slave process so far, bytes
-    "cpu",                       # level: CPU seconds the slave process used so far
-    "comm",                      # level: seconds the slave spent receiving messages and sending reports so far
-    "pss_start",                 # level: the slave's PSS before any data, bytes (protocol.startup)
-    "ack",                       # what this report answers (Ack)
-    "partition",                 # with Ack.MOVED / INSTALLED: the partition-group moved
-    "moved_tuples",              # with Ack.MOVED / INSTALLED: its stored tuples
-    "result_files",              # with Ack.CHECKPOINTED: level: result files written so far (the commit)
-    "part_bytes",                # with Ack.CHECKPOINTED: size of the slave's checkpoint part
-    "aggregate_files",           # with Ack.CHECKPOINTED: level: partial-aggregate files written so far
-)
+#: A report's fields: counts as int64, seconds as float64; per batch unless marked as a level.
+REPORT = np.dtype([
+    ("seq", "<i8"),              # the sequence number of the message answered (HEADER `seq`)
+    ("ack", "<i8"),              # what this report answers (Ack)
+    ("tuples_r", "<i8"), ("tuples_s", "<i8"),  # tuples joined
+    ("results", "<i8"),          # results produced
+    ("chunks", "<i8"),           # chunks the results were produced in (output.result_chunk_rows)
+    ("window_r", "<i8"), ("window_s", "<i8"),  # level: tuples stored now
+    ("window_bytes", "<i8"),     # level: bytes of window state now
+    ("splits", "<i8"), ("merges", "<i8"),  # extendible-hash splits / merges since the last report
+    ("busy", "<f8"),             # seconds spent joining
+    ("delay_max", "<f8"),        # largest production delay, seconds
+    ("files", "<i8"),            # result files written
+    ("rss", "<i8"),              # level: peak resident memory of the slave process so far, bytes
+    ("cpu", "<f8"),              # level: CPU seconds the slave process used so far
+    ("comm", "<f8"),             # level: seconds the slave spent receiving messages and sending reports so far
+    ("pss_start", "<i8"),        # level: the slave's PSS before any data, bytes (protocol.startup)
+    ("partition", "<i8"),        # with Ack.MOVED / INSTALLED / SPLIT / MERGED: the partition-group
+    ("moved_tuples", "<i8"),     # with Ack.MOVED / INSTALLED / SPLIT / MERGED: its stored tuples moved
+    ("result_files", "<i8"),     # with Ack.CHECKPOINTED: level: result files written so far (the commit)
+    ("part_bytes", "<i8"),       # with Ack.CHECKPOINTED: size of the slave's checkpoint part
+    ("aggregate_files", "<i8"),  # with Ack.CHECKPOINTED: level: partial-aggregate files written so far
+])
 
 
 def joining_message(seq: int, results: int, milliseconds: int) -> np.ndarray:
     """A slave's word, at most once per distribution epoch, that it has been joining batch `seq` for
     `milliseconds` and has produced `results` of its results so far: a hot key's batch may take longer than
-    the stall watch's bound (master.desks.stall), and its report comes only at the end."""
+    the stall watch's bound (master.state.stall), and its report comes only at the end."""
     return np.array([seq, results, milliseconds], dtype=np.int64)
 
 
 #: the delay histogram, then one per part of the delay (delays.PARTS)
 HISTOGRAMS = 1 + len(delays.PARTS)
-#: float64 counters, then uint32 bin counts: 3,408 bytes, under Open MPI's shared-memory eager limit (4 KiB),
+#: the REPORT record, then uint32 bin counts: 3,408 bytes, under Open MPI's shared-memory eager limit (4 KiB),
 #: so a report is delivered without a handshake that would make the master wait for a busy slave
-REPORT_BYTES = len(REPORT_FIELDS) * 8 + HISTOGRAMS * delays.BINS * 4
+REPORT_BYTES = REPORT.itemsize + HISTOGRAMS * delays.BINS * 4
 _BIN_MAX = np.iinfo(np.uint32).max
 
 
-def encode_report(counters: dict[str, float], hists: np.ndarray) -> np.ndarray:
-    """`hists`: HISTOGRAMS x delays.BINS counts (the delays, then their parts) of one batch."""
+def encode_report(counters: dict, hists: np.ndarray) -> np.ndarray:
+    """A report of `counters` (REPORT's fields; those not given are 0) and `hists`: HISTOGRAMS x delays.BINS
+    counts (the delays, then their parts) of one batch."""
     if hists.max(initial=0) > _BIN_MAX:  # a batch of over 4 billion results: far beyond any slave's memory
         raise OverflowError(f"a delay bin of one batch holds {int(hists.max()):,} results, more than a report carries")
+    unknown = set(counters) - set(REPORT.names)
+    if unknown:
+        raise ValueError(f"a report has no fields {sorted(unknown)}")
     out = np.zeros(REPORT_BYTES, dtype=np.uint8)
-    head = len(REPORT_FIELDS) * 8
-    out[:head].view(np.float64)[:] = [counters.get(f, 0.0) for f in REPORT_FIELDS]
-    out[head:].view(np.uint32)[:] = np.ravel(hists)
+    record = out[: REPORT.itemsize].view(REPORT)
+    for name, value in counters.items():
+        record[name] = value
+    out[REPORT.itemsize:].view(np.uint32)[:] = np.ravel(hists)
     return out
 
 
-def decode_report(buf: np.ndarray) -> tuple[dict[str, float], np.ndarray]:
-    """(counters, HISTOGRAMS x delays.BINS int64 counts)."""
-    head = len(REPORT_FIELDS) * 8
-    counters = dict(zip(REPORT_FIELDS, buf[:head].view(np.float64).tolist()))
-    return counters, buf[head:].view(np.uint32).astype(np.int64).reshape(HISTOGRAMS, delays.BINS)
+def decode_report(buf: np.ndarray) -> tuple[dict, np.ndarray]:
+    """(counters: ints and floats by REPORT's types, HISTOGRAMS x delays.BINS int64 counts)."""
+    counters = dict(zip(REPORT.names, buf[: REPORT.itemsize].view(REPORT)[0].tolist()))
+    return counters, buf[REPORT.itemsize:].view(np.uint32).astype(np.int64).reshape(HISTOGRAMS, delays.BINS)

@@ -7,7 +7,6 @@ backs off from 0.1 ms to 5 ms (paper 003 assumes ranks that block, not spin).
 from __future__ import annotations
 
 import gc
-import math
 import os
 import sys
 import time
@@ -18,13 +17,9 @@ from typing import Callable
 from mpi4py import MPI
 
 from protocol import liveness
+from protocol.waiting import sleep_for
 from protocol.lifetime import CRASH, USER_ERROR, die_with_parent
 from protocol.startup import PLACED_HOSTS
-
-
-#: waiting for a message expected at a known moment (`soon`): poll this often from SOON_LEAD before it to
-#: SOON_WINDOW after it (a message seen late would teach a later `soon`: the lead lets it come back)
-SOON_PAUSE, SOON_LEAD, SOON_WINDOW = 2.5e-4, 0.003, 0.01
 
 
 def _poll(ready, timeout: float | None, soon: float | None = None) -> bool:
@@ -42,20 +37,6 @@ def _poll(ready, timeout: float | None, soon: float | None = None) -> bool:
         time.sleep(sleep_for(pause, now, soon))
         pause = min(pause * 2, 5e-3)
     return True
-
-
-def sleep_for(pause: float, now: float, soon: float | None) -> float:
-    """The next sleep of `_poll`: `pause`, cut short where a message is expected `soon`."""
-    if soon is None or now >= soon + SOON_WINDOW:
-        return pause
-    return min(pause, max(soon - SOON_LEAD - now, SOON_PAUSE))
-
-
-def next_arrival(came: list[float], period: float, now: float) -> float | None:
-    """When the next of several periodic messages should come: each channel's last came at `came` (None: none
-    yet) and comes a whole number of `period`s later; the soonest not yet SOON_WINDOW past `now`."""
-    return min((t + max(1, math.ceil((now - SOON_WINDOW - t) / period)) * period for t in came if t is not None),
-               default=None)
 
 
 def wait_probe(comm: MPI.Comm, source: int, tag: int, timeout: float | None = None) -> MPI.Status | None:
@@ -109,6 +90,13 @@ def wait_barrier(comm: MPI.Comm) -> None:
     rank 0 read its config and input took 2 s of CPU each at start, measured with py-spy)."""
     request = comm.Ibarrier()
     _poll(request.Test, None)
+
+
+def receive_start(comm: MPI.Comm) -> tuple[dict | None, dict | None]:
+    """Every rank but 0: the configuration rank 0 broadcasts (None: it refused it and said why) and where a
+    recovered run starts from (None: from the beginning)."""
+    cfg = comm.bcast(None, root=0)
+    return (None, None) if cfg is None else (cfg, comm.bcast(None, root=0))
 
 
 def recv_bytes(comm: MPI.Comm, status: MPI.Status, spare=None):

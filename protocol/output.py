@@ -131,6 +131,42 @@ def write_table(directory: str | Path, stem: str, table: pa.Table, fmt: str) -> 
     return final
 
 
+class NumberedFiles:
+    """Tables gathered and written as numbered files, `directory/prefix-NNNNNN.fmt`, one once `flush_rows` rows
+    are in (or when flushed: at a checkpoint's cut, at the end).  `files` counts them: a checkpoint records it
+    as its commit and a recovery sets it back, so a restarted run numbers on and writes each file again under
+    its name.  Result files, partial aggregates, late tuples, rejected rows and the input archive all go out
+    this way."""
+
+    def __init__(self, directory: str | Path, prefix: str, fmt: str, flush_rows: float):
+        self.directory, self.prefix, self.fmt, self.flush_rows = Path(directory), prefix, fmt, flush_rows
+        self.files = 0
+        self.parts: list[pa.Table] = []
+        self.waiting = 0  #: rows gathered, not written yet
+
+    def add(self, table: pa.Table) -> int:
+        """Gather `table`; returns the files written (0 or 1)."""
+        self.parts.append(table)
+        self.waiting += table.num_rows
+        return self.flush() if self.waiting >= self.flush_rows else 0
+
+    def flush(self) -> int:
+        """Write what is gathered as the next file; returns the files written (0 or 1)."""
+        if not self.parts:
+            return 0
+        self.write(f"{self.prefix}-{self.files:06d}", self.merged(self.parts))
+        self.parts, self.waiting = [], 0
+        self.files += 1
+        return 1
+
+    def merged(self, parts: list[pa.Table]) -> pa.Table:
+        """The gathered tables as one file's table."""
+        return pa.concat_tables(parts)
+
+    def write(self, stem: str, table: pa.Table) -> None:
+        write_table(self.directory, stem, table, self.fmt)
+
+
 def read_tables(directory: str | Path, columns: list[str] | None = None) -> pa.Table | None:
     """All Parquet/CSV files of one output folder as one table (None if there are none); only `columns` are
     read if given."""

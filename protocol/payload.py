@@ -7,7 +7,7 @@ record batch, and gathered for the results where they are written with vectorize
 segments (late materialization, as column stores do): it never crosses MPI, never sits in a window, a move or a
 checkpoint, so every path that keeps the join exact (moves, hot-key grids, band copies, recovery) carries it
 unchanged.  The cost is disk under `output.path/payload/` (a shared file system on several hosts, as results
-and checkpoints already need): a segment is removed once no result can need its rows (master.desks.payload),
+and checkpoints already need): a segment is removed once no result can need its rows (master.state.payload),
 so the log holds about a window and a checkpoint's worth of input.
 
 A segment `payload/<R|S>/<first row>-<last row>.arrow` holds the column `__row` (the stream rows, rising) and the

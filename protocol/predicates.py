@@ -2,7 +2,7 @@
 distances s.ts - r.ts (`time_bounds`).
 
 `equal` is served by hash partitioning; `band` and `less` by key ranges
-(master/ranges.py), where the master routes with these bounds and the slaves'
+(master/state/ranges.py), where the master routes with these bounds and the slaves'
 kernel filters with them.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def copied_stream(join_type: str) -> int:
 
 
 def hot_grids(join_type: str, stream: int, first: int, count: int) -> tuple[range, range]:
-    """A hot key's sub-groups first..first+count-1 (master.hotkeys) as a tuple of `stream` sees them: (those it is
+    """A hot key's sub-groups first..first+count-1 (master.state.hot_key_router) as a tuple of `stream` sees them: (those it is
     spread over, stored at home in one by a hash of its id; those it is copied into, every one).  One grid
     (Streaming HyperCube, paper 000): the `copied_stream` copied, the other spread.  A full join keeps both
     sides, so it has two grids of count / 2: S spread and R copied, then R spread and S copied; each tuple is
@@ -56,7 +56,7 @@ def final_time(stream: int, ts, bounds: tuple[int, int]):
     """When a stored tuple of `stream` with `ts` (microseconds; an int or an array) becomes final: once a batch's
     watermark W is above it, no on-time tuple still to come (ts >= W) can join it, so its row alone is decided
     (slave.join: decided iff final_time(stream, ts) < W, i.e. ts below its stream's expiry threshold), and the
-    result stream gives that row this stream time (protocol.punctuation).  With `bounds` (lower, upper)
+    result stream gives that row this stream time (master.punctuation).  With `bounds` (lower, upper)
     (`time_bounds`): ts + upper for R, ts - lower for S (ts + window for both with the symmetric window)."""
     lower, upper = bounds
     return ts + upper if stream == STREAM_R else ts - lower

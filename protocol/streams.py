@@ -3,7 +3,7 @@
 Each names its files (a file, a glob or a folder of CSV, Parquet or JSON-lines), its key column(s), its
 event-time column and optionally an id column; the first declared is R unless `side` says otherwise.  The
 config keeps them as `cfg["streams"]`, an ordered {name: settings} with R first, and `source.kind` becomes
-"streams"; master.streams reads them side by side.  Pure checks, no pyarrow: Spark's workers read configs.
+"streams"; master.sources.streams reads them side by side.  Pure checks, no pyarrow: Spark's workers read configs.
 """
 from __future__ import annotations
 

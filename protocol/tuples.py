@@ -38,7 +38,7 @@ def tuple_dtype(tuple_bytes: int = BASE_TUPLE_BYTES) -> np.dtype:
     return np.dtype(fields)
 
 
-#: splitmix64's multipliers (master.ingest.partition_one uses them too)
+#: splitmix64's multipliers (master.state.packing.partition_one uses them too)
 MIX_M1 = np.uint64(0xBF58476D1CE4E5B9)
 MIX_M2 = np.uint64(0x94D049BB133111EB)
 

@@ -1,7 +1,7 @@
 """The ZeroMQ wire format: tuple batches in, result batches and punctuations out.
 
 Every message is a ZeroMQ multipart message whose first frame is a fixed
-32-byte little-endian header (`HEADER`); a message that carries rows has exactly
+64-byte little-endian header (`HEADER`, each field one meaning); a message that carries rows has exactly
 one more frame, the rows as packed little-endian records (`TUPLE_RECORD` for
 ingest, `RESULT_RECORD` for results), so a receiver checks one size
 (``count * itemsize``) and reads the rows as one numpy view, without a Python
@@ -9,28 +9,28 @@ loop per tuple.  One record frame rather than one frame per column: a fixed
 frame count, one size check, one copy to pack on the producer side.
 
 Kinds: TUPLES (producer -> master), BATCH (producer -> master, a live declared stream: one Arrow
-record batch of the stream's own columns in Arrow's IPC stream format, checked by master.live_stream), END (a producer is done; `mark` carries the
+record batch of the stream's own columns in Arrow's IPC stream format, checked by master.sources.live), END (a producer is done; `blocked` carries the
 seconds it was held back by backpressure, or an emitter is done), RESULTS,
-ROWS, TABLE and PUNCT (master -> subscribers; a punctuation P in `mark` says every
+ROWS, TABLE and PUNCT (master -> subscribers; a punctuation P in `punctuation` says every
 result whose stream time is < P has been sent: BiStream 3.2.3, SplitJoin's
 punctuated result stream), ACK (master -> producers: per producer, the tuples a
-complete checkpoint holds).  `seq` numbers a sender's messages so a subscriber
-sees gaps.  RESULTS carry pairs (the inner join); ROWS carry the rows of the
+complete checkpoint holds; `run` the master's run, `final` once it is over).  `seq` numbers a sender's messages so
+a subscriber sees gaps.  RESULTS carry pairs (the inner join); ROWS carry the rows of the
 other join types (`ROW_RECORD`): pairs and rows without a partner, each with
 its `kind` and its stream time `time` (`stream_time`).  With declared streams
 (`[streams]`) results carry the streams' own columns instead: a TABLE
 is an Arrow IPC stream (record batches of one schema) with the columns of the run's
 `results/` files and `time` (float64 seconds) last; a TABLE of no rows has an
 empty frame.  Between a slave and the
-master (over MPI), RESULTS / ROWS carry one chunk of a batch's results, `seq` is
-the batch's and `mark` is `MORE` on all chunks but the last, whose `mark` is the
-watermark the slave decided rows alone by (`floor_mark`).
+master (over MPI), RESULTS / ROWS / TABLE carry one chunk of a batch's results, `seq` is
+the batch's and `floor` is `MORE` on all chunks but the last, whose `floor` is the
+watermark the slave decided rows alone by (integer microseconds).
 
 A producer's TUPLES and END may carry an ORIGIN frame right after the header:
 who sends (its own id), the SHA-256 of the shared token (source.token), the
 master run it addresses and its position (tuples sent before this message), so
 the master lets in only holders of the token, drops what a resend repeats and
-counts what never came (master/zmq_source.py).  Without it a message is
+counts what never came (master/sources/zmq_input.py).  Without it a message is
 anonymous: accepted only when no token is configured, never deduplicated.
 
 Event time: a TUPLES record carries `ts` as int64 microseconds since the epoch
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import math
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import numpy as np
@@ -53,13 +52,18 @@ if TYPE_CHECKING:  # pyarrow is imported where TABLEs are made or read: Spark's 
     import pyarrow as pa
 
 MAGIC = b"SJNB"
-VERSION = 2
-#: `mark` of a slave's RESULTS message to the master: more results of the same batch follow (the last one's
-#: mark is a finite watermark, `floor_mark`)
-MORE = math.inf
+#: 3: the header's `mark` (blocked seconds, a punctuation or a floor by kind) became fields of their own, and an
+#: ACK's run left `seq`
+VERSION = 3
+#: `floor` of a slave's results message to the master: more results of the same batch follow
+MORE = eventtime.NONE
 
+#: `punctuation`: PUNCT's, seconds; `blocked`: a producer's END, the seconds it was held back; `floor`: a slave's
+#: results chunk, the watermark it decided rows alone by (microseconds; MORE: not the batch's last chunk);
+#: `run`, `final`: an ACK's master run and whether it is over.  A field a kind does not carry is 0 (floor MORE).
 HEADER = np.dtype([("magic", "S4"), ("version", "<u2"), ("kind", "<u2"), ("count", "<u4"), ("sender", "<u4"),
-                   ("seq", "<u8"), ("mark", "<f8")])
+                   ("seq", "<u8"), ("punctuation", "<f8"), ("blocked", "<f8"), ("floor", "<i8"), ("run", "<u8"),
+                   ("final", "u1"), ("pad", "u1", (7,))])
 #: One input tuple: stream code (0 = R, 1 = S), then the contract's columns, ts in microseconds; packed, 33 bytes.
 TUPLE_RECORD = np.dtype([("stream", "i1"), ("id", "<i8"), ("ts", "<i8"), ("key", "<i8"), ("value", "<f8")])
 #: One result pair, the columns of results/ files (protocol.output.RESULT_COLUMNS); 72 bytes.
@@ -81,7 +85,7 @@ ACK_RECORD = np.dtype([("producer", "S64"), ("tuples", "<u8"), ("ended", "u1")])
 def stream_time(results) -> np.ndarray:
     """Each result's stream time, what the result stream's punctuation and order refer to: a pair's is the ts of
     its later tuple; a ROW_RECORD or a TABLE (a pa.Table) carries its own (`time`: the same for a pair, the final
-    time of a row without a partner, the first pair's for a semi row; protocol.punctuation)."""
+    time of a row without a partner, the first pair's for a semi row; master.punctuation)."""
     if not isinstance(results, np.ndarray):
         return results["time"].to_numpy()
     if "time" in results.dtype.names:
@@ -105,7 +109,7 @@ def take_due(held: list, p: float):
     return rows.take(np.flatnonzero(due)[np.argsort(ts[due], kind="stable")])
 
 
-class Kind(enum.IntEnum):
+class Frame(enum.IntEnum):
     TUPLES = 1
     END = 2
     RESULTS = 3
@@ -132,15 +136,19 @@ REASONS = {
     "arrow": "BATCH frame is not one Arrow record batch in IPC stream format, or its row count is not the header's",
     "columns": "a column the stream declares is missing or does not become its declared type",
 }
-#: the reasons found once a BATCH's record batch is decoded (master.live_stream), not by `decode`
+#: the reasons found once a BATCH's record batch is decoded (master.sources.live), not by `decode`
 BATCH_REASONS = {"arrow", "columns"}
 
 
 class Message(NamedTuple):
-    kind: Kind
+    kind: Frame
     sender: int
     seq: int
-    mark: float
+    punctuation: float
+    blocked: float
+    floor: int
+    run: int
+    final: bool
     rows: np.ndarray | None  # a read-only view into the record frame (None for END / PUNCT / BATCH / TABLE)
     origin: np.void | None = None  # a producer's ORIGIN record (None: anonymous)
     arrow: memoryview | None = None  # BATCH, TABLE: the record batch's IPC stream bytes (TABLE of no rows: empty)
@@ -153,8 +161,12 @@ class Rejection(NamedTuple):
     count: int = 0  # the rows the header announced (with `origin`: the sender's position moves past them)
 
 
-def header(kind: Kind, count: int = 0, sender: int = 0, seq: int = 0, mark: float = 0.0) -> bytes:
-    return np.array([(MAGIC, VERSION, int(kind), count, sender, seq, mark)], dtype=HEADER).tobytes()
+def header(kind: Frame, count: int = 0, sender: int = 0, seq: int = 0, *, punctuation: float = 0.0,
+           blocked: float = 0.0, floor: int = MORE, run: int = 0, final: bool = False) -> bytes:
+    h = np.zeros(1, HEADER)
+    h["magic"], h["version"], h["kind"], h["count"], h["sender"], h["seq"] = MAGIC, VERSION, int(kind), count, sender, seq
+    h["punctuation"], h["blocked"], h["floor"], h["run"], h["final"] = punctuation, blocked, floor, run, final
+    return h.tobytes()
 
 
 def token_digest(token: str) -> bytes:
@@ -185,18 +197,18 @@ def encode_tuples(stream, ids, ts, keys, values, sender: int = 0, seq: int = 0,
                   origin_frame: bytes | None = None) -> list[bytes]:
     """A TUPLES message from columns, with an ORIGIN frame if given."""
     rows = tuple_records(stream, ids, ts, keys, values)
-    return [header(Kind.TUPLES, len(rows), sender, seq), *([origin_frame] if origin_frame else []), rows.tobytes()]
+    return [header(Frame.TUPLES, len(rows), sender, seq), *([origin_frame] if origin_frame else []), rows.tobytes()]
 
 
 def encode_ack(run: int, acked: np.ndarray, final: bool, sender: int = 0) -> list:
-    """An ACK message: ACK_RECORDs, the master's run in `seq`, mark 1 once the run is over (nothing more comes)."""
-    return [header(Kind.ACK, len(acked), sender, run, float(final)), np.ascontiguousarray(acked, ACK_RECORD).tobytes()]
+    """An ACK message: ACK_RECORDs, the master's `run`, `final` once the run is over (nothing more comes)."""
+    return [header(Frame.ACK, len(acked), sender, run=run, final=final), np.ascontiguousarray(acked, ACK_RECORD).tobytes()]
 
 
 def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
     """A RESULTS message (ROWS for ROW_RECORDs); the record frame is a view of `rows` when they are contiguous
     (no copy)."""
-    kind, record = (Kind.ROWS, ROW_RECORD) if rows.dtype == ROW_RECORD else (Kind.RESULTS, RESULT_RECORD)
+    kind, record = (Frame.ROWS, ROW_RECORD) if rows.dtype == ROW_RECORD else (Frame.RESULTS, RESULT_RECORD)
     body = np.ascontiguousarray(rows, record).view(np.uint8).data
     return [header(kind, len(rows), sender, seq), body]
 
@@ -232,29 +244,32 @@ def read_table(ipc: memoryview) -> pa.Table | None:
 
 def encode_table(table: pa.Table, sender: int = 0, seq: int = 0) -> list:
     """A TABLE message: result rows of declared streams with their `time` column."""
-    return [header(Kind.TABLE, table.num_rows, sender, seq), table_ipc(table)]
+    return [header(Frame.TABLE, table.num_rows, sender, seq), table_ipc(table)]
 
 
-def table_buffer(table: pa.Table, sender: int, seq: int, mark: float,
+def table_buffer(table: pa.Table, sender: int, seq: int, floor: int,
                  alloc: Callable[[int], np.ndarray] = new_bytes) -> np.ndarray:
     """A slave's TABLE message to the master as one uint8 buffer from `alloc` (header, then the IPC stream,
     written in place; MPI carries one buffer per message)."""
-    return table_ipc(table, header(Kind.TABLE, table.num_rows, sender, seq, mark), alloc)
+    return table_ipc(table, header(Frame.TABLE, table.num_rows, sender, seq, floor=floor), alloc)
 
 
 def encode_batch(ipc: bytes, count: int, sender: int = 0, seq: int = 0, origin_frame: bytes | None = None) -> list:
     """A BATCH message: `count` rows as one Arrow record batch in IPC stream format (`ipc`)."""
-    return [header(Kind.BATCH, count, sender, seq), *([origin_frame] if origin_frame else []), ipc]
+    return [header(Frame.BATCH, count, sender, seq), *([origin_frame] if origin_frame else []), ipc]
 
 
-def encode_mark(kind: Kind, mark: float, sender: int = 0, seq: int = 0,
-                origin_frame: bytes | None = None) -> list[bytes]:
-    """A row-less message: END (mark = seconds blocked; a producer's with its ORIGIN frame) or PUNCT (mark = the
-    punctuation)."""
-    return [header(kind, 0, sender, seq, mark), *([origin_frame] if origin_frame else [])]
+def encode_end(blocked: float = 0.0, sender: int = 0, seq: int = 0, origin_frame: bytes | None = None) -> list[bytes]:
+    """An END: a producer is done (the seconds it was held back; its ORIGIN frame), or an emitter is."""
+    return [header(Frame.END, 0, sender, seq, blocked=blocked), *([origin_frame] if origin_frame else [])]
 
 
-def decode(frames: list, accept: tuple[Kind, ...], max_rows: int) -> Message | Rejection:
+def encode_punct(punctuation: float, sender: int = 0, seq: int = 0) -> list[bytes]:
+    """A PUNCT: every result whose stream time is below `punctuation` has been sent."""
+    return [header(Frame.PUNCT, 0, sender, seq, punctuation=punctuation)]
+
+
+def decode(frames: list, accept: tuple[Frame, ...], max_rows: int) -> Message | Rejection:
     """Validate a whole message; rows are returned only if every row is valid (never half a message)."""
     if not frames:
         return Rejection("frames", "empty message")
@@ -269,20 +284,21 @@ def decode(frames: list, accept: tuple[Kind, ...], max_rows: int) -> Message | R
     kind, count = int(h["kind"]), int(h["count"])
     if kind not in {int(k) for k in accept}:
         return Rejection("kind", f"kind {kind}")
-    kind = Kind(kind)
-    sender, seq, mark = int(h["sender"]), int(h["seq"]), float(h["mark"])
+    kind = Frame(kind)
+    fields = (int(h["sender"]), int(h["seq"]), float(h["punctuation"]), float(h["blocked"]), int(h["floor"]),
+              int(h["run"]), bool(h["final"]))
     source = None
-    if len(frames) == {Kind.TUPLES: 3, Kind.BATCH: 3, Kind.END: 2}.get(kind):
+    if len(frames) == {Frame.TUPLES: 3, Frame.BATCH: 3, Frame.END: 2}.get(kind):
         if memoryview(frames[1]).nbytes != ORIGIN.itemsize:
             return Rejection("origin", f"origin frame has {memoryview(frames[1]).nbytes} bytes")
         source = np.frombuffer(frames[1], dtype=ORIGIN)[0]
         frames = [frames[0], *frames[2:]]
-    got = _body(frames, kind, count, max_rows, Message(kind, sender, seq, mark, None, source))
+    got = _body(frames, kind, count, max_rows, Message(kind, *fields, None, source))
     return got._replace(origin=source, count=count) if isinstance(got, Rejection) and source is not None else got
 
 
-def _body(frames: list, kind: Kind, count: int, max_rows: int, msg: Message) -> Message | Rejection:
-    if kind in (Kind.END, Kind.PUNCT):
+def _body(frames: list, kind: Frame, count: int, max_rows: int, msg: Message) -> Message | Rejection:
+    if kind in (Frame.END, Frame.PUNCT):
         if len(frames) != 1 or count != 0:
             return Rejection("frames", f"{kind.name} with {len(frames)} frames and count {count}")
         return msg
@@ -290,14 +306,14 @@ def _body(frames: list, kind: Kind, count: int, max_rows: int, msg: Message) -> 
         return Rejection("frames", f"{kind.name} with {len(frames)} frames (expected 2)")
     if count > max_rows:
         return Rejection("too_large", f"{count} rows > {max_rows}")
-    if kind in (Kind.BATCH, Kind.TABLE):  # a BATCH's rows are checked once decoded (master.live_stream)
+    if kind in (Frame.BATCH, Frame.TABLE):  # a BATCH's rows are checked once decoded (master.sources.live)
         return msg._replace(arrow=memoryview(frames[1]))
-    record = {Kind.TUPLES: TUPLE_RECORD, Kind.ACK: ACK_RECORD, Kind.ROWS: ROW_RECORD}.get(kind, RESULT_RECORD)
+    record = {Frame.TUPLES: TUPLE_RECORD, Frame.ACK: ACK_RECORD, Frame.ROWS: ROW_RECORD}.get(kind, RESULT_RECORD)
     body = memoryview(frames[1])
     if body.nbytes != count * record.itemsize:
         return Rejection("size", f"{body.nbytes} bytes for {count} records of {record.itemsize}")
     rows = np.frombuffer(body, dtype=record)
-    if kind == Kind.TUPLES:
+    if kind == Frame.TUPLES:
         bad = _check_tuples(rows)
         if bad is not None:
             return bad
@@ -323,27 +339,15 @@ def _check_tuples(rows: np.ndarray) -> Rejection | None:
     return None
 
 
-def results_buffer(count: int, sender: int, seq: int, mark: float = 0.0,
+def results_buffer(count: int, sender: int, seq: int, floor: int,
                    record: np.dtype = RESULT_RECORD) -> tuple[np.ndarray, np.ndarray]:
     """A RESULTS message (ROWS with `record` ROW_RECORD) as one uint8 buffer (for MPI, which carries one buffer
     per message) and its `count` records, a view into it for the caller to fill: the message is built in place,
     never copied."""
-    head = header(Kind.ROWS if record == ROW_RECORD else Kind.RESULTS, count, sender, seq, mark)
+    head = header(Frame.ROWS if record == ROW_RECORD else Frame.RESULTS, count, sender, seq, floor=floor)
     buf = np.empty(len(head) + count * record.itemsize, dtype=np.uint8)
     buf[:len(head)] = np.frombuffer(head, dtype=np.uint8)
     return buf, buf[len(head):].view(record)
-
-
-def floor_mark(micros: int) -> float:
-    """A watermark (integer microseconds) as the float64 `mark` of a slave's last RESULTS message, rounded down
-    where float64 cannot hold it exactly (beyond 2^53 us), so `mark_floor` of it is never above it."""
-    mark = float(micros)
-    return math.nextafter(mark, -math.inf) if mark > micros else mark
-
-
-def mark_floor(mark: float) -> int:
-    """Inverse of `floor_mark`: a watermark no higher than the one sent."""
-    return int(mark)
 
 
 def unpack(buf: np.ndarray) -> list[memoryview]:

@@ -12,6 +12,7 @@ if all are (pyarrow's own min / max skip NaN).
 """
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from protocol import eventtime
-from protocol.output import PARTIAL_SCHEMA, write_table
+from protocol.output import PARTIAL_SCHEMA, NumberedFiles
 from slave.join import Pairs
 
 _GROUP = ["key", "window_start"]
@@ -63,7 +64,7 @@ def _shape(g: pa.Table, prefix: str, names: tuple[str, ...] | None = None) -> pa
     return pa.Table.from_arrays(cols, schema=PARTIAL_SCHEMA) if g.num_rows else PARTIAL_SCHEMA.empty_table()
 
 
-class PartialAggregator:
+class PartialAggregator(NumberedFiles):
     """A slave's running partial view since its last file: results go in per batch, a file goes out every
     `flush_interval` seconds (and at stop) as `directory/slave-RRR-NNNNNN.parquet`, written atomically.
 
@@ -75,35 +76,32 @@ class PartialAggregator:
     COMBINE_EVERY = 32
 
     def __init__(self, directory: str | Path, rank: int, agg: dict, clock: Callable[[], float] = time.monotonic):
-        self.directory, self.rank, self.clock = Path(directory), rank, clock
+        super().__init__(directory, f"slave-{rank:03d}", "parquet", flush_rows=math.inf)  # by time: `add_rows`
+        self.clock = clock
         self.window, self.interval = eventtime.duration(agg["window"]), float(agg["flush_interval"])
         self.key_side = "s" if agg["group_by"] == "s_key" else "r"
         self.value_side = agg["value"][0]  # "r_value" -> "r"
-        self.files = 0
-        self._parts: list[pa.Table] = []
         self._last = clock()
 
-    def add(self, pairs: Pairs) -> int:
+    def add_pairs(self, pairs: Pairs) -> int:
         """Pre-aggregate one batch's results (slave.join.Pairs); returns files written (0/1)."""
         return self.add_rows(pairs[f"{self.key_side}_key"], np.maximum(pairs["r_ts"], pairs["s_ts"]),
                              pairs[f"{self.value_side}_value"])
 
     def add_rows(self, key: np.ndarray, ts: np.ndarray, value: np.ndarray) -> int:
-        """Pre-aggregate result rows given as their key, ts (microseconds) and value columns: pairs (`add`), or
+        """Pre-aggregate result rows given as their key, ts (microseconds) and value columns: pairs (`add_pairs`), or
         the R rows of a semi or anti join (e.g. impressions without a click per key and window);
         returns files written (0/1)."""
         if len(key):
-            self._parts.append(partials(key, ts, value, self.window))
-            if len(self._parts) >= self.COMBINE_EVERY:
-                self._parts = [combine(self._parts)]
+            self.add(partials(key, ts, value, self.window))
+            if len(self.parts) >= self.COMBINE_EVERY:
+                self.parts = [combine(self.parts)]
         return self.flush() if self.clock() - self._last >= self.interval else 0
 
     def flush(self) -> int:
         """Write the partial view gathered since the last file; returns the number of files written (0 or 1)."""
         self._last = self.clock()
-        if not self._parts:
-            return 0
-        write_table(self.directory, f"slave-{self.rank:03d}-{self.files:06d}", combine(self._parts), "parquet")
-        self._parts = []
-        self.files += 1
-        return 1
+        return super().flush()
+
+    def merged(self, parts: list[pa.Table]) -> pa.Table:
+        return combine(parts)

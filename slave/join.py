@@ -35,7 +35,7 @@ guests is of no use anywhere: the kernel does not search for it (slave.kernel,
 range_matches' `home`).
 
 Hot keys of the equi-join get a grid of sub-groups (Streaming HyperCube, paper
-000; master/hotkeys.py): one stream spread over it, each tuple in one, the
+000; master/state/hot_key_router.py): one stream spread over it, each tuple in one, the
 other copied into all.  A full join's hot key has two grids, S spread and R
 copied, then R spread and S copied, and the copies are guests by the same
 rule (the table's span of a copied stream is empty there): each pair is
@@ -173,7 +173,7 @@ class JoinModule:
         self.groups[partition] = pg
 
     def split_hot_key(self, partition: int, key: int, first: int, count: int) -> int:
-        """Move `key`'s stored tuples out of `partition` into sub-groups first..first+count-1 (master/hotkeys.py),
+        """Move `key`'s stored tuples out of `partition` into sub-groups first..first+count-1 (master/state/hot_key_router.py),
         each into the one its id hashes to of those its stream is spread over, with its matched flag, and into
         every one its stream is copied into (protocol.predicates.hot_grids): as a guest (flag GUEST) where it
         is at home in another (a full join), else with its flag.  Returns the tuples moved."""
@@ -296,7 +296,7 @@ class JoinModule:
 
     def stream_times(self) -> tuple[np.ndarray, np.ndarray]:
         """The stream time of each row of `lone_r` and `lone_s` (integer microseconds): a semi row's first pair's,
-        else the time the row became final (protocol.punctuation)."""
+        else the time the row became final (master.punctuation)."""
         bounds = (self.lower, self.upper)
         times_r = self.semi_time if self.join_type == "semi" else final_time(STREAM_R, self.lone_r["ts"], bounds)
         return times_r, final_time(STREAM_S, self.lone_s["ts"], bounds)

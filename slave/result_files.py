@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from protocol import eventtime
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, OUTER_RESULT_SCHEMA, RESULT_SCHEMA, \
-    RIGHT_UNMATCHED, write_table
+    RIGHT_UNMATCHED, NumberedFiles
 from protocol.payload import PayloadReader
 from slave.join import Pairs
 
@@ -73,7 +73,7 @@ def outer_table(pairs: Pairs | None, delay: np.ndarray | None, lone_r: np.ndarra
     return pa.concat_tables(parts)
 
 
-class ResultWriter:
+class ResultWriter(NumberedFiles):
     """Buffers result columns and writes them as files of about `flush_rows` rows.
 
     A file is written by a background thread (Arrow releases the GIL while it encodes and writes), so the
@@ -89,15 +89,12 @@ class ResultWriter:
     def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int, join_type: str = "inner",
                  payload: PayloadReader | None = None):
         """`payload`: with declared streams, where results gather the streams' own columns (protocol.payload)."""
-        self.directory, self.rank, self.fmt, self.flush_rows = directory, rank, fmt, flush_rows
+        super().__init__(directory, f"slave-{rank:03d}", fmt, flush_rows)
         self.join_type, self.payload = join_type, payload
-        self._parts: list[pa.Table] = []
-        self._rows = 0
-        self.files = 0
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="results")
         self._writing: list[Future] = []
 
-    def add(self, pairs: Pairs, delay: np.ndarray) -> pa.Table | None:
+    def add_pairs(self, pairs: Pairs, delay: np.ndarray) -> pa.Table | None:
         """A chunk of a batch's pairs; returns them as the rows written (None: no pairs), which the result
         stream of declared streams sends as they are (slave.results_out)."""
         if not len(pairs):
@@ -118,24 +115,15 @@ class ResultWriter:
         return self._buffer(outer_table(None, None, lone_r, lone_s, self.join_type, self.payload))
 
     def _buffer(self, table: pa.Table) -> pa.Table:
-        self._parts.append(table)
-        self._rows += table.num_rows
-        if self._rows >= self.flush_rows:
-            self.flush()
+        self.add(table)
         return table
 
-    def flush(self) -> int:
-        """Write what is buffered; returns the number of files written (0 or 1)."""
-        if not self._parts:
-            return 0
+    def write(self, stem: str, table: pa.Table) -> None:
+        """Hand the file to the writer thread, once at most WRITING others wait for it."""
         self._done()
-        self._writing.append(self._thread.submit(write_table, self.directory, f"slave-{self.rank:03d}-{self.files:06d}",
-                                                 pa.concat_tables(self._parts), self.fmt))
-        self._parts, self._rows = [], 0
-        self.files += 1
+        self._writing.append(self._thread.submit(super().write, stem, table))
         while len(self._writing) > self.WRITING:
             self._writing.pop(0).result()
-        return 1
 
     def _done(self) -> None:
         """Forget the files written; a failed write raises here."""

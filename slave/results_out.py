@@ -2,9 +2,9 @@
 
 One MPI message per chunk of a batch's results (slave.join.Chunk), at least one
 per batch, even an empty one: the last says the batch is done, so the master's
-punctuation can pass the batch's tuples (protocol.punctuation); the others are
+punctuation can pass the batch's tuples (master.punctuation); the others are
 marked `wire.MORE`.  The last carries the watermark the slave decided rows alone
-by (`wire.floor_mark`).  With a join type other than inner the records are
+by (its `floor`).  With a join type other than inner the records are
 ROW_RECORDs, and the rows without a partner the batch decided (semi: R rows with
 one) follow its pairs in the last message, each with its kind, its stream time
 (slave.join.JoinModule.stream_times) and the other side's fields as the
@@ -102,8 +102,8 @@ class ResultSender:
         """A TABLE message: `table` (None: no rows) with its rows' stream `times` (seconds) as `time`."""
         table = pa.table({}) if table is None else table.append_column("time", pa.array(times, pa.float64()))
         self._room()
-        mark = wire.floor_mark(watermark) if last else wire.MORE
-        self._send(dispatcher, wire.table_buffer(table, self.comm.rank, seq, mark, self._alloc))
+        self._send(dispatcher, wire.table_buffer(table, self.comm.rank, seq, watermark if last else wire.MORE,
+                                                 self._alloc))
 
     def _alloc(self, size: int) -> np.ndarray:
         """A send buffer of `size` bytes: the smallest spare one that is large enough, else a new one."""
@@ -115,8 +115,7 @@ class ResultSender:
     def _buffer(self, count: int, seq: int, last: bool, watermark: int) -> tuple[np.ndarray, np.ndarray]:
         """A message of `count` records to fill, once at most IN_FLIGHT - 1 others are on their way."""
         self._room()
-        mark = wire.floor_mark(watermark) if last else wire.MORE
-        return wire.results_buffer(count, self.comm.rank, seq, mark, self.record)
+        return wire.results_buffer(count, self.comm.rank, seq, watermark if last else wire.MORE, self.record)
 
     def _room(self) -> None:
         """Wait until at most IN_FLIGHT - 1 messages are on their way; the buffers of those sent are spare."""

@@ -1,67 +1,122 @@
-"""The state mover (paper 003, IV-C): a partition-group as one byte buffer, and back.
+"""The slave's state machine: what a message from a dispatcher means, apart from receiving and doing it.
 
-A supplier extracts the group's extendible-hash directory (global depth,
-entries, local depths) and the blocks of both mini-windows of every bucket, and
-sends them as one message of raw records, then every row's matched flag (outer
-joins); the consumer rebuilds the same buckets, so the group keeps its
-splits and every stored tuple, in order, with its flag.
+Pure (no MPI, no files, no clock of its own): it takes each message's kind, source, sequence number and
+watermark, and returns what the shell (slave/run.py) must do, as dask's worker state machine returns
+instructions.  It holds, per dispatcher (ranks 0..k-1; BiStream 3.2.3):
+
+* the punctuation of its last batch: every later tuple from it has ts >= this (microseconds); blocks expire
+  only below the lowest of them, since a tuple still to come from any dispatcher may need them;
+* the sequence number of its last batch: MPI keeps a channel in order, so a gap means a lost batch;
+* whether its checkpoint marker has come (Chandy-Lamport with k senders: until every marker is in, nothing
+  more is taken from a dispatcher whose marker came, so no batch crosses the cut);
+* whether it has said STOP (the run ends with the last one), and when its last batch came (the next comes a
+  distribution epoch later, at the slave's slot: paper 003, V-B).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from protocol.checkpoint import group_layout
-from slave.exthash import ExtendibleDirectory, PartitionGroup
+from protocol import eventtime
+from protocol.messages import TAG_DATA, TAG_STATE
+from protocol.waiting import next_arrival
 
 
-def encode_group(partition: int, pg: PartitionGroup) -> np.ndarray:
-    d = pg.directory
-    ids = sorted(pg.buckets)
-    table = np.array([[b, d.local_depth[b], len(pg.buckets[b][0]), len(pg.buckets[b][1])] for b in ids],
-                     dtype=np.int64).reshape(-1, 4)
-    head = np.array([partition, d.global_depth, len(d.entries), len(ids), d.next_id], dtype=np.int64)
-    windows = [w for b in ids for w in pg.buckets[b]]
-    meta = np.concatenate([head, d.entries, table.ravel()]).view(np.uint8)
-    body = np.concatenate([w.rows for w in windows]).view(np.uint8) if windows else np.empty(0, np.uint8)
-    flags = np.concatenate([w.matched for w in windows] + [np.zeros(-len(body) // pg.dtype.itemsize % 8, np.uint8)]) \
-        if windows else np.empty(0, np.uint8)  # padded to whole words: the next record stays aligned
-    return np.concatenate([meta, body, flags])
+@dataclass(frozen=True)
+class Join:
+    """Join the batch, expiring below `watermark` (the lowest punctuation of all dispatchers)."""
+    watermark: int
 
 
-def encode_move(partition: int, pg: PartitionGroup, floor: int) -> np.ndarray:
-    """A moving group's state (TAG_STATE), led by the floor the consumer's punctuations must not pass until
-    the dispatchers send it the group's held tuples: the lowest watermark cap of those (master.coordination),
-    in microseconds."""
-    return np.concatenate([np.array([floor], dtype=np.int64).view(np.uint8), encode_group(partition, pg)])
+@dataclass(frozen=True)
+class Lost:
+    """The channel from `dispatcher` lost or reordered a batch: end the job."""
+    dispatcher: int
+    got: int
+    expected: int
 
 
-def decode_move(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup, int]:
-    """Inverse of `encode_move`: (partition, group, floor)."""
-    return *decode_group(buf[8:], make_group), int(buf[:8].view(np.int64)[0])
+@dataclass(frozen=True)
+class Acknowledge:
+    """Answer `dispatcher`'s message `seq` at once (a marker or a STOP that is not the last)."""
+    dispatcher: int
+    seq: int
 
 
-def decode_group(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup]:
-    """Inverse of `encode_group`; `make_group()` returns an empty PartitionGroup with the slave's settings."""
-    head, entries, table, body = group_layout(buf)
-    partition, depth, _, _, next_id = (int(x) for x in head)
-    entries = entries.copy()
-    pg: PartitionGroup = make_group()
-    n = int(table[:, 2:].sum())
-    size = n * pg.dtype.itemsize
-    if len(buf) - body != size + n + -n % 8:
-        raise ValueError(f"group state of partition {partition}: {len(buf) - body} bytes of rows and flags, the "
-                         f"table says {n} rows of {pg.dtype.itemsize} bytes")
-    rows = buf[body: body + size].view(pg.dtype)
-    matched = buf[body + size: body + size + n]
-    pg.directory = ExtendibleDirectory()
-    pg.directory.global_depth, pg.directory.entries, pg.directory.next_id = depth, entries, next_id
-    pg.directory.local_depth = {int(b): int(ld) for b, ld, _, _ in table}
-    pg.buckets = {}
-    at = 0
-    for b, _, n_r, n_s in table.tolist():
-        r, s = pg.empty_bucket()
-        r.append(rows[at: at + n_r], matched[at: at + n_r])
-        s.append(rows[at + n_r: at + n_r + n_s], matched[at + n_r: at + n_r + n_s])
-        at += n_r + n_s
-        pg.buckets[b] = (r, s)
-    return partition, pg
+@dataclass(frozen=True)
+class WriteCheckpoint:
+    """Every marker of checkpoint `checkpoint` is in: flush results, write every group's state, tell rank 0."""
+    checkpoint: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The last STOP: decide every row still undecided, flush everything, send the final report."""
+    seq: int
+
+
+class SlaveState:
+    def __init__(self, dispatchers: int, epoch: float):
+        self.epoch = epoch
+        self.watermarks = np.full(dispatchers, eventtime.NEG_INF, dtype=np.int64)
+        self.sequence = np.zeros(dispatchers, dtype=np.int64)
+        self.batch_came: list[float | None] = [None] * dispatchers  #: per dispatcher, time.monotonic()
+        self.marked: set[int] = set()  #: dispatchers whose marker of the checkpoint being taken has come
+        self.stops = 0
+        self.stopped = False  #: the last STOP is served: the shell's loop ends
+
+    @property
+    def dispatchers(self) -> int:
+        return len(self.watermarks)
+
+    def resume(self, sequences: list[int]) -> None:
+        """A recovery: each channel numbers on from the checkpoint."""
+        self.sequence[:] = sequences
+
+    def on_batch(self, dispatcher: int, seq: int, watermark: int, now: float) -> Join | Lost:
+        expected = int(self.sequence[dispatcher]) + 1
+        if seq != expected:
+            return Lost(dispatcher, seq, expected)
+        self.sequence[dispatcher] = seq
+        self.watermarks[dispatcher] = watermark
+        self.batch_came[dispatcher] = now
+        return Join(int(self.watermarks.min()))
+
+    def on_marker(self, dispatcher: int, checkpoint: int, seq: int) -> list:
+        """A checkpoint marker: another dispatcher than rank 0 is answered at once (its batches wait, rank 0
+        gets CHECKPOINTED); with the last marker the part is written."""
+        self.marked.add(dispatcher)
+        actions: list = [Acknowledge(dispatcher, seq)] if dispatcher != 0 else []
+        if len(self.marked) == self.dispatchers:
+            self.marked.clear()
+            actions.append(WriteCheckpoint(checkpoint, seq))
+        return actions
+
+    def on_stop(self, dispatcher: int, seq: int) -> Acknowledge | Finish:
+        """A dispatcher has no more input: no tuple will come from it (its punctuation is +inf); the last STOP
+        ends the run."""
+        self.stops += 1
+        if self.stops < self.dispatchers:
+            self.watermarks[dispatcher] = eventtime.POS_INF
+            return Acknowledge(dispatcher, seq)
+        self.stopped = True
+        return Finish(seq)
+
+    def on_state(self, floor: int) -> None:
+        """A moved group arrives: a dispatcher's last punctuation here may lie above tuples of the group it
+        still holds (they were bound for the supplier), so until each sends again none counts above the
+        move's floor."""
+        self.watermarks = np.minimum(self.watermarks, floor)
+
+    def channels(self, any_source: int, any_tag: int) -> list[tuple[int, int]]:
+        """The (source, tag) that may be received now: anything, or while a checkpoint's markers come in, group
+        states and the batches of dispatchers whose marker has not come yet."""
+        if not self.marked:
+            return [(any_source, any_tag)]
+        return [(any_source, TAG_STATE)] + [(d, TAG_DATA) for d in range(self.dispatchers) if d not in self.marked]
+
+    def next_batch(self, now: float) -> float | None:
+        """When the next batch should come: a whole number of epochs after each dispatcher's last."""
+        return next_arrival(self.batch_came, self.epoch, now)

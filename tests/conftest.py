@@ -1,5 +1,9 @@
 """Shared fixtures: one real Spark session (local[*]) for every test that needs Spark (it takes ~10 s to start).
 
+tests/unit/ is pure logic in-process (no MPI job, no Spark, under a minute: `pytest tests/unit` or `-m unit`);
+tests/cluster/ runs the real cluster under mpirun, Spark, ZeroMQ sockets and namespace hosts (`-m cluster`);
+tests/mpi/ runs inside an MPI job (pytest-mpi; `make test` starts it first).
+
 `make test` runs the suite on two pytest-xdist workers (most tests wait on clusters of processes, so two at a
 time fill the machine's cores); every test that uses Spark goes to the same worker (`--dist loadgroup`), so
 one JVM serves them all.
@@ -11,6 +15,9 @@ import pytest
 
 def pytest_collection_modifyitems(items):
     for item in items:
+        room = item.path.parent.name
+        if room in ("unit", "cluster"):
+            item.add_marker(getattr(pytest.mark, room))
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
 

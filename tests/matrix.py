@@ -3,13 +3,13 @@ a random workload for it; the real cluster runs it under mpirun and its result s
 with the independent reference join over the whole input (tests/reference.py).
 
 `python -m tests.matrix --seed N` reruns one draw; `python -m tests.matrix --minutes M` (`make soak`) runs random
-draws for M minutes and prints a table of draws, the feature pairs covered and the failures.  tests/test_matrix.py
+draws for M minutes and prints a table of draws, the feature pairs covered and the failures.  tests/cluster/test_matrix.py
 runs a fixed set of seeds that covers every pair of feature values at small scale.
 
 Event time in the workload is an integer count of milliseconds or microseconds, written as exact decimal seconds;
 the reference compares those integers, so a pair exactly at a bound (one window apart, or exactly join.lower or
 join.upper) joins.  `bounds` draws the time condition: the symmetric join.window, or join.lower / join.upper
-asymmetric, one-sided (lower = 0) or both negative (issue 20).
+asymmetric, one-sided (lower = 0) or both negative.
 
 `hosts` draws one host, or three made as network namespaces (deploy.testbed): the dispatchers on the first, the
 slaves one by one from the second, launched by deploy.launch with a hostfile; the subscriber of the result stream
@@ -17,7 +17,7 @@ joins rank 0's host.  A `crash` on three hosts with two or more slaves cuts the 
 complete checkpoint and leaves it down: the supervisor finishes the run on the hosts that answer, with fewer
 slaves than the checkpoint was taken on (a rescaled recovery); with one slave it kills a rank as on one host.
 
-`output` draws the punctuated result stream (issue 22): "files" only, or also `output.zmq_endpoint` ("stream"),
+`output` draws the punctuated result stream: "files" only, or also `output.zmq_endpoint` ("stream"),
 or with `output.ordered` ("ordered").  A draw with the stream runs a real subscriber (`Subscriber`: a ZeroMQ SUB
 socket in a thread, connected before the cluster starts, `output.wait_subscribers = 1`, reading each dispatcher's
 socket until its END) and checks what it received beside the files (`stream_faults`): the pairs and rows alone
@@ -62,7 +62,7 @@ from protocol.config import ConfigError, load_config, validate
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED, read_tables
 from protocol.predicates import JOIN_TYPES
 from deploy.testbed import TestBed
-from tests.cluster import BedJob, Run, free_port, run_cluster, toml_value
+from tests.runs import BedJob, Run, free_port, run_cluster, toml_value
 from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs, reference_theta_pairs
 
 #: feature -> the values a draw takes
@@ -282,7 +282,7 @@ def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[tuple[np.ndarray, n
     """((encoded pairs, ids of R rows alone, ids of S rows alone) as the draw's join type emits them
     (tests.reference.reference_outer), encoded late ids) of the whole input, in integer microseconds
     (tests/reference.py).  With k dispatchers dispatcher i takes every k-th tuple from the i-th on
-    (master.source.ShardedSource) and judges lateness on its own share."""
+    (master.sources.ShardedSource) and judges lateness on its own share."""
     unit, k = UNITS[d.unit], d.dispatchers
     ts = data["ts"] * (1_000_000 // unit)  # microseconds, exactly
     w, md = tuple(b / unit for b in bounds_units(d)), max_delay_units(d) / unit  # seconds, as the config gives them
@@ -366,9 +366,9 @@ class Subscriber(threading.Thread):
         ends = set()
         while len(ends) < self.dispatchers and not self._stop_reading.is_set():
             if sock.poll(100):
-                msg = wire.decode(sock.recv_multipart(), tuple(wire.Kind), sys.maxsize)
+                msg = wire.decode(sock.recv_multipart(), tuple(wire.Frame), sys.maxsize)
                 self.messages.append(msg)
-                if getattr(msg, "kind", None) == wire.Kind.END:
+                if getattr(msg, "kind", None) == wire.Frame.END:
                     ends.add(msg.sender)
         self.ended = len(ends) == self.dispatchers
         sock.close(linger=0)
@@ -385,7 +385,6 @@ class Subscriber(threading.Thread):
 def enter_netns(name: str) -> None:
     """Move the calling thread into network namespace `name` (`ip netns`; Linux setns, root)."""
     import ctypes
-    import os
     with open(f"/var/run/netns/{name}") as f:
         if ctypes.CDLL(None, use_errno=True).setns(f.fileno(), 0x40000000) != 0:  # CLONE_NEWNET
             raise OSError(ctypes.get_errno(), f"setns {name}")
@@ -412,7 +411,7 @@ def table_records(table: pa.Table | None) -> np.ndarray:
 
 def message_rows(m) -> np.ndarray | None:
     """The result records of a message of the stream (None: it carries none)."""
-    if getattr(m, "kind", None) == wire.Kind.TABLE:
+    if getattr(m, "kind", None) == wire.Frame.TABLE:
         return table_records(wire.read_table(m.arrow))
     return getattr(m, "rows", None)
 
@@ -427,23 +426,23 @@ def stream_faults(d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarr
     bad = [m for m in sub.messages if isinstance(m, wire.Rejection) or not 0 <= m.sender < d.dispatchers]
     if bad:
         faults.append(f"{len(bad)} messages not of the stream, e.g. {bad[0]}")
-    kind = wire.Kind.TABLE if d.input == "streams" else wire.Kind.RESULTS if d.join_type == "inner" else wire.Kind.ROWS
+    kind = wire.Frame.TABLE if d.input == "streams" else wire.Frame.RESULTS if d.join_type == "inner" else wire.Frame.ROWS
     received = []
     for sender in range(d.dispatchers):
         mine = [m for m in sub.messages if not isinstance(m, wire.Rejection) and m.sender == sender]
         if [m.seq for m in mine] != list(range(len(mine))):
             faults.append(f"dispatcher {sender}: seq is not 0, 1, 2, ... (a gap or a repeat)")
         kinds = [m.kind for m in mine]
-        if kinds.count(wire.Kind.END) != 1 or kinds[-1] != wire.Kind.END:
+        if kinds.count(wire.Frame.END) != 1 or kinds[-1] != wire.Frame.END:
             faults.append(f"dispatcher {sender}: not one END, last")
-        marks = [m.mark for m in mine if m.kind == wire.Kind.PUNCT]
+        marks = [m.punctuation for m in mine if m.kind == wire.Frame.PUNCT]
         if not marks or marks[-1] != np.inf or any(b <= a for a, b in zip(marks, marks[1:])):
             faults.append(f"dispatcher {sender}: punctuations do not rise strictly to +inf")
         p, latest, covered, disordered = -np.inf, -np.inf, 0, 0
         for m in mine:
-            if m.kind == wire.Kind.PUNCT:
-                p = m.mark
-            elif m.kind in (wire.Kind.RESULTS, wire.Kind.ROWS, wire.Kind.TABLE):
+            if m.kind == wire.Frame.PUNCT:
+                p = m.punctuation
+            elif m.kind in (wire.Frame.RESULTS, wire.Frame.ROWS, wire.Frame.TABLE):
                 if m.kind != kind:
                     faults.append(f"dispatcher {sender}: {m.kind.name} messages, {kind.name} expected")
                 rows = message_rows(m)

@@ -42,8 +42,8 @@ def test_whole_engine_in_one_mpi_job_matches_reference(tmp_path_factory):
     """Master and slaves of one job, in-process, against the reference join."""
     from mpi4py import MPI
     from master.run import Master
-    from master.source import open_source
-    from protocol.workload import generate_all
+    from master.sources import open_source
+    from common.workload import generate_all
     from protocol.config import load_config
     from slave.run import run as run_slave
     from protocol.output import read_tables

@@ -15,7 +15,6 @@ from protocol import checkpoint
 from protocol.lifetime import CRASH, LOST, START_FAILED
 from protocol.liveness import Liveness, heartbeat_interval, heartbeat_timeout
 
-pytestmark = pytest.mark.unit
 
 
 # -- the failure detector -------------------------------------------------------------------------------------

@@ -1,0 +1,102 @@
+"""The unit every source hands the master, a Chunk of tuples as whole numpy columns in arrival order, and
+what a source is (`Source`).
+
+Shared by the file, generator, declared-streams and ZeroMQ sources and the producer, so none of them imports
+another.
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Chunk(NamedTuple):
+    stream: np.ndarray  # int8, STREAM_R / STREAM_S
+    id: np.ndarray      # int64
+    ts: np.ndarray      # int64 event time in microseconds (protocol.eventtime), converted once on input
+    key: np.ndarray     # int64
+    value: np.ndarray   # float64
+
+
+class InputError(Exception):
+    """User mistake in the input; the message names file, row and column."""
+
+
+def empty() -> Chunk:
+    return Chunk(np.empty(0, np.int8), np.empty(0, np.int64), np.empty(0, np.int64),
+                 np.empty(0, np.int64), np.empty(0, np.float64))
+
+
+def concat(parts: list[Chunk]) -> Chunk:
+    if not parts:
+        return empty()
+    if len(parts) == 1:
+        return parts[0]
+    return Chunk(*(np.concatenate(cols) for cols in zip(*parts)))
+
+
+def rows(c: Chunk, a: int, b: int | None = None) -> Chunk:
+    """Tuples a..b of `c` (views, no copy)."""
+    return Chunk(*(col[a:b] for col in c))
+
+
+class Source:
+    """What the master takes tuples from.  Everything a source can do besides `next_chunk` is declared here
+    with what a source that cannot do it answers, so the master asks and never probes; a source that can
+    overrides it."""
+
+    #: rows or messages set aside, by reason (a file's bad rows, a live source's bad messages): metrics
+    reasons: MappingProxyType = MappingProxyType({})
+    #: live messages refused for want of the token, by kind (END, TUPLES): metrics
+    refused: MappingProxyType = MappingProxyType({})
+    #: declared streams: the payload log holding the rows' own columns (protocol.payload.PayloadLog)
+    log = None
+
+    def next_chunk(self, limit: int) -> Chunk | None:
+        """At most `limit` tuples in arrival order (none yet: an empty Chunk, live sources only); None when
+        exhausted."""
+        raise NotImplementedError
+
+    def finish(self) -> dict:
+        """Release what the source holds after the run; returns entries for summary.json."""
+        return {}
+
+    def position(self) -> dict | None:
+        """Where it stands, for a checkpoint to `seek` back to; None: it is rewound by reading it again."""
+        return None
+
+    def seek(self, where: dict) -> None:
+        """Go back to a `position`."""
+        raise NotImplementedError(f"{type(self).__name__} has no position to go back to")
+
+    def acknowledge(self, position: dict | None) -> None:
+        """A checkpoint holding everything up to `position` is complete (live producers may drop it)."""
+
+    def ended(self) -> list[bool]:
+        """Per stream (R, S): every tuple of it has been taken (declared streams end one by one)."""
+        return [False, False]
+
+    #: declared streams, per side: every row below this one has been taken (its payload may go)
+    rows_taken: tuple | list = (0, 0)
+
+    @staticmethod
+    def merge(finished: list[dict]) -> dict:
+        """The summary entries of several dispatchers' shares of the source (`finish` of each, dispatcher 0's
+        first)."""
+        return finished[0]
+
+
+def rewind(source: Source, n: int, position: dict | None = None) -> None:
+    """Bring a fresh `source` to a checkpoint's place: its `position` if it has one, else read and drop its
+    first `n` tuples (sources are deterministic)."""
+    if position is not None:
+        source.seek(position)
+        return
+    while n > 0:
+        chunk = source.next_chunk(min(n, 1 << 20))
+        if chunk is None:
+            raise InputError(f"the input ends {n:,} tuples before the checkpoint's position: is it the same input?")
+        n -= len(chunk.ts)
+

@@ -1,0 +1,107 @@
+"""Input sources the master pulls tuples from, in arrival order, as whole numpy arrays (common.chunks.Chunk),
+and the factory that opens the one a config asks for (`open_source`, `open_shard`).
+
+Four kinds (``source.kind``), each a `common.chunks.Source` that declares what it can do:
+
+* ``generator`` -- the synthetic workload of the paper (common.workload);
+* ``file`` -- a CSV or Parquet file, read and validated batch by batch as it goes (master.sources.files);
+  bad rows are listed in ``rejected/`` as the run passes them (the run goes on), while a missing or
+  unreadable file or column stops the run with ``InputError``;
+* ``streams`` -- two declared streams, each its own files or live producers (master.sources.streams);
+* ``zmq`` -- live batches from producers over ZeroMQ (master.sources.zmq_input).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from common.chunks import Chunk, Source
+from common.workload import GeneratorSource
+from master.sources.files import FileSource, RejectedListing
+from protocol.access import dispatcher_endpoint
+
+
+def open_source(cfg: dict, listed: bool = True) -> Source:
+    """The source `cfg` (from protocol.config.load_config) asks for; a file source writes its rejected rows
+    into the output only if `listed` (several dispatchers read the same file: one lists them)."""
+    src = cfg["source"]
+    listing = RejectedListing(Path(cfg["output"]["path"]) / "rejected", cfg["output"]["format"],
+                              cfg["output"]["flush_rows"]) if listed else None
+    if src["kind"] == "file":
+        return FileSource(src["path"], src["duplicate_window"], listing, src["ts_unit"])
+    if src["kind"] == "streams":
+        from master.sources.streams import StreamsSource  # pyarrow's readers of two streams, text keys
+        return StreamsSource(cfg, listing)
+    if src["kind"] == "zmq":
+        from master.sources.zmq_input import ZmqSource  # pyzmq and asyncio: 50 ms of a start others skip
+        return ZmqSource(cfg)
+    return GeneratorSource(cfg["generator"])
+
+
+def open_shard(cfg: dict, index: int) -> Source:
+    """Dispatcher `index`'s share of the source (the whole source with one dispatcher).
+
+    A file or the generator is split tuple by tuple; a ZeroMQ source is not split: dispatcher i binds its
+    own socket, at the endpoint's port + i (ipc: the path with ".i" appended), for its own producers, and
+    publishes their acknowledgements at `source.ack_endpoint`'s port + i.
+    """
+    k = cfg["cluster"]["dispatchers"]
+    if k == 1:
+        return open_source(cfg)
+    if cfg["source"]["kind"] == "zmq":
+        src = cfg["source"]
+        own = {key: dispatcher_endpoint(src[key], index) for key in ("endpoint", "ack_endpoint") if src[key]}
+        source = open_source({**cfg, "source": {**src, **own}})
+        source.rejected_stem += f"-d{index}"
+        return source
+    return ShardedSource(open_source(cfg, listed=index == 0), k, index)
+
+
+class ShardedSource(Source):
+    """Dispatcher `index` of `k` takes every k-th tuple of the input, counted from `index` (BiStream 3.2.3:
+    several dispatchers ingest in parallel); the shards of all dispatchers are the input, each tuple once.
+    Each dispatcher streams the whole input and keeps its share; dispatcher 0 lists the rejected rows."""
+
+    def __init__(self, inner: Source, k: int, index: int):
+        self.inner, self.k, self.index = inner, k, index
+        self._position = 0  #: tuples of the whole input read so far
+
+    def next_chunk(self, limit: int) -> Chunk | None:
+        chunk = self.inner.next_chunk(limit * self.k)
+        if chunk is None:
+            return None
+        mine = (self._position + np.arange(len(chunk.ts))) % self.k == self.index
+        self._position += len(chunk.ts)
+        return Chunk(*(column[mine] for column in chunk))
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        return self.inner.reasons if self.index == 0 else {}
+
+    def ended(self) -> list[bool]:
+        """[streams]: per side, every tuple of that stream has been taken (the shards as the whole input)."""
+        return self.inner.ended()
+
+    def position(self) -> dict | None:
+        return self.inner.position()
+
+    def seek(self, where: dict) -> None:
+        self.inner.seek(where)
+        self._position = where["accepted"]
+
+    def finish(self) -> dict:
+        return self.inner.finish()
+
+    @property
+    def log(self):
+        """[streams]: the payload log every dispatcher writes (protocol.payload), else None."""
+        return self.inner.log
+
+    @property
+    def rows_taken(self) -> list[int]:
+        """[streams]: per side, the rows read so far, this dispatcher's and the others' (master.sources.streams)."""
+        return self.inner.rows_taken
+
+    def acknowledge(self, position: dict | None) -> None:
+        self.inner.acknowledge(position)

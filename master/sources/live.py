@@ -1,0 +1,94 @@
+"""A declared stream fed live (`[streams.NAME] endpoint = ...`): producers PUSH Arrow record batches.
+
+A BATCH message (protocol.wire) carries one record batch of the stream's own columns in Arrow's IPC stream
+format; the stream declares its columns and their types (`schema`), so the payload log's schema, the key kinds
+and the checks are fixed before the first message.  A message is taken whole or rejected whole: one that is
+not an Arrow batch, lacks a declared column or holds a column that does not become its declared type is
+counted by reason and listed in `rejected/zmq-rejected-<R|S>.*`; single bad cells are rejected rows, as in a
+file (common.stream_file.StreamChecks).  Producers, the token, END and the rejections are those of the
+ZeroMQ tuple source (master.sources.zmq_input), whose socket handling this reuses; the stream ends after
+`producers` END messages.  A live stream cannot be rewound: checkpoints are refused with one (protocol.config).
+"""
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import zmq
+
+from master.sources.zmq_input import ZmqSource
+from protocol import wire
+from common.stream_file import StreamBatch, StreamChecks
+
+#: the largest message a producer may send, per row the header announces (Arrow rows of a few columns are tens
+#: of bytes; long text payloads need `source.max_message_tuples` lowered)
+ROW_BYTES = 1024
+
+
+class LiveStream(ZmqSource):
+    """Stream `checks.name` (side `side`, 0 = R) on its `endpoint`, rows checked by `checks` against `declared`."""
+
+    record_bytes = ROW_BYTES
+
+    def __init__(self, cfg: dict, side: int, spec: dict, checks: StreamChecks, declared: pa.Schema):
+        super().__init__({**cfg, "source": {**cfg["source"], "endpoint": spec["endpoint"],
+                                            "producers": spec["producers"], "ack_endpoint": "", "idle_timeout": 0.0}})
+        self.checks, self.declared = checks, declared
+        self.rejected_stem = f"zmq-rejected-{'RS'[side]}"
+        self.last_message = time.monotonic()  #: when a message of this stream last came (idleness)
+
+    @property
+    def done(self) -> bool:
+        return self.ended >= self.producers
+
+    def batches(self) -> list[StreamBatch]:
+        """The checked batches that have arrived (none: nothing now)."""
+        out = []
+        while not self.done:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self.last_message = time.monotonic()
+            self.messages += 1
+            msg = wire.decode([f.buffer for f in frames], (wire.Frame.BATCH, wire.Frame.END), self.max_tuples)
+            if not self._let_in(msg):
+                continue
+            if not isinstance(msg, wire.Rejection) and msg.kind == wire.Frame.BATCH:
+                msg = self._table(msg)
+            if isinstance(msg, wire.Rejection):
+                self._reject(msg, sum(len(f) for f in frames))
+            elif isinstance(msg, wire.Message):
+                self._end(msg)
+            else:
+                table, origin = msg
+                table = table.slice(self._skip(origin, table.num_rows))
+                if origin is not None:  # the producer's position moves past the rows taken
+                    self.taken[bytes(origin["producer"])] += table.num_rows
+                self.tuples += table.num_rows
+                self.held_peak = max(self.held_peak, table.num_rows)
+                if table.num_rows:
+                    out.append(self.checks.checked(table))
+        return out
+
+    def _table(self, msg: wire.Message) -> tuple[pa.Table, object] | wire.Rejection:
+        """The message's record batch in the declared columns and types, or why not."""
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(msg.arrow)).read_all()
+        except (pa.ArrowException, OSError) as e:
+            return wire.Rejection("arrow", str(e).splitlines()[0], msg.origin)
+        if table.num_rows > self.max_tuples:
+            return wire.Rejection("too_large", f"{table.num_rows} rows > {self.max_tuples}", msg.origin, table.num_rows)
+        columns = []
+        for field in self.declared:
+            if field.name not in table.column_names:
+                return wire.Rejection("columns", f"no column {field.name} (columns: {', '.join(table.column_names)})",
+                                      msg.origin, table.num_rows)
+            try:
+                columns.append(table[field.name].cast(field.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                return wire.Rejection("columns", f"column {field.name} of type {table[field.name].type} does not "
+                                                 f"become {field.type}: {str(e).splitlines()[0]}", msg.origin,
+                                      table.num_rows)
+        return pa.Table.from_arrays(columns, schema=self.declared), msg.origin
+

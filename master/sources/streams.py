@@ -1,0 +1,256 @@
+"""Two declared streams read side by side and merged into one arrival order (docs/input.md).
+
+Each stream's files are read by a thread of their own, a bounded number of checked batches ahead
+(common.stream_file, as the single file source reads: master.sources.files.READ_AHEAD).  The merge orders the
+tuples by their stream's own watermark (its running maximum of event time minus its max_delay; ties: R
+first, then row order), never by the raw time: within a stream the order stays as written.  Lateness is
+judged within each stream (master.state.lateness.Lateness), and every tuple on time within its stream is at or above
+every stream's watermark before it in the merged order, so the join's watermark never makes it late: two
+files give what the interleaved single file would, without a sort, and files concatenated stream after
+stream are not judged late against each other.  The order depends on the data alone (not on batch
+sizes or thread timing), so a replay, a recovery and every dispatcher of several see the same input.
+
+Keys become the engine's int64 keys in that order (master.sources.keys); a tuple's `id` is its stream row, the reference
+by which results gather the row's own columns from the payload log (protocol.payload), which the reader threads
+write batch by batch before any tuple of the batch is handed on.  A recovery reads the input again from its
+start, which rebuilds the same codes and lists the rejected rows once more from an empty listing.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from master.sources.keys import KeyMapper
+from master.sources.live import LiveStream
+from master.sources.files import READ_AHEAD, FileSource
+from protocol import eventtime
+from protocol.config import ConfigError
+from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
+from protocol.payload import PayloadLog
+from common.stream_file import StreamChecks, StreamInput, arrow_type, first_schema, key_kinds, stream_files
+
+
+class StreamsSource(Source):
+    """The `[streams.*]` of `cfg` (protocol.streams), R first; rejected rows go to `listing` (None: another
+    dispatcher lists them)."""
+
+    def __init__(self, cfg: dict, listing=None):
+        self.cfg, self.listing = cfg, listing
+        self.specs = cfg["streams"]
+        self._delays = [eventtime.duration(s["max_delay"]) for s in self.specs.values()]  #: R's, S's, microseconds
+        self._idle_timeouts = [s["idle_timeout"] for s in self.specs.values()]  #: R's, S's, seconds
+        self.files, self.declared, missing = {}, {}, []
+        for name, s in self.specs.items():  # every path that is not there is named at once
+            try:
+                if s["endpoint"]:
+                    self.declared[name] = _declared(name, s)
+                else:
+                    self.files[name] = stream_files(name, s["path"])
+            except InputError as e:
+                missing.append(str(e))
+        if missing:
+            raise InputError("; ".join(missing))
+        firsts = {name: self.declared[name] if name in self.declared else first_schema(self.files[name][0])
+                  for name in self.specs}
+        self.kinds = key_kinds(self.specs, firsts)
+        if self.kinds != ["int"] and cfg["join"]["predicate"] != "equal":
+            raise ConfigError(f'join.predicate = "{cfg["join"]["predicate"]}" compares key values as integers, but '
+                              f"the streams' key {' + '.join(next(iter(self.specs.values()))['key'])} is "
+                              f"{' + '.join(self.kinds)}: use a single integer key column, or predicate = \"equal\"")
+        self.accepted = 0
+        self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()))
+        self._open()
+
+    def _open(self) -> None:
+        """Start reading both streams from their first rows (a recovery starts again here)."""
+        window = self.cfg["source"]["duplicate_window"]
+        inputs = [StreamChecks(name, s, self.kinds, window, self.declared[name], s["endpoint"])
+                  if name in self.declared else StreamInput(name, s, self.kinds, window, self.files[name])
+                  for name, s in self.specs.items()]
+        self._check_columns(inputs)
+        self.log.forget()
+        for side, inp in enumerate(inputs):
+            self.log.write_schema(side, inp.schema)
+        self.mapper = KeyMapper(self.kinds)
+        self._stop = threading.Event()
+        #: per side: a live stream (master.sources.live), or the queue its file reader fills
+        self._live = [LiveStream(self.cfg, side, inp.spec, inp, self.declared[inp.name])
+                      if inp.name in self.declared else None for side, inp in enumerate(inputs)]
+        self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
+        self._threads = [threading.Thread(target=FileSource._read, args=(self._logged(self.log, side, inp), q, self._stop),
+                                          daemon=True, name=f"stream-reader-{inp.name}")
+                         for side, (inp, q) in enumerate(zip(inputs, self._queues)) if self._live[side] is None]
+        for t in self._threads:
+            t.start()
+        #: per side, read and not merged: (id, ts, key, the stream's watermark: running max - max_delay)
+        self._pending: list[tuple | None] = [None, None]
+        self._running = [eventtime.NEG_INF, eventtime.NEG_INF]  #: per side, the largest ts read
+        self._done = [False, False]
+        self._end_at: list[int | None] = [None, None]  #: per side, once known: the position after its last tuple
+        self._ready, self._taken = empty(), 0
+        self.rows_taken = [0, 0]  #: per side: every row below this one has been taken (their payload may go)
+
+    def _check_columns(self, inputs: list[StreamInput]) -> None:
+        """The results' column names are distinct, and CSV results can hold every column (no nested types)."""
+        names = {"delay": "the production delay", "kind": "the row's kind (outer joins)",
+                 **{c: f"the late rows' {c}" for c in ("stream", "reason", "bound")}}
+        for inp in inputs:
+            for field in inp.schema:
+                name = inp.spec["prefix"] + field.name
+                if name in names:
+                    raise ConfigError(f"streams.{inp.name}.prefix: results would have two columns {name!r} "
+                                      f"({names[name]} and {inp.name}'s {field.name}): choose other prefixes")
+                names[name] = f"{inp.name}'s {field.name}"
+                if self.cfg["output"]["format"] == "csv" and pa.types.is_nested(field.type):
+                    raise ConfigError(f'output.format = "csv": column {field.name} of streams.{inp.name} is '
+                                      f"{field.type}, which CSV cannot hold: use Parquet, or leave it out of "
+                                      f"streams.{inp.name}.payload")
+
+    @staticmethod
+    def _logged(log: PayloadLog, side: int, inp: StreamInput):
+        """The stream's checked batches, each one's columns written to the payload log before it goes on."""
+        for batch in inp:
+            log.write(side, batch.rows, batch.ts, batch.columns)
+            yield batch._replace(columns=None)
+
+    def _close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def _pull(self, side: int) -> None:
+        """The next checked batch(es) of a stream into its pending tuples (its rejections into the listing); a
+        live stream's that have arrived, if any."""
+        live = self._live[side]
+        if live is None:
+            self._take(side, self._queues[side].get())
+            return
+        for batch in live.batches():
+            self.log.write(side, batch.rows, batch.ts, batch.columns)
+            self._take(side, batch._replace(columns=None))
+        if live.done:
+            self._done[side] = True
+
+    def _idle(self, side: int) -> bool:
+        """A live stream without a message for its idle_timeout (> 0): it no longer holds the other back."""
+        live, timeout = self._live[side], self._idle_timeouts[side]
+        return live is not None and timeout > 0 and time.monotonic() - live.last_message > timeout
+
+    def _take(self, side: int, item) -> None:
+        if isinstance(item, Exception):
+            self._done = [True, True]
+            raise item
+        if item is None:  # nothing of this side is pending: its last tuple is the last of it ready, if any
+            self._done[side] = True
+            rest = np.flatnonzero(self._ready.stream[self._taken:] == side)
+            self._end_at[side] = self.accepted + (int(rest[-1]) + 1 if len(rest) else 0)
+            return
+        if item.rejected is not None and self.listing is not None:
+            self.listing.add(item.rejected)
+        if not len(item.ts):
+            return
+        pm = np.maximum.accumulate(np.maximum(item.ts, self._running[side]))
+        self._running[side] = int(pm[-1])
+        part = (item.rows, item.ts, self.mapper.keys(item.keys), pm - self._delays[side])
+        old = self._pending[side]
+        self._pending[side] = part if old is None else tuple(np.concatenate(c) for c in zip(old, part))
+
+    def _merge(self) -> bool:
+        """Append the next run of merged tuples to the ready ones; False when none can be merged now (at the
+        end of both streams, or waiting for a live one)."""
+        for side in (0, 1):
+            while not self._done[side] and self._pending[side] is None:
+                self._pull(side)
+                if self._live[side] is not None:
+                    break  # nothing has come: it waits
+        if self._pending == [None, None]:
+            return False
+        # a stream that has ended, or a live one idle for its idle_timeout, holds nothing back; otherwise its later
+        # tuples have a watermark at least its last one's (pending, or read: a live stream waiting): R goes up to
+        # that of S (ties go to R), S below that of R
+        last = [p[3][-1] if p is not None else None if self._done[side] or self._idle(side)
+                else self._running[side] - self._delays[side] for side, p in enumerate(self._pending)]
+        parts = []
+        for side in (0, 1):
+            p = self._pending[side]
+            if p is None:
+                continue
+            other = last[1 - side]
+            n = len(p[3]) if other is None else int(np.searchsorted(p[3], other, "right" if side == 0 else "left"))
+            if n:
+                parts.append((side, [c[:n] for c in p]))
+                self._pending[side] = None if n == len(p[3]) else tuple(c[n:] for c in p)
+        if not parts:
+            return False
+        side = np.concatenate([np.full(len(p[0]), s, np.int8) for s, p in parts])
+        cols = [np.concatenate(c) for c in zip(*(p for _, p in parts))]
+        order = np.lexsort((side, cols[3]))  # stable: within a (watermark, side) the rows keep their order
+        merged = Chunk(side[order], cols[0][order], cols[1][order], cols[2][order], np.zeros(len(order)))
+        self._ready, self._taken = concat([rows(self._ready, self._taken), merged]), 0
+        return True
+
+    def next_chunk(self, limit: int) -> Chunk | None:
+        if limit < 1:
+            raise ValueError(f"limit must be positive, got {limit}")
+        while len(self._ready.ts) - self._taken < limit and self._merge():
+            pass
+        n = min(limit, len(self._ready.ts) - self._taken)
+        if n == 0:
+            return None if all(self._done) and self._pending == [None, None] else empty()
+        chunk = rows(self._ready, self._taken, self._taken + n)
+        self._taken += n
+        for side in (0, 1):
+            ids = chunk.id[chunk.stream == side]
+            if len(ids):
+                self.rows_taken[side] = max(self.rows_taken[side], int(ids.max()) + 1)
+        self.accepted += n
+        return chunk
+
+    def ended(self) -> list[bool]:
+        """Per side (R, S): every tuple of that stream has been taken (known once the merge has seen its end)."""
+        return [end is not None and self.accepted >= end for end in self._end_at]
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        return dict(self.listing.reasons) if self.listing is not None else {}
+
+    def position(self) -> dict:
+        return {"accepted": self.accepted}
+
+    def seek(self, where: dict) -> None:
+        """A recovery: read the input again from its start to the checkpoint's tuple (the key codes are built
+        again on the way), listing the rejected rows again from an empty listing."""
+        self._close()
+        if self.listing is not None:
+            self.listing.roll_back(0, 0)
+        self.accepted = 0
+        self._open()
+        rewind(self, where["accepted"])
+
+    def finish(self) -> dict:
+        self._close()
+        live = [x.finish()["zmq_ingest"] for x in self._live if x is not None]
+        names = {side: name for side, name in zip("RS", self.specs)}
+        out: dict = {"streams": names, "payload_log_bytes": self.log.bytes,
+                     "payload_log_removed_bytes": self.log.removed_bytes, "payload_log_peak_bytes": self.log.peak_bytes,
+                     **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))} if live else {})}
+        if self.listing is None:
+            return out
+        self.listing.flush()
+        out["rejected"] = self.listing.rows + sum(sum(x["rejected_by_reason"].values()) for x in live)
+        if self.mapper.coded:
+            out["keys"] = {"distinct": self.mapper.distinct, "bytes": self.mapper.nbytes}
+        return out
+
+
+def _declared(name: str, spec: dict) -> pa.Schema:
+    """A live stream's declared columns (protocol.streams `schema`) as an Arrow schema."""
+    try:
+        return pa.schema([(column, arrow_type(text)) for column, text in spec["schema"].items()])
+    except ValueError as e:
+        raise ConfigError(f"streams.{name}.schema: {e}") from None

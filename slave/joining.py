@@ -1,0 +1,151 @@
+"""One batch joined and its results put out: written to result files, pre-aggregated, sent to the result
+stream, counted for the report; and the slave's partition-groups as they go to a checkpoint or come back.
+
+The slave's shell (slave/run.py) decides when (slave/state.py), this does it.  A batch's results are built in
+chunks of at most `output.result_chunk_rows` rows (slave.join), each written, aggregated and sent before the
+next is built, so a hot key's billions of pairs cost time, not memory.
+"""
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import psutil
+
+from protocol import checkpoint, delays, eventtime, faults
+from protocol.messages import HISTOGRAMS, joining_message
+from protocol.payload import payload_reader
+from protocol.predicates import time_bounds
+from slave.aggregate import PartialAggregator
+from slave.join import JoinModule
+from slave.mover import decode_group, encode_group
+from slave.result_files import ResultWriter
+from slave.results_out import ResultSender
+
+
+class Joiner:
+    def __init__(self, comm, cfg: dict, dtype: np.dtype):
+        tuning, join, out = cfg["tuning"], cfg["join"], cfg["output"]
+        self.rank = comm.rank
+        self.epoch = cfg["epochs"]["distribution"]  #: a long batch says it is still joining once per epoch
+        self.module = JoinModule(dtype, cfg["partitioning"]["partitions"], time_bounds(join),
+                                 tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"],
+                                 join["predicate"], join["band"], join["type"], out["result_chunk_rows"])
+        self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"],
+                                   join["type"], payload_reader(cfg))
+        agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
+        # with checkpoints, partials are staged until a checkpoint covers them (protocol/checkpoint.py)
+        staged = f"{out['path']}/{checkpoint.PENDING_AGGREGATES if cfg['checkpoint']['interval'] else 'aggregates'}"
+        self.aggregator = PartialAggregator(staged, comm.rank, agg) if agg["enabled"] else None
+        self.results_out = ResultSender(comm, cfg)
+        self.checkpoints = checkpoint.root_of(cfg)
+        self.process = psutil.Process()
+        self.pss_start = 0  #: before any data: imports, MPI, kernels (protocol.startup)
+        self.comm_seconds = 0.0  #: receiving messages and sending reports (paper 003 VI: communication time)
+        self.splits = self.merges = 0
+        self.parts_written = 0  #: checkpoint parts this slave wrote (fault injection: after a complete one)
+
+    def join(self, dispatcher: int, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups, watermark: int,
+             say: Callable[[np.ndarray], None]) -> tuple[dict, np.ndarray]:
+        """Join batch `head` (its rows, its group table) expiring below `watermark`; once a distribution epoch
+        the slave `say`s it is still joining (a hot key's billions of pairs outlast the stall watch's bound).
+        Returns the report's counters and the delay histograms."""
+        seq = int(head["seq"])
+        started, started_wall = time.perf_counter(), time.time()
+        said = started
+        faults.straggle(self.rank)
+        results = chunks = 0
+        files = self.writer.files
+        delay_max = 0.0
+        hists = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
+        alone = self.module.join_type != "inner"  # its rows alone are the batch's last results message
+        for chunk in self.module.chunks(fresh_r, fresh_s, watermark, groups):
+            delay, hist = chunk.delays(float(head["sent"]), started_wall)
+            faults.straggle(self.rank, "STREAMJOIN_SLOW_CHUNKS")
+            table = self.writer.add_pairs(chunk.pairs, delay)
+            if self.aggregator:
+                self.aggregator.add_pairs(chunk.pairs)
+            self.results_out.send(dispatcher, seq, chunk.pairs, delay, chunk.last and not alone, watermark, table)
+            results, chunks, hists = results + len(delay), chunks + 1, hists + hist
+            delay_max = max(delay_max, float(delay.max(initial=0.0)))
+            del chunk, delay, table  # the next chunk is built without this one
+            if (now := time.perf_counter()) - said >= self.epoch:
+                say(joining_message(seq, results, round((now - started) * 1000)))
+                said = now
+        lone = self.take_lone(dispatcher, seq, watermark)
+        return {"seq": seq, "tuples_r": len(fresh_r), "tuples_s": len(fresh_s), "results": results + lone,
+                "chunks": chunks, "delay_max": delay_max, "files": self.writer.files - files,
+                "busy": time.perf_counter() - started}, hists
+
+    def take_lone(self, dispatcher: int, seq: int, watermark: int) -> int:
+        """Outer, semi and anti joins: write the rows the last epoch decided alone (known once its last chunk is
+        taken), send them as the last results message of the batch (or STOP) `seq` decided by `watermark`, and,
+        with a semi or anti join, aggregate them (phase one; the configuration refuses aggregation with left,
+        right and full joins, whose rows mix pairs and lone rows).  Returns the rows."""
+        lone_r, lone_s = self.module.lone_r, self.module.lone_s
+        table = self.writer.add_lone(lone_r, lone_s)
+        if self.module.join_type != "inner":
+            self.results_out.send_lone(dispatcher, seq, lone_r, lone_s, self.module.stream_times(), watermark, table)
+        if self.aggregator and len(lone_r) and not self.module.emit_pairs:
+            self.aggregator.add_rows(lone_r["key"], lone_r["ts"], lone_r["value"])
+        return len(lone_r) + len(lone_s)
+
+    def finish(self, dispatcher: int, seq: int) -> dict:
+        """The last STOP: every row still undecided is decided now, everything is flushed; the final report's
+        counters."""
+        lone, files = 0, self.writer.files
+        if self.module.join_type != "inner":
+            none = np.empty(0, self.module.dtype)
+            self.module.process(none, none, eventtime.POS_INF)  # no fresh tuples: no pairs
+            lone = self.take_lone(dispatcher, seq, eventtime.POS_INF)
+        else:
+            self.results_out.answer(dispatcher, seq)
+        if self.aggregator:
+            self.aggregator.flush()
+        self.results_out.wait()
+        self.writer.flush()
+        self.writer.wait()
+        return {"seq": seq, "files": self.writer.files - files, "results": lone}
+
+    def write_checkpoint(self, ckpt: int) -> dict:
+        """Flush the results (they are the checkpoint's commit) and write every partition-group's state; the
+        CHECKPOINTED report's counters."""
+        files = self.writer.flush()
+        self.writer.wait()
+        if self.aggregator:
+            self.aggregator.flush()
+        part = checkpoint.pack([encode_group(p, pg) for p, pg in sorted(self.module.groups.items())])
+        faults.reached(self.rank, "checkpoint")
+        directory = self.checkpoints / checkpoint.name_of(ckpt)
+        size = checkpoint.write_atomic(directory / checkpoint.slave_part(self.rank), part)
+        self.parts_written += 1
+        return {"files": files, "result_files": self.writer.files, "part_bytes": size,
+                "aggregate_files": self.aggregator.files if self.aggregator else 0}
+
+    def resume(self, resume: dict) -> None:
+        """Start from a checkpoint (what rank 0 sends: master.__main__): this slave's `groups` are [slave part,
+        partition-groups (None: all)] pairs, its own part on the same slaves, the parts of others when the
+        checkpoint was taken on another slave count.  Result and aggregate files number on from it."""
+        if self.aggregator:
+            self.aggregator.files = int(resume["aggregate_files"].get(f"slave-{self.rank:03d}", 0))
+        for part, partitions in resume["groups"][str(self.rank)]:
+            wanted = None if partitions is None else set(partitions)
+            for buf in checkpoint.read_part(Path(resume["dir"]) / part):
+                if wanted is None or checkpoint.group_partition(buf) in wanted:
+                    self.module.install(*decode_group(buf, self.module.new_group))
+        self.writer.files = int(resume["result_files"].get(str(self.rank), 0))
+
+    def levels(self) -> dict:
+        """What every report carries besides its own counters: the window, splits and merges since the last
+        report, the process's memory and time."""
+        stored_r, stored_s = self.module.stored()
+        cpu = self.process.cpu_times()
+        levels = {"window_r": stored_r, "window_s": stored_s, "window_bytes": self.module.nbytes,
+                  "splits": self.module.splits - self.splits, "merges": self.module.merges - self.merges,
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # its peak (Linux: KiB)
+                  "cpu": cpu.user + cpu.system, "comm": self.comm_seconds, "pss_start": self.pss_start}
+        self.splits, self.merges = self.module.splits, self.module.merges
+        return levels

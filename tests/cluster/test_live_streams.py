@@ -1,0 +1,199 @@
+"""Live declared streams (`[streams.NAME] endpoint`): Arrow record batches pushed by producers over
+real loopback ZeroMQ sockets, checked against the declared schema, merged with the other stream (waiting for a
+quiet one until its idle_timeout), and the cluster fed by one producer process per stream, compared with the
+independent reference join of the two files the producers read."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from control.produce import Producer
+from master.sources import open_source
+from protocol import wire
+from protocol.config import ConfigError, load_config
+from protocol.output import read_tables
+from common.stream_file import arrow_type
+from tests.runs import free_port, run_cluster, toml_value
+from tests.reference import encode_pairs
+from tests.cluster.test_streams import reference
+from tests.cluster.test_zmq_cluster import finish, start
+from tests.cluster.test_zmq_source import drain
+
+
+SCHEMAS = {"views": {"vid": "int64", "user": "string", "at": "timestamp[ms, tz=UTC]", "page": "string"},
+           "buys": {"bid": "int64", "user": "string", "at": "int64", "price": "decimal128(10, 2)"}}
+
+
+def live_settings(ports: dict[str, int], **extra) -> dict:
+    out = {}
+    for name, port in ports.items():
+        out |= {f"streams.{name}.endpoint": f"tcp://127.0.0.1:{port}", f"streams.{name}.key": "user",
+                f"streams.{name}.time": "at", f"streams.{name}.id": "vid" if name == "views" else "bid",
+                f"streams.{name}.schema": SCHEMAS[name]}
+    out["streams.buys.time_unit"] = "ms"
+    return out | extra
+
+
+def live_cfg(tmp_path, ports, **extra):
+    return load_config(None, [f"{k}={toml_value(v)}"
+                              for k, v in {**live_settings(ports), "output.path": str(tmp_path), **extra}.items()])
+
+
+def test_arrow_types_are_read_as_pyarrow_prints_them():
+    assert arrow_type("timestamp[ms, tz=UTC]") == pa.timestamp("ms", "UTC")
+    assert arrow_type("decimal128(12, 2)") == pa.decimal128(12, 2)
+    assert arrow_type("list<item: int32>") == arrow_type("list<int32>") == pa.list_(pa.int32())
+    assert arrow_type(" double ") == pa.float64() and arrow_type("utf8") == pa.string()
+    with pytest.raises(ValueError, match="'varchar' is not an Arrow type"):
+        arrow_type("varchar")
+
+
+def test_a_batch_message_round_trips_and_its_frames_are_checked():
+    table = pa.table({"a": [1, 2, 3]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    frames = wire.encode_batch(sink.getvalue(), 3, origin_frame=wire.origin("p", bytes(32)))
+    msg = wire.decode([bytes(f) for f in frames], (wire.Frame.BATCH,), 10)
+    assert msg.kind == wire.Frame.BATCH and bytes(msg.origin["producer"]) == b"p"
+    assert pa.ipc.open_stream(pa.py_buffer(msg.arrow)).read_all().equals(table)
+    assert wire.decode([bytes(f) for f in frames], (wire.Frame.BATCH,), 2).reason == "too_large"
+    assert wire.decode([bytes(f) for f in frames], (wire.Frame.TUPLES,), 10).reason == "kind"
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"streams.views.path": "x.csv"}, "a path (files) or an endpoint (live producers), not both"),
+    ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
+    ({"streams.views.schema": {**SCHEMAS["views"], "page": "varchar"}}, "'varchar' is not an Arrow type"),
+    ({"checkpoint.interval": 5}, "not with checkpoint.interval"),
+    ({"cluster.dispatchers": 2}, "not with cluster.dispatchers > 1"),
+    ({"streams.views.endpoint": "tcp://10.1.2.3:5000"}, "is not a loopback address"),
+])
+def test_config_mistakes_of_live_streams_are_refused_with_the_key(tmp_path, settings, words):
+    from master.sources.streams import StreamsSource
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        StreamsSource(live_cfg(tmp_path, {"views": free_port(), "buys": free_port()}, **settings))
+
+
+def send(endpoint: str, table: pa.Table | None = None, raw: list | None = None, name: str = "p") -> Producer:
+    prod = Producer(endpoint, name=name, timeout=10)
+    if raw is not None:
+        prod._send(raw)
+    if table is not None:
+        prod.send_table(table)
+    return prod
+
+
+def test_live_batches_are_checked_merged_and_logged_and_bad_messages_rejected_whole(tmp_path):
+    """A good batch per stream, then on views: bytes that are no Arrow batch, a batch without `user`, a batch
+    whose `at` is text; a batch with one bad cell (its row rejected alone): the good rows merge by each stream's
+    watermark, the payload log holds their columns, rejected/ lists the messages and the row."""
+    ports = {"views": free_port(), "buys": free_port()}
+    src = open_source(live_cfg(tmp_path, ports))
+    ep = {n: f"tcp://127.0.0.1:{p}" for n, p in ports.items()}
+    t0 = 1_795_000_000_000
+    views = pa.table({"vid": [1, 2, 3], "user": ["a", "b", "a"], "page": ["/", "/x", None],
+                      "at": pa.array([t0, t0 + 10, t0 + 20], pa.timestamp("ms", "UTC"))})
+    buys = pa.table({"bid": [7, 8], "user": ["a", "c"], "at": [t0 + 5, t0 + 30], "price": ["1.50", "2.25"]})
+    pv = send(ep["views"], views, name="v")
+    pb = send(ep["buys"], buys, name="b")
+    header = wire.header(wire.Frame.BATCH, 1)
+    pv._send([header, wire.origin("v", bytes(32), 0, 3), b"not arrow"])
+    pv.send_table(views.drop_columns(["user"]))
+    pv.send_table(views.set_column(3, "at", pa.array(["soon"] * 3)))
+    pv.send_table(pa.table({"vid": [4, 5], "user": ["a", None], "page": ["/y", "/z"],
+                            "at": pa.array([t0 + 40, t0 + 41], pa.timestamp("ms", "UTC"))}))
+    pv.close(), pb.close()
+    got = drain(src)
+    summary = src.finish()
+    stream = np.concatenate([c.stream for c in got])
+    ids = np.concatenate([c.id for c in got])
+    assert stream.tolist() == [0, 1, 0, 0, 1, 0] and ids.tolist() == [0, 0, 1, 2, 1, 3]
+    live = summary["live_streams"]["views"]
+    assert live["rejected_by_reason"] == {"arrow": 1, "columns": 2} and summary["rejected"] == 1 + 3
+    messages = pq.read_table(tmp_path / "rejected" / "zmq-rejected-R.parquet")
+    assert messages["reason"].to_pylist() == ["arrow", "columns", "columns"]
+    row = pq.read_table(next((tmp_path / "rejected").glob("rejected-*.parquet")))
+    assert row["row"].to_pylist() == [5] and row["column"].to_pylist() == ["user"]  # stream row 4, 1-based
+    from protocol.payload import PayloadReader
+    cols = PayloadReader(tmp_path, ("v_", "b_")).both(np.array([0, 3, -1]), np.array([1, -1, 0]))
+    assert cols["v_page"].to_pylist() == ["/", "/y", None] and cols["b_bid"].to_pylist() == [8, None, 7]
+    assert cols.schema.field("b_price").type == pa.decimal128(10, 2)
+
+
+def test_a_quiet_live_stream_holds_the_other_back_until_its_idle_timeout(tmp_path):
+    """views sends, buys has sent one batch and then nothing: views' later tuples wait in the merge (buys may
+    still send earlier ones) until buys has been quiet for its idle_timeout, then flow."""
+    ports = {"views": free_port(), "buys": free_port()}
+    src = open_source(live_cfg(tmp_path, ports, **{"streams.buys.idle_timeout": "600ms"}))
+    ep = {n: f"tcp://127.0.0.1:{p}" for n, p in ports.items()}
+    t0 = 1_795_000_000_000
+    pb = send(ep["buys"], pa.table({"bid": [1], "user": ["a"], "at": [t0], "price": ["1"]}), name="b")
+    pv = send(ep["views"], pa.table({"vid": np.arange(50), "user": ["a"] * 50, "page": ["/"] * 50,
+                                     "at": pa.array(t0 + np.arange(50) * 100, pa.timestamp("ms", "UTC"))}), name="v")
+    began, taken, when = time.monotonic(), 0, []
+    while time.monotonic() - began < 2.0 and taken < 51:
+        c = src.next_chunk(1000)
+        taken += len(c.ts)
+        when.append((time.monotonic() - began, taken))
+        time.sleep(5e-3)
+    assert taken == 51
+    first_views = min(t for t, n in when if n > 2)
+    assert 0.5 < first_views < 1.5  # held back until buys was idle for 600 ms
+    pv.close(), pb.close()
+    drain(src)
+    src.finish()
+
+
+def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tmp_path):
+    """Two producer processes (control.produce --stream), one per stream, each pacing its own Parquet file
+    (views: timestamps; buys: epoch milliseconds, decimal prices) into a cluster of 1 master and 2 slaves:
+    results equal the reference join of the files, with both streams' columns, in the result files and on the
+    result stream a subscriber reads (TABLEs)."""
+    rng = np.random.default_rng(4)
+    t0 = 1_795_000_000_000
+    n_v, n_b = 3000, 2000
+    v_ms = t0 + np.cumsum(rng.integers(0, 3, n_v)) - rng.integers(0, 200, n_v)
+    b_ms = t0 + np.cumsum(rng.integers(0, 5, n_b)) - rng.integers(0, 200, n_b)
+    v_user, b_user = [f"u{i}" for i in rng.integers(0, 40, n_v)], [f"u{i}" for i in rng.integers(0, 40, n_b)]
+    pq.write_table(pa.table({"vid": np.arange(n_v), "user": v_user, "page": [f"/p{i % 7}" for i in range(n_v)],
+                             "at": pa.array(v_ms, pa.timestamp("ms", "UTC"))}), tmp_path / "views.parquet")
+    pq.write_table(pa.table({"bid": np.arange(n_b) + 500, "user": b_user, "at": b_ms,
+                             "price": [str(i % 1000) + ".25" for i in range(n_b)]}), tmp_path / "buys.parquet")
+    ports, results_port = {"views": free_port(), "buys": free_port()}, free_port()
+    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results_port}", "--out",
+                tmp_path / "sub.parquet", "--progress", 0)
+    producers = [subprocess.Popen([sys.executable, "-m", "control.produce", "--stream", str(tmp_path / f"{n}.parquet"),
+                                   "--endpoint", f"tcp://127.0.0.1:{p}", "--batch", "200", "--rate", "2000",
+                                   "--timeout", "30", "--name", n], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for n, p in ports.items()]
+    run = run_cluster(tmp_path, 3, {**live_settings(ports), "join.window": "300ms", "join.max_delay": "250ms",
+                                    "partitioning.partitions": 8, "epochs.distribution": "100ms",
+                                    "output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}",
+                                    "output.wait_subscribers": 1})
+    assert run.returncode == 0, run.stderr
+    got = finish(sub)
+    assert got["ended"] and not (got["gaps"] or got["covered"]) and got["results"] == run.summary["results"], got
+    for p in producers:
+        assert p.wait(60) == 0, p.stderr.read()
+    pairs, late = reference({"id": np.arange(n_v), "ts": v_ms * 1000, "key": v_user},
+                            {"id": np.arange(n_b) + 500, "ts": b_ms * 1000, "key": b_user}, 0.3, 0.25)
+    assert len(pairs) > 1000
+    ids = ("views_vid", "buys_bid")
+    np.testing.assert_array_equal(run.pairs(ids), pairs)
+    np.testing.assert_array_equal(run.late_ids(ids, ("views", "buys")), late)
+    results = read_tables(run.out / "results")
+    assert results.schema.field("buys_price").type == pa.decimal128(10, 2)
+    assert results["views_page"].to_pylist() == [f"/p{i % 7}" for i in results["views_vid"].to_pylist()]
+    streamed = pq.read_table(tmp_path / "sub.parquet")
+    np.testing.assert_array_equal(np.sort(encode_pairs(*(streamed[c].to_numpy() for c in ids))), pairs)
+    assert streamed.schema.field("buys_price").type == pa.decimal128(10, 2)
+    assert streamed["views_page"].to_pylist() == [f"/p{i % 7}" for i in streamed["views_vid"].to_pylist()]
+    assert run.summary["live_streams"]["buys"]["tuples"] == n_b
