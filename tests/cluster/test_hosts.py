@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from deploy.testbed import TestBed, TestBedError
-from tests.runs import BedJob, Run
+from protocol.startup import PLACED_HOSTS
+from tests.runs import BedJob, Run, run_cluster
 from tests.cluster.test_cluster import SMALL, reference_for
 
 TIMEOUT = 3.0  #: cluster.heartbeat_timeout in these tests
@@ -156,3 +157,11 @@ def test_the_supervisor_finishes_on_the_hosts_that_remain_and_takes_a_host_back(
     assert [(r["left_out"], r["slaves"]) for r in restarts] == [(["10.77.0.3"], 3), ([], 4)]
     assert run.summary["hosts"] == {"h1": [0, 1], "h2": [2, 3], "h3": [4]}
     assert_exact(run, settings)
+
+
+def test_ranks_on_fewer_hosts_than_placed_end_the_job_as_a_user_mistake(tmp_path):
+    """Open MPI not following the launcher's hostfile (all ranks on one host) is an error, not a silent success:
+    here one host runs every rank while the launcher says it placed them on three."""
+    run = run_cluster(tmp_path, 3, dict(SMALL, **{"generator.duration": 1.0}), env={PLACED_HOSTS: "3"})
+    assert run.returncode == 2, run.stderr
+    assert "placed the 3 ranks on 3 hosts, but they run on 1" in run.stderr
