@@ -1,4 +1,7 @@
-"""`python -m bench [--quick] [--slaves 1,2,4,8] [--repeats 3] [--steps N] [--delay-bound S] [--confirm-seconds S] [--peer spark|none] [--workloads ...] [--epochs ...] [--input file|generator] [--data DIR] [--out DIR]`: sustained input rate and delay per cluster size, and of the peer; `python -m bench --big N`: one N-row file end to end (bench.big).
+"""`python -m bench [--quick] [--slaves 1,2,4,8] [--repeats 3] [--steps N] [--delay-bound S] [--confirm-seconds S] \
+[--peer spark|none] [--workloads ...] [--epochs ...] [--input file|generator] [--data DIR] [--out DIR]`: \
+sustained input rate and delay per cluster size, and of the peer; `python -m bench --big N`: one N-row file end to \
+end (bench.big).
 
 For each slave count k (k + 1 ranks) on the default generated workload, written to Parquet files kept in a cache
 folder (bench.inputs) and streamed by the master (`--input file`, as the peer and the kernel limit get theirs;
@@ -58,7 +61,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="runs at the sustained rate and at half of it; medians are reported (default 1 with "
                         "--quick, else 3)")
     p.add_argument("--steps", type=int, help="paced runs of the search for the sustained rate (default 5 with "
-                                             "--quick, else 8: the unpaced probe reads low, the first steps climb to it)")
+                                             "--quick, else 8: the unpaced probe reads low, "
+                                             "the first steps climb to it)")
     p.add_argument("--delay-bound", type=float, default=DELAY_BOUND,
                    help=f"a search run passes if it kept up and its delay p95 is at most this many seconds "
                         f"(default {DELAY_BOUND:g})")

@@ -65,7 +65,8 @@ def mode_summary(point: dict, busy: list[int]) -> dict:
     return {"sustained_rate": point["sustained"]["rate"], "bracket": point["search"]["bracket"],
             "trail": point["search"]["trail"], "unpaced": point["unpaced"],
             "passed": count(runs, "passed"), "kept_up": count(runs, "kept_up"),
-            "imbalance": med(lambda r: imbalance(r["slaves"])), "busy_share": med(lambda r: busy_share(r["slaves"], busy)),
+            "imbalance": med(lambda r: imbalance(r["slaves"])),
+            "busy_share": med(lambda r: busy_share(r["slaves"], busy)),
             "delay_p50": med(lambda r: r["delay_p50"]), "delay_p99": med(lambda r: r["delay_p99"]),
             "moves": med(lambda r: r["moves"]), "tuples_moved": med(lambda r: r["tuples_moved"]),
             "throughput": med(lambda r: r["throughput"])}
@@ -77,7 +78,8 @@ HEADER = ["balancing", "sustained rate/s", "vs off", "search (✓ pass, ✗ fail
 
 def table(summaries: dict[str, dict]) -> str:
     off = summaries.get("off", {}).get("sustained_rate")
-    rows = [[mode, fmt(m["sustained_rate"]), f"{m['sustained_rate'] / off:.2f}x" if off else "-", trail_text(m["trail"]),
+    rows = [[mode, fmt(m["sustained_rate"]), f"{m['sustained_rate'] / off:.2f}x" if off else "-",
+             trail_text(m["trail"]),
              m["passed"], fmt(m["imbalance"], ".2f"), fmt(m["busy_share"], ".0%"), fmt(m["delay_p50"], ".3f"),
              fmt(m["delay_p99"], ".3f"), fmt(m["moves"], ".0f"), fmt(m["tuples_moved"])]
             for mode, m in summaries.items()]
@@ -164,7 +166,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true",
                    help="20 s of input per run instead of 60 s, and 4 search steps instead of 8")
     p.add_argument("--repeats", type=int, default=3, help="runs at each mode's sustained rate (default 3)")
-    p.add_argument("--steps", type=int, help="paced runs of each search (default 4 with --quick, else 8: enough to look above the probe)")
+    p.add_argument("--steps", type=int, help="paced runs of each search (default 4 with --quick, else 8: enough to "
+                                             "look above the probe)")
     p.add_argument("--hogs", type=int, default=HOGS,
                    help=f"CPU hogs on the busy host (default {HOGS}; 0 = pinned hosts, none busy)")
     p.add_argument("--modes", default=",".join(MODES), help=f"modes to run (default {','.join(MODES)})")

@@ -37,7 +37,8 @@ def generator_for(rows: int, settings: list[str] = ()) -> dict:
 def report_rows(r: dict) -> list[list[str]]:
     """The numbers of one big run as table rows (what, value)."""
     return [["rows in the file", fmt(r["rows"])], ["file MB", fmt(r["file_bytes"] / 1e6)],
-            ["generated in s", fmt(r["generate_seconds"], ".1f")], ["tuples joined (input_total)", fmt(r["input_total"])],
+            ["generated in s", fmt(r["generate_seconds"], ".1f")],
+            ["tuples joined (input_total)", fmt(r["input_total"])],
             ["in-run time s (wall_seconds)", fmt(r["wall_seconds"], ".1f")],
             ["whole process s (mpirun start to exit)", fmt(r["process_seconds"], ".1f")],
             ["first tuple s (from the launch)", fmt(r["first_tuple_seconds"], ".2f")],
@@ -56,7 +57,8 @@ def run(rows: int, slaves: int, timeout: float, where: Path | None = None) -> di
         write_input(gen, path, rows)
         generated = round(time.monotonic() - began, 1)
         size = path.stat().st_size
-        print(f"bench.big: {size / 1e6:,.0f} MB in {generated:.0f} s; running it unpaced on {slaves} slaves", flush=True)
+        print(f"bench.big: {size / 1e6:,.0f} MB in {generated:.0f} s; running it unpaced "
+              f"on {slaves} slaves", flush=True)
         s = run_cluster(slaves + 1, ["source.kind=file", f"source.path={path}", "source.rate=0.0"],
                         Path(tmp) / "run", timeout, drop_results=True)  # far too many results to keep or read
     return {"rows": rows, "file_bytes": size, "generate_seconds": generated, "slaves": slaves,

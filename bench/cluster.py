@@ -233,7 +233,8 @@ class Bench:
         s = run_cluster(k + 1, settings, self.tmp / f"{self.tag}k{k}-{label.replace(' ', '').replace('#', '-')}",
                         self.timeout, self.module, self.env, keep=keep, drop_results=long)
         self.config = self.config or s["config"]
-        r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"], **({"quarter_p99": s["kept"]} if long else {})}
+        r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"],
+             **({"quarter_p99": s["kept"]} if long else {})}
         if self.input_kind == "file":
             r["input_file"] = next(x for x in settings if x.startswith("source.path=")).split("=", 1)[1]
         if rate > 0:
@@ -241,12 +242,14 @@ class Bench:
             r.update(rate=rate, **keep_up(tuples, r["wall_seconds"], rate, s["pacing_lag_max_seconds"],
                                           s["backlog_max_seconds"]), **input_verdict(tuples, rate))
             r["passed"], r["verdict"] = (counted_verdict if self.capacity else search_verdict)(r, self.delay_bound)
-        line = (f"[{self.done:>2}/{self.total_runs}] {self.tag + ' ' if self.tag else ''}slaves={k} {label:<12} {r['throughput']:>10,.0f} tuples/s in "
+        line = (f"[{self.done:>2}/{self.total_runs}] {self.tag + ' ' if self.tag else ''}slaves={k} {label:<12} "
+                f"{r['throughput']:>10,.0f} tuples/s in "
                 f"{r['wall_seconds']:5.1f}s | delay p50 {fmt(r['delay_p50'], '.3f')}s p95 {fmt(r['delay_p95'], '.3f')}s"
                 f" p99 {fmt(r['delay_p99'], '.3f')}s | peak RSS {r['peak_rss_mb']:.0f} MB")
         if rate > 0:
             line += (f" | paced {rate:,.0f}/s over {r['input_seconds']:.1f}s: {r['ratio']:.0%} "
-                     f"{'kept up' if r['kept_up'] else 'FELL BEHIND'} -> {'PASS' if r['passed'] else 'FAIL: ' + r['verdict']}")
+                     f"{'kept up' if r['kept_up'] else 'FELL BEHIND'} -> "
+                     f"{'PASS' if r['passed'] else 'FAIL: ' + r['verdict']}")
         print(line, flush=True)
         return r
 

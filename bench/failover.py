@@ -147,7 +147,8 @@ def main(argv: list[str]) -> int:
                       "report to result s", "replay s", "exact"],
                      [[r["fault"], *(fmt(r[k], ".2f") for k in keys), str(r["exact"])] for r in runs])
     verdict = "; ".join(f"{f}: reported {medians[f]['report_s']:.2f} s (target {REPORT_TARGET:g}) "
-                        f"{'met' if met[f]['report'] else 'MISSED'}, first result {medians[f]['report_to_result_s']:.2f} s "
+                        f"{'met' if met[f]['report'] else 'MISSED'}, first result "
+                        f"{medians[f]['report_to_result_s']:.2f} s "
                         f"after it (target {RESULT_TARGET:g}) {'met' if met[f]['first_result'] else 'MISSED'}, "
                         f"{'exact' if met[f]['exact'] else 'NOT EXACT'}" for f in medians)
     (a.out / "failover.md").write_text(f"# Failover on three namespace hosts\n\n{data['command']}, heartbeat_timeout "

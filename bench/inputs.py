@@ -4,8 +4,8 @@ if its input lasts at least `bench.search.MIN_INPUT_SECONDS` at its rate, so at 
 files hold hundreds of millions of tuples, and generating them costs minutes).
 
 A file is named by its generator config (the workload's keys and its event-time length) and the generator's code,
-so runs of the same workload share it.  The lengths come from a ladder: the workload's own duration times LADDER^k, the shortest
-rung that holds the tuples a run needs, so a few files serve every rate and a run lasts 1 to LADDER times its
+so runs of the same workload share it.  The lengths come from a ladder: the workload's own duration times LADDER^k, the
+shortest rung that holds the tuples a run needs, so a few files serve every rate and a run lasts 1 to LADDER times its
 minimum.  Files are written streamed, chunk by chunk, in row groups: memory stays bounded whatever the size.
 The cache deletes only what it wrote (a folder of its naming holding its `meta.json`), least recently used
 first, once it holds more than its limit.

@@ -1,4 +1,5 @@
-"""`python -m bench.join_types [--quick] [--repeats 3] [--slaves 2] [--out bench-report]`: a left join against the inner join.
+"""`python -m bench.join_types [--quick] [--repeats 3] [--slaves 2] [--out bench-report]`: a left join against the \
+inner join.
 
 The targets: a left join sustains at least 80% of the inner join's rate on the same workload, and its
 rows without a partner come out within one distribution epoch of the moment they become final.

@@ -156,7 +156,8 @@ def window_footprint(cfg: dict, batches) -> dict:
         tracemalloc.stop()
     stored = sum(module.stored())
     return {"traced_bytes": held, "nbytes": module.nbytes, "stored_tuples": stored,
-            "traced_per_tuple": held / stored if stored else None, "nbytes_per_tuple": module.nbytes / stored if stored else None}
+            "traced_per_tuple": held / stored if stored else None,
+            "nbytes_per_tuple": module.nbytes / stored if stored else None}
 
 
 def duckdb_join(cfg: dict, data) -> tuple[float, int]:
@@ -170,7 +171,8 @@ def duckdb_join(cfg: dict, data) -> tuple[float, int]:
         con.register(name, pa.table({"id": data.id[mine], "ts": data.ts[mine], "key": data.key[mine]}))
     lower, upper = time_bounds(cfg["join"])  # integer microseconds, as ts: the engine's exact rule
     started = time.perf_counter()
-    (results,) = con.execute(f"SELECT count(*) FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts + {lower} AND r.ts + {upper}").fetchone()
+    (results,) = con.execute("SELECT count(*) FROM r JOIN s ON r.key = s.key "
+                             f"AND s.ts BETWEEN r.ts + {lower} AND r.ts + {upper}").fetchone()
     return time.perf_counter() - started, int(results)
 
 

@@ -58,7 +58,8 @@ def parse_names(text: str) -> list[str]:
         return []
     bad = [n for n in names if n not in EXTRA_WORKLOADS]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"expected workloads among {','.join(EXTRA_WORKLOADS)} (or none), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected workloads among {','.join(EXTRA_WORKLOADS)} (or none), got "
+                                         f"{text!r}")
     return names
 
 
@@ -69,7 +70,8 @@ def parse_epochs(text: str) -> list[float]:
     try:
         xs = [float(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected epochs in seconds like 0.25,0.5,1 (or none), got {text!r}") from None
+        raise argparse.ArgumentTypeError("expected epochs in seconds like 0.25,0.5,1 (or none), got "
+                                         f"{text!r}") from None
     if not xs or min(xs) <= 0:
         raise argparse.ArgumentTypeError(f"epochs must be positive seconds, got {text!r}")
     return xs
@@ -163,7 +165,8 @@ def targets_table(data: dict) -> str:
     if ws["ratio"]:
         worst = max(ws["ratio"], traced / ws["raw"] if traced else 0)
         rows.append([f"window state <= {WINDOW_TARGET:g}x the raw tuple bytes",
-                     f"cluster {ws['bytes_per_tuple']:.0f} B" + (f", in-process traced {traced:.0f} B" if traced else "")
+                     f"cluster {ws['bytes_per_tuple']:.0f} B"
+                     + (f", in-process traced {traced:.0f} B" if traced else "")
                      + f" per {ws['raw']} B tuple: {worst:.2f}x", mark(worst <= WINDOW_TARGET)])
     if data.get("kernel"):
         fr = [kernel_fraction(p, data["kernel"]["rate"], data["kernel"]["cores"]) for p in capacity]
@@ -283,7 +286,8 @@ def report_sections(data: dict) -> list[str]:
              "", "![delay against input rate](delay_rate.png)", ""]
     if data.get("workloads"):
         parts += ["## Workloads", "",
-                  "The same search per workload (each reproducible by `generator.seed`; settings on top of the bench's):",
+                  "The same search per workload (each reproducible by `generator.seed`; "
+                  "settings on top of the bench's):",
                   "", *(f"- **{n}**: {WORKLOADS[n][0]} (`{' '.join(WORKLOADS[n][1]) or 'defaults'}`)"
                         for n in ["paper", *data["workloads"]]), "",
                   workloads_table(data), ""]

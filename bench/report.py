@@ -92,7 +92,8 @@ def write_report(out: Path, data: dict) -> None:
         f"{cfg['epochs']['distribution']:g} s). The first rate is {FIRST_FRACTION:g} U; while no run has passed "
         f"the rate is halved (giving up after {MAX_FAILS_WITHOUT_PASS} failures: sustained rate 0); then each rate "
         "is the geometric mean of the highest passing rate and the lowest failing rate above it (U while none "
-        f"has failed, twice the passing rate once that is within {1 - PROBE_MARGIN:.0%} of U). The **sustained rate** is the highest passing rate; the true one lies between it and the "
+        f"has failed, twice the passing rate once that is within {1 - PROBE_MARGIN:.0%} of U). The **sustained rate** "
+        "is the highest passing rate; the true one lies between it and the "
         "lowest failing rate above it:",
         *("   " + search_line(p) for p in data["points"]), "",
         f"3. **sustained**: {n} runs paced at the sustained rate; the table gives the medians of their achieved "
@@ -113,7 +114,8 @@ def write_report(out: Path, data: dict) -> None:
          f"{MIN_INPUT_SECONDS:g} s at its rate (tuples / rate; the run tables show it): over a shorter run a cluster "
          "below the rate ends only slightly behind. Each paced run reads a generated file at least that long "
          "(bench.inputs: lengths on a ladder of factor 1.41, so runs last up to 1.41x the minimum); the unpaced "
-         "probe, and a rate the workload's own length already holds for that long, read the workload as it is. A shorter run is reported and marked too short to count."
+         "probe, and a rate the workload's own length already holds for that long, read the workload as it is. "
+         "A shorter run is reported and marked too short to count."
          if not data.get("quick") else
          f"**Input length.** Quick runs read the workload as it is, not sized to the {MIN_INPUT_SECONDS:g} s of "
          f"input a run needs to count (the runs tables show each run's): {QUICK_NOTE}."), "",

@@ -72,7 +72,8 @@ def stream_tables(data, lo: int, hi: int, arrival: np.ndarray) -> tuple[pa.Table
     """Tuples lo..hi of the generated input as one Arrow table per stream (R, S) with their arrival times."""
     sl = slice(lo, hi)
     is_r = data.stream[sl] == STREAM_R
-    cols = {"id": data.id[sl], "ts": eventtime.to_seconds(data.ts[sl]), "key": data.key[sl], "value": data.value[sl], "arrival": arrival}
+    cols = {"id": data.id[sl], "ts": eventtime.to_seconds(data.ts[sl]), "key": data.key[sl], "value": data.value[sl],
+            "arrival": arrival}
     return (pa.table({k: v[is_r] for k, v in cols.items()}), pa.table({k: v[~is_r] for k, v in cols.items()}))
 
 
@@ -239,7 +240,8 @@ class SparkBench:
         r = {"label": label, **run_spark(self.spark, self.data, n, rate, self.tmp / f"spark-{self.runs}",
                                          j["window"], j["max_delay"], self.timeout)}
         shutil.rmtree(self.tmp / f"spark-{self.runs}", ignore_errors=True)
-        line = (f"[spark {self.runs:>2}] {label:<12} {r['input_total']:>9,} tuples {r['throughput']:>9,.0f} tuples/s in "
+        line = (f"[spark {self.runs:>2}] {label:<12} {r['input_total']:>9,} tuples "
+                f"{r['throughput']:>9,.0f} tuples/s in "
                 f"{r['wall_seconds']:5.1f}s | {r['batches']} batches | delay p50 {fmt(r['delay_p50'], '.3f')}s "
                 f"p95 {fmt(r['delay_p95'], '.3f')}s p99 {fmt(r['delay_p99'], '.3f')}s")
         if rate > 0:
@@ -275,7 +277,8 @@ def peer_table(p: dict) -> str:
     st = p["sustained"]
     return md_table(["peer", "unpaced tuples/s", "sustained rate/s", "search (✓ pass, ✗ fail)", "repeats passed",
                      "delay p50 s", "p95 s", "p99 s"],
-                    [[f"Spark local[{p['cores']}]", fmt(p["unpaced"]), fmt(st["rate"]), trail_text(p["search"]["trail"]),
+                    [[f"Spark local[{p['cores']}]", fmt(p["unpaced"]), fmt(st["rate"]),
+                      trail_text(p["search"]["trail"]),
                       f"{sum(r['passed'] for r in st['runs'])}/{len(st['runs'])}" if st["runs"] else "-",
                       *(fmt(st[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99"))]])
 

@@ -81,14 +81,17 @@ def detail_table(p: dict) -> str:
               *([p["confirm"]] if p.get("confirm") else [])]:
         paced = "rate" in r
         rows.append([r["label"], fmt(r["rate"]) if paced else "unpaced", fmt(r["throughput"]),
-                     fmt(r["wall_seconds"], ".1f"), *(fmt(r[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
+                     fmt(r["wall_seconds"], ".1f"),
+                     *(fmt(r[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
                      f"{r['ratio']:.0%}, lag {r['lag_seconds']:.1f}s{'' if r['kept_up'] else ' FELL BEHIND'}"
-                     if paced else "-", fmt(r.get("input_seconds"), ".1f"), (r["verdict"] if r["passed"] else f"FAIL: {r['verdict']}") if paced else "-",
+                     if paced else "-", fmt(r.get("input_seconds"), ".1f"),
+                     (r["verdict"] if r["passed"] else f"FAIL: {r['verdict']}") if paced else "-",
                      fmt(r["window_bytes_per_tuple"], ".0f"), fmt(r["peak_rss_mb"], ".0f"),
                      fmt(r.get("first_tuple_seconds"), ".2f"), fmt(r.get("process_seconds"), ".1f"),
                      fmt(r.get("pss_mb"), ".0f")])
     return md_table(["run", "pacing/s", "throughput/s", "wall s", "delay p50 s", "p95 s", "p99 s", "max s",
-                     "kept up (achieved/pacing)", "input s at the rate", "passes", "window B/tuple", "peak RSS MB", "first tuple s",
+                     "kept up (achieved/pacing)", "input s at the rate", "passes", "window B/tuple", "peak RSS MB",
+                     "first tuple s",
                      "process s", "PSS MB (all ranks)"], rows)
 
 

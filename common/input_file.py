@@ -6,7 +6,8 @@ groups; CSV: pyarrow's streaming reader), and each batch is validated with vecto
 come out as rejections naming file, row, column and reason, while a missing file or column, a column of a type
 that cannot convert (common.input_schema), or a file that cannot be parsed, is an InputError.  Reading can
 start at any row: Parquet skips whole row groups by the row counts in its footer, so a recovery does not read
-what came before its position (BiStream 3.5 rewinds the source).  Shared by the master's file source and control.produce, so both agree on every row.
+what came before its position (BiStream 3.5 rewinds the source).
+Shared by the master's file source and control.produce, so both agree on every row.
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ _DUPLICATE = len(_REASONS) - 1
 
 
 def _raw_strings(col: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Cells as strings, as written (what the rejections show); an unconvertible type gives nulls, so every row fails."""
+    """Cells as strings, as written (what the rejections show); an unconvertible type gives nulls,
+    so every row fails."""
     try:
         return col if pa.types.is_string(col.type) else pc.cast(col, pa.string())
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):

@@ -136,7 +136,8 @@ class StreamChecks:
     def __init__(self, name: str, spec: dict, kinds: list[str], window: int, first: pa.Schema, where: Path | str):
         self.name, self.spec, self.kinds, self.where = name, spec, kinds, where
         #: the columns read, by role
-        self.roles = {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"} if spec["id"] else {})
+        self.roles = {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"}
+                                                                                 if spec["id"] else {})
         self._check_schema(where, first, list(self.roles))
         self.schema = self._output_schema(first)
         #: the columns read: those used, then the payload ones
@@ -171,7 +172,8 @@ class StreamChecks:
         return pa.schema(fields)
 
     def _fail(self, f: Path | str, what: str) -> InputError:
-        return InputError(f"{'input file' if isinstance(f, Path) else 'stream'} {str(f)!r} {what} (streams.{self.name})")
+        return InputError(f"{'input file' if isinstance(f, Path) else 'stream'} {str(f)!r} {what} "
+                          f"(streams.{self.name})")
 
     def _check_schema(self, f: Path | str, schema: pa.Schema, columns: list[str]) -> None:
         missing = [c for c in columns if c not in schema.names]
@@ -215,7 +217,8 @@ class StreamChecks:
         take = pa.array(np.flatnonzero(ok))
         keys = [k[ok] if isinstance(k, np.ndarray) else k.take(take) for k in p.key]
         rejected = self._rejected(f, table, p, rows - file_start, first) if not ok.all() else None
-        return StreamBatch(rows[ok], p.id[ok], p.ts[ok], keys, rejected, self._columns(f, table.filter(ok), p.ts[ok], rows[ok]))
+        return StreamBatch(rows[ok], p.id[ok], p.ts[ok], keys, rejected,
+                           self._columns(f, table.filter(ok), p.ts[ok], rows[ok]))
 
     def _columns(self, f: Path | str, table: pa.Table, ts: np.ndarray, rows: np.ndarray) -> pa.Table:
         """The accepted rows' output columns in `self.schema`'s types (the time from the engine's microseconds)."""

@@ -566,7 +566,8 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     tuple_rows = [
         got_late.join(want_late.select(*key), key, "left_anti").select(
             F.lit("late_unexpected").alias("problem"),
-            F.lit("set aside as late, but its ts is not below the max ts before it minus join.max_delay").alias("reason"),
+            F.lit("set aside as late, but its ts is not below the max ts before it "
+                  "minus join.max_delay").alias("reason"),
             "stream", "id", "ts", "key", "value"),
         want_late.join(got_late.select(*key), key, "left_anti").select(
             F.lit("late_missed").alias("problem"),

@@ -54,7 +54,8 @@ def describe(directory: Path) -> dict:
         return {"checkpoint": directory.name, "complete": False, "why": str(e)}
     return {"checkpoint": directory.name, "complete": True, "id": m["id"], "slaves": m["slaves"],
             "tuples": sum(p["tuples"] or 0 for p in m["parts"].values()),
-            "bytes": sum(p["bytes"] for p in m["parts"].values()), "source_position": m["master"]["consumed"] + sum(d["consumed"] for d in m.get("dispatchers", {}).values())}
+            "bytes": sum(p["bytes"] for p in m["parts"].values()),
+            "source_position": m["master"]["consumed"] + sum(d["consumed"] for d in m.get("dispatchers", {}).values())}
 
 
 def main(argv: list[str]) -> int:

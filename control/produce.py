@@ -247,8 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("file", help="CSV or Parquet file: stream (R/S), id, ts, key, [value]")
     p.add_argument("--endpoint", default="tcp://127.0.0.1:5555", help="the master's source.endpoint")
     p.add_argument("--rate", type=float, default=0.0, help="tuples/s (0 = as fast as the master takes them)")
-    p.add_argument("--batch", type=int, default=10000, help="tuples per message (<= the master's source.max_message_tuples)")
-    p.add_argument("--jitter", type=float, default=0.0, help="random pause of up to this many seconds before each message")
+    p.add_argument("--batch", type=int, default=10000,
+                   help="tuples per message (<= the master's source.max_message_tuples)")
+    p.add_argument("--jitter", type=float, default=0.0,
+                   help="random pause of up to this many seconds before each message")
     p.add_argument("--seed", type=int, default=0, help="seed of the jitter")
     p.add_argument("--sender", type=int, default=0, help="producer number in the messages (for the master's log)")
     p.add_argument("--server-key", help="CURVE: the cluster's public certificate (.key)")

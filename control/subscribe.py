@@ -65,8 +65,9 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
 
     With k dispatchers each publishes on its own socket (the endpoint's port + i) and punctuates for its own
     batches; the stream's punctuation is the min over theirs (master.result_stream), and the checks use it.
-    `ordered` (the run has `output.ordered`): results are held and kept in order of stream time (protocol.wire.stream_time) up to
-    that punctuation, merging the dispatchers' streams, each ordered only within itself."""
+    `ordered` (the run has `output.ordered`): results are held and kept in order of stream time
+    (protocol.wire.stream_time) up to that punctuation, merging the dispatchers' streams, each ordered only
+    within itself."""
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.rcvhwm = 0  # never drop on our side; the publisher's SNDHWM is the only limit
     sock.setsockopt(zmq.SUBSCRIBE, b"")
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="save the results as this Parquet file")
     p.add_argument("--server-key", help="CURVE: the cluster's public certificate (.key)")
     p.add_argument("--key", help="CURVE: this subscriber's secret certificate (.key_secret)")
-    p.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds without a message (0 = wait for END)")
+    p.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds without a message "
+                                                              "(0 = wait for END)")
     p.add_argument("--progress", type=float, default=1.0, help="seconds between progress lines (0 = none)")
     a = p.parse_args(argv)
     try:

@@ -100,7 +100,8 @@ class JobWatch:
         if self.killed is not None:
             rank, host, sig = self.killed
             name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
-            return LOST, f"rank {rank} on host {host} was killed by signal {sig} ({name}): exit {LOST} (a rank was lost)"
+            return LOST, (f"rank {rank} on host {host} was killed by signal {sig} ({name}): "
+                          f"exit {LOST} (a rank was lost)")
         if self.lost_host is not None:
             ranks = self.ranks_of.get(self.lost_host, "?")
             return LOST, (f"Open MPI lost the daemon of host {self.lost_host} (ranks {ranks}): exit {LOST} (a rank "

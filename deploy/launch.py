@@ -91,7 +91,8 @@ def warm_kernels() -> None:
     import master.state.packing  # noqa: F401
     import slave.kernel  # noqa: F401
     import pyarrow as pa
-    from master.sources.keys import KeyDictionary  # text keys' coding compiles at its first call: 16 values, a rehash too
+    from master.sources.keys import KeyDictionary  # text keys' coding compiles at its first call: 16 values,
+                                                   # a rehash too
 
     KeyDictionary(pa.string()).codes(pa.array([str(i) for i in range(16)]))
     with contextlib.suppress(OSError):  # a read-only checkout warms each time

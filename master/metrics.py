@@ -189,7 +189,8 @@ class Metrics:
         seconds = lambda w: finite(eventtime.bound_seconds(w))
         delay_r, delay_s = m.ingest.stream_delays  # each stream's own max_delay
         occupancy = c.occupancy()
-        owned = np.bincount(c.partition_map[c.partition_map >= 0], minlength=max(m.slaves) + 1)  # -1: a free hot-key slot
+        owned = np.bincount(c.partition_map[c.partition_map >= 0],  # -1: a free hot-key slot
+                            minlength=max(m.slaves) + 1)
         per = stats.per_slave
         hist = stats.delay_hist
         last = self.view["hist"] if self.view else np.zeros_like(hist)
@@ -208,7 +209,8 @@ class Metrics:
             "result_stream_gaps": int(sum(gaps.values())),
             "delay_p50": finite(p50), "delay_p99": finite(p99),
             "buffered": len(m.buffers) + sum(self._others[d]["buffered"] for d in self._others),
-            "backlog_max_seconds": max(stats.backlog_max, 0.0), "pacing_lag_max_seconds": max(stats.pacing_lag_max, 0.0),
+            "backlog_max_seconds": max(stats.backlog_max, 0.0),
+            "pacing_lag_max_seconds": max(stats.pacing_lag_max, 0.0),
             "watermark": [seconds(w) for w in marks],
             "watermark_r": [seconds(t[0] - delay_r) for t in stream_tops],
             "watermark_s": [seconds(t[1] - delay_s) for t in stream_tops],
@@ -233,13 +235,15 @@ class Metrics:
             "partition_map": c.partition_map.tolist(), "moving": np.flatnonzero(c.moving).tolist(),
             "hot_keys": [] if m.hot is None else [
                 {"key": key, "first": first, "size": size,
-                 "slaves": c.partition_map[first: first + size].tolist()} for key, (first, size) in m.hot.router.hot.items()],
+                 "slaves": c.partition_map[first: first + size].tolist()}
+                for key, (first, size) in m.hot.router.hot.items()],
         }
         self.view = {"sample": sample, "hist": hist.copy(), "parts": stats.parts_hist.copy(),
                      "input": dict(stats.input), "rejected": dict(self._rejected), "refused": dict(refused),
                      "stream_gaps": dict(gaps),
                      "moves": dict(self.moves_by_reason), "hot_events": Counter(e["event"] for e in hot_log),
-                     "started": m.stats.started - m.stats.elapsed_before, "capacity": self.cfg["master"]["buffer_capacity"],
+                     "started": m.stats.started - m.stats.elapsed_before,
+                     "capacity": self.cfg["master"]["buffer_capacity"],
                      "moves_log": c.moves_log[-100:], "hot_log": hot_log[-100:], "checkpoint_log": done[-100:]}
         return sample
 
@@ -298,7 +302,8 @@ class Metrics:
         yield counter("input_tuples", "on-time tuples taken in, by stream and source kind", None, ("stream", "source"),
                       [((st, source), n) for st, n in view["input"].items()])
         yield counter("results", "join results produced", s["results"])
-        yield counter("late_tuples", "tuples set aside as late (ts below max ts seen minus max_delay, or below the watermark)", s["late"])
+        yield counter("late_tuples", "tuples set aside as late (ts below max ts seen minus max_delay, or below the "
+                                     "watermark)", s["late"])
         yield counter("rejected", "inputs rejected (file rows; ZeroMQ messages), by reason", None, ("reason",),
                       [((k,), v) for k, v in view["rejected"].items()])
         yield counter("refused_messages", "ZeroMQ messages refused and ignored: no or wrong source.token, by kind "
@@ -311,12 +316,14 @@ class Metrics:
                          [((), view["hist"])])
         yield _histogram("delay_part_seconds", "production delay split into buffer, transfer and join",
                          [((p,), h) for p, h in zip(delays.PARTS, view["parts"])], ("part",))
-        yield counter("slave_busy_seconds", "seconds each slave spent joining", None, ("slave",), per_slave("busy_seconds"))
+        yield counter("slave_busy_seconds", "seconds each slave spent joining", None,
+                      ("slave",), per_slave("busy_seconds"))
         yield counter("slave_joined_tuples", "tuples each slave joined", None, ("slave",), per_slave("tuples_joined"))
         yield counter("slave_results", "results each slave produced", None, ("slave",), per_slave("slave_results"))
         yield counter("slave_slots_missed", "slots at which the slave was still joining its last batch", None,
                       ("slave",), per_slave("slots_missed"))
-        yield counter("slave_cpu_seconds", "CPU seconds of each slave process", None, ("slave",), per_slave("cpu_seconds"))
+        yield counter("slave_cpu_seconds", "CPU seconds of each slave process", None,
+                      ("slave",), per_slave("cpu_seconds"))
         yield counter("slave_comm_seconds", "seconds each slave spent receiving batches and sending reports", None,
                       ("slave",), per_slave("comm_seconds"))
         yield gauge("slave_active", "1 if the slave is in the active set (paper V-A)", None, ("slave",),
@@ -324,8 +331,10 @@ class Metrics:
         yield gauge("slave_partitions", "partition-groups the slave owns", None, ("slave",), per_slave("partitions"))
         yield gauge("slave_occupancy_ratio", "mean unjoined tuples at its slots over balance.buffer_capacity, this "
                     "reorganization epoch (paper IV-C)", None, ("slave",), per_slave("occupancy"))
-        yield gauge("slave_window_tuples", "tuples stored in the slave's windows", None, ("slave",), per_slave("window_tuples"))
-        yield gauge("slave_window_bytes", "bytes of the slave's window state", None, ("slave",), per_slave("window_bytes"))
+        yield gauge("slave_window_tuples", "tuples stored in the slave's windows", None,
+                    ("slave",), per_slave("window_tuples"))
+        yield gauge("slave_window_bytes", "bytes of the slave's window state", None,
+                    ("slave",), per_slave("window_bytes"))
         yield gauge("slave_peak_resident_memory_bytes", "largest resident memory the slave reported", None, ("slave",),
                     per_slave("rss_bytes"))
         yield counter("moves", "partition-groups moved between slaves, by reason", None, ("reason",),
@@ -351,11 +360,13 @@ class Metrics:
                     [(("R",), s["idle_seconds_r"]), (("S",), s["idle_seconds_s"])])
         yield gauge("buffered_tuples", "tuples in the master's mini-buffers", s["buffered"])
         yield gauge("buffer_capacity_tuples", "master.buffer_capacity (per dispatcher)", view["capacity"])
-        yield gauge("backlog_max_seconds", "longest a tuple waited beyond one distribution epoch", s["backlog_max_seconds"])
+        yield gauge("backlog_max_seconds", "longest a tuple waited beyond one distribution epoch",
+                    s["backlog_max_seconds"])
         yield gauge("pacing_lag_max_seconds", "paced input: longest the due tuples waited to be ingested",
                     s["pacing_lag_max_seconds"])
         yield counter("checkpoints", "complete checkpoints written", s["checkpoints"])
-        yield gauge("checkpoint_age_seconds", "seconds since the last checkpoint completed", s["checkpoint_age_seconds"])
+        yield gauge("checkpoint_age_seconds", "seconds since the last checkpoint completed",
+                    s["checkpoint_age_seconds"])
         yield gauge("checkpoint_duration_seconds", "seconds the last checkpoint took", s["checkpoint_duration_seconds"])
         yield gauge("run_start_time_seconds", "when the run started (unix time; a resumed run: its first start)",
                     view["started"])

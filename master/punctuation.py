@@ -58,7 +58,8 @@ class Punctuator:
         streams), None when no row is decided alone by the watermark (inner and semi joins)."""
         #: (rank, batch seq) -> (smallest ts of that batch, the partitions it listed, its send number)
         self.outstanding: dict[tuple[int, int], tuple[int, np.ndarray, int]] = {}
-        self.drain_floor = np.full(partitions, NEG_INF, dtype=np.int64)  #: per partition: bound on tuples buffered since
+        #: per partition: bound on tuples buffered since
+        self.drain_floor = np.full(partitions, NEG_INF, dtype=np.int64)
         self.last = NEG_INF                                 #: the last punctuation handed out
         self.lead = lead
         self.lone_floor = np.full(partitions, NEG_INF, dtype=np.int64)  #: per partition: bound on its rows undecided

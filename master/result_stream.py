@@ -25,8 +25,8 @@ unordered, the message is then sent lossy: ZeroMQ delivers it to the
 subscribers with room and drops it for the full one, and then skips that one
 silently until it has read half its queue; it sees the gap in `seq`.  So the
 master counts gaps (one per lossy send, by reason), not the messages in them:
-a subscriber counts those itself (`control.subscribe`: `missed_messages`).  The join is never slowed.  With `output.ordered` the stream is
-lossless instead and slows the cluster (SplitJoin's ordered output needs every
+a subscriber counts those itself (`control.subscribe`: `missed_messages`).  The join is never slowed.
+With `output.ordered` the stream is lossless instead and slows the cluster (SplitJoin's ordered output needs every
 result): messages wait in an outbox while a subscriber is full, and ingest
 takes only as many tuples as the bound has room for (`ingest_room`: the
 results a tuple has brought so far, times the tuples whose results are still

@@ -101,7 +101,8 @@ def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
                               "security.allow_remote = true and CURVE keys (security.server_key, security.client_keys)")
         if not sec["server_key"] or not sec["client_keys"]:
             raise ConfigError(f"security.server_key: {name} = {ep!r} binds off loopback, so CURVE is required: set "
-                              "security.server_key (a .key_secret file) and security.client_keys (a directory of .key files)")
+                              "security.server_key (a .key_secret file) and security.client_keys "
+                              "(a directory of .key files)")
     if sec["server_key"] and not Path(sec["server_key"]).is_file():
         raise ConfigError(f"security.server_key: {sec['server_key']!r} is not a file")
     if sec["server_key"]:

@@ -103,7 +103,8 @@ def unpack(buf: np.ndarray, where: str) -> list[np.ndarray]:
 
 #: A slave part's records are partition-groups as slave.mover.encode_group writes them: int64 head [partition,
 #: global depth, directory entries, buckets, next bucket id], the directory entries, per bucket [id, local depth,
-#: R rows, S rows], then the rows, then a matched flag (uint8) per row, padded to whole 8-byte words.  Decoded here so a checker (control.checkpoints) needs no slave code.
+#: R rows, S rows], then the rows, then a matched flag (uint8) per row, padded to whole 8-byte words.
+#: Decoded here so a checker (control.checkpoints) needs no slave code.
 GROUP_HEAD = 5
 
 

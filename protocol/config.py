@@ -26,47 +26,65 @@ from protocol.tuples import BASE_TUPLE_BYTES
 #: section -> key -> (default, description)
 DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     "cluster": {
-        "dispatchers": (1, "ranks 0..k-1 each ingest a 1/k share of the input and route it (BiStream 3.2.3); slaves are the rest"),
-        "heartbeat_timeout": (0.0, "a rank silent this long is lost and the job ends (a slave that no longer hears rank 0 exits); 0 = the larger of 5 s and 20 distribution epochs (docs/operating.md)"),
-        "network": ("", 'the address range the ranks and Open MPI\'s daemons talk over between hosts, e.g. "10.0.0.0/24" ("" = Open MPI\'s choice); docs/operating.md lists the ports'),
-        "ports": ("", 'TCP ports "A-B" Open MPI listens on between hosts, for a firewall: the ranks take the first half, the daemons the second ("" = any it picks)'),
+        "dispatchers": (1, "ranks 0..k-1 each ingest a 1/k share of the input and route it (BiStream 3.2.3); slaves "
+                           "are the rest"),
+        "heartbeat_timeout": (0.0, "a rank silent this long is lost and the job ends (a slave that no longer hears "
+                                   "rank 0 exits); 0 = the larger of 5 s and 20 distribution epochs "
+                                   "(docs/operating.md)"),
+        "network": ("", 'the address range the ranks and Open MPI\'s daemons talk over between hosts, e.g. '
+                        '"10.0.0.0/24" ("" = Open MPI\'s choice); docs/operating.md lists the ports'),
+        "ports": ("", 'TCP ports "A-B" Open MPI listens on between hosts, for a firewall: the ranks take the first '
+                      'half, the daemons the second ("" = any it picks)'),
     },
     "source": {
-        "kind": ("generator", '"generator" (built-in b-model workload), "file" (CSV/Parquet at `path`) or "zmq" (live, at `endpoint`)'),
+        "kind": ("generator", '"generator" (built-in b-model workload), "file" (CSV/Parquet at `path`) or "zmq" (live, '
+                              'at `endpoint`)'),
         "path": ("", "input file for kind = \"file\": columns stream (R/S), id, ts, key, [value]"),
         "rate": (0.0, "arrival pacing in tuples/s (both streams together); 0 = as fast as the cluster accepts"),
         "batch": (65536, "tuples the master ingests per step"),
         "endpoint": ("tcp://127.0.0.1:5555", 'kind = "zmq": where the master binds its PULL socket for producers'),
         "producers": (1, 'kind = "zmq": the input ends after this many producers sent their END message'),
-        "idle_timeout": (0.0, 'kind = "zmq": the input also ends after this many seconds without a message (0 = never)'),
+        "idle_timeout": (0.0, 'kind = "zmq": the input also ends after this many seconds without a message '
+                              '(0 = never)'),
         "max_message_tuples": (65536, 'kind = "zmq": larger messages are rejected whole'),
-        "token": ("", 'kind = "zmq": only producers presenting this shared secret are let in ("" = any local process may feed and end the input); never logged'),
-        "token_file": ("", 'kind = "zmq": a file holding the token (read at start; keeps it off command lines); not with `token`'),
-        "ack_endpoint": ("", 'kind = "zmq", with checkpoints: where the master publishes what each checkpoint made durable per producer, so producers resend after a crash ("" = no acknowledgements)'),
-        "ts_unit": ("s", 'kind = "file": the unit of numbers in the ts column, "s", "ms", "us" or "ns" (timestamp columns carry their own; docs/input.md)'),
-        "duplicate_window": (1000000, 'kind = "file": a repeated id is found when its first row is at most this many rows earlier (always when ids rise per stream)'),
+        "token": ("", 'kind = "zmq": only producers presenting this shared secret are let in ("" = any local process '
+                      'may feed and end the input); never logged'),
+        "token_file": ("", 'kind = "zmq": a file holding the token (read at start; keeps it off command lines); not '
+                           'with `token`'),
+        "ack_endpoint": ("", 'kind = "zmq", with checkpoints: where the master publishes what each checkpoint made '
+                             'durable per producer, so producers resend after a crash ("" = no acknowledgements)'),
+        "ts_unit": ("s", 'kind = "file": the unit of numbers in the ts column, "s", "ms", "us" or "ns" (timestamp '
+                         'columns carry their own; docs/input.md)'),
+        "duplicate_window": (1000000, 'kind = "file": a repeated id is found when its first row is at most this many '
+                                      'rows earlier (always when ids rise per stream)'),
     },
     "generator": {
         "duration": (60.0, "seconds of event time to generate"),
         "rate": (50000.0, "mean tuples/s per stream in event time (Poisson arrivals)"),
         "keys": (1048576, "join-key domain size"),
-        "distribution": ("bmodel", '"bmodel" (the paper), "uniform" (few `keys`: high key duplication) or "zipf" (heavy hitters)'),
+        "distribution": ("bmodel", '"bmodel" (the paper), "uniform" (few `keys`: high key duplication) or "zipf" '
+                                   '(heavy hitters)'),
         "skew": (0.7, "b-model bias of the key distribution (0.5 = uniform; paper default 0.7)"),
         "zipf": (1.0, "with distribution = \"zipf\": the exponent s, P(k-th most frequent key) ~ 1/k^s"),
         "seed": (1, "random seed; the same seed gives the same streams"),
-        "tuple_bytes": (64, f"bytes per tuple on the wire and in the window (a multiple of 8, at least {BASE_TUPLE_BYTES}; paper 64)"),
+        "tuple_bytes": (64, "bytes per tuple on the wire and in the window (a multiple of 8, at least "
+                            f"{BASE_TUPLE_BYTES}; paper 64)"),
         "disorder": (0.0, "event times are shifted back by up to this many seconds (out-of-order input)"),
         "shift": (0.0, "every this many seconds the hot keys change (0 = never): skew that moves"),
         "hot_share": (0.0, "this share of both streams carries one single key (a heavy hitter), on top of the b-model"),
     },
     "join": {
-        "window": (1.0, "join r and s iff r.key == s.key and |r.ts - s.ts| <= window (seconds): shorthand for lower = -window, upper = window"),
-        "lower": (None, "with `upper`, in place of `window`: join r and s iff lower <= s.ts - r.ts <= upper (seconds, either may be negative; unset: -window)"),
+        "window": (1.0, "join r and s iff r.key == s.key and |r.ts - s.ts| <= window (seconds): shorthand for "
+                        "lower = -window, upper = window"),
+        "lower": (None, "with `upper`, in place of `window`: join r and s iff lower <= s.ts - r.ts <= upper (seconds, "
+                        "either may be negative; unset: -window)"),
         "upper": (None, "with `lower`: the largest s.ts - r.ts that joins (seconds; unset: window)"),
         "max_delay": (0.5, "allowed out-of-orderness in ts; later tuples go to the late output"),
         "predicate": ("equal", '"equal" (r.key == s.key), "band" (|r.key - s.key| <= band) or "less" (r.key < s.key)'),
         "band": (0, "with predicate = \"band\": the largest key distance that joins"),
-        "type": ("inner", '"inner" (pairs), "left" / "right" / "full" (also each R / S / both row without a partner, once, at expiry), "semi" (each R with a partner, once) or "anti" (each R without one, at expiry): docs/joins-and-hot-keys.md'),
+        "type": ("inner", '"inner" (pairs), "left" / "right" / "full" (also each R / S / both row without a partner, '
+                          'once, at expiry), "semi" (each R with a partner, once) or "anti" (each R without one, at '
+                          'expiry): docs/joins-and-hot-keys.md'),
     },
     "epochs": {
         "distribution": (0.25, "seconds between two sends of buffered tuples to a slave"),
@@ -74,36 +92,45 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     },
     "partitioning": {
         "partitions": (60, "hash partitions (mini-buffers per stream at the master; paper 60); >= slaves"),
-        "subgroups": (2, "slaves are served in this many slots per distribution epoch (paper V-B); capped at the slave count"),
+        "subgroups": (2, "slaves are served in this many slots per distribution epoch (paper V-B); capped at the slave "
+                         "count"),
     },
     "tuning": {
         "block_size": (64, "tuples per window block (the unit of expiry)"),
         "theta_min": (4, "merge a mini-partition-group with its buddy below this many blocks"),
         "theta_max": (256, "split a mini-partition-group above this many blocks (extendible hashing)"),
-        "max_depth": (12, "largest global depth of a partition-group's extendible-hash directory (0 = no tuning: one bucket per group)"),
+        "max_depth": (12, "largest global depth of a partition-group's extendible-hash directory (0 = no tuning: one "
+                          "bucket per group)"),
     },
     "master": {
-        "buffer_capacity": (4000000, "tuples the master's mini-buffers may hold before ingest pauses (256 MB of 64-byte tuples)"),
-        "stall_timeout": (0.0, "seconds pending work may stand still before the job ends naming what it waits for (0 = 8 distribution epochs, at least 10 s, plus twice the slowest batch)"),
+        "buffer_capacity": (4000000, "tuples the master's mini-buffers may hold before ingest pauses (256 MB of "
+                                     "64-byte tuples)"),
+        "stall_timeout": (0.0, "seconds pending work may stand still before the job ends naming what it waits for "
+                               "(0 = 8 distribution epochs, at least 10 s, plus twice the slowest batch)"),
     },
     "balance": {
-        "enabled": (True, "move partition-groups between slaves by their load (paper IV-C); balance.declustering also adapts the active slave count"),
+        "enabled": (True, "move partition-groups between slaves by their load (paper IV-C); balance.declustering also "
+                          "adapts the active slave count"),
         "supplier_threshold": (0.5, "average buffer occupancy above which a slave is a supplier (paper 0.5)"),
         "consumer_threshold": (0.01, "average buffer occupancy below which a slave is a consumer (paper 0.01)"),
-        "buffer_capacity": (20000, "tuples a slave's buffer holds; occupancy = mean tuples not yet joined at its slots / this"),
+        "buffer_capacity": (20000, "tuples a slave's buffer holds; occupancy = mean tuples not yet joined at its slots "
+                                   "/ this"),
         "choice": ("largest_fit", '"random" (the paper) or "largest_fit": which partition-group a supplier yields'),
-        "declustering": (False, "also adapt the number of active slaves (paper V-A): shrinks a cluster that keeps up easily"),
+        "declustering": (False, "also adapt the number of active slaves (paper V-A): shrinks a cluster that keeps up "
+                                "easily"),
         "gamma": (2.0, "one more active slave when suppliers > gamma x consumers (paper V-A)"),
         "initial_slaves": (0, "slaves active at start (0 = all)"),
         "seed": (1, "seed of the random group choice"),
     },
     "hotkeys": {
-        "enabled": (False, "give keys above `threshold` of the input a grid of sub-groups on several slaves (equi-join)"),
+        "enabled": (False, "give keys above `threshold` of the input a grid of sub-groups on several slaves "
+                           "(equi-join)"),
         "threshold": (0.1, "share of the input over a reorganization epoch that makes a key hot"),
         "grid": (4, "most sub-groups per hot key (its S tuples are spread over them, its R tuples copied to all; a "
                     "full join: two such grids, the second with R spread and S copied)"),
         "max_keys": (4, "most hot keys at once"),
-        "sketch": (64, "counters of the frequent-items summary at the master (keys above 1/sketch of the input are seen)"),
+        "sketch": (64, "counters of the frequent-items summary at the master (keys above 1/sketch of the input are "
+                       "seen)"),
     },
     "checkpoint": {
         "interval": (0, "distribution epochs between two checkpoints of the whole cluster (0 = none)"),
@@ -115,25 +142,35 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "path": ("out", "output directory (results/, late/, rejected/, summary.json)"),
         "format": ("parquet", '"parquet" or "csv"'),
         "flush_rows": (500000, "a slave writes a results file once it holds this many rows"),
-        "result_chunk_rows": (1 << 19, "a slave builds a batch's results in chunks of at most this many rows, each written and sent before the next (bounds a slave's memory under a hot key)"),
+        "result_chunk_rows": (1 << 19, "a slave builds a batch's results in chunks of at most this many rows, each "
+                                       "written and sent before the next (bounds a slave's memory under a hot key)"),
         "progress": (1.0, "seconds between progress lines (0 = none)"),
-        "zmq_endpoint": ("", 'publish results with punctuations on this ZeroMQ endpoint (e.g. "tcp://127.0.0.1:5556"); "" = off'),
-        "ordered": (False, "with zmq_endpoint: publish results in order of the later tuple's ts (held until punctuated)"),
-        "wait_subscribers": (0, "with zmq_endpoint: wait for this many subscribers before ingesting (PUB drops what comes before)"),
-        "subscriber_buffer_bytes": (64 << 20, "with zmq_endpoint: bytes of results the master queues per subscriber (at least 65536); a subscriber further behind misses messages (its gaps counted); with ordered, results held beyond it pause ingest"),
-        "subscriber_timeout": (10.0, "with ordered: seconds a full subscriber may hold the stream (and the cluster) back before it misses messages as unordered"),
+        "zmq_endpoint": ("", 'publish results with punctuations on this ZeroMQ endpoint (e.g. "tcp://127.0.0.1:5556"); '
+                             '"" = off'),
+        "ordered": (False, "with zmq_endpoint: publish results in order of the later tuple's ts (held until "
+                           "punctuated)"),
+        "wait_subscribers": (0, "with zmq_endpoint: wait for this many subscribers before ingesting (PUB drops what "
+                                "comes before)"),
+        "subscriber_buffer_bytes": (64 << 20, "with zmq_endpoint: bytes of results the master queues per subscriber "
+                                              "(at least 65536); a subscriber further behind misses messages (its gaps "
+                                              "counted); with ordered, results held beyond it pause ingest"),
+        "subscriber_timeout": (10.0, "with ordered: seconds a full subscriber may hold the stream (and the cluster) "
+                                     "back before it misses messages as unordered"),
     },
     "security": {
         "allow_remote": (False, "allow ZeroMQ endpoints on non-loopback addresses (then CURVE keys are required)"),
-        "server_key": ("", "secret certificate of the cluster's ZeroMQ sockets (zmq.auth .key_secret file); enables CURVE"),
+        "server_key": ("", "secret certificate of the cluster's ZeroMQ sockets (zmq.auth .key_secret file); enables "
+                           "CURVE"),
         "client_keys": ("", "directory of the public certificates (.key) of producers and subscribers let in"),
     },
     "metrics": {
-        "endpoint": ("127.0.0.1:9464", 'HOST:PORT of the Prometheus /metrics and the live dashboard (rank 0); "" = off'),
+        "endpoint": ("127.0.0.1:9464", 'HOST:PORT of the Prometheus /metrics and the live dashboard (rank 0); '
+                                       '"" = off'),
         "log_interval": (5.0, "seconds between two Parquet files of the metrics log in `metrics/` (0 = no log)"),
     },
     "aggregate": {
-        "enabled": (False, "slaves pre-aggregate their results into aggregates/ (phase one; merged by control.aggregate)"),
+        "enabled": (False, "slaves pre-aggregate their results into aggregates/ (phase one; merged by "
+                           "control.aggregate)"),
         "group_by": ("key", '"key", "r_key" or "s_key" (all the same join key in this equi-join)'),
         "value": ("r_value", '"r_value" or "s_value": the column whose count, sum, min, max (and avg) are kept'),
         "window": (0.0, "tumbling window in seconds on the later tuple's ts, max(r_ts, s_ts); 0 = no window"),
@@ -165,7 +202,8 @@ _POSITIVE = {
 }
 _NON_NEGATIVE = {
     ("source", "rate"), ("join", "window"), ("join", "max_delay"),
-    ("tuning", "theta_min"), ("tuning", "max_depth"), ("generator", "disorder"), ("generator", "shift"), ("output", "progress"),
+    ("tuning", "theta_min"), ("tuning", "max_depth"), ("generator", "disorder"), ("generator", "shift"),
+    ("output", "progress"),
     ("balance", "supplier_threshold"), ("balance", "consumer_threshold"), ("balance", "initial_slaves"),
     ("checkpoint", "interval"), ("join", "band"),
     ("aggregate", "window"),
@@ -288,7 +326,8 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
                           f"{cfg['output']['subscriber_buffer_bytes']!r}")
     live = [key for key in streams_config.live_endpoints(cfg) if key.startswith("streams.")]
     if live and (cfg["checkpoint"]["interval"] or cfg["cluster"]["dispatchers"] > 1):
-        raise ConfigError(f"{live[0]}: not with {'checkpoint.interval' if cfg['checkpoint']['interval'] else 'cluster.dispatchers > 1'}"
+        raise ConfigError(f"{live[0]}: not with "
+                          f"{'checkpoint.interval' if cfg['checkpoint']['interval'] else 'cluster.dispatchers > 1'}"
                           " yet: a live stream's producers cannot resend what a recovery needs, and every dispatcher "
                           "would bind its endpoint")
     if cfg.get("streams") and cfg["aggregate"]["enabled"]:
@@ -371,14 +410,16 @@ def reference() -> str:
     def values(s: str, k: str, default: Any) -> str:
         if (s, k) in _CHOICES:
             return ", ".join(map(toml, _CHOICES[s, k]))
-        return ("duration" if (s, k) in DURATION_KEYS else kinds[type(default)]) + (" > 0" if (s, k) in _POSITIVE else " >= 0" if (s, k) in _NON_NEGATIVE else "")
+        return ("duration" if (s, k) in DURATION_KEYS else kinds[type(default)]) + (
+            " > 0" if (s, k) in _POSITIVE else " >= 0" if (s, k) in _NON_NEGATIVE else "")
     lines = ["# Configuration reference", "",
              "<!-- made by `python -m protocol.config --reference > docs/configuration.md` (make docs) from "
              "protocol/config.py; do not edit by hand -->", "",
              "A TOML file (`--config my.toml`), one table per section; every key can be overridden with "
              "`--set section.key=value` (the value in TOML syntax; a bare word is a string). An unknown section or "
              "key, a wrong type or an impossible value stops the run before it starts with one message that names "
-             "the key; docs/refusals.md lists the combinations refused. A duration is a number of seconds or text with a unit: "
+             "the key; docs/refusals.md lists the combinations refused. A duration is a number of seconds or text "
+             "with a unit: "
              '`"30s"`, `"250ms"`, `"2m"`, `"1h"` (ns, us, ms, s, m, h, d).']
     for section, keys in DEFAULTS.items():
         lines += ["", f"## [{section}]", "", "| key | default | values | meaning |", "|---|---|---|---|"]

@@ -11,7 +11,8 @@ from decimal import Decimal
 
 #: (section, key) of every config key that is a duration in seconds
 DURATION_KEYS = {
-    ("join", "window"), ("join", "lower"), ("join", "upper"), ("join", "max_delay"), ("epochs", "distribution"), ("epochs", "reorganization"),
+    ("join", "window"), ("join", "lower"), ("join", "upper"), ("join", "max_delay"), ("epochs", "distribution"),
+    ("epochs", "reorganization"),
     ("master", "stall_timeout"), ("source", "idle_timeout"), ("generator", "duration"), ("generator", "disorder"),
     ("generator", "shift"), ("output", "progress"), ("metrics", "log_interval"), ("aggregate", "window"),
     ("aggregate", "flush_interval"), ("cluster", "heartbeat_timeout"),

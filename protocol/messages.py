@@ -67,8 +67,8 @@ HEADER = np.dtype([("kind", "<i8"), ("seq", "<i8"), ("watermark", "<i8"), ("n_r"
 #: rows, R's first key, R's last key, S's first key, S's last key), in the order of the rows; the keys are per
 #: stream the span whose home the group is (key ranges: master.state.ranges.KeyRanges.spans, both streams; hash
 #: partitions: ALL_KEYS; a full join's hot-key grids: NO_KEYS for the stream copied as guests,
-#: master.state.hot_key_router.HotKeyRouter.spans): a row of the group whose key is outside its stream's span is a guest copy
-#: (slave.join).  SPLIT / MERGE end with the row (hot key, its first sub-group, its sub-group count, -1, ...)
+#: master.state.hot_key_router.HotKeyRouter.spans): a row of the group whose key is outside its stream's span is a guest
+#: copy (slave.join).  SPLIT / MERGE end with the row (hot key, its first sub-group, its sub-group count, -1, ...)
 GROUP_ROW = 7
 #: the span of a group that is every key's home (no guests of the stream): hash partitions, hot-key sub-groups
 ALL_KEYS = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)

@@ -26,8 +26,8 @@ def copied_stream(join_type: str) -> int:
 
 
 def hot_grids(join_type: str, stream: int, first: int, count: int) -> tuple[range, range]:
-    """A hot key's sub-groups first..first+count-1 (master.state.hot_key_router) as a tuple of `stream` sees them: (those it is
-    spread over, stored at home in one by a hash of its id; those it is copied into, every one).  One grid
+    """A hot key's sub-groups first..first+count-1 (master.state.hot_key_router) as a tuple of `stream` sees them:
+    (those it is spread over, stored at home in one by a hash of its id; those it is copied into, every one).  One grid
     (Streaming HyperCube, paper 000): the `copied_stream` copied, the other spread.  A full join keeps both
     sides, so it has two grids of count / 2: S spread and R copied, then R spread and S copied; each tuple is
     at home in one sub-group and a guest in the other grid (slave.join)."""

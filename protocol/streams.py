@@ -24,12 +24,13 @@ STREAM_KEYS: dict[str, tuple[Any, str]] = {
     "key": (None, "the join key: a column, or a list of columns (a composite key); integers, strings or binary"),
     "time": (None, "the event-time column: a timestamp (any unit, any zone), ISO-8601 text, or numbers in `time_unit`"),
     "time_unit": ("s", 'the unit of numbers in the time column: "s", "ms", "us" or "ns"'),
-    "id": ("", "an integer id column, unique within the stream; \"\" = rows numbered by their position in the stream (0, 1, ...)"),
+    "id": ("", "an integer id column, unique within the stream; \"\" = rows numbered by their position in the stream "
+               "(0, 1, ...)"),
     "side": ("", '"R" or "S"; "" = the first stream declared is R, the second S'),
     "max_delay": ("", "this stream's allowed out-of-orderness (a duration): a tuple more than this behind the largest "
                       'earlier time of its own stream is late; "" = `join.max_delay`'),
-    "idle_timeout": (0.0, "wall-clock time (a duration) without a tuple of this stream after which it stops holding the "
-                          "join's watermark back, until its next tuple (Flink's `withIdleness`; 0 = never idle)"),
+    "idle_timeout": (0.0, "wall-clock time (a duration) without a tuple of this stream after which it stops holding "
+                          "the join's watermark back, until its next tuple (Flink's `withIdleness`; 0 = never idle)"),
     "payload": ("*", 'the columns results carry besides key, time and id: "*" = every other column of the files, '
                      "or a list of column names ([] = none)"),
     "prefix": ("{stream}_", "what the stream's columns are named with in results and late rows; {stream} is the "

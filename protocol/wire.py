@@ -9,8 +9,8 @@ loop per tuple.  One record frame rather than one frame per column: a fixed
 frame count, one size check, one copy to pack on the producer side.
 
 Kinds: TUPLES (producer -> master), BATCH (producer -> master, a live declared stream: one Arrow
-record batch of the stream's own columns in Arrow's IPC stream format, checked by master.sources.live), END (a producer is done; `blocked` carries the
-seconds it was held back by backpressure, or an emitter is done), RESULTS,
+record batch of the stream's own columns in Arrow's IPC stream format, checked by master.sources.live), END (a producer
+is done; `blocked` carries the seconds it was held back by backpressure, or an emitter is done), RESULTS,
 ROWS, TABLE and PUNCT (master -> subscribers; a punctuation P in `punctuation` says every
 result whose stream time is < P has been sent: BiStream 3.2.3, SplitJoin's
 punctuated result stream), ACK (master -> producers: per producer, the tuples a
@@ -164,7 +164,8 @@ class Rejection(NamedTuple):
 def header(kind: Frame, count: int = 0, sender: int = 0, seq: int = 0, *, punctuation: float = 0.0,
            blocked: float = 0.0, floor: int = MORE, run: int = 0, final: bool = False) -> bytes:
     h = np.zeros(1, HEADER)
-    h["magic"], h["version"], h["kind"], h["count"], h["sender"], h["seq"] = MAGIC, VERSION, int(kind), count, sender, seq
+    h["magic"], h["version"], h["kind"], h["count"], h["sender"], h["seq"] = \
+        MAGIC, VERSION, int(kind), count, sender, seq
     h["punctuation"], h["blocked"], h["floor"], h["run"], h["final"] = punctuation, blocked, floor, run, final
     return h.tobytes()
 
@@ -202,7 +203,8 @@ def encode_tuples(stream, ids, ts, keys, values, sender: int = 0, seq: int = 0,
 
 def encode_ack(run: int, acked: np.ndarray, final: bool, sender: int = 0) -> list:
     """An ACK message: ACK_RECORDs, the master's `run`, `final` once the run is over (nothing more comes)."""
-    return [header(Frame.ACK, len(acked), sender, run=run, final=final), np.ascontiguousarray(acked, ACK_RECORD).tobytes()]
+    return [header(Frame.ACK, len(acked), sender, run=run, final=final),
+            np.ascontiguousarray(acked, ACK_RECORD).tobytes()]
 
 
 def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:

@@ -173,7 +173,8 @@ class JoinModule:
         self.groups[partition] = pg
 
     def split_hot_key(self, partition: int, key: int, first: int, count: int) -> int:
-        """Move `key`'s stored tuples out of `partition` into sub-groups first..first+count-1 (master/state/hot_key_router.py),
+        """Move `key`'s stored tuples out of `partition` into sub-groups first..first+count-1
+        (master/state/hot_key_router.py),
         each into the one its id hashes to of those its stream is spread over, with its matched flag, and into
         every one its stream is copied into (protocol.predicates.hot_grids): as a guest (flag GUEST) where it
         is at home in another (a full join), else with its flag.  Returns the tuples moved."""

@@ -41,8 +41,8 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of ke
 # one signature per kernel, layout "A": field views of the structured windows are strided, test arrays are not
 _EQUI_SIG = "UniTuple(int64[::1], 3)(int64[:], int64[:], int64[:], int64[:], int64, int64)"
 _EQUI_FILL_SIG = "void(int64[::1], int64[::1], int64[::1], int64, int64[::1], int64[::1])"
-_DELAYS_SIG = ("void(float64[:], float64[:], int64[::1], float64[::1], float64, float64, float64[::1], float64, float64, "
-               "float64[::1], int64[:, ::1])")
+_DELAYS_SIG = ("void(float64[:], float64[:], int64[::1], float64[::1], float64, float64, float64[::1], float64, "
+               "float64, float64[::1], int64[:, ::1])")
 _RANGE_SIG = ("UniTuple(int64[::1], 5)(int64[:], int64[:], int64[:], int64[:], int64, int64, int64, int64, boolean, "
               "boolean, int64, int64, boolean)")
 _RANGE_FILL_SIG = ("void(int64[:], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64, int64, "

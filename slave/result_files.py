@@ -27,7 +27,8 @@ def with_columns(payload: PayloadReader, r_rows: np.ndarray, s_rows: np.ndarray,
     """Result rows of declared streams: both sides' own columns gathered by stream row from the
     payload log (-1: the side is missing, its columns null), then `delay` and, outside inner joins, `kind`."""
     t = payload.both(r_rows, s_rows).append_column(pa.field("delay", pa.float64(), nullable=False), pa.array(delay))
-    return t if kind is None else t.append_column(pa.field("kind", pa.string(), nullable=False), _kind(kind, len(delay)))
+    return t if kind is None else t.append_column(pa.field("kind", pa.string(), nullable=False),
+                                                  _kind(kind, len(delay)))
 
 
 def lone_table(rows: np.ndarray, side: str, kind: str, now: float) -> pa.Table:
@@ -69,7 +70,8 @@ def outer_table(pairs: Pairs | None, delay: np.ndarray | None, lone_r: np.ndarra
     if pairs is not None and len(pairs):
         parts.insert(0, with_columns(payload, pairs["r_id"], pairs["s_id"], delay, MATCHED) if payload is not None
                      else pa.table([delay if c == "delay" else _kind(MATCHED, len(pairs)) if c == "kind"
-                                    else pairs.output(c) for c in OUTER_RESULT_SCHEMA.names], schema=OUTER_RESULT_SCHEMA))
+                                    else pairs.output(c) for c in OUTER_RESULT_SCHEMA.names],
+                                   schema=OUTER_RESULT_SCHEMA))
     return pa.concat_tables(parts)
 
 

@@ -3,8 +3,8 @@ a random workload for it; the real cluster runs it under mpirun and its result s
 with the independent reference join over the whole input (tests/reference.py).
 
 `python -m tests.matrix --seed N` reruns one draw; `python -m tests.matrix --minutes M` (`make soak`) runs random
-draws for M minutes and prints a table of draws, the feature pairs covered and the failures.  tests/cluster/test_matrix.py
-runs a fixed set of seeds that covers every pair of feature values at small scale.
+draws for M minutes and prints a table of draws, the feature pairs covered and the failures.
+tests/cluster/test_matrix.py runs a fixed set of seeds that covers every pair of feature values at small scale.
 
 Event time in the workload is an integer count of milliseconds or microseconds, written as exact decimal seconds;
 the reference compares those integers, so a pair exactly at a bound (one window apart, or exactly join.lower or
@@ -426,7 +426,8 @@ def stream_faults(d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarr
     bad = [m for m in sub.messages if isinstance(m, wire.Rejection) or not 0 <= m.sender < d.dispatchers]
     if bad:
         faults.append(f"{len(bad)} messages not of the stream, e.g. {bad[0]}")
-    kind = wire.Frame.TABLE if d.input == "streams" else wire.Frame.RESULTS if d.join_type == "inner" else wire.Frame.ROWS
+    kind = wire.Frame.TABLE if d.input == "streams" else wire.Frame.RESULTS if d.join_type == "inner" \
+        else wire.Frame.ROWS
     received = []
     for sender in range(d.dispatchers):
         mine = [m for m in sub.messages if not isinstance(m, wire.Rejection) and m.sender == sender]
@@ -659,8 +660,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--covering", action="store_true", help="run the covering seeds CI runs")
     p.add_argument("--keep", action="store_true", help="keep each draw's folder (input, config, output)")
     p.add_argument("--where", action="append", default=[], metavar="FEATURE=VALUE",
-                   help="random draws only with this feature value, e.g. --where hotkeys=True or --where join.type=left "
-                        "(repeatable; VALUE,VALUE: either, e.g. --where output=stream,ordered)")
+                   help="random draws only with this feature value, e.g. --where hotkeys=True or --where "
+                        "join.type=left (repeatable; VALUE,VALUE: either, e.g. --where output=stream,ordered)")
     p.add_argument("--draws", type=int, default=0, help="stop after this many draws were run (0: by time)")
     a = p.parse_args(argv)
     wanted = {k.replace(".", "_"): v for k, v in (w.split("=", 1) for w in a.where)}  # join.type = join_type

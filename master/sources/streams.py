@@ -82,7 +82,8 @@ class StreamsSource(Source):
         self._live = [LiveStream(self.cfg, side, inp.spec, inp, self.declared[inp.name])
                       if inp.name in self.declared else None for side, inp in enumerate(inputs)]
         self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
-        self._threads = [threading.Thread(target=FileSource._read, args=(self._logged(self.log, side, inp), q, self._stop),
+        self._threads = [threading.Thread(target=FileSource._read,
+                                          args=(self._logged(self.log, side, inp), q, self._stop),
                                           daemon=True, name=f"stream-reader-{inp.name}")
                          for side, (inp, q) in enumerate(zip(inputs, self._queues)) if self._live[side] is None]
         for t in self._threads:
@@ -238,7 +239,8 @@ class StreamsSource(Source):
         names = {side: name for side, name in zip("RS", self.specs)}
         out: dict = {"streams": names, "payload_log_bytes": self.log.bytes,
                      "payload_log_removed_bytes": self.log.removed_bytes, "payload_log_peak_bytes": self.log.peak_bytes,
-                     **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))} if live else {})}
+                     **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))}
+                        if live else {})}
         if self.listing is None:
             return out
         self.listing.flush()

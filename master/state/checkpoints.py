@@ -64,7 +64,8 @@ class CheckpointDesk:
     def waiting_for(self) -> str:
         """What a checkpoint being taken waits for ("" when none is): the stall watch names it."""
         if self.open:
-            return f"{self.open['id']} open, parts in: {sorted(self.open['parts'])}" + " (the next waits)" * self.pending
+            return (f"{self.open['id']} open, parts in: {sorted(self.open['parts'])}"
+                    + " (the next waits)" * self.pending)
         return "waiting for quiet" if self.pending else ""
 
     def begin(self, sections: dict, epochs_done: int) -> None:
@@ -114,7 +115,8 @@ class CheckpointDesk:
         ck = self.open
         if len(ck["slaves"]) < len(self.slaves) or len(ck["dispatchers"]) < self.k - 1:
             return
-        result_files = {**self.inherited["results"], **{str(r): int(v["result_files"]) for r, v in ck["slaves"].items()}}
+        result_files = {**self.inherited["results"],
+                        **{str(r): int(v["result_files"]) for r, v in ck["slaves"].items()}}
         aggregate_files = {**self.inherited[checkpoint.PENDING_AGGREGATES],
                            **{str(r): int(v["aggregate_files"]) for r, v in ck["slaves"].items()}}
         sections = {0: ck["master"], **{int(d): m for d, m in ck["dispatchers"].items()}}

@@ -3,7 +3,8 @@
 Between two reorganization epochs it records, per active slave, its buffer at
 the end of each distribution epoch (at its slot: the tuples it has not joined
 yet, i.e. its batch still in progress plus what waits for it at the master;
-0 when it is idle and takes its new batch) and the tuples sent per partition-group.  At a reorganization epoch `balance.plan` decides the
+0 when it is idle and takes its new batch) and the tuples sent per partition-group.
+At a reorganization epoch `balance.plan` decides the
 moves and the change of the active set; the controller then runs each move as
 the paper's protocol: MOVE order to the supplier once it is idle, the state goes
 supplier -> consumer, the consumer acknowledges, and only then does the
@@ -22,8 +23,8 @@ from protocol.eventtime import POS_INF
 
 class Controller:
     def __init__(self, cfg: dict, slaves: list[int], partitions: int, share: int = 1, live: int | None = None):
-        """`live`: partition ids from it on are hot-key sub-group slots (master.state.hot_key_router), mapped to no slave
-        (-1) until a hot key uses them: nothing must route to, balance or move a group that no slave holds."""
+        """`live`: partition ids from it on are hot-key sub-group slots (master.state.hot_key_router), mapped to no
+        slave (-1) until a hot key uses them: nothing must route to, balance or move a group that no slave holds."""
         self.cfg = cfg["balance"]
         #: with k dispatchers rank 0 sees a 1/k share of every slave's input and scales its samples by k
         self.share = share

@@ -23,8 +23,8 @@ def partition_one(key, partitions):  # pragma: no cover - compiled
 
 _PACK_SIG = "void(int64[:], int64[:], int64[:], int64[:], int64[:], int64[::1], int64[::1], int64[::1], int64[:, ::1])"
 _COUNT_SIG = "void(int8[:], int64[:], boolean[::1], int64, int64[::1], int64[:, ::1])"
-_ROUTE_SIG = ("void(int8[:], int64[:], int64[:], int64[:], int64[:], int64[:], boolean[::1], int64[::1], int64[:, ::1], "
-              "int64[::1], int64[::1], int64[:, ::1], int64[:, ::1])")
+_ROUTE_SIG = ("void(int8[:], int64[:], int64[:], int64[:], int64[:], int64[:], boolean[::1], int64[::1], "
+              "int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64[:, ::1])")
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -161,7 +161,8 @@ class RunStats:
             "wall_seconds": round(wall, 3),
             "throughput_tuples_per_s": round(self.ingested / wall, 1) if wall > 0 else 0.0,
             "delay_seconds": {"p50": p50, "p95": p95, "p99": p99, "max": self.delay_max,
-                              "note": "percentiles are upper edges of log bins: at most 12.2% above the exact value, capped at max"},
+                              "note": "percentiles are upper edges of log bins: at most 12.2% above the exact value, "
+                                      "capped at max"},
             "delay_parts_seconds": {**{part: dict(zip(("p50", "p95", "p99"), delays.percentiles(h, (50, 95, 99))))
                                        for part, h in zip(delays.PARTS, self.parts_hist)},
                                     "note": "where the delay goes, per result: buffer = the later tuple's arrival "
@@ -238,9 +239,11 @@ def print_summary(s: dict, out=sys.stderr) -> None:
           f"merges {s['partition_merges']}", file=out, flush=True)
     up = s["startup"]
     pss = sorted(up["pss_before_data_bytes"].values())
-    print(f"start-up: ranks ready {_after(up['ranks_ready_seconds'])}, first tuple {_after(up['first_tuple_seconds'])}, "
+    print(f"start-up: ranks ready {_after(up['ranks_ready_seconds'])}, "
+          f"first tuple {_after(up['first_tuple_seconds'])}, "
           f"last result {_after(up['last_result_seconds'])} after the launch; PSS before data "
-          f"{pss[len(pss) // 2] / 2**20:.0f} MiB per rank (median), {sum(pss) / 2**20:.0f} MiB in all", file=out, flush=True)
+          f"{pss[len(pss) // 2] / 2**20:.0f} MiB per rank (median), {sum(pss) / 2**20:.0f} MiB in all",
+          file=out, flush=True)
     print("hosts: " + "; ".join(f"{host} rank{'s' * (len(r) > 1)} {spans(r)}" for host, r in s["hosts"].items()),
           file=out, flush=True)
     parts = s["delay_parts_seconds"]
@@ -255,8 +258,9 @@ def print_summary(s: dict, out=sys.stderr) -> None:
               f"{c['largest_batch_results']:,} results", file=out, flush=True)
     if "zmq_ingest" in s:
         z = s["zmq_ingest"]
-        print(f"zmq ingest on {', '.join(z['endpoints'])}: {z['messages']:,} messages, {z['tuples']:,} tuples, rejected {z['rejected_by_reason'] or 0}; "
-              f"producers held back {z['producers_blocked_seconds']:.2f}s in all; buffered at most {s['buffered_peak']:,}",
+        print(f"zmq ingest on {', '.join(z['endpoints'])}: {z['messages']:,} messages, {z['tuples']:,} tuples, "
+              f"rejected {z['rejected_by_reason'] or 0}; producers held back {z['producers_blocked_seconds']:.2f}s "
+              f"in all; buffered at most {s['buffered_peak']:,}",
               file=out, flush=True)
     for side, x in s.get("lateness", {}).items():  # [streams]: lateness and idleness per stream
         idle = x["idle"]
@@ -273,7 +277,8 @@ def print_summary(s: dict, out=sys.stderr) -> None:
                 f"{s['payload_log_peak_bytes'] / 2**20:.1f} MiB on disk at once", file=out, flush=True)
     if "result_stream" in s:
         r = s["result_stream"]
-        print(f"result stream on {', '.join(r['endpoints'])}: {r['results']:,} results, {r['punctuations']:,} punctuations"
+        print(f"result stream on {', '.join(r['endpoints'])}: {r['results']:,} results, "
+              f"{r['punctuations']:,} punctuations"
               f"{', ordered' if r['ordered'] else ''}; {r['gaps']:,} gaps for subscribers behind"
               f"{'; ingest held %.2fs' % r['ingest_held_seconds'] if r['ordered'] else ''}",
               file=out, flush=True)

@@ -28,8 +28,8 @@ from tests.reference import late_flags, micros, reference_pairs, reference_theta
 from tests.cluster.test_cluster import SMALL
 
 # disorder above max_delay: about a third of the tuples are late; small files: the lateness prefix spans several
-LATE = dict(SMALL, **{"generator.duration": 3.0, "generator.disorder": 0.5, "output.flush_rows": 3000, "source.batch": 2000,
-                      "checkpoint.interval": 2})
+LATE = dict(SMALL, **{"generator.duration": 3.0, "generator.disorder": 0.5, "output.flush_rows": 3000,
+                      "source.batch": 2000, "checkpoint.interval": 2})
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
 
 #: the audit's reason for a pair whose times are outside the bounds
@@ -52,7 +52,8 @@ def reference(settings: dict, start: float = -np.inf, end: float = np.inf) -> np
         pairs, _ = reference_pairs(d.stream, d.id, d.ts, d.key, settings["join.window"], settings["join.max_delay"])
     else:
         pairs = reference_theta_pairs(d.stream, d.id, d.ts, d.key, settings["join.window"],
-                                      settings["join.max_delay"], settings["join.predicate"], settings.get("join.band", 0))
+                                      settings["join.max_delay"], settings["join.predicate"],
+                                      settings.get("join.band", 0))
     ts = {s: dict(zip(d.id[d.stream == s].tolist(), d.ts[d.stream == s].tolist())) for s in (0, 1)}
     later = np.array([max(ts[0][p // 2**32], ts[1][p % 2**32]) for p in pairs.tolist()])
     inside = np.ones(len(pairs), bool)
@@ -76,8 +77,10 @@ def late_run(tmp_path_factory):
 def test_the_audit_of_a_run_with_late_tuples_is_exact_and_counts_the_reference_pairs(spark, late_run):
     code, r = audited(spark, late_run)
     assert code == audit.EXACT and r["verdict"] == "exact", r
-    assert r["expected"] == r["found"] == late_run.summary["results"] == len(reference(dict(LATE, **{"generator.seed": 21})))
-    assert r["input"].startswith("archive") and r["input_tuples"] == late_run.summary["input_total"] + late_run.summary["late"]
+    assert r["expected"] == r["found"] == late_run.summary["results"] \
+        == len(reference(dict(LATE, **{"generator.seed": 21})))
+    assert r["input"].startswith("archive") \
+        and r["input_tuples"] == late_run.summary["input_total"] + late_run.summary["late"]
     # a middle range, and a sample of its keys
     code, r = audited(spark, late_run, "--from", "1", "--to", "2")
     assert code == 0 and r["range"] == "1-2"
@@ -293,7 +296,8 @@ def test_a_crashed_run_is_exact_below_its_checkpoint_and_followed_through_its_re
     # 5 s of input, about 55 batches: the kill comes after a complete checkpoint, on a loaded host too
     settings = dict(LATE, **{"generator.seed": 24, "source.rate": 6000.0, "epochs.distribution": 0.1,
                              "generator.duration": 5.0})
-    crashed = run_cluster(tmp_path, 3, settings, env={"STREAMJOIN_FAULT": f"1:batch-after-checkpoint:6:{tmp_path / 'fired'}"})
+    crashed = run_cluster(tmp_path, 3, settings,
+                          env={"STREAMJOIN_FAULT": f"1:batch-after-checkpoint:6:{tmp_path / 'fired'}"})
     assert crashed.returncode != 0 and (tmp_path / "fired").exists()
     # a result file past the last commit, as a crashed run leaves them: the restarted run replaces it, so it
     # does not count (here a copy of a committed file: counted, every pair in it would be a duplicate)

@@ -132,7 +132,8 @@ def test_a_crashed_left_join_is_exact_below_the_bound_where_its_rows_alone_are_f
     # seen live: its newest checkpoint's committed files, below the slaves' watermark minus join.window
     settings = dict(LATE, **{"join.type": "left", "generator.seed": 52, "source.rate": 6000.0,
                              "epochs.distribution": 0.1})
-    crashed = run_cluster(tmp_path, 3, settings, env={"STREAMJOIN_FAULT": f"1:batch-after-checkpoint:12:{tmp_path / 'fired'}"})
+    crashed = run_cluster(tmp_path, 3, settings,
+                          env={"STREAMJOIN_FAULT": f"1:batch-after-checkpoint:12:{tmp_path / 'fired'}"})
     assert crashed.returncode != 0 and (tmp_path / "fired").exists()
     code, r = audited(spark, crashed)
     assert code == audit.EXACT, r

@@ -584,7 +584,8 @@ def test_input_cache_writes_the_generated_input_once_and_reuses_it(tmp_path, mon
 def test_input_cache_evicts_least_recently_used_files_it_wrote_only(tmp_path):
     import time
     from bench.inputs import InputCache
-    small = lambda seed: ["generator.duration=1.0", "generator.rate=3000", "generator.keys=64", f"generator.seed={seed}"]
+    small = lambda seed: ["generator.duration=1.0", "generator.rate=3000", "generator.keys=64",
+                          f"generator.seed={seed}"]
     foreign = tmp_path / "0123456789abcdef"  # named like the cache's, but not written by it (no meta.json)
     foreign.mkdir()
     (foreign / "input.parquet").write_bytes(b"x" * 10)
@@ -686,7 +687,8 @@ def test_lone_rows_are_timed_from_the_moment_they_become_final(tmp_path):
     ts = np.arange(10.0)
     delay = 1.5 + 0.1 * np.arange(10)
     pq.write_table(pa.table({"r_ts": np.r_[ts, 3.0], "delay": np.r_[delay, 0.05],
-                             "kind": ["left_unmatched"] * 10 + ["matched"]}), tmp_path / "results" / "slave-001.parquet")
+                             "kind": ["left_unmatched"] * 10 + ["matched"]}),
+                   tmp_path / "results" / "slave-001.parquet")
     got = after_final(tmp_path, 1.5)
     assert got["rows"] == 8  # ts 0..7: below 9 - 1.5
     assert got["after_final_max"] == pytest.approx(0.7)

@@ -87,8 +87,8 @@ def test_ratio_of_the_clusters_best_rate_to_sparks():
     assert "more than 144.0x" in ratio_text(none)
     unconfirmed = ratio(points[2:], _peer([(12_500, True)]))
     assert unconfirmed["ratio"] is None and "no ratio" in ratio_text(unconfirmed)
-    assert ratio_text(unconfirmed).startswith("cluster (no slave count's rate confirmed by its repeats and confirmation "
-                                              "run) vs Spark")
+    assert ratio_text(unconfirmed).startswith("cluster (no slave count's rate confirmed by its repeats and "
+                                              "confirmation run) vs Spark")
 
 
 def test_report_section_lists_every_spark_run():

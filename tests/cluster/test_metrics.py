@@ -159,7 +159,8 @@ def test_scraped_counters_rise_during_a_paced_run_and_agree_with_the_summary(tmp
     lines = stderr.strip().splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("output: "))
     assert first < next(i for i, line in enumerate(lines) if line.startswith("[")), stderr
-    assert lines[first].startswith(f"output: {out.resolve()}/") and f"dashboard http://127.0.0.1:{port}/" in lines[first]
+    assert lines[first].startswith(f"output: {out.resolve()}/") \
+        and f"dashboard http://127.0.0.1:{port}/" in lines[first]
     out = out.resolve()
     last_line = lines[-1]
     assert str(out / "summary.json") in last_line and str(out / "results") in last_line
@@ -176,7 +177,8 @@ def test_scraped_counters_rise_during_a_paced_run_and_agree_with_the_summary(tmp
     log = pq.read_table(out / "metrics").to_pylist()
     assert set(inputs) <= {r["input_r"] + r["input_s"] for r in log}
     assert total(final, "streamjoin_slave_joined_tuples_total") >= summary["input_total"]  # R copies count twice
-    assert summary["checkpoints"]["written"] >= 1 and len(summary["checkpoints"]["log"]) == summary["checkpoints"]["written"]
+    assert summary["checkpoints"]["written"] >= 1 \
+        and len(summary["checkpoints"]["log"]) == summary["checkpoints"]["written"]
 
 
 def test_a_stream_that_stops_is_shown_idle_while_the_other_flows(tmp_path):
@@ -231,7 +233,8 @@ def test_moves_and_hot_keys_are_counted_as_the_summary_counts_them(tmp_path):
 def chromium() -> str:
     """The headless browser; installed with apt-get if missing (as root), else the test is skipped, saying why."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None and shutil.which("apt-get") and hasattr(__import__("os"), "geteuid") and __import__("os").geteuid() == 0:
+    if found is None and shutil.which("apt-get") and hasattr(__import__("os"), "geteuid") \
+            and __import__("os").geteuid() == 0:
         subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, timeout=900)
         found = shutil.which("chromium")
     if found is None:

@@ -42,7 +42,8 @@ def crash_run(tmp_path, ranks, settings, fault=None, env_extra=None, **kw):
 
 @pytest.mark.parametrize("rank,batch", [(1, 1), (2, 3)])
 def test_slave_killed_at_a_batch(tmp_path, rank, batch):
-    run, _ = crash_run(tmp_path, 3, dict(CKPT, **{"generator.seed": batch}), fault=f"{rank}:batch-after-checkpoint:{batch}")
+    run, _ = crash_run(tmp_path, 3, dict(CKPT, **{"generator.seed": batch}),
+                       fault=f"{rank}:batch-after-checkpoint:{batch}")
     assert run.summary["checkpoints"]["written"] > 2
 
 

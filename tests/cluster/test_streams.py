@@ -102,9 +102,11 @@ def test_streams_config_sides_keys_and_overrides(tmp_path):
 
 @pytest.mark.parametrize("r,s,words", [
     ({"path": "a", "key": "u", "time": "t"}, {"path": "b", "key": ["u", "v"], "time": "t"}, "as many key columns"),
-    ({"path": "a", "key": "u", "time": "t", "side": "S"}, {"path": "b", "key": "u", "time": "t", "side": "S"}, "one must be R"),
+    ({"path": "a", "key": "u", "time": "t", "side": "S"}, {"path": "b", "key": "u", "time": "t", "side": "S"},
+     "one must be R"),
     ({"path": "a", "key": "u"}, {"path": "b", "key": "u", "time": "t"}, "streams.views.time: required"),
-    ({"path": "a", "key": "u", "time": "t", "colour": 1}, {"path": "b", "key": "u", "time": "t"}, "streams.views.colour"),
+    ({"path": "a", "key": "u", "time": "t", "colour": 1}, {"path": "b", "key": "u", "time": "t"},
+     "streams.views.colour"),
     ({"path": "a", "key": "u", "time": "u"}, {"path": "b", "key": "u", "time": "t"}, "different columns"),
     ({"path": "a", "key": [], "time": "t"}, {"path": "b", "key": "u", "time": "t"}, "streams.views.key"),
     ({"path": "a", "key": "u", "time": "t", "time_unit": "min"}, {"path": "b", "key": "u", "time": "t"}, "time_unit"),
@@ -205,7 +207,8 @@ def test_the_same_instants_in_every_time_form_give_the_same_tuples(tmp_path):
     micros = np.sort(np.random.default_rng(4).integers(0, 600, 40)) * 1_000_000 + 1_795_000_000_000_000
     half, keys = len(micros) // 2, 100 + 7 * np.arange(len(micros))
     (tmp_path / "r").mkdir()
-    pq.write_table(pa.table({"k": keys[:half], "t": pa.array(micros[:half] * 1000, pa.timestamp("ns", "Europe/Paris"))}),
+    pq.write_table(pa.table({"k": keys[:half],
+                             "t": pa.array(micros[:half] * 1000, pa.timestamp("ns", "Europe/Paris"))}),
                    tmp_path / "r" / "a.parquet")
     pq.write_table(pa.table({"k": keys[half:], "t": pa.array(micros[half:] // 1_000_000, pa.timestamp("s"))}),
                    tmp_path / "r" / "b.parquet")
@@ -301,7 +304,8 @@ def run_clicks_example(tmp_path, *settings: str):
                    capture_output=True)
     out = tmp_path / "out"
     from deploy.launch import mpi_env, mpirun_command
-    args = ["--config", str(ROOT / "examples/clicks/clicks.toml"), "--set", f"streams.impressions.path={data / 'impressions'}",
+    args = ["--config", str(ROOT / "examples/clicks/clicks.toml"),
+            "--set", f"streams.impressions.path={data / 'impressions'}",
             "--set", f"streams.clicks.path={data / 'clicks.parquet'}", "--set", f"output.path={out}",
             "--set", "output.progress=0", "--set", "metrics.endpoint=127.0.0.1:0"]
     for item in settings:
@@ -403,7 +407,8 @@ def test_results_of_declared_streams_read_as_they_are_in_pandas_and_duckdb(tmp_p
     con = duckdb.connect()
     ref = con.sql(f"""select i.impression_id, c.click_id from read_csv('{data}/impressions/*.csv') i
                       join read_parquet('{data}/clicks.parquet') c on i.user_id = c.user_id
-                      and epoch_us(c.clicked_at) - epoch_us(i.shown_at::timestamptz) between 0 and 30000000""").fetchall()
+                      and epoch_us(c.clicked_at) - epoch_us(i.shown_at::timestamptz) between 0 and 30000000"""
+                  ).fetchall()
     assert got == sorted(ref) and len(got) > 1000
     duck = con.sql(f"select c_click_id, c_cost, c_clicked_at from read_csv('{out}/results/*.csv')").fetchall()
     assert len(duck) == len(got) and all(isinstance(c, float) for _, c, _ in duck)
@@ -413,7 +418,8 @@ def test_composite_keys_without_ids_from_json_lines_and_a_folder_of_csv_equal_th
     """R: JSON lines, epoch milliseconds (time_unit = "ms"), no id; S: two CSV files with ISO text in +01:00,
     no id, a bad time cell and an empty key cell (rejected rows), and rows late within their own stream;
     the key is (user, region). One dispatcher, two slaves; slave rank 2 is killed as it writes its part of the second
-    checkpoint and the supervisor recovers from the first: the input is read again and coded again, each pair is written once."""
+    checkpoint and the supervisor recovers from the first: the input is read again and coded again,
+    each pair is written once."""
     rng = np.random.default_rng(11)
     t0 = 1_795_000_000_000
     n_r, n_s = 1500, 1200
@@ -458,7 +464,8 @@ def test_composite_keys_without_ids_from_json_lines_and_a_folder_of_csv_equal_th
     assert pc.all(pc.equal(results["views_user"], results["buys_user"])).as_py()
     assert pc.all(pc.equal(results["views_page"], "/x")).as_py()
     rejected = read_tables(run.out / "rejected").sort_by("row")
-    assert [(Path(f).name, row, c) for f, row, c in zip(*(rejected[x].to_pylist() for x in ("file", "row", "column")))] \
+    assert [(Path(f).name, row, c)
+            for f, row, c in zip(*(rejected[x].to_pylist() for x in ("file", "row", "column")))] \
         == [("part-0.csv", 101, "t"), ("part-0.csv", 334, "user+region")]
     assert run.summary["keys"]["distinct"] == len(set(r["key"]) | set(s["key"]))
 
@@ -475,7 +482,8 @@ def test_payload_of_every_type_survives_a_left_join_with_hot_keys_moves_and_a_cr
     """Parquet streams whose payload holds a decimal, a list, text with nulls and a struct, times as
     timestamp[ns, Europe/Paris] (R) and int64 milliseconds (S); a left join with a hot key (a third of the
     tuples), groups moving at every reorganization and slave rank 2 killed as it writes its part of the
-    second checkpoint, under the supervisor.  Every pair and every R row alone equals the reference, and each result row's payload is its
+    second checkpoint, under the supervisor.
+    Every pair and every R row alone equals the reference, and each result row's payload is its
     own rows' (looked up by id in the input) with the Arrow types kept; Spark reads the folder as it is."""
     import decimal
 
@@ -495,7 +503,8 @@ def test_payload_of_every_type_survives_a_left_join_with_hot_keys_moves_and_a_cr
         "note": pa.array(note, pa.string()),
         "venue": pa.array([{"id": int(x), "open": bool(x % 2)} for x in r_key]),
     }), tmp_path / "orders.parquet", row_group_size=700)
-    pq.write_table(pa.table({"fid": np.arange(n_s), "acct": s_key, "at": s_ms, "qty": (np.arange(n_s) % 9).astype(np.int16)}),
+    pq.write_table(pa.table({"fid": np.arange(n_s), "acct": s_key, "at": s_ms,
+                             "qty": (np.arange(n_s) % 9).astype(np.int16)}),
                    tmp_path / "fills.parquet", row_group_size=600)
     run = run_cluster(tmp_path, 4, {
         "streams.orders.path": str(tmp_path / "orders.parquet"), "streams.orders.key": "acct",
@@ -595,7 +604,8 @@ def test_the_payload_log_holds_a_small_part_of_a_long_input_at_once(tmp_path, di
     for name in ("views", "clicks"):
         (tmp_path / name).mkdir()
         t = pa.table({"seq": np.arange(n), "user": rng.integers(0, 50, n),
-                      "at": 1_795_000_000_000 + np.cumsum(rng.integers(0, 2, n)), "text": [f"{name} {i}" for i in range(n)]})
+                      "at": 1_795_000_000_000 + np.cumsum(rng.integers(0, 2, n)),
+                      "text": [f"{name} {i}" for i in range(n)]})
         for i in range(0, n, 100):
             pq.write_table(t.slice(i, 100), tmp_path / name / f"part-{i // 100:03d}.parquet")
     run = run_cluster(tmp_path, 3 + dispatchers, {
@@ -621,8 +631,8 @@ def disordered(rng, n: int, start: int, step: int, disorder: int) -> np.ndarray:
 def test_each_stream_its_own_max_delay_with_two_dispatchers_across_a_crash_equals_the_reference(tmp_path):
     """views (CSV, max_delay 1.5 s, out of order by up to 2 s) and buys (Parquet, 300 ms, up to 1 s), views
     ending half way through buys: 2 dispatchers and 2 slaves, slave rank 3 killed as it writes its part of the
-    second checkpoint and the run recovered from the first.  Pairs and late tuples are the reference's (each dispatcher judges each
-    stream of its share by that stream's max_delay), late/ states each stream's bound, and summary.json each
+    second checkpoint and the run recovered from the first.  Pairs and late tuples are the reference's (each dispatcher
+    judges each stream of its share by that stream's max_delay), late/ states each stream's bound, and summary.json each
     stream's max_delay and late count."""
     rng = np.random.default_rng(21)
     t0 = 1_795_000_000_000_000
@@ -671,8 +681,8 @@ def test_each_stream_its_own_max_delay_with_two_dispatchers_across_a_crash_equal
 
 def test_a_stream_that_pauses_goes_idle_lets_the_watermark_on_and_changes_no_result(tmp_path):
     """A paced run (source.rate) where views has no tuple for 18 s of event time (the merge meanwhile takes
-    buys', about 2,200 tuples: 1.1 s of wall clock) and streams.views.idle_timeout = 300 ms: summary.json lists views' idle
-    period (begun after 300 ms, ended when views resumed, the watermark then past views' own bound), and
+    buys', about 2,200 tuples: 1.1 s of wall clock) and streams.views.idle_timeout = 300 ms: summary.json lists views'
+    idle period (begun after 300 ms, ended when views resumed, the watermark then past views' own bound), and
     pairs and late tuples are the reference's: the merge by each stream's watermark never lets a resumed
     stream's on-time tuple fall below the join's watermark."""
     rng = np.random.default_rng(22)

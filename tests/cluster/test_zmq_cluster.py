@@ -279,7 +279,8 @@ def test_a_strangers_end_does_not_end_the_input_and_is_counted(tmp_path):
     assert "refused an END message from an anonymous producer" in run.stderr
     assert 'streamjoin_refused_messages_total{kind="end"} 2.0' in (run.out / "metrics.prom").read_text()
     assert run.summary["config"]["source"]["token_file"] == str(tmp_path / "token")
-    on_disk = "".join(f.read_text(errors="replace") for f in run.out.rglob("*") if f.is_file() and f.suffix != ".parquet")
+    on_disk = "".join(f.read_text(errors="replace") for f in run.out.rglob("*")
+                      if f.is_file() and f.suffix != ".parquet")
     assert token not in run.stderr and token not in on_disk
 
 

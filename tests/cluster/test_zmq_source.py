@@ -1,4 +1,5 @@
-"""master/sources/zmq_input.py, the producer and the subscriber over real loopback ZeroMQ sockets; CURVE; the config rules."""
+"""master/sources/zmq_input.py, the producer and the subscriber over real loopback ZeroMQ sockets; CURVE;
+the config rules."""
 from __future__ import annotations
 
 import os
@@ -47,7 +48,8 @@ def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(
     push.connect(src.endpoint)
     rng = np.random.default_rng(3)
     sent_ids, next_id = [], 0
-    bad = {"magic": [b"NOPE" + bytes(wire.HEADER.itemsize - 4), b""], "too_large": None, "ts": None, "frames": wire.encode_end(0.0) + [wire.origin("p", bytes(32)), b"x"]}
+    bad = {"magic": [b"NOPE" + bytes(wire.HEADER.itemsize - 4), b""], "too_large": None, "ts": None,
+           "frames": wire.encode_end(0.0) + [wire.origin("p", bytes(32)), b"x"]}
     for i in range(40):
         n = int(rng.integers(1, 300))
         stream = rng.integers(0, 2, n)
@@ -74,7 +76,8 @@ def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(
     assert z["rejected_by_reason"] == {"ts": 10, "too_large": 10, "magic": 4, "frames": 4}
     assert summary["rejected"] == 28 and z["producers_blocked_seconds"] == 1.5 and z["held_peak_tuples"] <= 300
     listed = pq.read_table(tmp_path / "rejected" / "zmq-rejected.parquet").to_pylist()
-    assert sorted(r["reason"] for r in listed) == sorted(["ts"] * 10 + ["too_large"] * 10 + ["magic"] * 4 + ["frames"] * 4)
+    assert sorted(r["reason"] for r in listed) == sorted(["ts"] * 10 + ["too_large"] * 10 + ["magic"] * 4
+                                                         + ["frames"] * 4)
     push.close()
 
 
@@ -277,7 +280,8 @@ def test_a_stranger_neither_feeds_nor_ends_the_input_and_a_resend_is_taken_once(
     np.testing.assert_array_equal(got, np.r_[0:150, 170:200])
     z = src.finish()["zmq_ingest"]
     assert z["refused_messages"] == {"end": 2, "tuples": 1} and z["refused_tuples"] == 10
-    assert (z["duplicate_tuples"], z["lost_tuples"], z["producers_ended"], z["producers"]) == (150, 20, 1, {"feed": 200})
+    assert (z["duplicate_tuples"], z["lost_tuples"], z["producers_ended"],
+            z["producers"]) == (150, 20, 1, {"feed": 200})
     push.close()
 
 

@@ -25,7 +25,8 @@ def test_batches_cross_real_mpi_intact():
         for dest in range(1, comm.size):
             r, s = np.zeros(1000 * dest, dtype), np.zeros(500, dtype)
             for a in (r, s):
-                a["id"], a["key"], a["ts"] = np.arange(len(a)), rng.integers(0, 99, len(a)), rng.integers(0, 10**6, len(a))
+                a["id"], a["key"], a["ts"] = np.arange(len(a)), rng.integers(0, 99, len(a)), \
+                    rng.integers(0, 10**6, len(a))
             buf = encode_batch(dest, 1_500_000, r, s)
             sent.append((comm.Isend([buf, MPI.BYTE], dest=dest, tag=TAG_DATA), buf))
         MPI.Request.Waitall([req for req, _ in sent])

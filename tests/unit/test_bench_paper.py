@@ -81,7 +81,8 @@ def full_data():
     data["epochs"] = {"slaves": 2, "rate": 148_500, "runs": sweep}
     data["kernel"] = {"rate": 400_000.0, "runs": [390_000.0, 400_000.0, 410_000.0], "tuples": 1_000_000, "cores": 2,
                       "span": 2.0, "spans": [{"span": 0.25, "rate": 150_000.0, "runs": [150_000.0]},
-                                             {"span": 2.0, "rate": 400_000.0, "runs": [390_000.0, 400_000.0, 410_000.0]}],
+                                             {"span": 2.0, "rate": 400_000.0,
+                                              "runs": [390_000.0, 400_000.0, 410_000.0]}],
                       "with_results": {"rate": 250_000.0, "runs": [240_000.0, 250_000.0, 260_000.0]},
                       "footprint": {"traced_bytes": 7_200_000, "nbytes": 6_420_000, "stored_tuples": 100_000,
                                     "traced_per_tuple": 72.0, "nbytes_per_tuple": 64.2}}

@@ -219,11 +219,13 @@ def test_configuration_page_is_made_from_the_defaults():
         for key, (default, _) in keys.items():
             assert f"| `{section}.{key}` | `" in page
     assert "| `join.predicate` | `\"equal\"` | \"equal\", \"band\", \"less\" |" in page
-    assert "| `output.progress` | `1.0` | duration >= 0 |" in page and "| `balance.enabled` | `true` | boolean |" in page
+    assert "| `output.progress` | `1.0` | duration >= 0 |" in page \
+        and "| `balance.enabled` | `true` | boolean |" in page
 
 
 @pytest.mark.parametrize("text,micros", [("30s", 30_000_000), ("250ms", 250_000), ("2m", 120_000_000),
-                                         ("1h", 3_600_000_000), ("0.1", 100_000), ("1.5us", 2), (" 3 min ", 180_000_000),
+                                         ("1h", 3_600_000_000), ("0.1", 100_000), ("1.5us", 2),
+                                         (" 3 min ", 180_000_000),
                                          ("1e-3s", 1_000), ("100ns", 0), ("1d", 86_400_000_000)])
 def test_durations_as_text_are_exact_microseconds(text, micros):
     from protocol.eventtime import duration

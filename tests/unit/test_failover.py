@@ -95,7 +95,8 @@ def test_open_mpis_own_codes_become_documented_ones():
     code, why = failed.outcome(255, [])
     assert code == START_FAILED and "host 10.77.0.3 did not answer" in why
     assert watched(STARTED).outcome(3, []) == (3, "")  # a rank's own code passes
-    assert watched(STARTED, DASH, "MPI_ABORT was invoked on rank 2 ... Errorcode: 77\n", DASH).outcome(1, [])[0] == CRASH
+    assert watched(STARTED, DASH, "MPI_ABORT was invoked on rank 2 ... Errorcode: 77\n",
+                   DASH).outcome(1, [])[0] == CRASH
 
 
 def test_a_second_stop_signal_ends_with_its_number():

@@ -121,7 +121,8 @@ def test_a_batch_carries_its_group_table_in_groups():
     buf = encode_batch(17, 2_000_000, r, s, groups)
     assert len(buf) == HEADER.itemsize + 9 * 40 + groups.size * 8
     head, r2, s2 = decode_batch(buf, dt)
-    assert (int(head["seq"]), int(head["table_rows"])) == (17, 2) and batch_groups(buf, head).tolist() == groups.tolist()
+    assert (int(head["seq"]), int(head["table_rows"])) == (17, 2) \
+        and batch_groups(buf, head).tolist() == groups.tolist()
     assert r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
     assert (int(head["partition"]), int(head["peer"])) == (-1, -1)  # a batch names no partition-group, no peer
     with pytest.raises(ValueError, match="rows of 7 int64"):  # a row without its spans would shift every row after it
