@@ -138,8 +138,9 @@ class IdCheck:
     that starts reading at a row (with `max_id` and the `window` rows before it) marks the same rows.
     """
 
-    def __init__(self, window: int, max_id: tuple = (None, None)):
-        self.window = window
+    def __init__(self, window: int, max_id: tuple = (None, None), duplicate: int = _DUPLICATE):
+        """`duplicate`: the code a repeated row is marked with (its caller's list of reasons)."""
+        self.window, self.duplicate = window, duplicate
         self.max_id = list(max_id)  #: per stream, the highest id of a good row so far (None: none yet)
         self._recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()  # (is_s, id, row) of good rows
 
@@ -196,7 +197,7 @@ class IdCheck:
         lowest = np.maximum(g_rows[suspects] - self.window, base) - base
         j = np.searchsorted(composite, group[at] * span + lowest)
         dup = j < at
-        code[good[suspects[dup]]] = _DUPLICATE
+        code[good[suspects[dup]]] = self.duplicate
         first[good[suspects[dup]]] = cr[j[dup]]
 
 

@@ -142,7 +142,7 @@ class StreamChecks:
         self.schema = self._output_schema(first)
         #: the columns read: those used, then the payload ones
         self.read = list(self.roles) + [c for c in self.schema.names if c not in self.roles and c != "row"]
-        self.check = IdCheck(window) if spec["id"] else None
+        self.check = IdCheck(window, duplicate=_DUPLICATE) if spec["id"] else None
         self.row = 0  #: the next stream row
 
     def checked(self, table: pa.Table) -> StreamBatch:

@@ -270,6 +270,18 @@ def test_missing_columns_wrong_types_and_paths_are_one_error_naming_them(tmp_pat
         assert words in str(err.value) and (name in str(err.value) or "*" in name), str(err.value)
 
 
+def test_a_repeated_id_is_a_rejected_row_naming_the_row_it_repeats(tmp_path):
+    """An id seen again in a declared stream is one rejected row (`duplicate id`), the run goes on."""
+    (tmp_path / "v.csv").write_text("vid,user,at\n1,a,1.0\n2,b,2.0\n1,a,3.0\n")
+    (tmp_path / "b.csv").write_text("bid,user,at\n1,a,1.0\n")
+    src = open_source(streams_cfg(tmp_path, {"path": str(tmp_path / "v.csv"), "key": "user", "time": "at", "id": "vid"},
+                                  {"path": str(tmp_path / "b.csv"), "key": "user", "time": "at"}))
+    assert len(drain(src).ts) == 3 and src.reasons == {"duplicate id": 1}
+    assert src.finish()["rejected"] == 1
+    listed = read_tables(tmp_path / "out" / "rejected")
+    assert listed["reason"].to_pylist() == ["duplicate id 1 (first seen at stream row 1)"] and listed["row"][0].as_py() == 3
+
+
 def test_a_bad_config_or_input_of_streams_exits_2_before_the_run(tmp_path):
     (tmp_path / "a.csv").write_text("user,at\na,1\n")
     cfg = write_config(tmp_path, {"streams.views.path": str(tmp_path / "a.csv"), "streams.views.key": "user",
