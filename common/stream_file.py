@@ -150,6 +150,12 @@ class StreamChecks:
         listed with their stream row (1-based)."""
         return self._validate(self.where, 0, table)
 
+    def times(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """(event time in microseconds, passes every check but the duplicate id's) of rows not yet numbered: what
+        a Kafka stream's partition watermarks count (master.sources.partitions)."""
+        p = self._parse(table, 0)
+        return p.ts, p.code == 0
+
     def _output_schema(self, first: pa.Schema) -> pa.Schema:
         """The columns results carry of this stream (protocol.payload), in the first file's order: key(s), time,
         id (without one: `row`, the stream row) and the payload; types as in the first file (CSV: as pyarrow

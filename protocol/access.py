@@ -48,8 +48,13 @@ def source_token(cfg: dict[str, dict[str, Any]]) -> str:
 
 
 def public(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """`cfg` as written to summary.json and checkpoint manifests: the token masked (never on disk or in logs)."""
-    return {**cfg, "source": {**cfg["source"], "token": "***" if cfg["source"]["token"] else ""}}
+    """`cfg` as written to summary.json and checkpoint manifests: the token and the values of Kafka streams'
+    librdkafka settings masked (credentials among them: never on disk or in logs)."""
+    out = {**cfg, "source": {**cfg["source"], "token": "***" if cfg["source"]["token"] else ""}}
+    if cfg.get("streams"):
+        out["streams"] = {name: {**s, "kafka": {**s["kafka"], "config": dict.fromkeys(s["kafka"]["config"], "***")}}
+                          if s["kafka"] else s for name, s in cfg["streams"].items()}
+    return out
 
 
 def check_http_endpoint(name: str, ep: str, cfg: dict[str, dict[str, Any]]) -> None:

@@ -330,6 +330,13 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
                           f"{'checkpoint.interval' if cfg['checkpoint']['interval'] else 'cluster.dispatchers > 1'}"
                           " yet: a live stream's producers cannot resend what a recovery needs, and every dispatcher "
                           "would bind its endpoint")
+    kafka = [f"streams.{n}.kafka" for n, spec in cfg.get("streams", {}).items() if spec["kafka"]]
+    if kafka and cfg["checkpoint"]["interval"]:
+        raise ConfigError(f"{kafka[0]}: not with checkpoint.interval yet: recovery is not built for a Kafka stream "
+                          "(its checkpoints would need the partitions' offsets, the key codes and the stream rows)")
+    if kafka and cfg["cluster"]["dispatchers"] > 1:
+        raise ConfigError(f"{kafka[0]}: not with cluster.dispatchers > 1 yet: each dispatcher would read every "
+                          "partition (they do not share the partitions out)")
     if cfg.get("streams") and cfg["aggregate"]["enabled"]:
         raise ConfigError("aggregate.enabled: not with [streams.*] yet: the aggregates carry the engine's fixed-width "
                           "fields (stream rows, key codes), not the streams' own columns, which results gather from "

@@ -1,9 +1,10 @@
 """Two streams declared in the config, one `[streams.NAME]` table each (docs/input.md, "Two streams").
 
-Each names its files (a file, a glob or a folder of CSV, Parquet or JSON-lines), its key column(s), its
-event-time column and optionally an id column; the first declared is R unless `side` says otherwise.  The
-config keeps them as `cfg["streams"]`, an ordered {name: settings} with R first, and `source.kind` becomes
-"streams"; master.sources.streams reads them side by side.  Pure checks, no pyarrow: Spark's workers read configs.
+Each names its files (a file, a glob or a folder of CSV, Parquet or JSON-lines), a ZeroMQ endpoint its producers
+push to, or a Kafka topic (`kafka`), then its key column(s), its event-time column and optionally an id column;
+the first declared is R unless `side` says otherwise.  The config keeps them as `cfg["streams"]`, an ordered
+{name: settings} with R first, and `source.kind` becomes "streams"; master.sources.streams reads them side by
+side.  Pure checks, no pyarrow: Spark's workers read configs.
 """
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from protocol.eventtime import DURATION_LIMIT, PER_SECOND, UNITS
 #: key -> (default, description); None = required
 STREAM_KEYS: dict[str, tuple[Any, str]] = {
     "path": ("", "a file, a glob (`data/*.csv`) or a folder of CSV, Parquet or JSON-lines files, read in name order "
-                 "(this or `endpoint`)"),
+                 "(this, `endpoint` or `kafka`)"),
     "endpoint": ("", "a live stream instead of files: the ZeroMQ endpoint its producers push Arrow record batches "
                      "to (`python -m control.produce --stream`); needs `schema`"),
     "producers": (1, "with endpoint: the stream ends after this many producers sent their END"),
-    "schema": ({}, 'with endpoint: its columns and their Arrow types, e.g. {user_id = "string", at = '
+    "kafka": ({}, "a Kafka topic instead of files: a table of the `streams.NAME.kafka.*` keys below "
+                  "(docs/input.md#kafka-topics); needs `schema`"),
+    "schema": ({}, 'with endpoint or kafka: its columns and their Arrow types, e.g. {user_id = "string", at = '
                    '"timestamp[ms, tz=UTC]", cost = "double", price = "decimal128(12, 2)"}'),
     "key": (None, "the join key: a column, or a list of columns (a composite key); integers, strings or binary"),
     "time": (None, "the event-time column: a timestamp (any unit, any zone), ISO-8601 text, or numbers in `time_unit`"),
@@ -28,23 +31,52 @@ STREAM_KEYS: dict[str, tuple[Any, str]] = {
                "(0, 1, ...)"),
     "side": ("", '"R" or "S"; "" = the first stream declared is R, the second S'),
     "max_delay": ("", "this stream's allowed out-of-orderness (a duration): a tuple more than this behind the largest "
-                      'earlier time of its own stream is late; "" = `join.max_delay`'),
+                      'earlier time of its own stream (a Kafka stream: of its own partition) is late; "" = '
+                      '`join.max_delay`'),
     "idle_timeout": (0.0, "wall-clock time (a duration) without a tuple of this stream after which it stops holding "
-                          "the join's watermark back, until its next tuple (Flink's `withIdleness`; 0 = never idle)"),
+                          "the join's watermark back, until its next tuple (Flink's `withIdleness`; 0 = never idle); "
+                          "a Kafka stream's partitions too"),
     "payload": ("*", 'the columns results carry besides key, time and id: "*" = every other column of the files, '
                      "or a list of column names ([] = none)"),
     "prefix": ("{stream}_", "what the stream's columns are named with in results and late rows; {stream} is the "
                             "stream's name (\"\" = the columns' own names)"),
 }
 SIDES = ("R", "S")
+#: the ways a stream comes in: exactly one of them per stream
+INPUTS = ("path", "endpoint", "kafka")
+#: the keys of a stream's `kafka` table: key -> (default, description); None = required
+KAFKA_KEYS: dict[str, tuple[Any, str]] = {
+    "bootstrap": (None, 'the Kafka cluster: "host:port", or several comma-separated'),
+    "topic": (None, "a topic, or a list of topics read as one stream: every partition, assigned explicitly (no "
+                    "consumer-group rebalancing), read from its beginning"),
+    "group": ("", 'the consumer group under which the positions the stream has handed on are committed, for '
+                  'monitoring only (nothing resumes from them); "" = "streamjoin-NAME"'),
+    "config": ({}, "librdkafka client settings passed through, e.g. {\"security.protocol\" = \"SASL_SSL\"}; "
+                   "values are never printed"),
+    "bounded": (False, "true: the stream ends at each partition's end offset as read when the run starts; false: it "
+                       "never ends (the run ends on a stop signal)"),
+    "format": ("json", '"json": each record\'s value is one JSON object (the only format yet)'),
+}
+#: the columns a Kafka stream's records carry besides their values' fields, with their Arrow types: usable as key,
+#: time, id or payload columns, never declared in `schema`
+KAFKA_COLUMNS = {"@topic": "string", "@partition": "int32", "@offset": "int64", "@timestamp": "timestamp[ms, tz=UTC]"}
+#: librdkafka settings the stream sets itself (its reading depends on them)
+KAFKA_OWN = ("bootstrap.servers", "group.id", "enable.partition.eof", "enable.auto.offset.store")
 
 
 def set_key(streams: dict, name: str, value: Any, error: type[Exception]) -> None:
-    """`--set streams.NAME.KEY=value`: one key of one stream's table."""
+    """`--set streams.NAME.KEY=value`: one key of one stream's table (`kafka.KEY` and `kafka.config.SETTING`:
+    one key of its kafka table)."""
     stream, _, key = name.partition(".")
     if not stream or not key:
         raise error(f"--set streams.{name}: expected streams.NAME.KEY=value")
-    streams.setdefault(stream, {})[key] = value
+    table = streams.setdefault(stream, {})
+    inner, _, sub = key.partition(".")
+    if inner == "kafka" and sub:
+        kafka = table.setdefault("kafka", {})
+        setting, _, rest = sub.partition(".")
+        table, key = (kafka.setdefault("config", {}), rest) if setting == "config" and rest else (kafka, sub)
+    table[key] = value
 
 
 def declared(streams: dict, source: dict, join: dict, error: type[Exception]) -> dict[str, dict]:
@@ -77,16 +109,25 @@ def declared(streams: dict, source: dict, join: dict, error: type[Exception]) ->
     return out
 
 
-def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
+def _completed(where: str, table: Any, keys: dict[str, tuple[Any, str]], error: type[Exception]) -> dict:
+    """The table of keys at `where` (`[streams.NAME]`, its `kafka`) checked against `keys` and completed with
+    their defaults."""
     if not isinstance(table, dict):
-        raise error(f"streams.{name}: must be a table [streams.{name}] of keys ({', '.join(STREAM_KEYS)})")
-    unknown = [k for k in table if k not in STREAM_KEYS]
+        raise error(f"{where}: must be a table [{where}] of keys ({', '.join(keys)})")
+    unknown = [k for k in table if k not in keys]
     if unknown:
-        raise error(f"unknown key streams.{name}.{unknown[0]} (known: {', '.join(STREAM_KEYS)})")
-    s = {k: table.get(k, default) for k, (default, _) in STREAM_KEYS.items()}
-    for k, v in s.items():
-        if v is None:
-            raise error(f"streams.{name}.{k}: required ({STREAM_KEYS[k][1]})")
+        raise error(f"unknown key {where}.{unknown[0]} (known: {', '.join(keys)})")
+    out = {k: table.get(k, default) for k, (default, _) in keys.items()}
+    missing = [k for k, v in out.items() if v is None]
+    if missing:
+        raise error(f"{where}.{missing[0]}: required ({keys[missing[0]][1]})")
+    return out
+
+
+def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
+    s = _completed(f"streams.{name}", table, STREAM_KEYS, error)
+    if "kafka" in table:
+        s["kafka"] = _kafka(name, table["kafka"], error)
     key = [s["key"]] if isinstance(s["key"], str) else s["key"]
     if not isinstance(key, list) or not key or not all(isinstance(c, str) and c for c in key) \
             or len(set(key)) < len(key):
@@ -97,20 +138,27 @@ def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
             raise error(f"streams.{name}.{k}: expected a string, got {s[k]!r}")
     if not s["time"]:
         raise error(f"streams.{name}.time: must not be empty")
-    if bool(s["path"]) == bool(s["endpoint"]):
-        raise error(f"streams.{name}: give it a path (files) or an endpoint (live producers), "
-                    f"{'not both' if s['path'] else 'one of them'}")
+    given = [k for k in INPUTS if s[k]]
+    if len(given) != 1:
+        raise error(f"streams.{name}: give it one of path (files), endpoint (live producers) or kafka (a topic), "
+                    f"{'not ' + ' and '.join(given) if given else 'none given'}")
     if not isinstance(s["producers"], int) or isinstance(s["producers"], bool) or s["producers"] < 1:
         raise error(f"streams.{name}.producers: expected a positive integer, got {s['producers']!r}")
     if not isinstance(s["schema"], dict) or not all(isinstance(t, str) for t in s["schema"].values()):
         raise error(f"streams.{name}.schema: expected a table of column = \"Arrow type\", got {s['schema']!r}")
-    if s["endpoint"]:
-        missing = [c for c in [*key, s["time"], *([s["id"]] if s["id"] else [])] if c not in s["schema"]]
+    if s["endpoint"] or s["kafka"]:
+        own = KAFKA_COLUMNS if s["kafka"] else {}
+        missing = [c for c in [*key, s["time"], *([s["id"]] if s["id"] else [])] if c not in {**s["schema"], **own}]
         if missing:
             raise error(f"streams.{name}.schema: a live stream declares its columns with their types; "
                         f"missing {', '.join(missing)}")
+        taken = [c for c in s["schema"] if c in own]
+        if taken:
+            raise error(f"streams.{name}.schema: {taken[0]} is the record's own column "
+                        f"({', '.join(KAFKA_COLUMNS)}), not a field of its value: leave it out of schema")
     elif s["schema"]:
-        raise error(f"streams.{name}.schema: only for a live stream (endpoint): files carry their own schema")
+        raise error(f"streams.{name}.schema: only for a live stream (endpoint or kafka): files carry their own "
+                    "schema")
     if s["time_unit"] not in UNITS:
         raise error(f"streams.{name}.time_unit: must be one of {', '.join(map(repr, UNITS))}, got {s['time_unit']!r}")
     if s["side"] not in ("", *SIDES):
@@ -127,6 +175,45 @@ def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
         raise error(f'streams.{name}.payload: expected "*" or a list of column names, got {s["payload"]!r}')
     s["prefix"] = s["prefix"].replace("{stream}", name)
     return s
+
+
+def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
+    """A stream's `kafka` table checked and completed: `topic` becomes the list `topics`.  The librdkafka
+    settings' values are never put in a message (they may be credentials)."""
+    where = f"streams.{name}.kafka"
+    k = _completed(where, table, KAFKA_KEYS, error)
+    for key in ("bootstrap", "group"):
+        if not isinstance(k[key], str):
+            raise error(f"{where}.{key}: expected a string, got {k[key]!r}")
+    if not k["bootstrap"]:
+        raise error(f"{where}.bootstrap: must not be empty")
+    topics = [k["topic"]] if isinstance(k["topic"], str) else k["topic"]
+    if not isinstance(topics, list) or not topics or not all(isinstance(t, str) and t for t in topics) \
+            or len(set(topics)) < len(topics):
+        raise error(f"{where}.topic: expected a topic name or a list of distinct topic names, got {k['topic']!r}")
+    if not isinstance(k["bounded"], bool):
+        raise error(f"{where}.bounded: expected true or false, got {k['bounded']!r}")
+    if k["format"] != "json":
+        raise error(f'{where}.format: only "json" (one JSON object per record value) yet, got {k["format"]!r}')
+    if not isinstance(k["config"], dict):
+        raise error(f"{where}.config: expected a table of librdkafka settings")
+    config = _dotted(k["config"])
+    for setting, value in config.items():
+        if setting in KAFKA_OWN:
+            raise error(f"{where}.config.{setting}: set by the stream itself (bootstrap.servers from "
+                        f"{where}.bootstrap, group.id from {where}.group; its reading depends on the others)")
+        if isinstance(value, list):
+            raise error(f"{where}.config.{setting}: expected a string, number or boolean (value not shown)")
+    return {"bootstrap": k["bootstrap"], "topics": topics, "group": k["group"] or f"streamjoin-{name}",
+            "config": config, "bounded": k["bounded"], "format": k["format"]}
+
+
+def _dotted(table: dict, prefix: str = "") -> dict:
+    """librdkafka settings by their dotted names: TOML reads `security.protocol = "SSL"` as nested tables."""
+    out = {}
+    for key, value in table.items():
+        out |= _dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+    return out
 
 
 def _duration(name: str, value: Any, error: type[Exception]) -> float:
@@ -149,9 +236,10 @@ def reference() -> list[str]:
              "Two tables, one per stream, named as you like (`[streams.impressions]`, `[streams.clicks]`); with them "
              '`source.kind` is "streams" (docs/input.md). Override one key with `--set streams.NAME.KEY=value`.', "",
              "| key | default | meaning |", "|---|---|---|"]
-    for key, (default, meaning) in STREAM_KEYS.items():
-        shown = "required" if default is None else f'`"{default}"`' if isinstance(default, str) else f"`{default}`"
-        lines.append(f"| `streams.NAME.{key}` | {shown} | {meaning} |")
+    shown = lambda d: "required" if d is None else f'`"{d}"`' if isinstance(d, str) else \
+        f"`{str(d).lower() if isinstance(d, bool) else d}`"
+    for prefix, keys in (("streams.NAME.", STREAM_KEYS), ("streams.NAME.kafka.", KAFKA_KEYS)):
+        lines += [f"| `{prefix}{key}` | {shown(default)} | {meaning} |" for key, (default, meaning) in keys.items()]
     return lines
 
 

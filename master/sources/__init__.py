@@ -7,7 +7,7 @@ Four kinds (``source.kind``), each a `common.chunks.Source` that declares what i
 * ``file`` -- a CSV or Parquet file, read and validated batch by batch as it goes (master.sources.files);
   bad rows are listed in ``rejected/`` as the run passes them (the run goes on), while a missing or
   unreadable file or column stops the run with ``InputError``;
-* ``streams`` -- two declared streams, each its own files or live producers (master.sources.streams);
+* ``streams`` -- two declared streams, each its own files, live producers or a Kafka topic (master.sources.streams);
 * ``zmq`` -- live batches from producers over ZeroMQ (master.sources.zmq_input).
 """
 from __future__ import annotations

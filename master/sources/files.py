@@ -20,11 +20,12 @@ READ_AHEAD = 4
 
 
 class RejectedListing(NumberedFiles):
-    """The rejected rows in `rejected/rejected-NNNNNN.*`, a file per `flush_rows` rows (or per checkpoint):
-    written as the run passes them, so neither the master nor a reader holds them whole."""
+    """The rejected rows in `rejected/<prefix>-NNNNNN.*`, a file per `flush_rows` rows (or per checkpoint):
+    written as the run passes them, so neither the master nor a reader holds them whole.  Counted by their column
+    `reason` (a Kafka stream lists its records under a prefix of its own: master.sources.kafka_input)."""
 
-    def __init__(self, directory: Path, fmt: str, flush_rows: int):
-        super().__init__(directory, "rejected", fmt, flush_rows)
+    def __init__(self, directory: Path, fmt: str, flush_rows: int, prefix: str = "rejected"):
+        super().__init__(directory, prefix, fmt, flush_rows)
         self.rows = 0  #: rejected rows listed
         self.reasons: Counter = Counter()  #: rejected rows by reason since the start or a recovery (metrics)
 
@@ -39,7 +40,7 @@ class RejectedListing(NumberedFiles):
 
     def roll_back(self, files: int, rows: int) -> None:
         """Back to a checkpoint: its first `files` files (`rows` rows) stay, the later ones are written again."""
-        for number, f in numbered(self.directory, "rejected"):
+        for number, f in numbered(self.directory, self.prefix):
             if number >= files:
                 f.unlink()
         self.files, self.rows, self.parts, self.waiting = files, rows, [], 0

@@ -8,10 +8,13 @@ counted by reason and listed in `rejected/zmq-rejected-<R|S>.*`; single bad cell
 file (common.stream_file.StreamChecks).  Producers, the token, END and the rejections are those of the
 ZeroMQ tuple source (master.sources.zmq_input), whose socket handling this reuses; the stream ends after
 `producers` END messages.  A live stream cannot be rewound: checkpoints are refused with one (protocol.config).
+`Live` is what master.sources.streams asks of any stream that is not files: this one, or a Kafka topic
+(master.sources.kafka_input).
 """
 from __future__ import annotations
 
 import time
+from typing import Mapping, Protocol
 
 import pyarrow as pa
 import zmq
@@ -23,6 +26,33 @@ from common.stream_file import StreamBatch, StreamChecks
 #: the largest message a producer may send, per row the header announces (Arrow rows of a few columns are tens
 #: of bytes; long text payloads need `source.max_message_tuples` lowered)
 ROW_BYTES = 1024
+
+
+class Live(Protocol):
+    """A declared stream that is not files: master.sources.streams asks it for the rows that have come (it never
+    blocks) and lets it go idle when it is quiet.  A ZeroMQ stream (`LiveStream`) or a Kafka topic
+    (master.sources.kafka_input.KafkaStream)."""
+
+    last_message: float  #: when rows of it last came (time.monotonic: idleness)
+    reasons: Mapping[str, int]  #: what it set aside itself (messages, records), by reason (metrics)
+
+    @property
+    def done(self) -> bool:
+        """It has ended: nothing more will come."""
+
+    def batches(self) -> list[StreamBatch]:
+        """Its checked rows that have come (none: nothing now), numbered as its stream rows."""
+
+    def finish(self) -> dict:
+        """Close it; its entry in summary.json's `live_streams`, with `rejected_by_reason`."""
+
+
+def open_live(cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema) -> Live:
+    """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`."""
+    if checks.spec["kafka"]:
+        from master.sources.kafka_input import KafkaStream  # librdkafka: only for a Kafka stream
+        return KafkaStream(cfg, side, checks, declared)
+    return LiveStream(cfg, side, checks.spec, checks, declared)
 
 
 class LiveStream(ZmqSource):
@@ -40,6 +70,10 @@ class LiveStream(ZmqSource):
     @property
     def done(self) -> bool:
         return self.ended >= self.producers
+
+    def finish(self) -> dict:
+        """The ZeroMQ source's counts (master.sources.zmq_input), once."""
+        return super().finish()["zmq_ingest"]
 
     def batches(self) -> list[StreamBatch]:
         """The checked batches that have arrived (none: nothing now)."""

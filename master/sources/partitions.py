@@ -81,9 +81,11 @@ class PartitionMerge:
         self.last_record[partition] = now
 
     def reached_end(self, partition: int, offset: int) -> None:
-        """Partition `partition` was read up to its high watermark `offset` (nothing more at the broker)."""
+        """Partition `partition` was read up to its high watermark `offset` (nothing more at the broker; bounded:
+        nothing it reads past its end)."""
         self.reached[partition] = max(self.reached[partition], offset)
-        self.position[partition] = max(self.position[partition], offset)
+        self.position[partition] = max(self.position[partition], min(offset, self.end[partition]) if self.bounded
+                                       else offset)
 
     def add(self, partition: np.ndarray, offset: np.ndarray, ts: np.ndarray, good: np.ndarray,
             table: pa.Table) -> None:
@@ -104,13 +106,16 @@ class PartitionMerge:
             self.waiting_rows[p] += b - a
         self.peak = max(self.peak, int(self.waiting_rows.sum()))
 
+    def ended(self) -> np.ndarray:
+        """Which partitions are read to their end (bounded)."""
+        return self.bounded & (self.position >= self.end)
+
     def holding(self, now: float) -> np.ndarray:
         """Which partitions can still bring rows below what is waiting: not ended, not at their high watermark,
         not idle (a paused one is never idle: it was stopped, not quiet)."""
-        ended = self.bounded & (self.position >= self.end)
         caught_up = self.reached >= self.position
         idle = (self.idle_timeout > 0) & (now - self.last_record > self.idle_timeout) & ~self.paused
-        return ~(ended | caught_up | idle)
+        return ~(self.ended() | caught_up | idle)
 
     def floor(self, now: float) -> int:
         """The lowest current watermark of the partitions holding rows back (POS_INF: none does)."""
@@ -157,4 +162,4 @@ class PartitionMerge:
     @property
     def done(self) -> bool:
         """Bounded, every partition at its end, nothing waiting."""
-        return self.bounded and bool((self.position >= self.end).all()) and not self.waiting_rows.any()
+        return self.bounded and bool(self.ended().all()) and not self.waiting_rows.any()

@@ -8,7 +8,10 @@ judged within each stream (master.state.lateness.Lateness), and every tuple on t
 every stream's watermark before it in the merged order, so the join's watermark never makes it late: two
 files give what the interleaved single file would, without a sort, and files concatenated stream after
 stream are not judged late against each other.  The order depends on the data alone (not on batch
-sizes or thread timing), so a replay, a recovery and every dispatcher of several see the same input.
+sizes or thread timing), so a replay, a recovery and every dispatcher of several see the same input.  A stream
+that is not files (master.sources.live.Live: ZeroMQ producers, or a Kafka topic whose partitions are merged by
+their own watermarks first) hands its checked rows on as they come; while it is quiet the other stream waits
+up to its watermark, until its idle_timeout.
 
 Keys become the engine's int64 keys in that order (master.sources.keys); a tuple's `id` is its stream row, the reference
 by which results gather the row's own columns from the payload log (protocol.payload), which the reader threads
@@ -21,17 +24,19 @@ import os
 import queue
 import threading
 import time
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
 
 from master.sources.keys import KeyMapper
-from master.sources.live import LiveStream
+from master.sources.live import Live, open_live
 from master.sources.files import READ_AHEAD, FileSource
 from protocol import eventtime
 from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
 from protocol.payload import PayloadLog
+from protocol.streams import KAFKA_COLUMNS
 from common.stream_file import StreamChecks, StreamInput, arrow_type, first_schema, key_kinds, stream_files
 
 
@@ -47,7 +52,7 @@ class StreamsSource(Source):
         self.files, self.declared, missing = {}, {}, []
         for name, s in self.specs.items():  # every path that is not there is named at once
             try:
-                if s["endpoint"]:
+                if s["endpoint"] or s["kafka"]:
                     self.declared[name] = _declared(name, s)
                 else:
                     self.files[name] = stream_files(name, s["path"])
@@ -69,7 +74,8 @@ class StreamsSource(Source):
     def _open(self) -> None:
         """Start reading both streams from their first rows (a recovery starts again here)."""
         window = self.cfg["source"]["duplicate_window"]
-        inputs = [StreamChecks(name, s, self.kinds, window, self.declared[name], s["endpoint"])
+        inputs = [StreamChecks(name, s, self.kinds, window, self.declared[name],
+                               s["endpoint"] or ", ".join(s["kafka"]["topics"]))
                   if name in self.declared else StreamInput(name, s, self.kinds, window, self.files[name])
                   for name, s in self.specs.items()]
         self._check_columns(inputs)
@@ -79,8 +85,8 @@ class StreamsSource(Source):
         self.mapper = KeyMapper(self.kinds)
         self._stop = threading.Event()
         #: per side: a live stream (master.sources.live), or the queue its file reader fills
-        self._live = [LiveStream(self.cfg, side, inp.spec, inp, self.declared[inp.name])
-                      if inp.name in self.declared else None for side, inp in enumerate(inputs)]
+        self._live: list[Live | None] = [open_live(self.cfg, side, inp, self.declared[inp.name])
+                                         if inp.name in self.declared else None for side, inp in enumerate(inputs)]
         self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
         self._threads = [threading.Thread(target=FileSource._read,
                                           args=(self._logged(self.log, side, inp), q, self._stop),
@@ -218,7 +224,10 @@ class StreamsSource(Source):
 
     @property
     def reasons(self) -> dict[str, int]:
-        return dict(self.listing.reasons) if self.listing is not None else {}
+        """Rejected rows, and what live streams set aside themselves, by reason."""
+        if self.listing is None:
+            return {}
+        return dict(sum((Counter(x.reasons) for x in self._live if x is not None), Counter(self.listing.reasons)))
 
     def position(self) -> dict:
         return {"accepted": self.accepted}
@@ -235,7 +244,7 @@ class StreamsSource(Source):
 
     def finish(self) -> dict:
         self._close()
-        live = [x.finish()["zmq_ingest"] for x in self._live if x is not None]
+        live = [x.finish() for x in self._live if x is not None]
         names = {side: name for side, name in zip("RS", self.specs)}
         out: dict = {"streams": names, "payload_log_bytes": self.log.bytes,
                      "payload_log_removed_bytes": self.log.removed_bytes, "payload_log_peak_bytes": self.log.peak_bytes,
@@ -251,8 +260,11 @@ class StreamsSource(Source):
 
 
 def _declared(name: str, spec: dict) -> pa.Schema:
-    """A live stream's declared columns (protocol.streams `schema`) as an Arrow schema."""
+    """A live stream's declared columns (protocol.streams `schema`) as an Arrow schema; a Kafka stream's also the
+    records' own columns it names as key, time, id or payload."""
+    named = {*spec["key"], spec["time"], spec["id"], *(spec["payload"] if spec["payload"] != "*" else [])}
+    own = {c: t for c, t in KAFKA_COLUMNS.items() if c in named} if spec["kafka"] else {}
     try:
-        return pa.schema([(column, arrow_type(text)) for column, text in spec["schema"].items()])
+        return pa.schema([(column, arrow_type(text)) for column, text in {**spec["schema"], **own}.items()])
     except ValueError as e:
         raise ConfigError(f"streams.{name}.schema: {e}") from None

@@ -69,7 +69,8 @@ def test_a_batch_message_round_trips_and_its_frames_are_checked():
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"streams.views.path": "x.csv"}, "a path (files) or an endpoint (live producers), not both"),
+    ({"streams.views.path": "x.csv"},
+     "one of path (files), endpoint (live producers) or kafka (a topic), not path and endpoint"),
     ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
     ({"streams.views.schema": {**SCHEMAS["views"], "page": "varchar"}}, "'varchar' is not an Arrow type"),
     ({"checkpoint.interval": 5}, "not with checkpoint.interval"),

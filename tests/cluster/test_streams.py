@@ -94,7 +94,7 @@ def test_streams_config_sides_keys_and_overrides(tmp_path):
     assert cfg["streams"]["views"] == {"path": "a.csv", "key": ["u"], "time": "t", "time_unit": "ms", "id": "",
                                        "side": "S", "max_delay": 3.0, "idle_timeout": 120.0,  # join.max_delay's
                                        "payload": "*", "prefix": "views_", "endpoint": "", "producers": 1,
-                                       "schema": {}}
+                                       "schema": {}, "kafka": {}}
     assert (cfg["streams"]["buys"]["max_delay"], cfg["streams"]["buys"]["idle_timeout"]) == (0.25, 0.0)
     assert cfg["streams"]["buys"]["payload"] == ["p"] and cfg["streams"]["buys"]["prefix"] == "bbuys."
     assert load_config()["streams"] == {}  # the single-source form is untouched
@@ -279,7 +279,8 @@ def test_a_repeated_id_is_a_rejected_row_naming_the_row_it_repeats(tmp_path):
     assert len(drain(src).ts) == 3 and src.reasons == {"duplicate id": 1}
     assert src.finish()["rejected"] == 1
     listed = read_tables(tmp_path / "out" / "rejected")
-    assert listed["reason"].to_pylist() == ["duplicate id 1 (first seen at stream row 1)"] and listed["row"][0].as_py() == 3
+    assert listed["reason"].to_pylist() == ["duplicate id 1 (first seen at stream row 1)"]
+    assert listed["row"][0].as_py() == 3
 
 
 def test_a_bad_config_or_input_of_streams_exits_2_before_the_run(tmp_path):

@@ -1,0 +1,331 @@
+"""A declared stream read from Kafka (`[streams.NAME] kafka = {...}`, docs/input.md#kafka-topics).
+
+Reading.  confluent-kafka (librdkafka) with every partition of the topic(s) assigned explicitly -- no
+consumer-group rebalancing: the group only names the positions committed for monitoring, and nothing resumes
+from them -- each read from its beginning, in large batches taken without waiting (`consume(timeout=0)`;
+librdkafka fetches ahead in its own threads).  The client hands records one by one, so the only steps per record
+are the calls that take values, partitions and offsets out of them.  A record's value is one JSON object: a
+batch's values are joined with newlines and read by one `pyarrow.json.read_json` under the declared schema
+(fields not declared are ignored; the key, time and id fields are required).  Only when that fails are the bad
+records looked for, by halving the batch (an error path: a bad record costs about log2(batch) reads), and set
+aside in `rejected/kafka-rejected-<R|S>-NNNNNN.*` with topic, partition, offset, reason (`not JSON`, `missing
+column`, `wrong type`) and value; the rest go on.  With `bounded` the stream ends once every partition reached
+its end offset as read at the start (Flink's bounded KafkaSource, Spark's endingOffsets = latest); otherwise
+the run ends on a stop signal.
+
+Order.  The partitions are merged by their own watermarks (master.sources.partitions, which says why each row
+is then judged against its own partition's watermark); the rows released are numbered as the stream's rows,
+checked (common.stream_file.StreamChecks: rows rejected there are listed beside the records, with their
+partition and offset) and handed to master.sources.streams, which merges them with the other stream.
+Not built yet (refused by protocol.config): checkpoints (the offsets, key codes and stream rows would have to go
+into them) and several dispatchers (each would read every partition).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pajson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from common.chunks import InputError
+from common.stream_file import StreamBatch, StreamChecks
+from master.sources.files import RejectedListing
+from master.sources.partitions import PartitionMerge, Released
+from protocol import eventtime
+from protocol.errors import ConfigError
+from protocol.streams import KAFKA_COLUMNS
+
+#: records taken from the client at once, and most batches taken per call (the master's loop goes on between)
+CONSUME_BATCH = 65536
+CONSUME_ROUNDS = 4
+#: seconds the broker has to answer at the start (metadata, offsets)
+METADATA_TIMEOUT = 10.0
+#: pyarrow's JSON block, at least (a block must hold a whole record)
+JSON_BLOCK = 1 << 20
+#: errors that end the run: the topic or partition is gone, or may not be read
+STOPPING = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError._UNKNOWN_PARTITION,
+            KafkaError._UNKNOWN_TOPIC, KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED}
+
+
+class KafkaStream:
+    """Stream `checks.name` (side `side`, 0 = R) from its topic(s), `checks.spec["kafka"]` (protocol.streams), its
+    records' values read under `declared` (the declared fields, and the records' own columns it names)."""
+
+    def __init__(self, cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema):
+        spec, kafka = checks.spec, checks.spec["kafka"]
+        self.checks, self.name, self.topics, self.bounded = checks, checks.name, kafka["topics"], kafka["bounded"]
+        #: the fields read from the values; key, time and id are required (a record without one is set aside)
+        self.fields = pa.schema([pa.field(f.name, f.type, nullable=f.name not in checks.roles)
+                                 for f in declared if f.name not in KAFKA_COLUMNS])
+        self.own = [c for c in declared.names if c in KAFKA_COLUMNS]  #: the records' own columns used
+        self.consumer = _consumer(self.name, kafka)
+        try:
+            self.assigned, first, high = self._partitions(kafka["bootstrap"])
+        except InputError:
+            self.consumer.close()
+            raise
+        #: per topic, the index of its first partition in `assigned` (a topic's partitions are numbered from 0)
+        self.first_index = {t: [u for u, _ in self.assigned].index(t) for t in self.topics}
+        self.topic_of = np.array([self.topics.index(t) for t, _ in self.assigned], np.int32)  #: per partition index
+        self.partition_of = np.array([p for _, p in self.assigned], np.int32)
+        self.merge = PartitionMerge(first, high, self.bounded, eventtime.duration(spec["max_delay"]),
+                                    spec["idle_timeout"])
+        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in self.assigned])
+        out = cfg["output"]
+        self.listing = RejectedListing(Path(out["path"]) / "rejected", out["format"], out["flush_rows"],
+                                       f"kafka-rejected-{'RS'[side]}")
+        self.last_message = time.monotonic()  #: when a record of this stream last came (idleness)
+        self._started = False  #: the master has asked for rows (quiet time counts from then)
+        self.records = self.rows = self.pauses = 0
+        self._stored = self.merge.unreleased()  #: the positions last stored for committing
+        self._crowded = np.zeros(len(self.assigned), bool)  #: paused for rows waiting (master.sources.partitions)
+        self._paused = np.zeros(len(self.assigned), bool)  #: paused at the client: crowded, or bounded and ended
+        self._warned: set[int] = set()
+        self._finished: dict | None = None
+        #: how a batch's values are parsed: one line each (False), or objects over several lines (pretty-printed)
+        self._parse = {multiline: pajson.ParseOptions(explicit_schema=self.fields, newlines_in_values=multiline,
+                                                      unexpected_field_behavior="ignore")
+                       for multiline in (False, True)}
+
+    def _partitions(self, bootstrap: str) -> tuple[list[tuple[str, int]], np.ndarray, np.ndarray]:
+        """Every partition of the topics, in topic then partition order, with its low and high watermark."""
+        assigned = []
+        for topic in self.topics:
+            try:
+                meta = self.consumer.list_topics(topic, timeout=METADATA_TIMEOUT).topics[topic]
+            except KafkaException as e:
+                raise InputError(f"streams.{self.name}.kafka.bootstrap: no answer from {bootstrap} within "
+                                 f"{METADATA_TIMEOUT:g} s ({e.args[0].str()})") from None
+            if meta.error is not None or not meta.partitions:
+                reason = meta.error.str() if meta.error is not None else "no partitions"
+                raise InputError(f"streams.{self.name}.kafka.topic: {topic!r} cannot be read at {bootstrap}: {reason}")
+            assigned += [(topic, p) for p in sorted(meta.partitions)]
+        marks = []
+        for topic, p in assigned:
+            try:
+                mark = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT)
+            except KafkaException as e:
+                raise InputError(f"streams.{self.name}.kafka: the offsets of {topic} [{p}] are not known: "
+                                 f"{e.args[0].str()}") from None
+            if mark is None:
+                raise InputError(f"streams.{self.name}.kafka: the offsets of {topic} [{p}] are not known: no answer "
+                                 f"within {METADATA_TIMEOUT:g} s")
+            marks.append(mark)
+        low, high = np.array(marks, np.int64).reshape(-1, 2).T
+        return assigned, low, high
+
+    @property
+    def done(self) -> bool:
+        return self.merge.done
+
+    @property
+    def reasons(self):
+        """Records and rows set aside, by reason (metrics)."""
+        return self.listing.reasons
+
+    def batches(self) -> list[StreamBatch]:
+        """The checked rows released since the last call, as one batch (none: nothing now)."""
+        now, moved = time.monotonic(), False
+        if not self._started:  # the master asks once the cluster is up: quiet until then is not idleness
+            self._started, self.last_message = True, now
+            self.merge.start(now)
+        for _ in range(CONSUME_ROUNDS):
+            records = self.consumer.consume(CONSUME_BATCH, timeout=0)
+            if records:
+                self._take(records, now)
+                moved = True
+            if len(records) < CONSUME_BATCH:
+                break
+        released = self.merge.release(now)
+        if moved or released is not None:
+            self._pace(now)
+        return [] if released is None else [self._checked(released)]
+
+    def _take(self, records: list, now: float) -> None:
+        """A batch from the client: its events (a partition read to its end, errors) and its records, decoded
+        and waiting in the merge."""
+        errors = [r.error() for r in records]
+        if any(e is not None for e in errors):
+            self._events([r for r, e in zip(records, errors) if e is not None])
+            records = [r for r, e in zip(records, errors) if e is None]
+            if not records:
+                return
+        if len(self.topics) == 1:
+            partition = np.array([r.partition() for r in records], np.int64)
+        else:
+            first = self.first_index
+            partition = np.array([first[r.topic()] + r.partition() for r in records], np.int64)
+        offset = np.array([r.offset() for r in records], np.int64)
+        if self.bounded and not (inside := offset < self.merge.end[partition]).all():  # written after the start
+            records = [r for r, keep in zip(records, inside) if keep]
+            partition, offset = partition[inside], offset[inside]
+            if not records:
+                return
+        self.last_message = now
+        self.records += len(records)
+        values = [r.value() or b"" for r in records]
+        self.merge.read(partition, offset, now)
+        good: list[tuple[int, pa.Table]] = []
+        bad: list[int] = []
+        self._decode(values, 0, len(values), good, bad)
+        if bad:
+            self._set_aside(np.array(bad), partition, offset, values)
+        if not good:
+            return
+        at = np.concatenate([np.arange(start, start + t.num_rows) for start, t in good])
+        table = pa.concat_tables([t for _, t in good])
+        stamps = np.array([records[i].timestamp() for i in at], np.int64).reshape(-1, 2) \
+            if "@timestamp" in self.own else None
+        for column in self.own:  # the records' own columns the stream uses
+            table = table.append_column(column, self._own(column, partition[at], offset[at], stamps))
+        ts, passes = self.checks.times(table)
+        self.merge.add(partition[at], offset[at], ts, passes, table)
+
+    def _own(self, column: str, partition: np.ndarray, offset: np.ndarray, stamps: np.ndarray | None) -> pa.Array:
+        """One of the records' own columns (protocol.streams.KAFKA_COLUMNS) for the records read."""
+        if column == "@topic":
+            return pa.array(self.topics, pa.string()).take(pa.array(self.topic_of[partition]))
+        if column == "@partition":
+            return pa.array(self.partition_of[partition], pa.int32())
+        if column == "@offset":
+            return pa.array(offset, pa.int64())
+        missing = stamps[:, 0] == 0  # TIMESTAMP_NOT_AVAILABLE: no time, a rejected row if it is the event time
+        return pa.array(stamps[:, 1], pa.int64(), mask=missing).cast(pa.timestamp("ms", "UTC"))
+
+    def _decode(self, values: list[bytes], lo: int, hi: int, good: list, bad: list) -> None:
+        """Records lo..hi as tables of the declared fields into `good` ((first record, table)); the records no
+        table can hold into `bad`, found by halving."""
+        table = self._json(values[lo:hi])
+        if table is not None:
+            good.append((lo, table))
+        elif hi - lo == 1:
+            bad.append(lo)
+        else:
+            mid = (lo + hi) // 2
+            self._decode(values, lo, mid, good, bad)
+            self._decode(values, mid, hi, good, bad)
+
+    def _json(self, values: list[bytes]) -> pa.Table | None:
+        """The values, one JSON object each, read at once; None if one is not (a blank value would shift every
+        row after it, so it fails the batch too)."""
+        lengths = list(map(len, map(bytes.strip, values)))
+        if min(lengths) == 0:
+            return None
+        text = b"\n".join(values)
+        try:
+            table = pajson.read_json(pa.BufferReader(text),
+                                     read_options=pajson.ReadOptions(block_size=max(JSON_BLOCK, max(lengths) + 2)),
+                                     parse_options=self._parse[text.count(b"\n") >= len(values)])
+        except pa.ArrowInvalid:
+            return None
+        return table if table.num_rows == len(values) else None
+
+    def _set_aside(self, bad: np.ndarray, partition: np.ndarray, offset: np.ndarray, values: list[bytes]) -> None:
+        """Records that are not one JSON object of the declared fields: listed with why (an error path)."""
+        columns, reasons, details = (pa.array(x, pa.string()) for x in zip(*(self._why(values[i]) for i in bad)))
+        self._list(partition[bad], offset[bad], columns, reasons, details,
+                   pa.array([values[i] for i in bad], pa.binary()))
+
+    def _why(self, value: bytes) -> tuple[str, str, str]:
+        """(column, reason, detail) of a record set aside."""
+        try:
+            obj = json.loads(value)
+        except ValueError as e:
+            return "", "not JSON", str(e)
+        if not isinstance(obj, dict):
+            return "", "not JSON", f"a JSON {type(obj).__name__}, not an object"
+        missing = [f.name for f in self.fields if not f.nullable and obj.get(f.name) is None]
+        if missing:
+            return missing[0], "missing column", f"{missing[0]} is {'null' if missing[0] in obj else 'missing'}"
+        for f in self.fields:  # the first field that does not read as its declared type
+            if f.name in obj:
+                try:
+                    pajson.read_json(pa.BufferReader(json.dumps({f.name: obj[f.name]}).encode()),
+                                     parse_options=pajson.ParseOptions(explicit_schema=pa.schema([f])))
+                except pa.ArrowInvalid as e:
+                    return f.name, "wrong type", f"{f.name} is not {f.type}: {str(e).splitlines()[0]}"
+        return "", "not JSON", "not one JSON object"
+
+    def _list(self, partition: np.ndarray, offset: np.ndarray, columns, reasons, details, values) -> None:
+        """Set-aside records or rejected rows into the listing (`values`: the records' values, None for rows)."""
+        n = len(offset)
+        place = {name: self._own(f"@{name}", partition, offset, None) for name in ("topic", "partition", "offset")}
+        self.listing.add(pa.table({**place, "stream": pa.repeat(self.name, n), "column": columns, "reason": reasons,
+                                   "detail": details, "value": pa.nulls(n, pa.binary()) if values is None else values}))
+
+    def _checked(self, released: Released) -> StreamBatch:
+        """Released rows numbered and checked; rows rejected there are listed with their partition and offset."""
+        first = self.checks.row
+        batch = self.checks.checked(released.table)
+        if batch.rejected is not None:
+            rej = batch.rejected
+            at = rej["row"].to_numpy() - 1 - first
+            self._list(released.partition[at], released.offset[at], rej["column"], rej["reason"], rej["cells"], None)
+            batch = batch._replace(rejected=None)
+        self.rows += len(batch.ts)
+        return batch
+
+    def _events(self, events: list) -> None:
+        """The client's events: a partition read to its end, or an error (most are retried by the client)."""
+        for e in events:
+            err = e.error()
+            if err.code() == KafkaError._PARTITION_EOF:
+                self.merge.reached_end(self.first_index[e.topic()] + e.partition(), e.offset())
+            elif err.fatal() or err.code() in STOPPING:
+                where = f"{e.topic()} [{e.partition()}]" if e.topic() else self.topics[0]
+                raise InputError(f"streams.{self.name}.kafka: {where}: {err.str()}")
+            elif err.code() not in self._warned:
+                self._warned.add(err.code())
+                print(f"kafka: streams.{self.name}: {err.str()} (the client retries; repeats not shown)",
+                      file=sys.stderr, flush=True)
+
+    def _pace(self, now: float) -> None:
+        """Pause the partitions read far ahead (master.sources.partitions) and, bounded, those at their end;
+        resume those caught up with; store the positions handed on, for the group's committed offsets."""
+        crowded = self.merge.crowded(now)
+        self.pauses += int((crowded & ~self._crowded).sum())
+        self._crowded = crowded.copy()
+        paused = crowded | self.merge.ended()
+        for want, call in ((paused & ~self._paused, self.consumer.pause),
+                           (~paused & self._paused, self.consumer.resume)):
+            if want.any():
+                call([TopicPartition(*self.assigned[i]) for i in np.flatnonzero(want)])
+        self._paused = paused
+        at = self.merge.unreleased()
+        moved = np.flatnonzero(at != self._stored)
+        if len(moved):
+            self.consumer.store_offsets(offsets=[TopicPartition(*self.assigned[i], int(at[i])) for i in moved])
+            self._stored = at
+
+    def finish(self) -> dict:
+        """Close the client (committing the positions handed on) and the listing; the stream's entry in
+        summary.json's `live_streams` (once)."""
+        if self._finished is None:
+            self.consumer.close()
+            self.listing.flush()
+            self._finished = {
+                "topics": self.topics, "bounded": self.bounded, "partitions": len(self.assigned),
+                "records": self.records, "rows": self.rows, "rejected_by_reason": dict(self.listing.reasons),
+                "held_peak_rows": self.merge.peak, "partitions_paused": self.pauses,
+                "positions": {f"{t}/{p}": int(x) for (t, p), x in zip(self.assigned, self.merge.unreleased())}}
+        return self._finished
+
+
+def _consumer(name: str, kafka: dict) -> Consumer:
+    """The client: the user's settings, then the stream's own; a setting librdkafka refuses is named, its value
+    never shown (librdkafka's message quotes it)."""
+    settings = {"auto.offset.reset": "earliest", **kafka["config"], "bootstrap.servers": kafka["bootstrap"],
+                "group.id": kafka["group"], "enable.partition.eof": True, "enable.auto.offset.store": False}
+    try:
+        return Consumer(settings)
+    except KafkaException as e:
+        named = re.search(r'property:? "([^"]+)"\s*$', e.args[0].str())
+        raise ConfigError(f"streams.{name}.kafka.config: librdkafka refuses "
+                          f"{'the setting ' + named[1] if named else 'a setting'} ({e.args[0].name()}; its message "
+                          "is not shown, it may quote a value)") from None

@@ -1,0 +1,359 @@
+"""Kafka topics as declared streams (`[streams.NAME] kafka`), against a real Kafka-protocol broker (noida-db, started
+by the fixture on a free port): the cluster fed by topics of several partitions, out of order across partitions,
+compared with the reference join of the records as produced, lateness judged per partition; bad records set
+aside with their partition and offset; record timestamps as event time; a left join; an empty partition; an
+unbounded topic stopped by a signal; a partition read far ahead paused and resumed."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from deploy.launch import mpi_env
+from protocol.config import ConfigError, load_config
+from protocol.output import read_tables
+from tests.reference import late_flags, micros, reference_outer, reference_pairs
+from tests.runs import Run, free_port, run_cluster, toml_value, write_config
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+NOIDA = Path(sys.executable).parent / "noida-db"
+WINDOW, MAX_DELAY = 0.3, 0.25  # seconds
+IDS = ("views_vid", "buys_bid")
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """A Kafka broker on 127.0.0.1 (noida-db, a data folder of its own), its bootstrap address; stopped after the
+    module's tests with `noida-db down`."""
+    data, port = tmp_path_factory.mktemp("noida"), free_port()
+    try:
+        up = subprocess.run([NOIDA, "up", "--data-dir", data, "--only", "kafka", "--kafka-port", str(port)],
+                            capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        pytest.skip(f"noida-db cannot start: {e}")
+    if up.returncode != 0:
+        pytest.skip(f"noida-db cannot start (exit {up.returncode}): {(up.stderr or up.stdout).strip()[-300:]}")
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=20)
+        yield bootstrap
+    finally:
+        subprocess.run([NOIDA, "down", "--data-dir", data], capture_output=True, timeout=60)
+
+
+def create(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+
+
+def produce(bootstrap: str, topic: str, partition: np.ndarray, values: list[bytes],
+            stamps: np.ndarray | None = None) -> np.ndarray:
+    """The records into `topic` (idempotent: each partition keeps the order given); their offsets."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
+    offsets = np.full(len(values), -1, np.int64)
+
+    def delivered(i):
+        def report(err, msg):
+            assert err is None, err
+            offsets[i] = msg.offset()
+        return report
+
+    for i, (p, v) in enumerate(zip(partition.tolist(), values)):
+        extra = {} if stamps is None else {"timestamp": int(stamps[i])}
+        while True:
+            try:
+                producer.produce(topic, v, partition=p, on_delivery=delivered(i), **extra)
+                break
+            except BufferError:  # the producer's queue is full: let it send
+                producer.poll(0.1)
+    assert producer.flush(60) == 0 and (offsets >= 0).all()
+    return offsets
+
+
+def stream(rng, n: int, first_id: int, partitions: int, t0: int, late_share: float = 0.0) -> dict:
+    """`n` records of users u0..u59, each user in partition crc32(user) % partitions (the same in every topic);
+    times in ms rising within each partition, partition p shifted (partitions - 1 - p) * 4 s ahead of the last
+    (out of order across partitions by far more than max_delay), a `late_share` of them 0.6 s back (late within
+    their partition)."""
+    users = [f"u{u}" for u in rng.integers(0, 60, n)]
+    partition = np.array([zlib.crc32(u.encode()) % partitions for u in users], np.int64)
+    at = t0 + np.cumsum(rng.integers(1, 12, n)) + (partitions - 1 - partition) * 4000
+    at -= np.where(rng.random(n) < late_share, 600, 0)
+    return {"id": np.arange(n) + first_id, "user": users, "at": at, "partition": partition}
+
+
+def values(s: dict, id_column: str, with_time: bool = True) -> list[bytes]:
+    """The records' values: JSON objects of id, user, time (unless the records' timestamps carry it) and page."""
+    return [json.dumps({id_column: i, "user": u, **({"at": t} if with_time else {}), "page": f"/p{i % 7}"}).encode()
+            for i, u, t in zip(s["id"].tolist(), s["user"], s["at"].tolist())]
+
+
+def settings(bootstrap: str, topics: dict[str, str], **extra) -> dict:
+    """Both streams from their topics (bounded), users as keys, `at` in ms as event time."""
+    out = {"join.window": f"{WINDOW}s", "join.max_delay": f"{MAX_DELAY}s", "partitioning.partitions": 8,
+           "epochs.distribution": "100ms"}
+    for name, topic in topics.items():
+        id_column = "vid" if name == "views" else "bid"
+        out |= {f"streams.{name}.kafka": {"bootstrap": bootstrap, "topic": topic, "bounded": True},
+                f"streams.{name}.key": "user", f"streams.{name}.time": "at", f"streams.{name}.time_unit": "ms",
+                f"streams.{name}.id": id_column,
+                f"streams.{name}.schema": {id_column: "int64", "user": "string", "at": "int64", "page": "string"}}
+    return out | extra
+
+
+def reference(r: dict, s: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(encoded pairs, late ids encoded stream * 2**40 + id, the on-time ids per side) of two streams given as
+    produced: a row is late iff late within its own partition (below the largest earlier time there minus
+    max_delay), pairs among the rows on time."""
+    codes: dict = {}
+    parts, on_time = [], {}
+    for side, x in enumerate((r, s)):
+        late = np.zeros(len(x["id"]), bool)
+        for p in np.unique(x["partition"]):
+            mine = x["partition"] == p
+            late[mine] = late_flags(x["at"][mine] * 1000, MAX_DELAY)
+        keys = np.array([codes.setdefault(u, len(codes)) for u in x["user"]], np.int64)
+        parts.append((np.full(len(late), side), x["id"], x["at"] * 1000, keys, late))
+        on_time[side] = x["id"][~late]
+    stream, ids, ts, keys, late = (np.concatenate(c) for c in zip(*parts))
+    pairs, _ = reference_pairs(stream[~late], ids[~late], ts[~late], keys[~late], WINDOW, 1e9)
+    return pairs, np.sort(stream[late] * 2**40 + ids[late]), on_time
+
+
+def now_ms() -> int:
+    """The broker deletes records older than 7 days: event times are now."""
+    return int(time.time() * 1000)
+
+
+def test_two_topics_of_four_partitions_give_the_reference_join_with_lateness_per_partition(tmp_path, broker):
+    """Two topics of 4 partitions, keys spread over them, each partition in order but 4 s apart from the next
+    (read partition after partition, a stream-level rule would find whole partitions late: the test below shows
+    it), with 1% of the rows late within their own partition: 1 master + 3 slaves give exactly the reference
+    pairs, and exactly the rows late within their partition are late; the records' own partition and offset are
+    payload columns, the librdkafka settings are passed through."""
+    rng = np.random.default_rng(11)
+    t0 = now_ms()
+    views, buys = stream(rng, 6000, 0, 4, t0, 0.01), stream(rng, 4000, 100_000, 4, t0, 0.01)
+    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
+    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
+        create(broker, topics[name], 4)
+        s["offset"] = produce(broker, topics[name], s["partition"], values(s, id_column))
+    cfg = settings(broker, topics, **{"streams.views.payload": ["page", "@partition", "@offset"]})
+    cfg["streams.views.kafka"]["config"] = {"client.id": "streamjoin-test", "fetch.wait.max.ms": 50}
+    run = run_cluster(tmp_path, 4, cfg)
+    assert run.returncode == 0, run.stderr
+    pairs, late, _ = reference(views, buys)
+    assert len(pairs) > 2000 and 50 < len(late) < 200
+    np.testing.assert_array_equal(run.pairs(IDS), pairs)
+    np.testing.assert_array_equal(run.late_ids(IDS, ("views", "buys")), late)
+    results = read_tables(run.out / "results")
+    vid = results["views_vid"].to_numpy()
+    assert (results["views_@partition"].to_numpy() == views["partition"][vid]).all()
+    assert (results["views_@offset"].to_numpy() == views["offset"][vid]).all()
+    assert results["views_page"].to_pylist() == [f"/p{i % 7}" for i in vid.tolist()]
+    assert run.summary["config"]["streams"]["views"]["kafka"]["config"] == {"client.id": "***",
+                                                                            "fetch.wait.max.ms": "***"}
+    kafka = run.summary["live_streams"]["views"]
+    assert kafka["partitions"] == 4 and kafka["records"] == kafka["rows"] == 6000 and kafka["rejected_by_reason"] == {}
+
+
+def test_bad_records_are_set_aside_with_partition_and_offset_and_the_rest_join_exactly(tmp_path, broker):
+    """One record in a thousand is bad (not JSON, a text field holding a number, the key missing), and one repeats
+    an earlier record's id in its partition: each is listed in rejected/ with its topic, partition, offset and
+    reason, counted in the summary, and the good ones join exactly."""
+    rng = np.random.default_rng(12)
+    t0 = now_ms()
+    views, buys = stream(rng, 6000, 0, 4, t0), stream(rng, 3000, 100_000, 4, t0)
+    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
+    records = values(views, "vid")
+    bad = np.arange(999, 6000, 1000)
+    kinds = ["not JSON", "wrong type", "missing column"]
+    for i, k in zip(bad.tolist(), range(len(bad))):
+        records[i] = {0: b'{"vid": 1, "user": ', 1: json.dumps({"vid": i, "user": 7, "at": 1}).encode(),
+                      2: json.dumps({"vid": i, "at": int(views["at"][i])}).encode()}[k % 3]
+    first, again = np.flatnonzero(views["partition"] == views["partition"][10])[[0, -1]]  # the last repeats it
+    records[again] = json.dumps({"vid": int(first), "user": "u1", "at": int(views["at"][again])}).encode()
+    for name in topics:
+        create(broker, topics[name], 4)
+    offsets = produce(broker, topics["views"], views["partition"], records)
+    produce(broker, topics["buys"], buys["partition"], values(buys, "bid"))
+    run = run_cluster(tmp_path, 3, settings(broker, topics))
+    assert run.returncode == 0, run.stderr
+    good = np.setdiff1d(np.arange(6000), np.r_[bad, again])
+    pairs, late, _ = reference({k: (np.asarray(v)[good] if k != "user" else [v[i] for i in good])
+                                for k, v in views.items()}, buys)
+    np.testing.assert_array_equal(run.pairs(IDS), pairs)
+    np.testing.assert_array_equal(run.late_ids(IDS, ("views", "buys")), late)
+    listed = read_tables(run.out / "rejected").sort_by([("partition", "ascending"), ("offset", "ascending")])
+    reasons = [kinds[k % 3] for k in range(6)] + [f"duplicate id {first}"]
+    expected = sorted(zip(views["partition"][np.r_[bad, again]].tolist(), offsets[np.r_[bad, again]].tolist(), reasons))
+    got = zip(*(listed[c].to_pylist() for c in ("partition", "offset", "reason")))
+    assert [(p, o, r.split(" (first seen")[0]) for p, o, r in got] == expected
+    assert set(listed["topic"].to_pylist()) == {topics["views"]} and listed["value"][0].as_py()
+    assert run.summary["live_streams"]["views"]["rejected_by_reason"] == {**{k: 2 for k in kinds}, "duplicate id": 1}
+    assert run.summary["rejected"] == 7
+
+
+def test_a_left_join_on_record_timestamps_ends_with_an_empty_partition(tmp_path, broker):
+    """Both streams take each record's timestamp as event time (`time = "@timestamp"`, the values carry none);
+    views' topic has a third partition that stays empty, which holds nothing back: the bounded run ends, every
+    pair and every view without a partner written once (a left join)."""
+    rng = np.random.default_rng(13)
+    t0 = now_ms()
+    views, buys = stream(rng, 3000, 0, 2, t0), stream(rng, 1000, 100_000, 2, t0)
+    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
+    create(broker, topics["views"], 3)
+    create(broker, topics["buys"], 2)
+    produce(broker, topics["views"], views["partition"], values(views, "vid", False), views["at"])
+    produce(broker, topics["buys"], buys["partition"], values(buys, "bid", False), buys["at"])
+    cfg = settings(broker, topics, **{"join.type": "left"})
+    for name, id_column in (("views", "vid"), ("buys", "bid")):
+        cfg[f"streams.{name}.time"] = "@timestamp"
+        cfg[f"streams.{name}.schema"] = {id_column: "int64", "user": "string", "page": "string"}
+    run = run_cluster(tmp_path, 3, cfg)
+    assert run.returncode == 0, run.stderr
+    pairs, late, on_time = reference(views, buys)
+    pairs, lone_views, _ = reference_outer(pairs, on_time[0], on_time[1], "left")
+    np.testing.assert_array_equal(run.pairs(IDS), pairs)
+    np.testing.assert_array_equal(run.alone("r", IDS), lone_views)
+    assert len(lone_views) > 100 and not len(late)
+    results = read_tables(run.out / "results")
+    at = pc.cast(results["views_@timestamp"], "int64").to_numpy()  # microseconds
+    assert (at == micros(views["at"][results["views_vid"].to_numpy()] * 1000)).all()
+    assert run.summary["live_streams"]["views"]["positions"][f"{topics['views']}/2"] == 0
+
+
+def test_an_unbounded_topic_runs_until_a_stop_signal(tmp_path, broker):
+    """Unbounded topics: once every record is in (the progress line says so), SIGTERM to the launcher stops the run
+    cleanly (exit 0) with the reference join of them all; the partitions at their end and then the streams
+    quiet for their idle_timeout hold nothing back."""
+    rng = np.random.default_rng(14)
+    t0 = now_ms()
+    views, buys = stream(rng, 2000, 0, 2, t0), stream(rng, 1000, 100_000, 2, t0)
+    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
+    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
+        create(broker, topics[name], 2)
+        produce(broker, topics[name], s["partition"], values(s, id_column))
+    cfg = settings(broker, topics, **{"output.progress": 0.2})
+    for name in topics:
+        cfg[f"streams.{name}.kafka"]["bounded"] = False
+        cfg[f"streams.{name}.idle_timeout"] = "1s"
+    config = write_config(tmp_path, cfg)
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.launch", "-n", "3", "--", "--config", str(config)],
+                            cwd=ROOT, env=mpi_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        while (line := proc.stderr.readline()) and time.monotonic() < deadline:
+            lines.append(line)
+            if (m := re.search(r"\] in ([\d,]+) ", line)) and int(m[1].replace(",", "")) == 3000:
+                break  # every record is in
+        proc.send_signal(signal.SIGTERM)
+        threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+        assert proc.wait(timeout=60) == 0, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run = Run(tmp_path / "out", subprocess.CompletedProcess(proc.args, 0, "", ""))
+    assert run.summary["stopped_by_signal"] is True
+    pairs, late, _ = reference(views, buys)
+    np.testing.assert_array_equal(run.pairs(IDS), pairs)
+    assert not len(late) and not len(run.late_ids(IDS, ("views", "buys")))
+
+
+def test_a_partition_far_ahead_waits_is_paused_and_resumed_without_a_record_lost_or_repeated(tmp_path, broker,
+                                                                                            monkeypatch):
+    """Views' partition 0 is 100 s ahead of partition 1, and taken from the client in small batches: its rows wait
+    for partition 1's (handed on as read, partition 1's would all be late behind them), so past the pending limit
+    it is paused (the client drops what it fetched of it) and resumed once partition 1 is the one ahead; every
+    record comes out once (a repeat would be a duplicate id), none late by the stream-level rule the master
+    applies."""
+    from master.sources import kafka_input, open_source, partitions
+    from tests.cluster.test_streams import drain
+
+    monkeypatch.setattr(partitions, "PENDING_LIMIT", 1000)
+    monkeypatch.setattr(kafka_input, "CONSUME_BATCH", 500)
+    rng = np.random.default_rng(15)
+    t0 = now_ms()
+    n = 20_000
+    views = {"id": np.arange(n), "user": [f"u{u}" for u in rng.integers(0, 9, n)],
+             "partition": np.arange(n) % 2, "at": t0 + np.arange(n) // 20 + 100_000 * (np.arange(n) % 2 == 0)}
+    buys = {"id": np.arange(10) + 100_000, "user": ["u1"] * 10, "partition": np.zeros(10, np.int64),
+            "at": t0 + 200_000 + np.arange(10)}
+    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
+    for name, s, id_column, parts in (("views", views, "vid", 2), ("buys", buys, "bid", 1)):
+        create(broker, topics[name], parts)
+        produce(broker, topics[name], s["partition"], values(s, id_column))
+    cfg = load_config(None, [f"{k}={toml_value(v)}" for k, v in {
+        **settings(broker, topics), "output.path": str(tmp_path / "out")}.items()])
+    src = open_source(cfg)
+    got = drain(src)
+    summary = src.finish()["live_streams"]["views"]
+    assert summary["records"] == summary["rows"] == n and summary["rejected_by_reason"] == {}
+    assert not late_flags(got.ts[got.stream == 0], MAX_DELAY).any()
+    assert summary["partitions_paused"] > 0 and summary["held_peak_rows"] < n
+
+
+def test_a_bounded_topic_ends_at_the_offsets_read_when_it_is_opened(tmp_path, broker):
+    """Records written after the stream was opened are past its end: not read, and the stream ends."""
+    from master.sources import open_source
+    from tests.cluster.test_streams import drain
+
+    rng = np.random.default_rng(16)
+    views, buys = stream(rng, 500, 0, 2, now_ms()), stream(rng, 100, 100_000, 2, now_ms())
+    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
+    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
+        create(broker, topics[name], 2)
+        produce(broker, topics[name], s["partition"], values(s, id_column))
+    src = open_source(load_config(None, [f"{k}={toml_value(v)}" for k, v in {
+        **settings(broker, topics), "output.path": str(tmp_path / "out")}.items()]))
+    later = stream(rng, 300, 1000, 2, now_ms())
+    produce(broker, topics["views"], later["partition"], values(later, "vid"))
+    got = drain(src)
+    summary = src.finish()["live_streams"]["views"]
+    assert (got.stream == 0).sum() == summary["records"] == summary["rows"] == 500
+    assert sorted(summary["positions"].values()) == sorted(np.bincount(views["partition"]).tolist())
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"checkpoint.interval": 5}, "streams.views.kafka: not with checkpoint.interval yet"),
+    ({"cluster.dispatchers": 2}, "streams.views.kafka: not with cluster.dispatchers > 1 yet"),
+    ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
+    ({"streams.views.schema": {"@offset": "int64", "vid": "int64", "user": "string", "at": "int64"}},
+     "@offset is the record's own column"),
+    ({"streams.views.path": "x.csv"}, "give it one of path (files), endpoint (live producers) or kafka (a topic), "
+                                      "not path and kafka"),
+    ({"streams.views.kafka.format": "avro"}, 'streams.views.kafka.format: only "json"'),
+    ({"streams.views.kafka.config.group.id": "mine"}, "streams.views.kafka.config.group.id: set by the stream"),
+])
+def test_config_mistakes_of_kafka_streams_are_refused_naming_the_key(change, words):
+    base = settings("127.0.0.1:1", {"views": "v", "buys": "b"})
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        load_config(None, [f"{k}={toml_value(v)}" for k, v in {**base, **change}.items()])
+
+
+def test_a_topic_that_does_not_exist_or_a_refused_setting_stops_the_start_without_showing_its_value(tmp_path, broker):
+    from common.chunks import InputError
+    from master.sources import open_source
+
+    create(broker, f"buys-{tmp_path.name}", 1)
+    topics = {"views": f"nothing-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
+    cfg = lambda **extra: load_config(None, [f"{k}={toml_value(v)}" for k, v in {
+        **settings(broker, topics), "output.path": str(tmp_path / "out"), **extra}.items()])
+    with pytest.raises(InputError, match=re.escape(f"streams.views.kafka.topic: {topics['views']!r} cannot be read")):
+        open_source(cfg())
+    with pytest.raises(ConfigError, match="librdkafka refuses the setting security.protocol") as e:
+        open_source(cfg(**{"streams.views.kafka.config.security.protocol": "hunter2"}))
+    assert "hunter2" not in str(e.value)
