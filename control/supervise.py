@@ -125,7 +125,7 @@ def is_hosted_launch(command: list[str]) -> bool:
 
 
 def supervise(command: list[str], restarts: int, backoff: float, log=print, min_slaves: int = 1,
-              max_backoff: float = 60.0) -> int:
+              max_backoff: float = 60.0, sleep=time.sleep) -> int:
     cluster: list[subprocess.Popen] = []  #: the running one
     stops = 0
 
@@ -139,7 +139,8 @@ def supervise(command: list[str], restarts: int, backoff: float, log=print, min_
     workdir = Path(tempfile.mkdtemp(prefix="streamjoin-supervise."))
     try:
         hosts = Hosts(command, workdir) if is_hosted_launch(command) else None
-        return _run(command, hosts, restarts, backoff, max_backoff, min_slaves, log, cluster, lambda: stops > 0)
+        return _run(command, hosts, restarts, backoff, max_backoff, min_slaves, log, cluster, lambda: stops > 0,
+                    sleep)
     except HostfileError as e:
         log(f"supervise: {e}")
         return USER_ERROR
@@ -150,7 +151,7 @@ def supervise(command: list[str], restarts: int, backoff: float, log=print, min_
 
 
 def _run(command: list[str], hosts: Hosts | None, restarts: int, backoff: float, max_backoff: float,
-         min_slaves: int, log, cluster: list, stopped) -> int:
+         min_slaves: int, log, cluster: list, stopped, sleep) -> int:
     """The cluster runs in its own session, so a Ctrl-C at the terminal reaches it once, through `on_signal`,
     and dies with the supervisor (protocol.lifetime); a restart after a crash waits for the crashed run's hold
     on the output folder to end (master.lock), so two clusters never write it at once."""
@@ -170,7 +171,7 @@ def _run(command: list[str], hosts: Hosts | None, restarts: int, backoff: float,
         wait = min(backoff * 2 ** (attempt - 1), max_backoff)
         log(f"supervise: the cluster crashed (exit code {code}); restart {attempt} of {restarts} "
             f"from the newest complete checkpoint in {wait:g}s")
-        time.sleep(wait)
+        sleep(wait)
         cmd = command if "--recover" in command else [*command, "--recover"]
         entry = {"attempt": attempt, "after_exit_code": code, "at": round(time.time(), 3)}
         if hosts is not None:

@@ -162,23 +162,24 @@ def test_pacing_lag_counts_input_held_back_not_the_drain_after_it(tmp_path):
                               "epochs.distribution": 0.5, "balance.enabled": False, "generator.seed": 9})
     run, _ = check_exact(tmp_path / "drain", 3, dict(settings, **{"epochs.distribution": 1.0}),
                          env={"STREAMJOIN_STRAGGLER": "1:0.6"})
-    # the drain lasts 0.6 s: counted as lag or backlog it would pass 0.4 s; a busy 2-core host made up to 0.23 s
-    assert run.summary["pacing_lag_max_seconds"] < 0.4 and run.summary["backlog_max_seconds"] < 0.4, run.summary
+    # the drain lasts 0.6 s: counted as lag or backlog it would be 0.6 s or more; a 2-core host with two CPU hogs
+    # and the rest of the suite beside it made up to 0.43 s
+    assert run.summary["pacing_lag_max_seconds"] < 0.55 and run.summary["backlog_max_seconds"] < 0.55, run.summary
     run, _ = check_exact(tmp_path / "held", 3, dict(settings, **{"master.buffer_capacity": 2000}),
                          env={"STREAMJOIN_STRAGGLER": "1:1.0"})
     assert run.summary["pacing_lag_max_seconds"] > 0.5
     run, _ = check_exact(tmp_path / "buffered", 3, settings, env={"STREAMJOIN_STRAGGLER": "1:1.0"})
-    assert run.summary["pacing_lag_max_seconds"] < 0.4 and run.summary["backlog_max_seconds"] > 0.5, run.summary
+    assert run.summary["pacing_lag_max_seconds"] < 0.55 and run.summary["backlog_max_seconds"] > 0.5, run.summary
 
 
 def test_paced_ingest_is_not_capped_at_one_step_per_tick(tmp_path):
     """Paced input is taken in ticks of 10 ms here; steps of 50 tuples per tick would cap ingest at 5,000/s.
     At 12,000/s a whole step is due within every tick, so it is taken at once: no lag (about 1.2 s capped; a
-    busy host's stalls make up to 0.26 s of it, so the bound is 0.5 s)."""
+    host with two CPU hogs and the suite beside it made up to 0.59 s of stalls, so the bound is 0.9 s)."""
     settings = dict(SMALL, **{"generator.duration": 2.0, "source.rate": 12000.0, "source.batch": 50,
                               "generator.seed": 10})
     run, _ = check_exact(tmp_path, 3, settings)
-    assert run.summary["pacing_lag_max_seconds"] < 0.5
+    assert run.summary["pacing_lag_max_seconds"] < 0.9
 
 
 def test_slaves_that_miss_their_slot_are_served_when_idle_and_stay_exact(tmp_path):

@@ -86,7 +86,7 @@ def test_full_join_with_a_hot_key_recovers_from_a_killed_slave_deciding_each_row
     settings = dict(CKPT, **{"join.type": "full", "generator.seed": 6, "generator.hot_share": 0.3,
                              "generator.keys": 65536, "hotkeys.enabled": True, "hotkeys.threshold": 0.15,
                              "epochs.reorganization": 0.3, "balance.enabled": False})
-    env = {"STREAMJOIN_FAULT": f"3:batch-after-checkpoint:2:{tmp_path / 'fault-fired'}"}
+    env = {"STREAMJOIN_FAULT": f"2:batch-after-checkpoint:1:{tmp_path / 'fault-fired'}"}
     run, want = check_outer(tmp_path, 4, settings, wrapper=SUPERVISE, env=env)
     assert (tmp_path / "fault-fired").exists() and "restart 1 of 3" in run.stderr
     assert run.summary["checkpoints"]["recovered_from"] is not None

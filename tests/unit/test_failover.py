@@ -175,9 +175,8 @@ def test_too_few_slaves_left_is_no_restart(tmp_path):
     assert cmd is None and used["slaves"] == 0
 
 
-def test_restarts_back_off_exponentially(tmp_path, monkeypatch):
-    waits = []
-    monkeypatch.setattr("control.supervise.time.sleep", waits.append)
-    said = []
-    assert supervise([sys.executable, "-c", "raise SystemExit(4)"], 4, 0.5, log=said.append, max_backoff=3.0) == 4
+def test_restarts_back_off_exponentially():
+    waits, said = [], []
+    assert supervise([sys.executable, "-c", "raise SystemExit(4)"], 4, 0.5, log=said.append, max_backoff=3.0,
+                     sleep=waits.append) == 4
     assert waits == [0.5, 1.0, 2.0, 3.0]
