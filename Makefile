@@ -27,6 +27,7 @@ run: $(STAMP)
 # line CI reads): tests/unit (pure, in-process) and tests/cluster (mpirun, Spark, sockets, namespace hosts)
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	timeout 600 $(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 tests --ignore=tests/mpi
 

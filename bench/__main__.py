@@ -15,6 +15,7 @@ ratio cluster/Spark.  Then (bench.paper) the other workloads (uniform, Zipf, hig
 the distribution-epoch sweep and the single-core kernel limit (bench.kernel), and the issue's targets.
 Output: report.md, results.json (all raw numbers) and PNG plots (bench.report).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,7 @@ from bench.inputs import DEFAULT_DIR, DEFAULT_LIMIT_GB, InputCache
 from bench.machine import machine_info
 from bench.report import QUICK_NOTE, caveats, plot, write_report
 from bench.search import CONFIRM_SECONDS, DELAY_BOUND, MIN_INPUT_SECONDS
-from bench.spark import (PEER_DELAY_BOUND, QUICK_RUN_SECONDS, RUN_SECONDS, SparkBench, peer_table, ratio,
-                         ratio_text)
+from bench.spark import PEER_DELAY_BOUND, QUICK_RUN_SECONDS, RUN_SECONDS, SparkBench, peer_table, ratio, ratio_text
 from bench.tables import summary_table
 from protocol.config import load_config
 
@@ -50,57 +50,114 @@ def parse_slaves(text: str) -> list[int]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The command line, with the defaults that depend on --quick filled in."""
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="runs of 60 s of event time (6M tuples, about a second at these rates) instead of at least "
-                        f"{MIN_INPUT_SECONDS:g} s of input at each rate, 5 search steps instead of 8, 1 repeat instead "
-                        "of 3, no confirmation run, fewer slave counts, workloads on 2 slaves only, 3 epochs in the "
-                        "sweep: it measures no capacity and claims no target")
-    p.add_argument("--slaves", type=parse_slaves,
-                   help="slave counts of the paper workload, e.g. 1,2,4 (default 1,2,4 with --quick, else 1,2,4,8)")
-    p.add_argument("--repeats", type=int,
-                   help="runs at the sustained rate and at half of it; medians are reported (default 1 with "
-                        "--quick, else 3)")
-    p.add_argument("--steps", type=int, help="paced runs of the search for the sustained rate (default 5 with "
-                                             "--quick, else 8: the unpaced probe reads low, "
-                                             "the first steps climb to it)")
-    p.add_argument("--delay-bound", type=float, default=DELAY_BOUND,
-                   help=f"a search run passes if it kept up and its delay p95 is at most this many seconds "
-                        f"(default {DELAY_BOUND:g})")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="runs of 60 s of event time (6M tuples, about a second at these rates) instead of at least "
+        f"{MIN_INPUT_SECONDS:g} s of input at each rate, 5 search steps instead of 8, 1 repeat instead "
+        "of 3, no confirmation run, fewer slave counts, workloads on 2 slaves only, 3 epochs in the "
+        "sweep: it measures no capacity and claims no target",
+    )
+    p.add_argument(
+        "--slaves",
+        type=parse_slaves,
+        help="slave counts of the paper workload, e.g. 1,2,4 (default 1,2,4 with --quick, else 1,2,4,8)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        help="runs at the sustained rate and at half of it; medians are reported (default 1 with --quick, else 3)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="paced runs of the search for the sustained rate (default 5 with "
+        "--quick, else 8: the unpaced probe reads low, "
+        "the first steps climb to it)",
+    )
+    p.add_argument(
+        "--delay-bound",
+        type=float,
+        default=DELAY_BOUND,
+        help=f"a search run passes if it kept up and its delay p95 is at most this many seconds "
+        f"(default {DELAY_BOUND:g})",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-report"), help="report folder (default bench-report)")
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT, help="seconds per run before it counts as failed")
-    p.add_argument("--peer", choices=("spark", "none"), default="spark",
-                   help="also find the sustained rate of Spark Structured Streaming's join on the same data "
-                        "(bench.spark; default spark), or none")
-    p.add_argument("--peer-delay-bound", type=float, default=PEER_DELAY_BOUND,
-                   help=f"the peer's delay p95 bound (default {PEER_DELAY_BOUND:g} s: Spark's micro-batches alone "
-                        "take over a second here, so it sustains no rate under the cluster's bound)")
-    p.add_argument("--workloads", type=paper.parse_names, default=paper.EXTRA_WORKLOADS,
-                   help=f"workloads searched besides the paper's, or none (default "
-                        f"{','.join(paper.EXTRA_WORKLOADS)}; see bench/paper.py)")
-    p.add_argument("--workload-slaves", type=parse_slaves,
-                   help="slave counts of those workloads and of tuning off (default 2 with --quick, else 2,4)")
-    p.add_argument("--epochs", type=paper.parse_epochs,
-                   help="distribution epochs of the sweep in seconds, or none (default "
-                        f"{','.join(map(str, paper.QUICK_EPOCHS))} with --quick, else "
-                        f"{','.join(map(str, paper.FULL_EPOCHS))})")
+    p.add_argument(
+        "--peer",
+        choices=("spark", "none"),
+        default="spark",
+        help="also find the sustained rate of Spark Structured Streaming's join on the same data "
+        "(bench.spark; default spark), or none",
+    )
+    p.add_argument(
+        "--peer-delay-bound",
+        type=float,
+        default=PEER_DELAY_BOUND,
+        help=f"the peer's delay p95 bound (default {PEER_DELAY_BOUND:g} s: Spark's micro-batches alone "
+        "take over a second here, so it sustains no rate under the cluster's bound)",
+    )
+    p.add_argument(
+        "--workloads",
+        type=paper.parse_names,
+        default=paper.EXTRA_WORKLOADS,
+        help=f"workloads searched besides the paper's, or none (default "
+        f"{','.join(paper.EXTRA_WORKLOADS)}; see bench/paper.py)",
+    )
+    p.add_argument(
+        "--workload-slaves",
+        type=parse_slaves,
+        help="slave counts of those workloads and of tuning off (default 2 with --quick, else 2,4)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=paper.parse_epochs,
+        help="distribution epochs of the sweep in seconds, or none (default "
+        f"{','.join(map(str, paper.QUICK_EPOCHS))} with --quick, else "
+        f"{','.join(map(str, paper.FULL_EPOCHS))})",
+    )
     p.add_argument("--no-tuning-off", action="store_true", help="skip the search with extendible-hash tuning off")
-    p.add_argument("--input", choices=INPUTS, default="file",
-                   help="the cluster's input: read from a Parquet file of the generated tuples written first, as "
-                        "the Spark peer and the kernel get theirs (default), or generated at the master as it runs")
-    p.add_argument("--confirm-seconds", type=float,
-                   help=f"input seconds of the confirmation run at each slave count's sustained rate, whose delay p99 "
-                        f"must stay flat from its first to its last quarter; 0 = none (default {CONFIRM_SECONDS:g}, "
-                        "none with --quick)")
-    p.add_argument("--data", type=Path, default=DEFAULT_DIR,
-                   help=f"cache folder of the generated input files, kept between invocations (default {DEFAULT_DIR})")
-    p.add_argument("--data-limit", type=float, default=DEFAULT_LIMIT_GB,
-                   help="GB of input files the cache keeps; above it the least recently used files the bench wrote "
-                        f"are deleted (default {DEFAULT_LIMIT_GB:g})")
-    p.add_argument("--big", type=int, metavar="N",
-                   help="instead of the capacity bench: generate an N-row Parquet file, run it unpaced with 4 slaves "
-                        "and report rows, times and the master's peak RSS, then delete the file (bench.big)")
-    p.add_argument("--kernel-repeats", type=int, default=3,
-                   help="runs of the single-core kernel (bench.kernel) for the limit; 0 = skip (default 3)")
+    p.add_argument(
+        "--input",
+        choices=INPUTS,
+        default="file",
+        help="the cluster's input: read from a Parquet file of the generated tuples written first, as "
+        "the Spark peer and the kernel get theirs (default), or generated at the master as it runs",
+    )
+    p.add_argument(
+        "--confirm-seconds",
+        type=float,
+        help=f"input seconds of the confirmation run at each slave count's sustained rate, whose delay p99 "
+        f"must stay flat from its first to its last quarter; 0 = none (default {CONFIRM_SECONDS:g}, "
+        "none with --quick)",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=DEFAULT_DIR,
+        help=f"cache folder of the generated input files, kept between invocations (default {DEFAULT_DIR})",
+    )
+    p.add_argument(
+        "--data-limit",
+        type=float,
+        default=DEFAULT_LIMIT_GB,
+        help="GB of input files the cache keeps; above it the least recently used files the bench wrote "
+        f"are deleted (default {DEFAULT_LIMIT_GB:g})",
+    )
+    p.add_argument(
+        "--big",
+        type=int,
+        metavar="N",
+        help="instead of the capacity bench: generate an N-row Parquet file, run it unpaced with 4 slaves "
+        "and report rows, times and the master's peak RSS, then delete the file (bench.big)",
+    )
+    p.add_argument(
+        "--kernel-repeats",
+        type=int,
+        default=3,
+        help="runs of the single-core kernel (bench.kernel) for the limit; 0 = skip (default 3)",
+    )
     a = p.parse_args(argv)
     a.steps = a.steps if a.steps is not None else 5 if a.quick else 8
     a.repeats = a.repeats if a.repeats is not None else 1 if a.quick else 3
@@ -128,41 +185,82 @@ def main(argv: list[str]) -> int:
     steps, epochs = a.steps, a.epochs
     workload = [f"generator.duration={60.0 if a.quick else 120.0}"]
     command = "python -m bench " + " ".join(argv)
-    data = {"command": command.strip(), "machine": machine_info(), "repeats": a.repeats, "steps": steps,
-            "delay_bound": a.delay_bound, "workload": workload, "input": a.input, "quick": a.quick,
-            "min_input_seconds": MIN_INPUT_SECONDS, "confirm_seconds": a.confirm_seconds}
+    data = {
+        "command": command.strip(),
+        "machine": machine_info(),
+        "repeats": a.repeats,
+        "steps": steps,
+        "delay_bound": a.delay_bound,
+        "workload": workload,
+        "input": a.input,
+        "quick": a.quick,
+        "min_input_seconds": MIN_INPUT_SECONDS,
+        "confirm_seconds": a.confirm_seconds,
+    }
     cache = InputCache(a.data, a.data_limit * 1e9)
     searches = len(a.workloads) + (not a.no_tuning_off)  # each on every --workload-slaves count, no half load
-    most = (planned_runs(len(a.slaves), a.repeats, steps) + len(epochs) + (len(a.slaves) if a.confirm_seconds else 0)
-            + searches * planned_runs(len(a.workload_slaves), a.repeats, steps, half=False))
-    print(f"bench: slaves {a.slaves}, probe + {steps} search steps + 2 x {a.repeats} repeats per slave count, "
-          f"{f'+ a {a.confirm_seconds:g} s confirmation run, ' if a.confirm_seconds else ''}"
-          f"delay bound {a.delay_bound:g} s, {' '.join(workload)}, input {a.input} "
-          f"({'the workload as it is' if a.quick else f'at least {MIN_INPUT_SECONDS:g} s at each rate'}"
-          f"{f', files kept in {a.data}' if a.input == 'file' else ''}); "
-          f"then {', '.join(a.workloads) or 'no other workloads'}{'' if a.no_tuning_off else ' and tuning off'} on "
-          f"slaves {a.workload_slaves}, epochs {epochs or 'none'}; at most {most} runs", flush=True)
+    most = (
+        planned_runs(len(a.slaves), a.repeats, steps)
+        + len(epochs)
+        + (len(a.slaves) if a.confirm_seconds else 0)
+        + searches * planned_runs(len(a.workload_slaves), a.repeats, steps, half=False)
+    )
+    print(
+        f"bench: slaves {a.slaves}, probe + {steps} search steps + 2 x {a.repeats} repeats per slave count, "
+        f"{f'+ a {a.confirm_seconds:g} s confirmation run, ' if a.confirm_seconds else ''}"
+        f"delay bound {a.delay_bound:g} s, {' '.join(workload)}, input {a.input} "
+        f"({'the workload as it is' if a.quick else f'at least {MIN_INPUT_SECONDS:g} s at each rate'}"
+        f"{f', files kept in {a.data}' if a.input == 'file' else ''}); "
+        f"then {', '.join(a.workloads) or 'no other workloads'}{'' if a.no_tuning_off else ' and tuning off'} on "
+        f"slaves {a.workload_slaves}, epochs {epochs or 'none'}; at most {most} runs",
+        flush=True,
+    )
     if a.quick:
         print(f"bench: {QUICK_NOTE}", flush=True)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="streamjoin-bench-") as tmp:
-        bench = Bench(a.slaves, a.repeats, steps, a.delay_bound, workload, a.timeout, Path(tmp), input_kind=a.input,
-                      cache=cache, capacity=not a.quick, confirm_seconds=a.confirm_seconds)
+        bench = Bench(
+            a.slaves,
+            a.repeats,
+            steps,
+            a.delay_bound,
+            workload,
+            a.timeout,
+            Path(tmp),
+            input_kind=a.input,
+            cache=cache,
+            capacity=not a.quick,
+            confirm_seconds=a.confirm_seconds,
+        )
 
         def new_bench(settings: list[str], tag: str, slaves: list[int] = a.workload_slaves) -> Bench:
-            return Bench(slaves, a.repeats, steps, a.delay_bound, [*workload, *settings], a.timeout, Path(tmp),
-                         half=False, tag=tag, input_kind=a.input, cache=cache, capacity=not a.quick)
+            return Bench(
+                slaves,
+                a.repeats,
+                steps,
+                a.delay_bound,
+                [*workload, *settings],
+                a.timeout,
+                Path(tmp),
+                half=False,
+                tag=tag,
+                input_kind=a.input,
+                cache=cache,
+                capacity=not a.quick,
+            )
+
         try:
             data["points"] = [bench.point(k) for k in a.slaves]
             data["workloads"] = {}
             for name in a.workloads:
                 b = new_bench(paper.WORKLOADS[name][1], f"{name} ")
-                data["workloads"][name] = {"settings": paper.WORKLOADS[name][1],
-                                           "points": [b.point(k) for k in a.workload_slaves]}
+                data["workloads"][name] = {
+                    "settings": paper.WORKLOADS[name][1],
+                    "points": [b.point(k) for k in a.workload_slaves],
+                }
             if not a.no_tuning_off:
                 b = new_bench(paper.NO_TUNING, "no-tuning ")
-                data["tuning_off"] = {"settings": paper.NO_TUNING,
-                                      "points": [b.point(k) for k in a.workload_slaves]}
+                data["tuning_off"] = {"settings": paper.NO_TUNING, "points": [b.point(k) for k in a.workload_slaves]}
             if epochs:
                 data["epochs"] = paper.epoch_sweep(new_bench, data["points"], a.workload_slaves[0], epochs)
         except RunFailed as e:
@@ -172,8 +270,15 @@ def main(argv: list[str]) -> int:
             data["inputs"] = list(cache.used.values())
         if a.peer == "spark":
             print("bench: the peer, Spark Structured Streaming, on the same workload", flush=True)
-            peer = SparkBench(load_config(None, workload), QUICK_RUN_SECONDS if a.quick else RUN_SECONDS, steps,
-                              a.repeats, a.peer_delay_bound, a.timeout, Path(tmp))
+            peer = SparkBench(
+                load_config(None, workload),
+                QUICK_RUN_SECONDS if a.quick else RUN_SECONDS,
+                steps,
+                a.repeats,
+                a.peer_delay_bound,
+                a.timeout,
+                Path(tmp),
+            )
             try:
                 data["peer"] = peer.point()
             finally:
@@ -187,18 +292,29 @@ def main(argv: list[str]) -> int:
     (a.out / "results.json").write_text(json.dumps(data, indent=2))
     write_report(a.out, data)
     pngs = plot(a.out, data["points"], a.delay_bound, data.get("peer")) + paper.plot(a.out, data, a.delay_bound)
-    print("\n" + summary_table(data["points"], a.quick) + "\n\n"
-          + (f"{QUICK_NOTE}\n" if a.quick else paper.targets_table(data) + "\n"))
+    print(
+        "\n"
+        + summary_table(data["points"], a.quick)
+        + "\n\n"
+        + (f"{QUICK_NOTE}\n" if a.quick else paper.targets_table(data) + "\n")
+    )
     if data.get("peer"):
         print(peer_table(data["peer"]) + "\n\n" + ratio_text(data["peer_ratio"]).replace("**", "") + "\n")
     for c in caveats(data):
         print(f"caveat: {c}")
-    print(("search rate (not a capacity): highest paced rate" if a.quick else "sustained rate: highest paced rate "
-           f"over at least {MIN_INPUT_SECONDS:g} s of input") + f" that kept up with delay p95 <= {a.delay_bound:g} s; "
-          f"delays and achieved/s are medians of {a.repeats} runs at it (half: at half of it). "
-          f"{paper.cluster_runs(data)} cluster runs in "
-          f"{data['bench_seconds']:.0f} s. Wrote "
-          + ", ".join(str(x) for x in [a.out / "report.md", a.out / "results.json", *pngs]), flush=True)
+    print(
+        (
+            "search rate (not a capacity): highest paced rate"
+            if a.quick
+            else f"sustained rate: highest paced rate over at least {MIN_INPUT_SECONDS:g} s of input"
+        )
+        + f" that kept up with delay p95 <= {a.delay_bound:g} s; "
+        f"delays and achieved/s are medians of {a.repeats} runs at it (half: at half of it). "
+        f"{paper.cluster_runs(data)} cluster runs in "
+        f"{data['bench_seconds']:.0f} s. Wrote "
+        + ", ".join(str(x) for x in [a.out / "report.md", a.out / "results.json", *pngs]),
+        flush=True,
+    )
     return 0
 
 

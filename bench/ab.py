@@ -2,6 +2,7 @@
 falls on all), the in-run rate of each, the ratio of the medians to the first's against a target, and a report.
 Used by bench.metrics_cost (metrics off / on), bench.join_types (inner / left join) and bench.payload (no
 payload / payload / payload on the result stream)."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,9 @@ from bench.tables import fmt, md_table
 
 def parser(prog: str, doc: str, quick_seconds: float, seconds: float, repeats: int) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help=f"{quick_seconds:g} s of event time per run instead of {seconds:g} s")
+    p.add_argument(
+        "--quick", action="store_true", help=f"{quick_seconds:g} s of event time per run instead of {seconds:g} s"
+    )
     p.add_argument("--repeats", type=int, default=repeats, help=f"pairs of runs (default {repeats})")
     p.add_argument("--slaves", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("bench-report"))
@@ -31,8 +33,13 @@ class Comparison:
 
     def __init__(self, command: str, a: argparse.Namespace, workload: list[str], modes: dict[str, list[str]]):
         self.a, self.workload, self.modes = a, workload, modes
-        self.data = {"command": command, "machine": machine_info(), "workload": workload, "slaves": a.slaves,
-                     "runs": {m: [] for m in modes}}
+        self.data = {
+            "command": command,
+            "machine": machine_info(),
+            "workload": workload,
+            "slaves": a.slaves,
+            "runs": {m: [] for m in modes},
+        }
 
     def run(self, tmp: Path) -> None:
         """The alternated unpaced runs; then the medians and their ratios to the first mode's (`ratio`: the
@@ -50,23 +57,38 @@ class Comparison:
     def verdict(self, target: float) -> str:
         base, other = list(self.modes)[:2]
         ratio = self.data["ratio"]
-        return (f"{other}/{base} = {ratio:.3f} (target >= {target}: {'met' if ratio >= target else 'NOT met'}; "
-                "each side's runs show the machine's noise)")
+        return (
+            f"{other}/{base} = {ratio:.3f} (target >= {target}: {'met' if ratio >= target else 'NOT met'}; "
+            "each side's runs show the machine's noise)"
+        )
 
     def write(self, name: str, title: str, heading: str, lines: list[str]) -> str:
         """`name`.json and `name`.md (the table of runs, then `lines`); returns the table."""
         runs = self.data["runs"]
-        table = md_table([heading, *(f"run {i + 1}" for i in range(self.a.repeats)), "median"],
-                         [[m, *(fmt(x, ",.0f") for x in r), fmt(self.data["medians"][m], ",.0f")]
-                          for m, r in runs.items()])
+        table = md_table(
+            [heading, *(f"run {i + 1}" for i in range(self.a.repeats)), "median"],
+            [[m, *(fmt(x, ",.0f") for x in r), fmt(self.data["medians"][m], ",.0f")] for m, r in runs.items()],
+        )
         m, out = self.data["machine"], self.a.out
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{name}.json").write_text(json.dumps(self.data, indent=2))
-        (out / f"{name}.md").write_text("\n".join([
-            f"# {title}", "", f"`{self.data['command'].strip()}` — {m['date']}", "",
-            f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {self.a.slaves} slaves + master; "
-            f"workload `{' '.join(self.workload)}`, unpaced, {' and '.join(runs)} alternated; in-run tuples/s.",
-            "", table, "", *lines, ""]))
+        (out / f"{name}.md").write_text(
+            "\n".join(
+                [
+                    f"# {title}",
+                    "",
+                    f"`{self.data['command'].strip()}` — {m['date']}",
+                    "",
+                    f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {self.a.slaves} slaves + master; "
+                    f"workload `{' '.join(self.workload)}`, unpaced, {' and '.join(runs)} alternated; in-run tuples/s.",
+                    "",
+                    table,
+                    "",
+                    *lines,
+                    "",
+                ]
+            )
+        )
         print(table + "\n" + "\n".join(lines))
         print(f"wrote {out / (name + '.md')}, {out / (name + '.json')}")
         return table

@@ -14,6 +14,7 @@ with delay p95 <= 1.5 s, then `--repeats` runs at that rate give medians of:
 max/mean tuples processed per slave, the busy host's share of the tuples, delay
 p50/p99, moves and tuples moved.  Output: balance.md, balance.json, balance.png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,12 +36,22 @@ from bench.tables import count, fmt, md_table, trail_text
 # 40k-160k/s), so a slave is a supplier when it is still joining at most of its slots; with the default 20000 it is
 # classified a supplier only once it is several batches behind, when the run has already failed the search's delay
 # bound.
-WORKLOAD = ["generator.skew=0.7", "generator.keys=256", "generator.rate=40000", "generator.shift=5",
-            "partitioning.partitions=16", "join.window=0.01", "epochs.distribution=0.5", "epochs.reorganization=2",
-            "balance.buffer_capacity=5000"]
-MODES = {"off": ["balance.enabled=false"],
-         "repartition": ["balance.enabled=true", "balance.declustering=false"],
-         "full": ["balance.enabled=true", "balance.declustering=true"]}
+WORKLOAD = [
+    "generator.skew=0.7",
+    "generator.keys=256",
+    "generator.rate=40000",
+    "generator.shift=5",
+    "partitioning.partitions=16",
+    "join.window=0.01",
+    "epochs.distribution=0.5",
+    "epochs.reorganization=2",
+    "balance.buffer_capacity=5000",
+]
+MODES = {
+    "off": ["balance.enabled=false"],
+    "repartition": ["balance.enabled=true", "balance.declustering=false"],
+    "full": ["balance.enabled=true", "balance.declustering=true"],
+}
 SLAVES = 4
 HOGS = 2  # default --hogs: with 2 slaves on the busy CPU each gets about 1/4 of it, a quiet-host slave about 1/2
 
@@ -62,44 +73,80 @@ def mode_summary(point: dict, busy: list[int]) -> dict:
     """The numbers of one mode: its sustained rate and search, and medians over the repeats at that rate."""
     runs = point["sustained"]["runs"]
     med = lambda f: median(f(r) for r in runs)
-    return {"sustained_rate": point["sustained"]["rate"], "bracket": point["search"]["bracket"],
-            "trail": point["search"]["trail"], "unpaced": point["unpaced"],
-            "passed": count(runs, "passed"), "kept_up": count(runs, "kept_up"),
-            "imbalance": med(lambda r: imbalance(r["slaves"])),
-            "busy_share": med(lambda r: busy_share(r["slaves"], busy)),
-            "delay_p50": med(lambda r: r["delay_p50"]), "delay_p99": med(lambda r: r["delay_p99"]),
-            "moves": med(lambda r: r["moves"]), "tuples_moved": med(lambda r: r["tuples_moved"]),
-            "throughput": med(lambda r: r["throughput"])}
+    return {
+        "sustained_rate": point["sustained"]["rate"],
+        "bracket": point["search"]["bracket"],
+        "trail": point["search"]["trail"],
+        "unpaced": point["unpaced"],
+        "passed": count(runs, "passed"),
+        "kept_up": count(runs, "kept_up"),
+        "imbalance": med(lambda r: imbalance(r["slaves"])),
+        "busy_share": med(lambda r: busy_share(r["slaves"], busy)),
+        "delay_p50": med(lambda r: r["delay_p50"]),
+        "delay_p99": med(lambda r: r["delay_p99"]),
+        "moves": med(lambda r: r["moves"]),
+        "tuples_moved": med(lambda r: r["tuples_moved"]),
+        "throughput": med(lambda r: r["throughput"]),
+    }
 
 
-HEADER = ["balancing", "sustained rate/s", "vs off", "search (✓ pass, ✗ fail)", "repeats passed",
-          "max/mean tuples per slave", "busy host's share", "delay p50 s", "delay p99 s", "moves", "tuples moved"]
+HEADER = [
+    "balancing",
+    "sustained rate/s",
+    "vs off",
+    "search (✓ pass, ✗ fail)",
+    "repeats passed",
+    "max/mean tuples per slave",
+    "busy host's share",
+    "delay p50 s",
+    "delay p99 s",
+    "moves",
+    "tuples moved",
+]
 
 
 def table(summaries: dict[str, dict]) -> str:
     off = summaries.get("off", {}).get("sustained_rate")
-    rows = [[mode, fmt(m["sustained_rate"]), f"{m['sustained_rate'] / off:.2f}x" if off else "-",
-             trail_text(m["trail"]),
-             m["passed"], fmt(m["imbalance"], ".2f"), fmt(m["busy_share"], ".0%"), fmt(m["delay_p50"], ".3f"),
-             fmt(m["delay_p99"], ".3f"), fmt(m["moves"], ".0f"), fmt(m["tuples_moved"])]
-            for mode, m in summaries.items()]
+    rows = [
+        [
+            mode,
+            fmt(m["sustained_rate"]),
+            f"{m['sustained_rate'] / off:.2f}x" if off else "-",
+            trail_text(m["trail"]),
+            m["passed"],
+            fmt(m["imbalance"], ".2f"),
+            fmt(m["busy_share"], ".0%"),
+            fmt(m["delay_p50"], ".3f"),
+            fmt(m["delay_p99"], ".3f"),
+            fmt(m["moves"], ".0f"),
+            fmt(m["tuples_moved"]),
+        ]
+        for mode, m in summaries.items()
+    ]
     return md_table(HEADER, rows)
 
 
 def write_report(out: Path, data: dict) -> None:
     m, n_hogs, busy = data["machine"], data["hogs"], data["busy_slaves"]
     quiet_cpus, busy_cpus = data["hosts"]
-    regime = (f"the master and slaves {', '.join(str(r) for r in range(1, SLAVES + 1) if r not in busy)} pinned to "
-              f"CPU(s) {quiet_cpus} (the quiet host), slaves {', '.join(map(str, busy))} pinned to CPU(s) {busy_cpus} "
-              f"(the busy host) together with {n_hogs} CPU hog(s)")
+    regime = (
+        f"the master and slaves {', '.join(str(r) for r in range(1, SLAVES + 1) if r not in busy)} pinned to "
+        f"CPU(s) {quiet_cpus} (the quiet host), slaves {', '.join(map(str, busy))} pinned to CPU(s) {busy_cpus} "
+        f"(the busy host) together with {n_hogs} CPU hog(s)"
+    )
     parts = [
-        "# Load balancing: off, repartitioning only, full", "",
-        f"`{data['command']}` — {m['date']}; {data['runs']} runs in {data['bench_seconds']:.0f} s", "",
+        "# Load balancing: off, repartitioning only, full",
+        "",
+        f"`{data['command']}` — {m['date']}; {data['runs']} runs in {data['bench_seconds']:.0f} s",
+        "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB. Load average before the bench (before "
         f"the hogs started): {' '.join(map(str, data['load_before']))}; after (hogs stopped): "
-        f"{' '.join(map(str, data['load_after']))}. The hogs alone add {n_hogs} to the load average.", "",
-        f"Busy-host regime: {SLAVES} slaves + master, {regime}. Workload `{' '.join(data['workload'])}`.", "",
-        table(data["summaries"]), "",
+        f"{' '.join(map(str, data['load_after']))}. The hogs alone add {n_hogs} to the load average.",
+        "",
+        f"Busy-host regime: {SLAVES} slaves + master, {regime}. Workload `{' '.join(data['workload'])}`.",
+        "",
+        table(data["summaries"]),
+        "",
         f"- **sustained rate**: the highest paced rate that kept up (ingest and the master's buffers never more "
         f"than {KEEP_UP_LAG:g} s, nor {KEEP_UP_SHARE:.0%} of the input's scheduled length, behind the pacing) "
         f"with delay p95 <= {data['delay_bound']:g} s, found by the search of bench.search (single runs: "
@@ -108,18 +155,48 @@ def write_report(out: Path, data: dict) -> None:
         "compared each at its own capacity); *busy host's share* is the fraction of all tuples that the busy "
         "host's slaves processed: balancing should lower it.",
         "- max/mean tuples per slave is not the aim under a busy host: a balanced cluster gives the quiet slaves "
-        "more tuples, so it can rise while delay falls.", "",
-        "![balancing](balance.png)", ""]
+        "more tuples, so it can rise while delay falls.",
+        "",
+        "![balancing](balance.png)",
+        "",
+    ]
     for mode, p in data["points"].items():
-        parts += [f"## {mode}", "", md_table(
-            ["run", "pacing/s", "kept up", "passes", "delay p50 s", "p99 s", "max/mean", "busy share", "moves",
-             "tuples moved"],
-            [[r["label"], fmt(r.get("rate")) if "rate" in r else "unpaced",
-              (f"lag {r['lag_seconds']:.2f}s" + ("" if r["kept_up"] else " FELL BEHIND")) if "rate" in r else "-",
-              (r["verdict"] if r["passed"] else "FAIL: " + r["verdict"]) if "rate" in r else "-",
-              fmt(r["delay_p50"], ".3f"), fmt(r["delay_p99"], ".3f"), fmt(imbalance(r["slaves"]), ".2f"),
-              fmt(busy_share(r["slaves"], busy), ".0%"), str(r["moves"]), fmt(r["tuples_moved"])]
-             for r in [p["probe"], *p["search"]["runs"], *p["sustained"]["runs"]]]), ""]
+        parts += [
+            f"## {mode}",
+            "",
+            md_table(
+                [
+                    "run",
+                    "pacing/s",
+                    "kept up",
+                    "passes",
+                    "delay p50 s",
+                    "p99 s",
+                    "max/mean",
+                    "busy share",
+                    "moves",
+                    "tuples moved",
+                ],
+                [
+                    [
+                        r["label"],
+                        fmt(r.get("rate")) if "rate" in r else "unpaced",
+                        (f"lag {r['lag_seconds']:.2f}s" + ("" if r["kept_up"] else " FELL BEHIND"))
+                        if "rate" in r
+                        else "-",
+                        (r["verdict"] if r["passed"] else "FAIL: " + r["verdict"]) if "rate" in r else "-",
+                        fmt(r["delay_p50"], ".3f"),
+                        fmt(r["delay_p99"], ".3f"),
+                        fmt(imbalance(r["slaves"]), ".2f"),
+                        fmt(busy_share(r["slaves"], busy), ".0%"),
+                        str(r["moves"]),
+                        fmt(r["tuples_moved"]),
+                    ]
+                    for r in [p["probe"], *p["search"]["runs"], *p["sustained"]["runs"]]
+                ],
+            ),
+            "",
+        ]
     (out / "balance.md").write_text("\n".join(parts))
 
 
@@ -127,8 +204,10 @@ def plot(out: Path, data: dict) -> Path:
     """balance.png: per mode the sustained rate (with the search runs), and at it delay p99, max/mean tuples per
     slave and the busy host's share (medians as bars, single runs as dots)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     busy = data["busy_slaves"]
     modes = list(data["points"])
     fig, axes = plt.subplots(1, 4, figsize=(13, 3.6), dpi=110)
@@ -136,13 +215,21 @@ def plot(out: Path, data: dict) -> Path:
     for x, mode in enumerate(modes):
         trail = data["points"][mode]["search"]["trail"]
         ax.bar(x, data["summaries"][mode]["sustained_rate"], alpha=0.35, color="C0")
-        ax.scatter([x + 0.15] * len(trail), [r for r, _ in trail], s=18, alpha=0.7,
-                   c=["C2" if ok else "C3" for _, ok in trail], marker="o")
+        ax.scatter(
+            [x + 0.15] * len(trail),
+            [r for r, _ in trail],
+            s=18,
+            alpha=0.7,
+            c=["C2" if ok else "C3" for _, ok in trail],
+            marker="o",
+        )
     ax.set_title("sustained rate (tuples/s)\ndots: search runs, green passed", fontsize=9)
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y / 1000:,.0f}k"))
-    per_run = {"delay p99 (s) at it": lambda r: r["delay_p99"],
-               "max/mean tuples per slave at it": lambda r: imbalance(r["slaves"]),
-               "busy host's share of tuples at it": lambda r: busy_share(r["slaves"], busy)}
+    per_run = {
+        "delay p99 (s) at it": lambda r: r["delay_p99"],
+        "max/mean tuples per slave at it": lambda r: imbalance(r["slaves"]),
+        "busy host's share of tuples at it": lambda r: busy_share(r["slaves"], busy),
+    }
     for ax, (title, f) in zip(axes[1:], per_run.items()):
         for x, mode in enumerate(modes):
             ys = [y for r in data["points"][mode]["sustained"]["runs"] if (y := f(r)) is not None]
@@ -152,8 +239,11 @@ def plot(out: Path, data: dict) -> Path:
     for ax in axes:
         ax.set_xticks(range(len(modes)), modes)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Load balancing with a busy host ({data['hogs']} CPU hogs beside slaves "
-                 f"{', '.join(map(str, busy))}); medians of {data['repeats']} runs", fontsize=10)
+    fig.suptitle(
+        f"Load balancing with a busy host ({data['hogs']} CPU hogs beside slaves "
+        f"{', '.join(map(str, busy))}); medians of {data['repeats']} runs",
+        fontsize=10,
+    )
     fig.tight_layout()
     path = out / "balance.png"
     fig.savefig(path)
@@ -163,13 +253,21 @@ def plot(out: Path, data: dict) -> Path:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.balance", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true",
-                   help="20 s of input per run instead of 60 s, and 4 search steps instead of 8")
+    p.add_argument(
+        "--quick", action="store_true", help="20 s of input per run instead of 60 s, and 4 search steps instead of 8"
+    )
     p.add_argument("--repeats", type=int, default=3, help="runs at each mode's sustained rate (default 3)")
-    p.add_argument("--steps", type=int, help="paced runs of each search (default 4 with --quick, else 8: enough to "
-                                             "look above the probe)")
-    p.add_argument("--hogs", type=int, default=HOGS,
-                   help=f"CPU hogs on the busy host (default {HOGS}; 0 = pinned hosts, none busy)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="paced runs of each search (default 4 with --quick, else 8: enough to look above the probe)",
+    )
+    p.add_argument(
+        "--hogs",
+        type=int,
+        default=HOGS,
+        help=f"CPU hogs on the busy host (default {HOGS}; 0 = pinned hosts, none busy)",
+    )
     p.add_argument("--modes", default=",".join(MODES), help=f"modes to run (default {','.join(MODES)})")
     p.add_argument("--delay-bound", type=float, default=DELAY_BOUND)
     p.add_argument("--out", type=Path, default=Path("bench-report"))
@@ -187,20 +285,44 @@ def main(argv: list[str]) -> int:
     quiet_cpus, busy_cpus = hosts(cpus)
     env = {PLAN_ENV: encode_plan(cpu_plan(ranks, cpus))}
     busy = busy_slaves(ranks)
-    data = {"command": ("python -m bench.balance " + " ".join(argv)).strip(), "machine": machine_info(),
-            "workload": workload, "slaves": SLAVES, "hogs": a.hogs, "hosts": [quiet_cpus, busy_cpus],
-            "busy_slaves": busy, "repeats": a.repeats, "steps": steps, "delay_bound": a.delay_bound,
-            "load_before": [round(x, 2) for x in os.getloadavg()], "points": {}}
-    print(f"bench.balance: {', '.join(modes)}; busy host: slaves {busy} on CPU(s) {busy_cpus} with {a.hogs} hog(s), "
-          f"master and the other slaves on CPU(s) {quiet_cpus}; at most "
-          f"{len(modes) * planned_runs(1, a.repeats, steps, half=False)} runs", flush=True)
+    data = {
+        "command": ("python -m bench.balance " + " ".join(argv)).strip(),
+        "machine": machine_info(),
+        "workload": workload,
+        "slaves": SLAVES,
+        "hogs": a.hogs,
+        "hosts": [quiet_cpus, busy_cpus],
+        "busy_slaves": busy,
+        "repeats": a.repeats,
+        "steps": steps,
+        "delay_bound": a.delay_bound,
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "points": {},
+    }
+    print(
+        f"bench.balance: {', '.join(modes)}; busy host: slaves {busy} on CPU(s) {busy_cpus} with {a.hogs} hog(s), "
+        f"master and the other slaves on CPU(s) {quiet_cpus}; at most "
+        f"{len(modes) * planned_runs(1, a.repeats, steps, half=False)} runs",
+        flush=True,
+    )
     started = time.monotonic()
     runs = 0
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-balance-") as tmp, hogs(a.hogs, busy_cpus):
             for mode in modes:
-                bench = Bench([SLAVES], a.repeats, steps, a.delay_bound, [*workload, *MODES[mode]], a.timeout,
-                              Path(tmp), half=False, tag=mode, module="bench.busy", env=env)
+                bench = Bench(
+                    [SLAVES],
+                    a.repeats,
+                    steps,
+                    a.delay_bound,
+                    [*workload, *MODES[mode]],
+                    a.timeout,
+                    Path(tmp),
+                    half=False,
+                    tag=mode,
+                    module="bench.busy",
+                    env=env,
+                )
                 try:
                     data["points"][mode] = bench.point(SLAVES)
                 finally:
@@ -216,8 +338,10 @@ def main(argv: list[str]) -> int:
     write_report(a.out, data)
     png = plot(a.out, data)
     print("\n" + table(data["summaries"]))
-    print(f"load average before {data['load_before']}, after {data['load_after']}; {runs} runs in "
-          f"{data['bench_seconds']:.0f} s. Wrote {a.out / 'balance.md'}, {a.out / 'balance.json'}, {png}")
+    print(
+        f"load average before {data['load_before']}, after {data['load_after']}; {runs} runs in "
+        f"{data['bench_seconds']:.0f} s. Wrote {a.out / 'balance.md'}, {a.out / 'balance.json'}, {png}"
+    )
     return 0
 
 

@@ -8,6 +8,7 @@ reports rows, the in-run time, the whole process's time, the time to the first t
 (`big.md`, `big.json` in --out).  The file and the run's output are in a temporary folder deleted after, also
 when the run fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,15 +37,18 @@ def generator_for(rows: int, settings: list[str] = ()) -> dict:
 
 def report_rows(r: dict) -> list[list[str]]:
     """The numbers of one big run as table rows (what, value)."""
-    return [["rows in the file", fmt(r["rows"])], ["file MB", fmt(r["file_bytes"] / 1e6)],
-            ["generated in s", fmt(r["generate_seconds"], ".1f")],
-            ["tuples joined (input_total)", fmt(r["input_total"])],
-            ["in-run time s (wall_seconds)", fmt(r["wall_seconds"], ".1f")],
-            ["whole process s (mpirun start to exit)", fmt(r["process_seconds"], ".1f")],
-            ["first tuple s (from the launch)", fmt(r["first_tuple_seconds"], ".2f")],
-            ["in-run throughput tuples/s", fmt(r["throughput"])],
-            ["master peak RSS MB", fmt(r["rank_rss_mb"]["0"], ".0f")],
-            ["largest peak RSS of any process MB", fmt(r["peak_rss_mb"], ".0f")]]
+    return [
+        ["rows in the file", fmt(r["rows"])],
+        ["file MB", fmt(r["file_bytes"] / 1e6)],
+        ["generated in s", fmt(r["generate_seconds"], ".1f")],
+        ["tuples joined (input_total)", fmt(r["input_total"])],
+        ["in-run time s (wall_seconds)", fmt(r["wall_seconds"], ".1f")],
+        ["whole process s (mpirun start to exit)", fmt(r["process_seconds"], ".1f")],
+        ["first tuple s (from the launch)", fmt(r["first_tuple_seconds"], ".2f")],
+        ["in-run throughput tuples/s", fmt(r["throughput"])],
+        ["master peak RSS MB", fmt(r["rank_rss_mb"]["0"], ".0f")],
+        ["largest peak RSS of any process MB", fmt(r["peak_rss_mb"], ".0f")],
+    ]
 
 
 def run(rows: int, slaves: int, timeout: float, where: Path | None = None) -> dict:
@@ -57,12 +61,24 @@ def run(rows: int, slaves: int, timeout: float, where: Path | None = None) -> di
         write_input(gen, path, rows)
         generated = round(time.monotonic() - began, 1)
         size = path.stat().st_size
-        print(f"bench.big: {size / 1e6:,.0f} MB in {generated:.0f} s; running it unpaced "
-              f"on {slaves} slaves", flush=True)
-        s = run_cluster(slaves + 1, ["source.kind=file", f"source.path={path}", "source.rate=0.0"],
-                        Path(tmp) / "run", timeout, drop_results=True)  # far too many results to keep or read
-    return {"rows": rows, "file_bytes": size, "generate_seconds": generated, "slaves": slaves,
-            **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"]}
+        print(
+            f"bench.big: {size / 1e6:,.0f} MB in {generated:.0f} s; running it unpaced on {slaves} slaves", flush=True
+        )
+        s = run_cluster(
+            slaves + 1,
+            ["source.kind=file", f"source.path={path}", "source.rate=0.0"],
+            Path(tmp) / "run",
+            timeout,
+            drop_results=True,
+        )  # far too many results to keep or read
+    return {
+        "rows": rows,
+        "file_bytes": size,
+        "generate_seconds": generated,
+        "slaves": slaves,
+        **run_numbers(s),
+        "peak_rss_mb": s["peak_rss_mb"],
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -89,7 +105,8 @@ def main(argv: list[str]) -> int:
         f"# A big file end to end\n\n`python -m bench.big {' '.join(argv)}` — {m['date']}; {m['cpu']}, {m['cores']} "
         f"cores, {m['memory_gib']} GiB; load average at the start {' '.join(map(str, m['load_average_at_start']))}\n\n"
         f"The paper workload's first {r['rows']:,} rows as one Parquet file, run unpaced with {r['slaves']} slaves "
-        "(the file and the run's output deleted after).\n\n" + table + "\n")
+        "(the file and the run's output deleted after).\n\n" + table + "\n"
+    )
     print("\n" + table + f"\n\nWrote {a.out / 'big.md'}, {a.out / 'big.json'}", flush=True)
     return 0
 

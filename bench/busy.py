@@ -16,6 +16,7 @@ and the hogs to the busy host's CPUs.  Nothing in the engine is slowed by a
 knob: a busy-host slave is slow only because the kernel's scheduler gives it a
 smaller share of its CPU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +25,7 @@ import runpy
 import subprocess
 import sys
 
-PLAN_ENV = "STREAMJOIN_CPU_PLAN"   # ';'-separated CPU sets per rank, each ','-separated: "0;0;0;1;1"
+PLAN_ENV = "STREAMJOIN_CPU_PLAN"  # ';'-separated CPU sets per rank, each ','-separated: "0;0;0;1;1"
 RANK_ENV = "OMPI_COMM_WORLD_RANK"  # set by Open MPI's mpirun for every rank
 
 
@@ -68,8 +69,9 @@ def decode_plan(text: str) -> list[set[int]]:
 def hogs(n: int, cpus: list[int]):
     """`n` processes that spin on `cpus` while the block runs: the other work of a busy host.  Ended (SIGKILL,
     by pid) when the block exits, however it exits."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass\n"], stdin=subprocess.DEVNULL)
-             for _ in range(n)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "while True:\n    pass\n"], stdin=subprocess.DEVNULL) for _ in range(n)
+    ]
     try:
         for p in procs:
             os.sched_setaffinity(p.pid, cpus)
@@ -86,8 +88,11 @@ def main() -> int:
     try:
         plan, rank = decode_plan(os.environ[PLAN_ENV]), int(os.environ[RANK_ENV])
     except KeyError as e:
-        print(f"error: python -m bench.busy runs as an mpirun rank with {PLAN_ENV} set; {e} is missing",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: python -m bench.busy runs as an mpirun rank with {PLAN_ENV} set; {e} is missing",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
@@ -98,8 +103,11 @@ def main() -> int:
     try:
         os.sched_setaffinity(0, plan[rank])
     except OSError as e:
-        print(f"error: rank {rank} cannot be pinned to CPU(s) {sorted(plan[rank])} ({PLAN_ENV}): {e}",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: rank {rank} cannot be pinned to CPU(s) {sorted(plan[rank])} ({PLAN_ENV}): {e}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     sys.argv[0] = "master"
     runpy.run_module("master", run_name="__main__", alter_sys=True)

@@ -1,5 +1,6 @@
 """The cluster runner: one `mpirun` of the engine per run, and `Bench`, which runs the search of bench.search
 for one slave count after another and keeps every number for results.json."""
+
 from __future__ import annotations
 
 import json
@@ -15,15 +16,26 @@ import numpy as np
 import pyarrow as pa
 
 from bench.inputs import InputCache, expected_tuples, rung
-from bench.search import (HALF_LOAD, MIN_INPUT_SECONDS, bracket, counted_verdict, flatness, input_verdict, keep_up,
-                          median, next_rate, search_verdict, sustained_rate)
+from bench.search import (
+    HALF_LOAD,
+    MIN_INPUT_SECONDS,
+    bracket,
+    counted_verdict,
+    flatness,
+    input_verdict,
+    keep_up,
+    median,
+    next_rate,
+    search_verdict,
+    sustained_rate,
+)
 from bench.tables import fmt
 from deploy.launch import mpi_env, mpirun_command
 from protocol.config import load_config
 from protocol.delays import exact_percentiles
 from protocol.output import read_tables
 
-RUN_TIMEOUT = 600.0          # seconds per cluster run
+RUN_TIMEOUT = 600.0  # seconds per cluster run
 
 
 class RunFailed(Exception):
@@ -41,19 +53,29 @@ def run_numbers(s: dict) -> dict:
     wt, wb = sum(v["window_tuples"] for v in slaves), sum(v["window_bytes"] for v in slaves)
     d = delay_seconds(s)
     nan_none = lambda x: None if x is None or math.isnan(x) else x
-    return {"input_total": s["input_total"], "late": s["late"], "results": s["results"],
-            "wall_seconds": s["wall_seconds"], "throughput": s["throughput_tuples_per_s"],
-            **{f"delay_{q}": nan_none(d[q]) for q in ("p50", "p95", "p99", "max")},
-            "delay_parts": s.get("delay_parts_seconds"),  # where the delay goes (buffer, transfer, join)
-            "window_bytes_per_tuple": round(wb / wt, 1) if wt else None,
-            "tuples_moved": s.get("tuples_moved", 0), "moves": len(s.get("balance", {}).get("moves", [])),
-            "slaves": {r: {k: v[k] for k in ("tuples_processed", "window_tuples", "window_bytes", "busy_seconds",
-                                             "comm_seconds")} for r, v in s["slaves"].items()},
-            "first_tuple_seconds": s.get("startup", {}).get("first_tuple_seconds"),  # from the launch
-            "process_seconds": s.get("process_seconds"),  # mpirun's start to its exit
-            "pss_mb": round(sum(s["startup"]["pss_before_data_bytes"].values()) / 2**20, 1) if "startup" in s else None,
-            "rank_rss_mb": {"0": round(s["master_peak_rss_bytes"] / 2**20, 1),
-                            **{r: round(v["peak_rss_bytes"] / 2**20, 1) for r, v in s["slaves"].items()}}}
+    return {
+        "input_total": s["input_total"],
+        "late": s["late"],
+        "results": s["results"],
+        "wall_seconds": s["wall_seconds"],
+        "throughput": s["throughput_tuples_per_s"],
+        **{f"delay_{q}": nan_none(d[q]) for q in ("p50", "p95", "p99", "max")},
+        "delay_parts": s.get("delay_parts_seconds"),  # where the delay goes (buffer, transfer, join)
+        "window_bytes_per_tuple": round(wb / wt, 1) if wt else None,
+        "tuples_moved": s.get("tuples_moved", 0),
+        "moves": len(s.get("balance", {}).get("moves", [])),
+        "slaves": {
+            r: {k: v[k] for k in ("tuples_processed", "window_tuples", "window_bytes", "busy_seconds", "comm_seconds")}
+            for r, v in s["slaves"].items()
+        },
+        "first_tuple_seconds": s.get("startup", {}).get("first_tuple_seconds"),  # from the launch
+        "process_seconds": s.get("process_seconds"),  # mpirun's start to its exit
+        "pss_mb": round(sum(s["startup"]["pss_before_data_bytes"].values()) / 2**20, 1) if "startup" in s else None,
+        "rank_rss_mb": {
+            "0": round(s["master_peak_rss_bytes"] / 2**20, 1),
+            **{r: round(v["peak_rss_bytes"] / 2**20, 1) for r, v in s["slaves"].items()},
+        },
+    }
 
 
 def quarter_p99(samples: pa.Table | None, parts: int = 4) -> list[float | None]:
@@ -66,15 +88,14 @@ def quarter_p99(samples: pa.Table | None, parts: int = 4) -> list[float | None]:
     seen = t["input_r"].to_numpy() + t["input_s"].to_numpy()
     total = seen.max()
     last = int(np.argmax(seen >= total))  # the first sample after the last tuple came in
-    p99 = t["delay_p99"].to_numpy(zero_copy_only=False)[:last + 1].astype(float)
-    part = np.minimum(np.ceil(seen[:last + 1] * parts / max(total, 1)).astype(int) - 1, parts - 1)  # -1: no input yet
+    p99 = t["delay_p99"].to_numpy(zero_copy_only=False)[: last + 1].astype(float)
+    part = np.minimum(np.ceil(seen[: last + 1] * parts / max(total, 1)).astype(int) - 1, parts - 1)  # -1: no input yet
     return [median(p99[part == i]) for i in range(parts)]
 
 
 def aggregate(runs: list[dict]) -> dict:
     """Medians over the repeats of one kind of run."""
     return {f"delay_{q}": median(r[f"delay_{q}"] for r in runs) for q in ("p50", "p95", "p99", "max")}
-
 
 
 def _session_pids(sid: int) -> list[int]:
@@ -122,8 +143,16 @@ def _end_session(pid: int) -> None:
             pass
 
 
-def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, module: str = "master",
-                env: dict[str, str] | None = None, keep=None, drop_results: bool = False) -> dict:
+def run_cluster(
+    ranks: int,
+    settings: list[str],
+    workdir: Path,
+    timeout: float,
+    module: str = "master",
+    env: dict[str, str] | None = None,
+    keep=None,
+    drop_results: bool = False,
+) -> dict:
     """One `mpirun -n ranks python -m master --set ...` into workdir; its summary.json, plus its peak RSS.
 
     `module` and `env` replace the rank program and add environment variables (bench.balance runs
@@ -140,13 +169,20 @@ def run_cluster(ranks: int, settings: list[str], workdir: Path, timeout: float, 
     workdir.mkdir(parents=True)
     out = workdir / "out"
     # metrics on any free port (a run beside another cluster, or another bench, would find 9464 taken)
-    args = [a for kv in ["metrics.endpoint=127.0.0.1:0", *settings, f"output.path={out}", "output.progress=0"]
-            for a in ("--set", kv)]
+    args = [
+        a
+        for kv in ["metrics.endpoint=127.0.0.1:0", *settings, f"output.path={out}", "output.progress=0"]
+        for a in ("--set", kv)
+    ]
     began = time.monotonic()
     with open(workdir / "stdout", "wb") as so, open(workdir / "stderr", "wb") as se:
-        proc = subprocess.Popen(mpirun_command(ranks, args, module=module), env={**mpi_env(), **(env or {})},
-                                stdout=so, stderr=se,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            mpirun_command(ranks, args, module=module),
+            env={**mpi_env(), **(env or {})},
+            stdout=so,
+            stderr=se,
+            start_new_session=True,
+        )
     try:
         timed_out = not _exited(proc.pid, timeout, (lambda: _drop_results(out)) if drop_results else None)
     except BaseException:  # Ctrl-C: the run is in its own session and did not get the signal
@@ -186,10 +222,25 @@ INPUTS = ("file", "generator")
 class Bench:
     """Runs the plan, prints a line per run, and keeps every number for results.json."""
 
-    def __init__(self, slaves: list[int], repeats: int, steps: int, delay_bound: float, workload: list[str],
-                 timeout: float, tmp: Path, *, half: bool = True, tag: str = "", module: str = "master",
-                 env: dict[str, str] | None = None, input_kind: str = "file", cache: InputCache | None = None,
-                 capacity: bool = False, confirm_seconds: float = 0.0):
+    def __init__(
+        self,
+        slaves: list[int],
+        repeats: int,
+        steps: int,
+        delay_bound: float,
+        workload: list[str],
+        timeout: float,
+        tmp: Path,
+        *,
+        half: bool = True,
+        tag: str = "",
+        module: str = "master",
+        env: dict[str, str] | None = None,
+        input_kind: str = "file",
+        cache: InputCache | None = None,
+        capacity: bool = False,
+        confirm_seconds: float = 0.0,
+    ):
         """`half`: also repeat at half the sustained rate; `tag` names the runs (and their folders) in the
         progress lines; `module`, `env`: see run_cluster; `input_kind`: one of INPUTS; `cache`: where the input
         files are kept (default: a folder in `tmp`).  `capacity`: the runs measure capacity: every paced run gets
@@ -226,30 +277,55 @@ class Bench:
         per quarter of the input is kept (`quarter_p99`)."""
         self.done += 1
         seconds = seconds or (MIN_INPUT_SECONDS if self.capacity else 0.0)
-        settings = [*self.source(seconds * rate), f"source.rate={float(rate)!r}",
-                    *(["metrics.log_interval=5.0"] if long else [])]
-        keep = (lambda out: quarter_p99(read_tables(out / "metrics", ["elapsed", "input_r", "input_s", "delay_p99"]))
-                ) if long else None
-        s = run_cluster(k + 1, settings, self.tmp / f"{self.tag}k{k}-{label.replace(' ', '').replace('#', '-')}",
-                        self.timeout, self.module, self.env, keep=keep, drop_results=long)
+        settings = [
+            *self.source(seconds * rate),
+            f"source.rate={float(rate)!r}",
+            *(["metrics.log_interval=5.0"] if long else []),
+        ]
+        keep = (
+            (lambda out: quarter_p99(read_tables(out / "metrics", ["elapsed", "input_r", "input_s", "delay_p99"])))
+            if long
+            else None
+        )
+        s = run_cluster(
+            k + 1,
+            settings,
+            self.tmp / f"{self.tag}k{k}-{label.replace(' ', '').replace('#', '-')}",
+            self.timeout,
+            self.module,
+            self.env,
+            keep=keep,
+            drop_results=long,
+        )
         self.config = self.config or s["config"]
-        r = {"label": label, **run_numbers(s), "peak_rss_mb": s["peak_rss_mb"],
-             **({"quarter_p99": s["kept"]} if long else {})}
+        r = {
+            "label": label,
+            **run_numbers(s),
+            "peak_rss_mb": s["peak_rss_mb"],
+            **({"quarter_p99": s["kept"]} if long else {}),
+        }
         if self.input_kind == "file":
             r["input_file"] = next(x for x in settings if x.startswith("source.path=")).split("=", 1)[1]
         if rate > 0:
             tuples = r["input_total"] + r["late"]
-            r.update(rate=rate, **keep_up(tuples, r["wall_seconds"], rate, s["pacing_lag_max_seconds"],
-                                          s["backlog_max_seconds"]), **input_verdict(tuples, rate))
+            r.update(
+                rate=rate,
+                **keep_up(tuples, r["wall_seconds"], rate, s["pacing_lag_max_seconds"], s["backlog_max_seconds"]),
+                **input_verdict(tuples, rate),
+            )
             r["passed"], r["verdict"] = (counted_verdict if self.capacity else search_verdict)(r, self.delay_bound)
-        line = (f"[{self.done:>2}/{self.total_runs}] {self.tag + ' ' if self.tag else ''}slaves={k} {label:<12} "
-                f"{r['throughput']:>10,.0f} tuples/s in "
-                f"{r['wall_seconds']:5.1f}s | delay p50 {fmt(r['delay_p50'], '.3f')}s p95 {fmt(r['delay_p95'], '.3f')}s"
-                f" p99 {fmt(r['delay_p99'], '.3f')}s | peak RSS {r['peak_rss_mb']:.0f} MB")
+        line = (
+            f"[{self.done:>2}/{self.total_runs}] {self.tag + ' ' if self.tag else ''}slaves={k} {label:<12} "
+            f"{r['throughput']:>10,.0f} tuples/s in "
+            f"{r['wall_seconds']:5.1f}s | delay p50 {fmt(r['delay_p50'], '.3f')}s p95 {fmt(r['delay_p95'], '.3f')}s"
+            f" p99 {fmt(r['delay_p99'], '.3f')}s | peak RSS {r['peak_rss_mb']:.0f} MB"
+        )
         if rate > 0:
-            line += (f" | paced {rate:,.0f}/s over {r['input_seconds']:.1f}s: {r['ratio']:.0%} "
-                     f"{'kept up' if r['kept_up'] else 'FELL BEHIND'} -> "
-                     f"{'PASS' if r['passed'] else 'FAIL: ' + r['verdict']}")
+            line += (
+                f" | paced {rate:,.0f}/s over {r['input_seconds']:.1f}s: {r['ratio']:.0%} "
+                f"{'kept up' if r['kept_up'] else 'FELL BEHIND'} -> "
+                f"{'PASS' if r['passed'] else 'FAIL: ' + r['verdict']}"
+            )
         print(line, flush=True)
         return r
 
@@ -261,8 +337,11 @@ class Bench:
         r["flatness"] = flatness(first, last, load_config(None, self.workload)["epochs"]["distribution"])
         r["confirmed"] = bool(r["passed"] and r["flatness"]["flat"])
         f = r["flatness"]
-        print(f"    confirm: delay p99 first quarter {fmt(f['first_p99'], '.3f')}s, last {fmt(f['last_p99'], '.3f')}s "
-              f"(limit {fmt(f['limit'], '.3f')}s) -> {'CONFIRMED' if r['confirmed'] else 'NOT CONFIRMED'}", flush=True)
+        print(
+            f"    confirm: delay p99 first quarter {fmt(f['first_p99'], '.3f')}s, last {fmt(f['last_p99'], '.3f')}s "
+            f"(limit {fmt(f['limit'], '.3f')}s) -> {'CONFIRMED' if r['confirmed'] else 'NOT CONFIRMED'}",
+            flush=True,
+        )
         return r
 
     def point(self, k: int) -> dict:
@@ -282,16 +361,19 @@ class Bench:
         at = [self.run_at(k, f"sustained #{i + 1}", rate) for i in range(self.repeats)] if rate else []
         half_rate = round(HALF_LOAD * rate) if self.half else 0
         half = [self.run_at(k, f"half #{i + 1}", half_rate) for i in range(self.repeats)] if half_rate else []
-        return {"slaves": k, "ranks": k + 1, "unpaced": unpaced, "probe": probe,
-                "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
-                "sustained": {"rate": rate, "throughput": median(r["throughput"] for r in at), **aggregate(at),
-                              "runs": at},
-                "half": {"rate": half_rate, **aggregate(half), "runs": half},
-                "confirm": self.confirm(k, rate) if rate and self.confirm_seconds else None}
+        return {
+            "slaves": k,
+            "ranks": k + 1,
+            "unpaced": unpaced,
+            "probe": probe,
+            "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
+            "sustained": {"rate": rate, "throughput": median(r["throughput"] for r in at), **aggregate(at), "runs": at},
+            "half": {"rate": half_rate, **aggregate(half), "runs": half},
+            "confirm": self.confirm(k, rate) if rate and self.confirm_seconds else None,
+        }
 
 
 def planned_runs(n_slave_counts: int, repeats: int, steps: int, half: bool = True) -> int:
     """Runs the plan makes at most: per slave count a probe, the search, and repeats at the sustained rate
     (and at half of it)."""
     return n_slave_counts * (1 + steps + (2 if half else 1) * repeats)
-

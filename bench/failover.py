@@ -16,6 +16,7 @@ interval join of the same generated input: every pair exactly once.  Targets: th
 `cluster.heartbeat_timeout` + 2 s; the first new result within 10 s of the report.  Output: failover.md,
 failover.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,10 +43,20 @@ from common.workload import generate_all
 HEARTBEAT = 3.0  #: cluster.heartbeat_timeout of the runs (seconds)
 REPORT_TARGET = HEARTBEAT + 2.0  #: seconds from the fault to the loss reported
 RESULT_TARGET = 10.0  #: seconds from the report to the first new result
-SETTINGS = {"generator.duration": 16.0, "generator.rate": 2500.0, "generator.keys": 4096, "source.rate": 5000.0,
-            "join.window": 0.5, "join.max_delay": 0.3, "epochs.distribution": 0.2, "checkpoint.interval": 4,
-            "cluster.heartbeat_timeout": HEARTBEAT, "cluster.network": "10.77.0.0/24", "output.progress": 0.1,
-            "metrics.endpoint": ""}
+SETTINGS = {
+    "generator.duration": 16.0,
+    "generator.rate": 2500.0,
+    "generator.keys": 4096,
+    "source.rate": 5000.0,
+    "join.window": 0.5,
+    "join.max_delay": 0.3,
+    "epochs.distribution": 0.2,
+    "checkpoint.interval": 4,
+    "cluster.heartbeat_timeout": HEARTBEAT,
+    "cluster.network": "10.77.0.0/24",
+    "output.progress": 0.1,
+    "metrics.endpoint": "",
+}
 _PROGRESS = re.compile(r"^\[\s*[\d.]+s\] in ([\d,]+) .*\| results ([\d,]+) ")
 
 
@@ -54,14 +65,16 @@ def write_config(path: Path, out: Path) -> Path:
     for name, value in SETTINGS.items():
         section, key = name.split(".")
         keys.setdefault(section, {})[key] = value
-    path.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in kv.items())
-                            for s, kv in keys.items()))
+    path.write_text(
+        "".join(f"[{s}]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in kv.items()) for s, kv in keys.items())
+    )
     return path
 
 
 def reference_pairs() -> np.ndarray:
     """Every pair of the generated input by DuckDB's interval join, as r_id * 2**32 + s_id, sorted."""
     import duckdb
+
     cfg = load_config(None, [f"{k}={v}" for k, v in SETTINGS.items() if k.startswith("generator.")])
     data = generate_all(cfg)
     r, s = data.stream == 0, data.stream == 1
@@ -69,8 +82,9 @@ def reference_pairs() -> np.ndarray:
     con.register("r", {"id": data.id[r], "ts": data.ts[r], "key": data.key[r]})
     con.register("s", {"id": data.id[s], "ts": data.ts[s], "key": data.key[s]})
     w = int(SETTINGS["join.window"] * 1_000_000)
-    got = con.execute(f"SELECT r.id * 4294967296 + s.id FROM r JOIN s ON r.key = s.key "
-                      f"AND s.ts BETWEEN r.ts - {w} AND r.ts + {w}").fetchnumpy()
+    got = con.execute(
+        f"SELECT r.id * 4294967296 + s.id FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts - {w} AND r.ts + {w}"
+    ).fetchnumpy()
     return np.sort(next(iter(got.values())).astype(np.int64))
 
 
@@ -90,9 +104,26 @@ def run_once(fault: str, work: Path, expected: np.ndarray) -> dict:
     out = work / "out"
     cfg = write_config(work / "run.toml", out)
     with TestBed(3) as bed:
-        cmd = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--",
-               sys.executable, "-m", "deploy.launch", "-n", "5", "--hostfile", str(bed.hostfile([2, 2, 1])), "--",
-               "--config", str(cfg)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "control.supervise",
+            "--backoff",
+            "0.1",
+            "--restarts",
+            "3",
+            "--",
+            sys.executable,
+            "-m",
+            "deploy.launch",
+            "-n",
+            "5",
+            "--hostfile",
+            str(bed.hostfile([2, 2, 1])),
+            "--",
+            "--config",
+            str(cfg),
+        ]
         job = bed.start(0, cmd, mpi_env())
         job.wait_for("checkpoint 2 complete")
         taken = max((p[0] for _, line in job.lines if (p := progress(line))), default=0)
@@ -110,10 +141,17 @@ def run_once(fault: str, work: Path, expected: np.ndarray) -> dict:
         new_result, _ = job.wait_for(lambda line: (p := progress(line)) is not None and p[1] > base)
         replayed, _ = job.wait_for(lambda line: (p := progress(line)) is not None and p[0] >= taken)
         code = job.wait(timeout=300)
-    return {"fault": fault, "exit": code, "report_s": round(reported - t0, 2), "restart_s": round(restarted - t0, 2),
-            "start_s": round(started - t0, 2), "first_result_s": round(new_result - t0, 2),
-            "report_to_result_s": round(new_result - reported, 2), "replay_s": round(replayed - started, 2),
-            "exact": code == 0 and exact(out, expected)}
+    return {
+        "fault": fault,
+        "exit": code,
+        "report_s": round(reported - t0, 2),
+        "restart_s": round(restarted - t0, 2),
+        "start_s": round(started - t0, 2),
+        "first_result_s": round(new_result - t0, 2),
+        "report_to_result_s": round(new_result - reported, 2),
+        "replay_s": round(replayed - started, 2),
+        "exact": code == 0 and exact(out, expected),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -130,29 +168,58 @@ def main(argv: list[str]) -> int:
                     work = Path(tmp) / f"{fault}-{i}"
                     work.mkdir()
                     runs.append(run_once(fault, work, expected))
-                    print(f"[{fault} #{i + 1}] " + ", ".join(f"{k} {v}" for k, v in runs[-1].items() if k != "fault"),
-                          flush=True)
+                    print(
+                        f"[{fault} #{i + 1}] " + ", ".join(f"{k} {v}" for k, v in runs[-1].items() if k != "fault"),
+                        flush=True,
+                    )
     except TestBedError as e:
         print(f"bench.failover: no test bed here: {e}", file=sys.stderr)
         return 1
     keys = ("report_s", "restart_s", "start_s", "first_result_s", "report_to_result_s", "replay_s")
     medians = {f: {k: median(r[k] for r in runs if r["fault"] == f) for k in keys} for f in ("cut", "kill")}
-    met = {f: {"report": m["report_s"] <= REPORT_TARGET, "first_result": m["report_to_result_s"] <= RESULT_TARGET,
-               "exact": all(r["exact"] for r in runs if r["fault"] == f)} for f, m in medians.items()}
-    data = {"command": "python -m bench.failover " + " ".join(argv), "machine": machine_info(),
-            "heartbeat_timeout": HEARTBEAT, "runs": runs, "medians": medians, "met": met}
+    met = {
+        f: {
+            "report": m["report_s"] <= REPORT_TARGET,
+            "first_result": m["report_to_result_s"] <= RESULT_TARGET,
+            "exact": all(r["exact"] for r in runs if r["fault"] == f),
+        }
+        for f, m in medians.items()
+    }
+    data = {
+        "command": "python -m bench.failover " + " ".join(argv),
+        "machine": machine_info(),
+        "heartbeat_timeout": HEARTBEAT,
+        "runs": runs,
+        "medians": medians,
+        "met": met,
+    }
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "failover.json").write_text(json.dumps(data, indent=2))
-    table = md_table(["fault", "loss reported s", "restart s", "ranks started s", "first new result s",
-                      "report to result s", "replay s", "exact"],
-                     [[r["fault"], *(fmt(r[k], ".2f") for k in keys), str(r["exact"])] for r in runs])
-    verdict = "; ".join(f"{f}: reported {medians[f]['report_s']:.2f} s (target {REPORT_TARGET:g}) "
-                        f"{'met' if met[f]['report'] else 'MISSED'}, first result "
-                        f"{medians[f]['report_to_result_s']:.2f} s "
-                        f"after it (target {RESULT_TARGET:g}) {'met' if met[f]['first_result'] else 'MISSED'}, "
-                        f"{'exact' if met[f]['exact'] else 'NOT EXACT'}" for f in medians)
-    (a.out / "failover.md").write_text(f"# Failover on three namespace hosts\n\n{data['command']}, heartbeat_timeout "
-                                       f"{HEARTBEAT:g} s; seconds from the fault\n\n{table}\n\n{verdict}\n")
+    table = md_table(
+        [
+            "fault",
+            "loss reported s",
+            "restart s",
+            "ranks started s",
+            "first new result s",
+            "report to result s",
+            "replay s",
+            "exact",
+        ],
+        [[r["fault"], *(fmt(r[k], ".2f") for k in keys), str(r["exact"])] for r in runs],
+    )
+    verdict = "; ".join(
+        f"{f}: reported {medians[f]['report_s']:.2f} s (target {REPORT_TARGET:g}) "
+        f"{'met' if met[f]['report'] else 'MISSED'}, first result "
+        f"{medians[f]['report_to_result_s']:.2f} s "
+        f"after it (target {RESULT_TARGET:g}) {'met' if met[f]['first_result'] else 'MISSED'}, "
+        f"{'exact' if met[f]['exact'] else 'NOT EXACT'}"
+        for f in medians
+    )
+    (a.out / "failover.md").write_text(
+        f"# Failover on three namespace hosts\n\n{data['command']}, heartbeat_timeout "
+        f"{HEARTBEAT:g} s; seconds from the fault\n\n{table}\n\n{verdict}\n"
+    )
     print(table + "\n" + verdict, flush=True)
     return 0 if all(all(m.values()) for m in met.values()) else 1
 

@@ -10,6 +10,7 @@ minimum.  Files are written streamed, chunk by chunk, in row groups: memory stay
 The cache deletes only what it wrote (a folder of its naming holding its `meta.json`), least recently used
 first, once it holds more than its limit.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,12 +31,12 @@ from protocol.tuples import STREAM_NAMES
 from common import workload
 from common.workload import GeneratorSource
 
-LADDER = math.sqrt(2)          #: file lengths are the workload's duration times LADDER^k
-HEADROOM = 1.01                #: a rung must hold this many times the tuples needed (the counts are Poisson)
-CHUNK_ROWS = 1 << 20           #: rows generated and written at a time: one row group each
+LADDER = math.sqrt(2)  #: file lengths are the workload's duration times LADDER^k
+HEADROOM = 1.01  #: a rung must hold this many times the tuples needed (the counts are Poisson)
+CHUNK_ROWS = 1 << 20  #: rows generated and written at a time: one row group each
 FILE, META = "input.parquet", "meta.json"
 DEFAULT_DIR = Path("bench-data")
-DEFAULT_LIMIT_GB = 40.0        #: --data-limit: the cache deletes its least recently used files above this
+DEFAULT_LIMIT_GB = 40.0  #: --data-limit: the cache deletes its least recently used files above this
 
 
 def expected_tuples(gen: dict) -> float:
@@ -48,7 +49,7 @@ def rung(base_duration: float, rate_per_stream: float, tuples: float) -> float:
     HEADROOM x `tuples` on average."""
     need = HEADROOM * tuples / (2 * rate_per_stream)
     k = max(0, math.ceil(math.log(need / base_duration, LADDER) - 1e-9)) if need > base_duration else 0
-    return round(base_duration * LADDER ** k, 3)
+    return round(base_duration * LADDER**k, 3)
 
 
 def write_input(gen: dict, path: Path, rows: int | None = None) -> int:
@@ -64,8 +65,9 @@ def write_input(gen: dict, path: Path, rows: int | None = None) -> int:
         while (rows is None or written < rows) and (c := src.next_chunk(CHUNK_ROWS)) is not None:
             n = len(c.id) if rows is None else min(len(c.id), rows - written)
             stream = pa.DictionaryArray.from_arrays(pa.array(c.stream[:n].astype(np.int32)), names).cast(pa.string())
-            table = pa.table({"stream": stream, "id": c.id[:n], "ts": to_seconds(c.ts[:n]), "key": c.key[:n],
-                              "value": c.value[:n]})
+            table = pa.table(
+                {"stream": stream, "id": c.id[:n], "ts": to_seconds(c.ts[:n]), "key": c.key[:n], "value": c.value[:n]}
+            )
             if writer is None:  # dictionary encoding for the stream names only, as protocol.output writes them
                 writer = pq.ParquetWriter(tmp, table.schema, use_dictionary=["stream"])
             writer.write_table(table, row_group_size=CHUNK_ROWS)
@@ -107,12 +109,18 @@ class InputCache:
             os.utime(meta_path)  # recently used: evicted last
         else:
             folder.mkdir(parents=True, exist_ok=True)
-            print(f"bench: generating {expected_tuples(gen):,.0f} tuples into {folder / FILE} (kept for later runs)",
-                  flush=True)
+            print(
+                f"bench: generating {expected_tuples(gen):,.0f} tuples into {folder / FILE} (kept for later runs)",
+                flush=True,
+            )
             began = time.monotonic()
             n = write_input(gen, folder / FILE)
-            meta = {"generator": gen, "tuples": n, "bytes": (folder / FILE).stat().st_size,
-                    "generate_seconds": round(time.monotonic() - began, 1)}
+            meta = {
+                "generator": gen,
+                "tuples": n,
+                "bytes": (folder / FILE).stat().st_size,
+                "generate_seconds": round(time.monotonic() - began, 1),
+            }
             meta_path.write_text(json.dumps(meta, indent=1))
             meta["generated"] = True
         path = str(folder / FILE)
@@ -124,9 +132,14 @@ class InputCache:
         """The cache's own folders: a 16-hex name holding its meta.json (nothing else is ever deleted)."""
         if not self.directory.is_dir():
             return []
-        return [d for d in self.directory.iterdir()
-                if d.is_dir() and len(d.name) == 16 and all(c in "0123456789abcdef" for c in d.name)
-                and (d / META).is_file()]
+        return [
+            d
+            for d in self.directory.iterdir()
+            if d.is_dir()
+            and len(d.name) == 16
+            and all(c in "0123456789abcdef" for c in d.name)
+            and (d / META).is_file()
+        ]
 
     def evict(self, keep: set[Path]) -> list[Path]:
         """Delete the least recently used folders (not in `keep`) while the cache holds more than its limit."""

@@ -15,6 +15,7 @@ rows without a partner come out within one distribution epoch of the moment they
   left out.
 Output: join_types.md, join_types.json.
 """
+
 from __future__ import annotations
 
 import sys
@@ -43,33 +44,53 @@ def after_final(out: Path, wait: float) -> dict:
     during = ts < ts.max() - wait if len(ts) else ts.astype(bool)  # not decided by the end of input
     late = delay[during] - wait
     p50, p99 = (float(np.percentile(late, q)) if len(late) else None for q in (50, 99))
-    return {"rows": int(during.sum()), "after_final_p50": p50, "after_final_p99": p99,
-            "after_final_max": float(late.max()) if len(late) else None}
+    return {
+        "rows": int(during.sum()),
+        "after_final_p50": p50,
+        "after_final_p99": p99,
+        "after_final_max": float(late.max()) if len(late) else None,
+    }
 
 
 def main(argv: list[str]) -> int:
     a = parser("python -m bench.join_types", __doc__, 15.0, 30.0, 3).parse_args(argv)
     workload = [f"generator.duration={15.0 if a.quick else 30.0}"]
     cfg = load_config(None, workload)
-    ab = Comparison("python -m bench.join_types " + " ".join(argv), a, workload,
-                    {"inner": ["join.type=inner"], "left": ["join.type=left"]})
+    ab = Comparison(
+        "python -m bench.join_types " + " ".join(argv),
+        a,
+        workload,
+        {"inner": ["join.type=inner"], "left": ["join.type=left"]},
+    )
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-join-types-") as tmp:
             ab.run(Path(tmp))
             rate = 2 * cfg["generator"]["rate"]  # real time: a second of event time a second
             wait = time_bounds(cfg["join"])[1] / PER_SECOND + cfg["join"]["max_delay"]
-            s = run_cluster(a.slaves + 1, [*workload, "join.type=left", f"source.rate={rate}"], Path(tmp) / "paced",
-                            a.timeout, keep=lambda out: after_final(out, wait))
+            s = run_cluster(
+                a.slaves + 1,
+                [*workload, "join.type=left", f"source.rate={rate}"],
+                Path(tmp) / "paced",
+                a.timeout,
+                keep=lambda out: after_final(out, wait),
+            )
     except RunFailed as e:
         print(f"bench.join_types: a run failed: {e}", file=sys.stderr)
         return 1
     t = ab.data["timeliness"] = {"rate": rate, "epoch": cfg["epochs"]["distribution"], **s["kept"]}
     met = t["after_final_p99"] is not None and t["after_final_p99"] <= t["epoch"]
-    ab.write("join_types", "A left join against the inner join", "join.type", [
-        ab.verdict(RATE_TARGET), "",
-        f"Rows without a partner, paced in real time ({t['rate']:,.0f} tuples/s): {t['rows']:,} came out p50 "
-        f"{fmt(t['after_final_p50'], '.3f')} s, p99 {fmt(t['after_final_p99'], '.3f')} s after becoming final "
-        f"(target: within one distribution epoch, {t['epoch']:g} s: {'met' if met else 'NOT met'})."])
+    ab.write(
+        "join_types",
+        "A left join against the inner join",
+        "join.type",
+        [
+            ab.verdict(RATE_TARGET),
+            "",
+            f"Rows without a partner, paced in real time ({t['rate']:,.0f} tuples/s): {t['rows']:,} came out p50 "
+            f"{fmt(t['after_final_p50'], '.3f')} s, p99 {fmt(t['after_final_p99'], '.3f')} s after becoming final "
+            f"(target: within one distribution epoch, {t['epoch']:g} s: {'met' if met else 'NOT met'}).",
+        ],
+    )
     return 0
 
 

@@ -13,6 +13,7 @@ beside it: a whole-input join, not a streaming one, so it shows what compiled
 code could reach, not what this design can).
 Output: kernel.md, kernel.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,7 @@ def epoch_batches(cfg: dict, span: float | None = None, data=None):
     for a, b in zip(np.concatenate([[0], cut[:-1]]), cut):
         if b > a:
             part, stream = rows[a:b], data.stream[a:b]
-            batches.append((part[stream == STREAM_R], part[stream == STREAM_S],
-                            int(seen[b - 1]) - max_delay))
+            batches.append((part[stream == STREAM_R], part[stream == STREAM_S], int(seen[b - 1]) - max_delay))
     return data, batches
 
 
@@ -76,17 +76,27 @@ def own_by_span(cfg: dict, data, repeats: int) -> tuple[dict[float, list[float]]
             seconds, results = own_kernel(cfg, batches)
             rates[span].append(round(len(data.ts) / seconds, 1))
             counts.add(results)
-            print(f"[own {span:g} s batches #{i + 1}] {rates[span][-1]:,.0f} tuples/s ({results:,} results in "
-                  f"{seconds:.2f}s)", flush=True)
+            print(
+                f"[own {span:g} s batches #{i + 1}] {rates[span][-1]:,.0f} tuples/s ({results:,} results in "
+                f"{seconds:.2f}s)",
+                flush=True,
+            )
     return rates, counts
 
 
 def join_module(cfg: dict, dtype: np.dtype) -> JoinModule:
     """The join module one slave would run with this config, holding every partition-group."""
     t = cfg["tuning"]
-    return JoinModule(dtype, cfg["partitioning"]["partitions"], time_bounds(cfg["join"]),
-                      t["block_size"], t["theta_min"], t["theta_max"], t["max_depth"],
-                      chunk_rows=cfg["output"]["result_chunk_rows"])
+    return JoinModule(
+        dtype,
+        cfg["partitioning"]["partitions"],
+        time_bounds(cfg["join"]),
+        t["block_size"],
+        t["theta_min"],
+        t["theta_max"],
+        t["max_depth"],
+        chunk_rows=cfg["output"]["result_chunk_rows"],
+    )
 
 
 @contextmanager
@@ -134,8 +144,11 @@ def with_results(cfg: dict, data, span: float, repeats: int) -> list[float]:
         with tempfile.TemporaryDirectory(prefix="streamjoin-kernel-") as tmp:
             seconds, results = own_kernel(cfg, batches, Path(tmp))
         rates.append(round(len(data.ts) / seconds, 1))
-        print(f"[own {span:g} s batches + delays + result files #{i + 1}] {rates[-1]:,.0f} tuples/s ({results:,} "
-              f"results in {seconds:.2f}s)", flush=True)
+        print(
+            f"[own {span:g} s batches + delays + result files #{i + 1}] {rates[-1]:,.0f} tuples/s ({results:,} "
+            f"results in {seconds:.2f}s)",
+            flush=True,
+        )
     return rates
 
 
@@ -145,6 +158,7 @@ def window_footprint(cfg: dict, batches) -> dict:
     held by it at the end; beside it the module's own count (`JoinModule.nbytes`)."""
     import gc
     import tracemalloc
+
     tracemalloc.start()
     try:
         module = join_module(cfg, batches[0][0].dtype)
@@ -155,15 +169,20 @@ def window_footprint(cfg: dict, batches) -> dict:
     finally:
         tracemalloc.stop()
     stored = sum(module.stored())
-    return {"traced_bytes": held, "nbytes": module.nbytes, "stored_tuples": stored,
-            "traced_per_tuple": held / stored if stored else None,
-            "nbytes_per_tuple": module.nbytes / stored if stored else None}
+    return {
+        "traced_bytes": held,
+        "nbytes": module.nbytes,
+        "stored_tuples": stored,
+        "traced_per_tuple": held / stored if stored else None,
+        "nbytes_per_tuple": module.nbytes / stored if stored else None,
+    }
 
 
 def duckdb_join(cfg: dict, data) -> tuple[float, int]:
     """Seconds and results of DuckDB (one thread) joining the whole input with the same condition."""
     import duckdb
     import pyarrow as pa
+
     con = duckdb.connect()
     con.execute("SET threads = 1")
     for name, code in (("r", STREAM_R), ("s", STREAM_S)):
@@ -171,8 +190,9 @@ def duckdb_join(cfg: dict, data) -> tuple[float, int]:
         con.register(name, pa.table({"id": data.id[mine], "ts": data.ts[mine], "key": data.key[mine]}))
     lower, upper = time_bounds(cfg["join"])  # integer microseconds, as ts: the engine's exact rule
     started = time.perf_counter()
-    (results,) = con.execute("SELECT count(*) FROM r JOIN s ON r.key = s.key "
-                             f"AND s.ts BETWEEN r.ts + {lower} AND r.ts + {upper}").fetchone()
+    (results,) = con.execute(
+        f"SELECT count(*) FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts + {lower} AND r.ts + {upper}"
+    ).fetchone()
     return time.perf_counter() - started, int(results)
 
 
@@ -200,22 +220,49 @@ def main(argv: list[str]) -> int:
     best = {k: median(v) for k, v in runs.items()}
     own = max((k for k in best if k.startswith("own")), key=best.get)  # the best batch span is the limit
     limit = best[own] * cores
-    data_out = {"command": "python -m bench.kernel " + " ".join(argv), "machine": machine_info(),
-                "tuples": n, "results": counts.pop(), "runs": runs, "medians": best, "cores": cores, "best": own,
-                "limit_tuples_per_s": limit, "duckdb_times_cores": best["duckdb"] * cores}
+    data_out = {
+        "command": "python -m bench.kernel " + " ".join(argv),
+        "machine": machine_info(),
+        "tuples": n,
+        "results": counts.pop(),
+        "runs": runs,
+        "medians": best,
+        "cores": cores,
+        "best": own,
+        "limit_tuples_per_s": limit,
+        "duckdb_times_cores": best["duckdb"] * cores,
+    }
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "kernel.json").write_text(json.dumps(data_out, indent=2))
-    table = md_table(["kernel (one core)", "tuples/s (median)"],
-                     [*([f"own join module, batches of {k[4:]} of event time", f"{v:,.0f}"]
-                        for k, v in best.items() if k.startswith("own")),
-                      ["DuckDB, 1 thread, whole input", f"{best['duckdb']:,.0f}"],
-                      [f"limit: own ({own[4:]}) x {cores} cores", f"{limit:,.0f}"],
-                      [f"DuckDB x {cores} cores (reference)", f"{best['duckdb'] * cores:,.0f}"]])
+    table = md_table(
+        ["kernel (one core)", "tuples/s (median)"],
+        [
+            *(
+                [f"own join module, batches of {k[4:]} of event time", f"{v:,.0f}"]
+                for k, v in best.items()
+                if k.startswith("own")
+            ),
+            ["DuckDB, 1 thread, whole input", f"{best['duckdb']:,.0f}"],
+            [f"limit: own ({own[4:]}) x {cores} cores", f"{limit:,.0f}"],
+            [f"DuckDB x {cores} cores (reference)", f"{best['duckdb'] * cores:,.0f}"],
+        ],
+    )
     m = data_out["machine"]
-    (a.out / "kernel.md").write_text("\n".join([
-        "# The single-core limit", "", f"`{data_out['command'].strip()}` — {m['date']}", "",
-        f"Machine: {m['cpu']}, {cores} cores; {n:,} tuples, {data_out['results']:,} results; "
-        f"medians of {a.repeats} runs.", "", table, ""]))
+    (a.out / "kernel.md").write_text(
+        "\n".join(
+            [
+                "# The single-core limit",
+                "",
+                f"`{data_out['command'].strip()}` — {m['date']}",
+                "",
+                f"Machine: {m['cpu']}, {cores} cores; {n:,} tuples, {data_out['results']:,} results; "
+                f"medians of {a.repeats} runs.",
+                "",
+                table,
+                "",
+            ]
+        )
+    )
     print(table)
     return 0
 

@@ -7,6 +7,7 @@ the in-run rate (tuples/s) of each, and the ratio of their medians: the issue's 
 plotted from its metrics log (`metrics/*.parquet`): input and result rates, delay p50/p99, per-slave busy
 share, as an operator would plot a run.  Output: metrics.md, metrics.json, metrics-timeline.png.
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,8 +21,10 @@ from bench.cluster import RunFailed, run_cluster
 from protocol.config import load_config
 
 TARGET = 0.98
-MODES = {"off": ["metrics.endpoint=", "metrics.log_interval=0"],
-         "on": ["metrics.endpoint=127.0.0.1:0", "metrics.log_interval=1", "output.progress=1"]}
+MODES = {
+    "off": ["metrics.endpoint=", "metrics.log_interval=0"],
+    "on": ["metrics.endpoint=127.0.0.1:0", "metrics.log_interval=1", "output.progress=1"],
+}
 
 
 def read_log(out: Path) -> list[dict]:
@@ -33,15 +36,23 @@ def timeline(samples: list[dict]) -> dict[str, list]:
     """Per interval between samples: elapsed s, input and result rates, delay p50/p99, busy share per slave."""
     t = [s["elapsed"] for s in samples]
     rate = lambda f: [(f(b) - f(a)) / (b["elapsed"] - a["elapsed"]) for a, b in zip(samples, samples[1:])]
-    busy = [[(y - x) / (b["elapsed"] - a["elapsed"]) for x, y in zip(a["busy_seconds"], b["busy_seconds"])]
-            for a, b in zip(samples, samples[1:])]
-    return {"elapsed": t[1:], "input_per_s": rate(lambda s: s["input_r"] + s["input_s"]),
-            "results_per_s": rate(lambda s: s["results"]), "delay_p50": [s["delay_p50"] for s in samples[1:]],
-            "delay_p99": [s["delay_p99"] for s in samples[1:]], "busy_share": busy}
+    busy = [
+        [(y - x) / (b["elapsed"] - a["elapsed"]) for x, y in zip(a["busy_seconds"], b["busy_seconds"])]
+        for a, b in zip(samples, samples[1:])
+    ]
+    return {
+        "elapsed": t[1:],
+        "input_per_s": rate(lambda s: s["input_r"] + s["input_s"]),
+        "results_per_s": rate(lambda s: s["results"]),
+        "delay_p50": [s["delay_p50"] for s in samples[1:]],
+        "delay_p99": [s["delay_p99"] for s in samples[1:]],
+        "busy_share": busy,
+    }
 
 
 def plot(out: Path, line: dict) -> Path:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -75,18 +86,31 @@ def main(argv: list[str]) -> int:
             ab.run(Path(tmp))
             gen = load_config(None, workload)["generator"]  # paced to last 15 s at most half the off median
             rate = round(min(ab.data["medians"]["off"] / 2, 2 * gen["rate"] * gen["duration"] / 15))
-            s = run_cluster(a.slaves + 1, [*workload, *MODES["on"], f"source.rate={rate}"], Path(tmp) / "timeline",
-                            a.timeout, keep=lambda out: timeline(read_log(out)))
+            s = run_cluster(
+                a.slaves + 1,
+                [*workload, *MODES["on"], f"source.rate={rate}"],
+                Path(tmp) / "timeline",
+                a.timeout,
+                keep=lambda out: timeline(read_log(out)),
+            )
             ab.data["timeline"] = {"rate": rate, **s["kept"]}
     except RunFailed as e:
         print(f"bench.metrics_cost: a run failed: {e}", file=sys.stderr)
         return 1
     a.out.mkdir(parents=True, exist_ok=True)
     png = plot(a.out, ab.data["timeline"])
-    ab.write("metrics", "What the metrics cost", "metrics", [
-        ab.verdict(TARGET), "",
-        f"A paced run at {rate:,} tuples/s (at most half the off median, 15 s long), plotted from its metrics log:", "",
-        f"![timeline]({png.name})"])
+    ab.write(
+        "metrics",
+        "What the metrics cost",
+        "metrics",
+        [
+            ab.verdict(TARGET),
+            "",
+            f"A paced run at {rate:,} tuples/s (at most half the off median, 15 s long), plotted from its metrics log:",
+            "",
+            f"![timeline]({png.name})",
+        ],
+    )
     return 0
 
 

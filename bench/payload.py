@@ -13,6 +13,7 @@ bytes of window state per tuple against the raw input's bytes per row (the windo
 the payload waits in the payload log, protocol.payload), and the payload log's size per input byte.
 Output: payload.md, payload.json.
 """
+
 from __future__ import annotations
 
 import sys
@@ -44,10 +45,18 @@ def write_streams(gen: dict, folder: Path) -> dict:
         for side, name in enumerate(STREAMS):
             mine = c.stream == side
             ids = c.id[mine]
-            table = pa.table({"id": ids, "key": c.key[mine], "ts": c.ts[mine],
-                              "label": pc.binary_join_element_wise(f"{STREAM_NAMES[side]}-order-", pc.utf8_lpad(
-                                  pc.cast(pa.array(ids), pa.string()), 12, "0"), ""),  # R-order-000000000042
-                              "amount": c.value[mine], "qty": (ids % 1000).astype(np.int32)})
+            table = pa.table(
+                {
+                    "id": ids,
+                    "key": c.key[mine],
+                    "ts": c.ts[mine],
+                    "label": pc.binary_join_element_wise(
+                        f"{STREAM_NAMES[side]}-order-", pc.utf8_lpad(pc.cast(pa.array(ids), pa.string()), 12, "0"), ""
+                    ),  # R-order-000000000042
+                    "amount": c.value[mine],
+                    "qty": (ids % 1000).astype(np.int32),
+                }
+            )
             if side not in writers:
                 writers[side] = pq.ParquetWriter(folder / f"{name}.parquet", table.schema)
             writers[side].write_table(table)
@@ -64,14 +73,30 @@ def main(argv: list[str]) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-payload-") as tmp:
             sizes = write_streams(gen, Path(tmp))
-            workload = [f"streams.{n}.{k}={v}" for n in STREAMS for k, v in
-                        (("path", f"{tmp}/{n}.parquet"), ("key", "key"), ("time", "ts"), ("time_unit", "us"),
-                         ("id", "id"))]
-            ab = Comparison("python -m bench.payload " + " ".join(argv), a, workload,
-                            {"none": [f"streams.{n}.payload=[]" for n in STREAMS],
-                             "payload": [f'streams.{n}.payload="*"' for n in STREAMS],
-                             "streamed": [*(f'streams.{n}.payload="*"' for n in STREAMS),
-                                          "output.zmq_endpoint=tcp://127.0.0.1:0"]})
+            workload = [
+                f"streams.{n}.{k}={v}"
+                for n in STREAMS
+                for k, v in (
+                    ("path", f"{tmp}/{n}.parquet"),
+                    ("key", "key"),
+                    ("time", "ts"),
+                    ("time_unit", "us"),
+                    ("id", "id"),
+                )
+            ]
+            ab = Comparison(
+                "python -m bench.payload " + " ".join(argv),
+                a,
+                workload,
+                {
+                    "none": [f"streams.{n}.payload=[]" for n in STREAMS],
+                    "payload": [f'streams.{n}.payload="*"' for n in STREAMS],
+                    "streamed": [
+                        *(f'streams.{n}.payload="*"' for n in STREAMS),
+                        "output.zmq_endpoint=tcp://127.0.0.1:0",
+                    ],
+                },
+            )
             ab.run(Path(tmp) / "runs")
             s = run_cluster(a.slaves + 1, [*workload, *ab.modes["payload"]], Path(tmp) / "state", a.timeout)
     except RunFailed as e:
@@ -81,18 +106,29 @@ def main(argv: list[str]) -> int:
     raw = sum(x["bytes"] for x in sizes.values()) / rows
     window = [(x["window_bytes"], x["window_tuples"]) for x in s["slaves"].values()]
     held = sum(b for b, _ in window) / max(1, sum(t for _, t in window))
-    state = ab.data["state"] = {"input_rows": rows, "raw_bytes_per_row": round(raw, 1),
-                                "window_bytes_per_tuple": round(held, 1),
-                                "window_bytes_per_raw_byte": round(held / raw, 3),
-                                "payload_log_bytes_per_raw_byte": round(s["payload_log_bytes"] / (raw * rows), 3)}
-    ab.write("payload", "Results with three payload columns per side against none", "payload", [
-        ab.verdict(RATE_TARGET), "",
-        f"streamed/none = {ab.data['ratios']['streamed']:.3f}: the same results also on the result stream "
-        "(no subscriber; no target).", "",
-        f"State: {state['window_bytes_per_tuple']} bytes of window per tuple held against "
-        f"{state['raw_bytes_per_row']} bytes per raw input row (Arrow, all columns): "
-        f"{state['window_bytes_per_raw_byte']} bytes of window per raw byte; the payload log (on disk, "
-        f"protocol.payload) {state['payload_log_bytes_per_raw_byte']} bytes per raw byte."])
+    state = ab.data["state"] = {
+        "input_rows": rows,
+        "raw_bytes_per_row": round(raw, 1),
+        "window_bytes_per_tuple": round(held, 1),
+        "window_bytes_per_raw_byte": round(held / raw, 3),
+        "payload_log_bytes_per_raw_byte": round(s["payload_log_bytes"] / (raw * rows), 3),
+    }
+    ab.write(
+        "payload",
+        "Results with three payload columns per side against none",
+        "payload",
+        [
+            ab.verdict(RATE_TARGET),
+            "",
+            f"streamed/none = {ab.data['ratios']['streamed']:.3f}: the same results also on the result stream "
+            "(no subscriber; no target).",
+            "",
+            f"State: {state['window_bytes_per_tuple']} bytes of window per tuple held against "
+            f"{state['raw_bytes_per_row']} bytes per raw input row (Arrow, all columns): "
+            f"{state['window_bytes_per_raw_byte']} bytes of window per raw byte; the payload log (on disk, "
+            f"protocol.payload) {state['payload_log_bytes_per_raw_byte']} bytes per raw byte.",
+        ],
+    )
     return 0
 
 

@@ -19,21 +19,22 @@ A paced run counts toward a capacity only if its input lasts at least MIN_INPUT_
 
 Pure functions only: the cluster runner (bench.cluster) and the Spark peer (bench.spark) both use them.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
 
-DELAY_BOUND = 1.5            # default --delay-bound: a passing run has delay p95 <= this (epochs 0.25 s)
-FIRST_FRACTION = 0.5         # the search starts at this fraction of the unpaced throughput U ...
-MAX_FAILS_WITHOUT_PASS = 4   # ... and halves after each failure, giving up after this many (last try U/16)
-HALF_LOAD = 0.5              # the delay at half load is measured at this fraction of the sustained rate
-PROBE_MARGIN = 0.9           # a pass at this fraction of U with no failure above it: the search looks above U
-KEEP_UP_LAG = 0.5            # a paced run kept up iff the master's ingest never fell more than this behind schedule
-KEEP_UP_SHARE = 0.1          # ... and no more than this share of its input's scheduled length (keep_up)
-MIN_INPUT_SECONDS = 10.0     # a paced run counts only if its input lasts this long at its rate (tuples / rate)
-CONFIRM_SECONDS = 60.0       # default --confirm-seconds: the confirmation run's input at the sustained rate
-FLAT_FACTOR = 2.0            # confirmed iff the last quarter's delay p99 <= max(this x, + one epoch) the first's
+DELAY_BOUND = 1.5  # default --delay-bound: a passing run has delay p95 <= this (epochs 0.25 s)
+FIRST_FRACTION = 0.5  # the search starts at this fraction of the unpaced throughput U ...
+MAX_FAILS_WITHOUT_PASS = 4  # ... and halves after each failure, giving up after this many (last try U/16)
+HALF_LOAD = 0.5  # the delay at half load is measured at this fraction of the sustained rate
+PROBE_MARGIN = 0.9  # a pass at this fraction of U with no failure above it: the search looks above U
+KEEP_UP_LAG = 0.5  # a paced run kept up iff the master's ingest never fell more than this behind schedule
+KEEP_UP_SHARE = 0.1  # ... and no more than this share of its input's scheduled length (keep_up)
+MIN_INPUT_SECONDS = 10.0  # a paced run counts only if its input lasts this long at its rate (tuples / rate)
+CONFIRM_SECONDS = 60.0  # default --confirm-seconds: the confirmation run's input at the sustained rate
+FLAT_FACTOR = 2.0  # confirmed iff the last quarter's delay p99 <= max(this x, + one epoch) the first's
 
 
 def median(values) -> float | None:
@@ -57,8 +58,13 @@ def keep_up(tuples: int, wall: float, rate: float, pacing_lag: float, backlog: f
     achieved = tuples / wall if wall > 0 else 0.0
     bound = min(KEEP_UP_LAG, KEEP_UP_SHARE * tuples / rate)
     behind = max(pacing_lag, backlog)
-    return {"achieved_rate": round(achieved, 1), "ratio": round(achieved / rate, 3), "lag_seconds": round(behind, 3),
-            "lag_bound": round(bound, 3), "kept_up": behind <= bound}
+    return {
+        "achieved_rate": round(achieved, 1),
+        "ratio": round(achieved / rate, 3),
+        "lag_seconds": round(behind, 3),
+        "lag_bound": round(bound, 3),
+        "kept_up": behind <= bound,
+    }
 
 
 def search_verdict(run: dict, delay_bound: float) -> tuple[bool, str]:
@@ -147,4 +153,3 @@ def bracket(trail: list[tuple[float, bool]]) -> tuple[int, int | None]:
     """(sustained rate, lowest failing rate above it or None): where the search left the true sustained rate."""
     lo = sustained_rate(trail)
     return lo, min((round(r) for r, ok in trail if not ok and r > lo), default=None)
-

@@ -26,6 +26,7 @@ itself (probe, halving, geometric bisection) is bench.search's.
 Spark does not follow the project's per-tuple lateness rule (its watermark moves per micro-batch), so the
 two agree exactly on input without disorder, which the bench uses (`generator.disorder = 0`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,15 +49,16 @@ from protocol.config import load_config
 from protocol.delays import exact_percentiles
 from protocol.tuples import STREAM_R
 
-SLICE = 0.2             # seconds of arrivals per input file (per stream)
-RUN_SECONDS = 20.0      # a paced run feeds at most this many seconds of input (quick: QUICK_RUN_SECONDS)
+SLICE = 0.2  # seconds of arrivals per input file (per stream)
+RUN_SECONDS = 20.0  # a paced run feeds at most this many seconds of input (quick: QUICK_RUN_SECONDS)
 QUICK_RUN_SECONDS = 10.0
-WARM_TUPLES = 20_000    # joined before a run's clock starts (at most a tenth of the run's tuples)
+WARM_TUPLES = 20_000  # joined before a run's clock starts (at most a tenth of the run's tuples)
 PROBE_TUPLES = 1 << 19  # the unpaced probe joins this many tuples (or all there are) as one backlog
 PEER_DELAY_BOUND = 5.0  # default --peer-delay-bound of python -m bench: Spark's micro-batches alone take over a second
 
 
 # --------------------------------------------------------------------------- pure helpers
+
 
 def slice_bounds(n: int, rate: float, slice_seconds: float) -> list[tuple[int, int]]:
     """[start, end) index ranges of the tuples whose nominal arrival i/rate falls in each slice of the run."""
@@ -72,23 +74,37 @@ def stream_tables(data, lo: int, hi: int, arrival: np.ndarray) -> tuple[pa.Table
     """Tuples lo..hi of the generated input as one Arrow table per stream (R, S) with their arrival times."""
     sl = slice(lo, hi)
     is_r = data.stream[sl] == STREAM_R
-    cols = {"id": data.id[sl], "ts": eventtime.to_seconds(data.ts[sl]), "key": data.key[sl], "value": data.value[sl],
-            "arrival": arrival}
+    cols = {
+        "id": data.id[sl],
+        "ts": eventtime.to_seconds(data.ts[sl]),
+        "key": data.key[sl],
+        "value": data.value[sl],
+        "arrival": arrival,
+    }
     return (pa.table({k: v[is_r] for k, v in cols.items()}), pa.table({k: v[~is_r] for k, v in cols.items()}))
 
 
 # --------------------------------------------------------------------------- Spark
 
+
 def spark_session(cores: int | None = None):
     """A local Spark session for the bench: local[cores], shuffle partitions = cores, quiet logs."""
     from control.spark import session
+
     cores = cores or os.cpu_count()
-    return session(f"local[{cores}]", "streamjoin-peer", {
-        "spark.sql.shuffle.partitions": str(cores), "spark.default.parallelism": str(cores),
-        "spark.driver.memory": "4g", "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-        # the file source lists each new file as a path; above this many paths the listing becomes a
-        # Spark job with a task per file (seconds per micro-batch on 2 cores): list in the driver
-        "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000"})
+    return session(
+        f"local[{cores}]",
+        "streamjoin-peer",
+        {
+            "spark.sql.shuffle.partitions": str(cores),
+            "spark.default.parallelism": str(cores),
+            "spark.driver.memory": "4g",
+            "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+            # the file source lists each new file as a path; above this many paths the listing becomes a
+            # Spark job with a task per file (seconds per micro-batch on 2 cores): list in the driver
+            "spark.sql.sources.parallelPartitionDiscovery.threshold": "1000000",
+        },
+    )
 
 
 SCHEMA = "id LONG, ts DOUBLE, key LONG, value DOUBLE, arrival DOUBLE"
@@ -125,14 +141,22 @@ def start_join(spark, r_dir: Path, s_dir: Path, out: Path, checkpoint: Path, win
 
     def side(path: Path, p: str):
         d = spark.readStream.schema(SCHEMA).parquet(str(path))
-        d = d.select(*(F.col(c).alias(f"{p}_{c}") for c in ("id", "ts", "key", "value", "arrival")),
-                     F.timestamp_seconds(F.col("ts")).alias(f"{p}_time"))
+        d = d.select(
+            *(F.col(c).alias(f"{p}_{c}") for c in ("id", "ts", "key", "value", "arrival")),
+            F.timestamp_seconds(F.col("ts")).alias(f"{p}_time"),
+        )
         return d.withWatermark(f"{p}_time", f"{int(round(max_delay * 1e6))} microseconds")
 
     r, s = side(r_dir, "r"), side(s_dir, "s")
     slack = f"INTERVAL {int(round(window * 1e6)) + 1} MICROSECONDS"  # timestamps keep microseconds: 1 us slack
-    joined = r.join(s, F.expr(f"r_key = s_key AND s_time >= r_time - {slack} AND s_time <= r_time + {slack}"
-                              f" AND abs(r_ts - s_ts) <= {window!r}"), "inner")
+    joined = r.join(
+        s,
+        F.expr(
+            f"r_key = s_key AND s_time >= r_time - {slack} AND s_time <= r_time + {slack}"
+            f" AND abs(r_ts - s_ts) <= {window!r}"
+        ),
+        "inner",
+    )
     joined = joined.drop("r_time", "s_time")
     sink = Sink(out)
     query = joined.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).start()
@@ -165,8 +189,17 @@ def drain(query, timeout: float) -> None:
         raise failure[0]
 
 
-def run_spark(spark, data, n: int, rate: float, workdir: Path, window: float, max_delay: float,
-              timeout: float = 600.0, warm: int = WARM_TUPLES) -> dict:
+def run_spark(
+    spark,
+    data,
+    n: int,
+    rate: float,
+    workdir: Path,
+    window: float,
+    max_delay: float,
+    timeout: float = 600.0,
+    warm: int = WARM_TUPLES,
+) -> dict:
     """One run over the first n tuples: paced at `rate` (0 = all dropped at once, the unpaced probe).
 
     The first `warm` of them (at most a tenth) are a warm-up, dropped at once and joined before the clock
@@ -199,11 +232,21 @@ def run_spark(spark, data, n: int, rate: float, workdir: Path, window: float, ma
     wall = drained - t0
     n -= w
     p50, p95, p99 = exact_percentiles(np.concatenate([np.empty(0), *sink.delays]))
-    return {"rate": rate, "input_total": n, "warm_up": w, "results": sink.results, "batches": sink.batches,
-            "wall_seconds": round(wall, 3), "throughput": round(n / wall, 1) if wall > 0 else 0.0,
-            "drain_seconds": round(drained - dropped, 3), "feed_lag_seconds": round(lag, 3),
-            "delay_p50": nan_none(p50), "delay_p95": nan_none(p95), "delay_p99": nan_none(p99),
-            "delay_max": round(sink.max_delay, 3) if sink.results else None}
+    return {
+        "rate": rate,
+        "input_total": n,
+        "warm_up": w,
+        "results": sink.results,
+        "batches": sink.batches,
+        "wall_seconds": round(wall, 3),
+        "throughput": round(n / wall, 1) if wall > 0 else 0.0,
+        "drain_seconds": round(drained - dropped, 3),
+        "feed_lag_seconds": round(lag, 3),
+        "delay_p50": nan_none(p50),
+        "delay_p95": nan_none(p95),
+        "delay_p99": nan_none(p99),
+        "delay_max": round(sink.max_delay, 3) if sink.results else None,
+    }
 
 
 def nan_none(x: float) -> float | None:
@@ -217,17 +260,22 @@ def kept_up(run: dict, bound: float) -> bool:
 
 # --------------------------------------------------------------------------- the search
 
+
 class SparkBench:
     """The sustained-rate search of bench.search, on Spark: probe (unpaced), search, repeats at the rate."""
 
-    def __init__(self, cfg: dict, run_seconds: float, steps: int, repeats: int, delay_bound: float,
-                 timeout: float, tmp: Path):
+    def __init__(
+        self, cfg: dict, run_seconds: float, steps: int, repeats: int, delay_bound: float, timeout: float, tmp: Path
+    ):
         from common.workload import generate_all
+
         self.cfg, self.run_seconds, self.steps, self.repeats = cfg, run_seconds, steps, repeats
         self.delay_bound, self.timeout, self.tmp = delay_bound, timeout, tmp
         if cfg["generator"]["disorder"]:
-            raise ValueError("the Spark peer needs generator.disorder = 0: Spark's watermark moves per micro-batch, "
-                             "so its lateness differs from the project's per-tuple rule")
+            raise ValueError(
+                "the Spark peer needs generator.disorder = 0: Spark's watermark moves per micro-batch, "
+                "so its lateness differs from the project's per-tuple rule"
+            )
         self.data = generate_all(cfg)
         self.runs = 0
         self.spark = spark_session()
@@ -237,18 +285,33 @@ class SparkBench:
         total = len(self.data.id)
         n = min(total, PROBE_TUPLES) if rate <= 0 else min(total, int(rate * self.run_seconds))
         j = self.cfg["join"]
-        r = {"label": label, **run_spark(self.spark, self.data, n, rate, self.tmp / f"spark-{self.runs}",
-                                         j["window"], j["max_delay"], self.timeout)}
+        r = {
+            "label": label,
+            **run_spark(
+                self.spark,
+                self.data,
+                n,
+                rate,
+                self.tmp / f"spark-{self.runs}",
+                j["window"],
+                j["max_delay"],
+                self.timeout,
+            ),
+        }
         shutil.rmtree(self.tmp / f"spark-{self.runs}", ignore_errors=True)
-        line = (f"[spark {self.runs:>2}] {label:<12} {r['input_total']:>9,} tuples "
-                f"{r['throughput']:>9,.0f} tuples/s in "
-                f"{r['wall_seconds']:5.1f}s | {r['batches']} batches | delay p50 {fmt(r['delay_p50'], '.3f')}s "
-                f"p95 {fmt(r['delay_p95'], '.3f')}s p99 {fmt(r['delay_p99'], '.3f')}s")
+        line = (
+            f"[spark {self.runs:>2}] {label:<12} {r['input_total']:>9,} tuples "
+            f"{r['throughput']:>9,.0f} tuples/s in "
+            f"{r['wall_seconds']:5.1f}s | {r['batches']} batches | delay p50 {fmt(r['delay_p50'], '.3f')}s "
+            f"p95 {fmt(r['delay_p95'], '.3f')}s p99 {fmt(r['delay_p99'], '.3f')}s"
+        )
         if rate > 0:
             r["kept_up"] = kept_up(r, self.delay_bound)
             r["passed"], r["verdict"] = search_verdict(r, self.delay_bound)
-            line += (f" | paced {rate:,.0f}/s, drained in {r['drain_seconds']:.2f}s -> "
-                     f"{'PASS' if r['passed'] else 'FAIL: ' + r['verdict']}")
+            line += (
+                f" | paced {rate:,.0f}/s, drained in {r['drain_seconds']:.2f}s -> "
+                f"{'PASS' if r['passed'] else 'FAIL: ' + r['verdict']}"
+            )
         print(line, flush=True)
         return r
 
@@ -261,13 +324,21 @@ class SparkBench:
             trail.append((rate, r["passed"]))
         rate = sustained_rate(trail)
         at = [self.run(f"sustained #{i + 1}", rate) for i in range(self.repeats)] if rate else []
-        return {"peer": "spark", "cores": os.cpu_count(), "run_seconds": self.run_seconds,
-                "delay_bound": self.delay_bound,
-                "unpaced": probe["throughput"], "probe": probe,
-                "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
-                "sustained": {"rate": rate, "throughput": median(r["throughput"] for r in at),
-                              **{f"delay_{q}": median(r[f"delay_{q}"] for r in at) for q in ("p50", "p95", "p99")},
-                              "runs": at}}
+        return {
+            "peer": "spark",
+            "cores": os.cpu_count(),
+            "run_seconds": self.run_seconds,
+            "delay_bound": self.delay_bound,
+            "unpaced": probe["throughput"],
+            "probe": probe,
+            "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
+            "sustained": {
+                "rate": rate,
+                "throughput": median(r["throughput"] for r in at),
+                **{f"delay_{q}": median(r[f"delay_{q}"] for r in at) for q in ("p50", "p95", "p99")},
+                "runs": at,
+            },
+        }
 
     def close(self) -> None:
         self.spark.stop()
@@ -275,32 +346,58 @@ class SparkBench:
 
 def peer_table(p: dict) -> str:
     st = p["sustained"]
-    return md_table(["peer", "unpaced tuples/s", "sustained rate/s", "search (✓ pass, ✗ fail)", "repeats passed",
-                     "delay p50 s", "p95 s", "p99 s"],
-                    [[f"Spark local[{p['cores']}]", fmt(p["unpaced"]), fmt(st["rate"]),
-                      trail_text(p["search"]["trail"]),
-                      f"{sum(r['passed'] for r in st['runs'])}/{len(st['runs'])}" if st["runs"] else "-",
-                      *(fmt(st[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99"))]])
+    return md_table(
+        [
+            "peer",
+            "unpaced tuples/s",
+            "sustained rate/s",
+            "search (✓ pass, ✗ fail)",
+            "repeats passed",
+            "delay p50 s",
+            "p95 s",
+            "p99 s",
+        ],
+        [
+            [
+                f"Spark local[{p['cores']}]",
+                fmt(p["unpaced"]),
+                fmt(st["rate"]),
+                trail_text(p["search"]["trail"]),
+                f"{sum(r['passed'] for r in st['runs'])}/{len(st['runs'])}" if st["runs"] else "-",
+                *(fmt(st[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99")),
+            ]
+        ],
+    )
 
 
 def ratio(points: list[dict], peer: dict, cluster_bound: float | None = None) -> dict:
     """The cluster's best sustained rate (over its slave counts whose rate is confirmed: bench.search.confirmed)
     over Spark's;
     when Spark sustained no rate, a lower bound from the lowest rate it was tried at."""
-    best = max([p for p in points if confirmed(p)] or [{"slaves": None, "sustained": {"rate": 0}}],
-               key=lambda p: p["sustained"]["rate"])
+    best = max(
+        [p for p in points if confirmed(p)] or [{"slaves": None, "sustained": {"rate": 0}}],
+        key=lambda p: p["sustained"]["rate"],
+    )
     spark = peer["sustained"]["rate"]
     lowest = min((r for r, _ in peer["search"]["trail"]), default=None)
     value = best["sustained"]["rate"] / spark if spark else None
     at_least = best["sustained"]["rate"] / lowest if not spark and lowest else None
-    return {"cluster_rate": best["sustained"]["rate"], "cluster_slaves": best["slaves"], "spark_rate": spark,
-            "bounds": [cluster_bound, peer["delay_bound"]] if cluster_bound else None,
-            "ratio": round(value, 2) if value else None, "ratio_at_least": round(at_least, 2) if at_least else None}
+    return {
+        "cluster_rate": best["sustained"]["rate"],
+        "cluster_slaves": best["slaves"],
+        "spark_rate": spark,
+        "bounds": [cluster_bound, peer["delay_bound"]] if cluster_bound else None,
+        "ratio": round(value, 2) if value else None,
+        "ratio_at_least": round(at_least, 2) if at_least else None,
+    }
 
 
 def ratio_text(r: dict) -> str:
-    cluster = (f"cluster ({r['cluster_slaves']} slaves) {r['cluster_rate']:,.0f}/s" if r["cluster_slaves"] else
-               "cluster (no slave count's rate confirmed by its repeats and confirmation run)")
+    cluster = (
+        f"cluster ({r['cluster_slaves']} slaves) {r['cluster_rate']:,.0f}/s"
+        if r["cluster_slaves"]
+        else "cluster (no slave count's rate confirmed by its repeats and confirmation run)"
+    )
     head = f"{cluster} vs Spark {r['spark_rate']:,.0f}/s"
     if r.get("bounds"):
         head += f" (delay p95 bounds {r['bounds'][0]:g} s and {r['bounds'][1]:g} s)"
@@ -314,51 +411,100 @@ def ratio_text(r: dict) -> str:
 def report_section(points: list[dict], peer: dict, cluster_bound: float) -> list[str]:
     """The report's section on the peer: its table, the ratio, how it was measured, every Spark run."""
     delay_bound = peer["delay_bound"]
-    floor = min((r["delay_p50"] for r in [*peer["search"]["runs"], *peer["sustained"]["runs"]]
-                 if r["delay_p50"] is not None), default=None)
-    return ["## Peer: Spark Structured Streaming", "", peer_table(peer), "",
-            ratio_text(ratio(points, peer, cluster_bound)), "",
-            f"Spark is held to a delay p95 bound of {delay_bound:g} s, the cluster to {cluster_bound:g} s: a "
-            "micro-batch of this join takes over a second on this machine even when small"
-            + (f" (Spark's lowest delay p50 in any paced run here: {floor:.2f} s)" if floor else "")
-            + ", so the cluster's bound would leave it little or no room; the looser bound lets the ratio "
-            "compare throughput (`--peer-delay-bound`).", "",
-            f"The same generated data (same config and seed), fed as one Parquet file per stream every {SLICE:g} s "
-            f"of nominal arrivals; a paced run feeds at most {peer['run_seconds']:g} s of input (the cluster's runs "
-            f"feed the whole input), the probe {PROBE_TUPLES:,} tuples at once. Spark local[{peer['cores']}], "
-            f"shuffle partitions {peer['cores']}, default trigger, inner join on key and |r.ts - s.ts| <= window "
-            f"with watermarks of join.max_delay. A run passes iff everything was joined and written within "
-            f"{delay_bound:g} s of the last file (drain) and its delay p95 <= {delay_bound:g} s; delay = wall "
-            "time the micro-batch's results were written minus the nominal arrival of the later tuple. "
-            "Its result set equals the reference join (tests/cluster/test_bench_spark.py).", "",
-            detail_table(peer), ""]
+    floor = min(
+        (r["delay_p50"] for r in [*peer["search"]["runs"], *peer["sustained"]["runs"]] if r["delay_p50"] is not None),
+        default=None,
+    )
+    return [
+        "## Peer: Spark Structured Streaming",
+        "",
+        peer_table(peer),
+        "",
+        ratio_text(ratio(points, peer, cluster_bound)),
+        "",
+        f"Spark is held to a delay p95 bound of {delay_bound:g} s, the cluster to {cluster_bound:g} s: a "
+        "micro-batch of this join takes over a second on this machine even when small"
+        + (f" (Spark's lowest delay p50 in any paced run here: {floor:.2f} s)" if floor else "")
+        + ", so the cluster's bound would leave it little or no room; the looser bound lets the ratio "
+        "compare throughput (`--peer-delay-bound`).",
+        "",
+        f"The same generated data (same config and seed), fed as one Parquet file per stream every {SLICE:g} s "
+        f"of nominal arrivals; a paced run feeds at most {peer['run_seconds']:g} s of input (the cluster's runs "
+        f"feed the whole input), the probe {PROBE_TUPLES:,} tuples at once. Spark local[{peer['cores']}], "
+        f"shuffle partitions {peer['cores']}, default trigger, inner join on key and |r.ts - s.ts| <= window "
+        f"with watermarks of join.max_delay. A run passes iff everything was joined and written within "
+        f"{delay_bound:g} s of the last file (drain) and its delay p95 <= {delay_bound:g} s; delay = wall "
+        "time the micro-batch's results were written minus the nominal arrival of the later tuple. "
+        "Its result set equals the reference join (tests/cluster/test_bench_spark.py).",
+        "",
+        detail_table(peer),
+        "",
+    ]
 
 
 def detail_table(p: dict) -> str:
-    rows = [[r["label"], fmt(r["rate"]) if r["rate"] else "unpaced", fmt(r["input_total"]), fmt(r["throughput"]),
-             str(r["batches"]), fmt(r["drain_seconds"], ".2f"), *(fmt(r[f"delay_{q}"], ".3f") for q in
-                                                                ("p50", "p95", "p99", "max")),
-             (r["verdict"] if r["passed"] else "FAIL: " + r["verdict"]) if r["rate"] else "-"]
-            for r in [p["probe"], *p["search"]["runs"], *p["sustained"]["runs"]]]
-    return md_table(["run", "pacing/s", "tuples", "throughput/s", "batches", "drain s", "delay p50 s", "p95 s",
-                     "p99 s", "max s", "passes"], rows)
+    rows = [
+        [
+            r["label"],
+            fmt(r["rate"]) if r["rate"] else "unpaced",
+            fmt(r["input_total"]),
+            fmt(r["throughput"]),
+            str(r["batches"]),
+            fmt(r["drain_seconds"], ".2f"),
+            *(fmt(r[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
+            (r["verdict"] if r["passed"] else "FAIL: " + r["verdict"]) if r["rate"] else "-",
+        ]
+        for r in [p["probe"], *p["search"]["runs"], *p["sustained"]["runs"]]
+    ]
+    return md_table(
+        [
+            "run",
+            "pacing/s",
+            "tuples",
+            "throughput/s",
+            "batches",
+            "drain s",
+            "delay p50 s",
+            "p95 s",
+            "p99 s",
+            "max s",
+            "passes",
+        ],
+        rows,
+    )
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help=f"{QUICK_RUN_SECONDS:g} s of paced input per run instead "
-                                                        f"of {RUN_SECONDS:g} s, 4 search steps instead of 6")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_RUN_SECONDS:g} s of paced input per run instead "
+        f"of {RUN_SECONDS:g} s, 4 search steps instead of 6",
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int)
     p.add_argument("--delay-bound", type=float, default=DELAY_BOUND)
     p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="workload keys, as for python -m master (default: the default workload)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="workload keys, as for python -m master (default: the default workload)",
+    )
     a = p.parse_args(argv)
     cfg = load_config(None, a.set)
     with tempfile.TemporaryDirectory(prefix="streamjoin-spark-") as tmp:
-        bench = SparkBench(cfg, QUICK_RUN_SECONDS if a.quick else RUN_SECONDS, a.steps or (4 if a.quick else 6),
-                           a.repeats, a.delay_bound, a.timeout, Path(tmp))
+        bench = SparkBench(
+            cfg,
+            QUICK_RUN_SECONDS if a.quick else RUN_SECONDS,
+            a.steps or (4 if a.quick else 6),
+            a.repeats,
+            a.delay_bound,
+            a.timeout,
+            Path(tmp),
+        )
         try:
             point = bench.point()
         finally:

@@ -1,4 +1,5 @@
 """Markdown tables and number formats of the bench's reports (pure; no runs)."""
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,27 @@ def count(runs: list[dict], key: str) -> str:
     return f"{sum(bool(r[key]) for r in runs)}/{len(runs)}" if runs else "-"
 
 
-SUMMARY_HEADER = ["slaves", "unpaced tuples/s", "sustained rate/s", "search (✓ pass, ✗ fail)", "achieved/s",
-                  "delay p50 s", "p95 s", "p99 s", "max s", "kept up", "passed", "half rate/s", "half p50 s",
-                  "half p99 s", "half kept up", "peak RSS MB", "first tuple s", "process s", "confirmation run"]
+SUMMARY_HEADER = [
+    "slaves",
+    "unpaced tuples/s",
+    "sustained rate/s",
+    "search (✓ pass, ✗ fail)",
+    "achieved/s",
+    "delay p50 s",
+    "p95 s",
+    "p99 s",
+    "max s",
+    "kept up",
+    "passed",
+    "half rate/s",
+    "half p50 s",
+    "half p99 s",
+    "half kept up",
+    "peak RSS MB",
+    "first tuple s",
+    "process s",
+    "confirmation run",
+]
 QUICK_RATE = "search rate/s (not a capacity)"  #: the sustained column's name in quick mode
 
 
@@ -45,8 +64,10 @@ def confirm_text(c: dict | None) -> str:
         return "-"
     f = c["flatness"]
     why = "" if c["confirmed"] else f": {c['verdict']}" if not c["passed"] else ": delay climbed"
-    return (f"{c['input_seconds']:.0f} s, p99 {fmt(f['first_p99'], '.3f')} → {fmt(f['last_p99'], '.3f')} s "
-            f"{'✓ confirmed' if c['confirmed'] else '✗ not confirmed' + why}")
+    return (
+        f"{c['input_seconds']:.0f} s, p99 {fmt(f['first_p99'], '.3f')} → {fmt(f['last_p99'], '.3f')} s "
+        f"{'✓ confirmed' if c['confirmed'] else '✗ not confirmed' + why}"
+    )
 
 
 def summary_table(points: list[dict], quick: bool = False) -> str:
@@ -58,13 +79,26 @@ def summary_table(points: list[dict], quick: bool = False) -> str:
     for p in points:
         st, h = p["sustained"], p["half"]
         every = [p["probe"], *p["search"]["runs"], *st["runs"], *h["runs"]]
-        rows.append([str(p["slaves"]), fmt(p["unpaced"]), fmt(st["rate"]), trail_text(p["search"]["trail"]),
-                     fmt(st["throughput"]), *(fmt(st[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
-                     count(st["runs"], "kept_up"), count(st["runs"], "passed"), fmt(h["rate"] or None),
-                     fmt(h["delay_p50"], ".3f"), fmt(h["delay_p99"], ".3f"), count(h["runs"], "kept_up"),
-                     fmt(max((r["peak_rss_mb"] or 0 for r in every), default=None), ".0f"),
-                     fmt(median(r.get("first_tuple_seconds") for r in st["runs"]), ".2f"),
-                     fmt(median(r.get("process_seconds") for r in st["runs"]), ".1f"), confirm_text(p.get("confirm"))])
+        rows.append(
+            [
+                str(p["slaves"]),
+                fmt(p["unpaced"]),
+                fmt(st["rate"]),
+                trail_text(p["search"]["trail"]),
+                fmt(st["throughput"]),
+                *(fmt(st[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
+                count(st["runs"], "kept_up"),
+                count(st["runs"], "passed"),
+                fmt(h["rate"] or None),
+                fmt(h["delay_p50"], ".3f"),
+                fmt(h["delay_p99"], ".3f"),
+                count(h["runs"], "kept_up"),
+                fmt(max((r["peak_rss_mb"] or 0 for r in every), default=None), ".0f"),
+                fmt(median(r.get("first_tuple_seconds") for r in st["runs"]), ".2f"),
+                fmt(median(r.get("process_seconds") for r in st["runs"]), ".1f"),
+                confirm_text(p.get("confirm")),
+            ]
+        )
     header = [QUICK_RATE if quick and h == "sustained rate/s" else h for h in SUMMARY_HEADER]
     return md_table(header, rows)
 
@@ -77,28 +111,65 @@ def to_toml(cfg: dict) -> str:
 def detail_table(p: dict) -> str:
     """Every run of one slave count in the order made: probe, search #i, sustained #i, half #i."""
     rows = []
-    for r in [p["probe"], *p["search"]["runs"], *p["sustained"]["runs"], *p["half"]["runs"],
-              *([p["confirm"]] if p.get("confirm") else [])]:
+    for r in [
+        p["probe"],
+        *p["search"]["runs"],
+        *p["sustained"]["runs"],
+        *p["half"]["runs"],
+        *([p["confirm"]] if p.get("confirm") else []),
+    ]:
         paced = "rate" in r
-        rows.append([r["label"], fmt(r["rate"]) if paced else "unpaced", fmt(r["throughput"]),
-                     fmt(r["wall_seconds"], ".1f"),
-                     *(fmt(r[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
-                     f"{r['ratio']:.0%}, lag {r['lag_seconds']:.1f}s{'' if r['kept_up'] else ' FELL BEHIND'}"
-                     if paced else "-", fmt(r.get("input_seconds"), ".1f"),
-                     (r["verdict"] if r["passed"] else f"FAIL: {r['verdict']}") if paced else "-",
-                     fmt(r["window_bytes_per_tuple"], ".0f"), fmt(r["peak_rss_mb"], ".0f"),
-                     fmt(r.get("first_tuple_seconds"), ".2f"), fmt(r.get("process_seconds"), ".1f"),
-                     fmt(r.get("pss_mb"), ".0f")])
-    return md_table(["run", "pacing/s", "throughput/s", "wall s", "delay p50 s", "p95 s", "p99 s", "max s",
-                     "kept up (achieved/pacing)", "input s at the rate", "passes", "window B/tuple", "peak RSS MB",
-                     "first tuple s",
-                     "process s", "PSS MB (all ranks)"], rows)
+        rows.append(
+            [
+                r["label"],
+                fmt(r["rate"]) if paced else "unpaced",
+                fmt(r["throughput"]),
+                fmt(r["wall_seconds"], ".1f"),
+                *(fmt(r[f"delay_{q}"], ".3f") for q in ("p50", "p95", "p99", "max")),
+                f"{r['ratio']:.0%}, lag {r['lag_seconds']:.1f}s{'' if r['kept_up'] else ' FELL BEHIND'}"
+                if paced
+                else "-",
+                fmt(r.get("input_seconds"), ".1f"),
+                (r["verdict"] if r["passed"] else f"FAIL: {r['verdict']}") if paced else "-",
+                fmt(r["window_bytes_per_tuple"], ".0f"),
+                fmt(r["peak_rss_mb"], ".0f"),
+                fmt(r.get("first_tuple_seconds"), ".2f"),
+                fmt(r.get("process_seconds"), ".1f"),
+                fmt(r.get("pss_mb"), ".0f"),
+            ]
+        )
+    return md_table(
+        [
+            "run",
+            "pacing/s",
+            "throughput/s",
+            "wall s",
+            "delay p50 s",
+            "p95 s",
+            "p99 s",
+            "max s",
+            "kept up (achieved/pacing)",
+            "input s at the rate",
+            "passes",
+            "window B/tuple",
+            "peak RSS MB",
+            "first tuple s",
+            "process s",
+            "PSS MB (all ranks)",
+        ],
+        rows,
+    )
 
 
 def search_line(p: dict) -> str:
     """Where the search left the sustained rate of one slave count, in words."""
     lo, hi = p["search"]["bracket"]
     trail = " → ".join(f"{r:,.0f} {'pass' if ok else 'fail'}" for r, ok in p["search"]["trail"])
-    where = ("no rate passed" if not lo else f"between {lo:,.0f} and {hi:,.0f}/s (+{hi / lo - 1:.0%})" if hi
-             else f"at least {lo:,.0f}/s (no rate above it failed)")
+    where = (
+        "no rate passed"
+        if not lo
+        else f"between {lo:,.0f} and {hi:,.0f}/s (+{hi / lo - 1:.0%})"
+        if hi
+        else f"at least {lo:,.0f}/s (no rate above it failed)"
+    )
     return f"- {p['slaves']} slave(s): unpaced {p['unpaced']:,.0f}/s; {trail}; sustained rate {where}."

@@ -4,6 +4,7 @@ what a source is (`Source`).
 Shared by the file, generator, declared-streams and ZeroMQ sources and the producer, so none of them imports
 another.
 """
+
 from __future__ import annotations
 
 from types import MappingProxyType
@@ -14,10 +15,10 @@ import numpy as np
 
 class Chunk(NamedTuple):
     stream: np.ndarray  # int8, STREAM_R / STREAM_S
-    id: np.ndarray      # int64
-    ts: np.ndarray      # int64 event time in microseconds (protocol.eventtime), converted once on input
-    key: np.ndarray     # int64
-    value: np.ndarray   # float64
+    id: np.ndarray  # int64
+    ts: np.ndarray  # int64 event time in microseconds (protocol.eventtime), converted once on input
+    key: np.ndarray  # int64
+    value: np.ndarray  # float64
 
 
 class InputError(Exception):
@@ -25,8 +26,13 @@ class InputError(Exception):
 
 
 def empty() -> Chunk:
-    return Chunk(np.empty(0, np.int8), np.empty(0, np.int64), np.empty(0, np.int64),
-                 np.empty(0, np.int64), np.empty(0, np.float64))
+    return Chunk(
+        np.empty(0, np.int8),
+        np.empty(0, np.int64),
+        np.empty(0, np.int64),
+        np.empty(0, np.int64),
+        np.empty(0, np.float64),
+    )
 
 
 def concat(parts: list[Chunk]) -> Chunk:
@@ -99,4 +105,3 @@ def rewind(source: Source, n: int, position: dict | None = None) -> None:
         if chunk is None:
             raise InputError(f"the input ends {n:,} tuples before the checkpoint's position: is it the same input?")
         n -= len(chunk.ts)
-

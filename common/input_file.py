@@ -9,6 +9,7 @@ start at any row: Parquet skips whole row groups by the row counts in its footer
 what came before its position (BiStream 3.5 rewinds the source).
 Shared by the master's file source and control.produce, so both agree on every row.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -78,8 +79,9 @@ def _parse_int(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     digits = pc.replace_substring_regex(s, r"^[+-]?0*", "")  # for the int64 range check
     length = pc.utf8_length(digits)
     largest = pc.if_else(pc.starts_with(s, "-"), _INT64_MIN_DIGITS, _INT64_MAX)  # both 19 digits
-    fits = pc.or_(pc.less(length, len(_INT64_MAX)),
-                  pc.and_(pc.equal(length, len(_INT64_MAX)), pc.less_equal(digits, largest)))
+    fits = pc.or_(
+        pc.less(length, len(_INT64_MAX)), pc.and_(pc.equal(length, len(_INT64_MAX)), pc.less_equal(digits, largest))
+    )
     ok = _ok(pc.and_(pc.match_substring_regex(s, _INT_RE), fits))
     clean = pc.if_else(pa.array(ok), pc.replace_substring_regex(s, r"^\+", ""), "0")
     return pc.cast(clean, pa.int64()).to_numpy(), ok
@@ -97,13 +99,13 @@ def _parse_float(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 class Parsed(NamedTuple):
-    code: np.ndarray   # int8 reason per row, 0 = good
-    is_s: np.ndarray   # bool
+    code: np.ndarray  # int8 reason per row, 0 = good
+    is_s: np.ndarray  # bool
     id: np.ndarray
     ts: np.ndarray
     key: np.ndarray
     value: np.ndarray
-    converts: dict     #: column -> bool per row: its cell converts (input_schema.unconverted)
+    converts: dict  #: column -> bool per row: its cell converts (input_schema.unconverted)
 
 
 def parse(table: pa.Table, ts_unit: str = "s") -> Parsed:
@@ -202,10 +204,10 @@ class IdCheck:
 
 
 class Batch(NamedTuple):
-    first_row: int     #: 0-based file row of the batch's first row
-    end_row: int       #: one past its last row
-    chunk: Chunk       #: the accepted tuples
-    rows: np.ndarray   #: the 0-based file row of each accepted tuple
+    first_row: int  #: 0-based file row of the batch's first row
+    end_row: int  #: one past its last row
+    chunk: Chunk  #: the accepted tuples
+    rows: np.ndarray  #: the 0-based file row of each accepted tuple
     rejected: pa.Table | None
 
 
@@ -215,8 +217,14 @@ class InputFile:
     column count `ts_unit`s.  Opened at row 0, the first batch is read at once: a column none of whose cells
     converts stops the run there (common.input_schema)."""
 
-    def __init__(self, path: str | Path, window: int = DUPLICATE_WINDOW, start: int = 0, max_id: tuple = (None, None),
-                 ts_unit: str = "s"):
+    def __init__(
+        self,
+        path: str | Path,
+        window: int = DUPLICATE_WINDOW,
+        start: int = 0,
+        max_id: tuple = (None, None),
+        ts_unit: str = "s",
+    ):
         self.path, self.ts_unit = str(path), ts_unit
         p = Path(self.path)
         if not p.is_file():
@@ -231,8 +239,10 @@ class InputFile:
         while self.row < start:  # the window before `start`: read again, not checked again
             table = self._next_table()
             if table is None:
-                raise InputError(f"input file {self.path!r} has {self.row:,} rows, fewer than the checkpoint's "
-                                 f"position (row {start:,}): is it the same input?")
+                raise InputError(
+                    f"input file {self.path!r} has {self.row:,} rows, fewer than the checkpoint's "
+                    f"position (row {start:,}): is it the same input?"
+                )
             head = table.slice(0, start - self.row)
             parsed = parse(head, ts_unit)
             good = parsed.code == 0
@@ -268,8 +278,9 @@ class InputFile:
                 names = pacsv.open_csv(p, convert_options=pacsv.ConvertOptions(**conv)).schema.names
                 self._check_columns(names)
                 opts = pacsv.ConvertOptions(include_columns=[c for c in COLUMNS if c in names], **conv)
-                return iter(pacsv.open_csv(p, read_options=pacsv.ReadOptions(skip_rows_after_names=start),
-                                           convert_options=opts))
+                return iter(
+                    pacsv.open_csv(p, read_options=pacsv.ReadOptions(skip_rows_after_names=start), convert_options=opts)
+                )
             pf = pq.ParquetFile(p, pre_buffer=False)  # pre-buffering reads every row group asked for at once
             names = pf.schema_arrow.names
             self._check_columns(names)
@@ -281,8 +292,9 @@ class InputFile:
             group = int(np.searchsorted(starts, start, side="right")) - 1
             if group >= len(counts):
                 return iter(())
-            batches = pf.iter_batches(BATCH_ROWS, row_groups=range(group, len(counts)),
-                                      columns=[c for c in COLUMNS if c in names])
+            batches = pf.iter_batches(
+                BATCH_ROWS, row_groups=range(group, len(counts)), columns=[c for c in COLUMNS if c in names]
+            )
             return _drop_rows(batches, start - int(starts[group]))
         except (pa.ArrowException, OSError) as e:
             raise self._unreadable(e) from None
@@ -327,8 +339,15 @@ class InputFile:
         if dup.any():
             text = lambda a: pc.cast(pa.array(a), pa.string())
             dup_reason = pc.binary_join_element_wise(
-                "duplicate id ", text(p.id[rej]), " in stream ", text(np.array(STREAM_NAMES)[p.is_s[rej].astype(int)]),
-                " (first seen at row ", text(first[rej] + 1), ")", "")
+                "duplicate id ",
+                text(p.id[rej]),
+                " in stream ",
+                text(np.array(STREAM_NAMES)[p.is_s[rej].astype(int)]),
+                " (first seen at row ",
+                text(first[rej] + 1),
+                ")",
+                "",
+            )
             reason = pc.if_else(pa.array(dup), dup_reason, reason)
         out = {
             "file": pa.repeat(self.path, len(rej)),
@@ -337,8 +356,11 @@ class InputFile:
             "reason": reason,
         }
         for c in COLUMNS:
-            out[c] = _raw_strings(table[c].take(pa.array(rej))) if c in table.column_names \
+            out[c] = (
+                _raw_strings(table[c].take(pa.array(rej)))
+                if c in table.column_names
                 else pa.nulls(len(rej), pa.string())
+            )
         return pa.table(out)
 
 

@@ -10,6 +10,7 @@ file, the column, the type found and the type expected, raised when the stream i
 Keys leave as the columns' values: integer components as int64, the others as Arrow arrays; the master maps
 them to the engine's int64 keys (master.sources.keys).  Without an id column a row's id is its position in the stream.
 """
+
 from __future__ import annotations
 
 import glob
@@ -29,8 +30,14 @@ from protocol import eventtime
 from common.chunks import InputError
 from common.input_file import BATCH_ROWS, IdCheck, Parsed, _ok, _parse_int, _raw_strings
 
-EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".json": "json", ".jsonl": "json",
-              ".ndjson": "json"}
+EXTENSIONS = {
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+}
 
 
 def stream_files(name: str, path: str) -> list[Path]:
@@ -39,8 +46,13 @@ def stream_files(name: str, path: str) -> list[Path]:
     where = f"streams.{name}.path"
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in EXTENSIONS
-                       and not any(part.startswith(".") for part in f.relative_to(p).parts))
+        files = sorted(
+            f
+            for f in p.rglob("*")
+            if f.is_file()
+            and f.suffix.lower() in EXTENSIONS
+            and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        )
         if not files:
             raise InputError(f"{where}: folder {path!r} holds no file ending in {', '.join(EXTENSIONS)}")
         return files
@@ -54,8 +66,10 @@ def stream_files(name: str, path: str) -> list[Path]:
         raise InputError(f"{where}: {path!r} does not exist")
     for f in files:
         if f.suffix.lower() not in EXTENSIONS:
-            raise InputError(f"input file {str(f)!r} has extension {f.suffix or '(none)'!r}; accepted: "
-                             f"{', '.join(EXTENSIONS)} ({where})")
+            raise InputError(
+                f"input file {str(f)!r} has extension {f.suffix or '(none)'!r}; accepted: "
+                f"{', '.join(EXTENSIONS)} ({where})"
+            )
     return files
 
 
@@ -81,8 +95,9 @@ def key_kinds(streams: dict[str, dict], firsts: dict[str, pa.Schema]) -> list[st
         types = [x.field(c).type if c in x.names else pa.null() for x, c in zip(schemas, columns)]
         if all(pa.types.is_integer(t) for t in types):
             kinds.append("int")
-        elif any(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
-                 for t in types):
+        elif any(
+            pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) for t in types
+        ):
             kinds.append("binary")
         else:
             kinds.append("string")
@@ -107,24 +122,32 @@ def arrow_type(text: str) -> pa.DataType:
     try:
         return pa.type_for_alias(t)
     except (ValueError, KeyError):
-        raise ValueError(f"{text!r} is not an Arrow type (e.g. \"int64\", \"string\", \"double\", "
-                         "\"timestamp[ms, tz=UTC]\", \"decimal128(12, 2)\", \"list<int32>\")") from None
+        raise ValueError(
+            f'{text!r} is not an Arrow type (e.g. "int64", "string", "double", '
+            '"timestamp[ms, tz=UTC]", "decimal128(12, 2)", "list<int32>")'
+        ) from None
 
 
 class StreamBatch(NamedTuple):
-    rows: np.ndarray          #: the stream row (0-based, counted over its files) of each accepted row
-    id: np.ndarray            #: int64
-    ts: np.ndarray            #: int64 microseconds
-    keys: list                #: per key component: int64 values ("int") or an Arrow array of the accepted rows
+    rows: np.ndarray  #: the stream row (0-based, counted over its files) of each accepted row
+    id: np.ndarray  #: int64
+    ts: np.ndarray  #: int64 microseconds
+    keys: list  #: per key component: int64 values ("int") or an Arrow array of the accepted rows
     rejected: pa.Table | None
-    columns: pa.Table         #: the accepted rows' output columns (`StreamInput.schema`: protocol.payload)
+    columns: pa.Table  #: the accepted rows' output columns (`StreamInput.schema`: protocol.payload)
 
 
 #: reason code -> (role, reason); the column is the stream's column of that role
-_REASONS = [(None, None), ("id", "is not an integer"), ("time", "is not a number or an ISO-8601 time"),
-            ("time", "is NaN or infinite"),
-            ("time", f"is out of range (|ts| < {eventtime.TS_LIMIT // eventtime.PER_SECOND} s)"),
-            ("key", "is empty"), ("key", "is not an integer"), ("id", None)]
+_REASONS = [
+    (None, None),
+    ("id", "is not an integer"),
+    ("time", "is not a number or an ISO-8601 time"),
+    ("time", "is NaN or infinite"),
+    ("time", f"is out of range (|ts| < {eventtime.TS_LIMIT // eventtime.PER_SECOND} s)"),
+    ("key", "is empty"),
+    ("key", "is not an integer"),
+    ("id", None),
+]
 _DUPLICATE = len(_REASONS) - 1
 
 
@@ -136,8 +159,9 @@ class StreamChecks:
     def __init__(self, name: str, spec: dict, kinds: list[str], window: int, first: pa.Schema, where: Path | str):
         self.name, self.spec, self.kinds, self.where = name, spec, kinds, where
         #: the columns read, by role
-        self.roles = {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"}
-                                                                                 if spec["id"] else {})
+        self.roles = (
+            {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"} if spec["id"] else {})
+        )
         self._check_schema(where, first, list(self.roles))
         self.schema = self._output_schema(first)
         #: the columns read: those used, then the payload ones
@@ -163,11 +187,15 @@ class StreamChecks:
         payload = self.spec["payload"]
         missing = [c for c in ([] if payload == "*" else payload) if c not in first.names]
         if missing:
-            raise self._fail(self.where, f"lacks payload column(s) {', '.join(missing)}; columns found: "
-                                         f"{', '.join(first.names)}")
+            raise self._fail(
+                self.where, f"lacks payload column(s) {', '.join(missing)}; columns found: {', '.join(first.names)}"
+            )
         if not self.spec["id"] and "row" in first.names:
-            raise self._fail(self.where, "has a column named row, the name results give the stream row of a "
-                                         f"stream without an id: declare streams.{self.name}.id")
+            raise self._fail(
+                self.where,
+                "has a column named row, the name results give the stream row of a "
+                f"stream without an id: declare streams.{self.name}.id",
+            )
         fields = [] if self.spec["id"] else [pa.field("row", pa.int64())]
         for f in first:
             if f.name == self.spec["time"]:
@@ -178,8 +206,9 @@ class StreamChecks:
         return pa.schema(fields)
 
     def _fail(self, f: Path | str, what: str) -> InputError:
-        return InputError(f"{'input file' if isinstance(f, Path) else 'stream'} {str(f)!r} {what} "
-                          f"(streams.{self.name})")
+        return InputError(
+            f"{'input file' if isinstance(f, Path) else 'stream'} {str(f)!r} {what} (streams.{self.name})"
+        )
 
     def _check_schema(self, f: Path | str, schema: pa.Schema, columns: list[str]) -> None:
         missing = [c for c in columns if c not in schema.names]
@@ -223,8 +252,9 @@ class StreamChecks:
         take = pa.array(np.flatnonzero(ok))
         keys = [k[ok] if isinstance(k, np.ndarray) else k.take(take) for k in p.key]
         rejected = self._rejected(f, table, p, rows - file_start, first) if not ok.all() else None
-        return StreamBatch(rows[ok], p.id[ok], p.ts[ok], keys, rejected,
-                           self._columns(f, table.filter(ok), p.ts[ok], rows[ok]))
+        return StreamBatch(
+            rows[ok], p.id[ok], p.ts[ok], keys, rejected, self._columns(f, table.filter(ok), p.ts[ok], rows[ok])
+        )
 
     def _columns(self, f: Path | str, table: pa.Table, ts: np.ndarray, rows: np.ndarray) -> pa.Table:
         """The accepted rows' output columns in `self.schema`'s types (the time from the engine's microseconds)."""
@@ -238,9 +268,12 @@ class StreamChecks:
                 try:
                     out.append(pc.cast(table[field.name], field.type))
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                    raise self._fail(f, f"has column {field.name} of type {table[field.name].type} that does not "
-                                        f"become {field.type}, its type in {str(self.where)!r}: "
-                                        f"{str(e).splitlines()[0]}") from None
+                    raise self._fail(
+                        f,
+                        f"has column {field.name} of type {table[field.name].type} that does not "
+                        f"become {field.type}, its type in {str(self.where)!r}: "
+                        f"{str(e).splitlines()[0]}",
+                    ) from None
         return pa.Table.from_arrays(out, schema=self.schema)
 
     def _rejected(self, f: Path | str, table: pa.Table, p: Parsed, file_rows: np.ndarray, first) -> pa.Table:
@@ -250,24 +283,33 @@ class StreamChecks:
         role_column = {"id": self.spec["id"], "time": self.spec["time"]}
         key_column = self.spec["key"][0] if len(self.spec["key"]) == 1 else "+".join(self.spec["key"])
         columns = [role_column.get(r, key_column) for r, _ in _REASONS[1:]]
-        reason = pc.binary_join_element_wise(pa.array(columns).take(pa.array(code - 1)), " ",
-                                             pa.array([r or "" for _, r in _REASONS[1:]]).take(pa.array(code - 1)), "")
+        reason = pc.binary_join_element_wise(
+            pa.array(columns).take(pa.array(code - 1)),
+            " ",
+            pa.array([r or "" for _, r in _REASONS[1:]]).take(pa.array(code - 1)),
+            "",
+        )
         if (code == _DUPLICATE).any():
             text = lambda a: pc.cast(pa.array(a), pa.string())
-            dup = pc.binary_join_element_wise("duplicate id ", text(p.id[rej]), " (first seen at stream row ",
-                                              text(first[rej] + 1), ")", "")
+            dup = pc.binary_join_element_wise(
+                "duplicate id ", text(p.id[rej]), " (first seen at stream row ", text(first[rej] + 1), ")", ""
+            )
             reason = pc.if_else(pa.array(code == _DUPLICATE), dup, reason)
         at = pa.array(rej)
-        cells = [pc.binary_join_element_wise(f"{c}=", pc.fill_null(_raw_strings(table[c].take(at)), ""), "")
-                 for c in self.read]
-        return pa.table({
-            "file": pa.repeat(str(f), len(rej)),
-            "row": pa.array(file_rows[rej] + 1, pa.int64()),
-            "stream": pa.repeat(self.name, len(rej)),
-            "column": pa.array(columns).take(pa.array(code - 1)),
-            "reason": reason,
-            "cells": pc.binary_join_element_wise(*cells, "; ") if len(cells) > 1 else cells[0],
-        })
+        cells = [
+            pc.binary_join_element_wise(f"{c}=", pc.fill_null(_raw_strings(table[c].take(at)), ""), "")
+            for c in self.read
+        ]
+        return pa.table(
+            {
+                "file": pa.repeat(str(f), len(rej)),
+                "row": pa.array(file_rows[rej] + 1, pa.int64()),
+                "stream": pa.repeat(self.name, len(rej)),
+                "column": pa.array(columns).take(pa.array(code - 1)),
+                "reason": reason,
+                "cells": pc.binary_join_element_wise(*cells, "; ") if len(cells) > 1 else cells[0],
+            }
+        )
 
 
 class StreamInput(StreamChecks):
@@ -298,8 +340,9 @@ class StreamInput(StreamChecks):
             try:
                 if fmt == "csv":  # the columns used as text (checked cell by cell), the payload as the first file's
                     types = {c: pa.string() if c in self.roles else self.schema.field(c).type for c in columns}
-                    opts = pacsv.ConvertOptions(column_types=types, include_columns=columns,
-                                                strings_can_be_null=True, null_values=[""])
+                    opts = pacsv.ConvertOptions(
+                        column_types=types, include_columns=columns, strings_can_be_null=True, null_values=[""]
+                    )
                     batches = pacsv.open_csv(f, convert_options=opts)
                 elif fmt == "parquet":
                     batches = pq.ParquetFile(f, pre_buffer=False).iter_batches(BATCH_ROWS, columns=columns)
@@ -309,8 +352,9 @@ class StreamInput(StreamChecks):
                     seen += b.num_rows
                     yield f, start, pa.Table.from_batches([b]).select(columns)
             except (pa.ArrowException, OSError) as e:
-                raise self._fail(f, f"cannot be read at its row {seen - start + 1:,} or after: "
-                                    f"{str(e).splitlines()[0]}") from None
+                raise self._fail(
+                    f, f"cannot be read at its row {seen - start + 1:,} or after: {str(e).splitlines()[0]}"
+                ) from None
 
     def __iter__(self) -> Iterator[StreamBatch]:
         while True:

@@ -5,6 +5,7 @@ bounded and the output depends only on the seed, never on the chunk sizes the ca
 The master's generator source, the tests' reference data and the benches all take it from here; it needs
 neither numba nor the master.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,7 @@ def bmodel_tables(levels: int, p_upper: float) -> list[tuple[int, np.ndarray]]:
     tables = []
     for bits in sizes:
         ones = np.array([bin(v).count("1") for v in range(1 << bits)])
-        cdf = np.cumsum(p_upper ** ones * (1 - p_upper) ** (bits - ones))
+        cdf = np.cumsum(p_upper**ones * (1 - p_upper) ** (bits - ones))
         cells = np.searchsorted(cdf / cdf[-1], (np.arange(1 << 16) + 0.5) / (1 << 16), side="right")
         tables.append((bits, np.minimum(cells, (1 << bits) - 1).astype(np.uint8)))
     return tables

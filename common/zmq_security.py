@@ -6,6 +6,7 @@ certificate lies in `security.client_keys`.  Certificates are the files
 `zmq.auth.create_certificates(dir, name)` writes (`name.key`, `name.key_secret`).
 Config validation (protocol.config) already refuses a non-loopback bind without them.
 """
+
 from __future__ import annotations
 
 import zmq

@@ -16,6 +16,7 @@ windows as phase one does, in integer microseconds (protocol.eventtime), and Spa
 above every number, as phase one's do (slave/aggregate.py).
 Also runnable as `spark-submit control/aggregate.py ...`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,10 +52,16 @@ def merge(df):
     """Partials -> view: counts and sums add up, min of mins, max of maxes, avg = sum / count."""
     from pyspark.sql import functions as F
 
-    return (df.groupBy(*GROUP)
-            .agg(F.sum("count").alias("count"), F.sum("sum").alias("sum"), F.min("min").alias("min"),
-                 F.max("max").alias("max"))
-            .withColumn("avg", F.col("sum") / F.col("count")))
+    return (
+        df.groupBy(*GROUP)
+        .agg(
+            F.sum("count").alias("count"),
+            F.sum("sum").alias("sum"),
+            F.min("min").alias("min"),
+            F.max("max").alias("max"),
+        )
+        .withColumn("avg", F.col("sum") / F.col("count"))
+    )
 
 
 def result_files(results: Path) -> list[Path]:
@@ -78,12 +85,12 @@ def from_results(spark, files: list[Path], agg: dict):
     # by integer arithmetic (pmod floors, negative ts too), then seconds as phase one writes them
     later = F.round(F.greatest("r_ts", "s_ts") * eventtime.PER_SECOND).cast("long")
     w = eventtime.duration(agg["window"])
-    start = ((later - F.pmod(later, F.lit(w))) / float(eventtime.PER_SECOND)).cast("double") if w > 0 \
-        else F.lit(0.0)
+    start = ((later - F.pmod(later, F.lit(w))) / float(eventtime.PER_SECOND)).cast("double") if w > 0 else F.lit(0.0)
     key = "s_key" if agg["group_by"] == "s_key" else "r_key"
     rows = df.select(F.col(key).cast("long").alias("key"), start.alias("window_start"), F.col(agg["value"]).alias("v"))
-    partial = rows.groupBy(*GROUP).agg(F.count("v").alias("count"), F.sum("v").alias("sum"),
-                                       F.min("v").alias("min"), F.max("v").alias("max"))
+    partial = rows.groupBy(*GROUP).agg(
+        F.count("v").alias("count"), F.sum("v").alias("sum"), F.min("v").alias("min"), F.max("v").alias("max")
+    )
     return merge(partial)
 
 
@@ -99,7 +106,7 @@ class ViewWriter:
         t = df.toArrow()
         t = t.sort_by([(c, "ascending") for c in GROUP]) if t.num_rows else t
         write_table(self.directory, f"view-{batch_id:010d}", t, "parquet")
-        for old in sorted(self.directory.glob("view-*.parquet"))[:-(KEEP + 1)]:
+        for old in sorted(self.directory.glob("view-*.parquet"))[: -(KEEP + 1)]:
             old.unlink(missing_ok=True)
         self.batches += 1
         self.last = time.monotonic()
@@ -114,16 +121,33 @@ def read_view(directory: str | Path) -> pa.Table | None:
     return pq.read_table(snaps[-1]) if snaps else None
 
 
-def run_stream(spark, source: Path, view: Path, checkpoint: Path, until_idle: float = 0.0,
-               max_files: int = 64, trigger: float = 1.0, quiet: bool = False) -> ViewWriter:
+def run_stream(
+    spark,
+    source: Path,
+    view: Path,
+    checkpoint: Path,
+    until_idle: float = 0.0,
+    max_files: int = 64,
+    trigger: float = 1.0,
+    quiet: bool = False,
+) -> ViewWriter:
     """Merge partial files as they appear; returns after `until_idle` seconds without a batch (0 = never)."""
     source.mkdir(parents=True, exist_ok=True)  # the file source wants the folder; slaves may start later
     writer = ViewWriter(view, quiet)
-    stream = (spark.readStream.schema(spark_schema(PARTIAL_SCHEMA)).option("maxFilesPerTrigger", max_files)
-              .parquet(str(source)))
-    query = (merge(stream).writeStream.outputMode("complete").foreachBatch(writer)
-             .option("checkpointLocation", str(checkpoint)).trigger(processingTime=f"{trigger} seconds")
-             .queryName(f"aggregate-{int(time.time() * 1000)}").start())
+    stream = (
+        spark.readStream.schema(spark_schema(PARTIAL_SCHEMA))
+        .option("maxFilesPerTrigger", max_files)
+        .parquet(str(source))
+    )
+    query = (
+        merge(stream)
+        .writeStream.outputMode("complete")
+        .foreachBatch(writer)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime=f"{trigger} seconds")
+        .queryName(f"aggregate-{int(time.time() * 1000)}")
+        .start()
+    )
     try:
         while until_idle <= 0 and not query.awaitTermination(1.0):
             pass
@@ -146,8 +170,13 @@ def main(argv: list[str], spark=None) -> int:
     p.add_argument("--view", help="folder of the view's snapshots (default <out>/view, <out>/view-batch with --batch)")
     p.add_argument("--checkpoint-location", help="Spark checkpoint of this job (default <out>/aggregate-checkpoint)")
     p.add_argument("--batch", action="store_true", help="aggregate <out>/results/ once instead of streaming")
-    p.add_argument("--until-idle", type=float, default=0.0, metavar="N",
-                   help="stop after N seconds without new partial files (default 0: run until Ctrl-C)")
+    p.add_argument(
+        "--until-idle",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="stop after N seconds without new partial files (default 0: run until Ctrl-C)",
+    )
     p.add_argument("--max-files-per-trigger", type=int, default=64, help="partial files per micro-batch (default 64)")
     p.add_argument("--trigger", type=float, default=1.0, help="seconds between micro-batches (default 1)")
     a = p.parse_args(argv)
@@ -167,8 +196,11 @@ def main(argv: list[str], spark=None) -> int:
         ViewWriter(view)(from_results(spark, files, cfg["aggregate"]), 0)
     else:
         checkpoint = Path(a.checkpoint_location or out / "aggregate-checkpoint")
-        print(f"merging partial aggregates from {out / 'aggregates'} into {view} (checkpoint {checkpoint}); "
-              + (f"stops after {a.until_idle:g}s without new files" if a.until_idle else "Ctrl-C stops"), flush=True)
+        print(
+            f"merging partial aggregates from {out / 'aggregates'} into {view} (checkpoint {checkpoint}); "
+            + (f"stops after {a.until_idle:g}s without new files" if a.until_idle else "Ctrl-C stops"),
+            flush=True,
+        )
         try:
             run_stream(spark, out / "aggregates", view, checkpoint, a.until_idle, a.max_files_per_trigger, a.trigger)
         except KeyboardInterrupt:
@@ -177,8 +209,11 @@ def main(argv: list[str], spark=None) -> int:
     if t is None:
         print(f"done in {time.monotonic() - started:.1f}s: no view yet (no partial files)", flush=True)
     else:
-        print(f"done in {time.monotonic() - started:.1f}s: view of {t.num_rows:,} groups, "
-              f"{pc.sum(t['count']).as_py() or 0:,} results, in {view}", flush=True)
+        print(
+            f"done in {time.monotonic() - started:.1f}s: view of {t.num_rows:,} groups, "
+            f"{pc.sum(t['count']).as_py() or 0:,} results, in {view}",
+            flush=True,
+        )
     return 0
 
 

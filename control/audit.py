@@ -31,6 +31,7 @@ below that checkpoint's watermark (for rows alone: below the slaves' watermark m
 (final below it minus upper) and S rows (below it plus lower) are both final).
 Also runnable as `spark-submit control/audit.py ...`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,18 +65,31 @@ LATE_SCHEMA = TUPLE_SCHEMA + ", reason string, bound double"
 PAIR = ["r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value"]
 #: per join.type (docs/joins-and-hot-keys.md): whether it emits pairs, the kind of its R rows alone, of its S
 #: rows alone (None: it emits none)
-EMITS = {"inner": (True, None, None), "left": (True, LEFT_UNMATCHED, None), "right": (True, None, RIGHT_UNMATCHED),
-         "full": (True, LEFT_UNMATCHED, RIGHT_UNMATCHED), "semi": (False, LEFT_MATCHED, None),
-         "anti": (False, LEFT_UNMATCHED, None)}
+EMITS = {
+    "inner": (True, None, None),
+    "left": (True, LEFT_UNMATCHED, None),
+    "right": (True, None, RIGHT_UNMATCHED),
+    "full": (True, LEFT_UNMATCHED, RIGHT_UNMATCHED),
+    "semi": (False, LEFT_MATCHED, None),
+    "anti": (False, LEFT_UNMATCHED, None),
+}
 LONE_KINDS = (LEFT_UNMATCHED, RIGHT_UNMATCHED, LEFT_MATCHED)
 #: rows per arrival block (of an archive file, or of an input read whole): the unit the lateness prefix is over
 BLOCK = 1 << 16
 #: sampling resolution: a key is audited iff its hash modulo this is below sample x this
 SAMPLE_SCALE = 1_000_000
 #: the table's columns: (heading, report key)
-COLUMNS = [("range", "range"), ("input tuples", "input_tuples"), ("expected pairs", "expected"),
-           ("found", "found"), ("missing", "missing"), ("extra", "extra"), ("duplicates", "duplicates"),
-           ("late wrong", "late_wrong"), ("seconds", "seconds")]
+COLUMNS = [
+    ("range", "range"),
+    ("input tuples", "input_tuples"),
+    ("expected pairs", "expected"),
+    ("found", "found"),
+    ("missing", "missing"),
+    ("extra", "extra"),
+    ("duplicates", "duplicates"),
+    ("late wrong", "late_wrong"),
+    ("seconds", "seconds"),
+]
 
 
 class AuditError(Exception):
@@ -86,6 +100,7 @@ class AuditError(Exception):
 class Target:
     """What of a run's output counts: everything (finished) or a checkpoint's commit below its watermark (int64
     microseconds, as every time here)."""
+
     out: Path
     cfg: dict
     finished: bool
@@ -99,18 +114,24 @@ class Target:
         if self.finished:
             return "finished run"
         if self.rows_alone:
-            return (f"live run, checkpoint {self.checkpoint_id}, rows alone final below "
-                    f"{seconds_text(self.watermark)}")
+            return f"live run, checkpoint {self.checkpoint_id}, rows alone final below {seconds_text(self.watermark)}"
         return f"live run, checkpoint {self.checkpoint_id}, watermark {seconds_text(self.watermark)}"
 
     def files(self, folder: str) -> list[Path]:
         """The data files of `folder` that count, in name order (hidden temporaries never do)."""
         d = self.out / folder
         if self.commit is None:
-            return sorted(f for f in d.iterdir() if f.suffix in (".parquet", ".csv")
-                          and not f.name.startswith((".", "_"))) if d.is_dir() else []
-        return sorted(f for prefix, count in self.commit.get(folder, {}).items()
-                      for number, f in checkpoint.numbered(d, prefix) if number < count)
+            return (
+                sorted(f for f in d.iterdir() if f.suffix in (".parquet", ".csv") and not f.name.startswith((".", "_")))
+                if d.is_dir()
+                else []
+            )
+        return sorted(
+            f
+            for prefix, count in self.commit.get(folder, {}).items()
+            for number, f in checkpoint.numbered(d, prefix)
+            if number < count
+        )
 
 
 def run_state(cfg: dict) -> Target:
@@ -136,15 +157,20 @@ def run_state(cfg: dict) -> Target:
 def _at_checkpoint(cfg: dict, out: Path) -> Target:
     found = checkpoint.latest_complete(checkpoint.root_of(cfg), log=lambda _: None)
     if found is None:
-        raise AuditError(f"{out} holds no summary.json (the run has not finished) and no complete checkpoint "
-                         f"under {checkpoint.root_of(cfg)}: nothing is committed yet (a live run is audited "
-                         "from its checkpoints: checkpoint.interval > 0)")
+        raise AuditError(
+            f"{out} holds no summary.json (the run has not finished) and no complete checkpoint "
+            f"under {checkpoint.root_of(cfg)}: nothing is committed yet (a live run is audited "
+            "from its checkpoints: checkpoint.interval > 0)"
+        )
     directory, manifest = found
     check_same_join(cfg, manifest["config"], str(directory / checkpoint.MANIFEST))
     sections = {0: manifest["master"], **{int(d): m for d, m in manifest.get("dispatchers", {}).items()}}
     dtype = tuple_dtype(manifest["config"]["generator"]["tuple_bytes"])
-    buffered = [rows.view(dtype)["ts"] for d in sections  # R rows, S rows (then the rows per partition)
-                for rows in checkpoint.read_part(directory / checkpoint.master_part(d))[:2]]
+    buffered = [
+        rows.view(dtype)["ts"]
+        for d in sections  # R rows, S rows (then the rows per partition)
+        for rows in checkpoint.read_part(directory / checkpoint.master_part(d))[:2]
+    ]
     lowest = min((int(ts.min()) for ts in buffered if len(ts)), default=POS_INF)
     watermark = min(min(m["lateness"]["watermark"] for m in sections.values()), lowest)
     rows_alone = cfg["join"].get("type", "inner") != "inner"
@@ -154,9 +180,16 @@ def _at_checkpoint(cfg: dict, out: Path) -> Target:
         # the lowest of the last batch each dispatcher sent it); its partners must have been joined too
         sent = min(w for m in sections.values() for w in m["sent_watermark"].values())
         watermark = min(watermark, sent) - reach(cfg["join"])
-    return Target(out, cfg, finished=False, watermark=watermark, commit=manifest["commit"],
-                  consumed={d: m["consumed"] for d, m in sections.items()}, checkpoint_id=manifest["id"],
-                  rows_alone=rows_alone)
+    return Target(
+        out,
+        cfg,
+        finished=False,
+        watermark=watermark,
+        commit=manifest["commit"],
+        consumed={d: m["consumed"] for d, m in sections.items()},
+        checkpoint_id=manifest["id"],
+        rows_alone=rows_alone,
+    )
 
 
 def reach(join: dict) -> int:
@@ -172,8 +205,10 @@ def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
     for section, keys in (("join", cfg["join"]), ("cluster", {"dispatchers": cfg["cluster"]["dispatchers"]})):
         for key, value in keys.items():
             if then.get(section, {}).get(key, value) != value:
-                raise AuditError(f"{section}.{key} is {value!r} here but the run had "
-                                 f"{then[section][key]!r} ({where}): audit with the run's config")
+                raise AuditError(
+                    f"{section}.{key} is {value!r} here but the run had "
+                    f"{then[section][key]!r} ({where}): audit with the run's config"
+                )
 
 
 def micros(column, kind: str = "double"):
@@ -228,32 +263,56 @@ def arrivals(spark, target: Target):
     from pyspark.sql import functions as F
 
     if target.cfg["source"]["kind"] == "streams":
-        raise AuditError("runs of declared streams ([streams.*]) are not audited yet: their results carry the "
-                         "streams' own columns (the payload log's), and their lateness is judged per stream")
+        raise AuditError(
+            "runs of declared streams ([streams.*]) are not audited yet: their results carry the "
+            "streams' own columns (the payload log's), and their lateness is judged per stream"
+        )
     files = target.files("archive")
     if files:
         name = F.col("_metadata.file_name")
         d = F.regexp_extract(name, r"^input-d(\d+)-", 1)
-        df = spark.read.schema(TUPLE_SCHEMA).parquet(*map(uri, files)).select(
-            F.when(d == "", 0).otherwise(d.cast("int")).alias("d"),
-            F.regexp_extract(name, r"-(\d+)\.parquet$", 1).cast("long").alias("f"),
-            F.col("_metadata.row_index").alias("row"), "stream", "id", "ts", micros(F.col("ts")).alias("t"),
-            "key", "value")
+        df = (
+            spark.read.schema(TUPLE_SCHEMA)
+            .parquet(*map(uri, files))
+            .select(
+                F.when(d == "", 0).otherwise(d.cast("int")).alias("d"),
+                F.regexp_extract(name, r"-(\d+)\.parquet$", 1).cast("long").alias("f"),
+                F.col("_metadata.row_index").alias("row"),
+                "stream",
+                "id",
+                "ts",
+                micros(F.col("ts")).alias("t"),
+                "key",
+                "value",
+            )
+        )
         return df, f"archive ({len(files)} files)"
     src = target.cfg["source"]
     if src["kind"] == "zmq":
-        raise AuditError(f'{target.out / "archive"} holds no input archive, and source.kind = "zmq" keeps no other '
-                         "record of the input: run with checkpoint.interval > 0 and checkpoint.archive = true")
+        raise AuditError(
+            f'{target.out / "archive"} holds no input archive, and source.kind = "zmq" keeps no other '
+            "record of the input: run with checkpoint.interval > 0 and checkpoint.archive = true"
+        )
     if src["kind"] == "file":
         df, what = _input_file(spark, target, Path(src["path"]))
     else:
         df, what = _generated(spark, target.cfg), "generator (rebuilt on the driver: no archive)"
     k = target.cfg["cluster"]["dispatchers"]
-    df = df.select(F.pmod("pos", F.lit(k)).cast("int").alias("d"), F.expr(f"pos div {k}").alias("row"),
-                   "stream", "id", "ts", "t", "key", "value").withColumn("f", F.lit(0).cast("long"))
+    df = df.select(
+        F.pmod("pos", F.lit(k)).cast("int").alias("d"),
+        F.expr(f"pos div {k}").alias("row"),
+        "stream",
+        "id",
+        "ts",
+        "t",
+        "key",
+        "value",
+    ).withColumn("f", F.lit(0).cast("long"))
     if not target.finished:  # only what the dispatchers had taken by the cut
-        df = df.where(F.col("row") < F.element_at(F.create_map(
-            *[F.lit(x) for d, n in target.consumed.items() for x in (d, n)]), F.col("d")))
+        df = df.where(
+            F.col("row")
+            < F.element_at(F.create_map(*[F.lit(x) for d, n in target.consumed.items() for x in (d, n)]), F.col("d"))
+        )
     return df, what
 
 
@@ -263,23 +322,36 @@ def _input_file(spark, target: Target, path: Path):
     from pyspark.sql import functions as F
 
     if not path.is_file():
-        raise AuditError(f"source.path {str(path)!r} does not exist, and {target.out / 'archive'} holds no input "
-                         "archive: the audit needs the input in arrival order")
+        raise AuditError(
+            f"source.path {str(path)!r} does not exist, and {target.out / 'archive'} holds no input "
+            "archive: the audit needs the input in arrival order"
+        )
     if path.suffix.lower() == ".csv":
         raw = spark.read.csv(uri(path), header=True).withColumn("_mid", F.monotonically_increasing_id())
         raw = raw.withColumn("row0", F.row_number().over(Window.orderBy("_mid")) - 1)  # one task: no archive
     else:
         raw = spark.read.parquet(uri(path)).withColumn("row0", F.col("_metadata.row_index"))
     ts_type = raw.schema["ts"].dataType.typeName()
-    kind = "integer" if ts_type in ("byte", "short", "integer", "long") else \
-        "double" if ts_type in ("float", "double") else "text"
+    kind = (
+        "integer"
+        if ts_type in ("byte", "short", "integer", "long")
+        else "double"
+        if ts_type in ("float", "double")
+        else "text"
+    )
     # try_cast: the rejected rows are still there (Spark may cast before the anti-join below drops them)
-    cols = [F.col("stream").cast("string"), F.col("id").try_cast("long"), F.col("ts").try_cast("double"),
-            micros(F.col("ts"), kind), F.col("key").try_cast("long"),
-            F.coalesce(F.col("value").try_cast("double"), F.lit(0.0)) if "value" in raw.columns else F.lit(0.0)]
+    cols = [
+        F.col("stream").cast("string"),
+        F.col("id").try_cast("long"),
+        F.col("ts").try_cast("double"),
+        micros(F.col("ts"), kind),
+        F.col("key").try_cast("long"),
+        F.coalesce(F.col("value").try_cast("double"), F.lit(0.0)) if "value" in raw.columns else F.lit(0.0),
+    ]
     df = raw.select("row0", *(c.alias(n) for c, n in zip(cols, ("stream", "id", "ts", "t", "key", "value"))))
-    rejected = [f for _, f in checkpoint.numbered(target.out / "rejected", "rejected")
-                if f.suffix in (".parquet", ".csv")]
+    rejected = [
+        f for _, f in checkpoint.numbered(target.out / "rejected", "rejected") if f.suffix in (".parquet", ".csv")
+    ]
     if not rejected:
         return df.withColumnRenamed("row0", "pos"), f"input file {path} (no archive)"
     rej = None
@@ -299,9 +371,19 @@ def _generated(spark, cfg: dict):
     from common.workload import generate_all
 
     c = generate_all(cfg)
-    return spark.createDataFrame(pa.table({
-        "pos": np.arange(len(c.ts), dtype=np.int64), "stream": np.array(["R", "S"])[c.stream],
-        "id": c.id, "ts": c.ts / PER_SECOND, "t": c.ts, "key": c.key, "value": c.value}))
+    return spark.createDataFrame(
+        pa.table(
+            {
+                "pos": np.arange(len(c.ts), dtype=np.int64),
+                "stream": np.array(["R", "S"])[c.stream],
+                "id": c.id,
+                "ts": c.ts / PER_SECOND,
+                "t": c.ts,
+                "key": c.key,
+                "value": c.value,
+            }
+        )
+    )
 
 
 def classify(arrived, max_delay: int, lo: int, hi: int):
@@ -315,14 +397,19 @@ def classify(arrived, max_delay: int, lo: int, hi: int):
 
     inside = (F.col("t") >= lo) & (F.col("t") < hi)
     arrived = arrived.withColumn("f", F.col("f") * F.lit(1 << 32) + F.expr(f"row div {BLOCK}"))  # files in blocks
-    blocks = arrived.groupBy("d", "f").agg(F.max("t").alias("block_max"),
-                                          F.max(inside.cast("int")).alias("hits"))
-    blocks = blocks.withColumn("before", F.max("block_max").over(
-        Window.partitionBy("d").orderBy("f").rowsBetween(Window.unboundedPreceding, -1)))
+    blocks = arrived.groupBy("d", "f").agg(F.max("t").alias("block_max"), F.max(inside.cast("int")).alias("hits"))
+    blocks = blocks.withColumn(
+        "before",
+        F.max("block_max").over(Window.partitionBy("d").orderBy("f").rowsBetween(Window.unboundedPreceding, -1)),
+    )
     chosen = F.broadcast(blocks.where("hits = 1").select("d", "f", "before"))
-    rows = arrived.join(chosen, ["d", "f"]).withColumn("prev", F.greatest(
-        "before", F.max("t").over(Window.partitionBy("d", "f").orderBy("row")
-                                  .rowsBetween(Window.unboundedPreceding, -1))))
+    rows = arrived.join(chosen, ["d", "f"]).withColumn(
+        "prev",
+        F.greatest(
+            "before",
+            F.max("t").over(Window.partitionBy("d", "f").orderBy("row").rowsBetween(Window.unboundedPreceding, -1)),
+        ),
+    )
     late = F.coalesce(F.col("t") < F.col("prev") - F.lit(max_delay), F.lit(False))
     return rows.where(inside).select("d", "stream", "id", "ts", "t", "key", "value", late.alias("late"))
 
@@ -358,7 +445,8 @@ def on_time_side(tuples, name: str, span: int):
     from pyspark.sql import functions as F
 
     t = tuples.where(~F.col("late") & (F.col("stream") == name.upper())).select(
-        *(F.col(c).alias(f"{name}_{c}") for c in ("id", "key", "ts", "t", "value")))
+        *(F.col(c).alias(f"{name}_{c}") for c in ("id", "key", "ts", "t", "value"))
+    )
     return t.withColumn(f"{name}_tb", floor_div(f"{name}_t", max(2 * span, 1)))
 
 
@@ -417,15 +505,17 @@ def partnered(tuples, join: dict, start: int, end: int, sample: float, name: str
     hit = matches(r, s, join).select(F.col(f"{name}_id").alias("hit")).distinct()
     return own.join(hit, own[f"{name}_id"] == hit["hit"], "left").select(
         *(F.col(f"{name}_{c}").alias(c) for c in ("id", "key", "ts", "t", "value")),
-        F.col("hit").isNotNull().alias("partnered"))
+        F.col("hit").isNotNull().alias("partnered"),
+    )
 
 
 def read_folder(spark, files: list[Path], schema: str):
     """Parquet and CSV files of one output folder as one DataFrame (an empty one if there are none)."""
     parquet = [uri(f) for f in files if f.suffix == ".parquet"]
     csv = [uri(f) for f in files if f.suffix == ".csv"]
-    frames = ([spark.read.schema(schema).parquet(*parquet)] if parquet else []) + \
-             ([spark.read.schema(schema).csv(csv, header=True)] if csv else [])
+    frames = ([spark.read.schema(schema).parquet(*parquet)] if parquet else []) + (
+        [spark.read.schema(schema).csv(csv, header=True)] if csv else []
+    )
     if not frames:
         return spark.createDataFrame([], schema)
     return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
@@ -460,35 +550,61 @@ def lone_problems(rows, own, want: str | None, side: str, flags, join_type: str)
 
     sid = f"{side}_id"
     mine = [c for c in PAIR if c.startswith(side)]
-    copies = rows.groupBy(sid, "kind").agg(F.count(F.lit(1)).alias("copies"),
-                                          *(F.first(c).alias(c) for c in PAIR if c != sid))
+    copies = rows.groupBy(sid, "kind").agg(
+        F.count(F.lit(1)).alias("copies"), *(F.first(c).alias(c) for c in PAIR if c != sid)
+    )
     if own is None:
         expected = missing = None
         extra = copies.withColumn("partnered", F.lit(None).cast("boolean"))
     else:
         expected = own.where(F.col("partnered") if want == LEFT_MATCHED else ~F.col("partnered")).select(
-            *(F.col(c[2:]).alias(c) for c in mine))
-        extra = copies.join(expected.select(sid, F.lit(want).alias("kind")), [sid, "kind"], "left_anti") \
-            .join(own.select(F.col("id").alias(sid), "partnered"), sid, "left")
+            *(F.col(c[2:]).alias(c) for c in mine)
+        )
+        extra = copies.join(expected.select(sid, F.lit(want).alias("kind")), [sid, "kind"], "left_anti").join(
+            own.select(F.col("id").alias(sid), "partnered"), sid, "left"
+        )
         missing = expected.join(copies.where(F.col("kind") == want).select(sid), sid, "left_anti")
     extra = extra.join(flags, sid, "left")
-    why = F.when(F.lit(want is None) | (F.col("kind") != F.lit(want or "")),
-                 F.concat(F.lit(f"join.type = {join_type!r} emits no "), F.col("kind"), F.lit(" rows"))) \
-        .when(F.col(f"{side}_late"), "its tuple is late") \
+    why = (
+        F.when(
+            F.lit(want is None) | (F.col("kind") != F.lit(want or "")),
+            F.concat(F.lit(f"join.type = {join_type!r} emits no "), F.col("kind"), F.lit(" rows")),
+        )
+        .when(F.col(f"{side}_late"), "its tuple is late")
         .when(F.col("partnered").isNull(), "no such on-time tuple in the input")
-    why = why.when(~F.col("partnered"), "its tuple has no partner: semi emits an R row with one") \
-        if want == LEFT_MATCHED else why.when(F.col("partnered"), "its tuple has a partner: it belongs in a pair")
-    nulls = [F.lit(None).cast("long" if c.endswith(("_id", "_key")) else "double").alias(c)
-             for c in PAIR if not c.startswith(side)]
-    diff = extra.select(F.lit("extra").alias("problem"), why.otherwise("not expected").alias("reason"),
-                        "copies", *PAIR, "kind") \
-        .unionByName(copies.where("copies > 1").select(
-            F.lit("duplicate").alias("problem"), F.lit("the result files hold this row more than once").alias("reason"),
-            "copies", *PAIR, "kind"))
+    )
+    why = (
+        why.when(~F.col("partnered"), "its tuple has no partner: semi emits an R row with one")
+        if want == LEFT_MATCHED
+        else why.when(F.col("partnered"), "its tuple has a partner: it belongs in a pair")
+    )
+    nulls = [
+        F.lit(None).cast("long" if c.endswith(("_id", "_key")) else "double").alias(c)
+        for c in PAIR
+        if not c.startswith(side)
+    ]
+    diff = extra.select(
+        F.lit("extra").alias("problem"), why.otherwise("not expected").alias("reason"), "copies", *PAIR, "kind"
+    ).unionByName(
+        copies.where("copies > 1").select(
+            F.lit("duplicate").alias("problem"),
+            F.lit("the result files hold this row more than once").alias("reason"),
+            "copies",
+            *PAIR,
+            "kind",
+        )
+    )
     if missing is not None:
-        diff = diff.unionByName(missing.select(
-            F.lit("missing").alias("problem"), F.lit(f"no result file holds this {want} row").alias("reason"),
-            F.lit(0).cast("long").alias("copies"), *mine, *nulls, F.lit(want).alias("kind")))
+        diff = diff.unionByName(
+            missing.select(
+                F.lit("missing").alias("problem"),
+                F.lit(f"no result file holds this {want} row").alias("reason"),
+                F.lit(0).cast("long").alias("copies"),
+                *mine,
+                *nulls,
+                F.lit(want).alias("kind"),
+            )
+        )
     return diff, expected
 
 
@@ -521,29 +637,53 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     if sample < 1:
         found = found.where(sampled("s_key", sample))
     found = found.select(*PAIR, kind.alias("kind")).cache()
-    copies = found.groupBy("r_id", "s_id").agg(F.count(F.lit(1)).alias("copies"),
-                                              *(F.first(c).alias(c) for c in PAIR[2:] + ["kind"]))
+    copies = found.groupBy("r_id", "s_id").agg(
+        F.count(F.lit(1)).alias("copies"), *(F.first(c).alias(c) for c in PAIR[2:] + ["kind"])
+    )
     ids = ["r_id", "s_id"]
     lateness = tuples.select("stream", "id", "late")
     flag = lambda side: lateness.where(F.col("stream") == side.upper()).select(
-        F.col("id").alias(f"{side}_id"), F.col("late").alias(f"{side}_late"))
-    extra = copies.join(expected.select(*ids), ids, "left_anti").join(flag("r"), "r_id", "left") \
+        F.col("id").alias(f"{side}_id"), F.col("late").alias(f"{side}_late")
+    )
+    extra = (
+        copies.join(expected.select(*ids), ids, "left_anti")
+        .join(flag("r"), "r_id", "left")
         .join(flag("s"), "s_id", "left")
-    why = (F.when(F.col("kind") != MATCHED, F.concat(F.lit("its kind "), F.col("kind"),
-                                                       F.lit(" is none the engine writes")))
-           .when(F.lit(not EMITS[join_type][0]), f"join.type = {join_type!r} emits no pairs")
-           .when(F.col("r_late"), "its R tuple is late").when(F.col("s_late"), "its S tuple is late")
-           .when(~(micros(F.col("s_ts")) - micros(F.col("r_ts"))).between(*time_bounds(join)),
-                 "s_ts - r_ts is outside the join's time bounds (join.lower, join.upper or -+join.window)")
-           .when(~key_predicate(join), f"its keys do not satisfy join.predicate = {join['predicate']!r}")
-           .otherwise("no such pair of on-time tuples in the input"))
-    diff = expected.join(copies.select(*ids), ids, "left_anti").select(
-        F.lit("missing").alias("problem"), F.lit("no result file holds this on-time pair").alias("reason"),
-        F.lit(0).cast("long").alias("copies"), *PAIR, F.lit(MATCHED).alias("kind")) \
-        .unionByName(extra.select(F.lit("extra").alias("problem"), why.alias("reason"), "copies", *PAIR, "kind")) \
-        .unionByName(copies.where("copies > 1").select(
-            F.lit("duplicate").alias("problem"),
-            F.lit("the result files hold this pair more than once").alias("reason"), "copies", *PAIR, "kind"))
+    )
+    why = (
+        F.when(
+            F.col("kind") != MATCHED, F.concat(F.lit("its kind "), F.col("kind"), F.lit(" is none the engine writes"))
+        )
+        .when(F.lit(not EMITS[join_type][0]), f"join.type = {join_type!r} emits no pairs")
+        .when(F.col("r_late"), "its R tuple is late")
+        .when(F.col("s_late"), "its S tuple is late")
+        .when(
+            ~(micros(F.col("s_ts")) - micros(F.col("r_ts"))).between(*time_bounds(join)),
+            "s_ts - r_ts is outside the join's time bounds (join.lower, join.upper or -+join.window)",
+        )
+        .when(~key_predicate(join), f"its keys do not satisfy join.predicate = {join['predicate']!r}")
+        .otherwise("no such pair of on-time tuples in the input")
+    )
+    diff = (
+        expected.join(copies.select(*ids), ids, "left_anti")
+        .select(
+            F.lit("missing").alias("problem"),
+            F.lit("no result file holds this on-time pair").alias("reason"),
+            F.lit(0).cast("long").alias("copies"),
+            *PAIR,
+            F.lit(MATCHED).alias("kind"),
+        )
+        .unionByName(extra.select(F.lit("extra").alias("problem"), why.alias("reason"), "copies", *PAIR, "kind"))
+        .unionByName(
+            copies.where("copies > 1").select(
+                F.lit("duplicate").alias("problem"),
+                F.lit("the result files hold this pair more than once").alias("reason"),
+                "copies",
+                *PAIR,
+                "kind",
+            )
+        )
+    )
     lone_found, lone_expected, cached = [], {}, []
     for side in ("r", "s") if join_type != "inner" else ():
         rows = results.where(alone[side] & within(start, end, f"{side}_ts"))
@@ -566,13 +706,24 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     tuple_rows = [
         got_late.join(want_late.select(*key), key, "left_anti").select(
             F.lit("late_unexpected").alias("problem"),
-            F.lit("set aside as late, but its ts is not below the max ts before it "
-                  "minus join.max_delay").alias("reason"),
-            "stream", "id", "ts", "key", "value"),
+            F.lit("set aside as late, but its ts is not below the max ts before it minus join.max_delay").alias(
+                "reason"
+            ),
+            "stream",
+            "id",
+            "ts",
+            "key",
+            "value",
+        ),
         want_late.join(got_late.select(*key), key, "left_anti").select(
             F.lit("late_missed").alias("problem"),
             F.lit("late by the rule, but late/ does not hold it").alias("reason"),
-            "stream", "id", "ts", "key", "value"),
+            "stream",
+            "id",
+            "ts",
+            "key",
+            "value",
+        ),
     ]
     for t in tuple_rows:
         diff = diff.unionByName(t, allowMissingColumns=True)
@@ -580,18 +731,32 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         diff = diff.drop("kind")
     diff = diff.cache()
     by_kind = F.col("kind") if join_type != "inner" else F.lit(MATCHED)
-    counts = {(r["problem"], r["kind"]): (r["n"], r["surplus"]) for r in
-              diff.groupBy("problem", by_kind.alias("kind")).agg(
-                  F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("surplus")).collect()}
+    counts = {
+        (r["problem"], r["kind"]): (r["n"], r["surplus"])
+        for r in diff.groupBy("problem", by_kind.alias("kind"))
+        .agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("surplus"))
+        .collect()
+    }
     n = lambda problem, k=MATCHED: counts.get((problem, k), (0, 0))[0]
     surplus = lambda k=MATCHED: int(counts.get(("duplicate", k), (0, 0))[1] or 0)
     report = {
-        "range": range_name(start, end), "from": _finite(start), "to": _finite(end), "sample": sample,
-        "run": target.describe(), "input": source, "predicate": join["predicate"],
+        "range": range_name(start, end),
+        "from": _finite(start),
+        "to": _finite(end),
+        "sample": sample,
+        "run": target.describe(),
+        "input": source,
+        "predicate": join["predicate"],
         "dispatchers": target.cfg["cluster"]["dispatchers"],
-        "input_tuples": in_sample.count(), "expected": expected.count(), "found": found.count(),
-        "missing": n("missing"), "extra": n("extra"), "duplicates": surplus(),
-        "duplicate_pairs": n("duplicate"), "late_unexpected": n("late_unexpected"), "late_missed": n("late_missed"),
+        "input_tuples": in_sample.count(),
+        "expected": expected.count(),
+        "found": found.count(),
+        "missing": n("missing"),
+        "extra": n("extra"),
+        "duplicates": surplus(),
+        "duplicate_pairs": n("duplicate"),
+        "late_unexpected": n("late_unexpected"),
+        "late_missed": n("late_missed"),
     }
     wrong = ["missing", "extra", "duplicates"]
     if join_type != "inner":
@@ -603,8 +768,7 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         report["kinds"] = [k for k in LONE_KINDS if k in EMITS[join_type][1:] or k in seen]
         for k in report["kinds"]:
             report[f"{k}_expected"], report[f"{k}_found"] = lone_expected.get(k, 0), seen.get(k, 0)
-            report.update({f"{k}_missing": n("missing", k), f"{k}_extra": n("extra", k),
-                           f"{k}_duplicates": surplus(k)})
+            report.update({f"{k}_missing": n("missing", k), f"{k}_extra": n("extra", k), f"{k}_duplicates": surplus(k)})
             wrong += [f"{k}_missing", f"{k}_extra", f"{k}_duplicates"]
     report["late_wrong"] = report["late_unexpected"] + report["late_missed"]
     exact = not any(report[k] for k in wrong + ["late_wrong"])
@@ -613,8 +777,9 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     folder.mkdir(parents=True, exist_ok=True)
     evidence = folder / f"diff-{report['range']}.parquet"
     evidence.unlink(missing_ok=True)  # an earlier audit's, of output that has been replaced since
-    report["diff"] = None if exact else str(write_single(diff.orderBy("problem", "r_id", "s_id", "stream", "id"),
-                                                         evidence))
+    report["diff"] = (
+        None if exact else str(write_single(diff.orderBy("problem", "r_id", "s_id", "stream", "id"), evidence))
+    )
     for df in (tuples, expected, found, diff, *lone_found, *cached):
         df.unpersist()
     report["seconds"] = round(time.monotonic() - began, 2)
@@ -631,7 +796,7 @@ def write_single(df, dest: Path) -> Path:
     """`df` as the one Parquet file `dest` (written beside it, then renamed)."""
     staging = dest.parent / f"_{dest.stem}.spark"
     df.coalesce(1).write.mode("overwrite").parquet(uri(staging))
-    part, = staging.glob("part-*.parquet")
+    (part,) = staging.glob("part-*.parquet")
     part.replace(dest)
     shutil.rmtree(staging)
     return dest
@@ -644,20 +809,24 @@ def table(reports: list[dict], kinds: list[str] | None = None) -> str:
     kinds = kinds if kinds is not None else reports[0].get("kinds", []) if reports else []
     lone = [(f"{k} {o}", f"{k}_{o}") for k in kinds for o in PAIR_OUTCOMES]
     columns = COLUMNS[:-2] + lone + COLUMNS[-2:]
-    cells = [[h for h, _ in columns]] + [[f"{r.get(k, 0):,}" if isinstance(r.get(k, 0), int) else str(r[k])
-                                          for _, k in columns] for r in reports]
+    cells = [[h for h, _ in columns]] + [
+        [f"{r.get(k, 0):,}" if isinstance(r.get(k, 0), int) else str(r[k]) for _, k in columns] for r in reports
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
-                     for row in cells)
+    return "\n".join(
+        "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells
+    )
 
 
 def verdict(r: dict) -> str:
     if r["verdict"] == "exact":
         return f"EXACT: range {r['range']} ({r['run']}, {r['input']}, sample {r['sample']:g})"
     labels = [("missing", "missing"), ("extra", "extra"), ("duplicates", "duplicates")]
-    labels = [(k, f"pairs {label}" if r.get("kinds") else label) for k, label in labels] + \
-        [(f"{k}_{o}", f"{k} rows {o}") for k in r.get("kinds", []) for o in ("missing", "extra", "duplicates")] + \
-        [("late_unexpected", "late that should not be"), ("late_missed", "not set aside as late")]
+    labels = (
+        [(k, f"pairs {label}" if r.get("kinds") else label) for k, label in labels]
+        + [(f"{k}_{o}", f"{k} rows {o}") for k in r.get("kinds", []) for o in ("missing", "extra", "duplicates")]
+        + [("late_unexpected", "late that should not be"), ("late_missed", "not set aside as late")]
+    )
     wrong = [f"{r[k]:,} {label}" for k, label in labels if r[k]]
     return f"DIFFERENT: range {r['range']} ({r['run']}): {', '.join(wrong)}; the evidence is in {r['diff']}"
 
@@ -667,15 +836,19 @@ def clamp(target: Target, start: int, end: int) -> int:
     if end <= target.watermark:
         return end
     if start >= target.watermark:
-        raise AuditError(f"--from {seconds_text(start)}: the {target.describe()} has not passed it yet; "
-                         "audit an earlier range or wait for a later checkpoint")
-    print(f"audit: --to {seconds_text(end)} is past the watermark of the {target.describe()}: auditing up to it",
-          file=sys.stderr, flush=True)
+        raise AuditError(
+            f"--from {seconds_text(start)}: the {target.describe()} has not passed it yet; "
+            "audit an earlier range or wait for a later checkpoint"
+        )
+    print(
+        f"audit: --to {seconds_text(end)} is past the watermark of the {target.describe()}: auditing up to it",
+        file=sys.stderr,
+        flush=True,
+    )
     return target.watermark
 
 
-def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: float, log=print,
-           metrics=None) -> int:
+def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: float, log=print, metrics=None) -> int:
     """Audit [start, start + step), [start + step, ...) (seconds) as the watermark passes each; once the run
     has finished, the rest in one range.  Each verdict also goes to `metrics` (control.audit_metrics) if
     given.  Returns the exit code over all ranges."""
@@ -700,19 +873,39 @@ def main(argv: list[str], spark=None) -> int:
     from control.spark import add_arguments, config, session
 
     p = argparse.ArgumentParser(prog="python -m control.audit", description=__doc__.split("\n")[0])
-    p.add_argument("--from", dest="start", type=float, default=-math.inf,
-                   help="first later-tuple ts audited (inclusive; default: the beginning)")
-    p.add_argument("--to", dest="end", type=float, default=math.inf,
-                   help="later-tuple ts where the audit ends (exclusive; default: the end, or a live run's watermark)")
-    p.add_argument("--sample", type=float, default=None,
-                   help="audit this fraction of the keys, chosen by hash (default 1; 0.1 with --follow)")
-    p.add_argument("--follow", action="store_true",
-                   help="audit each range of --step seconds as the watermark passes it, until the run finishes")
+    p.add_argument(
+        "--from",
+        dest="start",
+        type=float,
+        default=-math.inf,
+        help="first later-tuple ts audited (inclusive; default: the beginning)",
+    )
+    p.add_argument(
+        "--to",
+        dest="end",
+        type=float,
+        default=math.inf,
+        help="later-tuple ts where the audit ends (exclusive; default: the end, or a live run's watermark)",
+    )
+    p.add_argument(
+        "--sample",
+        type=float,
+        default=None,
+        help="audit this fraction of the keys, chosen by hash (default 1; 0.1 with --follow)",
+    )
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="audit each range of --step seconds as the watermark passes it, until the run finishes",
+    )
     p.add_argument("--step", type=float, default=10.0, help="with --follow: seconds of event time per range")
     p.add_argument("--poll", type=float, default=5.0, help="with --follow: seconds between looks at the checkpoints")
-    p.add_argument("--metrics", default=None, metavar="HOST:PORT",
-                   help=f"with --follow: serve the verdicts as Prometheus metrics here (default {DEFAULT_ENDPOINT}; "
-                        "\"\" off)")
+    p.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help=f'with --follow: serve the verdicts as Prometheus metrics here (default {DEFAULT_ENDPOINT}; "" off)',
+    )
     add_arguments(p)
     a = p.parse_args(argv)
     sample = a.sample if a.sample is not None else (0.1 if a.follow else 1.0)
@@ -723,8 +916,10 @@ def main(argv: list[str], spark=None) -> int:
         if not start < end:
             raise AuditError(f"--from ({a.start:g}) must be below --to ({a.end:g})")
         if a.follow and (start == NEG_INF or not a.step * PER_SECOND >= 1 or end != POS_INF):
-            raise AuditError("--follow needs --from T (where the first range starts) and --step of at least a "
-                             "microsecond, and no --to")
+            raise AuditError(
+                "--follow needs --from T (where the first range starts) and --step of at least a "
+                "microsecond, and no --to"
+            )
         cfg = config(a)
         target = run_state(cfg)
         end = end if a.follow else clamp(target, start, end)
@@ -735,8 +930,9 @@ def main(argv: list[str], spark=None) -> int:
             if metrics:
                 print(f"audit: verdicts as metrics on {metrics.url}", file=sys.stderr, flush=True)
             print(table([], [k for k in LONE_KINDS if k in EMITS[cfg["join"].get("type", "inner")][1:]]), flush=True)
-            return follow(spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True),
-                          metrics=metrics)
+            return follow(
+                spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True), metrics=metrics
+            )
         report = audit_range(spark, target, start, end, sample)
     except (AuditError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

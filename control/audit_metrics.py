@@ -5,6 +5,7 @@ serves its own small registry rather than reaching into the master's: an operato
 `increase(streamjoin_audit_ranges_total{verdict="different"}[1h]) > 0`.  Same naming as the master's metrics
 (docs/metrics.md): units in names, `_total` for counters.
 """
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -27,18 +28,30 @@ class AuditMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ranges = Counter("streamjoin_audit_ranges", "ranges audited, by verdict", ["verdict"], registry=r)
-        self.pairs = Counter("streamjoin_audit_pairs", "pairs over the audited ranges, by outcome", ["outcome"],
-                             registry=r)
-        self.late = Counter("streamjoin_audit_late_wrong", "tuples whose lateness the run got wrong, by problem",
-                            ["problem"], registry=r)
-        self.alone = Counter("streamjoin_audit_rows_alone", "rows without a partner over the audited ranges "
-                             "(join.type other than inner), by kind and outcome", ["kind", "outcome"], registry=r)
-        self.tuples = Counter("streamjoin_audit_input_tuples", "input tuples read for the audited ranges",
-                              registry=r)
-        self.until = Gauge("streamjoin_audit_audited_until_seconds",
-                           "event time up to which the run has been audited (end of the last range)", registry=r)
-        self.took = Gauge("streamjoin_audit_last_range_duration_seconds", "how long the last range took to audit",
-                          registry=r)
+        self.pairs = Counter(
+            "streamjoin_audit_pairs", "pairs over the audited ranges, by outcome", ["outcome"], registry=r
+        )
+        self.late = Counter(
+            "streamjoin_audit_late_wrong",
+            "tuples whose lateness the run got wrong, by problem",
+            ["problem"],
+            registry=r,
+        )
+        self.alone = Counter(
+            "streamjoin_audit_rows_alone",
+            "rows without a partner over the audited ranges (join.type other than inner), by kind and outcome",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.tuples = Counter("streamjoin_audit_input_tuples", "input tuples read for the audited ranges", registry=r)
+        self.until = Gauge(
+            "streamjoin_audit_audited_until_seconds",
+            "event time up to which the run has been audited (end of the last range)",
+            registry=r,
+        )
+        self.took = Gauge(
+            "streamjoin_audit_last_range_duration_seconds", "how long the last range took to audit", registry=r
+        )
         for v in ("exact", "different"):
             self.ranges.labels(v)
         for o in PAIR_OUTCOMES:

@@ -6,6 +6,7 @@ there, has the size the manifest gives, decodes, and holds the tuples the
 manifest claims.  `compact` removes the checkpoints a newer complete one has
 superseded (keeping `--keep`), and unfinished ones older than those.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,12 @@ def scan(spark, directory: Path, manifest: dict) -> list[str]:
         except checkpoint.CheckpointError as e:
             return name, len(data), None, str(e)
 
-    found = {name: (size, tuples, err) for name, size, tuples, err in
-             spark.sparkContext.binaryFiles(f"file://{directory.resolve()}/*.state").map(inspect).collect()}
+    found = {
+        name: (size, tuples, err)
+        for name, size, tuples, err in spark.sparkContext.binaryFiles(f"file://{directory.resolve()}/*.state")
+        .map(inspect)
+        .collect()
+    }
     problems = []
     for name, claim in manifest["parts"].items():
         if name not in found:
@@ -52,10 +57,15 @@ def describe(directory: Path) -> dict:
         m = checkpoint.load_manifest(directory)
     except checkpoint.CheckpointError as e:
         return {"checkpoint": directory.name, "complete": False, "why": str(e)}
-    return {"checkpoint": directory.name, "complete": True, "id": m["id"], "slaves": m["slaves"],
-            "tuples": sum(p["tuples"] or 0 for p in m["parts"].values()),
-            "bytes": sum(p["bytes"] for p in m["parts"].values()),
-            "source_position": m["master"]["consumed"] + sum(d["consumed"] for d in m.get("dispatchers", {}).values())}
+    return {
+        "checkpoint": directory.name,
+        "complete": True,
+        "id": m["id"],
+        "slaves": m["slaves"],
+        "tuples": sum(p["tuples"] or 0 for p in m["parts"].values()),
+        "bytes": sum(p["bytes"] for p in m["parts"].values()),
+        "source_position": m["master"]["consumed"] + sum(d["consumed"] for d in m.get("dispatchers", {}).values()),
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -4,6 +4,7 @@ Serves the page the master serves live (common.dashboard) from a run's files: th
 log (`OUT/metrics/*.parquet`), the moves, hot-key events and checkpoints of `OUT/summary.json`, and the final
 Prometheus exposition (`OUT/metrics.prom`) at /metrics.  Loopback only: it is a viewer, not a service.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,10 @@ def load(out: Path) -> dict:
     """The page's data for the run in `out` (every sample, oldest first)."""
     files = sorted((out / "metrics").glob("*.parquet"))
     if not files:
-        raise FileNotFoundError(f"{out / 'metrics'} holds no metrics log (*.parquet): was metrics.log_interval 0, "
-                                "or is this not a run's output folder?")
+        raise FileNotFoundError(
+            f"{out / 'metrics'} holds no metrics log (*.parquet): was metrics.log_interval 0, "
+            "or is this not a run's output folder?"
+        )
     samples = [row for f in files for row in pq.read_table(f).to_pylist()]
     samples.sort(key=lambda s: s["time"])
     for seq, s in enumerate(samples):  # a resumed run's samples follow the first run's
@@ -32,14 +35,22 @@ def load(out: Path) -> dict:
     summary_file = out / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     cfg = (summary or {}).get("config", {})
-    return finite({
-        "live": False, "samples": samples, "summary": summary,
-        "moves": (summary or {}).get("balance", {}).get("moves", []),
-        "hot_events": (summary or {}).get("hot_keys", []),
-        "checkpoints": (summary or {}).get("checkpoints", {}).get("log", []),
-        "config": {"dispatchers": cfg.get("cluster", {}).get("dispatchers", 1), "output": str(out.resolve()),
-                   "buffer_capacity": cfg.get("master", {}).get("buffer_capacity"),
-                   "source": cfg.get("source", {}).get("kind")}})
+    return finite(
+        {
+            "live": False,
+            "samples": samples,
+            "summary": summary,
+            "moves": (summary or {}).get("balance", {}).get("moves", []),
+            "hot_events": (summary or {}).get("hot_keys", []),
+            "checkpoints": (summary or {}).get("checkpoints", {}).get("log", []),
+            "config": {
+                "dispatchers": cfg.get("cluster", {}).get("dispatchers", 1),
+                "output": str(out.resolve()),
+                "buffer_capacity": cfg.get("master", {}).get("buffer_capacity"),
+                "source": cfg.get("source", {}).get("kind"),
+            },
+        }
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,13 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = load(args.out)
         final = args.out / "metrics.prom"
-        server = DashboardServer(args.endpoint, lambda since: {**data, "samples": data["samples"][since:]},
-                                 final.read_bytes if final.exists() else None)
+        server = DashboardServer(
+            args.endpoint,
+            lambda since: {**data, "samples": data["samples"][since:]},
+            final.read_bytes if final.exists() else None,
+        )
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"dashboard of {args.out.resolve()} ({len(data['samples'])} samples): {server.url}  (Ctrl-C ends)",
-          file=sys.stderr, flush=True)
+    print(
+        f"dashboard of {args.out.resolve()} ({len(data['samples'])} samples): {server.url}  (Ctrl-C ends)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         while True:
             time.sleep(3600)

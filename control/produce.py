@@ -22,6 +22,7 @@ producer keeps every batch until a complete checkpoint holds it (at most
 hold; at the end it waits until the master confirms its END, so nothing it sent
 is lost.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,9 +59,18 @@ class Producer:
     """PUSH socket plus the blocked-time accounting; `send` takes columns, `close` sends END.  With an
     `ack_endpoint`, a SUB socket for the master's ACKs and the batches no checkpoint holds yet (bounded)."""
 
-    def __init__(self, endpoint: str, sender: int = 0, server_key: str | None = None, key: str | None = None,
-                 timeout: float = 0.0, name: str | None = None, token: str = "", ack_endpoint: str | None = None,
-                 keep: int = KEEP):
+    def __init__(
+        self,
+        endpoint: str,
+        sender: int = 0,
+        server_key: str | None = None,
+        key: str | None = None,
+        timeout: float = 0.0,
+        name: str | None = None,
+        token: str = "",
+        ack_endpoint: str | None = None,
+        keep: int = KEEP,
+    ):
         self.ctx = zmq.Context()  # its own, so that `close` can wait for delivery by terminating it
         self.sock = self.ctx.socket(zmq.PUSH)
         self.sock.sndhwm, self.sock.sndbuf = SNDHWM, SNDBUF
@@ -124,8 +134,10 @@ class Producer:
         if self.acks is not None:
             self._sync(lambda: self.run != 0 and len(self.kept) < self.keep)
             if self.confirmed is not None:
-                raise Blocked(f"the cluster's run ended after taking {self.acked:,} of this producer's tuples, "
-                              "before it was done sending")
+                raise Blocked(
+                    f"the cluster's run ended after taking {self.acked:,} of this producer's tuples, "
+                    "before it was done sending"
+                )
             self.kept.append((self.seq, self.tuples, records))
         self._tuples(self.seq, self.tuples, records)
         self.seq += 1
@@ -186,18 +198,40 @@ class Producer:
             self.acks.close()
         self.sock.close()
         self.ctx.term()  # returns once END is delivered (or the linger timeout passed): exiting earlier loses it
-        out = {"producer": self.name, "tuples_sent": self.tuples, "messages": self.seq,
-               "blocked_seconds": round(self.reported, 3), "connect_wait_seconds": round(self.connect_wait, 3)}
+        out = {
+            "producer": self.name,
+            "tuples_sent": self.tuples,
+            "messages": self.seq,
+            "blocked_seconds": round(self.reported, 3),
+            "connect_wait_seconds": round(self.connect_wait, 3),
+        }
         if self.acks is not None:
-            out.update(acknowledged=self.acked, confirmed=self.confirmed, tuples_resent=self.resent,
-                       ack_wait_seconds=round(self.ack_wait, 3))
+            out.update(
+                acknowledged=self.acked,
+                confirmed=self.confirmed,
+                tuples_resent=self.resent,
+                ack_wait_seconds=round(self.ack_wait, 3),
+            )
         return out
 
 
-def produce(path: str, endpoint: str, rate: float = 0.0, batch: int = 10000, jitter: float = 0.0, seed: int = 0,
-            sender: int = 0, server_key: str | None = None, key: str | None = None, timeout: float = 0.0,
-            ts_unit: str = "s", name: str | None = None, token: str = "", ack_endpoint: str | None = None,
-            keep: int = KEEP) -> dict:
+def produce(
+    path: str,
+    endpoint: str,
+    rate: float = 0.0,
+    batch: int = 10000,
+    jitter: float = 0.0,
+    seed: int = 0,
+    sender: int = 0,
+    server_key: str | None = None,
+    key: str | None = None,
+    timeout: float = 0.0,
+    ts_unit: str = "s",
+    name: str | None = None,
+    token: str = "",
+    ack_endpoint: str | None = None,
+    keep: int = KEEP,
+) -> dict:
     """Push the valid rows of `path` in arrival order; `rate` paces (tuples/s), `jitter` adds random pauses."""
     infile = InputFile(path, ts_unit=ts_unit)  # the file source's reading and checks
     rng = np.random.default_rng(seed)
@@ -219,9 +253,21 @@ def produce(path: str, endpoint: str, rate: float = 0.0, batch: int = 10000, jit
     return out
 
 
-def produce_stream(path: str, endpoint: str, rate: float = 0.0, batch: int = 10000, jitter: float = 0.0,
-                   seed: int = 0, sender: int = 0, server_key: str | None = None, key: str | None = None,
-                   timeout: float = 0.0, name: str | None = None, token: str = "", hold: float = 0.0) -> dict:
+def produce_stream(
+    path: str,
+    endpoint: str,
+    rate: float = 0.0,
+    batch: int = 10000,
+    jitter: float = 0.0,
+    seed: int = 0,
+    sender: int = 0,
+    server_key: str | None = None,
+    key: str | None = None,
+    timeout: float = 0.0,
+    name: str | None = None,
+    token: str = "",
+    hold: float = 0.0,
+) -> dict:
     """Push the rows of a declared stream's file as they are, in BATCH messages of `batch` rows; `rate` paces
     (rows/s), `jitter` adds random pauses, `hold` waits that long before the END (a producer gone quiet)."""
     fmt = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(Path(path).suffix.lower(), "json")
@@ -247,24 +293,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("file", help="CSV or Parquet file: stream (R/S), id, ts, key, [value]")
     p.add_argument("--endpoint", default="tcp://127.0.0.1:5555", help="the master's source.endpoint")
     p.add_argument("--rate", type=float, default=0.0, help="tuples/s (0 = as fast as the master takes them)")
-    p.add_argument("--batch", type=int, default=10000,
-                   help="tuples per message (<= the master's source.max_message_tuples)")
-    p.add_argument("--jitter", type=float, default=0.0,
-                   help="random pause of up to this many seconds before each message")
+    p.add_argument(
+        "--batch", type=int, default=10000, help="tuples per message (<= the master's source.max_message_tuples)"
+    )
+    p.add_argument(
+        "--jitter", type=float, default=0.0, help="random pause of up to this many seconds before each message"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the jitter")
     p.add_argument("--sender", type=int, default=0, help="producer number in the messages (for the master's log)")
     p.add_argument("--server-key", help="CURVE: the cluster's public certificate (.key)")
     p.add_argument("--key", help="CURVE: this producer's secret certificate (.key_secret)")
-    p.add_argument("--ts-unit", choices=list(eventtime.UNITS), default="s",
-                   help="the unit of numbers in the ts column (source.ts_unit)")
+    p.add_argument(
+        "--ts-unit",
+        choices=list(eventtime.UNITS),
+        default="s",
+        help="the unit of numbers in the ts column (source.ts_unit)",
+    )
     p.add_argument("--timeout", type=float, default=0.0, help="give up when a send blocks this long (0 = never)")
     p.add_argument("--name", help="this producer's id in every message (default: a random one)")
     p.add_argument("--token-file", help="a file holding the master's source.token")
-    p.add_argument("--ack-endpoint", help="the master's source.ack_endpoint: keep batches until a checkpoint holds "
-                                          "them, resend them after a crash")
+    p.add_argument(
+        "--ack-endpoint",
+        help="the master's source.ack_endpoint: keep batches until a checkpoint holds them, resend them after a crash",
+    )
     p.add_argument("--keep", type=int, default=KEEP, help="batches kept unacknowledged before sends wait")
-    p.add_argument("--stream", action="store_true", help="FILE is a declared stream's (any columns): send its rows "
-                                                         "as Arrow record batches to a live [streams.NAME] endpoint")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="FILE is a declared stream's (any columns): send its rows "
+        "as Arrow record batches to a live [streams.NAME] endpoint",
+    )
     p.add_argument("--hold", type=float, default=0.0, help="with --stream: seconds to wait before the END")
     a = p.parse_args(argv)
     if a.batch < 1 or a.keep < 1:
@@ -274,23 +332,57 @@ def main(argv: list[str] | None = None) -> int:
     try:
         token = open(a.token_file).read().strip() if a.token_file else ""
         if a.stream:
-            out = produce_stream(a.file, a.endpoint, a.rate, a.batch, a.jitter, a.seed, a.sender, a.server_key,
-                                 a.key, a.timeout, a.name, token, a.hold)
+            out = produce_stream(
+                a.file,
+                a.endpoint,
+                a.rate,
+                a.batch,
+                a.jitter,
+                a.seed,
+                a.sender,
+                a.server_key,
+                a.key,
+                a.timeout,
+                a.name,
+                token,
+                a.hold,
+            )
         else:
-            out = produce(a.file, a.endpoint, a.rate, a.batch, a.jitter, a.seed, a.sender, a.server_key, a.key,
-                          a.timeout, a.ts_unit, a.name, token, a.ack_endpoint, a.keep)
+            out = produce(
+                a.file,
+                a.endpoint,
+                a.rate,
+                a.batch,
+                a.jitter,
+                a.seed,
+                a.sender,
+                a.server_key,
+                a.key,
+                a.timeout,
+                a.ts_unit,
+                a.name,
+                token,
+                a.ack_endpoint,
+                a.keep,
+            )
     except (InputError, ValueError, OSError, Blocked, zmq.ZMQError, pa.ArrowException) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted: the master gets no END from this producer", file=sys.stderr)
         return 130
-    print(f"sent {out['tuples_sent']:,} tuples in {out['messages']:,} messages in {out['seconds']:.1f}s; "
-          f"held back {out['blocked_seconds']:.2f}s by backpressure (plus {out['connect_wait_seconds']:.2f}s "
-          f"waiting for the master); {out['rows_set_aside']:,} invalid rows set aside", file=sys.stderr)
+    print(
+        f"sent {out['tuples_sent']:,} tuples in {out['messages']:,} messages in {out['seconds']:.1f}s; "
+        f"held back {out['blocked_seconds']:.2f}s by backpressure (plus {out['connect_wait_seconds']:.2f}s "
+        f"waiting for the master); {out['rows_set_aside']:,} invalid rows set aside",
+        file=sys.stderr,
+    )
     if "confirmed" in out:
-        print(f"acknowledged: {out['acknowledged']:,} tuples held by the cluster; {out['tuples_resent']:,} resent "
-              f"after a restart; waited {out['ack_wait_seconds']:.2f}s for acknowledgements", file=sys.stderr)
+        print(
+            f"acknowledged: {out['acknowledged']:,} tuples held by the cluster; {out['tuples_resent']:,} resent "
+            f"after a restart; waited {out['ack_wait_seconds']:.2f}s for acknowledgements",
+            file=sys.stderr,
+        )
     print(json.dumps(out))
     if out.get("confirmed") is False:
         print("error: the cluster's run ended without taking everything this producer sent", file=sys.stderr)

@@ -10,6 +10,7 @@ that file, paced at `source.rate` = tuples / (time span / speed): `max` = unpace
 `N` = N times real time.  Pacing is uniform at the selection's mean rate; bursts inside it are smoothed.
 Also runnable as `spark-submit control/replay.py ...` (with `--prepare-only` where mpirun is elsewhere).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,9 @@ def input_files(inputs: list[str]) -> list[tuple[Path, str]]:
             files += inside
         elif p.is_file():
             if p.suffix.lower() not in FORMATS:
-                raise ReplayError(f"input file {item!r} has extension {p.suffix or '(none)'!r}; "
-                                  f"accepted: {', '.join(FORMATS)}")
+                raise ReplayError(
+                    f"input file {item!r} has extension {p.suffix or '(none)'!r}; accepted: {', '.join(FORMATS)}"
+                )
             files.append(p)
         else:
             raise ReplayError(f"input {item!r} does not exist")
@@ -93,12 +95,17 @@ def read_inputs(spark, files: list[tuple[Path, str]]):
         df = spark.read.csv(str(path), header=True) if fmt == "csv" else spark.read.parquet(str(path))
         missing = [c for c in COLUMNS[:4] if c not in df.columns]
         if missing:
-            raise ReplayError(f"input file {str(path)!r} lacks column(s) {', '.join(missing)}; "
-                              f"columns found: {', '.join(df.columns) or '(none)'}")
+            raise ReplayError(
+                f"input file {str(path)!r} lacks column(s) {', '.join(missing)}; "
+                f"columns found: {', '.join(df.columns) or '(none)'}"
+            )
         cols = [F.col(c) if c in df.columns else F.lit(None).cast("double") for c in COLUMNS]  # value is optional
         cols = [c.cast("string") if as_text else c for c in cols]
-        frames.append(df.select(*(c.alias(n) for c, n in zip(cols, COLUMNS)))
-                      .withColumn("_ts", F.col("ts").try_cast("decimal(38,6)")))
+        frames.append(
+            df.select(*(c.alias(n) for c, n in zip(cols, COLUMNS))).withColumn(
+                "_ts", F.col("ts").try_cast("decimal(38,6)")
+            )
+        )
     out = frames[0]
     for f in frames[1:]:
         out = out.unionByName(f)
@@ -119,16 +126,27 @@ def select(spark, files: list[tuple[Path, str]], start: float, end: float, dest:
     chosen = df.where(inside)
     span = chosen.agg(F.count(F.lit(1)).alias("n"), F.min("_ts").alias("lo"), F.max("_ts").alias("hi")).first()
     if span["n"] == 0:
-        raise ReplayError(f"no tuples with {start:g} <= ts < {end:g} in {len(files)} input file(s) "
-                          f"({stats['rows']:,} rows)")
+        raise ReplayError(
+            f"no tuples with {start:g} <= ts < {end:g} in {len(files)} input file(s) ({stats['rows']:,} rows)"
+        )
     staging = dest.parent / f"_{dest.stem}.spark"
-    (chosen.repartition(1).sortWithinPartitions("_ts", "stream", F.col("id").try_cast("long"), "id").drop("_ts")
-     .write.mode("overwrite").parquet(str(staging)))
-    part, = staging.glob("part-*.parquet")
+    (
+        chosen.repartition(1)
+        .sortWithinPartitions("_ts", "stream", F.col("id").try_cast("long"), "id")
+        .drop("_ts")
+        .write.mode("overwrite")
+        .parquet(str(staging))
+    )
+    (part,) = staging.glob("part-*.parquet")
     part.replace(dest)
     shutil.rmtree(staging)
-    return {"rows": stats["rows"], "no_ts": stats["rows"] - stats["numeric"], "tuples": span["n"],
-            "first_ts": float(span["lo"]), "last_ts": float(span["hi"])}
+    return {
+        "rows": stats["rows"],
+        "no_ts": stats["rows"] - stats["numeric"],
+        "tuples": span["n"],
+        "first_ts": float(span["lo"]),
+        "last_ts": float(span["hi"]),
+    }
 
 
 def inside_engine_output(path: Path, out: Path) -> str | None:
@@ -150,10 +168,17 @@ def main(argv: list[str], spark=None) -> int:
     p.add_argument("-n", "--ranks", type=int, default=17, help="ranks in all: 1 master + slaves (default 17)")
     p.add_argument("--hostfile", help="Open MPI hostfile for several hosts (see hosts.example)")
     p.add_argument("--prepare-only", action="store_true", help="write the selection and print the command only")
-    p.add_argument("--endpoint", help="instead of starting a cluster, push the selection at the chosen speed to a "
-                                      "running one whose source.kind = \"zmq\" listens here (control.produce)")
-    p.add_argument("--timeout", type=float, default=60.0,
-                   help="with --endpoint: give up when the cluster takes no message for this long (default 60 s)")
+    p.add_argument(
+        "--endpoint",
+        help="instead of starting a cluster, push the selection at the chosen speed to a "
+        'running one whose source.kind = "zmq" listens here (control.produce)',
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="with --endpoint: give up when the cluster takes no message for this long (default 60 s)",
+    )
     add_arguments(p)
     a = p.parse_args(argv)
     try:
@@ -165,8 +190,10 @@ def main(argv: list[str], spark=None) -> int:
         files = input_files(a.inputs)
         for f, _ in files:
             if part := inside_engine_output(f, out):
-                raise ReplayError(f"input {str(f)!r} lies in {str(out / part)!r}, which the replayed run removes "
-                                  "when it starts: choose another output.path (--set output.path=...)")
+                raise ReplayError(
+                    f"input {str(f)!r} lies in {str(out / part)!r}, which the replayed run removes "
+                    "when it starts: choose another output.path (--set output.path=...)"
+                )
         dest = out / "replay" / "selection.parquet"
         dest.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
@@ -178,25 +205,37 @@ def main(argv: list[str], spark=None) -> int:
     span = sel["last_ts"] - sel["first_ts"]
     rate = pace(sel["tuples"], span, speed)
     skipped = f"; {sel['no_ts']:,} rows left out: ts is not a number" if sel["no_ts"] else ""
-    print(f"replay: {sel['tuples']:,} of {sel['rows']:,} rows, ts {sel['first_ts']:g} .. {sel['last_ts']:g} "
-          f"({span:g}s) -> {dest} in {time.monotonic() - started:.1f}s; "
-          f"pace {'unpaced' if rate == 0 else f'{rate:,.0f} tuples/s'}{skipped}", flush=True)
+    print(
+        f"replay: {sel['tuples']:,} of {sel['rows']:,} rows, ts {sel['first_ts']:g} .. {sel['last_ts']:g} "
+        f"({span:g}s) -> {dest} in {time.monotonic() - started:.1f}s; "
+        f"pace {'unpaced' if rate == 0 else f'{rate:,.0f} tuples/s'}{skipped}",
+        flush=True,
+    )
     if a.endpoint:  # a cluster is already running with the ZeroMQ source
         from control.produce import Blocked, produce
         from protocol.access import source_token
+
         try:  # the token of --config / --set source.token_file, as the running cluster's
             sent = produce(str(dest), a.endpoint, rate=rate, timeout=a.timeout, token=source_token(cfg))
         except Blocked as e:
-            print(f"error: replay to {a.endpoint}: {e} (is a cluster with source.kind = \"zmq\" running there?)",
-                  file=sys.stderr)
+            print(
+                f'error: replay to {a.endpoint}: {e} (is a cluster with source.kind = "zmq" running there?)',
+                file=sys.stderr,
+            )
             return 1
         print(f"replay: pushed to {a.endpoint}: {json.dumps(sent)}", flush=True)
         return 0
     from deploy.launch import main as launch
 
-    sets = [*a.set, "source.kind=\"file\"", f"source.path={json.dumps(str(dest))}", f"source.rate={rate!r}"]
-    args = ["-n", str(a.ranks), *(["--hostfile", a.hostfile] if a.hostfile else []), "--",
-            *(["--config", a.config] if a.config else []), *(x for s in sets for x in ("--set", s))]
+    sets = [*a.set, 'source.kind="file"', f"source.path={json.dumps(str(dest))}", f"source.rate={rate!r}"]
+    args = [
+        "-n",
+        str(a.ranks),
+        *(["--hostfile", a.hostfile] if a.hostfile else []),
+        "--",
+        *(["--config", a.config] if a.config else []),
+        *(x for s in sets for x in ("--set", s)),
+    ]
     if a.prepare_only:
         print(shlex.join([sys.executable, "-m", "deploy.launch", *args]), flush=True)
         return 0

@@ -4,6 +4,7 @@ Spark runs embedded (`local[*]`) unless a master URL is given; under `spark-subm
 wins.  Shuffles use few partitions (the control data is small: partial views, a replay selection), the UI
 is off and the driver binds to 127.0.0.1 in local mode, so nothing listens beyond this host.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,13 @@ LOCAL = "local[*]"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """--config/--set (the cluster's config: output.path, [aggregate]) and --spark-master."""
     p.add_argument("--config", help="the cluster's TOML config (output.path, [aggregate]: docs/configuration.md)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config key, as for python -m master (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config key, as for python -m master (repeatable)",
+    )
     p.add_argument("--spark-master", help=f"Spark master URL (default {LOCAL}, or spark-submit's --master)")
 
 
@@ -48,4 +54,3 @@ def session(master: str | None = None, app: str = "streamjoin", settings: dict[s
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-

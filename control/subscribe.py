@@ -15,6 +15,7 @@ saved results the side a row lacks is null, as in the run's `results/` files.
 A run of declared streams (`[streams]`) sends TABLEs: its result rows with the streams' own columns, exactly as
 in its `results/` files, and `time` (the stream time, seconds); `--out` saves those columns.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,6 +33,7 @@ from protocol.access import dispatcher_endpoint
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED
 from common.zmq_security import connect_client
 
+
 def held(record: np.dtype) -> np.dtype:
     """A held result: its record and the punctuation it arrived after."""
     return np.dtype(record.descr + [("punctuation_before", "<f8")])
@@ -43,12 +45,19 @@ def rows_table(rows: np.ndarray) -> pa.Table:
     if rows.dtype != wire.ROW_RECORD:
         return pa.table({name: rows[name] for name in wire.RESULT_RECORD.names})
     kind = rows["kind"]
-    lacks = {"r": kind == wire.ROW_KINDS.index(RIGHT_UNMATCHED),
-             "s": np.isin(kind, [wire.ROW_KINDS.index(LEFT_UNMATCHED), wire.ROW_KINDS.index(LEFT_MATCHED)])}
-    table = pa.table({name: pa.array(rows[name], mask=lacks.get(name[0]) if name != "delay" else None)
-                      for name in wire.RESULT_RECORD.names})
-    return table.append_column("kind", pa.array(np.array(wire.ROW_KINDS, dtype=object)[kind], pa.string())) \
-        .append_column("time", pa.array(rows["time"]))
+    lacks = {
+        "r": kind == wire.ROW_KINDS.index(RIGHT_UNMATCHED),
+        "s": np.isin(kind, [wire.ROW_KINDS.index(LEFT_UNMATCHED), wire.ROW_KINDS.index(LEFT_MATCHED)]),
+    }
+    table = pa.table(
+        {
+            name: pa.array(rows[name], mask=lacks.get(name[0]) if name != "delay" else None)
+            for name in wire.RESULT_RECORD.names
+        }
+    )
+    return table.append_column(
+        "kind", pa.array(np.array(wire.ROW_KINDS, dtype=object)[kind], pa.string())
+    ).append_column("time", pa.array(rows["time"]))
 
 
 def recast(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -59,8 +68,16 @@ def recast(rows: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
-def subscribe(endpoint: str, server_key: str | None = None, key: str | None = None, timeout: float = 0.0,
-              progress: float = 1.0, keep: bool = True, dispatchers: int = 1, ordered: bool = False) -> dict:
+def subscribe(
+    endpoint: str,
+    server_key: str | None = None,
+    key: str | None = None,
+    timeout: float = 0.0,
+    progress: float = 1.0,
+    keep: bool = True,
+    dispatchers: int = 1,
+    ordered: bool = False,
+) -> dict:
     """Read the stream until END (or `timeout` seconds without a message); returns the checks and the rows.
 
     With k dispatchers each publishes on its own socket (the endpoint's port + i) and punctuates for its own
@@ -76,8 +93,18 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
     parts, before = [], []
     tables: list[pa.Table] = []  #: TABLEs' rows (declared streams), each with its punctuation_before
     waiting: list = []  #: ordered: results not yet passed by the punctuation, with it as they came
-    out = {"results": 0, "kinds": {}, "punctuations": 0, "last_punctuation": None, "non_monotone": 0,
-           "covered": 0, "gaps": 0, "missed_messages": 0, "rejected": 0, "ended": False}
+    out = {
+        "results": 0,
+        "kinds": {},
+        "punctuations": 0,
+        "last_punctuation": None,
+        "non_monotone": 0,
+        "covered": 0,
+        "gaps": 0,
+        "missed_messages": 0,
+        "rejected": 0,
+        "ended": False,
+    }
     record = wire.RESULT_RECORD  #: the results' record: ROW_RECORD once a ROWS message came
     marks = np.full(dispatchers, -np.inf)  #: each dispatcher's last punctuation
     expect_seq: dict[int, int] = {}
@@ -144,35 +171,57 @@ def subscribe(endpoint: str, server_key: str | None = None, key: str | None = No
                 out["ended"] = True
                 break
         if progress and time.monotonic() >= next_line:
-            print(f"results {out['results']:,} | punctuation {last_p:.3f} | gaps {out['gaps']}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"results {out['results']:,} | punctuation {last_p:.3f} | gaps {out['gaps']}",
+                file=sys.stderr,
+                flush=True,
+            )
             next_line = time.monotonic() + progress
     sock.close()
     release(np.inf)
     if tables:
         return out | {"table": pa.concat_tables(tables)}
     rows = np.concatenate(parts) if parts else np.empty(0, record)
-    return out | {"table": rows_table(rows).append_column("punctuation_before", pa.array(
-        np.concatenate(before) if before else np.empty(0)))}
+    return out | {
+        "table": rows_table(rows).append_column(
+            "punctuation_before", pa.array(np.concatenate(before) if before else np.empty(0))
+        )
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m control.subscribe", description=__doc__.split("\n")[0])
     p.add_argument("--endpoint", default="tcp://127.0.0.1:5556", help="the run's output.zmq_endpoint")
-    p.add_argument("--dispatchers", type=int, default=1,
-                   help="the run's cluster.dispatchers: dispatcher i publishes at the endpoint's port + i")
-    p.add_argument("--ordered", action="store_true",
-                   help="the run has output.ordered: keep the results in order of stream time across dispatchers")
+    p.add_argument(
+        "--dispatchers",
+        type=int,
+        default=1,
+        help="the run's cluster.dispatchers: dispatcher i publishes at the endpoint's port + i",
+    )
+    p.add_argument(
+        "--ordered",
+        action="store_true",
+        help="the run has output.ordered: keep the results in order of stream time across dispatchers",
+    )
     p.add_argument("--out", help="save the results as this Parquet file")
     p.add_argument("--server-key", help="CURVE: the cluster's public certificate (.key)")
     p.add_argument("--key", help="CURVE: this subscriber's secret certificate (.key_secret)")
-    p.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds without a message "
-                                                              "(0 = wait for END)")
+    p.add_argument(
+        "--timeout", type=float, default=0.0, help="stop after this many seconds without a message (0 = wait for END)"
+    )
     p.add_argument("--progress", type=float, default=1.0, help="seconds between progress lines (0 = none)")
     a = p.parse_args(argv)
     try:
-        out = subscribe(a.endpoint, a.server_key, a.key, a.timeout, a.progress, keep=bool(a.out),
-                        dispatchers=a.dispatchers, ordered=a.ordered)
+        out = subscribe(
+            a.endpoint,
+            a.server_key,
+            a.key,
+            a.timeout,
+            a.progress,
+            keep=bool(a.out),
+            dispatchers=a.dispatchers,
+            ordered=a.ordered,
+        )
     except (ValueError, OSError, zmq.ZMQError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -24,6 +24,7 @@ the cluster's code once it has stopped, and does not restart it; a second
 signal aborts the cluster, a third kills it.  If the supervisor is killed, the
 cluster dies with it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,9 +64,11 @@ class Hosts:
         placed = dict((h.name, n) for h, n in place(self.hosts, self.ranks))
         up = [h for h in self.hosts if h.name in answering]
         ranks = self.ranks - sum(n for name, n in placed.items() if name not in answering)
-        record = {"hosts": [h.name for h in up if h.name in placed],
-                  "left_out": sorted(name for name in placed if name not in answering),
-                  "slaves": ranks - self.dispatchers}
+        record = {
+            "hosts": [h.name for h in up if h.name in placed],
+            "left_out": sorted(name for name in placed if name not in answering),
+            "slaves": ranks - self.dispatchers,
+        }
         if not up or record["slaves"] < min_slaves:
             return None, record
         hostfile = self.workdir / f"hosts-{len(list(self.workdir.iterdir()))}"
@@ -75,7 +78,7 @@ class Hosts:
 
 def _launcher_part(command: list[str]) -> list[str]:
     """The launcher's own arguments: up to `--` (the rest is the master's)."""
-    return command[:command.index("--")] if "--" in command else command
+    return command[: command.index("--")] if "--" in command else command
 
 
 def _value(command: list[str], names: tuple[str, ...]) -> str | None:
@@ -109,7 +112,8 @@ def _dispatchers(command: list[str]) -> int:
     """cluster.dispatchers of the master's arguments (after `--`)."""
     from master.cli import parse_args
     from protocol.config import ConfigError, load_config
-    rest = command[command.index("--") + 1:] if "--" in command else []
+
+    rest = command[command.index("--") + 1 :] if "--" in command else []
     try:
         a = parse_args([w for w in rest if w != "--recover"])
         return load_config(a.config, a.set)["cluster"]["dispatchers"]
@@ -119,13 +123,21 @@ def _dispatchers(command: list[str]) -> int:
 
 def is_hosted_launch(command: list[str]) -> bool:
     """`deploy.launch --hostfile ...`, as `python -m deploy.launch` or as `streamjoin run` (or `launch`)."""
-    launch = any(w.endswith("deploy.launch") or w.endswith("deploy/launch.py") for w in command) or \
-        any(Path(w).name == "streamjoin" and then in ("run", "launch") for w, then in zip(command, command[1:]))
+    launch = any(w.endswith("deploy.launch") or w.endswith("deploy/launch.py") for w in command) or any(
+        Path(w).name == "streamjoin" and then in ("run", "launch") for w, then in zip(command, command[1:])
+    )
     return launch and _value(command, ("--hostfile",)) is not None
 
 
-def supervise(command: list[str], restarts: int, backoff: float, log=print, min_slaves: int = 1,
-              max_backoff: float = 60.0, sleep=time.sleep) -> int:
+def supervise(
+    command: list[str],
+    restarts: int,
+    backoff: float,
+    log=print,
+    min_slaves: int = 1,
+    max_backoff: float = 60.0,
+    sleep=time.sleep,
+) -> int:
     cluster: list[subprocess.Popen] = []  #: the running one
     stops = 0
 
@@ -139,8 +151,7 @@ def supervise(command: list[str], restarts: int, backoff: float, log=print, min_
     workdir = Path(tempfile.mkdtemp(prefix="streamjoin-supervise."))
     try:
         hosts = Hosts(command, workdir) if is_hosted_launch(command) else None
-        return _run(command, hosts, restarts, backoff, max_backoff, min_slaves, log, cluster, lambda: stops > 0,
-                    sleep)
+        return _run(command, hosts, restarts, backoff, max_backoff, min_slaves, log, cluster, lambda: stops > 0, sleep)
     except HostfileError as e:
         log(f"supervise: {e}")
         return USER_ERROR
@@ -150,8 +161,18 @@ def supervise(command: list[str], restarts: int, backoff: float, log=print, min_
             signal.signal(sig, handler)
 
 
-def _run(command: list[str], hosts: Hosts | None, restarts: int, backoff: float, max_backoff: float,
-         min_slaves: int, log, cluster: list, stopped, sleep) -> int:
+def _run(
+    command: list[str],
+    hosts: Hosts | None,
+    restarts: int,
+    backoff: float,
+    max_backoff: float,
+    min_slaves: int,
+    log,
+    cluster: list,
+    stopped,
+    sleep,
+) -> int:
     """The cluster runs in its own session, so a Ctrl-C at the terminal reaches it once, through `on_signal`,
     and dies with the supervisor (protocol.lifetime); a restart after a crash waits for the crashed run's hold
     on the output folder to end (master.lock), so two clusters never write it at once."""
@@ -169,8 +190,10 @@ def _run(command: list[str], hosts: Hosts | None, restarts: int, backoff: float,
             return code
         attempt += 1
         wait = min(backoff * 2 ** (attempt - 1), max_backoff)
-        log(f"supervise: the cluster crashed (exit code {code}); restart {attempt} of {restarts} "
-            f"from the newest complete checkpoint in {wait:g}s")
+        log(
+            f"supervise: the cluster crashed (exit code {code}); restart {attempt} of {restarts} "
+            f"from the newest complete checkpoint in {wait:g}s"
+        )
         sleep(wait)
         cmd = command if "--recover" in command else [*command, "--recover"]
         entry = {"attempt": attempt, "after_exit_code": code, "at": round(time.time(), 3)}
@@ -179,12 +202,16 @@ def _run(command: list[str], hosts: Hosts | None, restarts: int, backoff: float,
             cmd, used = hosts.for_restart(answering, min_slaves)
             entry.update(used)
             if cmd is None:
-                log(f"supervise: {used['slaves']} slave(s) would remain on the hosts that answer "
-                    f"({', '.join(used['hosts']) or 'none'}), fewer than --min-slaves {min_slaves}: giving up")
+                log(
+                    f"supervise: {used['slaves']} slave(s) would remain on the hosts that answer "
+                    f"({', '.join(used['hosts']) or 'none'}), fewer than --min-slaves {min_slaves}: giving up"
+                )
                 return TOO_FEW
             cmd = [*cmd, "--recover"] if "--recover" not in cmd else cmd
-            log(f"supervise: restarting on {', '.join(used['hosts'])} with {used['slaves']} slaves"
-                + (f" (left out, not answering: {', '.join(used['left_out'])})" if used["left_out"] else ""))
+            log(
+                f"supervise: restarting on {', '.join(used['hosts'])} with {used['slaves']} slaves"
+                + (f" (left out, not answering: {', '.join(used['left_out'])})" if used["left_out"] else "")
+            )
         record.append(entry)
     return code  # stopped while waiting to restart: the crash's code
 
@@ -202,18 +229,32 @@ def probe(hosts, log) -> set[str]:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m control.supervise", description=__doc__.split("\n")[0])
     p.add_argument("--restarts", type=int, default=10, help="restarts before giving up (default 10)")
-    p.add_argument("--backoff", type=float, default=1.0,
-                   help="seconds before the first restart, doubling for each next one (default 1)")
+    p.add_argument(
+        "--backoff",
+        type=float,
+        default=1.0,
+        help="seconds before the first restart, doubling for each next one (default 1)",
+    )
     p.add_argument("--max-backoff", type=float, default=60.0, help="the longest wait before a restart (default 60)")
-    p.add_argument("--min-slaves", type=int, default=1,
-                   help="with deploy.launch --hostfile: give up (exit 6) when fewer slaves remain (default 1)")
+    p.add_argument(
+        "--min-slaves",
+        type=int,
+        default=1,
+        help="with deploy.launch --hostfile: give up (exit 6) when fewer slaves remain (default 1)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command that runs the cluster")
     a = p.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
         p.error("give the cluster's command after --, e.g. -- mpirun -n 5 python -m master --config run.toml")
-    return supervise(command, a.restarts, a.backoff, log=lambda m: print(m, file=sys.stderr, flush=True),
-                     min_slaves=a.min_slaves, max_backoff=a.max_backoff)
+    return supervise(
+        command,
+        a.restarts,
+        a.backoff,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+        min_slaves=a.min_slaves,
+        max_backoff=a.max_backoff,
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ counts, so it has nothing left to decide.  The supervisor probes each host the
 way Open MPI reaches it (its rsh/ssh agent) before a restart and leaves out those
 that do not answer.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,8 +51,7 @@ def read_hostfile(path: str | Path) -> list[Host]:
         for word in words[1:]:
             key, _, value = word.partition("=")
             if key not in ("slots", "max_slots") or not value.isdigit() or int(value) < 1:
-                raise HostfileError(f"hostfile {path}, line {number}: {word!r} is not slots=N or max_slots=N "
-                                    "(N >= 1)")
+                raise HostfileError(f"hostfile {path}, line {number}: {word!r} is not slots=N or max_slots=N (N >= 1)")
             if key == "slots":
                 slots, given = int(value), True
         if name in hosts:
@@ -86,8 +86,11 @@ def describe(placement: list[tuple[Host, int]]) -> str:
     parts, first = [], 0
     for h, count in placement:
         ranks = f"rank {first}" if count == 1 else f"ranks {first}-{first + count - 1}"
-        over = f", {count - h.slots} over its {h.slots} slot{'s' * (h.slots > 1)}: oversubscribed" \
-            if count > h.slots else ""
+        over = (
+            f", {count - h.slots} over its {h.slots} slot{'s' * (h.slots > 1)}: oversubscribed"
+            if count > h.slots
+            else ""
+        )
         note = " (no slots= in the hostfile: counted as 1)" if not h.slots_given else ""
         parts.append(f"{h.name}: {ranks}{over}{note}")
         first += count
@@ -110,7 +113,15 @@ def answers(host: str, timeout: float = 10.0) -> bool:
     if host in LOCAL_NAMES:
         return True
     try:
-        return subprocess.run([*agent(), host, "true"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=timeout).returncode == 0
+        return (
+            subprocess.run(
+                [*agent(), host, "true"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False

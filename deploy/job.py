@@ -19,6 +19,7 @@ watch, and makes sure the job ends:
   codes (14 for a socket closed under a rank, 255 for a daemon that did not
   start, ...) are mapped to them, with one line saying so.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,15 @@ _DAEMON = re.compile(r"lost communication with a remote daemon.*?Remote daemon:\
 _NO_DAEMON = re.compile(r"daemon failed to report back.*?Remote host:\s*(\S+)", re.S)
 _EXITED = re.compile(r"exited with non-zero status.*?Process name: \S+?(\d+)\]\s*Exit code:\s*(\d+)", re.S)
 #: Open MPI's words for a job that never got its ranks running on some host
-_LAUNCH = ("daemon failed to report back", "prte daemon", "orte daemon", "ssh: ", "could not be found",
-           "unable to launch the specified application", "was unable to find the specified executable")
+_LAUNCH = (
+    "daemon failed to report back",
+    "prte daemon",
+    "orte daemon",
+    "ssh: ",
+    "could not be found",
+    "unable to launch the specified application",
+    "was unable to find the specified executable",
+)
 
 
 class JobWatch:
@@ -65,7 +73,7 @@ class JobWatch:
     def feed(self, line: str, now: float) -> None:
         if line.startswith("started:"):  # "started: 1 master + 4 slaves on 3 hosts (h1: 0-1; h2: 2-3); ..."
             self.started = True
-            hosts = line[line.find("(") + 1: line.find(")")]
+            hosts = line[line.find("(") + 1 : line.find(")")]
             self.ranks_of = dict(part.split(": ", 1) for part in hosts.split("; ") if ": " in part)
         if any(word in line.lower() for word in _LAUNCH) and not self.started:
             self.launch_failed = True
@@ -95,32 +103,47 @@ class JobWatch:
             return 128 + signals[1], ""
         if self.aborted is not None:
             code = self.aborted[1]
-            return (code, "") if code in CODES or code > 128 else \
-                (CRASH, f"rank {self.aborted[0]} aborted with code {code}: exit {CRASH} (a crash)")
+            return (
+                (code, "")
+                if code in CODES or code > 128
+                else (CRASH, f"rank {self.aborted[0]} aborted with code {code}: exit {CRASH} (a crash)")
+            )
         if self.killed is not None:
             rank, host, sig = self.killed
             name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
-            return LOST, (f"rank {rank} on host {host} was killed by signal {sig} ({name}): "
-                          f"exit {LOST} (a rank was lost)")
+            return LOST, (
+                f"rank {rank} on host {host} was killed by signal {sig} ({name}): exit {LOST} (a rank was lost)"
+            )
         if self.lost_host is not None:
             ranks = self.ranks_of.get(self.lost_host, "?")
-            return LOST, (f"Open MPI lost the daemon of host {self.lost_host} (ranks {ranks}): exit {LOST} (a rank "
-                          "was lost)")
+            return LOST, (
+                f"Open MPI lost the daemon of host {self.lost_host} (ranks {ranks}): exit {LOST} (a rank was lost)"
+            )
         code = exit_code(returncode)
         if code in CODES:
             return code, ""
         if self.launch_failed or not self.started:
             host = f" (host {self.unanswered} did not answer)" if self.unanswered else ""
-            return START_FAILED, (f"Open MPI ended with its own code {code} before the ranks ran{host}: exit "
-                                  f"{START_FAILED} (the job could not start)")
+            return START_FAILED, (
+                f"Open MPI ended with its own code {code} before the ranks ran{host}: exit "
+                f"{START_FAILED} (the job could not start)"
+            )
         return LOST, f"Open MPI ended with its own code {code} (a connection to a rank or host was lost): exit {LOST}"
 
 
 def run_job(cmd: list[str], env: dict[str, str]) -> int:
     """Run mpirun to its end (see the module's docstring); returns the job's exit code."""
     watch, signals = JobWatch(), []
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent,
-                            stderr=subprocess.PIPE, text=True, errors="replace", bufsize=1)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        start_new_session=True,
+        preexec_fn=die_with_parent,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        bufsize=1,
+    )
 
     def on_signal(signum, frame):
         signals.append((signum, time.monotonic()))
@@ -138,9 +161,12 @@ def run_job(cmd: list[str], env: dict[str, str]) -> int:
             time.sleep(0.1)
             since = [t for t in (watch.aborted_at, signals[1][1] if len(signals) > 1 else None) if t is not None]
             if since and time.monotonic() - min(since) > ABORT_GRACE and proc.poll() is None:
-                say(watch, f"mpirun did not end within {ABORT_GRACE:g}s of the "
-                           f"{'abort' if watch.aborted_at else 'second signal'} (a host's daemon does not answer): "
-                           "ending it and its local ranks")
+                say(
+                    watch,
+                    f"mpirun did not end within {ABORT_GRACE:g}s of the "
+                    f"{'abort' if watch.aborted_at else 'second signal'} (a host's daemon does not answer): "
+                    "ending it and its local ranks",
+                )
                 end_tree(proc.pid)
         reader.join(timeout=0.5)  # an ssh client to a host cut off may hold the pipe open: not waited for
     finally:

@@ -18,6 +18,7 @@ mapped to the documented ones.  With a bare mpirun, `kill -USR1 <mpirun pid>`
 is the clean stop.  Arguments, the configuration and the hostfile are checked
 before mpirun starts (exit 2).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,8 +73,14 @@ def kernel_stamp(modules: tuple[str, ...] = KERNEL_MODULES) -> tuple[Path, str]:
     from importlib.util import find_spec
 
     files = [Path(find_spec(name).origin) for name in modules]
-    state = json.dumps([version("numba"), sys.version, os.environ.get("NUMBA_CACHE_DIR"),
-                        *((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files)])
+    state = json.dumps(
+        [
+            version("numba"),
+            sys.version,
+            os.environ.get("NUMBA_CACHE_DIR"),
+            *((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files),
+        ]
+    )
     return files[-1].parent / "__pycache__" / "streamjoin-kernels-warm.json", state
 
 
@@ -92,7 +99,7 @@ def warm_kernels() -> None:
     import slave.kernel  # noqa: F401
     import pyarrow as pa
     from master.sources.keys import KeyDictionary  # text keys' coding compiles at its first call: 16 values,
-                                                   # a rehash too
+    # a rehash too
 
     KeyDictionary(pa.string()).codes(pa.array([str(i) for i in range(16)]))
     with contextlib.suppress(OSError):  # a read-only checkout warms each time
@@ -100,8 +107,14 @@ def warm_kernels() -> None:
         stamp.write_text(state)
 
 
-def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, module: str = "master",
-                   cluster: dict | None = None, log=print) -> list[str]:
+def mpirun_command(
+    ranks: int,
+    args: list[str],
+    hostfile: str | None = None,
+    module: str = "master",
+    cluster: dict | None = None,
+    log=print,
+) -> list[str]:
     """The mpirun command line.  With a hostfile the ranks go where `deploy.hosts.place` puts them (said in one
     line through `log`), and every rank gets this launcher's environment; `cluster`: the config's [cluster]
     and [epochs] keys that set Open MPI's network and keepalive (`network_options`).  Ranks start with
@@ -114,10 +127,21 @@ def mpirun_command(ranks: int, args: list[str], hostfile: str | None = None, mod
     log(describe(placement))
     placed = write_placement(placement, Path(session_root()) / "hostfile")
     forwarded = [name for name in os.environ if name.startswith(("STREAMJOIN_", "OMPI_MCA_"))]
-    cmd += ["--hostfile", str(placed), "--map-by", "slot", "-n", str(ranks),
-            "-x", f"{PLACED_HOSTS}={len(placement)}",
-            *[x for name in dict.fromkeys([*MPI_ENV, "OMPI_MCA_btl", "PYTHONPATH", LAUNCHED, *forwarded])
-              for x in ("-x", name)]]
+    cmd += [
+        "--hostfile",
+        str(placed),
+        "--map-by",
+        "slot",
+        "-n",
+        str(ranks),
+        "-x",
+        f"{PLACED_HOSTS}={len(placement)}",
+        *[
+            x
+            for name in dict.fromkeys([*MPI_ENV, "OMPI_MCA_btl", "PYTHONPATH", LAUNCHED, *forwarded])
+            for x in ("-x", name)
+        ],
+    ]
     return cmd + [sys.executable, "-P", "-m", module, *args]
 
 
@@ -131,8 +155,17 @@ def network_options(cluster: dict | None) -> list[str]:
     timeout = heartbeat_timeout(cluster, cluster["epoch"]) if cluster else 5.0
     # idle for the timeout + 2 s, then 3 probes 1 s apart: the engine's own detector, which names the rank and
     # what it last said, speaks first (protocol.liveness)
-    opts = ["--prtemca", "oob_tcp_keepalive_time", str(math.ceil(timeout) + 2), "--prtemca",
-            "oob_tcp_keepalive_intvl", "1", "--prtemca", "oob_tcp_keepalive_probes", "3"]
+    opts = [
+        "--prtemca",
+        "oob_tcp_keepalive_time",
+        str(math.ceil(timeout) + 2),
+        "--prtemca",
+        "oob_tcp_keepalive_intvl",
+        "1",
+        "--prtemca",
+        "oob_tcp_keepalive_probes",
+        "3",
+    ]
     network, ports = (cluster or {}).get("network"), (cluster or {}).get("ports")
     if network:
         opts += ["--mca", "btl_tcp_if_include", network, "--prtemca", "oob_tcp_if_include", network]
@@ -142,8 +175,17 @@ def network_options(cluster: dict | None) -> list[str]:
         low, high = map(int, ports.split("-"))
         middle = (low + high + 1) // 2
         for v in ("4", "6"):
-            opts += ["--mca", f"btl_tcp_port_min_v{v}", str(low), "--mca", f"btl_tcp_port_range_v{v}",
-                     str(middle - low), "--prtemca", f"oob_tcp_dynamic_ipv{v}_ports", f"{middle}-{high}"]
+            opts += [
+                "--mca",
+                f"btl_tcp_port_min_v{v}",
+                str(low),
+                "--mca",
+                f"btl_tcp_port_range_v{v}",
+                str(middle - low),
+                "--prtemca",
+                f"oob_tcp_dynamic_ipv{v}_ports",
+                f"{middle}-{high}",
+            ]
     return opts
 
 
@@ -200,8 +242,9 @@ def main(argv: list[str]) -> int:
         if a.module == "master":  # a mistake is told once, before mpirun starts a rank (exit 2 on a bad argument)
             cfg = checked_config(rest, a.ranks - 1)
             cluster = {**cfg["cluster"], "epoch": cfg["epochs"]["distribution"]}
-        cmd = mpirun_command(a.ranks, rest, a.hostfile, a.module, cluster,
-                             log=lambda line: print(line, file=sys.stderr, flush=True))
+        cmd = mpirun_command(
+            a.ranks, rest, a.hostfile, a.module, cluster, log=lambda line: print(line, file=sys.stderr, flush=True)
+        )
     except (ConfigError, HostfileError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return USER_ERROR

@@ -13,6 +13,7 @@ Needs root (`ip netns`); the file system is shared, as a cluster's shared checko
 
 `python deploy/testbed.py agent MAP HOST COMMAND...` is the agent itself (the path is what Open MPI runs).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,6 +35,7 @@ CLEAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  #: 
 
 class TestBedError(RuntimeError):
     """Namespaces cannot be made here (not root, no `ip`, no namespaces in this kernel)."""
+
     __test__ = False  # a tool, not a test class
 
 
@@ -75,8 +77,20 @@ class TestBed:
             for i in range(self.n):
                 _ip("netns", "add", self.ns(i))
                 _ip("-n", self.ns(i), "link", "set", "lo", "up")
-                _ip("link", "add", f"sj{self.tag}v{i}", "netns", self.ns(i), "type", "veth", "peer", "name",
-                    f"sj{self.tag}p{i}", "netns", self.bridge)
+                _ip(
+                    "link",
+                    "add",
+                    f"sj{self.tag}v{i}",
+                    "netns",
+                    self.ns(i),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    f"sj{self.tag}p{i}",
+                    "netns",
+                    self.bridge,
+                )
                 _ip("-n", self.bridge, "link", "set", f"sj{self.tag}p{i}", "master", "br0", "up")
                 _ip("-n", self.ns(i), "addr", "add", f"{self.address(i)}/24", "dev", f"sj{self.tag}v{i}")
                 _ip("-n", self.ns(i), "link", "set", f"sj{self.tag}v{i}", "up")
@@ -100,8 +114,19 @@ class TestBed:
 
     def on(self, i: int, *command: str) -> list[str]:
         """`command` run on host i (its namespace and host name), in this environment."""
-        return ["ip", "netns", "exec", self.ns(i), "unshare", "--uts", "sh", "-c",
-                f'hostname {self.name(i)} && exec "$@"', "sh", *command]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.ns(i),
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            f'hostname {self.name(i)} && exec "$@"',
+            "sh",
+            *command,
+        ]
 
     def hostfile(self, slots: list[int], hosts: list[int] | None = None) -> Path:
         """An Open MPI hostfile of the hosts (all by default), by address, with these slots."""
@@ -122,8 +147,15 @@ class TestBed:
 
     def start(self, i: int, command: list[str], env: dict[str, str]) -> Watched:
         """`command` started on host i with Open MPI's agent set, its stderr read line by line."""
-        return Watched(subprocess.Popen(self.on(i, *command), env={**env, **self.env()}, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True))
+        return Watched(
+            subprocess.Popen(
+                self.on(i, *command),
+                env={**env, **self.env()},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
 
     def pids(self, i: int) -> list[int]:
         """The processes running on host i."""
@@ -201,10 +233,26 @@ def agent(map_file: str, host: str, command: list[str]) -> int:
         print(f"ssh: connect to host {host} port 22: Connection timed out", file=sys.stderr)
         return 255
     remote = " ".join(command)
-    child = subprocess.Popen(["ip", "netns", "exec", ns, "env", "-i", f"PATH={CLEAN_PATH}", "HOME=/root",
-                              "LANG=C.UTF-8", "unshare", "--uts", "sh", "-c",
-                              f"hostname {name} && exec sh -c {shlex.quote(remote)}"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "env",
+            "-i",
+            f"PATH={CLEAN_PATH}",
+            "HOME=/root",
+            "LANG=C.UTF-8",
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            f"hostname {name} && exec sh -c {shlex.quote(remote)}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     up = threading.Event()
     up.set()
 
@@ -220,8 +268,10 @@ def agent(map_file: str, host: str, command: list[str]) -> int:
             sink.flush()
 
     threading.Thread(target=watch, daemon=True).start()
-    relays = [threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer)),
-              threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer))]
+    relays = [
+        threading.Thread(target=relay, args=(child.stdout, sys.stdout.buffer)),
+        threading.Thread(target=relay, args=(child.stderr, sys.stderr.buffer)),
+    ]
     for t in relays:
         t.start()
     code = child.wait()

@@ -4,6 +4,7 @@ Rank 0 is the master; every other rank runs the slave (`python -m slave`), as
 `mpirun -n 1 python -m master : -n N-1 python -m slave` would.  The dispatch by
 module name is the only link between the two roles.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -35,6 +36,7 @@ def find_resume(cfg: dict, slaves: list[int]) -> tuple:
     """With --recover: the newest complete checkpoint that fits this run, with the output rolled back to it; on
     another slave count its partition-groups are placed anew (protocol.checkpoint.reassign)."""
     from protocol import checkpoint
+
     root = checkpoint.root_of(cfg)
     found = checkpoint.latest_complete(root, log=say)
     if found is None:
@@ -47,8 +49,10 @@ def find_resume(cfg: dict, slaves: list[int]) -> tuple:
     checkpoint.publish_aggregates(out, manifest["commit"][checkpoint.PENDING_AGGREGATES])  # if the crash came between
     then = len(checkpoint.slaves_of(manifest))
     rescale = f", taken with {then} slaves, on {len(slaves)}: its partition-groups placed anew" * (then != len(slaves))
-    say(f"recover: resuming from checkpoint {manifest['id']} ({directory}){rescale}; "
-        f"{removed} output files written after it removed")
+    say(
+        f"recover: resuming from checkpoint {manifest['id']} ({directory}){rescale}; "
+        f"{removed} output files written after it removed"
+    )
     return found
 
 
@@ -70,6 +74,7 @@ def other_rank(comm) -> int:
     from master.run import Master
     from master.sources import open_shard
     from protocol import checkpoint
+
     if resume is not None:
         resume = (Path(resume["dir"]), checkpoint.load_manifest(Path(resume["dir"])))
     with input_errors_abort(comm):
@@ -82,6 +87,7 @@ def input_errors_abort(comm):
     """A file source finds a bad block or an unreadable file only when it reads that far, during the run: say
     so and end the whole job (the other ranks would wait for this one forever)."""
     from common.chunks import InputError
+
     try:
         yield
     except InputError as e:
@@ -101,11 +107,14 @@ def main() -> int:
     from common.chunks import InputError
     from protocol.config import ConfigError, load_config, validate
     from protocol.output import OutputError, check_owned, reset_output
+
     resume = lock = None
     try:
         if comm.size < 2:
-            raise ConfigError("the cluster needs a master and at least one slave: "
-                              "run it as `mpirun -n 5 python -m master` (or `make run`)")
+            raise ConfigError(
+                "the cluster needs a master and at least one slave: "
+                "run it as `mpirun -n 5 python -m master` (or `make run`)"
+            )
         cfg = load_config(args.config, args.set)
         validate(cfg, slaves=comm.size - 1)
         # a restart waits for the crashed cluster's ranks to be gone: two never write one folder
@@ -128,13 +137,21 @@ def main() -> int:
         return USER_ERROR
     wait_barrier(comm)
     comm.bcast(cfg, root=0)
-    comm.bcast(None if resume is None else {
-        "dir": str(resume[0]), "result_files": resume[1]["result_files"],
-        "seqs": [resume[1]["master"]["seq"], *(resume[1]["dispatchers"][str(d)]["seq"]
-                                               for d in range(1, cfg["cluster"]["dispatchers"]))],
-        "aggregate_files": resume[1]["commit"][checkpoint.PENDING_AGGREGATES],
-        "groups": checkpoint.slave_assignment(resume[1], list(range(cfg["cluster"]["dispatchers"], comm.size)))},
-        root=0)
+    comm.bcast(
+        None
+        if resume is None
+        else {
+            "dir": str(resume[0]),
+            "result_files": resume[1]["result_files"],
+            "seqs": [
+                resume[1]["master"]["seq"],
+                *(resume[1]["dispatchers"][str(d)]["seq"] for d in range(1, cfg["cluster"]["dispatchers"])),
+            ],
+            "aggregate_files": resume[1]["commit"][checkpoint.PENDING_AGGREGATES],
+            "groups": checkpoint.slave_assignment(resume[1], list(range(cfg["cluster"]["dispatchers"], comm.size))),
+        },
+        root=0,
+    )
     try:
         with input_errors_abort(comm):
             master.run()

@@ -1,5 +1,6 @@
 """The master's command line, without MPI: every rank parses it (an argument error ends all of them alike, not
 rank 0 alone while the others wait for it), and deploy.launch checks it before mpirun starts any rank."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,10 +23,18 @@ class Parser(argparse.ArgumentParser):
 def parse_args(argv: list[str], quiet: bool = False) -> argparse.Namespace:
     p = Parser(quiet, prog="python -m master", description=f"run the stream join cluster: {USAGE}")
     p.add_argument("--config", help="TOML config file (every key has a default: docs/configuration.md)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override one config key, e.g. --set join.window=2.0 (repeatable)")
-    p.add_argument("--recover", action="store_true",
-                   help="resume from the newest complete checkpoint (a fresh start if there is none)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config key, e.g. --set join.window=2.0 (repeatable)",
+    )
+    p.add_argument(
+        "--recover",
+        action="store_true",
+        help="resume from the newest complete checkpoint (a fresh start if there is none)",
+    )
     return p.parse_args(argv)
 
 
@@ -38,4 +47,3 @@ def checked_config(argv: list[str], slaves: int) -> dict:
     cfg = load_config(args.config, args.set)
     validate(cfg, slaves=slaves)
     return cfg
-

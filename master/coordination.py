@@ -35,6 +35,7 @@ checkpoint made durable from it: rank 0 sends each other dispatcher COMMITTED
 with the source position of its part once the manifest is written.  The orders,
 their fields and their encoding are protocol.orders'; no tuple data.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -2,6 +2,7 @@
 first batch read while the other ranks start, the line that says every rank runs, and the end -- STOP to
 every slave, their final reports, the summary.
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,10 +21,14 @@ from protocol.streams import live_endpoints
 
 def say_started(hosts: list[str], k: int, cfg: dict) -> None:
     by_host = ranks_by_host(hosts)
-    print(f"started: {'1 master' if k == 1 else f'{k} dispatchers'} + {len(hosts) - k} slaves on {len(by_host)} "
-          f"host{'s' * (len(by_host) > 1)} (" + "; ".join(f"{h}: {spans(r)}" for h, r in by_host.items())
-          + f"); heartbeat_timeout {heartbeat_timeout(cfg['cluster'], cfg['epochs']['distribution']):g}s",
-          file=sys.stderr, flush=True)
+    print(
+        f"started: {'1 master' if k == 1 else f'{k} dispatchers'} + {len(hosts) - k} slaves on {len(by_host)} "
+        f"host{'s' * (len(by_host) > 1)} ("
+        + "; ".join(f"{h}: {spans(r)}" for h, r in by_host.items())
+        + f"); heartbeat_timeout {heartbeat_timeout(cfg['cluster'], cfg['epochs']['distribution']):g}s",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 class Lifecycle:
@@ -71,24 +76,39 @@ class Lifecycle:
         self.metrics.finish(self)
         lateness = self.ingest.stream_summary(time.time())
         if self.index > 0:
-            self.links.send_summary({"stats": self.stats.state(), "results_out": self.results_out.summary(),
-                                     "source": self.source.finish(), "lateness": lateness})
+            self.links.send_summary(
+                {
+                    "stats": self.stats.state(),
+                    "results_out": self.results_out.summary(),
+                    "source": self.source.finish(),
+                    "lateness": lateness,
+                }
+            )
             return {}
         others = self.links.summaries(self.k)
         for other in others:
             self.stats.merge(other["stats"])
         c = self.controller
         summary = self.stats.summary(self.cfg)
-        summary["balance"] = {"reorganizations": c.reorganizations, "moves": c.moves_log,
-                              "active_changes": c.active_log, "active_at_end": sorted(c.active),
-                              "occupancy": c.occupancy_log}
+        summary["balance"] = {
+            "reorganizations": c.reorganizations,
+            "moves": c.moves_log,
+            "active_changes": c.active_log,
+            "active_at_end": sorted(c.active),
+            "occupancy": c.occupancy_log,
+        }
         summary["hot_keys"] = [] if self.hot is None else self.hot.log
-        summary["checkpoints"] = {"written": self.checkpoints.written,
-                                  "recovered_from": self.checkpoints.recovered_from, "log": self.checkpoints.log}
+        summary["checkpoints"] = {
+            "written": self.checkpoints.written,
+            "recovered_from": self.checkpoints.recovered_from,
+            "log": self.checkpoints.log,
+        }
         summary["restarts"] = restarts()
         finished = [self.source.finish(), *(o["source"] for o in others)]
-        summary.update(**(type(self.source).merge(finished) if self.k > 1 and finished[0] else finished[0]),
-                       **self.results_out.summary([o["results_out"] for o in others if o["results_out"]]))
+        summary.update(
+            **(type(self.source).merge(finished) if self.k > 1 and finished[0] else finished[0]),
+            **self.results_out.summary([o["results_out"] for o in others if o["results_out"]]),
+        )
         if lateness:  # [streams]: each stream's max_delay, late tuples and idle periods
             summary["lateness"] = IngestDesk.merge_summaries([lateness, *(o["lateness"] for o in others)])
         remove_log(self.cfg["output"]["path"])  # every result is written: no row needs its columns any more

@@ -8,6 +8,7 @@ buffer of its last message is reused for the next one.  `seq` numbers the
 messages on the FIFO channel to each slave (the header's `seq`,
 protocol.messages), so a slave notices a lost one; it is not the distribution epoch.
 """
+
 from __future__ import annotations
 
 import time
@@ -20,8 +21,18 @@ from protocol.orders import Order
 from protocol import eventtime, faults, liveness
 from protocol.arrays import whole_buffer
 from protocol.mpi import wait_all_started
-from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_JOINING, TAG_REPORT, TAG_SUMMARY, Ack, Kind, batch_message, \
-    decode_report, encode_order
+from protocol.messages import (
+    REPORT_BYTES,
+    TAG_DATA,
+    TAG_JOINING,
+    TAG_REPORT,
+    TAG_SUMMARY,
+    Ack,
+    Kind,
+    batch_message,
+    decode_report,
+    encode_order,
+)
 
 
 class Links:
@@ -45,8 +56,7 @@ class Links:
         """The next BATCH to `rank`, numbered, with room for its rows: (buffer, R rows, S rows) to fill, then
         `send`."""
         self.seq[rank] += 1
-        return batch_message(self.seq[rank], watermark, n_r, n_s, self.dtype, groups,
-                             spare=self.spare.pop(rank, None))
+        return batch_message(self.seq[rank], watermark, n_r, n_s, self.dtype, groups, spare=self.spare.pop(rank, None))
 
     def order(self, rank: int, kind: Kind, watermark: int = eventtime.NONE, **fields) -> None:
         """An order without tuples (MOVE, CHECKPOINT, SPLIT, MERGE) to `rank`, under its last sequence number;
@@ -69,8 +79,10 @@ class Links:
             rank = status.Get_source()
             self.comm.Recv([self._report, MPI.BYTE], source=rank, tag=TAG_REPORT)
             counters, hist = decode_report(self._report)
-            self.last_report[rank] = (time.monotonic(), f"{Ack(int(counters['ack'])).name} report, message "
-                                                        f"{int(counters['seq'])}")
+            self.last_report[rank] = (
+                time.monotonic(),
+                f"{Ack(int(counters['ack'])).name} report, message {int(counters['seq'])}",
+            )
             if rank in self.stopping:
                 liveness.forget(rank)
             if counters["ack"] != Ack.INSTALLED:

@@ -5,6 +5,7 @@ flock on that file (the kernel releases it when its holder dies, however it dies
 holds it (host, pid, start time), so a refusal can name the other run.  A lock file whose flock is free was
 left by a run that died (SIGKILL, MPI_Abort): it is reported and taken over.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -46,9 +47,11 @@ class OutputLock:
                 if time.monotonic() < deadline:
                     time.sleep(0.2)
                     continue
-                raise OutputBusy(f"output.path {str(self.path.parent)!r} is in use by another cluster "
-                                 f"({owner_text(self._read())}, lock {self.path}): wait for it to end, stop it, or "
-                                 "choose another output.path") from None
+                raise OutputBusy(
+                    f"output.path {str(self.path.parent)!r} is in use by another cluster "
+                    f"({owner_text(self._read())}, lock {self.path}): wait for it to end, stop it, or "
+                    "choose another output.path"
+                ) from None
             try:  # the holder may have released and removed the file between our open and flock: retry
                 same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
@@ -59,10 +62,13 @@ class OutputLock:
         self.fd = fd
         stale = os.pread(fd, 4096, 0)
         if stale:
-            log(f"output.path {str(self.path.parent)!r}: the run that held it ({owner_text(stale)}) ended without "
-                "releasing it (killed or crashed): taking it over")
-        me = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-                         "command": sys.argv}).encode()
+            log(
+                f"output.path {str(self.path.parent)!r}: the run that held it ({owner_text(stale)}) ended without "
+                "releasing it (killed or crashed): taking it over"
+            )
+        me = json.dumps(
+            {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "command": sys.argv}
+        ).encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, me, 0)
 

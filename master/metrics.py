@@ -11,6 +11,7 @@ cadence (TAG_METRICS, a small pickled dict, no tuple data) into a receive rank 0
 them up and serves.  At the end each sends a last one marked final and rank 0 waits for all of them
 (`finish`), so no send is left unmatched.
 """
+
 from __future__ import annotations
 
 import sys
@@ -97,9 +98,12 @@ class Metrics:
         if now < self.next:
             return
         if self.next == 0.0 and self.index == 0 and self.cfg["output"]["progress"]:
-            print(f"output: {self.out.resolve()}/ (results/, late/, metrics/, summary.json)"
-                  + (f"; metrics {self.url}metrics, dashboard {self.url}" if self.server else ""),
-                  file=sys.stderr, flush=True)
+            print(
+                f"output: {self.out.resolve()}/ (results/, late/, metrics/, summary.json)"
+                + (f"; metrics {self.url}metrics, dashboard {self.url}" if self.server else ""),
+                file=sys.stderr,
+                flush=True,
+            )
         self.next = now + self.interval
         if not self.enabled:
             return
@@ -137,15 +141,23 @@ class Metrics:
         seen = [f"dashboard was live at {self.url}"] if self.server else []
         if self.log_interval:
             seen.append(f"look at the run again: python -m control.dashboard {out}")
-        print("; ".join([f"summary {out / 'summary.json'}", f"results in {out / 'results'}/", *seen]),
-              file=sys.stderr, flush=True)
+        print(
+            "; ".join([f"summary {out / 'summary.json'}", f"results in {out / 'results'}/", *seen]),
+            file=sys.stderr,
+            flush=True,
+        )
 
     # -- several dispatchers ----------------------------------------------------------------------------
     def _counters(self, master) -> dict:
-        return {"stats": master.stats.state(), "watermark": master.ingest.frontier(),
-                "stream_max_ts": master.ingest.stream_max_ts, "buffered": len(master.buffers),
-                "rejected": rejected_reasons(master.source), "refused": refused_kinds(master.source),
-                "stream_gaps": dict(master.results_out.gaps)}
+        return {
+            "stats": master.stats.state(),
+            "watermark": master.ingest.frontier(),
+            "stream_max_ts": master.ingest.stream_max_ts,
+            "buffered": len(master.buffers),
+            "rejected": rejected_reasons(master.source),
+            "refused": refused_kinds(master.source),
+            "stream_gaps": dict(master.results_out.gaps),
+        }
 
     def _post(self, d: int, buf: bytearray | None = None) -> None:
         buf = bytearray(MESSAGE_BYTES) if buf is None else buf
@@ -171,7 +183,7 @@ class Metrics:
             for o in others:
                 stats.merge(o)
         c = m.controller
-        for move in c.moves_log[self._moves_seen:]:
+        for move in c.moves_log[self._moves_seen :]:
             self.moves_by_reason[move["reason"]] += 1
         self._moves_seen = len(c.moves_log)
         self._rejected = Counter(rejected_reasons(m.source))
@@ -182,15 +194,24 @@ class Metrics:
         for o in self._others.values():
             refused.update(o["refused"])
             gaps.update(o["stream_gaps"])
-        marks = [m.ingest.frontier(), *(self._others[d]["watermark"] if d in self._others else eventtime.NEG_INF
-                                        for d in range(1, self.k))]
-        stream_tops = [m.ingest.stream_max_ts, *(self._others[d]["stream_max_ts"] if d in self._others
-                                                 else [eventtime.NEG_INF] * 2 for d in range(1, self.k))]
+        marks = [
+            m.ingest.frontier(),
+            *(self._others[d]["watermark"] if d in self._others else eventtime.NEG_INF for d in range(1, self.k)),
+        ]
+        stream_tops = [
+            m.ingest.stream_max_ts,
+            *(
+                self._others[d]["stream_max_ts"] if d in self._others else [eventtime.NEG_INF] * 2
+                for d in range(1, self.k)
+            ),
+        ]
         seconds = lambda w: finite(eventtime.bound_seconds(w))
         delay_r, delay_s = m.ingest.stream_delays  # each stream's own max_delay
         occupancy = c.occupancy()
-        owned = np.bincount(c.partition_map[c.partition_map >= 0],  # -1: a free hot-key slot
-                            minlength=max(m.slaves) + 1)
+        owned = np.bincount(
+            c.partition_map[c.partition_map >= 0],  # -1: a free hot-key slot
+            minlength=max(m.slaves) + 1,
+        )
         per = stats.per_slave
         hist = stats.delay_hist
         last = self.view["hist"] if self.view else np.zeros_like(hist)
@@ -202,24 +223,35 @@ class Metrics:
             count, since = self._last_input.get(stream, (-1, now))
             self._last_input[stream] = (count, since) if stats.input[stream] == count else (stats.input[stream], now)
         sample = {
-            "seq": self.seq, "time": now, "elapsed": m.stats.elapsed_before + now - m.stats.started,
-            "input_r": stats.input["R"], "input_s": stats.input["S"], "results": stats.results,
-            "late": stats.late, "rejected": int(sum(self._rejected.values())),
-            "idle_seconds_r": now - self._last_input["R"][1], "idle_seconds_s": now - self._last_input["S"][1],
+            "seq": self.seq,
+            "time": now,
+            "elapsed": m.stats.elapsed_before + now - m.stats.started,
+            "input_r": stats.input["R"],
+            "input_s": stats.input["S"],
+            "results": stats.results,
+            "late": stats.late,
+            "rejected": int(sum(self._rejected.values())),
+            "idle_seconds_r": now - self._last_input["R"][1],
+            "idle_seconds_s": now - self._last_input["S"][1],
             "result_stream_gaps": int(sum(gaps.values())),
-            "delay_p50": finite(p50), "delay_p99": finite(p99),
+            "delay_p50": finite(p50),
+            "delay_p99": finite(p99),
             "buffered": len(m.buffers) + sum(self._others[d]["buffered"] for d in self._others),
             "backlog_max_seconds": max(stats.backlog_max, 0.0),
             "pacing_lag_max_seconds": max(stats.pacing_lag_max, 0.0),
             "watermark": [seconds(w) for w in marks],
             "watermark_r": [seconds(t[0] - delay_r) for t in stream_tops],
             "watermark_s": [seconds(t[1] - delay_s) for t in stream_tops],
-            "moves": len(c.moves_log), "tuples_moved": stats.tuples_moved, "reorganizations": c.reorganizations,
-            "partition_splits": stats.splits, "partition_merges": stats.merges,
+            "moves": len(c.moves_log),
+            "tuples_moved": stats.tuples_moved,
+            "reorganizations": c.reorganizations,
+            "partition_splits": stats.splits,
+            "partition_merges": stats.merges,
             "checkpoints": m.checkpoints.written,
             "checkpoint_age_seconds": finite(elapsed_run - done[-1]["seconds"]) if done else None,
             "checkpoint_duration_seconds": done[-1]["duration"] if done else None,
-            "slaves": list(m.slaves), "active": [r in c.active for r in m.slaves],
+            "slaves": list(m.slaves),
+            "active": [r in c.active for r in m.slaves],
             "hosts": [m.stats.hosts[r] if r < len(m.stats.hosts) else "" for r in m.slaves],
             "busy_seconds": [per[r]["busy_seconds"] for r in m.slaves],
             "tuples_joined": [per[r]["tuples_processed"] for r in m.slaves],
@@ -232,19 +264,31 @@ class Metrics:
             "cpu_seconds": [per[r]["cpu_seconds"] for r in m.slaves],
             "comm_seconds": [per[r]["comm_seconds"] for r in m.slaves],
             "partitions": [int(owned[r]) for r in m.slaves],
-            "partition_map": c.partition_map.tolist(), "moving": np.flatnonzero(c.moving).tolist(),
-            "hot_keys": [] if m.hot is None else [
-                {"key": key, "first": first, "size": size,
-                 "slaves": c.partition_map[first: first + size].tolist()}
-                for key, (first, size) in m.hot.router.hot.items()],
+            "partition_map": c.partition_map.tolist(),
+            "moving": np.flatnonzero(c.moving).tolist(),
+            "hot_keys": []
+            if m.hot is None
+            else [
+                {"key": key, "first": first, "size": size, "slaves": c.partition_map[first : first + size].tolist()}
+                for key, (first, size) in m.hot.router.hot.items()
+            ],
         }
-        self.view = {"sample": sample, "hist": hist.copy(), "parts": stats.parts_hist.copy(),
-                     "input": dict(stats.input), "rejected": dict(self._rejected), "refused": dict(refused),
-                     "stream_gaps": dict(gaps),
-                     "moves": dict(self.moves_by_reason), "hot_events": Counter(e["event"] for e in hot_log),
-                     "started": m.stats.started - m.stats.elapsed_before,
-                     "capacity": self.cfg["master"]["buffer_capacity"],
-                     "moves_log": c.moves_log[-100:], "hot_log": hot_log[-100:], "checkpoint_log": done[-100:]}
+        self.view = {
+            "sample": sample,
+            "hist": hist.copy(),
+            "parts": stats.parts_hist.copy(),
+            "input": dict(stats.input),
+            "rejected": dict(self._rejected),
+            "refused": dict(refused),
+            "stream_gaps": dict(gaps),
+            "moves": dict(self.moves_by_reason),
+            "hot_events": Counter(e["event"] for e in hot_log),
+            "started": m.stats.started - m.stats.elapsed_before,
+            "capacity": self.cfg["master"]["buffer_capacity"],
+            "moves_log": c.moves_log[-100:],
+            "hot_log": hot_log[-100:],
+            "checkpoint_log": done[-100:],
+        }
         return sample
 
     def _add(self, sample: dict) -> None:
@@ -266,11 +310,20 @@ class Metrics:
     # -- what the server asks for (its own thread: reads the latest references only) ---------------------
     def data(self, since: int) -> dict:
         view = self.view or {}
-        return {"live": self.summary is None, "samples": [s for s in list(self.samples) if s["seq"] >= since],
-                "moves": view.get("moves_log", []), "hot_events": view.get("hot_log", []),
-                "checkpoints": view.get("checkpoint_log", []), "summary": finite(self.summary),
-                "config": {"dispatchers": self.k, "buffer_capacity": self.cfg["master"]["buffer_capacity"],
-                           "source": self.cfg["source"]["kind"], "output": str(self.out.resolve())}}
+        return {
+            "live": self.summary is None,
+            "samples": [s for s in list(self.samples) if s["seq"] >= since],
+            "moves": view.get("moves_log", []),
+            "hot_events": view.get("hot_log", []),
+            "checkpoints": view.get("checkpoint_log", []),
+            "summary": finite(self.summary),
+            "config": {
+                "dispatchers": self.k,
+                "buffer_capacity": self.cfg["master"]["buffer_capacity"],
+                "source": self.cfg["source"]["kind"],
+                "output": str(self.out.resolve()),
+            },
+        }
 
     def describe(self):  # prometheus_client: no samples at registration
         return []
@@ -285,13 +338,13 @@ class Metrics:
 
         def counter(name, doc, value, labels=(), rows=None):
             fam = CounterMetricFamily(f"streamjoin_{name}", doc, labels=list(labels))
-            for values, v in (rows if rows is not None else [((), value)]):
+            for values, v in rows if rows is not None else [((), value)]:
                 fam.add_metric(list(values), v)
             return fam
 
         def gauge(name, doc, value, labels=(), rows=None):
             fam = GaugeMetricFamily(f"streamjoin_{name}", doc, labels=list(labels))
-            for values, v in (rows if rows is not None else [((), value)]):
+            for values, v in rows if rows is not None else [((), value)]:
                 fam.add_metric(list(values), float("nan") if v is None else v)
             return fam
 
@@ -299,77 +352,174 @@ class Metrics:
             return [((r,), v) for r, v in zip(slaves, s[key])]
 
         source = self.cfg["source"]["kind"]
-        yield counter("input_tuples", "on-time tuples taken in, by stream and source kind", None, ("stream", "source"),
-                      [((st, source), n) for st, n in view["input"].items()])
+        yield counter(
+            "input_tuples",
+            "on-time tuples taken in, by stream and source kind",
+            None,
+            ("stream", "source"),
+            [((st, source), n) for st, n in view["input"].items()],
+        )
         yield counter("results", "join results produced", s["results"])
-        yield counter("late_tuples", "tuples set aside as late (ts below max ts seen minus max_delay, or below the "
-                                     "watermark)", s["late"])
-        yield counter("rejected", "inputs rejected (file rows; ZeroMQ messages), by reason", None, ("reason",),
-                      [((k,), v) for k, v in view["rejected"].items()])
-        yield counter("refused_messages", "ZeroMQ messages refused and ignored: no or wrong source.token, by kind "
-                      "(end, tuples)", None, ("kind",), [((k,), view["refused"].get(k, 0)) for k in ("end", "tuples")])
-        yield counter("result_stream_gaps", "gaps opened in a result stream subscriber's messages, by reason "
-                      "(subscriber_full: output.subscriber_buffer_bytes behind; subscriber_timeout: ordered, full "
-                      "for output.subscriber_timeout)", None, ("reason",),
-                      [((k,), v) for k, v in view["stream_gaps"].items()])
-        yield _histogram("delay_seconds", "production delay of results (arrival of the later tuple to result)",
-                         [((), view["hist"])])
-        yield _histogram("delay_part_seconds", "production delay split into buffer, transfer and join",
-                         [((p,), h) for p, h in zip(delays.PARTS, view["parts"])], ("part",))
-        yield counter("slave_busy_seconds", "seconds each slave spent joining", None,
-                      ("slave",), per_slave("busy_seconds"))
+        yield counter(
+            "late_tuples",
+            "tuples set aside as late (ts below max ts seen minus max_delay, or below the watermark)",
+            s["late"],
+        )
+        yield counter(
+            "rejected",
+            "inputs rejected (file rows; ZeroMQ messages), by reason",
+            None,
+            ("reason",),
+            [((k,), v) for k, v in view["rejected"].items()],
+        )
+        yield counter(
+            "refused_messages",
+            "ZeroMQ messages refused and ignored: no or wrong source.token, by kind (end, tuples)",
+            None,
+            ("kind",),
+            [((k,), view["refused"].get(k, 0)) for k in ("end", "tuples")],
+        )
+        yield counter(
+            "result_stream_gaps",
+            "gaps opened in a result stream subscriber's messages, by reason "
+            "(subscriber_full: output.subscriber_buffer_bytes behind; subscriber_timeout: ordered, full "
+            "for output.subscriber_timeout)",
+            None,
+            ("reason",),
+            [((k,), v) for k, v in view["stream_gaps"].items()],
+        )
+        yield _histogram(
+            "delay_seconds", "production delay of results (arrival of the later tuple to result)", [((), view["hist"])]
+        )
+        yield _histogram(
+            "delay_part_seconds",
+            "production delay split into buffer, transfer and join",
+            [((p,), h) for p, h in zip(delays.PARTS, view["parts"])],
+            ("part",),
+        )
+        yield counter(
+            "slave_busy_seconds", "seconds each slave spent joining", None, ("slave",), per_slave("busy_seconds")
+        )
         yield counter("slave_joined_tuples", "tuples each slave joined", None, ("slave",), per_slave("tuples_joined"))
         yield counter("slave_results", "results each slave produced", None, ("slave",), per_slave("slave_results"))
-        yield counter("slave_slots_missed", "slots at which the slave was still joining its last batch", None,
-                      ("slave",), per_slave("slots_missed"))
-        yield counter("slave_cpu_seconds", "CPU seconds of each slave process", None,
-                      ("slave",), per_slave("cpu_seconds"))
-        yield counter("slave_comm_seconds", "seconds each slave spent receiving batches and sending reports", None,
-                      ("slave",), per_slave("comm_seconds"))
-        yield gauge("slave_active", "1 if the slave is in the active set (paper V-A)", None, ("slave",),
-                    [((r,), int(a)) for r, a in zip(slaves, s["active"])])
+        yield counter(
+            "slave_slots_missed",
+            "slots at which the slave was still joining its last batch",
+            None,
+            ("slave",),
+            per_slave("slots_missed"),
+        )
+        yield counter(
+            "slave_cpu_seconds", "CPU seconds of each slave process", None, ("slave",), per_slave("cpu_seconds")
+        )
+        yield counter(
+            "slave_comm_seconds",
+            "seconds each slave spent receiving batches and sending reports",
+            None,
+            ("slave",),
+            per_slave("comm_seconds"),
+        )
+        yield gauge(
+            "slave_active",
+            "1 if the slave is in the active set (paper V-A)",
+            None,
+            ("slave",),
+            [((r,), int(a)) for r, a in zip(slaves, s["active"])],
+        )
         yield gauge("slave_partitions", "partition-groups the slave owns", None, ("slave",), per_slave("partitions"))
-        yield gauge("slave_occupancy_ratio", "mean unjoined tuples at its slots over balance.buffer_capacity, this "
-                    "reorganization epoch (paper IV-C)", None, ("slave",), per_slave("occupancy"))
-        yield gauge("slave_window_tuples", "tuples stored in the slave's windows", None,
-                    ("slave",), per_slave("window_tuples"))
-        yield gauge("slave_window_bytes", "bytes of the slave's window state", None,
-                    ("slave",), per_slave("window_bytes"))
-        yield gauge("slave_peak_resident_memory_bytes", "largest resident memory the slave reported", None, ("slave",),
-                    per_slave("rss_bytes"))
-        yield counter("moves", "partition-groups moved between slaves, by reason", None, ("reason",),
-                      [((k,), v) for k, v in view["moves"].items()])
+        yield gauge(
+            "slave_occupancy_ratio",
+            "mean unjoined tuples at its slots over balance.buffer_capacity, this reorganization epoch (paper IV-C)",
+            None,
+            ("slave",),
+            per_slave("occupancy"),
+        )
+        yield gauge(
+            "slave_window_tuples", "tuples stored in the slave's windows", None, ("slave",), per_slave("window_tuples")
+        )
+        yield gauge(
+            "slave_window_bytes", "bytes of the slave's window state", None, ("slave",), per_slave("window_bytes")
+        )
+        yield gauge(
+            "slave_peak_resident_memory_bytes",
+            "largest resident memory the slave reported",
+            None,
+            ("slave",),
+            per_slave("rss_bytes"),
+        )
+        yield counter(
+            "moves",
+            "partition-groups moved between slaves, by reason",
+            None,
+            ("reason",),
+            [((k,), v) for k, v in view["moves"].items()],
+        )
         yield counter("moved_tuples", "stored tuples moved with partition-groups", s["tuples_moved"])
         yield counter("reorganizations", "reorganization epochs (balancing decisions)", s["reorganizations"])
         yield gauge("partitions_moving", "partition-groups whose state is in flight", len(s["moving"]))
         yield counter("partition_splits", "extendible-hash splits in the slaves", s["partition_splits"])
         yield counter("partition_merges", "extendible-hash merges in the slaves", s["partition_merges"])
         yield gauge("hot_keys", "keys that have a grid of sub-groups now", len(s["hot_keys"]))
-        yield gauge("hot_key_grid_size", "sub-groups of each hot key", None, ("key",),
-                    [((str(h["key"]),), h["size"]) for h in s["hot_keys"]])
-        yield counter("hot_key_events", "hot keys split out (split) and gathered back (merge)", None, ("event",),
-                      [((e,), view["hot_events"].get(e, 0)) for e in ("split", "merge")])
-        yield gauge("watermark_seconds", "event time below which no on-time tuple can still arrive, per dispatcher",
-                    None, ("dispatcher",), [((str(d),), w) for d, w in enumerate(s["watermark"])])
-        yield gauge("stream_watermark_seconds", "one stream's own largest event time minus its max_delay, per "
-                    "dispatcher (a stream that lags behind the other shows here; the join's is watermark_seconds)",
-                    None, ("stream", "dispatcher"),
-                    [((st, str(d)), w) for st, key in (("R", "watermark_r"), ("S", "watermark_s"))
-                     for d, w in enumerate(s[key])])
-        yield gauge("stream_idle_seconds", "seconds since the stream's input count last rose", None, ("stream",),
-                    [(("R",), s["idle_seconds_r"]), (("S",), s["idle_seconds_s"])])
+        yield gauge(
+            "hot_key_grid_size",
+            "sub-groups of each hot key",
+            None,
+            ("key",),
+            [((str(h["key"]),), h["size"]) for h in s["hot_keys"]],
+        )
+        yield counter(
+            "hot_key_events",
+            "hot keys split out (split) and gathered back (merge)",
+            None,
+            ("event",),
+            [((e,), view["hot_events"].get(e, 0)) for e in ("split", "merge")],
+        )
+        yield gauge(
+            "watermark_seconds",
+            "event time below which no on-time tuple can still arrive, per dispatcher",
+            None,
+            ("dispatcher",),
+            [((str(d),), w) for d, w in enumerate(s["watermark"])],
+        )
+        yield gauge(
+            "stream_watermark_seconds",
+            "one stream's own largest event time minus its max_delay, per "
+            "dispatcher (a stream that lags behind the other shows here; the join's is watermark_seconds)",
+            None,
+            ("stream", "dispatcher"),
+            [
+                ((st, str(d)), w)
+                for st, key in (("R", "watermark_r"), ("S", "watermark_s"))
+                for d, w in enumerate(s[key])
+            ],
+        )
+        yield gauge(
+            "stream_idle_seconds",
+            "seconds since the stream's input count last rose",
+            None,
+            ("stream",),
+            [(("R",), s["idle_seconds_r"]), (("S",), s["idle_seconds_s"])],
+        )
         yield gauge("buffered_tuples", "tuples in the master's mini-buffers", s["buffered"])
         yield gauge("buffer_capacity_tuples", "master.buffer_capacity (per dispatcher)", view["capacity"])
-        yield gauge("backlog_max_seconds", "longest a tuple waited beyond one distribution epoch",
-                    s["backlog_max_seconds"])
-        yield gauge("pacing_lag_max_seconds", "paced input: longest the due tuples waited to be ingested",
-                    s["pacing_lag_max_seconds"])
+        yield gauge(
+            "backlog_max_seconds", "longest a tuple waited beyond one distribution epoch", s["backlog_max_seconds"]
+        )
+        yield gauge(
+            "pacing_lag_max_seconds",
+            "paced input: longest the due tuples waited to be ingested",
+            s["pacing_lag_max_seconds"],
+        )
         yield counter("checkpoints", "complete checkpoints written", s["checkpoints"])
-        yield gauge("checkpoint_age_seconds", "seconds since the last checkpoint completed",
-                    s["checkpoint_age_seconds"])
+        yield gauge(
+            "checkpoint_age_seconds", "seconds since the last checkpoint completed", s["checkpoint_age_seconds"]
+        )
         yield gauge("checkpoint_duration_seconds", "seconds the last checkpoint took", s["checkpoint_duration_seconds"])
-        yield gauge("run_start_time_seconds", "when the run started (unix time; a resumed run: its first start)",
-                    view["started"])
+        yield gauge(
+            "run_start_time_seconds",
+            "when the run started (unix time; a resumed run: its first start)",
+            view["started"],
+        )
 
 
 def _histogram(name: str, doc: str, rows, labels=()) -> HistogramMetricFamily:

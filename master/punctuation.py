@@ -45,6 +45,7 @@ in master.result_stream).  With several dispatchers the stream's punctuation is 
 
 All bounds are event time in integer microseconds (protocol.eventtime), POS_INF once nothing can come.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,11 +61,11 @@ class Punctuator:
         self.outstanding: dict[tuple[int, int], tuple[int, np.ndarray, int]] = {}
         #: per partition: bound on tuples buffered since
         self.drain_floor = np.full(partitions, NEG_INF, dtype=np.int64)
-        self.last = NEG_INF                                 #: the last punctuation handed out
+        self.last = NEG_INF  #: the last punctuation handed out
         self.lead = lead
         self.lone_floor = np.full(partitions, NEG_INF, dtype=np.int64)  #: per partition: bound on its rows undecided
         self.lone_stamp = np.zeros(partitions, dtype=np.int64)  #: the send number that set lone_floor
-        self.holds = np.zeros(partitions, dtype=bool)       #: partitions that may hold rows alone of this stream
+        self.holds = np.zeros(partitions, dtype=bool)  #: partitions that may hold rows alone of this stream
         self.sends = 0
 
     def may_hold(self, partitions: np.ndarray) -> None:

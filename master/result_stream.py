@@ -44,6 +44,7 @@ later ts lies below every dispatcher's punctuation has both tuples joined, so
 its result has been published on one of the streams: the stream's punctuation
 is the min over the dispatchers' (`control.subscribe --dispatchers k`).
 """
+
 from __future__ import annotations
 
 import sys
@@ -76,6 +77,7 @@ def table_cuts(rows: pa.Table) -> np.ndarray:
     a nested column's mean -- summed until the message's room (beside the header, the schema its IPC stream
     repeats and a KiB of batch metadata and padding) is full; at least one row a message."""
     import pyarrow.compute as pc  # here: a run without TABLEs does not pay its import at start
+
     size = np.zeros(len(rows))
     for column in rows.columns:
         kind = column.type
@@ -98,6 +100,7 @@ def table_cuts(rows: pa.Table) -> np.ndarray:
         before = ends[cuts[-1] - 1] if cuts[-1] else 0.0
         cuts.append(max(cuts[-1] + 1, int(np.searchsorted(ends, before + room, "right"))))
     return np.array(cuts)
+
 
 #: seconds between two punctuation checks when no result message came in
 CHECK_INTERVAL = 0.05
@@ -134,6 +137,7 @@ class ResultStream:
             return
         import zmq  # here and below, not at the top: pyzmq takes 50 ms of a start that has no result stream
         from common.zmq_security import bind_server
+
         # its own context: `close` terminates it, which returns once the queued messages went out (at most the
         # socket's linger), before the interpreter exits under ZeroMQ's I/O thread
         self.ctx = zmq.Context()
@@ -156,13 +160,13 @@ class ResultStream:
             if self.sock.recv()[:1] == b"\x01":  # XPUB: a subscription arrived
                 seen += 1
 
-    def sent(self, rank: int, seq: int, partitions: np.ndarray, r: np.ndarray, s: np.ndarray,
-             floor_now: int) -> None:
+    def sent(self, rank: int, seq: int, partitions: np.ndarray, r: np.ndarray, s: np.ndarray, floor_now: int) -> None:
         """The master sent `rank` its batch `seq` (R rows `r`, S rows `s`) draining `partitions`; event time
         in microseconds (protocol.eventtime) here and in `pump`."""
         if self.enabled:
-            min_ts = min(int(r["ts"].min()) if len(r) else eventtime.POS_INF,
-                         int(s["ts"].min()) if len(s) else eventtime.POS_INF)
+            min_ts = min(
+                int(r["ts"].min()) if len(r) else eventtime.POS_INF, int(s["ts"].min()) if len(s) else eventtime.POS_INF
+            )
             self.punctuator.sent(rank, seq, partitions, min_ts, floor_now)
             if self.ordered:
                 self._batch_tuples[(rank, seq)] = len(r) + len(s)
@@ -248,7 +252,7 @@ class ResultStream:
 
     def _publish_results(self, rows) -> None:
         if isinstance(rows, np.ndarray):
-            encode, cuts = wire.encode_results, np.r_[0:len(rows):frame_rows(rows.dtype), len(rows)]
+            encode, cuts = wire.encode_results, np.r_[0 : len(rows) : frame_rows(rows.dtype), len(rows)]
         else:
             encode, cuts = wire.encode_table, table_cuts(rows)
         for start, stop in zip(cuts[:-1], cuts[1:]):
@@ -282,6 +286,7 @@ class ResultStream:
     def _send(self, frames: list) -> bool:
         """Every subscriber had room (XPUB_NODROP: a full one makes the whole send EAGAIN, nothing sent)."""
         import zmq
+
         try:
             self.sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
@@ -292,10 +297,14 @@ class ResultStream:
         """Send lossy: to the subscribers with room; a full one misses it and what follows until it has read
         half its queue (ZeroMQ skips it meanwhile): one gap in its `seq`."""
         if not self.gaps:
-            print(f"results: a subscriber of {self.endpoint} is {self.bound:,} bytes behind: it misses messages "
-                  "until it has read half of them (it sees the gap in seq; gaps counted in the summary)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"results: a subscriber of {self.endpoint} is {self.bound:,} bytes behind: it misses messages "
+                "until it has read half of them (it sees the gap in seq; gaps counted in the summary)",
+                file=sys.stderr,
+                flush=True,
+            )
         import zmq
+
         self.sock.setsockopt(zmq.XPUB_NODROP, 0)
         self.sock.send_multipart(frames)
         self.sock.setsockopt(zmq.XPUB_NODROP, 1)
@@ -336,6 +345,7 @@ class ResultStream:
             time.sleep(1e-3)
         self.ingest_room(0)  # ends a pause still counted
         from common.zmq_security import stop_authenticators
+
         self.sock.close()
         stop_authenticators()
         self.ctx.term()  # waits for delivery, at most the socket's linger
@@ -344,10 +354,19 @@ class ResultStream:
         """This stream's counters, with those of the other dispatchers' streams (their `summary()`) added."""
         if not self.enabled:
             return {}
-        mine = {"endpoints": [self.endpoint], "ordered": self.ordered, "results": self.results,
-                "punctuations": self.punctuations, "messages": self.seq, "subscriber_buffer_bytes": self.bound,
-                "gaps": sum(self.gaps.values()), "gaps_by_reason": dict(self.gaps), "held_peak_results": self.held_peak,
-                "held_peak_bytes": self.held_peak_bytes, "ingest_held_seconds": round(self.held_back, 3)}
+        mine = {
+            "endpoints": [self.endpoint],
+            "ordered": self.ordered,
+            "results": self.results,
+            "punctuations": self.punctuations,
+            "messages": self.seq,
+            "subscriber_buffer_bytes": self.bound,
+            "gaps": sum(self.gaps.values()),
+            "gaps_by_reason": dict(self.gaps),
+            "held_peak_results": self.held_peak,
+            "held_peak_bytes": self.held_peak_bytes,
+            "ingest_held_seconds": round(self.held_back, 3),
+        }
         for theirs in others:
             theirs = theirs["result_stream"]
             mine["endpoints"] += theirs["endpoints"]

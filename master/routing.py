@@ -2,6 +2,7 @@
 it answers (`Ack`) and each order from another dispatcher by its kind (protocol.orders.Order) to the desks'
 handlers.  A part of the Master class (master/run.py), apart so that the loop reads as the loop.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,15 +16,22 @@ class Routing:
     def _routes(self) -> None:
         """The tables: what each report answers -> its handlers (any other ack answers a batch or an order of
         ours); each order's kind -> its handler."""
-        self.on_ack = {Ack.INSTALLED: (self._installed,), Ack.CHECKPOINTED: (self.checkpoints.on_checkpointed,
-                                                                              self._answered)}
-        self.on_order = {Order.HOLD: self._hold, Order.READY: self.moves.on_ready, Order.RELEASE: self._release,
-                         Order.CHECKPOINT: self.checkpoints.on_order, Order.SNAPSHOT: self.checkpoints.on_snapshot,
-                         Order.DONE: lambda source, _: self.done_from.add(source), Order.FINISH: self._finish,
-                         Order.RANGES: lambda source, order: self.ingest.use_ranges(order["bounds"]),
-                         Order.COMMITTED: lambda source, order: self.checkpoints.on_commit(order),
-                         Order.PAYLOAD: lambda source, order: self.payload.on_report(source, order["watermark"],
-                                                                                     order["taken"])}
+        self.on_ack = {
+            Ack.INSTALLED: (self._installed,),
+            Ack.CHECKPOINTED: (self.checkpoints.on_checkpointed, self._answered),
+        }
+        self.on_order = {
+            Order.HOLD: self._hold,
+            Order.READY: self.moves.on_ready,
+            Order.RELEASE: self._release,
+            Order.CHECKPOINT: self.checkpoints.on_order,
+            Order.SNAPSHOT: self.checkpoints.on_snapshot,
+            Order.DONE: lambda source, _: self.done_from.add(source),
+            Order.FINISH: self._finish,
+            Order.RANGES: lambda source, order: self.ingest.use_ranges(order["bounds"]),
+            Order.COMMITTED: lambda source, order: self.checkpoints.on_commit(order),
+            Order.PAYLOAD: lambda source, order: self.payload.on_report(source, order["watermark"], order["taken"]),
+        }
 
     def _route_reports(self) -> int:
         """Every waiting slave report to its ack's handlers (`on_ack`); returns how many came."""

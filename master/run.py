@@ -7,6 +7,7 @@ loop routes slave reports by their ack and other dispatchers' orders by their
 kind (BiStream 3.2.3) to the desks' handlers, and runs the timers: sub-group
 slots, reorganization epochs, progress lines, checkpoints.
 """
+
 from __future__ import annotations
 
 import signal
@@ -47,13 +48,13 @@ class Master(Routing, Lifecycle):
         self.k, self.index = cfg["cluster"]["dispatchers"], comm.rank
         self.slaves = slaves = list(range(self.k, comm.size))
         parts, hot = cfg["partitioning"]["partitions"], cfg["hotkeys"]
-        router = HotKeyRouter(parts, hot["max_keys"], hot["grid"], cfg["join"]["type"]) \
-            if hot["enabled"] else None
+        router = HotKeyRouter(parts, hot["max_keys"], hot["grid"], cfg["join"]["type"]) if hot["enabled"] else None
         sketch = FrequentKeys(hot["sketch"])
         if router is not None:
             parts = router.total_partitions
-        self.controller = controller = Controller(cfg, slaves, parts, share=self.k,
-                                                  live=router.partitions if router else None)
+        self.controller = controller = Controller(
+            cfg, slaves, parts, share=self.k, live=router.partitions if router else None
+        )
         self.buffers = buffers = MiniBuffers(parts, tuple_dtype(cfg["generator"]["tuple_bytes"]))
         self.stats = stats = RunStats(slaves)
         self.links = links = Links(comm, self.index, self.k, slaves, buffers.dtype)
@@ -61,11 +62,15 @@ class Master(Routing, Lifecycle):
         self.ingest = IngestDesk(cfg, source, buffers, stats, self.index, self.k, groups, router, sketch)
         self.results_out = ResultStream(comm, cfg, parts, self.index)
         self.metrics = Metrics(comm, cfg, self.index)
-        self.distribution = DistributionDesk(cfg, slaves, buffers, controller, stats, links, self.results_out,
-                                             self.ingest.spans)
+        self.distribution = DistributionDesk(
+            cfg, slaves, buffers, controller, stats, links, self.results_out, self.ingest.spans
+        )
         self.moves = MovesDesk(self.k, controller, stats, links)
-        self.hot = HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links,
-                              self.results_out.rerouted) if router else None
+        self.hot = (
+            HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links, self.results_out.rerouted)
+            if router
+            else None
+        )
         self.checkpoints = CheckpointDesk(cfg, self.index, self.k, slaves, buffers, controller, stats, links)
         self.checkpoints.on_commit = self._committed
         log = source.log  # declared streams: their rows' own columns (protocol.payload)
@@ -78,16 +83,6 @@ class Master(Routing, Lifecycle):
         if resume is not None:
             self._resume(*resume)
         self.results_out.may_hold(controller.partition_map >= 0)  # a recovered run's groups hold rows already
-
-
-
-
-
-
-
-
-
-
 
     # -- the loop -----------------------------------------------------------------------------------------
     def _request_stop(self, signum, frame) -> None:
@@ -125,8 +120,9 @@ class Master(Routing, Lifecycle):
             worked = ingest.ingest(now, now >= next_slot, room) + self._route_reports()
             if self.stats.first_tuple is None and self.stats.ingested:
                 self.stats.first_tuple = now
-            worked += self.results_out.pump(eventtime.POS_INF if ingest.exhausted else ingest.frontier(),
-                                            self.buffers.counts)
+            worked += self.results_out.pump(
+                eventtime.POS_INF if ingest.exhausted else ingest.frontier(), self.buffers.counts
+            )
             if now >= next_slot:
                 if distribution.slot(ingest.frontier(), serve=not checkpoints.pending):
                     checkpoints.on_epoch(distribution.epochs_done, ingest.exhausted)
@@ -136,11 +132,18 @@ class Master(Routing, Lifecycle):
                 worked += 1
             if checkpoints.may_begin(quiet=not self.links.busy and not self.controller.in_flight):
                 ingest.flush()
-                checkpoints.begin({**ingest.state(), **distribution.state(), "seq": self.links.state(),
-                                   "hot_keys": None if self.hot is None else self.hot.state(),
-                                   "payload_cut": self.payload.cut(self.controller.holders())
-                                   if self.payload is not None and self.index == 0 else None},
-                                  distribution.epochs_done)
+                checkpoints.begin(
+                    {
+                        **ingest.state(),
+                        **distribution.state(),
+                        "seq": self.links.state(),
+                        "hot_keys": None if self.hot is None else self.hot.state(),
+                        "payload_cut": self.payload.cut(self.controller.holders())
+                        if self.payload is not None and self.index == 0
+                        else None,
+                    },
+                    distribution.epochs_done,
+                )
             if self.k > 1:
                 if self.index == 0 and (bounds := ingest.ranges_to_share()) is not None:
                     self.links.tell(range(1, self.k), Order.RANGES, bounds=bounds)
@@ -163,9 +166,15 @@ class Master(Routing, Lifecycle):
             if rule is not None:
                 distribution.serve_missed(rule, ingest.frontier())
             if progress and now >= next_progress:
-                print(f"[dispatcher {self.index}] " * (self.k > 1) + self.stats.progress_line(
-                    len(self.buffers), len(self.controller.active), len(self.controller.moves_log))
-                    + ingest.idle_note(), file=sys.stderr, flush=True)
+                print(
+                    f"[dispatcher {self.index}] " * (self.k > 1)
+                    + self.stats.progress_line(
+                        len(self.buffers), len(self.controller.active), len(self.controller.moves_log)
+                    )
+                    + ingest.idle_note(),
+                    file=sys.stderr,
+                    flush=True,
+                )
                 next_progress = now + progress
             self.metrics.tick(self, now)
             if self._may_end():
@@ -177,13 +186,23 @@ class Master(Routing, Lifecycle):
 
     def _watch(self, now: float) -> None:
         """End the job, naming what it waits for, when pending work has not moved for too long (desks.stall)."""
-        self.stall.watch(now, self.ingest.consumed, {} if self.hot is None else self.hot.waiting_for(),
-                         self.checkpoints.waiting_for(), self.moves.waiting_for())
+        self.stall.watch(
+            now,
+            self.ingest.consumed,
+            {} if self.hot is None else self.hot.waiting_for(),
+            self.checkpoints.waiting_for(),
+            self.moves.waiting_for(),
+        )
 
     def _may_end(self) -> bool:
         """Input exhausted and joined, no move in flight; with several dispatchers, all of them (DONE, FINISH)."""
-        if not (self.ingest.exhausted and len(self.buffers) == 0 and not self.links.busy
-                and not self.controller.busy and not self.checkpoints.pending):
+        if not (
+            self.ingest.exhausted
+            and len(self.buffers) == 0
+            and not self.links.busy
+            and not self.controller.busy
+            and not self.checkpoints.pending
+        ):
             return False
         if self.k == 1:
             return True
@@ -196,4 +215,3 @@ class Master(Routing, Lifecycle):
             return False
         self.links.tell(range(1, self.k), Order.FINISH)
         return True
-

@@ -1,6 +1,7 @@
 """Who may reach the cluster's live endpoints: which binds are loopback, the producers' shared token, and the
 configuration as it may be written down (without the token).  Used by protocol.config's checks, the ZeroMQ
 source (master/sources/zmq_input.py) and what writes the config to disk (summary, checkpoint manifests)."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -52,8 +53,12 @@ def public(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     librdkafka settings masked (credentials among them: never on disk or in logs)."""
     out = {**cfg, "source": {**cfg["source"], "token": "***" if cfg["source"]["token"] else ""}}
     if cfg.get("streams"):
-        out["streams"] = {name: {**s, "kafka": {**s["kafka"], "config": dict.fromkeys(s["kafka"]["config"], "***")}}
-                          if s["kafka"] else s for name, s in cfg["streams"].items()}
+        out["streams"] = {
+            name: {**s, "kafka": {**s["kafka"], "config": dict.fromkeys(s["kafka"]["config"], "***")}}
+            if s["kafka"]
+            else s
+            for name, s in cfg["streams"].items()
+        }
     return out
 
 
@@ -65,10 +70,9 @@ def check_http_endpoint(name: str, ep: str, cfg: dict[str, dict[str, Any]]) -> N
         return
     host, _, port = ep.rpartition(":")
     if not host or "/" in host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"{name}: expected HOST:PORT (e.g. 127.0.0.1:9464) or \"\" (off), got {ep!r}")
+        raise ConfigError(f'{name}: expected HOST:PORT (e.g. 127.0.0.1:9464) or "" (off), got {ep!r}')
     if not endpoint_is_local(ep) and not cfg["security"]["allow_remote"]:
-        raise ConfigError(f"{name}: {ep!r} is not a loopback address; binding there needs "
-                          "security.allow_remote = true")
+        raise ConfigError(f"{name}: {ep!r} is not a loopback address; binding there needs security.allow_remote = true")
 
 
 def dispatcher_endpoint(endpoint: str, index: int) -> str:
@@ -84,17 +88,26 @@ def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
     """ZeroMQ binds: a well-formed endpoint; off loopback only with security.allow_remote and CURVE keys; no
     two binds at one endpoint, counting each dispatcher's own (port + i)."""
     zmq = cfg["source"]["kind"] == "zmq"
-    used = [(f"{s}.{k}", cfg[s][k]) for s, k, on in (("source", "endpoint", zmq), ("source", "ack_endpoint", zmq),
-                                                     ("output", "zmq_endpoint", True)) if on and cfg[s][k]]
-    used += [(f"streams.{name}.endpoint", spec["endpoint"]) for name, spec in cfg.get("streams", {}).items()
-             if spec["endpoint"]]
+    used = [
+        (f"{s}.{k}", cfg[s][k])
+        for s, k, on in (("source", "endpoint", zmq), ("source", "ack_endpoint", zmq), ("output", "zmq_endpoint", True))
+        if on and cfg[s][k]
+    ]
+    used += [
+        (f"streams.{name}.endpoint", spec["endpoint"])
+        for name, spec in cfg.get("streams", {}).items()
+        if spec["endpoint"]
+    ]
     for name, ep in used:
         if not (ep.startswith("ipc://") or (ep.startswith("tcp://") and ":" in ep[6:])):
             raise ConfigError(f"{name}: expected tcp://HOST:PORT or ipc://PATH, got {ep!r}")
     k = cfg["cluster"]["dispatchers"]
     numbered = [(n, e) for n, e in used if e.startswith("ipc://") or e.rpartition(":")[2].isdigit()]  # not port *
-    bound = [(n if i == 0 else f"{n} (dispatcher {i}'s)", dispatcher_endpoint(e, i))
-             for n, e in numbered for i in range(k if n.startswith(("source.", "output.")) else 1)]
+    bound = [
+        (n if i == 0 else f"{n} (dispatcher {i}'s)", dispatcher_endpoint(e, i))
+        for n, e in numbered
+        for i in range(k if n.startswith(("source.", "output.")) else 1)
+    ]
     for name, other, ep in [(n, o, e) for i, (n, e) in enumerate(bound) for o, e2 in bound[:i] if e == e2][:1]:
         raise ConfigError(f"{name}: must differ from {other} (both {ep!r})")
     sec = cfg["security"]
@@ -102,19 +115,25 @@ def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
         if endpoint_is_local(ep):
             continue
         if not sec["allow_remote"]:
-            raise ConfigError(f"{name}: {ep!r} is not a loopback address; binding there needs "
-                              "security.allow_remote = true and CURVE keys (security.server_key, security.client_keys)")
+            raise ConfigError(
+                f"{name}: {ep!r} is not a loopback address; binding there needs "
+                "security.allow_remote = true and CURVE keys (security.server_key, security.client_keys)"
+            )
         if not sec["server_key"] or not sec["client_keys"]:
-            raise ConfigError(f"security.server_key: {name} = {ep!r} binds off loopback, so CURVE is required: set "
-                              "security.server_key (a .key_secret file) and security.client_keys "
-                              "(a directory of .key files)")
+            raise ConfigError(
+                f"security.server_key: {name} = {ep!r} binds off loopback, so CURVE is required: set "
+                "security.server_key (a .key_secret file) and security.client_keys "
+                "(a directory of .key files)"
+            )
     if sec["server_key"] and not Path(sec["server_key"]).is_file():
         raise ConfigError(f"security.server_key: {sec['server_key']!r} is not a file")
     if sec["server_key"]:
         _check_secret_key(sec["server_key"])
     if sec["server_key"] and not (sec["client_keys"] and Path(sec["client_keys"]).is_dir()):
-        raise ConfigError(f"security.client_keys: {sec['client_keys']!r} is not a directory of client public keys "
-                          "(needed with security.server_key)")
+        raise ConfigError(
+            f"security.client_keys: {sec['client_keys']!r} is not a directory of client public keys "
+            "(needed with security.server_key)"
+        )
 
 
 def check_producers(cfg: dict[str, dict[str, Any]]) -> None:
@@ -141,5 +160,7 @@ def _check_secret_key(path: str) -> None:
     except (OSError, ValueError) as e:
         raise ConfigError(f"security.server_key: {path!r} is not a ZeroMQ certificate ({e})") from None
     if secret is None:
-        raise ConfigError(f"security.server_key: {path!r} holds only a public key: give the secret certificate "
-                          "(the .key_secret file zmq.auth.create_certificates wrote)")
+        raise ConfigError(
+            f"security.server_key: {path!r} holds only a public key: give the secret certificate "
+            "(the .key_secret file zmq.auth.create_certificates wrote)"
+        )

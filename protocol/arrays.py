@@ -1,4 +1,5 @@
 """Array helpers both roles use to work on whole batches instead of single tuples."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -28,7 +29,8 @@ def group_pairs(labels_r: np.ndarray, labels_s: np.ndarray) -> Iterator[tuple[in
     count_r, count_s = np.bincount(shifted_r, minlength=span), np.bincount(shifted_s, minlength=span)
     end_r, end_s = np.cumsum(count_r), np.cumsum(count_s)
     for i in np.flatnonzero(count_r + count_s).tolist():
-        yield i + int(lo), order_r[end_r[i] - count_r[i]: end_r[i]], order_s[end_s[i] - count_s[i]: end_s[i]]
+        yield i + int(lo), order_r[end_r[i] - count_r[i] : end_r[i]], order_s[end_s[i] - count_s[i] : end_s[i]]
+
 
 def records(rows: np.ndarray) -> np.ndarray:
     """`rows` as opaque fixed-size records (a view).  Gathering, masking and concatenating those is a plain

@@ -19,6 +19,7 @@ Every part is a container of byte records: int64 [MAGIC, n, len_1..len_n],
 then the records.  The manifest names each part with its size in bytes, its
 record count and the tuples it holds, so a checker can verify it.
 """
+
 from __future__ import annotations
 
 import json
@@ -93,7 +94,7 @@ def unpack(buf: np.ndarray, where: str) -> list[np.ndarray]:
     n = int(buf[8:16].view(np.int64)[0])
     if n < 0 or len(buf) < 16 + 8 * n:
         raise CheckpointError(f"{where}: header names {n} records but the part has {len(buf)} bytes")
-    sizes = buf[16: 16 + 8 * n].view(np.int64)
+    sizes = buf[16 : 16 + 8 * n].view(np.int64)
     ends = 16 + 8 * n + np.cumsum(sizes)
     if (sizes < 0).any() or (n and ends[-1] != len(buf)):
         raise CheckpointError(f"{where}: record sizes do not add up to the part's {len(buf)} bytes")
@@ -112,8 +113,8 @@ def group_layout(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, i
     """(head, directory entries, bucket table [id, local depth, R rows, S rows], byte offset of the rows)."""
     n_entries, n_buckets = (int(x) for x in buf[16:32].view(np.int64))
     ints = buf[: (GROUP_HEAD + n_entries + 4 * n_buckets) * 8].view(np.int64)
-    table = ints[GROUP_HEAD + n_entries:].reshape(-1, 4)
-    return ints[:GROUP_HEAD], ints[GROUP_HEAD: GROUP_HEAD + n_entries], table, len(ints) * 8
+    table = ints[GROUP_HEAD + n_entries :].reshape(-1, 4)
+    return ints[:GROUP_HEAD], ints[GROUP_HEAD : GROUP_HEAD + n_entries], table, len(ints) * 8
 
 
 def group_partition(buf: np.ndarray) -> int:
@@ -190,8 +191,10 @@ def check_binding(manifest: dict, cfg: dict) -> None:
         for key, value in public(cfg)[section].items():
             then = manifest["config"].get(section, {}).get(key)
             if then != value and (section, key) not in UNBOUND_KEYS:
-                raise CheckpointError(f"{section}.{key} is {value!r} but was {then!r} when checkpoint "
-                                      f"{manifest['id']} was taken: resume with the same setting")
+                raise CheckpointError(
+                    f"{section}.{key} is {value!r} but was {then!r} when checkpoint "
+                    f"{manifest['id']} was taken: resume with the same setting"
+                )
 
 
 def slaves_of(manifest: dict) -> list[int]:
@@ -273,8 +276,8 @@ def numbered(directory: Path, prefix: str) -> list[tuple[int, Path]]:
     out = []
     for f in directory.iterdir():
         stem = f.name.split(".", 1)[0]
-        if stem.startswith(prefix + "-") and stem[len(prefix) + 1:].isdigit():
-            out.append((int(stem[len(prefix) + 1:]), f))
+        if stem.startswith(prefix + "-") and stem[len(prefix) + 1 :].isdigit():
+            out.append((int(stem[len(prefix) + 1 :]), f))
     return sorted(out)
 
 
@@ -314,7 +317,7 @@ def roll_back_output(out: Path, commit: dict) -> int:
             f.unlink()
             removed += 1
         if folder in SLAVE_FOLDERS:
-            others = {f.name[:len("slave-000")] for f in d.glob("slave-[0-9][0-9][0-9]-*")}
+            others = {f.name[: len("slave-000")] for f in d.glob("slave-[0-9][0-9][0-9]-*")}
             prefixes = {**dict.fromkeys(others - set(prefixes), 0), **prefixes}
         for prefix, count in prefixes.items():
             for number, f in numbered(d, prefix):

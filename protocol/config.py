@@ -5,6 +5,7 @@ made from `DEFAULTS` by `python -m protocol.config --reference` (`make docs`).
 Anything wrong stops the run before it starts with one `ConfigError` that names
 the key.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -26,65 +27,107 @@ from protocol.tuples import BASE_TUPLE_BYTES
 #: section -> key -> (default, description)
 DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     "cluster": {
-        "dispatchers": (1, "ranks 0..k-1 each ingest a 1/k share of the input and route it (BiStream 3.2.3); slaves "
-                           "are the rest"),
-        "heartbeat_timeout": (0.0, "a rank silent this long is lost and the job ends (a slave that no longer hears "
-                                   "rank 0 exits); 0 = the larger of 5 s and 20 distribution epochs "
-                                   "(docs/operating.md)"),
-        "network": ("", 'the address range the ranks and Open MPI\'s daemons talk over between hosts, e.g. '
-                        '"10.0.0.0/24" ("" = Open MPI\'s choice); docs/operating.md lists the ports'),
-        "ports": ("", 'TCP ports "A-B" Open MPI listens on between hosts, for a firewall: the ranks take the first '
-                      'half, the daemons the second ("" = any it picks)'),
+        "dispatchers": (
+            1,
+            "ranks 0..k-1 each ingest a 1/k share of the input and route it (BiStream 3.2.3); slaves are the rest",
+        ),
+        "heartbeat_timeout": (
+            0.0,
+            "a rank silent this long is lost and the job ends (a slave that no longer hears "
+            "rank 0 exits); 0 = the larger of 5 s and 20 distribution epochs "
+            "(docs/operating.md)",
+        ),
+        "network": (
+            "",
+            "the address range the ranks and Open MPI's daemons talk over between hosts, e.g. "
+            '"10.0.0.0/24" ("" = Open MPI\'s choice); docs/operating.md lists the ports',
+        ),
+        "ports": (
+            "",
+            'TCP ports "A-B" Open MPI listens on between hosts, for a firewall: the ranks take the first '
+            'half, the daemons the second ("" = any it picks)',
+        ),
     },
     "source": {
-        "kind": ("generator", '"generator" (built-in b-model workload), "file" (CSV/Parquet at `path`) or "zmq" (live, '
-                              'at `endpoint`)'),
-        "path": ("", "input file for kind = \"file\": columns stream (R/S), id, ts, key, [value]"),
+        "kind": (
+            "generator",
+            '"generator" (built-in b-model workload), "file" (CSV/Parquet at `path`) or "zmq" (live, at `endpoint`)',
+        ),
+        "path": ("", 'input file for kind = "file": columns stream (R/S), id, ts, key, [value]'),
         "rate": (0.0, "arrival pacing in tuples/s (both streams together); 0 = as fast as the cluster accepts"),
         "batch": (65536, "tuples the master ingests per step"),
         "endpoint": ("tcp://127.0.0.1:5555", 'kind = "zmq": where the master binds its PULL socket for producers'),
         "producers": (1, 'kind = "zmq": the input ends after this many producers sent their END message'),
-        "idle_timeout": (0.0, 'kind = "zmq": the input also ends after this many seconds without a message '
-                              '(0 = never)'),
+        "idle_timeout": (
+            0.0,
+            'kind = "zmq": the input also ends after this many seconds without a message (0 = never)',
+        ),
         "max_message_tuples": (65536, 'kind = "zmq": larger messages are rejected whole'),
-        "token": ("", 'kind = "zmq": only producers presenting this shared secret are let in ("" = any local process '
-                      'may feed and end the input); never logged'),
-        "token_file": ("", 'kind = "zmq": a file holding the token (read at start; keeps it off command lines); not '
-                           'with `token`'),
-        "ack_endpoint": ("", 'kind = "zmq", with checkpoints: where the master publishes what each checkpoint made '
-                             'durable per producer, so producers resend after a crash ("" = no acknowledgements)'),
-        "ts_unit": ("s", 'kind = "file": the unit of numbers in the ts column, "s", "ms", "us" or "ns" (timestamp '
-                         'columns carry their own; docs/input.md)'),
-        "duplicate_window": (1000000, 'kind = "file": a repeated id is found when its first row is at most this many '
-                                      'rows earlier (always when ids rise per stream)'),
+        "token": (
+            "",
+            'kind = "zmq": only producers presenting this shared secret are let in ("" = any local process '
+            "may feed and end the input); never logged",
+        ),
+        "token_file": (
+            "",
+            'kind = "zmq": a file holding the token (read at start; keeps it off command lines); not with `token`',
+        ),
+        "ack_endpoint": (
+            "",
+            'kind = "zmq", with checkpoints: where the master publishes what each checkpoint made '
+            'durable per producer, so producers resend after a crash ("" = no acknowledgements)',
+        ),
+        "ts_unit": (
+            "s",
+            'kind = "file": the unit of numbers in the ts column, "s", "ms", "us" or "ns" (timestamp '
+            "columns carry their own; docs/input.md)",
+        ),
+        "duplicate_window": (
+            1000000,
+            'kind = "file": a repeated id is found when its first row is at most this many '
+            "rows earlier (always when ids rise per stream)",
+        ),
     },
     "generator": {
         "duration": (60.0, "seconds of event time to generate"),
         "rate": (50000.0, "mean tuples/s per stream in event time (Poisson arrivals)"),
         "keys": (1048576, "join-key domain size"),
-        "distribution": ("bmodel", '"bmodel" (the paper), "uniform" (few `keys`: high key duplication) or "zipf" '
-                                   '(heavy hitters)'),
+        "distribution": (
+            "bmodel",
+            '"bmodel" (the paper), "uniform" (few `keys`: high key duplication) or "zipf" (heavy hitters)',
+        ),
         "skew": (0.7, "b-model bias of the key distribution (0.5 = uniform; paper default 0.7)"),
-        "zipf": (1.0, "with distribution = \"zipf\": the exponent s, P(k-th most frequent key) ~ 1/k^s"),
+        "zipf": (1.0, 'with distribution = "zipf": the exponent s, P(k-th most frequent key) ~ 1/k^s'),
         "seed": (1, "random seed; the same seed gives the same streams"),
-        "tuple_bytes": (64, "bytes per tuple on the wire and in the window (a multiple of 8, at least "
-                            f"{BASE_TUPLE_BYTES}; paper 64)"),
+        "tuple_bytes": (
+            64,
+            f"bytes per tuple on the wire and in the window (a multiple of 8, at least {BASE_TUPLE_BYTES}; paper 64)",
+        ),
         "disorder": (0.0, "event times are shifted back by up to this many seconds (out-of-order input)"),
         "shift": (0.0, "every this many seconds the hot keys change (0 = never): skew that moves"),
         "hot_share": (0.0, "this share of both streams carries one single key (a heavy hitter), on top of the b-model"),
     },
     "join": {
-        "window": (1.0, "join r and s iff r.key == s.key and |r.ts - s.ts| <= window (seconds): shorthand for "
-                        "lower = -window, upper = window"),
-        "lower": (None, "with `upper`, in place of `window`: join r and s iff lower <= s.ts - r.ts <= upper (seconds, "
-                        "either may be negative; unset: -window)"),
+        "window": (
+            1.0,
+            "join r and s iff r.key == s.key and |r.ts - s.ts| <= window (seconds): shorthand for "
+            "lower = -window, upper = window",
+        ),
+        "lower": (
+            None,
+            "with `upper`, in place of `window`: join r and s iff lower <= s.ts - r.ts <= upper (seconds, "
+            "either may be negative; unset: -window)",
+        ),
         "upper": (None, "with `lower`: the largest s.ts - r.ts that joins (seconds; unset: window)"),
         "max_delay": (0.5, "allowed out-of-orderness in ts; later tuples go to the late output"),
         "predicate": ("equal", '"equal" (r.key == s.key), "band" (|r.key - s.key| <= band) or "less" (r.key < s.key)'),
-        "band": (0, "with predicate = \"band\": the largest key distance that joins"),
-        "type": ("inner", '"inner" (pairs), "left" / "right" / "full" (also each R / S / both row without a partner, '
-                          'once, at expiry), "semi" (each R with a partner, once) or "anti" (each R without one, at '
-                          'expiry): docs/joins-and-hot-keys.md'),
+        "band": (0, 'with predicate = "band": the largest key distance that joins'),
+        "type": (
+            "inner",
+            '"inner" (pairs), "left" / "right" / "full" (also each R / S / both row without a partner, '
+            'once, at expiry), "semi" (each R with a partner, once) or "anti" (each R without one, at '
+            "expiry): docs/joins-and-hot-keys.md",
+        ),
     },
     "epochs": {
         "distribution": (0.25, "seconds between two sends of buffered tuples to a slave"),
@@ -92,45 +135,69 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
     },
     "partitioning": {
         "partitions": (60, "hash partitions (mini-buffers per stream at the master; paper 60); >= slaves"),
-        "subgroups": (2, "slaves are served in this many slots per distribution epoch (paper V-B); capped at the slave "
-                         "count"),
+        "subgroups": (
+            2,
+            "slaves are served in this many slots per distribution epoch (paper V-B); capped at the slave count",
+        ),
     },
     "tuning": {
         "block_size": (64, "tuples per window block (the unit of expiry)"),
         "theta_min": (4, "merge a mini-partition-group with its buddy below this many blocks"),
         "theta_max": (256, "split a mini-partition-group above this many blocks (extendible hashing)"),
-        "max_depth": (12, "largest global depth of a partition-group's extendible-hash directory (0 = no tuning: one "
-                          "bucket per group)"),
+        "max_depth": (
+            12,
+            "largest global depth of a partition-group's extendible-hash directory (0 = no tuning: one "
+            "bucket per group)",
+        ),
     },
     "master": {
-        "buffer_capacity": (4000000, "tuples the master's mini-buffers may hold before ingest pauses (256 MB of "
-                                     "64-byte tuples)"),
-        "stall_timeout": (0.0, "seconds pending work may stand still before the job ends naming what it waits for "
-                               "(0 = 8 distribution epochs, at least 10 s, plus twice the slowest batch)"),
+        "buffer_capacity": (
+            4000000,
+            "tuples the master's mini-buffers may hold before ingest pauses (256 MB of 64-byte tuples)",
+        ),
+        "stall_timeout": (
+            0.0,
+            "seconds pending work may stand still before the job ends naming what it waits for "
+            "(0 = 8 distribution epochs, at least 10 s, plus twice the slowest batch)",
+        ),
     },
     "balance": {
-        "enabled": (True, "move partition-groups between slaves by their load (paper IV-C); balance.declustering also "
-                          "adapts the active slave count"),
+        "enabled": (
+            True,
+            "move partition-groups between slaves by their load (paper IV-C); balance.declustering also "
+            "adapts the active slave count",
+        ),
         "supplier_threshold": (0.5, "average buffer occupancy above which a slave is a supplier (paper 0.5)"),
         "consumer_threshold": (0.01, "average buffer occupancy below which a slave is a consumer (paper 0.01)"),
-        "buffer_capacity": (20000, "tuples a slave's buffer holds; occupancy = mean tuples not yet joined at its slots "
-                                   "/ this"),
+        "buffer_capacity": (
+            20000,
+            "tuples a slave's buffer holds; occupancy = mean tuples not yet joined at its slots / this",
+        ),
         "choice": ("largest_fit", '"random" (the paper) or "largest_fit": which partition-group a supplier yields'),
-        "declustering": (False, "also adapt the number of active slaves (paper V-A): shrinks a cluster that keeps up "
-                                "easily"),
+        "declustering": (
+            False,
+            "also adapt the number of active slaves (paper V-A): shrinks a cluster that keeps up easily",
+        ),
         "gamma": (2.0, "one more active slave when suppliers > gamma x consumers (paper V-A)"),
         "initial_slaves": (0, "slaves active at start (0 = all)"),
         "seed": (1, "seed of the random group choice"),
     },
     "hotkeys": {
-        "enabled": (False, "give keys above `threshold` of the input a grid of sub-groups on several slaves "
-                           "(equi-join)"),
+        "enabled": (
+            False,
+            "give keys above `threshold` of the input a grid of sub-groups on several slaves (equi-join)",
+        ),
         "threshold": (0.1, "share of the input over a reorganization epoch that makes a key hot"),
-        "grid": (4, "most sub-groups per hot key (its S tuples are spread over them, its R tuples copied to all; a "
-                    "full join: two such grids, the second with R spread and S copied)"),
+        "grid": (
+            4,
+            "most sub-groups per hot key (its S tuples are spread over them, its R tuples copied to all; a "
+            "full join: two such grids, the second with R spread and S copied)",
+        ),
         "max_keys": (4, "most hot keys at once"),
-        "sketch": (64, "counters of the frequent-items summary at the master (keys above 1/sketch of the input are "
-                       "seen)"),
+        "sketch": (
+            64,
+            "counters of the frequent-items summary at the master (keys above 1/sketch of the input are seen)",
+        ),
     },
     "checkpoint": {
         "interval": (0, "distribution epochs between two checkpoints of the whole cluster (0 = none)"),
@@ -142,35 +209,56 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "path": ("out", "output directory (results/, late/, rejected/, summary.json)"),
         "format": ("parquet", '"parquet" or "csv"'),
         "flush_rows": (500000, "a slave writes a results file once it holds this many rows"),
-        "result_chunk_rows": (1 << 19, "a slave builds a batch's results in chunks of at most this many rows, each "
-                                       "written and sent before the next (bounds a slave's memory under a hot key)"),
+        "result_chunk_rows": (
+            1 << 19,
+            "a slave builds a batch's results in chunks of at most this many rows, each "
+            "written and sent before the next (bounds a slave's memory under a hot key)",
+        ),
         "progress": (1.0, "seconds between progress lines (0 = none)"),
-        "zmq_endpoint": ("", 'publish results with punctuations on this ZeroMQ endpoint (e.g. "tcp://127.0.0.1:5556"); '
-                             '"" = off'),
-        "ordered": (False, "with zmq_endpoint: publish results in order of the later tuple's ts (held until "
-                           "punctuated)"),
-        "wait_subscribers": (0, "with zmq_endpoint: wait for this many subscribers before ingesting (PUB drops what "
-                                "comes before)"),
-        "subscriber_buffer_bytes": (64 << 20, "with zmq_endpoint: bytes of results the master queues per subscriber "
-                                              "(at least 65536); a subscriber further behind misses messages (its gaps "
-                                              "counted); with ordered, results held beyond it pause ingest"),
-        "subscriber_timeout": (10.0, "with ordered: seconds a full subscriber may hold the stream (and the cluster) "
-                                     "back before it misses messages as unordered"),
+        "zmq_endpoint": (
+            "",
+            'publish results with punctuations on this ZeroMQ endpoint (e.g. "tcp://127.0.0.1:5556"); "" = off',
+        ),
+        "ordered": (
+            False,
+            "with zmq_endpoint: publish results in order of the later tuple's ts (held until punctuated)",
+        ),
+        "wait_subscribers": (
+            0,
+            "with zmq_endpoint: wait for this many subscribers before ingesting (PUB drops what comes before)",
+        ),
+        "subscriber_buffer_bytes": (
+            64 << 20,
+            "with zmq_endpoint: bytes of results the master queues per subscriber "
+            "(at least 65536); a subscriber further behind misses messages (its gaps "
+            "counted); with ordered, results held beyond it pause ingest",
+        ),
+        "subscriber_timeout": (
+            10.0,
+            "with ordered: seconds a full subscriber may hold the stream (and the cluster) "
+            "back before it misses messages as unordered",
+        ),
     },
     "security": {
         "allow_remote": (False, "allow ZeroMQ endpoints on non-loopback addresses (then CURVE keys are required)"),
-        "server_key": ("", "secret certificate of the cluster's ZeroMQ sockets (zmq.auth .key_secret file); enables "
-                           "CURVE"),
+        "server_key": (
+            "",
+            "secret certificate of the cluster's ZeroMQ sockets (zmq.auth .key_secret file); enables CURVE",
+        ),
         "client_keys": ("", "directory of the public certificates (.key) of producers and subscribers let in"),
     },
     "metrics": {
-        "endpoint": ("127.0.0.1:9464", 'HOST:PORT of the Prometheus /metrics and the live dashboard (rank 0); '
-                                       '"" = off'),
+        "endpoint": (
+            "127.0.0.1:9464",
+            'HOST:PORT of the Prometheus /metrics and the live dashboard (rank 0); "" = off',
+        ),
         "log_interval": (5.0, "seconds between two Parquet files of the metrics log in `metrics/` (0 = no log)"),
     },
     "aggregate": {
-        "enabled": (False, "slaves pre-aggregate their results into aggregates/ (phase one; merged by "
-                           "control.aggregate)"),
+        "enabled": (
+            False,
+            "slaves pre-aggregate their results into aggregates/ (phase one; merged by control.aggregate)",
+        ),
         "group_by": ("key", '"key", "r_key" or "s_key" (all the same join key in this equi-join)'),
         "value": ("r_value", '"r_value" or "s_value": the column whose count, sum, min, max (and avg) are kept'),
         "window": (0.0, "tumbling window in seconds on the later tuple's ts, max(r_ts, s_ts); 0 = no window"),
@@ -190,25 +278,54 @@ _CHOICES = {
     ("aggregate", "value"): ("r_value", "s_value"),
 }
 _POSITIVE = {
-    ("generator", "rate"), ("generator", "keys"), ("generator", "duration"), ("generator", "zipf"),
-    ("epochs", "distribution"), ("epochs", "reorganization"),
-    ("partitioning", "partitions"), ("partitioning", "subgroups"),
-    ("tuning", "block_size"), ("tuning", "theta_max"),
-    ("master", "buffer_capacity"), ("output", "flush_rows"), ("output", "result_chunk_rows"), ("source", "batch"),
-    ("balance", "buffer_capacity"), ("balance", "gamma"), ("checkpoint", "keep"),
-    ("cluster", "dispatchers"), ("hotkeys", "grid"), ("hotkeys", "max_keys"), ("hotkeys", "sketch"),
-    ("aggregate", "flush_interval"), ("source", "producers"), ("source", "max_message_tuples"),
-    ("source", "duplicate_window"), ("output", "subscriber_buffer_bytes"),
+    ("generator", "rate"),
+    ("generator", "keys"),
+    ("generator", "duration"),
+    ("generator", "zipf"),
+    ("epochs", "distribution"),
+    ("epochs", "reorganization"),
+    ("partitioning", "partitions"),
+    ("partitioning", "subgroups"),
+    ("tuning", "block_size"),
+    ("tuning", "theta_max"),
+    ("master", "buffer_capacity"),
+    ("output", "flush_rows"),
+    ("output", "result_chunk_rows"),
+    ("source", "batch"),
+    ("balance", "buffer_capacity"),
+    ("balance", "gamma"),
+    ("checkpoint", "keep"),
+    ("cluster", "dispatchers"),
+    ("hotkeys", "grid"),
+    ("hotkeys", "max_keys"),
+    ("hotkeys", "sketch"),
+    ("aggregate", "flush_interval"),
+    ("source", "producers"),
+    ("source", "max_message_tuples"),
+    ("source", "duplicate_window"),
+    ("output", "subscriber_buffer_bytes"),
 }
 _NON_NEGATIVE = {
-    ("source", "rate"), ("join", "window"), ("join", "max_delay"),
-    ("tuning", "theta_min"), ("tuning", "max_depth"), ("generator", "disorder"), ("generator", "shift"),
+    ("source", "rate"),
+    ("join", "window"),
+    ("join", "max_delay"),
+    ("tuning", "theta_min"),
+    ("tuning", "max_depth"),
+    ("generator", "disorder"),
+    ("generator", "shift"),
     ("output", "progress"),
-    ("balance", "supplier_threshold"), ("balance", "consumer_threshold"), ("balance", "initial_slaves"),
-    ("checkpoint", "interval"), ("join", "band"),
+    ("balance", "supplier_threshold"),
+    ("balance", "consumer_threshold"),
+    ("balance", "initial_slaves"),
+    ("checkpoint", "interval"),
+    ("join", "band"),
     ("aggregate", "window"),
-    ("source", "idle_timeout"), ("output", "wait_subscribers"), ("master", "stall_timeout"),
-    ("metrics", "log_interval"), ("output", "subscriber_timeout"), ("cluster", "heartbeat_timeout"),
+    ("source", "idle_timeout"),
+    ("output", "wait_subscribers"),
+    ("master", "stall_timeout"),
+    ("metrics", "log_interval"),
+    ("output", "subscriber_timeout"),
+    ("cluster", "heartbeat_timeout"),
 }
 
 
@@ -273,8 +390,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
         cfg[section][key] = _check_type(f"{section}.{key}", DEFAULTS[section][key][0], value)
     named = {(s, k) for s, k, _ in items}
     if ("join", "window") in named and named & {("join", "lower"), ("join", "upper")}:
-        raise ConfigError("join.window: not together with join.lower / join.upper (window w is the shorthand for "
-                          "lower = -w, upper = w): set either window or lower and upper")
+        raise ConfigError(
+            "join.window: not together with join.lower / join.upper (window w is the shorthand for "
+            "lower = -w, upper = w): set either window or lower and upper"
+        )
     cfg["streams"] = streams_config.declared(streams, cfg["source"], cfg["join"], ConfigError)
     validate(cfg)
     return cfg
@@ -297,50 +416,68 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
         raise ConfigError(f"generator.skew: must be strictly between 0 and 1, got {cfg['generator']['skew']!r}")
     if cfg["generator"]["tuple_bytes"] < BASE_TUPLE_BYTES or cfg["generator"]["tuple_bytes"] % 8:
         # whole 8-byte words: every field stays aligned, which the compiled result gather reads them as
-        raise ConfigError(f"generator.tuple_bytes: must be a multiple of 8 and at least {BASE_TUPLE_BYTES}, "
-                          f"got {cfg['generator']['tuple_bytes']!r}")
+        raise ConfigError(
+            f"generator.tuple_bytes: must be a multiple of 8 and at least {BASE_TUPLE_BYTES}, "
+            f"got {cfg['generator']['tuple_bytes']!r}"
+        )
     if cfg["tuning"]["theta_min"] * 2 > cfg["tuning"]["theta_max"]:
-        raise ConfigError("tuning.theta_min: must be at most half of tuning.theta_max "
-                          f"(got {cfg['tuning']['theta_min']} and {cfg['tuning']['theta_max']})")
+        raise ConfigError(
+            "tuning.theta_min: must be at most half of tuning.theta_max "
+            f"(got {cfg['tuning']['theta_min']} and {cfg['tuning']['theta_max']})"
+        )
     if cfg["tuning"]["max_depth"] > 24:
         raise ConfigError(f"tuning.max_depth: must be at most 24, got {cfg['tuning']['max_depth']}")
     if cfg["balance"]["consumer_threshold"] > cfg["balance"]["supplier_threshold"]:
-        raise ConfigError("balance.consumer_threshold: must be at most balance.supplier_threshold "
-                          f"(got {cfg['balance']['consumer_threshold']} and {cfg['balance']['supplier_threshold']})")
+        raise ConfigError(
+            "balance.consumer_threshold: must be at most balance.supplier_threshold "
+            f"(got {cfg['balance']['consumer_threshold']} and {cfg['balance']['supplier_threshold']})"
+        )
     _check_event_time(cfg)
     _check_bounds(cfg["join"])
     _check_cluster(cfg)
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
     if cfg["cluster"]["dispatchers"] > 1 and cfg["hotkeys"]["enabled"]:
-        raise ConfigError("hotkeys.enabled: not supported with several dispatchers yet (cluster.dispatchers = "
-                          f"{cfg['cluster']['dispatchers']}); set hotkeys.enabled = false")
+        raise ConfigError(
+            "hotkeys.enabled: not supported with several dispatchers yet (cluster.dispatchers = "
+            f"{cfg['cluster']['dispatchers']}); set hotkeys.enabled = false"
+        )
     if cfg["hotkeys"]["enabled"] and cfg["join"]["predicate"] != "equal":
-        raise ConfigError("hotkeys.enabled: only for join.predicate = \"equal\" (key ranges keep a hot key whole)")
+        raise ConfigError('hotkeys.enabled: only for join.predicate = "equal" (key ranges keep a hot key whole)')
     if not 0.0 < cfg["hotkeys"]["threshold"] <= 1.0:
         raise ConfigError(f"hotkeys.threshold: must be in (0, 1], got {cfg['hotkeys']['threshold']!r}")
     if cfg["hotkeys"]["grid"] < 2:
         raise ConfigError(f"hotkeys.grid: must be at least 2, got {cfg['hotkeys']['grid']!r}")
     if cfg["output"]["subscriber_buffer_bytes"] < 65536:
-        raise ConfigError("output.subscriber_buffer_bytes: must be at least 65536 (one result message), got "
-                          f"{cfg['output']['subscriber_buffer_bytes']!r}")
+        raise ConfigError(
+            "output.subscriber_buffer_bytes: must be at least 65536 (one result message), got "
+            f"{cfg['output']['subscriber_buffer_bytes']!r}"
+        )
     live = [key for key in streams_config.live_endpoints(cfg) if key.startswith("streams.")]
     if live and (cfg["checkpoint"]["interval"] or cfg["cluster"]["dispatchers"] > 1):
-        raise ConfigError(f"{live[0]}: not with "
-                          f"{'checkpoint.interval' if cfg['checkpoint']['interval'] else 'cluster.dispatchers > 1'}"
-                          " yet: a live stream's producers cannot resend what a recovery needs, and every dispatcher "
-                          "would bind its endpoint")
+        raise ConfigError(
+            f"{live[0]}: not with "
+            f"{'checkpoint.interval' if cfg['checkpoint']['interval'] else 'cluster.dispatchers > 1'}"
+            " yet: a live stream's producers cannot resend what a recovery needs, and every dispatcher "
+            "would bind its endpoint"
+        )
     kafka = [f"streams.{n}.kafka" for n, spec in cfg.get("streams", {}).items() if spec["kafka"]]
     if kafka and cfg["checkpoint"]["interval"]:
-        raise ConfigError(f"{kafka[0]}: not with checkpoint.interval yet: recovery is not built for a Kafka stream "
-                          "(its checkpoints would need the partitions' offsets, the key codes and the stream rows)")
+        raise ConfigError(
+            f"{kafka[0]}: not with checkpoint.interval yet: recovery is not built for a Kafka stream "
+            "(its checkpoints would need the partitions' offsets, the key codes and the stream rows)"
+        )
     if kafka and cfg["cluster"]["dispatchers"] > 1:
-        raise ConfigError(f"{kafka[0]}: not with cluster.dispatchers > 1 yet: each dispatcher would read every "
-                          "partition (they do not share the partitions out)")
+        raise ConfigError(
+            f"{kafka[0]}: not with cluster.dispatchers > 1 yet: each dispatcher would read every "
+            "partition (they do not share the partitions out)"
+        )
     if cfg.get("streams") and cfg["aggregate"]["enabled"]:
-        raise ConfigError("aggregate.enabled: not with [streams.*] yet: the aggregates carry the engine's fixed-width "
-                          "fields (stream rows, key codes), not the streams' own columns, which results gather from "
-                          "the payload log when they are written")
+        raise ConfigError(
+            "aggregate.enabled: not with [streams.*] yet: the aggregates carry the engine's fixed-width "
+            "fields (stream rows, key codes), not the streams' own columns, which results gather from "
+            "the payload log when they are written"
+        )
     check_join_type(cfg, ConfigError)
     check_endpoints(cfg)
     check_http_endpoint("metrics.endpoint", cfg["metrics"]["endpoint"], cfg)
@@ -348,27 +485,40 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     if slaves is not None:
         slaves -= cfg["cluster"]["dispatchers"] - 1  # the ranks after the dispatchers
         if slaves < 1:
-            raise ConfigError(f"the cluster needs at least one slave besides its {cfg['cluster']['dispatchers']} "
-                              f"dispatcher(s): run with mpirun -n {cfg['cluster']['dispatchers'] + 1} or more")
+            raise ConfigError(
+                f"the cluster needs at least one slave besides its {cfg['cluster']['dispatchers']} "
+                f"dispatcher(s): run with mpirun -n {cfg['cluster']['dispatchers'] + 1} or more"
+            )
         if cfg["balance"]["initial_slaves"] > slaves:
-            raise ConfigError(f"balance.initial_slaves: must be <= the number of slaves ({slaves}), "
-                              f"got {cfg['balance']['initial_slaves']}")
+            raise ConfigError(
+                f"balance.initial_slaves: must be <= the number of slaves ({slaves}), "
+                f"got {cfg['balance']['initial_slaves']}"
+            )
         if cfg["partitioning"]["partitions"] < slaves:
-            raise ConfigError(f"partitioning.partitions: must be >= the number of slaves ({slaves}), "
-                              f"got {cfg['partitioning']['partitions']}")
+            raise ConfigError(
+                f"partitioning.partitions: must be >= the number of slaves ({slaves}), "
+                f"got {cfg['partitioning']['partitions']}"
+            )
 
 
 def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:
     """Event-time durations become integer microseconds (protocol.eventtime): they must fit, and a tumbling
     aggregation window must not round to nothing."""
     limit = eventtime.DURATION_LIMIT // eventtime.PER_SECOND
-    for s, k in (("join", "window"), ("join", "max_delay"), ("aggregate", "window"), ("generator", "duration"),
-                 ("generator", "disorder")):
+    for s, k in (
+        ("join", "window"),
+        ("join", "max_delay"),
+        ("aggregate", "window"),
+        ("generator", "duration"),
+        ("generator", "disorder"),
+    ):
         if cfg[s][k] >= limit:
             raise ConfigError(f"{s}.{k}: must be below {limit} seconds, got {cfg[s][k]!r}")
     if cfg["aggregate"]["window"] > 0 and eventtime.duration(cfg["aggregate"]["window"]) == 0:
-        raise ConfigError(f"aggregate.window: must be 0 or at least one microsecond (event time is counted in "
-                          f"microseconds), got {cfg['aggregate']['window']!r}")
+        raise ConfigError(
+            f"aggregate.window: must be 0 or at least one microsecond (event time is counted in "
+            f"microseconds), got {cfg['aggregate']['window']!r}"
+        )
 
 
 def _check_cluster(cfg: dict[str, dict[str, Any]]) -> None:
@@ -376,18 +526,26 @@ def _check_cluster(cfg: dict[str, dict[str, Any]]) -> None:
     network is an address range."""
     timeout, epoch = cfg["cluster"]["heartbeat_timeout"], cfg["epochs"]["distribution"]
     if timeout and timeout < min(1.0, 4 * epoch):
-        raise ConfigError(f"cluster.heartbeat_timeout: must be 0 (automatic) or at least {min(1.0, 4 * epoch):g}s "
-                          f"(four distribution epochs, at most 1 s), got {timeout!r}")
+        raise ConfigError(
+            f"cluster.heartbeat_timeout: must be 0 (automatic) or at least {min(1.0, 4 * epoch):g}s "
+            f"(four distribution epochs, at most 1 s), got {timeout!r}"
+        )
     ports = cfg["cluster"]["ports"]
-    if ports and (not re.fullmatch(r"\d+-\d+", ports) or not 1024 <= int(ports.split("-")[0])
-                  or int(ports.split("-")[1]) - int(ports.split("-")[0]) < 3 or int(ports.split("-")[1]) > 65535):
+    if ports and (
+        not re.fullmatch(r"\d+-\d+", ports)
+        or not 1024 <= int(ports.split("-")[0])
+        or int(ports.split("-")[1]) - int(ports.split("-")[0]) < 3
+        or int(ports.split("-")[1]) > 65535
+    ):
         raise ConfigError(f'cluster.ports: expected a range "A-B" of at least 4 ports within 1024-65535, got {ports!r}')
     if cfg["cluster"]["network"]:
         try:
             ipaddress.ip_network(cfg["cluster"]["network"], strict=False)
         except ValueError as e:
-            raise ConfigError(f"cluster.network: expected an address range such as \"10.0.0.0/24\", got "
-                              f"{cfg['cluster']['network']!r} ({e})") from None
+            raise ConfigError(
+                f'cluster.network: expected an address range such as "10.0.0.0/24", got '
+                f"{cfg['cluster']['network']!r} ({e})"
+            ) from None
 
 
 def _check_bounds(join: dict[str, Any]) -> None:
@@ -411,23 +569,36 @@ def reference() -> str:
     """docs/configuration.md: every key with its default, the values it takes and its meaning, from DEFAULTS
     (tests/unit/test_config.py fails when the committed page differs)."""
     kinds = {bool: "boolean", int: "integer", float: "number", str: "string"}
-    toml = lambda v: json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else \
-        "unset" if v is None else repr(v)
+    toml = lambda v: (
+        json.dumps(v)
+        if isinstance(v, str)
+        else str(v).lower()
+        if isinstance(v, bool)
+        else "unset"
+        if v is None
+        else repr(v)
+    )
 
     def values(s: str, k: str, default: Any) -> str:
         if (s, k) in _CHOICES:
             return ", ".join(map(toml, _CHOICES[s, k]))
         return ("duration" if (s, k) in DURATION_KEYS else kinds[type(default)]) + (
-            " > 0" if (s, k) in _POSITIVE else " >= 0" if (s, k) in _NON_NEGATIVE else "")
-    lines = ["# Configuration reference", "",
-             "<!-- made by `python -m protocol.config --reference > docs/configuration.md` (make docs) from "
-             "protocol/config.py; do not edit by hand -->", "",
-             "A TOML file (`--config my.toml`), one table per section; every key can be overridden with "
-             "`--set section.key=value` (the value in TOML syntax; a bare word is a string). An unknown section or "
-             "key, a wrong type or an impossible value stops the run before it starts with one message that names "
-             "the key; docs/refusals.md lists the combinations refused. A duration is a number of seconds or text "
-             "with a unit: "
-             '`"30s"`, `"250ms"`, `"2m"`, `"1h"` (ns, us, ms, s, m, h, d).']
+            " > 0" if (s, k) in _POSITIVE else " >= 0" if (s, k) in _NON_NEGATIVE else ""
+        )
+
+    lines = [
+        "# Configuration reference",
+        "",
+        "<!-- made by `python -m protocol.config --reference > docs/configuration.md` (make docs) from "
+        "protocol/config.py; do not edit by hand -->",
+        "",
+        "A TOML file (`--config my.toml`), one table per section; every key can be overridden with "
+        "`--set section.key=value` (the value in TOML syntax; a bare word is a string). An unknown section or "
+        "key, a wrong type or an impossible value stops the run before it starts with one message that names "
+        "the key; docs/refusals.md lists the combinations refused. A duration is a number of seconds or text "
+        "with a unit: "
+        '`"30s"`, `"250ms"`, `"2m"`, `"1h"` (ns, us, ms, s, m, h, d).',
+    ]
     for section, keys in DEFAULTS.items():
         lines += ["", f"## [{section}]", "", "| key | default | values | meaning |", "|---|---|---|---|"]
         for key, (default, meaning) in keys.items():
@@ -438,6 +609,7 @@ def reference() -> str:
 
 if __name__ == "__main__":
     import sys
+
     if sys.argv[1:] != ["--reference"]:
         sys.exit("usage: python -m protocol.config --reference > docs/configuration.md")
     sys.stdout.write(reference())

@@ -4,6 +4,7 @@ A fixed log-spaced binning makes the per-epoch report a small fixed-size array
 and lets the master merge reports by addition (paper 003, VI-A: the production
 delay is the time since arrival of the later of the two joining tuples).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ One parser for every duration key (`DURATION_KEYS`), used by protocol.config whe
 text becomes float seconds whose shortest decimal is the value as written, so protocol.eventtime.duration
 turns it into exactly those microseconds ("250ms" is 250,000 us, "0.1s" is 100,000 us).
 """
+
 from __future__ import annotations
 
 import re
@@ -11,15 +12,35 @@ from decimal import Decimal
 
 #: (section, key) of every config key that is a duration in seconds
 DURATION_KEYS = {
-    ("join", "window"), ("join", "lower"), ("join", "upper"), ("join", "max_delay"), ("epochs", "distribution"),
+    ("join", "window"),
+    ("join", "lower"),
+    ("join", "upper"),
+    ("join", "max_delay"),
+    ("epochs", "distribution"),
     ("epochs", "reorganization"),
-    ("master", "stall_timeout"), ("source", "idle_timeout"), ("generator", "duration"), ("generator", "disorder"),
-    ("generator", "shift"), ("output", "progress"), ("metrics", "log_interval"), ("aggregate", "window"),
-    ("aggregate", "flush_interval"), ("cluster", "heartbeat_timeout"),
+    ("master", "stall_timeout"),
+    ("source", "idle_timeout"),
+    ("generator", "duration"),
+    ("generator", "disorder"),
+    ("generator", "shift"),
+    ("output", "progress"),
+    ("metrics", "log_interval"),
+    ("aggregate", "window"),
+    ("aggregate", "flush_interval"),
+    ("cluster", "heartbeat_timeout"),
 }
 #: unit -> seconds, as exact decimals
-UNITS = {"ns": "1e-9", "us": "1e-6", "µs": "1e-6", "ms": "1e-3", "s": "1", "m": "60", "min": "60", "h": "3600",
-         "d": "86400"}
+UNITS = {
+    "ns": "1e-9",
+    "us": "1e-6",
+    "µs": "1e-6",
+    "ms": "1e-3",
+    "s": "1",
+    "m": "60",
+    "min": "60",
+    "h": "3600",
+    "d": "86400",
+}
 _TEXT = re.compile(r"^\s*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*(" + "|".join(UNITS) + r")?\s*$")
 
 
@@ -28,8 +49,10 @@ def parse_duration(text: str) -> float:
     is accepted."""
     m = _TEXT.match(text)
     if m is None:
-        raise ValueError(f'expected a number of seconds or a duration such as "30s", "250ms", "2m", "1h" '
-                         f"(units: {', '.join(UNITS)}), got {text!r}")
+        raise ValueError(
+            f'expected a number of seconds or a duration such as "30s", "250ms", "2m", "1h" '
+            f"(units: {', '.join(UNITS)}), got {text!r}"
+        )
     return float(Decimal(m.group(1)) * Decimal(UNITS[m.group(2) or "s"]))
 
 

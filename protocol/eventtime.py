@@ -10,6 +10,7 @@ Microseconds, not nanoseconds: a float64 second count resolves a microsecond unt
 nanosecond today), int64 microseconds leave room for the sentinels below and for `ts +- window` without
 overflow, and they are Spark's timestamp precision.
 """
+
 from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -31,9 +32,11 @@ NONE = int(np.iinfo(np.int64).min)
 UNITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
 #: ISO-8601 as text: a date, then optionally a time (seconds and fraction optional) and a zone (Z, +hh, +hhmm,
 #: +hh:mm); without a zone it is UTC
-ISO_TEXT = (r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})"
-            r"(?:[Tt ](?P<hm>[0-9]{2}:[0-9]{2})(?::(?P<sec>[0-9]{2})(?:[.,](?P<frac>[0-9]+))?)?)?"
-            r"\s*(?:[Zz]|(?P<sign>[+-])(?P<zh>[0-9]{2})(?::?(?P<zm>[0-9]{2}))?)?$")
+ISO_TEXT = (
+    r"^(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})"
+    r"(?:[Tt ](?P<hm>[0-9]{2}:[0-9]{2})(?::(?P<sec>[0-9]{2})(?:[.,](?P<frac>[0-9]+))?)?)?"
+    r"\s*(?:[Zz]|(?P<sign>[+-])(?P<zh>[0-9]{2})(?::?(?P<zm>[0-9]{2}))?)?$"
+)
 #: a number as text (case aside), what a float64 parse accepts: the file source's rule for ts and value
 FLOAT_TEXT = r"^[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf|infinity)$"
 _LARGEST = str(TS_LIMIT // PER_SECOND)  #: whole seconds beyond this are out of range (and would overflow)
@@ -121,8 +124,9 @@ def from_decimal_text(text, unit: str = "s") -> tuple[np.ndarray, np.ndarray, np
         whole = pc.utf8_slice_codeunits(whole, 0, -shift)
     whole = pc.replace_substring_regex(whole, r"^0+", "")
     length = pc.utf8_length(whole)
-    fits = _ok(pc.or_(pc.less(length, len(_LARGEST)),
-                      pc.and_(pc.equal(length, len(_LARGEST)), pc.less_equal(whole, _LARGEST))))
+    fits = _ok(
+        pc.or_(pc.less(length, len(_LARGEST)), pc.and_(pc.equal(length, len(_LARGEST)), pc.less_equal(whole, _LARGEST)))
+    )
     take = pa.array(plain & fits)
     whole = pc.if_else(take, whole, "0")
     whole = pc.if_else(pc.equal(whole, ""), "0", whole)
@@ -153,8 +157,9 @@ def from_iso_text(text) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     iso = _ok(pc.is_valid(parts))
     field = lambda name: pc.fill_null(pc.struct_field(parts, name), "")
     hm, sec = field("hm"), field("sec")
-    stamp = pc.binary_join_element_wise(field("date"), "T", pc.if_else(pc.equal(hm, ""), "00:00", hm), ":",
-                                        pc.if_else(pc.equal(sec, ""), "00", sec), "")
+    stamp = pc.binary_join_element_wise(
+        field("date"), "T", pc.if_else(pc.equal(hm, ""), "00:00", hm), ":", pc.if_else(pc.equal(sec, ""), "00", sec), ""
+    )
     fmt = "%Y-%m-%dT%H:%M:%S"
     local = pc.strptime(stamp, format=fmt, unit="s", error_is_null=True)
     ok = iso & _ok(pc.equal(pc.strftime(local, format=fmt), stamp))
@@ -178,8 +183,9 @@ def from_column(col, unit: str = "s") -> tuple[np.ndarray, np.ndarray, np.ndarra
     t = col.type
     present = _ok(pc.is_valid(col))
     if pa.types.is_timestamp(t) or (pa.types.is_integer(t) and t != pa.uint64()):
-        ticks, ok = from_integers(pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy(),
-                                  t.unit if pa.types.is_timestamp(t) else unit)
+        ticks, ok = from_integers(
+            pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy(), t.unit if pa.types.is_timestamp(t) else unit
+        )
         return ticks, present, present, ok & present
     if pa.types.is_floating(t):
         x = pc.fill_null(pc.cast(col, pa.float64()), np.nan).to_numpy()
@@ -200,6 +206,7 @@ def from_column(col, unit: str = "s") -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 def _ok(mask) -> np.ndarray:
     import pyarrow.compute as pc
+
     return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 

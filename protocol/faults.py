@@ -14,6 +14,7 @@ join, a straggler on a busy host whatever the machine's speed; `STREAMJOIN_SLOW_
 chunk of a batch's results it writes, a long batch (a hot key's) whatever the machine's speed.
 `STREAMJOIN_RAISE="rank:point:n:error"` raises an exception instead (`fail`): a full disk, a failed allocation.
 """
+
 from __future__ import annotations
 
 import errno

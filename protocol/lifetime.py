@@ -5,6 +5,7 @@ The supervisor starts the launcher, the launcher mpirun, mpirun the ranks; each 
 left mpirun and every rank running, and a restart then ran a second cluster beside them on the same folder.
 No MPI here: the supervisor and the launcher use it before any MPI exists.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -11,6 +11,7 @@ The heartbeats travel on a communicator of their own, sent and received by a thr
 own loops never see them, and a rank busy joining a long batch still beats.  `Liveness` is the detector's
 state (pure: it takes the time and returns whom to beat and who is lost); `Heartbeats` its thread.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -90,8 +91,15 @@ class Heartbeats:
     start barrier, when each is there already).  Rank 0 watches every other rank, the others watch rank 0.
     `about(rank)`: what rank 0 last heard from a peer besides heartbeats (its last report), for the message."""
 
-    def __init__(self, comm, hosts: list[str], dispatchers: int, timeout: float, interval: float,
-                 about: Callable[[int], str] = lambda rank: ""):
+    def __init__(
+        self,
+        comm,
+        hosts: list[str],
+        dispatchers: int,
+        timeout: float,
+        interval: float,
+        about: Callable[[int], str] = lambda rank: "",
+    ):
         self.comm = comm.Dup()
         self.rank, self.hosts, self.dispatchers = comm.rank, hosts, dispatchers
         self.about = about
@@ -118,13 +126,18 @@ class Heartbeats:
         try:
             self._beat()
         except Exception as error:  # noqa: BLE001
-            print(f"error: {self.name(self.rank)}: the heartbeat thread failed: {type(error).__name__}: {error}; "
-                  "aborting the job", file=sys.stderr, flush=True)
+            print(
+                f"error: {self.name(self.rank)}: the heartbeat thread failed: {type(error).__name__}: {error}; "
+                "aborting the job",
+                file=sys.stderr,
+                flush=True,
+            )
             traceback.print_exc()
             self.comm.Abort(CRASH)
 
     def _beat(self) -> None:
         from mpi4py import MPI
+
         status = MPI.Status()
         while not self._stop.wait(self.state.interval / 2):
             now = time.monotonic()
@@ -153,15 +166,27 @@ class Heartbeats:
             silent_hosts = {self.hosts[p] for p, _ in lost}
             others = {self.hosts[p] for p in self.state.heard} - {self.hosts[0]}
             also = f"; also silent: {', '.join(self.name(p) for p, _ in lost[1:])}" if len(lost) > 1 else ""
-            alone = f"; every other host ({', '.join(sorted(others))}) is silent: this host ({self.hosts[0]}) may " \
-                    "be the one cut off" if len(others) > 1 and others <= silent_hosts else ""
-            print(f"error: {self.name(peer)} is lost: nothing heard from it for {silent:.1f}s ({since})"
-                  f"{'; ' + more if more else ''}{also}{alone}: its process or host is gone, frozen or cut off; "
-                  "ending the job", file=sys.stderr, flush=True)
+            alone = (
+                f"; every other host ({', '.join(sorted(others))}) is silent: this host ({self.hosts[0]}) may "
+                "be the one cut off"
+                if len(others) > 1 and others <= silent_hosts
+                else ""
+            )
+            print(
+                f"error: {self.name(peer)} is lost: nothing heard from it for {silent:.1f}s ({since})"
+                f"{'; ' + more if more else ''}{also}{alone}: its process or host is gone, frozen or cut off; "
+                "ending the job",
+                file=sys.stderr,
+                flush=True,
+            )
             self.comm.Abort(LOST)
         else:
-            print(f"error: {self.name(self.rank)}: nothing heard from {self.name(0)} for {lost[0][1]:.1f}s "
-                  f"({since}): it or its host is lost; exiting", file=sys.stderr, flush=True)
+            print(
+                f"error: {self.name(self.rank)}: nothing heard from {self.name(0)} for {lost[0][1]:.1f}s "
+                f"({since}): it or its host is lost; exiting",
+                file=sys.stderr,
+                flush=True,
+            )
             end_local_daemon()
         os._exit(LOST)
 
@@ -178,8 +203,12 @@ class Heartbeats:
             timer.start()
 
     def _overdue(self, grace: float) -> None:
-        print(f"error: {self.name(self.rank)}: the job did not end within {grace:g}s of this rank's last step "
-              "(a rank or host is lost at the end); exiting", file=sys.stderr, flush=True)
+        print(
+            f"error: {self.name(self.rank)}: the job did not end within {grace:g}s of this rank's last step "
+            "(a rank or host is lost at the end); exiting",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(LOST)
 
 
@@ -190,6 +219,7 @@ def end_local_daemon() -> None:
     a SIGTERM alone sometimes leaves it waiting to report.  Any other parent (mpirun itself on the launching
     host, a batch system's step daemon) is left alone."""
     import psutil
+
     daemons, p = [], psutil.Process().parent()
     while p is not None and p.name() == "prted":
         daemons.append(p)
@@ -208,8 +238,14 @@ def start(comm, hosts: list[str], cfg: dict, about: Callable[[int], str]) -> Non
     MPI_Finalize, which runs at exit."""
     global _current
     timeout = heartbeat_timeout(cfg["cluster"], cfg["epochs"]["distribution"])
-    _current = Heartbeats(comm, hosts, cfg["cluster"]["dispatchers"], timeout,
-                          heartbeat_interval(timeout, cfg["epochs"]["distribution"]), about)
+    _current = Heartbeats(
+        comm,
+        hosts,
+        cfg["cluster"]["dispatchers"],
+        timeout,
+        heartbeat_interval(timeout, cfg["epochs"]["distribution"]),
+        about,
+    )
     atexit.register(stop)
 
 

@@ -9,6 +9,7 @@ which no on-time tuple can still arrive (BiStream, Theorem 1).
 A slave answers every batch with one small report: fixed float64 counters, the
 delay histogram of that epoch and the histograms of the delay's parts.
 """
+
 from __future__ import annotations
 
 import enum
@@ -20,20 +21,20 @@ import numpy as np
 from protocol import delays, eventtime
 from protocol.arrays import message_buffer
 
-TAG_DATA = 1    #: master -> slave: a batch (or the stop order)
+TAG_DATA = 1  #: master -> slave: a batch (or the stop order)
 TAG_REPORT = 2  #: slave -> master: a report
-TAG_STATE = 3   #: supplier slave -> consumer slave: a partition-group's state
+TAG_STATE = 3  #: supplier slave -> consumer slave: a partition-group's state
 TAG_RESULTS = 4  #: slave -> master, with output.zmq_endpoint: a batch's results (protocol.wire RESULTS)
 TAG_SUMMARY = 5  #: dispatcher k > 0 -> rank 0 at the end: its counters (a small dict, pickled)
-TAG_ORDER = 6    #: rank 0 <-> dispatcher k > 0: coordination of moves and of the end (master.coordination)
+TAG_ORDER = 6  #: rank 0 <-> dispatcher k > 0: coordination of moves and of the end (master.coordination)
 TAG_METRICS = 7  #: dispatcher k > 0 -> rank 0, at the metrics cadence: its counters (master.metrics)
 TAG_JOINING = 8  #: slave -> dispatcher: still joining its batch (`joining_message`), the stall watch's sign of life
 
 
 class Kind(enum.IntEnum):
     BATCH = 1  #: tuples of one distribution epoch, then the group table (`batch_groups`)
-    STOP = 2   #: no more input: flush and send the final report
-    MOVE = 3   #: hand partition-group `partition` over to slave `peer` (paper 003, IV-C)
+    STOP = 2  #: no more input: flush and send the final report
+    MOVE = 3  #: hand partition-group `partition` over to slave `peer` (paper 003, IV-C)
     CHECKPOINT = 4  #: write every partition-group's state into checkpoint `checkpoint` (protocol.checkpoint)
     SPLIT = 5  #: split hot key `hot_key` out of group `partition` into its grid (its first sub-group, its size)
     MERGE = 6  #: a hot key cooled: gather its grid (all here) back into group `partition`; the same `hot_key`
@@ -41,12 +42,13 @@ class Kind(enum.IntEnum):
 
 class Ack(enum.IntEnum):
     """What a report answers."""
-    BATCH = 0      #: a batch or the stop order was processed
-    MOVED = 1      #: supplier: the group's state left for the consumer
+
+    BATCH = 0  #: a batch or the stop order was processed
+    MOVED = 1  #: supplier: the group's state left for the consumer
     INSTALLED = 2  #: consumer: the group's state is installed
     CHECKPOINTED = 3  #: the slave's part of a checkpoint is written and its results are flushed
-    SPLIT = 4      #: a hot key's tuples are in its grid of sub-groups
-    MERGED = 5     #: a cooled key's grid is gathered back into its partition-group
+    SPLIT = 4  #: a hot key's tuples are in its grid of sub-groups
+    MERGED = 5  #: a cooled key's grid is gathered back into its partition-group
 
 
 #: `seq`: the message's number on the FIFO channel from its dispatcher to the slave (1, 2, ... per BATCH; an
@@ -60,9 +62,21 @@ class Ack(enum.IntEnum):
 #: each GROUP_ROW wide -- a BATCH's group table (`batch_groups`), the one hot-key row of SPLIT / MERGE
 #: (`hot_key`), none in the other kinds; `sent`: the master's wall clock when it encoded the message (the delay
 #: decomposition, protocol.delays).  Unused fields hold -1.
-HEADER = np.dtype([("kind", "<i8"), ("seq", "<i8"), ("watermark", "<i8"), ("n_r", "<i8"), ("n_s", "<i8"),
-                   ("partition", "<i8"), ("checkpoint", "<i8"), ("floor", "<i8"), ("peer", "<i8"),
-                   ("table_rows", "<i8"), ("sent", "<f8")])
+HEADER = np.dtype(
+    [
+        ("kind", "<i8"),
+        ("seq", "<i8"),
+        ("watermark", "<i8"),
+        ("n_r", "<i8"),
+        ("n_s", "<i8"),
+        ("partition", "<i8"),
+        ("checkpoint", "<i8"),
+        ("floor", "<i8"),
+        ("peer", "<i8"),
+        ("table_rows", "<i8"),
+        ("sent", "<f8"),
+    ]
+)
 #: width of the table's rows: a batch ends with one row per partition-group it holds, (partition, R rows, S
 #: rows, R's first key, R's last key, S's first key, S's last key), in the order of the rows; the keys are per
 #: stream the span whose home the group is (key ranges: master.state.ranges.KeyRanges.spans, both streams; hash
@@ -76,8 +90,9 @@ ALL_KEYS = (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
 NO_KEYS = ALL_KEYS[::-1]
 
 
-def encode_batch(seq: int, watermark: int, r: np.ndarray, s: np.ndarray,
-                 groups: np.ndarray | None = None) -> np.ndarray:
+def encode_batch(
+    seq: int, watermark: int, r: np.ndarray, s: np.ndarray, groups: np.ndarray | None = None
+) -> np.ndarray:
     """A BATCH: header + R rows + S rows [+ group table] as one uint8 buffer (one copy of the tuples)."""
     buf, body_r, body_s = batch_message(seq, watermark, len(r), len(s), r.dtype, groups)
     body_r[:] = r
@@ -85,9 +100,15 @@ def encode_batch(seq: int, watermark: int, r: np.ndarray, s: np.ndarray,
     return buf
 
 
-def batch_message(seq: int, watermark: int, n_r: int, n_s: int, dtype: np.dtype,
-                  groups: np.ndarray | None = None,
-                  spare: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def batch_message(
+    seq: int,
+    watermark: int,
+    n_r: int,
+    n_s: int,
+    dtype: np.dtype,
+    groups: np.ndarray | None = None,
+    spare: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A BATCH with its header and group table written and room for the rows: (buffer, its R rows, its S
     rows), the rows to be filled in place, so the master drains its mini-buffers straight into the message,
     in `spare` (an earlier message's buffer no longer in flight) if it is large enough
@@ -97,13 +118,21 @@ def batch_message(seq: int, watermark: int, n_r: int, n_s: int, dtype: np.dtype,
     buf = message_buffer(spare, rows_end + table.nbytes)
     _write_head(buf, Kind.BATCH, seq, watermark, n_r, n_s, len(table))
     buf[rows_end:] = table.reshape(-1).view(np.uint8)
-    body = buf[HEADER.itemsize: rows_end].view(dtype)
+    body = buf[HEADER.itemsize : rows_end].view(dtype)
     return buf, body[:n_r], body[n_r:]
 
 
-def encode_order(kind: Kind, seq: int, watermark: int = eventtime.NONE, *, partition: int = -1, peer: int = -1,
-                 checkpoint: int = -1, floor: int = eventtime.NONE,
-                 hot_key: tuple[int, int, int] | None = None) -> np.ndarray:
+def encode_order(
+    kind: Kind,
+    seq: int,
+    watermark: int = eventtime.NONE,
+    *,
+    partition: int = -1,
+    peer: int = -1,
+    checkpoint: int = -1,
+    floor: int = eventtime.NONE,
+    hot_key: tuple[int, int, int] | None = None,
+) -> np.ndarray:
     """An order without tuples: STOP (`watermark` +inf), MOVE (`partition`, `peer`, `floor`), CHECKPOINT
     (`checkpoint`), SPLIT / MERGE (`partition`, `hot_key` = (key, first sub-group, sub-groups))."""
     if kind == Kind.BATCH:
@@ -111,7 +140,7 @@ def encode_order(kind: Kind, seq: int, watermark: int = eventtime.NONE, *, parti
     table = _table(None if hot_key is None else [(*hot_key, *[-1] * (GROUP_ROW - 3))])
     buf = np.empty(HEADER.itemsize + table.nbytes, dtype=np.uint8)
     _write_head(buf, kind, seq, watermark, 0, 0, len(table), partition, peer, checkpoint, floor)
-    buf[HEADER.itemsize:] = table.reshape(-1).view(np.uint8)
+    buf[HEADER.itemsize :] = table.reshape(-1).view(np.uint8)
     return buf
 
 
@@ -122,8 +151,19 @@ def _table(rows) -> np.ndarray:
     return table
 
 
-def _write_head(buf: np.ndarray, kind: Kind, seq: int, watermark: int, n_r: int, n_s: int, table_rows: int,
-                partition: int = -1, peer: int = -1, checkpoint: int = -1, floor: int = eventtime.NONE) -> None:
+def _write_head(
+    buf: np.ndarray,
+    kind: Kind,
+    seq: int,
+    watermark: int,
+    n_r: int,
+    n_s: int,
+    table_rows: int,
+    partition: int = -1,
+    peer: int = -1,
+    checkpoint: int = -1,
+    floor: int = eventtime.NONE,
+) -> None:
     head = buf[: HEADER.itemsize].view(HEADER)[0]
     # microseconds: a float (seconds?) would be truncated unseen
     watermark, floor = operator.index(watermark), operator.index(floor)
@@ -140,15 +180,17 @@ def decode_head(buf: np.ndarray, dtype: np.dtype) -> np.void:
     n_r, n_s, n_t = int(head["n_r"]), int(head["n_s"]), int(head["table_rows"])
     rows_end = HEADER.itemsize + (n_r + n_s) * dtype.itemsize
     if min(n_r, n_s, n_t) < 0 or len(buf) != rows_end + n_t * GROUP_ROW * 8:
-        raise ValueError(f"batch message body has {len(buf) - HEADER.itemsize} bytes, header says {n_r}+{n_s} "
-                         f"tuples of {dtype.itemsize} bytes and {n_t} table rows")
+        raise ValueError(
+            f"batch message body has {len(buf) - HEADER.itemsize} bytes, header says {n_r}+{n_s} "
+            f"tuples of {dtype.itemsize} bytes and {n_t} table rows"
+        )
     return head
 
 
 def batch_rows(buf: np.ndarray, head: np.void, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """A BATCH's R and S tuples: views into `buf`."""
     n_r, n_s = int(head["n_r"]), int(head["n_s"])
-    rows = buf[HEADER.itemsize: HEADER.itemsize + (n_r + n_s) * dtype.itemsize].view(dtype)
+    rows = buf[HEADER.itemsize : HEADER.itemsize + (n_r + n_s) * dtype.itemsize].view(dtype)
     return rows[:n_r], rows[n_r:]
 
 
@@ -162,41 +204,47 @@ def batch_groups(buf: np.ndarray, head: np.void) -> np.ndarray:
     """The (partition, R rows, S rows, R's first and last key, S's first and last key) table that ends a BATCH:
     which rows belong to which partition-group, and per stream the span of keys whose home it is (`GROUP_ROW`)."""
     n_t = int(head["table_rows"])
-    return buf[len(buf) - n_t * GROUP_ROW * 8:].view(np.int64).reshape(n_t, GROUP_ROW)
+    return buf[len(buf) - n_t * GROUP_ROW * 8 :].view(np.int64).reshape(n_t, GROUP_ROW)
 
 
 def hot_key(buf: np.ndarray, head: np.void) -> tuple[int, int, int]:
     """SPLIT / MERGE: (hot key, its first sub-group, its sub-group count)."""
     if Kind(int(head["kind"])) not in (Kind.SPLIT, Kind.MERGE) or int(head["table_rows"]) != 1:
-        raise ValueError(f"a {Kind(int(head['kind'])).name} message with {int(head['table_rows'])} table rows "
-                         "carries no hot key")
-    key, first, size = buf[-GROUP_ROW * 8:].view(np.int64).tolist()[:3]
+        raise ValueError(
+            f"a {Kind(int(head['kind'])).name} message with {int(head['table_rows'])} table rows carries no hot key"
+        )
+    key, first, size = buf[-GROUP_ROW * 8 :].view(np.int64).tolist()[:3]
     return key, first, size
 
 
 #: A report's fields: counts as int64, seconds as float64; per batch unless marked as a level.
-REPORT = np.dtype([
-    ("seq", "<i8"),              # the sequence number of the message answered (HEADER `seq`)
-    ("ack", "<i8"),              # what this report answers (Ack)
-    ("tuples_r", "<i8"), ("tuples_s", "<i8"),  # tuples joined
-    ("results", "<i8"),          # results produced
-    ("chunks", "<i8"),           # chunks the results were produced in (output.result_chunk_rows)
-    ("window_r", "<i8"), ("window_s", "<i8"),  # level: tuples stored now
-    ("window_bytes", "<i8"),     # level: bytes of window state now
-    ("splits", "<i8"), ("merges", "<i8"),  # extendible-hash splits / merges since the last report
-    ("busy", "<f8"),             # seconds spent joining
-    ("delay_max", "<f8"),        # largest production delay, seconds
-    ("files", "<i8"),            # result files written
-    ("rss", "<i8"),              # level: peak resident memory of the slave process so far, bytes
-    ("cpu", "<f8"),              # level: CPU seconds the slave process used so far
-    ("comm", "<f8"),             # level: seconds the slave spent receiving messages and sending reports so far
-    ("pss_start", "<i8"),        # level: the slave's PSS before any data, bytes (protocol.startup)
-    ("partition", "<i8"),        # with Ack.MOVED / INSTALLED / SPLIT / MERGED: the partition-group
-    ("moved_tuples", "<i8"),     # with Ack.MOVED / INSTALLED / SPLIT / MERGED: its stored tuples moved
-    ("result_files", "<i8"),     # with Ack.CHECKPOINTED: level: result files written so far (the commit)
-    ("part_bytes", "<i8"),       # with Ack.CHECKPOINTED: size of the slave's checkpoint part
-    ("aggregate_files", "<i8"),  # with Ack.CHECKPOINTED: level: partial-aggregate files written so far
-])
+REPORT = np.dtype(
+    [
+        ("seq", "<i8"),  # the sequence number of the message answered (HEADER `seq`)
+        ("ack", "<i8"),  # what this report answers (Ack)
+        ("tuples_r", "<i8"),
+        ("tuples_s", "<i8"),  # tuples joined
+        ("results", "<i8"),  # results produced
+        ("chunks", "<i8"),  # chunks the results were produced in (output.result_chunk_rows)
+        ("window_r", "<i8"),
+        ("window_s", "<i8"),  # level: tuples stored now
+        ("window_bytes", "<i8"),  # level: bytes of window state now
+        ("splits", "<i8"),
+        ("merges", "<i8"),  # extendible-hash splits / merges since the last report
+        ("busy", "<f8"),  # seconds spent joining
+        ("delay_max", "<f8"),  # largest production delay, seconds
+        ("files", "<i8"),  # result files written
+        ("rss", "<i8"),  # level: peak resident memory of the slave process so far, bytes
+        ("cpu", "<f8"),  # level: CPU seconds the slave process used so far
+        ("comm", "<f8"),  # level: seconds the slave spent receiving messages and sending reports so far
+        ("pss_start", "<i8"),  # level: the slave's PSS before any data, bytes (protocol.startup)
+        ("partition", "<i8"),  # with Ack.MOVED / INSTALLED / SPLIT / MERGED: the partition-group
+        ("moved_tuples", "<i8"),  # with Ack.MOVED / INSTALLED / SPLIT / MERGED: its stored tuples moved
+        ("result_files", "<i8"),  # with Ack.CHECKPOINTED: level: result files written so far (the commit)
+        ("part_bytes", "<i8"),  # with Ack.CHECKPOINTED: size of the slave's checkpoint part
+        ("aggregate_files", "<i8"),  # with Ack.CHECKPOINTED: level: partial-aggregate files written so far
+    ]
+)
 
 
 def joining_message(seq: int, results: int, milliseconds: int) -> np.ndarray:
@@ -226,11 +274,11 @@ def encode_report(counters: dict, hists: np.ndarray) -> np.ndarray:
     record = out[: REPORT.itemsize].view(REPORT)
     for name, value in counters.items():
         record[name] = value
-    out[REPORT.itemsize:].view(np.uint32)[:] = np.ravel(hists)
+    out[REPORT.itemsize :].view(np.uint32)[:] = np.ravel(hists)
     return out
 
 
 def decode_report(buf: np.ndarray) -> tuple[dict, np.ndarray]:
     """(counters: ints and floats by REPORT's types, HISTOGRAMS x delays.BINS int64 counts)."""
     counters = dict(zip(REPORT.names, buf[: REPORT.itemsize].view(REPORT)[0].tolist()))
-    return counters, buf[REPORT.itemsize:].view(np.uint32).astype(np.int64).reshape(HISTOGRAMS, delays.BINS)
+    return counters, buf[REPORT.itemsize :].view(np.uint32).astype(np.int64).reshape(HISTOGRAMS, delays.BINS)

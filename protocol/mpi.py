@@ -4,6 +4,7 @@ With 17 ranks on 2 cores a rank that busy-waits in a blocking receive steals
 the core the master needs.  Waiting is therefore `Iprobe` plus a sleep that
 backs off from 0.1 ms to 5 ms (paper 003 assumes ranks that block, not spin).
 """
+
 from __future__ import annotations
 
 import gc
@@ -44,13 +45,19 @@ def wait_probe(comm: MPI.Comm, source: int, tag: int, timeout: float | None = No
     return wait_probe_any(comm, [(source, tag)], timeout)
 
 
-def wait_probe_any(comm: MPI.Comm, channels: list[tuple[int, int]], timeout: float | None = None,
-                   soon: float | None = None) -> MPI.Status | None:
+def wait_probe_any(
+    comm: MPI.Comm, channels: list[tuple[int, int]], timeout: float | None = None, soon: float | None = None
+) -> MPI.Status | None:
     """Status of the next message matching one of the (source, tag) `channels`, or None on timeout; `soon`:
     when one is expected (`_poll`)."""
     status = MPI.Status()
-    return status if _poll(lambda: any(comm.Iprobe(source=source, tag=tag, status=status)
-                                       for source, tag in channels), timeout, soon) else None
+    return (
+        status
+        if _poll(
+            lambda: any(comm.Iprobe(source=source, tag=tag, status=status) for source, tag in channels), timeout, soon
+        )
+        else None
+    )
 
 
 def wait_all_started(comm: MPI.Comm, cfg: dict, about=lambda rank: "") -> list[str]:
@@ -79,9 +86,13 @@ def check_placement(comm: MPI.Comm, hosts: list[str]) -> None:
     success on one host."""
     expected = int(os.environ.get(PLACED_HOSTS) or 0)
     if len(set(hosts)) < expected:
-        print(f"error: the launcher placed the {len(hosts)} ranks on {expected} hosts, but they run on "
-              f"{len(set(hosts))}: {', '.join(sorted(set(hosts)))} (check the hostfile's names, and that each "
-              "host has its own host name)", file=sys.stderr, flush=True)
+        print(
+            f"error: the launcher placed the {len(hosts)} ranks on {expected} hosts, but they run on "
+            f"{len(set(hosts))}: {', '.join(sorted(set(hosts)))} (check the hostfile's names, and that each "
+            "host has its own host name)",
+            file=sys.stderr,
+            flush=True,
+        )
         comm.Abort(USER_ERROR)
 
 
@@ -103,6 +114,7 @@ def recv_bytes(comm: MPI.Comm, status: MPI.Status, spare=None):
     """Receive the probed message into a uint8 buffer of its exact size: the front of `spare` (a buffer whose
     contents are no longer used) if it is large enough, else a fresh one."""
     from protocol.arrays import message_buffer  # here: the ranks' first import stays light (master.__main__)
+
     buf = message_buffer(spare, status.Get_count(MPI.BYTE))
     comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=status.Get_tag())
     return buf
@@ -114,8 +126,11 @@ PROJECT = Path(__file__).resolve().parent.parent
 def where(error: BaseException) -> str:
     """`file:line in function` of the innermost frame of this project that `error` passed through (an injected
     fault's own frame aside: where it was injected is the place)."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if Path(f.filename).is_relative_to(PROJECT) and not f.filename.endswith("faults.py")]
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if Path(f.filename).is_relative_to(PROJECT) and not f.filename.endswith("faults.py")
+    ]
     if not frames:
         return "?"
     f = frames[-1]
@@ -136,8 +151,12 @@ def run_rank(main: Callable[[], int], role: str) -> int:
         code = main()
     except Exception as error:  # noqa: BLE001 (every exception ends the job)
         comm = MPI.COMM_WORLD
-        print(f"error: rank {comm.rank} ({role}) failed: {type(error).__name__}: {error} "
-              f"[at {where(error)}]; aborting the job", file=sys.stderr, flush=True)
+        print(
+            f"error: rank {comm.rank} ({role}) failed: {type(error).__name__}: {error} "
+            f"[at {where(error)}]; aborting the job",
+            file=sys.stderr,
+            flush=True,
+        )
         if not isinstance(error, (OSError, MemoryError)):
             traceback.print_exception(error, file=sys.stderr)
         sys.stderr.flush()

@@ -5,6 +5,7 @@ An order is one byte buffer: an int64 with its kind, then its fields as strict J
 each kind with exactly its own fields (`FIELDS`).  Orders carry no tuple data: moves, checkpoint parts and
 positions, key ranges, how far the payload log is done with.
 """
+
 from __future__ import annotations
 
 import enum

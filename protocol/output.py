@@ -5,6 +5,7 @@ Files are written whole through pyarrow (Parquet or CSV); a file is first
 written under a temporary name and then renamed, so a reader never sees half a
 file.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,35 +18,60 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from protocol import faults
+
 #: the `kind` of a row of a join other than inner (defined beside the join types, which the wire reads too)
 from protocol.predicates import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED  # noqa: F401
 
 RESULT_COLUMNS = ("r_id", "s_id", "r_key", "s_key", "r_ts", "s_ts", "r_value", "s_value", "delay")
 #: Their types; no result has a missing value, and Parquet writes required columns without the per-value
 #: definition levels of nullable ones (a third less time per row, measured on 500,000 result rows).
-RESULT_SCHEMA = pa.schema([pa.field(c, pa.int64() if c.endswith(("_id", "_key")) else pa.float64(), nullable=False)
-                           for c in RESULT_COLUMNS])
+RESULT_SCHEMA = pa.schema(
+    [pa.field(c, pa.int64() if c.endswith(("_id", "_key")) else pa.float64(), nullable=False) for c in RESULT_COLUMNS]
+)
 
 #: The results of a join other than inner: the same columns, nullable (the missing side's are null), and `kind`
-OUTER_RESULT_SCHEMA = pa.schema([pa.field(c, RESULT_SCHEMA.field(c).type, nullable=c != "delay")
-                                 for c in RESULT_COLUMNS] + [pa.field("kind", pa.string(), nullable=False)])
+OUTER_RESULT_SCHEMA = pa.schema(
+    [pa.field(c, RESULT_SCHEMA.field(c).type, nullable=c != "delay") for c in RESULT_COLUMNS]
+    + [pa.field("kind", pa.string(), nullable=False)]
+)
 
 #: A partial aggregate (phase one, written by slaves into `aggregates/`, merged by control.aggregate):
 #: per join key and tumbling window (window_start = 0.0 when aggregate.window = 0), count, sum, min, max.
-PARTIAL_SCHEMA = pa.schema([("key", pa.int64()), ("window_start", pa.float64()), ("count", pa.int64()),
-                            ("sum", pa.float64()), ("min", pa.float64()), ("max", pa.float64())])
+PARTIAL_SCHEMA = pa.schema(
+    [
+        ("key", pa.int64()),
+        ("window_start", pa.float64()),
+        ("count", pa.int64()),
+        ("sum", pa.float64()),
+        ("min", pa.float64()),
+        ("max", pa.float64()),
+    ]
+)
 
-OUTPUT_PARTS = ("results", "late", "rejected", "archive", "aggregates", "metrics", "metrics.prom", "summary.json",
-                "keys.parquet", "keys.csv", "payload")
+OUTPUT_PARTS = (
+    "results",
+    "late",
+    "rejected",
+    "archive",
+    "aggregates",
+    "metrics",
+    "metrics.prom",
+    "summary.json",
+    "keys.parquet",
+    "keys.csv",
+    "payload",
+)
 #: the parts that are single files (keys.*: the key dictionary earlier versions wrote)
 FILE_PARTS = {"metrics.prom", "summary.json", "keys.parquet", "keys.csv"}
 #: the files this engine writes in those folders (and their temporaries `.NAME.tmp`): result and partial
 #: aggregate files of a slave, late tuples and the input archive of a dispatcher, rejected input (a file's
 #: listing, a ZeroMQ source's, a Kafka stream's), the metrics log
-OWN_FILE = re.compile(r"\.?(slave-\d{3}-\d{6}|(late|input)(-d\d+)?-\d{6}|(zmq-)?rejected(-d\d+|-[RS])?"
-                      r"|(kafka-rejected-[RS]-|rejected-)\d{6}"
-                      r"|samples-\d{8}T\d{6}-\d{6})\.(parquet|csv)(\.tmp)?"
-                      r"|\.?(\d{12}-\d{12}|schema)\.arrow(\.\d+\.tmp)?")  # the payload log's (protocol.payload)
+OWN_FILE = re.compile(
+    r"\.?(slave-\d{3}-\d{6}|(late|input)(-d\d+)?-\d{6}|(zmq-)?rejected(-d\d+|-[RS])?"
+    r"|(kafka-rejected-[RS]-|rejected-)\d{6}"
+    r"|samples-\d{8}T\d{6}-\d{6})\.(parquet|csv)(\.tmp)?"
+    r"|\.?(\d{12}-\d{12}|schema)\.arrow(\.\d+\.tmp)?"
+)  # the payload log's (protocol.payload)
 OWN_FOLDERS = {"aggregates/_pending", "payload/R", "payload/S"}  #: folders inside the parts that are the engine's own
 
 
@@ -81,9 +107,11 @@ def check_owned(root: Path) -> None:
     foreign = foreign_files(root)
     if foreign:
         shown = ", ".join(str(f) for f in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise OutputError(f"output.path: {shown} {'is' if len(foreign) == 1 else 'are'} not written by this engine "
-                          "but lie where it writes its output: move them away or choose another output.path (the "
-                          "engine removes only the files it wrote)")
+        raise OutputError(
+            f"output.path: {shown} {'is' if len(foreign) == 1 else 'are'} not written by this engine "
+            "but lie where it writes its output: move them away or choose another output.path (the "
+            "engine removes only the files it wrote)"
+        )
 
 
 def reset_output(path: str | Path) -> int:
@@ -183,4 +211,3 @@ def read_tables(directory: str | Path, columns: list[str] | None = None) -> pa.T
     if not parts:
         return None
     return pa.concat_tables(parts, promote_options="default")
-

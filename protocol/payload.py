@@ -15,6 +15,7 @@ stream's output columns under the user's names; `schema.arrow` beside them holds
 side with no row to gather still has its columns.  Every dispatcher reads the same input and writes a segment
 that is not there yet under a temporary name, then renames it: the same rows, the same bytes, whoever is first.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,10 +55,11 @@ def _write_ipc(path: Path, table: pa.Table, tag: str) -> None:
 
 class Segment(NamedTuple):
     """One segment file of the log, as the writer lists it."""
+
     first: int  #: its first stream row
-    last: int   #: its last stream row
+    last: int  #: its last stream row
     ts_max: int  #: the largest event time of its rows
-    size: int   #: its bytes
+    size: int  #: its bytes
     path: Path
 
 
@@ -156,8 +158,11 @@ class PayloadReader:
             raise PayloadError(f"payload log: cannot read {str(path)!r}: {str(e).splitlines()[0]}") from None
 
     def _list(self, side: int) -> None:
-        names = sorted(f.name for f in (self.folder / STREAM_NAMES[side]).iterdir()
-                       if f.name.endswith(".arrow") and f.name != SCHEMA_FILE and not f.name.startswith("."))
+        names = sorted(
+            f.name
+            for f in (self.folder / STREAM_NAMES[side]).iterdir()
+            if f.name.endswith(".arrow") and f.name != SCHEMA_FILE and not f.name.startswith(".")
+        )
         self._names[side] = names
         self._firsts[side] = np.array([int(n[:12]) for n in names], np.int64)
         self._lasts[side] = np.array([int(n[13:25]) for n in names], np.int64)
@@ -166,15 +171,20 @@ class PayloadReader:
         """The segment of each of `rows` (sorted), listing the folder again when one is not known yet."""
         for attempt in (0, 1):
             seg = np.searchsorted(self._firsts[side], rows, "right") - 1
-            ok = (seg >= 0) & (rows <= self._lasts[side][np.maximum(seg, 0)]) if len(self._firsts[side]) else \
-                np.zeros(len(rows), bool)
+            ok = (
+                (seg >= 0) & (rows <= self._lasts[side][np.maximum(seg, 0)])
+                if len(self._firsts[side])
+                else np.zeros(len(rows), bool)
+            )
             if ok.all():
                 return seg
             if attempt == 0:
                 self._list(side)
         row = int(rows[np.flatnonzero(~ok)[0]])
-        raise PayloadError(f"payload log: no segment of stream {STREAM_NAMES[side]} holds its row {row} "
-                           f"(in {str(self.folder / STREAM_NAMES[side])!r})")
+        raise PayloadError(
+            f"payload log: no segment of stream {STREAM_NAMES[side]} holds its row {row} "
+            f"(in {str(self.folder / STREAM_NAMES[side])!r})"
+        )
 
     def _segment(self, side: int, index: int) -> pa.Table:
         name = self._names[side][index]
@@ -205,8 +215,10 @@ class PayloadReader:
                 held = table[ROW].to_numpy()
                 at = np.searchsorted(held, got)
                 if (at >= len(held)).any() or (held[np.minimum(at, len(held) - 1)] != got).any():
-                    raise PayloadError(f"payload log: segment {self._names[side][int(seg[start])]} of stream "
-                                       f"{STREAM_NAMES[side]} lacks rows it should hold")
+                    raise PayloadError(
+                        f"payload log: segment {self._names[side][int(seg[start])]} of stream "
+                        f"{STREAM_NAMES[side]} lacks rows it should hold"
+                    )
                 parts.append(table.drop_columns([ROW]).take(at))
         gathered = pa.concat_tables(parts)
         index = np.zeros(len(rows), np.int64)

@@ -5,6 +5,7 @@ distances s.ts - r.ts (`time_bounds`).
 (master/state/ranges.py), where the master routes with these bounds and the slaves'
 kernel filters with them.
 """
+
 from __future__ import annotations
 
 from protocol import eventtime
@@ -90,8 +91,12 @@ def check_join_type(cfg: dict, error: type[Exception]) -> None:
         return
     agg = cfg["aggregate"]
     if agg["enabled"] and kind in ("left", "right", "full"):
-        raise error(f'aggregate.enabled: not with join.type = "{kind}", whose rows mix pairs and rows without a '
-                          'partner; "semi" and "anti" rows (R rows) can be aggregated')
+        raise error(
+            f'aggregate.enabled: not with join.type = "{kind}", whose rows mix pairs and rows without a '
+            'partner; "semi" and "anti" rows (R rows) can be aggregated'
+        )
     if agg["enabled"] and (agg["value"] != "r_value" or agg["group_by"] == "s_key"):
-        raise error(f'aggregate.value: with join.type = "{kind}" the rows are R rows: aggregate "r_value" '
-                          f'grouped by "key" or "r_key" (got {agg["value"]!r} by {agg["group_by"]!r})')
+        raise error(
+            f'aggregate.value: with join.type = "{kind}" the rows are R rows: aggregate "r_value" '
+            f'grouped by "key" or "r_key" (got {agg["value"]!r} by {agg["group_by"]!r})'
+        )

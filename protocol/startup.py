@@ -6,6 +6,7 @@ STREAMJOIN_LAUNCHED; under a bare mpirun, the start of the rank's parent, Open M
 ready, to the first tuple ingested and to the last result written.  PSS (proportional set size) counts the
 shared libraries once across the ranks, where RSS counts them in each: it is what 17 ranks really cost.
 """
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ the first declared is R unless `side` says otherwise.  The config keeps them as 
 {name: settings} with R first, and `source.kind` becomes "streams"; master.sources.streams reads them side by
 side.  Pure checks, no pyarrow: Spark's workers read configs.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,31 +16,58 @@ from protocol.eventtime import DURATION_LIMIT, PER_SECOND, UNITS
 
 #: key -> (default, description); None = required
 STREAM_KEYS: dict[str, tuple[Any, str]] = {
-    "path": ("", "a file, a glob (`data/*.csv`) or a folder of CSV, Parquet or JSON-lines files, read in name order "
-                 "(this, `endpoint` or `kafka`)"),
-    "endpoint": ("", "a live stream instead of files: the ZeroMQ endpoint its producers push Arrow record batches "
-                     "to (`python -m control.produce --stream`); needs `schema`"),
+    "path": (
+        "",
+        "a file, a glob (`data/*.csv`) or a folder of CSV, Parquet or JSON-lines files, read in name order "
+        "(this, `endpoint` or `kafka`)",
+    ),
+    "endpoint": (
+        "",
+        "a live stream instead of files: the ZeroMQ endpoint its producers push Arrow record batches "
+        "to (`python -m control.produce --stream`); needs `schema`",
+    ),
     "producers": (1, "with endpoint: the stream ends after this many producers sent their END"),
-    "kafka": ({}, "a Kafka topic instead of files: a table of the `streams.NAME.kafka.*` keys below "
-                  "(docs/input.md#kafka-topics); needs `schema`"),
-    "schema": ({}, 'with endpoint or kafka: its columns and their Arrow types, e.g. {user_id = "string", at = '
-                   '"timestamp[ms, tz=UTC]", cost = "double", price = "decimal128(12, 2)"}'),
+    "kafka": (
+        {},
+        "a Kafka topic instead of files: a table of the `streams.NAME.kafka.*` keys below "
+        "(docs/input.md#kafka-topics); needs `schema`",
+    ),
+    "schema": (
+        {},
+        'with endpoint or kafka: its columns and their Arrow types, e.g. {user_id = "string", at = '
+        '"timestamp[ms, tz=UTC]", cost = "double", price = "decimal128(12, 2)"}',
+    ),
     "key": (None, "the join key: a column, or a list of columns (a composite key); integers, strings or binary"),
     "time": (None, "the event-time column: a timestamp (any unit, any zone), ISO-8601 text, or numbers in `time_unit`"),
     "time_unit": ("s", 'the unit of numbers in the time column: "s", "ms", "us" or "ns"'),
-    "id": ("", "an integer id column, unique within the stream; \"\" = rows numbered by their position in the stream "
-               "(0, 1, ...)"),
+    "id": (
+        "",
+        'an integer id column, unique within the stream; "" = rows numbered by their position in the stream '
+        "(0, 1, ...)",
+    ),
     "side": ("", '"R" or "S"; "" = the first stream declared is R, the second S'),
-    "max_delay": ("", "this stream's allowed out-of-orderness (a duration): a tuple more than this behind the largest "
-                      'earlier time of its own stream (a Kafka stream: of its own partition) is late; "" = '
-                      '`join.max_delay`'),
-    "idle_timeout": (0.0, "wall-clock time (a duration) without a tuple of this stream after which it stops holding "
-                          "the join's watermark back, until its next tuple (Flink's `withIdleness`; 0 = never idle); "
-                          "a Kafka stream's partitions too"),
-    "payload": ("*", 'the columns results carry besides key, time and id: "*" = every other column of the files, '
-                     "or a list of column names ([] = none)"),
-    "prefix": ("{stream}_", "what the stream's columns are named with in results and late rows; {stream} is the "
-                            "stream's name (\"\" = the columns' own names)"),
+    "max_delay": (
+        "",
+        "this stream's allowed out-of-orderness (a duration): a tuple more than this behind the largest "
+        'earlier time of its own stream (a Kafka stream: of its own partition) is late; "" = '
+        "`join.max_delay`",
+    ),
+    "idle_timeout": (
+        0.0,
+        "wall-clock time (a duration) without a tuple of this stream after which it stops holding "
+        "the join's watermark back, until its next tuple (Flink's `withIdleness`; 0 = never idle); "
+        "a Kafka stream's partitions too",
+    ),
+    "payload": (
+        "*",
+        'the columns results carry besides key, time and id: "*" = every other column of the files, '
+        "or a list of column names ([] = none)",
+    ),
+    "prefix": (
+        "{stream}_",
+        "what the stream's columns are named with in results and late rows; {stream} is the "
+        "stream's name (\"\" = the columns' own names)",
+    ),
 }
 SIDES = ("R", "S")
 #: the ways a stream comes in: exactly one of them per stream
@@ -47,14 +75,25 @@ INPUTS = ("path", "endpoint", "kafka")
 #: the keys of a stream's `kafka` table: key -> (default, description); None = required
 KAFKA_KEYS: dict[str, tuple[Any, str]] = {
     "bootstrap": (None, 'the Kafka cluster: "host:port", or several comma-separated'),
-    "topic": (None, "a topic, or a list of topics read as one stream: every partition, assigned explicitly (no "
-                    "consumer-group rebalancing), read from its beginning"),
-    "group": ("", 'the consumer group under which the positions the stream has handed on are committed, for '
-                  'monitoring only (nothing resumes from them); "" = "streamjoin-NAME"'),
-    "config": ({}, "librdkafka client settings passed through, e.g. {\"security.protocol\" = \"SASL_SSL\"}; "
-                   "values are never printed"),
-    "bounded": (False, "true: the stream ends at each partition's end offset as read when the run starts; false: it "
-                       "never ends (the run ends on a stop signal)"),
+    "topic": (
+        None,
+        "a topic, or a list of topics read as one stream: every partition, assigned explicitly (no "
+        "consumer-group rebalancing), read from its beginning",
+    ),
+    "group": (
+        "",
+        "the consumer group under which the positions the stream has handed on are committed, for "
+        'monitoring only (nothing resumes from them); "" = "streamjoin-NAME"',
+    ),
+    "config": (
+        {},
+        'librdkafka client settings passed through, e.g. {"security.protocol" = "SASL_SSL"}; values are never printed',
+    ),
+    "bounded": (
+        False,
+        "true: the stream ends at each partition's end offset as read when the run starts; false: it "
+        "never ends (the run ends on a stop signal)",
+    ),
     "format": ("json", '"json": each record\'s value is one JSON object (the only format yet)'),
 }
 #: the columns a Kafka stream's records carry besides their values' fields, with their Arrow types: usable as key,
@@ -90,8 +129,10 @@ def declared(streams: dict, source: dict, join: dict, error: type[Exception]) ->
             raise error('source.kind = "streams" needs two [streams.NAME] tables (docs/input.md)')
         return {}
     if source["kind"] not in ("generator", "streams"):
-        raise error(f'source.kind = "{source["kind"]}" and [streams.*] tables: use one or the other '
-                    '(remove source.kind, or set it to "streams")')
+        raise error(
+            f'source.kind = "{source["kind"]}" and [streams.*] tables: use one or the other '
+            '(remove source.kind, or set it to "streams")'
+        )
     if len(streams) != 2:
         raise error(f"[streams.*]: a join takes two streams, got {len(streams)} ({', '.join(streams) or 'none'})")
     out = {name: _one(name, table, join, error) for name, table in streams.items()}
@@ -129,8 +170,12 @@ def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
     if "kafka" in table:
         s["kafka"] = _kafka(name, table["kafka"], error)
     key = [s["key"]] if isinstance(s["key"], str) else s["key"]
-    if not isinstance(key, list) or not key or not all(isinstance(c, str) and c for c in key) \
-            or len(set(key)) < len(key):
+    if (
+        not isinstance(key, list)
+        or not key
+        or not all(isinstance(c, str) and c for c in key)
+        or len(set(key)) < len(key)
+    ):
         raise error(f"streams.{name}.key: expected a column name or a list of distinct column names, got {s['key']!r}")
     s["key"] = key
     for k in ("path", "endpoint", "time", "time_unit", "id", "side", "prefix"):
@@ -140,29 +185,34 @@ def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
         raise error(f"streams.{name}.time: must not be empty")
     given = [k for k in INPUTS if s[k]]
     if len(given) != 1:
-        raise error(f"streams.{name}: give it one of path (files), endpoint (live producers) or kafka (a topic), "
-                    f"{'not ' + ' and '.join(given) if given else 'none given'}")
+        raise error(
+            f"streams.{name}: give it one of path (files), endpoint (live producers) or kafka (a topic), "
+            f"{'not ' + ' and '.join(given) if given else 'none given'}"
+        )
     if not isinstance(s["producers"], int) or isinstance(s["producers"], bool) or s["producers"] < 1:
         raise error(f"streams.{name}.producers: expected a positive integer, got {s['producers']!r}")
     if not isinstance(s["schema"], dict) or not all(isinstance(t, str) for t in s["schema"].values()):
-        raise error(f"streams.{name}.schema: expected a table of column = \"Arrow type\", got {s['schema']!r}")
+        raise error(f'streams.{name}.schema: expected a table of column = "Arrow type", got {s["schema"]!r}')
     if s["endpoint"] or s["kafka"]:
         own = KAFKA_COLUMNS if s["kafka"] else {}
         missing = [c for c in [*key, s["time"], *([s["id"]] if s["id"] else [])] if c not in {**s["schema"], **own}]
         if missing:
-            raise error(f"streams.{name}.schema: a live stream declares its columns with their types; "
-                        f"missing {', '.join(missing)}")
+            raise error(
+                f"streams.{name}.schema: a live stream declares its columns with their types; "
+                f"missing {', '.join(missing)}"
+            )
         taken = [c for c in s["schema"] if c in own]
         if taken:
-            raise error(f"streams.{name}.schema: {taken[0]} is the record's own column "
-                        f"({', '.join(KAFKA_COLUMNS)}), not a field of its value: leave it out of schema")
+            raise error(
+                f"streams.{name}.schema: {taken[0]} is the record's own column "
+                f"({', '.join(KAFKA_COLUMNS)}), not a field of its value: leave it out of schema"
+            )
     elif s["schema"]:
-        raise error(f"streams.{name}.schema: only for a live stream (endpoint or kafka): files carry their own "
-                    "schema")
+        raise error(f"streams.{name}.schema: only for a live stream (endpoint or kafka): files carry their own schema")
     if s["time_unit"] not in UNITS:
         raise error(f"streams.{name}.time_unit: must be one of {', '.join(map(repr, UNITS))}, got {s['time_unit']!r}")
     if s["side"] not in ("", *SIDES):
-        raise error(f"streams.{name}.side: must be \"R\" or \"S\", got {s['side']!r}")
+        raise error(f'streams.{name}.side: must be "R" or "S", got {s["side"]!r}')
     if s["max_delay"] == "":
         s["max_delay"] = join["max_delay"]
     for k in ("max_delay", "idle_timeout"):
@@ -170,8 +220,9 @@ def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
     used = [*key, s["time"], *([s["id"]] if s["id"] else [])]
     if len(set(used)) < len(used):
         raise error(f"streams.{name}: key, time and id must be different columns, got {used}")
-    if s["payload"] != "*" and (not isinstance(s["payload"], list)
-                                or not all(isinstance(c, str) and c for c in s["payload"])):
+    if s["payload"] != "*" and (
+        not isinstance(s["payload"], list) or not all(isinstance(c, str) and c for c in s["payload"])
+    ):
         raise error(f'streams.{name}.payload: expected "*" or a list of column names, got {s["payload"]!r}')
     s["prefix"] = s["prefix"].replace("{stream}", name)
     return s
@@ -188,8 +239,12 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
     if not k["bootstrap"]:
         raise error(f"{where}.bootstrap: must not be empty")
     topics = [k["topic"]] if isinstance(k["topic"], str) else k["topic"]
-    if not isinstance(topics, list) or not topics or not all(isinstance(t, str) and t for t in topics) \
-            or len(set(topics)) < len(topics):
+    if (
+        not isinstance(topics, list)
+        or not topics
+        or not all(isinstance(t, str) and t for t in topics)
+        or len(set(topics)) < len(topics)
+    ):
         raise error(f"{where}.topic: expected a topic name or a list of distinct topic names, got {k['topic']!r}")
     if not isinstance(k["bounded"], bool):
         raise error(f"{where}.bounded: expected true or false, got {k['bounded']!r}")
@@ -200,12 +255,20 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
     config = _dotted(k["config"])
     for setting, value in config.items():
         if setting in KAFKA_OWN:
-            raise error(f"{where}.config.{setting}: set by the stream itself (bootstrap.servers from "
-                        f"{where}.bootstrap, group.id from {where}.group; its reading depends on the others)")
+            raise error(
+                f"{where}.config.{setting}: set by the stream itself (bootstrap.servers from "
+                f"{where}.bootstrap, group.id from {where}.group; its reading depends on the others)"
+            )
         if isinstance(value, list):
             raise error(f"{where}.config.{setting}: expected a string, number or boolean (value not shown)")
-    return {"bootstrap": k["bootstrap"], "topics": topics, "group": k["group"] or f"streamjoin-{name}",
-            "config": config, "bounded": k["bounded"], "format": k["format"]}
+    return {
+        "bootstrap": k["bootstrap"],
+        "topics": topics,
+        "group": k["group"] or f"streamjoin-{name}",
+        "config": config,
+        "bounded": k["bounded"],
+        "format": k["format"],
+    }
 
 
 def _dotted(table: dict, prefix: str = "") -> dict:
@@ -225,19 +288,32 @@ def _duration(name: str, value: Any, error: type[Exception]) -> float:
         except ValueError as e:
             raise error(f"{name}: {e}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < DURATION_LIMIT // PER_SECOND:
-        raise error(f"{name}: expected a duration >= 0 and below {DURATION_LIMIT // PER_SECOND} seconds "
-                    f'(a number of seconds or text such as "5s"), got {value!r}')
+        raise error(
+            f"{name}: expected a duration >= 0 and below {DURATION_LIMIT // PER_SECOND} seconds "
+            f'(a number of seconds or text such as "5s"), got {value!r}'
+        )
     return float(value)
 
 
 def reference() -> list[str]:
     """The [streams.NAME] part of docs/configuration.md."""
-    lines = ["", "## [streams.NAME]", "",
-             "Two tables, one per stream, named as you like (`[streams.impressions]`, `[streams.clicks]`); with them "
-             '`source.kind` is "streams" (docs/input.md). Override one key with `--set streams.NAME.KEY=value`.', "",
-             "| key | default | meaning |", "|---|---|---|"]
-    shown = lambda d: "required" if d is None else f'`"{d}"`' if isinstance(d, str) else \
-        f"`{str(d).lower() if isinstance(d, bool) else d}`"
+    lines = [
+        "",
+        "## [streams.NAME]",
+        "",
+        "Two tables, one per stream, named as you like (`[streams.impressions]`, `[streams.clicks]`); with them "
+        '`source.kind` is "streams" (docs/input.md). Override one key with `--set streams.NAME.KEY=value`.',
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    shown = lambda d: (
+        "required"
+        if d is None
+        else f'`"{d}"`'
+        if isinstance(d, str)
+        else f"`{str(d).lower() if isinstance(d, bool) else d}`"
+    )
     for prefix, keys in (("streams.NAME.", STREAM_KEYS), ("streams.NAME.kafka.", KAFKA_KEYS)):
         lines += [f"| `{prefix}{key}` | {shown(default)} | {meaning} |" for key, (default, meaning) in keys.items()]
     return lines
@@ -247,4 +323,5 @@ def live_endpoints(cfg: dict) -> list[str]:
     """The config keys of the live inputs a run binds (producers push to them): `source.endpoint` of a ZeroMQ
     source, `streams.NAME.endpoint` of live declared streams."""
     return ["source.endpoint"] * (cfg["source"]["kind"] == "zmq") + [
-        f"streams.{n}.endpoint" for n, spec in cfg.get("streams", {}).items() if spec["endpoint"]]
+        f"streams.{n}.endpoint" for n, spec in cfg.get("streams", {}).items() if spec["endpoint"]
+    ]

@@ -3,6 +3,7 @@
 json.dumps writes NaN and Infinity by default, which most JSON parsers refuse; a number that does not exist
 is null here.  Only numpy and the standard library: Spark's Python workers read manifests and have no pyarrow.
 """
+
 from __future__ import annotations
 
 import json

@@ -5,6 +5,7 @@ section IV-B: tuples are sent "in machine independent format"; here that is a
 little-endian packed record).  The two streams travel in separate arrays of the
 same dtype, so no per-tuple stream attribute is needed.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,13 +17,7 @@ STREAM_NAMES = ("R", "S")
 #: The fields every tuple carries: what the user gave plus the wall-clock
 #: arrival time stamped by the master (needed for the production delay).  `ts` is the event time in
 #: integer microseconds (protocol.eventtime); `arrival` is wall-clock seconds.
-BASE_FIELDS = [
-    ("id", "<i8"),
-    ("ts", "<i8"),
-    ("key", "<i8"),
-    ("value", "<f8"),
-    ("arrival", "<f8"),
-]
+BASE_FIELDS = [("id", "<i8"), ("ts", "<i8"), ("key", "<i8"), ("value", "<f8"), ("arrival", "<f8")]
 BASE_TUPLE_BYTES = int(np.dtype(BASE_FIELDS).itemsize)
 #: their names, in order
 FIELDS = tuple(name for name, _ in BASE_FIELDS)
@@ -57,7 +52,6 @@ def mix64(keys: np.ndarray) -> np.ndarray:
 def partition_of(keys: np.ndarray, partitions: int) -> np.ndarray:
     """Partition id of each key (high hash bits; the low bits are left to extendible hashing)."""
     return ((mix64(keys) >> np.uint64(32)) % np.uint64(partitions)).astype(np.int64)
-
 
 
 def directory_hash(keys: np.ndarray) -> np.ndarray:

@@ -4,6 +4,7 @@ A slave knows when its next batch is due (one distribution epoch after the last 
 slot: paper 003, V-B), so it sleeps until just before and then looks often, instead of sleeping in backed-off
 steps that would see the batch up to half a step late.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,5 +24,6 @@ def sleep_for(pause: float, now: float, soon: float | None) -> float:
 def next_arrival(came: list[float], period: float, now: float) -> float | None:
     """When the next of several periodic messages should come: each channel's last came at `came` (None: none
     yet) and comes a whole number of `period`s later; the soonest not yet SOON_WINDOW past `now`."""
-    return min((t + max(1, math.ceil((now - SOON_WINDOW - t) / period)) * period for t in came if t is not None),
-               default=None)
+    return min(
+        (t + max(1, math.ceil((now - SOON_WINDOW - t) / period)) * period for t in came if t is not None), default=None
+    )

@@ -37,6 +37,7 @@ Event time: a TUPLES record carries `ts` as int64 microseconds since the epoch
 (protocol.eventtime; version 2, version 1 carried float64 seconds); results and
 punctuations carry the user's time again, float64 seconds.
 """
+
 from __future__ import annotations
 
 import enum
@@ -61,14 +62,38 @@ MORE = eventtime.NONE
 #: `punctuation`: PUNCT's, seconds; `blocked`: a producer's END, the seconds it was held back; `floor`: a slave's
 #: results chunk, the watermark it decided rows alone by (microseconds; MORE: not the batch's last chunk);
 #: `run`, `final`: an ACK's master run and whether it is over.  A field a kind does not carry is 0 (floor MORE).
-HEADER = np.dtype([("magic", "S4"), ("version", "<u2"), ("kind", "<u2"), ("count", "<u4"), ("sender", "<u4"),
-                   ("seq", "<u8"), ("punctuation", "<f8"), ("blocked", "<f8"), ("floor", "<i8"), ("run", "<u8"),
-                   ("final", "u1"), ("pad", "u1", (7,))])
+HEADER = np.dtype(
+    [
+        ("magic", "S4"),
+        ("version", "<u2"),
+        ("kind", "<u2"),
+        ("count", "<u4"),
+        ("sender", "<u4"),
+        ("seq", "<u8"),
+        ("punctuation", "<f8"),
+        ("blocked", "<f8"),
+        ("floor", "<i8"),
+        ("run", "<u8"),
+        ("final", "u1"),
+        ("pad", "u1", (7,)),
+    ]
+)
 #: One input tuple: stream code (0 = R, 1 = S), then the contract's columns, ts in microseconds; packed, 33 bytes.
 TUPLE_RECORD = np.dtype([("stream", "i1"), ("id", "<i8"), ("ts", "<i8"), ("key", "<i8"), ("value", "<f8")])
 #: One result pair, the columns of results/ files (protocol.output.RESULT_COLUMNS); 72 bytes.
-RESULT_RECORD = np.dtype([("r_id", "<i8"), ("s_id", "<i8"), ("r_key", "<i8"), ("s_key", "<i8"), ("r_ts", "<f8"),
-                          ("s_ts", "<f8"), ("r_value", "<f8"), ("s_value", "<f8"), ("delay", "<f8")])
+RESULT_RECORD = np.dtype(
+    [
+        ("r_id", "<i8"),
+        ("s_id", "<i8"),
+        ("r_key", "<i8"),
+        ("s_key", "<i8"),
+        ("r_ts", "<f8"),
+        ("s_ts", "<f8"),
+        ("r_value", "<f8"),
+        ("s_value", "<f8"),
+        ("delay", "<f8"),
+    ]
+)
 #: One row of a join other than inner (ROWS): the result columns, the row's stream time in seconds (`stream_time`)
 #: and its kind (a code of ROW_KINDS).  The side a row lacks has id and key 0, ts and value NaN; 81 bytes.
 ROW_RECORD = np.dtype(RESULT_RECORD.descr + [("time", "<f8"), ("kind", "u1")])
@@ -102,6 +127,7 @@ def take_due(held: list, p: float):
         rows = np.concatenate(held)
     else:
         import pyarrow as pa
+
         rows = pa.concat_tables(held)
     ts = stream_time(rows)
     due = ts < p
@@ -161,11 +187,27 @@ class Rejection(NamedTuple):
     count: int = 0  # the rows the header announced (with `origin`: the sender's position moves past them)
 
 
-def header(kind: Frame, count: int = 0, sender: int = 0, seq: int = 0, *, punctuation: float = 0.0,
-           blocked: float = 0.0, floor: int = MORE, run: int = 0, final: bool = False) -> bytes:
+def header(
+    kind: Frame,
+    count: int = 0,
+    sender: int = 0,
+    seq: int = 0,
+    *,
+    punctuation: float = 0.0,
+    blocked: float = 0.0,
+    floor: int = MORE,
+    run: int = 0,
+    final: bool = False,
+) -> bytes:
     h = np.zeros(1, HEADER)
-    h["magic"], h["version"], h["kind"], h["count"], h["sender"], h["seq"] = \
-        MAGIC, VERSION, int(kind), count, sender, seq
+    h["magic"], h["version"], h["kind"], h["count"], h["sender"], h["seq"] = (
+        MAGIC,
+        VERSION,
+        int(kind),
+        count,
+        sender,
+        seq,
+    )
     h["punctuation"], h["blocked"], h["floor"], h["run"], h["final"] = punctuation, blocked, floor, run, final
     return h.tobytes()
 
@@ -194,8 +236,9 @@ def tuple_records(stream, ids, ts, keys, values) -> np.ndarray:
     return rows
 
 
-def encode_tuples(stream, ids, ts, keys, values, sender: int = 0, seq: int = 0,
-                  origin_frame: bytes | None = None) -> list[bytes]:
+def encode_tuples(
+    stream, ids, ts, keys, values, sender: int = 0, seq: int = 0, origin_frame: bytes | None = None
+) -> list[bytes]:
     """A TUPLES message from columns, with an ORIGIN frame if given."""
     rows = tuple_records(stream, ids, ts, keys, values)
     return [header(Frame.TUPLES, len(rows), sender, seq), *([origin_frame] if origin_frame else []), rows.tobytes()]
@@ -203,8 +246,10 @@ def encode_tuples(stream, ids, ts, keys, values, sender: int = 0, seq: int = 0,
 
 def encode_ack(run: int, acked: np.ndarray, final: bool, sender: int = 0) -> list:
     """An ACK message: ACK_RECORDs, the master's `run`, `final` once the run is over (nothing more comes)."""
-    return [header(Frame.ACK, len(acked), sender, run=run, final=final),
-            np.ascontiguousarray(acked, ACK_RECORD).tobytes()]
+    return [
+        header(Frame.ACK, len(acked), sender, run=run, final=final),
+        np.ascontiguousarray(acked, ACK_RECORD).tobytes(),
+    ]
 
 
 def encode_results(rows: np.ndarray, sender: int = 0, seq: int = 0) -> list:
@@ -241,6 +286,7 @@ def table_ipc(table: pa.Table, head: bytes = b"", alloc: Callable[[int], np.ndar
 def read_table(ipc: memoryview) -> pa.Table | None:
     """A TABLE's rows (None for a TABLE of no rows)."""
     import pyarrow.ipc
+
     return pyarrow.ipc.open_stream(ipc).read_all() if ipc.nbytes else None
 
 
@@ -249,8 +295,9 @@ def encode_table(table: pa.Table, sender: int = 0, seq: int = 0) -> list:
     return [header(Frame.TABLE, table.num_rows, sender, seq), table_ipc(table)]
 
 
-def table_buffer(table: pa.Table, sender: int, seq: int, floor: int,
-                 alloc: Callable[[int], np.ndarray] = new_bytes) -> np.ndarray:
+def table_buffer(
+    table: pa.Table, sender: int, seq: int, floor: int, alloc: Callable[[int], np.ndarray] = new_bytes
+) -> np.ndarray:
     """A slave's TABLE message to the master as one uint8 buffer from `alloc` (header, then the IPC stream,
     written in place; MPI carries one buffer per message)."""
     return table_ipc(table, header(Frame.TABLE, table.num_rows, sender, seq, floor=floor), alloc)
@@ -287,8 +334,15 @@ def decode(frames: list, accept: tuple[Frame, ...], max_rows: int) -> Message | 
     if kind not in {int(k) for k in accept}:
         return Rejection("kind", f"kind {kind}")
     kind = Frame(kind)
-    fields = (int(h["sender"]), int(h["seq"]), float(h["punctuation"]), float(h["blocked"]), int(h["floor"]),
-              int(h["run"]), bool(h["final"]))
+    fields = (
+        int(h["sender"]),
+        int(h["seq"]),
+        float(h["punctuation"]),
+        float(h["blocked"]),
+        int(h["floor"]),
+        int(h["run"]),
+        bool(h["final"]),
+    )
     source = None
     if len(frames) == {Frame.TUPLES: 3, Frame.BATCH: 3, Frame.END: 2}.get(kind):
         if memoryview(frames[1]).nbytes != ORIGIN.itemsize:
@@ -336,23 +390,26 @@ def _check_tuples(rows: np.ndarray) -> Rejection | None:
     same = (ids[order][1:] == ids[order][:-1]) & (stream[order][1:] == stream[order][:-1])
     if same.any():
         i = int(order[1:][same][0])
-        return Rejection("duplicate_id", f"id {int(ids[i])} of stream {'RS'[int(stream[i])]} at rows "
-                                         f"{int(order[:-1][same][0])} and {i}")
+        return Rejection(
+            "duplicate_id",
+            f"id {int(ids[i])} of stream {'RS'[int(stream[i])]} at rows {int(order[:-1][same][0])} and {i}",
+        )
     return None
 
 
-def results_buffer(count: int, sender: int, seq: int, floor: int,
-                   record: np.dtype = RESULT_RECORD) -> tuple[np.ndarray, np.ndarray]:
+def results_buffer(
+    count: int, sender: int, seq: int, floor: int, record: np.dtype = RESULT_RECORD
+) -> tuple[np.ndarray, np.ndarray]:
     """A RESULTS message (ROWS with `record` ROW_RECORD) as one uint8 buffer (for MPI, which carries one buffer
     per message) and its `count` records, a view into it for the caller to fill: the message is built in place,
     never copied."""
     head = header(Frame.ROWS if record == ROW_RECORD else Frame.RESULTS, count, sender, seq, floor=floor)
     buf = np.empty(len(head) + count * record.itemsize, dtype=np.uint8)
-    buf[:len(head)] = np.frombuffer(head, dtype=np.uint8)
-    return buf, buf[len(head):].view(record)
+    buf[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    return buf, buf[len(head) :].view(record)
 
 
 def unpack(buf: np.ndarray) -> list[memoryview]:
     """Inverse of `results_buffer` (header and record frame, as views)."""
     view = memoryview(buf).cast("B")
-    return [view[: HEADER.itemsize], view[HEADER.itemsize:]]
+    return [view[: HEADER.itemsize], view[HEADER.itemsize :]]

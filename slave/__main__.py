@@ -1,4 +1,5 @@
 """`python -m slave`: run one slave rank (also reached from `python -m master` on ranks > 0)."""
+
 import sys
 
 from mpi4py import MPI

@@ -10,6 +10,7 @@ Windows are cut in integer microseconds (protocol.eventtime), as Spark's `--batc
 min / max order NaN as Spark does, above every number: a group's max is NaN if any value is, its min only
 if all are (pyarrow's own min / max skip NaN).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,25 +40,33 @@ def window_starts(ts: np.ndarray, window: int) -> np.ndarray:
 def partials(key: np.ndarray, ts: np.ndarray, value: np.ndarray, window: int) -> pa.Table:
     """One partial row per (key, window) of the given results: ts is the later tuple's ts of each result."""
     value = np.asarray(value, np.float64)
-    t = pa.table({"key": np.asarray(key, np.int64), "window_start": window_starts(ts, window),
-                  "value": value, "nan": np.isnan(value)})
-    g = t.group_by(_GROUP).aggregate([("value", "count"), ("value", "sum"), ("value", "min"), ("value", "max"),
-                                      ("nan", "any")])
+    t = pa.table(
+        {
+            "key": np.asarray(key, np.int64),
+            "window_start": window_starts(ts, window),
+            "value": value,
+            "nan": np.isnan(value),
+        }
+    )
+    g = t.group_by(_GROUP).aggregate(
+        [("value", "count"), ("value", "sum"), ("value", "min"), ("value", "max"), ("nan", "any")]
+    )
     return _shape(g, "value_")
 
 
 def combine(tables: list[pa.Table]) -> pa.Table:
     """Merge partials into one partial with a row per (key, window): sums of counts and sums, min, max."""
     import pyarrow.compute as pc  # here: a slave that does not aggregate starts without it
+
     t = pa.concat_tables([PARTIAL_SCHEMA.empty_table(), *tables])
     t = t.append_column("nan", pc.is_nan(t["max"]))
-    g = t.group_by(_GROUP).aggregate([("count", "sum"), ("sum", "sum"), ("min", "min"), ("max", "max"),
-                                      ("nan", "any")])
+    g = t.group_by(_GROUP).aggregate([("count", "sum"), ("sum", "sum"), ("min", "min"), ("max", "max"), ("nan", "any")])
     return _shape(g, "", ("count_sum", "sum_sum", "min_min", "max_max"))
 
 
 def _shape(g: pa.Table, prefix: str, names: tuple[str, ...] | None = None) -> pa.Table:
     import pyarrow.compute as pc
+
     names = names or tuple(prefix + f for f in ("count", "sum", "min", "max"))
     cols = [g["key"], g["window_start"], *(g[n] for n in names)]
     cols[-1] = pc.if_else(g["nan_any"], np.nan, cols[-1])  # NaN is the largest value (Spark's order)
@@ -85,8 +94,9 @@ class PartialAggregator(NumberedFiles):
 
     def add_pairs(self, pairs: Pairs) -> int:
         """Pre-aggregate one batch's results (slave.join.Pairs); returns files written (0/1)."""
-        return self.add_rows(pairs[f"{self.key_side}_key"], np.maximum(pairs["r_ts"], pairs["s_ts"]),
-                             pairs[f"{self.value_side}_value"])
+        return self.add_rows(
+            pairs[f"{self.key_side}_key"], np.maximum(pairs["r_ts"], pairs["s_ts"]), pairs[f"{self.value_side}_value"]
+        )
 
     def add_rows(self, key: np.ndarray, ts: np.ndarray, value: np.ndarray) -> int:
         """Pre-aggregate result rows given as their key, ts (microseconds) and value columns: pairs (`add_pairs`), or

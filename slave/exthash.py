@@ -9,6 +9,7 @@ depth); a bucket below `theta_min` merges with its buddy when both have the same
 local depth and together stay below `theta_max`.  This keeps every scan of a
 mini-window short however skewed the partition-group is.
 """
+
 from __future__ import annotations
 
 import numpy as np

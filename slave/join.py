@@ -51,6 +51,7 @@ it lives.  On the result stream a row alone has a stream time (`stream_times`): 
 (protocol.predicates.final_time; decided iff that is below the watermark, as the threshold below says), and a
 semi row the later ts of its first pair (the earliest of its pairs in the slice of pairs that first matched it).
 """
+
 from __future__ import annotations
 
 import time
@@ -67,6 +68,7 @@ from protocol.tuples import FIELDS, STREAM_R, STREAM_S, directory_hash, mix64, p
 from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
 from slave.window import GUEST, MATCHED, UNMATCHED
+
 
 class Pairs:
     """An epoch's results (or a chunk of them) as contiguous columns: pairs["r_id"][i] joined pairs["s_id"][i],
@@ -99,6 +101,7 @@ class Chunk(NamedTuple):
     """Up to `chunk_rows` of an epoch's results.  `stamps`: (results of the chunk so far, time.time()) when
     each partition-group's join ended in it, and when the chunk was cut: when its results were produced.
     `last`: the epoch's last chunk (there is always one, empty if the epoch has no results)."""
+
     pairs: Pairs
     stamps: list[tuple[int, float]]
     last: bool
@@ -107,8 +110,14 @@ class Chunk(NamedTuple):
         """Every result's production delay and the histograms (slave.kernel.batch_delays): a result is produced
         when its partition-group's join or its chunk is done, not when the whole batch is (paper 003, VI-A).
         `sent` and `started` are the wall-clock times the batch was sent and its join began."""
-        return batch_delays(self.pairs["r_arrival"], self.pairs["s_arrival"], [n for n, _ in self.stamps],
-                            [t for _, t in self.stamps], sent, started)
+        return batch_delays(
+            self.pairs["r_arrival"],
+            self.pairs["s_arrival"],
+            [n for n, _ in self.stamps],
+            [t for _, t in self.stamps],
+            sent,
+            started,
+        )
 
 
 class Join(NamedTuple):
@@ -116,6 +125,7 @@ class Join(NamedTuple):
     each side, their matched flags (None where the join type keeps no flags on that side), whether the R side
     is stored (not fresh), the kernel's count of its pairs, and with a semi join and fresh R the stream time of
     each fresh R row's first pair (set as it first matches)."""
+
     rows_r: np.ndarray
     rows_s: np.ndarray
     flags_r: np.ndarray | None
@@ -126,9 +136,20 @@ class Join(NamedTuple):
 
 
 class JoinModule:
-    def __init__(self, dtype: np.dtype, partitions: int, window: int | tuple[int, int], block_size: int,
-                 theta_min: int, theta_max: int, max_depth: int, predicate: str = "equal", band: int = 0,
-                 join_type: str = "inner", chunk_rows: int = DEFAULTS["output"]["result_chunk_rows"][0]):
+    def __init__(
+        self,
+        dtype: np.dtype,
+        partitions: int,
+        window: int | tuple[int, int],
+        block_size: int,
+        theta_min: int,
+        theta_max: int,
+        max_depth: int,
+        predicate: str = "equal",
+        band: int = 0,
+        join_type: str = "inner",
+        chunk_rows: int = DEFAULTS["output"]["result_chunk_rows"][0],
+    ):
         """`window`: the time bounds (lower, upper) in integer microseconds, r and s join iff lower <= s.ts - r.ts
         <= upper (protocol.predicates.time_bounds), or w for (-w, w); `join_type` one of
         protocol.predicates.JOIN_TYPES."""
@@ -151,8 +172,9 @@ class JoinModule:
             self.kernel = lambda a, b, spans: window_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper)
         else:
             low, high = key_distance(predicate, band)
-            self.kernel = lambda a, b, spans: range_matches(a["key"], a["ts"], b["key"], b["ts"], lower, upper, low,
-                                                            high, spans and spans[0])  # a range: R's span is S's
+            self.kernel = lambda a, b, spans: range_matches(
+                a["key"], a["ts"], b["key"], b["ts"], lower, upper, low, high, spans and spans[0]
+            )  # a range: R's span is S's
             max_depth = 0  # one bucket per range: a split by hash would not narrow a band probe
         self._group_args = (dtype, block_size, theta_min, theta_max, max_depth)
         self._fields = field_words(dtype, FIELDS)
@@ -207,7 +229,7 @@ class JoinModule:
         gathered = 0
         for stream in (STREAM_R, STREAM_S):
             for g in hot_homes(self.join_type, stream, first, count):
-                for windows in (subs[g].buckets.values() if subs[g] is not None else ()):
+                for windows in subs[g].buckets.values() if subs[g] is not None else ():
                     home[stream].append(windows[stream].rows, windows[stream].matched)
                     gathered += len(windows[stream])
         return gathered
@@ -215,8 +237,14 @@ class JoinModule:
     def new_group(self) -> PartitionGroup:
         return PartitionGroup(*self._group_args)
 
-    def process(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
-                groups: np.ndarray | None = None, stamps: list | None = None) -> Pairs:
+    def process(
+        self,
+        fresh_r: np.ndarray,
+        fresh_s: np.ndarray,
+        watermark: int,
+        groups: np.ndarray | None = None,
+        stamps: list | None = None,
+    ) -> Pairs:
         """All of `chunks` as one Pairs (tests and tools; a slave takes the chunks one by one).  `stamps`, if a
         list, gets the chunks' stamps numbered over the whole epoch."""
         parts, done = [], 0
@@ -227,8 +255,9 @@ class JoinModule:
             done += len(chunk.pairs)
         return Pairs.concat(self.dtype, parts)
 
-    def chunks(self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int,
-               groups: np.ndarray | None = None) -> Iterator[Chunk]:
+    def chunks(
+        self, fresh_r: np.ndarray, fresh_s: np.ndarray, watermark: int, groups: np.ndarray | None = None
+    ) -> Iterator[Chunk]:
         """Join one epoch's fresh tuples; yields its results in chunks of at most `chunk_rows` pairs, then
         expires and tunes once the last is taken.
 
@@ -240,14 +269,19 @@ class JoinModule:
         be empty: the pairs that followed were a guest R's).
         """
         if groups is None:
-            batches = ((p, take_rows(fresh_r, ri), take_rows(fresh_s, si), None) for p, ri, si in
-                       group_pairs(partition_of(fresh_r["key"], self.partitions),
-                                   partition_of(fresh_s["key"], self.partitions)))
+            batches = (
+                (p, take_rows(fresh_r, ri), take_rows(fresh_s, si), None)
+                for p, ri, si in group_pairs(
+                    partition_of(fresh_r["key"], self.partitions), partition_of(fresh_s["key"], self.partitions)
+                )
+            )
         else:
             ends = np.cumsum(groups[:, 1:3], axis=0)
             spans = groups[:, 3:7].reshape(-1, 2, 2).tolist() if self.guests else [None] * len(groups)
-            batches = ((p, fresh_r[end_r - n_r: end_r], fresh_s[end_s - n_s: end_s], mine)
-                       for (p, n_r, n_s, *_), (end_r, end_s), mine in zip(groups.tolist(), ends.tolist(), spans))
+            batches = (
+                (p, fresh_r[end_r - n_r : end_r], fresh_s[end_s - n_s : end_s], mine)
+                for (p, n_r, n_s, *_), (end_r, end_s), mine in zip(groups.tolist(), ends.tolist(), spans)
+            )
         pieces: list[tuple] = []
         lone_r: list[np.ndarray] = []  # rows decided unmatched
         lone_s: list[np.ndarray] = []
@@ -284,8 +318,9 @@ class JoinModule:
         if semi:
             lone_r = [rows for rows, _ in semi]
         self.semi_time = np.concatenate([times for _, times in semi]) if semi else np.empty(0, np.int64)
-        self.lone_r, self.lone_s = (np.concatenate(lone) if lone else np.empty(0, self.dtype)
-                                    for lone in (lone_r, lone_s))
+        self.lone_r, self.lone_s = (
+            np.concatenate(lone) if lone else np.empty(0, self.dtype) for lone in (lone_r, lone_s)
+        )
 
     def thresholds(self, watermark: int) -> tuple[int, int]:
         """(R's, S's) expiry threshold at watermark W: a stored tuple whose ts is below its stream's can join no
@@ -338,8 +373,9 @@ class JoinModule:
         join.flags_s[is_[join.flags_s[is_] != GUEST]] = MATCHED
         return ir, is_home
 
-    def _join_group(self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, semi: list,
-                    spans: list | None = None) -> Iterator[Join]:
+    def _join_group(
+        self, pg: PartitionGroup, new_r: np.ndarray, new_s: np.ndarray, semi: list, spans: list | None = None
+    ) -> Iterator[Join]:
         """Join one group's fresh tuples: yields a Join (its sides, matched flags and slave.kernel.Matches) for
         each of the three joins of each bucket; a bucket's fresh tuples are appended, with their flags, once
         its joins are taken, and with a semi join its fresh R rows matched go to `semi` with their first
@@ -348,9 +384,13 @@ class JoinModule:
         if pg.directory.global_depth == 0:  # one bucket takes every tuple: no hashing or grouping needed
             buckets = [(int(pg.directory.entries[0]), new_r, new_s)]
         else:
-            buckets = [(b, take_rows(new_r, ri), take_rows(new_s, si)) for b, ri, si in
-                       group_pairs(pg.directory.bucket_of(directory_hash(new_r["key"])),
-                                   pg.directory.bucket_of(directory_hash(new_s["key"])))]
+            buckets = [
+                (b, take_rows(new_r, ri), take_rows(new_s, si))
+                for b, ri, si in group_pairs(
+                    pg.directory.bucket_of(directory_hash(new_r["key"])),
+                    pg.directory.bucket_of(directory_hash(new_s["key"])),
+                )
+            ]
         for b, nr, ns in buckets:
             win_r, win_s = pg.buckets[b]
             fresh_r = np.zeros(len(nr), np.uint8) if self.keep_r else None
@@ -359,9 +399,11 @@ class JoinModule:
             if spans is not None:
                 for fresh, rows, (first, last) in zip((fresh_r, fresh_s), (nr, ns), spans):
                     fresh[(rows["key"] < first) | (rows["key"] > last)] = GUEST
-            for side_r, side_s, flags_r, flags_s in ((nr, win_s.rows, fresh_r, win_s.matched),
-                                                     (win_r.rows, ns, win_r.matched, fresh_s),
-                                                     (nr, ns, fresh_r, fresh_s)):
+            for side_r, side_s, flags_r, flags_s in (
+                (nr, win_s.rows, fresh_r, win_s.matched),
+                (win_r.rows, ns, win_r.matched, fresh_s),
+                (nr, ns, fresh_r, fresh_s),
+            ):
                 matches = self.kernel(side_r, side_s, spans)  # with spans: no pair of two guests
                 if matches.total:
                     stored = flags_r is not fresh_r

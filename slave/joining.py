@@ -5,6 +5,7 @@ The slave's shell (slave/run.py) decides when (slave/state.py), this does it.  A
 chunks of at most `output.result_chunk_rows` rows (slave.join), each written, aggregated and sent before the
 next is built, so a hot key's billions of pairs cost time, not memory.
 """
+
 from __future__ import annotations
 
 import resource
@@ -31,11 +32,22 @@ class Joiner:
         tuning, join, out = cfg["tuning"], cfg["join"], cfg["output"]
         self.rank = comm.rank
         self.epoch = cfg["epochs"]["distribution"]  #: a long batch says it is still joining once per epoch
-        self.module = JoinModule(dtype, cfg["partitioning"]["partitions"], time_bounds(join),
-                                 tuning["block_size"], tuning["theta_min"], tuning["theta_max"], tuning["max_depth"],
-                                 join["predicate"], join["band"], join["type"], out["result_chunk_rows"])
-        self.writer = ResultWriter(f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"],
-                                   join["type"], payload_reader(cfg))
+        self.module = JoinModule(
+            dtype,
+            cfg["partitioning"]["partitions"],
+            time_bounds(join),
+            tuning["block_size"],
+            tuning["theta_min"],
+            tuning["theta_max"],
+            tuning["max_depth"],
+            join["predicate"],
+            join["band"],
+            join["type"],
+            out["result_chunk_rows"],
+        )
+        self.writer = ResultWriter(
+            f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"], join["type"], payload_reader(cfg)
+        )
         agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
         # with checkpoints, partials are staged until a checkpoint covers them (protocol/checkpoint.py)
         staged = f"{out['path']}/{checkpoint.PENDING_AGGREGATES if cfg['checkpoint']['interval'] else 'aggregates'}"
@@ -48,8 +60,16 @@ class Joiner:
         self.splits = self.merges = 0
         self.parts_written = 0  #: checkpoint parts this slave wrote (fault injection: after a complete one)
 
-    def join(self, dispatcher: int, head, fresh_r: np.ndarray, fresh_s: np.ndarray, groups, watermark: int,
-             say: Callable[[np.ndarray], None]) -> tuple[dict, np.ndarray]:
+    def join(
+        self,
+        dispatcher: int,
+        head,
+        fresh_r: np.ndarray,
+        fresh_s: np.ndarray,
+        groups,
+        watermark: int,
+        say: Callable[[np.ndarray], None],
+    ) -> tuple[dict, np.ndarray]:
         """Join batch `head` (its rows, its group table) expiring below `watermark`; once a distribution epoch
         the slave `say`s it is still joining (a hot key's billions of pairs outlast the stall watch's bound).
         Returns the report's counters and the delay histograms."""
@@ -76,9 +96,16 @@ class Joiner:
                 say(joining_message(seq, results, round((now - started) * 1000)))
                 said = now
         lone = self.take_lone(dispatcher, seq, watermark)
-        return {"seq": seq, "tuples_r": len(fresh_r), "tuples_s": len(fresh_s), "results": results + lone,
-                "chunks": chunks, "delay_max": delay_max, "files": self.writer.files - files,
-                "busy": time.perf_counter() - started}, hists
+        return {
+            "seq": seq,
+            "tuples_r": len(fresh_r),
+            "tuples_s": len(fresh_s),
+            "results": results + lone,
+            "chunks": chunks,
+            "delay_max": delay_max,
+            "files": self.writer.files - files,
+            "busy": time.perf_counter() - started,
+        }, hists
 
     def take_lone(self, dispatcher: int, seq: int, watermark: int) -> int:
         """Outer, semi and anti joins: write the rows the last epoch decided alone (known once its last chunk is
@@ -122,8 +149,12 @@ class Joiner:
         directory = self.checkpoints / checkpoint.name_of(ckpt)
         size = checkpoint.write_atomic(directory / checkpoint.slave_part(self.rank), part)
         self.parts_written += 1
-        return {"files": files, "result_files": self.writer.files, "part_bytes": size,
-                "aggregate_files": self.aggregator.files if self.aggregator else 0}
+        return {
+            "files": files,
+            "result_files": self.writer.files,
+            "part_bytes": size,
+            "aggregate_files": self.aggregator.files if self.aggregator else 0,
+        }
 
     def resume(self, resume: dict) -> None:
         """Start from a checkpoint (what rank 0 sends: master.__main__): this slave's `groups` are [slave part,
@@ -143,9 +174,16 @@ class Joiner:
         report, the process's memory and time."""
         stored_r, stored_s = self.module.stored()
         cpu = self.process.cpu_times()
-        levels = {"window_r": stored_r, "window_s": stored_s, "window_bytes": self.module.nbytes,
-                  "splits": self.module.splits - self.splits, "merges": self.module.merges - self.merges,
-                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # its peak (Linux: KiB)
-                  "cpu": cpu.user + cpu.system, "comm": self.comm_seconds, "pss_start": self.pss_start}
+        levels = {
+            "window_r": stored_r,
+            "window_s": stored_s,
+            "window_bytes": self.module.nbytes,
+            "splits": self.module.splits - self.splits,
+            "merges": self.module.merges - self.merges,
+            "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # its peak (Linux: KiB)
+            "cpu": cpu.user + cpu.system,
+            "comm": self.comm_seconds,
+            "pss_start": self.pss_start,
+        }
         self.splits, self.merges = self.module.splits, self.module.merges
         return levels

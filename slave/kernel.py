@@ -26,6 +26,7 @@ are far below int64's ends: no difference overflows).  The bounds are those of j
 (s.ts - r.ts) when a is R; a kernel that indexes the other side swaps a and b and mirrors them to
 (-upper, -lower).
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -41,12 +42,18 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of ke
 # one signature per kernel, layout "A": field views of the structured windows are strided, test arrays are not
 _EQUI_SIG = "UniTuple(int64[::1], 3)(int64[:], int64[:], int64[:], int64[:], int64, int64)"
 _EQUI_FILL_SIG = "void(int64[::1], int64[::1], int64[::1], int64, int64[::1], int64[::1])"
-_DELAYS_SIG = ("void(float64[:], float64[:], int64[::1], float64[::1], float64, float64, float64[::1], float64, "
-               "float64, float64[::1], int64[:, ::1])")
-_RANGE_SIG = ("UniTuple(int64[::1], 5)(int64[:], int64[:], int64[:], int64[:], int64, int64, int64, int64, boolean, "
-              "boolean, int64, int64, boolean)")
-_RANGE_FILL_SIG = ("void(int64[:], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64, int64, "
-                   "int64[::1], int64[::1])")
+_DELAYS_SIG = (
+    "void(float64[:], float64[:], int64[::1], float64[::1], float64, float64, float64[::1], float64, "
+    "float64, float64[::1], int64[:, ::1])"
+)
+_RANGE_SIG = (
+    "UniTuple(int64[::1], 5)(int64[:], int64[:], int64[:], int64[:], int64, int64, int64, int64, boolean, "
+    "boolean, int64, int64, boolean)"
+)
+_RANGE_FILL_SIG = (
+    "void(int64[:], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64, int64, "
+    "int64[::1], int64[::1])"
+)
 _GATHER_SIG = "void(int64[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64)"
 
 
@@ -146,8 +153,9 @@ def _equi_fill(run_idx, first, offsets, start, ia, ib):  # pragma: no cover - co
 
 
 @njit(_RANGE_SIG, cache=True, nogil=True)
-def _range_count(a_key, a_ts, b_key, b_ts, lower, upper, low, high, has_low, has_high, home_lo, home_hi,
-                 clip):  # pragma: no cover - compiled
+def _range_count(
+    a_key, a_ts, b_key, b_ts, lower, upper, low, high, has_low, has_high, home_lo, home_hi, clip
+):  # pragma: no cover - compiled
     """The count pass for low <= b.key - a.key <= high (a bound is open unless has_*), lower <= b.ts - a.ts <= upper.
     With `clip`, a probe whose key is outside [home_lo, home_hi] (a guest copy) looks only at candidates whose key
     is inside (at home).  Returns (order, times, first, last, offsets): b sorted by key (its indices and ts), probe
@@ -255,8 +263,9 @@ class Matches:
 _NONE = Matches(0)
 
 
-def window_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray,
-                   lower: int, upper: int) -> Matches:
+def window_matches(
+    a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, lower: int, upper: int
+) -> Matches:
     """Every pair with a_key[ia] == b_key[ib] and lower <= b_ts[ib] - a_ts[ia] <= upper (ts and bounds in
     integer microseconds), counted; the larger side probes (as a, with the bounds mirrored if it was b)."""
     if len(a_key) == 0 or len(b_key) == 0:
@@ -267,8 +276,17 @@ def window_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts:
     return Matches(int(offsets[-1]), partial(_equi_fill, run_idx, first, offsets))
 
 
-def range_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: np.ndarray, lower: int, upper: int,
-                  low: int | None, high: int | None, home: tuple[int, int] | None = None) -> Matches:
+def range_matches(
+    a_key: np.ndarray,
+    a_ts: np.ndarray,
+    b_key: np.ndarray,
+    b_ts: np.ndarray,
+    lower: int,
+    upper: int,
+    low: int | None,
+    high: int | None,
+    home: tuple[int, int] | None = None,
+) -> Matches:
     """Every pair with low <= b_key - a_key <= high and lower <= b_ts - a_ts <= upper, counted; with `home`
     (first, last key), only the pairs of which at least one key is in [first, last].
 
@@ -283,14 +301,36 @@ def range_matches(a_key: np.ndarray, a_ts: np.ndarray, b_key: np.ndarray, b_ts: 
     if len(a_key) == 0 or len(b_key) == 0:
         return _NONE
     if len(a_key) < len(b_key):  # search in the smaller side: a's key range as seen from b is mirrored
-        return range_matches(b_key, b_ts, a_key, a_ts, -upper, -lower, None if high is None else -high,
-                             None if low is None else -low, home).swapped()
+        return range_matches(
+            b_key,
+            b_ts,
+            a_key,
+            a_ts,
+            -upper,
+            -lower,
+            None if high is None else -high,
+            None if low is None else -low,
+            home,
+        ).swapped()
     home_lo, home_hi = (0, 0) if home is None else map(int, home)
     order, times, first, last, offsets = _range_count(
-        a_key, a_ts, b_key, b_ts, int(lower), int(upper), 0 if low is None else int(low),
-        0 if high is None else int(high), low is not None, high is not None, home_lo, home_hi, home is not None)
-    return Matches(int(offsets[-1]), partial(_range_fill, a_ts, order, times, first, last, offsets, int(lower),
-                                             int(upper)))
+        a_key,
+        a_ts,
+        b_key,
+        b_ts,
+        int(lower),
+        int(upper),
+        0 if low is None else int(low),
+        0 if high is None else int(high),
+        low is not None,
+        high is not None,
+        home_lo,
+        home_hi,
+        home is not None,
+    )
+    return Matches(
+        int(offsets[-1]), partial(_range_fill, a_ts, order, times, first, last, offsets, int(lower), int(upper))
+    )
 
 
 @njit(_GATHER_SIG, cache=True, nogil=True)
@@ -337,8 +377,9 @@ def _bin_of(x, bits, edges, log_first, per_decade):  # pragma: no cover - compil
 
 
 @njit(_DELAYS_SIG, cache=True, nogil=True)
-def _batch_delays(r_arrival, s_arrival, ends, times, sent, started, edges, log_first, per_decade, delay,
-                  counts):  # pragma: no cover - compiled
+def _batch_delays(
+    r_arrival, s_arrival, ends, times, sent, started, edges, log_first, per_decade, delay, counts
+):  # pragma: no cover - compiled
     scratch = np.empty(1, np.float64)  # a part's bits: written as float64, read as int64
     bits = scratch.view(np.int64)
     delay_bits = delay.view(np.int64)
@@ -358,8 +399,9 @@ def _batch_delays(r_arrival, s_arrival, ends, times, sent, started, edges, log_f
     counts[2, _bin_of(scratch[0], bits[0], edges, log_first, per_decade)] += lo
 
 
-def batch_delays(r_arrival: np.ndarray, s_arrival: np.ndarray, ends: np.ndarray, times: np.ndarray, sent: float,
-                 started: float) -> tuple[np.ndarray, np.ndarray]:
+def batch_delays(
+    r_arrival: np.ndarray, s_arrival: np.ndarray, ends: np.ndarray, times: np.ndarray, sent: float, started: float
+) -> tuple[np.ndarray, np.ndarray]:
     """A batch's production delays and their histograms, in one compiled pass over its results.
 
     Result i joined tuples that arrived at r_arrival[i] and s_arrival[i]; results ends[g-1]..ends[g]-1 were
@@ -370,7 +412,17 @@ def batch_delays(r_arrival: np.ndarray, s_arrival: np.ndarray, ends: np.ndarray,
     20 here, measured on a million results)."""
     delay = np.empty(len(r_arrival), dtype=np.float64)
     counts = np.zeros((1 + len(delays.PARTS), delays.BINS), dtype=np.int64)
-    _batch_delays(r_arrival, s_arrival, np.asarray(ends, dtype=np.int64), np.asarray(times, dtype=np.float64),
-                  float(sent), float(started), delays.EDGES, float(delays.LOG_FIRST), float(delays.PER_DECADE),
-                  delay, counts)
+    _batch_delays(
+        r_arrival,
+        s_arrival,
+        np.asarray(ends, dtype=np.int64),
+        np.asarray(times, dtype=np.float64),
+        float(sent),
+        float(started),
+        delays.EDGES,
+        float(delays.LOG_FIRST),
+        float(delays.PER_DECADE),
+        delay,
+        counts,
+    )
     return delay, counts

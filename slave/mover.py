@@ -6,6 +6,7 @@ sends them as one message of raw records, then every row's matched flag (outer
 joins); the consumer rebuilds the same buckets, so the group keeps its
 splits and every stored tuple, in order, with its flag.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,14 +18,18 @@ from slave.exthash import ExtendibleDirectory, PartitionGroup
 def encode_group(partition: int, pg: PartitionGroup) -> np.ndarray:
     d = pg.directory
     ids = sorted(pg.buckets)
-    table = np.array([[b, d.local_depth[b], len(pg.buckets[b][0]), len(pg.buckets[b][1])] for b in ids],
-                     dtype=np.int64).reshape(-1, 4)
+    table = np.array(
+        [[b, d.local_depth[b], len(pg.buckets[b][0]), len(pg.buckets[b][1])] for b in ids], dtype=np.int64
+    ).reshape(-1, 4)
     head = np.array([partition, d.global_depth, len(d.entries), len(ids), d.next_id], dtype=np.int64)
     windows = [w for b in ids for w in pg.buckets[b]]
     meta = np.concatenate([head, d.entries, table.ravel()]).view(np.uint8)
     body = np.concatenate([w.rows for w in windows]).view(np.uint8) if windows else np.empty(0, np.uint8)
-    flags = np.concatenate([w.matched for w in windows] + [np.zeros(-len(body) // pg.dtype.itemsize % 8, np.uint8)]) \
-        if windows else np.empty(0, np.uint8)  # padded to whole words: the next record stays aligned
+    flags = (
+        np.concatenate([w.matched for w in windows] + [np.zeros(-len(body) // pg.dtype.itemsize % 8, np.uint8)])
+        if windows
+        else np.empty(0, np.uint8)
+    )  # padded to whole words: the next record stays aligned
     return np.concatenate([meta, body, flags])
 
 
@@ -49,10 +54,12 @@ def decode_group(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup]:
     n = int(table[:, 2:].sum())
     size = n * pg.dtype.itemsize
     if len(buf) - body != size + n + -n % 8:
-        raise ValueError(f"group state of partition {partition}: {len(buf) - body} bytes of rows and flags, the "
-                         f"table says {n} rows of {pg.dtype.itemsize} bytes")
-    rows = buf[body: body + size].view(pg.dtype)
-    matched = buf[body + size: body + size + n]
+        raise ValueError(
+            f"group state of partition {partition}: {len(buf) - body} bytes of rows and flags, the "
+            f"table says {n} rows of {pg.dtype.itemsize} bytes"
+        )
+    rows = buf[body : body + size].view(pg.dtype)
+    matched = buf[body + size : body + size + n]
     pg.directory = ExtendibleDirectory()
     pg.directory.global_depth, pg.directory.entries, pg.directory.next_id = depth, entries, next_id
     pg.directory.local_depth = {int(b): int(ld) for b, ld, _, _ in table}
@@ -60,8 +67,8 @@ def decode_group(buf: np.ndarray, make_group) -> tuple[int, PartitionGroup]:
     at = 0
     for b, _, n_r, n_s in table.tolist():
         r, s = pg.empty_bucket()
-        r.append(rows[at: at + n_r], matched[at: at + n_r])
-        s.append(rows[at + n_r: at + n_r + n_s], matched[at + n_r: at + n_r + n_s])
+        r.append(rows[at : at + n_r], matched[at : at + n_r])
+        s.append(rows[at + n_r : at + n_r + n_s], matched[at + n_r : at + n_r + n_s])
         at += n_r + n_s
         pg.buckets[b] = (r, s)
     return partition, pg

@@ -3,6 +3,7 @@
 Kept apart from the MPI loop (slave.run) so that bench.kernel can time a slave's whole work on a
 batch (join, delays, result files) in one process without MPI.
 """
+
 from __future__ import annotations
 
 import time
@@ -12,8 +13,15 @@ import numpy as np
 import pyarrow as pa
 
 from protocol import eventtime
-from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, OUTER_RESULT_SCHEMA, RESULT_SCHEMA, \
-    RIGHT_UNMATCHED, NumberedFiles
+from protocol.output import (
+    LEFT_MATCHED,
+    LEFT_UNMATCHED,
+    MATCHED,
+    OUTER_RESULT_SCHEMA,
+    RESULT_SCHEMA,
+    RIGHT_UNMATCHED,
+    NumberedFiles,
+)
 from protocol.payload import PayloadReader
 from slave.join import Pairs
 
@@ -22,13 +30,15 @@ def _kind(kind: str, n: int) -> pa.Array:
     return pa.array([kind], pa.string()).take(np.zeros(n, np.int64))
 
 
-def with_columns(payload: PayloadReader, r_rows: np.ndarray, s_rows: np.ndarray, delay: np.ndarray,
-                 kind: str | None) -> pa.Table:
+def with_columns(
+    payload: PayloadReader, r_rows: np.ndarray, s_rows: np.ndarray, delay: np.ndarray, kind: str | None
+) -> pa.Table:
     """Result rows of declared streams: both sides' own columns gathered by stream row from the
     payload log (-1: the side is missing, its columns null), then `delay` and, outside inner joins, `kind`."""
     t = payload.both(r_rows, s_rows).append_column(pa.field("delay", pa.float64(), nullable=False), pa.array(delay))
-    return t if kind is None else t.append_column(pa.field("kind", pa.string(), nullable=False),
-                                                  _kind(kind, len(delay)))
+    return (
+        t if kind is None else t.append_column(pa.field("kind", pa.string(), nullable=False), _kind(kind, len(delay)))
+    )
 
 
 def lone_table(rows: np.ndarray, side: str, kind: str, now: float) -> pa.Table:
@@ -51,14 +61,22 @@ def lone_table(rows: np.ndarray, side: str, kind: str, now: float) -> pa.Table:
     return pa.table(cols, schema=OUTER_RESULT_SCHEMA)
 
 
-def outer_table(pairs: Pairs | None, delay: np.ndarray | None, lone_r: np.ndarray | None,
-                lone_s: np.ndarray | None, join_type: str, payload: PayloadReader | None = None) -> pa.Table:
+def outer_table(
+    pairs: Pairs | None,
+    delay: np.ndarray | None,
+    lone_r: np.ndarray | None,
+    lone_s: np.ndarray | None,
+    join_type: str,
+    payload: PayloadReader | None = None,
+) -> pa.Table:
     """One batch's rows of an outer, semi or anti join (protocol.output.OUTER_RESULT_SCHEMA; with `payload`, the
     streams' own columns): its pairs (none for semi and anti), then the R rows and the S rows it decided."""
     now = time.time()
     parts = []
-    for rows, side, kind in ((lone_r, "r", LEFT_MATCHED if join_type == "semi" else LEFT_UNMATCHED),
-                             (lone_s, "s", RIGHT_UNMATCHED)):
+    for rows, side, kind in (
+        (lone_r, "r", LEFT_MATCHED if join_type == "semi" else LEFT_UNMATCHED),
+        (lone_s, "s", RIGHT_UNMATCHED),
+    ):
         if rows is None or not len(rows):
             continue
         if payload is None:
@@ -68,10 +86,18 @@ def outer_table(pairs: Pairs | None, delay: np.ndarray | None, lone_r: np.ndarra
         ids = np.ascontiguousarray(rows["id"])
         parts.append(with_columns(payload, *((ids, none) if side == "r" else (none, ids)), now - rows["arrival"], kind))
     if pairs is not None and len(pairs):
-        parts.insert(0, with_columns(payload, pairs["r_id"], pairs["s_id"], delay, MATCHED) if payload is not None
-                     else pa.table([delay if c == "delay" else _kind(MATCHED, len(pairs)) if c == "kind"
-                                    else pairs.output(c) for c in OUTER_RESULT_SCHEMA.names],
-                                   schema=OUTER_RESULT_SCHEMA))
+        parts.insert(
+            0,
+            with_columns(payload, pairs["r_id"], pairs["s_id"], delay, MATCHED)
+            if payload is not None
+            else pa.table(
+                [
+                    delay if c == "delay" else _kind(MATCHED, len(pairs)) if c == "kind" else pairs.output(c)
+                    for c in OUTER_RESULT_SCHEMA.names
+                ],
+                schema=OUTER_RESULT_SCHEMA,
+            ),
+        )
     return pa.concat_tables(parts)
 
 
@@ -88,8 +114,15 @@ class ResultWriter(NumberedFiles):
 
     WRITING = 2
 
-    def __init__(self, directory: str, rank: int, fmt: str, flush_rows: int, join_type: str = "inner",
-                 payload: PayloadReader | None = None):
+    def __init__(
+        self,
+        directory: str,
+        rank: int,
+        fmt: str,
+        flush_rows: int,
+        join_type: str = "inner",
+        payload: PayloadReader | None = None,
+    ):
         """`payload`: with declared streams, where results gather the streams' own columns (protocol.payload)."""
         super().__init__(directory, f"slave-{rank:03d}", fmt, flush_rows)
         self.join_type, self.payload = join_type, payload
@@ -106,8 +139,9 @@ class ResultWriter(NumberedFiles):
         if self.payload is not None:
             return self._buffer(with_columns(self.payload, pairs["r_id"], pairs["s_id"], delay, None))
         # the columns are contiguous: Arrow takes them without a copy (ts: converted to seconds)
-        return self._buffer(pa.table([delay if c == "delay" else pairs.output(c) for c in RESULT_SCHEMA.names],
-                                     schema=RESULT_SCHEMA))
+        return self._buffer(
+            pa.table([delay if c == "delay" else pairs.output(c) for c in RESULT_SCHEMA.names], schema=RESULT_SCHEMA)
+        )
 
     def add_lone(self, lone_r: np.ndarray, lone_s: np.ndarray) -> pa.Table | None:
         """The rows without a partner (semi: R rows with one) a batch decided, once its pairs are in (slave.join:

@@ -16,6 +16,7 @@ same way.  Sent with Isend before the batch's report, so the master never
 waits on it; at most `IN_FLIGHT` are on their way, so a master that falls
 behind slows the slave instead of filling its memory.
 """
+
 from __future__ import annotations
 
 import time
@@ -46,8 +47,16 @@ class ResultSender:
         #: writing a message into fresh pages cost a slave more than encoding it (page faults), so they are kept
         self.spare: list[np.ndarray] = []
 
-    def send(self, dispatcher: int, seq: int, pairs: Pairs, delay: np.ndarray, last: bool,
-             watermark: int = eventtime.NEG_INF, table: pa.Table | None = None) -> None:
+    def send(
+        self,
+        dispatcher: int,
+        seq: int,
+        pairs: Pairs,
+        delay: np.ndarray,
+        last: bool,
+        watermark: int = eventtime.NEG_INF,
+        table: pa.Table | None = None,
+    ) -> None:
         """A chunk of the results of `dispatcher`'s batch `seq`, to that dispatcher: it publishes them and
         punctuates for its own batches once the `last` has come (with the `watermark` rows alone were decided
         by); `table`: the pairs as written, with declared streams."""
@@ -64,21 +73,32 @@ class ResultSender:
             rows["kind"] = wire.ROW_KINDS.index(MATCHED)
         self._send(dispatcher, buf)
 
-    def send_lone(self, dispatcher: int, seq: int, lone_r: np.ndarray, lone_s: np.ndarray,
-                  times: tuple[np.ndarray, np.ndarray], watermark: int, table: pa.Table | None = None) -> None:
+    def send_lone(
+        self,
+        dispatcher: int,
+        seq: int,
+        lone_r: np.ndarray,
+        lone_s: np.ndarray,
+        times: tuple[np.ndarray, np.ndarray],
+        watermark: int,
+        table: pa.Table | None = None,
+    ) -> None:
         """The last message of `dispatcher`'s batch (or STOP) `seq`: the rows it decided alone (semi: R rows with
         a partner) with their stream `times` (microseconds), decided by `watermark`; `table`: those rows as
         written, with declared streams."""
         if not self.enabled:
             return
         if self.tables:
-            return self._send_table(dispatcher, seq, table, eventtime.to_seconds(np.concatenate(times)), True,
-                                    watermark)
+            return self._send_table(
+                dispatcher, seq, table, eventtime.to_seconds(np.concatenate(times)), True, watermark
+            )
         buf, rows = self._buffer(len(lone_r) + len(lone_s), seq, True, watermark)
         now = time.time()
         kind_r = LEFT_MATCHED if self.join_type == "semi" else LEFT_UNMATCHED
-        for part, side, kind, at in ((lone_r, "r", kind_r, slice(0, len(lone_r))),
-                                     (lone_s, "s", RIGHT_UNMATCHED, slice(len(lone_r), len(rows)))):
+        for part, side, kind, at in (
+            (lone_r, "r", kind_r, slice(0, len(lone_r))),
+            (lone_s, "s", RIGHT_UNMATCHED, slice(len(lone_r), len(rows))),
+        ):
             other = "s" if side == "r" else "r"
             out = rows[at]
             for field in ("id", "ts", "key", "value"):  # this side's, the other side's null
@@ -97,13 +117,15 @@ class ResultSender:
         elif self.enabled:
             self._send(dispatcher, self._buffer(0, seq, True, eventtime.NEG_INF)[0])
 
-    def _send_table(self, dispatcher: int, seq: int, table: pa.Table | None, times: np.ndarray, last: bool,
-                    watermark: int) -> None:
+    def _send_table(
+        self, dispatcher: int, seq: int, table: pa.Table | None, times: np.ndarray, last: bool, watermark: int
+    ) -> None:
         """A TABLE message: `table` (None: no rows) with its rows' stream `times` (seconds) as `time`."""
         table = pa.table({}) if table is None else table.append_column("time", pa.array(times, pa.float64()))
         self._room()
-        self._send(dispatcher, wire.table_buffer(table, self.comm.rank, seq, watermark if last else wire.MORE,
-                                                 self._alloc))
+        self._send(
+            dispatcher, wire.table_buffer(table, self.comm.rank, seq, watermark if last else wire.MORE, self._alloc)
+        )
 
     def _alloc(self, size: int) -> np.ndarray:
         """A send buffer of `size` bytes: the smallest spare one that is large enough, else a new one."""

@@ -12,6 +12,7 @@ instructions.  It holds, per dispatcher (ranks 0..k-1; BiStream 3.2.3):
 * whether it has said STOP (the run ends with the last one), and when its last batch came (the next comes a
   distribution epoch later, at the slave's slot: paper 003, V-B).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,12 +27,14 @@ from protocol.waiting import next_arrival
 @dataclass(frozen=True)
 class Join:
     """Join the batch, expiring below `watermark` (the lowest punctuation of all dispatchers)."""
+
     watermark: int
 
 
 @dataclass(frozen=True)
 class Lost:
     """The channel from `dispatcher` lost or reordered a batch: end the job."""
+
     dispatcher: int
     got: int
     expected: int
@@ -40,6 +43,7 @@ class Lost:
 @dataclass(frozen=True)
 class Acknowledge:
     """Answer `dispatcher`'s message `seq` at once (a marker or a STOP that is not the last)."""
+
     dispatcher: int
     seq: int
 
@@ -47,6 +51,7 @@ class Acknowledge:
 @dataclass(frozen=True)
 class WriteCheckpoint:
     """Every marker of checkpoint `checkpoint` is in: flush results, write every group's state, tell rank 0."""
+
     checkpoint: int
     seq: int
 
@@ -54,6 +59,7 @@ class WriteCheckpoint:
 @dataclass(frozen=True)
 class Finish:
     """The last STOP: decide every row still undecided, flush everything, send the final report."""
+
     seq: int
 
 

@@ -22,6 +22,7 @@ comes about in ts order.  A full join stores guest copies too (tuples copied int
 key's, or into a hot key's sub-groups where they are not at home: slave.join): their flag is GUEST, which no
 pair overwrites and `decide` never emits.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,18 +60,18 @@ class MiniWindow:
     @property
     def rows(self) -> np.ndarray:
         """The stored tuples, oldest block first (a view)."""
-        return self._rows[self._start: self._end]
+        return self._rows[self._start : self._end]
 
     @property
     def matched(self) -> np.ndarray:
         """Each stored tuple's flag: MATCHED where it has been part of a pair, GUEST for a guest copy (a view: set
         it through this)."""
-        return self._flags[self._start: self._end]
+        return self._flags[self._start : self._end]
 
     @property
     def records(self) -> np.ndarray:
         """The same rows as opaque records (a view; protocol.arrays.records)."""
-        return self._records[self._start: self._end]
+        return self._records[self._start : self._end]
 
     @property
     def blocks(self) -> int:
@@ -93,13 +94,13 @@ class MiniWindow:
             grown = np.empty(live + k + (live + k) // SLACK, dtype=self.dtype)
             records(grown)[:live] = self.records
             self._store(grown, live, self.matched)
-        self._records[self._end: self._end + k] = records(new)
-        self._flags[self._end: self._end + k] = 0 if matched is None else matched
+        self._records[self._end : self._end + k] = records(new)
+        self._flags[self._end : self._end + k] = 0 if matched is None else matched
         self._end += k
         self._refresh_block_max(live // self.block_size)  # the head block may have been partial
 
     def _refresh_block_max(self, first_block: int) -> None:
-        ts = self.rows["ts"][first_block * self.block_size:]
+        ts = self.rows["ts"][first_block * self.block_size :]
         starts = np.arange(0, len(ts), self.block_size)
         high, low = (np.maximum.reduceat(ts, starts), np.minimum.reduceat(ts, starts)) if len(ts) else (ts, ts)
         self.block_max = np.concatenate([self.block_max[:first_block], high])

@@ -7,6 +7,7 @@ editable install) they are the checkout's own folders.  ENGINE_ROOT is the folde
 streamjoin.cli puts it first on sys.path before it imports any of them, and deploy.launch gives the MPI ranks
 the same folder as PYTHONPATH.  Importing this package alone leaves sys.path as it is.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """`python -m streamjoin COMMAND [ARGS...]`: the same as the `streamjoin` command (streamjoin.cli)."""
+
 import sys
 
 from streamjoin.cli import main

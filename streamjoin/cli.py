@@ -3,6 +3,7 @@
 Each command runs the `main(argv)` of the module a checkout runs as `python -m <folder>.<module>`, with ARGS
 as they are, and exits with its code; `streamjoin COMMAND --help` is that module's own help.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,17 +32,20 @@ def usage() -> str:
     names = {name: ", ".join([name, *(a for a, target in ALIASES.items() if target == name)]) for name in COMMANDS}
     width = max(map(len, names.values())) + 2
     lines = [f"  {names[name]:<{width}}{line}" for name, (_, line) in COMMANDS.items()]
-    return "\n".join([
-        "usage: streamjoin COMMAND [ARGS...]      (streamjoin COMMAND --help: that command's options)",
-        "",
-        f"streamjoin {__version__}: a distributed sliding-window stream join on MPI.",
-        "",
-        "commands:", *lines,
-        "",
-        "options:",
-        f"  {'-h, --help':<{width}}show this help",
-        f"  {'--version':<{width}}print the version",
-    ])
+    return "\n".join(
+        [
+            "usage: streamjoin COMMAND [ARGS...]      (streamjoin COMMAND --help: that command's options)",
+            "",
+            f"streamjoin {__version__}: a distributed sliding-window stream join on MPI.",
+            "",
+            "commands:",
+            *lines,
+            "",
+            "options:",
+            f"  {'-h, --help':<{width}}show this help",
+            f"  {'--version':<{width}}print the version",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,8 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command = ALIASES.get(command, command)
     if command not in COMMANDS:
-        print(f"streamjoin: unknown command {argv[0]!r}; the commands are {', '.join([*COMMANDS, *ALIASES])} "
-              "(streamjoin --help says what each does)", file=sys.stderr)
+        print(
+            f"streamjoin: unknown command {argv[0]!r}; the commands are {', '.join([*COMMANDS, *ALIASES])} "
+            "(streamjoin --help says what each does)",
+            file=sys.stderr,
+        )
         return USAGE_ERROR
     # the engine imports its packages by their short names (master, protocol, ...): ours first, before any
     if sys.path[:1] != [str(ENGINE_ROOT)]:

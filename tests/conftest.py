@@ -8,6 +8,7 @@ tests/mpi/ runs inside an MPI job (pytest-mpi; `make test` starts it first).
 time fill the machine's cores); every test that uses Spark goes to the same worker (`--dist loadgroup`), so
 one JVM serves them all.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -38,6 +38,7 @@ the result frames do not carry (no run number; only ACKs have one).  With `[stre
 "streams"`) the stream carries TABLEs, the rows with the streams' own columns and their stream time: the same
 checks read them through `table_records`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -215,9 +216,15 @@ def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
                     pq.write_table(table.slice(i, PART_ROWS), part)
         return directory
     text = seconds_text(data["ts"], d.unit)
-    table = pa.table({"stream": np.where(data["stream"] == 0, "R", "S"), "id": data["id"],
-                      "ts": text if d.format == "csv" else text.astype(np.float64),
-                      "key": data["key"], "value": data["key"].astype(np.float64)})
+    table = pa.table(
+        {
+            "stream": np.where(data["stream"] == 0, "R", "S"),
+            "id": data["id"],
+            "ts": text if d.format == "csv" else text.astype(np.float64),
+            "key": data["key"],
+            "value": data["key"].astype(np.float64),
+        }
+    )
     path = directory / f"input.{d.format}"
     if d.format == "csv":  # the times as the text the user wrote, not a float's shortest repr
         pacsv.write_csv(table, path)
@@ -231,26 +238,54 @@ def settings(d: Draw, path: Path, n: int = 9000, results_port: int = 5556) -> di
     dispatcher i publishes on `results_port` + i."""
     unit = UNITS[d.unit]
     if d.input == "streams":
-        source = {f"streams.{name}.{k}": v for name in STREAMS for k, v in
-                  (("path", str(path / name)), ("key", "sym"), ("time", "at"), ("id", "event_id"),
-                   ("time_unit", "s" if d.format == "csv" else d.unit))}
+        source = {
+            f"streams.{name}.{k}": v
+            for name in STREAMS
+            for k, v in (
+                ("path", str(path / name)),
+                ("key", "sym"),
+                ("time", "at"),
+                ("id", "event_id"),
+                ("time_unit", "s" if d.format == "csv" else d.unit),
+            )
+        }
     else:
         source = {"source.kind": "file", "source.path": str(path)}
     lower, upper = bounds_units(d)
-    time_bounds = {"join.window": upper / unit} if d.bounds == "window" else \
-        {"join.lower": lower / unit, "join.upper": upper / unit}
-    s = {**source, "source.rate": n / 3.0, **time_bounds,
-         "join.max_delay": max_delay_units(d) / unit,
-         "join.predicate": d.predicate, "join.type": d.join_type, "cluster.dispatchers": d.dispatchers,
-         "epochs.distribution": EPOCH, "epochs.reorganization": 0.3, "partitioning.partitions": 16,
-         "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 8,
-         "output.result_chunk_rows": 64}  # small bounds, so that every draw splits and chunks
+    time_bounds = (
+        {"join.window": upper / unit}
+        if d.bounds == "window"
+        else {"join.lower": lower / unit, "join.upper": upper / unit}
+    )
+    s = {
+        **source,
+        "source.rate": n / 3.0,
+        **time_bounds,
+        "join.max_delay": max_delay_units(d) / unit,
+        "join.predicate": d.predicate,
+        "join.type": d.join_type,
+        "cluster.dispatchers": d.dispatchers,
+        "epochs.distribution": EPOCH,
+        "epochs.reorganization": 0.3,
+        "partitioning.partitions": 16,
+        "tuning.block_size": 8,
+        "tuning.theta_min": 2,
+        "tuning.theta_max": 8,
+        "output.result_chunk_rows": 64,
+    }  # small bounds, so that every draw splits and chunks
     if d.predicate == "band":
         s["join.band"] = 2
     if d.moves:  # every slave a supplier or a consumer at every reorganization: groups keep moving
-        s.update({"balance.buffer_capacity": 50, "balance.supplier_threshold": 1e-9,
-                  "balance.consumer_threshold": 1e-9, "balance.choice": "random", "balance.declustering": True,
-                  "balance.seed": d.seed})
+        s.update(
+            {
+                "balance.buffer_capacity": 50,
+                "balance.supplier_threshold": 1e-9,
+                "balance.consumer_threshold": 1e-9,
+                "balance.choice": "random",
+                "balance.declustering": True,
+                "balance.seed": d.seed,
+            }
+        )
     else:
         s["balance.enabled"] = False
     if d.hotkeys:
@@ -260,8 +295,14 @@ def settings(d: Draw, path: Path, n: int = 9000, results_port: int = 5556) -> di
     if d.hosts > 1:  # a host cut off is found within 2 s
         s["cluster.heartbeat_timeout"] = 2.0
     if d.output != "files":  # a bound far above the whole stream: a subscriber that reads is never dropped
-        s.update({"output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}", "output.ordered": d.output == "ordered",
-                  "output.wait_subscribers": 1, "output.subscriber_buffer_bytes": 64 << 20})
+        s.update(
+            {
+                "output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}",
+                "output.ordered": d.output == "ordered",
+                "output.wait_subscribers": 1,
+                "output.subscriber_buffer_bytes": 64 << 20,
+            }
+        )
     return s
 
 
@@ -271,8 +312,10 @@ def refusal(d: Draw) -> str | None:
     if d.crash and d.output != "files":
         return "not drawn: the result stream promises nothing across a recovery (it starts over)"
     try:
-        validate(load_config(None, [f"{k}={toml_value(v)}" for k, v in settings(d, Path("input")).items()]),
-                 slaves=d.ranks - 1)
+        validate(
+            load_config(None, [f"{k}={toml_value(v)}" for k, v in settings(d, Path("input")).items()]),
+            slaves=d.ranks - 1,
+        )
     except ConfigError as e:
         return str(e)
     return None
@@ -334,8 +377,14 @@ class Outcome:
         head = f"seed {self.draw.seed:5d} " + " ".join(f"{k}={v}" for k, v in f.items())
         if self.refused:
             return f"{head} | refused: {self.refused}"
-        verdict = "ok" if self.ok else (f"FAIL missing {self.missing} extra {self.extra} twice {self.twice} "
-                                        f"late-wrong {self.late_wrong} {self.error}")
+        verdict = (
+            "ok"
+            if self.ok
+            else (
+                f"FAIL missing {self.missing} extra {self.extra} twice {self.twice} "
+                f"late-wrong {self.late_wrong} {self.error}"
+            )
+        )
         streamed = "" if self.streamed is None else f", {self.streamed} streamed"
         return f"{head} | {self.expected} rows{streamed}, killed {self.killed or '-'}, {self.seconds:.1f}s: {verdict}"
 
@@ -385,6 +434,7 @@ class Subscriber(threading.Thread):
 def enter_netns(name: str) -> None:
     """Move the calling thread into network namespace `name` (`ip netns`; Linux setns, root)."""
     import ctypes
+
     with open(f"/var/run/netns/{name}") as f:
         if ctypes.CDLL(None, use_errno=True).setns(f.fileno(), 0x40000000) != 0:  # CLONE_NEWNET
             raise OSError(ctypes.get_errno(), f"setns {name}")
@@ -416,8 +466,9 @@ def message_rows(m) -> np.ndarray | None:
     return getattr(m, "rows", None)
 
 
-def stream_faults(d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarray, np.ndarray],
-                  data: dict[str, np.ndarray]) -> str:
+def stream_faults(
+    d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarray, np.ndarray], data: dict[str, np.ndarray]
+) -> str:
     """What the result stream `sub` received breaks of its contract (the module's docstring), "" when nothing:
     `expected` the reference's (pairs, R rows alone, S rows alone), `data` the workload."""
     faults = []
@@ -426,8 +477,9 @@ def stream_faults(d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarr
     bad = [m for m in sub.messages if isinstance(m, wire.Rejection) or not 0 <= m.sender < d.dispatchers]
     if bad:
         faults.append(f"{len(bad)} messages not of the stream, e.g. {bad[0]}")
-    kind = wire.Frame.TABLE if d.input == "streams" else wire.Frame.RESULTS if d.join_type == "inner" \
-        else wire.Frame.ROWS
+    kind = (
+        wire.Frame.TABLE if d.input == "streams" else wire.Frame.RESULTS if d.join_type == "inner" else wire.Frame.ROWS
+    )
     received = []
     for sender in range(d.dispatchers):
         mine = [m for m in sub.messages if not isinstance(m, wire.Rejection) and m.sender == sender]
@@ -458,8 +510,10 @@ def stream_faults(d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarr
             faults.append(f"dispatcher {sender}: {disordered} records below one before them (ordered)")
     rows = np.concatenate(received) if received else np.empty(0, wire.ROW_RECORD)
     code = rows["kind"] if "kind" in rows.dtype.names else np.zeros(len(rows), np.uint8)
-    pair, lone_r, lone_s = (code == wire.ROW_KINDS.index(k) for k in (
-        MATCHED, LEFT_MATCHED if d.join_type == "semi" else LEFT_UNMATCHED, RIGHT_UNMATCHED))
+    pair, lone_r, lone_s = (
+        code == wire.ROW_KINDS.index(k)
+        for k in (MATCHED, LEFT_MATCHED if d.join_type == "semi" else LEFT_UNMATCHED, RIGHT_UNMATCHED)
+    )
     if (~(pair | lone_r | lone_s)).any():
         faults.append(f"{int((~(pair | lone_r | lone_s)).sum())} records of a kind {d.join_type} does not emit")
     got = (encode_pairs(rows["r_id"][pair], rows["s_id"][pair]), rows["r_id"][lone_r], rows["s_id"][lone_s])
@@ -471,8 +525,9 @@ def stream_faults(d: Draw, sub: Subscriber, expected: tuple[np.ndarray, np.ndarr
     return f"stream: {'; '.join(faults)}" if faults else ""
 
 
-def stream_time_faults(d: Draw, rows: np.ndarray, pair: np.ndarray, lone_r: np.ndarray, lone_s: np.ndarray,
-                       data: dict[str, np.ndarray]) -> list[str]:
+def stream_time_faults(
+    d: Draw, rows: np.ndarray, pair: np.ndarray, lone_r: np.ndarray, lone_s: np.ndarray, data: dict[str, np.ndarray]
+) -> list[str]:
     """Records whose ts is not their input tuple's, or whose stream time is not the contract's (microseconds)."""
     scale = 1_000_000 // UNITS[d.unit]
     ts = [np.full(int(data["id"].max()) + 1, np.iinfo(np.int64).min) for _ in (0, 1)]  #: per stream, by id
@@ -483,8 +538,11 @@ def stream_time_faults(d: Draw, rows: np.ndarray, pair: np.ndarray, lone_r: np.n
     r, s = (np.clip(rows[c], 0, len(ts[0]) - 1) for c in ("r_id", "s_id"))  # an unknown id is an extra already
     r_ts, s_ts = ts[0][r], ts[1][s]
     has_r, has_s = pair | lone_r, pair | lone_s
-    wrong = {"ts is not their tuple's": int((micros(rows["r_ts"][has_r]) != r_ts[has_r]).sum() +
-                       (micros(rows["s_ts"][has_s]) != s_ts[has_s]).sum())}
+    wrong = {
+        "ts is not their tuple's": int(
+            (micros(rows["r_ts"][has_r]) != r_ts[has_r]).sum() + (micros(rows["s_ts"][has_s]) != s_ts[has_s]).sum()
+        )
+    }
     if "time" in rows.dtype.names:  # ROWS; in RESULTS a pair's stream time is its later ts, checked above
         t = micros(rows["time"])
         if d.join_type == "semi":  # its first pair's: the later of r and a partner within the bounds
@@ -503,8 +561,10 @@ def kill_a_rank(tag: str, ranks: int, rng: np.random.Generator, victims: list[st
     def find() -> psutil.Process | None:
         for p in psutil.process_iter(["cmdline", "environ"]):
             try:
-                if tag in " ".join(p.info["cmdline"] or []) and \
-                        (p.info["environ"] or {}).get("OMPI_COMM_WORLD_RANK") == victim:
+                if (
+                    tag in " ".join(p.info["cmdline"] or [])
+                    and (p.info["environ"] or {}).get("OMPI_COMM_WORLD_RANK") == victim
+                ):
                     return p
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
@@ -536,8 +596,9 @@ def host_slots(d: Draw) -> list[int]:
     return per
 
 
-def run_on_hosts(bed: TestBed, d: Draw, tmp: Path, cfg: dict, env, cut: bool, victims: list[str],
-                 timeout: float) -> Run:
+def run_on_hosts(
+    bed: TestBed, d: Draw, tmp: Path, cfg: dict, env, cut: bool, victims: list[str], timeout: float
+) -> Run:
     """Run the draw on the bed's hosts by deploy.launch; with `cut`, the third host's link goes down at the
     first complete checkpoint and stays down: the supervisor finishes on the others (a rescaled recovery)."""
     per = host_slots(d)
@@ -567,8 +628,9 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     env = {"STREAMJOIN_STRAGGLER": f"{d.dispatchers}:0.05"} if d.moves else None  # the first slave lags
     victims: list[str] = []
     cut = d.crash and d.hosts > 1 and d.slaves >= 2  # the third host holds a slave, another host one more
-    killer = kill_a_rank(str(tmp), d.ranks, np.random.default_rng([d.seed, 3]), victims) \
-        if d.crash and not cut else None
+    killer = (
+        kill_a_rank(str(tmp), d.ranks, np.random.default_rng([d.seed, 3]), victims) if d.crash and not cut else None
+    )
     port = free_port(d.dispatchers) if d.output != "files" else 0
     run = None
     bed = TestBed(3).__enter__() if d.hosts > 1 else None
@@ -628,6 +690,7 @@ def payload_mismatch(out: Path) -> str:
 def covering_seeds(count_limit: int = 40, search: int = 2000) -> list[int]:
     """A small set of seeds whose accepted draws cover every pair of feature values the engine accepts
     (greedy: the seed that covers most uncovered pairs next)."""
+
     def pairs_of(d: Draw) -> set:
         f = d.features()
         return {((a, f[a]), (b, f[b])) for a, b in itertools.combinations(PAIRED, 2)}
@@ -659,9 +722,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--minutes", type=float, default=0.0, help="run random draws for this long (make soak)")
     p.add_argument("--covering", action="store_true", help="run the covering seeds CI runs")
     p.add_argument("--keep", action="store_true", help="keep each draw's folder (input, config, output)")
-    p.add_argument("--where", action="append", default=[], metavar="FEATURE=VALUE",
-                   help="random draws only with this feature value, e.g. --where hotkeys=True or --where "
-                        "join.type=left (repeatable; VALUE,VALUE: either, e.g. --where output=stream,ordered)")
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="FEATURE=VALUE",
+        help="random draws only with this feature value, e.g. --where hotkeys=True or --where "
+        "join.type=left (repeatable; VALUE,VALUE: either, e.g. --where output=stream,ordered)",
+    )
     p.add_argument("--draws", type=int, default=0, help="stop after this many draws were run (0: by time)")
     a = p.parse_args(argv)
     wanted = {k.replace(".", "_"): v for k, v in (w.split("=", 1) for w in a.where)}  # join.type = join_type
@@ -687,22 +755,29 @@ def main(argv: list[str]) -> int:
         outcomes.append(o)
         print(o.line(), flush=True)
         if not o.ok:
-            print(f"  reproduce: python -m tests.matrix --seed {seed} --keep   (folder {root / f'seed-{seed}'})",
-                  flush=True)
+            print(
+                f"  reproduce: python -m tests.matrix --seed {seed} --keep   (folder {root / f'seed-{seed}'})",
+                flush=True,
+            )
     ran = [o for o in outcomes if not o.refused]
     failed = [o for o in ran if not o.ok]
     covered, total = coverage(outcomes)
-    print(f"\n{len(outcomes)} draws: {len(ran)} run, {len(outcomes) - len(ran)} refused (by the config, or not "
-          f"drawn), {len(failed)} failed; feature-value pairs covered {covered} of {total}")
+    print(
+        f"\n{len(outcomes)} draws: {len(ran)} run, {len(outcomes) - len(ran)} refused (by the config, or not "
+        f"drawn), {len(failed)} failed; feature-value pairs covered {covered} of {total}"
+    )
     for feature, values in FEATURES.items():  # draws run per feature value, and failures among them
-        cells = [f"{v}: {sum(o.draw.features()[feature] == v for o in ran)}"
-                 f"{'/' + str(sum(o.draw.features()[feature] == v for o in failed)) + ' failed' if failed else ''}"
-                 for v in values]
+        cells = [
+            f"{v}: {sum(o.draw.features()[feature] == v for o in ran)}"
+            f"{'/' + str(sum(o.draw.features()[feature] == v for o in failed)) + ' failed' if failed else ''}"
+            for v in values
+        ]
         print(f"  {feature:12s} " + "   ".join(cells))
     for o in failed:
         print(f"  failed: seed {o.draw.seed}  (python -m tests.matrix --seed {o.draw.seed})")
     if not a.keep and not failed:
         import shutil
+
         shutil.rmtree(root, ignore_errors=True)
     return 1 if failed else 0
 

@@ -10,6 +10,7 @@ their own, through the shortest decimal of each float (Python's repr) and Decima
 the engine's conversion.  A window is a number w (r and s join iff |s.ts - r.ts| <= w) or a pair (lower,
 upper) of seconds (iff lower <= s.ts - r.ts <= upper: join.lower / join.upper).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -71,8 +72,9 @@ def encode_pairs(r_id: np.ndarray, s_id: np.ndarray) -> np.ndarray:
     return np.sort(np.asarray(r_id, dtype=np.int64) * 2**32 + np.asarray(s_id, dtype=np.int64))
 
 
-def reference_theta_pairs(stream, ids, ts, keys, window: float | tuple, max_delay: float, predicate: str,
-                          band: int = 0) -> np.ndarray:
+def reference_theta_pairs(
+    stream, ids, ts, keys, window: float | tuple, max_delay: float, predicate: str, band: int = 0
+) -> np.ndarray:
     """Sorted encoded pairs for `band` (|r.key - s.key| <= band) or `less` (r.key < s.key): every on-time R
     tuple is compared with all on-time S tuples by broadcasting, one R tuple at a time."""
     stream, ids, ts, keys = map(np.asarray, (stream, ids, ts, keys))
@@ -92,26 +94,43 @@ def pairs_of(r: np.ndarray, s: np.ndarray):
     """slave.join.Pairs of rows r[i] joined with s[i] (tuple records), built field by field."""
     from protocol.tuples import FIELDS
     from slave.join import Pairs
+
     return Pairs(r.dtype, np.stack([side[f].view(np.int64) for side in (r, s) for f in FIELDS]))
 
 
-def reference_outer(pairs: np.ndarray, r_ids: np.ndarray, s_ids: np.ndarray, join_type: str
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def reference_outer(
+    pairs: np.ndarray, r_ids: np.ndarray, s_ids: np.ndarray, join_type: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """What a join of `join_type` (protocol.predicates.JOIN_TYPES) emits, from the inner join's encoded `pairs`
     and the ids of the on-time R and S tuples: (encoded pairs, sorted ids of R rows emitted alone, sorted ids of
     S rows emitted alone).  Alone means in no pair (left, right, full, anti), or in one (semi, R only)."""
     r_ids, s_ids = np.asarray(r_ids, np.int64), np.asarray(s_ids, np.int64)
     r_in, s_in = np.unique(pairs // 2**32), np.unique(pairs % 2**32)
     none = np.empty(0, np.int64)
-    lone_r = {"left": np.setdiff1d(r_ids, r_in), "full": np.setdiff1d(r_ids, r_in),
-              "anti": np.setdiff1d(r_ids, r_in), "semi": np.intersect1d(r_ids, r_in)}.get(join_type, none)
+    lone_r = {
+        "left": np.setdiff1d(r_ids, r_in),
+        "full": np.setdiff1d(r_ids, r_in),
+        "anti": np.setdiff1d(r_ids, r_in),
+        "semi": np.intersect1d(r_ids, r_in),
+    }.get(join_type, none)
     lone_s = np.setdiff1d(s_ids, s_in) if join_type in ("right", "full") else none
     kept = pairs if join_type in ("inner", "left", "right", "full") else none
     return kept, np.sort(lone_r), np.sort(lone_s)
 
 
-def duckdb_outer(r_ids, r_ts, r_keys, s_ids, s_ts, s_keys, lower: int, upper: int, predicate: str, band: int = 0,
-                 join_type: str = "full") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def duckdb_outer(
+    r_ids,
+    r_ts,
+    r_keys,
+    s_ids,
+    s_ts,
+    s_keys,
+    lower: int,
+    upper: int,
+    predicate: str,
+    band: int = 0,
+    join_type: str = "full",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The same triple as `reference_outer`, from DuckDB's own outer join (`join_type` left, right or full) of the
     on-time tuples given (ts and the bounds in integer microseconds): r and s join iff lower <= s.ts - r.ts <=
     upper and the predicate holds for their keys (equal, |r.key - s.key| <= band, r.key < s.key).  Independent of
@@ -121,13 +140,22 @@ def duckdb_outer(r_ids, r_ts, r_keys, s_ids, s_ts, s_keys, lower: int, upper: in
 
     con = duckdb.connect()
     for name, ids, ts, keys in (("r", r_ids, r_ts, r_keys), ("s", s_ids, s_ts, s_keys)):
-        con.register(name, pa.table({"id": np.asarray(ids, np.int64), "ts": np.asarray(ts, np.int64),
-                                     "key": np.asarray(keys, np.int64)}))
-    on = {"equal": "s.key = r.key", "band": f"s.key BETWEEN r.key - {int(band)} AND r.key + {int(band)}",
-          "less": "r.key < s.key"}[predicate]
-    got = con.execute(f"SELECT coalesce(r.id, 0) AS r_id, coalesce(s.id, 0) AS s_id, r.id IS NULL AS r_null, "
-                      f"s.id IS NULL AS s_null FROM r {join_type.upper()} OUTER JOIN s ON {on} "
-                      f"AND s.ts - r.ts BETWEEN {int(lower)} AND {int(upper)}").fetchnumpy()
+        con.register(
+            name,
+            pa.table(
+                {"id": np.asarray(ids, np.int64), "ts": np.asarray(ts, np.int64), "key": np.asarray(keys, np.int64)}
+            ),
+        )
+    on = {
+        "equal": "s.key = r.key",
+        "band": f"s.key BETWEEN r.key - {int(band)} AND r.key + {int(band)}",
+        "less": "r.key < s.key",
+    }[predicate]
+    got = con.execute(
+        f"SELECT coalesce(r.id, 0) AS r_id, coalesce(s.id, 0) AS s_id, r.id IS NULL AS r_null, "
+        f"s.id IS NULL AS s_null FROM r {join_type.upper()} OUTER JOIN s ON {on} "
+        f"AND s.ts - r.ts BETWEEN {int(lower)} AND {int(upper)}"
+    ).fetchnumpy()
     r_id, s_id, r_null, s_null = (np.asarray(got[c]) for c in ("r_id", "s_id", "r_null", "s_null"))
     both = ~r_null & ~s_null
     return encode_pairs(r_id[both], s_id[both]), np.sort(r_id[s_null]), np.sort(s_id[r_null])

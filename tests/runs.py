@@ -1,4 +1,5 @@
 """Running the real cluster from tests: the project's mpirun command line, real files out."""
+
 from __future__ import annotations
 
 import json
@@ -83,8 +84,15 @@ def toml_value(v) -> str:
     return json.dumps(v) if isinstance(v, str) else repr(v).lower() if isinstance(v, bool) else repr(v)
 
 
-def run_cluster(tmp: Path, ranks: int, settings: dict[str, object], timeout: float = 180,
-                extra_args: list[str] = (), wrapper: list[str] = (), env: dict[str, str] | None = None) -> Run:
+def run_cluster(
+    tmp: Path,
+    ranks: int,
+    settings: dict[str, object],
+    timeout: float = 180,
+    extra_args: list[str] = (),
+    wrapper: list[str] = (),
+    env: dict[str, str] | None = None,
+) -> Run:
     """Run `mpirun -n ranks python -m master --config tmp/run.toml`; settings are 'section.key': value.
 
     `wrapper` goes in front of the command (e.g. the supervisor), `env` adds environment variables.
@@ -98,12 +106,32 @@ def run_cluster(tmp: Path, ranks: int, settings: dict[str, object], timeout: flo
 class BedJob:
     """deploy.launch (or the supervisor around it) started on host 1 of the bed, its stderr read line by line."""
 
-    def __init__(self, bed, tmp_path: Path, ranks: int, slots: list[int], settings: dict, wrapper=(),
-                 env: dict | None = None, hosts: list[int] | None = None):
+    def __init__(
+        self,
+        bed,
+        tmp_path: Path,
+        ranks: int,
+        slots: list[int],
+        settings: dict,
+        wrapper=(),
+        env: dict | None = None,
+        hosts: list[int] | None = None,
+    ):
         """`slots`: of each host of `hosts` (all the bed's by default); `env` adds environment variables."""
         self.out = tmp_path / "out"
-        cmd = [*wrapper, sys.executable, "-m", "deploy.launch", "-n", str(ranks), "--hostfile",
-               str(bed.hostfile(slots, hosts)), "--", "--config", str(write_config(tmp_path, settings))]
+        cmd = [
+            *wrapper,
+            sys.executable,
+            "-m",
+            "deploy.launch",
+            "-n",
+            str(ranks),
+            "--hostfile",
+            str(bed.hostfile(slots, hosts)),
+            "--",
+            "--config",
+            str(write_config(tmp_path, settings)),
+        ]
         self.watched = bed.start(0, cmd, {**mpi_env(), **(env or {})})
 
     def wait_for(self, needle, timeout: float = 120) -> str:
@@ -117,15 +145,20 @@ class BedJob:
 def write_config(tmp: Path, settings: dict[str, object]) -> Path:
     """`tmp/run.toml` with `settings` ('section.key': value), output to `tmp/out`, no progress lines, metrics
     served on any free port (tests run side by side)."""
-    sections: dict[str, dict[str, object]] = {"output": {"path": str(tmp / "out"), "progress": 0.0},
-                                              "metrics": {"endpoint": "127.0.0.1:0"}}
+    sections: dict[str, dict[str, object]] = {
+        "output": {"path": str(tmp / "out"), "progress": 0.0},
+        "metrics": {"endpoint": "127.0.0.1:0"},
+    }
     for name, value in settings.items():
         section, key = name.split(".", 1)
         sections.setdefault(section, {})[key] = value
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = tmp / "run.toml"
-    cfg.write_text("".join(f"[{s}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items())
-                           for s, keys in sections.items()))
+    cfg.write_text(
+        "".join(
+            f"[{s}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items()) for s, keys in sections.items()
+        )
+    )
     return cfg
 
 
@@ -134,9 +167,13 @@ def write_input(path: Path, data, row_group: int = 1 << 20, bad_every: int = 0) 
     with a row whose ts is missing inserted after every `bad_every` rows, so the accepted tuples are `data`;
     returns the 1-based rows of the inserted ones."""
     at = np.arange(bad_every, len(data.id), bad_every) if bad_every else np.empty(0, np.int64)
-    cols = {"stream": np.array(["R", "S"])[data.stream].astype(object), "id": data.id,
-            "ts": eventtime.to_seconds(data.ts),  # the user's seconds
-            "key": data.key, "value": data.value}
+    cols = {
+        "stream": np.array(["R", "S"])[data.stream].astype(object),
+        "id": data.id,
+        "ts": eventtime.to_seconds(data.ts),  # the user's seconds
+        "key": data.key,
+        "value": data.value,
+    }
     table = pa.table({c: np.insert(v, at, v[at]) for c, v in cols.items()})
     bad = at + np.arange(len(at))
     missing = np.zeros(table.num_rows, bool)

@@ -9,6 +9,7 @@
 
 Nothing to reshape: clicks.toml names the columns as they are.
 """
+
 from __future__ import annotations
 
 import sys
@@ -31,12 +32,14 @@ def main(out: Path, seed: int = 7) -> None:
     written = shown + rng.integers(0, 2000, n).astype("timedelta64[ms]")  # logged up to 2 s later
     order = np.argsort(written, kind="stable")  # the file's order is the log's order
     users = rng.zipf(1.6, n) % USERS  # a few very active users
-    impressions = pa.table({
-        "impression_id": np.arange(1, n + 1, dtype=np.int64) + 100_000,
-        "user_id": pc.binary_join_element_wise("u_", pa.array(users).cast(pa.string()), ""),
-        "ad_id": rng.integers(1, ADS + 1, n),
-        "shown_at": np.datetime_as_string(shown, unit="ms", timezone="UTC"),  # 2026-11-25T09:00:00.123Z
-    }).take(pa.array(order))
+    impressions = pa.table(
+        {
+            "impression_id": np.arange(1, n + 1, dtype=np.int64) + 100_000,
+            "user_id": pc.binary_join_element_wise("u_", pa.array(users).cast(pa.string()), ""),
+            "ad_id": rng.integers(1, ADS + 1, n),
+            "shown_at": np.datetime_as_string(shown, unit="ms", timezone="UTC"),  # 2026-11-25T09:00:00.123Z
+        }
+    ).take(pa.array(order))
     folder = out / "impressions"
     folder.mkdir(parents=True, exist_ok=True)
     per_file = n // (MINUTES // 10)
@@ -51,12 +54,17 @@ def main(out: Path, seed: int = 7) -> None:
     at = np.concatenate([at, START + rng.integers(0, MINUTES * 60_000, strays).astype("timedelta64[ms]")])
     who = np.concatenate([who, rng.integers(USERS, 2 * USERS, strays)])
     order = np.argsort(at, kind="stable")
-    pq.write_table(pa.table({
-        "click_id": np.arange(len(at), dtype=np.int64) + 1,
-        "user_id": pc.binary_join_element_wise("u_", pa.array(who[order]).cast(pa.string()), ""),
-        "clicked_at": pa.array(at[order], pa.timestamp("ms", tz="UTC")),
-        "cost": np.round(rng.gamma(2.0, 0.15, len(at)), 2),
-    }), out / "clicks.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "click_id": np.arange(len(at), dtype=np.int64) + 1,
+                "user_id": pc.binary_join_element_wise("u_", pa.array(who[order]).cast(pa.string()), ""),
+                "clicked_at": pa.array(at[order], pa.timestamp("ms", tz="UTC")),
+                "cost": np.round(rng.gamma(2.0, 0.15, len(at)), 2),
+            }
+        ),
+        out / "clicks.parquet",
+    )
     print(f"wrote {n:,} impressions in {folder} and {len(at):,} clicks in {out / 'clicks.parquet'}")
 
 

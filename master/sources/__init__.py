@@ -10,6 +10,7 @@ Four kinds (``source.kind``), each a `common.chunks.Source` that declares what i
 * ``streams`` -- two declared streams, each its own files, live producers or a Kafka topic (master.sources.streams);
 * ``zmq`` -- live batches from producers over ZeroMQ (master.sources.zmq_input).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,15 +27,20 @@ def open_source(cfg: dict, listed: bool = True) -> Source:
     """The source `cfg` (from protocol.config.load_config) asks for; a file source writes its rejected rows
     into the output only if `listed` (several dispatchers read the same file: one lists them)."""
     src = cfg["source"]
-    listing = RejectedListing(Path(cfg["output"]["path"]) / "rejected", cfg["output"]["format"],
-                              cfg["output"]["flush_rows"]) if listed else None
+    listing = (
+        RejectedListing(Path(cfg["output"]["path"]) / "rejected", cfg["output"]["format"], cfg["output"]["flush_rows"])
+        if listed
+        else None
+    )
     if src["kind"] == "file":
         return FileSource(src["path"], src["duplicate_window"], listing, src["ts_unit"])
     if src["kind"] == "streams":
         from master.sources.streams import StreamsSource  # pyarrow's readers of two streams, text keys
+
         return StreamsSource(cfg, listing)
     if src["kind"] == "zmq":
         from master.sources.zmq_input import ZmqSource  # pyzmq and asyncio: 50 ms of a start others skip
+
         return ZmqSource(cfg)
     return GeneratorSource(cfg["generator"])
 

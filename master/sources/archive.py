@@ -6,6 +6,7 @@ can feed any time range of it back into a cluster.  The columns are those of
 the file source, so an archive file is also valid input: ts in seconds, the float64 nearest to
 the microseconds the engine holds, which the file source reads back to the same microseconds.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,5 +32,14 @@ class InputArchive(NumberedFiles):
         super().__init__(directory, prefix, "parquet", flush_rows)
 
     def add_chunk(self, chunk) -> None:
-        self.add(pa.table({"stream": np.array(STREAM_NAMES)[chunk.stream], "id": chunk.id,
-                           "ts": to_seconds(chunk.ts), "key": chunk.key, "value": chunk.value}))
+        self.add(
+            pa.table(
+                {
+                    "stream": np.array(STREAM_NAMES)[chunk.stream],
+                    "id": chunk.id,
+                    "ts": to_seconds(chunk.ts),
+                    "key": chunk.key,
+                    "value": chunk.value,
+                }
+            )
+        )

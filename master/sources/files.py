@@ -1,5 +1,6 @@
 """A CSV or Parquet file as a source (`source.kind = "file"`), read and validated batch by batch by a reader
 thread a bounded number of batches ahead, and the listing of its rejected rows in `rejected/`."""
+
 from __future__ import annotations
 
 import queue
@@ -54,8 +55,13 @@ class FileSource(Source):
     Its position is a file row: the row after the last tuple taken (with the duplicate check's state there),
     so a recovery starts reading there (common.input_file.InputFile)."""
 
-    def __init__(self, path: str | Path, window: int = DUPLICATE_WINDOW, listing: RejectedListing | None = None,
-                 ts_unit: str = "s"):
+    def __init__(
+        self,
+        path: str | Path,
+        window: int = DUPLICATE_WINDOW,
+        listing: RejectedListing | None = None,
+        ts_unit: str = "s",
+    ):
         self.path, self.window, self.listing, self.ts_unit = str(path), window, listing, ts_unit
         self._start(InputFile(self.path, window, ts_unit=ts_unit))
         self._row, self._max_id, self.accepted = 0, [None, None], 0
@@ -64,8 +70,9 @@ class FileSource(Source):
         """Read `infile` in a thread into a queue of its own (a seek starts another)."""
         self._queue: queue.Queue = queue.Queue(READ_AHEAD)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, args=(infile, self._queue, self._stop),
-                                        name="file-reader", daemon=True)
+        self._thread = threading.Thread(
+            target=self._read, args=(infile, self._queue, self._stop), name="file-reader", daemon=True
+        )
         self._thread.start()
         self._batch: Batch | None = None
         self._taken = 0  #: tuples of `_batch` taken
@@ -160,9 +167,13 @@ class FileSource(Source):
         if self.listing is not None:
             self._list()
             self.listing.flush()
-        return {"row": self._row, "accepted": self.accepted, "max_id": list(self._max_id),
-                "rejected_files": self.listing.files if self.listing else 0,
-                "rejected_rows": self.listing.rows if self.listing else 0}
+        return {
+            "row": self._row,
+            "accepted": self.accepted,
+            "max_id": list(self._max_id),
+            "rejected_files": self.listing.files if self.listing else 0,
+            "rejected_rows": self.listing.rows if self.listing else 0,
+        }
 
     def seek(self, where: dict) -> None:
         """Start reading at a position `position` gave (a recovery)."""

@@ -20,6 +20,7 @@ partition and offset) and handed to master.sources.streams, which merges them wi
 Not built yet (refused by protocol.config): checkpoints (the offsets, key codes and stream rows would have to go
 into them) and several dispatchers (each would read every partition).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,14 @@ METADATA_TIMEOUT = 10.0
 #: pyarrow's JSON block, at least (a block must hold a whole record)
 JSON_BLOCK = 1 << 20
 #: errors that end the run: the topic or partition is gone, or may not be read
-STOPPING = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError._UNKNOWN_PARTITION,
-            KafkaError._UNKNOWN_TOPIC, KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED}
+STOPPING = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._AUTHENTICATION,
+    KafkaError.SASL_AUTHENTICATION_FAILED,
+}
 
 
 class KafkaStream:
@@ -61,8 +68,13 @@ class KafkaStream:
         spec, kafka = checks.spec, checks.spec["kafka"]
         self.checks, self.name, self.topics, self.bounded = checks, checks.name, kafka["topics"], kafka["bounded"]
         #: the fields read from the values; key, time and id are required (a record without one is set aside)
-        self.fields = pa.schema([pa.field(f.name, f.type, nullable=f.name not in checks.roles)
-                                 for f in declared if f.name not in KAFKA_COLUMNS])
+        self.fields = pa.schema(
+            [
+                pa.field(f.name, f.type, nullable=f.name not in checks.roles)
+                for f in declared
+                if f.name not in KAFKA_COLUMNS
+            ]
+        )
         self.own = [c for c in declared.names if c in KAFKA_COLUMNS]  #: the records' own columns used
         self.consumer = _consumer(self.name, kafka)
         try:
@@ -74,12 +86,14 @@ class KafkaStream:
         self.first_index = {t: [u for u, _ in self.assigned].index(t) for t in self.topics}
         self.topic_of = np.array([self.topics.index(t) for t, _ in self.assigned], np.int32)  #: per partition index
         self.partition_of = np.array([p for _, p in self.assigned], np.int32)
-        self.merge = PartitionMerge(first, high, self.bounded, eventtime.duration(spec["max_delay"]),
-                                    spec["idle_timeout"])
+        self.merge = PartitionMerge(
+            first, high, self.bounded, eventtime.duration(spec["max_delay"]), spec["idle_timeout"]
+        )
         self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in self.assigned])
         out = cfg["output"]
-        self.listing = RejectedListing(Path(out["path"]) / "rejected", out["format"], out["flush_rows"],
-                                       f"kafka-rejected-{'RS'[side]}")
+        self.listing = RejectedListing(
+            Path(out["path"]) / "rejected", out["format"], out["flush_rows"], f"kafka-rejected-{'RS'[side]}"
+        )
         self.last_message = time.monotonic()  #: when a record of this stream last came (idleness)
         self._started = False  #: the master has asked for rows (quiet time counts from then)
         self.records = self.rows = self.pauses = 0
@@ -89,9 +103,12 @@ class KafkaStream:
         self._warned: set[int] = set()
         self._finished: dict | None = None
         #: how a batch's values are parsed: one line each (False), or objects over several lines (pretty-printed)
-        self._parse = {multiline: pajson.ParseOptions(explicit_schema=self.fields, newlines_in_values=multiline,
-                                                      unexpected_field_behavior="ignore")
-                       for multiline in (False, True)}
+        self._parse = {
+            multiline: pajson.ParseOptions(
+                explicit_schema=self.fields, newlines_in_values=multiline, unexpected_field_behavior="ignore"
+            )
+            for multiline in (False, True)
+        }
 
     def _partitions(self, bootstrap: str) -> tuple[list[tuple[str, int]], np.ndarray, np.ndarray]:
         """Every partition of the topics, in topic then partition order, with its low and high watermark."""
@@ -100,8 +117,10 @@ class KafkaStream:
             try:
                 meta = self.consumer.list_topics(topic, timeout=METADATA_TIMEOUT).topics[topic]
             except KafkaException as e:
-                raise InputError(f"streams.{self.name}.kafka.bootstrap: no answer from {bootstrap} within "
-                                 f"{METADATA_TIMEOUT:g} s ({e.args[0].str()})") from None
+                raise InputError(
+                    f"streams.{self.name}.kafka.bootstrap: no answer from {bootstrap} within "
+                    f"{METADATA_TIMEOUT:g} s ({e.args[0].str()})"
+                ) from None
             if meta.error is not None or not meta.partitions:
                 reason = meta.error.str() if meta.error is not None else "no partitions"
                 raise InputError(f"streams.{self.name}.kafka.topic: {topic!r} cannot be read at {bootstrap}: {reason}")
@@ -111,11 +130,14 @@ class KafkaStream:
             try:
                 mark = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT)
             except KafkaException as e:
-                raise InputError(f"streams.{self.name}.kafka: the offsets of {topic} [{p}] are not known: "
-                                 f"{e.args[0].str()}") from None
+                raise InputError(
+                    f"streams.{self.name}.kafka: the offsets of {topic} [{p}] are not known: {e.args[0].str()}"
+                ) from None
             if mark is None:
-                raise InputError(f"streams.{self.name}.kafka: the offsets of {topic} [{p}] are not known: no answer "
-                                 f"within {METADATA_TIMEOUT:g} s")
+                raise InputError(
+                    f"streams.{self.name}.kafka: the offsets of {topic} [{p}] are not known: no answer "
+                    f"within {METADATA_TIMEOUT:g} s"
+                )
             marks.append(mark)
         low, high = np.array(marks, np.int64).reshape(-1, 2).T
         return assigned, low, high
@@ -180,8 +202,11 @@ class KafkaStream:
             return
         at = np.concatenate([np.arange(start, start + t.num_rows) for start, t in good])
         table = pa.concat_tables([t for _, t in good])
-        stamps = np.array([records[i].timestamp() for i in at], np.int64).reshape(-1, 2) \
-            if "@timestamp" in self.own else None
+        stamps = (
+            np.array([records[i].timestamp() for i in at], np.int64).reshape(-1, 2)
+            if "@timestamp" in self.own
+            else None
+        )
         for column in self.own:  # the records' own columns the stream uses
             table = table.append_column(column, self._own(column, partition[at], offset[at], stamps))
         ts, passes = self.checks.times(table)
@@ -219,9 +244,11 @@ class KafkaStream:
             return None
         text = b"\n".join(values)
         try:
-            table = pajson.read_json(pa.BufferReader(text),
-                                     read_options=pajson.ReadOptions(block_size=max(JSON_BLOCK, max(lengths) + 2)),
-                                     parse_options=self._parse[text.count(b"\n") >= len(values)])
+            table = pajson.read_json(
+                pa.BufferReader(text),
+                read_options=pajson.ReadOptions(block_size=max(JSON_BLOCK, max(lengths) + 2)),
+                parse_options=self._parse[text.count(b"\n") >= len(values)],
+            )
         except pa.ArrowInvalid:
             return None
         return table if table.num_rows == len(values) else None
@@ -229,8 +256,9 @@ class KafkaStream:
     def _set_aside(self, bad: np.ndarray, partition: np.ndarray, offset: np.ndarray, values: list[bytes]) -> None:
         """Records that are not one JSON object of the declared fields: listed with why (an error path)."""
         columns, reasons, details = (pa.array(x, pa.string()) for x in zip(*(self._why(values[i]) for i in bad)))
-        self._list(partition[bad], offset[bad], columns, reasons, details,
-                   pa.array([values[i] for i in bad], pa.binary()))
+        self._list(
+            partition[bad], offset[bad], columns, reasons, details, pa.array([values[i] for i in bad], pa.binary())
+        )
 
     def _why(self, value: bytes) -> tuple[str, str, str]:
         """(column, reason, detail) of a record set aside."""
@@ -246,8 +274,10 @@ class KafkaStream:
         for f in self.fields:  # the first field that does not read as its declared type
             if f.name in obj:
                 try:
-                    pajson.read_json(pa.BufferReader(json.dumps({f.name: obj[f.name]}).encode()),
-                                     parse_options=pajson.ParseOptions(explicit_schema=pa.schema([f])))
+                    pajson.read_json(
+                        pa.BufferReader(json.dumps({f.name: obj[f.name]}).encode()),
+                        parse_options=pajson.ParseOptions(explicit_schema=pa.schema([f])),
+                    )
                 except pa.ArrowInvalid as e:
                     return f.name, "wrong type", f"{f.name} is not {f.type}: {str(e).splitlines()[0]}"
         return "", "not JSON", "not one JSON object"
@@ -256,8 +286,18 @@ class KafkaStream:
         """Set-aside records or rejected rows into the listing (`values`: the records' values, None for rows)."""
         n = len(offset)
         place = {name: self._own(f"@{name}", partition, offset, None) for name in ("topic", "partition", "offset")}
-        self.listing.add(pa.table({**place, "stream": pa.repeat(self.name, n), "column": columns, "reason": reasons,
-                                   "detail": details, "value": pa.nulls(n, pa.binary()) if values is None else values}))
+        self.listing.add(
+            pa.table(
+                {
+                    **place,
+                    "stream": pa.repeat(self.name, n),
+                    "column": columns,
+                    "reason": reasons,
+                    "detail": details,
+                    "value": pa.nulls(n, pa.binary()) if values is None else values,
+                }
+            )
+        )
 
     def _checked(self, released: Released) -> StreamBatch:
         """Released rows numbered and checked; rows rejected there are listed with their partition and offset."""
@@ -282,8 +322,11 @@ class KafkaStream:
                 raise InputError(f"streams.{self.name}.kafka: {where}: {err.str()}")
             elif err.code() not in self._warned:
                 self._warned.add(err.code())
-                print(f"kafka: streams.{self.name}: {err.str()} (the client retries; repeats not shown)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"kafka: streams.{self.name}: {err.str()} (the client retries; repeats not shown)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _pace(self, now: float) -> None:
         """Pause the partitions read far ahead (master.sources.partitions) and, bounded, those at their end;
@@ -292,8 +335,10 @@ class KafkaStream:
         self.pauses += int((crowded & ~self._crowded).sum())
         self._crowded = crowded.copy()
         paused = crowded | self.merge.ended()
-        for want, call in ((paused & ~self._paused, self.consumer.pause),
-                           (~paused & self._paused, self.consumer.resume)):
+        for want, call in (
+            (paused & ~self._paused, self.consumer.pause),
+            (~paused & self._paused, self.consumer.resume),
+        ):
             if want.any():
                 call([TopicPartition(*self.assigned[i]) for i in np.flatnonzero(want)])
         self._paused = paused
@@ -310,22 +355,36 @@ class KafkaStream:
             self.consumer.close()
             self.listing.flush()
             self._finished = {
-                "topics": self.topics, "bounded": self.bounded, "partitions": len(self.assigned),
-                "records": self.records, "rows": self.rows, "rejected_by_reason": dict(self.listing.reasons),
-                "held_peak_rows": self.merge.peak, "partitions_paused": self.pauses,
-                "positions": {f"{t}/{p}": int(x) for (t, p), x in zip(self.assigned, self.merge.unreleased())}}
+                "topics": self.topics,
+                "bounded": self.bounded,
+                "partitions": len(self.assigned),
+                "records": self.records,
+                "rows": self.rows,
+                "rejected_by_reason": dict(self.listing.reasons),
+                "held_peak_rows": self.merge.peak,
+                "partitions_paused": self.pauses,
+                "positions": {f"{t}/{p}": int(x) for (t, p), x in zip(self.assigned, self.merge.unreleased())},
+            }
         return self._finished
 
 
 def _consumer(name: str, kafka: dict) -> Consumer:
     """The client: the user's settings, then the stream's own; a setting librdkafka refuses is named, its value
     never shown (librdkafka's message quotes it)."""
-    settings = {"auto.offset.reset": "earliest", **kafka["config"], "bootstrap.servers": kafka["bootstrap"],
-                "group.id": kafka["group"], "enable.partition.eof": True, "enable.auto.offset.store": False}
+    settings = {
+        "auto.offset.reset": "earliest",
+        **kafka["config"],
+        "bootstrap.servers": kafka["bootstrap"],
+        "group.id": kafka["group"],
+        "enable.partition.eof": True,
+        "enable.auto.offset.store": False,
+    }
     try:
         return Consumer(settings)
     except KafkaException as e:
         named = re.search(r'property:? "([^"]+)"\s*$', e.args[0].str())
-        raise ConfigError(f"streams.{name}.kafka.config: librdkafka refuses "
-                          f"{'the setting ' + named[1] if named else 'a setting'} ({e.args[0].name()}; its message "
-                          "is not shown, it may quote a value)") from None
+        raise ConfigError(
+            f"streams.{name}.kafka.config: librdkafka refuses "
+            f"{'the setting ' + named[1] if named else 'a setting'} ({e.args[0].name()}; its message "
+            "is not shown, it may quote a value)"
+        ) from None

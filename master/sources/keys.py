@@ -11,6 +11,7 @@ A composite key is the row of its components' int64 values (an integer column's 
 code), as one fixed-width binary value, coded again.  Results carry the user's values, from the payload log
 (protocol.payload), not the codes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,7 +59,7 @@ def _code(data, offsets, slots, hashes, arena, ends, count, used, codes):
         while True:
             c = slots[at]
             if c < 0:
-                arena[used:used + v1 - v0] = data[v0:v1]
+                arena[used : used + v1 - v0] = data[v0:v1]
                 used += v1 - v0
                 ends[count + 1] = used
                 hashes[count] = h
@@ -77,7 +78,7 @@ def _grown(a: np.ndarray, size: int) -> np.ndarray:
     if size <= len(a):
         return a
     out = np.empty(max(size, 2 * len(a)), a.dtype)
-    out[:len(a)] = a
+    out[: len(a)] = a
     return out
 
 
@@ -98,7 +99,7 @@ class KeyDictionary:
         if not len(values):
             return np.empty(0, np.int64)
         values = values.cast(pa.large_binary())
-        offsets = np.frombuffer(values.buffers()[1], np.int64)[values.offset:values.offset + len(values) + 1]
+        offsets = np.frombuffer(values.buffers()[1], np.int64)[values.offset : values.offset + len(values) + 1]
         data = values.buffers()[2]
         return self.codes_of(np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8), offsets)
 
@@ -115,16 +116,18 @@ class KeyDictionary:
         self.ends = _grown(self.ends, self.count + n + 1)
         self.arena = _grown(self.arena, self.used + int(offsets[-1] - offsets[0]))
         codes = np.empty(n, np.int64)
-        self.count, self.used = _code(data, offsets, self.slots, self.hashes, self.arena, self.ends, self.count,
-                                      self.used, codes)
+        self.count, self.used = _code(
+            data, offsets, self.slots, self.hashes, self.arena, self.ends, self.count, self.used, codes
+        )
         return codes
 
     @property
     def values(self) -> pa.Array:
         """The value of each code, as an Arrow array of the dictionary's type."""
-        offsets = pa.py_buffer(self.ends[:self.count + 1].copy())
-        raw = pa.LargeBinaryArray.from_buffers(pa.large_binary(), self.count,
-                                               [None, offsets, pa.py_buffer(self.arena[:self.used].copy())])
+        offsets = pa.py_buffer(self.ends[: self.count + 1].copy())
+        raw = pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(), self.count, [None, offsets, pa.py_buffer(self.arena[: self.used].copy())]
+        )
         return raw.cast(pa.large_string()).cast(pa.string()) if pa.types.is_string(self.type) else raw.cast(self.type)
 
     @property
@@ -143,8 +146,9 @@ class KeyMapper:
 
     def __init__(self, kinds: list[str]):
         self.kinds = kinds
-        self.parts = [None if k == "int" else KeyDictionary(pa.binary() if k == "binary" else pa.string())
-                      for k in kinds]
+        self.parts = [
+            None if k == "int" else KeyDictionary(pa.binary() if k == "binary" else pa.string()) for k in kinds
+        ]
         #: composite keys: the rows of component values, 8 bytes each
         self.rows = KeyDictionary(pa.large_binary()) if len(kinds) > 1 else None
 

@@ -11,6 +11,7 @@ ZeroMQ tuple source (master.sources.zmq_input), whose socket handling this reuse
 `Live` is what master.sources.streams asks of any stream that is not files: this one, or a Kafka topic
 (master.sources.kafka_input).
 """
+
 from __future__ import annotations
 
 import time
@@ -51,6 +52,7 @@ def open_live(cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema) -
     """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`."""
     if checks.spec["kafka"]:
         from master.sources.kafka_input import KafkaStream  # librdkafka: only for a Kafka stream
+
         return KafkaStream(cfg, side, checks, declared)
     return LiveStream(cfg, side, checks.spec, checks, declared)
 
@@ -61,8 +63,18 @@ class LiveStream(ZmqSource):
     record_bytes = ROW_BYTES
 
     def __init__(self, cfg: dict, side: int, spec: dict, checks: StreamChecks, declared: pa.Schema):
-        super().__init__({**cfg, "source": {**cfg["source"], "endpoint": spec["endpoint"],
-                                            "producers": spec["producers"], "ack_endpoint": "", "idle_timeout": 0.0}})
+        super().__init__(
+            {
+                **cfg,
+                "source": {
+                    **cfg["source"],
+                    "endpoint": spec["endpoint"],
+                    "producers": spec["producers"],
+                    "ack_endpoint": "",
+                    "idle_timeout": 0.0,
+                },
+            }
+        )
         self.checks, self.declared = checks, declared
         self.rejected_stem = f"zmq-rejected-{'RS'[side]}"
         self.last_message = time.monotonic()  #: when a message of this stream last came (idleness)
@@ -116,13 +128,20 @@ class LiveStream(ZmqSource):
         columns = []
         for field in self.declared:
             if field.name not in table.column_names:
-                return wire.Rejection("columns", f"no column {field.name} (columns: {', '.join(table.column_names)})",
-                                      msg.origin, table.num_rows)
+                return wire.Rejection(
+                    "columns",
+                    f"no column {field.name} (columns: {', '.join(table.column_names)})",
+                    msg.origin,
+                    table.num_rows,
+                )
             try:
                 columns.append(table[field.name].cast(field.type))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                return wire.Rejection("columns", f"column {field.name} of type {table[field.name].type} does not "
-                                                 f"become {field.type}: {str(e).splitlines()[0]}", msg.origin,
-                                      table.num_rows)
+                return wire.Rejection(
+                    "columns",
+                    f"column {field.name} of type {table[field.name].type} does not "
+                    f"become {field.type}: {str(e).splitlines()[0]}",
+                    msg.origin,
+                    table.num_rows,
+                )
         return pa.Table.from_arrays(columns, schema=self.declared), msg.origin
-

@@ -22,6 +22,7 @@ Memory: a partition read far ahead of the others waits here.  Past PENDING_LIMIT
 lowest is paused (the reader stops fetching it: Flink's watermark alignment) until half of them are handed on;
 a paused partition is never idle, so pausing it changes no order.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -38,13 +39,15 @@ PENDING_LIMIT = 1 << 20
 
 class Waiting(NamedTuple):
     """Rows of one partition read and not yet handed on, in offset order."""
+
     watermark: np.ndarray  #: int64: the partition's watermark at each row (rising)
-    offset: np.ndarray     #: int64
-    table: pa.Table        #: the rows' columns
+    offset: np.ndarray  #: int64
+    table: pa.Table  #: the rows' columns
 
 
 class Released(NamedTuple):
     """Rows handed on, in the merged order."""
+
     watermark: np.ndarray
     partition: np.ndarray  #: int64: the partition's index
     offset: np.ndarray
@@ -84,11 +87,11 @@ class PartitionMerge:
         """Partition `partition` was read up to its high watermark `offset` (nothing more at the broker; bounded:
         nothing it reads past its end)."""
         self.reached[partition] = max(self.reached[partition], offset)
-        self.position[partition] = max(self.position[partition], min(offset, self.end[partition]) if self.bounded
-                                       else offset)
+        self.position[partition] = max(
+            self.position[partition], min(offset, self.end[partition]) if self.bounded else offset
+        )
 
-    def add(self, partition: np.ndarray, offset: np.ndarray, ts: np.ndarray, good: np.ndarray,
-            table: pa.Table) -> None:
+    def add(self, partition: np.ndarray, offset: np.ndarray, ts: np.ndarray, good: np.ndarray, table: pa.Table) -> None:
         """Rows read, in reading order (each partition's in offset order): their event times `ts`
         (microseconds), whether each passes the checks (`good`: only those move the watermark) and their
         columns."""

@@ -18,6 +18,7 @@ by which results gather the row's own columns from the payload log (protocol.pay
 write batch by batch before any tuple of the batch is handed on.  A recovery reads the input again from its
 start, which rebuilds the same codes and lists the rejected rows once more from an empty listing.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,13 +61,17 @@ class StreamsSource(Source):
                 missing.append(str(e))
         if missing:
             raise InputError("; ".join(missing))
-        firsts = {name: self.declared[name] if name in self.declared else first_schema(self.files[name][0])
-                  for name in self.specs}
+        firsts = {
+            name: self.declared[name] if name in self.declared else first_schema(self.files[name][0])
+            for name in self.specs
+        }
         self.kinds = key_kinds(self.specs, firsts)
         if self.kinds != ["int"] and cfg["join"]["predicate"] != "equal":
-            raise ConfigError(f'join.predicate = "{cfg["join"]["predicate"]}" compares key values as integers, but '
-                              f"the streams' key {' + '.join(next(iter(self.specs.values()))['key'])} is "
-                              f"{' + '.join(self.kinds)}: use a single integer key column, or predicate = \"equal\"")
+            raise ConfigError(
+                f'join.predicate = "{cfg["join"]["predicate"]}" compares key values as integers, but '
+                f"the streams' key {' + '.join(next(iter(self.specs.values()))['key'])} is "
+                f'{" + ".join(self.kinds)}: use a single integer key column, or predicate = "equal"'
+            )
         self.accepted = 0
         self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()))
         self._open()
@@ -74,10 +79,14 @@ class StreamsSource(Source):
     def _open(self) -> None:
         """Start reading both streams from their first rows (a recovery starts again here)."""
         window = self.cfg["source"]["duplicate_window"]
-        inputs = [StreamChecks(name, s, self.kinds, window, self.declared[name],
-                               s["endpoint"] or ", ".join(s["kafka"]["topics"]))
-                  if name in self.declared else StreamInput(name, s, self.kinds, window, self.files[name])
-                  for name, s in self.specs.items()]
+        inputs = [
+            StreamChecks(
+                name, s, self.kinds, window, self.declared[name], s["endpoint"] or ", ".join(s["kafka"]["topics"])
+            )
+            if name in self.declared
+            else StreamInput(name, s, self.kinds, window, self.files[name])
+            for name, s in self.specs.items()
+        ]
         self._check_columns(inputs)
         self.log.forget()
         for side, inp in enumerate(inputs):
@@ -85,13 +94,21 @@ class StreamsSource(Source):
         self.mapper = KeyMapper(self.kinds)
         self._stop = threading.Event()
         #: per side: a live stream (master.sources.live), or the queue its file reader fills
-        self._live: list[Live | None] = [open_live(self.cfg, side, inp, self.declared[inp.name])
-                                         if inp.name in self.declared else None for side, inp in enumerate(inputs)]
+        self._live: list[Live | None] = [
+            open_live(self.cfg, side, inp, self.declared[inp.name]) if inp.name in self.declared else None
+            for side, inp in enumerate(inputs)
+        ]
         self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
-        self._threads = [threading.Thread(target=FileSource._read,
-                                          args=(self._logged(self.log, side, inp), q, self._stop),
-                                          daemon=True, name=f"stream-reader-{inp.name}")
-                         for side, (inp, q) in enumerate(zip(inputs, self._queues)) if self._live[side] is None]
+        self._threads = [
+            threading.Thread(
+                target=FileSource._read,
+                args=(self._logged(self.log, side, inp), q, self._stop),
+                daemon=True,
+                name=f"stream-reader-{inp.name}",
+            )
+            for side, (inp, q) in enumerate(zip(inputs, self._queues))
+            if self._live[side] is None
+        ]
         for t in self._threads:
             t.start()
         #: per side, read and not merged: (id, ts, key, the stream's watermark: running max - max_delay)
@@ -104,19 +121,26 @@ class StreamsSource(Source):
 
     def _check_columns(self, inputs: list[StreamInput]) -> None:
         """The results' column names are distinct, and CSV results can hold every column (no nested types)."""
-        names = {"delay": "the production delay", "kind": "the row's kind (outer joins)",
-                 **{c: f"the late rows' {c}" for c in ("stream", "reason", "bound")}}
+        names = {
+            "delay": "the production delay",
+            "kind": "the row's kind (outer joins)",
+            **{c: f"the late rows' {c}" for c in ("stream", "reason", "bound")},
+        }
         for inp in inputs:
             for field in inp.schema:
                 name = inp.spec["prefix"] + field.name
                 if name in names:
-                    raise ConfigError(f"streams.{inp.name}.prefix: results would have two columns {name!r} "
-                                      f"({names[name]} and {inp.name}'s {field.name}): choose other prefixes")
+                    raise ConfigError(
+                        f"streams.{inp.name}.prefix: results would have two columns {name!r} "
+                        f"({names[name]} and {inp.name}'s {field.name}): choose other prefixes"
+                    )
                 names[name] = f"{inp.name}'s {field.name}"
                 if self.cfg["output"]["format"] == "csv" and pa.types.is_nested(field.type):
-                    raise ConfigError(f'output.format = "csv": column {field.name} of streams.{inp.name} is '
-                                      f"{field.type}, which CSV cannot hold: use Parquet, or leave it out of "
-                                      f"streams.{inp.name}.payload")
+                    raise ConfigError(
+                        f'output.format = "csv": column {field.name} of streams.{inp.name} is '
+                        f"{field.type}, which CSV cannot hold: use Parquet, or leave it out of "
+                        f"streams.{inp.name}.payload"
+                    )
 
     @staticmethod
     def _logged(log: PayloadLog, side: int, inp: StreamInput):
@@ -154,7 +178,7 @@ class StreamsSource(Source):
             raise item
         if item is None:  # nothing of this side is pending: its last tuple is the last of it ready, if any
             self._done[side] = True
-            rest = np.flatnonzero(self._ready.stream[self._taken:] == side)
+            rest = np.flatnonzero(self._ready.stream[self._taken :] == side)
             self._end_at[side] = self.accepted + (int(rest[-1]) + 1 if len(rest) else 0)
             return
         if item.rejected is not None and self.listing is not None:
@@ -180,8 +204,14 @@ class StreamsSource(Source):
         # a stream that has ended, or a live one idle for its idle_timeout, holds nothing back; otherwise its later
         # tuples have a watermark at least its last one's (pending, or read: a live stream waiting): R goes up to
         # that of S (ties go to R), S below that of R
-        last = [p[3][-1] if p is not None else None if self._done[side] or self._idle(side)
-                else self._running[side] - self._delays[side] for side, p in enumerate(self._pending)]
+        last = [
+            p[3][-1]
+            if p is not None
+            else None
+            if self._done[side] or self._idle(side)
+            else self._running[side] - self._delays[side]
+            for side, p in enumerate(self._pending)
+        ]
         parts = []
         for side in (0, 1):
             p = self._pending[side]
@@ -246,10 +276,13 @@ class StreamsSource(Source):
         self._close()
         live = [x.finish() for x in self._live if x is not None]
         names = {side: name for side, name in zip("RS", self.specs)}
-        out: dict = {"streams": names, "payload_log_bytes": self.log.bytes,
-                     "payload_log_removed_bytes": self.log.removed_bytes, "payload_log_peak_bytes": self.log.peak_bytes,
-                     **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))}
-                        if live else {})}
+        out: dict = {
+            "streams": names,
+            "payload_log_bytes": self.log.bytes,
+            "payload_log_removed_bytes": self.log.removed_bytes,
+            "payload_log_peak_bytes": self.log.peak_bytes,
+            **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))} if live else {}),
+        }
         if self.listing is None:
             return out
         self.listing.flush()

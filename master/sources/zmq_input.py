@@ -25,6 +25,7 @@ publishes it on `source.ack_endpoint` (ACK messages, also every ACK_INTERVAL and
 so a producer keeps only what no checkpoint holds and, after a crash, resends it to the new run (messages still
 addressed to the crashed run are dropped as stale: the resend repeats them in order).
 """
+
 from __future__ import annotations
 
 import hmac
@@ -96,12 +97,19 @@ class ZmqSource(Source):
         self._rejections: list[dict] = []
         self._last_message = time.monotonic()
         self._finished: dict | None = None
-        who = ("producers must present source.token" if token else
-               "CURVE keys let producers in" if cfg["security"]["server_key"] else
-               "no source.token and no CURVE: any local process can feed the input and end it")
+        who = (
+            "producers must present source.token"
+            if token
+            else "CURVE keys let producers in"
+            if cfg["security"]["server_key"]
+            else "no source.token and no CURVE: any local process can feed the input and end it"
+        )
         acks = f"; acknowledgements on {self.acks.last_endpoint.decode()}" if self.acks else ""
-        print(f"ingest: waiting for {self.producers} producer(s) on {self.endpoint} ({who}){acks}", file=sys.stderr,
-              flush=True)
+        print(
+            f"ingest: waiting for {self.producers} producer(s) on {self.endpoint} ({who}){acks}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _bind(self, kind: int, endpoint: str, cfg: dict, key: str, ctx: zmq.Context | None = None) -> zmq.Socket:
         sock = (ctx or self.ctx).socket(kind)
@@ -163,10 +171,11 @@ class ZmqSource(Source):
             elif msg.kind == wire.Frame.END:
                 self._end(msg)
             elif len(msg.rows):
-                r = msg.rows[self._skip(msg.origin, len(msg.rows)):]
+                r = msg.rows[self._skip(msg.origin, len(msg.rows)) :]
                 if len(r):
-                    self._pending = Chunk(r["stream"].copy(), r["id"].copy(), r["ts"].copy(), r["key"].copy(),
-                                          r["value"].copy())
+                    self._pending = Chunk(
+                        r["stream"].copy(), r["id"].copy(), r["ts"].copy(), r["key"].copy(), r["value"].copy()
+                    )
                     self._pending_from = None if msg.origin is None else bytes(msg.origin["producer"])
                     self.tuples += len(r)
                     self.held_peak = max(self.held_peak, len(r))
@@ -181,9 +190,12 @@ class ZmqSource(Source):
                 kind = "end" if getattr(msg, "kind", None) == wire.Frame.END else "tuples"
                 if not sum(self.refused.values()):
                     who = "an anonymous producer" if o is None else f"producer {_name(o)!r}"
-                    print(f"ingest: refused {'an END' if kind == 'end' else 'a TUPLES'} message from {who}: no or "
-                          "wrong source.token; further refusals are counted in the summary", file=sys.stderr,
-                          flush=True)
+                    print(
+                        f"ingest: refused {'an END' if kind == 'end' else 'a TUPLES'} message from {who}: no or "
+                        "wrong source.token; further refusals are counted in the summary",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 self.refused[kind] += 1
                 self.refused_tuples += len(msg.rows) if getattr(msg, "rows", None) is not None else 0
                 return False
@@ -201,9 +213,12 @@ class ZmqSource(Source):
         have = self.taken.setdefault(producer, 0)
         if offset > have:
             if not self.lost:
-                print(f"ingest: producer {_name(o)!r} sent {offset - have:,} tuples that never came (sent to a "
-                      "crashed run and not resent, or refused unread for their size); counted as lost_tuples",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"ingest: producer {_name(o)!r} sent {offset - have:,} tuples that never came (sent to a "
+                    "crashed run and not resent, or refused unread for their size); counted as lost_tuples",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self.lost += offset - have
             self.taken[producer] = have = offset
         skip = min(have - offset, n)
@@ -223,25 +238,43 @@ class ZmqSource(Source):
         self.ended += 1
         self.blocked_seconds += max(msg.blocked, 0.0) if np.isfinite(msg.blocked) else 0.0
         name = msg.sender if o is None else f"{_name(o)!r}"
-        print(f"ingest: producer {name} done ({self.ended}/{self.producers}), held back {msg.blocked:.2f}s",
-              file=sys.stderr, flush=True)
+        print(
+            f"ingest: producer {name} done ({self.ended}/{self.producers}), held back {msg.blocked:.2f}s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _reject(self, rej: wire.Rejection, nbytes: int) -> None:
         if rej.origin is not None and rej.reason not in ("frames", "kind"):  # its tuples are dealt with
             self.taken[bytes(rej.origin["producer"])] += rej.count - self._skip(rej.origin, rej.count)
         if not self.reasons[rej.reason]:
-            print(f"ingest: rejected message {self.messages} ({rej.reason}: {rej.detail}); "
-                  "further rejections are counted in the summary", file=sys.stderr, flush=True)
+            print(
+                f"ingest: rejected message {self.messages} ({rej.reason}: {rej.detail}); "
+                "further rejections are counted in the summary",
+                file=sys.stderr,
+                flush=True,
+            )
         self.reasons[rej.reason] += 1
         if len(self._rejections) < MAX_LISTED:
-            self._rejections.append({"endpoint": self.endpoint, "message": self.messages, "bytes": nbytes,
-                                     "reason": rej.reason, "detail": f"{wire.REASONS[rej.reason]}: {rej.detail}"})
+            self._rejections.append(
+                {
+                    "endpoint": self.endpoint,
+                    "message": self.messages,
+                    "bytes": nbytes,
+                    "reason": rej.reason,
+                    "detail": f"{wire.REASONS[rej.reason]}: {rej.detail}",
+                }
+            )
 
     # -- checkpoints and acknowledgements ---------------------------------------------------------------
     def position(self) -> dict:
         """What the master has taken, per producer (hex id -> tuples), and who ended: a checkpoint's part."""
-        return {"taken": {p.hex(): n for p, n in self.taken.items()}, "ended": sorted(p.hex() for p in self.ended_by),
-                "anonymous_ended": self.anonymous_ended, "lost": self.lost}
+        return {
+            "taken": {p.hex(): n for p, n in self.taken.items()},
+            "ended": sorted(p.hex() for p in self.ended_by),
+            "anonymous_ended": self.anonymous_ended,
+            "lost": self.lost,
+        }
 
     def seek(self, where: dict) -> None:
         """A recovery: the checkpoint's positions (what a producer resends before them is dropped)."""
@@ -296,16 +329,26 @@ class ZmqSource(Source):
             if self.acks is not None:
                 self.acks.context.term()  # returns once the last ACK is sent (or after ACK_LINGER)
             if self._rejections:
-                write_table(self.out / "rejected", self.rejected_stem, pa.Table.from_pylist(self._rejections),
-                            self.fmt)
-            self._finished = {"rejected": sum(self.reasons.values()), "zmq_ingest": {
-                "endpoints": [self.endpoint], "messages": self.messages, "tuples": self.tuples,
-                "producers_ended": self.ended, "rejected_by_reason": dict(self.reasons),
-                "refused_messages": dict(self.refused), "refused_tuples": self.refused_tuples,
-                "duplicate_tuples": self.duplicates, "stale_messages": self.stale, "lost_tuples": self.lost,
-                "producers": {_text(p): n for p, n in self.taken.items()},
-                "producers_blocked_seconds": round(self.blocked_seconds, 3), "held_peak_tuples": self.held_peak,
-                "checkpoints_acknowledged": self.acknowledged}}
+                write_table(self.out / "rejected", self.rejected_stem, pa.Table.from_pylist(self._rejections), self.fmt)
+            self._finished = {
+                "rejected": sum(self.reasons.values()),
+                "zmq_ingest": {
+                    "endpoints": [self.endpoint],
+                    "messages": self.messages,
+                    "tuples": self.tuples,
+                    "producers_ended": self.ended,
+                    "rejected_by_reason": dict(self.reasons),
+                    "refused_messages": dict(self.refused),
+                    "refused_tuples": self.refused_tuples,
+                    "duplicate_tuples": self.duplicates,
+                    "stale_messages": self.stale,
+                    "lost_tuples": self.lost,
+                    "producers": {_text(p): n for p, n in self.taken.items()},
+                    "producers_blocked_seconds": round(self.blocked_seconds, 3),
+                    "held_peak_tuples": self.held_peak,
+                    "checkpoints_acknowledged": self.acknowledged,
+                },
+            }
         return self._finished
 
 

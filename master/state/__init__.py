@@ -6,6 +6,7 @@ share the mini-buffers, the controller, the counters and the configuration,
 send through the links object (master/links.py) and never import each other;
 where one must know another's state the loop passes it a small answer.
 """
+
 from __future__ import annotations
 
 from typing import Callable

@@ -11,6 +11,7 @@ groups over first: the slave with the highest measured cost per tuple, i.e. on
 the busiest host, else the least loaded); more than `gamma` x consumers
 suppliers -> one slave more.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,16 +27,24 @@ class Move:
     reason: str  # "balance", "grow" (to a newly active slave) or "shrink" (from a leaving slave)
 
 
-def classify(occupancy: dict[int, float], supplier_threshold: float,
-             consumer_threshold: float) -> tuple[list[int], list[int]]:
+def classify(
+    occupancy: dict[int, float], supplier_threshold: float, consumer_threshold: float
+) -> tuple[list[int], list[int]]:
     """(suppliers by load descending, consumers by load ascending)."""
     suppliers = sorted((r for r, o in occupancy.items() if o > supplier_threshold), key=lambda r: -occupancy[r])
     consumers = sorted((r for r, o in occupancy.items() if o < consumer_threshold), key=lambda r: occupancy[r])
     return suppliers, consumers
 
 
-def choose_group(groups: dict[int, float], supplier_load: float, consumer_load: float, choice: str,
-                 rng: np.random.Generator, supplier_cost: float = 1.0, consumer_cost: float = 1.0) -> int | None:
+def choose_group(
+    groups: dict[int, float],
+    supplier_load: float,
+    consumer_load: float,
+    choice: str,
+    rng: np.random.Generator,
+    supplier_cost: float = 1.0,
+    consumer_cost: float = 1.0,
+) -> int | None:
     """Which partition-group a supplier yields: a random one (the paper), or the largest that fits, i.e. whose
     load moved over does not leave the consumer more loaded than the supplier (so a move cannot just swap the
     overload); None when there is nothing to give.
@@ -52,9 +61,14 @@ def choose_group(groups: dict[int, float], supplier_load: float, consumer_load: 
     return max(fits, key=lambda p: (groups[p], -p)) if fits else None
 
 
-def plan(occupancy: dict[int, float], group_load: dict[int, dict[int, float]], inactive: list[int],
-         cfg: dict, rng: np.random.Generator,
-         cost: dict[int, float] | None = None) -> tuple[list[Move], int | None, int | None]:
+def plan(
+    occupancy: dict[int, float],
+    group_load: dict[int, dict[int, float]],
+    inactive: list[int],
+    cfg: dict,
+    rng: np.random.Generator,
+    cost: dict[int, float] | None = None,
+) -> tuple[list[Move], int | None, int | None]:
     """Moves for this reorganization epoch, plus the slave to activate and the slave to retire (or None).
 
     `occupancy` covers the active slaves; `group_load[r]` maps each partition of slave r to its tuples
@@ -84,8 +98,15 @@ def plan(occupancy: dict[int, float], group_load: dict[int, dict[int, float]], i
         consumers = [joining] + consumers
         load[joining] = 0.0
     for supplier, consumer in zip(suppliers, consumers):
-        p = choose_group(group_load.get(supplier, {}), load[supplier], load[consumer], cfg["choice"], rng,
-                         per_tuple(supplier), per_tuple(consumer))
+        p = choose_group(
+            group_load.get(supplier, {}),
+            load[supplier],
+            load[consumer],
+            cfg["choice"],
+            rng,
+            per_tuple(supplier),
+            per_tuple(consumer),
+        )
         if p is not None:
             moves.append(Move(p, supplier, consumer, "grow" if consumer == joining else "balance"))
     return moves, joining if any(m.consumer == joining for m in moves) else None, None

@@ -6,6 +6,7 @@ never scans the tuples of other slaves.  Chunks are held as opaque fixed-size
 records (numpy void) so that joining thousands of small chunks is a plain memory
 copy, without numpy's per-array field promotion for structured dtypes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -55,8 +56,9 @@ class MiniBuffers:
         heads = [c[:1] for chunks in self._chunks for p in partitions.tolist() for c in chunks[p]]
         return float(np.concatenate(heads).view(self.dtype)["arrival"].min()) if heads else np.inf
 
-    def drain(self, partitions: np.ndarray,
-              out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def drain(
+        self, partitions: np.ndarray, out: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Remove and return (R, S) tuples buffered for `partitions`; into `out` (R rows, S rows of exactly
         the sizes `counts` gives, e.g. a message's body) if given."""
         res = []

@@ -15,6 +15,7 @@ dispatcher's marker is in, and another dispatcher sends its marker only with no
 move held, so an order sent across the cut would wait for a marker that waits
 for it.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -64,8 +65,9 @@ class CheckpointDesk:
     def waiting_for(self) -> str:
         """What a checkpoint being taken waits for ("" when none is): the stall watch names it."""
         if self.open:
-            return (f"{self.open['id']} open, parts in: {sorted(self.open['parts'])}"
-                    + " (the next waits)" * self.pending)
+            return (
+                f"{self.open['id']} open, parts in: {sorted(self.open['parts'])}" + " (the next waits)" * self.pending
+            )
         return "waiting for quiet" if self.pending else ""
 
     def begin(self, sections: dict, epochs_done: int) -> None:
@@ -85,13 +87,21 @@ class CheckpointDesk:
             self.links.tell(range(1, self.k), Order.CHECKPOINT, id=ckpt_id)
         r, s, counts = self.buffers.snapshot()
         name = checkpoint.master_part(self.index)
-        size = checkpoint.write_atomic(directory / name, checkpoint.pack([r.view(np.uint8), s.view(np.uint8),
-                                                                          counts.ravel().view(np.uint8)]))
+        size = checkpoint.write_atomic(
+            directory / name, checkpoint.pack([r.view(np.uint8), s.view(np.uint8), counts.ravel().view(np.uint8)])
+        )
         part = {name: {"bytes": size, "records": 3, "tuples": len(r) + len(s)}}
         mine = {**sections, "stats": self.stats.state(), "controller": self.controller.state()}
         if self.index == 0:
-            self.open = {"id": ckpt_id, "dir": directory, "started": time.time(), "slaves": {},
-                         "parts": part, "master": mine, "dispatchers": {}}
+            self.open = {
+                "id": ckpt_id,
+                "dir": directory,
+                "started": time.time(),
+                "slaves": {},
+                "parts": part,
+                "master": mine,
+                "dispatchers": {},
+            }
         for rank in self.slaves:
             self.links.order(rank, Kind.CHECKPOINT, checkpoint=ckpt_id)
         if self.index > 0:
@@ -106,8 +116,11 @@ class CheckpointDesk:
     def on_checkpointed(self, rank: int, c: dict) -> None:
         """A slave's part is written."""
         self.open["slaves"][rank] = c
-        self.open["parts"][checkpoint.slave_part(rank)] = {"bytes": int(c["part_bytes"]), "records": None,
-                                                           "tuples": int(c["window_r"] + c["window_s"])}
+        self.open["parts"][checkpoint.slave_part(rank)] = {
+            "bytes": int(c["part_bytes"]),
+            "records": None,
+            "tuples": int(c["window_r"] + c["window_s"]),
+        }
         self._complete()
 
     def _complete(self) -> None:
@@ -115,27 +128,54 @@ class CheckpointDesk:
         ck = self.open
         if len(ck["slaves"]) < len(self.slaves) or len(ck["dispatchers"]) < self.k - 1:
             return
-        result_files = {**self.inherited["results"],
-                        **{str(r): int(v["result_files"]) for r, v in ck["slaves"].items()}}
-        aggregate_files = {**self.inherited[checkpoint.PENDING_AGGREGATES],
-                           **{str(r): int(v["aggregate_files"]) for r, v in ck["slaves"].items()}}
+        result_files = {
+            **self.inherited["results"],
+            **{str(r): int(v["result_files"]) for r, v in ck["slaves"].items()},
+        }
+        aggregate_files = {
+            **self.inherited[checkpoint.PENDING_AGGREGATES],
+            **{str(r): int(v["aggregate_files"]) for r, v in ck["slaves"].items()},
+        }
         sections = {0: ck["master"], **{int(d): m for d, m in ck["dispatchers"].items()}}
-        commit = {"results": {f"slave-{int(r):03d}": n for r, n in result_files.items()},
-                  "late": {named("late", d, self.k): m["late_files"] for d, m in sections.items()},
-                  "archive": {named("input", d, self.k): m["archive_files"] for d, m in sections.items()},
-                  checkpoint.PENDING_AGGREGATES: {f"slave-{int(r):03d}": n for r, n in aggregate_files.items()}}
-        checkpoint.write_manifest(ck["dir"], {"id": ck["id"], "slaves": len(self.slaves), "config": public(self.cfg),
-                                              "parts": ck["parts"], "result_files": result_files, "commit": commit,
-                                              "master": ck["master"], "dispatchers": ck["dispatchers"]})
+        commit = {
+            "results": {f"slave-{int(r):03d}": n for r, n in result_files.items()},
+            "late": {named("late", d, self.k): m["late_files"] for d, m in sections.items()},
+            "archive": {named("input", d, self.k): m["archive_files"] for d, m in sections.items()},
+            checkpoint.PENDING_AGGREGATES: {f"slave-{int(r):03d}": n for r, n in aggregate_files.items()},
+        }
+        checkpoint.write_manifest(
+            ck["dir"],
+            {
+                "id": ck["id"],
+                "slaves": len(self.slaves),
+                "config": public(self.cfg),
+                "parts": ck["parts"],
+                "result_files": result_files,
+                "commit": commit,
+                "master": ck["master"],
+                "dispatchers": ck["dispatchers"],
+            },
+        )
         self.written += 1
         checkpoint.publish_aggregates(Path(self.cfg["output"]["path"]), commit[checkpoint.PENDING_AGGREGATES])
         checkpoint.prune(checkpoint.root_of(self.cfg), self.cfg["checkpoint"]["keep"])
         tuples = sum(p["tuples"] for p in ck["parts"].values())
         mb = sum(p["bytes"] for p in ck["parts"].values()) / 2**20
-        print(f"checkpoint {ck['id']} complete: {tuples:,} tuples in state, {mb:.1f} MiB, "
-              f"{time.time() - ck['started']:.2f}s", file=sys.stderr, flush=True)
-        self.log.append({"id": ck["id"], "seconds": round(time.time() - self.t0, 3), "tuples": tuples,
-                         "duration": round(time.time() - ck["started"], 3), "bytes": round(mb * 2**20)})
+        print(
+            f"checkpoint {ck['id']} complete: {tuples:,} tuples in state, {mb:.1f} MiB, "
+            f"{time.time() - ck['started']:.2f}s",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.log.append(
+            {
+                "id": ck["id"],
+                "seconds": round(time.time() - self.t0, 3),
+                "tuples": tuples,
+                "duration": round(time.time() - ck["started"], 3),
+                "bytes": round(mb * 2**20),
+            }
+        )
         self.open = None
         self.on_commit(ck["master"])
         for d, m in ck["dispatchers"].items():  # their producers learn it from them (master.coordination)
@@ -144,17 +184,24 @@ class CheckpointDesk:
     def restore(self, directory: Path, manifest: dict, epochs_done: int) -> None:
         """The checkpoint's mini-buffers, counters and partition map (the desks restore their own sections)."""
         r, s, counts = checkpoint.read_part(directory / checkpoint.master_part(self.index))
-        self.buffers.restore(r.view(self.buffers.dtype), s.view(self.buffers.dtype),
-                             counts.view(np.int64).reshape(2, -1))
+        self.buffers.restore(
+            r.view(self.buffers.dtype), s.view(self.buffers.dtype), counts.view(np.int64).reshape(2, -1)
+        )
         m = section(manifest, self.index)
         self.stats.restore(m["stats"])
         for rank, files in manifest["result_files"].items():  # the checkpoint's own flush came after the snapshot
             if int(rank) in self.stats.per_slave:
                 self.stats.per_slave[int(rank)]["result_files"] = files
-        self.inherited = {"results": checkpoint.inherited(manifest["result_files"], self.slaves),
-                          checkpoint.PENDING_AGGREGATES: checkpoint.inherited(
-                              {str(int(p.removeprefix("slave-"))): n for p, n in
-                               manifest["commit"][checkpoint.PENDING_AGGREGATES].items()}, self.slaves)}
+        self.inherited = {
+            "results": checkpoint.inherited(manifest["result_files"], self.slaves),
+            checkpoint.PENDING_AGGREGATES: checkpoint.inherited(
+                {
+                    str(int(p.removeprefix("slave-"))): n
+                    for p, n in manifest["commit"][checkpoint.PENDING_AGGREGATES].items()
+                },
+                self.slaves,
+            ),
+        }
         self.controller.restore(m["controller"], checkpoint.slaves_of(manifest))
         self.recovered_from = manifest["id"]
         self.next_id, self.due = manifest["id"] + 1, epochs_done + self.interval

@@ -10,6 +10,7 @@ the paper's protocol: MOVE order to the supplier once it is idle, the state goes
 supplier -> consumer, the consumer acknowledges, and only then does the
 partition map change and the master send the tuples it held for that group.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,7 +35,7 @@ class Controller:
         self.active: list[int] = slaves[:n]
         self.inactive: list[int] = slaves[n:]
         self.partition_map = np.array([self.active[p % n] for p in range(partitions)])  #: partition -> rank
-        self.partition_map[partitions if live is None else live:] = -1
+        self.partition_map[partitions if live is None else live :] = -1
         self.moving = np.zeros(partitions, dtype=bool)  #: groups whose state is in flight (held at the master)
         self.queue: list[Move] = []
         self.in_flight: dict[int, tuple[Move, float, int, int]] = {}  #: partition -> (move, start, reorg, watermark)
@@ -49,9 +50,15 @@ class Controller:
 
     def state(self) -> dict:
         """What a checkpoint keeps (taken with no move in flight; queued moves are only plans and are dropped)."""
-        return {"partition_map": self.partition_map.tolist(), "active": list(self.active),
-                "inactive": list(self.inactive), "retiring": sorted(self.retiring),
-                "reorganizations": self.reorganizations, "moves_log": self.moves_log, "active_log": self.active_log}
+        return {
+            "partition_map": self.partition_map.tolist(),
+            "active": list(self.active),
+            "inactive": list(self.inactive),
+            "retiring": sorted(self.retiring),
+            "reorganizations": self.reorganizations,
+            "moves_log": self.moves_log,
+            "active_log": self.active_log,
+        }
 
     def restore(self, state: dict, then: list[int]) -> None:
         """A checkpoint taken on slaves `then`: on others its groups are placed anew (protocol.checkpoint.reassign)
@@ -109,14 +116,19 @@ class Controller:
     def reorganize(self, now: float) -> None:
         """Decide this epoch's moves and active-set change (skipped while earlier moves are still running)."""
         self.reorganizations += 1
-        self.occupancy_log.append({"reorganization": self.reorganizations,
-                                   "occupancy": {r: round(o, 4) for r, o in self.occupancy().items()},
-                                   "us_per_tuple": {r: round(c * 1e6, 2) for r, c in self.cost().items()}})
+        self.occupancy_log.append(
+            {
+                "reorganization": self.reorganizations,
+                "occupancy": {r: round(o, 4) for r, o in self.occupancy().items()},
+                "us_per_tuple": {r: round(c * 1e6, 2) for r, c in self.cost().items()},
+            }
+        )
         if self.enabled and not self.busy:
-            group_load = {r: {int(p): float(self.group_load[p]) for p in np.flatnonzero(self.partition_map == r)}
-                          for r in self.active}
-            moves, joining, leaving = plan(self.occupancy(), group_load, self.inactive, self.cfg, self.rng,
-                                           self.cost())
+            group_load = {
+                r: {int(p): float(self.group_load[p]) for p in np.flatnonzero(self.partition_map == r)}
+                for r in self.active
+            }
+            moves, joining, leaving = plan(self.occupancy(), group_load, self.inactive, self.cfg, self.rng, self.cost())
             if joining is not None:
                 self.inactive.remove(joining)
                 self.active.append(joining)
@@ -167,9 +179,17 @@ class Controller:
         move, started, epoch, _ = self.in_flight.pop(partition)
         self.partition_map[partition] = move.consumer
         self.moving[partition] = False
-        self.moves_log.append({"reorganization": epoch, "partition": partition, "from": move.supplier,
-                               "to": move.consumer, "reason": move.reason, "tuples_moved": tuples,
-                               "seconds": round(now - started, 4)})
+        self.moves_log.append(
+            {
+                "reorganization": epoch,
+                "partition": partition,
+                "from": move.supplier,
+                "to": move.consumer,
+                "reason": move.reason,
+                "tuples_moved": tuples,
+                "seconds": round(now - started, 4),
+            }
+        )
         self._retire_if_empty(move.supplier, now)
         return move
 
@@ -182,5 +202,12 @@ class Controller:
             self._log_active(now, "leave", rank)
 
     def _log_active(self, now: float, action: str, rank: int) -> None:
-        self.active_log.append({"reorganization": self.reorganizations, "action": action, "rank": rank,
-                                "active_after": sorted(self.active), "seconds": round(now - self.t0, 3)})
+        self.active_log.append(
+            {
+                "reorganization": self.reorganizations,
+                "action": action,
+                "rank": rank,
+                "active_after": sorted(self.active),
+                "seconds": round(now - self.t0, 3),
+            }
+        )

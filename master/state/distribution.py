@@ -7,6 +7,7 @@ in flight.  A slave that missed its slot is served as soon as it is idle, if
 the loop's rule (`may_serve`) lets it.  Each batch carries the watermark the
 slave may expire by (BiStream, Theorem 1), capped while moves are in flight.
 """
+
 from __future__ import annotations
 
 import time
@@ -19,8 +20,17 @@ from protocol import eventtime
 
 
 class DistributionDesk:
-    def __init__(self, cfg: dict, slaves: list[int], buffers, controller, stats, links, results_out,
-                 spans: Callable[[np.ndarray], np.ndarray] = every_key):
+    def __init__(
+        self,
+        cfg: dict,
+        slaves: list[int],
+        buffers,
+        controller,
+        stats,
+        links,
+        results_out,
+        spans: Callable[[np.ndarray], np.ndarray] = every_key,
+    ):
         """`spans(partitions)`: per stream the (first, last) keys whose home each partition is
         (IngestDesk.spans), for the group table."""
         self.cfg, self.buffers, self.controller, self.stats, self.links = cfg, buffers, controller, stats, links
@@ -90,8 +100,7 @@ class DistributionDesk:
         # home it is, so a full join's slave tells a tuple from its guest copies (slave.join)
         counts = self.buffers.counts[:, mine]
         nonempty = counts.any(axis=0)
-        groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty],
-                                  self.spans(mine[nonempty])])
+        groups = np.column_stack([mine[nonempty], counts[0, nonempty], counts[1, nonempty], self.spans(mine[nonempty])])
         n_r, n_s = counts.sum(axis=1).tolist()
         # a tuple waits at most one epoch for its slave's slot; longer means the cluster is behind, even while
         # the mini-buffers still have room (ingest, and so the pacing lag, is held back only once they are full)
@@ -104,8 +113,7 @@ class DistributionDesk:
         self.links.send(rank, buf)
 
     def state(self) -> dict:
-        return {"epochs_done": self.epochs_done,
-                "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()}}
+        return {"epochs_done": self.epochs_done, "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()}}
 
     def restore(self, m: dict) -> None:
         """The checkpoint's epochs and watermarks; taken on other slaves, each slave of this run counts as sent
@@ -113,5 +121,6 @@ class DistributionDesk:
         self.epochs_done = m["epochs_done"]
         sent = {int(k): v for k, v in m["sent_watermark"].items()}
         lowest = min(sent.values(), default=eventtime.NEG_INF)
-        self.sent_watermark = sent if sent.keys() == self.sent_watermark.keys() else \
-            dict.fromkeys(self.sent_watermark, lowest)
+        self.sent_watermark = (
+            sent if sent.keys() == self.sent_watermark.keys() else dict.fromkeys(self.sent_watermark, lowest)
+        )

@@ -15,6 +15,7 @@ full join keeps both sides' flags, so its hot key gets two grids: S spread and
 R copied, then R spread and S copied (protocol.predicates.hot_grids); a copy
 is a guest, flagged and emitted only at its tuple's home (slave.join).
 """
+
 from __future__ import annotations
 
 import math
@@ -123,8 +124,7 @@ class HotKeyRouter:
             copies[mine], start[mine] = len(copied), copied.start
         index = np.repeat(np.arange(len(rows)), copies)
         offset = np.arange(len(index)) - np.repeat(np.cumsum(copies) - copies, copies)
-        return (np.concatenate([np.flatnonzero(placed), index]),
-                np.concatenate([once[placed], start[index] + offset]))
+        return (np.concatenate([np.flatnonzero(placed), index]), np.concatenate([once[placed], start[index] + offset]))
 
     def spans(self, partitions: np.ndarray) -> np.ndarray:
         """The spans of `partitions` for the batches' group table (protocol.messages.GROUP_ROW): every key at home
@@ -134,5 +134,5 @@ class HotKeyRouter:
             for stream in (STREAM_R, STREAM_S):
                 spread, copied = hot_grids(self.join_type, stream, first, count)
                 if spread:
-                    spans[np.isin(partitions, copied), 2 * stream: 2 * stream + 2] = NO_KEYS
+                    spans[np.isin(partitions, copied), 2 * stream : 2 * stream + 2] = NO_KEYS
         return spans

@@ -8,6 +8,7 @@ the grid, and the sub-groups but the first are queued as moves (paper 003,
 IV-C) to the least loaded slaves.  A cooled key's sub-groups move back to the
 owner, which merges them (MERGE).
 """
+
 from __future__ import annotations
 
 import sys
@@ -68,24 +69,41 @@ class HotKeyDesk:
             size = self.router.grid_for(share, len(self.controller.active))
             first = self.router.promote(key, size)
             subs = range(first, first + self.router.hot[key][1])
-            self.controller.partition_map[subs.start: subs.stop] = owner
+            self.controller.partition_map[subs.start : subs.stop] = owner
             self.buffers.emptied(subs)
             self.rerouted([partition], subs)
             for stream, rows in enumerate(self.buffers.take_key(partition, key)):
                 index, part = self.router.route(stream, rows)
                 self.buffers.add(stream, rows[index], part)
             self.links.order(owner, Kind.SPLIT, partition=partition, hot_key=(key, first, len(subs)))
-            ring = [owner, *sorted((r for r in self.controller.active if r != owner),
-                                   key=lambda r: self.stats.per_slave[r]["tuples_processed"])]
+            ring = [
+                owner,
+                *sorted(
+                    (r for r in self.controller.active if r != owner),
+                    key=lambda r: self.stats.per_slave[r]["tuples_processed"],
+                ),
+            ]
             for j in range(1, len(subs)):  # round the slaves, least loaded first (a full join's two grids)
                 if ring[j % len(ring)] != owner:
                     self.controller.queue.append(Move(first + j, owner, ring[j % len(ring)], "hot key"))
-            self.log.append({"key": key, "event": "split", "share": round(share, 4), "grid": size,
-                             "partition": partition, "groups": list(subs), "owner": owner,
-                             "seconds": round(time.time() - self.t0, 3)})
-            print(f"hot key {key} ({share:.0%} of the input): split out of partition-group {partition} into "
-                  f"{len(subs)} sub-groups on slave {owner}, to be spread over slaves {ring[:len(subs)]}",
-                  file=sys.stderr, flush=True)
+            self.log.append(
+                {
+                    "key": key,
+                    "event": "split",
+                    "share": round(share, 4),
+                    "grid": size,
+                    "partition": partition,
+                    "groups": list(subs),
+                    "owner": owner,
+                    "seconds": round(time.time() - self.t0, 3),
+                }
+            )
+            print(
+                f"hot key {key} ({share:.0%} of the input): split out of partition-group {partition} into "
+                f"{len(subs)} sub-groups on slave {owner}, to be spread over slaves {ring[: len(subs)]}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def merge(self) -> None:
         """Gather each cooled key's grid back: its sub-groups move to the owner of the key's partition, then the
@@ -103,15 +121,21 @@ class HotKeyDesk:
             partition, owner = self._owner(key)
             subs = range(first, first + count)
             pmap = self.controller.partition_map
-            self.controller.queue[:] = [m for m in self.controller.queue
-                                        if not (m.partition in subs and pmap[m.partition] == owner)]
+            self.controller.queue[:] = [
+                m for m in self.controller.queue if not (m.partition in subs and pmap[m.partition] == owner)
+            ]
             queued = {m.partition for m in self.controller.queue}
             away = [g for g in subs if pmap[g] != owner]
             for g in away:
                 if g not in queued and not self.controller.moving[g]:
                     self.controller.queue.append(Move(g, int(pmap[g]), owner, "hot key cooled"))
-            if away or self.controller.moving[partition] or self.controller.moving[first: first + count].any() \
-                    or self.links.is_busy(owner) or not self.buffers.together(subs):
+            if (
+                away
+                or self.controller.moving[partition]
+                or self.controller.moving[first : first + count].any()
+                or self.links.is_busy(owner)
+                or not self.buffers.together(subs)
+            ):
                 continue  # next time round: the owner's next batch drains all sub-groups together
             del self.cooling[key]
             homes = [self.router.homes(stream, key) for stream in (STREAM_R, STREAM_S)]
@@ -122,11 +146,23 @@ class HotKeyDesk:
                 rows = np.concatenate([taken[g][stream] for g in mine])
                 self.buffers.add(stream, rows, np.full(len(rows), partition))
             self.links.order(owner, Kind.MERGE, partition=partition, hot_key=(key, first, count))
-            pmap[first: first + count] = -1  # the slots hold no group any more
-            self.log.append({"key": key, "event": "merge", "share": round(share, 4), "partition": partition,
-                             "owner": owner, "seconds": round(time.time() - self.t0, 3)})
-            print(f"hot key {key} cooled ({share:.0%} of the input): its {count} sub-groups gathered back into "
-                  f"partition-group {partition} on slave {owner}", file=sys.stderr, flush=True)
+            pmap[first : first + count] = -1  # the slots hold no group any more
+            self.log.append(
+                {
+                    "key": key,
+                    "event": "merge",
+                    "share": round(share, 4),
+                    "partition": partition,
+                    "owner": owner,
+                    "seconds": round(time.time() - self.t0, 3),
+                }
+            )
+            print(
+                f"hot key {key} cooled ({share:.0%} of the input): its {count} sub-groups gathered back into "
+                f"partition-group {partition} on slave {owner}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def state(self) -> list:
         return [[k, *v] for k, v in self.router.hot.items()]

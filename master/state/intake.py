@@ -13,6 +13,7 @@ for the joins that decide R rows alone, so each R is stored once; both copied
 for a full join, each decided at its home), or through
 the hot-key router to a key's grid (Streaming HyperCube).  With checkpoints every tuple taken is archived.
 """
+
 from __future__ import annotations
 
 import sys
@@ -45,8 +46,10 @@ class IngestDesk:
         #: [streams]: each stream judged within itself, by its own max_delay (R's, S's); else both together
         self.streams = cfg["streams"] if cfg["source"]["kind"] == "streams" else {}
         delays = [s["max_delay"] for s in self.streams.values()] or [join["max_delay"]]
-        self.lateness = Lateness([eventtime.duration(d) for d in delays],  # integer microseconds, as every ts here
-                                 [s["idle_timeout"] for s in self.streams.values()] or None)
+        self.lateness = Lateness(
+            [eventtime.duration(d) for d in delays],  # integer microseconds, as every ts here
+            [s["idle_timeout"] for s in self.streams.values()] or None,
+        )
         self.stream_delays = [eventtime.duration(d) for d in (delays if len(delays) == 2 else delays * 2)]  #: R's, S's
         #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions); with
         #: several dispatchers every one must route by the same ranges, so rank 0 decides them and the others
@@ -71,11 +74,18 @@ class IngestDesk:
         self.payload = payload_reader(cfg)  #: declared streams: where late rows find their own columns
         self.late_reasons = self._late_reasons()
         #: the late tuples, with their own columns and why they are late (`late/late[-dK]-NNNNNN.*`)
-        self.late = NumberedFiles(Path(cfg["output"]["path"]) / "late", named("late", index, k),
-                                  cfg["output"]["format"], cfg["output"]["flush_rows"])
+        self.late = NumberedFiles(
+            Path(cfg["output"]["path"]) / "late",
+            named("late", index, k),
+            cfg["output"]["format"],
+            cfg["output"]["flush_rows"],
+        )
         ck = cfg["checkpoint"]
-        self.archive = InputArchive(Path(cfg["output"]["path"]) / "archive", cfg["output"]["flush_rows"],
-                                    named("input", index, k)) if ck["interval"] and ck["archive"] else None
+        self.archive = (
+            InputArchive(Path(cfg["output"]["path"]) / "archive", cfg["output"]["flush_rows"], named("input", index, k))
+            if ck["interval"] and ck["archive"]
+            else None
+        )
 
     def ranges_to_share(self) -> list | None:
         """Rank 0: its key ranges, once, as soon as they are decided (the loop sends them to the others)."""
@@ -176,9 +186,19 @@ class IngestDesk:
         if self.range_partitioned and self.ranges is None and on_time.any():
             self.ranges = KeyRanges.from_sample(chunk.key[on_time], self.buffers.partitions)
         if self.router is None and self.ranges is None:  # hash partitions: the rows built in their order
-            for stream, (rows, sizes) in enumerate(to_wire_hashed(dtype, chunk.stream, chunk.id, chunk.ts,
-                                                                  chunk.key, chunk.value, arrival, late,
-                                                                  self.buffers.partitions)):
+            for stream, (rows, sizes) in enumerate(
+                to_wire_hashed(
+                    dtype,
+                    chunk.stream,
+                    chunk.id,
+                    chunk.ts,
+                    chunk.key,
+                    chunk.value,
+                    arrival,
+                    late,
+                    self.buffers.partitions,
+                )
+            ):
                 self.stats.input[STREAM_NAMES[stream]] += len(rows)
                 self.buffers.add_ordered(stream, rows, sizes)
             return
@@ -192,8 +212,9 @@ class IngestDesk:
             elif stream not in self.copied:  # the home of its pairs
                 self.buffers.add(stream, rows, self.ranges.home(rows["key"]))
             else:  # a copy to every range that may hold partners: R's keys + (low, high), S's keys - (high, low)
-                index, part = self.ranges.copies(rows["key"], *copy_offsets(stream, *self.key_distance,
-                                                                            home=len(self.copied) == 2))
+                index, part = self.ranges.copies(
+                    rows["key"], *copy_offsets(stream, *self.key_distance, home=len(self.copied) == 2)
+                )
                 self.buffers.add(stream, rows[index], part)
 
     def _late_columns(self, chunk, late: np.ndarray) -> dict:
@@ -201,8 +222,13 @@ class IngestDesk:
         and both streams' own columns (the other stream's null) from the payload log."""
         stream = chunk.stream[late]
         if self.payload is None:
-            return {"stream": np.array(STREAM_NAMES)[stream], "id": chunk.id[late],
-                    "ts": eventtime.to_seconds(chunk.ts[late]), "key": chunk.key[late], "value": chunk.value[late]}
+            return {
+                "stream": np.array(STREAM_NAMES)[stream],
+                "id": chunk.id[late],
+                "ts": eventtime.to_seconds(chunk.ts[late]),
+                "key": chunk.key[late],
+                "value": chunk.value[late],
+            }
         rows = chunk.id[late]
         table = self.payload.both(np.where(stream == STREAM_R, rows, -1), np.where(stream == STREAM_S, rows, -1))
         return {"stream": np.array(list(self.cfg["streams"]))[stream], **dict(zip(table.column_names, table.columns))}
@@ -212,19 +238,29 @@ class IngestDesk:
         if not self.streams:
             md = self.cfg["join"]["max_delay"]
             return np.array([[f"late: ts below max ts seen before minus join.max_delay ({md})"] * 2] * 2)
-        return np.array([[f"late: ts below the largest ts of stream {name} before it minus streams.{name}.max_delay "
-                          f"({s['max_delay']})",
-                          f"late: ts below the join's watermark, which passed it while stream {name} was idle"]
-                         for name, s in self.streams.items()])
+        return np.array(
+            [
+                [
+                    f"late: ts below the largest ts of stream {name} before it minus streams.{name}.max_delay "
+                    f"({s['max_delay']})",
+                    f"late: ts below the join's watermark, which passed it while stream {name} was idle",
+                ]
+                for name, s in self.streams.items()
+            ]
+        )
 
     def _set_aside_late(self, chunk, late: np.ndarray, bound: np.ndarray, below_watermark: np.ndarray) -> None:
         self.stats.late += int(late.sum())
         stream = chunk.stream[late]
-        self.late.add(pa.table({
-            **self._late_columns(chunk, late),
-            "reason": self.late_reasons[stream, below_watermark[late].astype(np.int64)],
-            "bound": eventtime.to_seconds(bound[late]),
-        }))
+        self.late.add(
+            pa.table(
+                {
+                    **self._late_columns(chunk, late),
+                    "reason": self.late_reasons[stream, below_watermark[late].astype(np.int64)],
+                    "bound": eventtime.to_seconds(bound[late]),
+                }
+            )
+        )
 
     def flush(self) -> None:
         """Write the late tuples and the archive held so far (a checkpoint's cut, the end of the run)."""
@@ -238,18 +274,26 @@ class IngestDesk:
 
     def state(self) -> dict:
         """This desk's part of a checkpoint (after `flush`)."""
-        return {"consumed": self.consumed, "source": self.source.position(), "lateness": self.lateness.state(),
-                "late_files": self.late.files,
-                "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
-                "archive_files": self.archive.files if self.archive else 0}
+        return {
+            "consumed": self.consumed,
+            "source": self.source.position(),
+            "lateness": self.lateness.state(),
+            "late_files": self.late.files,
+            "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
+            "archive_files": self.archive.files if self.archive else 0,
+        }
 
     def restore(self, m: dict) -> None:
         """Resume at the checkpoint's source position: a ZeroMQ source takes each producer's position (what a
         producer resends from there is taken again; what it cannot resend is counted as lost)."""
         if self.cfg["source"]["kind"] == "zmq":
-            print('recover: source.kind = "zmq": producers that resend (control.produce with --ack-endpoint) '
-                  "repeat what they sent after the checkpoint; what others sent after it is lost and counted "
-                  "(zmq_ingest.lost_tuples)", file=sys.stderr, flush=True)
+            print(
+                'recover: source.kind = "zmq": producers that resend (control.produce with --ack-endpoint) '
+                "repeat what they sent after the checkpoint; what others sent after it is lost and counted "
+                "(zmq_ingest.lost_tuples)",
+                file=sys.stderr,
+                flush=True,
+            )
             if m["source"] is not None:  # None: a checkpoint of a version without producer positions
                 self.source.seek(m["source"])
         else:
@@ -267,18 +311,35 @@ class IngestDesk:
         self.lateness.finish(now - self.origin)
         out = {}
         for x, (side, (name, s)) in enumerate(zip(STREAM_NAMES, self.streams.items())):
-            idle = [{"dispatcher": self.index, "began_seconds": round(p["began"], 3),
-                     "ended_seconds": round(p["ended"], 3), "resumed": p["resumed"],
-                     "watermark_seconds": eventtime.bound_seconds(p["watermark"]),
-                     "watermark_ended_seconds": eventtime.bound_seconds(p["watermark_ended"])}
-                    for p in self.lateness.periods if p["stream"] == side]
-            out[side] = {"stream": name, "max_delay": s["max_delay"], "idle_timeout": s["idle_timeout"],
-                         "late": int(self.lateness.late[x]), "idle": finite(idle)}
+            idle = [
+                {
+                    "dispatcher": self.index,
+                    "began_seconds": round(p["began"], 3),
+                    "ended_seconds": round(p["ended"], 3),
+                    "resumed": p["resumed"],
+                    "watermark_seconds": eventtime.bound_seconds(p["watermark"]),
+                    "watermark_ended_seconds": eventtime.bound_seconds(p["watermark_ended"]),
+                }
+                for p in self.lateness.periods
+                if p["stream"] == side
+            ]
+            out[side] = {
+                "stream": name,
+                "max_delay": s["max_delay"],
+                "idle_timeout": s["idle_timeout"],
+                "late": int(self.lateness.late[x]),
+                "idle": finite(idle),
+            }
         return out
 
     @staticmethod
     def merge_summaries(parts: list[dict]) -> dict:
         """The dispatchers' `stream_summary`s as one: late tuples summed, idle periods of all, by start."""
-        return {side: {**s, "late": sum(p[side]["late"] for p in parts),
-                       "idle": sorted((i for p in parts for i in p[side]["idle"]), key=lambda i: i["began_seconds"])}
-                for side, s in parts[0].items()}
+        return {
+            side: {
+                **s,
+                "late": sum(p[side]["late"] for p in parts),
+                "idle": sorted((i for p in parts for i in p[side]["idle"]), key=lambda i: i["began_seconds"]),
+            }
+            for side, s in parts[0].items()
+        }

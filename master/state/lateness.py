@@ -8,6 +8,7 @@ later on-time tuple has ts >= the watermark sent, which is what makes watermark
 expiry safe (BiStream, Theorem 1).  Event time and delays are integer
 microseconds (protocol.eventtime): the rule is an exact integer comparison.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -89,8 +90,14 @@ class Lateness:
         idle = ~self.ended & (self.timeouts > 0) & (now - self.last_input >= self.timeouts)
         for g in np.flatnonzero(idle):
             if self._open[g] is None:
-                self._open[g] = {"stream": "RS"[g], "began": now, "ended": None,
-                                 "watermark": self.watermark, "watermark_ended": None, "resumed": False}
+                self._open[g] = {
+                    "stream": "RS"[g],
+                    "began": now,
+                    "ended": None,
+                    "watermark": self.watermark,
+                    "watermark_ended": None,
+                    "resumed": False,
+                }
                 self.periods.append(self._open[g])
         for g in np.flatnonzero(self.ended):
             self._close(int(g), now, resumed=False)
@@ -120,9 +127,14 @@ class Lateness:
 
     def state(self) -> dict:
         """For a checkpoint: what judging goes on from (an open idle period stays open)."""
-        return {"running": self.running.tolist(), "watermark": self.watermark, "late": self.late.tolist(),
-                "ended": self.ended.tolist(), "periods": [dict(p) for p in self.periods],
-                "open": [None if p is None else self.periods.index(p) for p in self._open]}
+        return {
+            "running": self.running.tolist(),
+            "watermark": self.watermark,
+            "late": self.late.tolist(),
+            "ended": self.ended.tolist(),
+            "periods": [dict(p) for p in self.periods],
+            "open": [None if p is None else self.periods.index(p) for p in self._open],
+        }
 
     def restore(self, m: dict) -> None:
         self.running = np.array(m["running"], dtype=np.int64)

@@ -8,6 +8,7 @@ MOVE from the supplier when all are ready and the supplier is idle.  The
 consumer's INSTALLED routes the group to it (RELEASE to the others), and the
 tuples held meanwhile are owed to it at once.
 """
+
 from __future__ import annotations
 
 import sys
@@ -69,8 +70,12 @@ class MovesDesk:
         self.stats.tuples_moved += int(counters["moved_tuples"])
         if self.k > 1:
             self.links.tell(range(1, self.k), Order.RELEASE, partition=move.partition)
-        print(f"moved partition-group {move.partition}: slave {move.supplier} -> {move.consumer} "
-              f"({int(counters['moved_tuples']):,} tuples, {move.reason})", file=sys.stderr, flush=True)
+        print(
+            f"moved partition-group {move.partition}: slave {move.supplier} -> {move.consumer} "
+            f"({int(counters['moved_tuples']):,} tuples, {move.reason})",
+            file=sys.stderr,
+            flush=True,
+        )
         return move.consumer
 
     # -- orders from rank 0 or to it (master.coordination) --------------------------------------------------

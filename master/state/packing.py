@@ -1,6 +1,7 @@
 """Source chunks into wire tuples: compiled passes that hash each tuple to its partition and pack the columns
 into the fixed-width records a BATCH carries, each mini-buffer's tuples as one slice.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,8 +24,10 @@ def partition_one(key, partitions):  # pragma: no cover - compiled
 
 _PACK_SIG = "void(int64[:], int64[:], int64[:], int64[:], int64[:], int64[::1], int64[::1], int64[::1], int64[:, ::1])"
 _COUNT_SIG = "void(int8[:], int64[:], boolean[::1], int64, int64[::1], int64[:, ::1])"
-_ROUTE_SIG = ("void(int8[:], int64[:], int64[:], int64[:], int64[:], int64[:], boolean[::1], int64[::1], "
-              "int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64[:, ::1])")
+_ROUTE_SIG = (
+    "void(int8[:], int64[:], int64[:], int64[:], int64[:], int64[:], boolean[::1], int64[::1], "
+    "int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64[:, ::1])"
+)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -55,8 +58,9 @@ def _count_hashed(stream, keys, late, partitions, part, sizes):  # pragma: no co
 
 
 @njit(_ROUTE_SIG, cache=True, nogil=True)
-def _pack_hashed(stream, ids, ts, keys, values, arrival, late, part, starts, fields, pad, out_r,
-                 out_s):  # pragma: no cover - compiled
+def _pack_hashed(
+    stream, ids, ts, keys, values, arrival, late, part, starts, fields, pad, out_r, out_s
+):  # pragma: no cover - compiled
     """Each on-time tuple into the next free record of its stream's group of its partition (the groups start
     at `starts`): the columns are read in order and written to one place per group, where gathering them in
     group order missed the cache on every column of every tuple."""
@@ -89,13 +93,19 @@ def to_wire(dtype: np.dtype, ids, ts, keys, values, arrival, index: np.ndarray |
     n = len(ids) if index is None else len(index)
     rows = np.empty(n, dtype=dtype)
     index = np.arange(n, dtype=np.int64) if index is None else np.asarray(index, dtype=np.int64)
-    _pack(*_columns(dtype, (ids, ts, keys, values, arrival)), index, field_words(dtype, FIELDS), _padding(dtype),
-          words(rows))
+    _pack(
+        *_columns(dtype, (ids, ts, keys, values, arrival)),
+        index,
+        field_words(dtype, FIELDS),
+        _padding(dtype),
+        words(rows),
+    )
     return rows
 
 
-def to_wire_hashed(dtype: np.dtype, stream, ids, ts, keys, values, arrival, late: np.ndarray,
-                   partitions: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def to_wire_hashed(
+    dtype: np.dtype, stream, ids, ts, keys, values, arrival, late: np.ndarray, partitions: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per stream (R, S): (the records of its on-time tuples grouped by hash partition, arrival order kept
     within a partition; the records per partition), what MiniBuffers.add_ordered takes.  Two compiled passes
     (count, then pack) in place of a selection, a hash and a gather per stream."""
@@ -105,6 +115,15 @@ def to_wire_hashed(dtype: np.dtype, stream, ids, ts, keys, values, arrival, late
     _count_hashed(stream, keys, late, partitions, part, sizes)
     rows = [np.empty(int(n), dtype=dtype) for n in sizes.sum(axis=1)]
     starts = np.cumsum(sizes, axis=1) - sizes
-    _pack_hashed(stream, *_columns(dtype, (ids, ts, keys, values, arrival)), late, part,
-                 starts, field_words(dtype, FIELDS), _padding(dtype), words(rows[0]), words(rows[1]))
+    _pack_hashed(
+        stream,
+        *_columns(dtype, (ids, ts, keys, values, arrival)),
+        late,
+        part,
+        starts,
+        field_words(dtype, FIELDS),
+        _padding(dtype),
+        words(rows[0]),
+        words(rows[1]),
+    )
     return [(rows[0], sizes[0]), (rows[1], sizes[1])]

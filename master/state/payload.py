@@ -21,6 +21,7 @@ and rows taken (PAYLOAD) when they change, at most once a slot; rank 0 removes s
 all.  A report may be old, never above what the dispatcher's state allows now: its watermark falls only at an
 install, below the move's floor that its reports were already under.
 """
+
 from __future__ import annotations
 
 from collections import deque

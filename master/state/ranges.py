@@ -12,6 +12,7 @@ also to its own partition (`copy_offsets`); the slaves tell a tuple's home from
 its guest copies by the span of keys each partition holds (`spans`, sent in
 every batch's group table for both streams).
 """
+
 from __future__ import annotations
 
 import numpy as np

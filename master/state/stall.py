@@ -12,6 +12,7 @@ so a supervisor restarts it from its last checkpoint.  The bound
 (`master.stall_timeout`, 0 = automatic) is a few distribution epochs beyond the
 slowest batch a slave has taken so far.
 """
+
 from __future__ import annotations
 
 
@@ -56,16 +57,22 @@ class StallWatch:
         still = now - self._since
         if still <= self.bound():
             return
-        lines = [f"stalled: no input taken, no message sent and no report for {still:.1f}s with work pending (no slave "
-                 f"said it was still joining)"]
+        lines = [
+            f"stalled: no input taken, no message sent and no report for {still:.1f}s with work pending (no slave "
+            f"said it was still joining)"
+        ]
         if self.links.busy:
             lines.append(f"  waiting for the report of slave(s) {sorted(self.links.busy)} (a message is unanswered)")
         counts = self.buffers.counts.sum(axis=0)
         if counts.any():
             top = sorted(counts.nonzero()[0].tolist(), key=lambda g: -counts[g])[:8]
-            lines.append(f"  {int(counts.sum()):,} tuples buffered, unsent; most in partition-groups "
-                         + ", ".join(f"{g} ({int(counts[g]):,}, slave {int(c.partition_map[g])}"
-                                     f"{', moving' if c.moving[g] else ''})" for g in top))
+            lines.append(
+                f"  {int(counts.sum()):,} tuples buffered, unsent; most in partition-groups "
+                + ", ".join(
+                    f"{g} ({int(counts[g]):,}, slave {int(c.partition_map[g])}{', moving' if c.moving[g] else ''})"
+                    for g in top
+                )
+            )
         if c.queue:
             lines.append(f"  moves queued: {c.queue}")
         if c.in_flight:

@@ -1,4 +1,5 @@
 """What the master knows about the run: counters from ingest and slave reports, progress, summary."""
+
 from __future__ import annotations
 
 import json
@@ -30,17 +31,33 @@ class RunStats:
         self.parts_hist = np.zeros((len(delays.PARTS), delays.BINS), dtype=np.int64)  #: the delay's parts
         self.delay_max = 0.0
         #: slots_missed: slots at which the slave was still joining its last batch (its tuples wait an epoch more)
-        self.per_slave = {r: {"tuples_processed": 0, "window_tuples": 0, "window_bytes": 0, "busy_seconds": 0.0,
-                              "results": 0, "epochs": 0, "slots_missed": 0, "result_files": 0,
-                              "peak_rss_bytes": 0, "pss_start_bytes": 0, "cpu_seconds": 0.0, "comm_seconds": 0.0,
-                              "largest_batch_results": 0, "chunked_batches": 0, "result_chunks": 0} for r in slaves}
+        self.per_slave = {
+            r: {
+                "tuples_processed": 0,
+                "window_tuples": 0,
+                "window_bytes": 0,
+                "busy_seconds": 0.0,
+                "results": 0,
+                "epochs": 0,
+                "slots_missed": 0,
+                "result_files": 0,
+                "peak_rss_bytes": 0,
+                "pss_start_bytes": 0,
+                "cpu_seconds": 0.0,
+                "comm_seconds": 0.0,
+                "largest_batch_results": 0,
+                "chunked_batches": 0,
+                "result_chunks": 0,
+            }
+            for r in slaves
+        }
         self._last_line = (self.started, 0)  #: (time, tuples in) at the last progress line
         self.stopped_by_signal = False
         self.tuples_moved = 0
         self.pacing_lag_max = 0.0  #: paced input: largest time the due tuples waited to be ingested
         #: largest time a tuple waited in the mini-buffers beyond one distribution epoch (its slave's slot)
         self.backlog_max = 0.0
-        self.buffered_peak = 0     #: most tuples the mini-buffers ever held (at most master.buffer_capacity)
+        self.buffered_peak = 0  #: most tuples the mini-buffers ever held (at most master.buffer_capacity)
         #: slaves that said they are still joining one long batch: (results so far, seconds it has taken)
         self.joining: dict[int, tuple[int, float]] = {}
         self.elapsed_before = 0.0  #: seconds run before the checkpoint this run resumed from
@@ -50,15 +67,27 @@ class RunStats:
         self.pss_start = 0
         self.hosts: list[str] = []  #: every rank's host, by rank
 
-    _STATE = ("input", "late", "results", "splits", "merges", "delay_max", "tuples_moved",
-              "pacing_lag_max", "backlog_max")
+    _STATE = (
+        "input",
+        "late",
+        "results",
+        "splits",
+        "merges",
+        "delay_max",
+        "tuples_moved",
+        "pacing_lag_max",
+        "backlog_max",
+    )
 
     def state(self) -> dict:
         """The counters as JSON for a checkpoint manifest."""
-        state = {**{k: getattr(self, k) for k in self._STATE}, "delay_hist": self.delay_hist.tolist(),
-                 "parts_hist": self.parts_hist.tolist(),
-                 "per_slave": {str(r): v for r, v in self.per_slave.items()},
-                 "elapsed": self.elapsed_before + time.time() - self.started}
+        state = {
+            **{k: getattr(self, k) for k in self._STATE},
+            "delay_hist": self.delay_hist.tolist(),
+            "parts_hist": self.parts_hist.tolist(),
+            "per_slave": {str(r): v for r, v in self.per_slave.items()},
+            "elapsed": self.elapsed_before + time.time() - self.started,
+        }
         return json.loads(json.dumps(state))  # a copy: the counters move on while the checkpoint completes
 
     def merge(self, other: dict) -> None:
@@ -72,8 +101,15 @@ class RunStats:
         self.delay_max = max(self.delay_max, other["delay_max"])
         self.pacing_lag_max = max(self.pacing_lag_max, other["pacing_lag_max"])
         self.backlog_max = max(self.backlog_max, other["backlog_max"])
-        levels = ("window_tuples", "window_bytes", "peak_rss_bytes", "pss_start_bytes", "cpu_seconds", "comm_seconds",
-                  "largest_batch_results")
+        levels = (
+            "window_tuples",
+            "window_bytes",
+            "peak_rss_bytes",
+            "pss_start_bytes",
+            "cpu_seconds",
+            "comm_seconds",
+            "largest_batch_results",
+        )
         for rank, theirs in other["per_slave"].items():
             mine = self.per_slave[int(rank)]
             for k, v in theirs.items():
@@ -125,11 +161,13 @@ class RunStats:
         self._last_line = (now, self.ingested)
         p50, p99 = delays.percentiles(self.delay_hist, (50, 99))
         chunked = sum(v["chunked_batches"] for v in self.per_slave.values())
-        return (f"[{now - self.started:7.1f}s] in {self.ingested:,} ({rate:,.0f}/s) | results {self.results:,} | "
-                f"late {self.late:,} | delay p50 {p50:.3f}s p99 {p99:.3f}s | buffered {buffered:,} | "
-                f"slaves {active}/{len(self.per_slave)} | moves {moves}"
-                + f" | chunked batches {chunked:,}" * bool(chunked)
-                + self._longest_batch())
+        return (
+            f"[{now - self.started:7.1f}s] in {self.ingested:,} ({rate:,.0f}/s) | results {self.results:,} | "
+            f"late {self.late:,} | delay p50 {p50:.3f}s p99 {p99:.3f}s | buffered {buffered:,} | "
+            f"slaves {active}/{len(self.per_slave)} | moves {moves}"
+            + f" | chunked batches {chunked:,}" * bool(chunked)
+            + self._longest_batch()
+        )
 
     def _longest_batch(self) -> str:
         """The progress line's note of the slave longest at one batch, once that is a long one (LONG_BATCH):
@@ -138,16 +176,20 @@ class RunStats:
         if not long:
             return ""
         rank, (results, seconds) = max(long.items(), key=lambda item: item[1][1])
-        return (f" | slave {rank} still joining one batch after {seconds:.0f}s: {results:,} results so far"
-                + f" (and {len(long) - 1} other slave{'s' * (len(long) > 2)})" * (len(long) > 1))
+        return (
+            f" | slave {rank} still joining one batch after {seconds:.0f}s: {results:,} results so far"
+            + f" (and {len(long) - 1} other slave{'s' * (len(long) > 2)})" * (len(long) > 1)
+        )
 
     def chunking(self) -> dict:
         """How batches' results were cut into chunks (output.result_chunk_rows; slave.join): a run whose
         batches outgrow the bound says so here and in the progress line."""
         per = self.per_slave.values()
-        return {"largest_batch_results": max((v["largest_batch_results"] for v in per), default=0),
-                "chunked_batches": sum(v["chunked_batches"] for v in per),
-                "chunks": sum(v["result_chunks"] for v in per)}
+        return {
+            "largest_batch_results": max((v["largest_batch_results"] for v in per), default=0),
+            "chunked_batches": sum(v["chunked_batches"] for v in per),
+            "chunks": sum(v["result_chunks"] for v in per),
+        }
 
     def summary(self, cfg: dict) -> dict:
         wall = self.elapsed_before + time.time() - self.started
@@ -160,16 +202,25 @@ class RunStats:
             "rejected": 0,  # the source counts what it set aside: its finish() entries replace this
             "wall_seconds": round(wall, 3),
             "throughput_tuples_per_s": round(self.ingested / wall, 1) if wall > 0 else 0.0,
-            "delay_seconds": {"p50": p50, "p95": p95, "p99": p99, "max": self.delay_max,
-                              "note": "percentiles are upper edges of log bins: at most 12.2% above the exact value, "
-                                      "capped at max"},
-            "delay_parts_seconds": {**{part: dict(zip(("p50", "p95", "p99"), delays.percentiles(h, (50, 95, 99))))
-                                       for part, h in zip(delays.PARTS, self.parts_hist)},
-                                    "note": "where the delay goes, per result: buffer = the later tuple's arrival "
-                                            "until the master sent its batch (its slave's slot), transfer = until "
-                                            "the slave started joining it, join = until the result was produced"},
-            "slaves": {str(r): {**v, "host": self.hosts[r] if r < len(self.hosts) else None}
-                       for r, v in self.per_slave.items()},
+            "delay_seconds": {
+                "p50": p50,
+                "p95": p95,
+                "p99": p99,
+                "max": self.delay_max,
+                "note": "percentiles are upper edges of log bins: at most 12.2% above the exact value, capped at max",
+            },
+            "delay_parts_seconds": {
+                **{
+                    part: dict(zip(("p50", "p95", "p99"), delays.percentiles(h, (50, 95, 99))))
+                    for part, h in zip(delays.PARTS, self.parts_hist)
+                },
+                "note": "where the delay goes, per result: buffer = the later tuple's arrival "
+                "until the master sent its batch (its slave's slot), transfer = until "
+                "the slave started joining it, join = until the result was produced",
+            },
+            "slaves": {
+                str(r): {**v, "host": self.hosts[r] if r < len(self.hosts) else None} for r, v in self.per_slave.items()
+            },
             "pacing_lag_max_seconds": round(max(self.pacing_lag_max, 0.0), 3),
             "backlog_max_seconds": round(max(self.backlog_max, 0.0), 3),
             "buffered_peak": self.buffered_peak,
@@ -184,15 +235,18 @@ class RunStats:
             "config": public(cfg),
         }
 
-
     def startup(self) -> dict:
         """Seconds from the launch to: all ranks ready, the first tuple ingested, the last result written; PSS
         per rank before data (a resumed run: of this run's launch)."""
         since = lambda t: None if t is None or self.launched is None else round(t - self.launched, 3)
         pss = {"0": self.pss_start, **{str(r): v["pss_start_bytes"] for r, v in self.per_slave.items()}}
-        return {"ranks_ready_seconds": since(self.started), "first_tuple_seconds": since(self.first_tuple),
-                "last_result_seconds": since(self.last_result), "pss_before_data_bytes": pss,
-                "note": "from the launch (deploy.launch, else mpirun's start); PSS counts shared pages once"}
+        return {
+            "ranks_ready_seconds": since(self.started),
+            "first_tuple_seconds": since(self.first_tuple),
+            "last_result_seconds": since(self.last_result),
+            "pss_before_data_bytes": pss,
+            "note": "from the launch (deploy.launch, else mpirun's start); PSS counts shared pages once",
+        }
 
 
 def ranks_by_host(hosts: list[str]) -> dict[str, list[int]]:
@@ -232,53 +286,87 @@ def _after(x: float | None) -> str:
 
 def print_summary(s: dict, out=sys.stderr) -> None:
     d = s["delay_seconds"]
-    print(f"done in {s['wall_seconds']:.1f}s: {s['input_total']:,} tuples in (R {s['input']['R']:,}, "
-          f"S {s['input']['S']:,}), {s['results']:,} results, {s['late']:,} late, {s['rejected']:,} rejected; "
-          f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {seconds(d['p50'])} p95 {seconds(d['p95'])} "
-          f"p99 {seconds(d['p99'])} max {seconds(d['max'])}; splits {s['partition_splits']}, "
-          f"merges {s['partition_merges']}", file=out, flush=True)
+    print(
+        f"done in {s['wall_seconds']:.1f}s: {s['input_total']:,} tuples in (R {s['input']['R']:,}, "
+        f"S {s['input']['S']:,}), {s['results']:,} results, {s['late']:,} late, {s['rejected']:,} rejected; "
+        f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {seconds(d['p50'])} p95 {seconds(d['p95'])} "
+        f"p99 {seconds(d['p99'])} max {seconds(d['max'])}; splits {s['partition_splits']}, "
+        f"merges {s['partition_merges']}",
+        file=out,
+        flush=True,
+    )
     up = s["startup"]
     pss = sorted(up["pss_before_data_bytes"].values())
-    print(f"start-up: ranks ready {_after(up['ranks_ready_seconds'])}, "
-          f"first tuple {_after(up['first_tuple_seconds'])}, "
-          f"last result {_after(up['last_result_seconds'])} after the launch; PSS before data "
-          f"{pss[len(pss) // 2] / 2**20:.0f} MiB per rank (median), {sum(pss) / 2**20:.0f} MiB in all",
-          file=out, flush=True)
-    print("hosts: " + "; ".join(f"{host} rank{'s' * (len(r) > 1)} {spans(r)}" for host, r in s["hosts"].items()),
-          file=out, flush=True)
+    print(
+        f"start-up: ranks ready {_after(up['ranks_ready_seconds'])}, "
+        f"first tuple {_after(up['first_tuple_seconds'])}, "
+        f"last result {_after(up['last_result_seconds'])} after the launch; PSS before data "
+        f"{pss[len(pss) // 2] / 2**20:.0f} MiB per rank (median), {sum(pss) / 2**20:.0f} MiB in all",
+        file=out,
+        flush=True,
+    )
+    print(
+        "hosts: " + "; ".join(f"{host} rank{'s' * (len(r) > 1)} {spans(r)}" for host, r in s["hosts"].items()),
+        file=out,
+        flush=True,
+    )
     parts = s["delay_parts_seconds"]
-    print("delay parts p50 / p99: " + ", ".join(f"{k} {seconds(parts[k]['p50'])} / {seconds(parts[k]['p99'])}"
-                                                for k in delays.PARTS)
-          + f"; slots missed (slave still joining) {sum(v['slots_missed'] for v in s['slaves'].values()):,}",
-          file=out, flush=True)
+    print(
+        "delay parts p50 / p99: "
+        + ", ".join(f"{k} {seconds(parts[k]['p50'])} / {seconds(parts[k]['p99'])}" for k in delays.PARTS)
+        + f"; slots missed (slave still joining) {sum(v['slots_missed'] for v in s['slaves'].values()):,}",
+        file=out,
+        flush=True,
+    )
     c = s["result_chunks"]
     if c["chunked_batches"]:
-        print(f"results of {c['chunked_batches']:,} batches were built in {c['chunks']:,} chunks of at most "
-              f"{s['config']['output']['result_chunk_rows']:,} rows (output.result_chunk_rows); the largest batch had "
-              f"{c['largest_batch_results']:,} results", file=out, flush=True)
+        print(
+            f"results of {c['chunked_batches']:,} batches were built in {c['chunks']:,} chunks of at most "
+            f"{s['config']['output']['result_chunk_rows']:,} rows (output.result_chunk_rows); the largest batch had "
+            f"{c['largest_batch_results']:,} results",
+            file=out,
+            flush=True,
+        )
     if "zmq_ingest" in s:
         z = s["zmq_ingest"]
-        print(f"zmq ingest on {', '.join(z['endpoints'])}: {z['messages']:,} messages, {z['tuples']:,} tuples, "
-              f"rejected {z['rejected_by_reason'] or 0}; producers held back {z['producers_blocked_seconds']:.2f}s "
-              f"in all; buffered at most {s['buffered_peak']:,}",
-              file=out, flush=True)
+        print(
+            f"zmq ingest on {', '.join(z['endpoints'])}: {z['messages']:,} messages, {z['tuples']:,} tuples, "
+            f"rejected {z['rejected_by_reason'] or 0}; producers held back {z['producers_blocked_seconds']:.2f}s "
+            f"in all; buffered at most {s['buffered_peak']:,}",
+            file=out,
+            flush=True,
+        )
     for side, x in s.get("lateness", {}).items():  # [streams]: lateness and idleness per stream
         idle = x["idle"]
-        print(f"stream {side} ({x['stream']}): max_delay {x['max_delay']:g}s, {x['late']:,} late; " + (
-            f"idle {len(idle)} time(s) for {sum(i['ended_seconds'] - i['began_seconds'] for i in idle):.1f}s in all "
-            f"(idle_timeout {x['idle_timeout']:g}s), the first from {idle[0]['began_seconds']:.1f}s"
-            if idle else "never idle" + f" (idle_timeout {x['idle_timeout']:g}s)" * bool(x["idle_timeout"])),
-            file=out, flush=True)
+        print(
+            f"stream {side} ({x['stream']}): max_delay {x['max_delay']:g}s, {x['late']:,} late; "
+            + (
+                f"idle {len(idle)} time(s) for "
+                f"{sum(i['ended_seconds'] - i['began_seconds'] for i in idle):.1f}s in all "
+                f"(idle_timeout {x['idle_timeout']:g}s), the first from {idle[0]['began_seconds']:.1f}s"
+                if idle
+                else "never idle" + f" (idle_timeout {x['idle_timeout']:g}s)" * bool(x["idle_timeout"])
+            ),
+            file=out,
+            flush=True,
+        )
     if "streams" in s:  # [streams.*] (master.sources.streams); with text keys, what their dictionary holds
         k = s.get("keys")
-        print(f"streams: R = {s['streams']['R']}, S = {s['streams']['S']}" + (
-            f"; {k['distinct']:,} distinct keys coded ({k['bytes'] / 2**20:.1f} MiB at the master)" if k else "")
-              + f"; payload log {s['payload_log_bytes'] / 2**20:.1f} MiB, at most "
-                f"{s['payload_log_peak_bytes'] / 2**20:.1f} MiB on disk at once", file=out, flush=True)
+        print(
+            f"streams: R = {s['streams']['R']}, S = {s['streams']['S']}"
+            + (f"; {k['distinct']:,} distinct keys coded ({k['bytes'] / 2**20:.1f} MiB at the master)" if k else "")
+            + f"; payload log {s['payload_log_bytes'] / 2**20:.1f} MiB, at most "
+            f"{s['payload_log_peak_bytes'] / 2**20:.1f} MiB on disk at once",
+            file=out,
+            flush=True,
+        )
     if "result_stream" in s:
         r = s["result_stream"]
-        print(f"result stream on {', '.join(r['endpoints'])}: {r['results']:,} results, "
-              f"{r['punctuations']:,} punctuations"
-              f"{', ordered' if r['ordered'] else ''}; {r['gaps']:,} gaps for subscribers behind"
-              f"{'; ingest held %.2fs' % r['ingest_held_seconds'] if r['ordered'] else ''}",
-              file=out, flush=True)
+        print(
+            f"result stream on {', '.join(r['endpoints'])}: {r['results']:,} results, "
+            f"{r['punctuations']:,} punctuations"
+            f"{', ordered' if r['ordered'] else ''}; {r['gaps']:,} gaps for subscribers behind"
+            f"{'; ingest held %.2fs' % r['ingest_held_seconds'] if r['ordered'] else ''}",
+            file=out,
+            flush=True,
+        )

@@ -1,6 +1,7 @@
 """The Spark audit (control.audit) on real cluster runs: it is exact on correct output (equal and band joins, two
 dispatchers, a crash seen live and after the supervisor's recovery) and finds faults planted in copies of the
 result and late files, each with its count and its pair or tuple in the diff file."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,16 @@ from tests.reference import late_flags, micros, reference_pairs, reference_theta
 from tests.cluster.test_cluster import SMALL
 
 # disorder above max_delay: about a third of the tuples are late; small files: the lateness prefix spans several
-LATE = dict(SMALL, **{"generator.duration": 3.0, "generator.disorder": 0.5, "output.flush_rows": 3000,
-                      "source.batch": 2000, "checkpoint.interval": 2})
+LATE = dict(
+    SMALL,
+    **{
+        "generator.duration": 3.0,
+        "generator.disorder": 0.5,
+        "output.flush_rows": 3000,
+        "source.batch": 2000,
+        "checkpoint.interval": 2,
+    },
+)
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
 
 #: the audit's reason for a pair whose times are outside the bounds
@@ -51,9 +60,16 @@ def reference(settings: dict, start: float = -np.inf, end: float = np.inf) -> np
     if settings.get("join.predicate", "equal") == "equal":
         pairs, _ = reference_pairs(d.stream, d.id, d.ts, d.key, settings["join.window"], settings["join.max_delay"])
     else:
-        pairs = reference_theta_pairs(d.stream, d.id, d.ts, d.key, settings["join.window"],
-                                      settings["join.max_delay"], settings["join.predicate"],
-                                      settings.get("join.band", 0))
+        pairs = reference_theta_pairs(
+            d.stream,
+            d.id,
+            d.ts,
+            d.key,
+            settings["join.window"],
+            settings["join.max_delay"],
+            settings["join.predicate"],
+            settings.get("join.band", 0),
+        )
     ts = {s: dict(zip(d.id[d.stream == s].tolist(), d.ts[d.stream == s].tolist())) for s in (0, 1)}
     later = np.array([max(ts[0][p // 2**32], ts[1][p % 2**32]) for p in pairs.tolist()])
     inside = np.ones(len(pairs), bool)
@@ -77,10 +93,16 @@ def late_run(tmp_path_factory):
 def test_the_audit_of_a_run_with_late_tuples_is_exact_and_counts_the_reference_pairs(spark, late_run):
     code, r = audited(spark, late_run)
     assert code == audit.EXACT and r["verdict"] == "exact", r
-    assert r["expected"] == r["found"] == late_run.summary["results"] \
+    assert (
+        r["expected"]
+        == r["found"]
+        == late_run.summary["results"]
         == len(reference(dict(LATE, **{"generator.seed": 21})))
-    assert r["input"].startswith("archive") \
+    )
+    assert (
+        r["input"].startswith("archive")
         and r["input_tuples"] == late_run.summary["input_total"] + late_run.summary["late"]
+    )
     # a middle range, and a sample of its keys
     code, r = audited(spark, late_run, "--from", "1", "--to", "2")
     assert code == 0 and r["range"] == "1-2"
@@ -126,32 +148,58 @@ def plant(src, dest):
     late_pair = partner(late_s, -1, micros(LATE["join.window"]))
 
     def row(i: int, j: int) -> dict:
-        return {"r_id": a["id"][i], "s_id": a["id"][j], "r_key": a["key"][i], "s_key": a["key"][j], "r_ts": a["ts"][i],
-                "s_ts": a["ts"][j], "r_value": a["value"][i], "s_value": a["value"][j], "delay": 0.0}
+        return {
+            "r_id": a["id"][i],
+            "s_id": a["id"][j],
+            "r_key": a["key"][i],
+            "s_key": a["key"][j],
+            "r_ts": a["ts"][i],
+            "s_ts": a["ts"][j],
+            "r_value": a["value"][i],
+            "s_value": a["value"][j],
+            "delay": 0.0,
+        }
 
     keep = np.ones(results.num_rows, bool)
     keep[removed] = False
     added = pa.Table.from_pylist([row(*apart), row(*late_pair)], schema=RESULT_SCHEMA)
     shutil.rmtree(out / "results")
     (out / "results").mkdir()
-    pq.write_table(pa.concat_tables([results.filter(keep), results.slice(doubled, 1), added]),
-                   out / "results" / "slave-001-000000.parquet")
+    pq.write_table(
+        pa.concat_tables([results.filter(keep), results.slice(doubled, 1), added]),
+        out / "results" / "slave-001-000000.parquet",
+    )
     lt = columns(late)
     dropped = len(lt["id"]) // 2
     wrongly = rows["S"][np.argmax(a["ts"][rows["S"]] > 1.0)]
     keep = np.ones(late.num_rows, bool)
     keep[dropped] = False
-    added = pa.Table.from_pylist([{"stream": "S", "id": a["id"][wrongly], "ts": a["ts"][wrongly],
-                                   "key": a["key"][wrongly], "value": a["value"][wrongly], "reason": "planted",
-                                   "bound": 0.0}], schema=late.schema)
+    added = pa.Table.from_pylist(
+        [
+            {
+                "stream": "S",
+                "id": a["id"][wrongly],
+                "ts": a["ts"][wrongly],
+                "key": a["key"][wrongly],
+                "value": a["value"][wrongly],
+                "reason": "planted",
+                "bound": 0.0,
+            }
+        ],
+        schema=late.schema,
+    )
     shutil.rmtree(out / "late")
     (out / "late").mkdir()
     pq.write_table(pa.concat_tables([late.filter(keep), added]), out / "late" / "late-000000.parquet")
     pair = lambda i: (int(res["r_id"][i]), int(res["s_id"][i]))
-    return {"removed": pair(removed), "doubled": pair(doubled),
-            "apart": (int(a["id"][apart[0]]), int(a["id"][apart[1]])),
-            "late_pair": (int(a["id"][late_pair[0]]), int(a["id"][late_pair[1]])),
-            "dropped": (lt["stream"][dropped], int(lt["id"][dropped])), "wrongly": ("S", int(a["id"][wrongly]))}
+    return {
+        "removed": pair(removed),
+        "doubled": pair(doubled),
+        "apart": (int(a["id"][apart[0]]), int(a["id"][apart[1]])),
+        "late_pair": (int(a["id"][late_pair[0]]), int(a["id"][late_pair[1]])),
+        "dropped": (lt["stream"][dropped], int(lt["id"][dropped])),
+        "wrongly": ("S", int(a["id"][wrongly])),
+    }
 
 
 def test_planted_faults_are_each_counted_and_in_the_diff_file(spark, late_run, tmp_path):
@@ -183,8 +231,12 @@ def boundary_input(path, groups: int) -> tuple[dict, dict]:
         b = Decimal(1_700_000_000) + Decimal(g) / 2 + Decimal(g * 7 % 500) / 1000
         top = b + Decimal("0.100001")  # the largest ts so far once it arrived
         r = {"early": (b - Decimal("0.2"), 3 * g + 2), "exact": (b, 3 * g), "beyond": (b, 3 * g + 1)}
-        s = {"exact": (b + Decimal("0.1"), 3 * g), "beyond": (top, 3 * g + 1),
-             "on": (top - Decimal("0.3"), 3 * g + 2), "late": (top - Decimal("0.300001"), 3 * g + 2)}
+        s = {
+            "exact": (b + Decimal("0.1"), 3 * g),
+            "beyond": (top, 3 * g + 1),
+            "on": (top - Decimal("0.3"), 3 * g + 2),
+            "late": (top - Decimal("0.300001"), 3 * g + 2),
+        }
         ids = {}
         for stream, tuples in (("R", r), ("S", s)):
             for name, cell in tuples.items():
@@ -204,9 +256,17 @@ def test_a_pair_exactly_the_window_apart_is_expected_and_one_microsecond_more_is
     path = tmp_path / "input.csv"
     rows, pairs = boundary_input(path, 200)
     assert len(pairs["float_window"]) > 50 and len(pairs["float_lateness"]) > 20  # float seconds would err here
-    run = run_cluster(tmp_path / "run", 3, {
-        "source.kind": "file", "source.path": str(path), "join.window": 0.1, "join.max_delay": 0.3,
-        "checkpoint.interval": 1})
+    run = run_cluster(
+        tmp_path / "run",
+        3,
+        {
+            "source.kind": "file",
+            "source.path": str(path),
+            "join.window": 0.1,
+            "join.max_delay": 0.3,
+            "checkpoint.interval": 1,
+        },
+    )
     assert run.returncode == 0, run.stderr
     assert run.summary["late"] == 200
     code, r = audited(spark, run)
@@ -217,13 +277,28 @@ def test_a_pair_exactly_the_window_apart_is_expected_and_one_microsecond_more_is
     removed, added = pairs["float_window"][0], pairs["too_far"][0]
     keep = pc.invert(pc.and_(pc.equal(results["r_id"], removed[0]), pc.equal(results["s_id"], removed[1])))
     (r_ts, r_key), (s_ts, s_key) = rows["R", added[0]], rows["S", added[1]]
-    extra = pa.Table.from_pylist([{"r_id": added[0], "s_id": added[1], "r_key": r_key, "s_key": s_key,
-                                   "r_ts": float(r_ts), "s_ts": float(s_ts), "r_value": 0.0, "s_value": 0.0,
-                                   "delay": 0.0}], schema=RESULT_SCHEMA)
+    extra = pa.Table.from_pylist(
+        [
+            {
+                "r_id": added[0],
+                "s_id": added[1],
+                "r_key": r_key,
+                "s_key": s_key,
+                "r_ts": float(r_ts),
+                "s_ts": float(s_ts),
+                "r_value": 0.0,
+                "s_value": 0.0,
+                "delay": 0.0,
+            }
+        ],
+        schema=RESULT_SCHEMA,
+    )
     shutil.rmtree(faulty.out / "results")
     (faulty.out / "results").mkdir()
-    pq.write_table(pa.concat_tables([results.filter(keep).cast(RESULT_SCHEMA), extra]),
-                   faulty.out / "results" / "slave-001-000000.parquet")
+    pq.write_table(
+        pa.concat_tables([results.filter(keep).cast(RESULT_SCHEMA), extra]),
+        faulty.out / "results" / "slave-001-000000.parquet",
+    )
     for source in ("archive", "input file"):  # the archive's float seconds, then the CSV's decimals
         if source == "input file":
             shutil.rmtree(faulty.out / "archive")
@@ -238,13 +313,32 @@ def test_a_pair_exactly_the_window_apart_is_expected_and_one_microsecond_more_is
 
 def test_band_join_from_the_input_file_without_an_archive(spark, tmp_path):
     # no checkpoints, so no archive: the audit takes the file source's input as the arrival order
-    settings = dict(SMALL, **{"generator.duration": 2.0, "generator.disorder": 0.4, "join.predicate": "band",
-                              "join.band": 3, "generator.keys": 20000, "generator.seed": 22})
+    settings = dict(
+        SMALL,
+        **{
+            "generator.duration": 2.0,
+            "generator.disorder": 0.4,
+            "join.predicate": "band",
+            "join.band": 3,
+            "generator.keys": 20000,
+            "generator.seed": 22,
+        },
+    )
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
     d = generate_all(cfg)
     path = tmp_path / "input.parquet"
-    pq.write_table(pa.table({"stream": np.array(["R", "S"])[d.stream], "id": d.id, "ts": eventtime.to_seconds(d.ts),
-                             "key": d.key, "value": d.value}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "stream": np.array(["R", "S"])[d.stream],
+                "id": d.id,
+                "ts": eventtime.to_seconds(d.ts),
+                "key": d.key,
+                "value": d.value,
+            }
+        ),
+        path,
+    )
     run = run_cluster(tmp_path, 3, dict(settings, **{"source.kind": "file", "source.path": str(path)}))
     assert run.returncode == 0, run.stderr
     code, r = audited(spark, run)
@@ -252,15 +346,42 @@ def test_band_join_from_the_input_file_without_an_archive(spark, tmp_path):
     assert r["expected"] == r["found"] == len(reference(settings)) > 500 and run.summary["late"] > 0
 
 
-@pytest.mark.parametrize("settings,ranks", [
-    # r.key < s.key: no key equality to join on, only the time buckets
-    ({**SMALL, "join.predicate": "less", "generator.rate": 400.0, "join.window": 0.1, "generator.disorder": 0.4,
-      "generator.keys": 4096, "generator.seed": 26, "checkpoint.interval": 2}, 3),
-    # a heavy hitter split into a grid of sub-groups moved to other slaves (R tuples copied to each)
-    ({**SMALL, "generator.hot_share": 0.3, "generator.keys": 65536, "hotkeys.enabled": True,
-      "epochs.reorganization": 0.5, "balance.enabled": False, "join.window": 0.05, "generator.seed": 27,
-      "source.rate": 6000.0, "checkpoint.interval": 2}, 4),
-], ids=["less", "hot-keys"])
+@pytest.mark.parametrize(
+    "settings,ranks",
+    [
+        # r.key < s.key: no key equality to join on, only the time buckets
+        (
+            {
+                **SMALL,
+                "join.predicate": "less",
+                "generator.rate": 400.0,
+                "join.window": 0.1,
+                "generator.disorder": 0.4,
+                "generator.keys": 4096,
+                "generator.seed": 26,
+                "checkpoint.interval": 2,
+            },
+            3,
+        ),
+        # a heavy hitter split into a grid of sub-groups moved to other slaves (R tuples copied to each)
+        (
+            {
+                **SMALL,
+                "generator.hot_share": 0.3,
+                "generator.keys": 65536,
+                "hotkeys.enabled": True,
+                "epochs.reorganization": 0.5,
+                "balance.enabled": False,
+                "join.window": 0.05,
+                "generator.seed": 27,
+                "source.rate": 6000.0,
+                "checkpoint.interval": 2,
+            },
+            4,
+        ),
+    ],
+    ids=["less", "hot-keys"],
+)
 def test_less_join_and_hot_key_grids_are_exact(spark, tmp_path, settings, ranks):
     run = run_cluster(tmp_path, ranks, settings)
     assert run.returncode == 0, run.stderr
@@ -282,8 +403,16 @@ def test_two_dispatchers_archives_are_merged_and_each_applies_the_lateness_rule(
 
 
 def test_without_an_archive_the_generator_is_rebuilt_and_split_as_the_dispatchers_split_it(spark, tmp_path):
-    settings = dict(LATE, **{"cluster.dispatchers": 2, "generator.seed": 25, "balance.enabled": False,
-                             "checkpoint.interval": 0, "generator.duration": 2.0})
+    settings = dict(
+        LATE,
+        **{
+            "cluster.dispatchers": 2,
+            "generator.seed": 25,
+            "balance.enabled": False,
+            "checkpoint.interval": 0,
+            "generator.duration": 2.0,
+        },
+    )
     run = run_cluster(tmp_path, 4, settings)
     assert run.returncode == 0, run.stderr
     assert not (run.out / "archive").exists() and run.summary["late"] > 500
@@ -294,25 +423,32 @@ def test_without_an_archive_the_generator_is_rebuilt_and_split_as_the_dispatcher
 
 def test_a_crashed_run_is_exact_below_its_checkpoint_and_followed_through_its_recovery(spark, tmp_path):
     # 5 s of input, about 55 batches: the kill comes after a complete checkpoint, on a loaded host too
-    settings = dict(LATE, **{"generator.seed": 24, "source.rate": 6000.0, "epochs.distribution": 0.1,
-                             "generator.duration": 5.0})
-    crashed = run_cluster(tmp_path, 3, settings,
-                          env={"STREAMJOIN_FAULT": f"1:batch-after-checkpoint:6:{tmp_path / 'fired'}"})
+    settings = dict(
+        LATE, **{"generator.seed": 24, "source.rate": 6000.0, "epochs.distribution": 0.1, "generator.duration": 5.0}
+    )
+    crashed = run_cluster(
+        tmp_path, 3, settings, env={"STREAMJOIN_FAULT": f"1:batch-after-checkpoint:6:{tmp_path / 'fired'}"}
+    )
     assert crashed.returncode != 0 and (tmp_path / "fired").exists()
     # a result file past the last commit, as a crashed run leaves them: the restarted run replaces it, so it
     # does not count (here a copy of a committed file: counted, every pair in it would be a duplicate)
     _, manifest = checkpoint.latest_complete(tmp_path / "out" / "checkpoints")
     committed = manifest["commit"]["results"]["slave-001"]
     assert committed > 0
-    shutil.copy(tmp_path / "out" / "results" / "slave-001-000000.parquet",
-                tmp_path / "out" / "results" / f"slave-001-{committed + 50:06d}.parquet")
+    shutil.copy(
+        tmp_path / "out" / "results" / "slave-001-000000.parquet",
+        tmp_path / "out" / "results" / f"slave-001-{committed + 50:06d}.parquet",
+    )
     code, r = audited(spark, crashed)
-    assert code == 0 and r["run"] == f"live run, checkpoint {manifest['id']}, watermark {r['range'][len('start-'):]}", r
+    assert (
+        code == 0 and r["run"] == f"live run, checkpoint {manifest['id']}, watermark {r['range'][len('start-') :]}"
+    ), r
     assert r["expected"] == len(reference(settings, -np.inf, r["to"])) > 100
     # --follow beside the supervisor's recovery: each second of event time once the watermark passed it
     cfg = load_config(tmp_path / "run.toml")  # before run_cluster writes it again
-    recovery = threading.Thread(target=lambda: run_cluster(tmp_path, 3, settings, wrapper=SUPERVISE,
-                                                           extra_args=["--recover"]))
+    recovery = threading.Thread(
+        target=lambda: run_cluster(tmp_path, 3, settings, wrapper=SUPERVISE, extra_args=["--recover"])
+    )
     recovery.start()
     lines = []
     metrics = AuditMetrics("127.0.0.1:0", cfg)

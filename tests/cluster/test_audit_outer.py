@@ -2,6 +2,7 @@
 left join seen live from its checkpoint, semi on a band join), counted against tests.reference's outer join; and planted
 faults in the rows without a partner (one removed, one doubled, one added for a tuple that has a partner)
 each counted under its kind and present in the diff file."""
+
 from __future__ import annotations
 
 import re
@@ -35,8 +36,9 @@ def reference_rows(settings: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     max_delay = settings["join.max_delay"]
     pairs, late = reference_pairs(d.stream, d.id, d.ts, d.key, window, max_delay)
     if settings.get("join.predicate", "equal") != "equal":
-        pairs = reference_theta_pairs(d.stream, d.id, d.ts, d.key, window, max_delay, settings["join.predicate"],
-                                      settings.get("join.band", 0))
+        pairs = reference_theta_pairs(
+            d.stream, d.id, d.ts, d.key, window, max_delay, settings["join.predicate"], settings.get("join.band", 0)
+        )
     on = ~np.isin(d.stream.astype(np.int64) * 2**40 + d.id, late)
     return reference_outer(pairs, d.id[on & (d.stream == 0)], d.id[on & (d.stream == 1)], settings["join.type"])
 
@@ -71,8 +73,9 @@ def test_the_audit_of_a_full_join_counts_each_kind_like_the_reference(spark, ful
         scraped = urllib.request.urlopen(metrics.url, timeout=10).read().decode()
     finally:
         metrics.close()
-    metric = lambda labels: float(re.search(rf"^streamjoin_audit_rows_alone_total{{{labels}}} (\S+)$", scraped,
-                                            re.M).group(1))
+    metric = lambda labels: float(
+        re.search(rf"^streamjoin_audit_rows_alone_total{{{labels}}} (\S+)$", scraped, re.M).group(1)
+    )
     assert metric('kind="right_unmatched",outcome="found"') == len(lone_s)
     assert metric('kind="left_unmatched",outcome="missing"') == 0
 
@@ -80,8 +83,13 @@ def test_the_audit_of_a_full_join_counts_each_kind_like_the_reference(spark, ful
 def test_the_audit_of_asymmetric_time_bounds_is_exact_over_the_run_and_a_range(spark, tmp_path_factory):
     """join.lower / join.upper: the audit joins by lower <= s.ts - r.ts <= upper and reads partners
     up to the farther bound past a range; a full join, so both streams' rows alone are recomputed too."""
-    settings = {**{k: v for k, v in OUTER.items() if k != "join.window"}, "join.lower": -0.1, "join.upper": 0.4,
-                "join.type": "full", "generator.seed": 53}
+    settings = {
+        **{k: v for k, v in OUTER.items() if k != "join.window"},
+        "join.lower": -0.1,
+        "join.upper": 0.4,
+        "join.type": "full",
+        "generator.seed": 53,
+    }
     run = outer_run(tmp_path_factory, "bounds", settings)
     pairs, lone_r, lone_s = reference_rows(settings)
     code, r = audited(spark, run)
@@ -101,15 +109,22 @@ def test_planted_faults_in_rows_alone_are_counted_by_kind_and_in_the_diff_file(s
     doubled = int(np.flatnonzero(kind == RIGHT_UNMATCHED)[0])
     matched = int(np.flatnonzero((kind == MATCHED) & (r_ts > 0.5))[0])  # its R tuple has a partner
     partnered = t.slice(matched, 1).to_pylist()[0]
-    added = {**{c: None for c in t.column_names}, **{c: partnered[c] for c in ("r_id", "r_key", "r_ts", "r_value")},
-             "delay": 0.0, "kind": LEFT_UNMATCHED}
+    added = {
+        **{c: None for c in t.column_names},
+        **{c: partnered[c] for c in ("r_id", "r_key", "r_ts", "r_value")},
+        "delay": 0.0,
+        "kind": LEFT_UNMATCHED,
+    }
     keep = np.ones(t.num_rows, bool)
     keep[removed] = False
     shutil.rmtree(faulty.out / "results")
     (faulty.out / "results").mkdir()
-    pq.write_table(pa.concat_tables([t.filter(pa.array(keep)), t.slice(doubled, 1),
-                                     pa.Table.from_pylist([added], schema=t.schema)]),
-                   faulty.out / "results" / "slave-001-000000.parquet")
+    pq.write_table(
+        pa.concat_tables(
+            [t.filter(pa.array(keep)), t.slice(doubled, 1), pa.Table.from_pylist([added], schema=t.schema)]
+        ),
+        faulty.out / "results" / "slave-001-000000.parquet",
+    )
     code, r = audited(spark, faulty)
     assert code == audit.DIFFERENT and r["verdict"] == "different", r
     assert (r["missing"], r["extra"], r["duplicates"], r["late_wrong"]) == (0, 0, 0, 0), r
@@ -130,10 +145,12 @@ def test_planted_faults_in_rows_alone_are_counted_by_kind_and_in_the_diff_file(s
 
 def test_a_crashed_left_join_is_exact_below_the_bound_where_its_rows_alone_are_final(spark, tmp_path):
     # seen live: its newest checkpoint's committed files, below the slaves' watermark minus join.window
-    settings = dict(LATE, **{"join.type": "left", "generator.seed": 52, "source.rate": 6000.0,
-                             "epochs.distribution": 0.1})
-    crashed = run_cluster(tmp_path, 3, settings,
-                          env={"STREAMJOIN_FAULT": f"1:batch-after-checkpoint:12:{tmp_path / 'fired'}"})
+    settings = dict(
+        LATE, **{"join.type": "left", "generator.seed": 52, "source.rate": 6000.0, "epochs.distribution": 0.1}
+    )
+    crashed = run_cluster(
+        tmp_path, 3, settings, env={"STREAMJOIN_FAULT": f"1:batch-after-checkpoint:12:{tmp_path / 'fired'}"}
+    )
     assert crashed.returncode != 0 and (tmp_path / "fired").exists()
     code, r = audited(spark, crashed)
     assert code == audit.EXACT, r
@@ -144,8 +161,10 @@ def test_a_crashed_left_join_is_exact_below_the_bound_where_its_rows_alone_are_f
 
 
 def test_a_semi_band_join_expects_each_r_row_with_a_partner_once(spark, tmp_path_factory):
-    settings = dict(OUTER, **{"join.type": "semi", "join.predicate": "band", "join.band": 3,
-                              "generator.keys": 8192, "generator.seed": 53})
+    settings = dict(
+        OUTER,
+        **{"join.type": "semi", "join.predicate": "band", "join.band": 3, "generator.keys": 8192, "generator.seed": 53},
+    )
     run = outer_run(tmp_path_factory, "semi", settings)
     _, lone_r, _ = reference_rows(settings)
     code, r = audited(spark, run)

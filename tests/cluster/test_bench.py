@@ -1,4 +1,5 @@
 """Tests of the bench package's helpers and report writing, and a few small real runs (no speed assertions)."""
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,12 @@ def test_keep_up_bound_shrinks_with_a_short_input():
     # 12M tuples paced at 7M/s are 1.7 s of input: a cluster ingesting 5.9M/s ends 0.33 s behind, within the
     # fixed 0.5 s; the bound is 10% of the input's length, 0.17 s
     assert keep_up(tuples=12_000_000, wall=2.3, rate=7_000_000, pacing_lag=0.33, backlog=0.0) == {
-        "achieved_rate": pytest.approx(5_217_391.3), "ratio": 0.745, "lag_seconds": 0.33, "lag_bound": 0.171,
-        "kept_up": False}
+        "achieved_rate": pytest.approx(5_217_391.3),
+        "ratio": 0.745,
+        "lag_seconds": 0.33,
+        "lag_bound": 0.171,
+        "kept_up": False,
+    }
     assert keep_up(tuples=12_000_000, wall=2.3, rate=6_000_000, pacing_lag=0.15, backlog=0.0)["kept_up"]
     # a long input keeps the fixed bound
     long = keep_up(tuples=12_000_000, wall=20.0, rate=600_000, pacing_lag=0.45, backlog=0.0)
@@ -75,27 +80,53 @@ def test_fmt_and_md_table():
     assert fmt(0.12345, ".3f") == "0.123"
     assert fmt(None) == "-" and fmt(float("nan"), ".3f") == "-"
     lines = md_table(["a", "long header"], [["12345", "x"], ["1", "yy"]]).splitlines()
-    assert lines == ["| a     | long header |",
-                     "|-------|-------------|",
-                     "| 12345 | x           |",
-                     "| 1     | yy          |"]
+    assert lines == [
+        "| a     | long header |",
+        "|-------|-------------|",
+        "| 12345 | x           |",
+        "| 1     | yy          |",
+    ]
 
 
 def summary(throughput, p50, wt=10, wb=640, p95=0.2, comm=0.1):
-    return {"input_total": 1000, "late": 0, "results": 50, "wall_seconds": 2.0, "throughput_tuples_per_s": throughput,
-            "delay_seconds": {"p50": p50, "p95": p95, "p99": 0.3, "max": 0.25, "note": "..."},
-            "slaves": {"1": {"tuples_processed": 1000, "window_tuples": wt, "window_bytes": wb,
-                             "busy_seconds": 0.5, "results": 50, "epochs": 3, "result_files": 1,
-                             "comm_seconds": comm, "peak_rss_bytes": 100 * 2**20, "cpu_seconds": 1.0}},
-            "master_peak_rss_bytes": 300 * 2**20, "config": {"big": "dropped"}, "process_seconds": 3.5,
-            "startup": {"first_tuple_seconds": 1.25, "pss_before_data_bytes": {"0": 90 * 2**20, "1": 80 * 2**20}}}
+    return {
+        "input_total": 1000,
+        "late": 0,
+        "results": 50,
+        "wall_seconds": 2.0,
+        "throughput_tuples_per_s": throughput,
+        "delay_seconds": {"p50": p50, "p95": p95, "p99": 0.3, "max": 0.25, "note": "..."},
+        "slaves": {
+            "1": {
+                "tuples_processed": 1000,
+                "window_tuples": wt,
+                "window_bytes": wb,
+                "busy_seconds": 0.5,
+                "results": 50,
+                "epochs": 3,
+                "result_files": 1,
+                "comm_seconds": comm,
+                "peak_rss_bytes": 100 * 2**20,
+                "cpu_seconds": 1.0,
+            }
+        },
+        "master_peak_rss_bytes": 300 * 2**20,
+        "config": {"big": "dropped"},
+        "process_seconds": 3.5,
+        "startup": {"first_tuple_seconds": 1.25, "pss_before_data_bytes": {"0": 90 * 2**20, "1": 80 * 2**20}},
+    }
 
 
 def test_run_numbers_and_aggregate():
     r = run_numbers(summary(500.0, 0.1))
     assert r["throughput"] == 500.0 and r["delay_p50"] == 0.1 and r["window_bytes_per_tuple"] == 64.0
-    assert "config" not in r and r["slaves"]["1"] == {"tuples_processed": 1000, "window_tuples": 10,
-                                                      "window_bytes": 640, "busy_seconds": 0.5, "comm_seconds": 0.1}
+    assert "config" not in r and r["slaves"]["1"] == {
+        "tuples_processed": 1000,
+        "window_tuples": 10,
+        "window_bytes": 640,
+        "busy_seconds": 0.5,
+        "comm_seconds": 0.1,
+    }
     assert r["rank_rss_mb"] == {"0": 300.0, "1": 100.0}
     assert (r["first_tuple_seconds"], r["process_seconds"], r["pss_mb"]) == (1.25, 3.5, 170.0)
     empty = run_numbers(summary(500.0, float("nan"), wt=0, wb=0))
@@ -109,8 +140,10 @@ def test_run_numbers_and_aggregate():
 
 # --------------------------------------------------------------------------- the search for the sustained rate
 
+
 def test_a_run_shorter_than_ten_seconds_of_input_cannot_pass():
     from bench.search import MIN_INPUT_SECONDS, counted_verdict, input_verdict
+
     assert MIN_INPUT_SECONDS == 10.0
     # 12M tuples at 9.3M/s are 1.3 s of input; it kept up with a bounded delay, and still cannot count
     short = {"kept_up": True, "delay_p95": 0.4, **input_verdict(12_000_000, 9_300_000)}
@@ -126,6 +159,7 @@ def test_a_run_shorter_than_ten_seconds_of_input_cannot_pass():
 
 def test_flatness_of_the_confirmation_runs_delay():
     from bench.search import flatness
+
     assert flatness(0.3, 0.6, 0.25)["flat"] and flatness(0.3, 0.6, 0.25)["limit"] == 0.6  # 2x the first
     assert not flatness(0.3, 0.61, 0.25)["flat"]
     assert flatness(0.05, 0.3, 0.25)["flat"] and not flatness(0.05, 0.31, 0.25)["flat"]  # small: + one epoch
@@ -136,6 +170,7 @@ def test_flatness_of_the_confirmation_runs_delay():
 
 def test_confirmed_needs_the_repeats_and_a_flat_confirmation_run():
     from bench.search import confirmed
+
     assert confirmed(point()) and point()["confirm"]["flatness"]["limit"] == 0.8
     assert not confirmed(point(last_p99=0.9))  # the delay climbed over the long run
     assert not confirmed(point(sustained_kept=(True, False, False)))  # most repeats fell behind
@@ -148,11 +183,18 @@ def test_confirmed_needs_the_repeats_and_a_flat_confirmation_run():
 def test_quarter_p99_comes_from_the_metrics_log_by_input_progress():
     import pyarrow as pa
     from bench.cluster import quarter_p99
+
     # a sample a second over 100 tuples of input; after the input's end two drain samples (not counted)
     seen = [0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 100, 100]
     p99 = [None, 0.3, 0.2, 0.4, 0.3, 0.35, 0.3, 0.9, 1.0, 1.1, 1.2, 5.0, 5.0]
-    log = pa.table({"elapsed": [float(i) for i in range(len(seen))][::-1], "input_r": [n // 2 for n in seen][::-1],
-                    "input_s": [n - n // 2 for n in seen][::-1], "delay_p99": p99[::-1]})  # files in any order
+    log = pa.table(
+        {
+            "elapsed": [float(i) for i in range(len(seen))][::-1],
+            "input_r": [n // 2 for n in seen][::-1],
+            "input_s": [n - n // 2 for n in seen][::-1],
+            "delay_p99": p99[::-1],
+        }
+    )  # files in any order
     q = quarter_p99(log)
     # quarters of the input (0, 25], (25, 50], (50, 75], (75, 100]: medians of 0.3 0.2 | 0.4 0.3 0.35 | 0.3 0.9 |
     # 1.0 1.1 1.2 (the sample before any input and the drain's count for none)
@@ -163,6 +205,7 @@ def test_quarter_p99_comes_from_the_metrics_log_by_input_progress():
 
 def test_a_long_run_drops_only_complete_result_files(tmp_path):
     from bench.cluster import _drop_results
+
     results = tmp_path / "results"
     results.mkdir()
     for name in ("slave-001-000000.parquet", ".slave-001-000001.parquet.tmp"):
@@ -209,8 +252,9 @@ def test_next_rate_bisects_geometrically_between_highest_pass_and_lowest_fail():
     assert next_rate([(500, False), (250, True), (354, True)], 1000.0, steps=6) == round(math.sqrt(354 * 500))
     assert next_rate([(500, False), (250, True), (354, False)], 1000.0, steps=6) == round(math.sqrt(250 * 354))
     # a failure below the highest pass (noise) does not invert the bracket; the lowest fail above it counts
-    assert next_rate([(800, False), (400, True), (300, False), (600, False)], 1000.0, steps=6) == \
-        round(math.sqrt(400 * 600))
+    assert next_rate([(800, False), (400, True), (300, False), (600, False)], 1000.0, steps=6) == round(
+        math.sqrt(400 * 600)
+    )
     # a pass at or above the unpaced throughput (a slow probe): look above it instead of stopping
     assert next_rate([(1000, True)], 1000.0, steps=6) == round(math.sqrt(1000 * 2000))
 
@@ -238,7 +282,7 @@ def test_search_brackets_a_threshold(true_rate, steps):
     assert sustained_rate(trail) == lo and 0 < lo <= true_rate
     assert hi is None or hi > true_rate
     halvings = max(0, math.ceil(math.log2(unpaced * bench.search.FIRST_FRACTION / true_rate)))
-    assert [ok for _, ok in trail[:halvings + 1]] == [False] * halvings + [True]
+    assert [ok for _, ok in trail[: halvings + 1]] == [False] * halvings + [True]
     # after the first pass the bracket spans a factor 2; each geometric bisection halves its logarithm ...
     floor = 0.99 * true_rate * 2 ** -(1 / 2 ** (steps - halvings - 1))
     if true_rate >= bench.search.PROBE_MARGIN * unpaced:  # ... unless it looks above U, which costs resolution near U
@@ -280,9 +324,15 @@ def test_planned_runs_and_count():
 
 # --------------------------------------------------------------------------- summary table and report
 
+
 def paced(label, rate, throughput, p50, p95, kept=True, rss=120.0):
-    r = {"label": label, **run_numbers(summary(throughput, p50, p95=p95)), "peak_rss_mb": rss, "rate": rate,
-         **keep_up(1000, 2.0, 100, 0.0 if kept else 5.0, 0.0)}
+    r = {
+        "label": label,
+        **run_numbers(summary(throughput, p50, p95=p95)),
+        "peak_rss_mb": rss,
+        "rate": rate,
+        **keep_up(1000, 2.0, 100, 0.0 if kept else 5.0, 0.0),
+    }
     r["passed"], r["verdict"] = search_verdict(r, 1.5)
     return r
 
@@ -298,20 +348,33 @@ def point(k=2, sustained_kept=(True, True, False), last_p99=0.35):
     """A plausible point as Bench.point builds it: probe, search 500k fail -> 250k pass -> 354k fail -> 297k pass,
     repeats, half load, and a confirmation run whose delay p99 went from 0.3 s to `last_p99` (flat up to 0.8 s)."""
     probe = {"label": "probe", **run_numbers(summary(1_000_000.0, 1.0)), "peak_rss_mb": 600.0}
-    search = [paced("search #1", 500_000, 400_000.0, 1.0, 2.5, kept=False),
-              paced("search #2", 250_000, 240_000.0, 0.5, 0.9),
-              paced("search #3", 354_000, 300_000.0, 0.9, 1.8),
-              paced("search #4", 297_000, 290_000.0, 0.6, 1.2)]
+    search = [
+        paced("search #1", 500_000, 400_000.0, 1.0, 2.5, kept=False),
+        paced("search #2", 250_000, 240_000.0, 0.5, 0.9),
+        paced("search #3", 354_000, 300_000.0, 0.9, 1.8),
+        paced("search #4", 297_000, 290_000.0, 0.6, 1.2),
+    ]
     trail = [(r["rate"], r["passed"]) for r in search]
-    at = [paced(f"sustained #{i + 1}", 297_000, t, 0.6, 1.0, kept=kept)
-          for i, (t, kept) in enumerate(zip((280_000.0, 295_000.0, 260_000.0), sustained_kept))]
+    at = [
+        paced(f"sustained #{i + 1}", 297_000, t, 0.6, 1.0, kept=kept)
+        for i, (t, kept) in enumerate(zip((280_000.0, 295_000.0, 260_000.0), sustained_kept))
+    ]
     half = [paced(f"half #{i + 1}", 148_500, 148_000.0, p, 0.5) for i, p in enumerate((0.4, 0.3, 0.5))]
-    return {"slaves": k, "ranks": k + 1, "unpaced": 1_000_000.0, "probe": probe,
-            "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
-            "sustained": {"rate": sustained_rate(trail), "throughput": median(r["throughput"] for r in at),
-                          **aggregate(at), "runs": at},
-            "half": {"rate": 148_500, **aggregate(half), "runs": half},
-            "confirm": confirm_run(297_000, 0.3, last_p99)}
+    return {
+        "slaves": k,
+        "ranks": k + 1,
+        "unpaced": 1_000_000.0,
+        "probe": probe,
+        "search": {"trail": trail, "bracket": bracket(trail), "runs": search},
+        "sustained": {
+            "rate": sustained_rate(trail),
+            "throughput": median(r["throughput"] for r in at),
+            **aggregate(at),
+            "runs": at,
+        },
+        "half": {"rate": 148_500, **aggregate(half), "runs": half},
+        "confirm": confirm_run(297_000, 0.3, last_p99),
+    }
 
 
 def test_summary_table_row():
@@ -341,13 +404,34 @@ def test_summary_table_when_nothing_passed():
 
 
 def fake_data(points):
-    return {"command": "python -m bench --quick", "repeats": 3, "steps": 4, "delay_bound": 1.5,
-            "workload": ["generator.duration=10.0"], "bench_seconds": 200.0, "points": points, "confirm_seconds": 60.0,
-            "machine": {"cpu": "x", "cores": 2, "memory_gib": 1.0, "load_average_at_start": [0.1, 0.2, 0.3],
-                        "os": "linux", "python": "3", "numpy": "2", "mpi4py": "4", "open_mpi": "5",
-                        "date": "2026-01-01T00:00:00+00:00"},
-            "config": {"master": {"buffer_capacity": 2_000_000}, "generator": {"tuple_bytes": 64},
-                       "epochs": {"distribution": 0.5}, "output": {"path": "x"}}}
+    return {
+        "command": "python -m bench --quick",
+        "repeats": 3,
+        "steps": 4,
+        "delay_bound": 1.5,
+        "workload": ["generator.duration=10.0"],
+        "bench_seconds": 200.0,
+        "points": points,
+        "confirm_seconds": 60.0,
+        "machine": {
+            "cpu": "x",
+            "cores": 2,
+            "memory_gib": 1.0,
+            "load_average_at_start": [0.1, 0.2, 0.3],
+            "os": "linux",
+            "python": "3",
+            "numpy": "2",
+            "mpi4py": "4",
+            "open_mpi": "5",
+            "date": "2026-01-01T00:00:00+00:00",
+        },
+        "config": {
+            "master": {"buffer_capacity": 2_000_000},
+            "generator": {"tuple_bytes": 64},
+            "epochs": {"distribution": 0.5},
+            "output": {"path": "x"},
+        },
+    }
 
 
 def test_caveats():
@@ -364,6 +448,7 @@ def test_caveats():
 
 def test_a_quick_report_claims_no_capacity_and_no_target(tmp_path):
     from bench.report import QUICK_NOTE
+
     data = fake_data([point(1), point(2)])
     data.update(quick=True, confirm_seconds=0.0)
     for p in data["points"]:
@@ -397,22 +482,28 @@ def test_report_and_plots_are_written(tmp_path):
     assert all(p.stat().st_size > 10_000 for p in paths)
 
 
-
-
 def test_balance_bench_imbalance_is_max_over_mean():
     from bench.balance import imbalance
-    summary = {"slaves": {"1": {"tuples_processed": 300}, "2": {"tuples_processed": 100},
-                          "3": {"tuples_processed": 200}}}
+
+    summary = {
+        "slaves": {"1": {"tuples_processed": 300}, "2": {"tuples_processed": 100}, "3": {"tuples_processed": 200}}
+    }
     assert imbalance(summary["slaves"]) == pytest.approx(1.5)
     assert math.isnan(imbalance({"1": {"tuples_processed": 0}}))
 
 
 # --------------------------------------------------------------------------- the load-balancing bench
 
+
 def test_balance_bench_busy_share_and_mode_summary():
     from bench.balance import busy_share, mode_summary, table
-    slaves = {"1": {"tuples_processed": 300}, "2": {"tuples_processed": 300}, "3": {"tuples_processed": 100},
-              "4": {"tuples_processed": 300}}
+
+    slaves = {
+        "1": {"tuples_processed": 300},
+        "2": {"tuples_processed": 300},
+        "3": {"tuples_processed": 100},
+        "4": {"tuples_processed": 300},
+    }
     assert busy_share(slaves, [3, 4]) == pytest.approx(0.4)
     assert busy_share(slaves, []) == 0.0
     assert math.isnan(busy_share({"1": {"tuples_processed": 0}}, [1]))
@@ -431,12 +522,26 @@ def test_balance_bench_busy_share_and_mode_summary():
 
 def test_balance_report_and_plot_are_written(tmp_path):
     from bench import balance as bb
+
     points = {mode: point(4) for mode in ("off", "repartition")}
-    data = {"command": "python -m bench.balance --quick", "machine": fake_data([])["machine"],
-            "workload": bb.WORKLOAD, "slaves": 4, "hogs": 2, "hosts": [[0], [1]], "busy_slaves": [3, 4],
-            "repeats": 3, "steps": 4, "delay_bound": 1.5, "load_before": [0.5, 0.4, 0.3], "load_after": [2.5, 2, 1],
-            "points": points, "runs": 16, "bench_seconds": 400.0,
-            "summaries": {m: bb.mode_summary(p, [3, 4]) for m, p in points.items()}}
+    data = {
+        "command": "python -m bench.balance --quick",
+        "machine": fake_data([])["machine"],
+        "workload": bb.WORKLOAD,
+        "slaves": 4,
+        "hogs": 2,
+        "hosts": [[0], [1]],
+        "busy_slaves": [3, 4],
+        "repeats": 3,
+        "steps": 4,
+        "delay_bound": 1.5,
+        "load_before": [0.5, 0.4, 0.3],
+        "load_after": [2.5, 2, 1],
+        "points": points,
+        "runs": 16,
+        "bench_seconds": 400.0,
+        "summaries": {m: bb.mode_summary(p, [3, 4]) for m, p in points.items()},
+    }
     data = json.loads(json.dumps(data))
     bb.write_report(tmp_path, data)
     report = (tmp_path / "balance.md").read_text()
@@ -452,6 +557,7 @@ def test_planned_runs_without_half_load():
 
 def test_busy_host_cpu_plan():
     from bench.busy import busy_slaves, cpu_plan, decode_plan, encode_plan, hosts
+
     assert hosts([1, 0]) == ([0], [1]) and hosts([0]) == ([0], [0]) and hosts([0, 1, 2, 3, 4]) == ([0, 1], [2, 3, 4])
     # 4 slaves on 2 CPUs: the master and slaves 1, 2 quiet, slaves 3, 4 busy
     assert cpu_plan(5, [0, 1]) == [[0], [0], [0], [1], [1]] and busy_slaves(5) == [3, 4]
@@ -471,6 +577,7 @@ def test_hogs_spin_pinned_and_are_ended(tmp_path):
     import os
     import time
     from bench.busy import hogs
+
     cpu = min(os.sched_getaffinity(0))
     with hogs(2, [cpu]) as pids:
         assert len(pids) == 2
@@ -491,6 +598,7 @@ def test_busy_wrapper_runs_the_cluster_pinned_and_names_a_bad_plan(tmp_path):
     import os
     from bench.cluster import RunFailed, run_cluster
     from bench.busy import PLAN_ENV
+
     cpu = min(os.sched_getaffinity(0))
     small = ["generator.duration=1.0", "generator.rate=2000", "generator.keys=64"]
     s = run_cluster(3, small, tmp_path / "ok", 120, module="bench.busy", env={PLAN_ENV: f"{cpu};{cpu};{cpu}"})
@@ -506,6 +614,7 @@ def test_busy_wrapper_runs_the_cluster_pinned_and_names_a_bad_plan(tmp_path):
 def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
     from bench.kernel import duckdb_join, epoch_batches, own_kernel
     from protocol.config import load_config
+
     cfg = load_config(None, ["generator.duration=2", "generator.rate=5000", "generator.keys=2048"])
     data, batches = epoch_batches(cfg)
     assert sum(len(r) + len(s) for r, s, _ in batches) == len(data.ts)
@@ -524,8 +633,10 @@ def test_kernel_bench_writing_results_writes_exactly_the_reference_join(tmp_path
     from protocol.config import load_config
     from protocol.output import read_tables
     from tests.reference import encode_pairs, reference_pairs
-    cfg = load_config(None, ["generator.duration=2", "generator.rate=5000", "generator.keys=2048",
-                             "output.flush_rows=2000"])
+
+    cfg = load_config(
+        None, ["generator.duration=2", "generator.rate=5000", "generator.keys=2048", "output.flush_rows=2000"]
+    )
     data, batches = epoch_batches(cfg, 0.5)
     cpus = os.sched_getaffinity(0)
     _, counted = own_kernel(cfg, batches)
@@ -541,6 +652,7 @@ def test_kernel_bench_writing_results_writes_exactly_the_reference_join(tmp_path
 def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
     from bench.kernel import epoch_batches, window_footprint
     from protocol.config import load_config
+
     cfg = load_config(None, ["generator.duration=3", "generator.rate=5000", "generator.keys=2048"])
     _, batches = epoch_batches(cfg)
     f = window_footprint(cfg, batches)
@@ -555,6 +667,7 @@ def test_input_cache_writes_the_generated_input_once_and_reuses_it(tmp_path, mon
     from bench.inputs import FILE, InputCache
     from master.sources import FileSource
     from common.workload import generate_all
+
     small = ["generator.duration=2.0", "generator.rate=3000", "generator.keys=64"]
     cache = InputCache(tmp_path)
     path = cache.file(small)
@@ -584,8 +697,13 @@ def test_input_cache_writes_the_generated_input_once_and_reuses_it(tmp_path, mon
 def test_input_cache_evicts_least_recently_used_files_it_wrote_only(tmp_path):
     import time
     from bench.inputs import InputCache
-    small = lambda seed: ["generator.duration=1.0", "generator.rate=3000", "generator.keys=64",
-                          f"generator.seed={seed}"]
+
+    small = lambda seed: [
+        "generator.duration=1.0",
+        "generator.rate=3000",
+        "generator.keys=64",
+        f"generator.seed={seed}",
+    ]
     foreign = tmp_path / "0123456789abcdef"  # named like the cache's, but not written by it (no meta.json)
     foreign.mkdir()
     (foreign / "input.parquet").write_bytes(b"x" * 10)
@@ -603,9 +721,10 @@ def test_input_cache_evicts_least_recently_used_files_it_wrote_only(tmp_path):
 
 def test_rung_is_the_shortest_ladder_length_that_holds_the_tuples():
     from bench.inputs import HEADROOM, LADDER, expected_tuples, rung
+
     # 50,000/s per stream for 120 s: 12M tuples; 10 s at 9.3M/s needs 93M: 120 x 1.41^6 = 960 s = 96M
     d = rung(120.0, 50_000, 93_000_000)
-    assert d == pytest.approx(120 * LADDER ** 6, abs=1e-3)
+    assert d == pytest.approx(120 * LADDER**6, abs=1e-3)
     assert expected_tuples({"rate": 50_000, "duration": d}) >= HEADROOM * 93_000_000
     assert expected_tuples({"rate": 50_000, "duration": d / LADDER}) < HEADROOM * 93_000_000
     assert rung(120.0, 50_000, 5_000_000) == 120.0  # the workload holds them already
@@ -616,6 +735,7 @@ def test_write_input_stops_at_the_rows_asked_for(tmp_path):
     from bench.big import generator_for
     from bench.inputs import CHUNK_ROWS, write_input
     from common.workload import generate_all
+
     rows = 30_001
     gen = generator_for(rows, ["generator.keys=64"])
     assert 2 * gen["rate"] * gen["duration"] > rows
@@ -633,6 +753,7 @@ def test_write_input_stops_at_the_rows_asked_for(tmp_path):
 def test_a_capacity_bench_gives_every_paced_run_ten_seconds_of_input(tmp_path):
     from bench.cluster import Bench
     from bench.inputs import expected_tuples
+
     workload = ["generator.duration=120.0"]
     b = Bench([2], 1, 1, 1.5, workload, 60, tmp_path, input_kind="generator", capacity=True, confirm_seconds=60)
     for rate in (3e6, 9.3e6, 15e6):
@@ -647,17 +768,31 @@ def test_a_capacity_bench_gives_every_paced_run_ten_seconds_of_input(tmp_path):
 def test_bench_runs_the_cluster_on_the_generated_file_with_the_same_results(tmp_path):
     """Real runs: the same workload from the generator and from its file gives the same input and results."""
     from bench.cluster import Bench
+
     small = ["generator.duration=2.0", "generator.rate=3000", "generator.keys=64"]
-    runs = {kind: Bench([1], 1, 1, 1.5, small, 120, tmp_path / kind, input_kind=kind).run_at(1, "probe", 0.0)
-            for kind in ("generator", "file")}
+    runs = {
+        kind: Bench([1], 1, 1, 1.5, small, 120, tmp_path / kind, input_kind=kind).run_at(1, "probe", 0.0)
+        for kind in ("generator", "file")
+    }
     assert runs["file"]["input_total"] == runs["generator"]["input_total"] > 5000
     assert runs["file"]["results"] == runs["generator"]["results"] > 0
 
 
 def test_metrics_timeline_rates_come_from_successive_samples_of_the_log():
     from bench.metrics_cost import timeline
-    samples = [{"elapsed": t, "input_r": 100 * t * t, "input_s": 50 * t, "results": 7 * t, "delay_p50": 0.1 * t,
-                "delay_p99": 0.2 * t, "busy_seconds": [0.5 * t, 0.25 * t * t]} for t in (1.0, 2.0, 4.0)]
+
+    samples = [
+        {
+            "elapsed": t,
+            "input_r": 100 * t * t,
+            "input_s": 50 * t,
+            "results": 7 * t,
+            "delay_p50": 0.1 * t,
+            "delay_p99": 0.2 * t,
+            "busy_seconds": [0.5 * t, 0.25 * t * t],
+        }
+        for t in (1.0, 2.0, 4.0)
+    ]
     line = timeline(samples)
     assert line["elapsed"] == [2.0, 4.0]
     assert line["input_per_s"] == [(500 - 150) / 1, (1800 - 500) / 2]  # R + S: 150, 500, 1800 at t = 1, 2, 4
@@ -669,6 +804,7 @@ def test_metrics_timeline_rates_come_from_successive_samples_of_the_log():
 def test_big_runs_an_n_row_file_end_to_end_and_deletes_it(tmp_path):
     """A real run of bench.big at a tiny N: every row joined, the master's peak RSS reported, nothing left behind."""
     from bench.big import report_rows, run
+
     r = run(50_000, 1, 120, tmp_path)
     assert r["rows"] == r["input_total"] == 50_000 and r["results"] > 0 and r["rank_rss_mb"]["0"] > 0
     assert r["process_seconds"] > r["wall_seconds"] > 0 and r["first_tuple_seconds"] > 0
@@ -681,14 +817,16 @@ def test_lone_rows_are_timed_from_the_moment_they_become_final(tmp_path):
     import pyarrow.parquet as pq
 
     from bench.join_types import after_final
+
     (tmp_path / "results").mkdir()
     # R rows alone at ts 0..9 s, each out 1.5 s + 0.1 * i after it arrived; a pair (not timed); the rows of the
     # last 1.5 s of event time are decided by the end of input (not timed)
     ts = np.arange(10.0)
     delay = 1.5 + 0.1 * np.arange(10)
-    pq.write_table(pa.table({"r_ts": np.r_[ts, 3.0], "delay": np.r_[delay, 0.05],
-                             "kind": ["left_unmatched"] * 10 + ["matched"]}),
-                   tmp_path / "results" / "slave-001.parquet")
+    pq.write_table(
+        pa.table({"r_ts": np.r_[ts, 3.0], "delay": np.r_[delay, 0.05], "kind": ["left_unmatched"] * 10 + ["matched"]}),
+        tmp_path / "results" / "slave-001.parquet",
+    )
     got = after_final(tmp_path, 1.5)
     assert got["rows"] == 8  # ts 0..7: below 9 - 1.5
     assert got["after_final_max"] == pytest.approx(0.7)
@@ -700,6 +838,7 @@ def test_the_payload_workload_is_the_generators_tuples_per_stream_with_three_pay
 
     from bench.payload import STREAMS, write_streams
     from common.workload import GeneratorSource
+
     gen = load_config(None, ["generator.duration=2"])["generator"]
     sizes = write_streams(gen, tmp_path)
     every = GeneratorSource(gen).next_chunk(1 << 30)

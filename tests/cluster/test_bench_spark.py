@@ -1,5 +1,6 @@
 """The Spark peer of the benchmark: its job computes exactly the reference join (so the comparison is of equal
 work), with a real local Spark; and the feeder's slicing (pure)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,8 +46,17 @@ def test_spark_job_equals_the_reference_join(spark, tmp_path):
     """Skewed keys over few keys, a window a sixth of the input's span, paced over several micro-batches (the
     state carries across them): every pair the reference has, once."""
     rate = 2500.0
-    cfg = load_config(None, ["generator.duration=2.0", "generator.rate=600", "generator.keys=40",
-                             "generator.skew=0.8", "join.window=0.3", "join.max_delay=0.5"])
+    cfg = load_config(
+        None,
+        [
+            "generator.duration=2.0",
+            "generator.rate=600",
+            "generator.keys=40",
+            "generator.skew=0.8",
+            "join.window=0.3",
+            "join.max_delay=0.5",
+        ],
+    )
     data = generate_all(cfg)
     n = len(data.id)
     run = run_spark(spark, data, n, rate, tmp_path / "run", cfg["join"]["window"], cfg["join"]["max_delay"], 180)
@@ -60,26 +70,58 @@ def test_spark_job_equals_the_reference_join(spark, tmp_path):
 
 def _peer(trail, sustained_runs=()):
     from bench.search import bracket, sustained_rate
-    return {"peer": "spark", "cores": 2, "run_seconds": 10.0, "delay_bound": 5.0, "unpaced": 50_000.0,
-            "probe": {"label": "probe", "rate": 0.0, "input_total": 1000, "throughput": 50_000.0, "batches": 1,
-                      "drain_seconds": 1.0, "delay_p50": 1.0, "delay_p95": 2.0, "delay_p99": 2.0, "delay_max": 2.0},
-            "search": {"trail": trail, "bracket": bracket(trail), "runs": []},
-            "sustained": {"rate": sustained_rate(trail), "throughput": None, "delay_p50": 0.9, "delay_p95": 1.2,
-                          "delay_p99": 1.4, "runs": list(sustained_runs)}}
+
+    return {
+        "peer": "spark",
+        "cores": 2,
+        "run_seconds": 10.0,
+        "delay_bound": 5.0,
+        "unpaced": 50_000.0,
+        "probe": {
+            "label": "probe",
+            "rate": 0.0,
+            "input_total": 1000,
+            "throughput": 50_000.0,
+            "batches": 1,
+            "drain_seconds": 1.0,
+            "delay_p50": 1.0,
+            "delay_p95": 2.0,
+            "delay_p99": 2.0,
+            "delay_max": 2.0,
+        },
+        "search": {"trail": trail, "bracket": bracket(trail), "runs": []},
+        "sustained": {
+            "rate": sustained_rate(trail),
+            "throughput": None,
+            "delay_p50": 0.9,
+            "delay_p95": 1.2,
+            "delay_p99": 1.4,
+            "runs": list(sustained_runs),
+        },
+    }
 
 
 def test_ratio_of_the_clusters_best_rate_to_sparks():
     from bench.spark import ratio, ratio_text
+
     held, luck = [{"passed": True}, {"passed": True}, {"passed": False}], [{"passed": True}, {"passed": False}]
     flat, climbed = {"confirmed": True}, {"confirmed": False}
-    points = [{"slaves": 1, "sustained": {"rate": 250_000, "runs": held}, "confirm": flat},
-              {"slaves": 2, "sustained": {"rate": 450_000, "runs": held}, "confirm": flat},
-              {"slaves": 4, "sustained": {"rate": 900_000, "runs": luck}, "confirm": flat},  # half its repeats: luck
-              {"slaves": 8, "sustained": {"rate": 800_000, "runs": held}, "confirm": climbed},  # the long run: no
-              {"slaves": 3, "sustained": {"rate": 700_000, "runs": held}, "confirm": None}]  # no confirmation run
+    points = [
+        {"slaves": 1, "sustained": {"rate": 250_000, "runs": held}, "confirm": flat},
+        {"slaves": 2, "sustained": {"rate": 450_000, "runs": held}, "confirm": flat},
+        {"slaves": 4, "sustained": {"rate": 900_000, "runs": luck}, "confirm": flat},  # half its repeats: luck
+        {"slaves": 8, "sustained": {"rate": 800_000, "runs": held}, "confirm": climbed},  # the long run: no
+        {"slaves": 3, "sustained": {"rate": 700_000, "runs": held}, "confirm": None},
+    ]  # no confirmation run
     r = ratio(points, _peer([(25_000, False), (12_500, True), (17_700, False)]))
-    assert r == {"cluster_rate": 450_000, "cluster_slaves": 2, "spark_rate": 12_500, "ratio": 36.0,
-                 "ratio_at_least": None, "bounds": None}
+    assert r == {
+        "cluster_rate": 450_000,
+        "cluster_slaves": 2,
+        "spark_rate": 12_500,
+        "ratio": 36.0,
+        "ratio_at_least": None,
+        "bounds": None,
+    }
     assert "(delay p95 bounds 1.5 s and 5 s)" in ratio_text(ratio(points, _peer([(12_500, True)]), 1.5))
     assert "ratio cluster/Spark **36.0x**" in ratio_text(r)
     none = ratio(points, _peer([(25_000, False), (12_500, False), (6_250, False), (3_125, False)]))
@@ -87,15 +129,21 @@ def test_ratio_of_the_clusters_best_rate_to_sparks():
     assert "more than 144.0x" in ratio_text(none)
     unconfirmed = ratio(points[2:], _peer([(12_500, True)]))
     assert unconfirmed["ratio"] is None and "no ratio" in ratio_text(unconfirmed)
-    assert ratio_text(unconfirmed).startswith("cluster (no slave count's rate confirmed by its repeats and "
-                                              "confirmation run) vs Spark")
+    assert ratio_text(unconfirmed).startswith(
+        "cluster (no slave count's rate confirmed by its repeats and confirmation run) vs Spark"
+    )
 
 
 def test_report_section_lists_every_spark_run():
     from bench.spark import report_section
-    lines = "\n".join(report_section([{"slaves": 2, "sustained": {"rate": 100_000, "runs": [{"passed": True}]},
-                                        "confirm": {"confirmed": True}}],
-                                     _peer([(25_000, False), (12_500, True)]), 1.5))
+
+    lines = "\n".join(
+        report_section(
+            [{"slaves": 2, "sustained": {"rate": 100_000, "runs": [{"passed": True}]}, "confirm": {"confirmed": True}}],
+            _peer([(25_000, False), (12_500, True)]),
+            1.5,
+        )
+    )
     assert "held to a delay p95 bound of 5 s, the cluster to 1.5 s" in lines
     assert "## Peer: Spark Structured Streaming" in lines and "| Spark local[2] | 50,000 " in lines
     assert "| probe " in lines and "ratio cluster/Spark **8.0x**" in lines
@@ -106,6 +154,7 @@ def test_bench_report_and_plot_carry_the_peer(tmp_path):
     import bench.report
     from bench.spark import ratio
     from tests.cluster.test_bench import fake_data, point
+
     data = fake_data([point(1), point(2)])
     data["peer"] = _peer([(25_000, False), (12_500, True)])
     data["peer_ratio"] = ratio(data["points"], data["peer"], 1.5)

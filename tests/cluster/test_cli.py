@@ -1,4 +1,5 @@
 """The command line as a user meets it: clear errors before start, a clean stop on Ctrl-C."""
+
 from __future__ import annotations
 
 import json
@@ -28,14 +29,20 @@ def run_master(args: list[str], ranks: int = 3) -> subprocess.CompletedProcess:
     return subprocess.run(mpirun_command(ranks, args), env=mpi_env(), capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--set", "join.windw=2"], "unknown key join.windw"),
-    (["--set", "join.window=-1"], "join.window: must be >= 0"),
-    (["--set", "join.window=soon"], "join.window: expected a number"),
-    (["--set", "partitioning.partitions=1"], "partitioning.partitions: must be >= the number of slaves (2)"),
-    (["--set", "source.kind=file", "--set", "source.path=/nonexistent/in.csv"], "'/nonexistent/in.csv' does not exist"),
-    (["--config", "/nonexistent/run.toml"], "config file '/nonexistent/run.toml' does not exist"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--set", "join.windw=2"], "unknown key join.windw"),
+        (["--set", "join.window=-1"], "join.window: must be >= 0"),
+        (["--set", "join.window=soon"], "join.window: expected a number"),
+        (["--set", "partitioning.partitions=1"], "partitioning.partitions: must be >= the number of slaves (2)"),
+        (
+            ["--set", "source.kind=file", "--set", "source.path=/nonexistent/in.csv"],
+            "'/nonexistent/in.csv' does not exist",
+        ),
+        (["--config", "/nonexistent/run.toml"], "config file '/nonexistent/run.toml' does not exist"),
+    ],
+)
 def test_user_mistakes_stop_before_start_with_one_clear_message(tmp_path, args, needle):
     proc = run_master(args + ["--set", f"output.path={tmp_path}/out"])
     assert proc.returncode != 0
@@ -45,20 +52,37 @@ def test_user_mistakes_stop_before_start_with_one_clear_message(tmp_path, args, 
 
 
 def test_single_process_explains_how_to_launch():
-    proc = subprocess.run([sys.executable, "-m", "master"], cwd=ROOT, env=mpi_env(), capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "master"], cwd=ROOT, env=mpi_env(), capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2
     assert "mpirun -n" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_ctrl_c_stops_cleanly_with_every_result_of_the_accepted_prefix(tmp_path):
-    settings = ["generator.duration=60", "generator.rate=2000", "generator.keys=2048", "join.window=0.5",
-                "join.max_delay=0.2", "generator.disorder=0.1", "source.rate=4000"]
+    settings = [
+        "generator.duration=60",
+        "generator.rate=2000",
+        "generator.keys=2048",
+        "join.window=0.5",
+        "join.max_delay=0.2",
+        "generator.disorder=0.1",
+        "source.rate=4000",
+    ]
     out = tmp_path / "out"
-    args = [f"--set={s}" for s in settings] + [f"--set=output.path={out}", "--set=output.progress=0.5",
-                                              "--set=metrics.endpoint=127.0.0.1:0"]  # tests run side by side
-    proc = subprocess.Popen([sys.executable, "-m", "deploy.launch", "-n", "4", "--", *args], cwd=ROOT,
-                            env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    args = [f"--set={s}" for s in settings] + [
+        f"--set=output.path={out}",
+        "--set=output.progress=0.5",
+        "--set=metrics.endpoint=127.0.0.1:0",
+    ]  # tests run side by side
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy.launch", "-n", "4", "--", *args],
+        cwd=ROOT,
+        env=mpi_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while "results" not in proc.stderr.readline():  # wait for the first progress line
         assert time.monotonic() < deadline and proc.poll() is None
@@ -98,8 +122,14 @@ def test_a_killed_mpiruns_leftover_sockets_do_not_stop_the_next_launch(short_tmp
             s = socket.socket(socket.AF_UNIX)
             s.bind(str(folder / name))
             s.close()
-    proc = subprocess.run([sys.executable, "-m", "deploy.launch", "-n", "2", "--module", "platform"], cwd=ROOT,
-                          env={**os.environ, "TMPDIR": str(short_tmp)}, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "deploy.launch", "-n", "2", "--module", "platform"],
+        cwd=ROOT,
+        env={**os.environ, "TMPDIR": str(short_tmp)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert len(proc.stdout.splitlines()) == 2  # both ranks ran
     assert sorted(p.name for p in short_tmp.iterdir() if not p.name.startswith("ompi.")) == []  # and cleaned up
@@ -110,8 +140,9 @@ def test_the_launcher_warms_the_kernels_once_and_again_after_a_kernel_module_cha
 
     # a launch with the note of a warm cache does not load numba's kernels (0.9 s before mpirun may start)
     warm = "from deploy.launch import warm_kernels; import sys; warm_kernels(); print('slave.kernel' in sys.modules)"
-    loads = lambda: subprocess.run([sys.executable, "-c", warm], cwd=ROOT, capture_output=True, text=True,
-                                   check=True).stdout.split()[-1]
+    loads = lambda: subprocess.run(
+        [sys.executable, "-c", warm], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
     stamp, state = kernel_stamp()
     assert loads() in ("True", "False") and stamp.read_text() == state  # warmed if needed, then noted
     assert loads() == "False"
@@ -123,6 +154,10 @@ def test_the_launcher_warms_the_kernels_once_and_again_after_a_kernel_module_cha
     after = kernel_stamp(("kern",))
     assert before[0] == after[0] == tmp_path / "__pycache__" / stamp.name and before[1] != after[1]
     # every module with kernels cached on disk is in the note
-    cached = sorted(".".join(f.relative_to(ROOT).with_suffix("").parts) for d in ("master", "slave", "protocol")
-                    for f in (ROOT / d).rglob("*.py") if "cache=True" in f.read_text())
+    cached = sorted(
+        ".".join(f.relative_to(ROOT).with_suffix("").parts)
+        for d in ("master", "slave", "protocol")
+        for f in (ROOT / d).rglob("*.py")
+        if "cache=True" in f.read_text()
+    )
     assert cached == sorted(KERNEL_MODULES)

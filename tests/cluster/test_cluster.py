@@ -1,4 +1,5 @@
 """Differential tests: the cluster under mpirun against the reference join over the whole input."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,15 +14,22 @@ from protocol.output import read_tables
 from tests.runs import run_cluster, write_input
 from tests.reference import reference_pairs
 
-SMALL = {"generator.duration": 4.0, "generator.rate": 3000.0, "generator.keys": 4096,
-         "epochs.distribution": 0.2, "join.window": 0.5, "join.max_delay": 0.3}
+SMALL = {
+    "generator.duration": 4.0,
+    "generator.rate": 3000.0,
+    "generator.keys": 4096,
+    "epochs.distribution": 0.2,
+    "join.window": 0.5,
+    "join.max_delay": 0.3,
+}
 
 
 def reference_for(settings: dict) -> tuple[np.ndarray, np.ndarray, int]:
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith(("generator.", "source."))])
     data = generate_all(cfg)
-    pairs, late = reference_pairs(data.stream, data.id, data.ts, data.key, settings["join.window"],
-                                  settings["join.max_delay"])
+    pairs, late = reference_pairs(
+        data.stream, data.id, data.ts, data.key, settings["join.window"], settings["join.max_delay"]
+    )
     return pairs, late, len(data.ts)
 
 
@@ -54,10 +62,13 @@ def test_uniform_keys_any_slave_count(tmp_path, ranks):
     assert 0 < up["first_tuple_seconds"] < up["ranks_ready_seconds"] < up["last_result_seconds"], up
 
 
-@pytest.mark.parametrize("workload", [
-    {"generator.distribution": "zipf", "generator.zipf": 1.2},                          # a few heavy hitters
-    {"generator.distribution": "uniform", "generator.keys": 32, "join.window": 0.05},   # high key duplication
-])
+@pytest.mark.parametrize(
+    "workload",
+    [
+        {"generator.distribution": "zipf", "generator.zipf": 1.2},  # a few heavy hitters
+        {"generator.distribution": "uniform", "generator.keys": 32, "join.window": 0.05},  # high key duplication
+    ],
+)
 def test_bench_workloads_zipf_and_high_duplication_join_exactly(tmp_path, workload):
     run, expected = check_exact(tmp_path, 3, dict(SMALL, **workload))
     assert len(expected) > 1000
@@ -84,21 +95,32 @@ def test_sixteen_slaves_oversubscribed_make_progress_and_stay_exact(tmp_path):
 
 def test_second_run_into_the_same_output_replaces_the_first(tmp_path):
     # the first run leaves many small result files; none of them may leak into the second run's output
-    first = dict(SMALL, **{"generator.seed": 21, "generator.duration": 2.0, "output.flush_rows": 20,
-                           "source.rate": 8000.0})
+    first = dict(
+        SMALL, **{"generator.seed": 21, "generator.duration": 2.0, "output.flush_rows": 20, "source.rate": 8000.0}
+    )
     assert run_cluster(tmp_path, 3, first).returncode == 0
     assert len(list((tmp_path / "out" / "results").iterdir())) > 4
-    check_exact(tmp_path, 3, dict(first, **{"generator.seed": 22, "generator.duration": 1.0,
-                                            "output.flush_rows": 500000}))
+    check_exact(
+        tmp_path, 3, dict(first, **{"generator.seed": 22, "generator.duration": 1.0, "output.flush_rows": 500000})
+    )
 
 
 def test_one_hot_key_in_a_large_window_costs_time_not_memory(tmp_path):
     # half of both streams is one key and the window spans the whole input: ~6M results, most in one batch of
     # one slave (built whole, 100 bytes a pair: +600 MB); in chunks it needs no more memory than the other slave
     chunk_rows = 1 << 16
-    settings = dict(SMALL, **{"generator.duration": 2.0, "generator.rate": 2500.0, "generator.hot_share": 0.5,
-                              "join.window": 5.0, "balance.enabled": False, "output.flush_rows": chunk_rows,
-                              "output.result_chunk_rows": chunk_rows})
+    settings = dict(
+        SMALL,
+        **{
+            "generator.duration": 2.0,
+            "generator.rate": 2500.0,
+            "generator.hot_share": 0.5,
+            "join.window": 5.0,
+            "balance.enabled": False,
+            "output.flush_rows": chunk_rows,
+            "output.result_chunk_rows": chunk_rows,
+        },
+    )
     expected, expected_late, n = reference_for(settings)
     run = run_cluster(tmp_path, 3, settings)
     assert run.returncode == 0, run.stderr
@@ -117,9 +139,19 @@ def test_one_hot_key_in_a_large_window_costs_time_not_memory(tmp_path):
 def test_heavy_skew_with_partition_tuning(tmp_path):
     # a few keys hold most tuples; tiny theta bounds force splits and directory doubling
     # (a window of 0.1 s: with 0.5 s the few hot keys made ~10x the pairs and this test took a minute)
-    settings = dict(SMALL, **{"generator.skew": 0.9, "generator.keys": 256, "generator.seed": 7,
-                              "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 6,
-                              "partitioning.partitions": 8, "join.window": 0.1})
+    settings = dict(
+        SMALL,
+        **{
+            "generator.skew": 0.9,
+            "generator.keys": 256,
+            "generator.seed": 7,
+            "tuning.block_size": 8,
+            "tuning.theta_min": 2,
+            "tuning.theta_max": 6,
+            "partitioning.partitions": 8,
+            "join.window": 0.1,
+        },
+    )
     run, expected = check_exact(tmp_path, 4, settings)
     assert run.summary["partition_splits"] > 0 and len(expected) > 10_000
 
@@ -138,14 +170,16 @@ def test_late_tuples_set_aside_with_reason(tmp_path):
 
 @pytest.mark.parametrize("window,epoch", [(0.02, 0.5), (3.0, 0.1)])
 def test_window_smaller_and_larger_than_an_epoch(tmp_path, window, epoch):
-    settings = dict(SMALL, **{"join.window": window, "epochs.distribution": epoch, "generator.seed": 5,
-                              "generator.disorder": 0.1})
+    settings = dict(
+        SMALL, **{"join.window": window, "epochs.distribution": epoch, "generator.seed": 5, "generator.disorder": 0.1}
+    )
     check_exact(tmp_path, 3, settings)
 
 
 def test_paced_source_with_subgroups(tmp_path):
-    settings = dict(SMALL, **{"generator.duration": 2.0, "source.rate": 4000.0, "partitioning.subgroups": 2,
-                              "generator.seed": 6})
+    settings = dict(
+        SMALL, **{"generator.duration": 2.0, "source.rate": 4000.0, "partitioning.subgroups": 2, "generator.seed": 6}
+    )
     run, _ = check_exact(tmp_path, 5, settings)
     assert run.summary["wall_seconds"] >= 1.0  # 6000 tuples paced at 4000/s take at least 1.5 s
     assert run.summary["delay_seconds"]["p99"] < 5.0
@@ -158,15 +192,26 @@ def test_pacing_lag_counts_input_held_back_not_the_drain_after_it(tmp_path):
     mini-buffers that hold less than an epoch of input it holds ingest back (lag); with room for all the input
     ingest keeps pace and its tuples wait in the buffers instead (backlog).  The result set stays exact."""
     # ingest steps of at most 200 tuples (33 ms at this rate): as at millions of tuples/s with the default step
-    settings = dict(SMALL, **{"generator.duration": 2.0, "source.rate": 6000.0, "source.batch": 200,
-                              "epochs.distribution": 0.5, "balance.enabled": False, "generator.seed": 9})
-    run, _ = check_exact(tmp_path / "drain", 3, dict(settings, **{"epochs.distribution": 1.0}),
-                         env={"STREAMJOIN_STRAGGLER": "1:0.6"})
+    settings = dict(
+        SMALL,
+        **{
+            "generator.duration": 2.0,
+            "source.rate": 6000.0,
+            "source.batch": 200,
+            "epochs.distribution": 0.5,
+            "balance.enabled": False,
+            "generator.seed": 9,
+        },
+    )
+    run, _ = check_exact(
+        tmp_path / "drain", 3, dict(settings, **{"epochs.distribution": 1.0}), env={"STREAMJOIN_STRAGGLER": "1:0.6"}
+    )
     # the drain lasts 0.6 s: counted as lag or backlog it would be 0.6 s or more; a 2-core host with two CPU hogs
     # and the rest of the suite beside it made up to 0.43 s
     assert run.summary["pacing_lag_max_seconds"] < 0.55 and run.summary["backlog_max_seconds"] < 0.55, run.summary
-    run, _ = check_exact(tmp_path / "held", 3, dict(settings, **{"master.buffer_capacity": 2000}),
-                         env={"STREAMJOIN_STRAGGLER": "1:1.0"})
+    run, _ = check_exact(
+        tmp_path / "held", 3, dict(settings, **{"master.buffer_capacity": 2000}), env={"STREAMJOIN_STRAGGLER": "1:1.0"}
+    )
     assert run.summary["pacing_lag_max_seconds"] > 0.5
     run, _ = check_exact(tmp_path / "buffered", 3, settings, env={"STREAMJOIN_STRAGGLER": "1:1.0"})
     assert run.summary["pacing_lag_max_seconds"] < 0.55 and run.summary["backlog_max_seconds"] > 0.5, run.summary
@@ -176,8 +221,9 @@ def test_paced_ingest_is_not_capped_at_one_step_per_tick(tmp_path):
     """Paced input is taken in ticks of 10 ms here; steps of 50 tuples per tick would cap ingest at 5,000/s.
     At 12,000/s a whole step is due within every tick, so it is taken at once: no lag (about 1.2 s capped; a
     host with two CPU hogs and the suite beside it made up to 0.59 s of stalls, so the bound is 0.9 s)."""
-    settings = dict(SMALL, **{"generator.duration": 2.0, "source.rate": 12000.0, "source.batch": 50,
-                              "generator.seed": 10})
+    settings = dict(
+        SMALL, **{"generator.duration": 2.0, "source.rate": 12000.0, "source.batch": 50, "generator.seed": 10}
+    )
     run, _ = check_exact(tmp_path, 3, settings)
     assert run.summary["pacing_lag_max_seconds"] < 0.9
 
@@ -185,9 +231,19 @@ def test_paced_ingest_is_not_capped_at_one_step_per_tick(tmp_path):
 def test_slaves_that_miss_their_slot_are_served_when_idle_and_stay_exact(tmp_path):
     # 5 ms distribution epochs: the fixed cost of a batch keeps each slave joining past its next slot, so it
     # is served the moment it reports, between slots; disorder makes the watermark lag the batches
-    settings = dict(SMALL, **{"generator.duration": 2.0, "source.rate": 6000.0, "epochs.distribution": 0.005,
-                              "partitioning.subgroups": 2, "generator.disorder": 0.2, "generator.seed": 8,
-                              "balance.enabled": False, "output.flush_rows": 300})  # many files, written meanwhile
+    settings = dict(
+        SMALL,
+        **{
+            "generator.duration": 2.0,
+            "source.rate": 6000.0,
+            "epochs.distribution": 0.005,
+            "partitioning.subgroups": 2,
+            "generator.disorder": 0.2,
+            "generator.seed": 8,
+            "balance.enabled": False,
+            "output.flush_rows": 300,
+        },
+    )  # many files, written meanwhile
     run, _ = check_exact(tmp_path, 3, settings)
     assert all(v["slots_missed"] > 0 for v in run.summary["slaves"].values())
     parts = run.summary["delay_parts_seconds"]
@@ -207,9 +263,18 @@ def test_burst_then_quiet_splits_and_merges(tmp_path):
     keys = rng.integers(0, 300, len(ts))
     ids = np.arange(len(ts))
     write_csv(tmp_path / "burst.csv", stream, ids, ts, keys)
-    settings = {"source.kind": "file", "source.path": str(tmp_path / "burst.csv"), "source.rate": 3000.0,
-                "join.window": 0.2, "join.max_delay": 0.05, "epochs.distribution": 0.2,
-                "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 6, "partitioning.partitions": 4}
+    settings = {
+        "source.kind": "file",
+        "source.path": str(tmp_path / "burst.csv"),
+        "source.rate": 3000.0,
+        "join.window": 0.2,
+        "join.max_delay": 0.05,
+        "epochs.distribution": 0.2,
+        "tuning.block_size": 8,
+        "tuning.theta_min": 2,
+        "tuning.theta_max": 6,
+        "partitioning.partitions": 4,
+    }
     run = run_cluster(tmp_path, 3, settings)
     assert run.returncode == 0, run.stderr
     expected, expected_late = reference_pairs(stream, ids, ts, keys, 0.2, 0.05)
@@ -224,27 +289,40 @@ def test_file_source_with_bad_rows(tmp_path):
     ts = np.sort(rng.random(n) * 4.0) - rng.random(n) * 0.1
     keys = rng.integers(0, 50, n)
     ids = np.arange(n)
-    table = pa.table({"stream": stream.astype(object), "id": ids.astype(str).astype(object),
-                      "ts": ts.astype(str).astype(object), "key": keys.astype(str).astype(object)})
+    table = pa.table(
+        {
+            "stream": stream.astype(object),
+            "id": ids.astype(str).astype(object),
+            "ts": ts.astype(str).astype(object),
+            "key": keys.astype(str).astype(object),
+        }
+    )
     rows = table.to_pylist()
-    rows[10]["ts"] = "soon"          # not a number
-    rows[20]["key"] = "seven"        # not an integer
-    rows[30]["stream"] = "Q"         # unknown stream
-    rows[40]["ts"] = "nan"           # not finite
+    rows[10]["ts"] = "soon"  # not a number
+    rows[20]["key"] = "seven"  # not an integer
+    rows[30]["stream"] = "Q"  # unknown stream
+    rows[40]["ts"] = "nan"  # not finite
     rows[50]["id"] = rows[49]["id"]  # duplicate id (if same stream)
     rows[50]["stream"] = rows[49]["stream"]
     bad = pa.Table.from_pylist(rows)
     path = tmp_path / "in.csv"
     pacsv.write_csv(bad, path)
-    settings = {"source.kind": "file", "source.path": str(path), "join.window": 0.2, "join.max_delay": 0.15,
-                "epochs.distribution": 0.1, "source.batch": 500}
+    settings = {
+        "source.kind": "file",
+        "source.path": str(path),
+        "join.window": 0.2,
+        "join.max_delay": 0.15,
+        "epochs.distribution": 0.1,
+        "source.batch": 500,
+    }
     run = run_cluster(tmp_path, 3, settings)
     assert run.returncode == 0, run.stderr
     assert run.summary["rejected"] == 5
     keep = np.ones(n, dtype=bool)
     keep[[10, 20, 30, 40, 50]] = False
-    expected, expected_late = reference_pairs((stream == "S").astype(int)[keep], ids[keep], ts[keep], keys[keep],
-                                              0.2, 0.15)
+    expected, expected_late = reference_pairs(
+        (stream == "S").astype(int)[keep], ids[keep], ts[keep], keys[keep], 0.2, 0.15
+    )
     got = run.pairs()
     assert np.array_equal(got, expected)
     assert np.array_equal(run.late_ids(), expected_late)
@@ -266,8 +344,10 @@ def write_generated(path, settings: dict, row_group: int, bad_every: int) -> int
 def test_a_parquet_file_of_many_row_groups_streamed_joins_exactly(tmp_path, dispatchers):
     path = tmp_path / "in.parquet"
     inserted = write_generated(path, SMALL, row_group=1000, bad_every=2000)
-    settings = dict(SMALL, **{"source.kind": "file", "source.path": str(path), "source.batch": 700,
-                              "cluster.dispatchers": dispatchers})
+    settings = dict(
+        SMALL,
+        **{"source.kind": "file", "source.path": str(path), "source.batch": 700, "cluster.dispatchers": dispatchers},
+    )
     run, _ = check_exact(tmp_path, 2 + dispatchers, settings)
     assert run.summary["rejected"] == inserted
     assert len(read_tables(run.out / "rejected")) == inserted
@@ -287,14 +367,24 @@ def test_a_timestamp_typed_parquet_file_joins_exactly(tmp_path):
     data = generate_all(load_config(None, [f"{k}={v}" for k, v in SMALL.items() if k.startswith("generator.")]))
     ns = data.ts * 1000 + np.random.default_rng(5).integers(-499, 500, len(data.ts))
     path = tmp_path / "ts.parquet"
-    pq.write_table(pa.table({"stream": np.array(["R", "S"])[data.stream].astype(object), "id": data.id,
-                             "ts": pa.array(ns, pa.timestamp("ns", tz="UTC")), "key": data.key}), path,
-                   row_group_size=2000)
+    pq.write_table(
+        pa.table(
+            {
+                "stream": np.array(["R", "S"])[data.stream].astype(object),
+                "id": data.id,
+                "ts": pa.array(ns, pa.timestamp("ns", tz="UTC")),
+                "key": data.key,
+            }
+        ),
+        path,
+        row_group_size=2000,
+    )
     settings = dict(SMALL, **{"source.kind": "file", "source.path": str(path)})
     run = run_cluster(tmp_path, 3, settings)
     assert run.returncode == 0, run.stderr
-    expected, expected_late = reference_pairs(data.stream, data.id, data.ts, data.key, SMALL["join.window"],
-                                              SMALL["join.max_delay"])
+    expected, expected_late = reference_pairs(
+        data.stream, data.id, data.ts, data.key, SMALL["join.window"], SMALL["join.max_delay"]
+    )
     assert len(expected) > 1000
     assert np.array_equal(run.pairs(), expected)
     assert np.array_equal(run.late_ids(), expected_late)

@@ -1,6 +1,7 @@
 """Several dispatchers (BiStream 3.2.3): ranks 0..k-1 each ingest every k-th tuple and route it; slaves expire
 only below every dispatcher's punctuation and check each channel's sequence.  The result set must be the
 reference join's whatever the number of dispatchers and the timing of their sends."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,8 +46,15 @@ def test_a_lost_batch_stops_the_job_with_a_message(tmp_path):
 def test_partition_groups_that_move_while_several_dispatchers_route_stay_exact(tmp_path, k, ranks):
     # one slave active at start, and it straggles (FORCED_CHURN; ranks below k dispatch): rank 0 decides the
     # moves, every dispatcher holds the group until its earlier batches are joined, and all route to the new slave
-    settings = {**SHARDED, **FORCED_CHURN, "cluster.dispatchers": k, "generator.seed": 50 + k,
-                "generator.duration": 3.0, "generator.rate": 7000.0, "balance.enabled": True}
+    settings = {
+        **SHARDED,
+        **FORCED_CHURN,
+        "cluster.dispatchers": k,
+        "generator.seed": 50 + k,
+        "generator.duration": 3.0,
+        "generator.rate": 7000.0,
+        "balance.enabled": True,
+    }
     run, expected = check_exact(tmp_path, ranks, settings, env={"STREAMJOIN_JITTER": "0.005", **straggler(k)})
     moves = run.summary["balance"]["moves"]
     assert len(moves) >= 1 and run.summary["tuples_moved"] > 0, run.stderr
@@ -83,26 +91,63 @@ def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_p
     rng = np.random.default_rng(50)
     n = 6000
     ts = np.sort(rng.random(n) * 2.0) - rng.random(n) * 0.2  # out of order, but never by more than max_delay
-    table = pa.table({"stream": np.where(rng.random(n) < 0.5, "R", "S"), "id": np.arange(n),
-                      "ts": ts, "key": rng.integers(0, 300, n), "value": rng.random(n)})
+    table = pa.table(
+        {
+            "stream": np.where(rng.random(n) < 0.5, "R", "S"),
+            "id": np.arange(n),
+            "ts": ts,
+            "key": rng.integers(0, 300, n),
+            "value": rng.random(n),
+        }
+    )
     halves = [table.slice(0, n // 2), table.slice(n // 2)]
     for i, half in enumerate(halves):
         pq.write_table(half, tmp_path / f"half-{i}.parquet")
-    settings = {**SHARDED, "cluster.dispatchers": 2, "source.kind": "zmq", "join.window": 0.3,
-                "source.endpoint": f"tcp://127.0.0.1:{port}", "source.idle_timeout": 600.0}
-    cluster = subprocess.Popen([sys.executable, "-m", "deploy.launch", "-n", "4", "--", "--config",
-                                str(write_config(tmp_path, settings))], env=mpi_env(), stderr=subprocess.PIPE,
-                               text=True)
+    settings = {
+        **SHARDED,
+        "cluster.dispatchers": 2,
+        "source.kind": "zmq",
+        "join.window": 0.3,
+        "source.endpoint": f"tcp://127.0.0.1:{port}",
+        "source.idle_timeout": 600.0,
+    }
+    cluster = subprocess.Popen(
+        [sys.executable, "-m", "deploy.launch", "-n", "4", "--", "--config", str(write_config(tmp_path, settings))],
+        env=mpi_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     producer = start("control.produce", tmp_path / "half-0.parquet", "--endpoint", f"tcp://127.0.0.1:{port}")
     from control import replay  # in this process, on the tests' Spark session (a JVM of its own costs ~20 s)
-    assert replay.main([str(tmp_path / "half-1.parquet"), "--speed", "max", "--endpoint",
-                        f"tcp://127.0.0.1:{port + 1}", "--set", f"output.path={tmp_path / 'replay-out'}"], spark) == 0
+
+    assert (
+        replay.main(
+            [
+                str(tmp_path / "half-1.parquet"),
+                "--speed",
+                "max",
+                "--endpoint",
+                f"tcp://127.0.0.1:{port + 1}",
+                "--set",
+                f"output.path={tmp_path / 'replay-out'}",
+            ],
+            spark,
+        )
+        == 0
+    )
     finish(producer)
     _, err = cluster.communicate(timeout=300)
     assert cluster.returncode == 0, err
-    expected, _ = reference_pairs((table["stream"].to_numpy(zero_copy_only=False) == "S").astype(int),
-                                  table["id"].to_numpy(), ts, table["key"].to_numpy(), 0.3, SMALL["join.max_delay"])
+    expected, _ = reference_pairs(
+        (table["stream"].to_numpy(zero_copy_only=False) == "S").astype(int),
+        table["id"].to_numpy(),
+        ts,
+        table["key"].to_numpy(),
+        0.3,
+        SMALL["join.max_delay"],
+    )
     from tests.runs import Run
+
     run = Run(tmp_path / "out", cluster)
     got = np.sort(run.pairs())
     assert len(expected) > 1000 and np.array_equal(got, expected)

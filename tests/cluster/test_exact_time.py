@@ -7,6 +7,7 @@ them, so neither the engine's conversion nor a float enters it.  With float seco
 runs lost pairs: the join test |r.ts - s.ts| <= window and expiry's block_max < W - window both went wrong
 at the boundary (1,499 of 317,067 pairs at window 0.1 s, paced).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,9 +26,8 @@ def decimal_strings(micros: np.ndarray, decimals: int) -> np.ndarray:
     """EPOCH_SECONDS + micros as decimal text with `decimals` digits (micros a multiple of 10**(6 - decimals))."""
     unit = 10 ** (6 - decimals)
     assert (micros % unit == 0).all()
-    whole, frac = np.divmod(micros // unit, 10 ** decimals)
-    return np.char.add(np.char.add((EPOCH_SECONDS + whole).astype(str), "."),
-                       np.char.zfill(frac.astype(str), decimals))
+    whole, frac = np.divmod(micros // unit, 10**decimals)
+    return np.char.add(np.char.add((EPOCH_SECONDS + whole).astype(str), "."), np.char.zfill(frac.astype(str), decimals))
 
 
 def workload(seed: int, n: int, grid: int, window: int, max_delay: int, keys: int, offset: int = 0):
@@ -44,20 +44,25 @@ def workload(seed: int, n: int, grid: int, window: int, max_delay: int, keys: in
     return stream, np.arange(n), ts, key
 
 
-@pytest.mark.parametrize("decimals,grid,window,max_delay,rate", [
-    (3, 1000, 100_000, 50_000, 8000.0),    # milliseconds, window 0.1 s, paced
-    (3, 1000, 100_000, 50_000, 0.0),       # the same, as fast as the cluster takes it
-    (3, 1000, 1_000_000, 300_000, 8000.0),  # window 1.0 s, paced
-    (3, 1000, 1_000_000, 300_000, 0.0),
-    (6, 250, 10_250, 2_750, 8000.0),       # microseconds: window 0.01025 s, ts like 1700000001.234623
-])
+@pytest.mark.parametrize(
+    "decimals,grid,window,max_delay,rate",
+    [
+        (3, 1000, 100_000, 50_000, 8000.0),  # milliseconds, window 0.1 s, paced
+        (3, 1000, 100_000, 50_000, 0.0),  # the same, as fast as the cluster takes it
+        (3, 1000, 1_000_000, 300_000, 8000.0),  # window 1.0 s, paced
+        (3, 1000, 1_000_000, 300_000, 0.0),
+        (6, 250, 10_250, 2_750, 8000.0),  # microseconds: window 0.01025 s, ts like 1700000001.234623
+    ],
+)
 def test_decimal_timestamps_join_exactly_at_the_window(tmp_path, decimals, grid, window, max_delay, rate):
     n = 16000
-    stream, ids, ts, key = workload(decimals * 1000 + window // 1000 + int(rate), n, grid, window, max_delay, 60,
-                                    offset=123 if decimals == 6 else 0)
+    stream, ids, ts, key = workload(
+        decimals * 1000 + window // 1000 + int(rate), n, grid, window, max_delay, 60, offset=123 if decimals == 6 else 0
+    )
     text = decimal_strings(ts, decimals)
-    pacsv.write_csv(pa.table({"stream": np.where(stream == 0, "R", "S"), "id": ids, "ts": text, "key": key}),
-                    tmp_path / "in.csv")
+    pacsv.write_csv(
+        pa.table({"stream": np.where(stream == 0, "R", "S"), "id": ids, "ts": text, "key": key}), tmp_path / "in.csv"
+    )
     window_s, max_delay_s = window / 1e6, max_delay / 1e6
     expected, expected_late = reference_pairs(stream, ids, ts, key, window_s, max_delay_s)
     # the input really probes the boundaries: pairs exactly one window apart among the results, and tuples
@@ -66,10 +71,21 @@ def test_decimal_timestamps_join_exactly_at_the_window(tmp_path, decimals, grid,
     assert (np.abs(r_ts - s_ts) == window).sum() > 100
     prev_max = np.maximum.accumulate(np.concatenate([[ts[0]], ts[:-1]]))
     assert (ts == prev_max - max_delay).sum() > 30 and len(expected_late) > 50
-    run = run_cluster(tmp_path, 3, {"source.kind": "file", "source.path": str(tmp_path / "in.csv"),
-                                    "source.rate": rate, "source.batch": 2000, "join.window": window_s,
-                                    "join.max_delay": max_delay_s, "epochs.distribution": 0.1,
-                                    "tuning.block_size": 8, "partitioning.partitions": 8})
+    run = run_cluster(
+        tmp_path,
+        3,
+        {
+            "source.kind": "file",
+            "source.path": str(tmp_path / "in.csv"),
+            "source.rate": rate,
+            "source.batch": 2000,
+            "join.window": window_s,
+            "join.max_delay": max_delay_s,
+            "epochs.distribution": 0.1,
+            "tuning.block_size": 8,
+            "partitioning.partitions": 8,
+        },
+    )
     assert run.returncode == 0, run.stderr
     got = run.pairs()
     missing, extra = np.setdiff1d(expected, got), np.setdiff1d(got, expected)
@@ -78,5 +94,6 @@ def test_decimal_timestamps_join_exactly_at_the_window(tmp_path, decimals, grid,
     assert np.array_equal(run.late_ids(), expected_late)
     # results carry the user's time: the float64 of the decimals as written
     from protocol.output import read_tables
+
     t = read_tables(run.out / "results")
     assert np.array_equal(t["r_ts"].to_numpy(), text[t["r_id"].to_numpy()].astype(np.float64))

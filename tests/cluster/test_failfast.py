@@ -1,5 +1,6 @@
 """Failures end the whole job, loudly and within a time bound: an exception on any rank, a mistake in the
 arguments or the configuration.  Each case hung before: the other ranks waited for the failed one."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,8 +17,9 @@ from tests.cluster.test_cluster import SMALL
 ROOT = Path(__file__).resolve().parent.parent.parent
 BOUND = 120  #: seconds: a hang is a failure, not a slow pass (subprocess.TimeoutExpired)
 #: a small paced run with late tuples (the master writes late files) and several result files per slave
-RUN = dict(SMALL, **{"generator.duration": 3.0, "source.rate": 6000.0, "output.flush_rows": 2000,
-                     "generator.disorder": 0.6})
+RUN = dict(
+    SMALL, **{"generator.duration": 3.0, "source.rate": 6000.0, "output.flush_rows": 2000, "generator.disorder": 0.6}
+)
 
 
 def crashed(tmp_path, ranks: int, injected: str, settings=RUN):
@@ -31,7 +33,7 @@ def crashed(tmp_path, ranks: int, injected: str, settings=RUN):
 def one_error_line(stderr: str) -> str:
     """The failed rank's message (mpirun may print its own abort banner right after it, on the same line)."""
     assert stderr.count("error: rank ") == 1, stderr
-    return stderr[stderr.index("error: rank "):].split("; aborting the job")[0]
+    return stderr[stderr.index("error: rank ") :].split("; aborting the job")[0]
 
 
 def test_a_full_disk_in_a_slaves_write_aborts_the_job_naming_the_rank_and_the_file(tmp_path):
@@ -77,10 +79,10 @@ def test_a_failure_on_a_further_dispatcher_aborts_the_job(tmp_path):
     assert one_error_line(run.stderr).startswith("error: rank 1 (dispatcher) failed: OSError: ")
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--set", "join.window", "30"], "unrecognized arguments: 30"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [(["--set", "join.window", "30"], "unrecognized arguments: 30"), (["--bogus"], "unrecognized arguments: --bogus")],
+)
 def test_a_bad_argument_ends_every_rank_with_exit_2_and_one_usage(tmp_path, args, needle):
     run = run_cluster(tmp_path, 4, {}, timeout=BOUND, extra_args=args)
     assert run.returncode == 2, run.stderr
@@ -103,8 +105,20 @@ def test_a_public_key_as_the_servers_certificate_is_a_config_error(tmp_path):
 def test_a_config_error_ends_every_rank_with_exit_2(tmp_path):
     """Rank 0 explains; the other ranks exit 2 as well (each rank's own exit code, seen through a shell)."""
     script = f'{sys.executable} -m master "$@"; code=$?; echo "rank $OMPI_COMM_WORLD_RANK exit $code" >&2; exit $code'
-    cmd = [find_mpirun(), "--oversubscribe", "-n", "3", "bash", "-c", script, "-",
-           "--set", "join.window=-1", "--set", f"output.path={tmp_path}/out"]
+    cmd = [
+        find_mpirun(),
+        "--oversubscribe",
+        "-n",
+        "3",
+        "bash",
+        "-c",
+        script,
+        "-",
+        "--set",
+        "join.window=-1",
+        "--set",
+        f"output.path={tmp_path}/out",
+    ]
     proc = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=BOUND, cwd=ROOT)
     assert proc.returncode == 2
     # mpirun ends the job at the first non-zero exit, so not every rank may get to report its own

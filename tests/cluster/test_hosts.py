@@ -4,6 +4,7 @@ slots say and the results are exact; a host cut off, a frozen slave or a lost ra
 heartbeat timeout with the rank and host named and nothing left running; the supervisor finishes the run
 exactly once on the hosts that remain and takes a host back once it answers.  Faults fire on events the
 run prints (a checkpoint complete, a progress line with results), not on wall time."""
+
 from __future__ import annotations
 
 import signal
@@ -21,8 +22,17 @@ from tests.cluster.test_cluster import SMALL, reference_for
 
 TIMEOUT = 3.0  #: cluster.heartbeat_timeout in these tests
 #: a paced run of 8 s: 2 x 2500 tuples/s of event time for 8 s, fed at 5000 tuples/s
-PACED = dict(SMALL, **{"generator.duration": 8.0, "generator.rate": 2500.0, "source.rate": 5000.0,
-                       "cluster.heartbeat_timeout": TIMEOUT, "output.progress": 0.5, "cluster.network": "10.77.0.0/24"})
+PACED = dict(
+    SMALL,
+    **{
+        "generator.duration": 8.0,
+        "generator.rate": 2500.0,
+        "source.rate": 5000.0,
+        "cluster.heartbeat_timeout": TIMEOUT,
+        "output.progress": 0.5,
+        "cluster.network": "10.77.0.0/24",
+    },
+)
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
 
 
@@ -44,8 +54,9 @@ def assert_exact(run: Run, settings: dict) -> None:
     expected, expected_late, n = reference_for(settings)
     got = run.pairs()
     assert len(np.unique(got)) == len(got), "a result was emitted twice"
-    assert np.array_equal(np.sort(got), np.sort(expected)), \
+    assert np.array_equal(np.sort(got), np.sort(expected)), (
         f"{len(np.setdiff1d(expected, got))} missing, {len(np.setdiff1d(got, expected))} extra of {len(expected)}"
+    )
     assert np.array_equal(run.late_ids(), expected_late)
     assert run.summary["input_total"] + run.summary["late"] == n
 
@@ -109,8 +120,12 @@ def test_a_slaves_host_cut_off_or_a_frozen_slave_ends_the_job_naming_it(bed, tmp
 def signal_rank(bed: TestBed, host: int, sig: int) -> None:
     """Send `sig` to one rank on `host` (a python process there, not Open MPI's daemon)."""
     import psutil
-    ranks = [p for p in map(psutil.Process, bed.pids(host)) if p.name().startswith("python")
-             and "master" in " ".join(p.cmdline())]
+
+    ranks = [
+        p
+        for p in map(psutil.Process, bed.pids(host))
+        if p.name().startswith("python") and "master" in " ".join(p.cmdline())
+    ]
     assert ranks, f"no rank runs on {bed.name(host)}"
     ranks[0].send_signal(sig)
 

@@ -1,5 +1,6 @@
 """Hot keys of the equi-join: the frequent-items sketch, the grid routing, the split on the slave, and the
 cluster with a key holding 30% of both streams -- exact against the reference join, its grid spread out."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,17 @@ from protocol.eventtime import NEG_INF
 from slave.join import JoinModule
 from tests.cluster.test_cluster import SMALL, check_exact
 
-HOT = dict(SMALL, **{"generator.hot_share": 0.3, "generator.keys": 65536, "hotkeys.enabled": True,
-                     "epochs.reorganization": 0.5, "balance.enabled": False, "join.window": 0.3})
+HOT = dict(
+    SMALL,
+    **{
+        "generator.hot_share": 0.3,
+        "generator.keys": 65536,
+        "hotkeys.enabled": True,
+        "epochs.reorganization": 0.5,
+        "balance.enabled": False,
+        "join.window": 0.3,
+    },
+)
 
 
 def test_sketch_finds_every_key_above_its_bound_and_no_rare_one():
@@ -56,6 +66,7 @@ def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
         x["key"] = np.where(rng.random(n) < 0.5, 7, rng.integers(0, 20, n))
         x["ts"] = np.sort(rng.integers(0, 1_000_000, n))
         return x
+
     r1, s1, r2, s2 = rows(200, 0), rows(200, 0), rows(100, 1000), rows(100, 1000)
     got = m.process(r1, s1, NEG_INF)
     p = int(partition_of(np.array([7]), 4)[0])
@@ -63,8 +74,9 @@ def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
     n_r, n_s = int((r1["key"] == 7).sum()), int((s1["key"] == 7).sum())
     assert moved == n_r + n_s
     assert sum(len(m.groups[4 + j]) for j in range(3)) == 3 * n_r + n_s  # R copied to all three, S spread
-    assert not (m.groups[p].buckets and any((w.rows["key"] == 7).any() for b in m.groups[p].buckets.values()
-                                            for w in b))
+    assert not (
+        m.groups[p].buckets and any((w.rows["key"] == 7).any() for b in m.groups[p].buckets.values() for w in b)
+    )
     router = HotKeyRouter(4, 1, 3)
     router.promote(7, 3)
     index, part = router.route(STREAM_R, r2)
@@ -121,23 +133,28 @@ def test_merge_gathers_the_grid_back_with_every_s_and_one_copy_of_each_r(join_ty
     r["key"][lonely] = 1000 + r["id"][lonely]  # R tuples without a partner: matched flags of both values
     m.process(r, s, NEG_INF)
     p = int(partition_of(np.array([7]), 4)[0])
-    before = {w: np.sort(np.concatenate([b[i].rows["id"] for b in m.groups[p].buckets.values()]))
-              for i, w in enumerate("rs")}
+    before = {
+        w: np.sort(np.concatenate([b[i].rows["id"] for b in m.groups[p].buckets.values()])) for i, w in enumerate("rs")
+    }
     flags = {int(i): int(f) for b in m.groups[p].buckets.values() for i, f in zip(b[0].rows["id"], b[0].matched)}
     spread = 0 if join_type == "left" else 1
     m.split_hot_key(p, 7, 4, 3)
-    held = [np.concatenate([b[spread].rows["id"][b[spread].rows["key"] == 7] for b in m.groups[4 + j].buckets.values()])
-            for j in range(3)]
+    held = [
+        np.concatenate([b[spread].rows["id"][b[spread].rows["key"] == 7] for b in m.groups[4 + j].buckets.values()])
+        for j in range(3)
+    ]
     assert sum(map(len, held)) == len(np.unique(np.concatenate(held))) == int((r, s)[spread]["key"].__eq__(7).sum())
     assert all(len(h) for h in held)  # spread over every sub-group, each tuple in one
     assert m.merge_hot_key(p, 7, 4, 3) == int((r["key"] == 7).sum() + (s["key"] == 7).sum())
     assert set(m.groups) == {p} | {q for q in range(4) if q in m.groups}  # the sub-groups are gone
-    after = {w: np.sort(np.concatenate([b[i].rows["id"] for b in m.groups[p].buckets.values()]))
-             for i, w in enumerate("rs")}
+    after = {
+        w: np.sort(np.concatenate([b[i].rows["id"] for b in m.groups[p].buckets.values()])) for i, w in enumerate("rs")
+    }
     assert all(np.array_equal(before[w], after[w]) for w in "rs")
     if join_type == "left":  # R's matched flags came back with their rows
-        assert {int(i): int(f) for b in m.groups[p].buckets.values() for i, f in zip(b[0].rows["id"], b[0].matched)} \
-            == flags and 0 < sum(flags.values()) < len(flags)
+        assert {
+            int(i): int(f) for b in m.groups[p].buckets.values() for i, f in zip(b[0].rows["id"], b[0].matched)
+        } == flags and 0 < sum(flags.values()) < len(flags)
 
 
 def test_router_reuses_the_slot_of_a_demoted_key():
@@ -153,6 +170,7 @@ def hot_then_cold(tmp_path, join_type: str) -> tuple[tuple, dict]:
     """An input file whose key 7 holds 40% of both streams for 2 s, then 3 s of uniform keys, and the settings
     that give key 7 a grid and take it back: ((stream, ids, ts, keys), settings); window 0.1, max_delay 0.05."""
     from tests.cluster.test_cluster import write_csv
+
     rng = np.random.default_rng(8)
     n1, n2 = 9000, 9000
     ts = np.concatenate([np.sort(rng.random(n1) * 2.0), 2.0 + np.sort(rng.random(n2) * 3.0)])
@@ -160,9 +178,17 @@ def hot_then_cold(tmp_path, join_type: str) -> tuple[tuple, dict]:
     stream, ids = rng.integers(0, 2, n1 + n2), np.arange(n1 + n2)
     write_csv(tmp_path / "hot-then-cold.csv", stream, ids, ts, keys)
     return (stream, ids, ts, keys), {
-        "source.kind": "file", "source.path": str(tmp_path / "hot-then-cold.csv"), "source.rate": 4000.0,
-        "join.window": 0.1, "join.max_delay": 0.05, "epochs.distribution": 0.1, "epochs.reorganization": 0.5,
-        "hotkeys.enabled": True, "balance.enabled": False, "join.type": join_type}
+        "source.kind": "file",
+        "source.path": str(tmp_path / "hot-then-cold.csv"),
+        "source.rate": 4000.0,
+        "join.window": 0.1,
+        "join.max_delay": 0.05,
+        "epochs.distribution": 0.1,
+        "epochs.reorganization": 0.5,
+        "hotkeys.enabled": True,
+        "balance.enabled": False,
+        "join.type": join_type,
+    }
 
 
 @pytest.mark.parametrize("join_type", ["inner", "left", "full"])
@@ -170,8 +196,10 @@ def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path, joi
     """Left: R spread over the grid and S copied (each R decided once), through split and merge.  Full: two
     grids, S spread with R guests and R spread with S guests, each row alone decided at its tuple's home."""
     from tests.reference import reference_outer, reference_pairs
+
     (stream, ids, ts, keys), settings = hot_then_cold(tmp_path, join_type)
     from tests.runs import run_cluster
+
     run = run_cluster(tmp_path, 4, settings)
     assert run.returncode == 0, run.stderr
     expected, late = reference_pairs(stream, ids, ts, keys, 0.1, 0.05)

@@ -3,6 +3,7 @@ by the fixture on a free port): the cluster fed by topics of several partitions,
 compared with the reference join of the records as produced, lateness judged per partition; bad records set
 aside with their partition and offset; record timestamps as event time; a left join; an empty partition; an
 unbounded topic stopped by a signal; a partition read far ahead paused and resumed."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,12 @@ def broker(tmp_path_factory):
     module's tests with `noida-db down`."""
     data, port = tmp_path_factory.mktemp("noida"), free_port()
     try:
-        up = subprocess.run([NOIDA, "up", "--data-dir", data, "--only", "kafka", "--kafka-port", str(port)],
-                            capture_output=True, text=True, timeout=60)
+        up = subprocess.run(
+            [NOIDA, "up", "--data-dir", data, "--only", "kafka", "--kafka-port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except OSError as e:
         pytest.skip(f"noida-db cannot start: {e}")
     if up.returncode != 0:
@@ -58,8 +63,9 @@ def create(bootstrap: str, topic: str, partitions: int) -> None:
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
 
 
-def produce(bootstrap: str, topic: str, partition: np.ndarray, values: list[bytes],
-            stamps: np.ndarray | None = None) -> np.ndarray:
+def produce(
+    bootstrap: str, topic: str, partition: np.ndarray, values: list[bytes], stamps: np.ndarray | None = None
+) -> np.ndarray:
     """The records into `topic` (idempotent: each partition keeps the order given); their offsets."""
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
     offsets = np.full(len(values), -1, np.int64)
@@ -68,6 +74,7 @@ def produce(bootstrap: str, topic: str, partition: np.ndarray, values: list[byte
         def report(err, msg):
             assert err is None, err
             offsets[i] = msg.offset()
+
         return report
 
     for i, (p, v) in enumerate(zip(partition.tolist(), values)):
@@ -96,20 +103,30 @@ def stream(rng, n: int, first_id: int, partitions: int, t0: int, late_share: flo
 
 def values(s: dict, id_column: str, with_time: bool = True) -> list[bytes]:
     """The records' values: JSON objects of id, user, time (unless the records' timestamps carry it) and page."""
-    return [json.dumps({id_column: i, "user": u, **({"at": t} if with_time else {}), "page": f"/p{i % 7}"}).encode()
-            for i, u, t in zip(s["id"].tolist(), s["user"], s["at"].tolist())]
+    return [
+        json.dumps({id_column: i, "user": u, **({"at": t} if with_time else {}), "page": f"/p{i % 7}"}).encode()
+        for i, u, t in zip(s["id"].tolist(), s["user"], s["at"].tolist())
+    ]
 
 
 def settings(bootstrap: str, topics: dict[str, str], **extra) -> dict:
     """Both streams from their topics (bounded), users as keys, `at` in ms as event time."""
-    out = {"join.window": f"{WINDOW}s", "join.max_delay": f"{MAX_DELAY}s", "partitioning.partitions": 8,
-           "epochs.distribution": "100ms"}
+    out = {
+        "join.window": f"{WINDOW}s",
+        "join.max_delay": f"{MAX_DELAY}s",
+        "partitioning.partitions": 8,
+        "epochs.distribution": "100ms",
+    }
     for name, topic in topics.items():
         id_column = "vid" if name == "views" else "bid"
-        out |= {f"streams.{name}.kafka": {"bootstrap": bootstrap, "topic": topic, "bounded": True},
-                f"streams.{name}.key": "user", f"streams.{name}.time": "at", f"streams.{name}.time_unit": "ms",
-                f"streams.{name}.id": id_column,
-                f"streams.{name}.schema": {id_column: "int64", "user": "string", "at": "int64", "page": "string"}}
+        out |= {
+            f"streams.{name}.kafka": {"bootstrap": bootstrap, "topic": topic, "bounded": True},
+            f"streams.{name}.key": "user",
+            f"streams.{name}.time": "at",
+            f"streams.{name}.time_unit": "ms",
+            f"streams.{name}.id": id_column,
+            f"streams.{name}.schema": {id_column: "int64", "user": "string", "at": "int64", "page": "string"},
+        }
     return out | extra
 
 
@@ -163,8 +180,10 @@ def test_two_topics_of_four_partitions_give_the_reference_join_with_lateness_per
     assert (results["views_@partition"].to_numpy() == views["partition"][vid]).all()
     assert (results["views_@offset"].to_numpy() == views["offset"][vid]).all()
     assert results["views_page"].to_pylist() == [f"/p{i % 7}" for i in vid.tolist()]
-    assert run.summary["config"]["streams"]["views"]["kafka"]["config"] == {"client.id": "***",
-                                                                            "fetch.wait.max.ms": "***"}
+    assert run.summary["config"]["streams"]["views"]["kafka"]["config"] == {
+        "client.id": "***",
+        "fetch.wait.max.ms": "***",
+    }
     kafka = run.summary["live_streams"]["views"]
     assert kafka["partitions"] == 4 and kafka["records"] == kafka["rows"] == 6000 and kafka["rejected_by_reason"] == {}
 
@@ -181,8 +200,11 @@ def test_bad_records_are_set_aside_with_partition_and_offset_and_the_rest_join_e
     bad = np.arange(999, 6000, 1000)
     kinds = ["not JSON", "wrong type", "missing column"]
     for i, k in zip(bad.tolist(), range(len(bad))):
-        records[i] = {0: b'{"vid": 1, "user": ', 1: json.dumps({"vid": i, "user": 7, "at": 1}).encode(),
-                      2: json.dumps({"vid": i, "at": int(views["at"][i])}).encode()}[k % 3]
+        records[i] = {
+            0: b'{"vid": 1, "user": ',
+            1: json.dumps({"vid": i, "user": 7, "at": 1}).encode(),
+            2: json.dumps({"vid": i, "at": int(views["at"][i])}).encode(),
+        }[k % 3]
     first, again = np.flatnonzero(views["partition"] == views["partition"][10])[[0, -1]]  # the last repeats it
     records[again] = json.dumps({"vid": int(first), "user": "u1", "at": int(views["at"][again])}).encode()
     for name in topics:
@@ -192,8 +214,9 @@ def test_bad_records_are_set_aside_with_partition_and_offset_and_the_rest_join_e
     run = run_cluster(tmp_path, 3, settings(broker, topics))
     assert run.returncode == 0, run.stderr
     good = np.setdiff1d(np.arange(6000), np.r_[bad, again])
-    pairs, late, _ = reference({k: (np.asarray(v)[good] if k != "user" else [v[i] for i in good])
-                                for k, v in views.items()}, buys)
+    pairs, late, _ = reference(
+        {k: (np.asarray(v)[good] if k != "user" else [v[i] for i in good]) for k, v in views.items()}, buys
+    )
     np.testing.assert_array_equal(run.pairs(IDS), pairs)
     np.testing.assert_array_equal(run.late_ids(IDS, ("views", "buys")), late)
     listed = read_tables(run.out / "rejected").sort_by([("partition", "ascending"), ("offset", "ascending")])
@@ -251,8 +274,14 @@ def test_an_unbounded_topic_runs_until_a_stop_signal(tmp_path, broker):
         cfg[f"streams.{name}.kafka"]["bounded"] = False
         cfg[f"streams.{name}.idle_timeout"] = "1s"
     config = write_config(tmp_path, cfg)
-    proc = subprocess.Popen([sys.executable, "-m", "deploy.launch", "-n", "3", "--", "--config", str(config)],
-                            cwd=ROOT, env=mpi_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy.launch", "-n", "3", "--", "--config", str(config)],
+        cwd=ROOT,
+        env=mpi_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines = []
     try:
         deadline = time.monotonic() + 120
@@ -273,8 +302,9 @@ def test_an_unbounded_topic_runs_until_a_stop_signal(tmp_path, broker):
     assert not len(late) and not len(run.late_ids(IDS, ("views", "buys")))
 
 
-def test_a_partition_far_ahead_waits_is_paused_and_resumed_without_a_record_lost_or_repeated(tmp_path, broker,
-                                                                                            monkeypatch):
+def test_a_partition_far_ahead_waits_is_paused_and_resumed_without_a_record_lost_or_repeated(
+    tmp_path, broker, monkeypatch
+):
     """Views' partition 0 is 100 s ahead of partition 1, and taken from the client in small batches: its rows wait
     for partition 1's (handed on as read, partition 1's would all be late behind them), so past the pending limit
     it is paused (the client drops what it fetched of it) and resumed once partition 1 is the one ahead; every
@@ -288,16 +318,26 @@ def test_a_partition_far_ahead_waits_is_paused_and_resumed_without_a_record_lost
     rng = np.random.default_rng(15)
     t0 = now_ms()
     n = 20_000
-    views = {"id": np.arange(n), "user": [f"u{u}" for u in rng.integers(0, 9, n)],
-             "partition": np.arange(n) % 2, "at": t0 + np.arange(n) // 20 + 100_000 * (np.arange(n) % 2 == 0)}
-    buys = {"id": np.arange(10) + 100_000, "user": ["u1"] * 10, "partition": np.zeros(10, np.int64),
-            "at": t0 + 200_000 + np.arange(10)}
+    views = {
+        "id": np.arange(n),
+        "user": [f"u{u}" for u in rng.integers(0, 9, n)],
+        "partition": np.arange(n) % 2,
+        "at": t0 + np.arange(n) // 20 + 100_000 * (np.arange(n) % 2 == 0),
+    }
+    buys = {
+        "id": np.arange(10) + 100_000,
+        "user": ["u1"] * 10,
+        "partition": np.zeros(10, np.int64),
+        "at": t0 + 200_000 + np.arange(10),
+    }
     topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
     for name, s, id_column, parts in (("views", views, "vid", 2), ("buys", buys, "bid", 1)):
         create(broker, topics[name], parts)
         produce(broker, topics[name], s["partition"], values(s, id_column))
-    cfg = load_config(None, [f"{k}={toml_value(v)}" for k, v in {
-        **settings(broker, topics), "output.path": str(tmp_path / "out")}.items()])
+    cfg = load_config(
+        None,
+        [f"{k}={toml_value(v)}" for k, v in {**settings(broker, topics), "output.path": str(tmp_path / "out")}.items()],
+    )
     src = open_source(cfg)
     got = drain(src)
     summary = src.finish()["live_streams"]["views"]
@@ -317,8 +357,15 @@ def test_a_bounded_topic_ends_at_the_offsets_read_when_it_is_opened(tmp_path, br
     for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
         create(broker, topics[name], 2)
         produce(broker, topics[name], s["partition"], values(s, id_column))
-    src = open_source(load_config(None, [f"{k}={toml_value(v)}" for k, v in {
-        **settings(broker, topics), "output.path": str(tmp_path / "out")}.items()]))
+    src = open_source(
+        load_config(
+            None,
+            [
+                f"{k}={toml_value(v)}"
+                for k, v in {**settings(broker, topics), "output.path": str(tmp_path / "out")}.items()
+            ],
+        )
+    )
     later = stream(rng, 300, 1000, 2, now_ms())
     produce(broker, topics["views"], later["partition"], values(later, "vid"))
     got = drain(src)
@@ -327,17 +374,24 @@ def test_a_bounded_topic_ends_at_the_offsets_read_when_it_is_opened(tmp_path, br
     assert sorted(summary["positions"].values()) == sorted(np.bincount(views["partition"]).tolist())
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"checkpoint.interval": 5}, "streams.views.kafka: not with checkpoint.interval yet"),
-    ({"cluster.dispatchers": 2}, "streams.views.kafka: not with cluster.dispatchers > 1 yet"),
-    ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
-    ({"streams.views.schema": {"@offset": "int64", "vid": "int64", "user": "string", "at": "int64"}},
-     "@offset is the record's own column"),
-    ({"streams.views.path": "x.csv"}, "give it one of path (files), endpoint (live producers) or kafka (a topic), "
-                                      "not path and kafka"),
-    ({"streams.views.kafka.format": "avro"}, 'streams.views.kafka.format: only "json"'),
-    ({"streams.views.kafka.config.group.id": "mine"}, "streams.views.kafka.config.group.id: set by the stream"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"checkpoint.interval": 5}, "streams.views.kafka: not with checkpoint.interval yet"),
+        ({"cluster.dispatchers": 2}, "streams.views.kafka: not with cluster.dispatchers > 1 yet"),
+        ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
+        (
+            {"streams.views.schema": {"@offset": "int64", "vid": "int64", "user": "string", "at": "int64"}},
+            "@offset is the record's own column",
+        ),
+        (
+            {"streams.views.path": "x.csv"},
+            "give it one of path (files), endpoint (live producers) or kafka (a topic), not path and kafka",
+        ),
+        ({"streams.views.kafka.format": "avro"}, 'streams.views.kafka.format: only "json"'),
+        ({"streams.views.kafka.config.group.id": "mine"}, "streams.views.kafka.config.group.id: set by the stream"),
+    ],
+)
 def test_config_mistakes_of_kafka_streams_are_refused_naming_the_key(change, words):
     base = settings("127.0.0.1:1", {"views": "v", "buys": "b"})
     with pytest.raises(ConfigError, match=re.escape(words)):
@@ -350,8 +404,13 @@ def test_a_topic_that_does_not_exist_or_a_refused_setting_stops_the_start_withou
 
     create(broker, f"buys-{tmp_path.name}", 1)
     topics = {"views": f"nothing-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
-    cfg = lambda **extra: load_config(None, [f"{k}={toml_value(v)}" for k, v in {
-        **settings(broker, topics), "output.path": str(tmp_path / "out"), **extra}.items()])
+    cfg = lambda **extra: load_config(
+        None,
+        [
+            f"{k}={toml_value(v)}"
+            for k, v in {**settings(broker, topics), "output.path": str(tmp_path / "out"), **extra}.items()
+        ],
+    )
     with pytest.raises(InputError, match=re.escape(f"streams.views.kafka.topic: {topics['views']!r} cannot be read")):
         open_source(cfg())
     with pytest.raises(ConfigError, match="librdkafka refuses the setting security.protocol") as e:

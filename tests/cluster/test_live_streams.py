@@ -2,6 +2,7 @@
 real loopback ZeroMQ sockets, checked against the declared schema, merged with the other stream (waiting for a
 quiet one until its idle_timeout), and the cluster fed by one producer process per stream, compared with the
 independent reference join of the two files the producers read."""
+
 from __future__ import annotations
 
 import re
@@ -27,23 +28,31 @@ from tests.cluster.test_zmq_cluster import finish, start
 from tests.cluster.test_zmq_source import drain
 
 
-SCHEMAS = {"views": {"vid": "int64", "user": "string", "at": "timestamp[ms, tz=UTC]", "page": "string"},
-           "buys": {"bid": "int64", "user": "string", "at": "int64", "price": "decimal128(10, 2)"}}
+SCHEMAS = {
+    "views": {"vid": "int64", "user": "string", "at": "timestamp[ms, tz=UTC]", "page": "string"},
+    "buys": {"bid": "int64", "user": "string", "at": "int64", "price": "decimal128(10, 2)"},
+}
 
 
 def live_settings(ports: dict[str, int], **extra) -> dict:
     out = {}
     for name, port in ports.items():
-        out |= {f"streams.{name}.endpoint": f"tcp://127.0.0.1:{port}", f"streams.{name}.key": "user",
-                f"streams.{name}.time": "at", f"streams.{name}.id": "vid" if name == "views" else "bid",
-                f"streams.{name}.schema": SCHEMAS[name]}
+        out |= {
+            f"streams.{name}.endpoint": f"tcp://127.0.0.1:{port}",
+            f"streams.{name}.key": "user",
+            f"streams.{name}.time": "at",
+            f"streams.{name}.id": "vid" if name == "views" else "bid",
+            f"streams.{name}.schema": SCHEMAS[name],
+        }
     out["streams.buys.time_unit"] = "ms"
     return out | extra
 
 
 def live_cfg(tmp_path, ports, **extra):
-    return load_config(None, [f"{k}={toml_value(v)}"
-                              for k, v in {**live_settings(ports), "output.path": str(tmp_path), **extra}.items()])
+    return load_config(
+        None,
+        [f"{k}={toml_value(v)}" for k, v in {**live_settings(ports), "output.path": str(tmp_path), **extra}.items()],
+    )
 
 
 def test_arrow_types_are_read_as_pyarrow_prints_them():
@@ -68,17 +77,23 @@ def test_a_batch_message_round_trips_and_its_frames_are_checked():
     assert wire.decode([bytes(f) for f in frames], (wire.Frame.TUPLES,), 10).reason == "kind"
 
 
-@pytest.mark.parametrize("settings, words", [
-    ({"streams.views.path": "x.csv"},
-     "one of path (files), endpoint (live producers) or kafka (a topic), not path and endpoint"),
-    ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
-    ({"streams.views.schema": {**SCHEMAS["views"], "page": "varchar"}}, "'varchar' is not an Arrow type"),
-    ({"checkpoint.interval": 5}, "not with checkpoint.interval"),
-    ({"cluster.dispatchers": 2}, "not with cluster.dispatchers > 1"),
-    ({"streams.views.endpoint": "tcp://10.1.2.3:5000"}, "is not a loopback address"),
-])
+@pytest.mark.parametrize(
+    "settings, words",
+    [
+        (
+            {"streams.views.path": "x.csv"},
+            "one of path (files), endpoint (live producers) or kafka (a topic), not path and endpoint",
+        ),
+        ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
+        ({"streams.views.schema": {**SCHEMAS["views"], "page": "varchar"}}, "'varchar' is not an Arrow type"),
+        ({"checkpoint.interval": 5}, "not with checkpoint.interval"),
+        ({"cluster.dispatchers": 2}, "not with cluster.dispatchers > 1"),
+        ({"streams.views.endpoint": "tcp://10.1.2.3:5000"}, "is not a loopback address"),
+    ],
+)
 def test_config_mistakes_of_live_streams_are_refused_with_the_key(tmp_path, settings, words):
     from master.sources.streams import StreamsSource
+
     with pytest.raises(ConfigError, match=re.escape(words)):
         StreamsSource(live_cfg(tmp_path, {"views": free_port(), "buys": free_port()}, **settings))
 
@@ -100,8 +115,14 @@ def test_live_batches_are_checked_merged_and_logged_and_bad_messages_rejected_wh
     src = open_source(live_cfg(tmp_path, ports))
     ep = {n: f"tcp://127.0.0.1:{p}" for n, p in ports.items()}
     t0 = 1_795_000_000_000
-    views = pa.table({"vid": [1, 2, 3], "user": ["a", "b", "a"], "page": ["/", "/x", None],
-                      "at": pa.array([t0, t0 + 10, t0 + 20], pa.timestamp("ms", "UTC"))})
+    views = pa.table(
+        {
+            "vid": [1, 2, 3],
+            "user": ["a", "b", "a"],
+            "page": ["/", "/x", None],
+            "at": pa.array([t0, t0 + 10, t0 + 20], pa.timestamp("ms", "UTC")),
+        }
+    )
     buys = pa.table({"bid": [7, 8], "user": ["a", "c"], "at": [t0 + 5, t0 + 30], "price": ["1.50", "2.25"]})
     pv = send(ep["views"], views, name="v")
     pb = send(ep["buys"], buys, name="b")
@@ -109,8 +130,16 @@ def test_live_batches_are_checked_merged_and_logged_and_bad_messages_rejected_wh
     pv._send([header, wire.origin("v", bytes(32), 0, 3), b"not arrow"])
     pv.send_table(views.drop_columns(["user"]))
     pv.send_table(views.set_column(3, "at", pa.array(["soon"] * 3)))
-    pv.send_table(pa.table({"vid": [4, 5], "user": ["a", None], "page": ["/y", "/z"],
-                            "at": pa.array([t0 + 40, t0 + 41], pa.timestamp("ms", "UTC"))}))
+    pv.send_table(
+        pa.table(
+            {
+                "vid": [4, 5],
+                "user": ["a", None],
+                "page": ["/y", "/z"],
+                "at": pa.array([t0 + 40, t0 + 41], pa.timestamp("ms", "UTC")),
+            }
+        )
+    )
     pv.close(), pb.close()
     got = drain(src)
     summary = src.finish()
@@ -124,6 +153,7 @@ def test_live_batches_are_checked_merged_and_logged_and_bad_messages_rejected_wh
     row = pq.read_table(next((tmp_path / "rejected").glob("rejected-*.parquet")))
     assert row["row"].to_pylist() == [5] and row["column"].to_pylist() == ["user"]  # stream row 4, 1-based
     from protocol.payload import PayloadReader
+
     cols = PayloadReader(tmp_path, ("v_", "b_")).both(np.array([0, 3, -1]), np.array([1, -1, 0]))
     assert cols["v_page"].to_pylist() == ["/", "/y", None] and cols["b_bid"].to_pylist() == [8, None, 7]
     assert cols.schema.field("b_price").type == pa.decimal128(10, 2)
@@ -137,8 +167,18 @@ def test_a_quiet_live_stream_holds_the_other_back_until_its_idle_timeout(tmp_pat
     ep = {n: f"tcp://127.0.0.1:{p}" for n, p in ports.items()}
     t0 = 1_795_000_000_000
     pb = send(ep["buys"], pa.table({"bid": [1], "user": ["a"], "at": [t0], "price": ["1"]}), name="b")
-    pv = send(ep["views"], pa.table({"vid": np.arange(50), "user": ["a"] * 50, "page": ["/"] * 50,
-                                     "at": pa.array(t0 + np.arange(50) * 100, pa.timestamp("ms", "UTC"))}), name="v")
+    pv = send(
+        ep["views"],
+        pa.table(
+            {
+                "vid": np.arange(50),
+                "user": ["a"] * 50,
+                "page": ["/"] * 50,
+                "at": pa.array(t0 + np.arange(50) * 100, pa.timestamp("ms", "UTC")),
+            }
+        ),
+        name="v",
+    )
     began, taken, when = time.monotonic(), 0, []
     while time.monotonic() - began < 2.0 and taken < 51:
         c = src.next_chunk(1000)
@@ -164,28 +204,86 @@ def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tm
     v_ms = t0 + np.cumsum(rng.integers(0, 3, n_v)) - rng.integers(0, 200, n_v)
     b_ms = t0 + np.cumsum(rng.integers(0, 5, n_b)) - rng.integers(0, 200, n_b)
     v_user, b_user = [f"u{i}" for i in rng.integers(0, 40, n_v)], [f"u{i}" for i in rng.integers(0, 40, n_b)]
-    pq.write_table(pa.table({"vid": np.arange(n_v), "user": v_user, "page": [f"/p{i % 7}" for i in range(n_v)],
-                             "at": pa.array(v_ms, pa.timestamp("ms", "UTC"))}), tmp_path / "views.parquet")
-    pq.write_table(pa.table({"bid": np.arange(n_b) + 500, "user": b_user, "at": b_ms,
-                             "price": [str(i % 1000) + ".25" for i in range(n_b)]}), tmp_path / "buys.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "vid": np.arange(n_v),
+                "user": v_user,
+                "page": [f"/p{i % 7}" for i in range(n_v)],
+                "at": pa.array(v_ms, pa.timestamp("ms", "UTC")),
+            }
+        ),
+        tmp_path / "views.parquet",
+    )
+    pq.write_table(
+        pa.table(
+            {
+                "bid": np.arange(n_b) + 500,
+                "user": b_user,
+                "at": b_ms,
+                "price": [str(i % 1000) + ".25" for i in range(n_b)],
+            }
+        ),
+        tmp_path / "buys.parquet",
+    )
     ports, results_port = {"views": free_port(), "buys": free_port()}, free_port()
-    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results_port}", "--out",
-                tmp_path / "sub.parquet", "--progress", 0)
-    producers = [subprocess.Popen([sys.executable, "-m", "control.produce", "--stream", str(tmp_path / f"{n}.parquet"),
-                                   "--endpoint", f"tcp://127.0.0.1:{p}", "--batch", "200", "--rate", "2000",
-                                   "--timeout", "30", "--name", n], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                 for n, p in ports.items()]
-    run = run_cluster(tmp_path, 3, {**live_settings(ports), "join.window": "300ms", "join.max_delay": "250ms",
-                                    "partitioning.partitions": 8, "epochs.distribution": "100ms",
-                                    "output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}",
-                                    "output.wait_subscribers": 1})
+    sub = start(
+        "control.subscribe",
+        "--endpoint",
+        f"tcp://127.0.0.1:{results_port}",
+        "--out",
+        tmp_path / "sub.parquet",
+        "--progress",
+        0,
+    )
+    producers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "control.produce",
+                "--stream",
+                str(tmp_path / f"{n}.parquet"),
+                "--endpoint",
+                f"tcp://127.0.0.1:{p}",
+                "--batch",
+                "200",
+                "--rate",
+                "2000",
+                "--timeout",
+                "30",
+                "--name",
+                n,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for n, p in ports.items()
+    ]
+    run = run_cluster(
+        tmp_path,
+        3,
+        {
+            **live_settings(ports),
+            "join.window": "300ms",
+            "join.max_delay": "250ms",
+            "partitioning.partitions": 8,
+            "epochs.distribution": "100ms",
+            "output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}",
+            "output.wait_subscribers": 1,
+        },
+    )
     assert run.returncode == 0, run.stderr
     got = finish(sub)
     assert got["ended"] and not (got["gaps"] or got["covered"]) and got["results"] == run.summary["results"], got
     for p in producers:
         assert p.wait(60) == 0, p.stderr.read()
-    pairs, late = reference({"id": np.arange(n_v), "ts": v_ms * 1000, "key": v_user},
-                            {"id": np.arange(n_b) + 500, "ts": b_ms * 1000, "key": b_user}, 0.3, 0.25)
+    pairs, late = reference(
+        {"id": np.arange(n_v), "ts": v_ms * 1000, "key": v_user},
+        {"id": np.arange(n_b) + 500, "ts": b_ms * 1000, "key": b_user},
+        0.3,
+        0.25,
+    )
     assert len(pairs) > 1000
     ids = ("views_vid", "buys_bid")
     np.testing.assert_array_equal(run.pairs(ids), pairs)

@@ -1,6 +1,7 @@
 """The randomized differential matrix in CI: a fixed set of draws (tests.matrix.covering_seeds) that covers
 every pair of feature values the configuration accepts, each run on the real cluster and compared with the
 independent reference join over its whole input.  `make soak` runs random draws for as long as it is given."""
+
 from __future__ import annotations
 
 import itertools

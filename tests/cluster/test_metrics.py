@@ -1,5 +1,6 @@
 """The metrics endpoint, the metrics log and the dashboard (master/metrics.py, common/dashboard.py,
 control/dashboard.py), scraped from real paced clusters; the page read by a real headless Chromium."""
+
 from __future__ import annotations
 
 import json
@@ -25,17 +26,35 @@ from protocol.config import ConfigError, load_config
 from tests.runs import free_port, run_cluster, write_config
 
 #: a paced run long enough to be scraped a few times: 6,000 tuples/s, with checkpoints
-PACED = {"generator.duration": 12.0, "generator.rate": 3000.0, "generator.keys": 4096, "source.rate": 6000.0,
-         "join.window": 0.5, "join.max_delay": 0.2, "generator.disorder": 0.1, "epochs.distribution": 0.1,
-         "checkpoint.interval": 10, "metrics.log_interval": 2.0}
-COUNTERS = ("streamjoin_input_tuples_total", "streamjoin_results_total", "streamjoin_slave_busy_seconds_total",
-            "streamjoin_slave_joined_tuples_total", "streamjoin_checkpoints_total", "streamjoin_delay_seconds_count")
+PACED = {
+    "generator.duration": 12.0,
+    "generator.rate": 3000.0,
+    "generator.keys": 4096,
+    "source.rate": 6000.0,
+    "join.window": 0.5,
+    "join.max_delay": 0.2,
+    "generator.disorder": 0.1,
+    "epochs.distribution": 0.1,
+    "checkpoint.interval": 10,
+    "metrics.log_interval": 2.0,
+}
+COUNTERS = (
+    "streamjoin_input_tuples_total",
+    "streamjoin_results_total",
+    "streamjoin_slave_busy_seconds_total",
+    "streamjoin_slave_joined_tuples_total",
+    "streamjoin_checkpoints_total",
+    "streamjoin_delay_seconds_count",
+)
 
 
 def parse(text: str) -> dict[tuple, float]:
     """{(sample name, sorted labels): value} of a Prometheus exposition."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def scrape(port: int) -> dict[tuple, float] | None:
@@ -52,8 +71,9 @@ def total(metrics: dict, name: str) -> float:
 
 def start(tmp: Path, settings: dict, ranks: int) -> subprocess.Popen:
     cfg = write_config(tmp, settings)
-    return subprocess.Popen(mpirun_command(ranks, ["--config", str(cfg)]), env=mpi_env(), stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        mpirun_command(ranks, ["--config", str(cfg)]), env=mpi_env(), stderr=subprocess.PIPE, text=True
+    )
 
 
 def scrape_until_done(proc: subprocess.Popen, port: int, every: float = 0.5) -> list[dict]:
@@ -71,16 +91,23 @@ def check_final(out: Path, summary: dict) -> dict:
     """metrics.prom and the log's last sample agree with summary.json; returns the final metrics."""
     final = parse((out / "metrics.prom").read_text())
     for stream in ("R", "S"):
-        assert sum(v for (n, labels), v in final.items()
-                   if n == "streamjoin_input_tuples_total" and ("stream", stream) in labels) == summary["input"][stream]
+        assert (
+            sum(
+                v
+                for (n, labels), v in final.items()
+                if n == "streamjoin_input_tuples_total" and ("stream", stream) in labels
+            )
+            == summary["input"][stream]
+        )
     assert total(final, "streamjoin_rejected_total") == summary["rejected"]
     for reason, n in Counter(m["reason"] for m in summary["balance"]["moves"]).items():
         assert final[("streamjoin_moves_total", (("reason", reason),))] == n
     assert total(final, "streamjoin_moves_total") == len(summary["balance"]["moves"])
     assert final[("streamjoin_moved_tuples_total", ())] == summary["tuples_moved"]
     for event in ("split", "merge"):
-        assert final[("streamjoin_hot_key_events_total", (("event", event),))] == \
-               sum(e["event"] == event for e in summary["hot_keys"])
+        assert final[("streamjoin_hot_key_events_total", (("event", event),))] == sum(
+            e["event"] == event for e in summary["hot_keys"]
+        )
     assert final[("streamjoin_results_total", ())] == summary["results"]
     assert final[("streamjoin_late_tuples_total", ())] == summary["late"]
     assert final[("streamjoin_delay_seconds_count", ())] == summary["results"]  # one delay per result
@@ -112,23 +139,32 @@ def test_delay_histogram_buckets_count_the_delays_at_or_below_each_edge():
 def test_rejected_file_rows_are_counted_by_reason_with_duplicates_as_one_reason(tmp_path):
     from master.metrics import rejected_reasons
     from master.sources import FileSource, RejectedListing
-    (tmp_path / "in.csv").write_text("stream,id,ts,key\nR,1,0.1,5\nX,2,0.2,5\nS,3,oops,5\nR,1,0.3,5\nR,1,0.4,5\n"
-                                      "S,4,0.5,x\n")
+
+    (tmp_path / "in.csv").write_text(
+        "stream,id,ts,key\nR,1,0.1,5\nX,2,0.2,5\nS,3,oops,5\nR,1,0.3,5\nR,1,0.4,5\nS,4,0.5,x\n"
+    )
     listing = RejectedListing(tmp_path / "rejected", "parquet", 100)
     source = FileSource(tmp_path / "in.csv", listing=listing)
     while source.next_chunk(100) is not None:  # rows are counted as the run passes them
         pass
-    assert rejected_reasons(source) == {"stream is not R or S": 1, "ts is not a number or an ISO-8601 time": 1,
-                                        "duplicate id": 2, "key is not an integer": 1}
+    assert rejected_reasons(source) == {
+        "stream is not R or S": 1,
+        "ts is not a number or an ISO-8601 time": 1,
+        "duplicate id": 2,
+        "key is not an integer": 1,
+    }
     assert sum(rejected_reasons(source).values()) == source.finish()["rejected"] == 5
 
 
-@pytest.mark.parametrize("endpoint,allow,needle", [
-    ("0.0.0.0:9464", False, "not a loopback address"),
-    ("127.0.0.1", False, "expected HOST:PORT"),
-    ("127.0.0.1:http", False, "expected HOST:PORT"),
-    ("tcp://127.0.0.1:9464", False, "expected HOST:PORT"),
-])
+@pytest.mark.parametrize(
+    "endpoint,allow,needle",
+    [
+        ("0.0.0.0:9464", False, "not a loopback address"),
+        ("127.0.0.1", False, "expected HOST:PORT"),
+        ("127.0.0.1:http", False, "expected HOST:PORT"),
+        ("tcp://127.0.0.1:9464", False, "expected HOST:PORT"),
+    ],
+)
 def test_metrics_endpoint_is_checked_like_the_other_endpoints(endpoint, allow, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config(None, [f'metrics.endpoint="{endpoint}"', f"security.allow_remote={str(allow).lower()}"])
@@ -141,8 +177,13 @@ def test_a_taken_metrics_port_stops_the_run_before_it_starts_naming_the_key(tmp_
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run(mpirun_command(3, ["--config", str(write_config(tmp_path, {
-            "metrics.endpoint": f"127.0.0.1:{port}"}))]), env=mpi_env(), capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            mpirun_command(3, ["--config", str(write_config(tmp_path, {"metrics.endpoint": f"127.0.0.1:{port}"}))]),
+            env=mpi_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert proc.returncode == 2 and f"metrics.endpoint '127.0.0.1:{port}': cannot serve there" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "out" / "summary.json").exists()
 
@@ -159,8 +200,9 @@ def test_scraped_counters_rise_during_a_paced_run_and_agree_with_the_summary(tmp
     lines = stderr.strip().splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("output: "))
     assert first < next(i for i, line in enumerate(lines) if line.startswith("[")), stderr
-    assert lines[first].startswith(f"output: {out.resolve()}/") \
-        and f"dashboard http://127.0.0.1:{port}/" in lines[first]
+    assert (
+        lines[first].startswith(f"output: {out.resolve()}/") and f"dashboard http://127.0.0.1:{port}/" in lines[first]
+    )
     out = out.resolve()
     last_line = lines[-1]
     assert str(out / "summary.json") in last_line and str(out / "results") in last_line
@@ -177,8 +219,10 @@ def test_scraped_counters_rise_during_a_paced_run_and_agree_with_the_summary(tmp
     log = pq.read_table(out / "metrics").to_pylist()
     assert set(inputs) <= {r["input_r"] + r["input_s"] for r in log}
     assert total(final, "streamjoin_slave_joined_tuples_total") >= summary["input_total"]  # R copies count twice
-    assert summary["checkpoints"]["written"] >= 1 \
+    assert (
+        summary["checkpoints"]["written"] >= 1
         and len(summary["checkpoints"]["log"]) == summary["checkpoints"]["written"]
+    )
 
 
 def test_a_stream_that_stops_is_shown_idle_while_the_other_flows(tmp_path):
@@ -188,8 +232,17 @@ def test_a_stream_that_stops_is_shown_idle_while_the_other_flows(tmp_path):
     stream = np.where((np.arange(n) % 2 == 0) | (ts >= 1.0), "R", "S")
     rows = "".join(f"{s},{i},{t:.6f},{i % 50},1.0\n" for i, (s, t) in enumerate(zip(stream, ts)))
     (tmp_path / "in.csv").write_text("stream,id,ts,key,value\n" + rows)
-    run = run_cluster(tmp_path, 3, {"source.kind": "file", "source.path": str(tmp_path / "in.csv"),
-                                    "source.rate": n / 4.0, "join.window": 0.1, "metrics.log_interval": 1.0})
+    run = run_cluster(
+        tmp_path,
+        3,
+        {
+            "source.kind": "file",
+            "source.path": str(tmp_path / "in.csv"),
+            "source.rate": n / 4.0,
+            "join.window": 0.1,
+            "metrics.log_interval": 1.0,
+        },
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     final = parse((run.out / "metrics.prom").read_text())
     idle_r = final[("streamjoin_stream_idle_seconds", (("stream", "R"),))]
@@ -206,8 +259,11 @@ def test_a_stream_that_stops_is_shown_idle_while_the_other_flows(tmp_path):
 
 def test_two_dispatchers_rank_0_serves_both_counters(tmp_path):
     port = free_port()
-    proc = start(tmp_path, {**PACED, "cluster.dispatchers": 2, "metrics.endpoint": f"127.0.0.1:{port}",
-                            "checkpoint.interval": 0}, 4)
+    proc = start(
+        tmp_path,
+        {**PACED, "cluster.dispatchers": 2, "metrics.endpoint": f"127.0.0.1:{port}", "checkpoint.interval": 0},
+        4,
+    )
     scrapes = scrape_until_done(proc, port)
     stderr = proc.stderr.read()
     assert proc.returncode == 0, stderr
@@ -220,6 +276,7 @@ def test_two_dispatchers_rank_0_serves_both_counters(tmp_path):
 
 def test_moves_and_hot_keys_are_counted_as_the_summary_counts_them(tmp_path):
     from tests.cluster.test_hotkeys import HOT
+
     run = run_cluster(tmp_path, 4, {**HOT, "generator.duration": 4.0, "generator.seed": 1, "source.rate": 6000.0})
     assert run.returncode == 0, run.stderr
     assert run.summary["hot_keys"] and run.summary["balance"]["moves"]  # a grid was made and spread
@@ -233,8 +290,12 @@ def test_moves_and_hot_keys_are_counted_as_the_summary_counts_them(tmp_path):
 def chromium() -> str:
     """The headless browser; installed with apt-get if missing (as root), else the test is skipped, saying why."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None and shutil.which("apt-get") and hasattr(__import__("os"), "geteuid") \
-            and __import__("os").geteuid() == 0:
+    if (
+        found is None
+        and shutil.which("apt-get")
+        and hasattr(__import__("os"), "geteuid")
+        and __import__("os").geteuid() == 0
+    ):
         subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, timeout=900)
         found = shutil.which("chromium")
     if found is None:
@@ -247,9 +308,22 @@ def chromium() -> str:
 def browse(browser: str, url: str, *what: str, budget_ms: int = 4000) -> str:
     """Chromium headless on `url` for `budget_ms` of virtual time (the page's polls run), then `what`
     (--dump-dom prints the page as it is then, --screenshot=FILE saves it)."""
-    proc = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--window-size=1400,1500", f"--virtual-time-budget={budget_ms}", *what, url],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1400,1500",
+            f"--virtual-time-budget={budget_ms}",
+            *what,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 
@@ -257,6 +331,7 @@ def browse(browser: str, url: str, *what: str, budget_ms: int = 4000) -> str:
 def shown(dom: str, element: str, attribute: str | None = None) -> str:
     """The text (or `attribute`) of the element with id `element` in a dumped page."""
     import re
+
     tag = re.search(rf'<[^>]*id="{element}"[^>]*>([^<]*)<', dom)
     assert tag, f"#{element} not on the page"
     if attribute is None:
@@ -293,8 +368,11 @@ def test_dashboard_in_headless_chromium_shows_the_metrics_live_and_after_the_run
     out = tmp_path / "out"
     summary = json.loads((out / "summary.json").read_text())
     viewer_port = free_port()
-    viewer = subprocess.Popen([sys.executable, "-m", "control.dashboard", str(out), "--endpoint",
-                               f"127.0.0.1:{viewer_port}"], stderr=subprocess.PIPE, text=True)
+    viewer = subprocess.Popen(
+        [sys.executable, "-m", "control.dashboard", str(out), "--endpoint", f"127.0.0.1:{viewer_port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while "dashboard of" not in viewer.stderr.readline():
@@ -307,6 +385,9 @@ def test_dashboard_in_headless_chromium_shows_the_metrics_live_and_after_the_run
         viewer.terminate()
         viewer.wait(timeout=30)
     assert shown(dom, "status") == "finished"
-    assert int(shown(dom, "input-total", "data-value")) == summary["input_total"] == \
-           total(parse(final), "streamjoin_input_tuples_total")
+    assert (
+        int(shown(dom, "input-total", "data-value"))
+        == summary["input_total"]
+        == total(parse(final), "streamjoin_input_tuples_total")
+    )
     print(f"screenshots: {tmp_path / 'dashboard-live.png'} {tmp_path / 'dashboard-after.png'}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """Outer, semi and anti joins on the punctuated result stream: rows without a partner travel with the
 pairs, each with its kind and stream time, never below a punctuation already sent, each once; the set equals the
 reference (tests/reference.py `reference_outer`).  Producer and subscriber processes as in test_zmq_cluster."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,9 @@ from tests.cluster.test_outer_cluster import check_outer
 from tests.cluster.test_zmq_cluster import finish, make_input, start, stream_settings, write_input
 
 
-def check_rows(sub: dict, path, want: tuple, join_type: str, window: float, ordered: bool,
-               merged: bool = False) -> None:
+def check_rows(
+    sub: dict, path, want: tuple, join_type: str, window: float, ordered: bool, merged: bool = False
+) -> None:
     """The subscriber's view of a join other than inner: its checks passed, every row's stream time at or
     above the punctuation it came after, each kind's rows exactly the reference's, each once, with the stream
     time the contract gives it."""
@@ -46,16 +48,27 @@ def check_rows(sub: dict, path, want: tuple, join_type: str, window: float, orde
         assert ((stream_time[lone_r] >= r_ts[lone_r]) & (stream_time[lone_r] <= r_ts[lone_r] + w)).all()
     else:  # final a window after its ts
         assert (stream_time[lone_r] == r_ts[lone_r] + w).all() and (stream_time[lone_s] == s_ts[lone_s] + w).all()
-    got = (encode_pairs(t["r_id"].filter(pair).to_numpy(), t["s_id"].filter(pair).to_numpy()),
-           np.sort(t["r_id"].filter(lone_r).to_numpy()), np.sort(t["s_id"].filter(lone_s).to_numpy()))
+    got = (
+        encode_pairs(t["r_id"].filter(pair).to_numpy(), t["s_id"].filter(pair).to_numpy()),
+        np.sort(t["r_id"].filter(lone_r).to_numpy()),
+        np.sort(t["s_id"].filter(lone_s).to_numpy()),
+    )
     for name, g, expected in zip(("pairs", "R rows", "S rows"), got, want):
         assert len(np.unique(g)) == len(g), f"{name}: some received twice"
         np.testing.assert_array_equal(g, expected, err_msg=name)
 
 
 def subscriber(tmp_path, port: int, *args):
-    return start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{port}", "--out", tmp_path / "sub.parquet",
-                 "--progress", 0, *args)
+    return start(
+        "control.subscribe",
+        "--endpoint",
+        f"tcp://127.0.0.1:{port}",
+        "--out",
+        tmp_path / "sub.parquet",
+        "--progress",
+        0,
+        *args,
+    )
 
 
 @pytest.mark.parametrize("join_type,ordered", [("left", False), ("semi", True)])
@@ -66,11 +79,33 @@ def test_rows_alone_from_producers_are_punctuated_with_the_pairs(tmp_path, join_
     write_input(tmp_path / "in.csv", stream, ids, ts, keys)
     ingest, results = free_port(), free_port()
     sub = subscriber(tmp_path, results)
-    prod = start("control.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 400,
-                 "--jitter", 0.05, "--seed", 51)
-    run = run_cluster(tmp_path, 3, stream_settings(ingest, results, **{
-        "join.type": join_type, "join.window": 0.3, "join.max_delay": 0.2, "output.ordered": ordered,
-        "output.result_chunk_rows": 100}))
+    prod = start(
+        "control.produce",
+        tmp_path / "in.csv",
+        "--endpoint",
+        f"tcp://127.0.0.1:{ingest}",
+        "--batch",
+        400,
+        "--jitter",
+        0.05,
+        "--seed",
+        51,
+    )
+    run = run_cluster(
+        tmp_path,
+        3,
+        stream_settings(
+            ingest,
+            results,
+            **{
+                "join.type": join_type,
+                "join.window": 0.3,
+                "join.max_delay": 0.2,
+                "output.ordered": ordered,
+                "output.result_chunk_rows": 100,
+            },
+        ),
+    )
     assert run.returncode == 0, run.stderr
     assert finish(prod)["tuples_sent"] == 8000
     pairs, late = reference_pairs(stream, ids, ts, keys, 0.3, 0.2)
@@ -86,11 +121,23 @@ def test_full_join_rows_alone_stay_above_the_punctuation_while_groups_move(tmp_p
     # undecided rows land on a slave that decides by a higher one
     results = free_port()
     sub = subscriber(tmp_path, results)
-    settings = dict(SMALL, **{**FORCED_CHURN, "join.type": "full", "generator.duration": 3.0,
-                              "generator.rate": 4000.0, "generator.disorder": 0.2, "generator.seed": 41,
-                              "tuning.block_size": 8, "tuning.theta_min": 2, "tuning.theta_max": 8,
-                              "output.zmq_endpoint": f"tcp://127.0.0.1:{results}", "output.ordered": True,
-                              "output.wait_subscribers": 1})
+    settings = dict(
+        SMALL,
+        **{
+            **FORCED_CHURN,
+            "join.type": "full",
+            "generator.duration": 3.0,
+            "generator.rate": 4000.0,
+            "generator.disorder": 0.2,
+            "generator.seed": 41,
+            "tuning.block_size": 8,
+            "tuning.theta_min": 2,
+            "tuning.theta_max": 8,
+            "output.zmq_endpoint": f"tcp://127.0.0.1:{results}",
+            "output.ordered": True,
+            "output.wait_subscribers": 1,
+        },
+    )
     run, want = check_outer(tmp_path, 3, settings, env=straggler(1))
     assert len(run.summary["balance"]["moves"]) >= 1 and all(len(w) > 100 for w in want)
     check_rows(finish(sub), tmp_path / "sub.parquet", want, "full", 0.5, ordered=True)
@@ -100,10 +147,20 @@ def test_anti_join_of_two_dispatchers_is_one_ordered_stream(tmp_path):
     # each dispatcher's stream carries the rows its own batches decided (the last STOP's: all left undecided)
     results = free_port(consecutive=2)
     sub = subscriber(tmp_path, results, "--dispatchers", 2, "--ordered")
-    settings = dict(SMALL, **{"join.type": "anti", "cluster.dispatchers": 2, "generator.duration": 2.0,
-                              "generator.disorder": 0.25, "generator.seed": 36, "source.rate": 6000.0,
-                              "output.zmq_endpoint": f"tcp://127.0.0.1:{results}", "output.ordered": True,
-                              "output.wait_subscribers": 1})
+    settings = dict(
+        SMALL,
+        **{
+            "join.type": "anti",
+            "cluster.dispatchers": 2,
+            "generator.duration": 2.0,
+            "generator.disorder": 0.25,
+            "generator.seed": 36,
+            "source.rate": 6000.0,
+            "output.zmq_endpoint": f"tcp://127.0.0.1:{results}",
+            "output.ordered": True,
+            "output.wait_subscribers": 1,
+        },
+    )
     run, want = check_outer(tmp_path, 5, settings, env={"STREAMJOIN_JITTER": "0.01"})
     assert len(run.summary["result_stream"]["endpoints"]) == 2 and len(want[1]) > 100
     check_rows(finish(sub), tmp_path / "sub.parquet", want, "anti", 0.5, ordered=True, merged=True)

@@ -1,6 +1,7 @@
 """The output folder belongs to one run: a lock refuses a second cluster, a dead run's lock is taken
 over, the engine removes only the files it wrote and refuses to start where a user's file lies; what it writes
 there is JSON any parser reads."""
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,16 @@ BOUND = 120
 
 
 def test_reset_removes_the_engines_files_and_refuses_a_users_without_removing_anything(tmp_path):
-    own = ["results/slave-001-000000.parquet", "results/.slave-002-000003.csv.tmp", "late/late-d1-000002.csv",
-           "archive/input-000000.parquet", "rejected/zmq-rejected-d1.csv", "aggregates/slave-003-000001.parquet",
-           "aggregates/_pending/slave-003-000002.parquet", "summary.json"]
+    own = [
+        "results/slave-001-000000.parquet",
+        "results/.slave-002-000003.csv.tmp",
+        "late/late-d1-000002.csv",
+        "archive/input-000000.parquet",
+        "rejected/zmq-rejected-d1.csv",
+        "aggregates/slave-003-000001.parquet",
+        "aggregates/_pending/slave-003-000002.parquet",
+        "summary.json",
+    ]
     users = ["results/notes.txt", "archive/input.csv", "aggregates/mine/slave-001-000000.parquet"]
     keep = ["replay/selection.parquet", "my-data.csv"]  # outside the parts the engine writes
     for name in own + users + keep:
@@ -33,8 +41,10 @@ def test_reset_removes_the_engines_files_and_refuses_a_users_without_removing_an
         (tmp_path / name).write_text(name)
     with pytest.raises(OutputError) as refused:
         reset_output(tmp_path)
-    assert f"output.path: {tmp_path}/aggregates/mine, {tmp_path}/archive/input.csv, {tmp_path}/results/notes.txt " \
-           "are not written by this engine" in str(refused.value)
+    assert (
+        f"output.path: {tmp_path}/aggregates/mine, {tmp_path}/archive/input.csv, {tmp_path}/results/notes.txt "
+        "are not written by this engine" in str(refused.value)
+    )
     assert all((tmp_path / name).read_text() == name for name in own + users + keep)  # nothing removed
     for name in users:
         (tmp_path / name).unlink()
@@ -86,16 +96,22 @@ def test_a_second_cluster_on_the_same_output_folder_is_refused_and_the_first_is_
     expected, _, _ = reference_for(first_settings)
     cfg = write_config(tmp_path / "first", first_settings)
     out = tmp_path / "first" / "out"
-    first = subprocess.Popen(mpirun_command(3, ["--config", str(cfg)]), env=mpi_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        mpirun_command(3, ["--config", str(cfg)]),
+        env=mpi_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (out / NAME).exists() or not (out / NAME).read_text():
             assert time.monotonic() < deadline and first.poll() is None, first.communicate()
             time.sleep(0.1)
         holder = json.loads((out / NAME).read_text())
-        second = subprocess.run(mpirun_command(3, ["--config", str(cfg)]), env=mpi_env(), capture_output=True,
-                                text=True, timeout=BOUND)
+        second = subprocess.run(
+            mpirun_command(3, ["--config", str(cfg)]), env=mpi_env(), capture_output=True, text=True, timeout=BOUND
+        )
         assert first.poll() is None, "the first run ended before the second one tried: the test tested nothing"
         assert second.returncode == 2, second.stderr
         assert f"is in use by another cluster (pid {holder['pid']} on host {holder['host']}" in second.stderr
@@ -112,16 +128,19 @@ def test_a_dead_runs_lock_is_reported_and_taken_over(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     # a lock file nobody holds (its holder was SIGKILLed: the kernel released the flock, the file stayed)
-    (out / NAME).write_text(json.dumps({"host": "somewhere", "pid": 4242, "started": time.time() - 60,
-                                        "command": ["x"]}))
+    (out / NAME).write_text(
+        json.dumps({"host": "somewhere", "pid": 4242, "started": time.time() - 60, "command": ["x"]})
+    )
     run, _ = check_exact(tmp_path, 3, SMALL)
     assert "the run that held it (pid 4242 on host somewhere" in run.stderr and "taking it over" in run.stderr
 
 
 def strict_json(text: str):
     """Parse as a strict parser would: NaN, Infinity and -Infinity are not JSON."""
+
     def refuse(constant):
         raise ValueError(f"{constant} is not JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 

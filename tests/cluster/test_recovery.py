@@ -1,6 +1,7 @@
 """Crashes under the supervisor: a slave is SIGKILLed (at a batch, while writing a checkpoint, in the middle
 of a partition-group move, or from outside at a random moment) and the recovered cluster's result set is
 exactly the reference join over the whole input -- nothing lost, nothing twice."""
+
 from __future__ import annotations
 
 import subprocess
@@ -23,8 +24,9 @@ from protocol.output import read_tables
 from tests.cluster.test_cluster import SMALL, check_exact, reference_for, write_generated
 
 # paced so the run spans many checkpoints: 3 s of event time, 2 x 3000 tuples/s, fed at 6000 tuples/s
-CKPT = dict(SMALL, **{"generator.duration": 3.0, "source.rate": 6000.0, "checkpoint.interval": 2,
-                      "epochs.distribution": 0.1})
+CKPT = dict(
+    SMALL, **{"generator.duration": 3.0, "source.rate": 6000.0, "checkpoint.interval": 2, "epochs.distribution": 0.1}
+)
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
 
 
@@ -42,8 +44,9 @@ def crash_run(tmp_path, ranks, settings, fault=None, env_extra=None, **kw):
 
 @pytest.mark.parametrize("rank,batch", [(1, 1), (2, 3)])
 def test_slave_killed_at_a_batch(tmp_path, rank, batch):
-    run, _ = crash_run(tmp_path, 3, dict(CKPT, **{"generator.seed": batch}),
-                       fault=f"{rank}:batch-after-checkpoint:{batch}")
+    run, _ = crash_run(
+        tmp_path, 3, dict(CKPT, **{"generator.seed": batch}), fault=f"{rank}:batch-after-checkpoint:{batch}"
+    )
     assert run.summary["checkpoints"]["written"] > 2
 
 
@@ -74,8 +77,11 @@ def test_slave_killed_from_outside_at_a_random_moment(tmp_path):
                 continue
             for p in psutil.process_iter(["cmdline", "environ"]):
                 try:
-                    if "master" in (p.info["cmdline"] or []) and str(tmp_path) in " ".join(p.info["cmdline"]) \
-                            and (p.info["environ"] or {}).get("OMPI_COMM_WORLD_RANK") not in (None, "0"):
+                    if (
+                        "master" in (p.info["cmdline"] or [])
+                        and str(tmp_path) in " ".join(p.info["cmdline"])
+                        and (p.info["environ"] or {}).get("OMPI_COMM_WORLD_RANK") not in (None, "0")
+                    ):
                         p.kill()
                         victims.append(p.pid)
                         return
@@ -110,8 +116,10 @@ def test_the_archive_holds_exactly_the_accepted_input(tmp_path):
     archive = pq.ParquetDataset(tmp_path / "out" / "archive").read()
     s = run.summary
     assert archive.num_rows == s["input_total"] + s["late"]
-    assert len(np.unique(archive["id"].to_numpy() * 2 + (archive["stream"].to_numpy(zero_copy_only=False) == "S")))\
+    assert (
+        len(np.unique(archive["id"].to_numpy() * 2 + (archive["stream"].to_numpy(zero_copy_only=False) == "S")))
         == archive.num_rows
+    )
 
 
 @pytest.mark.parametrize("victim,point", [(3, "batch-after-checkpoint:2"), (2, "checkpoint:3")])
@@ -133,8 +141,9 @@ def test_several_dispatchers_checkpoint_a_consistent_cut_and_recover(tmp_path, v
 def test_a_file_source_resumes_at_its_row_and_lists_each_bad_row_once(tmp_path, dispatchers, ranks):
     # Parquet in row groups of 500 rows: the resumed run skips the row groups before the checkpoint's row
     # (rejected rows are listed in files of 2 rows, so some are written after the last checkpoint before the crash)
-    settings = dict(CKPT, **{"generator.seed": 23 + dispatchers, "cluster.dispatchers": dispatchers,
-                             "output.flush_rows": 2})
+    settings = dict(
+        CKPT, **{"generator.seed": 23 + dispatchers, "cluster.dispatchers": dispatchers, "output.flush_rows": 2}
+    )
     path = tmp_path / "in.parquet"
     inserted = write_generated(path, settings, row_group=500, bad_every=700)
     settings.update({"source.kind": "file", "source.path": str(path)})
@@ -164,7 +173,8 @@ def test_checkpoint_verify_with_spark_finds_a_false_claim(tmp_path, spark):
     manifest["parts"]["slave-002.state"]["tuples"] += 1
     assert scan(spark, directory, manifest) == [
         f"slave-002.state: holds {manifest['parts']['slave-002.state']['tuples'] - 1} tuples, "
-        f"the manifest says {manifest['parts']['slave-002.state']['tuples']}"]
+        f"the manifest says {manifest['parts']['slave-002.state']['tuples']}"
+    ]
 
 
 def test_launch_through_a_hostfile_with_localhost_slots(tmp_path):
@@ -172,9 +182,24 @@ def test_launch_through_a_hostfile_with_localhost_slots(tmp_path):
     hosts.write_text("# one host here; hosts.example shows several\nlocalhost slots=4\n")
     settings = dict(SMALL, **{"generator.seed": 29})
     expected, _, _ = reference_for(settings)
-    proc = subprocess.run([sys.executable, "-m", "deploy.launch", "-n", "3", "--hostfile", str(hosts), "--",
-                           "--config", str(write_config(tmp_path, settings))], env=mpi_env(), capture_output=True,
-                          text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deploy.launch",
+            "-n",
+            "3",
+            "--hostfile",
+            str(hosts),
+            "--",
+            "--config",
+            str(write_config(tmp_path, settings)),
+        ],
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr
     got = Run(tmp_path / "out", proc).pairs()
     assert len(got) == len(expected) and np.array_equal(np.sort(got), expected)
@@ -186,8 +211,17 @@ def test_aggregation_after_a_crash_equals_the_reference_aggregation(tmp_path):
     from protocol.output import read_tables
     from slave.aggregate import combine
     from tests.cluster.test_spark_control import assert_view, reference_view
-    settings = dict(CKPT, **{"generator.seed": 31, "aggregate.enabled": True, "aggregate.window": 0.5,
-                             "aggregate.flush_interval": 0.05, "output.result_chunk_rows": 50})  # batches in chunks
+
+    settings = dict(
+        CKPT,
+        **{
+            "generator.seed": 31,
+            "aggregate.enabled": True,
+            "aggregate.window": 0.5,
+            "aggregate.flush_interval": 0.05,
+            "output.result_chunk_rows": 50,
+        },
+    )  # batches in chunks
     run, _ = crash_run(tmp_path, 3, settings, fault="2:batch-after-checkpoint:2")
     assert run.summary["result_chunks"]["chunked_batches"] > 0
     staged = tmp_path / "out" / checkpoint.PENDING_AGGREGATES
@@ -202,8 +236,9 @@ def test_a_slave_that_stops_answering_ends_the_job_with_what_the_master_waits_fo
     # progress line repeating forever
     settings = dict(CKPT, **{"generator.seed": 41, "master.stall_timeout": 2.0})
     started = time.time()
-    run = run_cluster(tmp_path, 3, settings, timeout=120,
-                      env={"STREAMJOIN_FAULT": f"2:hang-batch:5:{tmp_path / 'fired'}"})
+    run = run_cluster(
+        tmp_path, 3, settings, timeout=120, env={"STREAMJOIN_FAULT": f"2:hang-batch:5:{tmp_path / 'fired'}"}
+    )
     assert (tmp_path / "fired").exists() and run.returncode not in (0, 2)
     assert "stalled:" in run.stderr and "waiting for the report of slave(s) [2]" in run.stderr, run.stderr
     assert time.time() - started < 60
@@ -213,9 +248,18 @@ def test_a_slave_joining_a_long_batch_is_not_taken_for_a_stalled_one(tmp_path):
     # a hot key's batch may take longer than the stall watch's bound: its results come in chunks (here 0.5 s
     # each, 2.5 s or more in all against a 2 s bound: a loaded host may take more than 1 s over one chunk) and
     # the slave says once an epoch that it is still joining
-    settings = dict(SMALL, **{"generator.duration": 1.0, "generator.distribution": "uniform", "generator.keys": 16,
-                              "generator.seed": 3, "output.result_chunk_rows": 40000, "master.stall_timeout": 2.0,
-                              "output.progress": 0.2})
+    settings = dict(
+        SMALL,
+        **{
+            "generator.duration": 1.0,
+            "generator.distribution": "uniform",
+            "generator.keys": 16,
+            "generator.seed": 3,
+            "output.result_chunk_rows": 40000,
+            "master.stall_timeout": 2.0,
+            "output.progress": 0.2,
+        },
+    )
     run, expected = check_exact(tmp_path, 2, settings, env={"STREAMJOIN_SLOW_CHUNKS": "1:0.5"})
     # a batch of 5 chunks or more: 2.5 s of writing or more, longer than the bound and than LONG_BATCH
     assert run.summary["result_chunks"]["largest_batch_results"] > 4 * 40000, run.summary["result_chunks"]
@@ -225,9 +269,18 @@ def test_a_slave_joining_a_long_batch_is_not_taken_for_a_stalled_one(tmp_path):
 def test_a_stalled_cluster_with_hot_keys_is_restarted_by_the_supervisor_and_stays_exact(tmp_path):
     # a recovered cluster with hot keys drains every tuple; a stall ends the run, the supervisor restarts
     # it from the newest checkpoint (the fault fires once), and the result is the reference's
-    settings = dict(CKPT, **{"generator.seed": 43, "generator.hot_share": 0.3, "generator.keys": 65536,
-                             "hotkeys.enabled": True, "hotkeys.threshold": 0.15, "epochs.reorganization": 0.3,
-                             "master.stall_timeout": 2.0})
+    settings = dict(
+        CKPT,
+        **{
+            "generator.seed": 43,
+            "generator.hot_share": 0.3,
+            "generator.keys": 65536,
+            "hotkeys.enabled": True,
+            "hotkeys.threshold": 0.15,
+            "epochs.reorganization": 0.3,
+            "master.stall_timeout": 2.0,
+        },
+    )
     run, _ = crash_run(tmp_path, 4, settings, fault="3:hang-batch-after-checkpoint:2")
     assert "stalled:" in run.stderr
     # the key was split in the stalled run or the restarted one (a split made before the checkpoint the restart
@@ -254,16 +307,43 @@ def test_a_zmq_run_killed_under_the_supervisor_loses_nothing_the_producer_sent(t
     for i in range(dispatchers):  # each dispatcher's producer sends every k-th row
         mine = np.arange(i, 9000, dispatchers)
         write_input(tmp_path / f"in-{i}.csv", stream[mine], ids[mine], ts[mine], keys[mine])
-        producers.append(start("control.produce", tmp_path / f"in-{i}.csv", "--endpoint",
-                               f"tcp://127.0.0.1:{ingest + i}", "--batch", 300, "--ack-endpoint",
-                               f"tcp://127.0.0.1:{acks + i}", "--name", f"feed-{i}", "--timeout", 120))
-    settings = {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
-                "source.ack_endpoint": f"tcp://127.0.0.1:{acks}", "source.rate": 6000.0 / dispatchers,
-                "checkpoint.interval": 2, "epochs.distribution": 0.1, "join.window": 0.3, "join.max_delay": 0.2,
-                "cluster.dispatchers": dispatchers}
+        producers.append(
+            start(
+                "control.produce",
+                tmp_path / f"in-{i}.csv",
+                "--endpoint",
+                f"tcp://127.0.0.1:{ingest + i}",
+                "--batch",
+                300,
+                "--ack-endpoint",
+                f"tcp://127.0.0.1:{acks + i}",
+                "--name",
+                f"feed-{i}",
+                "--timeout",
+                120,
+            )
+        )
+    settings = {
+        "source.kind": "zmq",
+        "source.endpoint": f"tcp://127.0.0.1:{ingest}",
+        "source.idle_timeout": 60.0,
+        "source.ack_endpoint": f"tcp://127.0.0.1:{acks}",
+        "source.rate": 6000.0 / dispatchers,
+        "checkpoint.interval": 2,
+        "epochs.distribution": 0.1,
+        "join.window": 0.3,
+        "join.max_delay": 0.2,
+        "cluster.dispatchers": dispatchers,
+    }
     victim = dispatchers  # the first slave
-    run = run_cluster(tmp_path, dispatchers + 2, settings, wrapper=SUPERVISE, timeout=150,
-                      env={"STREAMJOIN_FAULT": f"{victim}:batch-after-checkpoint:2:{tmp_path / 'fault-fired'}"})
+    run = run_cluster(
+        tmp_path,
+        dispatchers + 2,
+        settings,
+        wrapper=SUPERVISE,
+        timeout=150,
+        env={"STREAMJOIN_FAULT": f"{victim}:batch-after-checkpoint:2:{tmp_path / 'fault-fired'}"},
+    )
     sent = [finish(p) for p in producers]
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "fault-fired").exists() and "restart 1 of 3" in run.stderr

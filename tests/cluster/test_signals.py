@@ -1,5 +1,6 @@
 """Signals and process trees: SIGTERM to the supervisor is the cluster's clean stop; killing the
 supervisor or the launcher leaves no rank behind; a restart waits for the previous run to end."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,7 @@ def start(tmp_path, supervised: bool) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "deploy.launch", "-n", "3", "--", "--config", str(cfg)]
     if supervised:
         cmd = [sys.executable, "-m", "control.supervise", "--", *cmd]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=mpi_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
     while "results" not in proc.stderr.readline():  # the first progress line
         assert time.monotonic() < deadline and proc.poll() is None

@@ -1,5 +1,6 @@
 """The Spark side against independent references, with real clusters (mpirun) and real Spark local[*]:
 two-phase aggregation (streaming and batch), a killed and restarted merger, and replay of a time range."""
+
 from __future__ import annotations
 
 import json
@@ -59,13 +60,23 @@ def reference_view(settings: dict, group_by: str, value: str, window: float) -> 
     return numpy_view(key, ts, d.value[rows[value[0]]], micros(window))
 
 
-@pytest.mark.parametrize("group_by,value,window,fmt", [("key", "r_value", 0.0, "parquet"),
-                                                      ("s_key", "s_value", 0.5, "csv")])
+@pytest.mark.parametrize(
+    "group_by,value,window,fmt", [("key", "r_value", 0.0, "parquet"), ("s_key", "s_value", 0.5, "csv")]
+)
 def test_streaming_and_batch_views_equal_the_reference_aggregation(tmp_path, spark, group_by, value, window, fmt):
-    settings = dict(SMALL, **{"generator.seed": 31, "source.rate": 12000.0, "output.format": fmt,
-                              "aggregate.enabled": True,
-                              "aggregate.group_by": group_by, "aggregate.value": value, "aggregate.window": window,
-                              "aggregate.flush_interval": 0.3})
+    settings = dict(
+        SMALL,
+        **{
+            "generator.seed": 31,
+            "source.rate": 12000.0,
+            "output.format": fmt,
+            "aggregate.enabled": True,
+            "aggregate.group_by": group_by,
+            "aggregate.value": value,
+            "aggregate.window": window,
+            "aggregate.flush_interval": 0.3,
+        },
+    )
     run = run_cluster(tmp_path, 3, settings)
     assert run.returncode == 0, run.stderr
     files = sorted((run.out / "aggregates").iterdir())
@@ -73,8 +84,9 @@ def test_streaming_and_batch_views_equal_the_reference_aggregation(tmp_path, spa
     want = reference_view(settings, group_by, value, window)
     assert want["count"].sum() == run.summary["results"]
 
-    writer = aggregate.run_stream(spark, run.out / "aggregates", tmp_path / "view", tmp_path / "ckpt",
-                                  until_idle=1.5, trigger=0.3, quiet=True)
+    writer = aggregate.run_stream(
+        spark, run.out / "aggregates", tmp_path / "view", tmp_path / "ckpt", until_idle=1.5, trigger=0.3, quiet=True
+    )
     assert writer.batches >= 1
     assert_view(aggregate.read_view(tmp_path / "view"), want)
 
@@ -118,8 +130,9 @@ def test_streaming_merger_and_batch_view_agree_on_the_same_results_with_nan_and_
     writer.wait()
     want = numpy_view(np.concatenate(keys), np.concatenate(later), np.concatenate(values), 100_000)
     assert np.isnan(want["max"]).sum() > 3 and np.isnan(want["min"]).sum() >= 1 and (want["window_start"] < 0).any()
-    aggregate.run_stream(spark, out / "aggregates", tmp_path / "view", tmp_path / "ckpt", until_idle=1.5,
-                         trigger=0.3, quiet=True)
+    aggregate.run_stream(
+        spark, out / "aggregates", tmp_path / "view", tmp_path / "ckpt", until_idle=1.5, trigger=0.3, quiet=True
+    )
     streamed = aggregate.read_view(tmp_path / "view")
     batch_view = aggregate.from_results(spark, aggregate.result_files(out / "results"), agg)
     aggregate.ViewWriter(tmp_path / "batch", quiet=True)(batch_view, 0)
@@ -146,10 +159,24 @@ def test_merger_killed_mid_stream_and_restarted_ends_with_the_uninterrupted_view
     source.mkdir(parents=True)
     tables = write_round(source, rng, 0, 4)
     ckpt, view = tmp_path / "ckpt", tmp_path / "view"
-    cmd = [sys.executable, "-m", "control.aggregate", "--out", str(tmp_path / "out"), "--view", str(view),
-           "--checkpoint-location", str(ckpt), "--max-files-per-trigger", "1", "--trigger", "0.2"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "control.aggregate",
+        "--out",
+        str(tmp_path / "out"),
+        "--view",
+        str(view),
+        "--checkpoint-location",
+        str(ckpt),
+        "--max-files-per-trigger",
+        "1",
+        "--trigger",
+        "0.2",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 150
         while len(list(view.glob("view-*.parquet"))) < 2:  # two micro-batches done, more files waiting
@@ -166,8 +193,7 @@ def test_merger_killed_mid_stream_and_restarted_ends_with_the_uninterrupted_view
 
     aggregate.run_stream(spark, source, view, ckpt, until_idle=1.5, trigger=0.2, quiet=True)
     restarted = aggregate.read_view(view)
-    aggregate.run_stream(spark, source, tmp_path / "view2", tmp_path / "ckpt2", until_idle=1.5, trigger=0.2,
-                         quiet=True)
+    aggregate.run_stream(spark, source, tmp_path / "view2", tmp_path / "ckpt2", until_idle=1.5, trigger=0.2, quiet=True)
     uninterrupted = aggregate.read_view(tmp_path / "view2")
     want = view_columns(combine(tables))
     assert_view(restarted, want)
@@ -182,22 +208,54 @@ def test_replay_of_a_time_range_gives_exactly_the_reference_join_of_that_range(t
     names = np.where(d.stream == 0, "R", "S")
     half = len(d.ts) // 2  # half the input as Parquet, half as CSV (text cells) without values
     seconds = d.ts / 1e6  # the generator's microseconds as a file holds them
-    pq.write_table(pa.table({"stream": names[:half], "id": d.id[:half], "ts": seconds[:half], "key": d.key[:half],
-                             "value": d.value[:half]}), tmp_path / "a.parquet")
-    pacsv.write_csv(pa.table({"stream": names[half:], "id": d.id[half:], "ts": seconds[half:], "key": d.key[half:]}),
-                    tmp_path / "b.csv")  # value is optional
+    pq.write_table(
+        pa.table(
+            {
+                "stream": names[:half],
+                "id": d.id[:half],
+                "ts": seconds[:half],
+                "key": d.key[:half],
+                "value": d.value[:half],
+            }
+        ),
+        tmp_path / "a.parquet",
+    )
+    pacsv.write_csv(
+        pa.table({"stream": names[half:], "id": d.id[half:], "ts": seconds[half:], "key": d.key[half:]}),
+        tmp_path / "b.csv",
+    )  # value is optional
     start, end = 1.25, 2.75
     out = tmp_path / "out"
-    code = replay.main([str(tmp_path / "a.parquet"), str(tmp_path / "b.csv"), "--from", str(start), "--to", str(end),
-                        "--speed", "4", "-n", "3", *(x for k in ("join.window", "join.max_delay",
-                                                                 "epochs.distribution")
-                                                     for x in ("--set", f"{k}={settings[k]}")),
-                        "--set", f"output.path={out}", "--set", "output.progress=0"], spark=spark)
+    code = replay.main(
+        [
+            str(tmp_path / "a.parquet"),
+            str(tmp_path / "b.csv"),
+            "--from",
+            str(start),
+            "--to",
+            str(end),
+            "--speed",
+            "4",
+            "-n",
+            "3",
+            *(
+                x
+                for k in ("join.window", "join.max_delay", "epochs.distribution")
+                for x in ("--set", f"{k}={settings[k]}")
+            ),
+            "--set",
+            f"output.path={out}",
+            "--set",
+            "output.progress=0",
+        ],
+        spark=spark,
+    )
     assert code == 0
     keep = np.flatnonzero((seconds >= start) & (seconds < end))
     keep = keep[np.lexsort((d.id[keep], d.stream[keep], d.ts[keep]))]  # replay order: ts, stream, id
-    expected, late = reference_pairs(d.stream[keep], d.id[keep], d.ts[keep], d.key[keep], settings["join.window"],
-                                     settings["join.max_delay"])
+    expected, late = reference_pairs(
+        d.stream[keep], d.id[keep], d.ts[keep], d.key[keep], settings["join.window"], settings["join.max_delay"]
+    )
     t = read_tables(out / "results")
     got = np.sort(t["r_id"].to_numpy() * 2**32 + t["s_id"].to_numpy())
     assert len(expected) > 1000 and len(late) == 0

@@ -1,5 +1,6 @@
 """Band and inequality joins: key ranges at the master, R copies to every range that may hold partners,
 a sorted-key kernel at the slaves.  Differential against an independent broadcast reference join."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,17 +16,36 @@ from tests.runs import run_cluster
 from tests.reference import reference_theta_pairs
 from tests.cluster.test_balance_cluster import FORCED_CHURN, straggler
 
-THETA = {"generator.duration": 3.0, "generator.rate": 1500.0, "generator.keys": 4096,
-         "epochs.distribution": 0.2, "join.window": 0.3, "join.max_delay": 0.3}
+THETA = {
+    "generator.duration": 3.0,
+    "generator.rate": 1500.0,
+    "generator.keys": 4096,
+    "epochs.distribution": 0.2,
+    "join.window": 0.3,
+    "join.max_delay": 0.3,
+}
 
 
 def check_theta(tmp_path, ranks, settings, **kw):
-    cfg = load_config(None, [f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in settings.items()
-                             if k.startswith(("generator.", "source."))])
+    cfg = load_config(
+        None,
+        [
+            f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+            for k, v in settings.items()
+            if k.startswith(("generator.", "source."))
+        ],
+    )
     data = generate_all(cfg)
-    expected = reference_theta_pairs(data.stream, data.id, data.ts, data.key, settings["join.window"],
-                                     settings["join.max_delay"], settings["join.predicate"],
-                                     settings.get("join.band", 0))
+    expected = reference_theta_pairs(
+        data.stream,
+        data.id,
+        data.ts,
+        data.key,
+        settings["join.window"],
+        settings["join.max_delay"],
+        settings["join.predicate"],
+        settings.get("join.band", 0),
+    )
     run = run_cluster(tmp_path, ranks, settings, **kw)
     assert run.returncode == 0, run.stderr
     got = run.pairs()
@@ -38,19 +58,45 @@ def check_theta(tmp_path, ranks, settings, **kw):
 
 @pytest.mark.parametrize("band,skew,disorder", [(0, 0.7, 0.0), (3, 0.5, 0.2), (40, 0.8, 0.25)])
 def test_band_join_is_exact(tmp_path, band, skew, disorder):
-    check_theta(tmp_path, 4, dict(THETA, **{"join.predicate": "band", "join.band": band, "generator.skew": skew,
-                                            "generator.disorder": disorder, "generator.seed": band + 1}))
+    check_theta(
+        tmp_path,
+        4,
+        dict(
+            THETA,
+            **{
+                "join.predicate": "band",
+                "join.band": band,
+                "generator.skew": skew,
+                "generator.disorder": disorder,
+                "generator.seed": band + 1,
+            },
+        ),
+    )
 
 
 def test_less_join_is_exact(tmp_path):
-    settings = dict(THETA, **{"join.predicate": "less", "generator.rate": 400.0, "join.window": 0.1,
-                              "generator.disorder": 0.1, "generator.seed": 3})
+    settings = dict(
+        THETA,
+        **{
+            "join.predicate": "less",
+            "generator.rate": 400.0,
+            "join.window": 0.1,
+            "generator.disorder": 0.1,
+            "generator.seed": 3,
+        },
+    )
     check_theta(tmp_path, 3, settings)
 
 
 def test_band_join_stays_exact_while_ranges_move_between_slaves(tmp_path):
-    settings = {**THETA, **FORCED_CHURN, "join.predicate": "band", "join.band": 5, "generator.seed": 9,
-                "generator.rate": 5000.0}
+    settings = {
+        **THETA,
+        **FORCED_CHURN,
+        "join.predicate": "band",
+        "join.band": 5,
+        "generator.seed": 9,
+        "generator.rate": 5000.0,
+    }
     run = check_theta(tmp_path, 4, settings, env=straggler(1))
     assert len(run.summary["balance"]["moves"]) > 0
 
@@ -95,8 +141,33 @@ def test_each_range_spans_exactly_the_keys_whose_home_it_is():
     top, bottom = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     for bounds in ([bottom + 10, -5, 0, 0, 5, top - 10], [bottom, bottom, 3, top, top], [], [7]):
         ranges = KeyRanges(bounds)
-        keys = np.unique(np.array([top, top - 1, top - 10, top - 11, bottom, bottom + 1, bottom + 9, bottom + 10,
-                                   -6, -5, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8], dtype=np.int64))
+        keys = np.unique(
+            np.array(
+                [
+                    top,
+                    top - 1,
+                    top - 10,
+                    top - 11,
+                    bottom,
+                    bottom + 1,
+                    bottom + 9,
+                    bottom + 10,
+                    -6,
+                    -5,
+                    -1,
+                    0,
+                    1,
+                    2,
+                    3,
+                    4,
+                    5,
+                    6,
+                    7,
+                    8,
+                ],
+                dtype=np.int64,
+            )
+        )
         spans = ranges.spans(np.arange(ranges.partitions))
         inside = (keys[None, :] >= spans[:, :1]) & (keys[None, :] <= spans[:, 1:])
         assert np.array_equal(inside, ranges.home(keys)[None, :] == np.arange(ranges.partitions)[:, None]), bounds

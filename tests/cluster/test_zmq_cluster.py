@@ -3,6 +3,7 @@
 Differential like tests/cluster/test_cluster.py: the results (files and stream) equal the reference join over the
 input the producers sent, whatever the random pauses between their sends.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,13 @@ def make_input(rng, n, keys, disorder):
 
 
 def start(module: str, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, *map(str, args)], env=mpi_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *map(str, args)],
+        env=mpi_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 60) -> dict:
@@ -49,10 +55,16 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> dict:
 def stream_settings(ingest: int, results: int, **more) -> dict:
     # the cluster takes the input at 6,000 tuples/s: producers may have sent all of it before every slave has
     # loaded its kernels, and the stream must still span many epochs and punctuations
-    return {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
-            "source.rate": 6000.0,
-            "output.zmq_endpoint": f"tcp://127.0.0.1:{results}", "output.wait_subscribers": 1,
-            "epochs.distribution": 0.1, **more}
+    return {
+        "source.kind": "zmq",
+        "source.endpoint": f"tcp://127.0.0.1:{ingest}",
+        "source.idle_timeout": 60.0,
+        "source.rate": 6000.0,
+        "output.zmq_endpoint": f"tcp://127.0.0.1:{results}",
+        "output.wait_subscribers": 1,
+        "epochs.distribution": 0.1,
+        **more,
+    }
 
 
 def check_stream(sub: dict, table: pa.Table, expected: np.ndarray, ordered: bool, merged: bool = False) -> None:
@@ -74,12 +86,34 @@ def test_zmq_ingest_with_random_send_delays_equals_the_reference(tmp_path):
     stream, ids, ts, keys = make_input(rng, 9000, 300, disorder=0.4)
     write_input(tmp_path / "in.csv", stream, ids, ts, keys)
     ingest, results = free_port(), free_port()
-    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--out", tmp_path / "sub.parquet",
-                "--progress", 0)
-    prod = start("control.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 400,
-                 "--jitter", 0.05, "--seed", 41)
-    run = run_cluster(tmp_path, 3, stream_settings(ingest, results, **{"join.window": 0.3, "join.max_delay": 0.2,
-                                                                       "output.result_chunk_rows": 100}))
+    sub = start(
+        "control.subscribe",
+        "--endpoint",
+        f"tcp://127.0.0.1:{results}",
+        "--out",
+        tmp_path / "sub.parquet",
+        "--progress",
+        0,
+    )
+    prod = start(
+        "control.produce",
+        tmp_path / "in.csv",
+        "--endpoint",
+        f"tcp://127.0.0.1:{ingest}",
+        "--batch",
+        400,
+        "--jitter",
+        0.05,
+        "--seed",
+        41,
+    )
+    run = run_cluster(
+        tmp_path,
+        3,
+        stream_settings(
+            ingest, results, **{"join.window": 0.3, "join.max_delay": 0.2, "output.result_chunk_rows": 100}
+        ),
+    )
     assert run.returncode == 0, run.stderr
     sent, got = finish(prod), finish(sub)
     assert sent["tuples_sent"] == 9000
@@ -103,14 +137,44 @@ def test_ordered_stream_from_two_producers(tmp_path):
     for k in range(2):
         write_input(tmp_path / f"in{k}.csv", stream[k::2], ids[k::2], ts[k::2], keys[k::2])
     ingest, results = free_port(), free_port()
-    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--out", tmp_path / "sub.parquet",
-                "--progress", 0)
-    prods = [start("control.produce", tmp_path / f"in{k}.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}",
-                   "--batch", 300, "--jitter", 0.04, "--seed", k, "--sender", k) for k in range(2)]
+    sub = start(
+        "control.subscribe",
+        "--endpoint",
+        f"tcp://127.0.0.1:{results}",
+        "--out",
+        tmp_path / "sub.parquet",
+        "--progress",
+        0,
+    )
+    prods = [
+        start(
+            "control.produce",
+            tmp_path / f"in{k}.csv",
+            "--endpoint",
+            f"tcp://127.0.0.1:{ingest}",
+            "--batch",
+            300,
+            "--jitter",
+            0.04,
+            "--seed",
+            k,
+            "--sender",
+            k,
+        )
+        for k in range(2)
+    ]
     # results in chunks of 40 rows: a batch is done for the punctuation only with its last chunk
-    settings = stream_settings(ingest, results, **{"source.producers": 2, "output.ordered": True,
-                                                   "join.window": 0.2, "join.max_delay": 5.0,
-                                                   "output.result_chunk_rows": 40})
+    settings = stream_settings(
+        ingest,
+        results,
+        **{
+            "source.producers": 2,
+            "output.ordered": True,
+            "join.window": 0.2,
+            "join.max_delay": 5.0,
+            "output.result_chunk_rows": 40,
+        },
+    )
     run = run_cluster(tmp_path, 4, settings)
     assert run.returncode == 0, run.stderr
     assert sum(finish(p)["tuples_sent"] for p in prods) == 8000
@@ -129,9 +193,16 @@ def test_producer_faster_than_the_cluster_is_held_back_and_nothing_is_lost(tmp_p
     write_input(tmp_path / "in.csv", stream, ids, ts, keys)
     ingest = free_port()
     prod = start("control.produce", tmp_path / "in.csv", "--endpoint", f"tcp://127.0.0.1:{ingest}", "--batch", 1000)
-    settings = {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
-                "source.max_message_tuples": 1000, "master.buffer_capacity": 1500, "epochs.distribution": 0.1,
-                "join.window": 0.1, "join.max_delay": 0.1}
+    settings = {
+        "source.kind": "zmq",
+        "source.endpoint": f"tcp://127.0.0.1:{ingest}",
+        "source.idle_timeout": 60.0,
+        "source.max_message_tuples": 1000,
+        "master.buffer_capacity": 1500,
+        "epochs.distribution": 0.1,
+        "join.window": 0.1,
+        "join.max_delay": 0.1,
+    }
     run = run_cluster(tmp_path, 3, settings)
     assert run.returncode == 0, run.stderr
     sent = finish(prod)
@@ -147,12 +218,28 @@ def test_ordered_stream_stays_correct_while_partition_groups_move(tmp_path):
     # the balancing churn of tests/cluster/test_balance_cluster.py: held tuples of moving groups reach their new slave
     # after it has seen later watermarks; the punctuation must still never pass a result still to come
     results = free_port()
-    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--out", tmp_path / "sub.parquet",
-                "--progress", 0)
-    settings = dict(SMALL, **FORCED_CHURN, **{"generator.duration": 3.0, "generator.rate": 12000.0,
-                                             "generator.disorder": 0.2, "generator.seed": 34,
-                                      "output.zmq_endpoint": f"tcp://127.0.0.1:{results}", "output.ordered": True,
-                                      "output.wait_subscribers": 1})
+    sub = start(
+        "control.subscribe",
+        "--endpoint",
+        f"tcp://127.0.0.1:{results}",
+        "--out",
+        tmp_path / "sub.parquet",
+        "--progress",
+        0,
+    )
+    settings = dict(
+        SMALL,
+        **FORCED_CHURN,
+        **{
+            "generator.duration": 3.0,
+            "generator.rate": 12000.0,
+            "generator.disorder": 0.2,
+            "generator.seed": 34,
+            "output.zmq_endpoint": f"tcp://127.0.0.1:{results}",
+            "output.ordered": True,
+            "output.wait_subscribers": 1,
+        },
+    )
     run, expected = check_exact(tmp_path, 5, settings, env=straggler(1))
     assert len(run.summary["balance"]["moves"]) >= 1
     check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True)
@@ -162,11 +249,30 @@ def test_two_dispatchers_publish_one_ordered_stream(tmp_path):
     # each dispatcher publishes its own batches' results on its own socket and punctuates for its share; the
     # subscriber takes the min punctuation and merges: one stream in order of the later ts, every result once
     results = free_port(consecutive=2)
-    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{results}", "--dispatchers", 2, "--ordered",
-                "--out", tmp_path / "sub.parquet", "--progress", 0)
-    settings = dict(SMALL, **{"cluster.dispatchers": 2, "generator.disorder": 0.25, "generator.seed": 36,
-                              "source.rate": 8000.0, "output.zmq_endpoint": f"tcp://127.0.0.1:{results}",
-                              "output.ordered": True, "output.wait_subscribers": 1})
+    sub = start(
+        "control.subscribe",
+        "--endpoint",
+        f"tcp://127.0.0.1:{results}",
+        "--dispatchers",
+        2,
+        "--ordered",
+        "--out",
+        tmp_path / "sub.parquet",
+        "--progress",
+        0,
+    )
+    settings = dict(
+        SMALL,
+        **{
+            "cluster.dispatchers": 2,
+            "generator.disorder": 0.25,
+            "generator.seed": 36,
+            "source.rate": 8000.0,
+            "output.zmq_endpoint": f"tcp://127.0.0.1:{results}",
+            "output.ordered": True,
+            "output.wait_subscribers": 1,
+        },
+    )
     run, expected = check_exact(tmp_path, 5, settings, env={"STREAMJOIN_JITTER": "0.01"})
     stream = run.summary["result_stream"]
     assert len(stream["endpoints"]) == 2 and stream["results"] == len(expected)
@@ -180,8 +286,13 @@ def test_a_frame_above_the_largest_valid_message_is_refused_unread(tmp_path):
     stream, ids, ts, keys = make_input(rng, 3000, 256, 0.0)
     write_input(tmp_path / "in.csv", stream, ids, ts, keys)
     ingest = free_port()
-    settings = {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
-                "join.window": 0.5, "join.max_delay": 0.5}
+    settings = {
+        "source.kind": "zmq",
+        "source.endpoint": f"tcp://127.0.0.1:{ingest}",
+        "source.idle_timeout": 60.0,
+        "join.window": 0.5,
+        "join.max_delay": 0.5,
+    }
     huge = np.zeros(400 << 20, dtype=np.uint8)
 
     def rogue():
@@ -206,8 +317,16 @@ def test_a_frame_above_the_largest_valid_message_is_refused_unread(tmp_path):
 def test_a_slow_subscriber_at_the_end_of_a_run_does_not_crash_the_master(tmp_path):
     """Results still on their way to a slow subscriber when the master exits: it used to free their buffers
     under ZeroMQ's I/O thread ("Bad address (src/tcp.cpp:227)", SIGABRT, exit 134 after a complete run)."""
-    many = dict(SMALL, **{"generator.keys": 32, "join.window": 2.0, "output.flush_rows": 200000,
-                          "source.rate": 6000.0, "output.wait_subscribers": 1})
+    many = dict(
+        SMALL,
+        **{
+            "generator.keys": 32,
+            "join.window": 2.0,
+            "output.flush_rows": 200000,
+            "source.rate": 6000.0,
+            "output.wait_subscribers": 1,
+        },
+    )
     for attempt in range(1):  # it struck two runs in three; results are copied to ZeroMQ now, so one run guards it
         port = free_port()
         done = threading.Event()
@@ -228,8 +347,12 @@ def test_a_slow_subscriber_at_the_end_of_a_run_does_not_crash_the_master(tmp_pat
         reader = threading.Thread(target=read)
         reader.start()
         try:
-            run = run_cluster(tmp_path / str(attempt), 3, dict(many, **{"output.zmq_endpoint":
-                                                                         f"tcp://127.0.0.1:{port}"}), timeout=180)
+            run = run_cluster(
+                tmp_path / str(attempt),
+                3,
+                dict(many, **{"output.zmq_endpoint": f"tcp://127.0.0.1:{port}"}),
+                timeout=180,
+            )
         finally:
             done.set()
             reader.join()
@@ -247,8 +370,14 @@ def test_a_strangers_end_does_not_end_the_input_and_is_counted(tmp_path):
     stream, ids, ts, keys = make_input(rng, 3000, 256, disorder=0.0)
     write_input(tmp_path / "in.csv", stream, ids, ts, keys)
     ingest = free_port()
-    settings = {"source.kind": "zmq", "source.endpoint": f"tcp://127.0.0.1:{ingest}", "source.idle_timeout": 60.0,
-                "source.token_file": str(tmp_path / "token"), "join.window": 0.5, "join.max_delay": 0.5}
+    settings = {
+        "source.kind": "zmq",
+        "source.endpoint": f"tcp://127.0.0.1:{ingest}",
+        "source.idle_timeout": 60.0,
+        "source.token_file": str(tmp_path / "token"),
+        "join.window": 0.5,
+        "join.max_delay": 0.5,
+    }
     produced = {}
 
     def stranger_then_producer():
@@ -262,9 +391,22 @@ def test_a_strangers_end_does_not_end_the_input_and_is_counted(tmp_path):
         sock.send_multipart(wire.encode_tuples([0], [10**9], [0], [1], [0.0], origin_frame=guess))
         sock.close()
         ctx.term()  # returns when the three are sent
-        produced.update(finish(start("control.produce", tmp_path / "in.csv", "--endpoint",
-                                     f"tcp://127.0.0.1:{ingest}", "--token-file", tmp_path / "token",
-                                     "--name", "feed", "--batch", 500)))
+        produced.update(
+            finish(
+                start(
+                    "control.produce",
+                    tmp_path / "in.csv",
+                    "--endpoint",
+                    f"tcp://127.0.0.1:{ingest}",
+                    "--token-file",
+                    tmp_path / "token",
+                    "--name",
+                    "feed",
+                    "--batch",
+                    500,
+                )
+            )
+        )
 
     sender = threading.Thread(target=stranger_then_producer, daemon=True)
     sender.start()
@@ -279,14 +421,23 @@ def test_a_strangers_end_does_not_end_the_input_and_is_counted(tmp_path):
     assert "refused an END message from an anonymous producer" in run.stderr
     assert 'streamjoin_refused_messages_total{kind="end"} 2.0' in (run.out / "metrics.prom").read_text()
     assert run.summary["config"]["source"]["token_file"] == str(tmp_path / "token")
-    on_disk = "".join(f.read_text(errors="replace") for f in run.out.rglob("*")
-                      if f.is_file() and f.suffix != ".parquet")
+    on_disk = "".join(
+        f.read_text(errors="replace") for f in run.out.rglob("*") if f.is_file() and f.suffix != ".parquet"
+    )
     assert token not in run.stderr and token not in on_disk
 
 
 #: a paced run of many results: 3 s of 6,000 tuples/s on 32 keys, window 1 s (about 2.9M results, 210 MB)
-MANY_RESULTS = dict(SMALL, **{"generator.duration": 3.0, "generator.keys": 32, "join.window": 1.0,
-                              "source.rate": 6000.0, "output.wait_subscribers": 1})
+MANY_RESULTS = dict(
+    SMALL,
+    **{
+        "generator.duration": 3.0,
+        "generator.keys": 32,
+        "join.window": 1.0,
+        "source.rate": 6000.0,
+        "output.wait_subscribers": 1,
+    },
+)
 
 
 def test_a_subscriber_that_stops_reading_costs_the_master_its_byte_bound_and_is_counted(tmp_path):
@@ -318,9 +469,18 @@ def test_a_subscriber_that_stops_reading_costs_the_master_its_byte_bound_and_is_
     for reader in readers:
         reader.start()
     try:
-        run = run_cluster(tmp_path, 3, dict(MANY_RESULTS, **{"output.zmq_endpoint": f"tcp://127.0.0.1:{port}",
-                                                             "output.wait_subscribers": 2,
-                                                             "output.subscriber_buffer_bytes": 4 << 20}))
+        run = run_cluster(
+            tmp_path,
+            3,
+            dict(
+                MANY_RESULTS,
+                **{
+                    "output.zmq_endpoint": f"tcp://127.0.0.1:{port}",
+                    "output.wait_subscribers": 2,
+                    "output.subscriber_buffer_bytes": 4 << 20,
+                },
+            ),
+        )
     finally:
         done.set()
         for reader in readers:
@@ -348,8 +508,15 @@ def test_ordered_stream_waits_for_a_paused_subscriber_with_bounded_memory_and_st
     output.subscriber_buffer_bytes of results, pauses ingest meanwhile, and the subscriber gets every result,
     in order, as the reference join has them."""
     port = free_port()
-    sub = start("control.subscribe", "--endpoint", f"tcp://127.0.0.1:{port}", "--out", tmp_path / "sub.parquet",
-                "--progress", 0.1)
+    sub = start(
+        "control.subscribe",
+        "--endpoint",
+        f"tcp://127.0.0.1:{port}",
+        "--out",
+        tmp_path / "sub.parquet",
+        "--progress",
+        0.1,
+    )
     paused = []
 
     def pause_once_results_flow():
@@ -363,10 +530,19 @@ def test_ordered_stream_waits_for_a_paused_subscriber_with_bounded_memory_and_st
 
     pauser = threading.Thread(target=pause_once_results_flow, daemon=True)
     pauser.start()
-    settings = dict(MANY_RESULTS, **{"generator.keys": 256, "generator.seed": 5, "output.ordered": True,
-                                     "join.max_delay": 0.05, "epochs.distribution": 0.1,
-                                     "output.zmq_endpoint": f"tcp://127.0.0.1:{port}",
-                                     "output.subscriber_buffer_bytes": 4 << 20, "output.subscriber_timeout": 60.0})
+    settings = dict(
+        MANY_RESULTS,
+        **{
+            "generator.keys": 256,
+            "generator.seed": 5,
+            "output.ordered": True,
+            "join.max_delay": 0.05,
+            "epochs.distribution": 0.1,
+            "output.zmq_endpoint": f"tcp://127.0.0.1:{port}",
+            "output.subscriber_buffer_bytes": 4 << 20,
+            "output.subscriber_timeout": 60.0,
+        },
+    )
     try:
         run, expected = check_exact(tmp_path, 3, settings)
     finally:

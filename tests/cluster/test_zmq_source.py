@@ -1,5 +1,6 @@
 """master/sources/zmq_input.py, the producer and the subscriber over real loopback ZeroMQ sockets; CURVE;
 the config rules."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,16 @@ from tests.runs import free_port
 
 
 def zmq_cfg(tmp_path, *extra):
-    return load_config(None, ['source.kind="zmq"', 'source.endpoint="tcp://127.0.0.1:*"',
-                              f'output.path="{tmp_path}"', "source.max_message_tuples=300", *extra])
+    return load_config(
+        None,
+        [
+            'source.kind="zmq"',
+            'source.endpoint="tcp://127.0.0.1:*"',
+            f'output.path="{tmp_path}"',
+            "source.max_message_tuples=300",
+            *extra,
+        ],
+    )
 
 
 def drain(src, limit=1000, timeout=10.0):
@@ -48,8 +57,12 @@ def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(
     push.connect(src.endpoint)
     rng = np.random.default_rng(3)
     sent_ids, next_id = [], 0
-    bad = {"magic": [b"NOPE" + bytes(wire.HEADER.itemsize - 4), b""], "too_large": None, "ts": None,
-           "frames": wire.encode_end(0.0) + [wire.origin("p", bytes(32)), b"x"]}
+    bad = {
+        "magic": [b"NOPE" + bytes(wire.HEADER.itemsize - 4), b""],
+        "too_large": None,
+        "ts": None,
+        "frames": wire.encode_end(0.0) + [wire.origin("p", bytes(32)), b"x"],
+    }
     for i in range(40):
         n = int(rng.integers(1, 300))
         stream = rng.integers(0, 2, n)
@@ -59,8 +72,9 @@ def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(
             ts[n // 2] = 2**62
         frames = wire.encode_tuples(stream, ids, ts, ids % 7, ts, seq=i)
         if i % 4 == 3:  # more than max_message_tuples
-            frames = wire.encode_tuples(np.zeros(301), np.arange(301), np.zeros(301, np.int64), np.zeros(301),
-                                        np.zeros(301))
+            frames = wire.encode_tuples(
+                np.zeros(301), np.arange(301), np.zeros(301, np.int64), np.zeros(301), np.zeros(301)
+            )
         push.send_multipart(frames)
         if i % 4 in (0, 2):
             sent_ids.append(ids)
@@ -76,8 +90,9 @@ def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(
     assert z["rejected_by_reason"] == {"ts": 10, "too_large": 10, "magic": 4, "frames": 4}
     assert summary["rejected"] == 28 and z["producers_blocked_seconds"] == 1.5 and z["held_peak_tuples"] <= 300
     listed = pq.read_table(tmp_path / "rejected" / "zmq-rejected.parquet").to_pylist()
-    assert sorted(r["reason"] for r in listed) == sorted(["ts"] * 10 + ["too_large"] * 10 + ["magic"] * 4
-                                                         + ["frames"] * 4)
+    assert sorted(r["reason"] for r in listed) == sorted(
+        ["ts"] * 10 + ["too_large"] * 10 + ["magic"] * 4 + ["frames"] * 4
+    )
     push.close()
 
 
@@ -150,16 +165,20 @@ def keys(tmp_path):
 
 
 def test_curve_lets_in_only_producers_holding_an_allowed_key(tmp_path, keys):
-    cfg = zmq_cfg(tmp_path / "out", f'security.server_key="{keys}/server/server.key_secret"',
-                  f'security.client_keys="{keys}/allowed"')
+    cfg = zmq_cfg(
+        tmp_path / "out",
+        f'security.server_key="{keys}/server/server.key_secret"',
+        f'security.client_keys="{keys}/allowed"',
+    )
     src = open_source(cfg)
     one = (np.zeros(1), np.arange(1), np.zeros(1, np.int64), np.zeros(1), np.zeros(1))
     server_pub = str(keys / "server" / "server.key")
     with pytest.raises(Blocked):  # no CURVE at all: the handshake never completes
         Producer(src.endpoint, timeout=1.0).send(*one)
     with pytest.raises(Blocked):  # a well-formed key that is not in client_keys: ZAP refuses it
-        Producer(src.endpoint, server_key=server_pub, key=str(keys / "stranger" / "stranger.key_secret"),
-                 timeout=1.0).send(*one)
+        Producer(
+            src.endpoint, server_key=server_pub, key=str(keys / "stranger" / "stranger.key_secret"), timeout=1.0
+        ).send(*one)
     assert src.next_chunk(10) is not None and src.messages == 0
     ok = Producer(src.endpoint, server_key=server_pub, key=str(keys / "producer" / "producer.key_secret"), timeout=5)
     ok.send(*one)
@@ -168,32 +187,45 @@ def test_curve_lets_in_only_producers_holding_an_allowed_key(tmp_path, keys):
     src.finish()
 
 
-@pytest.mark.parametrize("settings,message", [
-    (['source.kind="zmq"', 'source.endpoint="tcp://0.0.0.0:5555"'], "security.allow_remote"),
-    (['output.zmq_endpoint="tcp://*:5556"'], "not a loopback address"),
-    (['source.kind="zmq"', 'source.endpoint="tcp://0.0.0.0:5555"', "security.allow_remote=true"],
-     "CURVE is required"),
-    (['source.kind="zmq"', 'source.endpoint="udp://127.0.0.1:5"'], "expected tcp://HOST:PORT"),
-    (['source.kind="zmq"', 'output.zmq_endpoint="tcp://127.0.0.1:5555"'], "must differ"),
-    (['security.server_key="/nonexistent.key_secret"'], "security.server_key"),
-])
+@pytest.mark.parametrize(
+    "settings,message",
+    [
+        (['source.kind="zmq"', 'source.endpoint="tcp://0.0.0.0:5555"'], "security.allow_remote"),
+        (['output.zmq_endpoint="tcp://*:5556"'], "not a loopback address"),
+        (
+            ['source.kind="zmq"', 'source.endpoint="tcp://0.0.0.0:5555"', "security.allow_remote=true"],
+            "CURVE is required",
+        ),
+        (['source.kind="zmq"', 'source.endpoint="udp://127.0.0.1:5"'], "expected tcp://HOST:PORT"),
+        (['source.kind="zmq"', 'output.zmq_endpoint="tcp://127.0.0.1:5555"'], "must differ"),
+        (['security.server_key="/nonexistent.key_secret"'], "security.server_key"),
+    ],
+)
 def test_config_refuses_unsafe_or_wrong_endpoints(settings, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, settings)
 
 
 def test_config_accepts_a_remote_bind_with_keys(keys):
-    cfg = load_config(None, ['source.kind="zmq"', 'source.endpoint="tcp://0.0.0.0:5555"', "security.allow_remote=true",
-                             f'security.server_key="{keys}/server/server.key_secret"',
-                             f'security.client_keys="{keys}/allowed"'])
+    cfg = load_config(
+        None,
+        [
+            'source.kind="zmq"',
+            'source.endpoint="tcp://0.0.0.0:5555"',
+            "security.allow_remote=true",
+            f'security.server_key="{keys}/server/server.key_secret"',
+            f'security.client_keys="{keys}/allowed"',
+        ],
+    )
     assert cfg["security"]["allow_remote"]
 
 
 def test_curve_result_stream_reaches_only_subscribers_holding_an_allowed_key(keys):
     # the publisher side of output.zmq_endpoint: an XPUB bound as in master/result_stream.py
     pub = zmq.Context.instance().socket(zmq.XPUB)
-    bind_server(pub, "tcp://127.0.0.1:*", {"server_key": f"{keys}/server/server.key_secret",
-                                           "client_keys": f"{keys}/allowed"})
+    bind_server(
+        pub, "tcp://127.0.0.1:*", {"server_key": f"{keys}/server/server.key_secret", "client_keys": f"{keys}/allowed"}
+    )
     endpoint = pub.last_endpoint.decode()
     server_pub = str(keys / "server" / "server.key")
     got = {}
@@ -201,16 +233,17 @@ def test_curve_result_stream_reaches_only_subscribers_holding_an_allowed_key(key
     def listen(name, key):
         got[name] = subscribe(endpoint, server_pub if key else None, key, timeout=3.0, progress=0)
 
-    threads = [threading.Thread(target=listen, args=("allowed", str(keys / "producer" / "producer.key_secret"))),
-               threading.Thread(target=listen, args=("stranger", str(keys / "stranger" / "stranger.key_secret"))),
-               threading.Thread(target=listen, args=("plain", None))]
+    threads = [
+        threading.Thread(target=listen, args=("allowed", str(keys / "producer" / "producer.key_secret"))),
+        threading.Thread(target=listen, args=("stranger", str(keys / "stranger" / "stranger.key_secret"))),
+        threading.Thread(target=listen, args=("plain", None)),
+    ]
     for t in threads:
         t.start()
     assert pub.poll(5000) and pub.recv()[:1] == b"\x01"  # the allowed subscriber's subscription
     rows = np.zeros(2, dtype=wire.RESULT_RECORD)
     rows["r_ts"] = [1.0, 2.0]
-    for frames in (wire.encode_results(rows, seq=0), wire.encode_punct(2.5, seq=1),
-                   wire.encode_end(0.0, seq=2)):
+    for frames in (wire.encode_results(rows, seq=0), wire.encode_punct(2.5, seq=1), wire.encode_end(0.0, seq=2)):
         pub.send_multipart(frames)
     for t in threads:
         t.join()
@@ -229,8 +262,11 @@ def test_endpoint_check_resolves_names_before_it_calls_a_bind_loopback(monkeypat
             load_config(None, ['source.kind="zmq"', f'source.endpoint="tcp://{host}:5555"'])
     real = socket.getaddrinfo
     names = {"feed-host": "10.1.2.3", "loop-alias": "127.0.0.2"}
-    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: [(socket.AF_INET, 1, 6, "", (names[host], 0))]
-                        if host in names else real(host, *a, **k))
+    monkeypatch.setattr(
+        socket,
+        "getaddrinfo",
+        lambda host, *a, **k: [(socket.AF_INET, 1, 6, "", (names[host], 0))] if host in names else real(host, *a, **k),
+    )
     with pytest.raises(ConfigError, match="source.endpoint: 'tcp://feed-host:5555' is not a loopback address"):
         load_config(None, ['source.kind="zmq"', 'source.endpoint="tcp://feed-host:5555"'])
     with pytest.raises(ConfigError, match="metrics.endpoint"):
@@ -241,19 +277,23 @@ def test_endpoint_check_resolves_names_before_it_calls_a_bind_loopback(monkeypat
 def test_config_rules_of_the_token_and_the_acknowledgements(tmp_path):
     zmq_on = ['source.kind="zmq"']
     (tmp_path / "empty").write_text("\n")
-    for settings, message in [(['source.token="a"', f'source.token_file="{tmp_path}/t"'], "not both"),
-                              ([f'source.token_file="{tmp_path}/missing"'], "cannot read"),
-                              ([f'source.token_file="{tmp_path}/empty"'], "is empty"),
-                              (['source.ack_endpoint="tcp://127.0.0.1:5554"'], "set checkpoint.interval"),
-                              (['source.ack_endpoint="tcp://127.0.0.1:5555"', "checkpoint.interval=2"], "must differ"),
-                              # dispatcher 1 binds every endpoint's port + 1: its acks would meet 0's input
-                              (['source.ack_endpoint="tcp://127.0.0.1:5554"', "checkpoint.interval=2",
-                                "cluster.dispatchers=2"],
-                               r"source.ack_endpoint \(dispatcher 1's\): must differ from source.endpoint")]:
+    for settings, message in [
+        (['source.token="a"', f'source.token_file="{tmp_path}/t"'], "not both"),
+        ([f'source.token_file="{tmp_path}/missing"'], "cannot read"),
+        ([f'source.token_file="{tmp_path}/empty"'], "is empty"),
+        (['source.ack_endpoint="tcp://127.0.0.1:5554"'], "set checkpoint.interval"),
+        (['source.ack_endpoint="tcp://127.0.0.1:5555"', "checkpoint.interval=2"], "must differ"),
+        # dispatcher 1 binds every endpoint's port + 1: its acks would meet 0's input
+        (
+            ['source.ack_endpoint="tcp://127.0.0.1:5554"', "checkpoint.interval=2", "cluster.dispatchers=2"],
+            r"source.ack_endpoint \(dispatcher 1's\): must differ from source.endpoint",
+        ),
+    ]:
         with pytest.raises(ConfigError, match=message):
             load_config(None, zmq_on + settings)
-    two = load_config(None, zmq_on + ['source.ack_endpoint="tcp://127.0.0.1:5557"', "checkpoint.interval=2",
-                                      "cluster.dispatchers=2"])  # acknowledgements with several dispatchers
+    two = load_config(
+        None, zmq_on + ['source.ack_endpoint="tcp://127.0.0.1:5557"', "checkpoint.interval=2", "cluster.dispatchers=2"]
+    )  # acknowledgements with several dispatchers
     assert two["source"]["ack_endpoint"] == "tcp://127.0.0.1:5557"
     cfg = load_config(None, zmq_on + ['source.token="s3cret"'])
     assert public(cfg)["source"]["token"] == "***" and cfg["source"]["token"] == "s3cret"  # summary, manifests
@@ -280,8 +320,12 @@ def test_a_stranger_neither_feeds_nor_ends_the_input_and_a_resend_is_taken_once(
     np.testing.assert_array_equal(got, np.r_[0:150, 170:200])
     z = src.finish()["zmq_ingest"]
     assert z["refused_messages"] == {"end": 2, "tuples": 1} and z["refused_tuples"] == 10
-    assert (z["duplicate_tuples"], z["lost_tuples"], z["producers_ended"],
-            z["producers"]) == (150, 20, 1, {"feed": 200})
+    assert (z["duplicate_tuples"], z["lost_tuples"], z["producers_ended"], z["producers"]) == (
+        150,
+        20,
+        1,
+        {"feed": 200},
+    )
     push.close()
 
 
@@ -290,8 +334,12 @@ def test_a_producer_resends_what_no_checkpoint_holds_to_a_restarted_master(tmp_p
     resumes at that position; the producer (which never stopped sending) resends from it: every tuple once, in
     order, the resend's overlap trimmed and messages to the dead run dropped."""
     ports = free_port(), free_port()
-    cfg = lambda out: zmq_cfg(tmp_path / out, f'source.endpoint="tcp://127.0.0.1:{ports[0]}"',
-                              f'source.ack_endpoint="tcp://127.0.0.1:{ports[1]}"', "checkpoint.interval=1")
+    cfg = lambda out: zmq_cfg(
+        tmp_path / out,
+        f'source.endpoint="tcp://127.0.0.1:{ports[0]}"',
+        f'source.ack_endpoint="tcp://127.0.0.1:{ports[1]}"',
+        "checkpoint.interval=1",
+    )
     src = open_source(cfg("one"))
     prod = Producer(src.endpoint, name="feed", ack_endpoint=f"tcp://127.0.0.1:{ports[1]}", keep=40, timeout=20)
     sent = {}
@@ -336,12 +384,15 @@ def test_the_subscriber_counts_the_messages_missed_in_each_gap():
     pub = zmq.Context.instance().socket(zmq.XPUB)
     pub.bind("tcp://127.0.0.1:*")
     got = {}
-    reader = threading.Thread(target=lambda: got.update(subscribe(pub.last_endpoint.decode(), timeout=3.0,
-                                                                  progress=0)))
+    reader = threading.Thread(target=lambda: got.update(subscribe(pub.last_endpoint.decode(), timeout=3.0, progress=0)))
     reader.start()
     assert pub.poll(5000) and pub.recv()[:1] == b"\x01"
-    for frames in (wire.encode_punct(1.0, seq=0), wire.encode_punct(2.0, seq=3),
-                   wire.encode_punct(3.0, seq=4), wire.encode_end(0.0, seq=9)):
+    for frames in (
+        wire.encode_punct(1.0, seq=0),
+        wire.encode_punct(2.0, seq=3),
+        wire.encode_punct(3.0, seq=4),
+        wire.encode_end(0.0, seq=9),
+    ):
         pub.send_multipart(frames)
     reader.join()
     pub.close()
@@ -357,8 +408,14 @@ def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_p
     from protocol.messages import TAG_RESULTS
 
     port = free_port()
-    cfg = load_config(None, [f'output.zmq_endpoint="tcp://127.0.0.1:{port}"', "output.ordered=true",
-                             "output.subscriber_buffer_bytes=720000"])
+    cfg = load_config(
+        None,
+        [
+            f'output.zmq_endpoint="tcp://127.0.0.1:{port}"',
+            "output.ordered=true",
+            "output.subscriber_buffer_bytes=720000",
+        ],
+    )
     out = ResultStream(MPI.COMM_SELF, cfg, 4)
     hundred = np.zeros(100, dtype=[("ts", "<i8")])
 
@@ -405,11 +462,16 @@ def test_a_slaves_table_goes_out_whole_in_messages_within_the_bound():
     sub.connect(f"tcp://127.0.0.1:{port}")
     out = ResultStream(MPI.COMM_SELF, cfg, 4)  # returns once the subscriber is in
     n = 5000
-    table = pa.table({"views_page": ["/" + "x" * (i // 50) for i in range(n)], "views_vid": np.arange(n),
-                      "delay": np.zeros(n), "time": np.linspace(0.0, 1.0, n)})
+    table = pa.table(
+        {
+            "views_page": ["/" + "x" * (i // 50) for i in range(n)],
+            "views_vid": np.arange(n),
+            "delay": np.zeros(n),
+            "time": np.linspace(0.0, 1.0, n),
+        }
+    )
     out.sent(0, 1, np.arange(4), np.zeros(n, [("ts", "<i8")]), np.zeros(0, [("ts", "<i8")]), 0)
-    request = MPI.COMM_SELF.Isend([wire.table_buffer(table, 0, 1, 2_000_000), MPI.BYTE], dest=0,
-                                  tag=TAG_RESULTS)
+    request = MPI.COMM_SELF.Isend([wire.table_buffer(table, 0, 1, 2_000_000), MPI.BYTE], dest=0, tag=TAG_RESULTS)
     while not out.pump(2_000_000, np.zeros(4, np.int64)):
         pass
     request.Wait()

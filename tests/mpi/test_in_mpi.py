@@ -3,6 +3,7 @@
 Every rank runs each test; rank 0 plays the master, the others the slaves,
 through the same protocol calls the engine uses.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.mpi(min_size=2)
 
 def test_batches_cross_real_mpi_intact():
     from mpi4py import MPI
+
     comm = MPI.COMM_WORLD
     dtype = tuple_dtype(64)
     if comm.rank == 0:
@@ -25,8 +27,11 @@ def test_batches_cross_real_mpi_intact():
         for dest in range(1, comm.size):
             r, s = np.zeros(1000 * dest, dtype), np.zeros(500, dtype)
             for a in (r, s):
-                a["id"], a["key"], a["ts"] = np.arange(len(a)), rng.integers(0, 99, len(a)), \
-                    rng.integers(0, 10**6, len(a))
+                a["id"], a["key"], a["ts"] = (
+                    np.arange(len(a)),
+                    rng.integers(0, 99, len(a)),
+                    rng.integers(0, 10**6, len(a)),
+                )
             buf = encode_batch(dest, 1_500_000, r, s)
             sent.append((comm.Isend([buf, MPI.BYTE], dest=dest, tag=TAG_DATA), buf))
         MPI.Request.Waitall([req for req, _ in sent])
@@ -34,8 +39,13 @@ def test_batches_cross_real_mpi_intact():
         assert all(checks[1:])
     else:
         head, r, s = decode_batch(recv_bytes(comm, wait_probe(comm, 0, TAG_DATA, timeout=30)), dtype)
-        ok = (head["seq"] == comm.rank and head["watermark"] == 1_500_000 and len(r) == 1000 * comm.rank
-              and len(s) == 500 and np.array_equal(r["id"], np.arange(len(r))))
+        ok = (
+            head["seq"] == comm.rank
+            and head["watermark"] == 1_500_000
+            and len(r) == 1000 * comm.rank
+            and len(s) == 500
+            and np.array_equal(r["id"], np.arange(len(r)))
+        )
         comm.gather(bool(ok), root=0)
 
 
@@ -52,9 +62,19 @@ def test_whole_engine_in_one_mpi_job_matches_reference(tmp_path_factory):
 
     comm = MPI.COMM_WORLD
     out = comm.bcast(str(tmp_path_factory.mktemp("out")) if comm.rank == 0 else None, root=0)
-    settings = ["generator.duration=3", "generator.rate=3000", "generator.keys=1024", "generator.disorder=0.2",
-                "join.window=0.4", "join.max_delay=0.3", "epochs.distribution=0.1", "source.rate=20000",
-                f"output.path={out}", "output.progress=0", "metrics.endpoint=\"127.0.0.1:0\""]
+    settings = [
+        "generator.duration=3",
+        "generator.rate=3000",
+        "generator.keys=1024",
+        "generator.disorder=0.2",
+        "join.window=0.4",
+        "join.max_delay=0.3",
+        "epochs.distribution=0.1",
+        "source.rate=20000",
+        f"output.path={out}",
+        "output.progress=0",
+        'metrics.endpoint="127.0.0.1:0"',
+    ]
     cfg = load_config(None, settings)
     if comm.rank != 0:
         assert run_slave(comm) == 0

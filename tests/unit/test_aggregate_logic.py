@@ -1,4 +1,5 @@
 """Unit tests of phase one (slave/aggregate.py), the [aggregate] config and the replay's pure helpers."""
+
 from __future__ import annotations
 
 import math
@@ -33,9 +34,14 @@ def numpy_view(key, ts, value, window):
     order = np.lexsort((ws, key))
     k, w, v = key[order], ws[order], value[order]
     starts = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (w[1:] != w[:-1])])
-    return {"key": k[starts], "window_start": w[starts], "count": np.diff(np.r_[starts, len(k)]),
-            "sum": np.add.reduceat(v, starts), "min": np.fmin.reduceat(v, starts),
-            "max": np.maximum.reduceat(v, starts)}
+    return {
+        "key": k[starts],
+        "window_start": w[starts],
+        "count": np.diff(np.r_[starts, len(k)]),
+        "sum": np.add.reduceat(v, starts),
+        "min": np.fmin.reduceat(v, starts),
+        "max": np.maximum.reduceat(v, starts),
+    }
 
 
 def assert_same_view(got, want):
@@ -64,7 +70,7 @@ def test_combining_is_associative_any_split_gives_the_same_totals(seed):
     pieces = [partials(k, t, v, 500_000) for k, t, v in zip(*(np.split(a, cuts) for a in (key, ts, value)))]
     flat = combine(pieces)
     rng.shuffle(pieces)
-    nested = combine([combine(pieces[: len(pieces) // 2]), combine(pieces[len(pieces) // 2:])])
+    nested = combine([combine(pieces[: len(pieces) // 2]), combine(pieces[len(pieces) // 2 :])])
     assert_same_view(sorted_rows(flat), want)
     assert_same_view(sorted_rows(nested), want)
 
@@ -84,7 +90,9 @@ def test_nan_is_the_largest_value_in_partials_and_combine():
     assert np.array_equal(p["min"], [1.0, np.nan, 2.0], equal_nan=True)
     assert np.array_equal(p["max"], [np.nan, np.nan, 5.0], equal_nan=True)
     assert p["count"].tolist() == [2, 2, 2]
-    split = sorted_rows(combine([partials(key[i:i + 1], np.zeros(1, np.int64), value[i:i + 1], 0) for i in range(6)]))
+    split = sorted_rows(
+        combine([partials(key[i : i + 1], np.zeros(1, np.int64), value[i : i + 1], 0) for i in range(6)])
+    )
     for c in ("min", "max", "count"):
         assert np.array_equal(split[c], p[c], equal_nan=True)
 
@@ -114,8 +122,9 @@ def results(rng, n):
 @pytest.mark.parametrize("group_by,value", [("key", "r_value"), ("s_key", "s_value")])
 def test_aggregator_writes_every_interval_and_files_sum_to_the_whole(tmp_path, group_by, value):
     rng, clock = np.random.default_rng(5), Clock()
-    agg = PartialAggregator(tmp_path / "aggregates", 3, {"window": 1.0, "flush_interval": 2.0, "group_by": group_by,
-                                                         "value": value}, clock)
+    agg = PartialAggregator(
+        tmp_path / "aggregates", 3, {"window": 1.0, "flush_interval": 2.0, "group_by": group_by, "value": value}, clock
+    )
     batches = [results(rng, n) for n in (100, 0, 250, 80, 300)]
     written = []
     for i, (r, s) in enumerate(batches):
@@ -130,15 +139,20 @@ def test_aggregator_writes_every_interval_and_files_sum_to_the_whole(tmp_path, g
     r = np.concatenate([b[0] for b in batches])
     s = np.concatenate([b[1] for b in batches])
     side = {"r": r, "s": s}
-    want = numpy_view(side[group_by[0] if group_by != "key" else "r"]["key"], np.maximum(r["ts"], s["ts"]),
-                      side[value[0]]["value"], 1_000_000)
+    want = numpy_view(
+        side[group_by[0] if group_by != "key" else "r"]["key"],
+        np.maximum(r["ts"], s["ts"]),
+        side[value[0]]["value"],
+        1_000_000,
+    )
     assert_same_view(sorted_rows(combine([pq.read_table(f) for f in files])), want)
 
 
 def test_many_batches_are_combined_as_they_come(tmp_path):
     rng, clock = np.random.default_rng(6), Clock()
-    agg = PartialAggregator(tmp_path, 1, {"window": 0.0, "flush_interval": 100.0, "group_by": "key",
-                                          "value": "r_value"}, clock)
+    agg = PartialAggregator(
+        tmp_path, 1, {"window": 0.0, "flush_interval": 100.0, "group_by": "key", "value": "r_value"}, clock
+    )
     for _ in range(PartialAggregator.COMBINE_EVERY * 2 + 3):
         agg.add_pairs(pairs_of(*results(rng, 50)))
     assert len(agg.parts) <= PartialAggregator.COMBINE_EVERY
@@ -149,10 +163,14 @@ def test_many_batches_are_combined_as_they_come(tmp_path):
 def test_aggregate_config_defaults_and_errors():
     agg = load_config()["aggregate"]
     assert agg == {"enabled": False, "group_by": "key", "value": "r_value", "window": 0.0, "flush_interval": 5.0}
-    for override, key in [("aggregate.group_by=r_id", "aggregate.group_by"), ("aggregate.value=key", "aggregate.value"),
-                          ("aggregate.window=-1", "aggregate.window"),
-                          ("aggregate.flush_interval=0", "aggregate.flush_interval"),
-                          ("aggregate.enabled=1", "aggregate.enabled"), ("aggregate.avg=true", "aggregate.avg")]:
+    for override, key in [
+        ("aggregate.group_by=r_id", "aggregate.group_by"),
+        ("aggregate.value=key", "aggregate.value"),
+        ("aggregate.window=-1", "aggregate.window"),
+        ("aggregate.flush_interval=0", "aggregate.flush_interval"),
+        ("aggregate.enabled=1", "aggregate.enabled"),
+        ("aggregate.avg=true", "aggregate.avg"),
+    ]:
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             load_config(None, [override])
 
@@ -183,15 +201,18 @@ def test_replay_inputs_are_checked(tmp_path):
     assert inside_engine_output(tmp_path / "a.parquet", out) is None
 
 
-@pytest.mark.parametrize("module,args,needle", [
-    ("aggregate", ["--batch"], "no result files"),
-    ("aggregate", ["--trigger", "0"], "--trigger"),
-    ("aggregate", ["--set", "aggregate.window=-2"], "aggregate.window"),
-    ("replay", ["{tmp}/missing.parquet"], "does not exist"),
-    ("replay", ["{tmp}/in.parquet", "--speed", "fast"], "--speed"),
-    ("replay", ["{tmp}/in.parquet", "--from", "5", "--to", "2"], "--from"),
-    ("replay", ["{tmp}/out/results"], "which the replayed run removes"),
-])
+@pytest.mark.parametrize(
+    "module,args,needle",
+    [
+        ("aggregate", ["--batch"], "no result files"),
+        ("aggregate", ["--trigger", "0"], "--trigger"),
+        ("aggregate", ["--set", "aggregate.window=-2"], "aggregate.window"),
+        ("replay", ["{tmp}/missing.parquet"], "does not exist"),
+        ("replay", ["{tmp}/in.parquet", "--speed", "fast"], "--speed"),
+        ("replay", ["{tmp}/in.parquet", "--from", "5", "--to", "2"], "--from"),
+        ("replay", ["{tmp}/out/results"], "which the replayed run removes"),
+    ],
+)
 def test_control_jobs_refuse_user_mistakes_before_starting_spark(tmp_path, capsys, module, args, needle):
     from control import aggregate, replay
 

@@ -1,5 +1,6 @@
 """Pure logic of balancing: classification, group choice, the plan, the controller's bookkeeping, and the
 state mover's round trip (a moved group keeps its extendible-hash splits and every tuple)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,13 @@ from slave.join import JoinModule
 from protocol.eventtime import NEG_INF, POS_INF
 from slave.mover import decode_move, encode_move
 
-BAL = {"supplier_threshold": 0.5, "consumer_threshold": 0.1, "gamma": 2.0, "choice": "largest_fit",
-       "declustering": True}
+BAL = {
+    "supplier_threshold": 0.5,
+    "consumer_threshold": 0.1,
+    "gamma": 2.0,
+    "choice": "largest_fit",
+    "declustering": True,
+}
 
 
 def test_classify_orders_suppliers_and_consumers():
@@ -43,8 +49,11 @@ def test_largest_fit_weighs_tuples_by_each_slaves_cost_per_tuple():
     assert choose_group(groups, 60.0, 60.0, "largest_fit", rng, supplier_cost=1.5, consumer_cost=1.0) == 3  # g <= 12
     # equal costs are the tuple rule, whatever the unit
     wide = {1: 40.0, 2: 30.0, 3: 10.0}
-    assert choose_group(wide, 90.0, 20.0, "largest_fit", rng, 2e-6, 2e-6) == \
-        choose_group(wide, 90.0, 20.0, "largest_fit", rng) == 2  # g <= 35
+    assert (
+        choose_group(wide, 90.0, 20.0, "largest_fit", rng, 2e-6, 2e-6)
+        == choose_group(wide, 90.0, 20.0, "largest_fit", rng)
+        == 2
+    )  # g <= 35
 
 
 def test_plan_uses_measured_costs_and_the_median_for_slaves_without_one():

@@ -1,4 +1,5 @@
 """Tests of bench/paper.py's pure parts: workloads, targets, tables, report sections and plots (no runs)."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,16 @@ import pytest
 
 import bench.paper
 import bench.report
-from bench.paper import (WORKLOADS, comm_per_slave, kernel_fraction, paced_runs, parse_epochs, parse_names,
-                                rank_rss, window_state)
+from bench.paper import (
+    WORKLOADS,
+    comm_per_slave,
+    kernel_fraction,
+    paced_runs,
+    parse_epochs,
+    parse_names,
+    rank_rss,
+    window_state,
+)
 from protocol.config import load_config
 from tests.cluster.test_bench import fake_data, point
 
@@ -79,13 +88,25 @@ def full_data():
         r["slaves"]["1"]["comm_seconds"] = comm
         sweep.append({"epoch": e, **r})
     data["epochs"] = {"slaves": 2, "rate": 148_500, "runs": sweep}
-    data["kernel"] = {"rate": 400_000.0, "runs": [390_000.0, 400_000.0, 410_000.0], "tuples": 1_000_000, "cores": 2,
-                      "span": 2.0, "spans": [{"span": 0.25, "rate": 150_000.0, "runs": [150_000.0]},
-                                             {"span": 2.0, "rate": 400_000.0,
-                                              "runs": [390_000.0, 400_000.0, 410_000.0]}],
-                      "with_results": {"rate": 250_000.0, "runs": [240_000.0, 250_000.0, 260_000.0]},
-                      "footprint": {"traced_bytes": 7_200_000, "nbytes": 6_420_000, "stored_tuples": 100_000,
-                                    "traced_per_tuple": 72.0, "nbytes_per_tuple": 64.2}}
+    data["kernel"] = {
+        "rate": 400_000.0,
+        "runs": [390_000.0, 400_000.0, 410_000.0],
+        "tuples": 1_000_000,
+        "cores": 2,
+        "span": 2.0,
+        "spans": [
+            {"span": 0.25, "rate": 150_000.0, "runs": [150_000.0]},
+            {"span": 2.0, "rate": 400_000.0, "runs": [390_000.0, 400_000.0, 410_000.0]},
+        ],
+        "with_results": {"rate": 250_000.0, "runs": [240_000.0, 250_000.0, 260_000.0]},
+        "footprint": {
+            "traced_bytes": 7_200_000,
+            "nbytes": 6_420_000,
+            "stored_tuples": 100_000,
+            "traced_per_tuple": 72.0,
+            "nbytes_per_tuple": 64.2,
+        },
+    }
     data["peer_ratio"] = {"ratio": 12.5, "ratio_at_least": None}
     return json.loads(json.dumps(data))  # as read back from results.json
 
@@ -129,16 +150,21 @@ def test_targets_table_says_what_is_met():
 def test_workload_tuning_epoch_and_kernel_tables():
     data = full_data()
     wl = table_rows(bench.paper.workloads_table(data))
-    assert [(r[0], r[1], r[2]) for r in wl] == [("paper", "1", "297,000"), ("paper", "2", "297,000"),
-                                                ("zipf", "2", "297,000")]
+    assert [(r[0], r[1], r[2]) for r in wl] == [
+        ("paper", "1", "297,000"),
+        ("paper", "2", "297,000"),
+        ("zipf", "2", "297,000"),
+    ]
     assert wl[0][3] == "500k✗ 250k✓ 354k✗ 297k✓" and wl[0][7] == "0.05"  # 50 results per 1,000 tuples
     tuning = table_rows(bench.paper.tuning_table(data))
     assert [(r[1], r[2]) for r in tuning] == [("on (default)", "297,000"), ("off (tuning.max_depth = 0)", "250,000")]
     ep = table_rows(bench.paper.epochs_table(data["epochs"]))
     assert [r[0] for r in ep] == ["0.25", "0.5", "1"] and [r[6] for r in ep] == ["0.800", "0.500", "0.300"]
     assert ep[0][7] == "40.0%"  # 0.8 s of a 2.0 s run
-    assert table_rows(bench.paper.span_table(data["kernel"])) == [["0.25", "150,000", "150,000"],
-                                                                  ["2", "400,000", "390,000, 400,000, 410,000"]]
+    assert table_rows(bench.paper.span_table(data["kernel"])) == [
+        ["0.25", "150,000", "150,000"],
+        ["2", "400,000", "390,000, 400,000, 410,000"],
+    ]
     kt = table_rows(bench.paper.kernel_table(data))
     assert kt[0][:2] == ["1", "2"] and kt[0][4] == "0.37" and kt[0][5] == "✗ not met"
     assert kt[0][6] == "0.59"  # 297,000 / (250,000 x 2) against the kernel that also writes its results
@@ -165,10 +191,17 @@ def test_report_has_every_section_and_the_plots_are_written(tmp_path):
     data = full_data()
     bench.report.write_report(tmp_path, data)
     report = (tmp_path / "report.md").read_text()
-    for heading in ("## Delay against input rate", "## Workloads", "### Workload zipf",
-                    "## Extendible-hash tuning on and off", "## Distribution-epoch sweep",
-                    "## Window state per stored tuple", "## Peak RSS per rank", "## Against the single-core limit",
-                    "| target "):
+    for heading in (
+        "## Delay against input rate",
+        "## Workloads",
+        "### Workload zipf",
+        "## Extendible-hash tuning on and off",
+        "## Distribution-epoch sweep",
+        "## Window state per stored tuple",
+        "## Peak RSS per rank",
+        "## Against the single-core limit",
+        "| target ",
+    ):
         assert heading in report, heading
     assert report.index("| target ") < report.index("## Method")
     assert "**72.0 B per tuple** (1.12x the raw 64 B" in report and "51 runs" in report

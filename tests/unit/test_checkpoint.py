@@ -1,4 +1,5 @@
 """The checkpoint format and the recovery choices, without MPI: parts, manifests, skipping, pruning, roll-back."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,15 @@ def make(root, ckpt_id, records, complete=True, slaves=2):
     d = root / checkpoint.name_of(ckpt_id)
     size = checkpoint.write_atomic(d / "slave-001.state", checkpoint.pack(records))
     if complete:
-        checkpoint.write_manifest(d, {"id": ckpt_id, "slaves": slaves, "config": load_config(),
-                                      "parts": {"slave-001.state": {"bytes": size, "records": len(records)}}})
+        checkpoint.write_manifest(
+            d,
+            {
+                "id": ckpt_id,
+                "slaves": slaves,
+                "config": load_config(),
+                "parts": {"slave-001.state": {"bytes": size, "records": len(records)}},
+            },
+        )
     return d
 
 
@@ -40,11 +48,11 @@ def test_newest_complete_checkpoint_wins_and_broken_ones_are_skipped_with_reason
     rec = [np.arange(100, dtype=np.uint8)]
     make(tmp_path, 1, rec)
     make(tmp_path, 2, rec)
-    make(tmp_path, 3, rec, complete=False)                      # crashed before its manifest
+    make(tmp_path, 3, rec, complete=False)  # crashed before its manifest
     d4 = make(tmp_path, 4, rec)
-    (d4 / "slave-001.state").write_bytes(b"short")              # a part lost its tail
+    (d4 / "slave-001.state").write_bytes(b"short")  # a part lost its tail
     d5 = make(tmp_path, 5, rec)
-    (d5 / checkpoint.MANIFEST).write_text("{not json")          # a garbled manifest
+    (d5 / checkpoint.MANIFEST).write_text("{not json")  # a garbled manifest
     said = []
     directory, manifest = checkpoint.latest_complete(tmp_path, log=said.append)
     assert directory.name == "ckpt-000002" and manifest["id"] == 2
@@ -104,8 +112,11 @@ sys.exit(0 if len(calls) >= 2 else 137)
 def test_supervisor_restarts_with_recover_until_the_run_succeeds(tmp_path):
     said = []
     assert supervise([*shell(tmp_path, CRASH_TWICE), "--config", "x"], 5, 0, log=said.append) == 0
-    assert (tmp_path / "calls").read_text().splitlines() == ["--config x", "--config x --recover",
-                                                             "--config x --recover"]
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        "--config x",
+        "--config x --recover",
+        "--config x --recover",
+    ]
     assert len(said) == 2 and "restart 2 of 5" in said[1]
 
 
@@ -134,16 +145,21 @@ def test_publish_moves_only_what_a_checkpoint_covers_and_never_takes_it_back(tmp
 
 def test_a_manifest_is_strict_json_and_keeps_integer_event_times_exact(tmp_path):
     from protocol import eventtime
-    unserved = {"max_ts": eventtime.NEG_INF, "sent_watermark": {"1": 2_500_000, "2": eventtime.NEG_INF},
-                "stats": {"delay_max": math.nan, "lag": math.inf}}
-    checkpoint.write_manifest(tmp_path, {"id": 1, "parts": {}, "master": dict(unserved),
-                                         "dispatchers": {"1": dict(unserved, max_ts=7_000_001)}})
+
+    unserved = {
+        "max_ts": eventtime.NEG_INF,
+        "sent_watermark": {"1": 2_500_000, "2": eventtime.NEG_INF},
+        "stats": {"delay_max": math.nan, "lag": math.inf},
+    }
+    checkpoint.write_manifest(
+        tmp_path,
+        {"id": 1, "parts": {}, "master": dict(unserved), "dispatchers": {"1": dict(unserved, max_ts=7_000_001)}},
+    )
     text = (tmp_path / checkpoint.MANIFEST).read_text()
     assert "Infinity" not in text and "NaN" not in text
     m = checkpoint.load_manifest(tmp_path)
     assert m["master"]["max_ts"] == eventtime.NEG_INF and m["master"]["sent_watermark"]["2"] == eventtime.NEG_INF
     assert m["dispatchers"]["1"]["max_ts"] == 7_000_001 and m["master"]["stats"] == {"delay_max": None, "lag": None}
-
 
 
 def test_a_checkpoint_of_an_older_format_is_refused_with_a_message(tmp_path):

@@ -1,4 +1,5 @@
 """Tests of protocol/config.py: defaults, TOML file, --set overrides, validation errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,7 +29,9 @@ def test_defaults():
 
 
 def test_file_values_override_defaults(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
 [join]
 window = 2.5
 max_delay = 0.25
@@ -39,7 +42,8 @@ partitions = 8
 [output]
 format = "csv"
 path = "elsewhere"
-""")
+""",
+    )
     cfg = load_config(p)
     assert cfg["join"]["window"] == 2.5 and cfg["join"]["max_delay"] == 0.25
     assert cfg["partitioning"]["partitions"] == 8
@@ -51,8 +55,16 @@ path = "elsewhere"
 
 def test_set_overrides_beat_file(tmp_path):
     p = write(tmp_path, "[join]\nwindow = 2.5\n")
-    cfg = load_config(p, ["join.window=0.75", "partitioning.partitions=12", 'output.path="x y"',
-                          "output.format=csv", "generator.seed = 9"])
+    cfg = load_config(
+        p,
+        [
+            "join.window=0.75",
+            "partitioning.partitions=12",
+            'output.path="x y"',
+            "output.format=csv",
+            "generator.seed = 9",
+        ],
+    )
     assert cfg["join"]["window"] == 0.75 and type(cfg["join"]["window"]) is float
     assert cfg["partitioning"]["partitions"] == 12 and type(cfg["partitioning"]["partitions"]) is int
     assert cfg["output"]["path"] == "x y"
@@ -104,15 +116,18 @@ def test_unknown_key(tmp_path):
     raises_naming("tuning.theta", None, ["tuning.theta=3"])
 
 
-@pytest.mark.parametrize("override,key", [
-    ('generator.rate="1.0"', "generator.rate"),  # a rate is no duration: text is a wrong type
-    ("join.window=abc", "join.window"),
-    ("partitioning.partitions=2.5", "partitioning.partitions"),
-    ("output.path=5", "output.path"),
-    ("generator.keys=[1, 2]", "generator.keys"),
-    ("generator.rate=inf", "generator.rate"),
-    ("join.window=nan", "join.window"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ('generator.rate="1.0"', "generator.rate"),  # a rate is no duration: text is a wrong type
+        ("join.window=abc", "join.window"),
+        ("partitioning.partitions=2.5", "partitioning.partitions"),
+        ("output.path=5", "output.path"),
+        ("generator.keys=[1, 2]", "generator.keys"),
+        ("generator.rate=inf", "generator.rate"),
+        ("join.window=nan", "join.window"),
+    ],
+)
 def test_wrong_type(override, key):
     raises_naming(key, None, [override])
 
@@ -127,29 +142,32 @@ def test_malformed_override():
             load_config(None, [bad])
 
 
-@pytest.mark.parametrize("override,key", [
-    ("join.window=-1", "join.window"),
-    ("join.max_delay=-0.1", "join.max_delay"),
-    ("tuning.block_size=0", "tuning.block_size"),
-    ("generator.rate=0", "generator.rate"),
-    ("generator.skew=1.0", "generator.skew"),
-    ("generator.skew=0", "generator.skew"),
-    ("generator.skew=-0.2", "generator.skew"),
-    ("generator.tuple_bytes=39", "generator.tuple_bytes"),
-    ("generator.tuple_bytes=60", "generator.tuple_bytes"),
-    ("tuning.max_depth=25", "tuning.max_depth"),
-    ("tuning.max_depth=-1", "tuning.max_depth"),
-    ("generator.distribution=normal", "generator.distribution"),
-    ("generator.zipf=0", "generator.zipf"),
-    ("output.format=json", "output.format"),
-    ("source.kind=socket", "source.kind"),
-    ("source.ts_unit=min", "source.ts_unit"),
-    ("source.ts_unit=1000", "source.ts_unit"),
-    ("join.window=2e12", "join.window"),            # event time is int64 microseconds: durations below 2**60 us
-    ("join.max_delay=1.2e12", "join.max_delay"),
-    ("generator.duration=1e13", "generator.duration"),
-    ("aggregate.window=4e-7", "aggregate.window"),  # rounds to 0 us: no window at all
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("join.window=-1", "join.window"),
+        ("join.max_delay=-0.1", "join.max_delay"),
+        ("tuning.block_size=0", "tuning.block_size"),
+        ("generator.rate=0", "generator.rate"),
+        ("generator.skew=1.0", "generator.skew"),
+        ("generator.skew=0", "generator.skew"),
+        ("generator.skew=-0.2", "generator.skew"),
+        ("generator.tuple_bytes=39", "generator.tuple_bytes"),
+        ("generator.tuple_bytes=60", "generator.tuple_bytes"),
+        ("tuning.max_depth=25", "tuning.max_depth"),
+        ("tuning.max_depth=-1", "tuning.max_depth"),
+        ("generator.distribution=normal", "generator.distribution"),
+        ("generator.zipf=0", "generator.zipf"),
+        ("output.format=json", "output.format"),
+        ("source.kind=socket", "source.kind"),
+        ("source.ts_unit=min", "source.ts_unit"),
+        ("source.ts_unit=1000", "source.ts_unit"),
+        ("join.window=2e12", "join.window"),  # event time is int64 microseconds: durations below 2**60 us
+        ("join.max_delay=1.2e12", "join.max_delay"),
+        ("generator.duration=1e13", "generator.duration"),
+        ("aggregate.window=4e-7", "aggregate.window"),  # rounds to 0 us: no window at all
+    ],
+)
 def test_value_errors(override, key):
     raises_naming(key, None, [override])
 
@@ -210,32 +228,54 @@ def test_configuration_page_is_made_from_the_defaults():
     import subprocess
     import sys
     from pathlib import Path
+
     root = Path(__file__).resolve().parent.parent.parent
-    made = subprocess.run([sys.executable, "-m", "protocol.config", "--reference"], cwd=root, capture_output=True,
-                          text=True, check=True).stdout
+    made = subprocess.run(
+        [sys.executable, "-m", "protocol.config", "--reference"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
     page = (root / "docs" / "configuration.md").read_text()
     assert page == made, "docs/configuration.md differs from the defaults in protocol/config.py: run `make docs`"
     for section, keys in DEFAULTS.items():
         for key, (default, _) in keys.items():
             assert f"| `{section}.{key}` | `" in page
-    assert "| `join.predicate` | `\"equal\"` | \"equal\", \"band\", \"less\" |" in page
-    assert "| `output.progress` | `1.0` | duration >= 0 |" in page \
-        and "| `balance.enabled` | `true` | boolean |" in page
+    assert '| `join.predicate` | `"equal"` | "equal", "band", "less" |' in page
+    assert (
+        "| `output.progress` | `1.0` | duration >= 0 |" in page and "| `balance.enabled` | `true` | boolean |" in page
+    )
 
 
-@pytest.mark.parametrize("text,micros", [("30s", 30_000_000), ("250ms", 250_000), ("2m", 120_000_000),
-                                         ("1h", 3_600_000_000), ("0.1", 100_000), ("1.5us", 2),
-                                         (" 3 min ", 180_000_000),
-                                         ("1e-3s", 1_000), ("100ns", 0), ("1d", 86_400_000_000)])
+@pytest.mark.parametrize(
+    "text,micros",
+    [
+        ("30s", 30_000_000),
+        ("250ms", 250_000),
+        ("2m", 120_000_000),
+        ("1h", 3_600_000_000),
+        ("0.1", 100_000),
+        ("1.5us", 2),
+        (" 3 min ", 180_000_000),
+        ("1e-3s", 1_000),
+        ("100ns", 0),
+        ("1d", 86_400_000_000),
+    ],
+)
 def test_durations_as_text_are_exact_microseconds(text, micros):
     from protocol.eventtime import duration
+
     cfg = load_config(None, [f'join.window="{text}"', "epochs.reorganization=2m"])
     assert duration(cfg["join"]["window"]) == micros
     assert cfg["epochs"]["reorganization"] == 120.0
 
 
-@pytest.mark.parametrize("override,words", [("join.window=3 weeks", "got '3 weeks'"), ("join.max_delay=-1s", ">= 0"),
-                                            ("output.progress=1,5s", "units"), ("join.window=s", "units")])
+@pytest.mark.parametrize(
+    "override,words",
+    [
+        ("join.window=3 weeks", "got '3 weeks'"),
+        ("join.max_delay=-1s", ">= 0"),
+        ("output.progress=1,5s", "units"),
+        ("join.window=s", "units"),
+    ],
+)
 def test_bad_durations_name_the_key(override, words):
     assert words in raises_naming(override.split("=")[0], None, [override])
 
@@ -247,29 +287,36 @@ def test_durations_in_a_toml_file(tmp_path):
     assert (cfg["join"]["window"], cfg["join"]["max_delay"], cfg["metrics"]["log_interval"]) == (30.0, 0.25, 60.0)
 
 
-@pytest.mark.parametrize("settings,bounds", [
-    ([], (-1_000_000, 1_000_000)),                                   # the default window of 1 s
-    (['join.window="250ms"'], (-250_000, 250_000)),                  # the shorthand
-    (['join.lower="-30s"', 'join.upper="2m"'], (-30_000_000, 120_000_000)),
-    (["join.lower=0", "join.upper=0.001"], (0, 1_000)),               # one-sided: s at or after r
-    (['join.lower="-2s"', 'join.upper="-500ms"'], (-2_000_000, -500_000)),  # s before r
-    (["join.lower=0.1", "join.upper=0.1"], (100_000, 100_000)),       # one offset exactly
-])
+@pytest.mark.parametrize(
+    "settings,bounds",
+    [
+        ([], (-1_000_000, 1_000_000)),  # the default window of 1 s
+        (['join.window="250ms"'], (-250_000, 250_000)),  # the shorthand
+        (['join.lower="-30s"', 'join.upper="2m"'], (-30_000_000, 120_000_000)),
+        (["join.lower=0", "join.upper=0.001"], (0, 1_000)),  # one-sided: s at or after r
+        (['join.lower="-2s"', 'join.upper="-500ms"'], (-2_000_000, -500_000)),  # s before r
+        (["join.lower=0.1", "join.upper=0.1"], (100_000, 100_000)),  # one offset exactly
+    ],
+)
 def test_time_bounds_from_window_or_lower_and_upper(settings, bounds):
     from protocol.predicates import time_bounds
+
     cfg = load_config(None, settings)
     assert time_bounds(cfg["join"]) == bounds
     assert (cfg["join"]["lower"] is None) == (not any("lower" in s for s in settings))
 
 
-@pytest.mark.parametrize("settings,key,words", [
-    (["join.window=2", "join.lower=0", "join.upper=1"], "join.window", "not together with join.lower"),
-    (["join.lower=0"], "join.upper", "required with join.lower"),
-    (["join.upper=1"], "join.lower", "required with join.upper"),
-    (["join.lower=1", "join.upper=0.5"], "join.lower", "at most join.upper"),
-    (['join.lower="-2000000000000s"', "join.upper=0"], "join.lower", "between"),
-    (['join.lower="1 week"', "join.upper=0"], "join.lower", "units"),
-])
+@pytest.mark.parametrize(
+    "settings,key,words",
+    [
+        (["join.window=2", "join.lower=0", "join.upper=1"], "join.window", "not together with join.lower"),
+        (["join.lower=0"], "join.upper", "required with join.lower"),
+        (["join.upper=1"], "join.lower", "required with join.upper"),
+        (["join.lower=1", "join.upper=0.5"], "join.lower", "at most join.upper"),
+        (['join.lower="-2000000000000s"', "join.upper=0"], "join.lower", "between"),
+        (['join.lower="1 week"', "join.upper=0"], "join.lower", "units"),
+    ],
+)
 def test_bad_time_bounds_name_the_keys(settings, key, words):
     assert words in raises_naming(key, None, settings)
 

@@ -1,4 +1,5 @@
 """Tests of slave/exthash.py: the extendible-hash directory and partition-group tuning."""
+
 from __future__ import annotations
 
 import signal
@@ -16,8 +17,10 @@ DT = tuple_dtype(40)
 @pytest.fixture
 def time_limit():
     """Fail instead of hanging if tuning loops forever."""
+
     def boom(signum, frame):
         raise TimeoutError("tune() did not return within 10 s")
+
     old = signal.signal(signal.SIGALRM, boom)
     signal.alarm(10)
     yield
@@ -27,9 +30,10 @@ def time_limit():
 
 # --------------------------------------------------------------------------- directory
 
+
 def check_directory(d: ExtendibleDirectory):
     g = d.global_depth
-    assert len(d.entries) == 2 ** g
+    assert len(d.entries) == 2**g
     assert set(d.entries.tolist()) == set(d.local_depth)
     assert g == max(d.local_depth.values()), "global depth larger than any bucket needs"
     idx = np.arange(len(d.entries))
@@ -101,8 +105,11 @@ def test_random_splits_and_merges_keep_invariant(seed):
             pairs = [(b, o) for b, o in pairs if o is not None]
             for b in buckets:  # buddy is None exactly when no same-depth sibling exists
                 ld = d.local_depth[b]
-                sib = [o for o in buckets if o != b and d.local_depth[o] == ld and ld > 0
-                       and pattern(d, o) == pattern(d, b) ^ (1 << (ld - 1))]
+                sib = [
+                    o
+                    for o in buckets
+                    if o != b and d.local_depth[o] == ld and ld > 0 and pattern(d, o) == pattern(d, b) ^ (1 << (ld - 1))
+                ]
                 assert d.buddy(b) == (sib[0] if sib else None)
             if not pairs:
                 continue
@@ -148,6 +155,7 @@ def test_merge_does_not_halve_while_a_bucket_needs_top_bit():
 
 # --------------------------------------------------------------------------- partition group
 
+
 def rows(stream_ids, keys, ts):
     out = np.zeros(len(stream_ids), dtype=DT)
     out["id"], out["key"], out["ts"] = stream_ids, keys, ts
@@ -163,8 +171,9 @@ def insert(pg: PartitionGroup, r: np.ndarray, s: np.ndarray):
 
 
 def stored(pg: PartitionGroup) -> Counter:
-    return Counter((side, i) for wins in pg.buckets.values() for side, w in enumerate(wins)
-                   for i in w.rows["id"].tolist())
+    return Counter(
+        (side, i) for wins in pg.buckets.values() for side, w in enumerate(wins) for i in w.rows["id"].tolist()
+    )
 
 
 def check_group(pg: PartitionGroup):
@@ -178,7 +187,7 @@ def check_group(pg: PartitionGroup):
                 assert np.all(routed == b), f"tuples stored in bucket {b} route elsewhere"
             B = w.block_size
             ts = w.rows["ts"]
-            np.testing.assert_array_equal(w.block_max, [ts[i:i + B].max() for i in range(0, len(ts), B)])
+            np.testing.assert_array_equal(w.block_max, [ts[i : i + B].max() for i in range(0, len(ts), B)])
 
 
 def tune_until_stable(pg: PartitionGroup, limit=50):
@@ -242,8 +251,11 @@ def test_group_splits_then_merges_keep_every_tuple_once(seed, time_limit):
 def test_single_hot_key_is_never_split(time_limit):
     pg = PartitionGroup(DT, block_size=2, theta_min=1, theta_max=3, max_depth=8)
     n = 500
-    insert(pg, rows(np.arange(n), np.full(n, 42), np.arange(n, dtype=float)),
-           rows(np.arange(n), np.full(n, 42), np.arange(n, dtype=float)))
+    insert(
+        pg,
+        rows(np.arange(n), np.full(n, 42), np.arange(n, dtype=float)),
+        rows(np.arange(n), np.full(n, 42), np.arange(n, dtype=float)),
+    )
     pg.tune()
     pg.tune()
     assert pg.splits == 0 and pg.directory.global_depth == 0

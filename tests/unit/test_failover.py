@@ -1,6 +1,7 @@
 """The pure parts of running on several hosts and surviving one's loss, fed events in-process: the failure
 detector's state, the reading of Open MPI's reports, the placement, the rescale of a checkpoint and the
 supervisor's restart on the hosts that answer."""
+
 from __future__ import annotations
 
 import sys
@@ -14,7 +15,6 @@ from deploy.job import JobWatch
 from protocol import checkpoint
 from protocol.lifetime import CRASH, LOST, START_FAILED
 from protocol.liveness import Liveness, heartbeat_interval, heartbeat_timeout
-
 
 
 # -- the failure detector -------------------------------------------------------------------------------------
@@ -68,35 +68,58 @@ def watched(*lines: str) -> JobWatch:
 
 
 def test_a_ranks_abort_gives_its_code():
-    w = watched(STARTED, DASH, "MPI_ABORT was invoked on rank 0 in communicator MPI COMM 3 DUP FROM 0\n",
-                "  Proc: [[36896,1],0]\n", "  Errorcode: 4\n", DASH)
+    w = watched(
+        STARTED,
+        DASH,
+        "MPI_ABORT was invoked on rank 0 in communicator MPI COMM 3 DUP FROM 0\n",
+        "  Proc: [[36896,1],0]\n",
+        "  Errorcode: 4\n",
+        DASH,
+    )
     assert w.aborted == (0, 4) and w.outcome(-9, []) == (4, "")
 
 
 def test_a_rank_killed_by_a_signal_is_a_lost_rank_named_with_its_host():
-    w = watched(STARTED, DASH, "prterun noticed that process rank 3 with PID 9440 on node h2 exited on\n",
-                "signal 9 (Killed).\n", DASH)
+    w = watched(
+        STARTED,
+        DASH,
+        "prterun noticed that process rank 3 with PID 9440 on node h2 exited on\n",
+        "signal 9 (Killed).\n",
+        DASH,
+    )
     code, why = w.outcome(137, [])
     assert code == LOST and "rank 3 on host h2 was killed by signal 9 (SIGKILL)" in why
 
 
 def test_a_lost_daemon_is_a_lost_rank_even_when_mpirun_says_0():
-    w = watched(STARTED, DASH, "PRTE has lost communication with a remote daemon.\n", "\n",
-                "  HNP daemon   : [prterun-h1-9950@0,0] on node h1\n",
-                "  Remote daemon: [prterun-h1-9950@0,2] on node h3\n", DASH)
+    w = watched(
+        STARTED,
+        DASH,
+        "PRTE has lost communication with a remote daemon.\n",
+        "\n",
+        "  HNP daemon   : [prterun-h1-9950@0,0] on node h1\n",
+        "  Remote daemon: [prterun-h1-9950@0,2] on node h3\n",
+        DASH,
+    )
     code, why = w.outcome(0, [])
     assert code == LOST and "host h3 (ranks 4)" in why
 
 
 def test_open_mpis_own_codes_become_documented_ones():
     assert watched(STARTED).outcome(14, [])[0] == LOST  # "Socket closed" under a rank that ran
-    failed = watched("ssh: connect to host 10.77.0.3 port 22: Connection timed out\n", DASH,
-                     "A daemon failed to report back after being spawned.\n", "  Remote host:   10.77.0.3\n", DASH)
+    failed = watched(
+        "ssh: connect to host 10.77.0.3 port 22: Connection timed out\n",
+        DASH,
+        "A daemon failed to report back after being spawned.\n",
+        "  Remote host:   10.77.0.3\n",
+        DASH,
+    )
     code, why = failed.outcome(255, [])
     assert code == START_FAILED and "host 10.77.0.3 did not answer" in why
     assert watched(STARTED).outcome(3, []) == (3, "")  # a rank's own code passes
-    assert watched(STARTED, DASH, "MPI_ABORT was invoked on rank 2 ... Errorcode: 77\n",
-                   DASH).outcome(1, [])[0] == CRASH
+    assert (
+        watched(STARTED, DASH, "MPI_ABORT was invoked on rank 2 ... Errorcode: 77\n", DASH).outcome(1, [])[0] == CRASH
+    )
 
 
 def test_a_second_stop_signal_ends_with_its_number():
@@ -122,8 +145,10 @@ def test_ranks_fill_hosts_in_order_and_spread_beyond_their_slots_by_slots():
     assert [(h.name, n) for h, n in place(hosts, 3)] == [("a", 2), ("b", 1)]
     assert [n for _, n in place(hosts, 7)] == [3, 3, 1]
     assert [n for _, n in place(hosts, 17)] == [7, 7, 3]
-    assert describe(place(hosts, 7)) == ("placement: a: ranks 0-2, 1 over its 2 slots: oversubscribed; "
-                                         "b: ranks 3-5, 1 over its 2 slots: oversubscribed; c: rank 6")
+    assert describe(place(hosts, 7)) == (
+        "placement: a: ranks 0-2, 1 over its 2 slots: oversubscribed; "
+        "b: ranks 3-5, 1 over its 2 slots: oversubscribed; c: rank 6"
+    )
 
 
 # -- a checkpoint on another slave count --------------------------------------------------------------------
@@ -142,19 +167,35 @@ def test_groups_of_a_slave_gone_go_to_the_others_and_new_slaves_get_their_share(
 
 
 def test_each_slave_reads_the_parts_that_hold_its_groups():
-    manifest = {"slaves": 2, "config": {"cluster": {"dispatchers": 1}},
-                "master": {"controller": {"partition_map": [1, 2, 1, 2]}}}
-    assert checkpoint.slave_assignment(manifest, [1, 2]) == {"1": [["slave-001.state", None]],
-                                                            "2": [["slave-002.state", None]]}
-    assert checkpoint.slave_assignment(manifest, [1]) == {"1": [["slave-001.state", [0, 2]],
-                                                               ["slave-002.state", [1, 3]]]}
+    manifest = {
+        "slaves": 2,
+        "config": {"cluster": {"dispatchers": 1}},
+        "master": {"controller": {"partition_map": [1, 2, 1, 2]}},
+    }
+    assert checkpoint.slave_assignment(manifest, [1, 2]) == {
+        "1": [["slave-001.state", None]],
+        "2": [["slave-002.state", None]],
+    }
+    assert checkpoint.slave_assignment(manifest, [1]) == {
+        "1": [["slave-001.state", [0, 2]], ["slave-002.state", [1, 3]]]
+    }
 
 
 # -- the supervisor ---------------------------------------------------------------------------------------
 def hosted(tmp_path) -> Hosts:
     (tmp_path / "hosts").write_text("a slots=2\nb slots=2\nc slots=1\n")
-    cmd = ["python", "-m", "deploy.launch", "-n", "5", "--hostfile", str(tmp_path / "hosts"), "--", "--set",
-           "cluster.dispatchers=1"]
+    cmd = [
+        "python",
+        "-m",
+        "deploy.launch",
+        "-n",
+        "5",
+        "--hostfile",
+        str(tmp_path / "hosts"),
+        "--",
+        "--set",
+        "cluster.dispatchers=1",
+    ]
     work = tmp_path / "work"
     work.mkdir()
     return Hosts(cmd, work)
@@ -177,6 +218,10 @@ def test_too_few_slaves_left_is_no_restart(tmp_path):
 
 def test_restarts_back_off_exponentially():
     waits, said = [], []
-    assert supervise([sys.executable, "-c", "raise SystemExit(4)"], 4, 0.5, log=said.append, max_backoff=3.0,
-                     sleep=waits.append) == 4
+    assert (
+        supervise(
+            [sys.executable, "-c", "raise SystemExit(4)"], 4, 0.5, log=said.append, max_backoff=3.0, sleep=waits.append
+        )
+        == 4
+    )
     assert waits == [0.5, 1.0, 2.0, 3.0]

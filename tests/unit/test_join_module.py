@@ -1,4 +1,5 @@
 """Differential tests of slave/join.py: JoinModule.process over many epochs against tests/reference.py."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,8 +13,16 @@ from protocol.eventtime import NEG_INF, POS_INF
 from protocol.predicates import JOIN_TYPES, key_distance
 from slave.mover import decode_group, decode_move, encode_group, encode_move
 from slave.window import DECIDED, GUEST
-from tests.reference import bounds, duckdb_outer, encode_pairs, late_flags, micros, reference_outer, \
-    reference_pairs, reference_theta_pairs
+from tests.reference import (
+    bounds,
+    duckdb_outer,
+    encode_pairs,
+    late_flags,
+    micros,
+    reference_outer,
+    reference_pairs,
+    reference_theta_pairs,
+)
 
 DT = tuple_dtype(64)
 
@@ -23,14 +32,13 @@ def make_input(rng, n, n_keys, disorder, step=1 / 8, decimals=None):
     with `decimals`, rounded to that many, as a file would hold them), key."""
     stream = (rng.random(n) < 0.45).astype(np.int64)
     ids = rng.permutation(n).astype(np.int64) + 1000  # unique, not in arrival order
-    base = np.cumsum(rng.random(n) < 0.05) * step      # many equal ts, slowly increasing
+    base = np.cumsum(rng.random(n) < 0.05) * step  # many equal ts, slowly increasing
     ts = base - np.round(rng.uniform(0, disorder, n) / step) * step
     if decimals is not None:
         ts = np.round(ts, decimals)
     # skewed keys whose hot set drifts with time, so buckets grow and later shrink
     hot = rng.random(n) < 0.5
-    keys = np.where(hot, (rng.zipf(1.6, n) % 8) + (base // 3).astype(np.int64) * 100,
-                    rng.integers(0, n_keys, n))
+    keys = np.where(hot, (rng.zipf(1.6, n) % 8) + (base // 3).astype(np.int64) * 100, rng.integers(0, n_keys, n))
     return stream, ids, ts, keys
 
 
@@ -74,8 +82,18 @@ def run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=400):
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("window,max_delay", [(0.5, 0.375), (0.0, 0.25), (2.0, 1.0), ((-0.25, 1.0), 0.375),
-                                              ((0.0, 0.5), 0.25), ((-1.0, -0.25), 0.5), ((0.25, 0.75), 0.375)])
+@pytest.mark.parametrize(
+    "window,max_delay",
+    [
+        (0.5, 0.375),
+        (0.0, 0.25),
+        (2.0, 1.0),
+        ((-0.25, 1.0), 0.375),
+        ((0.0, 0.5), 0.25),
+        ((-1.0, -0.25), 0.5),
+        ((0.25, 0.75), 0.375),
+    ],
+)
 def test_process_matches_reference(seed, window, max_delay):
     """A window w or time bounds (lower, upper) (join.lower / join.upper, one-sided and negative too)."""
     rng = np.random.default_rng(seed)
@@ -159,8 +177,7 @@ def test_decimal_timestamps_exactly_one_window_apart(seed, window, decimals):
     if window != int(window):  # floats miss some (with a whole window, x + 1 is exact where x is not)
         float_says = np.abs(ts[:, None][:400] - ts[None, :400]) <= window
         assert not float_says[np.abs(t[:, None][:400] - t[None, :400]) == micros(window)].all()
-    module = JoinModule(DT, partitions=3, window=micros(window), block_size=4, theta_min=2, theta_max=6,
-                        max_depth=8)
+    module = JoinModule(DT, partitions=3, window=micros(window), block_size=4, theta_min=2, theta_max=6, max_depth=8)
     got = run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=60)
     np.testing.assert_array_equal(got, expected)
 
@@ -214,12 +231,25 @@ def test_outer_semi_anti_match_the_reference(join_type, predicate, window):
     on = ~late_flags(ts, max_delay)
     want = reference_outer(inner, ids[on & (stream == 0)], ids[on & (stream == 1)], join_type)
     assert len(late_ids) and len(inner) > 100
-    emitted = (join_type in ("inner", "left", "right", "full"), join_type in ("left", "full", "semi", "anti"),
-               join_type in ("right", "full"))
+    emitted = (
+        join_type in ("inner", "left", "right", "full"),
+        join_type in ("left", "full", "semi", "anti"),
+        join_type in ("right", "full"),
+    )
     assert [len(w) > 20 for w in want] == list(emitted), "the input has rows of every kind the type emits"
-    module = JoinModule(DT, partitions=3 if predicate == "equal" else 1, window=bounds(window), block_size=4,
-                        theta_min=2, theta_max=6, max_depth=8, predicate=predicate, band=2, join_type=join_type,
-                        chunk_rows=64)  # the flags are set slice by slice of the pairs (output.result_chunk_rows)
+    module = JoinModule(
+        DT,
+        partitions=3 if predicate == "equal" else 1,
+        window=bounds(window),
+        block_size=4,
+        theta_min=2,
+        theta_max=6,
+        max_depth=8,
+        predicate=predicate,
+        band=2,
+        join_type=join_type,
+        chunk_rows=64,
+    )  # the flags are set slice by slice of the pairs (output.result_chunk_rows)
     got = run_outer(module, stream, ids, ts, keys, max_delay, rng, move=True)
     for name, g, w in zip(("pairs", "R rows", "S rows"), got, want):
         assert len(np.unique(g)) == len(g), f"{join_type}: a {name[:-1]} was emitted twice"
@@ -229,8 +259,9 @@ def test_outer_semi_anti_match_the_reference(join_type, predicate, window):
 def test_an_unmatched_row_comes_out_when_no_on_time_tuple_can_reach_it_not_before_and_once():
     """A full join's row alone is decided when ts < watermark - window (the expiry rule, per row, not per block):
     here two R rows share a block, the older comes out first, the S row (another key) with it."""
-    module = JoinModule(DT, partitions=1, window=1_000_000, block_size=4, theta_min=1, theta_max=4, max_depth=0,
-                        join_type="full")
+    module = JoinModule(
+        DT, partitions=1, window=1_000_000, block_size=4, theta_min=1, theta_max=4, max_depth=0, join_type="full"
+    )
     r, s = np.zeros(2, dtype=DT), np.zeros(1, dtype=DT)
     r["id"], r["ts"], s["ts"], s["key"] = [1, 2], [5_000_000, 7_000_000], 5_000_000, 1  # never a pair
     module.process(r, s, 0)
@@ -245,14 +276,17 @@ def test_an_unmatched_row_comes_out_when_no_on_time_tuple_can_reach_it_not_befor
     assert module.lone_r["id"].tolist() == [2] and len(module.lone_s) == 0 and module.stored() == (0, 0)
 
 
-@pytest.mark.parametrize("lower,upper", [(-200_000, 1_000_000), (0, 1_000_000), (-1_000_000, -500_000),
-                                         (300_000, 800_000), (-1_000_000, 1_000_000)])
+@pytest.mark.parametrize(
+    "lower,upper",
+    [(-200_000, 1_000_000), (0, 1_000_000), (-1_000_000, -500_000), (300_000, 800_000), (-1_000_000, 1_000_000)],
+)
 def test_each_stream_expires_and_is_final_at_its_own_threshold(lower, upper):
     """With bounds [lower, upper] and watermark W, R tuple r can still meet a later S (ts >= W) while r.ts >= W -
     upper, S tuple s a later R while s.ts >= W + lower: a full join keeps each exactly until then (a tuple
     exactly at its threshold stays) and writes its row alone one microsecond of watermark later, not before."""
-    module = JoinModule(DT, partitions=1, window=(lower, upper), block_size=4, theta_min=1, theta_max=4,
-                        max_depth=0, join_type="full")
+    module = JoinModule(
+        DT, partitions=1, window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=0, join_type="full"
+    )
     r, s = np.zeros(1, dtype=DT), np.zeros(1, dtype=DT)
     r["id"], r["ts"], s["id"], s["ts"], s["key"] = 1, 5_000_000, 2, 5_000_000, 1  # other keys: never a pair
     module.process(r, s, NEG_INF)
@@ -270,8 +304,9 @@ def test_a_later_tuple_at_the_watermark_still_joins_at_both_bounds():
     """The thresholds are no tighter than the join test: with bounds [-0.2 s, 1 s] and W = 5.2 s, R 1 (5.0 s,
     kept: 5.0 >= W - upper) joins S 3 arriving at 6.0 s, exactly upper after it, and S 2 (5.0 s, kept: 5.0 >= W +
     lower) joins R 4 arriving at W, exactly -lower before it."""
-    module = JoinModule(DT, partitions=1, window=(-200_000, 1_000_000), block_size=4, theta_min=1, theta_max=4,
-                        max_depth=0)
+    module = JoinModule(
+        DT, partitions=1, window=(-200_000, 1_000_000), block_size=4, theta_min=1, theta_max=4, max_depth=0
+    )
     r, s = np.zeros(2, dtype=DT), np.zeros(2, dtype=DT)
     r["id"], r["ts"], r["key"] = [1, 4], [5_000_000, 5_200_000], [1, 2]
     s["id"], s["ts"], s["key"] = [2, 3], [5_000_000, 6_000_000], [2, 1]
@@ -300,10 +335,21 @@ def test_results_come_in_bounded_chunks_whose_union_is_the_reference(predicate):
         next_id += len(stream)
     stream, ids, ts, keys = (np.concatenate(cols) for cols in zip(*epochs))
     band = 1 if predicate == "band" else 0
-    expected = (reference_pairs(stream, ids, ts, keys, window, max_delay)[0] if predicate == "equal" else
-                reference_theta_pairs(stream, ids, ts, keys, window, max_delay, "band", band))
-    args = dict(partitions=1, window=micros(window), block_size=4, theta_min=1, theta_max=3, max_depth=6,
-                predicate=predicate, band=band)
+    expected = (
+        reference_pairs(stream, ids, ts, keys, window, max_delay)[0]
+        if predicate == "equal"
+        else reference_theta_pairs(stream, ids, ts, keys, window, max_delay, "band", band)
+    )
+    args = dict(
+        partitions=1,
+        window=micros(window),
+        block_size=4,
+        theta_min=1,
+        theta_max=3,
+        max_depth=6,
+        predicate=predicate,
+        band=band,
+    )
     chunked, whole = JoinModule(DT, chunk_rows=chunk_rows, **args), JoinModule(DT, chunk_rows=1 << 30, **args)
     got, running, split = [], NEG_INF, False
     for e_stream, e_ids, e_ts, e_keys in epochs:
@@ -374,8 +420,9 @@ def routed(ranges, predicate, band, rows_r, rows_s, owner, slave):
     return sides[0], sides[1], table
 
 
-@pytest.mark.parametrize("predicate,window", [("band", 0.25), ("band", (-0.5, 0.125)), ("less", 0.02),
-                                              ("less", (0.0, 0.05))])
+@pytest.mark.parametrize(
+    "predicate,window", [("band", 0.25), ("band", (-0.5, 0.125)), ("less", 0.02), ("less", (0.0, 0.05))]
+)
 def test_full_join_with_key_ranges_decides_each_row_at_its_home_once(predicate, window):
     """join.type = "full" with band and less: both sides copied into every range that may hold partners, the
     ranges on two slaves (modules) that move groups between them and restart from their groups' encoding (a
@@ -391,8 +438,7 @@ def test_full_join_with_key_ranges_decides_each_row_at_its_home_once(predicate, 
     inner = reference_theta_pairs(stream, ids, ts, keys, window, max_delay, predicate, band)
     want = reference_outer(inner, ids[on & (stream == STREAM_R)], ids[on & (stream == STREAM_S)], "full")
     r_on, s_on = on & (stream == STREAM_R), on & (stream == STREAM_S)
-    duck = duckdb_outer(ids[r_on], ts[r_on], keys[r_on], ids[s_on], ts[s_on], keys[s_on], lower, upper, predicate,
-                        band)
+    duck = duckdb_outer(ids[r_on], ts[r_on], keys[r_on], ids[s_on], ts[s_on], keys[s_on], lower, upper, predicate, band)
     for name, w, d in zip(("pairs", "R rows alone", "S rows alone"), want, duck):
         np.testing.assert_array_equal(w, d, err_msg=f"the references disagree on the {name}")
     assert late.any() and all(len(w) > 30 for w in want), [len(w) for w in want]
@@ -406,18 +452,32 @@ def test_full_join_with_key_ranges_decides_each_row_at_its_home_once(predicate, 
     across = ranges.home(keys[r]) != ranges.home(keys[s])
     assert (key_edge & time_edge & across).any(), "no pair at both edges across ranges: the test would prove less"
 
-    args = dict(window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=8, predicate=predicate,
-                band=band, join_type="full", chunk_rows=64)
+    args = dict(
+        window=(lower, upper),
+        block_size=4,
+        theta_min=1,
+        theta_max=4,
+        max_depth=8,
+        predicate=predicate,
+        band=band,
+        join_type="full",
+        chunk_rows=64,
+    )
     owner = np.arange(ranges.partitions) % 2
-    got, guests, _ = two_modules(rng, lambda: JoinModule(DT, ranges.partitions, **args), owner,
-                                 lambda *rows: routed(ranges, predicate, band, *rows),
-                                 lambda: np.arange(ranges.partitions), (stream, ids, ts, keys, on), max_delay)
+    got, guests, _ = two_modules(
+        rng,
+        lambda: JoinModule(DT, ranges.partitions, **args),
+        owner,
+        lambda *rows: routed(ranges, predicate, band, *rows),
+        lambda: np.arange(ranges.partitions),
+        (stream, ids, ts, keys, on),
+        max_delay,
+    )
     assert guests > 100  # guest copies were stored (summed over the epochs)
     assert_each_once(got, want, f"full {predicate}")
 
 
-def two_modules(rng, new_module, owner, route, movable, feed, max_delay, epoch=lambda pos, modules: None,
-                move_p=0.2):
+def two_modules(rng, new_module, owner, route, movable, feed, max_delay, epoch=lambda pos, modules: None, move_p=0.2):
     """Feed the on-time tuples of `feed` (stream, ids, ts, keys, on) in random epochs to two slaves' modules
     (`route(rows_r, rows_s, owner, slave)`: what the master sends one), moving one of the groups `movable()`
     to the other slave now and then, its flags with it, and restarting a slave from its groups' encoding (a
@@ -446,13 +506,18 @@ def two_modules(rng, new_module, owner, route, movable, feed, max_delay, epoch=l
             pairs.append(encode_pairs(res["r_id"], res["s_id"]))
             lone_r.append(module.lone_r["id"])
             lone_s.append(module.lone_s["id"])
-            guests += sum(int((w.matched == GUEST).sum()) for pg in module.groups.values()
-                          for bucket in pg.buckets.values() for w in bucket)
+            guests += sum(
+                int((w.matched == GUEST).sum())
+                for pg in module.groups.values()
+                for bucket in pg.buckets.values()
+                for w in bucket
+            )
         if rng.random() < move_p:  # a group moves to the other slave, its flags with it
             p = int(rng.choice(movable()))
             src = owner[p]
-            modules[1 - src].install(*decode_move(encode_move(p, modules[src].extract(p), 0),
-                                                  modules[1 - src].new_group)[:2])
+            modules[1 - src].install(
+                *decode_move(encode_move(p, modules[src].extract(p), 0), modules[1 - src].new_group)[:2]
+            )
             owner[p] = 1 - src
             moves.append(p)
         if rng.random() < 0.1:  # a slave restarts from its groups' state, as from a checkpoint
@@ -510,8 +575,9 @@ def test_full_join_with_a_hot_key_grid_decides_each_row_at_its_home_once(window)
     assert late.any() and all(len(w) > 100 for w in want), [len(w) for w in want]
 
     router = HotKeyRouter(4, 1, 3, "full")
-    args = dict(window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=8, join_type="full",
-                chunk_rows=64)
+    args = dict(
+        window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=8, join_type="full", chunk_rows=64
+    )
     owner = np.full(router.total_partitions, -1)
     owner[:4] = np.arange(4) % 2
     home, decided = router.home(7), []
@@ -520,25 +586,34 @@ def test_full_join_with_a_hot_key_grid_decides_each_row_at_its_home_once(window)
         if n // 4 <= pos and not decided:  # key 7 is split on the owner of its partition
             first = router.promote(7, 3)
             held = modules[owner[home]].groups[home]
-            decided.append(sum(int((w.matched[w.rows["key"] == 7] == DECIDED).sum()) for b in held.buckets.values()
-                               for w in b))
+            decided.append(
+                sum(int((w.matched[w.rows["key"] == 7] == DECIDED).sum()) for b in held.buckets.values() for w in b)
+            )
             assert modules[owner[home]].split_hot_key(home, 7, *router.hot[7]) > 0
-            owner[first: first + router.hot[7][1]] = owner[home]
+            owner[first : first + router.hot[7][1]] = owner[home]
         if 3 * n // 4 <= pos and router.hot:  # key 7 cooled: its sub-groups come back to the owner and merge
             first, count = router.demote(7)
             for g in range(first, first + count):
                 if owner[g] != owner[home]:
                     modules[owner[home]].install(g, modules[owner[g]].extract(g))
             modules[owner[home]].merge_hot_key(home, 7, first, count)
-            owner[first: first + count] = -1
+            owner[first : first + count] = -1
 
     def movable():  # while key 7 is hot, one of its sub-groups
         present = np.flatnonzero(owner >= 0)
         return present[present >= 4] if router.hot else present
 
-    got, guests, moves = two_modules(rng, lambda: JoinModule(DT, 4, **args), owner,
-                                     lambda *rows: grid_routed(router, *rows), movable,
-                                     (stream, ids, ts, keys, on), max_delay, split_or_merge, move_p=0.3)
+    got, guests, moves = two_modules(
+        rng,
+        lambda: JoinModule(DT, 4, **args),
+        owner,
+        lambda *rows: grid_routed(router, *rows),
+        movable,
+        (stream, ids, ts, keys, on),
+        max_delay,
+        split_or_merge,
+        move_p=0.3,
+    )
     moved = sum(p >= 4 for p in moves)
     assert guests > 100 and decided[0] > 0 and moved > 2  # guests stored, the split carried decided rows, moves
     assert_each_once(got, want, "full, hot key")

@@ -1,4 +1,5 @@
 """Tests of slave/kernel.py: window_matches and range_matches against a brute-force n x m broadcast."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -109,15 +110,33 @@ def test_asymmetric_bounds_join_exactly_at_lower_and_upper_and_not_one_microseco
     """R tuples (a) at 10_000 us, S tuples (b) at every offset from lower - 2 to upper + 2 us and at the far
     side's mirror image: exactly the offsets in [lower, upper] join, in both kernels and whichever side is the
     smaller (indexed) one, i.e. also when the kernel sees S as a with the bounds mirrored."""
-    offsets = np.array(sorted({lower - 2, lower - 1, lower, lower + 1, upper - 1, upper, upper + 1, upper + 2,
-                               -lower, -upper, -lower + 1, -upper - 1}))
+    offsets = np.array(
+        sorted(
+            {
+                lower - 2,
+                lower - 1,
+                lower,
+                lower + 1,
+                upper - 1,
+                upper,
+                upper + 1,
+                upper + 2,
+                -lower,
+                -upper,
+                -lower + 1,
+                -upper - 1,
+            }
+        )
+    )
     a_key, a_ts = np.full(probes, 5), np.full(probes, 10_000)
     b_key, b_ts = np.full(len(offsets), 5), 10_000 + offsets
     want = {(i, j) for i in range(probes) for j in np.flatnonzero((offsets >= lower) & (offsets <= upper)).tolist()}
     assert want  # each case has pairs inside and offsets outside
-    for got in (window_join(a_key, a_ts, b_key, b_ts, lower, upper),
-                range_join(a_key, a_ts, b_key, b_ts, lower, upper, 0, 0),
-                range_join(a_key, a_ts, b_key, b_ts, lower, upper, -1, None)):
+    for got in (
+        window_join(a_key, a_ts, b_key, b_ts, lower, upper),
+        range_join(a_key, a_ts, b_key, b_ts, lower, upper, 0, 0),
+        range_join(a_key, a_ts, b_key, b_ts, lower, upper, -1, None),
+    ):
         assert set(zip(got[0].tolist(), got[1].tolist())) == want
     joined = offsets[[j for _, j in want if _ == 0]]
     assert lower in joined and upper in joined and lower - 1 not in joined and upper + 1 not in joined
@@ -135,7 +154,7 @@ def test_all_one_key_is_full_cross_product_within_window():
 
 
 def test_disjoint_keys_give_nothing():
-    ia, ib = window_join(np.arange(10), us(np.zeros(10)), np.arange(10, 30), us(np.zeros(20)), -10**15, 10**15)
+    ia, ib = window_join(np.arange(10), us(np.zeros(10)), np.arange(10, 30), us(np.zeros(20)), -(10**15), 10**15)
     assert len(ia) == 0 and len(ib) == 0
 
 
@@ -152,6 +171,7 @@ def test_one_hot_key_far_apart_in_time_does_not_build_all_key_pairs():
     # 20k x 20k tuples of a single key spread over 1000 s, window 1 ms: 4e8 pairs share the key, a handful
     # are results; the kernel must search on time as well, not expand every key match (3+ GB here)
     import tracemalloc
+
     rng = np.random.default_rng(5)
     n = 20_000
     a_ts, b_ts = us(np.sort(rng.random(n) * 1000)), us(np.sort(rng.random(n) * 1000))
@@ -246,7 +266,7 @@ def test_matches_taken_in_slices_are_all_pairs_in_order(swap, keys):
 
 
 @pytest.mark.parametrize("low,high", [(-3, 3), (1, None), (None, -1), (0, 0), (None, None)])
-@pytest.mark.parametrize("home", [(40, 59), (0, 0), (-2**63, 10), (90, 2**63 - 1), (1, 0)])
+@pytest.mark.parametrize("home", [(40, 59), (0, 0), (-(2**63), 10), (90, 2**63 - 1), (1, 0)])
 def test_a_home_range_leaves_out_exactly_the_pairs_of_two_guests(low, high, home):
     """A full join's range (slave.join): with `home` (first, last key) the pairs are exactly those of which at
     least one key is at home, whichever side probes (the larger), at and beside the range's edges and with
@@ -257,8 +277,11 @@ def test_a_home_range_leaves_out_exactly_the_pairs_of_two_guests(low, high, home
         a_ts, b_ts = rng.integers(0, 50, n_a), rng.integers(0, 50, n_b)
         ia, ib = range_matches(a_key, a_ts, b_key, b_ts, -8, 8, low, high, home).take()
         at_home = lambda k: (k >= home[0]) & (k <= home[1])
-        want = {(i, j) for i, j in brute_range(a_key, a_ts, b_key, b_ts, -8, 8, low, high)
-                if at_home(a_key[i]) or at_home(b_key[j])}
+        want = {
+            (i, j)
+            for i, j in brute_range(a_key, a_ts, b_key, b_ts, -8, 8, low, high)
+            if at_home(a_key[i]) or at_home(b_key[j])
+        }
         assert len(ia) == len(want) and set(zip(ia.tolist(), ib.tolist())) == want
         assert len(want) > 5 or home in ((1, 0), (0, 0))  # the pairs must be there to be left out
 
@@ -266,10 +289,18 @@ def test_a_home_range_leaves_out_exactly_the_pairs_of_two_guests(low, high, home
 def test_compiled_delays_bin_like_the_binary_search_at_and_beside_every_edge():
     from protocol import delays
     from slave.kernel import batch_delays
+
     rng = np.random.default_rng(11)
     e = delays.EDGES
-    values = np.concatenate([10 ** rng.uniform(-8, 6, 100_000), e, np.nextafter(e, 0), np.nextafter(e, np.inf),
-                             [0.0, -1.0, -np.inf, np.inf, 1e-300, 1e300, 5e-324]])
+    values = np.concatenate(
+        [
+            10 ** rng.uniform(-8, 6, 100_000),
+            e,
+            np.nextafter(e, 0),
+            np.nextafter(e, np.inf),
+            [0.0, -1.0, -np.inf, np.inf, 1e-300, 1e300, 5e-324],
+        ]
+    )
     # produced, sent and started at 0: each delay and each buffer part is exactly -arrival
     arrival = -values
     delay, hists = batch_delays(arrival, arrival, [len(values)], [0.0], 0.0, 0.0)
@@ -287,6 +318,7 @@ def test_compiled_delays_and_parts_equal_their_definition():
     and start times; against protocol.delays, computed with numpy."""
     from protocol import delays
     from slave.kernel import batch_delays
+
     rng = np.random.default_rng(12)
     n = 50_000
     rows = np.zeros(n, dtype=[("arrival", "f8"), ("pad", "V56")])  # strided, like fields of the result rows
@@ -300,5 +332,6 @@ def test_compiled_delays_and_parts_equal_their_definition():
     produced = np.repeat(times, np.diff(np.concatenate([[0], ends])))
     arrival = np.maximum(r_arrival, s_arrival)
     np.testing.assert_array_equal(delay, produced - arrival)
-    np.testing.assert_array_equal(hists, np.vstack([delays.histogram(produced - arrival),
-                                                    delays.decomposition(arrival, sent, started, produced)]))
+    np.testing.assert_array_equal(
+        hists, np.vstack([delays.histogram(produced - arrival), delays.decomposition(arrival, sent, started, produced)])
+    )

@@ -1,6 +1,7 @@
 """The rooms and their doors: the master's state and the slave's state import no MPI, no sockets and no shell
 (with everything they import in turn), the desks do not import each other, master and slave talk only
 through protocol/, and no module imports itself around a circle."""
+
 from __future__ import annotations
 
 import ast
@@ -14,8 +15,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGES = ("common", "protocol", "master", "slave", "control", "deploy", "bench")
 #: what the pure rooms must not load, even through another module
-SHELL = ("mpi4py", "zmq", "master.links", "master.run", "master.coordination", "master.metrics",
-         "master.result_stream", "slave.run")
+SHELL = (
+    "mpi4py",
+    "zmq",
+    "master.links",
+    "master.run",
+    "master.coordination",
+    "master.metrics",
+    "master.result_stream",
+    "slave.run",
+)
 DESKS = ("intake", "distribution", "moves", "hot_keys", "checkpoints", "payload", "stall")
 
 
@@ -42,12 +51,12 @@ def imports(path: Path, top_level_only: bool = False) -> set[str]:
     return {m for m in found if m.split(".")[0] in PACKAGES}
 
 
-@pytest.mark.parametrize("path", modules("master/state", "slave/state.py") or [None],
-                         ids=lambda p: str(p.relative_to(ROOT)) if p else "none")
+@pytest.mark.parametrize(
+    "path", modules("master/state", "slave/state.py") or [None], ids=lambda p: str(p.relative_to(ROOT)) if p else "none"
+)
 def test_a_pure_room_loads_no_mpi_no_sockets_and_no_shell(path):
     name = module_name(path)
-    probe = (f"import sys; import {name}; "
-             f"print(sorted(m for m in sys.modules if m.startswith({SHELL!r})))")
+    probe = f"import sys; import {name}; print(sorted(m for m in sys.modules if m.startswith({SHELL!r})))"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"{name} loads {out.stdout.strip()}"
@@ -76,7 +85,7 @@ def test_no_module_imports_itself_around_a_circle():
     def visit(n: str, path: list[str]) -> None:
         state[n] = 1
         for m in graph[n]:
-            assert state.get(m) != 1, "import circle: " + " -> ".join(path[path.index(m):] + [m]) if m in path else m
+            assert state.get(m) != 1, "import circle: " + " -> ".join(path[path.index(m) :] + [m]) if m in path else m
             if m not in state:
                 visit(m, path + [m])
         state[n] = 2

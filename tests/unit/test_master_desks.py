@@ -4,6 +4,7 @@ The fake stands for master/links.py without MPI: a message is encoded and
 decoded with protocol.messages as the real one would be, and a slave is busy
 from a send until the test answers for it (its report came).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -34,8 +35,7 @@ from protocol import checkpoint, eventtime
 from protocol.config import load_config
 from protocol.output import read_tables
 from protocol.payload import PayloadLog
-from protocol.messages import ALL_KEYS, NO_KEYS, Kind, batch_groups, batch_message, decode_batch, encode_order, \
-    hot_key
+from protocol.messages import ALL_KEYS, NO_KEYS, Kind, batch_groups, batch_message, decode_batch, encode_order, hot_key
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 
 DT = tuple_dtype(64)
@@ -44,6 +44,8 @@ DT = tuple_dtype(64)
 def S(seconds: float) -> int:
     """Event time in the engine's integer microseconds (protocol.eventtime)."""
     return eventtime.duration(seconds)
+
+
 PARTS = 8
 
 
@@ -71,8 +73,13 @@ class FakeLinks:
         assert rank not in self.busy, f"slave {rank} was sent a message while busy"
         head, r, s = decode_batch(buf, DT)
         kind = Kind(int(head["kind"]))
-        table = batch_groups(buf, head).copy() if kind == Kind.BATCH else \
-            hot_key(buf, head) if kind in (Kind.SPLIT, Kind.MERGE) else None
+        table = (
+            batch_groups(buf, head).copy()
+            if kind == Kind.BATCH
+            else hot_key(buf, head)
+            if kind in (Kind.SPLIT, Kind.MERGE)
+            else None
+        )
         self.sent.append((rank, head, r.copy(), s.copy(), table))
         self.busy[rank] = buf
 
@@ -98,8 +105,9 @@ class FakeResults:
 
 
 def config(tmp_path, *overrides):
-    return load_config(None, [f"partitioning.partitions={PARTS}", "partitioning.subgroups=2",
-                              f"output.path={tmp_path}", *overrides])
+    return load_config(
+        None, [f"partitioning.partitions={PARTS}", "partitioning.subgroups=2", f"output.path={tmp_path}", *overrides]
+    )
 
 
 def rows(ids, keys, ts=None, arrival=0.0):
@@ -122,6 +130,7 @@ class Parts:
 
 
 # --------------------------------------------------------------------------- distribution
+
 
 def test_a_busy_slave_misses_its_slot_and_is_served_when_its_report_comes(tmp_path):
     p = Parts(config(tmp_path), [1, 2, 3, 4])
@@ -173,6 +182,7 @@ def test_a_slave_with_nothing_new_is_not_sent_a_batch(tmp_path):
 
 
 # --------------------------------------------------------------------------- moves
+
 
 def test_a_held_move_blocks_serving_its_supplier_and_is_ordered_once_idle(tmp_path):
     p = Parts(config(tmp_path), [2, 3])  # rank 0 with one more dispatcher (rank 1)
@@ -245,17 +255,27 @@ def test_the_serving_rule_reads_every_desks_answer():
 
 # --------------------------------------------------------------------------- checkpoints
 
+
 def master_sections(p, consumed):
-    return {"consumed": consumed, "source": {"accepted": consumed}, "max_ts": 9.5, "late_files": 2,
-            "key_ranges": None, "archive_files": 0,
-            "epochs_done": 4, "sent_watermark": {str(r): S(1.0) for r in p.slaves},
-            "seq": {str(r): 3 for r in p.slaves}, "hot_keys": None}
+    return {
+        "consumed": consumed,
+        "source": {"accepted": consumed},
+        "max_ts": 9.5,
+        "late_files": 2,
+        "key_ranges": None,
+        "archive_files": 0,
+        "epochs_done": 4,
+        "sent_watermark": {str(r): S(1.0) for r in p.slaves},
+        "seq": {str(r): 3 for r in p.slaves},
+        "hot_keys": None,
+    }
 
 
 def slave_writes_its_part(p, desk, rank, ckpt_dir, tuples):
     size = checkpoint.write_atomic(ckpt_dir / checkpoint.slave_part(rank), np.arange(tuples, dtype=np.int64))
-    desk.on_checkpointed(rank, {"part_bytes": size, "window_r": tuples, "window_s": 0, "result_files": rank,
-                                "aggregate_files": 0})
+    desk.on_checkpointed(
+        rank, {"part_bytes": size, "window_r": tuples, "window_s": 0, "result_files": rank, "aggregate_files": 0}
+    )
 
 
 def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_in(tmp_path):
@@ -313,7 +333,7 @@ def test_with_two_dispatchers_the_manifest_waits_for_the_others_snapshot(tmp_pat
     assert not other.pending  # only rank 0 decides
     other.on_order(0, {"id": 1})
     other.begin(master_sections(q, 20), epochs_done=1)
-    (dests, order, fields), = q.links.told
+    ((dests, order, fields),) = q.links.told
     assert (dests, order) == ([0], Order.SNAPSHOT)
     told = len(p.links.told)
     desk.on_snapshot(1, fields)
@@ -329,16 +349,30 @@ HOT = 7
 
 
 def hot_setup(tmp_path, join_type="inner"):
-    cfg = config(tmp_path, "hotkeys.enabled=true", "hotkeys.max_keys=2", "hotkeys.grid=4", "hotkeys.threshold=0.2",
-                 f'join.type="{join_type}"')
+    cfg = config(
+        tmp_path,
+        "hotkeys.enabled=true",
+        "hotkeys.max_keys=2",
+        "hotkeys.grid=4",
+        "hotkeys.threshold=0.2",
+        f'join.type="{join_type}"',
+    )
     router = HotKeyRouter(PARTS, 2, 4, join_type)
     p = Parts(cfg, [1, 2, 3], router.total_partitions, live=PARTS)
     # sub-group slots no hot key uses belong to no slave: balancing must not move a group nobody holds
     assert (p.controller.partition_map[PARTS:] == -1).all()
     sketch = FrequentKeys(64)
     p.rerouted = []
-    desk = HotKeyDesk(cfg, router, sketch, p.buffers, p.controller, p.stats, p.links,
-                      lambda sources, targets: p.rerouted.append((list(sources), list(targets))))
+    desk = HotKeyDesk(
+        cfg,
+        router,
+        sketch,
+        p.buffers,
+        p.controller,
+        p.stats,
+        p.links,
+        lambda sources, targets: p.rerouted.append((list(sources), list(targets))),
+    )
     rng = np.random.default_rng(5)
     keys = np.where(rng.random(600) < 0.5, HOT, rng.integers(100, 200, 600))
     sketch.update(keys)
@@ -361,7 +395,7 @@ def test_a_hot_key_split_routes_its_buffered_tuples_to_the_grid(tmp_path):
     others_before = p.buffers.counts.sum() - p.buffers.counts[:, home].sum()
     desk.split()
     first, size = router.hot[HOT]
-    (rank, head, _, _, table), = p.links.sent
+    ((rank, head, _, _, table),) = p.links.sent
     assert (rank, Kind(int(head["kind"])), head["partition"]) == (owner, Kind.SPLIT, home)
     assert table == (HOT, first, size) and size == 3  # a share of ~0.5 over 3 slaves: all of them
     r_home, s_home = p.buffers.drain(np.array([home]))
@@ -373,7 +407,7 @@ def test_a_hot_key_split_routes_its_buffered_tuples_to_the_grid(tmp_path):
     s_ids = np.concatenate([s["id"] for _, s in grid])
     assert np.array_equal(np.sort(s_ids), 300 + np.flatnonzero(keys[300:] == HOT))  # each S once
     assert p.buffers.counts.sum() == others_before  # other partitions untouched
-    assert (p.controller.partition_map[first: first + size] == owner).all()
+    assert (p.controller.partition_map[first : first + size] == owner).all()
     assert [(m.partition, m.supplier) for m in p.controller.queue] == [(first + 1, owner), (first + 2, owner)]
     assert {m.consumer for m in p.controller.queue} == {1, 2, 3} - {owner} and desk.log[0]["event"] == "split"
     assert p.rerouted == [([home], list(range(first, first + size)))]  # the result stream's floors follow
@@ -399,8 +433,9 @@ def test_the_merge_keeps_every_s_and_one_copy_of_each_r(tmp_path):
     p.controller.partition_map[moved.partition] = moved.consumer  # one sub-group went to another slave
     desk.merge()
     assert desk.cooling and len(p.links.sent) == 1  # it is still to come back: nothing yet
-    assert [(m.partition, m.supplier, m.consumer) for m in p.controller.queue] == \
-        [(moved.partition, moved.consumer, owner)]
+    assert [(m.partition, m.supplier, m.consumer) for m in p.controller.queue] == [
+        (moved.partition, moved.consumer, owner)
+    ]
     p.controller.queue.clear()
     p.controller.partition_map[moved.partition] = owner
     desk.merge()
@@ -410,7 +445,7 @@ def test_the_merge_keeps_every_s_and_one_copy_of_each_r(tmp_path):
     r, s = p.buffers.drain(np.array([home]))
     assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.flatnonzero(keys[:300] == HOT))
     assert np.array_equal(np.sort(s["id"][s["key"] == HOT]), 300 + np.flatnonzero(keys[300:] == HOT))
-    assert p.buffers.counts[:, first: first + size].sum() == 0
+    assert p.buffers.counts[:, first : first + size].sum() == 0
 
 
 def test_the_merge_waits_until_the_sub_groups_were_drained_together(tmp_path):
@@ -430,7 +465,7 @@ def test_the_merge_waits_until_the_sub_groups_were_drained_together(tmp_path):
     p.buffers.add(STREAM_R, more[index], part)  # copies to every sub-group
     desk.merge()
     assert Kind(int(p.links.sent[-1][1]["kind"])) == Kind.MERGE and HOT not in router.hot
-    assert (p.controller.partition_map[first: first + size] == -1).all()  # the slots are free again
+    assert (p.controller.partition_map[first : first + size] == -1).all()  # the slots are free again
     assert p.rerouted[-1] == (list(range(first, first + size)), [home])
     r, _ = p.buffers.drain(np.array([home]))
     assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.arange(1000, 1010))  # one copy each
@@ -445,7 +480,9 @@ def test_a_full_joins_hot_key_gets_two_grids_with_each_tuple_at_home_in_one_sub_
     first, count = router.hot[HOT]
     assert count == 6 and first == PARTS and router.total_partitions == PARTS + 2 * 2 * 4
     owner = int(p.controller.partition_map[router.home(HOT)])
-    assert p.links.sent[-1][-1] == (HOT, first, count) and (p.controller.partition_map[first: first + 6] == owner).all()
+    assert (
+        p.links.sent[-1][-1] == (HOT, first, count) and (p.controller.partition_map[first : first + 6] == owner).all()
+    )
     others = sorted({1, 2, 3} - {owner})  # round the slaves: two sub-groups stay on the owner
     assert sorted(m.partition for m in p.controller.queue) == [first + 1, first + 2, first + 4, first + 5]
     assert {m.consumer for m in p.controller.queue} == set(others)
@@ -476,14 +513,17 @@ def test_a_full_joins_merge_gathers_each_tuple_once_from_its_home_grid(tmp_path)
     r, s = p.buffers.drain(np.array([home]))
     assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.arange(1000, 1010))  # each once, from its home
     assert np.array_equal(np.sort(s["id"][s["key"] == HOT]), np.arange(2000, 2010))
-    assert p.buffers.counts[:, first: first + count].sum() == 0
+    assert p.buffers.counts[:, first : first + count].sum() == 0
 
 
 # --------------------------------------------------------------------------- ingest
 
+
 def write_input(path: Path, ts, keys, stream):
-    pacsv.write_csv(pa.table({"stream": np.where(stream == STREAM_R, "R", "S"),
-                              "id": np.arange(len(ts)), "ts": ts, "key": keys}), path)
+    pacsv.write_csv(
+        pa.table({"stream": np.where(stream == STREAM_R, "R", "S"), "id": np.arange(len(ts)), "ts": ts, "key": keys}),
+        path,
+    )
 
 
 def test_ingest_sets_late_tuples_aside_and_routes_the_rest_by_hash(tmp_path):
@@ -505,8 +545,9 @@ def test_ingest_sets_late_tuples_aside_and_routes_the_rest_by_hash(tmp_path):
     on_time = np.setdiff1d(np.arange(len(ts)), [3, 4, 8])
     for stream_id in (STREAM_R, STREAM_S):
         mine = on_time[stream[on_time] == stream_id]
-        assert np.array_equal(p.buffers.counts[stream_id], np.bincount(partition_of(keys[mine], PARTS),
-                                                                       minlength=PARTS))
+        assert np.array_equal(
+            p.buffers.counts[stream_id], np.bincount(partition_of(keys[mine], PARTS), minlength=PARTS)
+        )
     assert desk.state()["late_files"] == 1 and desk.state()["consumed"] == len(ts)
 
 
@@ -552,6 +593,7 @@ def test_band_join_routes_s_to_its_range_and_copies_r_to_every_range_with_partne
 # --------------------------------------------------------------------------- the floors
 
 # --------------------------------------------------------------------------- stall watch
+
 
 def test_pending_work_that_stands_still_ends_the_job_naming_what_it_waits_for(tmp_path):
     p = Parts(config(tmp_path, "epochs.distribution=0.5"), [1, 2])
@@ -624,6 +666,7 @@ def test_a_checkpoint_waiting_for_quiet_holds_no_new_move_but_lets_a_held_one_fi
 
 # --------------------------------------------------------------------------- payload log
 
+
 def test_the_payload_desk_removes_a_segment_once_every_holder_is_past_its_rows_partners(tmp_path):
     """R rows' last partner lies `upper` after them, S rows' `-lower` after: a segment goes once the smallest
     watermark the slaves holding groups answered (a move's consumer at its floor until it answers again; a
@@ -634,6 +677,7 @@ def test_the_payload_desk_removes_a_segment_once_every_holder_is_past_its_rows_p
         log.write(side, np.arange(0, 10), np.full(10, S(10)), pa.table({"x": np.arange(10)}))
         log.write(side, np.arange(10, 20), np.full(10, S(20)), pa.table({"x": np.arange(10)}))
     desk = PayloadDesk(cfg, 0, [1, 2, 3], log)
+
     def files(side: int) -> list[int]:  # the first rows of the segments still on disk
         return sorted(int(p.name[:12]) for p in (tmp_path / "out" / "payload" / "RS"[side]).glob("0*.arrow"))
 

@@ -1,4 +1,5 @@
 """Tests of master/state/lateness.py and master/state/packing.py and master/state/buffers.py (mini-buffers)."""
+
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ DT = tuple_dtype(64)
 
 
 # --------------------------------------------------------------------------- lateness, both streams together
+
 
 def prev_max_loop(ts):
     out, running = [], NEG_INF
@@ -121,8 +123,9 @@ def test_an_idle_stream_stops_holding_the_watermark_and_resuming_its_tuples_belo
     assert late == [True, False, False] and below == [True, False, False] and bound == [25, 25, 25]
     assert lateness.late.tolist() == [1, 0] and lateness.idle == [False, False]
     assert lateness.watermark == 25 * S_  # R counts again (26 - 1), W never falls
-    assert lateness.periods == [{"stream": "R", "began": 2.1, "ended": 3.5, "watermark": 5 * S_,
-                                 "watermark_ended": 25 * S_, "resumed": True}]
+    assert lateness.periods == [
+        {"stream": "R", "began": 2.1, "ended": 3.5, "watermark": 5 * S_, "watermark_ended": 25 * S_, "resumed": True}
+    ]
     # both idle: none counts, W is the largest bound; the run's end closes the periods
     lateness = Lateness([1 * S_, 5 * S_], [1.0, 1.0])
     lateness.start(0.0)
@@ -132,8 +135,10 @@ def test_an_idle_stream_stops_holding_the_watermark_and_resuming_its_tuples_belo
     restored.restore(json.loads(json.dumps(lateness.state())))  # a checkpoint keeps the open periods open
     for x in (lateness, restored):
         x.finish(4.0)
-        assert [(p["stream"], p["began"], p["ended"], p["resumed"]) for p in x.periods] == \
-            [("R", 1.0, 4.0, False), ("S", 1.0, 4.0, False)]
+        assert [(p["stream"], p["began"], p["ended"], p["resumed"]) for p in x.periods] == [
+            ("R", 1.0, 4.0, False),
+            ("S", 1.0, 4.0, False),
+        ]
 
 
 def reference_per_stream(batches, delays, timeouts):
@@ -145,6 +150,7 @@ def reference_per_stream(batches, delays, timeouts):
         bounds = [-(2**70) if r is None else r - d for r, d in zip(running, delays)]
         counting = [b for b, e, i in zip(bounds, ended, idle) if not e and not i]
         return max(w, min(counting) if counting else max(bounds))
+
     for now, ts, stream, ended in batches:
         idle = [not e and t > 0 and (now - x >= t or i) for e, t, x, i in zip(ended, timeouts, last, idle)]
         w = watermark(w, ended)
@@ -194,8 +200,14 @@ def test_lateness_per_stream_with_idleness_and_ends_equals_the_rule_tuple_by_tup
 
 
 def test_to_wire_packs_columns():
-    rows = to_wire(DT, np.array([1, 2]), np.array([500_000, 1_500_000]), np.array([7, 8]), np.array([0.1, 0.2]),
-                   np.array([100.0, 101.0]))
+    rows = to_wire(
+        DT,
+        np.array([1, 2]),
+        np.array([500_000, 1_500_000]),
+        np.array([7, 8]),
+        np.array([0.1, 0.2]),
+        np.array([100.0, 101.0]),
+    )
     assert rows.dtype == DT
     assert rows["id"].tolist() == [1, 2] and rows["ts"].tolist() == [500_000, 1_500_000]
     assert rows["key"].tolist() == [7, 8] and rows["value"].tolist() == [0.1, 0.2]
@@ -207,8 +219,13 @@ def test_to_wire_hashed_is_each_streams_on_time_rows_stably_sorted_by_partition(
     rng = np.random.default_rng(n + partitions)
     dt = tuple_dtype(tuple_bytes)
     stream = rng.integers(0, 2, n).astype(np.int8)
-    cols = (rng.integers(-2**62, 2**62, n), rng.integers(-2**60, 2**60, n), rng.integers(-99, 99, n), rng.random(n),
-            rng.random(n))
+    cols = (
+        rng.integers(-(2**62), 2**62, n),
+        rng.integers(-(2**60), 2**60, n),
+        rng.integers(-99, 99, n),
+        rng.random(n),
+        rng.random(n),
+    )
     late = rng.random(n) < 0.2
     routed = to_wire_hashed(dt, stream, *cols, late, partitions)
     for st, (rows, sizes) in zip((STREAM_R, STREAM_S), routed):
@@ -225,13 +242,19 @@ def test_to_wire_hashed_is_each_streams_on_time_rows_stably_sorted_by_partition(
 
 @pytest.mark.parametrize("partitions", [1, 7, 60, 1000])
 def test_compiled_partition_of_one_key_is_partition_of(partitions):
-    keys = np.concatenate([np.random.default_rng(partitions).integers(-2**63, 2**63 - 1, 2000, dtype=np.int64),
-                           np.arange(-50, 50), [np.iinfo(np.int64).min, np.iinfo(np.int64).max]])
+    keys = np.concatenate(
+        [
+            np.random.default_rng(partitions).integers(-(2**63), 2**63 - 1, 2000, dtype=np.int64),
+            np.arange(-50, 50),
+            [np.iinfo(np.int64).min, np.iinfo(np.int64).max],
+        ]
+    )
     one = np.array([partition_one(k, partitions) for k in keys.tolist()])
     np.testing.assert_array_equal(one, partition_of(keys, partitions))
 
 
 # --------------------------------------------------------------------------- MiniBuffers
+
 
 def test_minibuffers_oldest_arrival_is_the_earliest_of_the_partitions_asked():
     rng = np.random.default_rng(3)
@@ -250,6 +273,7 @@ def test_minibuffers_oldest_arrival_is_the_earliest_of_the_partitions_asked():
     for asked in ([0], [1, 3], [0, 1, 2, 3, 4], []):
         want = rows["arrival"][np.isin(part, asked)].min(initial=np.inf)
         assert buf.oldest_arrival(np.array(asked, dtype=np.int64)) == want
+
 
 def batch(rng, first_id, n, n_keys):
     rows = np.zeros(n, dtype=DT)
@@ -324,11 +348,13 @@ def test_run_stats_keep_each_slaves_communication_seconds_as_a_level():
     from master.state.stats import RunStats
     from protocol import delays
     from protocol.messages import HISTOGRAMS, REPORT
+
     stats = RunStats([1, 2])
     hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
     for comm in (0.25, 0.75):  # the slave reports its running total; the summary keeps the last one
         stats.add_report(1, {**dict.fromkeys(REPORT.names, 0), "comm": comm}, hist)
     from protocol.config import load_config
+
     per_slave = stats.summary(load_config(None))["slaves"]
     assert per_slave["1"]["comm_seconds"] == 0.75 and per_slave["2"]["comm_seconds"] == 0.0
 
@@ -337,12 +363,14 @@ def test_the_progress_line_names_the_slave_longest_at_one_batch_once_it_is_long(
     from master.state.stats import LONG_BATCH, RunStats
     from protocol import delays
     from protocol.messages import HISTOGRAMS, REPORT
+
     stats = RunStats([1, 2, 3])
     stats.joining = {1: (10, LONG_BATCH / 2)}  # a busy host's batch: not named
     assert "still joining" not in stats.progress_line(0, 3, 0)
     stats.joining = {1: (10, LONG_BATCH / 2), 2: (5000, LONG_BATCH + 1.2), 3: (7, LONG_BATCH + 0.2)}
     line = stats.progress_line(0, 3, 0)
-    assert line.endswith(f" | slave 2 still joining one batch after {LONG_BATCH + 1.2:.0f}s: 5,000 results so far "
-                         "(and 1 other slave)"), line
+    assert line.endswith(
+        f" | slave 2 still joining one batch after {LONG_BATCH + 1.2:.0f}s: 5,000 results so far (and 1 other slave)"
+    ), line
     stats.add_report(2, dict.fromkeys(REPORT.names, 0), np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64))
     assert "slave 3 still joining" in stats.progress_line(0, 3, 0)  # slave 2's report came: its batch is done

@@ -1,6 +1,7 @@
 """The per-partition watermark merge of a partitioned stream (master.sources.partitions), on synthetic partitions:
 what it releases and when, in what order, and that the master's stream-level lateness over that order is each
 partition's own lateness (tests.reference.late_flags per partition)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,8 +22,13 @@ def merge(partitions: int, high=None, bounded=True, idle_timeout=0.0) -> Partiti
 def feed(m: PartitionMerge, partition, offset, ts, now: float = 0.0, good=None) -> None:
     partition, offset, ts = (np.asarray(x, np.int64) for x in (partition, offset, ts))
     m.read(partition, offset, now)
-    m.add(partition, offset, ts, np.ones(len(ts), bool) if good is None else np.asarray(good),
-          pa.table({"p": partition, "o": offset, "ts": ts}))
+    m.add(
+        partition,
+        offset,
+        ts,
+        np.ones(len(ts), bool) if good is None else np.asarray(good),
+        pa.table({"p": partition, "o": offset, "ts": ts}),
+    )
 
 
 def released(m: PartitionMerge, now: float = 0.0) -> list[tuple[int, int]]:
@@ -45,8 +51,13 @@ def test_rows_wait_for_every_partition_that_can_still_bring_rows_and_leave_stric
 
 def test_ties_go_by_partition_then_offset_and_a_row_that_fails_the_checks_moves_no_watermark():
     m = merge(3, high=[2, 2, 2])
-    feed(m, [2, 1, 0, 2, 1, 0], [0, 0, 0, 1, 1, 1], [5_000, 5_000, 5_000, 5_000, 99_000, 5_000],
-         good=[True, True, True, True, False, True])
+    feed(
+        m,
+        [2, 1, 0, 2, 1, 0],
+        [0, 0, 0, 1, 1, 1],
+        [5_000, 5_000, 5_000, 5_000, 99_000, 5_000],
+        good=[True, True, True, True, False, True],
+    )
     assert m.running.tolist() == [5_000] * 3 and m.done is False
     assert released(m) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]  # all at 4_000, every partition ended
     assert m.done

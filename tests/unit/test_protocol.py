@@ -1,4 +1,5 @@
 """Tests of protocol/: messages, delay histograms, group_pairs, tuples."""
+
 from __future__ import annotations
 
 import math
@@ -10,19 +11,34 @@ import pytest
 
 from protocol import delays
 from protocol.arrays import group_pairs, whole_buffer
-from protocol.messages import GROUP_ROW, HEADER, HISTOGRAMS, REPORT, REPORT_BYTES, Kind, batch_groups, \
-    batch_message, decode_batch, decode_report, encode_batch, encode_order, encode_report, hot_key
+from protocol.messages import (
+    GROUP_ROW,
+    HEADER,
+    HISTOGRAMS,
+    REPORT,
+    REPORT_BYTES,
+    Kind,
+    batch_groups,
+    batch_message,
+    decode_batch,
+    decode_report,
+    encode_batch,
+    encode_order,
+    encode_report,
+    hot_key,
+)
 from protocol.eventtime import NEG_INF, NONE, POS_INF
 from protocol.tuples import BASE_TUPLE_BYTES, directory_hash, mix64, partition_of, tuple_dtype
 
 
 # --------------------------------------------------------------------------- messages
 
+
 def random_rows(rng, dtype, n):
     rows = np.zeros(n, dtype=dtype)
-    rows["id"] = rng.integers(-2**62, 2**62, n)
-    rows["ts"] = rng.integers(-2**61 + 1, 2**61, n)
-    rows["key"] = rng.integers(-2**62, 2**62, n)
+    rows["id"] = rng.integers(-(2**62), 2**62, n)
+    rows["ts"] = rng.integers(-(2**61) + 1, 2**61, n)
+    rows["key"] = rng.integers(-(2**62), 2**62, n)
     rows["value"] = rng.normal(size=n)
     rows["arrival"] = rng.uniform(1.7e9, 1.8e9, n)
     if "pad" in dtype.names and n:
@@ -100,8 +116,7 @@ def test_decode_rejects_truncated_and_oversized(tuple_bytes):
     rng = np.random.default_rng(2)
     dt = tuple_dtype(tuple_bytes)
     buf = encode_batch(3, 1_000_000, random_rows(rng, dt, 3), random_rows(rng, dt, 2))
-    for cut in (0, 1, HEADER.itemsize - 1, HEADER.itemsize, HEADER.itemsize + 1, len(buf) - tuple_bytes,
-                len(buf) - 1):
+    for cut in (0, 1, HEADER.itemsize - 1, HEADER.itemsize, HEADER.itemsize + 1, len(buf) - tuple_bytes, len(buf) - 1):
         with pytest.raises(ValueError, match="bytes"):
             decode_batch(buf[:cut], dt)
     with pytest.raises(ValueError, match="bytes"):
@@ -116,13 +131,18 @@ def test_a_batch_carries_its_group_table_in_groups():
     rng = np.random.default_rng(6)
     dt = tuple_dtype(40)
     r, s = random_rows(rng, dt, 5), random_rows(rng, dt, 4)
-    groups = np.array([[3, 2, 1, -2**63, 2**63 - 1, 2**63 - 1, -2**63],  # with each group each stream's span
-                       [9, 3, 3, -5, 40, -5, 40]])
+    groups = np.array(
+        [
+            [3, 2, 1, -(2**63), 2**63 - 1, 2**63 - 1, -(2**63)],  # with each group each stream's span
+            [9, 3, 3, -5, 40, -5, 40],
+        ]
+    )
     buf = encode_batch(17, 2_000_000, r, s, groups)
     assert len(buf) == HEADER.itemsize + 9 * 40 + groups.size * 8
     head, r2, s2 = decode_batch(buf, dt)
-    assert (int(head["seq"]), int(head["table_rows"])) == (17, 2) \
-        and batch_groups(buf, head).tolist() == groups.tolist()
+    assert (int(head["seq"]), int(head["table_rows"])) == (17, 2) and batch_groups(
+        buf, head
+    ).tolist() == groups.tolist()
     assert r2.tobytes() == r.tobytes() and s2.tobytes() == s.tobytes()
     assert (int(head["partition"]), int(head["peer"])) == (-1, -1)  # a batch names no partition-group, no peer
     with pytest.raises(ValueError, match="rows of 7 int64"):  # a row without its spans would shift every row after it
@@ -147,11 +167,11 @@ def test_a_checkpoint_order_names_its_checkpoint_id():
 
 @pytest.mark.parametrize("kind", [Kind.SPLIT, Kind.MERGE])
 def test_split_and_merge_orders_name_their_partition_group_and_hot_key(kind):
-    buf = encode_order(kind, 6, partition=5, hot_key=(-2**40, 128, 3))
+    buf = encode_order(kind, 6, partition=5, hot_key=(-(2**40), 128, 3))
     assert len(buf) == HEADER.itemsize + GROUP_ROW * 8
     head, _, _ = decode_batch(buf, tuple_dtype(40))
     assert Kind(int(head["kind"])) is kind and int(head["seq"]) == 6 and int(head["partition"]) == 5
-    assert int(head["table_rows"]) == 1 and hot_key(buf, head) == (-2**40, 128, 3)
+    assert int(head["table_rows"]) == 1 and hot_key(buf, head) == (-(2**40), 128, 3)
 
 
 def test_only_split_and_merge_carry_a_hot_key_and_a_batch_is_not_an_order():
@@ -174,8 +194,10 @@ def test_every_header_field_has_bytes_of_its_own():
 
 def test_report_round_trip():
     rng = np.random.default_rng(3)
-    counters = {f: float(rng.random()) if REPORT[f].kind == "f" else int(rng.integers(0, 2**62))  # beyond 2**53
-                for f in REPORT.names}
+    counters = {
+        f: float(rng.random()) if REPORT[f].kind == "f" else int(rng.integers(0, 2**62))  # beyond 2**53
+        for f in REPORT.names
+    }
     counters["busy"] = 0.123456789
     counters["delay_max"] = 1e-7
     hist = rng.integers(0, 2**32, (HISTOGRAMS, delays.BINS))
@@ -209,6 +231,7 @@ def test_report_missing_counters_are_zero_and_an_unknown_one_is_refused():
 
 # --------------------------------------------------------------------------- delays
 
+
 def test_histogram_bins():
     assert delays.BINS == len(delays.EDGES) + 1
     d = np.array([0.0, 1e-7, 1e-6, 1e-3, 0.5, 1e4, 1e5])
@@ -234,15 +257,15 @@ def test_decomposition_parts_add_up_to_the_delay():
     assert delays.EDGES[join - 1] <= produced - started < delays.EDGES[join]
     # per-result production times (an array) are binned one by one
     produced_each = started + np.linspace(0.01, 0.3, len(arrival))
-    np.testing.assert_array_equal(delays.decomposition(arrival, sent, started, produced_each)[2],
-                                  delays.histogram(produced_each - started))
+    np.testing.assert_array_equal(
+        delays.decomposition(arrival, sent, started, produced_each)[2], delays.histogram(produced_each - started)
+    )
 
 
 def test_histograms_merge_by_addition():
     rng = np.random.default_rng(4)
     a, b = rng.lognormal(-3, 2, 1000), rng.lognormal(0, 1, 500)
-    np.testing.assert_array_equal(delays.histogram(a) + delays.histogram(b),
-                                  delays.histogram(np.concatenate([a, b])))
+    np.testing.assert_array_equal(delays.histogram(a) + delays.histogram(b), delays.histogram(np.concatenate([a, b])))
 
 
 def test_percentiles_nan_when_empty():
@@ -255,9 +278,9 @@ def test_percentiles_exact_small_cases():
     d = np.array([1.05e-3, 1.05e-3, 1.05, 2000.0])  # bins with upper edges 10**-2.95, 10**0.05, 10**3.35
     h = delays.histogram(d)
     p50, p51, p100 = delays.percentiles(h, qs=(50, 51, 100))
-    assert p50 == pytest.approx(10 ** -2.95)  # 2 of 4 values at or below: the 50th percentile is the 2nd value
-    assert p51 == pytest.approx(10 ** 0.05)
-    assert p100 == pytest.approx(10 ** 3.35)
+    assert p50 == pytest.approx(10**-2.95)  # 2 of 4 values at or below: the 50th percentile is the 2nd value
+    assert p51 == pytest.approx(10**0.05)
+    assert p100 == pytest.approx(10**3.35)
     assert delays.percentiles(delays.histogram(np.array([1e6])), qs=(50,)) == [1e4]  # overflow: capped
     assert delays.percentiles(delays.histogram(np.array([0.0])), qs=(50,)) == [1e-6]  # underflow
 
@@ -270,6 +293,7 @@ def test_exact_percentiles_are_values_at_rank_ceil_q_n():
 
 def test_read_tables_reads_only_the_columns_asked_for_from_parquet_and_csv_files(tmp_path):
     from protocol.output import read_tables, write_table
+
     t = pa.table({"a": np.arange(5, dtype=np.int64), "delay": np.linspace(0.1, 0.5, 5)})
     write_table(tmp_path, "one", t.slice(0, 2), "parquet")
     write_table(tmp_path, "two", t.slice(2), "csv")
@@ -297,6 +321,7 @@ def test_percentiles_close_to_numpy(seed):
 
 # --------------------------------------------------------------------------- group_pairs
 
+
 @pytest.mark.parametrize("seed", range(15))
 def test_group_pairs_against_flatnonzero(seed):
     rng = np.random.default_rng(seed)
@@ -323,16 +348,17 @@ def test_group_pairs_empty_and_one_sided():
 
 # --------------------------------------------------------------------------- tuples
 
+
 @pytest.mark.parametrize("partitions", [1, 2, 7, 60, 1000])
 def test_partition_of_in_range_and_deterministic(partitions):
     rng = np.random.default_rng(partitions)
-    keys = np.concatenate([rng.integers(-2**63, 2**63 - 1, 5000, dtype=np.int64), np.arange(-50, 50)])
+    keys = np.concatenate([rng.integers(-(2**63), 2**63 - 1, 5000, dtype=np.int64), np.arange(-50, 50)])
     p = partition_of(keys, partitions)
     assert p.dtype == np.int64 and p.min() >= 0 and p.max() < partitions
     np.testing.assert_array_equal(p, partition_of(keys.copy(), partitions))
     # per-key, independent of the batch the key comes in
     np.testing.assert_array_equal(p[::-1], partition_of(keys[::-1], partitions))
-    assert all(partition_of(keys[i:i + 1], partitions)[0] == p[i] for i in range(0, len(keys), 997))
+    assert all(partition_of(keys[i : i + 1], partitions)[0] == p[i] for i in range(0, len(keys), 997))
     if 1 < partitions <= 60:
         counts = np.bincount(partition_of(np.arange(100000), partitions), minlength=partitions)
         assert counts.min() > 0.8 * 100000 / partitions  # well spread
@@ -365,18 +391,23 @@ def test_the_spark_side_and_the_protocol_import_without_numba():
     import subprocess
     import sys
     from pathlib import Path
-    code = ("import sys; sys.modules['numba'] = None\n"
-            "import pkgutil, importlib, control, protocol\n"
-            "for pkg in (control, protocol):\n"
-            "    for m in pkgutil.iter_modules(pkg.__path__):\n"
-            "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n")
-    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent.parent,
-                         capture_output=True, text=True)
+
+    code = (
+        "import sys; sys.modules['numba'] = None\n"
+        "import pkgutil, importlib, control, protocol\n"
+        "for pkg in (control, protocol):\n"
+        "    for m in pkgutil.iter_modules(pkg.__path__):\n"
+        "        importlib.import_module(f'{pkg.__name__}.{m.name}')\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent.parent, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     # nor pyarrow, for what the checkpoint check's workers load (protocol.config imports protocol.eventtime)
     code = "import sys; sys.modules['pyarrow'] = None\nimport control.checkpoints, protocol.wire, protocol.config\n"
-    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent.parent,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent.parent, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr[-2000:]
 
 
@@ -384,6 +415,7 @@ def test_a_slave_polls_finely_only_around_its_next_expected_batch():
     """protocol.mpi: an idle slave sleeps up to 5 ms between probes, except from 3 ms before the moment its next
     batch is due (one distribution epoch after the last from each dispatcher) to 10 ms after it."""
     from protocol.waiting import SOON_LEAD, SOON_PAUSE, SOON_WINDOW, next_arrival, sleep_for
+
     assert sleep_for(5e-3, 100.0, None) == 5e-3
     assert sleep_for(5e-3, 100.0, 100.5) == 5e-3  # far from it: the usual back-off
     assert sleep_for(5e-3, 100.0, 100.0 + SOON_LEAD + 0.001) == pytest.approx(0.001)  # wake as the lead begins

@@ -1,4 +1,5 @@
 """master/punctuation.py: the result stream's punctuation bound, as pure bookkeeping."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,13 +11,13 @@ from master.punctuation import Punctuator
 def test_bound_is_the_min_of_future_buffered_and_outstanding():
     p = Punctuator(4)
     counts = np.zeros((2, 4), dtype=np.int64)
-    assert p.bound(10, counts) == 10             # nothing buffered or in flight: only future tuples
+    assert p.bound(10, counts) == 10  # nothing buffered or in flight: only future tuples
     counts[1, 2] = 5
-    assert p.bound(10, counts) == NEG_INF          # partition 2 has tuples and was never drained
+    assert p.bound(10, counts) == NEG_INF  # partition 2 has tuples and was never drained
     p.sent(1, 1, np.array([2, 3]), min_ts=4, floor_now=7)
-    assert p.bound(10, counts) == 4              # batch (1, 1) still out, its oldest tuple is 4
+    assert p.bound(10, counts) == 4  # batch (1, 1) still out, its oldest tuple is 4
     p.done(1, 1)
-    assert p.bound(10, counts) == 7              # partition 2 buffered since a drain at floor 7
+    assert p.bound(10, counts) == 7  # partition 2 buffered since a drain at floor 7
     counts[:] = 0
     assert p.bound(POS_INF, counts) == POS_INF
 
@@ -61,6 +62,7 @@ def test_tuples_rerouted_by_a_hot_key_split_keep_the_floor_of_the_partition_they
 
 # -- rows without a partner (left, right, full, anti): each partition's floor of rows still undecided ----------
 
+
 def lone(partitions: int, lead: int = 5) -> tuple[Punctuator, np.ndarray]:
     return Punctuator(partitions, lead), np.zeros((2, partitions), dtype=np.int64)
 
@@ -88,10 +90,10 @@ def test_a_negative_lead_lowers_the_bound_of_tuples_not_yet_joined():
 
 def test_results_of_an_older_batch_coming_back_late_do_not_override_a_newer_floor():
     p, empty = lone(1)
-    p.sent(1, 1, np.array([0]), 10, 10)   # to the supplier
-    p.sent(2, 1, np.array([0]), 50, 50)   # to the consumer, after the move
+    p.sent(1, 1, np.array([0]), 10, 10)  # to the supplier
+    p.sent(2, 1, np.array([0]), 50, 50)  # to the consumer, after the move
     p.done(2, 1, watermark=60)
-    p.done(1, 1, watermark=10)            # the supplier's results arrive last
+    p.done(1, 1, watermark=10)  # the supplier's results arrive last
     assert p.lone_floor[0] == 60 and p.bound(POS_INF, empty) == 60
 
 
@@ -105,7 +107,7 @@ def test_a_moving_group_keeps_its_floor_of_rows_alone_while_the_slaves_advance()
         p.done(2, seq, watermark=w)
     assert p.bound(POS_INF, empty) == 20
     p.sent(2, 9, np.array([0, 1]), 120, 120)  # installed: the consumer's batch lists it
-    assert p.bound(POS_INF, empty) == 20      # until it is back
+    assert p.bound(POS_INF, empty) == 20  # until it is back
     p.done(2, 9, watermark=115)
     assert p.bound(POS_INF, empty) == 115
 

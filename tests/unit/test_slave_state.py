@@ -1,6 +1,7 @@
 """The slave's state machine (slave/state.py) fed sequences of messages in-process, the awkward orders among
 them: markers of two dispatchers interleaved with batches, a move arriving during a checkpoint, a stop while
 another dispatcher still sends, a batch lost on one channel."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,8 +43,10 @@ def test_the_cut_waits_for_every_marker_and_takes_nothing_from_a_dispatcher_whos
     assert s.on_batch(0, 1, 50, 0.0) == Join(eventtime.NEG_INF)  # rank 0's batch before its marker: taken
     assert s.on_marker(0, checkpoint=5, seq=1) == [WriteCheckpoint(5, 1)]  # rank 0 gets CHECKPOINTED
     assert s.channels(ANY_SOURCE, ANY_TAG) == [(ANY_SOURCE, ANY_TAG)]
-    assert s.on_marker(0, checkpoint=6, seq=1) == [] and s.on_marker(1, 6, 3) == [Acknowledge(1, 3),
-                                                                                   WriteCheckpoint(6, 3)]
+    assert s.on_marker(0, checkpoint=6, seq=1) == [] and s.on_marker(1, 6, 3) == [
+        Acknowledge(1, 3),
+        WriteCheckpoint(6, 3),
+    ]
 
 
 def test_a_moved_group_arriving_during_a_checkpoint_lowers_every_punctuation_to_its_floor():

@@ -1,4 +1,5 @@
 """Tests of master/sources.py: the synthetic generator and the CSV/Parquet file source."""
+
 from __future__ import annotations
 
 import math
@@ -61,6 +62,7 @@ def write_csv(tmp_path, text, name="in.csv"):
 
 
 # --------------------------------------------------------------------------- generator
+
 
 def test_generator_same_seed_same_data_whatever_the_limits():
     cfg = gen_cfg(disorder=0.3, duration=10.0)
@@ -176,7 +178,7 @@ def test_generator_zipf_top_keys_near_the_theoretical_share(s):
     counts = np.sort(np.bincount(d.key, minlength=keys))[::-1] / len(d.key)
     harmonic = (np.arange(1, keys + 1, dtype=float) ** -s).sum()
     for k in (1, 2, 3):  # the k-th most frequent key carries about k^-s / H(keys, s) of the tuples
-        theory = k ** -s / harmonic
+        theory = k**-s / harmonic
         assert abs(counts[k - 1] - theory) < 0.1 * theory, (k, counts[k - 1], theory)
     assert counts[:10].sum() == pytest.approx((np.arange(1, 11, dtype=float) ** -s).sum() / harmonic, rel=0.05)
     # the heavy hitters are spread over the domain by the permutation, like the b-model's
@@ -255,8 +257,18 @@ def test_parquet_round_trip(tmp_path):
 
 def test_parquet_string_columns_use_the_csv_rules(tmp_path):
     p = tmp_path / "s.parquet"
-    pq.write_table(pa.table({"stream": ["R", "S", "S"], "id": ["1", "x", "3"], "ts": ["1.5", "2", "inf"],
-                             "key": [1, 2, 3], "value": [None, 2.0, 1.0]}), p)
+    pq.write_table(
+        pa.table(
+            {
+                "stream": ["R", "S", "S"],
+                "id": ["1", "x", "3"],
+                "ts": ["1.5", "2", "inf"],
+                "key": [1, 2, 3],
+                "value": [None, 2.0, 1.0],
+            }
+        ),
+        p,
+    )
     src = open_file(p)
     d = drain(src, 10)
     np.testing.assert_array_equal(d.id, [1])
@@ -291,9 +303,12 @@ def test_csv_lenient_syntax(tmp_path):
 def test_csv_int64_minimum_is_an_integer_for_id_and_key_and_one_below_is_not(tmp_path):
     # the minimum has one digit more in magnitude than the maximum: only a minus sign may carry it
     lo, hi = "-9223372036854775808", "9223372036854775807"
-    p = write_csv(tmp_path, "stream,id,ts,key\n"
-                            f"R,{lo},1.0,{lo}\nS,{hi},1.0,{lo}\nS,-0{lo[1:]},1.5,{hi}\n"  # a leading zero: still it
-                            f"R,-9223372036854775809,1.0,1\nR,1,1.0,9223372036854775808\nS,5,1.0,+9223372036854775808\n")
+    p = write_csv(
+        tmp_path,
+        "stream,id,ts,key\n"
+        f"R,{lo},1.0,{lo}\nS,{hi},1.0,{lo}\nS,-0{lo[1:]},1.5,{hi}\n"  # a leading zero: still it
+        f"R,-9223372036854775809,1.0,1\nR,1,1.0,9223372036854775808\nS,5,1.0,+9223372036854775808\n",
+    )
     src = open_file(p)
     d = drain(src, 10)
     np.testing.assert_array_equal(d.id, [np.iinfo(np.int64).min, np.iinfo(np.int64).max, np.iinfo(np.int64).min])
@@ -305,9 +320,12 @@ def test_csv_int64_minimum_is_an_integer_for_id_and_key_and_one_below_is_not(tmp
 
 def test_ts_out_of_range_is_set_aside_with_its_reason(tmp_path):
     # the limit is 2**61 us = 2305843009213.693952 s, either side of zero
-    p = write_csv(tmp_path, "stream,id,ts,key\nR,1,2305843009213.693951,1\nR,2,2305843009213.694,1\n"
-                            "S,3,-2305843009213.694,1\nS,4,1e300,1\nS,5,99999999999999999999999.5,1\n"
-                            "S,6,-2305843009213.693951,1\n")
+    p = write_csv(
+        tmp_path,
+        "stream,id,ts,key\nR,1,2305843009213.693951,1\nR,2,2305843009213.694,1\n"
+        "S,3,-2305843009213.694,1\nS,4,1e300,1\nS,5,99999999999999999999999.5,1\n"
+        "S,6,-2305843009213.693951,1\n",
+    )
     src = open_file(p)
     np.testing.assert_array_equal(drain(src, 10).ts, [2**61 - 1, -(2**61 - 1)])
     rej = rejected(src).to_pydict()
@@ -342,10 +360,15 @@ Q,zz,bad,bad,bad
     rej = table.to_pydict()
     assert rej["row"] == [2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14]
     assert rej["column"] == ["stream", "id", "ts", "ts", "ts", "key", "value", "id", "id", "key", "id", "stream"]
-    assert rej["reason"][:7] == ["stream is not R or S", "id is not an integer",
-                                 "ts is not a number or an ISO-8601 time",
-                                 "ts is NaN or infinite", "ts is NaN or infinite", "key is not an integer",
-                                 "value is not a number"]
+    assert rej["reason"][:7] == [
+        "stream is not R or S",
+        "id is not an integer",
+        "ts is not a number or an ISO-8601 time",
+        "ts is NaN or infinite",
+        "ts is NaN or infinite",
+        "key is not an integer",
+        "value is not a number",
+    ]
     assert rej["reason"][7] == "duplicate id 1 in stream R (first seen at row 1)"
     assert rej["reason"][8] == "id is not an integer"
     assert rej["reason"][10] == "duplicate id 1 in stream R (first seen at row 1)"
@@ -362,7 +385,9 @@ def test_duplicate_first_seen_is_first_good_row(tmp_path):
     src = open_file(p)
     np.testing.assert_array_equal(drain(src, 10).ts, [1_000_000, 3_000_000])
     assert rejected(src).column("reason").to_pylist() == [
-        "ts is not a number or an ISO-8601 time", "duplicate id 7 in stream S (first seen at row 2)"]
+        "ts is not a number or an ISO-8601 time",
+        "duplicate id 7 in stream S (first seen at row 2)",
+    ]
 
 
 @pytest.mark.parametrize("order", ["rising", "shuffled", "with_duplicates"])
@@ -462,23 +487,27 @@ def test_file_chunks_follow_file_order(tmp_path):
 def test_shift_moves_the_hot_keys_but_keeps_the_skew():
     from protocol.config import load_config
     from common.workload import generate_all
+
     base = ["generator.duration=4", "generator.rate=20000", "generator.keys=4096", "generator.skew=0.8"]
     still = generate_all(load_config(None, base))
     moving = generate_all(load_config(None, base + ["generator.shift=2.0"]))
+
     def top(c, lo, hi):
         sel = (c.ts >= lo * 1e6) & (c.ts < hi * 1e6)
         keys, counts = np.unique(c.key[sel], return_counts=True)
         return {int(keys[np.argmax(counts)])}, counts.max() / sel.sum()  # the hottest key stands well clear
+
     a1, share1 = top(still, 0, 2)
     a2, _ = top(still, 2, 4)
     b1, _ = top(moving, 0, 2)
     b2, share2 = top(moving, 2, 4)
-    assert a1 == a2 and b1 == a1          # without shift, and before the first shift, the same hot keys
-    assert not (b2 & b1)                  # after the shift, other keys are hot
-    assert abs(share1 - share2) < 0.05    # with the same skew
+    assert a1 == a2 and b1 == a1  # without shift, and before the first shift, the same hot keys
+    assert not (b2 & b1)  # after the shift, other keys are hot
+    assert abs(share1 - share2) < 0.05  # with the same skew
 
 
 # --------------------------------------------------------------------------- streamed file input
+
 
 def generated_file(tmp_path, fmt, bad_every=997, row_group=5000, **gen):
     """The generated workload as a file with bad rows inserted: (path, the generated tuples, the bad rows)."""
@@ -525,7 +554,7 @@ def test_seeking_to_a_position_lands_on_the_same_next_tuple_and_lists_each_bad_r
     streams = table["stream"].to_numpy(zero_copy_only=False)
     dup_at = [40_000, 40_002]
     for row in dup_at:
-        earlier = np.flatnonzero(streams[:row - 100] == streams[row])[-1]
+        earlier = np.flatnonzero(streams[: row - 100] == streams[row])[-1]
         ids[row] = ids[earlier]
     table = table.set_column(1, "id", pa.array(ids))
     if fmt == "csv":
@@ -565,10 +594,22 @@ def chunks_of_until(src, n):
 
 def test_a_larger_files_source_holds_a_bounded_amount_of_memory(tmp_path):
     import tracemalloc
+
     n, p = 4_000_000, tmp_path / "big.parquet"
     ids = np.arange(n, dtype=np.int64)
-    pq.write_table(pa.table({"stream": pa.array(np.where(ids % 2, "S", "R")).dictionary_encode(), "id": ids // 2,
-                             "ts": ids * 1e-4, "key": ids % 1000, "value": np.ones(n)}), p, row_group_size=100_000)
+    pq.write_table(
+        pa.table(
+            {
+                "stream": pa.array(np.where(ids % 2, "S", "R")).dictionary_encode(),
+                "id": ids // 2,
+                "ts": ids * 1e-4,
+                "key": ids % 1000,
+                "value": np.ones(n),
+            }
+        ),
+        p,
+        row_group_size=100_000,
+    )
     column_bytes = n * (1 + 4 * 8)  # what the tuples take as arrays
     tracemalloc.start()
     base_arrow = pa.total_allocated_bytes()
@@ -598,10 +639,11 @@ def test_damage_far_into_a_csv_stops_reading_there_with_the_file_and_row(tmp_pat
 
 # --------------------------------------------------------------------------- the user's time types
 
+
 def ms_table(n=500, seed=3):
     """Random rows whose ts are whole milliseconds, as integer ms, plus the same in seconds as written."""
     rng = np.random.default_rng(seed)
-    ms = 1_700_000_000_000 + np.sort(rng.integers(-10**6, 10**9, n))
+    ms = 1_700_000_000_000 + np.sort(rng.integers(-(10**6), 10**9, n))
     ms[:3] = [-1, 0, -1_500]  # before the epoch, too
     seconds = [f"{'-' * (m < 0)}{abs(m) // 1000}.{abs(m) % 1000:03d}" for m in ms.tolist()]
     cols = {"stream": rng.choice(["R", "S"], n).astype(object), "id": np.arange(n), "key": rng.integers(0, 9, n)}
@@ -622,25 +664,49 @@ def assert_same(a, b):
 
 def test_timestamp_columns_of_any_unit_and_zone_give_the_seconds_files_tuples(tmp_path):
     cols, ms, seconds = ms_table()
-    write_csv(tmp_path, "stream,id,ts,key\n" + "".join(
-        f"{s},{i},{t},{k}\n" for s, i, t, k in zip(cols["stream"], cols["id"], seconds, cols["key"])), "sec.csv")
+    write_csv(
+        tmp_path,
+        "stream,id,ts,key\n"
+        + "".join(f"{s},{i},{t},{k}\n" for s, i, t, k in zip(cols["stream"], cols["id"], seconds, cols["key"])),
+        "sec.csv",
+    )
     want = tuples_of(tmp_path / "sec.csv")
     np.testing.assert_array_equal(want.ts, micros(np.array([float(s) for s in seconds])))
-    for name, arr in [("ms_utc", pa.array(ms, pa.timestamp("ms", tz="UTC"))),
-                      ("ns", pa.array(ms * 10**6, pa.timestamp("ns"))),
-                      ("us_tokyo", pa.array(ms * 1000, pa.timestamp("us", tz="Asia/Tokyo"))),
-                      ("ms_as_s", pa.array(ms, pa.timestamp("ms")).cast(pa.timestamp("ns")))]:
+    for name, arr in [
+        ("ms_utc", pa.array(ms, pa.timestamp("ms", tz="UTC"))),
+        ("ns", pa.array(ms * 10**6, pa.timestamp("ns"))),
+        ("us_tokyo", pa.array(ms * 1000, pa.timestamp("us", tz="Asia/Tokyo"))),
+        ("ms_as_s", pa.array(ms, pa.timestamp("ms")).cast(pa.timestamp("ns"))),
+    ]:
         p = tmp_path / f"{name}.parquet"
         pq.write_table(pa.table({**cols, "ts": arr}), p, row_group_size=128)
         assert_same(tuples_of(p), want)
 
 
 def test_nanoseconds_round_half_to_even_to_the_microsecond(tmp_path):
-    ns = np.array([1_700_000_000_123_456_500, 1_700_000_000_123_457_500, 1_700_000_000_123_457_501,
-                   -1_500, -2_500, 499, 999_999_999])
+    ns = np.array(
+        [
+            1_700_000_000_123_456_500,
+            1_700_000_000_123_457_500,
+            1_700_000_000_123_457_501,
+            -1_500,
+            -2_500,
+            499,
+            999_999_999,
+        ]
+    )
     p = tmp_path / "ns.parquet"
-    pq.write_table(pa.table({"stream": ["R"] * len(ns), "id": np.arange(len(ns)), "key": np.ones(len(ns), np.int64),
-                             "ts": pa.array(ns, pa.timestamp("ns", tz="UTC"))}), p)
+    pq.write_table(
+        pa.table(
+            {
+                "stream": ["R"] * len(ns),
+                "id": np.arange(len(ns)),
+                "key": np.ones(len(ns), np.int64),
+                "ts": pa.array(ns, pa.timestamp("ns", tz="UTC")),
+            }
+        ),
+        p,
+    )
     want = [int(Decimal(int(x)).scaleb(-3).to_integral_value(ROUND_HALF_EVEN)) for x in ns.tolist()]
     np.testing.assert_array_equal(tuples_of(p).ts, want)
     text = tmp_path / "ns.csv"  # the same integers as text, in source.ts_unit = "ns"
@@ -650,11 +716,19 @@ def test_nanoseconds_round_half_to_even_to_the_microsecond(tmp_path):
 
 def test_ts_unit_ms_reads_integer_float_and_text_milliseconds(tmp_path):
     cols, ms, seconds = ms_table()
-    write_csv(tmp_path, "stream,id,ts,key\n" + "".join(
-        f"{s},{i},{t},{k}\n" for s, i, t, k in zip(cols["stream"], cols["id"], seconds, cols["key"])), "sec.csv")
+    write_csv(
+        tmp_path,
+        "stream,id,ts,key\n"
+        + "".join(f"{s},{i},{t},{k}\n" for s, i, t, k in zip(cols["stream"], cols["id"], seconds, cols["key"])),
+        "sec.csv",
+    )
     want = tuples_of(tmp_path / "sec.csv")
-    write_csv(tmp_path, "stream,id,ts,key\n" + "".join(
-        f"{s},{i},{t},{k}\n" for s, i, t, k in zip(cols["stream"], cols["id"], ms, cols["key"])), "ms.csv")
+    write_csv(
+        tmp_path,
+        "stream,id,ts,key\n"
+        + "".join(f"{s},{i},{t},{k}\n" for s, i, t, k in zip(cols["stream"], cols["id"], ms, cols["key"])),
+        "ms.csv",
+    )
     assert_same(tuples_of(tmp_path / "ms.csv", "ms"), want)
     decimals = pa.array(ms).cast(pa.decimal128(20, 0))
     for name, ts in [("int", ms), ("float", ms.astype(np.float64)), ("decimal", decimals)]:
@@ -687,8 +761,9 @@ def epoch_micros(d: datetime) -> int:
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
 def test_iso_text_with_and_without_zone_and_bad_dates_set_aside(tmp_path, fmt):
     texts = [t for t, _ in ISO] + ["2026-02-30T00:00:00Z", "2026-11-25T25:00:00", "yesterday", "1.5"]
-    table = pa.table({"stream": ["R"] * len(texts), "id": list(range(1, len(texts) + 1)),
-                      "ts": texts, "key": [1] * len(texts)})
+    table = pa.table(
+        {"stream": ["R"] * len(texts), "id": list(range(1, len(texts) + 1)), "ts": texts, "key": [1] * len(texts)}
+    )
     p = tmp_path / f"iso.{fmt}"
     pacsv.write_csv(table, p) if fmt == "csv" else pq.write_table(table, p)
     src = open_file(p)
@@ -697,19 +772,26 @@ def test_iso_text_with_and_without_zone_and_bad_dates_set_aside(tmp_path, fmt):
     rej = rejected(src).to_pydict()
     assert rej["row"] == [len(ISO) + 1, len(ISO) + 2, len(ISO) + 3]
     assert set(rej["reason"]) == {"ts is not a number or an ISO-8601 time"}
-    assert rej["ts"] == texts[len(ISO):len(ISO) + 3]
+    assert rej["ts"] == texts[len(ISO) : len(ISO) + 3]
 
 
-@pytest.mark.parametrize("column,cells,found", [
-    ("key", ["u_1", "u_2"], "string"),     # string ids where integers are needed
-    ("ts", ["true", "false"], "bool"),     # a boolean ts
-    ("id", ["", ""], "null"),              # empty in every row
-    ("stream", ["left", "right"], "string"),
-])
+@pytest.mark.parametrize(
+    "column,cells,found",
+    [
+        ("key", ["u_1", "u_2"], "string"),  # string ids where integers are needed
+        ("ts", ["true", "false"], "bool"),  # a boolean ts
+        ("id", ["", ""], "null"),  # empty in every row
+        ("stream", ["left", "right"], "string"),
+    ],
+)
 def test_a_csv_column_none_of_whose_first_cells_converts_is_one_error(tmp_path, column, cells, found):
     rows = {"stream": ["R", "S"], "id": ["1", "2"], "ts": ["0.5", "0.7"], "key": ["3", "4"], column: cells}
-    p = write_csv(tmp_path, "stream,id,ts,key\n" + "".join(
-        ",".join(rows[c][i] for c in ("stream", "id", "ts", "key")) + "\n" for i in range(2)), "typed.csv")
+    p = write_csv(
+        tmp_path,
+        "stream,id,ts,key\n"
+        + "".join(",".join(rows[c][i] for c in ("stream", "id", "ts", "key")) + "\n" for i in range(2)),
+        "typed.csv",
+    )
     with pytest.raises(InputError) as e:
         open_file(p)
     msg = str(e.value)
@@ -717,13 +799,16 @@ def test_a_csv_column_none_of_whose_first_cells_converts_is_one_error(tmp_path, 
     assert "\n" not in msg and msg.count("has column") == 1
 
 
-@pytest.mark.parametrize("column,values,found", [
-    ("ts", pa.array([True, False]), "bool"),
-    ("key", pa.array([[1], [2]]), "list<element: int64>"),
-    ("id", pa.array([b"1", b"2"]), "binary"),
-    ("stream", pa.array([0, 1]), "int64"),
-    ("key", pa.array(["u_1", "u_2"]), "string"),  # text: checked on the first batch
-])
+@pytest.mark.parametrize(
+    "column,values,found",
+    [
+        ("ts", pa.array([True, False]), "bool"),
+        ("key", pa.array([[1], [2]]), "list<element: int64>"),
+        ("id", pa.array([b"1", b"2"]), "binary"),
+        ("stream", pa.array([0, 1]), "int64"),
+        ("key", pa.array(["u_1", "u_2"]), "string"),  # text: checked on the first batch
+    ],
+)
 def test_a_parquet_column_of_a_wrong_type_is_one_error_before_any_row(tmp_path, column, values, found):
     cols = {"stream": pa.array(["R", "S"]), "id": pa.array([1, 2]), "ts": pa.array([0.5, 0.7]), "key": pa.array([3, 4])}
     cols[column] = values

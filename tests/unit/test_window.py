@@ -1,4 +1,5 @@
 """Tests of slave/window.py: MiniWindow blocks, expiry and take."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,14 +26,14 @@ def make_rows(ids, ts):
 def recomputed_block_max(w: MiniWindow) -> np.ndarray:
     ts = w.rows["ts"]
     B = w.block_size
-    return np.array([ts[i: i + B].max() for i in range(0, len(ts), B)], dtype=np.int64)
+    return np.array([ts[i : i + B].max() for i in range(0, len(ts), B)], dtype=np.int64)
 
 
 def check_blocks(w: MiniWindow):
     assert w.blocks == -(-len(w) // w.block_size)
     np.testing.assert_array_equal(w.block_max, recomputed_block_max(w))
     ts, B = w.rows["ts"], w.block_size
-    np.testing.assert_array_equal(w.block_min, [ts[i: i + B].min() for i in range(0, len(ts), B)])
+    np.testing.assert_array_equal(w.block_min, [ts[i : i + B].min() for i in range(0, len(ts), B)])
 
 
 class Model:
@@ -48,7 +49,7 @@ class Model:
     def expire(self, threshold):
         keep_ids, keep_ts = [], []
         for i in range(0, len(self.ids), self.B):
-            chunk_ids, chunk_ts = self.ids[i: i + self.B], self.ts[i: i + self.B]
+            chunk_ids, chunk_ts = self.ids[i : i + self.B], self.ts[i : i + self.B]
             if max(chunk_ts) >= threshold:
                 keep_ids += chunk_ids
                 keep_ts += chunk_ts
@@ -136,16 +137,21 @@ def test_random_append_expire_against_model(seed, B):
         assert sorted(emitted) == sorted(decided)  # each once
         dropped = w.expire(threshold)
         assert dropped == model.expire(threshold)
-        want = np.where(np.isin(w.rows["id"], list(matched)), MATCHED,
-                        np.where(np.isin(w.rows["id"], list(decided)), DECIDED, UNMATCHED))
+        want = np.where(
+            np.isin(w.rows["id"], list(matched)),
+            MATCHED,
+            np.where(np.isin(w.rows["id"], list(decided)), DECIDED, UNMATCHED),
+        )
         np.testing.assert_array_equal(w.matched, want)
         np.testing.assert_array_equal(w.rows["id"], model.ids)
         np.testing.assert_array_equal(w.rows["ts"], model.ts)
         check_blocks(w)
         # no tuple of a block with newest ts >= threshold was dropped
         B_ = w.block_size
-        must_keep = np.concatenate([before_rows["id"][b * B_: (b + 1) * B_]
-                                    for b in np.flatnonzero(before_max >= threshold)] or [np.empty(0, int)])
+        must_keep = np.concatenate(
+            [before_rows["id"][b * B_ : (b + 1) * B_] for b in np.flatnonzero(before_max >= threshold)]
+            or [np.empty(0, int)]
+        )
         assert set(must_keep.tolist()) == set(w.rows["id"].tolist())
         assert dropped == len(before_rows) - len(must_keep)
 

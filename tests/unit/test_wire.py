@@ -1,4 +1,5 @@
 """protocol/wire.py: the ZeroMQ frame format, its validation, and a seeded fuzz of the decoder."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,14 +14,15 @@ ACCEPT = (wire.Frame.TUPLES, wire.Frame.END)
 def good(rng, n=None, first_id=0):
     n = int(rng.integers(1, 200)) if n is None else n
     stream = rng.integers(0, 2, n)
-    return wire.encode_tuples(stream, first_id + np.arange(n), rng.integers(0, 10_000_000, n), rng.integers(0, 50, n),
-                              rng.random(n))
+    return wire.encode_tuples(
+        stream, first_id + np.arange(n), rng.integers(0, 10_000_000, n), rng.integers(0, 50, n), rng.random(n)
+    )
 
 
 def test_round_trip_keeps_every_column():
     rng = np.random.default_rng(1)
     stream, ids, keys, values = rng.integers(0, 2, 50), np.arange(50) * 7, rng.integers(-9, 9, 50), rng.random(50)
-    ts = rng.integers(-2**61 + 1, 2**61, 50)  # microseconds: the whole valid range
+    ts = rng.integers(-(2**61) + 1, 2**61, 50)  # microseconds: the whole valid range
     msg = wire.decode(wire.encode_tuples(stream, ids, ts, keys, values, sender=3, seq=9), ACCEPT, 100)
     assert isinstance(msg, wire.Message) and msg.kind == wire.Frame.TUPLES and (msg.sender, msg.seq) == (3, 9)
     for name, col in zip(("stream", "id", "ts", "key", "value"), (stream, ids, ts, keys, values)):
@@ -63,23 +65,27 @@ def mutations(rng, frames):
     """(reason, bad frames) for each way a message can be wrong."""
     rows = rows_of(frames)
     n = len(rows)
-    out = [("frames", []), ("frames", frames[:1]), ("origin", frames + [b"x"]),
-           ("frames", [frames[0], wire.origin("p", bytes(32)), frames[1], b"x"]),
-           ("header", [frames[0][: int(rng.integers(0, 32))], frames[1]]),
-           ("header", [frames[0] + b"\0", frames[1]]),
-           ("magic", with_header(frames, magic=b"XXXX")),
-           ("version", with_header(frames, version=int(rng.choice([1, int(rng.integers(3, 60000))])))),
-           ("kind", with_header(frames, kind=wire.Frame.RESULTS)),
-           ("kind", with_header(frames, kind=int(rng.integers(5, 60000)))),
-           ("too_large", with_header(frames, count=1000 + n)),
-           ("size", [frames[0], frames[1][: int(rng.integers(0, len(frames[1])))]]),
-           ("size", [frames[0], frames[1] + bytes(int(rng.integers(1, 40)))]),
-           ("frames", with_header(wire.encode_end(0.0), count=3))]
+    out = [
+        ("frames", []),
+        ("frames", frames[:1]),
+        ("origin", frames + [b"x"]),
+        ("frames", [frames[0], wire.origin("p", bytes(32)), frames[1], b"x"]),
+        ("header", [frames[0][: int(rng.integers(0, 32))], frames[1]]),
+        ("header", [frames[0] + b"\0", frames[1]]),
+        ("magic", with_header(frames, magic=b"XXXX")),
+        ("version", with_header(frames, version=int(rng.choice([1, int(rng.integers(3, 60000))])))),
+        ("kind", with_header(frames, kind=wire.Frame.RESULTS)),
+        ("kind", with_header(frames, kind=int(rng.integers(5, 60000)))),
+        ("too_large", with_header(frames, count=1000 + n)),
+        ("size", [frames[0], frames[1][: int(rng.integers(0, len(frames[1])))]]),
+        ("size", [frames[0], frames[1] + bytes(int(rng.integers(1, 40)))]),
+        ("frames", with_header(wire.encode_end(0.0), count=3)),
+    ]
     bad = rows.copy()
     bad["stream"][rng.integers(0, n)] = rng.choice([2, 3, -1, 127])
     out.append(("stream", with_rows(frames, bad)))
     bad = rows.copy()
-    bad["ts"][rng.integers(0, n)] = rng.choice([2**61, -2**61, np.iinfo(np.int64).min, np.iinfo(np.int64).max])
+    bad["ts"][rng.integers(0, n)] = rng.choice([2**61, -(2**61), np.iinfo(np.int64).min, np.iinfo(np.int64).max])
     out.append(("ts", with_rows(frames, bad)))
     if n > 1:
         bad = rows.copy()
@@ -171,8 +177,14 @@ def test_rows_of_other_join_types_travel_with_their_kind_and_stream_time():
 
 
 def test_a_table_of_declared_streams_travels_whole_and_is_released_in_stream_time_order():
-    table = pa.table({"views_user": ["u_1", None, "u_3"], "views_at": pa.array([5, 6, 7], pa.timestamp("us", "UTC")),
-                      "kind": ["matched", "right_unmatched", "left_unmatched"], "time": [3.0, 1.0, 2.0]})
+    table = pa.table(
+        {
+            "views_user": ["u_1", None, "u_3"],
+            "views_at": pa.array([5, 6, 7], pa.timestamp("us", "UTC")),
+            "kind": ["matched", "right_unmatched", "left_unmatched"],
+            "time": [3.0, 1.0, 2.0],
+        }
+    )
     msg = wire.decode(wire.encode_table(table, sender=2, seq=9), tuple(wire.Frame), 10)
     assert (msg.kind, msg.sender, msg.seq, msg.rows) == (wire.Frame.TABLE, 2, 9, None)
     assert wire.read_table(msg.arrow).equals(table)  # every column, its type and its nulls
