@@ -1,5 +1,6 @@
 """One batch joined and its results put out: written to result files, pre-aggregated, sent to the result
-stream, counted for the report; and the slave's partition-groups as they go to a checkpoint or come back.
+stream, counted for the report; the slave's partition-groups as they move, split a hot key, go to a checkpoint
+or come back; and the reports' bytes.
 
 The slave's shell (slave/run.py) decides when (slave/state.py), this does it.  A batch's results are built in
 chunks of at most `output.result_chunk_rows` rows (slave.join), each written, aggregated and sent before the
@@ -17,12 +18,12 @@ import numpy as np
 import psutil
 
 from protocol import checkpoint, delays, eventtime, faults
-from protocol.messages import HISTOGRAMS, joining_message
+from protocol.messages import HISTOGRAMS, batch_groups, batch_rows, encode_report, hot_key, joining_message
 from protocol.payload import payload_reader
 from protocol.predicates import time_bounds
 from slave.aggregate import PartialAggregator
 from slave.join import JoinModule
-from slave.mover import decode_group, encode_group
+from slave.mover import decode_group, decode_move, encode_group, encode_move
 from slave.result_files import ResultWriter
 from slave.results_out import ResultSender
 
@@ -61,19 +62,14 @@ class Joiner:
         self.parts_written = 0  #: checkpoint parts this slave wrote (fault injection: after a complete one)
 
     def join(
-        self,
-        dispatcher: int,
-        head,
-        fresh_r: np.ndarray,
-        fresh_s: np.ndarray,
-        groups,
-        watermark: int,
-        say: Callable[[np.ndarray], None],
+        self, dispatcher: int, head, buf: np.ndarray, watermark: int, say: Callable[[np.ndarray], None]
     ) -> tuple[dict, np.ndarray]:
-        """Join batch `head` (its rows, its group table) expiring below `watermark`; once a distribution epoch
-        the slave `say`s it is still joining (a hot key's billions of pairs outlast the stall watch's bound).
-        Returns the report's counters and the delay histograms."""
+        """Join batch `head` (its rows and group table: in `buf`) expiring below `watermark`; once a distribution
+        epoch the slave `say`s it is still joining (a hot key's billions of pairs outlast the stall watch's
+        bound).  Returns the report's counters and the delay histograms."""
         seq = int(head["seq"])
+        fresh_r, fresh_s = batch_rows(buf, head, self.module.dtype)
+        groups = batch_groups(buf, head) if head["table_rows"] else None
         started, started_wall = time.perf_counter(), time.time()
         said = started
         faults.straggle(self.rank)
@@ -119,6 +115,27 @@ class Joiner:
         if self.aggregator and len(lone_r) and not self.module.emit_pairs:
             self.aggregator.add_rows(lone_r["key"], lone_r["ts"], lone_r["value"])
         return len(lone_r) + len(lone_s)
+
+    def hand_over(self, head) -> tuple[np.ndarray, dict]:
+        """Supplier side of MOVE `head`: take the group out; its state for the consumer and the report's counters."""
+        partition = int(head["partition"])
+        pg = self.module.extract(partition)
+        faults.reached(self.rank, "move")
+        counters = {"seq": int(head["seq"]), "partition": partition, "moved_tuples": len(pg)}
+        return encode_move(partition, pg, int(head["floor"])), counters
+
+    def take_over(self, buf: np.ndarray) -> tuple[int, dict]:
+        """Consumer side: install the group's state; the move's floor and the report's counters."""
+        partition, pg, floor = decode_move(buf, self.module.new_group)
+        self.module.install(partition, pg)
+        return floor, {"partition": partition, "moved_tuples": len(pg)}
+
+    def regroup(self, head, buf: np.ndarray, split: bool) -> dict:
+        """SPLIT (`split`) a hot key out of its partition-group into its grid of sub-groups, or MERGE the grid back;
+        the report's counters."""
+        act = self.module.split_hot_key if split else self.module.merge_hot_key
+        moved = act(int(head["partition"]), *hot_key(buf, head))
+        return {"seq": int(head["seq"]), "partition": int(head["partition"]), "moved_tuples": moved}
 
     def finish(self, dispatcher: int, seq: int) -> dict:
         """The last STOP: every row still undecided is decided now, everything is flushed; the final report's
@@ -168,6 +185,12 @@ class Joiner:
                 if wanted is None or checkpoint.group_partition(buf) in wanted:
                     self.module.install(*decode_group(buf, self.module.new_group))
         self.writer.files = int(resume["result_files"].get(str(self.rank), 0))
+
+    def report(self, counters: dict, hists: np.ndarray | None = None) -> np.ndarray:
+        """A report of `counters`, what every report carries (`levels`) and a batch's delay histograms (else
+        zeros)."""
+        hists = np.zeros((HISTOGRAMS, delays.BINS), np.int64) if hists is None else hists
+        return encode_report({**counters, **self.levels()}, hists)
 
     def levels(self) -> dict:
         """What every report carries besides its own counters: the window, splits and merges since the last

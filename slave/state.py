@@ -39,6 +39,13 @@ class Lost:
     got: int
     expected: int
 
+    def message(self, rank: int) -> str:
+        """The line slave `rank` says as it ends the job."""
+        return (
+            f"error: slave {rank}: batch {self.got} from dispatcher {self.dispatcher}, expected {self.expected}: "
+            "the channel lost or reordered a batch"
+        )
+
 
 @dataclass(frozen=True)
 class Acknowledge:

@@ -27,6 +27,8 @@ def test_a_gap_on_one_channel_is_a_lost_batch_and_others_go_on():
     assert s.on_batch(1, 1, 10, 0.0) == Join(10)
     assert s.on_batch(0, 3, 20, 0.1) == Lost(0, got=3, expected=2)
     assert s.on_batch(1, 1, 30, 0.1) == Lost(1, got=1, expected=2)  # a batch twice is no better
+    line = Lost(0, got=3, expected=2).message(rank=1)
+    assert line == "error: slave 1: batch 3 from dispatcher 0, expected 2: the channel lost or reordered a batch"
 
 
 def test_a_recovery_numbers_on_from_the_checkpoint():
