@@ -9,11 +9,13 @@ import sys
 import time
 from pathlib import Path
 
+from master.effects import carry_out
 from master.state.checkpoints import section
 from master.state.intake import IngestDesk
-from master.state.payload import payload_cuts
 from master.state.stats import print_summary, ranks_by_host, spans, write_summary
+from protocol import checkpoint, eventtime
 from protocol.liveness import heartbeat_timeout
+from protocol.orders import Order
 from protocol.payload import remove_log
 from protocol.startup import launched_at, restarts
 from protocol.streams import live_endpoints
@@ -31,16 +33,57 @@ def say_started(hosts: list[str], k: int, cfg: dict) -> None:
     )
 
 
+def payload_cuts(cfg: dict) -> list[int]:
+    """The payload cuts of the complete checkpoints on disk, oldest first (NEG_INF for one that has none)."""
+    cuts = []
+    for directory in checkpoint.checkpoints(checkpoint.root_of(cfg)):
+        try:
+            cut = checkpoint.load_manifest(directory)["master"].get("payload_cut")
+        except checkpoint.CheckpointError:
+            continue  # not complete: no recovery starts there
+        cuts.append(eventtime.NEG_INF if cut is None else int(cut))
+    return cuts
+
+
 class Lifecycle:
+    def _request_stop(self, signum, frame) -> None:
+        if self._stop_requested:  # second signal: give up at once
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        self.stats.stopped_by_signal = True
+        print("stopping: no more input; joining what was accepted, flushing results ...", file=sys.stderr, flush=True)
+
+    def _perform(self) -> None:
+        """Carry out what the desks asked for since the last time, in order (master/state/channels.py)."""
+        carry_out(self.channels.take(), self.links, self.intake)
+
+    def _sections(self) -> dict:
+        """This dispatcher's part of a checkpoint: the desks' and the shell's, the late tuples set aside so far
+        and the archive written first (their files are counted in it)."""
+        self._perform()
+        self.intake.flush()
+        return {
+            **self.ingest.state(),
+            **self.intake.state(),
+            **self.distribution.state(),
+            "seq": self.channels.state(),
+            "hot_keys": None if self.hot is None else self.hot.state(),
+            "payload_cut": self.payload.cut(self.controller.holders())
+            if self.payload is not None and self.index == 0
+            else None,
+        }
+
     def _resume(self, directory: Path, manifest: dict) -> None:
         """Start where the checkpoint left off: source position, mini-buffers, counters, partition map."""
         m = section(manifest, self.index)
         self.ingest.restore(m)
+        self.intake.restore(m)
         self.distribution.restore(m)
-        self.links.restore(m["seq"])
+        self.channels.restore(m["seq"])
         if m["hot_keys"] is not None:
             self.hot.restore(m["hot_keys"])
-        self.checkpoints.restore(directory, manifest, self.distribution.epochs_done)
+        part = checkpoint.read_part(directory / checkpoint.master_part(self.index))
+        self.checkpoints.restore(part, manifest, self.distribution.epochs_done)
         if self.payload is not None:
             self.payload.restore(payload_cuts(self.cfg))
 
@@ -57,22 +100,26 @@ class Lifecycle:
             return
         now = time.time()
         self.ingest.start(now)
-        self.ingest.ingest(now, cap=self.results_out.ingest_room(len(self.buffers)))
+        self.intake.pull(self.ingest, now, cap=self.results_out.ingest_room(len(self.buffers)))
+        self._perform()
         if self.stats.ingested:
             self.stats.first_tuple = now
 
     def _end(self) -> dict:
         """STOP to every slave and their final reports; rank 0 writes the summary with the others' counters."""
         self.links.close()
-        for rank, seq in self.links.stop().items():  # each answers on the result stream too (rows undecided)
+        for rank, seq in self.channels.stop().items():  # each answers on the result stream too (rows undecided)
             self.results_out.stopped(rank, seq, self.controller.partitions_of(rank))
+        self._perform()
         self.results_out.close()
-        while self.links.busy:
+        while self.channels.busy:
             if not self._route_reports():
                 time.sleep(1e-3)
         self.stats.last_result = time.time()  # the slaves' final reports: their results are written
         self.checkpoints.finish()
-        self.ingest.flush()
+        self._perform()
+        self._perform()
+        self.intake.flush()
         self.metrics.finish(self)
         lateness = self.ingest.stream_summary(time.time())
         if self.index > 0:
@@ -116,3 +163,44 @@ class Lifecycle:
         print_summary(summary)
         self.metrics.close(self, summary)
         return summary
+
+    def _progress(self) -> None:
+        print(
+            f"[dispatcher {self.index}] " * (self.k > 1)
+            + self.stats.progress_line(len(self.buffers), len(self.controller.active), len(self.controller.moves_log))
+            + self.ingest.idle_note(),
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _watch(self, now: float) -> None:
+        """End the job, naming what it waits for, when pending work has not moved for too long (desks.stall)."""
+        self.stall.watch(
+            now,
+            self.ingest.consumed,
+            {} if self.hot is None else self.hot.waiting_for(),
+            self.checkpoints.waiting_for(),
+            self.moves.waiting_for(),
+        )
+
+    def _may_end(self) -> bool:
+        """Input exhausted and joined, no move in flight; with several dispatchers, all of them (DONE, FINISH)."""
+        if not (
+            self.ingest.exhausted
+            and len(self.buffers) == 0
+            and not self.channels.busy
+            and not self.controller.busy
+            and not self.checkpoints.pending
+        ):
+            return False
+        if self.k == 1:
+            return True
+        if self.index > 0:
+            if not self.done_sent:
+                self.channels.tell([0], Order.DONE)
+                self.done_sent = True
+            return self.finished
+        if len(self.done_from) < self.k - 1:
+            return False
+        self.channels.tell(range(1, self.k), Order.FINISH)
+        return True

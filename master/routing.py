@@ -16,16 +16,13 @@ class Routing:
     def _routes(self) -> None:
         """The tables: what each report answers -> its handlers (any other ack answers a batch or an order of
         ours); each order's kind -> its handler."""
-        self.on_ack = {
-            Ack.INSTALLED: (self._installed,),
-            Ack.CHECKPOINTED: (self.checkpoints.on_checkpointed, self._answered),
-        }
+        self.on_ack = {Ack.INSTALLED: (self._installed,), Ack.CHECKPOINTED: (self._checkpointed, self._answered)}
         self.on_order = {
             Order.HOLD: self._hold,
             Order.READY: self.moves.on_ready,
             Order.RELEASE: self._release,
             Order.CHECKPOINT: self.checkpoints.on_order,
-            Order.SNAPSHOT: self.checkpoints.on_snapshot,
+            Order.SNAPSHOT: self._snapshot,
             Order.DONE: lambda source, _: self.done_from.add(source),
             Order.FINISH: self._finish,
             Order.RANGES: lambda source, order: self.ingest.use_ranges(order["bounds"]),
@@ -52,6 +49,12 @@ class Routing:
         if self.payload is not None:
             self.payload.on_answer(rank, self.distribution.sent_watermark[rank])
 
+    def _checkpointed(self, rank: int, counters: dict) -> None:
+        self.checkpoints.on_checkpointed(rank, counters, time.time())
+
+    def _snapshot(self, source: int, order: dict) -> None:
+        self.checkpoints.on_snapshot(source, order, time.time())
+
     def _installed(self, rank: int, counters: dict) -> None:
         """Not an answer to a message of ours: the consumer's news; the group's held tuples go out at once."""
         consumer = self.moves.on_installed(counters, time.time())
@@ -61,7 +64,7 @@ class Routing:
 
     def _committed(self, section: dict) -> None:
         """A checkpoint is complete: producers learn what it made durable, the payload log what it must keep."""
-        self.ingest.committed(section)
+        self.intake.committed(section)
         if self.payload is not None and self.index == 0:
             self.payload.on_commit(section["payload_cut"])
 
@@ -74,7 +77,7 @@ class Routing:
 
     def _hold(self, source: int, order: dict) -> None:
         move = Move(**order)
-        self.moves.on_hold(move, self.distribution.sent_watermark[move.supplier])
+        self.moves.on_hold(move, self.distribution.sent_watermark[move.supplier], time.time())
         if self.payload is not None:
             self.payload.on_move(move.partition, self.distribution.sent_watermark[move.supplier])
 
@@ -89,9 +92,10 @@ class Routing:
         far its own batches are done with (master.state.payload)."""
         holders = self.controller.holders()
         if self.index == 0:
-            self.payload.release(self.source.rows_taken, holders)
+            for side, taken, below in self.payload.release(self.source.rows_taken, holders):
+                self.source.log.release(side, taken, below)
         elif (report := self.payload.report(self.source.rows_taken, holders)) is not None:
-            self.links.tell([0], Order.PAYLOAD, **report)
+            self.channels.tell([0], Order.PAYLOAD, **report)
 
     def _finish(self, source: int, order: dict) -> None:
         self.finished = True

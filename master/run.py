@@ -2,7 +2,9 @@
 
 The desks (master/state/) hold the concerns: ingest, distribution per
 sub-group slot (section V-B), moves (IV-C), hot keys (Streaming HyperCube) and
-the checkpoint cut; the links object (master/links.py) is the MPI edge.  The
+the checkpoint cut; they ask for messages, orders, lines and checkpoint files
+as effects (master/state/channels.py), which the loop carries out after each
+step, the links object (master/links.py) being the MPI edge.  The
 loop routes slave reports by their ack and other dispatchers' orders by their
 kind (BiStream 3.2.3) to the desks' handlers, and runs the timers: sub-group
 slots, reorganization epochs, progress lines, checkpoints.
@@ -11,19 +13,20 @@ slots, reorganization epochs, progress lines, checkpoints.
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from pathlib import Path
 
 from mpi4py import MPI
 
 from master.lifecycle import Lifecycle, say_started
+from master.intake_shell import IntakeShell
 from master.links import Links
 from master.metrics import Metrics
 from master.result_stream import ResultStream
 from master.routing import Routing
 from master.state import may_serve
 from master.state.buffers import MiniBuffers
+from master.state.channels import Channels
 from master.state.checkpoints import CheckpointDesk
 from master.state.controller import Controller
 from master.state.distribution import DistributionDesk
@@ -57,25 +60,27 @@ class Master(Routing, Lifecycle):
         )
         self.buffers = buffers = MiniBuffers(parts, tuple_dtype(cfg["generator"]["tuple_bytes"]))
         self.stats = stats = RunStats(slaves)
-        self.links = links = Links(comm, self.index, self.k, slaves, buffers.dtype)
+        self.channels = channels = Channels(slaves, buffers.dtype)
+        self.links = Links(comm, self.index, self.k, channels)
         groups = min(cfg["partitioning"]["subgroups"], len(slaves))
-        self.ingest = IngestDesk(cfg, source, buffers, stats, self.index, self.k, groups, router, sketch)
+        self.ingest = IngestDesk(cfg, buffers, stats, channels, self.index, self.k, groups, router, sketch)
+        self.intake = IntakeShell(cfg, source, self.index, self.k)
         self.results_out = ResultStream(comm, cfg, parts, self.index)
         self.metrics = Metrics(comm, cfg, self.index)
         self.distribution = DistributionDesk(
-            cfg, slaves, buffers, controller, stats, links, self.results_out, self.ingest.spans
+            cfg, slaves, buffers, controller, stats, channels, self.results_out.sent, self.ingest.spans
         )
-        self.moves = MovesDesk(self.k, controller, stats, links)
+        self.moves = MovesDesk(self.k, controller, stats, channels)
         self.hot = (
-            HotKeyDesk(cfg, router, sketch, buffers, controller, stats, links, self.results_out.rerouted)
+            HotKeyDesk(cfg, router, sketch, buffers, controller, stats, channels, self.results_out.rerouted)
             if router
             else None
         )
-        self.checkpoints = CheckpointDesk(cfg, self.index, self.k, slaves, buffers, controller, stats, links)
+        self.checkpoints = CheckpointDesk(cfg, self.index, self.k, slaves, buffers, controller, stats, channels)
         self.checkpoints.on_commit = self._committed
         log = source.log  # declared streams: their rows' own columns (protocol.payload)
-        self.payload = PayloadDesk(cfg, self.index, slaves, log) if log is not None else None
-        self.stall = StallWatch(cfg, buffers, controller, links, coordinator=self.index == 0)
+        self.payload = PayloadDesk(cfg, self.index, slaves) if log is not None else None
+        self.stall = StallWatch(cfg, buffers, controller, channels, coordinator=self.index == 0)
         self.done_from: set[int] = set()  #: rank 0: dispatchers that said DONE
         self.done_sent = self.finished = False
         self._stop_requested = False
@@ -85,13 +90,6 @@ class Master(Routing, Lifecycle):
         self.results_out.may_hold(controller.partition_map >= 0)  # a recovered run's groups hold rows already
 
     # -- the loop -----------------------------------------------------------------------------------------
-    def _request_stop(self, signum, frame) -> None:
-        if self._stop_requested:  # second signal: give up at once
-            raise KeyboardInterrupt
-        self._stop_requested = True
-        self.stats.stopped_by_signal = True
-        print("stopping: no more input; joining what was accepted, flushing results ...", file=sys.stderr, flush=True)
-
     def run(self) -> dict:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, self._request_stop)
@@ -105,7 +103,7 @@ class Master(Routing, Lifecycle):
         self.stats.started = time.time()
         # with the others' libraries loaded, so shared pages count once each (its first batch in it, if read)
         self.stats.pss_start = pss_bytes()
-        t0 = checkpoints.t0 = ingest.start(self.stats.started)
+        t0 = checkpoints.t0 = self.controller.t0 = ingest.start(self.stats.started)
         if self.hot is not None:
             self.hot.t0 = t0
         next_slot, next_progress = t0 + slot, t0 + progress
@@ -117,36 +115,24 @@ class Master(Routing, Lifecycle):
                 ingest.exhausted = True
             # an ordered result stream takes no more input than its byte bound has room for the results of
             room = self.results_out.ingest_room(len(self.buffers))
-            worked = ingest.ingest(now, now >= next_slot, room) + self._route_reports()
+            worked = self.intake.pull(ingest, now, now >= next_slot, room) + self._route_reports()
             if self.stats.first_tuple is None and self.stats.ingested:
                 self.stats.first_tuple = now
             worked += self.results_out.pump(
                 eventtime.POS_INF if ingest.exhausted else ingest.frontier(), self.buffers.counts
             )
             if now >= next_slot:
-                if distribution.slot(ingest.frontier(), serve=not checkpoints.pending):
+                if distribution.slot(ingest.frontier(), now, serve=not checkpoints.pending):
                     checkpoints.on_epoch(distribution.epochs_done, ingest.exhausted)
                 if self.payload is not None:
                     self._payload()
                 next_slot = max(next_slot + slot, now)
                 worked += 1
-            if checkpoints.may_begin(quiet=not self.links.busy and not self.controller.in_flight):
-                ingest.flush()
-                checkpoints.begin(
-                    {
-                        **ingest.state(),
-                        **distribution.state(),
-                        "seq": self.links.state(),
-                        "hot_keys": None if self.hot is None else self.hot.state(),
-                        "payload_cut": self.payload.cut(self.controller.holders())
-                        if self.payload is not None and self.index == 0
-                        else None,
-                    },
-                    distribution.epochs_done,
-                )
+            if checkpoints.may_begin(quiet=not self.channels.busy and not self.controller.in_flight):
+                checkpoints.begin(self._sections(), distribution.epochs_done, now)
             if self.k > 1:
                 if self.index == 0 and (bounds := ingest.ranges_to_share()) is not None:
-                    self.links.tell(range(1, self.k), Order.RANGES, bounds=bounds)
+                    self.channels.tell(range(1, self.k), Order.RANGES, bounds=bounds)
                 self._route_orders()
             if now >= next_reorganization and self.index == 0:
                 if not ingest.exhausted and not checkpoints.pending:
@@ -156,62 +142,24 @@ class Master(Routing, Lifecycle):
                 next_reorganization = now + reorganization
             if checkpoints.open is None:  # no order crosses an open cut (master/state/checkpoints.py)
                 if self.hot is not None and not checkpoints.pending:
-                    self.hot.split()
-                    self.hot.merge()
-                for move in self.moves.start(distribution.sent_watermark.get, hold=not checkpoints.pending):
+                    self.hot.split(now)
+                    self.hot.merge(now)
+                for move in self.moves.start(distribution.sent_watermark.get, now, hold=not checkpoints.pending):
                     distribution.handed_over(move.supplier)
                     if self.payload is not None:
                         self.payload.on_move(move.partition, distribution.sent_watermark[move.supplier])
             rule = may_serve(checkpoints.pending, self.moves.waits_for(), self.hot is not None and self.hot.waiting)
             if rule is not None:
-                distribution.serve_missed(rule, ingest.frontier())
+                distribution.serve_missed(rule, ingest.frontier(), now)
             if progress and now >= next_progress:
-                print(
-                    f"[dispatcher {self.index}] " * (self.k > 1)
-                    + self.stats.progress_line(
-                        len(self.buffers), len(self.controller.active), len(self.controller.moves_log)
-                    )
-                    + ingest.idle_note(),
-                    file=sys.stderr,
-                    flush=True,
-                )
+                self._progress()
                 next_progress = now + progress
             self.metrics.tick(self, now)
-            if self._may_end():
+            ended = self._may_end()
+            self._perform()
+            if ended:
                 break
             self._watch(now)
             if not worked:
                 time.sleep(min(2e-3, max(0.0, next_slot - time.time())))
         return self._end()
-
-    def _watch(self, now: float) -> None:
-        """End the job, naming what it waits for, when pending work has not moved for too long (desks.stall)."""
-        self.stall.watch(
-            now,
-            self.ingest.consumed,
-            {} if self.hot is None else self.hot.waiting_for(),
-            self.checkpoints.waiting_for(),
-            self.moves.waiting_for(),
-        )
-
-    def _may_end(self) -> bool:
-        """Input exhausted and joined, no move in flight; with several dispatchers, all of them (DONE, FINISH)."""
-        if not (
-            self.ingest.exhausted
-            and len(self.buffers) == 0
-            and not self.links.busy
-            and not self.controller.busy
-            and not self.checkpoints.pending
-        ):
-            return False
-        if self.k == 1:
-            return True
-        if self.index > 0:
-            if not self.done_sent:
-                self.links.tell([0], Order.DONE)
-                self.done_sent = True
-            return self.finished
-        if len(self.done_from) < self.k - 1:
-            return False
-        self.links.tell(range(1, self.k), Order.FINISH)
-        return True

@@ -3,7 +3,7 @@
 Each desk keeps one concern of the master (paper 003, Algorithm 1): ingest,
 distribution per sub-group slot, moves, hot keys, the checkpoint cut.  They
 share the mini-buffers, the controller, the counters and the configuration,
-send through the links object (master/links.py) and never import each other;
+ask for messages, orders, lines and files as effects (channels.py) and never import each other;
 where one must know another's state the loop passes it a small answer.
 """
 

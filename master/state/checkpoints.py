@@ -18,14 +18,12 @@ for it.
 
 from __future__ import annotations
 
-import shutil
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 from master.sources.archive import named
+from master.state.channels import Prune, Publish, WriteManifest, WritePart
 from protocol.orders import Order
 from protocol import checkpoint
 from protocol.access import public
@@ -33,9 +31,9 @@ from protocol.messages import Kind
 
 
 class CheckpointDesk:
-    def __init__(self, cfg: dict, index: int, k: int, slaves: list[int], buffers, controller, stats, links):
+    def __init__(self, cfg: dict, index: int, k: int, slaves: list[int], buffers, controller, stats, channels):
         self.cfg, self.index, self.k, self.slaves = cfg, index, k, slaves
-        self.buffers, self.controller, self.stats, self.links = buffers, controller, stats, links
+        self.buffers, self.controller, self.stats, self.channels = buffers, controller, stats, channels
         self.interval = cfg["checkpoint"]["interval"]
         self.next_id, self.due = 1, self.interval  #: rank 0: the next checkpoint, and the epoch it is due at
         self.pending = False  #: a checkpoint waits for quiet: no batch or move may leave
@@ -70,7 +68,7 @@ class CheckpointDesk:
             )
         return "waiting for quiet" if self.pending else ""
 
-    def begin(self, sections: dict, epochs_done: int) -> None:
+    def begin(self, sections: dict, epochs_done: int, now: float) -> None:
         """Snapshot the master's side (`sections`: the desks' parts, flushed) and order every slave to write
         its own."""
         if self.index == 0:
@@ -81,39 +79,36 @@ class CheckpointDesk:
             ckpt_id = self.ordered
         self.pending = False
         directory = checkpoint.root_of(self.cfg) / checkpoint.name_of(ckpt_id)
-        if directory.exists() and self.index == 0:  # an unfinished attempt of a run that crashed
-            shutil.rmtree(directory)
         if self.k > 1 and self.index == 0:
-            self.links.tell(range(1, self.k), Order.CHECKPOINT, id=ckpt_id)
+            self.channels.tell(range(1, self.k), Order.CHECKPOINT, id=ckpt_id)
         r, s, counts = self.buffers.snapshot()
         name = checkpoint.master_part(self.index)
-        size = checkpoint.write_atomic(
-            directory / name, checkpoint.pack([r.view(np.uint8), s.view(np.uint8), counts.ravel().view(np.uint8)])
-        )
-        part = {name: {"bytes": size, "records": 3, "tuples": len(r) + len(s)}}
+        data = checkpoint.pack([r.view(np.uint8), s.view(np.uint8), counts.ravel().view(np.uint8)])
+        self.channels.write(WritePart(directory, name, data, fresh=self.index == 0))
+        part = {name: {"bytes": len(data), "records": 3, "tuples": len(r) + len(s)}}
         mine = {**sections, "stats": self.stats.state(), "controller": self.controller.state()}
         if self.index == 0:
             self.open = {
                 "id": ckpt_id,
                 "dir": directory,
-                "started": time.time(),
+                "started": now,
                 "slaves": {},
                 "parts": part,
                 "master": mine,
                 "dispatchers": {},
             }
         for rank in self.slaves:
-            self.links.order(rank, Kind.CHECKPOINT, checkpoint=ckpt_id)
+            self.channels.order(rank, Kind.CHECKPOINT, checkpoint=ckpt_id)
         if self.index > 0:
-            self.links.tell([0], Order.SNAPSHOT, id=ckpt_id, part=part, master=mine)
+            self.channels.tell([0], Order.SNAPSHOT, id=ckpt_id, part=part, master=mine)
 
-    def on_snapshot(self, source: int, order: dict) -> None:
+    def on_snapshot(self, source: int, order: dict, now: float) -> None:
         """Another dispatcher's part of the open checkpoint is written."""
         self.open["parts"].update(order["part"])
         self.open["dispatchers"][str(source)] = order["master"]
-        self._complete()
+        self._complete(now)
 
-    def on_checkpointed(self, rank: int, c: dict) -> None:
+    def on_checkpointed(self, rank: int, c: dict, now: float) -> None:
         """A slave's part is written."""
         self.open["slaves"][rank] = c
         self.open["parts"][checkpoint.slave_part(rank)] = {
@@ -121,9 +116,9 @@ class CheckpointDesk:
             "records": None,
             "tuples": int(c["window_r"] + c["window_s"]),
         }
-        self._complete()
+        self._complete(now)
 
-    def _complete(self) -> None:
+    def _complete(self, now: float) -> None:
         """With every slave's and dispatcher's part written, the manifest makes the checkpoint complete."""
         ck = self.open
         if len(ck["slaves"]) < len(self.slaves) or len(ck["dispatchers"]) < self.k - 1:
@@ -143,47 +138,47 @@ class CheckpointDesk:
             "archive": {named("input", d, self.k): m["archive_files"] for d, m in sections.items()},
             checkpoint.PENDING_AGGREGATES: {f"slave-{int(r):03d}": n for r, n in aggregate_files.items()},
         }
-        checkpoint.write_manifest(
-            ck["dir"],
-            {
-                "id": ck["id"],
-                "slaves": len(self.slaves),
-                "config": public(self.cfg),
-                "parts": ck["parts"],
-                "result_files": result_files,
-                "commit": commit,
-                "master": ck["master"],
-                "dispatchers": ck["dispatchers"],
-            },
+        self.channels.write(
+            WriteManifest(
+                ck["dir"],
+                {
+                    "id": ck["id"],
+                    "slaves": len(self.slaves),
+                    "config": public(self.cfg),
+                    "parts": ck["parts"],
+                    "result_files": result_files,
+                    "commit": commit,
+                    "master": ck["master"],
+                    "dispatchers": ck["dispatchers"],
+                },
+            )
         )
         self.written += 1
-        checkpoint.publish_aggregates(Path(self.cfg["output"]["path"]), commit[checkpoint.PENDING_AGGREGATES])
-        checkpoint.prune(checkpoint.root_of(self.cfg), self.cfg["checkpoint"]["keep"])
+        self.channels.write(Publish(Path(self.cfg["output"]["path"]), commit[checkpoint.PENDING_AGGREGATES]))
+        self.channels.write(Prune(checkpoint.root_of(self.cfg), self.cfg["checkpoint"]["keep"]))
         tuples = sum(p["tuples"] for p in ck["parts"].values())
         mb = sum(p["bytes"] for p in ck["parts"].values()) / 2**20
-        print(
-            f"checkpoint {ck['id']} complete: {tuples:,} tuples in state, {mb:.1f} MiB, "
-            f"{time.time() - ck['started']:.2f}s",
-            file=sys.stderr,
-            flush=True,
+        self.channels.say(
+            f"checkpoint {ck['id']} complete: {tuples:,} tuples in state, {mb:.1f} MiB, {now - ck['started']:.2f}s"
         )
         self.log.append(
             {
                 "id": ck["id"],
-                "seconds": round(time.time() - self.t0, 3),
+                "seconds": round(now - self.t0, 3),
                 "tuples": tuples,
-                "duration": round(time.time() - ck["started"], 3),
+                "duration": round(now - ck["started"], 3),
                 "bytes": round(mb * 2**20),
             }
         )
         self.open = None
         self.on_commit(ck["master"])
         for d, m in ck["dispatchers"].items():  # their producers learn it from them (master.coordination)
-            self.links.tell([int(d)], Order.COMMITTED, source=m["source"])
+            self.channels.tell([int(d)], Order.COMMITTED, source=m["source"])
 
-    def restore(self, directory: Path, manifest: dict, epochs_done: int) -> None:
-        """The checkpoint's mini-buffers, counters and partition map (the desks restore their own sections)."""
-        r, s, counts = checkpoint.read_part(directory / checkpoint.master_part(self.index))
+    def restore(self, part: list[np.ndarray], manifest: dict, epochs_done: int) -> None:
+        """The checkpoint's mini-buffers (`part`: this dispatcher's records, protocol.checkpoint.read_part),
+        counters and partition map (the desks restore their own sections)."""
+        r, s, counts = part
         self.buffers.restore(
             r.view(self.buffers.dtype), s.view(self.buffers.dtype), counts.view(np.int64).reshape(2, -1)
         )
@@ -209,7 +204,7 @@ class CheckpointDesk:
     def finish(self) -> None:
         """The run is complete: every staged partial aggregate is final."""
         if self.interval and self.index == 0:
-            checkpoint.publish_aggregates(Path(self.cfg["output"]["path"]), None)
+            self.channels.write(Publish(Path(self.cfg["output"]["path"]), None))
 
 
 def section(manifest: dict, index: int) -> dict:

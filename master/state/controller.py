@@ -13,8 +13,6 @@ partition map change and the master send the tuples it held for that group.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from master.state.balance import Move, plan
@@ -45,7 +43,7 @@ class Controller:
         self.active_log: list[dict] = []
         self.occupancy_log: list[dict] = []  #: per reorganization, every active slave's occupancy (why it moved)
         self.rng = np.random.default_rng(self.cfg["seed"])
-        self.t0 = time.time()
+        self.t0 = 0.0  #: the run's start (the pacing schedule's origin): the logs' seconds count from it
         self._reset_epoch()
 
     def state(self) -> dict:
@@ -149,7 +147,7 @@ class Controller:
         """
         return min((w for *_, w in self.in_flight.values()), default=POS_INF)
 
-    def next_orders(self, idle, last_watermark) -> list[Move]:
+    def next_orders(self, idle, last_watermark, now: float) -> list[Move]:
         """Queued moves whose supplier and consumer are both idle now (one per supplier), marked in flight;
         `last_watermark(rank)` is the watermark of the last batch drained for `rank`.
 
@@ -164,15 +162,15 @@ class Controller:
                 continue
             taken.add(move.supplier)
             self.queue.remove(move)
-            self.hold(move, last_watermark(move.supplier))
+            self.hold(move, last_watermark(move.supplier), now)
             orders.append(move)
         return orders
 
-    def hold(self, move: Move, watermark: int) -> None:
+    def hold(self, move: Move, watermark: int, now: float) -> None:
         """From now on the group's tuples wait here and no watermark above `watermark` leaves (see
         `watermark_cap`); every dispatcher does this for every move (master.coordination)."""
         self.moving[move.partition] = True
-        self.in_flight[move.partition] = (move, time.time(), self.reorganizations, watermark)
+        self.in_flight[move.partition] = (move, now, self.reorganizations, watermark)
 
     def on_installed(self, partition: int, tuples: int, now: float) -> Move:
         """The consumer installed the group: route it there from now on."""

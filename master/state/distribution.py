@@ -10,7 +10,6 @@ slave may expire by (BiStream, Theorem 1), capped while moves are in flight.
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import numpy as np
@@ -27,14 +26,15 @@ class DistributionDesk:
         buffers,
         controller,
         stats,
-        links,
-        results_out,
+        channels,
+        sent=lambda rank, seq, partitions, r, s, frontier: None,
         spans: Callable[[np.ndarray], np.ndarray] = every_key,
     ):
-        """`spans(partitions)`: per stream the (first, last) keys whose home each partition is
-        (IngestDesk.spans), for the group table."""
-        self.cfg, self.buffers, self.controller, self.stats, self.links = cfg, buffers, controller, stats, links
-        self.results_out, self.spans = results_out, spans
+        """`sent(...)`: told of each batch (the result stream's punctuation, master.result_stream);
+        `spans(partitions)`: per stream the (first, last) keys whose home each partition is (IngestDesk.spans),
+        for the group table."""
+        self.cfg, self.buffers, self.controller, self.stats = cfg, buffers, controller, stats
+        self.channels, self.sent, self.spans = channels, sent, spans
         groups = min(cfg["partitioning"]["subgroups"], len(slaves))
         self.subgroups = [slaves[g::groups] for g in range(groups)]
         self.next_group = 0
@@ -45,49 +45,49 @@ class DistributionDesk:
         #: whose tuples the master held during its move was just installed on them
         self.missed: set[int] = set()
 
-    def slot(self, frontier: float, serve: bool = True) -> bool:
+    def slot(self, frontier: float, now: float, serve: bool = True) -> bool:
         """The next sub-group's slot (served unless `serve` is false); True when it ends a distribution epoch."""
         if serve:
-            self.distribute(self.subgroups[self.next_group], frontier)
+            self.distribute(self.subgroups[self.next_group], frontier, now)
         self.next_group = (self.next_group + 1) % len(self.subgroups)
         if self.next_group == 0:
             self.epochs_done += 1
         return self.next_group == 0
 
-    def distribute(self, group: list[int], frontier: float) -> None:
+    def distribute(self, group: list[int], frontier: float, now: float) -> None:
         """Serve one sub-group: every idle slave in it gets its partitions' tuples in one message; a slave
         still joining its last batch is owed one as soon as it reports (`serve_missed`)."""
         for rank in group:
-            if self.links.is_busy(rank):  # still joining its last batch: all of it and what waits here is unjoined
+            if self.channels.is_busy(rank):  # still joining its last batch: all of it and what waits here is unjoined
                 mine = self.controller.partitions_of(rank)
                 self.controller.on_slot(rank, self.in_batch[rank] + int(self.buffers.counts[:, mine].sum()))
                 self.stats.per_slave[rank]["slots_missed"] += 1
                 self.missed.add(rank)
                 continue
             self.controller.on_slot(rank, 0)
-            self.serve(rank, frontier)
+            self.serve(rank, frontier, now)
 
     def owe(self, rank: int) -> None:
         """`rank` is owed a batch now (e.g. the consumer of a move, for the tuples held during it)."""
         self.missed.add(rank)
 
-    def serve_missed(self, may_serve: Callable[[int], bool], frontier: float) -> None:
+    def serve_missed(self, may_serve: Callable[[int], bool], frontier: float, now: float) -> None:
         """Send each slave that missed its slot its batch as soon as it is idle, instead of a whole
         distribution epoch later: its tuples have waited their epoch already, and the slave would sit idle
         until its next slot.  One the rule `may_serve` holds back waits for its next slot."""
         for rank in sorted(self.missed):
-            if not self.links.is_busy(rank):
+            if not self.channels.is_busy(rank):
                 self.missed.discard(rank)
                 if may_serve(rank):
-                    self.serve(rank, frontier)
+                    self.serve(rank, frontier, now)
 
     def handed_over(self, rank: int) -> None:
         """`rank` was ordered to move a group out: it joins no batch meanwhile."""
         self.in_batch[rank] = 0
 
-    def serve(self, rank: int, frontier: float) -> None:
+    def serve(self, rank: int, frontier: float, now: float) -> None:
         """Send the idle slave `rank` its partitions' buffered tuples in one message, if there is news;
-        `frontier`: the watermark of what was ingested."""
+        `frontier`: the watermark of what was ingested; `now`: wall-clock seconds."""
         watermark = min(frontier, self.controller.watermark_cap())
         mine = self.controller.partitions_of(rank)
         sizes = self.buffers.counts[:, mine].sum(axis=0)
@@ -104,13 +104,13 @@ class DistributionDesk:
         n_r, n_s = counts.sum(axis=1).tolist()
         # a tuple waits at most one epoch for its slave's slot; longer means the cluster is behind, even while
         # the mini-buffers still have room (ingest, and so the pacing lag, is held back only once they are full)
-        waited = time.time() - self.buffers.oldest_arrival(mine) - self.cfg["epochs"]["distribution"]
+        waited = now - self.buffers.oldest_arrival(mine) - self.cfg["epochs"]["distribution"]
         self.stats.backlog_max = max(self.stats.backlog_max, waited)
-        buf, r, s = self.links.batch(rank, watermark, n_r, n_s, groups)
+        buf, r, s = self.channels.batch(rank, watermark, n_r, n_s, groups)
         self.buffers.drain(mine, out=(r, s))
         self.in_batch[rank] = n_r + n_s
-        self.results_out.sent(rank, self.links.seq[rank], mine, r, s, frontier)
-        self.links.send(rank, buf)
+        self.sent(rank, self.channels.seq[rank], mine, r, s, frontier)
+        self.channels.send(rank, buf)
 
     def state(self) -> dict:
         return {"epochs_done": self.epochs_done, "sent_watermark": {str(k): v for k, v in self.sent_watermark.items()}}

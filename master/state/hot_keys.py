@@ -11,9 +11,6 @@ owner, which merges them (MERGE).
 
 from __future__ import annotations
 
-import sys
-import time
-
 import numpy as np
 
 from master.state.balance import Move
@@ -22,17 +19,17 @@ from protocol.tuples import STREAM_R, STREAM_S
 
 
 class HotKeyDesk:
-    def __init__(self, cfg: dict, router, sketch, buffers, controller, stats, links, rerouted=lambda s, t: None):
+    def __init__(self, cfg: dict, router, sketch, buffers, controller, stats, channels, rerouted=lambda s, t: None):
         """`rerouted(sources, targets)`: told when buffered tuples move between partitions here (the result
         stream's punctuation must not pass them: master.result_stream)."""
         self.rerouted = rerouted
         self.threshold = cfg["hotkeys"]["threshold"]
         self.router, self.sketch = router, sketch
-        self.buffers, self.controller, self.stats, self.links = buffers, controller, stats, links
+        self.buffers, self.controller, self.stats, self.channels = buffers, controller, stats, channels
         self.pending: dict[int, float] = {}  #: keys found hot, waiting for their partition's owner
         self.cooling: dict[int, float] = {}  #: hot keys found cold, their grid being gathered back
         self.log: list[dict] = []
-        self.t0 = time.time()
+        self.t0 = 0.0  #: the run's start (the pacing schedule's origin)
 
     @property
     def waiting(self) -> bool:
@@ -59,11 +56,11 @@ class HotKeyDesk:
         partition = self.router.home(key)
         return partition, int(self.controller.partition_map[partition])
 
-    def split(self) -> None:
+    def split(self, now: float) -> None:
         """Give each pending hot key its grid on the owner of its partition, once the owner is idle."""
         for key, share in list(self.pending.items()):
             partition, owner = self._owner(key)
-            if self.controller.moving[partition] or self.links.is_busy(owner):
+            if self.controller.moving[partition] or self.channels.is_busy(owner):
                 continue  # next time round
             del self.pending[key]
             size = self.router.grid_for(share, len(self.controller.active))
@@ -75,7 +72,7 @@ class HotKeyDesk:
             for stream, rows in enumerate(self.buffers.take_key(partition, key)):
                 index, part = self.router.route(stream, rows)
                 self.buffers.add(stream, rows[index], part)
-            self.links.order(owner, Kind.SPLIT, partition=partition, hot_key=(key, first, len(subs)))
+            self.channels.order(owner, Kind.SPLIT, partition=partition, hot_key=(key, first, len(subs)))
             ring = [
                 owner,
                 *sorted(
@@ -95,17 +92,16 @@ class HotKeyDesk:
                     "partition": partition,
                     "groups": list(subs),
                     "owner": owner,
-                    "seconds": round(time.time() - self.t0, 3),
+                    "seconds": round(now - self.t0, 3),
                 }
             )
-            print(
-                f"hot key {key} ({share:.0%} of the input): split out of partition-group {partition} into "
-                f"{len(subs)} sub-groups on slave {owner}, to be spread over slaves {ring[: len(subs)]}",
-                file=sys.stderr,
-                flush=True,
+            self.channels.say(
+                f"hot key {key} ({share:.0%} of the input): split out of partition-group {partition} "
+                f"into {len(subs)} sub-groups on slave {owner}, to be spread over slaves "
+                f"{ring[: len(subs)]}"
             )
 
-    def merge(self) -> None:
+    def merge(self, now: float) -> None:
         """Gather each cooled key's grid back: its sub-groups move to the owner of the key's partition, then the
         owner merges them (a MERGE order, served before any later batch) and the key's buffered tuples go back
         to the partition: each tuple once, from the sub-groups the slave gathers it from (`HotKeyRouter.homes`:
@@ -133,7 +129,7 @@ class HotKeyDesk:
                 away
                 or self.controller.moving[partition]
                 or self.controller.moving[first : first + count].any()
-                or self.links.is_busy(owner)
+                or self.channels.is_busy(owner)
                 or not self.buffers.together(subs)
             ):
                 continue  # next time round: the owner's next batch drains all sub-groups together
@@ -145,7 +141,7 @@ class HotKeyDesk:
             for stream, mine in enumerate(homes):
                 rows = np.concatenate([taken[g][stream] for g in mine])
                 self.buffers.add(stream, rows, np.full(len(rows), partition))
-            self.links.order(owner, Kind.MERGE, partition=partition, hot_key=(key, first, count))
+            self.channels.order(owner, Kind.MERGE, partition=partition, hot_key=(key, first, count))
             pmap[first : first + count] = -1  # the slots hold no group any more
             self.log.append(
                 {
@@ -154,14 +150,12 @@ class HotKeyDesk:
                     "share": round(share, 4),
                     "partition": partition,
                     "owner": owner,
-                    "seconds": round(time.time() - self.t0, 3),
+                    "seconds": round(now - self.t0, 3),
                 }
             )
-            print(
-                f"hot key {key} cooled ({share:.0%} of the input): its {count} sub-groups gathered back into "
-                f"partition-group {partition} on slave {owner}",
-                file=sys.stderr,
-                flush=True,
+            self.channels.say(
+                f"hot key {key} cooled ({share:.0%} of the input): its {count} sub-groups gathered "
+                f"back into partition-group {partition} on slave {owner}"
             )
 
     def state(self) -> list:

@@ -6,7 +6,9 @@ of a tenth of a sub-group slot.  A tuple below the largest ts seen before it
 minus `join.max_delay` is late (BiStream, Theorem 1); with two declared streams
 each has its own max_delay and is judged within itself and against the join's
 watermark, which an idle stream stops holding back (master.state.lateness.Lateness).
-Late tuples are set aside in the late files, never joined.  On-time tuples go
+Late tuples are set aside (an effect: the shell writes the late files), never
+joined.  The shell takes from the source what `due` says and hands each chunk
+to `take`; with checkpoints it archives every chunk taken.  On-time tuples go
 to their hash partition, to their key range (band and inequality joins: S to
 its home, R copied to every range that may hold partners; the other way round
 for the joins that decide R rows alone, so each R is stored once; both copied
@@ -16,29 +18,42 @@ the hot-key router to a key's grid (Streaming HyperCube).  With checkpoints ever
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
-from master.sources.archive import InputArchive, named
 from master.state.lateness import Lateness
 from master.state.packing import to_wire, to_wire_hashed
 from master.state.ranges import KeyRanges, copy_offsets, every_key
-from common.chunks import rewind
 from protocol import eventtime
-from protocol.output import NumberedFiles
-from protocol.payload import payload_reader
 from protocol.predicates import key_distance, range_copied
 from protocol.strict_json import finite
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
 
 
+@dataclass(frozen=True)
+class SetAside:
+    """Late tuples of `chunk` (`late`: its mask) for the late files, with why (`reason`) and the bound they
+    fell below (`bound`, event time)."""
+
+    chunk: object
+    late: np.ndarray
+    reason: np.ndarray
+    bound: np.ndarray
+
+
+@dataclass(frozen=True)
+class Archive:
+    """A chunk taken, for the input archive (checkpoint.archive)."""
+
+    chunk: object
+
+
 class IngestDesk:
-    def __init__(self, cfg: dict, source, buffers, stats, index: int, k: int, groups: int, router, sketch):
-        """`router`, `sketch`: the hot-key router and frequent-key sketch (None: hot keys off)."""
-        self.cfg, self.source, self.buffers, self.stats = cfg, source, buffers, stats
+    def __init__(self, cfg: dict, buffers, stats, channels, index: int, k: int, groups: int, router, sketch):
+        """`router`, `sketch`: the hot-key router and frequent-key sketch (None: hot keys off); `channels`:
+        where its effects go (master/state/channels.py)."""
+        self.cfg, self.buffers, self.stats, self.channels = cfg, buffers, stats, channels
         self.index, self.k = index, k
         self.router, self.sketch = router, sketch
         self.rate = cfg["source"]["rate"] / k  #: this dispatcher's paced share
@@ -65,27 +80,15 @@ class IngestDesk:
         #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
         self.ingest_interval = min(0.01, cfg["epochs"]["distribution"] / groups / 10)
         self._last_ingest = 0.0
+        self._behind = 0.0  #: seconds the pacing schedule is ahead of what `due` allows (the pacing lag)
         self.t0 = 0.0
         self.origin = 0.0  #: the run's first start (a resumed run's too): idle periods are seconds since then
         self.exhausted = False
         self.consumed = 0  #: tuples taken from the source: its position
         #: per stream (R, S): the largest ts taken in, for the metrics' per-stream watermarks
         self.stream_max_ts = [eventtime.NEG_INF, eventtime.NEG_INF]
-        self.payload = payload_reader(cfg)  #: declared streams: where late rows find their own columns
         self.late_reasons = self._late_reasons()
-        #: the late tuples, with their own columns and why they are late (`late/late[-dK]-NNNNNN.*`)
-        self.late = NumberedFiles(
-            Path(cfg["output"]["path"]) / "late",
-            named("late", index, k),
-            cfg["output"]["format"],
-            cfg["output"]["flush_rows"],
-        )
-        ck = cfg["checkpoint"]
-        self.archive = (
-            InputArchive(Path(cfg["output"]["path"]) / "archive", cfg["output"]["flush_rows"], named("input", index, k))
-            if ck["interval"] and ck["archive"]
-            else None
-        )
+        self.archiving = bool(cfg["checkpoint"]["interval"] and cfg["checkpoint"]["archive"])
 
     def ranges_to_share(self) -> list | None:
         """Rank 0: its key ranges, once, as soon as they are decided (the loop sends them to the others)."""
@@ -122,12 +125,13 @@ class IngestDesk:
         idle = [name for name, now in zip(self.streams, self.lateness.idle) if now]
         return f" | idle: {', '.join(idle)}" if idle else ""
 
-    def ingest(self, now: float, slot: bool = False, cap: int | None = None) -> int:
-        """Pull what has arrived (paced) or what fits (unpaced) from the source; returns tuples taken.
-        At a `slot` paced input is taken whatever the tick, so what arrived until then goes out now.  `cap`:
-        at most this many (the ordered result stream's room, master.result_stream)."""
+    def due(self, now: float, ended, slot: bool = False, cap: int | None = None) -> int:
+        """How many tuples to take from the source now: what has arrived (paced) or what fits (unpaced); 0:
+        none.  At a `slot` paced input is taken whatever the tick, so what arrived until then goes out now.
+        `ended`: with declared streams, per stream whether the source has ended it; `cap`: at most this many
+        (the ordered result stream's room, master.result_stream)."""
         if self.streams:  # an idle or ended stream stops holding the watermark back
-            self.lateness.tick(now - self.origin, self.source.ended())
+            self.lateness.tick(now - self.origin, ended)
         if self.range_partitioned and self.ranges is None and self.index > 0:
             return 0  # rank 0's key ranges have not come yet
         src = self.cfg["source"]
@@ -149,8 +153,12 @@ class IngestDesk:
         if limit <= 0:
             self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, behind)  # full mini-buffers hold ingest back
             return 0
-        self._last_ingest = now
-        chunk = self.source.next_chunk(limit)
+        self._last_ingest, self._behind = now, behind
+        return limit
+
+    def take(self, chunk, limit: int, now: float) -> int:
+        """Judge and route `chunk`, what the source gave for `due`'s `limit` (None: the input has ended);
+        returns the tuples taken."""
         if chunk is None:
             self.exhausted = True
             if self.range_partitioned and self.ranges is None:  # no on-time key at all: any ranges are exact
@@ -158,9 +166,9 @@ class IngestDesk:
             return 0
         n = len(chunk.ts)
         if n == limit:  # a shorter chunk is all the source has: the due tuples past it do not exist
-            self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, behind)
-        if self.archive is not None:
-            self.archive.add_chunk(chunk)
+            self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, self._behind)
+        if self.archiving:
+            self.channels.write(Archive(chunk))
         if self.rate > 0:  # nominal arrival of each tuple, so master-side queueing counts as delay
             arrival = self.t0 + (self.consumed + np.arange(n)) / self.rate
         else:
@@ -217,22 +225,6 @@ class IngestDesk:
                 )
                 self.buffers.add(stream, rows[index], part)
 
-    def _late_columns(self, chunk, late: np.ndarray) -> dict:
-        """The late tuples as the user gave them: the engine's fields, or with declared streams the stream's name
-        and both streams' own columns (the other stream's null) from the payload log."""
-        stream = chunk.stream[late]
-        if self.payload is None:
-            return {
-                "stream": np.array(STREAM_NAMES)[stream],
-                "id": chunk.id[late],
-                "ts": eventtime.to_seconds(chunk.ts[late]),
-                "key": chunk.key[late],
-                "value": chunk.value[late],
-            }
-        rows = chunk.id[late]
-        table = self.payload.both(np.where(stream == STREAM_R, rows, -1), np.where(stream == STREAM_S, rows, -1))
-        return {"stream": np.array(list(self.cfg["streams"]))[stream], **dict(zip(table.column_names, table.columns))}
-
     def _late_reasons(self) -> np.ndarray:
         """The late output's reasons: [[R's own bound, R below W], [S's ...]] (`bound` says which value)."""
         if not self.streams:
@@ -251,59 +243,22 @@ class IngestDesk:
 
     def _set_aside_late(self, chunk, late: np.ndarray, bound: np.ndarray, below_watermark: np.ndarray) -> None:
         self.stats.late += int(late.sum())
-        stream = chunk.stream[late]
-        self.late.add(
-            pa.table(
-                {
-                    **self._late_columns(chunk, late),
-                    "reason": self.late_reasons[stream, below_watermark[late].astype(np.int64)],
-                    "bound": eventtime.to_seconds(bound[late]),
-                }
-            )
-        )
-
-    def flush(self) -> None:
-        """Write the late tuples and the archive held so far (a checkpoint's cut, the end of the run)."""
-        self.late.flush()
-        if self.archive is not None:
-            self.archive.flush()
-
-    def committed(self, m: dict) -> None:
-        """A checkpoint holding this desk's part `m` is complete: a source that acknowledges says so."""
-        self.source.acknowledge(m["source"])
+        reason = self.late_reasons[chunk.stream[late], below_watermark[late].astype(np.int64)]
+        self.channels.write(SetAside(chunk, late, reason, bound[late]))
 
     def state(self) -> dict:
-        """This desk's part of a checkpoint (after `flush`)."""
+        """This desk's part of a checkpoint (the source's position and the files' counts are the shell's)."""
         return {
             "consumed": self.consumed,
-            "source": self.source.position(),
             "lateness": self.lateness.state(),
-            "late_files": self.late.files,
             "key_ranges": None if self.ranges is None else self.ranges.bounds.tolist(),
-            "archive_files": self.archive.files if self.archive else 0,
         }
 
     def restore(self, m: dict) -> None:
-        """Resume at the checkpoint's source position: a ZeroMQ source takes each producer's position (what a
-        producer resends from there is taken again; what it cannot resend is counted as lost)."""
-        if self.cfg["source"]["kind"] == "zmq":
-            print(
-                'recover: source.kind = "zmq": producers that resend (control.produce with --ack-endpoint) '
-                "repeat what they sent after the checkpoint; what others sent after it is lost and counted "
-                "(zmq_ingest.lost_tuples)",
-                file=sys.stderr,
-                flush=True,
-            )
-            if m["source"] is not None:  # None: a checkpoint of a version without producer positions
-                self.source.seek(m["source"])
-        else:
-            rewind(self.source, m["consumed"], m.get("source"))
-        self.consumed, self.late.files = m["consumed"], m["late_files"]
+        self.consumed = m["consumed"]
         self.lateness.restore(m["lateness"])
         if m["key_ranges"] is not None:
             self.ranges = KeyRanges(m["key_ranges"])
-        if self.archive is not None:
-            self.archive.files = m["archive_files"]
 
     def stream_summary(self, now: float) -> dict:
         """[streams]: per stream (R, S) its max_delay, idle_timeout, late tuples and idle periods (seconds since

@@ -11,7 +11,6 @@ tuples held meanwhile are owed to it at once.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict
 
 from master.state.balance import Move
@@ -20,8 +19,8 @@ from protocol.messages import Kind
 
 
 class MovesDesk:
-    def __init__(self, k: int, controller, stats, links):
-        self.k, self.controller, self.stats, self.links = k, controller, stats, links
+    def __init__(self, k: int, controller, stats, channels):
+        self.k, self.controller, self.stats, self.channels = k, controller, stats, channels
         #: rank 0: held moves -> [move, dispatchers not yet READY, lowest watermark cap of the group's holders]
         self.unready: dict[int, list] = {}
         self.fences: dict[int, tuple[Move, set[int]]] = {}  #: others: held moves -> slaves with an earlier batch
@@ -39,23 +38,23 @@ class MovesDesk:
         fenced = [f"group {p}: the answers of slave(s) {sorted(w)} before READY" for p, (_, w) in self.fences.items()]
         return "; ".join(ready + idle + fenced)
 
-    def start(self, last_watermark, hold: bool = True) -> list[Move]:
+    def start(self, last_watermark, now: float, hold: bool = True) -> list[Move]:
         """Queued moves whose supplier and consumer are idle here are held, at every dispatcher (HOLD); each
         is ordered from its supplier (MOVE) once the others are READY and the supplier is idle.  Returns the
         moves ordered; `last_watermark(rank)`: the watermark of the last batch to `rank`.  Without `hold` (a
         checkpoint waits for quiet) no new move is held, but the held ones are still ordered: the checkpoint
         waits for them to finish."""
-        idle = lambda rank: not self.links.is_busy(rank)  # noqa: E731
-        for move in self.controller.next_orders(idle, last_watermark) if hold else ():
+        idle = lambda rank: not self.channels.is_busy(rank)  # noqa: E731
+        for move in self.controller.next_orders(idle, last_watermark, now) if hold else ():
             self.unready[move.partition] = [move, set(range(1, self.k)), self.controller.in_flight[move.partition][3]]
             if self.k > 1:
-                self.links.tell(range(1, self.k), Order.HOLD, **asdict(move))
+                self.channels.tell(range(1, self.k), Order.HOLD, **asdict(move))
         ordered = []
         for partition, (move, waiting, floor) in list(self.unready.items()):
-            if waiting or self.links.is_busy(move.supplier):
+            if waiting or self.channels.is_busy(move.supplier):
                 continue
             del self.unready[partition]
-            self.links.order(move.supplier, Kind.MOVE, partition=move.partition, peer=move.consumer, floor=floor)
+            self.channels.order(move.supplier, Kind.MOVE, partition=move.partition, peer=move.consumer, floor=floor)
             ordered.append(move)
         return ordered
 
@@ -69,20 +68,18 @@ class MovesDesk:
         move = self.controller.on_installed(int(counters["partition"]), int(counters["moved_tuples"]), now)
         self.stats.tuples_moved += int(counters["moved_tuples"])
         if self.k > 1:
-            self.links.tell(range(1, self.k), Order.RELEASE, partition=move.partition)
-        print(
+            self.channels.tell(range(1, self.k), Order.RELEASE, partition=move.partition)
+        self.channels.say(
             f"moved partition-group {move.partition}: slave {move.supplier} -> {move.consumer} "
-            f"({int(counters['moved_tuples']):,} tuples, {move.reason})",
-            file=sys.stderr,
-            flush=True,
+            f"({int(counters['moved_tuples']):,} tuples, {move.reason})"
         )
         return move.consumer
 
     # -- orders from rank 0 or to it (master.coordination) --------------------------------------------------
-    def on_hold(self, move: Move, last_watermark: float) -> None:
+    def on_hold(self, move: Move, last_watermark: float, now: float) -> None:
         """Another dispatcher: hold the group; its earlier batches to both slaves are the fence."""
-        self.controller.hold(move, last_watermark)
-        self.fences[move.partition] = (move, {r for r in (move.supplier, move.consumer) if self.links.is_busy(r)})
+        self.controller.hold(move, last_watermark, now)
+        self.fences[move.partition] = (move, {r for r in (move.supplier, move.consumer) if self.channels.is_busy(r)})
 
     def on_ready(self, source: int, order: dict) -> None:
         entry = self.unready[order["partition"]]
@@ -98,4 +95,4 @@ class MovesDesk:
         for partition, (move, waiting) in list(self.fences.items()):
             if not waiting:
                 del self.fences[partition]
-                self.links.tell([0], Order.READY, partition=partition, cap=self.controller.in_flight[partition][3])
+                self.channels.tell([0], Order.READY, partition=partition, cap=self.controller.in_flight[partition][3])

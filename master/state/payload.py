@@ -26,14 +26,13 @@ from __future__ import annotations
 
 from collections import deque
 
-from protocol import checkpoint, eventtime
+from protocol import eventtime
 from protocol.predicates import time_bounds
 
 
 class PayloadDesk:
-    def __init__(self, cfg: dict, index: int, slaves: list[int], log):
-        """`index`: the dispatcher's; `log`: the source's protocol.payload.PayloadLog."""
-        self.log = log
+    def __init__(self, cfg: dict, index: int, slaves: list[int]):
+        """`index`: the dispatcher's."""
         lower, upper = time_bounds(cfg["join"])
         #: per side: how far after a row's own time its last partner may lie (never below its own time)
         self.reach = (max(0, upper), max(0, -lower))
@@ -92,23 +91,13 @@ class PayloadDesk:
         """A recovery: the cuts of the complete checkpoints on disk, oldest first."""
         self.kept.extend(cuts)
 
-    def release(self, taken: tuple[int, int], holders) -> int:
-        """Rank 0: remove every segment done with; `taken`: per side, the rows it has taken in; `holders`: the
-        slaves holding a partition-group (one that holds none needs nothing).  Returns the segments removed."""
+    def release(self, taken: tuple[int, int], holders) -> list[tuple[int, int, int]]:
+        """Rank 0: what the payload log may remove, per side (side, rows taken in by every dispatcher, the time
+        its rows' last partner lies below): protocol.payload.PayloadLog.release, done by the shell.  `taken`:
+        per side, the rows it has taken in; `holders`: the slaves holding a partition-group (one that holds
+        none needs nothing)."""
         w = min([self.watermark(holders), *self.kept, *([] if self.open is None else [self.open])])
         if w == eventtime.NEG_INF:
-            return 0
+            return []
         taken = [min([taken[side]] + [t[side] for _, t in self.others.values()]) for side in (0, 1)]
-        return sum(self.log.release(side, taken[side], w - self.reach[side])[0] for side in (0, 1))
-
-
-def payload_cuts(cfg: dict) -> list[int]:
-    """The payload cuts of the complete checkpoints on disk, oldest first (NEG_INF for one that has none)."""
-    cuts = []
-    for directory in checkpoint.checkpoints(checkpoint.root_of(cfg)):
-        try:
-            cut = checkpoint.load_manifest(directory)["master"].get("payload_cut")
-        except checkpoint.CheckpointError:
-            continue  # not complete: no recovery starts there
-        cuts.append(eventtime.NEG_INF if cut is None else int(cut))
-    return cuts
+        return [(side, taken[side], w - self.reach[side]) for side in (0, 1)]

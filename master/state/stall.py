@@ -21,10 +21,10 @@ class StallError(RuntimeError):
 
 
 class StallWatch:
-    def __init__(self, cfg: dict, buffers, controller, links, coordinator: bool = True):
+    def __init__(self, cfg: dict, buffers, controller, channels, coordinator: bool = True):
         """`coordinator`: rank 0, which drives the moves; another dispatcher holds a moving group's tuples and
         waits for rank 0's RELEASE, which is rank 0's work to watch, not its own."""
-        self.buffers, self.controller, self.links, self.coordinator = buffers, controller, links, coordinator
+        self.buffers, self.controller, self.channels, self.coordinator = buffers, controller, channels, coordinator
         self.timeout = cfg["master"]["stall_timeout"]
         self.epoch = cfg["epochs"]["distribution"]
         self.slowest = 0.0  #: the longest a slave took over one batch so far (seconds)
@@ -49,8 +49,8 @@ class StallWatch:
         waits for ("" when none is being taken); `fences`: what held moves wait for (READY, earlier batches)."""
         c = self.controller
         mine = len(self.buffers) if self.coordinator else int(self.buffers.counts[:, ~c.moving].sum())
-        pending = bool(mine or self.links.busy or (c.busy and self.coordinator) or any(hot.values()) or checkpoint)
-        progress = (consumed, sum(self.links.seq.values()), self.reports, self.orders, self.joining)
+        pending = bool(mine or self.channels.busy or (c.busy and self.coordinator) or any(hot.values()) or checkpoint)
+        progress = (consumed, sum(self.channels.seq.values()), self.reports, self.orders, self.joining)
         if progress != self._last or not pending:
             self._last, self._since = progress, now
             return
@@ -61,8 +61,8 @@ class StallWatch:
             f"stalled: no input taken, no message sent and no report for {still:.1f}s with work pending (no slave "
             f"said it was still joining)"
         ]
-        if self.links.busy:
-            lines.append(f"  waiting for the report of slave(s) {sorted(self.links.busy)} (a message is unanswered)")
+        if self.channels.busy:
+            lines.append(f"  waiting for the report of slave(s) {sorted(self.channels.busy)} (a message is unanswered)")
         counts = self.buffers.counts.sum(axis=0)
         if counts.any():
             top = sorted(counts.nonzero()[0].tolist(), key=lambda g: -counts[g])[:8]

@@ -134,9 +134,9 @@ def test_controller_runs_a_move_to_completion_and_retires_an_empty_slave():
     assert c.occupancy() == {1: 2.0, 2: 0.0}
     c.reorganize(now=1.0)
     assert len(c.queue) == 1 and c.queue[0].supplier == 1 and c.queue[0].consumer == 2
-    assert c.next_orders(lambda r: False, {1: 5_000_000}.get) == []  # supplier busy: nothing starts
+    assert c.next_orders(lambda r: False, {1: 5_000_000}.get, 1.0) == []  # supplier busy: nothing starts
     assert c.watermark_cap() == POS_INF
-    (move,) = c.next_orders(lambda r: True, {1: 5_000_000}.get)
+    (move,) = c.next_orders(lambda r: True, {1: 5_000_000}.get, 1.0)
     assert c.watermark_cap() == 5_000_000  # the watermark of the supplier's last batch: older tuples are held
     assert c.moving[move.partition] and move.partition not in c.partitions_of(1).tolist()
     assert move.partition not in c.partitions_of(2).tolist()  # held at the master until installed
@@ -191,6 +191,6 @@ def test_a_move_waits_until_its_consumer_has_no_batch_in_flight():
     c = Controller(load_config(), [1, 2, 3], 6)
     c.queue.append(Move(0, 1, 2, "balance"))
     busy = {2}
-    assert c.next_orders(lambda r: r not in busy, lambda r: 0.0) == []
+    assert c.next_orders(lambda r: r not in busy, lambda r: 0.0, 1.0) == []
     busy.clear()
-    assert c.next_orders(lambda r: r not in busy, lambda r: 0.0) == [Move(0, 1, 2, "balance")]
+    assert c.next_orders(lambda r: r not in busy, lambda r: 0.0, 1.0) == [Move(0, 1, 2, "balance")]

@@ -23,8 +23,12 @@ SHELL = (
     "master.coordination",
     "master.metrics",
     "master.result_stream",
+    "master.effects",
+    "master.intake_shell",
     "slave.run",
 )
+#: what a desk leaves to the shell: the clock, files and the terminal (it returns effects: master/state/channels.py)
+IO_MODULES, IO_CALLS = {"time", "sys", "os", "shutil"}, {"print", "open"}
 DESKS = ("intake", "distribution", "moves", "hot_keys", "checkpoints", "payload", "stall")
 
 
@@ -60,6 +64,17 @@ def test_a_pure_room_loads_no_mpi_no_sockets_and_no_shell(path):
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"{name} loads {out.stdout.strip()}"
+
+
+@pytest.mark.parametrize("desk", DESKS + ("channels", "controller"))
+def test_a_desk_reads_no_clock_and_writes_no_file_or_line(desk):
+    """It is told the time and asks for messages, files and lines as effects (the run's counters in stats.py
+    read the clock: they are the sampler, not a desk)."""
+    tree = ast.parse((ROOT / "master" / "state" / f"{desk}.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert not imported & IO_MODULES and not called & IO_CALLS
 
 
 def test_the_desks_do_not_import_each_other():

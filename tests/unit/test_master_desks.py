@@ -1,8 +1,8 @@
-"""The master's desks (master/state/) in-process: real mini-buffers, controller and files, a fake links object.
+"""The master's desks (master/state/) in-process: real mini-buffers, controller, channels and files.
 
-The fake stands for master/links.py without MPI: a message is encoded and
-decoded with protocol.messages as the real one would be, and a slave is busy
-from a send until the test answers for it (its report came).
+The desks' effects are carried out as the shell would, but a message to a
+slave is decoded and recorded instead of sent, and a slave is busy from a send
+until the test answers for it (its report came).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
+from master.effects import carry_out
 from master.state.balance import Move
+from master.state.channels import Channels, Tell
 from master.state.buffers import MiniBuffers
 from master.state.controller import Controller
 from protocol.orders import Order
@@ -24,6 +26,7 @@ from master.state import may_serve
 from master.state.checkpoints import CheckpointDesk
 from master.state.distribution import DistributionDesk
 from master.state.hot_keys import HotKeyDesk
+from master.intake_shell import IntakeShell
 from master.state.intake import IngestDesk
 from master.state.moves import MovesDesk
 from master.state.payload import PayloadDesk
@@ -35,7 +38,7 @@ from protocol import checkpoint, eventtime
 from protocol.config import load_config
 from protocol.output import read_tables
 from protocol.payload import PayloadLog
-from protocol.messages import ALL_KEYS, NO_KEYS, Kind, batch_groups, batch_message, decode_batch, encode_order, hot_key
+from protocol.messages import ALL_KEYS, NO_KEYS, Ack, Kind, batch_groups, decode_batch, hot_key
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 
 DT = tuple_dtype(64)
@@ -49,46 +52,58 @@ def S(seconds: float) -> int:
 PARTS = 8
 
 
-class FakeLinks:
-    """master.links.Links' interface for the desks, without MPI: what was sent and told is recorded."""
+class Shell:
+    """The shell's part for the desks, without MPI: the real channel state (master/state/channels.py), its
+    effects carried out by master.effects with messages decoded and recorded instead of sent."""
 
     def __init__(self, slaves: list[int]):
-        self.busy: dict[int, np.ndarray] = {}
-        self.seq = {r: 0 for r in slaves}
+        self.channels = Channels(slaves, DT)
+        self.intake = None  #: master.intake_shell.IntakeShell of an ingest desk's test
         #: rank, header, R, S, and the table: a BATCH's groups, a SPLIT / MERGE's hot-key row
-        self.sent: list[tuple[int, np.void, np.ndarray, np.ndarray, np.ndarray | tuple | None]] = []
-        self.told: list[tuple[list[int], str, dict]] = []
+        self._sent: list[tuple[int, np.void, np.ndarray, np.ndarray, np.ndarray | tuple | None]] = []
+        self._told: list[tuple[list[int], str, dict]] = []
 
-    def is_busy(self, rank: int) -> bool:
-        return rank in self.busy
-
-    def batch(self, rank, watermark, n_r, n_s, groups):
-        self.seq[rank] += 1
-        return batch_message(self.seq[rank], watermark, n_r, n_s, DT, groups)
-
-    def order(self, rank, kind, watermark=eventtime.NONE, **fields):
-        self.send(rank, encode_order(kind, self.seq[rank], watermark, **fields))
-
-    def send(self, rank, buf):
-        assert rank not in self.busy, f"slave {rank} was sent a message while busy"
-        head, r, s = decode_batch(buf, DT)
+    def perform(self, effect) -> None:
+        if isinstance(effect, Tell):
+            self._told.append((list(effect.dests), effect.order, effect.fields))
+            return
+        head, r, s = decode_batch(effect.buf, DT)
         kind = Kind(int(head["kind"]))
         table = (
-            batch_groups(buf, head).copy()
+            batch_groups(effect.buf, head).copy()
             if kind == Kind.BATCH
-            else hot_key(buf, head)
+            else hot_key(effect.buf, head)
             if kind in (Kind.SPLIT, Kind.MERGE)
             else None
         )
-        self.sent.append((rank, head, r.copy(), s.copy(), table))
-        self.busy[rank] = buf
+        self._sent.append((effect.rank, head, r.copy(), s.copy(), table))
 
-    def tell(self, dests, order, **fields):
-        self.told.append((list(dests), order, fields))
+    def done(self) -> None:
+        """Carry out what the desks asked for so far."""
+        carry_out(self.channels.take(), self, self.intake)
+
+    @property
+    def sent(self):
+        self.done()
+        return self._sent
+
+    @property
+    def told(self):
+        self.done()
+        return self._told
+
+    @property
+    def busy(self) -> dict:
+        return self.channels.busy
+
+    @property
+    def seq(self) -> dict:
+        return self.channels.seq
 
     def answer(self, rank: int) -> None:
         """`rank`'s report for its message came."""
-        del self.busy[rank]
+        self.done()
+        assert self.channels.answered(rank, {"ack": Ack.BATCH, "seq": self.seq[rank]}, 0.0)
 
     def kinds(self) -> list[tuple[int, Kind]]:
         return [(rank, Kind(int(head["kind"]))) for rank, head, *_ in self.sent]
@@ -102,6 +117,11 @@ class FakeResults:
 
     def sent(self, rank, seq, partitions, r, s, floor):
         self.calls.append((rank, seq, partitions.tolist(), len(r), len(s), floor))
+
+
+def released(log, desk, taken, holders) -> int:
+    """The payload log's segments removed by the cuts a payload desk's `release` returns (as the shell does)."""
+    return sum(log.release(*cut)[0] for cut in desk.release(taken, holders))
 
 
 def config(tmp_path, *overrides):
@@ -126,7 +146,7 @@ class Parts:
         self.buffers = MiniBuffers(partitions, DT)
         self.controller = Controller(cfg, slaves, partitions, live=live)
         self.stats = RunStats(slaves)
-        self.links = FakeLinks(slaves)
+        self.links = Shell(slaves)
 
 
 # --------------------------------------------------------------------------- distribution
@@ -135,7 +155,7 @@ class Parts:
 def test_a_busy_slave_misses_its_slot_and_is_served_when_its_report_comes(tmp_path):
     p = Parts(config(tmp_path), [1, 2, 3, 4])
     results = FakeResults()
-    desk = DistributionDesk(p.cfg, p.slaves, p.buffers, p.controller, p.stats, p.links, results)
+    desk = DistributionDesk(p.cfg, p.slaves, p.buffers, p.controller, p.stats, p.links.channels, results.sent)
     assert desk.subgroups == [[1, 3], [2, 4]]
     rng = np.random.default_rng(1)
     p.buffers.add(STREAM_R, rows(np.arange(200), rng.integers(0, 1000, 200)))
@@ -143,28 +163,28 @@ def test_a_busy_slave_misses_its_slot_and_is_served_when_its_report_comes(tmp_pa
     owned = {r: p.controller.partitions_of(r) for r in p.slaves}
     waiting = {r: int(p.buffers.counts[:, owned[r]].sum()) for r in p.slaves}
 
-    assert not desk.slot(frontier=S(5.0))  # slaves 1 and 3: idle, served
+    assert not desk.slot(frontier=S(5.0), now=1.0)  # slaves 1 and 3: idle, served
     assert p.links.kinds() == [(1, Kind.BATCH), (3, Kind.BATCH)]
     for rank, head, r, s, groups in p.links.sent:
         assert len(r) + len(s) == waiting[rank] and head["watermark"] == S(5.0) and head["seq"] == 1
         assert set(groups[:, 0]) <= set(owned[rank].tolist())
         assert np.isin(partition_of(np.concatenate([r["key"], s["key"]]), PARTS), owned[rank]).all()
     assert [c[:2] for c in results.calls] == [(1, 1), (3, 1)]
-    assert desk.slot(frontier=S(5.0))  # slaves 2 and 4: the epoch is over
+    assert desk.slot(frontier=S(5.0), now=1.0)  # slaves 2 and 4: the epoch is over
     assert desk.epochs_done == 1 and p.links.busy.keys() == {1, 2, 3, 4}
 
     p.buffers.add(STREAM_S, rows(np.arange(500, 600), rng.integers(0, 1000, 100)))
     more = int(p.buffers.counts[:, owned[1]].sum())
     p.links.answer(3)
-    desk.slot(frontier=S(6.0))  # slave 1 still joins its batch: it misses the slot; slave 3 is served
+    desk.slot(frontier=S(6.0), now=1.0)  # slave 1 still joins its batch: it misses the slot; slave 3 is served
     assert p.stats.per_slave[1]["slots_missed"] == 1 and desk.missed == {1}
     assert p.controller.buffer_samples[1][-1] == waiting[1] + more  # its batch and what waits for it
     assert p.links.sent[-1][0] == 3
     rule = may_serve(False, set(), False)
-    desk.serve_missed(rule, frontier=S(6.0))
+    desk.serve_missed(rule, frontier=S(6.0), now=1.0)
     assert len(p.links.sent) == 5  # still busy: nothing
     p.links.answer(1)
-    desk.serve_missed(rule, frontier=S(6.0))
+    desk.serve_missed(rule, frontier=S(6.0), now=1.0)
     rank, head, r, s, _ = p.links.sent[-1]
     assert rank == 1 and len(r) + len(s) == more and head["watermark"] == S(6.0) and head["seq"] == 2
     assert desk.missed == set() and p.buffers.counts[:, owned[1]].sum() == 0
@@ -172,12 +192,12 @@ def test_a_busy_slave_misses_its_slot_and_is_served_when_its_report_comes(tmp_pa
 
 def test_a_slave_with_nothing_new_is_not_sent_a_batch(tmp_path):
     p = Parts(config(tmp_path), [1, 2])
-    desk = DistributionDesk(p.cfg, p.slaves, p.buffers, p.controller, p.stats, p.links, FakeResults())
-    desk.serve(1, frontier=S(3.0))  # no tuples, but a new watermark: it may expire blocks
-    desk.serve(2, frontier=eventtime.NEG_INF)  # no tuples and no news
+    desk = DistributionDesk(p.cfg, p.slaves, p.buffers, p.controller, p.stats, p.links.channels, FakeResults().sent)
+    desk.serve(1, frontier=S(3.0), now=1.0)  # no tuples, but a new watermark: it may expire blocks
+    desk.serve(2, frontier=eventtime.NEG_INF, now=1.0)  # no tuples and no news
     assert p.links.kinds() == [(1, Kind.BATCH)]
     p.links.answer(1)
-    desk.serve(1, frontier=S(3.0))
+    desk.serve(1, frontier=S(3.0), now=1.0)
     assert len(p.links.sent) == 1
 
 
@@ -186,35 +206,35 @@ def test_a_slave_with_nothing_new_is_not_sent_a_batch(tmp_path):
 
 def test_a_held_move_blocks_serving_its_supplier_and_is_ordered_once_idle(tmp_path):
     p = Parts(config(tmp_path), [2, 3])  # rank 0 with one more dispatcher (rank 1)
-    desk = DistributionDesk(p.cfg, p.slaves, p.buffers, p.controller, p.stats, p.links, FakeResults())
-    moves = MovesDesk(2, p.controller, p.stats, p.links)
+    desk = DistributionDesk(p.cfg, p.slaves, p.buffers, p.controller, p.stats, p.links.channels, FakeResults().sent)
+    moves = MovesDesk(2, p.controller, p.stats, p.links.channels)
     group = int(p.controller.partitions_of(2)[0])
     move = Move(group, 2, 3, "test")
     p.controller.queue.append(move)
     assert moves.waits_for() == {2, 3}
     p.buffers.add(STREAM_S, rows(np.arange(400), np.arange(400)))
-    desk.serve(2, frontier=S(1.0))  # its slot came first: busy, so the move waits
-    assert moves.start(desk.sent_watermark.get) == [] and p.controller.queue == [move]
+    desk.serve(2, frontier=S(1.0), now=1.0)  # its slot came first: busy, so the move waits
+    assert moves.start(desk.sent_watermark.get, 1.0) == [] and p.controller.queue == [move]
 
     p.links.answer(2)
-    assert moves.start(desk.sent_watermark.get) == []  # held everywhere: HOLD, then wait for READY
+    assert moves.start(desk.sent_watermark.get, 1.0) == []  # held everywhere: HOLD, then wait for READY
     assert p.links.told == [([1], Order.HOLD, asdict(move))] and p.controller.moving[group]
     assert moves.waits_for() == {2}
     p.buffers.add(STREAM_S, rows(np.arange(400, 800), np.arange(400, 800)))
     held = int(p.buffers.counts[:, group].sum())
     assert held > 0
-    desk.serve(2, frontier=S(2.0))  # another slot: the held group's tuples stay here, the watermark is capped
+    desk.serve(2, frontier=S(2.0), now=1.0)  # another slot: the held group's tuples stay here, the watermark is capped
     _, head, r, s, groups = p.links.sent[-1]
     assert group not in groups[:, 0] and head["watermark"] == S(1.0)
     assert p.buffers.counts[:, group].sum() == held
 
     moves.on_ready(1, {"partition": group, "cap": S(0.5)})
-    assert moves.start(desk.sent_watermark.get) == []  # ready everywhere, but the supplier is joining
+    assert moves.start(desk.sent_watermark.get, 1.0) == []  # ready everywhere, but the supplier is joining
     p.links.answer(2)
     desk.owe(2)
-    desk.serve_missed(may_serve(False, moves.waits_for(), False), frontier=S(2.0))
+    desk.serve_missed(may_serve(False, moves.waits_for(), False), frontier=S(2.0), now=1.0)
     assert p.links.kinds()[-1] == (2, Kind.BATCH) and len(p.links.sent) == 2  # not served: the move waits
-    assert moves.start(desk.sent_watermark.get) == [move]
+    assert moves.start(desk.sent_watermark.get, 1.0) == [move]
     rank, head, *_ = p.links.sent[-1]
     assert (rank, Kind(int(head["kind"])), head["partition"], head["peer"]) == (2, Kind.MOVE, group, 3)
     assert head["floor"] == S(0.5)  # the lowest cap of every dispatcher that held the group
@@ -224,17 +244,17 @@ def test_a_held_move_blocks_serving_its_supplier_and_is_ordered_once_idle(tmp_pa
     assert p.controller.partition_map[group] == 3 and not p.controller.moving[group]
     assert p.stats.tuples_moved == 77
     desk.owe(3)
-    desk.serve_missed(may_serve(False, moves.waits_for(), False), frontier=S(2.0))
+    desk.serve_missed(may_serve(False, moves.waits_for(), False), frontier=S(2.0), now=1.0)
     rank, head, r, s, groups = p.links.sent[-1]
     assert rank == 3 and list(groups[:, 0]).count(group) == 1 and len(s) >= held
 
 
 def test_another_dispatcher_is_ready_only_when_its_batches_before_the_hold_are_joined(tmp_path):
     p = Parts(config(tmp_path), [2, 3])
-    moves = MovesDesk(2, p.controller, p.stats, p.links)
+    moves = MovesDesk(2, p.controller, p.stats, p.links.channels)
     p.links.busy[3] = np.empty(0)  # a batch to the consumer, sent before the hold
     move = Move(int(p.controller.partitions_of(2)[0]), 2, 3, "test")
-    moves.on_hold(move, last_watermark=S(4.0))
+    moves.on_hold(move, last_watermark=S(4.0), now=1.0)
     moves.send_ready()
     assert p.links.told == [] and p.controller.watermark_cap() == S(4.0)
     moves.on_answer(2)  # not a slave it waits for
@@ -274,13 +294,16 @@ def master_sections(p, consumed):
 def slave_writes_its_part(p, desk, rank, ckpt_dir, tuples):
     size = checkpoint.write_atomic(ckpt_dir / checkpoint.slave_part(rank), np.arange(tuples, dtype=np.int64))
     desk.on_checkpointed(
-        rank, {"part_bytes": size, "window_r": tuples, "window_s": 0, "result_files": rank, "aggregate_files": 0}
+        rank,
+        {"part_bytes": size, "window_r": tuples, "window_s": 0, "result_files": rank, "aggregate_files": 0},
+        now=2.0,
     )
+    p.links.done()
 
 
 def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_in(tmp_path):
     p = Parts(config(tmp_path, "checkpoint.interval=2"), [1, 2])
-    desk = CheckpointDesk(p.cfg, 0, 1, p.slaves, p.buffers, p.controller, p.stats, p.links)
+    desk = CheckpointDesk(p.cfg, 0, 1, p.slaves, p.buffers, p.controller, p.stats, p.links.channels)
     p.buffers.add(STREAM_R, rows(np.arange(50), np.arange(50)))
     p.buffers.add(STREAM_S, rows(np.arange(50, 80), np.arange(30)))
     # rows not in their key's hash partition (a key range's R copy, a hot key's sub-group): restored where they were
@@ -291,7 +314,7 @@ def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_
     assert desk.pending and may_serve(desk.pending, set(), False) is None
     assert not desk.may_begin(quiet=False)  # a batch or move in flight: wait
     assert desk.may_begin(quiet=True)
-    desk.begin(master_sections(p, 1234), epochs_done=2)
+    desk.begin(master_sections(p, 1234), epochs_done=2, now=1.0)
     assert not desk.pending and not desk.may_begin(quiet=True)  # one at a time
     assert p.links.kinds() == [(1, Kind.CHECKPOINT), (2, Kind.CHECKPOINT)]
     assert {int(head["checkpoint"]) for _, head, *_ in p.links.sent} == {1}
@@ -308,8 +331,8 @@ def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_
     assert sum(part["tuples"] for part in manifest["parts"].values()) == 85 + 30
 
     q = Parts(p.cfg, [1, 2])
-    resumed = CheckpointDesk(q.cfg, 0, 1, q.slaves, q.buffers, q.controller, q.stats, q.links)
-    resumed.restore(ckpt_dir, manifest, epochs_done=4)
+    resumed = CheckpointDesk(q.cfg, 0, 1, q.slaves, q.buffers, q.controller, q.stats, q.links.channels)
+    resumed.restore(checkpoint.read_part(ckpt_dir / checkpoint.master_part(0)), manifest, epochs_done=4)
     (r0, s0, counts0), (r1, s1, counts1) = p.buffers.snapshot(), q.buffers.snapshot()
     assert np.array_equal(counts0, counts1) and np.array_equal(r0, r1) and np.array_equal(s0, s1)
     assert (resumed.recovered_from, resumed.next_id, resumed.due) == (1, 2, 6)
@@ -318,9 +341,9 @@ def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_
 
 def test_with_two_dispatchers_the_manifest_waits_for_the_others_snapshot(tmp_path):
     p = Parts(config(tmp_path, "checkpoint.interval=1"), [2, 3])
-    desk = CheckpointDesk(p.cfg, 0, 2, p.slaves, p.buffers, p.controller, p.stats, p.links)
+    desk = CheckpointDesk(p.cfg, 0, 2, p.slaves, p.buffers, p.controller, p.stats, p.links.channels)
     desk.on_epoch(1, exhausted=False)
-    desk.begin(master_sections(p, 10), epochs_done=1)
+    desk.begin(master_sections(p, 10), epochs_done=1, now=1.0)
     assert p.links.told[0][:2] == ([1], Order.CHECKPOINT)
     ckpt_dir = checkpoint.root_of(p.cfg) / checkpoint.name_of(1)
     for rank in p.slaves:
@@ -328,15 +351,16 @@ def test_with_two_dispatchers_the_manifest_waits_for_the_others_snapshot(tmp_pat
     assert desk.written == 0
 
     q = Parts(p.cfg, [2, 3])  # dispatcher 1, ordered by rank 0
-    other = CheckpointDesk(q.cfg, 1, 2, q.slaves, q.buffers, q.controller, q.stats, q.links)
+    other = CheckpointDesk(q.cfg, 1, 2, q.slaves, q.buffers, q.controller, q.stats, q.links.channels)
     other.on_epoch(1, exhausted=False)
     assert not other.pending  # only rank 0 decides
     other.on_order(0, {"id": 1})
-    other.begin(master_sections(q, 20), epochs_done=1)
+    other.begin(master_sections(q, 20), epochs_done=1, now=1.0)
     ((dests, order, fields),) = q.links.told
     assert (dests, order) == ([0], Order.SNAPSHOT)
     told = len(p.links.told)
-    desk.on_snapshot(1, fields)
+    desk.on_snapshot(1, fields, now=1.0)
+    p.links.done()
     manifest = checkpoint.load_manifest(ckpt_dir)
     assert desk.written == 1 and manifest["dispatchers"]["1"]["consumed"] == 20
     # once the manifest is written, dispatcher 1 learns that its part is durable (its producers' acks)
@@ -370,7 +394,7 @@ def hot_setup(tmp_path, join_type="inner"):
         p.buffers,
         p.controller,
         p.stats,
-        p.links,
+        p.links.channels,
         lambda sources, targets: p.rerouted.append((list(sources), list(targets))),
     )
     rng = np.random.default_rng(5)
@@ -389,11 +413,11 @@ def test_a_hot_key_split_routes_its_buffered_tuples_to_the_grid(tmp_path):
     desk.find()
     assert list(desk.pending) == [HOT] and desk.waiting
     p.links.busy[owner] = np.empty(0)
-    desk.split()
+    desk.split(now=1.0)
     assert desk.pending and not p.links.sent  # its owner is busy: next time round
     p.links.answer(owner)
     others_before = p.buffers.counts.sum() - p.buffers.counts[:, home].sum()
-    desk.split()
+    desk.split(now=1.0)
     first, size = router.hot[HOT]
     ((rank, head, _, _, table),) = p.links.sent
     assert (rank, Kind(int(head["kind"])), head["partition"]) == (owner, Kind.SPLIT, home)
@@ -417,7 +441,7 @@ def split_and_cooled(tmp_path, join_type="inner"):
     """A hot key split on its idle owner, then found cooled: (parts, desk, router, keys, home, owner)."""
     p, desk, router, keys = hot_setup(tmp_path, join_type)
     desk.find()
-    desk.split()
+    desk.split(now=1.0)
     home = router.home(HOT)
     owner = int(p.controller.partition_map[home])
     p.links.answer(owner)
@@ -431,14 +455,14 @@ def test_the_merge_keeps_every_s_and_one_copy_of_each_r(tmp_path):
     moved = p.controller.queue[0]
     p.controller.queue.clear()
     p.controller.partition_map[moved.partition] = moved.consumer  # one sub-group went to another slave
-    desk.merge()
+    desk.merge(now=1.0)
     assert desk.cooling and len(p.links.sent) == 1  # it is still to come back: nothing yet
     assert [(m.partition, m.supplier, m.consumer) for m in p.controller.queue] == [
         (moved.partition, moved.consumer, owner)
     ]
     p.controller.queue.clear()
     p.controller.partition_map[moved.partition] = owner
-    desk.merge()
+    desk.merge(now=1.0)
     (rank, head, *_, table) = p.links.sent[-1]
     assert (rank, Kind(int(head["kind"])), table) == (owner, Kind.MERGE, (HOT, first, size))
     assert HOT not in router.hot and not desk.waiting
@@ -456,14 +480,14 @@ def test_the_merge_waits_until_the_sub_groups_were_drained_together(tmp_path):
     first, size = router.hot[HOT]
     p.buffers.drain(np.array([first]))  # the first sub-group went out at its slave's slot
     assert p.buffers.counts[STREAM_R, first + 1] == (keys[:300] == HOT).sum()  # the others still hold copies
-    desk.merge()
+    desk.merge(now=1.0)
     assert desk.cooling and HOT in router.hot and not p.controller.queue  # the queued spread is dropped
     assert all(Kind(int(head["kind"])) != Kind.MERGE for _, head, *_ in p.links.sent)
     p.buffers.drain(np.arange(first, first + size))  # the owner's batch: every sub-group at once
     more = rows(np.arange(1000, 1010), np.full(10, HOT))
     index, part = router.route(STREAM_R, more)
     p.buffers.add(STREAM_R, more[index], part)  # copies to every sub-group
-    desk.merge()
+    desk.merge(now=1.0)
     assert Kind(int(p.links.sent[-1][1]["kind"])) == Kind.MERGE and HOT not in router.hot
     assert (p.controller.partition_map[first : first + size] == -1).all()  # the slots are free again
     assert p.rerouted[-1] == (list(range(first, first + size)), [home])
@@ -476,7 +500,7 @@ def test_a_full_joins_hot_key_gets_two_grids_with_each_tuple_at_home_in_one_sub_
     with S copied as guests (protocol.predicates.hot_grids); the group table's spans say which are guests."""
     p, desk, router, keys = hot_setup(tmp_path, "full")
     desk.find()
-    desk.split()
+    desk.split(now=1.0)
     first, count = router.hot[HOT]
     assert count == 6 and first == PARTS and router.total_partitions == PARTS + 2 * 2 * 4
     owner = int(p.controller.partition_map[router.home(HOT)])
@@ -501,14 +525,14 @@ def test_a_full_joins_merge_gathers_each_tuple_once_from_its_home_grid(tmp_path)
     p, desk, router, keys, home, owner = split_and_cooled(tmp_path, "full")
     first, count = router.hot[HOT]
     p.buffers.drain(np.array([first + 3]))  # one sub-group of the second grid went out alone
-    desk.merge()
+    desk.merge(now=1.0)
     assert desk.cooling and HOT in router.hot  # its R went out, their guest copies in the first grid did not
     p.buffers.drain(np.arange(first, first + count))  # the owner's batch: every sub-group at once
     more_r, more_s = rows(np.arange(1000, 1010), np.full(10, HOT)), rows(np.arange(2000, 2010), np.full(10, HOT))
     for stream, more in ((STREAM_R, more_r), (STREAM_S, more_s)):
         index, part = router.route(stream, more)
         p.buffers.add(stream, more[index], part)  # each at home once, a guest in every sub-group of the other grid
-    desk.merge()
+    desk.merge(now=1.0)
     assert Kind(int(p.links.sent[-1][1]["kind"])) == Kind.MERGE and p.links.sent[-1][-1] == (HOT, first, count)
     r, s = p.buffers.drain(np.array([home]))
     assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.arange(1000, 1010))  # each once, from its home
@@ -533,12 +557,14 @@ def test_ingest_sets_late_tuples_aside_and_routes_the_rest_by_hash(tmp_path):
     write_input(tmp_path / "in.csv", ts, keys, stream)
     cfg = config(tmp_path, "join.max_delay=1.0", "source.batch=4")
     p = Parts(cfg, [1, 2])
-    desk = IngestDesk(cfg, FileSource(tmp_path / "in.csv"), p.buffers, p.stats, 0, 1, 2, None, None)
+    desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
+    intake = p.links.intake = IntakeShell(cfg, FileSource(tmp_path / "in.csv"), 0, 1)
     desk.start(100.0)
-    while desk.ingest(100.0) or not desk.exhausted:
+    while intake.pull(desk, 100.0) or not desk.exhausted:
         pass
-    desk.flush()
-    assert p.stats.late == 3 and desk.late.files == 1 and desk.consumed == len(ts)
+    p.links.done()
+    intake.flush()
+    assert p.stats.late == 3 and intake.late.files == 1 and desk.consumed == len(ts)
     late = read_tables(tmp_path / "late")
     assert sorted(late.column("id").to_pylist()) == [3, 4, 8]
     assert desk.frontier() == S(5.0) - S(1.0)
@@ -548,7 +574,7 @@ def test_ingest_sets_late_tuples_aside_and_routes_the_rest_by_hash(tmp_path):
         assert np.array_equal(
             p.buffers.counts[stream_id], np.bincount(partition_of(keys[mine], PARTS), minlength=PARTS)
         )
-    assert desk.state()["late_files"] == 1 and desk.state()["consumed"] == len(ts)
+    assert intake.state()["late_files"] == 1 and desk.state()["consumed"] == len(ts)
 
 
 def test_paced_ingest_takes_what_is_due_in_ticks_and_everything_due_at_a_slot(tmp_path):
@@ -556,17 +582,18 @@ def test_paced_ingest_takes_what_is_due_in_ticks_and_everything_due_at_a_slot(tm
     write_input(tmp_path / "in.csv", np.arange(n) / 1000, np.arange(n), np.arange(n) % 2)
     cfg = config(tmp_path, "source.rate=1000")
     p = Parts(cfg, [1, 2])
-    desk = IngestDesk(cfg, FileSource(tmp_path / "in.csv"), p.buffers, p.stats, 0, 1, 2, None, None)
+    desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
+    intake = p.links.intake = IntakeShell(cfg, FileSource(tmp_path / "in.csv"), 0, 1)
     t0 = desk.start(100.0)
-    assert desk.ingest(t0 + 0.5) == 500
-    assert desk.ingest(t0 + 0.501) == 0  # one due, within the tick
-    assert desk.ingest(t0 + 0.501, slot=True) == 1
+    assert intake.pull(desk, t0 + 0.5) == 500
+    assert intake.pull(desk, t0 + 0.501) == 0  # one due, within the tick
+    assert intake.pull(desk, t0 + 0.501, slot=True) == 1
     arrival = p.buffers.drain(np.arange(PARTS))[0]["arrival"]
     assert arrival.min() == t0 and arrival.max() < t0 + 0.501  # nominal arrival on the schedule
     # the ordered result stream's room caps what is taken; a cap of 0 holds the due tuples back (pacing lag)
-    assert desk.ingest(t0 + 0.7, slot=True, cap=0) == 0 and p.stats.pacing_lag_max > 0.19
-    assert desk.ingest(t0 + 0.7, slot=True, cap=120) == 120
-    assert desk.ingest(t0 + 0.7, slot=True) == 79
+    assert intake.pull(desk, t0 + 0.7, slot=True, cap=0) == 0 and p.stats.pacing_lag_max > 0.19
+    assert intake.pull(desk, t0 + 0.7, slot=True, cap=120) == 120
+    assert intake.pull(desk, t0 + 0.7, slot=True) == 79
 
 
 def test_band_join_routes_s_to_its_range_and_copies_r_to_every_range_with_partners(tmp_path):
@@ -576,9 +603,10 @@ def test_band_join_routes_s_to_its_range_and_copies_r_to_every_range_with_partne
     write_input(tmp_path / "in.csv", np.sort(rng.random(400)), keys, stream)
     cfg = config(tmp_path, "join.predicate=band", "join.band=30")
     p = Parts(cfg, [1, 2])
-    desk = IngestDesk(cfg, FileSource(tmp_path / "in.csv"), p.buffers, p.stats, 0, 1, 2, None, None)
+    desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
+    intake = p.links.intake = IntakeShell(cfg, FileSource(tmp_path / "in.csv"), 0, 1)
     desk.start(0.0)
-    desk.ingest(0.0)
+    intake.pull(desk, 0.0)
     assert desk.ranges is not None
     r, s = zip(*(p.buffers.drain(np.array([g])) for g in range(PARTS)))
     assert sum(map(len, s)) == (stream == STREAM_S).sum() and sum(map(len, r)) >= (stream == STREAM_R).sum()
@@ -597,7 +625,7 @@ def test_band_join_routes_s_to_its_range_and_copies_r_to_every_range_with_partne
 
 def test_pending_work_that_stands_still_ends_the_job_naming_what_it_waits_for(tmp_path):
     p = Parts(config(tmp_path, "epochs.distribution=0.5"), [1, 2])
-    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links)
+    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links.channels)
     assert watch.bound() == 10.0  # 8 epochs are 4 s: the floor
     watch.on_report(3.0)
     assert watch.bound() == 16.0  # plus twice the slowest batch
@@ -618,7 +646,7 @@ def test_pending_work_that_stands_still_ends_the_job_naming_what_it_waits_for(tm
 
 def test_a_configured_stall_timeout_replaces_the_automatic_bound(tmp_path):
     p = Parts(config(tmp_path, "master.stall_timeout=2.5"), [1])
-    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links)
+    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links.channels)
     watch.on_report(30.0)
     p.links.busy[1] = np.empty(0)
     watch.watch(0.0, 0, {}, "")
@@ -632,9 +660,9 @@ def test_a_configured_stall_timeout_replaces_the_automatic_bound(tmp_path):
 
 def test_another_dispatcher_waiting_for_rank_0_to_finish_a_move_is_not_stalled(tmp_path):
     p = Parts(config(tmp_path, "master.stall_timeout=1.0"), [2, 3])
-    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links, coordinator=False)
+    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links.channels, coordinator=False)
     group = int(p.controller.partitions_of(2)[0])
-    p.controller.hold(Move(group, 2, 3, "test"), 0)
+    p.controller.hold(Move(group, 2, 3, "test"), 0, 1.0)
     p.buffers.add(STREAM_S, rows(np.arange(5), np.zeros(5, np.int64)), np.full(5, group))
     watch.watch(0.0, 0, {}, "")
     watch.watch(50.0, 0, {}, "")  # its held tuples wait for rank 0's RELEASE: rank 0's work, not its own
@@ -644,7 +672,7 @@ def test_another_dispatcher_waiting_for_rank_0_to_finish_a_move_is_not_stalled(t
     watch.watch(51.5, 0, {}, "")
     with pytest.raises(StallError):  # tuples of a group not moving, unsent: its own
         watch.watch(51.6, 0, {}, "")
-    rank0 = StallWatch(p.cfg, p.buffers, p.controller, p.links)
+    rank0 = StallWatch(p.cfg, p.buffers, p.controller, p.links.channels)
     rank0.watch(60.0, 0, {}, "")
     with pytest.raises(StallError, match="moves in flight"):  # rank 0 drives the move: a stall there is its own
         rank0.watch(61.1, 0, {}, "")
@@ -653,13 +681,13 @@ def test_another_dispatcher_waiting_for_rank_0_to_finish_a_move_is_not_stalled(t
 def test_a_checkpoint_waiting_for_quiet_holds_no_new_move_but_lets_a_held_one_finish(tmp_path):
     # the cut waits for no move in flight; a held move must still be ordered, or the two wait for each other
     p = Parts(config(tmp_path), [2, 3])  # rank 0 with one more dispatcher (rank 1)
-    moves = MovesDesk(2, p.controller, p.stats, p.links)
+    moves = MovesDesk(2, p.controller, p.stats, p.links.channels)
     first, second = (int(g) for g in p.controller.partitions_of(2)[:2])
     p.controller.queue.append(Move(first, 2, 3, "test"))
-    assert moves.start(lambda rank: S(0.0)) == [] and first in p.controller.in_flight  # held: HOLD, wait READY
+    assert moves.start(lambda rank: S(0.0), 1.0) == [] and first in p.controller.in_flight  # held: HOLD, wait READY
     p.controller.queue.append(Move(second, 3, 2, "test"))
     moves.on_ready(1, {"partition": first, "cap": S(0.0)})
-    (ordered,) = moves.start(lambda rank: S(0.0), hold=False)  # a checkpoint wants quiet
+    (ordered,) = moves.start(lambda rank: S(0.0), 1.0, hold=False)  # a checkpoint wants quiet
     assert ordered.partition == first and p.links.kinds()[-1] == (2, Kind.MOVE)
     assert second not in p.controller.in_flight and p.controller.queue  # no new move held meanwhile
 
@@ -676,35 +704,35 @@ def test_the_payload_desk_removes_a_segment_once_every_holder_is_past_its_rows_p
     for side in (0, 1):
         log.write(side, np.arange(0, 10), np.full(10, S(10)), pa.table({"x": np.arange(10)}))
         log.write(side, np.arange(10, 20), np.full(10, S(20)), pa.table({"x": np.arange(10)}))
-    desk = PayloadDesk(cfg, 0, [1, 2, 3], log)
+    desk = PayloadDesk(cfg, 0, [1, 2, 3])
 
     def files(side: int) -> list[int]:  # the first rows of the segments still on disk
         return sorted(int(p.name[:12]) for p in (tmp_path / "out" / "payload" / "RS"[side]).glob("0*.arrow"))
 
-    assert desk.release((20, 20), [1, 2]) == 0  # no slave has answered
+    assert released(log, desk, (20, 20), [1, 2]) == 0  # no slave has answered
     desk.on_answer(1, S(12.5))
     desk.on_answer(2, S(11))
-    assert desk.release((20, 20), [1, 2]) == 1  # W = 11 s: S's rows at 10 s are done (10.5 < 11), R's are not (12)
+    assert released(log, desk, (20, 20), [1, 2]) == 1  # W = 11 s: S's rows at 10 s done (10.5 < 11), R's not (12)
     assert (files(0), files(1)) == ([0, 10], [10])
     desk.on_answer(2, S(12.5))
     desk.on_move(5, S(11.5))  # group 5 goes to slave 3, decided up to 11.5 s: it counts from now on
-    assert desk.release((20, 20), [1, 2]) == 0
+    assert released(log, desk, (20, 20), [1, 2]) == 0
     desk.on_answer(3, S(30))  # an answer before the install does not lift the floor
-    assert desk.release((20, 20), [1, 2]) == 0
+    assert released(log, desk, (20, 20), [1, 2]) == 0
     desk.on_installed(5, 3)
     assert desk.watermark([1, 2, 3]) == S(11.5)  # installed, not yet answered: the group's rows wait there
-    assert desk.release((20, 20), [1, 2, 3]) == 0
+    assert released(log, desk, (20, 20), [1, 2, 3]) == 0
     desk.on_answer(3, S(12.5))
     assert desk.cut([1, 2, 3]) == S(12.5)  # a checkpoint is being taken at 12.5 s
     for rank in (1, 2, 3):
         desk.on_answer(rank, S(40))
-    assert desk.release((5, 20), [1, 2, 3]) == 0  # W = the open cut, 12.5 s; R's rows 5.. are not taken in yet
-    assert desk.release((20, 20), [1, 2, 3]) == 1  # R's first segment (10 + 2 < 12.5); its second needs 22 s
+    assert released(log, desk, (5, 20), [1, 2, 3]) == 0  # W = the open cut, 12.5 s; R's rows 5.. are not taken in yet
+    assert released(log, desk, (20, 20), [1, 2, 3]) == 1  # R's first segment (10 + 2 < 12.5); its second needs 22 s
     assert (files(0), files(1)) == ([10], [10])
     desk.on_commit(S(12.5))
     desk.cut([1, 2, 3])
     desk.on_commit(S(40))  # keep = 1: the older checkpoint is gone
-    assert desk.release((20, 20), [1, 2, 3]) == 2
+    assert released(log, desk, (20, 20), [1, 2, 3]) == 2
     assert files(0) == files(1) == [] and log.removed_bytes == log.peak_bytes > 0 and log.held_bytes == 0
 
 
@@ -716,18 +744,18 @@ def test_with_two_dispatchers_rank_0_removes_segments_only_as_far_as_the_other_r
     for side in (0, 1):
         for first in (0, 10):
             log.write(side, np.arange(first, first + 10), np.full(10, S(first)), pa.table({"x": np.arange(10)}))
-    rank0, other = PayloadDesk(cfg, 0, [2, 3], log), PayloadDesk(cfg, 1, [2, 3], None)
+    rank0, other = PayloadDesk(cfg, 0, [2, 3]), PayloadDesk(cfg, 1, [2, 3])
     for desk in (rank0, other):
         desk.on_answer(2, S(30))
         desk.on_answer(3, S(30))
-    assert rank0.release((20, 20), [2, 3]) == 0  # no word from dispatcher 1 yet
+    assert released(log, rank0, (20, 20), [2, 3]) == 0  # no word from dispatcher 1 yet
     other.on_answer(3, S(5))  # dispatcher 1's last batch to slave 3 held a watermark of 5 s
     report = other.report((20, 15), [2, 3])
     assert report == {"watermark": S(5), "taken": (20, 15)} and other.report((20, 15), [2, 3]) is None
     rank0.on_report(1, report["watermark"], report["taken"])
-    assert rank0.release((20, 20), [2, 3]) == 2  # the first segment of each (0 s + the 1 s window < 5 s)
+    assert released(log, rank0, (20, 20), [2, 3]) == 2  # the first segment of each (0 s + the 1 s window < 5 s)
     other.on_answer(3, S(30))
     rank0.on_report(1, **other.report((20, 15), [2, 3]))
-    assert rank0.release((20, 20), [2, 3]) == 1  # R's second; S's rows 15.. are not taken in by dispatcher 1
+    assert released(log, rank0, (20, 20), [2, 3]) == 1  # R's second; S's rows 15.. are not taken in by dispatcher 1
     rank0.on_report(1, **other.report((20, 20), [2, 3]))
-    assert rank0.release((20, 20), [2, 3]) == 1 and log.held_bytes == 0
+    assert released(log, rank0, (20, 20), [2, 3]) == 1 and log.held_bytes == 0
