@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups (else it sees none)
 def pytest_collection_modifyitems(items):
     for item in items:
         room = item.path.parent.name
