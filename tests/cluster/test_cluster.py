@@ -185,12 +185,12 @@ def test_paced_source_with_subgroups(tmp_path):
     assert run.summary["delay_seconds"]["p99"] < 5.0
 
 
-def test_pacing_lag_counts_input_held_back_not_the_drain_after_it(tmp_path):
-    """A slave (of two) that sleeps 0.6 s in each batch's join keeps up with 1 s epochs, then drains for that
-    long after the input has ended: no lag and no backlog.  A slave that sleeps 1 s in each falls behind 0.5 s
-    epochs: with
-    mini-buffers that hold less than an epoch of input it holds ingest back (lag); with room for all the input
-    ingest keeps pace and its tuples wait in the buffers instead (backlog).  The result set stays exact."""
+def test_pacing_lag_counts_input_held_back_and_backlog_what_waits_in_the_buffers(tmp_path):
+    """A slave (of two) that sleeps 1 s in each batch falls behind 0.5 s epochs: with mini-buffers that hold
+    less than an epoch of input it holds ingest back (lag); with room for all the input ingest keeps pace and
+    its tuples wait in the buffers instead (backlog).  The result set stays exact.  (That the drain after the
+    input is no lag, and a whole step due is taken within a tick, is tested on the intake desk, whose clock a
+    test sets: here a loaded host adds lag of its own.)"""
     # ingest steps of at most 200 tuples (33 ms at this rate): as at millions of tuples/s with the default step
     settings = dict(
         SMALL,
@@ -203,29 +203,11 @@ def test_pacing_lag_counts_input_held_back_not_the_drain_after_it(tmp_path):
             "generator.seed": 9,
         },
     )
-    run, _ = check_exact(
-        tmp_path / "drain", 3, dict(settings, **{"epochs.distribution": 1.0}), env={"STREAMJOIN_STRAGGLER": "1:0.6"}
-    )
-    # the drain lasts 0.6 s: counted as lag or backlog it would be 0.6 s or more; a 2-core host with two CPU hogs
-    # and the rest of the suite beside it made up to 0.43 s
-    assert run.summary["pacing_lag_max_seconds"] < 0.55 and run.summary["backlog_max_seconds"] < 0.55, run.summary
-    run, _ = check_exact(
-        tmp_path / "held", 3, dict(settings, **{"master.buffer_capacity": 2000}), env={"STREAMJOIN_STRAGGLER": "1:1.0"}
-    )
+    env = {"STREAMJOIN_STRAGGLER": "1:1.0"}
+    run, _ = check_exact(tmp_path / "held", 3, dict(settings, **{"master.buffer_capacity": 2000}), env=env)
     assert run.summary["pacing_lag_max_seconds"] > 0.5
-    run, _ = check_exact(tmp_path / "buffered", 3, settings, env={"STREAMJOIN_STRAGGLER": "1:1.0"})
-    assert run.summary["pacing_lag_max_seconds"] < 0.55 and run.summary["backlog_max_seconds"] > 0.5, run.summary
-
-
-def test_paced_ingest_is_not_capped_at_one_step_per_tick(tmp_path):
-    """Paced input is taken in ticks of 10 ms here; steps of 50 tuples per tick would cap ingest at 5,000/s.
-    At 12,000/s a whole step is due within every tick, so it is taken at once: no lag (about 1.2 s capped; a
-    host with two CPU hogs and the suite beside it made up to 0.59 s of stalls, so the bound is 0.9 s)."""
-    settings = dict(
-        SMALL, **{"generator.duration": 2.0, "source.rate": 12000.0, "source.batch": 50, "generator.seed": 10}
-    )
-    run, _ = check_exact(tmp_path, 3, settings)
-    assert run.summary["pacing_lag_max_seconds"] < 0.9
+    run, _ = check_exact(tmp_path / "buffered", 3, settings, env=env)
+    assert run.summary["backlog_max_seconds"] > 0.5, run.summary
 
 
 def test_slaves_that_miss_their_slot_are_served_when_idle_and_stay_exact(tmp_path):

@@ -596,6 +596,32 @@ def test_paced_ingest_takes_what_is_due_in_ticks_and_everything_due_at_a_slot(tm
     assert intake.pull(desk, t0 + 0.7, slot=True) == 79
 
 
+def test_a_whole_step_due_is_taken_within_a_tick_and_the_drain_after_the_input_is_no_lag(tmp_path):
+    """Steps of 50 tuples in 10 ms ticks would cap ingest at 5,000/s: at 12,000/s a whole step due within a
+    tick is taken at once.  Full mini-buffers hold the due tuples back (pacing lag); the time after the input
+    has ended is no lag, however long the slaves take to drain."""
+    n = 600
+    write_input(tmp_path / "in.csv", np.arange(n) / 12000, np.arange(n), np.arange(n) % 2)
+    cfg = config(tmp_path, "source.rate=12000", "source.batch=50", "master.buffer_capacity=300")
+    p = Parts(cfg, [1, 2])
+    desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
+    intake = p.links.intake = IntakeShell(cfg, FileSource(tmp_path / "in.csv"), 0, 1)
+    t0 = desk.start(100.0)
+    assert intake.pull(desk, t0 + 0.0101) == 50  # 121 due
+    assert intake.pull(desk, t0 + 0.0102) == 50  # within the tick: 72 due, a whole step
+    assert intake.pull(desk, t0 + 0.0103) == 0  # 23 due: they wait for the next tick
+    assert p.stats.pacing_lag_max < 0.01
+    while intake.pull(desk, t0 + 0.1):
+        pass
+    assert len(p.buffers) == 300  # the buffers' room is taken: 900 due are held back (lag)
+    assert intake.pull(desk, t0 + 0.1) == 0 and p.stats.pacing_lag_max >= (1200 - 300) / 12000
+    while not desk.exhausted:  # the slaves take what is buffered: the rest comes in
+        p.buffers.drain(np.arange(PARTS))
+        intake.pull(desk, t0 + 0.2)
+    lag = p.stats.pacing_lag_max
+    assert intake.pull(desk, t0 + 5.0) == 0 and p.stats.pacing_lag_max == lag  # the drain: no lag
+
+
 def test_band_join_routes_s_to_its_range_and_copies_r_to_every_range_with_partners(tmp_path):
     rng = np.random.default_rng(4)
     keys = rng.integers(0, 1000, 400)
