@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from protocol import eventtime
 from protocol.config import ConfigError
 from protocol.output import PARTIAL_SCHEMA, RESULT_SCHEMA, write_table
+from protocol.lifetime import invocation
 
 GROUP = ["key", "window_start"]
 #: snapshots of the view kept besides the newest, so a reader that just listed the folder can still open its file
@@ -162,7 +163,7 @@ def run_stream(
 
 
 def main(argv: list[str], spark=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m control.aggregate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=invocation("control.aggregate"), description=__doc__.split("\n")[0])
     from control.spark import add_arguments, config, session
 
     add_arguments(p)

@@ -56,6 +56,7 @@ from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RESULT_COLUMNS, RIGHT_UNMATCHED
 from protocol.predicates import time_bounds
 from protocol.tuples import tuple_dtype
+from protocol.lifetime import invocation
 
 #: exit codes: the range is exact, it differs, the command was wrong
 EXACT, DIFFERENT, USAGE = 0, 1, 2
@@ -872,7 +873,7 @@ def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: flo
 def main(argv: list[str], spark=None) -> int:
     from control.spark import add_arguments, config, session
 
-    p = argparse.ArgumentParser(prog="python -m control.audit", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=invocation("control.audit"), description=__doc__.split("\n")[0])
     p.add_argument(
         "--from",
         dest="start",

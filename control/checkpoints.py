@@ -17,6 +17,7 @@ from pathlib import Path
 from control.spark import session
 from protocol import checkpoint
 from protocol.config import ConfigError, load_config
+from protocol.lifetime import invocation
 
 
 def scan(spark, directory: Path, manifest: dict) -> list[str]:
@@ -69,7 +70,7 @@ def describe(directory: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m control.checkpoints", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=invocation("control.checkpoints"), description=__doc__.split("\n")[0])
     p.add_argument("action", choices=("list", "verify", "compact"))
     where = p.add_mutually_exclusive_group()
     where.add_argument("--path", help="checkpoint folder (checkpoint.path)")

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from protocol.access import endpoint_is_local
 from common.dashboard import DashboardServer
 from protocol.strict_json import finite
+from protocol.lifetime import invocation
 
 
 def load(out: Path) -> dict:
@@ -54,7 +55,7 @@ def load(out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m control.dashboard", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=invocation("control.dashboard"), description=__doc__.split("\n")[0])
     p.add_argument("out", type=Path, help="the run's output folder (output.path)")
     p.add_argument("--endpoint", default="127.0.0.1:9464", help="HOST:PORT to serve on, loopback (port 0: any free)")
     args = p.parse_args(argv)

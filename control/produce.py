@@ -43,6 +43,7 @@ from protocol import eventtime, wire
 from common.chunks import InputError, rows
 from common.input_file import InputFile
 from common.zmq_security import connect_client
+from protocol.lifetime import invocation
 
 #: messages a producer queues before its sends block, and its kernel send buffer (bytes)
 SNDHWM = 2
@@ -289,7 +290,7 @@ def produce_stream(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m control.produce", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=invocation("control.produce"), description=__doc__.split("\n")[0])
     p.add_argument("file", help="CSV or Parquet file: stream (R/S), id, ts, key, [value]")
     p.add_argument("--endpoint", default="tcp://127.0.0.1:5555", help="the master's source.endpoint")
     p.add_argument("--rate", type=float, default=0.0, help="tuples/s (0 = as fast as the master takes them)")

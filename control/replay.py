@@ -28,6 +28,7 @@ if __package__ in (None, ""):  # run as a file (spark-submit control/replay.py):
 
 from protocol.config import ConfigError
 from protocol.output import OUTPUT_PARTS
+from protocol.lifetime import invocation
 
 COLUMNS = ("stream", "id", "ts", "key", "value")
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
@@ -160,7 +161,7 @@ def inside_engine_output(path: Path, out: Path) -> str | None:
 def main(argv: list[str], spark=None) -> int:
     from control.spark import add_arguments, config, session
 
-    p = argparse.ArgumentParser(prog="python -m control.replay", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=invocation("control.replay"), description=__doc__.split("\n")[0])
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="Parquet/CSV file or folder of them (e.g. <out>/archive)")
     p.add_argument("--from", dest="start", type=float, default=-math.inf, help="first ts to replay (inclusive)")
     p.add_argument("--to", dest="end", type=float, default=math.inf, help="ts where the replay ends (exclusive)")

@@ -32,6 +32,7 @@ from protocol import wire
 from protocol.access import dispatcher_endpoint
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, RIGHT_UNMATCHED
 from common.zmq_security import connect_client
+from protocol.lifetime import invocation
 
 
 def held(record: np.dtype) -> np.dtype:
@@ -190,7 +191,7 @@ def subscribe(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m control.subscribe", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=invocation("control.subscribe"), description=__doc__.split("\n")[0])
     p.add_argument("--endpoint", default="tcp://127.0.0.1:5556", help="the run's output.zmq_endpoint")
     p.add_argument(
         "--dispatchers",

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from deploy.hosts import HostfileError, answers, place, read_hostfile
-from protocol.lifetime import TOO_FEW, USER_ERROR, die_with_parent, exit_code
+from protocol.lifetime import TOO_FEW, USER_ERROR, die_with_parent, exit_code, invocation
 from protocol.startup import RESTARTS
 
 #: what the n-th stop signal to the supervisor sends the cluster: SIGUSR1 is the clean stop of both mpirun
@@ -227,7 +227,7 @@ def probe(hosts, log) -> set[str]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m control.supervise", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=invocation("control.supervise"), description=__doc__.split("\n")[0])
     p.add_argument("--restarts", type=int, default=10, help="restarts before giving up (default 10)")
     p.add_argument(
         "--backoff",

@@ -38,7 +38,7 @@ from deploy.hosts import HostfileError, describe, place, read_hostfile, write_pl
 from deploy.job import run_job
 from master.cli import checked_config
 from protocol.config import ConfigError
-from protocol.lifetime import USER_ERROR
+from protocol.lifetime import USER_ERROR, invocation
 from protocol.liveness import heartbeat_timeout
 from protocol.startup import LAUNCHED, PLACED_HOSTS
 
@@ -230,7 +230,7 @@ def mpi_env() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m deploy.launch", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=invocation("deploy.launch"), description=__doc__.split("\n")[0])
     p.add_argument("-n", "--ranks", type=int, default=17, help="ranks in all: 1 master + slaves (default 17)")
     p.add_argument("--hostfile", help="Open MPI hostfile for several hosts (see hosts.example, docs/operating.md)")
     p.add_argument("--module", default="master", help="python module every rank runs (default master)")

@@ -30,6 +30,7 @@ from protocol import delays, eventtime
 from common.dashboard import DashboardServer, sample_schema
 from protocol.strict_json import finite
 from protocol.messages import TAG_METRICS
+from protocol.lifetime import invocation
 from protocol.output import write_table
 
 #: samples the live dashboard keeps (an hour at one a second); the log keeps them all
@@ -140,7 +141,7 @@ class Metrics:
                 self.server.close()
         seen = [f"dashboard was live at {self.url}"] if self.server else []
         if self.log_interval:
-            seen.append(f"look at the run again: python -m control.dashboard {out}")
+            seen.append(f"look at the run again: {invocation('control.dashboard')} {out}")
         print(
             "; ".join([f"summary {out / 'summary.json'}", f"results in {out / 'results'}/", *seen]),
             file=sys.stderr,

@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import sys
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 #: exit codes of every command of the cluster (master, launcher, supervisor): 0 done or stopped cleanly
@@ -45,3 +46,12 @@ def ignore_stop_signals() -> None:
 def exit_code(returncode: int) -> int:
     """A child's Popen return code as a shell reports it: 128 + N when signal N ended it."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def invocation(module: str) -> str:
+    """How a user runs the tool `module` ("control.audit"): `streamjoin audit` where the engine is the installed
+    tool (its packages under streamjoin/_engine: streamjoin/__init__.py), `python -m control.audit` in a
+    checkout; the tools' usage lines and hints say it so."""
+    if Path(__file__).resolve().parent.parent.name != "_engine":
+        return f"python -m {module}"
+    return "streamjoin " + ("run" if module == "deploy.launch" else module.rsplit(".", 1)[-1])

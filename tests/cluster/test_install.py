@@ -155,6 +155,7 @@ def test_the_installed_tool_works_from_a_folder_outside_the_checkout(user):
     )  # tests run side by side
     assert launched.returncode == 0, launched.stdout + launched.stderr
     assert_exact(user["cwd"] / "out", user["cwd"] / "data")
+    assert f"look at the run again: streamjoin dashboard {user['cwd'] / 'out'}" in launched.stderr
 
     # the supervisor's cluster command is a command line (found on PATH), here the tool's own
     supervised = run(
@@ -201,7 +202,8 @@ def test_the_installed_tool_works_from_a_folder_outside_the_checkout(user):
     ]:
         assert f"  {command}" in listed or f", {command}" in listed
         own = run(user, "streamjoin", command, "--help")
-        assert own.returncode == 0 and own.stdout.startswith("usage: "), (command, own.stderr)
+        said = {"launch": "run"}.get(command, command)  # each says how the user runs it: this command
+        assert own.returncode == 0 and own.stdout.startswith(f"usage: streamjoin {said} "), (command, own.stdout)
     unknown = run(user, "streamjoin", "joni")
     assert unknown.returncode == 2 and "unknown command 'joni'" in unknown.stderr
     assert run(user, "streamjoin", "run", "-n", "3", "--", "--config", "missing.toml").returncode == 2

@@ -427,3 +427,12 @@ def test_a_slave_polls_finely_only_around_its_next_expected_batch():
     assert next_arrival([9.9, None], 0.25, 10.0) == pytest.approx(10.15)
     assert next_arrival([9.1, 9.8], 0.25, 10.0) == pytest.approx(10.05)  # the soonest of the dispatchers (10.1)
     assert next_arrival([9.0], 0.25, 10.0) == pytest.approx(10.0)  # slots missed: the next one, whole epochs on
+
+
+def test_a_tool_names_itself_as_a_checkout_runs_it():
+    """In a checkout the tools are `python -m` modules (the installed tool's `streamjoin audit` and `streamjoin
+    run` are checked by tests/cluster/test_install.py)."""
+    from protocol.lifetime import invocation
+
+    assert invocation("control.audit") == "python -m control.audit"
+    assert invocation("deploy.launch") == "python -m deploy.launch"
