@@ -176,10 +176,8 @@ class StreamsSource(Source):
         if isinstance(item, Exception):
             self._done = [True, True]
             raise item
-        if item is None:  # nothing of this side is pending: its last tuple is the last of it ready, if any
+        if item is None:  # the stream's end
             self._done[side] = True
-            rest = np.flatnonzero(self._ready.stream[self._taken :] == side)
-            self._end_at[side] = self.accepted + (int(rest[-1]) + 1 if len(rest) else 0)
             return
         if item.rejected is not None and self.listing is not None:
             self.listing.add(item.rejected)
@@ -231,11 +229,21 @@ class StreamsSource(Source):
         self._ready, self._taken = concat([rows(self._ready, self._taken), merged]), 0
         return True
 
+    def _note_ends(self) -> None:
+        """A stream that has ended (its files read, or a live one's producers or partitions done) with nothing of
+        it pending: its last tuple is the last of it ready, if any; from that position on it holds nothing back
+        (`ended`)."""
+        for side in (0, 1):
+            if self._done[side] and self._pending[side] is None and self._end_at[side] is None:
+                rest = np.flatnonzero(self._ready.stream[self._taken :] == side)
+                self._end_at[side] = self.accepted + (int(rest[-1]) + 1 if len(rest) else 0)
+
     def next_chunk(self, limit: int) -> Chunk | None:
         if limit < 1:
             raise ValueError(f"limit must be positive, got {limit}")
         while len(self._ready.ts) - self._taken < limit and self._merge():
             pass
+        self._note_ends()
         n = min(limit, len(self._ready.ts) - self._taken)
         if n == 0:
             return None if all(self._done) and self._pending == [None, None] else empty()

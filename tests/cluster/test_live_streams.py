@@ -193,6 +193,28 @@ def test_a_quiet_live_stream_holds_the_other_back_until_its_idle_timeout(tmp_pat
     src.finish()
 
 
+def test_a_live_stream_whose_producers_ended_holds_nothing_back_once_its_rows_are_taken(tmp_path):
+    """views sends 50 rows and ends; buys sends one row and stays open: views counts as ended (the lateness
+    rule no longer waits for it) once its last row is taken, as a stream of files does; buys does not."""
+    ports = {"views": free_port(), "buys": free_port()}
+    src = open_source(live_cfg(tmp_path, ports))
+    ep = {n: f"tcp://127.0.0.1:{p}" for n, p in ports.items()}
+    t0 = 1_795_000_000_000
+    pb = send(ep["buys"], pa.table({"bid": [1], "user": ["a"], "at": [t0 + 10_000], "price": ["1"]}), name="b")
+    views = {"vid": np.arange(50), "user": ["a"] * 50, "page": ["/"] * 50}
+    pv = send(ep["views"], pa.table({**views, "at": pa.array(t0 + np.arange(50) * 100, pa.timestamp("ms", "UTC"))}))
+    pv.close()
+    taken, began = 0, time.monotonic()
+    while src.ended() != [True, False] and time.monotonic() - began < 20:  # a guard, not a bound: ends at once
+        taken += len(src.next_chunk(1000).ts)
+        time.sleep(5e-3)
+    assert src.ended() == [True, False] and taken == 51
+    pb.close()
+    drain(src)
+    assert src.ended() == [True, True]
+    src.finish()
+
+
 def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tmp_path):
     """Two producer processes (control.produce --stream), one per stream, each pacing its own Parquet file
     (views: timestamps; buys: epoch milliseconds, decimal prices) into a cluster of 1 master and 2 slaves:
