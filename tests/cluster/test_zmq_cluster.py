@@ -552,7 +552,9 @@ def test_ordered_stream_waits_for_a_paused_subscriber_with_bounded_memory_and_st
     stream = run.summary["result_stream"]
     assert stream["gaps"] == 0 and stream["results"] == len(expected) > 300_000
     assert stream["ingest_held_seconds"] > 1.0  # the pause reached ingest
-    # about the bound: the estimate of results per tuple errs, and the results of join.max_delay of input wait
-    # for more input whatever the bound; the old stream queued every result (40 MB) while the subscriber stood
-    assert stream["held_peak_bytes"] < 3 * (4 << 20), stream["held_peak_bytes"]
+    # about the bound: the estimate of results per tuple errs, the results of join.max_delay of input wait for
+    # more input whatever the bound, and the batches out when ingest paused bring theirs (larger on a loaded host,
+    # whose slaves miss slots: 3.25 and 4.05 bounds with two CPU hogs beside the suite); the old stream queued
+    # every result (40 MB, 10 bounds) while the subscriber stood
+    assert stream["held_peak_bytes"] < 6 * (4 << 20), stream["held_peak_bytes"]
     check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True)
