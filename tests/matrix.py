@@ -627,7 +627,7 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     out.expected = sum(map(len, expected))
     env = {"STREAMJOIN_STRAGGLER": f"{d.dispatchers}:0.05"} if d.moves else None  # the first slave lags
     victims: list[str] = []
-    cut = d.crash and d.hosts > 1 and d.slaves >= 2  # the third host holds a slave, another host one more
+    cut = cuts_a_host(d)
     killer = (
         kill_a_rank(str(tmp), d.ranks, np.random.default_rng([d.seed, 3]), victims) if d.crash and not cut else None
     )
@@ -687,19 +687,34 @@ def payload_mismatch(out: Path) -> str:
     return ""
 
 
+def cuts_a_host(d: Draw) -> bool:
+    """A crash on three hosts with two slaves or more cuts the third host off (run_on_hosts): the third host
+    holds a slave, another host one more."""
+    return d.crash and d.hosts > 1 and d.slaves >= 2
+
+
+def cost(d: Draw) -> float:
+    """About the seconds a draw takes on a 2-core machine: a run, more on namespace hosts, much more when a host
+    is cut off (the heartbeat timeout, the end of the job, the supervisor's probe and a restart)."""
+    return 6.0 + 0.3 * d.slaves + 2.0 * (d.hosts > 1) + (8.0 if cuts_a_host(d) else 1.5 if d.crash else 0.0)
+
+
 def covering_seeds(count_limit: int = 40, search: int = 2000) -> list[int]:
-    """A small set of seeds whose accepted draws cover every pair of feature values the engine accepts
-    (greedy: the seed that covers most uncovered pairs next)."""
+    """A cheap set of seeds whose accepted draws cover every pair of feature values the engine accepts, one of
+    them cutting a host off (greedy: the cheapest cut draw first, then the seed that covers most uncovered
+    pairs per second of its cost)."""
 
     def pairs_of(d: Draw) -> set:
         f = d.features()
         return {((a, f[a]), (b, f[b])) for a, b in itertools.combinations(PAIRED, 2)}
 
-    accepted = {s: pairs_of(draw(s)) for s in range(search) if refusal(draw(s)) is None}
+    draws = {s: draw(s) for s in range(search) if refusal(draw(s)) is None}
+    accepted = {s: pairs_of(d) for s, d in draws.items()}
     wanted = set().union(*accepted.values())
-    chosen: list[int] = []
+    chosen = [min((s for s, d in draws.items() if cuts_a_host(d)), key=lambda s: cost(draws[s]) / len(accepted[s]))]
+    wanted -= accepted.pop(chosen[0])
     while wanted and len(chosen) < count_limit:
-        best = max(accepted, key=lambda s: len(accepted[s] & wanted))
+        best = max(accepted, key=lambda s: len(accepted[s] & wanted) / cost(draws[s]))
         chosen.append(best)
         wanted -= accepted.pop(best)
     return chosen

@@ -65,7 +65,8 @@ def test_uniform_keys_any_slave_count(tmp_path, ranks):
 @pytest.mark.parametrize(
     "workload",
     [
-        {"generator.distribution": "zipf", "generator.zipf": 1.2},  # a few heavy hitters
+        # a few heavy hitters (at half SMALL's rate: their pairs grow with its square)
+        {"generator.distribution": "zipf", "generator.zipf": 1.2, "generator.rate": 1500.0},
         {"generator.distribution": "uniform", "generator.keys": 32, "join.window": 0.05},  # high key duplication
     ],
 )
@@ -138,7 +139,7 @@ def test_one_hot_key_in_a_large_window_costs_time_not_memory(tmp_path):
 
 def test_heavy_skew_with_partition_tuning(tmp_path):
     # a few keys hold most tuples; tiny theta bounds force splits and directory doubling
-    # (a window of 0.1 s: with 0.5 s the few hot keys made ~10x the pairs and this test took a minute)
+    # (a window of 0.1 s and half SMALL's rate: the few hot keys' pairs grow with both)
     settings = dict(
         SMALL,
         **{
@@ -150,6 +151,7 @@ def test_heavy_skew_with_partition_tuning(tmp_path):
             "tuning.theta_max": 6,
             "partitioning.partitions": 8,
             "join.window": 0.1,
+            "generator.rate": 1500.0,
         },
     )
     run, expected = check_exact(tmp_path, 4, settings)

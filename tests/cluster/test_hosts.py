@@ -157,7 +157,7 @@ def test_sigterm_to_the_launcher_while_a_host_is_cut_off_ends_it_within_seconds(
 
 
 def test_the_supervisor_finishes_on_the_hosts_that_remain_and_takes_a_host_back(bed, tmp_path):
-    settings = dict(PACED, **{"checkpoint.interval": 4, "generator.duration": 10.0, "generator.seed": 11})
+    settings = dict(PACED, **{"checkpoint.interval": 2, "generator.duration": 10.0, "generator.seed": 11})
     job = BedJob(bed, tmp_path, 5, [2, 2, 1], settings, wrapper=SUPERVISE)
     job.wait_for("checkpoint 2 complete")
     bed.cut(2)

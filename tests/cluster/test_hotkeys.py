@@ -105,7 +105,10 @@ def test_generator_hot_share_is_a_single_key_of_both_streams():
 
 @pytest.mark.parametrize("ranks,seed", [(4, 1), (5, 2)])
 def test_a_key_with_30_percent_of_the_input_gets_a_grid_and_the_result_stays_exact(tmp_path, ranks, seed):
-    settings = dict(HOT, **{"generator.seed": seed, "source.rate": 6000.0, "generator.duration": 4.0})
+    # half SMALL's rate: a hot key's pairs grow with its rate squared, and its share, not its rate, makes the grid
+    settings = dict(
+        HOT, **{"generator.seed": seed, "generator.rate": 1500.0, "source.rate": 3000.0, "generator.duration": 4.0}
+    )
     run, expected = check_exact(tmp_path, ranks, settings)
     hot = run.summary["hot_keys"]
     assert len(hot) == 1 and hot[0]["grid"] >= 2

@@ -7,6 +7,7 @@ import json
 import math
 from collections import Counter
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -342,8 +343,10 @@ def shown(dom: str, element: str, attribute: str | None = None) -> str:
 def test_dashboard_in_headless_chromium_shows_the_metrics_live_and_after_the_run(tmp_path):
     browser = chromium()
     port = free_port()
-    settings = {**PACED, "generator.duration": 30.0, "metrics.endpoint": f"127.0.0.1:{port}"}
-    proc = start(tmp_path, settings, 4)
+    # a run far longer than the test: stopped cleanly (SIGTERM to the launcher) once the page has been read
+    settings = {**PACED, "generator.duration": 600.0, "metrics.endpoint": f"127.0.0.1:{port}"}
+    cmd = [sys.executable, "-m", "deploy.launch", "-n", "4", "--", "--config", str(write_config(tmp_path, settings))]
+    proc = subprocess.Popen(cmd, env=mpi_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while (before := scrape(port)) is None or total(before, "streamjoin_input_tuples_total") < 6000 * 2:
@@ -354,7 +357,8 @@ def test_dashboard_in_headless_chromium_shows_the_metrics_live_and_after_the_run
         browse(browser, f"http://127.0.0.1:{port}/", f"--screenshot={tmp_path / 'dashboard-live.png'}")
         assert proc.poll() is None, "the run ended before the page was read: the check would be of the final page"
     finally:
-        proc.wait(timeout=240)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
     assert proc.returncode == 0, proc.stderr.read()
     assert 'data-ready="1"' in dom, "the charts were not drawn (fewer than two samples)"
     assert shown(dom, "status") == "live"

@@ -115,6 +115,8 @@ def test_full_join_with_a_hot_key_recovers_from_a_killed_slave_deciding_each_row
         **{
             "join.type": "full",
             "generator.seed": 6,
+            "generator.rate": 1500.0,  # half, paced at half: the same wall time, a quarter of the hot pairs
+            "source.rate": 3000.0,
             "generator.hot_share": 0.3,
             "generator.keys": 65536,
             "hotkeys.enabled": True,

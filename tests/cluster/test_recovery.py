@@ -275,6 +275,8 @@ def test_a_stalled_cluster_with_hot_keys_is_restarted_by_the_supervisor_and_stay
         CKPT,
         **{
             "generator.seed": 43,
+            "generator.rate": 1500.0,  # half, paced at half: the same wall time, a quarter of the hot pairs
+            "source.rate": 3000.0,
             "generator.hot_share": 0.3,
             "generator.keys": 65536,
             "hotkeys.enabled": True,
@@ -344,7 +346,7 @@ def test_a_zmq_run_killed_under_the_supervisor_loses_nothing_the_producer_sent(t
         settings,
         wrapper=SUPERVISE,
         timeout=150,
-        env={"STREAMJOIN_FAULT": f"{victim}:batch-after-checkpoint:2:{tmp_path / 'fault-fired'}"},
+        env={"STREAMJOIN_FAULT": f"{victim}:batch-after-checkpoint:1:{tmp_path / 'fault-fired'}"},
     )
     sent = [finish(p) for p in producers]
     assert run.returncode == 0, run.stderr
