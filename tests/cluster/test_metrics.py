@@ -26,9 +26,9 @@ from protocol import delays
 from protocol.config import ConfigError, load_config
 from tests.runs import free_port, run_cluster, write_config
 
-#: a paced run long enough to be scraped a few times: 6,000 tuples/s, with checkpoints
+#: a paced run long enough to be scraped a few times: 6,000 tuples/s for 6 s, a sample a second, with checkpoints
 PACED = {
-    "generator.duration": 12.0,
+    "generator.duration": 6.0,
     "generator.rate": 3000.0,
     "generator.keys": 4096,
     "source.rate": 6000.0,
@@ -37,7 +37,7 @@ PACED = {
     "generator.disorder": 0.1,
     "epochs.distribution": 0.1,
     "checkpoint.interval": 10,
-    "metrics.log_interval": 2.0,
+    "metrics.log_interval": 1.0,
 }
 COUNTERS = (
     "streamjoin_input_tuples_total",
