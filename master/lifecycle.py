@@ -5,6 +5,7 @@ every slave, their final reports, the summary.
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 from pathlib import Path
@@ -12,13 +13,14 @@ from pathlib import Path
 from master.effects import carry_out
 from master.state.checkpoints import section
 from master.state.intake import IngestDesk
-from master.state.stats import print_summary, ranks_by_host, spans, write_summary
+from master.state.stats import ranks_by_host, spans, summary_lines
 from protocol import checkpoint, eventtime
 from protocol.liveness import heartbeat_timeout
 from protocol.orders import Order
 from protocol.payload import remove_log
 from protocol.startup import launched_at, restarts
 from protocol.streams import live_endpoints
+from protocol.strict_json import json_text
 
 
 def say_started(hosts: list[str], k: int, cfg: dict) -> None:
@@ -125,7 +127,7 @@ class Lifecycle:
         if self.index > 0:
             self.links.send_summary(
                 {
-                    "stats": self.stats.state(),
+                    "stats": self.stats.state(time.time()),
                     "results_out": self.results_out.summary(),
                     "source": self.source.finish(),
                     "lateness": lateness,
@@ -136,7 +138,7 @@ class Lifecycle:
         for other in others:
             self.stats.merge(other["stats"])
         c = self.controller
-        summary = self.stats.summary(self.cfg)
+        summary = self.stats.summary(self.cfg, time.time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         summary["balance"] = {
             "reorganizations": c.reorganizations,
             "moves": c.moves_log,
@@ -160,14 +162,16 @@ class Lifecycle:
             summary["lateness"] = IngestDesk.merge_summaries([lateness, *(o["lateness"] for o in others)])
         remove_log(self.cfg["output"]["path"])  # every result is written: no row needs its columns any more
         write_summary(Path(self.cfg["output"]["path"]) / "summary.json", summary)
-        print_summary(summary)
+        print("\n".join(summary_lines(summary)), file=sys.stderr, flush=True)
         self.metrics.close(self, summary)
         return summary
 
     def _progress(self) -> None:
         print(
             f"[dispatcher {self.index}] " * (self.k > 1)
-            + self.stats.progress_line(len(self.buffers), len(self.controller.active), len(self.controller.moves_log))
+            + self.stats.progress_line(
+                time.time(), len(self.buffers), len(self.controller.active), len(self.controller.moves_log)
+            )
             + self.ingest.idle_note(),
             file=sys.stderr,
             flush=True,
@@ -204,3 +208,12 @@ class Lifecycle:
             return False
         self.channels.tell(range(1, self.k), Order.FINISH)
         return True
+
+
+def write_summary(path: Path, summary: dict) -> None:
+    """summary.json, whole or not at all (written beside, then renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    null = "no value (e.g. no delay percentiles without results)"
+    tmp.write_text(json_text({**summary, "null_means": null}, indent=2))
+    tmp.replace(path)

@@ -151,7 +151,7 @@ class Metrics:
     # -- several dispatchers ----------------------------------------------------------------------------
     def _counters(self, master) -> dict:
         return {
-            "stats": master.stats.state(),
+            "stats": master.stats.state(time.time()),
             "watermark": master.ingest.frontier(),
             "stream_max_ts": master.ingest.stream_max_ts,
             "buffered": len(master.buffers),
@@ -179,8 +179,8 @@ class Metrics:
         """One sample: counters summed over the dispatchers, the controller's view, the hot keys."""
         stats = m.stats
         if others:  # rank 0's own counters plus the others' (RunStats.merge, as the summary does at the end)
-            stats = RunStats(m.slaves)
-            stats.restore(m.stats.state())
+            stats = RunStats(m.slaves, now)
+            stats.restore(m.stats.state(now))
             for o in others:
                 stats.merge(o)
         c = m.controller

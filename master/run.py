@@ -59,7 +59,7 @@ class Master(Routing, Lifecycle):
             cfg, slaves, parts, share=self.k, live=router.partitions if router else None
         )
         self.buffers = buffers = MiniBuffers(parts, tuple_dtype(cfg["generator"]["tuple_bytes"]))
-        self.stats = stats = RunStats(slaves)
+        self.stats = stats = RunStats(slaves, time.time())
         self.channels = channels = Channels(slaves, buffers.dtype)
         self.links = Links(comm, self.index, self.k, channels)
         groups = min(cfg["partitioning"]["subgroups"], len(slaves))

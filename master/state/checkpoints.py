@@ -86,7 +86,7 @@ class CheckpointDesk:
         data = checkpoint.pack([r.view(np.uint8), s.view(np.uint8), counts.ravel().view(np.uint8)])
         self.channels.write(WritePart(directory, name, data, fresh=self.index == 0))
         part = {name: {"bytes": len(data), "records": 3, "tuples": len(r) + len(s)}}
-        mine = {**sections, "stats": self.stats.state(), "controller": self.controller.state()}
+        mine = {**sections, "stats": self.stats.state(now), "controller": self.controller.state()}
         if self.index == 0:
             self.open = {
                 "id": ckpt_id,

@@ -1,27 +1,23 @@
-"""What the master knows about the run: counters from ingest and slave reports, progress, summary."""
+"""What the master knows about the run: counters from ingest and slave reports, progress, summary (pure: told
+the time; the summary's file and lines are written by the shell, master.lifecycle)."""
 
 from __future__ import annotations
 
 import json
 import math
-import resource
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 
 from protocol import delays
 from protocol.access import public
-from protocol.strict_json import json_text
 
 #: seconds one batch may take before the progress line names its slave (a busy host's batches take a second)
 LONG_BATCH = 2.0
 
 
 class RunStats:
-    def __init__(self, slaves: list[int]):
-        self.started = time.time()
+    def __init__(self, slaves: list[int], now: float):
+        self.started = now
         self.input = {"R": 0, "S": 0}
         self.late = 0
         self.results = 0
@@ -79,14 +75,14 @@ class RunStats:
         "backlog_max",
     )
 
-    def state(self) -> dict:
+    def state(self, now: float) -> dict:
         """The counters as JSON for a checkpoint manifest."""
         state = {
             **{k: getattr(self, k) for k in self._STATE},
             "delay_hist": self.delay_hist.tolist(),
             "parts_hist": self.parts_hist.tolist(),
             "per_slave": {str(r): v for r, v in self.per_slave.items()},
-            "elapsed": self.elapsed_before + time.time() - self.started,
+            "elapsed": self.elapsed_before + now - self.started,
         }
         return json.loads(json.dumps(state))  # a copy: the counters move on while the checkpoint completes
 
@@ -154,8 +150,7 @@ class RunStats:
         self.parts_hist += hists[1:]
         self.delay_max = max(self.delay_max, c["delay_max"])
 
-    def progress_line(self, buffered: int, active: int, moves: int) -> str:
-        now = time.time()
+    def progress_line(self, now: float, buffered: int, active: int, moves: int) -> str:
         t0, n0 = self._last_line
         rate = (self.ingested - n0) / max(now - t0, 1e-9)
         self._last_line = (now, self.ingested)
@@ -191,8 +186,9 @@ class RunStats:
             "chunks": sum(v["result_chunks"] for v in per),
         }
 
-    def summary(self, cfg: dict) -> dict:
-        wall = self.elapsed_before + time.time() - self.started
+    def summary(self, cfg: dict, now: float, peak_rss_bytes: int) -> dict:
+        """The run's part of summary.json; `peak_rss_bytes`: the master's own, as the shell reads it."""
+        wall = self.elapsed_before + now - self.started
         p50, p95, p99 = (min(p, self.delay_max) for p in delays.percentiles(self.delay_hist, (50, 95, 99)))
         return {
             "input": dict(self.input),
@@ -224,7 +220,7 @@ class RunStats:
             "pacing_lag_max_seconds": round(max(self.pacing_lag_max, 0.0), 3),
             "backlog_max_seconds": round(max(self.backlog_max, 0.0), 3),
             "buffered_peak": self.buffered_peak,
-            "master_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "master_peak_rss_bytes": peak_rss_bytes,
             "result_chunks": self.chunking(),
             "tuples_moved": self.tuples_moved,
             "partition_splits": self.splits,
@@ -257,14 +253,6 @@ def ranks_by_host(hosts: list[str]) -> dict[str, list[int]]:
     return by
 
 
-def write_summary(path: Path, summary: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    null = "no value (e.g. no delay percentiles without results)"
-    tmp.write_text(json_text({**summary, "null_means": null}, indent=2))
-    tmp.replace(path)
-
-
 def spans(ranks: list[int]) -> str:
     """Ranks as runs: [0, 1, 2, 5] -> "0-2, 5"."""
     runs: list[list[int]] = []
@@ -284,61 +272,49 @@ def _after(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}s"
 
 
-def print_summary(s: dict, out=sys.stderr) -> None:
+def summary_lines(s: dict) -> list[str]:
+    """The summary as the lines the run ends with (the shell prints them)."""
+    lines = []
     d = s["delay_seconds"]
-    print(
+    lines.append(
         f"done in {s['wall_seconds']:.1f}s: {s['input_total']:,} tuples in (R {s['input']['R']:,}, "
         f"S {s['input']['S']:,}), {s['results']:,} results, {s['late']:,} late, {s['rejected']:,} rejected; "
         f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {seconds(d['p50'])} p95 {seconds(d['p95'])} "
         f"p99 {seconds(d['p99'])} max {seconds(d['max'])}; splits {s['partition_splits']}, "
-        f"merges {s['partition_merges']}",
-        file=out,
-        flush=True,
+        f"merges {s['partition_merges']}"
     )
     up = s["startup"]
     pss = sorted(up["pss_before_data_bytes"].values())
-    print(
+    lines.append(
         f"start-up: ranks ready {_after(up['ranks_ready_seconds'])}, "
         f"first tuple {_after(up['first_tuple_seconds'])}, "
         f"last result {_after(up['last_result_seconds'])} after the launch; PSS before data "
-        f"{pss[len(pss) // 2] / 2**20:.0f} MiB per rank (median), {sum(pss) / 2**20:.0f} MiB in all",
-        file=out,
-        flush=True,
+        f"{pss[len(pss) // 2] / 2**20:.0f} MiB per rank (median), {sum(pss) / 2**20:.0f} MiB in all"
     )
-    print(
-        "hosts: " + "; ".join(f"{host} rank{'s' * (len(r) > 1)} {spans(r)}" for host, r in s["hosts"].items()),
-        file=out,
-        flush=True,
-    )
+    lines.append("hosts: " + "; ".join(f"{host} rank{'s' * (len(r) > 1)} {spans(r)}" for host, r in s["hosts"].items()))
     parts = s["delay_parts_seconds"]
-    print(
+    lines.append(
         "delay parts p50 / p99: "
         + ", ".join(f"{k} {seconds(parts[k]['p50'])} / {seconds(parts[k]['p99'])}" for k in delays.PARTS)
-        + f"; slots missed (slave still joining) {sum(v['slots_missed'] for v in s['slaves'].values()):,}",
-        file=out,
-        flush=True,
+        + f"; slots missed (slave still joining) {sum(v['slots_missed'] for v in s['slaves'].values()):,}"
     )
     c = s["result_chunks"]
     if c["chunked_batches"]:
-        print(
+        lines.append(
             f"results of {c['chunked_batches']:,} batches were built in {c['chunks']:,} chunks of at most "
             f"{s['config']['output']['result_chunk_rows']:,} rows (output.result_chunk_rows); the largest batch had "
-            f"{c['largest_batch_results']:,} results",
-            file=out,
-            flush=True,
+            f"{c['largest_batch_results']:,} results"
         )
     if "zmq_ingest" in s:
         z = s["zmq_ingest"]
-        print(
+        lines.append(
             f"zmq ingest on {', '.join(z['endpoints'])}: {z['messages']:,} messages, {z['tuples']:,} tuples, "
             f"rejected {z['rejected_by_reason'] or 0}; producers held back {z['producers_blocked_seconds']:.2f}s "
-            f"in all; buffered at most {s['buffered_peak']:,}",
-            file=out,
-            flush=True,
+            f"in all; buffered at most {s['buffered_peak']:,}"
         )
     for side, x in s.get("lateness", {}).items():  # [streams]: lateness and idleness per stream
         idle = x["idle"]
-        print(
+        lines.append(
             f"stream {side} ({x['stream']}): max_delay {x['max_delay']:g}s, {x['late']:,} late; "
             + (
                 f"idle {len(idle)} time(s) for "
@@ -346,27 +322,22 @@ def print_summary(s: dict, out=sys.stderr) -> None:
                 f"(idle_timeout {x['idle_timeout']:g}s), the first from {idle[0]['began_seconds']:.1f}s"
                 if idle
                 else "never idle" + f" (idle_timeout {x['idle_timeout']:g}s)" * bool(x["idle_timeout"])
-            ),
-            file=out,
-            flush=True,
+            )
         )
     if "streams" in s:  # [streams.*] (master.sources.streams); with text keys, what their dictionary holds
         k = s.get("keys")
-        print(
+        lines.append(
             f"streams: R = {s['streams']['R']}, S = {s['streams']['S']}"
             + (f"; {k['distinct']:,} distinct keys coded ({k['bytes'] / 2**20:.1f} MiB at the master)" if k else "")
             + f"; payload log {s['payload_log_bytes'] / 2**20:.1f} MiB, at most "
-            f"{s['payload_log_peak_bytes'] / 2**20:.1f} MiB on disk at once",
-            file=out,
-            flush=True,
+            f"{s['payload_log_peak_bytes'] / 2**20:.1f} MiB on disk at once"
         )
     if "result_stream" in s:
         r = s["result_stream"]
-        print(
+        lines.append(
             f"result stream on {', '.join(r['endpoints'])}: {r['results']:,} results, "
             f"{r['punctuations']:,} punctuations"
             f"{', ordered' if r['ordered'] else ''}; {r['gaps']:,} gaps for subscribers behind"
-            f"{'; ingest held %.2fs' % r['ingest_held_seconds'] if r['ordered'] else ''}",
-            file=out,
-            flush=True,
+            f"{'; ingest held %.2fs' % r['ingest_held_seconds'] if r['ordered'] else ''}"
         )
+    return lines

@@ -66,10 +66,9 @@ def test_a_pure_room_loads_no_mpi_no_sockets_and_no_shell(path):
     assert out.stdout.strip() == "[]", f"{name} loads {out.stdout.strip()}"
 
 
-@pytest.mark.parametrize("desk", DESKS + ("channels", "controller"))
+@pytest.mark.parametrize("desk", DESKS + ("channels", "controller", "stats"))
 def test_a_desk_reads_no_clock_and_writes_no_file_or_line(desk):
-    """It is told the time and asks for messages, files and lines as effects (the run's counters in stats.py
-    read the clock: they are the sampler, not a desk)."""
+    """It is told the time and asks for messages, files and lines as effects."""
     tree = ast.parse((ROOT / "master" / "state" / f"{desk}.py").read_text())
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}

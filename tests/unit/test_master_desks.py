@@ -145,7 +145,7 @@ class Parts:
         self.cfg, self.slaves = cfg, slaves
         self.buffers = MiniBuffers(partitions, DT)
         self.controller = Controller(cfg, slaves, partitions, live=live)
-        self.stats = RunStats(slaves)
+        self.stats = RunStats(slaves, 0.0)
         self.links = Shell(slaves)
 
 

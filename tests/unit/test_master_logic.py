@@ -349,14 +349,16 @@ def test_run_stats_keep_each_slaves_communication_seconds_as_a_level():
     from protocol import delays
     from protocol.messages import HISTOGRAMS, REPORT
 
-    stats = RunStats([1, 2])
+    stats = RunStats([1, 2], 100.0)
     hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
     for comm in (0.25, 0.75):  # the slave reports its running total; the summary keeps the last one
         stats.add_report(1, {**dict.fromkeys(REPORT.names, 0), "comm": comm}, hist)
     from protocol.config import load_config
 
-    per_slave = stats.summary(load_config(None))["slaves"]
+    summary = stats.summary(load_config(None), 103.0, 1 << 20)
+    per_slave = summary["slaves"]
     assert per_slave["1"]["comm_seconds"] == 0.75 and per_slave["2"]["comm_seconds"] == 0.0
+    assert summary["wall_seconds"] == 3.0 and summary["master_peak_rss_bytes"] == 1 << 20  # as it was told
 
 
 def test_the_progress_line_names_the_slave_longest_at_one_batch_once_it_is_long():
@@ -364,13 +366,13 @@ def test_the_progress_line_names_the_slave_longest_at_one_batch_once_it_is_long(
     from protocol import delays
     from protocol.messages import HISTOGRAMS, REPORT
 
-    stats = RunStats([1, 2, 3])
+    stats = RunStats([1, 2, 3], 0.0)
     stats.joining = {1: (10, LONG_BATCH / 2)}  # a busy host's batch: not named
-    assert "still joining" not in stats.progress_line(0, 3, 0)
+    assert "still joining" not in stats.progress_line(1.0, 0, 3, 0)
     stats.joining = {1: (10, LONG_BATCH / 2), 2: (5000, LONG_BATCH + 1.2), 3: (7, LONG_BATCH + 0.2)}
-    line = stats.progress_line(0, 3, 0)
+    line = stats.progress_line(1.0, 0, 3, 0)
     assert line.endswith(
         f" | slave 2 still joining one batch after {LONG_BATCH + 1.2:.0f}s: 5,000 results so far (and 1 other slave)"
     ), line
     stats.add_report(2, dict.fromkeys(REPORT.names, 0), np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64))
-    assert "slave 3 still joining" in stats.progress_line(0, 3, 0)  # slave 2's report came: its batch is done
+    assert "slave 3 still joining" in stats.progress_line(1.0, 0, 3, 0)  # slave 2's report came: its batch is done
