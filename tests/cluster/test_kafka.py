@@ -2,7 +2,8 @@
 by the fixture on a free port): the cluster fed by topics of several partitions, out of order across partitions,
 compared with the reference join of the records as produced, lateness judged per partition; bad records set
 aside with their partition and offset; record timestamps as event time; a left join; an empty partition; an
-unbounded topic stopped by a signal; a partition read far ahead paused and resumed."""
+unbounded topic stopped by a signal; a partition read far ahead paused and resumed; the clicks example's Kafka
+form."""
 
 from __future__ import annotations
 
@@ -416,3 +417,38 @@ def test_a_topic_that_does_not_exist_or_a_refused_setting_stops_the_start_withou
     with pytest.raises(ConfigError, match="librdkafka refuses the setting security.protocol") as e:
         open_source(cfg(**{"streams.views.kafka.config.security.protocol": "hunter2"}))
     assert "hunter2" not in str(e.value)
+
+
+def test_the_clicks_examples_kafka_form_equals_duckdbs_join_of_its_files(tmp_path, broker):
+    """examples/clicks as the README's Kafka form runs it: make_data.py's files produced into two topics by
+    to_kafka.py, clicks-kafka.toml joins them; every pair and its payload is DuckDB's interval join of the files."""
+    import duckdb
+    import tomllib
+
+    example, data = ROOT / "examples" / "clicks", tmp_path / "data"
+    for script, *args in (("make_data.py", data), ("to_kafka.py", "--bootstrap", broker, "--data", data)):
+        done = subprocess.run([sys.executable, example / script, *map(str, args)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    cfg = tomllib.loads((example / "clicks-kafka.toml").read_text())
+    settings = {f"join.{k}": v for k, v in cfg["join"].items()}
+    for name, spec in cfg["streams"].items():
+        settings |= {f"streams.{name}.{k}": v for k, v in spec.items()}
+        settings[f"streams.{name}.kafka"] = {**spec["kafka"], "bootstrap": broker}
+    run = run_cluster(tmp_path, 3, settings)
+    assert run.returncode == 0, run.stderr
+    assert run.summary["late"] == 0 and run.summary["rejected"] == 0
+    got = read_tables(run.out / "results").to_pandas()
+    want = (
+        duckdb.connect()
+        .execute(
+            f"""SELECT i.impression_id, i.ad_id, c.click_id, c.cost
+            FROM read_csv('{data}/impressions/*.csv') i JOIN read_parquet('{data}/clicks.parquet') c
+            ON i.user_id = c.user_id AND c.clicked_at >= i.shown_at AND c.clicked_at <= i.shown_at + INTERVAL 30 SECOND
+            ORDER BY 1, 3"""
+        )
+        .df()
+    )
+    columns = ["impressions_impression_id", "impressions_ad_id", "clicks_click_id", "clicks_cost"]
+    got = got[columns].sort_values([columns[0], columns[2]]).reset_index(drop=True)
+    assert len(want) > 1000 and len(got) == len(want)
+    assert (got.to_numpy() == want.to_numpy()).all()
