@@ -84,6 +84,11 @@ class Source:
         """Per stream (R, S): every tuple of it has been taken (declared streams end one by one)."""
         return [False, False]
 
+    def partitions(self) -> list[dict]:
+        """Partitioned live streams (Kafka topics), per partition: stream, topic, partition, records and bytes
+        read, lag: metrics."""
+        return []
+
     #: declared streams, per side: every row below this one has been taken (its payload may go)
     rows_taken: tuple | list = (0, 0)
 

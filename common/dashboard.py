@@ -74,6 +74,16 @@ def sample_schema() -> pa.Schema:
         ("partitions", i64),
     ]
     hot = pa.struct([("key", i64), ("first", i64), ("size", i64), ("slaves", pa.list_(i64))])
+    kafka = pa.struct(
+        [
+            ("stream", pa.string()),
+            ("topic", pa.string()),
+            ("partition", i64),
+            ("records", i64),
+            ("bytes", i64),
+            ("lag", i64),
+        ]
+    )
     return pa.schema(
         [
             *scalars,
@@ -81,6 +91,7 @@ def sample_schema() -> pa.Schema:
             ("partition_map", pa.list_(i64)),
             ("moving", pa.list_(i64)),
             ("hot_keys", pa.list_(hot)),
+            ("kafka_partitions", pa.list_(kafka)),
         ]
     )
 

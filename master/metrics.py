@@ -45,6 +45,10 @@ _BUCKET_INDEX = np.arange(0, len(delays.EDGES), 5)
 _MIDDLES = np.concatenate([[delays.EDGES[0]], np.sqrt(delays.EDGES[1:] * delays.EDGES[:-1]), [delays.EDGES[-1]]])
 
 
+#: a Kafka partition's labels
+KAFKA_LABELS = ("stream", "topic", "partition")
+
+
 def rejected_reasons(source) -> dict[str, int]:
     """Rejected inputs by reason, as far as the source has got (a ZeroMQ source counts messages, a file its
     rows as the run passes them); with several dispatchers the first counts the file's."""
@@ -267,6 +271,7 @@ class Metrics:
             "partitions": [int(owned[r]) for r in m.slaves],
             "partition_map": c.partition_map.tolist(),
             "moving": np.flatnonzero(c.moving).tolist(),
+            "kafka_partitions": m.source.partitions(),
             "hot_keys": []
             if m.hot is None
             else [
@@ -521,6 +526,15 @@ class Metrics:
             "when the run started (unix time; a resumed run: its first start)",
             view["started"],
         )
+        if s["kafka_partitions"]:  # Kafka streams, per partition
+            place = lambda p: (p["stream"], p["topic"], str(p["partition"]))  # noqa: E731
+            for kind, name, doc in (
+                (gauge, "lag", "records at the broker not handed on to the join yet"),
+                (counter, "records", "records read"),
+                (counter, "bytes", "bytes of record values read"),
+            ):
+                rows = [(place(p), p[name]) for p in s["kafka_partitions"]]
+                yield kind(f"kafka_{name}" + "_records" * (name == "lag"), doc, None, KAFKA_LABELS, rows)
 
 
 def _histogram(name: str, doc: str, rows, labels=()) -> HistogramMetricFamily:

@@ -85,6 +85,9 @@ class ShardedSource(Source):
     def reasons(self) -> dict[str, int]:
         return self.inner.reasons if self.index == 0 else {}
 
+    def partitions(self) -> list[dict]:
+        return self.inner.partitions() if self.index == 0 else []
+
     def ended(self) -> list[bool]:
         """[streams]: per side, every tuple of that stream has been taken (the shards as the whole input)."""
         return self.inner.ended()

@@ -97,6 +97,9 @@ class KafkaStream:
         self.last_message = time.monotonic()  #: when a record of this stream last came (idleness)
         self._started = False  #: the master has asked for rows (quiet time counts from then)
         self.records = self.rows = self.pauses = 0
+        self.high = high  #: per partition, its high watermark when reading started (lag until the client fetches)
+        self.taken = np.zeros((2, len(self.assigned)), np.int64)  #: records and value bytes read, per partition
+        self._last_partitions: list[dict] | None = None  #: partition_metrics() as the client closed
         self._stored = self.merge.unreleased()  #: the positions last stored for committing
         self._crowded = np.zeros(len(self.assigned), bool)  #: paused for rows waiting (master.sources.partitions)
         self._paused = np.zeros(len(self.assigned), bool)  #: paused at the client: crowded, or bounded and ended
@@ -192,6 +195,11 @@ class KafkaStream:
         self.last_message = now
         self.records += len(records)
         values = [r.value() or b"" for r in records]
+        sizes = np.fromiter(map(len, values), np.int64, len(values))
+        self.taken += [
+            np.bincount(partition, minlength=len(self.assigned)),
+            np.bincount(partition, sizes, len(self.assigned)).astype(np.int64),
+        ]
         self.merge.read(partition, offset, now)
         good: list[tuple[int, pa.Table]] = []
         bad: list[int] = []
@@ -348,10 +356,28 @@ class KafkaStream:
             self.consumer.store_offsets(offsets=[TopicPartition(*self.assigned[i], int(at[i])) for i in moved])
             self._stored = at
 
+    def partition_metrics(self) -> list[dict]:
+        """Per partition: topic, partition, records and value bytes read, and its lag: the records at the broker
+        not handed on yet (the high watermark of the client's last fetch, which it keeps without asking the
+        broker, minus the oldest offset not handed on), as the usual Kafka tools count a consumer's lag."""
+        if self._last_partitions is not None:
+            return self._last_partitions
+        at = self.merge.unreleased()
+        out = []
+        for i, (topic, p) in enumerate(self.assigned):
+            mark = self.consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
+            high = mark[1] if mark is not None and mark[1] >= 0 else int(self.high[i])
+            records, size = self.taken[:, i].tolist()
+            out.append(
+                {"topic": topic, "partition": p, "records": records, "bytes": size, "lag": max(high - int(at[i]), 0)}
+            )
+        return out
+
     def finish(self) -> dict:
         """Close the client (committing the positions handed on) and the listing; the stream's entry in
         summary.json's `live_streams` (once)."""
         if self._finished is None:
+            self._last_partitions = self.partition_metrics()
             self.consumer.close()
             self.listing.flush()
             self._finished = {

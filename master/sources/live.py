@@ -47,6 +47,9 @@ class Live(Protocol):
     def finish(self) -> dict:
         """Close it; its entry in summary.json's `live_streams`, with `rejected_by_reason`."""
 
+    def partition_metrics(self) -> list[dict]:
+        """Per partition of a partitioned stream (Kafka): topic, partition, records, bytes, lag; else none."""
+
 
 def open_live(cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema) -> Live:
     """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`."""
@@ -82,6 +85,9 @@ class LiveStream(ZmqSource):
     @property
     def done(self) -> bool:
         return self.ended >= self.producers
+
+    def partition_metrics(self) -> list[dict]:
+        return []  # producers push: no partitions, no lag to count
 
     def finish(self) -> dict:
         """The ZeroMQ source's counts (master.sources.zmq_input), once."""

@@ -267,6 +267,14 @@ class StreamsSource(Source):
             return {}
         return dict(sum((Counter(x.reasons) for x in self._live if x is not None), Counter(self.listing.reasons)))
 
+    def partitions(self) -> list[dict]:
+        return [
+            {"stream": name, **row}
+            for name, live in zip(self.specs, self._live)
+            if live is not None
+            for row in live.partition_metrics()
+        ]
+
     def position(self) -> dict:
         return {"accepted": self.accepted}
 

@@ -452,3 +452,46 @@ def test_the_clicks_examples_kafka_form_equals_duckdbs_join_of_its_files(tmp_pat
     got = got[columns].sort_values([columns[0], columns[2]]).reset_index(drop=True)
     assert len(want) > 1000 and len(got) == len(want)
     assert (got.to_numpy() == want.to_numpy()).all()
+
+
+def test_lag_records_and_bytes_are_counted_per_partition_in_the_source_metrics_and_log(tmp_path, broker):
+    """Before a record is read each partition lags by what it holds; read to the end, by nothing; records and value
+    bytes per partition as produced: from the source itself, then from a run's final exposition and metrics log."""
+    import pyarrow.parquet as pq
+
+    from master.sources import open_source
+    from tests.cluster.test_metrics import browse, chromium, dashboard_of, parse, shown
+    from tests.cluster.test_streams import drain
+
+    rng = np.random.default_rng(17)
+    views, buys = stream(rng, 900, 0, 3, now_ms()), stream(rng, 200, 100_000, 1, now_ms())
+    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
+    want = {}
+    for name, s, id_column, parts in (("views", views, "vid", 3), ("buys", buys, "bid", 1)):
+        create(broker, topics[name], parts)
+        sent = values(s, id_column)
+        produce(broker, topics[name], s["partition"], sent)
+        sizes = np.array([len(v) for v in sent])
+        for p in range(parts):
+            want[name, p] = (int((s["partition"] == p).sum()), int(sizes[s["partition"] == p].sum()))
+    cfg = {**settings(broker, topics), "output.path": str(tmp_path / "src"), "metrics.endpoint": "127.0.0.1:0"}
+    src = open_source(load_config(None, [f"{k}={toml_value(v)}" for k, v in cfg.items()]))
+    seen = lambda rows: {(r["stream"], r["partition"]): (r["records"], r["bytes"], r["lag"]) for r in rows}  # noqa: E731
+    assert seen(src.partitions()) == {k: (0, 0, n) for k, (n, _) in want.items()}
+    drain(src)
+    src.finish()
+    assert seen(src.partitions()) == {k: (n, b, 0) for k, (n, b) in want.items()}  # kept after the client closed
+    run = run_cluster(tmp_path, 3, {**cfg, "output.path": str(tmp_path / "out"), "metrics.log_interval": 1.0})
+    assert run.returncode == 0, run.stderr
+    final = parse((run.out / "metrics.prom").read_text())
+    for (name, p), (n, b) in want.items():
+        labels = (("partition", str(p)), ("stream", name), ("topic", topics[name]))
+        assert final[("streamjoin_kafka_records_total", labels)] == n
+        assert final[("streamjoin_kafka_bytes_total", labels)] == b
+        assert final[("streamjoin_kafka_lag_records", labels)] == 0
+    log = pq.read_table(run.out / "metrics").to_pylist()
+    assert seen(max(log, key=lambda r: r["seq"])["kafka_partitions"]) == {k: (n, b, 0) for k, (n, b) in want.items()}
+    with dashboard_of(run.out) as url:  # the page after the run, in a real browser: a row per partition
+        dom = browse(chromium(), url, "--dump-dom")
+    assert shown(dom, "kafka-info") == "lag 0 records in all" and 'id="kafka-section" hidden' not in dom
+    assert [shown(dom, f"kafka-lag-{name}-{p}") for name, p in want] == ["0"] * len(want)

@@ -3,6 +3,7 @@ control/dashboard.py), scraped from real paced clusters; the page read by a real
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import Counter
@@ -306,6 +307,25 @@ def chromium() -> str:
     return found
 
 
+@contextlib.contextmanager
+def dashboard_of(out: Path):
+    """`control.dashboard` on a run's output folder; its page's URL."""
+    port = free_port()
+    viewer = subprocess.Popen(
+        [sys.executable, "-m", "control.dashboard", str(out), "--endpoint", f"127.0.0.1:{port}"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "dashboard of" not in viewer.stderr.readline():
+            assert viewer.poll() is None and time.monotonic() < deadline, "control.dashboard did not start"
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        viewer.terminate()
+        viewer.wait(timeout=30)
+
+
 def browse(browser: str, url: str, *what: str, budget_ms: int = 4000) -> str:
     """Chromium headless on `url` for `budget_ms` of virtual time (the page's polls run), then `what`
     (--dump-dom prints the page as it is then, --screenshot=FILE saves it)."""
@@ -371,23 +391,10 @@ def test_dashboard_in_headless_chromium_shows_the_metrics_live_and_after_the_run
     # after the run: the same page from the files, with the summary's totals
     out = tmp_path / "out"
     summary = json.loads((out / "summary.json").read_text())
-    viewer_port = free_port()
-    viewer = subprocess.Popen(
-        [sys.executable, "-m", "control.dashboard", str(out), "--endpoint", f"127.0.0.1:{viewer_port}"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while "dashboard of" not in viewer.stderr.readline():
-            assert viewer.poll() is None and time.monotonic() < deadline, "control.dashboard did not start"
-        url = f"http://127.0.0.1:{viewer_port}/"
+    with dashboard_of(out) as url:
         dom = browse(browser, url, "--dump-dom")
         browse(browser, url, f"--screenshot={tmp_path / 'dashboard-after.png'}")
         final = urllib.request.urlopen(url + "metrics", timeout=5).read().decode()
-    finally:
-        viewer.terminate()
-        viewer.wait(timeout=30)
     assert shown(dom, "status") == "finished"
     assert (
         int(shown(dom, "input-total", "data-value"))
