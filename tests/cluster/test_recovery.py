@@ -346,7 +346,7 @@ def test_a_zmq_run_killed_under_the_supervisor_loses_nothing_the_producer_sent(t
         settings,
         wrapper=SUPERVISE,
         timeout=150,
-        env={"STREAMJOIN_FAULT": f"{victim}:batch-after-checkpoint:1:{tmp_path / 'fault-fired'}"},
+        env={"STREAMJOIN_FAULT": f"{victim}:checkpoint:2:{tmp_path / 'fault-fired'}"},
     )
     sent = [finish(p) for p in producers]
     assert run.returncode == 0, run.stderr
