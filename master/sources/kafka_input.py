@@ -427,6 +427,7 @@ class KafkaStream:
             "rows": self.rows,
             "rejected_files": self.listing.files,
             "rejected_rows": self.listing.rows,
+            "rejected_by_reason": dict(self.listing.reasons),
         }, pa.table({"is_s": recent[0], "id": recent[1], "row": recent[2]})
 
     def _resume(self, where: dict, recent: pa.Table) -> None:
@@ -437,6 +438,7 @@ class KafkaStream:
         if check is not None:
             check.resume(where["max_id"], *(recent[c].to_numpy().copy() for c in ("is_s", "id", "row")))
         self.listing.roll_back(where["rejected_files"], where["rejected_rows"])
+        self.listing.reasons.update(where["rejected_by_reason"])
         self.records = self.rows + self.listing.rows
         self._stored = self.merge.unreleased()
 
