@@ -432,6 +432,13 @@ class KafkaStream:
 
     def _resume(self, where: dict, recent: pa.Table) -> None:
         """Back to a `position`: the merge, the stream rows and their checks, the listing."""
+        if len(where["offsets"]) != len(self.assigned):
+            self.consumer.close()
+            raise InputError(
+                f"streams.{self.name}.kafka: the checkpoint holds offsets of {len(where['offsets'])} partitions, "
+                f"but {', '.join(self.topics)} now has {len(self.assigned)}: a recovery cannot tell where the "
+                "records of the others start"
+            )
         self.merge.restore(np.array(where["offsets"]), np.array(where["running"]), np.array(where["end"]))
         self.checks.row, self.rows = where["row"], where["rows"]
         check = self.checks.check

@@ -438,6 +438,50 @@ def test_bounded_topics_read_ahead_of_the_master_recover_with_what_was_merged_an
     assert_committed(broker, topics, places)
 
 
+def test_a_source_sought_to_its_checkpointed_place_goes_on_with_the_same_tuples_codes_and_payload(tmp_path, broker):
+    """In-process: two topics with text keys, read far ahead of what is taken; at 1,200 tuples taken the source's
+    place is kept (`position` and its arrays), the source runs to its end, and a fresh source sought to the place
+    gives exactly the same tuples after it -- stream rows, times, key codes -- while the payload log holds each
+    row's own columns (the segments written after the place by the first source are replaced)."""
+    from common.chunks import concat
+    from master.sources import open_source
+    from protocol.payload import payload_reader
+
+    rng = np.random.default_rng(15)
+    t0 = now_ms()
+    views, buys = stream(rng, 2000, 0, 4, t0, 0.01), stream(rng, 1500, 100_000, 4, t0, 0.01)
+    topics = two_topics(tmp_path, broker, views, buys)
+    values = {**checkpointed(broker, topics), "output.path": str(tmp_path / "out")}
+    cfg = load_config(None, [f"{k}={toml_value(v)}" for k, v in values.items()])
+
+    def take(source, n: int | None = None):
+        chunks, got = [], 0
+        while (n is None or got < n) and (c := source.next_chunk(100 if n is None else min(100, n - got))) is not None:
+            chunks.append(c)
+            got += len(c.ts)
+        return concat(chunks)
+
+    first = open_source(cfg)
+    before = take(first, 1200)
+    where = {**first.position(), "records": first.records()}
+    assert where["accepted"] == 1200 and sum(p["row"] for p in where["streams"]) > 1200  # merged ahead
+    rest = take(first)
+    first.finish()
+    second = open_source(cfg)
+    second.seek(
+        json.loads(json.dumps({k: v for k, v in where.items() if k != "records"})) | {"records": where["records"]}
+    )
+    again = take(second)
+    second.finish()
+    for column, a, b in zip(rest._fields, rest, again):
+        np.testing.assert_array_equal(a, b, err_msg=column)
+    whole = concat([before, again])
+    reader = payload_reader(cfg)
+    for side, (column, s) in enumerate(zip(IDS, (views, buys))):
+        ids = reader.gather(side, whole.id[whole.stream == side])[column].to_numpy()
+        assert sorted(ids.tolist()) == s["id"].tolist()
+
+
 def produce_waves(broker: str, topics: dict, streams: dict, waves: list[np.ndarray], pause: float) -> None:
     """Each wave's records of both streams into their topics (wave i: the records of stream `name` whose indexes
     waves[i][name] lists, in that order), `pause` seconds apart: records that come while the cluster runs."""
