@@ -110,6 +110,7 @@ class KafkaStream:
         self.records = self.rows = self.pauses = 0
         self.checkpointed = bool(cfg["checkpoint"]["interval"])  #: the group's offsets are the checkpoints'
         self._aside: list[tuple[np.ndarray, np.ndarray, pa.Table]] = []  #: set aside, not yet passed by the merge
+        self._commit_due: list[TopicPartition] | None = None  #: a complete checkpoint's offsets, to commit
         if start is not None:
             self._resume(*start)
         self.consumer.assign(
@@ -174,6 +175,7 @@ class KafkaStream:
     def batches(self) -> list[StreamBatch]:
         """The checked rows released since the last call, as one batch (none: nothing now)."""
         now, moved = time.monotonic(), False
+        self._commit()
         if not self._started:  # the master asks once the cluster is up: quiet until then is not idleness
             self._started, self.last_message = True, now
             self.merge.start(now)
@@ -394,6 +396,7 @@ class KafkaStream:
         """Close the client (committing the positions handed on) and the listing; the stream's entry in
         summary.json's `live_streams` (once)."""
         if self._finished is None:
+            self._commit()
             self.consumer.close()
             self._list_passed()
             self.listing.flush()
@@ -451,11 +454,14 @@ class KafkaStream:
 
     def acknowledge(self, where: dict) -> None:
         """A checkpoint holding the stream up to `where` (its `position`) is complete: its offsets become the
-        group's committed ones (for lag monitoring; a recovery reads the checkpoint's own)."""
-        self.consumer.commit(
-            offsets=[TopicPartition(t, p, int(x)) for (t, p), x in zip(self.assigned, where["offsets"])],
-            asynchronous=True,
-        )
+        group's committed ones (for lag monitoring; a recovery reads the checkpoint's own) at the next read, once
+        the master has written the manifest."""
+        self._commit_due = [TopicPartition(t, p, int(x)) for (t, p), x in zip(self.assigned, where["offsets"])]
+
+    def _commit(self) -> None:
+        if self._commit_due:
+            self.consumer.commit(offsets=self._commit_due, asynchronous=True)
+            self._commit_due = None
 
 
 def _consumer(name: str, kafka: dict) -> Consumer:
