@@ -167,10 +167,12 @@ class PartitionMerge:
 
     def restore(self, offsets: np.ndarray, running: np.ndarray, end: np.ndarray) -> None:
         """A recovery: read again from `offsets` (a checkpoint's `unreleased`), each partition's watermark state
-        there `running` (its `handed`), bounded at the run's first `end`; nothing waits."""
+        there `running` (its `handed`), bounded at the first run's `end`; nothing waits.  Only a partition with
+        nothing at the broker now (its high watermark as this merge was made) holds nothing back."""
+        high = self.end
         self.position = np.asarray(offsets, np.int64).copy()
-        self.end = np.asarray(end, np.int64).copy()
-        self.reached = np.where(self.position >= self.end, self.end, -1)
+        self.end = np.asarray(end, np.int64).copy() if self.bounded else high
+        self.reached = np.where(self.position >= high, high, -1)
         self.running = np.asarray(running, np.int64).copy()
         self.handed = self.running.copy()
         self.waiting_rows[:] = 0

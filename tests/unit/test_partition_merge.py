@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 from master.sources.partitions import PartitionMerge
+from protocol.eventtime import NEG_INF
 from tests.reference import late_flags
 
 DELAY = 1_000  # microseconds
@@ -182,3 +183,14 @@ def test_a_merge_restored_at_its_unreleased_offsets_goes_on_in_the_uninterrupted
         after, _ = run(fresh, offsets.copy())
         assert whole[:at] + after == whole and fresh.done
         assert offsets.tolist() == [min([o for q, o in whole[at:] if q == p], default=sizes[p]) for p in range(parts)]
+
+
+def test_an_unbounded_merge_restored_holds_back_for_a_partition_with_records_at_the_broker_now():
+    """Restored where partition 1 had been read to its end then: the broker has more of it now, so it holds the
+    other back (it is not caught up) until it is read; one with nothing more now holds nothing back."""
+    for high_now, holds in (([3, 9], True), ([3, 3], False)):
+        m = merge(2, high=high_now, bounded=False)
+        m.restore(np.array([2, 3]), np.array([NEG_INF, 10_000]), np.array([3, 3]))
+        feed(m, [0], [2], [20_000])
+        m.reached_end(0, 3)  # partition 0 read to its end
+        assert (released(m) == []) is holds
