@@ -393,8 +393,8 @@ class KafkaStream:
             self._stored = at
 
     def finish(self) -> dict:
-        """Close the client (committing the positions handed on) and the listing; the stream's entry in
-        summary.json's `live_streams` (once)."""
+        """Close the client (committing the positions handed on; with checkpoints, the last complete one's) and the
+        listing; the stream's entry in summary.json's `live_streams` (once)."""
         if self._finished is None:
             self._commit()
             self.consumer.close()
@@ -459,6 +459,7 @@ class KafkaStream:
         self._commit_due = [TopicPartition(t, p, int(x)) for (t, p), x in zip(self.assigned, where["offsets"])]
 
     def _commit(self) -> None:
+        """The offsets of the last complete checkpoint to the group, if not yet (asynchronously: monitoring)."""
         if self._commit_due:
             self.consumer.commit(offsets=self._commit_due, asynchronous=True)
             self._commit_due = None

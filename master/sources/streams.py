@@ -309,8 +309,9 @@ class StreamsSource(Source):
                 live.acknowledge(place)
 
     def records(self) -> list[np.ndarray]:
-        """The arrays of the last `position` (Kafka topics), as byte records for the checkpoint's part."""
-        return self._records
+        """The arrays of the last `position` (Kafka topics), as byte records for the checkpoint's part (once)."""
+        out, self._records = self._records, []
+        return out
 
     def seek(self, where: dict) -> None:
         """A recovery.  Files: read the input again from its start to the checkpoint's tuple (the key codes are
