@@ -77,6 +77,11 @@ class Source:
         """Go back to a `position`."""
         raise NotImplementedError(f"{type(self).__name__} has no position to go back to")
 
+    def records(self) -> list[np.ndarray]:
+        """Arrays of the last `position` that a checkpoint's part holds beside it (`seek` finds them in
+        `where["records"]`)."""
+        return []
+
     def acknowledge(self, position: dict | None) -> None:
         """A checkpoint holding everything up to `position` is complete (live producers may drop it)."""
 

@@ -146,6 +146,18 @@ class IdCheck:
         self.max_id = list(max_id)  #: per stream, the highest id of a good row so far (None: none yet)
         self._recent: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()  # (is_s, id, row) of good rows
 
+    def window_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The good rows it compares with, (is_s, id, row) (a checkpoint's part: `resume` takes them back)."""
+        if not self._recent:
+            return np.empty(0, bool), np.empty(0, np.int64), np.empty(0, np.int64)
+        return tuple(np.concatenate(c) for c in zip(*self._recent))
+
+    def resume(self, max_id: list, is_s: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Back to a checkpoint's state (`window_rows` and `max_id` there)."""
+        self.max_id = list(max_id)
+        self._recent.clear()
+        self.remember(is_s, ids, rows)
+
     def remember(self, is_s: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
         """Good rows (duplicates too: they are the same ids) join the window; the highest ids move up."""
         if not len(rows):

@@ -92,9 +92,14 @@ class IntakeShell:
             "archive_files": self.archive.files if self.archive else 0,
         }
 
-    def restore(self, m: dict) -> None:
-        """Resume at the checkpoint's source position: a ZeroMQ source takes each producer's position (what a
-        producer resends from there is taken again; what it cannot resend is counted as lost)."""
+    def records(self) -> list[np.ndarray]:
+        """The source's arrays of its position in the last `state` (the checkpoint's part holds them)."""
+        return self.source.records()
+
+    def restore(self, m: dict, records: list[np.ndarray] = ()) -> None:
+        """Resume at the checkpoint's source position (with its arrays `records`): a ZeroMQ source takes each
+        producer's position (what a producer resends from there is taken again; what it cannot resend is counted
+        as lost)."""
         if self.cfg["source"]["kind"] == "zmq":
             print(
                 'recover: source.kind = "zmq": producers that resend (control.produce with --ack-endpoint) '
@@ -106,7 +111,8 @@ class IntakeShell:
             if m["source"] is not None:  # None: a checkpoint of a version without producer positions
                 self.source.seek(m["source"])
         else:
-            rewind(self.source, m["consumed"], m.get("source"))
+            where = m.get("source")
+            rewind(self.source, m["consumed"], {**where, "records": list(records)} if records else where)
         self.late.files = m["late_files"]
         if self.archive is not None:
             self.archive.files = m["archive_files"]

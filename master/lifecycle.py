@@ -78,13 +78,13 @@ class Lifecycle:
     def _resume(self, directory: Path, manifest: dict) -> None:
         """Start where the checkpoint left off: source position, mini-buffers, counters, partition map."""
         m = section(manifest, self.index)
+        part = checkpoint.read_part(directory / checkpoint.master_part(self.index))
         self.ingest.restore(m)
-        self.intake.restore(m)
+        self.intake.restore(m, part[3:])
         self.distribution.restore(m)
         self.channels.restore(m["seq"])
         if m["hot_keys"] is not None:
             self.hot.restore(m["hot_keys"])
-        part = checkpoint.read_part(directory / checkpoint.master_part(self.index))
         self.checkpoints.restore(part, manifest, self.distribution.epochs_done)
         if self.payload is not None:
             self.payload.restore(payload_cuts(self.cfg))

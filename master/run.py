@@ -37,7 +37,7 @@ from master.state.moves import MovesDesk
 from master.state.payload import PayloadDesk
 from master.state.stall import StallWatch
 from master.state.stats import RunStats
-from protocol import eventtime
+from protocol import eventtime, faults
 from protocol.orders import Order
 from protocol.startup import pss_bytes
 from protocol.tuples import tuple_dtype
@@ -129,7 +129,8 @@ class Master(Routing, Lifecycle):
                 next_slot = max(next_slot + slot, now)
                 worked += 1
             if checkpoints.may_begin(quiet=not self.channels.busy and not self.controller.in_flight):
-                checkpoints.begin(self._sections(), distribution.epochs_done, now)
+                checkpoints.begin(self._sections(), distribution.epochs_done, now, self.intake.records())
+                faults.reached(self.index, "checkpoint")
             if self.k > 1:
                 if self.index == 0 and (bounds := ingest.ranges_to_share()) is not None:
                     self.channels.tell(range(1, self.k), Order.RANGES, bounds=bounds)

@@ -10,7 +10,8 @@ that the checkpoint holds).  BiStream (section 3.5) keeps upstream backup for
 the same purpose; here the source is rewound to the checkpoint's position.
 
     <checkpoint.path>/ckpt-000007/
-        master.state     mini-buffer contents (R rows, S rows, rows per stream and partition); master-d1.state ...
+        master.state     mini-buffer contents (R rows, S rows, rows per stream and partition), then a source's
+                         arrays if it has any (Kafka streams: keys, rows read ahead); master-d1.state ...
         slave-001.state  every partition-group of slave 1 (slave.mover.encode_group buffers)
         ...
         MANIFEST.json    written last: a checkpoint without it does not exist
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from protocol.access import public
 from protocol.strict_json import json_text
@@ -40,7 +42,8 @@ MANIFEST = "MANIFEST.json"
 #: 4: a dispatcher's section names its channels' sequence numbers "seq" (was "epoch");
 #: 5: a group's rows are followed by their matched flags (outer joins);
 #: 6: a dispatcher's section holds the lateness state (per stream with [streams]) instead of max_ts,
-#: and a declared stream's tuples carry their stream row (the payload log's reference) as id
+#: and a declared stream's tuples carry their stream row (the payload log's reference) as id;
+#: a master part may hold a source's arrays (Arrow IPC streams) after its three records (Kafka streams)
 FORMAT = 6
 #: config sections a checkpoint is tied to: resuming with other values would join other data or other pairs
 BINDING_SECTIONS = ("cluster", "source", "streams", "generator", "join", "partitioning", "tuning")
@@ -125,9 +128,9 @@ def group_partition(buf: np.ndarray) -> int:
 def part_tuples(name: str, data: bytes, tuple_bytes: int) -> int:
     """Tuples held by one part: the master's mini-buffer rows, or the sum over a slave's group states."""
     records = unpack(np.frombuffer(data, dtype=np.uint8), name)
-    if name.startswith("master"):  # R rows, S rows, the rows per stream and partition
+    if name.startswith("master"):  # R rows, S rows, the rows per stream and partition (then a source's arrays)
         size = tuple_dtype(tuple_bytes).itemsize
-        if len(records) != 3 or any(len(r) % size for r in records[:2]):
+        if len(records) < 3 or any(len(r) % size for r in records[:2]):
             raise CheckpointError(f"{name}: not R rows, S rows and partition counts of {size}-byte tuples")
         counts = int(records[2].view(np.int64).sum())
         rows = sum(len(r) // size for r in records[:2])
@@ -135,6 +138,22 @@ def part_tuples(name: str, data: bytes, tuple_bytes: int) -> int:
             raise CheckpointError(f"{name}: {rows} rows, but its partition counts add up to {counts}")
         return rows
     return sum(int(group_layout(r)[2][:, 2:].sum()) for r in records)
+
+
+def table_records(tables: list[pa.Table]) -> list[np.ndarray]:
+    """Arrow tables as byte records of a part (an IPC stream each): a source's arrays after the mini-buffers."""
+    out = []
+    for table in tables:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        out.append(np.frombuffer(sink.getvalue(), np.uint8))
+    return out
+
+
+def record_tables(records: list[np.ndarray]) -> list[pa.Table]:
+    """Inverse of `table_records`."""
+    return [pa.ipc.open_stream(pa.py_buffer(np.ascontiguousarray(r))).read_all() for r in records]
 
 
 def read_part(path: Path) -> list[np.ndarray]:

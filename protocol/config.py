@@ -462,10 +462,11 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
             "would bind its endpoint"
         )
     kafka = [f"streams.{n}.kafka" for n, spec in cfg.get("streams", {}).items() if spec["kafka"]]
-    if kafka and cfg["checkpoint"]["interval"]:
+    if kafka and cfg["checkpoint"]["interval"] and len(kafka) < len(cfg["streams"]):
         raise ConfigError(
-            f"{kafka[0]}: not with checkpoint.interval yet: recovery is not built for a Kafka stream "
-            "(its checkpoints would need the partitions' offsets, the key codes and the stream rows)"
+            f"{kafka[0]}: with checkpoint.interval, not beside a stream of files yet: a recovery goes on from "
+            "each topic's checkpointed offsets, and the files would have to go on from their checkpointed rows "
+            "(make both streams Kafka topics, or leave checkpoints off)"
         )
     if kafka and cfg["cluster"]["dispatchers"] > 1:
         raise ConfigError(

@@ -3,7 +3,8 @@
 `STREAMJOIN_FAULT="rank:point:n:marker"` fires at the n-th time `rank` reaches
 `point` (e.g. "batch", "batch-after-checkpoint" -- a slave's batches once it has
 written its part of a second checkpoint, so the first is surely complete, however
-few batches a loaded machine makes --, "checkpoint", "move": the rank kills itself with
+few batches a loaded machine makes --, "checkpoint" -- a slave writing its part, a
+dispatcher having begun one (the one before is complete) --, "move": the rank kills itself with
 SIGKILL; "hang-batch": a slave stops answering; "drop": a dispatcher silently
 skips one batch send), unless the file
 `marker` exists; it creates the marker first, so a restarted cluster runs

@@ -100,6 +100,25 @@ class PayloadLog:
             self.peak_bytes = max(self.peak_bytes, self.held_bytes)
             self.segments[side].append(Segment(int(rows[0]), int(rows[-1]), int(ts.max()), size, path))
 
+    def resume(self, side: int, below: int, ts_max: int) -> None:
+        """A recovery that goes on at stream row `below` of stream `side` (not reading the input again): the
+        segments of its rows before are listed (their times at most `ts_max`), those from it on removed -- the
+        rows after a checkpoint may be numbered otherwise when read again, so no segment of theirs may stay for
+        `write` to take as its own."""
+        folder = self.folder / STREAM_NAMES[side]
+        names = sorted(f.name for f in folder.glob("*.arrow") if f.name[:12].isdigit()) if folder.is_dir() else []
+        for name in names:
+            first, last, path = int(name[:12]), int(name[13:25]), folder / name
+            if first >= below:
+                path.unlink(missing_ok=True)
+                continue
+            size = path.stat().st_size
+            with self._lock:
+                self.bytes += size
+                self.held_bytes += size
+                self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+                self.segments[side].append(Segment(first, last, ts_max, size, path))
+
     def release(self, side: int, taken: int, below: int) -> tuple[int, int]:
         """Remove the oldest segments of stream `side` whose rows are all below row `taken` and whose times are
         all below `below`; returns (segments, bytes) removed."""

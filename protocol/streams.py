@@ -82,8 +82,8 @@ KAFKA_KEYS: dict[str, tuple[Any, str]] = {
     ),
     "group": (
         "",
-        "the consumer group under which the positions the stream has handed on are committed, for "
-        'monitoring only (nothing resumes from them); "" = "streamjoin-NAME"',
+        "the consumer group under which the positions the stream has handed on (with checkpoints: each complete "
+        'checkpoint\'s) are committed, for monitoring only (nothing resumes from them); "" = "streamjoin-NAME"',
     ),
     "config": (
         {},

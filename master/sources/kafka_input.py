@@ -17,8 +17,12 @@ Order.  The partitions are merged by their own watermarks (master.sources.partit
 is then judged against its own partition's watermark); the rows released are numbered as the stream's rows,
 checked (common.stream_file.StreamChecks: rows rejected there are listed beside the records, with their
 partition and offset) and handed to master.sources.streams, which merges them with the other stream.
-Not built yet (refused by protocol.config): checkpoints (the offsets, key codes and stream rows would have to go
-into them) and several dispatchers (each would read every partition).
+Checkpoints.  The stream's place is where its merge hands rows on (`position`): per partition the offset of its
+first record not handed on and its running maximum there (its watermark state), the next stream row and the
+duplicate-id check's state; a recovery (`start`) reads each partition again from that offset.  Records set
+aside wait until that offset has passed them, so the listing holds each once.  Each complete checkpoint's
+offsets are committed to the group (`acknowledge`), for lag monitoring; nothing resumes from them.
+Not built yet (refused by protocol.config): several dispatchers (each would read every partition).
 """
 
 from __future__ import annotations
@@ -64,7 +68,15 @@ class KafkaStream:
     """Stream `checks.name` (side `side`, 0 = R) from its topic(s), `checks.spec["kafka"]` (protocol.streams), its
     records' values read under `declared` (the declared fields, and the records' own columns it names)."""
 
-    def __init__(self, cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema):
+    def __init__(
+        self,
+        cfg: dict,
+        side: int,
+        checks: StreamChecks,
+        declared: pa.Schema,
+        start: tuple[dict, pa.Table] | None = None,
+    ):
+        """`start`: a checkpoint's `position` to read on from (None: every partition from its beginning)."""
         spec, kafka = checks.spec, checks.spec["kafka"]
         self.checks, self.name, self.topics, self.bounded = checks, checks.name, kafka["topics"], kafka["bounded"]
         #: the fields read from the values; key, time and id are required (a record without one is set aside)
@@ -89,7 +101,6 @@ class KafkaStream:
         self.merge = PartitionMerge(
             first, high, self.bounded, eventtime.duration(spec["max_delay"]), spec["idle_timeout"]
         )
-        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in self.assigned])
         out = cfg["output"]
         self.listing = RejectedListing(
             Path(out["path"]) / "rejected", out["format"], out["flush_rows"], f"kafka-rejected-{'RS'[side]}"
@@ -100,6 +111,16 @@ class KafkaStream:
         self.high = high  #: per partition, its high watermark when reading started (lag until the client fetches)
         self.taken = np.zeros((2, len(self.assigned)), np.int64)  #: records and value bytes read, per partition
         self._last_partitions: list[dict] | None = None  #: partition_metrics() as the client closed
+        self.checkpointed = bool(cfg["checkpoint"]["interval"])  #: the group's offsets are the checkpoints'
+        self._aside: list[tuple[np.ndarray, np.ndarray, pa.Table]] = []  #: set aside, not yet passed by the merge
+        self._commit_due: list[TopicPartition] | None = None  #: a complete checkpoint's offsets, to commit
+        if start is not None:
+            self._resume(*start)
+        self.consumer.assign(
+            [TopicPartition(t, p, int(x)) for (t, p), x in zip(self.assigned, self.merge.position)]
+            if start is not None
+            else [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in self.assigned]
+        )
         self._stored = self.merge.unreleased()  #: the positions last stored for committing
         self._crowded = np.zeros(len(self.assigned), bool)  #: paused for rows waiting (master.sources.partitions)
         self._paused = np.zeros(len(self.assigned), bool)  #: paused at the client: crowded, or bounded and ended
@@ -157,6 +178,7 @@ class KafkaStream:
     def batches(self) -> list[StreamBatch]:
         """The checked rows released since the last call, as one batch (none: nothing now)."""
         now, moved = time.monotonic(), False
+        self._commit()
         if not self._started:  # the master asks once the cluster is up: quiet until then is not idleness
             self._started, self.last_message = True, now
             self.merge.start(now)
@@ -262,11 +284,32 @@ class KafkaStream:
         return table if table.num_rows == len(values) else None
 
     def _set_aside(self, bad: np.ndarray, partition: np.ndarray, offset: np.ndarray, values: list[bytes]) -> None:
-        """Records that are not one JSON object of the declared fields: listed with why (an error path)."""
+        """Records that are not one JSON object of the declared fields, with why (an error path): listed once the
+        merge has handed on every row before them (a recovery reads what is after its offsets again)."""
         columns, reasons, details = (pa.array(x, pa.string()) for x in zip(*(self._why(values[i]) for i in bad)))
-        self._list(
-            partition[bad], offset[bad], columns, reasons, details, pa.array([values[i] for i in bad], pa.binary())
+        table = pa.table(
+            {
+                "column": columns,
+                "reason": reasons,
+                "detail": details,
+                "value": pa.array([values[i] for i in bad], pa.binary()),
+            }
         )
+        self._aside.append((partition[bad], offset[bad], table))
+
+    def _list_passed(self) -> None:
+        """The records set aside that the merge's offsets have passed, into the listing."""
+        if not self._aside:
+            return
+        at, keep = self.merge.unreleased(), []
+        for partition, offset, table in self._aside:
+            passed = offset < at[partition]
+            if passed.any():
+                t = table.filter(pa.array(passed))
+                self._list(partition[passed], offset[passed], t["column"], t["reason"], t["detail"], t["value"])
+            if not passed.all():
+                keep.append((partition[~passed], offset[~passed], table.filter(pa.array(~passed))))
+        self._aside = keep
 
     def _why(self, value: bytes) -> tuple[str, str, str]:
         """(column, reason, detail) of a record set aside."""
@@ -350,9 +393,10 @@ class KafkaStream:
             if want.any():
                 call([TopicPartition(*self.assigned[i]) for i in np.flatnonzero(want)])
         self._paused = paused
+        self._list_passed()
         at = self.merge.unreleased()
         moved = np.flatnonzero(at != self._stored)
-        if len(moved):
+        if len(moved) and not self.checkpointed:
             self.consumer.store_offsets(offsets=[TopicPartition(*self.assigned[i], int(at[i])) for i in moved])
             self._stored = at
 
@@ -374,11 +418,13 @@ class KafkaStream:
         return out
 
     def finish(self) -> dict:
-        """Close the client (committing the positions handed on) and the listing; the stream's entry in
-        summary.json's `live_streams` (once)."""
+        """Close the client (committing the positions handed on; with checkpoints, the last complete one's) and the
+        listing; the stream's entry in summary.json's `live_streams` (once)."""
         if self._finished is None:
             self._last_partitions = self.partition_metrics()
+            self._commit()
             self.consumer.close()
+            self._list_passed()
             self.listing.flush()
             self._finished = {
                 "topics": self.topics,
@@ -392,6 +438,57 @@ class KafkaStream:
                 "positions": {f"{t}/{p}": int(x) for (t, p), x in zip(self.assigned, self.merge.unreleased())},
             }
         return self._finished
+
+    def position(self) -> tuple[dict, pa.Table]:
+        """Where the merge hands rows on (a checkpoint's part; JSON, and the duplicate-id check's recent ids):
+        per partition the offset of its first record not handed on and its running maximum there, the run's
+        end offsets (bounded), the next stream row, the listing's files."""
+        self._list_passed()
+        self.listing.flush()
+        check = self.checks.check
+        recent = check.window_rows() if check is not None else (np.empty(0, bool), *[np.empty(0, np.int64)] * 2)
+        return {
+            "offsets": self.merge.unreleased().tolist(),
+            "running": self.merge.handed.tolist(),
+            "end": self.merge.end.tolist(),
+            "row": self.checks.row,
+            "max_id": None if check is None else list(check.max_id),
+            "rows": self.rows,
+            "rejected_files": self.listing.files,
+            "rejected_rows": self.listing.rows,
+            "rejected_by_reason": dict(self.listing.reasons),
+        }, pa.table({"is_s": recent[0], "id": recent[1], "row": recent[2]})
+
+    def _resume(self, where: dict, recent: pa.Table) -> None:
+        """Back to a `position`: the merge, the stream rows and their checks, the listing."""
+        if len(where["offsets"]) != len(self.assigned):
+            self.consumer.close()
+            raise InputError(
+                f"streams.{self.name}.kafka: the checkpoint holds offsets of {len(where['offsets'])} partitions, "
+                f"but {', '.join(self.topics)} now has {len(self.assigned)}: a recovery cannot tell where the "
+                "records of the others start"
+            )
+        self.merge.restore(np.array(where["offsets"]), np.array(where["running"]), np.array(where["end"]))
+        self.checks.row, self.rows = where["row"], where["rows"]
+        check = self.checks.check
+        if check is not None:
+            check.resume(where["max_id"], *(recent[c].to_numpy().copy() for c in ("is_s", "id", "row")))
+        self.listing.roll_back(where["rejected_files"], where["rejected_rows"])
+        self.listing.reasons.update(where["rejected_by_reason"])
+        self.records = self.rows + self.listing.rows
+        self._stored = self.merge.unreleased()
+
+    def acknowledge(self, where: dict) -> None:
+        """A checkpoint holding the stream up to `where` (its `position`) is complete: its offsets become the
+        group's committed ones (for lag monitoring; a recovery reads the checkpoint's own) at the next read, once
+        the master has written the manifest."""
+        self._commit_due = [TopicPartition(t, p, int(x)) for (t, p), x in zip(self.assigned, where["offsets"])]
+
+    def _commit(self) -> None:
+        """The offsets of the last complete checkpoint to the group, if not yet (asynchronously: monitoring)."""
+        if self._commit_due:
+            self.consumer.commit(offsets=self._commit_due, asynchronous=True)
+            self._commit_due = None
 
 
 def _consumer(name: str, kafka: dict) -> Consumer:

@@ -165,6 +165,23 @@ class KeyMapper:
         width = 8 * len(values)
         return self.rows.codes_of(matrix.view(np.uint8).ravel(), np.arange(len(matrix) + 1, dtype=np.int64) * width)
 
+    def dictionaries(self) -> pa.Table:
+        """Every dictionary's values in code order (a checkpoint's part), one column each: `restore` codes them
+        again in that order, which gives each value its code back."""
+        coded = [(f"part{i}", d) for i, d in enumerate(self.parts) if d is not None]
+        coded += [("rows", self.rows)] if self.rows is not None else []
+        columns = {name: d.values for name, d in coded}
+        longest = max((len(v) for v in columns.values()), default=0)
+        return pa.table({name: _padded(v, longest) for name, v in columns.items()})
+
+    def restore(self, table: pa.Table) -> None:
+        """Back to the dictionaries of `dictionaries` (codes only grow: a fresh mapper is coded again)."""
+        for i, d in enumerate(self.parts):
+            if d is not None:
+                d.codes(table[f"part{i}"].drop_null().combine_chunks())
+        if self.rows is not None:
+            self.rows.codes(table["rows"].drop_null().combine_chunks())
+
     @property
     def distinct(self) -> int:
         return (self.rows or self.parts[0]).count if self.coded else 0
@@ -172,3 +189,8 @@ class KeyMapper:
     @property
     def nbytes(self) -> int:
         return sum(d.nbytes for d in (*self.parts, self.rows) if d is not None)
+
+
+def _padded(values: pa.Array, n: int) -> pa.Array:
+    """`values` with nulls after it up to `n` (the dictionaries' columns in one table; no value is null)."""
+    return pa.concat_arrays([values, pa.nulls(n - len(values), values.type)]) if len(values) < n else values

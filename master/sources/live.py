@@ -51,12 +51,13 @@ class Live(Protocol):
         """Per partition of a partitioned stream (Kafka): topic, partition, records, bytes, lag; else none."""
 
 
-def open_live(cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema) -> Live:
-    """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`."""
+def open_live(cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema, start=None) -> Live:
+    """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`; a Kafka topic
+    from a checkpoint's place `start` (None: from its beginning)."""
     if checks.spec["kafka"]:
         from master.sources.kafka_input import KafkaStream  # librdkafka: only for a Kafka stream
 
-        return KafkaStream(cfg, side, checks, declared)
+        return KafkaStream(cfg, side, checks, declared, start)
     return LiveStream(cfg, side, checks.spec, checks, declared)
 
 

@@ -72,6 +72,8 @@ class PartitionMerge:
         self.paused = np.zeros(n, bool)
         self.waiting_rows = np.zeros(n, np.int64)
         self.peak = 0  #: the most rows ever waiting at once
+        #: per partition, its running maximum at its last row handed on: its watermark state at `unreleased`
+        self.handed = np.full(n, NEG_INF, np.int64)
         self._waiting: list[deque[Waiting]] = [deque() for _ in range(n)]
 
     def start(self, now: float) -> None:
@@ -148,6 +150,7 @@ class PartitionMerge:
         partition = np.concatenate([np.full(len(w.offset), p, np.int64) for p, w in taken])
         offset = np.concatenate([w.offset for _, w in taken])
         order = np.lexsort((offset, partition, watermark))
+        np.maximum.at(self.handed, partition, watermark + self.delay)
         table = pa.concat_tables([w.table for _, w in taken]).take(order)
         return Released(watermark[order], partition[order], offset[order], table)
 
@@ -161,6 +164,20 @@ class PartitionMerge:
     def unreleased(self) -> np.ndarray:
         """Per partition: the offset of its oldest record not handed on (its position when none waits)."""
         return np.array([q[0].offset[0] if q else pos for q, pos in zip(self._waiting, self.position)], np.int64)
+
+    def restore(self, offsets: np.ndarray, running: np.ndarray, end: np.ndarray) -> None:
+        """A recovery: read again from `offsets` (a checkpoint's `unreleased`), each partition's watermark state
+        there `running` (its `handed`), bounded at the first run's `end`; nothing waits.  Only a partition with
+        nothing at the broker now (its high watermark as this merge was made) holds nothing back."""
+        high = self.end
+        self.position = np.asarray(offsets, np.int64).copy()
+        self.end = np.asarray(end, np.int64).copy() if self.bounded else high
+        self.reached = np.where(self.position >= high, high, -1)
+        self.running = np.asarray(running, np.int64).copy()
+        self.handed = self.running.copy()
+        self.waiting_rows[:] = 0
+        for q in self._waiting:
+            q.clear()
 
     @property
     def done(self) -> bool:

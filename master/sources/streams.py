@@ -15,8 +15,11 @@ up to its watermark, until its idle_timeout.
 
 Keys become the engine's int64 keys in that order (master.sources.keys); a tuple's `id` is its stream row, the reference
 by which results gather the row's own columns from the payload log (protocol.payload), which the reader threads
-write batch by batch before any tuple of the batch is handed on.  A recovery reads the input again from its
-start, which rebuilds the same codes and lists the rejected rows once more from an empty listing.
+write batch by batch before any tuple of the batch is handed on.  A recovery reads files again from their
+start, which rebuilds the same codes and lists the rejected rows once more from an empty listing.  Kafka topics
+are not read again (their merge across partitions depends on when records come): a checkpoint holds where each
+stream's merge hands rows on (master.sources.kafka_input) and everything after that point that the master has not
+taken yet -- the tuples merged and ready, those pending, the key dictionaries -- and a recovery goes on from there.
 """
 
 from __future__ import annotations
@@ -34,11 +37,16 @@ from master.sources.keys import KeyMapper
 from master.sources.live import Live, open_live
 from master.sources.files import READ_AHEAD, FileSource
 from protocol import eventtime
+from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
 from protocol.payload import PayloadLog
 from protocol.streams import KAFKA_COLUMNS
 from common.stream_file import StreamChecks, StreamInput, arrow_type, first_schema, key_kinds, stream_files
+
+
+#: a stream's tuples pending in the merge, as a checkpoint holds them
+PENDING = ("id", "ts", "key", "watermark")
 
 
 class StreamsSource(Source):
@@ -74,10 +82,14 @@ class StreamsSource(Source):
             )
         self.accepted = 0
         self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()))
+        #: both streams are Kafka topics: a checkpoint holds the streams' places (`position`), not a count
+        self.placed = all(s["kafka"] for s in self.specs.values())
+        self._records: list[np.ndarray] = []
         self._open()
 
-    def _open(self) -> None:
-        """Start reading both streams from their first rows (a recovery starts again here)."""
+    def _open(self, starts: list | None = None) -> None:
+        """Start reading both streams from their first rows (a recovery of files starts again here), or Kafka
+        topics from a checkpoint's places (`starts`, per side)."""
         window = self.cfg["source"]["duplicate_window"]
         inputs = [
             StreamChecks(
@@ -95,7 +107,9 @@ class StreamsSource(Source):
         self._stop = threading.Event()
         #: per side: a live stream (master.sources.live), or the queue its file reader fills
         self._live: list[Live | None] = [
-            open_live(self.cfg, side, inp, self.declared[inp.name]) if inp.name in self.declared else None
+            open_live(self.cfg, side, inp, self.declared[inp.name], starts and starts[side])
+            if inp.name in self.declared
+            else None
             for side, inp in enumerate(inputs)
         ]
         self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
@@ -276,17 +290,62 @@ class StreamsSource(Source):
         ]
 
     def position(self) -> dict:
-        return {"accepted": self.accepted}
+        """Files: the tuples taken.  Kafka topics: each stream's place and the state after it (JSON here, its
+        arrays in `records`)."""
+        if not self.placed:
+            return {"accepted": self.accepted}
+        places = [live.position() for live in self._live]
+        pending = [
+            pa.table(dict(zip(PENDING, p if p is not None else [np.empty(0, np.int64)] * 4))) for p in self._pending
+        ]
+        ready = pa.table(dict(zip(Chunk._fields, rows(self._ready, self._taken))))
+        self._records = table_records([*pending, ready, self.mapper.dictionaries(), *(r for _, r in places)])
+        return {
+            "accepted": self.accepted,
+            "streams": [place for place, _ in places],
+            "rows_taken": list(self.rows_taken),
+            "running": list(self._running),
+            "done": list(self._done),
+            "end_at": list(self._end_at),
+            "pending": [p is not None for p in self._pending],
+        }
+
+    def acknowledge(self, position: dict | None) -> None:
+        """A checkpoint at `position` is complete: Kafka topics commit its offsets to their groups."""
+        if position is not None and "streams" in position:
+            for live, place in zip(self._live, position["streams"]):
+                live.acknowledge(place)
+
+    def records(self) -> list[np.ndarray]:
+        """The arrays of the last `position` (Kafka topics), as byte records for the checkpoint's part (once)."""
+        out, self._records = self._records, []
+        return out
 
     def seek(self, where: dict) -> None:
-        """A recovery: read the input again from its start to the checkpoint's tuple (the key codes are built
-        again on the way), listing the rejected rows again from an empty listing."""
+        """A recovery.  Files: read the input again from its start to the checkpoint's tuple (the key codes are
+        built again on the way), listing the rejected rows again from an empty listing.  Kafka topics: each
+        stream goes on from its place, with the state after it as it was (`position`, and its arrays
+        `where["records"]`); the payload log's segments of rows after the places go."""
         self._close()
         if self.listing is not None:
             self.listing.roll_back(0, 0)
-        self.accepted = 0
-        self._open()
-        rewind(self, where["accepted"])
+        if "streams" not in where:
+            self.accepted = 0
+            self._open()
+            rewind(self, where["accepted"])
+            return
+        *pending, ready, keys, recent_r, recent_s = record_tables(where["records"])
+        self._open(list(zip(where["streams"], (recent_r, recent_s))))
+        self.mapper.restore(keys)
+        self._pending = [
+            tuple(t[c].to_numpy().copy() for c in PENDING) if had else None for t, had in zip(pending, where["pending"])
+        ]
+        self._ready, self._taken = Chunk(*(ready[c].to_numpy().copy() for c in Chunk._fields)), 0  # writable: numba
+        self._running, self._done = list(where["running"]), list(where["done"])
+        self._end_at, self.rows_taken = list(where["end_at"]), list(where["rows_taken"])
+        self.accepted = where["accepted"]
+        for side, place in enumerate(where["streams"]):
+            self.log.resume(side, place["row"], self._running[side])
 
     def finish(self) -> dict:
         self._close()

@@ -68,9 +68,9 @@ class CheckpointDesk:
             )
         return "waiting for quiet" if self.pending else ""
 
-    def begin(self, sections: dict, epochs_done: int, now: float) -> None:
-        """Snapshot the master's side (`sections`: the desks' parts, flushed) and order every slave to write
-        its own."""
+    def begin(self, sections: dict, epochs_done: int, now: float, records: list[np.ndarray] = ()) -> None:
+        """Snapshot the master's side (`sections`: the desks' parts, flushed; `records`: the source's arrays, after
+        the mini-buffers in the part) and order every slave to write its own."""
         if self.index == 0:
             ckpt_id = self.next_id
             self.next_id += 1
@@ -83,9 +83,9 @@ class CheckpointDesk:
             self.channels.tell(range(1, self.k), Order.CHECKPOINT, id=ckpt_id)
         r, s, counts = self.buffers.snapshot()
         name = checkpoint.master_part(self.index)
-        data = checkpoint.pack([r.view(np.uint8), s.view(np.uint8), counts.ravel().view(np.uint8)])
+        data = checkpoint.pack([r.view(np.uint8), s.view(np.uint8), counts.ravel().view(np.uint8), *records])
         self.channels.write(WritePart(directory, name, data, fresh=self.index == 0))
-        part = {name: {"bytes": len(data), "records": 3, "tuples": len(r) + len(s)}}
+        part = {name: {"bytes": len(data), "records": 3 + len(records), "tuples": len(r) + len(s)}}
         mine = {**sections, "stats": self.stats.state(now), "controller": self.controller.state()}
         if self.index == 0:
             self.open = {
@@ -178,7 +178,7 @@ class CheckpointDesk:
     def restore(self, part: list[np.ndarray], manifest: dict, epochs_done: int) -> None:
         """The checkpoint's mini-buffers (`part`: this dispatcher's records, protocol.checkpoint.read_part),
         counters and partition map (the desks restore their own sections)."""
-        r, s, counts = part
+        r, s, counts = part[:3]
         self.buffers.restore(
             r.view(self.buffers.dtype), s.view(self.buffers.dtype), counts.view(np.int64).reshape(2, -1)
         )

@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from deploy.launch import mpi_env
+from protocol import checkpoint
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from tests.reference import late_flags, micros, reference_outer, reference_pairs
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 NOIDA = Path(sys.executable).parent / "noida-db"
 WINDOW, MAX_DELAY = 0.3, 0.25  # seconds
 IDS = ("views_vid", "buys_bid")
+SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
 
 
 @pytest.fixture(scope="module")
@@ -90,14 +92,16 @@ def produce(
     return offsets
 
 
-def stream(rng, n: int, first_id: int, partitions: int, t0: int, late_share: float = 0.0) -> dict:
+def stream(
+    rng, n: int, first_id: int, partitions: int, t0: int, late_share: float = 0.0, spread: int = 4000, step: int = 12
+) -> dict:
     """`n` records of users u0..u59, each user in partition crc32(user) % partitions (the same in every topic);
-    times in ms rising within each partition, partition p shifted (partitions - 1 - p) * 4 s ahead of the last
-    (out of order across partitions by far more than max_delay), a `late_share` of them 0.6 s back (late within
-    their partition)."""
+    times in ms rising within each partition by 1 to `step` - 1 ms a record, partition p shifted (partitions - 1 -
+    p) * `spread` ms ahead of the last (by default out of order across partitions by far more than max_delay), a
+    `late_share` of them 0.6 s back (late within their partition)."""
     users = [f"u{u}" for u in rng.integers(0, 60, n)]
     partition = np.array([zlib.crc32(u.encode()) % partitions for u in users], np.int64)
-    at = t0 + np.cumsum(rng.integers(1, 12, n)) + (partitions - 1 - partition) * 4000
+    at = t0 + np.cumsum(rng.integers(1, step, n)) + (partitions - 1 - partition) * spread
     at -= np.where(rng.random(n) < late_share, 600, 0)
     return {"id": np.arange(n) + first_id, "user": users, "at": at, "partition": partition}
 
@@ -150,6 +154,15 @@ def reference(r: dict, s: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     return pairs, np.sort(stream[late] * 2**40 + ids[late]), on_time
 
 
+def two_topics(tmp_path: Path, broker: str, views: dict, buys: dict, partitions: int = 4) -> dict[str, str]:
+    """The streams' topics, named after the test, holding their records (each stream's `offset` noted)."""
+    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
+    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
+        create(broker, topics[name], partitions)
+        s["offset"] = produce(broker, topics[name], s["partition"], values(s, id_column))
+    return topics
+
+
 def now_ms() -> int:
     """The broker deletes records older than 7 days: event times are now."""
     return int(time.time() * 1000)
@@ -164,10 +177,7 @@ def test_two_topics_of_four_partitions_give_the_reference_join_with_lateness_per
     rng = np.random.default_rng(11)
     t0 = now_ms()
     views, buys = stream(rng, 6000, 0, 4, t0, 0.01), stream(rng, 4000, 100_000, 4, t0, 0.01)
-    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
-    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
-        create(broker, topics[name], 4)
-        s["offset"] = produce(broker, topics[name], s["partition"], values(s, id_column))
+    topics = two_topics(tmp_path, broker, views, buys)
     cfg = settings(broker, topics, **{"streams.views.payload": ["page", "@partition", "@offset"]})
     cfg["streams.views.kafka"]["config"] = {"client.id": "streamjoin-test", "fetch.wait.max.ms": 50}
     run = run_cluster(tmp_path, 4, cfg)
@@ -375,10 +385,233 @@ def test_a_bounded_topic_ends_at_the_offsets_read_when_it_is_opened(tmp_path, br
     assert sorted(summary["positions"].values()) == sorted(np.bincount(views["partition"]).tolist())
 
 
+def checkpointed(broker: str, topics: dict[str, str], **extra) -> dict:
+    """`settings` with checkpoints every 2 epochs (every one kept), views' payload with the records' partition and
+    offset, each stream's group named after its topic (`assert_committed`)."""
+    cfg = settings(
+        broker,
+        topics,
+        **{
+            "streams.views.payload": ["page", "@partition", "@offset"],
+            "checkpoint.interval": 2,
+            "checkpoint.keep": 100,
+            **extra,
+        },
+    )
+    for name, topic in topics.items():
+        cfg[f"streams.{name}.kafka"]["group"] = f"group-{topic}"
+    return cfg
+
+
+def test_bounded_topics_read_ahead_of_the_master_recover_with_what_was_merged_and_not_taken(tmp_path, broker):
+    """Bounded topics of 4 partitions, out of order across partitions by seconds, 1% late within their partition,
+    text keys and payload columns, taken at 4,000 tuples/s with checkpoints every 0.2 s: the streams are read and
+    merged far ahead of the master, so a checkpoint holds the merged rows it has not taken (and the end offsets).
+    The master is killed as it begins its fourth checkpoint; restarted from the third, the results are exactly the
+    reference join and lateness, and the group's committed offsets are the last complete checkpoint's."""
+    rng = np.random.default_rng(31)
+    t0 = now_ms()
+    views, buys = stream(rng, 6000, 0, 4, t0, 0.01), stream(rng, 4000, 100_000, 4, t0, 0.01)
+    topics = two_topics(tmp_path, broker, views, buys)
+    cfg = checkpointed(broker, topics, **{"source.rate": 4000.0})
+    fired = tmp_path / "fault-fired"
+    run = run_cluster(
+        tmp_path, 3, cfg, wrapper=SUPERVISE, timeout=120, env={"STREAMJOIN_FAULT": f"0:checkpoint:4:{fired}"}
+    )
+    assert run.returncode == 0, run.stderr
+    assert fired.exists() and "restart 1 of 3" in run.stderr, run.stderr
+    assert run.summary["checkpoints"]["recovered_from"] == 3, run.stderr
+    pairs, late, _ = reference(views, buys)
+    np.testing.assert_array_equal(run.pairs(IDS), pairs)
+    np.testing.assert_array_equal(run.late_ids(IDS, ("views", "buys")), late)
+    results = read_tables(run.out / "results")
+    vid = results["views_vid"].to_numpy()
+    assert (results["views_@offset"].to_numpy() == views["offset"][vid]).all()
+    assert results["views_page"].to_pylist() == [f"/p{i % 7}" for i in vid.tolist()]
+    assert run.summary["live_streams"]["views"]["rows"] == 6000
+    at_resume = checkpoint.load_manifest(run.out / "checkpoints" / checkpoint.name_of(3))["master"]["source"]
+    assert at_resume["accepted"] < sum(place["row"] for place in at_resume["streams"])  # merged, not taken
+    _, manifest = checkpoint.latest_complete(run.out / "checkpoints")
+    places = manifest["master"]["source"]["streams"]
+    for place, s in zip(places, (views, buys)):
+        assert len(place["offsets"]) == 4 and sum(place["offsets"]) > 0
+        assert (np.array(place["offsets"]) <= np.bincount(s["partition"], minlength=4)).all()
+    assert_committed(broker, topics, places)
+
+
+def test_a_source_sought_to_its_checkpointed_place_goes_on_with_the_same_tuples_codes_and_payload(tmp_path, broker):
+    """In-process: two topics with text keys, read far ahead of what is taken; at 1,200 tuples taken the source's
+    place is kept (`position` and its arrays), the source runs to its end, and a fresh source sought to the place
+    gives exactly the same tuples after it -- stream rows, times, key codes -- while the payload log holds each
+    row's own columns (the segments written after the place by the first source are replaced)."""
+    from common.chunks import concat
+    from master.sources import open_source
+    from protocol.payload import payload_reader
+
+    rng = np.random.default_rng(15)
+    t0 = now_ms()
+    views, buys = stream(rng, 2000, 0, 4, t0, 0.01), stream(rng, 1500, 100_000, 4, t0, 0.01)
+    topics = two_topics(tmp_path, broker, views, buys)
+    values = {**checkpointed(broker, topics), "output.path": str(tmp_path / "out")}
+    cfg = load_config(None, [f"{k}={toml_value(v)}" for k, v in values.items()])
+
+    def take(source, n: int | None = None):
+        chunks, got = [], 0
+        while (n is None or got < n) and (c := source.next_chunk(100 if n is None else min(100, n - got))) is not None:
+            chunks.append(c)
+            got += len(c.ts)
+        return concat(chunks)
+
+    first = open_source(cfg)
+    before = take(first, 1200)
+    where = {**first.position(), "records": first.records()}
+    assert where["accepted"] == 1200 and sum(p["row"] for p in where["streams"]) > 1200  # merged ahead
+    rest = take(first)
+    first.finish()
+    second = open_source(cfg)
+    second.seek(
+        json.loads(json.dumps({k: v for k, v in where.items() if k != "records"})) | {"records": where["records"]}
+    )
+    again = take(second)
+    second.finish()
+    for column, a, b in zip(rest._fields, rest, again):
+        np.testing.assert_array_equal(a, b, err_msg=column)
+    whole = concat([before, again])
+    reader = payload_reader(cfg)
+    for side, (column, s) in enumerate(zip(IDS, (views, buys))):
+        ids = reader.gather(side, whole.id[whole.stream == side])[column].to_numpy()
+        assert sorted(ids.tolist()) == s["id"].tolist()
+
+
+def produce_waves(broker: str, topics: dict, streams: dict, waves: list[np.ndarray], pause: float) -> None:
+    """Each wave's records of both streams into their topics (wave i: the records of stream `name` whose indexes
+    waves[i][name] lists, in that order), `pause` seconds apart: records that come while the cluster runs."""
+    producer = Producer({"bootstrap.servers": broker, "enable.idempotence": True, "linger.ms": 2})
+    for wave in waves:
+        for name, s in streams.items():
+            for i in wave[name].tolist():
+                producer.produce(topics[name], s["value"][i], partition=int(s["partition"][i]))
+        assert producer.flush(30) == 0
+        time.sleep(pause)
+
+
+@pytest.mark.parametrize("victim,point", [(1, "batch-after-checkpoint:6"), (0, "checkpoint:6")])
+def test_topics_written_while_the_cluster_runs_recover_at_their_checkpointed_offsets_exactly_once(
+    tmp_path, broker, victim, point
+):
+    """Unbounded topics of 4 partitions each, written in waves of 0.1 s of event time while the cluster runs with
+    checkpoints (1% of the rows late within their partition, text keys, payload columns, 4 records not JSON); a
+    slave or the master is killed as the waves come, and the supervisor restarts the cluster from the last complete
+    checkpoint, whose offsets lie inside the topics: each partition is read on from its own offset.  Once every
+    record is in, a stop signal ends the run: the results are exactly the reference join and lateness (no pair
+    lost or repeated, the payload from the right record), each bad record is listed once, and the group's
+    committed offsets are the last complete checkpoint's.  (Each wave spans less than max_delay, so a partition
+    fetched a little later than another makes no row late that the per-partition rule would not.)"""
+    rng = np.random.default_rng(41 + victim)
+    t0 = now_ms()
+    views, buys = stream(rng, 3000, 0, 4, t0, 0.01, spread=0, step=2), stream(rng, 3000, 100_000, 4, t0, 0.01, 0, 2)
+    streams = {"views": views, "buys": buys}
+    topics = {name: f"{name}-{tmp_path.name}" for name in streams}
+    for name, s in streams.items():
+        create(broker, topics[name], 4)
+        s["value"] = values(s, "vid" if name == "views" else "bid")
+    bad = np.array([900, 1500, 2100, 2700])  # not JSON: set aside, listed once whether read again or not
+    for i in bad.tolist():
+        views["value"][i] = b'{"vid": 1, "user": '
+    # a wave: the records produced in 0.1 s of event time (their time before the late ones were moved back)
+    wave_of = {name: (np.maximum.accumulate(s["at"]) - t0) // 100 for name, s in streams.items()}
+    waves = [{name: np.flatnonzero(w == k) for name, w in wave_of.items()} for k in range(31)]
+    assert sum(len(x) for w in waves for x in w.values()) == 6000
+    produce_waves(broker, topics, streams, waves[:8], 0)
+    cfg = checkpointed(broker, topics, **{"output.progress": 0.2})
+    for name in topics:
+        cfg[f"streams.{name}.kafka"]["bounded"] = False
+        cfg[f"streams.{name}.idle_timeout"] = "1s"
+    fired = tmp_path / "fault-fired"
+    proc = subprocess.Popen(
+        [
+            *SUPERVISE,
+            sys.executable,
+            "-m",
+            "deploy.launch",
+            "-n",
+            "3",
+            "--",
+            "--config",
+            str(write_config(tmp_path, cfg)),
+        ],
+        cwd=ROOT,
+        env={**mpi_env(), "STREAMJOIN_FAULT": f"{victim}:{point}:{fired}"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    try:
+        deadline, writer = time.monotonic() + 90, None
+        while (line := proc.stderr.readline()) and time.monotonic() < deadline:
+            lines.append(line)
+            if writer is None and "checkpoint 2 complete" in line:
+                writer = threading.Thread(target=produce_waves, args=(broker, topics, streams, waves[8:], 0.08))
+                writer.start()
+            counts = re.search(r"\] in ([\d,]+) .*\| late ([\d,]+) ", line)
+            if counts and sum(int(c.replace(",", "")) for c in counts.groups()) == 6000 - len(bad):
+                break  # every record is in
+        proc.send_signal(signal.SIGTERM)
+        threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+        assert proc.wait(timeout=60) == 0, "".join(lines)
+        assert writer is not None, "".join(lines)
+        writer.join()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = "".join(lines)
+    run = Run(tmp_path / "out", subprocess.CompletedProcess(proc.args, 0, "", stderr))
+    assert fired.exists() and "restart 1 of 3" in stderr, stderr
+    resumed = run.summary["checkpoints"]["recovered_from"]
+    assert resumed is not None, stderr
+    good = np.setdiff1d(np.arange(3000), bad)
+    pairs, late, _ = reference(
+        {k: (np.asarray(v)[good] if k != "user" else [v[i] for i in good]) for k, v in views.items()}, buys
+    )
+    np.testing.assert_array_equal(run.pairs(IDS), pairs)
+    np.testing.assert_array_equal(run.late_ids(IDS, ("views", "buys")), late)
+    results = read_tables(run.out / "results")
+    vid = results["views_vid"].to_numpy()
+    offset = np.empty(3000, np.int64)
+    for p in range(4):  # each partition's records in the order produced
+        mine = np.concatenate([w["views"][views["partition"][w["views"]] == p] for w in waves])
+        offset[mine] = np.arange(len(mine))
+    assert (results["views_@offset"].to_numpy() == offset[vid]).all()
+    assert results["views_page"].to_pylist() == [f"/p{i % 7}" for i in vid.tolist()]
+    listed = read_tables(run.out / "rejected")
+    assert sorted(zip(listed["partition"].to_pylist(), listed["offset"].to_pylist())) == sorted(
+        zip(views["partition"][bad].tolist(), offset[bad].tolist())
+    )
+    assert run.summary["rejected"] == 4 and run.summary["live_streams"]["views"]["rejected_by_reason"] == {
+        "not JSON": 4
+    }
+    root = run.out / "checkpoints"
+    at_resume = checkpoint.load_manifest(root / checkpoint.name_of(resumed))["master"]["source"]["streams"]
+    assert 0 < sum(at_resume[0]["offsets"]) < 3000 and 0 < sum(at_resume[1]["offsets"]) < 3000, at_resume
+    _, manifest = checkpoint.latest_complete(root)
+    assert_committed(broker, topics, manifest["master"]["source"]["streams"])
+
+
+def assert_committed(broker: str, topics: dict, places: list[dict]) -> None:
+    """The streams' groups have committed each partition's offset of the checkpoint `places` (its streams')."""
+    for topic, place in zip(topics.values(), places):
+        consumer = Consumer({"bootstrap.servers": broker, "group.id": f"group-{topic}"})
+        try:
+            committed = consumer.committed([TopicPartition(topic, p) for p in range(len(place["offsets"]))], timeout=20)
+        finally:
+            consumer.close()
+        assert [c.offset for c in committed] == place["offsets"], topic
+
+
 @pytest.mark.parametrize(
     "change, words",
     [
-        ({"checkpoint.interval": 5}, "streams.views.kafka: not with checkpoint.interval yet"),
         ({"cluster.dispatchers": 2}, "streams.views.kafka: not with cluster.dispatchers > 1 yet"),
         ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
         (
@@ -397,6 +630,25 @@ def test_config_mistakes_of_kafka_streams_are_refused_naming_the_key(change, wor
     base = settings("127.0.0.1:1", {"views": "v", "buys": "b"})
     with pytest.raises(ConfigError, match=re.escape(words)):
         load_config(None, [f"{k}={toml_value(v)}" for k, v in {**base, **change}.items()])
+
+
+def test_checkpoints_with_a_kafka_stream_beside_a_stream_of_files_are_refused():
+    """With checkpoints both streams must be topics: a recovery goes on from the topic's offsets, while files would
+    be read again from their start."""
+    base = settings("127.0.0.1:1", {"views": "v", "buys": "b"})
+    base = {k: v for k, v in base.items() if k not in ("streams.buys.kafka", "streams.buys.schema")}
+    change = {"checkpoint.interval": 5, "streams.buys.path": "b.csv"}
+    with pytest.raises(
+        ConfigError, match="streams.views.kafka: with checkpoint.interval, not beside a stream of files"
+    ):
+        load_config(None, [f"{k}={toml_value(v)}" for k, v in {**base, **change}.items()])
+    load_config(
+        None,
+        [
+            f"{k}={toml_value(v)}"
+            for k, v in {**settings("127.0.0.1:1", {"views": "v", "buys": "b"}), "checkpoint.interval": 5}.items()
+        ],
+    )
 
 
 def test_a_topic_that_does_not_exist_or_a_refused_setting_stops_the_start_without_showing_its_value(tmp_path, broker):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 from master.sources.partitions import PartitionMerge
+from protocol.eventtime import NEG_INF
 from tests.reference import late_flags
 
 DELAY = 1_000  # microseconds
@@ -63,6 +64,22 @@ def test_ties_go_by_partition_then_offset_and_a_row_that_fails_the_checks_moves_
     assert m.done
 
 
+def read_randomly(m: PartitionMerge, rng, sizes, ts, start, batch: int, cut: int | None = None):
+    """Partition p's records from offset start[p] to sizes[p] (times ts[p]) fed in random batches of up to `batch`
+    from random partitions: the (partition, offset) handed on, and the merge's place once `cut` rows are (the rows
+    handed on then, unreleased offsets, running maxima there, end offsets)."""
+    taken, out, place = start.copy(), [], None
+    while (taken < sizes).any():
+        p = rng.choice(np.flatnonzero(taken < sizes))
+        offsets = np.arange(taken[p], min(taken[p] + int(rng.integers(1, batch)), sizes[p]))
+        feed(m, np.full(len(offsets), p), offsets, ts[p][offsets])
+        taken[p] += len(offsets)
+        out += released(m)
+        if cut is not None and place is None and len(out) >= cut:
+            place = (len(out), m.unreleased(), m.handed.copy(), m.end.copy())
+    return out + released(m), place
+
+
 def test_the_merged_order_does_not_depend_on_how_the_partitions_are_read_and_stream_lateness_is_per_partition():
     """Random partitions (some empty), each out of order on its own by up to twice DELAY and far apart from each
     other in time, read in random batches: the rows come out in one order, and the stream-level rule over that
@@ -75,15 +92,7 @@ def test_the_merged_order_does_not_depend_on_how_the_partitions_are_read_and_str
     orders = []
     for attempt in range(3):
         m = merge(parts, high=sizes)
-        taken = np.zeros(parts, np.int64)
-        out = []
-        while (taken < sizes).any():
-            p = rng.choice(np.flatnonzero(taken < sizes))
-            offsets = np.arange(taken[p], min(taken[p] + int(rng.integers(1, 60)), sizes[p]))
-            feed(m, np.full(len(offsets), p), offsets, ts[p][offsets])
-            taken[p] += len(offsets)
-            out += released(m)
-        out += released(m)
+        out, _ = read_randomly(m, rng, sizes, ts, np.zeros(parts, np.int64), 60)
         assert m.done and len(out) == sizes.sum()
         orders.append(out)
     assert orders[0] == orders[1] == orders[2]
@@ -153,3 +162,35 @@ def test_positions_to_commit_are_each_partitions_oldest_record_not_handed_on():
     assert m.unreleased().tolist() == [1, 0]
     feed(m, [1, 1], [1, 2], [1_600, 1_700])
     assert released(m) == [(1, 0), (1, 1), (1, 2), (0, 1)] and m.unreleased().tolist() == [3, 3]
+
+
+def test_a_merge_restored_at_its_unreleased_offsets_goes_on_in_the_uninterrupted_order():
+    """A checkpoint's place (each partition's oldest offset not handed on, its running maximum there, the end
+    offsets) taken at random moments: a fresh merge restored there and fed the records from those offsets on, in
+    other batches, hands on exactly the rows the uninterrupted merge hands on after that moment, in its order."""
+    rng = np.random.default_rng(8)
+    parts = 5
+    sizes = rng.integers(1, 300, parts)
+    ts = [p * 20_000 + np.cumsum(rng.integers(0, 300, n)) - rng.integers(0, 2 * DELAY, n) for p, n in enumerate(sizes)]
+
+    run = lambda m, start, cut=None: read_randomly(m, rng, sizes, ts, start, 40, cut)
+    whole, _ = run(merge(parts, high=sizes), np.zeros(parts, np.int64))
+    for cut in (1, len(whole) // 3, len(whole) // 2):
+        before, (at, offsets, running, end) = run(merge(parts, high=sizes), np.zeros(parts, np.int64), cut)
+        assert before == whole
+        fresh = merge(parts, high=np.full(parts, 1 << 40))  # the broker has more now: the first run's ends hold
+        fresh.restore(offsets, running, end)
+        after, _ = run(fresh, offsets.copy())
+        assert whole[:at] + after == whole and fresh.done
+        assert offsets.tolist() == [min([o for q, o in whole[at:] if q == p], default=sizes[p]) for p in range(parts)]
+
+
+def test_an_unbounded_merge_restored_holds_back_for_a_partition_with_records_at_the_broker_now():
+    """Restored where partition 1 had been read to its end then: the broker has more of it now, so it holds the
+    other back (it is not caught up) until it is read; one with nothing more now holds nothing back."""
+    for high_now, holds in (([3, 9], True), ([3, 3], False)):
+        m = merge(2, high=high_now, bounded=False)
+        m.restore(np.array([2, 3]), np.array([NEG_INF, 10_000]), np.array([3, 3]))
+        feed(m, [0], [2], [20_000])
+        m.reached_end(0, 3)  # partition 0 read to its end
+        assert (released(m) == []) is holds

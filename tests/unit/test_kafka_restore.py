@@ -1,0 +1,50 @@
+"""What a recovery of Kafka streams restores besides the merge (tests/unit/test_partition_merge.py): the key
+dictionaries (master.sources.keys.KeyMapper.dictionaries) give a fresh mapper every code back, and the payload log
+goes on at the checkpoint's stream rows (protocol.payload.PayloadLog.resume)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from master.sources.keys import KeyMapper
+from protocol.checkpoint import record_tables, table_records
+from protocol.payload import PayloadLog, PayloadReader
+
+
+def test_a_restored_mapper_codes_every_value_as_the_first_did_and_goes_on_counting():
+    rng = np.random.default_rng(3)
+    words = [f"user-{i}" for i in rng.integers(0, 500, 3000)]
+    ints = rng.integers(0, 7, 3000)
+    for kinds, parts in (
+        (["string"], lambda a, b: [pa.array(words[a:b])]),
+        (["string", "int"], lambda a, b: [pa.array(words[a:b]), ints[a:b]]),
+    ):
+        first = KeyMapper(kinds)
+        before = first.keys(parts(0, 2000))
+        (table,) = record_tables(table_records([first.dictionaries()]))
+        second = KeyMapper(kinds)
+        second.restore(table)
+        assert second.distinct == first.distinct
+        np.testing.assert_array_equal(second.keys(parts(0, 2000)), before)
+        np.testing.assert_array_equal(second.keys(parts(2000, 3000)), first.keys(parts(2000, 3000)))
+
+
+def test_the_payload_log_resumed_at_a_row_lists_the_segments_before_it_and_removes_those_after(tmp_path):
+    """Segments of rows 0-9, 10-19, 20-29 written; resumed at row 20, the first two are listed (released as
+    before, their times taken as at most the stream's largest), the third is gone, and rows written again from 20
+    (numbered otherwise now) are what a reader finds."""
+    log = PayloadLog(tmp_path, "a")
+    log.write_schema(0, pa.schema([("x", pa.int64())]))
+    for first in (0, 10, 20):
+        rows = np.arange(first, first + 10)
+        log.write(0, rows, rows * 1000, pa.table({"x": rows}))
+    fresh = PayloadLog(tmp_path, "b")
+    fresh.resume(0, 20, 29_000)
+    assert [(s.first, s.last, s.ts_max) for s in fresh.segments[0]] == [(0, 9, 29_000), (10, 19, 29_000)]
+    assert sorted(int(p.name[:12]) for p in (tmp_path / "payload" / "R").glob("0*.arrow")) == [0, 10]
+    rows = np.arange(20, 25)
+    fresh.write(0, rows, rows * 1000, pa.table({"x": rows + 100}))
+    got = PayloadReader(tmp_path, ("r_", "s_")).gather(0, np.array([5, 15, 20, 24]))["r_x"].to_pylist()
+    assert got == [5, 15, 120, 124]
+    assert fresh.release(0, 20, 30_000) == (2, sum(s.size for s in list(log.segments[0])[:2]))
