@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from protocol.access import public
 from protocol.strict_json import json_text
@@ -140,8 +139,11 @@ def part_tuples(name: str, data: bytes, tuple_bytes: int) -> int:
     return sum(int(group_layout(r)[2][:, 2:].sum()) for r in records)
 
 
-def table_records(tables: list[pa.Table]) -> list[np.ndarray]:
-    """Arrow tables as byte records of a part (an IPC stream each): a source's arrays after the mini-buffers."""
+def table_records(tables: list) -> list[np.ndarray]:
+    """Arrow tables as byte records of a part (an IPC stream each): a source's arrays after the mini-buffers.
+    (pyarrow is imported here: the checkpoint check's Spark workers load this module without it.)"""
+    import pyarrow as pa
+
     out = []
     for table in tables:
         sink = pa.BufferOutputStream()
@@ -151,8 +153,10 @@ def table_records(tables: list[pa.Table]) -> list[np.ndarray]:
     return out
 
 
-def record_tables(records: list[np.ndarray]) -> list[pa.Table]:
+def record_tables(records: list[np.ndarray]) -> list:
     """Inverse of `table_records`."""
+    import pyarrow as pa
+
     return [pa.ipc.open_stream(pa.py_buffer(np.ascontiguousarray(r))).read_all() for r in records]
 
 
