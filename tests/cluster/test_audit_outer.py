@@ -144,9 +144,17 @@ def test_planted_faults_in_rows_alone_are_counted_by_kind_and_in_the_diff_file(s
 
 
 def test_a_crashed_left_join_is_exact_below_the_bound_where_its_rows_alone_are_final(spark, tmp_path):
-    # seen live: its newest checkpoint's committed files, below the slaves' watermark minus join.window
+    # seen live: its newest checkpoint's committed files, below the slaves' watermark minus join.window; 5 s of
+    # input, as in test_audit's crashed run: in 3 s a loaded host's slave did not reach its 12th batch
     settings = dict(
-        LATE, **{"join.type": "left", "generator.seed": 52, "source.rate": 6000.0, "epochs.distribution": 0.1}
+        LATE,
+        **{
+            "join.type": "left",
+            "generator.seed": 52,
+            "source.rate": 6000.0,
+            "epochs.distribution": 0.1,
+            "generator.duration": 5.0,
+        },
     )
     crashed = run_cluster(
         tmp_path, 3, settings, env={"STREAMJOIN_FAULT": f"1:batch-after-checkpoint:12:{tmp_path / 'fired'}"}

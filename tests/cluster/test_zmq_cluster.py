@@ -488,11 +488,14 @@ def test_a_subscriber_that_stops_reading_costs_the_master_its_byte_bound_and_is_
     assert run.returncode == 0, run.stderr[-2000:]
     s, stream = run.summary, run.summary["result_stream"]
     assert stream["results"] == s["results"] > 2_500_000
-    # growth from the master's memory before data (its libraries' pages count for more when their files are
-    # fresh in the page cache, as in a new venv: 150 MiB PSS before data there, 80-100 in an older one): about
-    # 190 MiB either way, where the old stream held the results' 210 MB more (411 MiB peak, PSS before ~90)
+    # unordered, the stream holds no result for a full subscriber: it drops the message for it (XPUB queues at
+    # most the byte bound per subscriber); the old stream held every result (210 MB here)
+    assert stream["held_peak_bytes"] == 0, stream
+    # the master's growth from its memory before data: about 190 MiB on a quiet host (its libraries' pages count
+    # for more when their files are fresh in the page cache); a loaded host's master holds more batches and MPI
+    # messages in flight (312 MiB with a CPU hog beside the suite): a guard against a leak, not the bound
     grown = s["master_peak_rss_bytes"] - s["startup"]["pss_before_data_bytes"]["0"]
-    assert grown < 260 << 20, (grown, s["master_peak_rss_bytes"], s["startup"])
+    assert grown < 512 << 20, (grown, s["master_peak_rss_bytes"], s["startup"])
     assert "it misses messages until it has read half of them" in run.stderr
     # the one that paused: the start of the run, then jumps in seq past what was dropped for it (one lossy send
     # may open a gap for both subscribers at once)
