@@ -31,3 +31,11 @@ def spark():
     s = session(app="streamjoin-tests")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory):
+    """A Kafka-protocol broker for the session (tests/kafka.py), its bootstrap address."""
+    from tests.kafka import start_broker
+
+    yield from start_broker(tmp_path_factory)

@@ -14,158 +14,36 @@ import subprocess
 import sys
 import threading
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from deploy.launch import mpi_env
 from protocol import checkpoint
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
-from tests.reference import late_flags, micros, reference_outer, reference_pairs
-from tests.runs import Run, free_port, run_cluster, toml_value, write_config
+from tests.reference import late_flags, micros, reference_outer
+from tests.kafka import (
+    MAX_DELAY,
+    assert_committed,
+    checkpointed,
+    create,
+    now_ms,
+    produce,
+    produce_waves,
+    reference,
+    settings,
+    stream,
+    two_topics,
+    values,
+)
+from tests.runs import Run, run_cluster, toml_value, write_config
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-NOIDA = Path(sys.executable).parent / "noida-db"
-WINDOW, MAX_DELAY = 0.3, 0.25  # seconds
 IDS = ("views_vid", "buys_bid")
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    """A Kafka broker on 127.0.0.1 (noida-db, a data folder of its own), its bootstrap address; stopped after the
-    module's tests with `noida-db down`."""
-    data, port = tmp_path_factory.mktemp("noida"), free_port()
-    try:
-        up = subprocess.run(
-            [NOIDA, "up", "--data-dir", data, "--only", "kafka", "--kafka-port", str(port)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except OSError as e:
-        pytest.skip(f"noida-db cannot start: {e}")
-    if up.returncode != 0:
-        pytest.skip(f"noida-db cannot start (exit {up.returncode}): {(up.stderr or up.stdout).strip()[-300:]}")
-    bootstrap = f"127.0.0.1:{port}"
-    try:
-        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=20)
-        yield bootstrap
-    finally:
-        subprocess.run([NOIDA, "down", "--data-dir", data], capture_output=True, timeout=60)
-
-
-def create(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-
-
-def produce(
-    bootstrap: str, topic: str, partition: np.ndarray, values: list[bytes], stamps: np.ndarray | None = None
-) -> np.ndarray:
-    """The records into `topic` (idempotent: each partition keeps the order given); their offsets."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20})
-    offsets = np.full(len(values), -1, np.int64)
-
-    def delivered(i):
-        def report(err, msg):
-            assert err is None, err
-            offsets[i] = msg.offset()
-
-        return report
-
-    for i, (p, v) in enumerate(zip(partition.tolist(), values)):
-        extra = {} if stamps is None else {"timestamp": int(stamps[i])}
-        while True:
-            try:
-                producer.produce(topic, v, partition=p, on_delivery=delivered(i), **extra)
-                break
-            except BufferError:  # the producer's queue is full: let it send
-                producer.poll(0.1)
-    assert producer.flush(60) == 0 and (offsets >= 0).all()
-    return offsets
-
-
-def stream(
-    rng, n: int, first_id: int, partitions: int, t0: int, late_share: float = 0.0, spread: int = 4000, step: int = 12
-) -> dict:
-    """`n` records of users u0..u59, each user in partition crc32(user) % partitions (the same in every topic);
-    times in ms rising within each partition by 1 to `step` - 1 ms a record, partition p shifted (partitions - 1 -
-    p) * `spread` ms ahead of the last (by default out of order across partitions by far more than max_delay), a
-    `late_share` of them 0.6 s back (late within their partition)."""
-    users = [f"u{u}" for u in rng.integers(0, 60, n)]
-    partition = np.array([zlib.crc32(u.encode()) % partitions for u in users], np.int64)
-    at = t0 + np.cumsum(rng.integers(1, step, n)) + (partitions - 1 - partition) * spread
-    at -= np.where(rng.random(n) < late_share, 600, 0)
-    return {"id": np.arange(n) + first_id, "user": users, "at": at, "partition": partition}
-
-
-def values(s: dict, id_column: str, with_time: bool = True) -> list[bytes]:
-    """The records' values: JSON objects of id, user, time (unless the records' timestamps carry it) and page."""
-    return [
-        json.dumps({id_column: i, "user": u, **({"at": t} if with_time else {}), "page": f"/p{i % 7}"}).encode()
-        for i, u, t in zip(s["id"].tolist(), s["user"], s["at"].tolist())
-    ]
-
-
-def settings(bootstrap: str, topics: dict[str, str], **extra) -> dict:
-    """Both streams from their topics (bounded), users as keys, `at` in ms as event time."""
-    out = {
-        "join.window": f"{WINDOW}s",
-        "join.max_delay": f"{MAX_DELAY}s",
-        "partitioning.partitions": 8,
-        "epochs.distribution": "100ms",
-    }
-    for name, topic in topics.items():
-        id_column = "vid" if name == "views" else "bid"
-        out |= {
-            f"streams.{name}.kafka": {"bootstrap": bootstrap, "topic": topic, "bounded": True},
-            f"streams.{name}.key": "user",
-            f"streams.{name}.time": "at",
-            f"streams.{name}.time_unit": "ms",
-            f"streams.{name}.id": id_column,
-            f"streams.{name}.schema": {id_column: "int64", "user": "string", "at": "int64", "page": "string"},
-        }
-    return out | extra
-
-
-def reference(r: dict, s: dict) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(encoded pairs, late ids encoded stream * 2**40 + id, the on-time ids per side) of two streams given as
-    produced: a row is late iff late within its own partition (below the largest earlier time there minus
-    max_delay), pairs among the rows on time."""
-    codes: dict = {}
-    parts, on_time = [], {}
-    for side, x in enumerate((r, s)):
-        late = np.zeros(len(x["id"]), bool)
-        for p in np.unique(x["partition"]):
-            mine = x["partition"] == p
-            late[mine] = late_flags(x["at"][mine] * 1000, MAX_DELAY)
-        keys = np.array([codes.setdefault(u, len(codes)) for u in x["user"]], np.int64)
-        parts.append((np.full(len(late), side), x["id"], x["at"] * 1000, keys, late))
-        on_time[side] = x["id"][~late]
-    stream, ids, ts, keys, late = (np.concatenate(c) for c in zip(*parts))
-    pairs, _ = reference_pairs(stream[~late], ids[~late], ts[~late], keys[~late], WINDOW, 1e9)
-    return pairs, np.sort(stream[late] * 2**40 + ids[late]), on_time
-
-
-def two_topics(tmp_path: Path, broker: str, views: dict, buys: dict, partitions: int = 4) -> dict[str, str]:
-    """The streams' topics, named after the test, holding their records (each stream's `offset` noted)."""
-    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
-    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
-        create(broker, topics[name], partitions)
-        s["offset"] = produce(broker, topics[name], s["partition"], values(s, id_column))
-    return topics
-
-
-def now_ms() -> int:
-    """The broker deletes records older than 7 days: event times are now."""
-    return int(time.time() * 1000)
 
 
 def test_two_topics_of_four_partitions_give_the_reference_join_with_lateness_per_partition(tmp_path, broker):
@@ -385,24 +263,6 @@ def test_a_bounded_topic_ends_at_the_offsets_read_when_it_is_opened(tmp_path, br
     assert sorted(summary["positions"].values()) == sorted(np.bincount(views["partition"]).tolist())
 
 
-def checkpointed(broker: str, topics: dict[str, str], **extra) -> dict:
-    """`settings` with checkpoints every 2 epochs (every one kept), views' payload with the records' partition and
-    offset, each stream's group named after its topic (`assert_committed`)."""
-    cfg = settings(
-        broker,
-        topics,
-        **{
-            "streams.views.payload": ["page", "@partition", "@offset"],
-            "checkpoint.interval": 2,
-            "checkpoint.keep": 100,
-            **extra,
-        },
-    )
-    for name, topic in topics.items():
-        cfg[f"streams.{name}.kafka"]["group"] = f"group-{topic}"
-    return cfg
-
-
 def test_bounded_topics_read_ahead_of_the_master_recover_with_what_was_merged_and_not_taken(tmp_path, broker):
     """Bounded topics of 4 partitions, out of order across partitions by seconds, 1% late within their partition,
     text keys and payload columns, taken at 4,000 tuples/s with checkpoints every 0.2 s: the streams are read and
@@ -481,18 +341,6 @@ def test_a_source_sought_to_its_checkpointed_place_goes_on_with_the_same_tuples_
     for side, (column, s) in enumerate(zip(IDS, (views, buys))):
         ids = reader.gather(side, whole.id[whole.stream == side])[column].to_numpy()
         assert sorted(ids.tolist()) == s["id"].tolist()
-
-
-def produce_waves(broker: str, topics: dict, streams: dict, waves: list[np.ndarray], pause: float) -> None:
-    """Each wave's records of both streams into their topics (wave i: the records of stream `name` whose indexes
-    waves[i][name] lists, in that order), `pause` seconds apart: records that come while the cluster runs."""
-    producer = Producer({"bootstrap.servers": broker, "enable.idempotence": True, "linger.ms": 2})
-    for wave in waves:
-        for name, s in streams.items():
-            for i in wave[name].tolist():
-                producer.produce(topics[name], s["value"][i], partition=int(s["partition"][i]))
-        assert producer.flush(30) == 0
-        time.sleep(pause)
 
 
 @pytest.mark.parametrize("victim,point", [(1, "batch-after-checkpoint:6"), (0, "checkpoint:6")])
@@ -596,17 +444,6 @@ def test_topics_written_while_the_cluster_runs_recover_at_their_checkpointed_off
     assert 0 < sum(at_resume[0]["offsets"]) < 3000 and 0 < sum(at_resume[1]["offsets"]) < 3000, at_resume
     _, manifest = checkpoint.latest_complete(root)
     assert_committed(broker, topics, manifest["master"]["source"]["streams"])
-
-
-def assert_committed(broker: str, topics: dict, places: list[dict]) -> None:
-    """The streams' groups have committed each partition's offset of the checkpoint `places` (its streams')."""
-    for topic, place in zip(topics.values(), places):
-        consumer = Consumer({"bootstrap.servers": broker, "group.id": f"group-{topic}"})
-        try:
-            committed = consumer.committed([TopicPartition(topic, p) for p in range(len(place["offsets"]))], timeout=20)
-        finally:
-            consumer.close()
-        assert [c.offset for c in committed] == place["offsets"], topic
 
 
 @pytest.mark.parametrize(
