@@ -5,8 +5,6 @@ tests produce, their settings and their reference join (lateness judged per part
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -16,34 +14,19 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from deploy.broker import BrokerUnavailable, local_broker
 from tests.reference import late_flags, reference_pairs
-from tests.runs import free_port
 
-NOIDA = Path(sys.executable).parent / "noida-db"
 WINDOW, MAX_DELAY = 0.3, 0.25  # seconds
 
 
 def start_broker(tmp_path_factory):
-    """A Kafka broker on 127.0.0.1 (noida-db, a data folder of its own), its bootstrap address; stopped after the
-    session's tests with `noida-db down`."""
-    data, port = tmp_path_factory.mktemp("noida"), free_port()
+    """deploy.broker's broker for the session's tests, or the tests skipped with the reason it cannot start."""
     try:
-        up = subprocess.run(
-            [NOIDA, "up", "--data-dir", data, "--only", "kafka", "--kafka-port", str(port)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except OSError as e:
-        pytest.skip(f"noida-db cannot start: {e}")
-    if up.returncode != 0:
-        pytest.skip(f"noida-db cannot start (exit {up.returncode}): {(up.stderr or up.stdout).strip()[-300:]}")
-    bootstrap = f"127.0.0.1:{port}"
-    try:
-        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=20)
-        yield bootstrap
-    finally:
-        subprocess.run([NOIDA, "down", "--data-dir", data], capture_output=True, timeout=60)
+        with local_broker(tmp_path_factory.mktemp("noida")) as bootstrap:
+            yield bootstrap
+    except BrokerUnavailable as e:
+        pytest.skip(str(e))
 
 
 def create(bootstrap: str, topic: str, partitions: int) -> None:

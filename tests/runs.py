@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,28 +14,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from deploy.launch import mpi_env, mpirun_command
+from deploy.ports import free_port  # noqa: F401  (the tests' one import of it)
 from protocol import eventtime
 from protocol.output import MATCHED, read_tables
 from tests.reference import encode_pairs
-
-
-def free_port(consecutive: int = 1) -> int:
-    """A port p with p .. p + consecutive - 1 free (dispatcher i binds the configured port + i), drawn below the
-    kernel's ephemeral ports (net.ipv4.ip_local_port_range): a port that a bind to port 0 hands out may be taken
-    again before the cluster binds it, by any outgoing connection or bind to port 0 (MPI's, a client's
-    connection attempts, the metrics endpoint's); a test lost to that race is no finding."""
-    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
-    rng = np.random.default_rng()
-    while True:
-        port = int(rng.integers(10_000, max(low, 20_000) - consecutive))
-        try:
-            for p in range(port, port + consecutive):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
 
 
 class Run:

@@ -1,0 +1,45 @@
+"""A Kafka-protocol broker on this machine, for the tests and bench.kafka: noida-db (a test extra, pinned in
+pyproject.toml) on a free port of 127.0.0.1 with a data folder of its own, stopped with `noida-db down` (its
+wrapper's pid is not the broker's).  Not for production: users point the streams at their own Kafka."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from deploy.ports import free_port
+
+NOIDA = Path(sys.executable).parent / "noida-db"
+
+
+class BrokerUnavailable(Exception):
+    """noida-db is not installed or does not start; the message says why."""
+
+
+@contextmanager
+def local_broker(data: Path):
+    """The broker's bootstrap address while the block runs; `data` holds its one file."""
+    from confluent_kafka.admin import AdminClient
+
+    port = free_port()
+    try:
+        up = subprocess.run(
+            [NOIDA, "up", "--data-dir", data, "--only", "kafka", "--kafka-port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except OSError as e:
+        raise BrokerUnavailable(f"noida-db cannot start: {e}") from e
+    if up.returncode != 0:
+        raise BrokerUnavailable(
+            f"noida-db cannot start (exit {up.returncode}): {(up.stderr or up.stdout).strip()[-300:]}"
+        )
+    bootstrap = f"127.0.0.1:{port}"
+    try:
+        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=20)
+        yield bootstrap
+    finally:
+        subprocess.run([NOIDA, "down", "--data-dir", data], capture_output=True, timeout=60)
