@@ -15,10 +15,15 @@ from bench.search import median
 from bench.tables import fmt, md_table
 
 
-def parser(prog: str, doc: str, quick_seconds: float, seconds: float, repeats: int) -> argparse.ArgumentParser:
+def parser(
+    prog: str, doc: str, quick_seconds: float, seconds: float, repeats: int, quick: str = ""
+) -> argparse.ArgumentParser:
+    """The benches' common options; `quick` says what --quick does, if not fewer seconds of event time."""
     p = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
     p.add_argument(
-        "--quick", action="store_true", help=f"{quick_seconds:g} s of event time per run instead of {seconds:g} s"
+        "--quick",
+        action="store_true",
+        help=quick or f"{quick_seconds:g} s of event time per run instead of {seconds:g} s",
     )
     p.add_argument("--repeats", type=int, default=repeats, help=f"pairs of runs (default {repeats})")
     p.add_argument("--slaves", type=int, default=2)
@@ -39,6 +44,8 @@ class Comparison:
             "workload": workload,
             "slaves": a.slaves,
             "runs": {m: [] for m in modes},
+            "whole_process": {m: [] for m in modes},  #: tuples / (mpirun's start to its exit)
+            "results": {m: [] for m in modes},  #: result rows of each run
         }
 
     def run(self, tmp: Path) -> None:
@@ -48,7 +55,13 @@ class Comparison:
             for mode, settings in self.modes.items():
                 s = run_cluster(self.a.slaves + 1, [*self.workload, *settings], tmp / f"{mode}-{i}", self.a.timeout)
                 self.data["runs"][mode].append(s["throughput_tuples_per_s"])
-                print(f"[{mode:>5} #{i + 1}] {s['throughput_tuples_per_s']:,.0f} tuples/s in-run", flush=True)
+                self.data["whole_process"][mode].append(round(s["input_total"] / s["process_seconds"], 1))
+                self.data["results"][mode].append(s["results"])
+                print(
+                    f"[{mode:>5} #{i + 1}] {s['throughput_tuples_per_s']:,.0f} tuples/s in-run, "
+                    f"{self.data['whole_process'][mode][-1]:,.0f} whole process",
+                    flush=True,
+                )
         self.data["medians"] = {m: median(r) for m, r in self.data["runs"].items()}
         base, *others = self.data["medians"].items()
         self.data["ratios"] = {m: round(v / base[1], 4) for m, v in others}
