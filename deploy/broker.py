@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,14 +20,16 @@ class BrokerUnavailable(Exception):
 
 
 @contextmanager
-def local_broker(data: Path):
-    """The broker's bootstrap address while the block runs; `data` holds its one file."""
+def local_broker(data: Path, on: Sequence[str] = (), within: Callable | None = None):
+    """The broker's bootstrap address while the block runs; `data` holds its one file.  `on`: a command prefix
+    that starts it elsewhere (a namespace host, deploy.testbed's `on`), `within(f)`: f() run where that broker's
+    127.0.0.1 is reached."""
     from confluent_kafka.admin import AdminClient
 
     port = free_port()
     try:
         up = subprocess.run(
-            [NOIDA, "up", "--data-dir", data, "--only", "kafka", "--kafka-port", str(port)],
+            [*on, NOIDA, "up", "--data-dir", data, "--only", "kafka", "--kafka-port", str(port)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -39,7 +42,7 @@ def local_broker(data: Path):
         )
     bootstrap = f"127.0.0.1:{port}"
     try:
-        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=20)
+        (within or (lambda f: f()))(lambda: AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=20))
         yield bootstrap
     finally:
-        subprocess.run([NOIDA, "down", "--data-dir", data], capture_output=True, timeout=60)
+        subprocess.run([*on, NOIDA, "down", "--data-dir", data], capture_output=True, timeout=60)

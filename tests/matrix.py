@@ -37,16 +37,26 @@ extra record, each run's punctuations within that run) would need to tell the tw
 the result frames do not carry (no run number; only ACKs have one).  With `[streams]` input (`input =
 "streams"`) the stream carries TABLEs, the rows with the streams' own columns and their stream time: the same
 checks read them through `table_records`.
+
+`input = "kafka"` writes the declared streams' rows as JSON values into two topics of PARTITIONS partitions (a
+key's records in one partition, in arrival order) on a broker of the dispatchers' host (deploy.broker: on one
+host the process's own, on three hosts one started in the first host's namespace, reached there), read bounded;
+the reference judges lateness within each partition of each stream, as the per-partition watermarks do.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import itertools
+import json
+import shutil
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,6 +72,7 @@ from protocol import wire
 from protocol.config import ConfigError, load_config, validate
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED, read_tables
 from protocol.predicates import JOIN_TYPES
+from deploy.broker import local_broker
 from deploy.testbed import TestBed
 from tests.runs import BedJob, Run, free_port, run_cluster, toml_value
 from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs, reference_theta_pairs
@@ -80,7 +91,7 @@ FEATURES: dict[str, tuple] = {
     "bounds": ("window", "asymmetric", "one_sided", "negative"),
     "format": ("csv", "parquet"),
     "join_type": JOIN_TYPES,
-    "input": ("file", "streams"),
+    "input": ("file", "streams", "kafka"),
     "output": ("files", "stream", "ordered"),
     "hosts": (1, 3),
 }
@@ -191,9 +202,42 @@ def seconds_text(ts: np.ndarray, unit: str) -> np.ndarray:
     return np.char.add(np.char.add(whole.astype(str), "."), np.char.zfill(frac.astype(str), digits))
 
 
-#: declared streams (input = "streams"): their names, so results and late rows name their columns trades_*, quotes_*
+#: declared streams (input = "streams" or "kafka"): their names, so results and late rows name their columns
+#: trades_*, quotes_*
 STREAMS = ("trades", "quotes")
 PART_ROWS = 500  #: rows per file of a declared stream
+PARTITIONS = 3  #: input = "kafka": partitions per topic, a key's records in partition key % 3
+
+
+def declared_columns(d: Draw, data: dict[str, np.ndarray], side: int) -> pa.Table:
+    """Stream `side`'s rows with the user's own column names: text keys for an equi-join (codes have no order),
+    times as decimal text (CSV) or integers in the draw's unit, and a text payload column."""
+    mine = data["stream"] == side
+    ids = data["id"][mine]
+    key = np.char.add("k", data["key"][mine].astype(str)) if d.predicate == "equal" else data["key"][mine]
+    when = seconds_text(data["ts"][mine], d.unit) if d.format == "csv" and d.input == "streams" else data["ts"][mine]
+    return pa.table({"event_id": ids, "sym": key, "at": when, "note": np.char.add("n", ids.astype(str))})
+
+
+def fill_topics(d: Draw, data: dict[str, np.ndarray], bootstrap: str, tag: str) -> dict[str, str]:
+    """input = "kafka": each stream's rows as JSON values into a topic of its own (named after `tag`), in
+    arrival order, each key's in partition key % PARTITIONS; the topics by stream name."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    topics = {name: f"{tag}-{name}" for name in STREAMS}
+    for side, name in enumerate(STREAMS):
+        admin.create_topics([NewTopic(topics[name], PARTITIONS, 1)])[topics[name]].result(30)
+        table = declared_columns(d, data, side)
+        part = data["key"][data["stream"] == side] % PARTITIONS
+        for row, p in zip(table.to_pylist(), part.tolist()):
+            producer.produce(topics[name], json.dumps(row).encode(), partition=p)
+            producer.poll(0)
+    if producer.flush(60):
+        raise RuntimeError("the draw's records were not all delivered to the broker")
+    return topics
 
 
 def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
@@ -202,11 +246,7 @@ def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
     and a text payload column; returns the file, or the folder holding the two."""
     if d.input == "streams":
         for side, name in enumerate(STREAMS):
-            mine = data["stream"] == side
-            ids = data["id"][mine]
-            key = np.char.add("k", data["key"][mine].astype(str)) if d.predicate == "equal" else data["key"][mine]
-            when = seconds_text(data["ts"][mine], d.unit) if d.format == "csv" else data["ts"][mine]
-            table = pa.table({"event_id": ids, "sym": key, "at": when, "note": np.char.add("n", ids.astype(str))})
+            table = declared_columns(d, data, side)
             (directory / name).mkdir()
             for i in range(0, len(table), PART_ROWS):  # each file is a segment of the payload log, removed as it goes
                 part = directory / name / f"part-{i // PART_ROWS:04d}.{d.format}"
@@ -233,9 +273,11 @@ def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
     return path
 
 
-def settings(d: Draw, path: Path, n: int = 9000, results_port: int = 5556) -> dict:
-    """The draw's configuration ('section.key': value) for `n` tuples in `path`, paced over 3 s; with the stream
-    dispatcher i publishes on `results_port` + i."""
+def settings(
+    d: Draw, path: Path, n: int = 9000, results_port: int = 5556, topics: dict[str, str] | None = None, broker=""
+) -> dict:
+    """The draw's configuration ('section.key': value) for `n` tuples in `path` (input = "kafka": in `topics` on
+    `broker`), paced over 3 s; with the stream dispatcher i publishes on `results_port` + i."""
     unit = UNITS[d.unit]
     if d.input == "streams":
         source = {
@@ -247,6 +289,23 @@ def settings(d: Draw, path: Path, n: int = 9000, results_port: int = 5556) -> di
                 ("time", "at"),
                 ("id", "event_id"),
                 ("time_unit", "s" if d.format == "csv" else d.unit),
+            )
+        }
+    elif d.input == "kafka":
+        key = "string" if d.predicate == "equal" else "int64"
+        source = {
+            f"streams.{name}.{k}": v
+            for name in STREAMS
+            for k, v in (
+                (
+                    "kafka",
+                    {"bootstrap": broker or "127.0.0.1:1", "topic": (topics or {}).get(name, name), "bounded": True},
+                ),
+                ("schema", {"event_id": "int64", "sym": key, "at": "int64", "note": "string"}),
+                ("key", "sym"),
+                ("time", "at"),
+                ("id", "event_id"),
+                ("time_unit", d.unit),
             )
         }
     else:
@@ -330,7 +389,12 @@ def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[tuple[np.ndarray, n
     ts = data["ts"] * (1_000_000 // unit)  # microseconds, exactly
     w, md = tuple(b / unit for b in bounds_units(d)), max_delay_units(d) / unit  # seconds, as the config gives them
     late = np.zeros(len(ts), bool)
-    if d.input == "streams":  # the streams merged by their running max ts (R first), lateness within each stream
+    if d.input == "kafka":  # within each partition of each stream, in the order produced
+        part = data["key"] % PARTITIONS
+        for side, p in itertools.product((0, 1), range(PARTITIONS)):
+            mine = np.flatnonzero((data["stream"] == side) & (part == p))
+            late[mine] = late_flags(ts[mine], md)
+    elif d.input == "streams":  # the streams merged by their running max ts (R first), lateness within each stream
         running = np.zeros(len(ts), np.int64)
         for side in (0, 1):
             mine = np.flatnonzero(data["stream"] == side)
@@ -431,6 +495,47 @@ class Subscriber(threading.Thread):
         return self.messages
 
 
+_brokers = ExitStack()  #: the broker of draws on one host (root_broker), stopped when the process ends
+atexit.register(_brokers.close)
+
+
+def root_broker() -> tuple[str, Callable]:
+    """The process's broker on this machine's 127.0.0.1 (started at the first draw that reads Kafka), and the
+    `within` that reaches it: here."""
+    global _root_broker
+    if _root_broker is None:
+        folder = Path(tempfile.mkdtemp(prefix="matrix-broker-"))
+        _brokers.callback(shutil.rmtree, folder, True)
+        _root_broker = _brokers.enter_context(local_broker(folder))
+    return _root_broker, lambda f: f()
+
+
+_root_broker: str | None = None
+
+
+def within_netns(name: str) -> Callable:
+    """`within(f)`: f() run in a thread in network namespace `name` (its threads, such as a Kafka client's, too)."""
+
+    def within(f):
+        box = {}
+
+        def run():
+            try:
+                enter_netns(name)
+                box["value"] = f()
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return within
+
+
 def enter_netns(name: str) -> None:
     """Move the calling thread into network namespace `name` (`ip netns`; Linux setns, root)."""
     import ctypes
@@ -477,9 +582,7 @@ def stream_faults(
     bad = [m for m in sub.messages if isinstance(m, wire.Rejection) or not 0 <= m.sender < d.dispatchers]
     if bad:
         faults.append(f"{len(bad)} messages not of the stream, e.g. {bad[0]}")
-    kind = (
-        wire.Frame.TABLE if d.input == "streams" else wire.Frame.RESULTS if d.join_type == "inner" else wire.Frame.ROWS
-    )
+    kind = wire.Frame.TABLE if d.input != "file" else wire.Frame.RESULTS if d.join_type == "inner" else wire.Frame.ROWS
     received = []
     for sender in range(d.dispatchers):
         mine = [m for m in sub.messages if not isinstance(m, wire.Rejection) and m.sender == sender]
@@ -635,8 +738,15 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     run = None
     bed = TestBed(3).__enter__() if d.hosts > 1 else None
     sub = Subscriber(port, d.dispatchers, bed and bed.ns(0)) if port else None  # before the cluster
+    topics = ExitStack()
     try:
-        cfg = settings(d, path, len(data["ts"]), port)
+        kafka = {}
+        if d.input == "kafka":  # on the dispatchers' host: a broker of the draw's own there
+            broker, within = root_broker() if bed is None else (None, within_netns(bed.ns(0)))
+            if bed is not None:
+                broker = topics.enter_context(local_broker(tmp / "broker", bed.on(0), within))
+            kafka = {"broker": broker, "topics": within(lambda: fill_topics(d, data, broker, f"m{d.seed}-{tmp.name}"))}
+        cfg = settings(d, path, len(data["ts"]), port, **kafka)
         if bed is None:
             run = run_cluster(tmp, d.ranks, cfg, timeout=timeout, env=env, wrapper=SUPERVISE if d.crash else ())
         else:
@@ -647,6 +757,7 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     finally:
         if sub is not None:  # the master sent END before it exited, unless it failed
             sub.finish(wait=10.0 if run is not None and run.returncode == 0 else 0.0)
+        topics.close()
         if bed is not None:
             bed.__exit__()
     (tmp / "stderr.log").write_text(run.stderr)  # the evidence of a failed draw, kept with its folder
@@ -657,17 +768,17 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     if run.returncode != 0:
         out.error = f"exit {run.returncode}: {run.stderr[-2000:]}"
         return out
-    ids = tuple(f"{name}_event_id" for name in STREAMS) if d.input == "streams" else ("r_id", "s_id")
+    ids = tuple(f"{name}_event_id" for name in STREAMS) if d.input != "file" else ("r_id", "s_id")
     for got, want in zip((run.pairs(ids), run.alone("r", ids), run.alone("s", ids)), expected):  # pairs, rows alone
         out.twice += len(got) - len(np.unique(got))
         out.missing += len(np.setdiff1d(want, got))
         out.extra += len(np.setdiff1d(got, want))
-    if d.input == "streams":
+    if d.input != "file":
         out.error += payload_mismatch(run.out)
     if sub is not None:
         out.error += stream_faults(d, sub, expected, data)
         out.streamed = sum(len(rows) for m in sub.messages if (rows := message_rows(m)) is not None)
-    late = run.late_ids(ids, STREAMS) if d.input == "streams" else run.late_ids()
+    late = run.late_ids(ids, STREAMS) if d.input != "file" else run.late_ids()
     out.late_wrong = len(np.setxor1d(late, expected_late))
     return out
 
