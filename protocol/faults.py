@@ -13,7 +13,8 @@ before each send, to shake the interleaving of several dispatchers.
 `STREAMJOIN_STRAGGLER="rank:s"` makes that slave sleep s seconds in each batch's
 join, a straggler on a busy host whatever the machine's speed; `STREAMJOIN_SLOW_CHUNKS="rank:s"` before each
 chunk of a batch's results it writes, a long batch (a hot key's) whatever the machine's speed.
-`STREAMJOIN_RAISE="rank:point:n:error"` raises an exception instead (`fail`): a full disk, a failed allocation.
+`STREAMJOIN_RAISE="rank:point:n:error"` raises an exception instead (`fail`): a full disk, a failed allocation,
+a library's panic.
 """
 
 from __future__ import annotations
@@ -85,10 +86,15 @@ def straggle(rank: int, variable: str = "STREAMJOIN_STRAGGLER") -> None:
 _raised: Counter = Counter()
 
 
+class Panic(BaseException):
+    """What a compiled library's panic raises into Python: pyo3's PanicException (polars) is no Exception."""
+
+
 def fail(point: str) -> None:
     """Raise the error `STREAMJOIN_RAISE="rank:point:n:error"` names when this rank reaches `point` the n-th
-    time: `error` is MemoryError or an errno name (ENOSPC, EROFS, ...) raised as that OSError.  The rank is the
-    MPI launcher's (OMPI_COMM_WORLD_RANK), so code with no communicator at hand (file writes) can fail too."""
+    time: `error` is MemoryError, panic (a BaseException) or an errno name (ENOSPC, EROFS, ...) raised as that
+    OSError.  The rank is the MPI launcher's (OMPI_COMM_WORLD_RANK), so code with no communicator at hand (file
+    writes) can fail too."""
     spec = os.environ.get("STREAMJOIN_RAISE")
     if not spec:
         return
@@ -98,5 +104,7 @@ def fail(point: str) -> None:
         return
     if error == "MemoryError":
         raise MemoryError(f"injected at {point}")
+    if error == "panic":
+        raise Panic(f"injected at {point}")
     code = getattr(errno, error)
     raise OSError(code, os.strerror(code))

@@ -149,7 +149,9 @@ def run_rank(main: Callable[[], int], role: str) -> int:
     die_with_parent()
     try:
         code = main()
-    except Exception as error:  # noqa: BLE001 (every exception ends the job)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as error:  # noqa: BLE001 (every exception ends the job: a library's panic too)
         comm = MPI.COMM_WORLD
         print(
             f"error: rank {comm.rank} ({role}) failed: {type(error).__name__}: {error} "

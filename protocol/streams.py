@@ -94,8 +94,25 @@ KAFKA_KEYS: dict[str, tuple[Any, str]] = {
         "true: the stream ends at each partition's end offset as read when the run starts; false: it "
         "never ends (the run ends on a stop signal)",
     ),
-    "format": ("json", '"json": each record\'s value is one JSON object (the only format yet)'),
+    "format": (
+        "json",
+        '"json": each record\'s value is one JSON object; "csv": one CSV line, its cells in the order of `schema`; '
+        '"avro": one Avro datum of the record schema in `avro_schema`',
+    ),
+    "avro_schema": ("", 'with format = "avro": the path of the writer\'s schema (an .avsc file of an Avro record)'),
+    "registry_header": (
+        False,
+        'with format = "avro": true when each value starts with the Confluent Schema Registry\'s 5-byte header '
+        "(magic byte 0, schema id), which is skipped",
+    ),
+    "select": (
+        {},
+        'one topic for both streams: {column = "type", value = "click"} takes the records whose value\'s `column` '
+        "is `value`; the other stream names the same topic and column with its own value",
+    ),
 }
+#: the value formats of a Kafka stream (master.sources.kafka_values)
+KAFKA_FORMATS = ("json", "csv", "avro")
 #: the columns a Kafka stream's records carry besides their values' fields, with their Arrow types: usable as key,
 #: time, id or payload columns, never declared in `schema`
 KAFKA_COLUMNS = {"@topic": "string", "@partition": "int32", "@offset": "int64", "@timestamp": "timestamp[ms, tz=UTC]"}
@@ -143,11 +160,40 @@ def declared(streams: dict, source: dict, join: dict, error: type[Exception]) ->
         out = dict(reversed(list(out.items())))
     for (name, s), side in zip(out.items(), SIDES):
         s["side"] = side
+    _one_topic(out, error)
     lengths = {name: len(s["key"]) for name, s in out.items()}
     if len(set(lengths.values())) > 1:
         raise error(f"streams.*.key: both streams need as many key columns, got {lengths}")
     source["kind"] = "streams"
     return out
+
+
+def _one_topic(streams: dict[str, dict], error: type[Exception]) -> None:
+    """Two streams sharing a topic must each select their records by the same column with their own value; each
+    then knows the other's (`select["values"]`: a record no stream takes is set aside by R)."""
+    kafka = {name: s["kafka"] for name, s in streams.items() if s["kafka"]}
+    if len(kafka) < 2:
+        if any(k["select"] for k in kafka.values()):
+            raise error(f"streams.{next(iter(kafka))}.kafka.select: only when both streams read the same topic")
+        return
+    (a, ka), (b, kb) = kafka.items()
+    if not set(ka["topics"]) & set(kb["topics"]):
+        if ka["select"] or kb["select"]:
+            raise error(f"streams.{a if ka['select'] else b}.kafka.select: only when both streams read the same topic")
+        return
+    if ka["topics"] != kb["topics"] or ka["bootstrap"] != kb["bootstrap"]:
+        raise error(
+            f"streams.{b}.kafka.topic: shares a topic with streams.{a}: give both the same topics and bootstrap"
+        )
+    if not ka["select"] or not kb["select"]:
+        raise error(
+            f"streams.{b if ka['select'] else a}.kafka.select: both streams read {ka['topics'][0]!r}: each needs "
+            '{column = "NAME", value = ...} saying which records are its own'
+        )
+    if ka["select"]["column"] != kb["select"]["column"] or ka["select"]["value"] == kb["select"]["value"]:
+        raise error(f"streams.{b}.kafka.select: the same column as streams.{a}'s, with another value")
+    values = [ka["select"]["value"], kb["select"]["value"]]
+    ka["select"]["values"] = kb["select"]["values"] = values
 
 
 def _completed(where: str, table: Any, keys: dict[str, tuple[Any, str]], error: type[Exception]) -> dict:
@@ -248,8 +294,25 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
         raise error(f"{where}.topic: expected a topic name or a list of distinct topic names, got {k['topic']!r}")
     if not isinstance(k["bounded"], bool):
         raise error(f"{where}.bounded: expected true or false, got {k['bounded']!r}")
-    if k["format"] != "json":
-        raise error(f'{where}.format: only "json" (one JSON object per record value) yet, got {k["format"]!r}')
+    if k["format"] not in KAFKA_FORMATS:
+        raise error(f"{where}.format: one of {', '.join(map(repr, KAFKA_FORMATS))}, got {k['format']!r}")
+    if (k["format"] == "avro") != bool(k["avro_schema"]) or not isinstance(k["avro_schema"], str):
+        raise error(f'{where}.avro_schema: the writer\'s schema file, given with format = "avro" (and only then)')
+    if not isinstance(k["registry_header"], bool) or (k["registry_header"] and k["format"] != "avro"):
+        raise error(f'{where}.registry_header: true or false, and true only with format = "avro"')
+    select = k["select"]
+    if select:
+        if (
+            not isinstance(select, dict)
+            or set(select) != {"column", "value"}
+            or not isinstance(select["column"], str)
+            or not select["column"]
+            or not isinstance(select["value"], (str, int))
+            or isinstance(select["value"], bool)
+        ):
+            raise error(f'{where}.select: expected {{column = "NAME", value = "TEXT" or an integer}}, got {select!r}')
+        if k["format"] == "csv":
+            raise error(f'{where}.select: not with format = "csv" (its cells have no names: one topic per stream)')
     if not isinstance(k["config"], dict):
         raise error(f"{where}.config: expected a table of librdkafka settings")
     config = _dotted(k["config"])
@@ -268,6 +331,9 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
         "config": config,
         "bounded": k["bounded"],
         "format": k["format"],
+        "avro_schema": k["avro_schema"],
+        "registry_header": k["registry_header"],
+        "select": dict(select),
     }
 
 

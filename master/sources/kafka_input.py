@@ -5,11 +5,14 @@ consumer-group rebalancing: the group only names the positions committed for mon
 from them -- each read from its beginning, in large batches taken without waiting (`consume(timeout=0)`;
 librdkafka fetches ahead in its own threads).  The client hands records one by one, so the only steps per record
 are the calls that take values, partitions and offsets out of them.  A record's value is one JSON object: a
-batch's values are joined with newlines and read by one `pyarrow.json.read_json` under the declared schema
-(fields not declared are ignored; the key, time and id fields are required).  Only when that fails are the bad
-records looked for, by halving the batch (an error path: a bad record costs about log2(batch) reads), and set
-aside in `rejected/kafka-rejected-<R|S>-NNNNNN.*` with topic, partition, offset, reason (`not JSON`, `missing
-column`, `wrong type`) and value; the rest go on.  With `bounded` the stream ends once every partition reached
+batch's JSON values are joined with newlines and read by one `pyarrow.json.read_json` under the declared schema
+(fields not declared are ignored; the key, time and id fields are required); CSV lines and Avro datums are read
+a batch at once too (master.sources.kafka_values).  Only when that fails are the bad records looked for, by
+halving the batch (an error path: a bad record costs about log2(batch) reads), and set aside in
+`rejected/kafka-rejected-<R|S>-NNNNNN.*` with topic, partition, offset, reason (`not JSON`, `not CSV`, `not
+Avro`, `missing column`, `wrong type`) and value; the rest go on.  Two streams may share one topic (`select`):
+each first reads only the select column of every record and keeps its own; stream R sets aside the records no
+stream takes.  With `bounded` the stream ends once every partition reached
 its end offset as read at the start (Flink's bounded KafkaSource, Spark's endingOffsets = latest); otherwise
 the run ends on a stop signal.
 
@@ -27,7 +30,6 @@ Not built yet (refused by protocol.config): several dispatchers (each would read
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -35,12 +37,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.json as pajson
+import pyarrow.compute as pc
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from common.chunks import InputError
 from common.stream_file import StreamBatch, StreamChecks
 from master.sources.files import RejectedListing
+from master.sources.kafka_values import value_reader
 from master.sources.partitions import PartitionMerge, Released
 from protocol import eventtime
 from protocol.errors import ConfigError
@@ -51,8 +54,6 @@ CONSUME_BATCH = 65536
 CONSUME_ROUNDS = 4
 #: seconds the broker has to answer at the start (metadata, offsets)
 METADATA_TIMEOUT = 10.0
-#: pyarrow's JSON block, at least (a block must hold a whole record)
-JSON_BLOCK = 1 << 20
 #: errors that end the run: the topic or partition is gone, or may not be read
 STOPPING = {
     KafkaError.UNKNOWN_TOPIC_OR_PART,
@@ -79,6 +80,7 @@ class KafkaStream:
         """`start`: a checkpoint's `position` to read on from (None: every partition from its beginning)."""
         spec, kafka = checks.spec, checks.spec["kafka"]
         self.checks, self.name, self.topics, self.bounded = checks, checks.name, kafka["topics"], kafka["bounded"]
+        self.side = side
         #: the fields read from the values; key, time and id are required (a record without one is set aside)
         self.fields = pa.schema(
             [
@@ -126,13 +128,18 @@ class KafkaStream:
         self._paused = np.zeros(len(self.assigned), bool)  #: paused at the client: crowded, or bounded and ended
         self._warned: set[int] = set()
         self._finished: dict | None = None
-        #: how a batch's values are parsed: one line each (False), or objects over several lines (pretty-printed)
-        self._parse = {
-            multiline: pajson.ParseOptions(
-                explicit_schema=self.fields, newlines_in_values=multiline, unexpected_field_behavior="ignore"
-            )
-            for multiline in (False, True)
-        }
+        where = f"streams.{self.name}.kafka"
+        self.values = value_reader(kafka, self.fields, where)  #: the records' values into tables of the fields
+        #: one topic for both streams: the select column's reader, and (R) the values some stream takes
+        self.select = kafka["select"] or None
+        if self.select is not None:
+            column = self.select["column"]
+            kind = declared.field(column).type if column in declared.names else pa.string()
+            if not isinstance(self.select["value"], str) and column not in declared.names:
+                kind = pa.int64()
+            self.selector = value_reader(kafka, pa.schema([pa.field(column, kind)]), where)
+            self.chosen = pa.scalar(self.select["value"]).cast(kind)
+            self.every_value = pa.array(self.select["values"]).cast(kind)
 
     def _partitions(self, bootstrap: str) -> tuple[list[tuple[str, int]], np.ndarray, np.ndarray]:
         """Every partition of the topics, in topic then partition order, with its low and high watermark."""
@@ -223,11 +230,16 @@ class KafkaStream:
             np.bincount(partition, sizes, len(self.assigned)).astype(np.int64),
         ]
         self.merge.read(partition, offset, now)
-        good: list[tuple[int, pa.Table]] = []
-        bad: list[int] = []
-        self._decode(values, 0, len(values), good, bad)
+        if self.select is not None:
+            mine = self._own_records(values, partition, offset)
+            records = [r for r, keep in zip(records, mine) if keep]
+            values = [v for v, keep in zip(values, mine) if keep]
+            partition, offset = partition[mine], offset[mine]
+            if not values:
+                return
+        good, bad = self.values.read_all(values)
         if bad:
-            self._set_aside(np.array(bad), partition, offset, values)
+            self._set_aside(np.array(bad), partition, offset, values, [self.values.why(values[i]) for i in bad])
         if not good:
             return
         at = np.concatenate([np.arange(start, start + t.num_rows) for start, t in good])
@@ -253,40 +265,32 @@ class KafkaStream:
         missing = stamps[:, 0] == 0  # TIMESTAMP_NOT_AVAILABLE: no time, a rejected row if it is the event time
         return pa.array(stamps[:, 1], pa.int64(), mask=missing).cast(pa.timestamp("ms", "UTC"))
 
-    def _decode(self, values: list[bytes], lo: int, hi: int, good: list, bad: list) -> None:
-        """Records lo..hi as tables of the declared fields into `good` ((first record, table)); the records no
-        table can hold into `bad`, found by halving."""
-        table = self._json(values[lo:hi])
-        if table is not None:
-            good.append((lo, table))
-        elif hi - lo == 1:
-            bad.append(lo)
+    def _own_records(self, values: list[bytes], partition: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """One topic for both streams: which records are this stream's, by their select column.  Stream R sets
+        aside those whose column cannot be read and those no stream takes; S leaves them."""
+        good, bad = self.selector.read_all(values)
+        mine = np.zeros(len(values), bool)
+        if good:
+            at = np.concatenate([np.arange(start, start + t.num_rows) for start, t in good])
+            column = pa.chunked_array([t.column(0) for _, t in good])
+            mine[at] = pc.fill_null(pc.equal(column, self.chosen), False).to_numpy(zero_copy_only=False)
+            nobody = at[~pc.fill_null(pc.is_in(column, self.every_value), False).to_numpy(zero_copy_only=False)]
         else:
-            mid = (lo + hi) // 2
-            self._decode(values, lo, mid, good, bad)
-            self._decode(values, mid, hi, good, bad)
+            nobody = np.empty(0, np.int64)
+        if self.side == 0 and (len(bad) or len(nobody)):
+            name = self.select["column"]
+            why = [self.selector.why(values[i]) for i in bad]
+            why += [(name, "no stream", f"{name} is {self.selector.read([values[i]])[name][0]}") for i in nobody]
+            self._set_aside(np.concatenate([bad, nobody]).astype(np.int64), partition, offset, values, why)
+        return mine
 
-    def _json(self, values: list[bytes]) -> pa.Table | None:
-        """The values, one JSON object each, read at once; None if one is not (a blank value would shift every
-        row after it, so it fails the batch too)."""
-        lengths = list(map(len, map(bytes.strip, values)))
-        if min(lengths) == 0:
-            return None
-        text = b"\n".join(values)
-        try:
-            table = pajson.read_json(
-                pa.BufferReader(text),
-                read_options=pajson.ReadOptions(block_size=max(JSON_BLOCK, max(lengths) + 2)),
-                parse_options=self._parse[text.count(b"\n") >= len(values)],
-            )
-        except pa.ArrowInvalid:
-            return None
-        return table if table.num_rows == len(values) else None
-
-    def _set_aside(self, bad: np.ndarray, partition: np.ndarray, offset: np.ndarray, values: list[bytes]) -> None:
-        """Records that are not one JSON object of the declared fields, with why (an error path): listed once the
-        merge has handed on every row before them (a recovery reads what is after its offsets again)."""
-        columns, reasons, details = (pa.array(x, pa.string()) for x in zip(*(self._why(values[i]) for i in bad)))
+    def _set_aside(
+        self, bad: np.ndarray, partition: np.ndarray, offset: np.ndarray, values: list[bytes], why: list[tuple]
+    ) -> None:
+        """Records that cannot be read as the declared fields, with `why` each ((column, reason, detail); an
+        error path): listed once the merge has handed on every row before them (a recovery reads what is after
+        its offsets again)."""
+        columns, reasons, details = (pa.array(x, pa.string()) for x in zip(*why))
         table = pa.table(
             {
                 "column": columns,
@@ -310,28 +314,6 @@ class KafkaStream:
             if not passed.all():
                 keep.append((partition[~passed], offset[~passed], table.filter(pa.array(~passed))))
         self._aside = keep
-
-    def _why(self, value: bytes) -> tuple[str, str, str]:
-        """(column, reason, detail) of a record set aside."""
-        try:
-            obj = json.loads(value)
-        except ValueError as e:
-            return "", "not JSON", str(e)
-        if not isinstance(obj, dict):
-            return "", "not JSON", f"a JSON {type(obj).__name__}, not an object"
-        missing = [f.name for f in self.fields if not f.nullable and obj.get(f.name) is None]
-        if missing:
-            return missing[0], "missing column", f"{missing[0]} is {'null' if missing[0] in obj else 'missing'}"
-        for f in self.fields:  # the first field that does not read as its declared type
-            if f.name in obj:
-                try:
-                    pajson.read_json(
-                        pa.BufferReader(json.dumps({f.name: obj[f.name]}).encode()),
-                        parse_options=pajson.ParseOptions(explicit_schema=pa.schema([f])),
-                    )
-                except pa.ArrowInvalid as e:
-                    return f.name, "wrong type", f"{f.name} is not {f.type}: {str(e).splitlines()[0]}"
-        return "", "not JSON", "not one JSON object"
 
     def _list(self, partition: np.ndarray, offset: np.ndarray, columns, reasons, details, values) -> None:
         """Set-aside records or rejected rows into the listing (`values`: the records' values, None for rows)."""

@@ -67,6 +67,12 @@ def test_a_slaves_memory_error_aborts_the_job(tmp_path):
     assert line.startswith("error: rank 1 (slave) failed: MemoryError: ") and "slave/run.py" in line
 
 
+def test_a_librarys_panic_which_is_no_exception_aborts_the_job(tmp_path):
+    run = crashed(tmp_path, 3, "1:batch:3:panic")
+    line = one_error_line(run.stderr)
+    assert line.startswith("error: rank 1 (slave) failed: Panic: injected at batch") and "Traceback" in run.stderr
+
+
 def test_a_failure_on_the_master_aborts_the_job(tmp_path):
     run = crashed(tmp_path, 3, "0:write:1:EROFS")
     line = one_error_line(run.stderr)

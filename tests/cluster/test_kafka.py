@@ -459,7 +459,6 @@ def test_topics_written_while_the_cluster_runs_recover_at_their_checkpointed_off
             {"streams.views.path": "x.csv"},
             "give it one of path (files), endpoint (live producers) or kafka (a topic), not path and kafka",
         ),
-        ({"streams.views.kafka.format": "avro"}, 'streams.views.kafka.format: only "json"'),
         ({"streams.views.kafka.config.group.id": "mine"}, "streams.views.kafka.config.group.id: set by the stream"),
     ],
 )
