@@ -859,3 +859,15 @@ def test_bench_kafka_reads_the_same_rows_from_files_and_topics_and_reports_the_b
     assert data["results"]["files"] == data["results"]["kafka"] and data["results"]["files"][0] > 0
     assert data["broker_ceiling"] > 0 and set(data["medians"]) == {"files", "kafka"}
     assert "kafka/files" in (tmp_path / "kafka.md").read_text()
+
+
+def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_to_their_sum(tmp_path):
+    from bench.limit import STAGES, main
+
+    assert main(["--rows", "60000", "--repeats", "1", "--slaves", "1", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "limit.json").read_text())
+    ns = data["ns_per_tuple"]
+    assert set(ns) == set(STAGES) and all(ns[k] > 0 for k in ("read", "ingest", "transfer", "join"))
+    assert data["pipeline_limit"] == pytest.approx(data["machine"]["cores"] * 1e9 / data["sum_ns"], rel=1e-3)
+    assert 0 < data["ratios"]["in_run"] and 0 < data["ratios"]["whole_process"] <= data["ratios"]["in_run"]
+    assert "Pipeline limit" in (tmp_path / "limit.md").read_text()

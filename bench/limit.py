@@ -1,0 +1,226 @@
+"""`python -m bench.limit [--rows N] [--slaves 2] [--repeats 3] [--out bench-report]`: what each tuple costs, stage
+by stage, and how far the cluster is from their sum.
+
+On one Parquet file of the side-by-side workload (the generator's Zipf keys over 200,000 keys, 100,000 tuples/s
+of event time, 0.2 s of disorder, a 1 s window: about 1.9 results per tuple; `--rows`, default 4M) each stage
+runs alone in this process (or, for the transfer, two ranks of this host), medians of `--repeats`:
+
+- read: the master's file source streaming the file into chunks of fixed-width arrays (master.sources.files);
+- ingest: the ingest desk on those chunks (lateness, partition hashing, the tuples built into the mini-buffers:
+  master.state.intake) and the mini-buffers drained into one batch per slave per distribution epoch;
+- transfer: those batches' bytes sent and received between two ranks (`mpirun -n 2`, MPI Send/Recv of byte
+  buffers of the batches' mean size; wall time, counted once though both ranks are busy);
+- join: the slave's join module on the batches (bench.kernel.own_kernel, one core);
+- results: the same writing the result files (its time above the join's: gathering, delays, Parquet).
+
+A tuple's nanoseconds are the stage's CPU seconds (read, ingest; the join's and the results' run on one core, so
+their wall time) over the file's tuples; their sum is what one tuple costs the
+machine along the pipeline, and the **pipeline limit** is cores / sum: the rate the cores could carry if no
+stage waited and nothing were done twice.  Then the cluster (`--slaves` slaves, unpaced) on the same file,
+alternated with nothing, `--repeats` times: its in-run and whole-process rates (medians) and their ratios to the
+limit.  Not measured here: the metrics' share (bench.metrics_cost) and payload columns (bench.payload).
+Output: limit.md, limit.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.big import generator_for
+from bench.cluster import RUN_TIMEOUT, RunFailed, run_cluster
+from bench.inputs import write_input
+from bench.kernel import own_kernel
+from bench.machine import machine_info
+from bench.search import median
+from bench.tables import fmt, md_table
+from deploy.launch import mpi_env, mpirun_command
+from protocol import eventtime
+from protocol.config import load_config
+
+#: the side-by-side workload: Zipf keys (s = 0.58) over 200,000 keys, 100,000 tuples/s of event time, 0.2 s
+#: disorder, a 1 s window
+WORKLOAD = [
+    "generator.distribution=zipf",
+    "generator.keys=200000",
+    "generator.zipf=0.58",  # about 1.9 results per tuple
+    "generator.rate=50000",
+    "generator.disorder=0.2",
+    "join.window=1.0",
+    "join.max_delay=0.25",
+]
+ROWS = 4_000_000
+STAGES = ("read", "ingest", "transfer", "join", "results")
+
+
+def read_stage(cfg: dict) -> tuple[float, list]:
+    """CPU seconds (its reader thread's too) to stream the file into chunks, and the chunks."""
+    from master.sources import open_source
+
+    began = time.process_time()
+    source, chunks = open_source(cfg, listed=False), []
+    while (chunk := source.next_chunk(cfg["source"]["batch"])) is not None:
+        chunks.append(chunk)
+    source.finish()
+    return time.process_time() - began, chunks
+
+
+def ingest_stage(cfg: dict, chunks: list, slaves: int) -> tuple[float, list]:
+    """CPU seconds of the ingest desk on `chunks` and of draining the mini-buffers into one batch (R, S rows) per
+    slave each distribution epoch of event time; the batches with their watermarks."""
+    from master.state.buffers import MiniBuffers
+    from master.state.channels import Channels
+    from master.state.intake import IngestDesk
+    from master.state.stats import RunStats
+    from protocol.tuples import tuple_dtype
+
+    parts = cfg["partitioning"]["partitions"]
+    buffers = MiniBuffers(parts, tuple_dtype(cfg["generator"]["tuple_bytes"]))
+    ranks = list(range(1, slaves + 1))
+    desk = IngestDesk(cfg, buffers, RunStats(ranks, 0.0), Channels(ranks, buffers.dtype), 0, 1, 1, None, None)
+    owned = np.array_split(np.arange(parts), slaves)
+    epoch, delay = eventtime.duration(cfg["epochs"]["distribution"]), eventtime.duration(cfg["join"]["max_delay"])
+    batches, seen, next_cut = [], eventtime.NEG_INF, None
+    began = time.process_time()
+    desk.start(0.0)
+    for chunk in chunks:
+        desk.take(chunk, len(chunk.ts), 0.0)
+        seen = max(seen, int(chunk.ts.max()))
+        next_cut = seen + epoch if next_cut is None else next_cut
+        if seen >= next_cut:  # an epoch of event time in: every slave's batch goes
+            batches += [(*buffers.drain(mine), seen - delay) for mine in owned]
+            next_cut = seen + epoch
+    batches += [(*buffers.drain(mine), seen - delay) for mine in owned]
+    return time.process_time() - began, batches
+
+
+def transfer_stage(batch_bytes: int, total_bytes: int) -> float:
+    """Seconds two ranks of this host take to send and receive `total_bytes` in messages of `batch_bytes`."""
+    out = subprocess.run(
+        mpirun_command(2, ["--transfer", str(batch_bytes), str(total_bytes)], module="bench.limit"),
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if out.returncode != 0:
+        raise RunFailed(f"the transfer ranks failed: {out.stderr[-2000:]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def transfer_ranks(batch_bytes: int, total_bytes: int) -> None:
+    """`--transfer`: rank 0 sends, rank 1 receives, blocking, as many messages as make `total_bytes`; rank 0
+    prints the seconds from the first send to the last receive's answer."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    buf = np.ones(batch_bytes, np.uint8)
+    messages = max(1, total_bytes // batch_bytes)
+    comm.Barrier()
+    began = time.perf_counter()
+    for _ in range(messages):
+        if comm.rank == 0:
+            comm.Send(buf, dest=1)
+        else:
+            comm.Recv(buf, source=0)
+    comm.Barrier()
+    if comm.rank == 0:
+        print(time.perf_counter() - began)
+
+
+def stages(cfg: dict, slaves: int) -> dict[str, float]:
+    """One measurement of every stage: seconds each."""
+    read, chunks = read_stage(cfg)
+    ingest, batches = ingest_stage(cfg, chunks, slaves)
+    del chunks
+    sizes = [r.nbytes + s.nbytes for r, s, _ in batches]
+    transfer = transfer_stage(max(1, int(np.mean(sizes))), sum(sizes))
+    join, _ = own_kernel(cfg, batches)
+    with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
+        with_results, _ = own_kernel(cfg, batches, Path(tmp))
+    return {"read": read, "ingest": ingest, "transfer": transfer, "join": join, "results": with_results - join}
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--transfer"]:
+        transfer_ranks(int(argv[1]), int(argv[2]))
+        return 0
+    p = argparse.ArgumentParser(prog="python -m bench.limit", description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=ROWS, help=f"rows of the file (default {ROWS:,})")
+    p.add_argument("--slaves", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("bench-report"))
+    p.add_argument("--timeout", type=float, default=RUN_TIMEOUT)
+    a = p.parse_args(argv)
+    machine = machine_info()
+    cores = machine["cores"]
+    try:
+        with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
+            path = Path(tmp) / "input.parquet"
+            write_input(generator_for(a.rows, WORKLOAD), path, a.rows)
+            settings = [*WORKLOAD, "source.kind=file", f"source.path={path}", "source.rate=0.0"]
+            cfg = load_config(None, [*settings, f"output.path={tmp}/out"])
+            measured = {s: [] for s in STAGES}
+            runs = {"in_run": [], "whole_process": []}
+            for i in range(a.repeats):  # stages and cluster alternated, so the machine's drift falls on both
+                for stage, seconds in stages(cfg, a.slaves).items():
+                    measured[stage].append(seconds / a.rows * 1e9)
+                s = run_cluster(a.slaves + 1, settings, Path(tmp) / f"run-{i}", a.timeout, drop_results=True)
+                runs["in_run"].append(s["throughput_tuples_per_s"])
+                runs["whole_process"].append(round(s["input_total"] / s["process_seconds"], 1))
+                print(
+                    f"[#{i + 1}] "
+                    + ", ".join(f"{k} {v[-1]:.0f} ns" for k, v in measured.items())
+                    + f"; cluster {runs['in_run'][-1]:,.0f} in-run, {runs['whole_process'][-1]:,.0f} whole process",
+                    flush=True,
+                )
+    except RunFailed as e:
+        print(f"bench.limit: {e}", file=sys.stderr)
+        return 1
+    ns = {k: median(v) for k, v in measured.items()}
+    total = sum(ns.values())
+    limit = cores * 1e9 / total
+    rates = {k: median(v) for k, v in runs.items()}
+    data = {
+        "command": "python -m bench.limit " + " ".join(argv),
+        "machine": machine,
+        "rows": a.rows,
+        "slaves": a.slaves,
+        "workload": WORKLOAD,
+        "ns_per_tuple": {k: round(v, 1) for k, v in ns.items()},
+        "ns_per_tuple_runs": measured,
+        "sum_ns": round(total, 1),
+        "pipeline_limit": round(limit),
+        "cluster": runs,
+        "ratios": {k: round(v / limit, 3) for k, v in rates.items()},
+    }
+    table = md_table(
+        ["stage", *(f"run {i + 1}" for i in range(a.repeats)), "median ns/tuple", "share"],
+        [[k, *(fmt(x, ".0f") for x in measured[k]), fmt(ns[k], ".0f"), f"{ns[k] / total:.0%}"] for k in STAGES]
+        + [["sum", *([""] * a.repeats), fmt(total, ".0f"), "100%"]],
+    )
+    lines = [
+        f"Pipeline limit: {cores} cores / {total:.0f} ns = {limit:,.0f} tuples/s.",
+        f"Cluster ({a.slaves} slaves, unpaced; medians of {a.repeats}): in-run {rates['in_run']:,.0f} tuples/s "
+        f"({data['ratios']['in_run']:.2f} of the limit), whole process {rates['whole_process']:,.0f} "
+        f"({data['ratios']['whole_process']:.2f}).",
+    ]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "limit.json").write_text(json.dumps(data, indent=2))
+    (a.out / "limit.md").write_text(
+        f"# What a tuple costs, stage by stage\n\n`{data['command']}` — {machine['date']}; {machine['cpu']}, "
+        f"{cores} cores; {a.rows:,} rows of `{' '.join(WORKLOAD)}`\n\n" + table + "\n\n" + "\n\n".join(lines) + "\n"
+    )
+    print(table + "\n\n" + "\n".join(lines) + f"\nwrote {a.out / 'limit.md'}, {a.out / 'limit.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
