@@ -9,6 +9,9 @@ side.  Pure checks, no pyarrow: Spark's workers read configs.
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
 from typing import Any
 
 from protocol.durations import parse_duration
@@ -87,7 +90,8 @@ KAFKA_KEYS: dict[str, tuple[Any, str]] = {
     ),
     "config": (
         {},
-        'librdkafka client settings passed through, e.g. {"security.protocol" = "SASL_SSL"}; values are never printed',
+        'librdkafka client settings passed through, e.g. {"security.protocol" = "SASL_SSL"}; values are never printed; '
+        'a value "${env:NAME}" or "${file:PATH}" is read from that environment variable or file as the client starts',
     ),
     "bounded": (
         False,
@@ -335,6 +339,31 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
         "registry_header": k["registry_header"],
         "select": dict(select),
     }
+
+
+#: a librdkafka setting's value taken from elsewhere, as Kafka's config providers write it: ${env:NAME}, ${file:PATH}
+SECRET_REFERENCE = re.compile(r"\$\{(env|file):([^}]+)\}")
+
+
+def client_settings(config: dict, where: str, error: type[Exception]) -> dict:
+    """librdkafka settings with each value written `${env:NAME}` or `${file:PATH}` replaced by that environment
+    variable or that file's text (stripped): read where the client starts, so the secret is in no config,
+    summary, checkpoint or log.  A reference that cannot be read is named, never its value."""
+    out = {}
+    for setting, value in config.items():
+        ref = SECRET_REFERENCE.fullmatch(value) if isinstance(value, str) else None
+        if ref is None:
+            out[setting] = value
+        elif ref[1] == "env":
+            if ref[2] not in os.environ:
+                raise error(f"{where}.{setting}: the environment variable {ref[2]} is not set")
+            out[setting] = os.environ[ref[2]]
+        else:
+            try:
+                out[setting] = Path(ref[2]).read_text().strip()
+            except OSError as e:
+                raise error(f"{where}.{setting}: cannot read {ref[2]}: {e.strerror}") from None
+    return out
 
 
 def _dotted(table: dict, prefix: str = "") -> dict:

@@ -47,7 +47,7 @@ from master.sources.kafka_values import value_reader
 from master.sources.partitions import PartitionMerge, Released
 from protocol import eventtime
 from protocol.errors import ConfigError
-from protocol.streams import KAFKA_COLUMNS
+from protocol.streams import KAFKA_COLUMNS, client_settings
 
 #: records taken from the client at once, and most batches taken per call (the master's loop goes on between)
 CONSUME_BATCH = 65536
@@ -478,7 +478,7 @@ def _consumer(name: str, kafka: dict) -> Consumer:
     never shown (librdkafka's message quotes it)."""
     settings = {
         "auto.offset.reset": "earliest",
-        **kafka["config"],
+        **client_settings(kafka["config"], f"streams.{name}.kafka.config", ConfigError),
         "bootstrap.servers": kafka["bootstrap"],
         "group.id": kafka["group"],
         "enable.partition.eof": True,

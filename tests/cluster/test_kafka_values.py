@@ -220,3 +220,34 @@ def test_value_format_and_select_mistakes_are_refused_naming_the_key(change, wor
             cfg[f"{stream_key}.kafka"] = {**cfg[f"{stream_key}.kafka"], inner: value}
     with pytest.raises(ConfigError, match=re.escape(words)):
         load_config(None, [f"{k}={toml_value(v)}" for k, v in cfg.items()])
+
+
+def test_a_client_setting_read_from_the_environment_reaches_the_client_and_stays_out_of_the_output(tmp_path, broker):
+    """`kafka.config` values as `${env:NAME}` and `${file:PATH}` are read by the master as it starts the client
+    (a refused value would stop the run), never written: the summary shows `***`, and a variable not set stops
+    the start naming the setting and the variable, exit 2."""
+    rng = np.random.default_rng(44)
+    t0 = now_ms()
+    views, buys = stream(rng, 600, 0, 2, t0), stream(rng, 400, 100_000, 2, t0)
+    topics = {name: f"{name}-{tmp_path.name}" for name in COLUMNS}
+    fill(broker, topics["views"], views, values(views, "vid"))
+    fill(broker, topics["buys"], buys, values(buys, "bid"))
+    (tmp_path / "wait").write_text("50\n")
+    cfg = settings(broker, topics)
+    cfg["streams.views.kafka"]["config"] = {
+        "client.id": "${env:SJ_CLIENT}",
+        "fetch.wait.max.ms": f"${{file:{tmp_path / 'wait'}}}",
+    }
+    run = run_cluster(tmp_path / "a", 3, cfg, env={"SJ_CLIENT": "secret-client-name"})
+    assert run.returncode == 0, run.stderr
+    assert run.summary["config"]["streams"]["views"]["kafka"]["config"] == {
+        "client.id": "***",
+        "fetch.wait.max.ms": "***",
+    }
+    assert "secret-client-name" not in run.stderr + (run.out / "summary.json").read_text()
+    assert len(run.pairs(IDS)) == len(reference(views, buys)[0])
+    missing = run_cluster(tmp_path / "b", 3, cfg)
+    assert (
+        missing.returncode == 2
+        and "streams.views.kafka.config.client.id: the environment variable SJ_CLIENT is not set" in missing.stderr
+    )

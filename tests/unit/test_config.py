@@ -325,3 +325,25 @@ def test_window_and_bounds_from_a_file_and_the_command_line_are_refused_together
     p = write(tmp_path, '[join]\nlower = "-1s"\nupper = "3s"\n')
     assert load_config(p)["join"]["upper"] == 3.0
     raises_naming("join.window", p, ["join.window=1"])
+
+
+def test_kafka_client_secrets_are_read_from_the_environment_or_a_file_and_never_shown(tmp_path, monkeypatch):
+    from protocol.streams import client_settings
+
+    secret = tmp_path / "password"
+    secret.write_text("s3cret-from-file\n")
+    monkeypatch.setenv("SJ_TEST_USER", "app-user")
+    got = client_settings(
+        {"sasl.username": "${env:SJ_TEST_USER}", "sasl.password": f"${{file:{secret}}}", "linger.ms": 5, "x": "$5"},
+        "streams.a.kafka.config",
+        ConfigError,
+    )
+    assert got == {"sasl.username": "app-user", "sasl.password": "s3cret-from-file", "linger.ms": 5, "x": "$5"}
+    monkeypatch.delenv("SJ_TEST_USER")
+    with pytest.raises(
+        ConfigError, match=r"streams\.a\.kafka\.config\.sasl\.username: the environment variable SJ_TEST_USER"
+    ):
+        client_settings({"sasl.username": "${env:SJ_TEST_USER}"}, "streams.a.kafka.config", ConfigError)
+    with pytest.raises(ConfigError, match=r"sasl\.password: cannot read /nonexistent/pw") as e:
+        client_settings({"sasl.password": "${file:/nonexistent/pw}"}, "streams.a.kafka.config", ConfigError)
+    assert "s3cret" not in str(e.value)
