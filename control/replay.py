@@ -9,6 +9,13 @@ one Parquet file, `<output.path>/replay/selection.parquet`.  The cluster then ru
 that file, paced at `source.rate` = tuples / (time span / speed): `max` = unpaced, `realtime` = speed 1,
 `N` = N times real time.  Pacing is uniform at the selection's mean rate; bursts inside it are smoothed.
 Also runnable as `spark-submit control/replay.py ...` (with `--prepare-only` where mpirun is elsewhere).
+
+Without INPUT, the declared streams of `--config` (`[streams.*]` of files): Spark reads each stream's files in
+their order, keeps the rows whose time column is in the range (a number in the stream's time_unit, a timestamp,
+or ISO-8601 text; no zone = UTC), and writes them, in their files' order, as one file per stream in the
+stream's own format (`<output.path>/replay/NAME.csv|parquet|jsonl`); the cluster then runs the config with those
+files as the streams and `source.speed` = --speed: each tuple is handed on as its time says
+(master.sources.paced), so bursts and gaps are kept, not smoothed.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ if __package__ in (None, ""):  # run as a file (spark-submit control/replay.py):
 from protocol.config import ConfigError
 from protocol.output import OUTPUT_PARTS
 from protocol.lifetime import invocation
+from common.chunks import InputError
+from common.stream_file import stream_files
 
 COLUMNS = ("stream", "id", "ts", "key", "value")
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
@@ -150,6 +159,74 @@ def select(spark, files: list[tuple[Path, str]], start: float, end: float, dest:
     }
 
 
+#: a declared stream's time column read by Spark: a number in the stream's time_unit, else a timestamp (a
+#: timestamp column, or ISO-8601 text with or without its zone; none is UTC, as docs/time.md says)
+UNIT_MICROS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 0.001}
+
+
+def stream_micros(df, column: str, unit: str):
+    """The event time of a declared stream's rows in integer microseconds as Spark reads it (null: none)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import NumericType, StringType
+
+    kind = df.schema[column].dataType
+    number = F.col(column).try_cast("decimal(38,9)") if isinstance(kind, (StringType, NumericType)) else None
+    stamp = F.unix_micros(F.col(column).cast("timestamp"))
+    scaled = (number * F.lit(Decimal(repr(UNIT_MICROS[unit])))).cast("decimal(38,0)").cast("long")
+    return stamp if number is None else F.coalesce(scaled, stamp)
+
+
+def select_streams(spark, streams: dict, start: float, end: float, folder: Path) -> dict:
+    """Each declared stream's rows with start <= time < end, in their files' order, as one file per stream in
+    `folder` (the stream's own format: CSV cells stay text, so the cluster reads them as it read the originals);
+    per stream its rows, rows kept and first and last time (seconds)."""
+    from pyspark.sql import functions as F
+
+    out = {}
+    for name, spec in streams.items():
+        files = stream_files(name, spec["path"])
+        fmt = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(files[0].suffix.lower(), "json")
+        if any(
+            {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(f.suffix.lower(), "json") != fmt for f in files
+        ):
+            raise ReplayError(f"streams.{name}.path: its files mix formats; replay takes one format per stream")
+        frames = []
+        for i, f in enumerate(files):  # one partition per file, in order: the rows keep their order
+            read = spark.read.option("header", True).csv if fmt == "csv" else getattr(spark.read, fmt)
+            df = read(str(f)).coalesce(1)
+            frames.append(df.withColumn("_file", F.lit(i)).withColumn("_row", F.monotonically_increasing_id()))
+        df = frames[0]
+        for extra in frames[1:]:
+            df = df.unionByName(extra, allowMissingColumns=True)
+        df = df.withColumn("_us", stream_micros(df, spec["time"], spec["time_unit"]))
+        inside = F.col("_us").isNotNull()
+        if math.isfinite(start):
+            inside &= F.col("_us") >= F.lit(round(start * 1_000_000))
+        if math.isfinite(end):
+            inside &= F.col("_us") < F.lit(round(end * 1_000_000))
+        chosen = df.where(inside)
+        counts = df.agg(F.count(F.lit(1)).alias("rows"), F.sum(inside.cast("long")).alias("kept")).first()
+        span = chosen.agg(F.min("_us").alias("lo"), F.max("_us").alias("hi")).first()
+        staging = folder / f"_{name}.spark"
+        writer = chosen.repartition(1).sortWithinPartitions("_file", "_row").drop("_file", "_row", "_us").write
+        writer = writer.mode("overwrite")
+        (writer.option("header", True).csv if fmt == "csv" else getattr(writer, fmt))(str(staging))
+        (part,) = [p for p in staging.glob("part-*") if not p.name.endswith(".crc")]
+        dest = folder / f"{name}.{ {'csv': 'csv', 'parquet': 'parquet', 'json': 'jsonl'}[fmt] }"
+        part.replace(dest)
+        shutil.rmtree(staging)
+        out[name] = {
+            "path": str(dest),
+            "rows": counts["rows"],
+            "kept": counts["kept"] or 0,
+            "first_ts": None if span["lo"] is None else span["lo"] / 1e6,
+            "last_ts": None if span["hi"] is None else span["hi"] / 1e6,
+        }
+    if not any(s["kept"] for s in out.values()):
+        raise ReplayError(f"no row of any stream with {start:g} <= time < {end:g}")
+    return out
+
+
 def inside_engine_output(path: Path, out: Path) -> str | None:
     """The part of `out` a new cluster run would remove that holds `path`, if any."""
     for part in OUTPUT_PARTS:
@@ -162,7 +239,12 @@ def main(argv: list[str], spark=None) -> int:
     from control.spark import add_arguments, config, session
 
     p = argparse.ArgumentParser(prog=invocation("control.replay"), description=__doc__.split("\n")[0])
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="Parquet/CSV file or folder of them (e.g. <out>/archive)")
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="INPUT",
+        help="Parquet/CSV file or folder of them (e.g. <out>/archive); none: the declared streams' files of --config",
+    )
     p.add_argument("--from", dest="start", type=float, default=-math.inf, help="first ts to replay (inclusive)")
     p.add_argument("--to", dest="end", type=float, default=math.inf, help="ts where the replay ends (exclusive)")
     p.add_argument("--speed", default="max", help="max (as fast as possible), realtime, or N (x real time)")
@@ -188,6 +270,8 @@ def main(argv: list[str], spark=None) -> int:
             raise ReplayError(f"--from ({a.start:g}) must be below --to ({a.end:g})")
         cfg = config(a)
         out = Path(cfg["output"]["path"])
+        if not a.inputs:
+            return replay_streams(a, cfg, speed, spark)
         files = input_files(a.inputs)
         for f, _ in files:
             if part := inside_engine_output(f, out):
@@ -200,7 +284,7 @@ def main(argv: list[str], spark=None) -> int:
         started = time.monotonic()
         spark = spark or session(a.spark_master, "streamjoin-replay")
         sel = select(spark, files, a.start, a.end, dest)
-    except (ReplayError, ConfigError) as e:
+    except (ReplayError, ConfigError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     span = sel["last_ts"] - sel["first_ts"]
@@ -226,9 +310,16 @@ def main(argv: list[str], spark=None) -> int:
             return 1
         print(f"replay: pushed to {a.endpoint}: {json.dumps(sent)}", flush=True)
         return 0
+    return launch_replay(
+        a, [*a.set, 'source.kind="file"', f"source.path={json.dumps(str(dest))}", f"source.rate={rate!r}"]
+    )
+
+
+def launch_replay(a, sets: list[str]) -> int:
+    """The cluster on the selection (deploy.launch with the replay's -n, --hostfile, --config and `sets`), or
+    with --prepare-only its command line printed."""
     from deploy.launch import main as launch
 
-    sets = [*a.set, 'source.kind="file"', f"source.path={json.dumps(str(dest))}", f"source.rate={rate!r}"]
     args = [
         "-n",
         str(a.ranks),
@@ -241,6 +332,46 @@ def main(argv: list[str], spark=None) -> int:
         print(shlex.join([sys.executable, "-m", "deploy.launch", *args]), flush=True)
         return 0
     return launch(args)
+
+
+def replay_streams(a, cfg: dict, speed: float, spark) -> int:
+    """The declared streams' rows of the range, each stream's from its own files, run with their own timing
+    (source.speed) on the run's config with the selections as the streams' paths."""
+    from control.spark import session
+
+    streams = cfg.get("streams") or {}
+    if not streams:
+        raise ReplayError("no INPUT given and the config declares no [streams.*] (give the files to replay)")
+    if a.endpoint:
+        raise ReplayError("--endpoint: not with declared streams yet (a live stream of each would be needed)")
+    live = [n for n, spec in streams.items() if not spec["path"]]
+    if live:
+        raise ReplayError(f"streams.{live[0]}: replay reads a stream's files; a live stream or a topic has none")
+    out = Path(cfg["output"]["path"])
+    for name, spec in streams.items():
+        for f in stream_files(name, spec["path"]):
+            if part := inside_engine_output(f, out):
+                raise ReplayError(
+                    f"streams.{name}.path: {str(f)!r} lies in {str(out / part)!r}, which the replayed run "
+                    "removes when it starts: choose another output.path (--set output.path=...)"
+                )
+    folder = out / "replay"
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    spark = spark or session(a.spark_master, "streamjoin-replay")
+    chosen = select_streams(spark, streams, a.start, a.end, folder)
+    for name, c in chosen.items():
+        first = "-" if c["first_ts"] is None else f"{c['first_ts']:g} .. {c['last_ts']:g}"
+        print(f"replay: streams.{name}: {c['kept']:,} of {c['rows']:,} rows, time {first} -> {c['path']}", flush=True)
+    pacing = "unpaced" if math.isinf(speed) else f"as their times say, x{speed:g}"
+    print(f"replay: selected in {time.monotonic() - started:.1f}s; {pacing}", flush=True)
+    sets = [
+        *a.set,
+        *(f"streams.{name}.path={json.dumps(c['path'])}" for name, c in chosen.items()),
+        f"source.speed={0.0 if math.isinf(speed) else speed!r}",
+        "source.rate=0.0",
+    ]
+    return launch_replay(a, sets)
 
 
 if __name__ == "__main__":

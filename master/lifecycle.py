@@ -93,12 +93,13 @@ class Lifecycle:
         """Take the first batch of unpaced input while the other ranks start: rank 0 before it lets
         them import their kernels (until then it has the cores to itself), every other dispatcher before it
         waits for them; a file source's reader thread reads on meanwhile.  The run's clock still starts when
-        the cluster can join, so rates count at most one batch read before it.  Paced input and live sources
-        start when the cluster can join: a paced replay's delays measure the join, not the start-up."""
+        the cluster can join, so rates count at most one batch read before it.  Paced input (by rate or by
+        event time) and live sources start when the cluster can join: a paced replay's delays measure the join,
+        not the start-up."""
         if self.stats.launched is not None:
             return
         self.stats.launched = launched_at()
-        if self.ingest.rate > 0 or live_endpoints(self.cfg):
+        if self.ingest.rate > 0 or self.cfg["source"]["speed"] > 0 or live_endpoints(self.cfg):
             return
         now = time.time()
         self.ingest.start(now)

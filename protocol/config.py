@@ -55,6 +55,11 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         ),
         "path": ("", 'input file for kind = "file": columns stream (R/S), id, ts, key, [value]'),
         "rate": (0.0, "arrival pacing in tuples/s (both streams together); 0 = as fast as the cluster accepts"),
+        "speed": (
+            0.0,
+            "arrival pacing by the input's own event time, this many times faster than it says (1 = as the times "
+            "say: bursts and gaps kept; a replay's --speed); 0 = off (source.rate paces)",
+        ),
         "batch": (65536, "tuples the master ingests per step"),
         "endpoint": ("tcp://127.0.0.1:5555", 'kind = "zmq": where the master binds its PULL socket for producers'),
         "producers": (1, 'kind = "zmq": the input ends after this many producers sent their END message'),
@@ -399,6 +404,26 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
     return cfg
 
 
+def _check_speed(cfg: dict) -> None:
+    """Pacing by event time (master.sources.paced) paces stored input, alone."""
+    src = cfg["source"]
+    if src["speed"] <= 0:
+        return
+    live = src["kind"] == "zmq" or any(s["endpoint"] or s["kafka"] for s in cfg.get("streams", {}).values())
+    why = (
+        "source.rate: not with source.speed (one pacing at a time)"
+        if src["rate"]
+        else "checkpoint.interval: not with source.speed yet (the tuples it holds back would need a place in "
+        "the checkpoint)"
+        if cfg["checkpoint"]["interval"]
+        else "source.speed: not for live input (it comes at its own pace)"
+        if live
+        else None
+    )
+    if why:
+        raise ConfigError(why)
+
+
 def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     """Value checks that do not depend on types; `slaves` adds the checks that need the cluster size."""
     for (s, k), choices in _CHOICES.items():
@@ -435,6 +460,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     _check_event_time(cfg)
     _check_bounds(cfg["join"])
     _check_cluster(cfg)
+    _check_speed(cfg)
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
     if cfg["cluster"]["dispatchers"] > 1 and cfg["hotkeys"]["enabled"]:

@@ -24,8 +24,18 @@ from protocol.access import dispatcher_endpoint
 
 
 def open_source(cfg: dict, listed: bool = True) -> Source:
-    """The source `cfg` (from protocol.config.load_config) asks for; a file source writes its rejected rows
-    into the output only if `listed` (several dispatchers read the same file: one lists them)."""
+    """The source `cfg` (from protocol.config.load_config) asks for, paced by its event time with
+    `source.speed` (master.sources.paced); a file source writes its rejected rows into the output only if
+    `listed` (several dispatchers read the same file: one lists them)."""
+    source = _opened(cfg, listed)
+    if cfg["source"]["speed"] > 0:
+        from master.sources.paced import EventTimePaced
+
+        return EventTimePaced(source, cfg["source"]["speed"])
+    return source
+
+
+def _opened(cfg: dict, listed: bool) -> Source:
     src = cfg["source"]
     listing = (
         RejectedListing(Path(cfg["output"]["path"]) / "rejected", cfg["output"]["format"], cfg["output"]["flush_rows"])

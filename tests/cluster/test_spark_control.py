@@ -266,3 +266,102 @@ def test_replay_of_a_time_range_gives_exactly_the_reference_join_of_that_range(t
     summary = json.loads((out / "summary.json").read_text())
     span = seconds[keep].max() - seconds[keep].min()
     assert summary["config"]["source"]["rate"] == pytest.approx(len(keep) * 4 / span)
+
+
+def test_replay_of_declared_streams_takes_each_streams_rows_of_the_range_from_its_files_with_their_timing(
+    tmp_path, spark
+):
+    """A run's config with two declared streams -- trades in CSV files with ISO-8601 times at +02:00 and text
+    keys, quotes in a Parquet file with a timestamp column -- replayed for a range: Spark keeps each stream's rows
+    of the range in their files' order, the cluster joins exactly the reference join of those rows, and it hands
+    them on as their times say at the given speed: the event time's gap of 2 s in the middle is a wait of 1 s."""
+    rng = np.random.default_rng(61)
+    t0 = np.datetime64("2026-11-25T09:00:00", "ms")
+
+    def times(n: int) -> np.ndarray:  # rising, with a 2 s gap after the first half
+        ms = np.cumsum(rng.integers(1, 6, n))
+        return ms + np.where(np.arange(n) >= n // 2, 2000, 0)
+
+    tr_ms, qu_ms = times(1500), times(1200)
+    tr_key, qu_key = rng.integers(0, 40, 1500), rng.integers(0, 40, 1200)
+    (tmp_path / "trades").mkdir()
+    local = (t0 + tr_ms.astype("timedelta64[ms]") + np.timedelta64(2, "h")).astype(str)
+    for i, part in enumerate(np.array_split(np.arange(1500), 3)):
+        pacsv.write_csv(
+            pa.table(
+                {
+                    "tid": part,
+                    "sym": np.char.add("k", tr_key[part].astype(str)),
+                    "at": np.char.add(local[part], "+02:00"),
+                }
+            ),
+            tmp_path / "trades" / f"part-{i}.csv",
+        )
+    pq.write_table(
+        pa.table(
+            {
+                "qid": np.arange(1200),
+                "sym": np.char.add("k", qu_key.astype(str)),
+                "at": pa.array(
+                    (t0 + qu_ms.astype("timedelta64[ms]")).astype("datetime64[ms]"), pa.timestamp("ms", "UTC")
+                ),
+            }
+        ),
+        tmp_path / "quotes.parquet",
+    )
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f"""[streams.trades]
+path = "{tmp_path / "trades"}"
+key = "sym"
+time = "at"
+id = "tid"
+[streams.quotes]
+path = "{tmp_path / "quotes.parquet"}"
+key = "sym"
+time = "at"
+id = "qid"
+[join]
+window = 0.05
+max_delay = 0.01
+[epochs]
+distribution = 0.05
+[output]
+path = "{tmp_path / "out"}"
+progress = 0
+"""
+    )
+    start_ms, end_ms = 1000, 6000  # of event time after t0: both halves and the gap
+    base = (t0 - np.datetime64("1970-01-01T00:00:00", "ms")).astype(np.int64) / 1000
+    code = replay.main(
+        [
+            "--config",
+            str(config),
+            "--from",
+            str(base + start_ms / 1000),
+            "--to",
+            str(base + end_ms / 1000),
+            "--speed",
+            "2",
+            "-n",
+            "3",
+        ],
+        spark=spark,
+    )
+    assert code == 0
+    out = tmp_path / "out"
+    tr_in, qu_in = (np.flatnonzero((ms >= start_ms) & (ms < end_ms)) for ms in (tr_ms, qu_ms))
+    keys = np.r_[tr_key[tr_in], qu_key[qu_in]]
+    stream = np.r_[np.zeros(len(tr_in), int), np.ones(len(qu_in), int)]
+    at = np.r_[tr_ms[tr_in], qu_ms[qu_in]] / 1000
+    order = np.argsort(at, kind="stable")
+    expected, _ = reference_pairs(stream[order], np.r_[tr_in, qu_in][order], at[order], keys[order], 0.05, 1e9)
+    t = read_tables(out / "results")
+    got = np.sort(t["trades_tid"].to_numpy() * 2**32 + t["quotes_qid"].to_numpy())
+    assert len(expected) > 200
+    np.testing.assert_array_equal(got, expected)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["input_total"] == len(tr_in) + len(qu_in) and summary["config"]["source"]["speed"] == 2.0
+    span = (max(tr_ms[tr_in].max(), qu_ms[qu_in].max()) - min(tr_ms[tr_in].min(), qu_ms[qu_in].min())) / 1000
+    assert summary["wall_seconds"] >= span / 2 * 0.95  # as their times say: no faster, the gap kept
+    assert pacsv.read_csv(out / "replay" / "trades.csv")["tid"].to_pylist() == tr_in.tolist()  # the files' order

@@ -347,3 +347,17 @@ def test_kafka_client_secrets_are_read_from_the_environment_or_a_file_and_never_
     with pytest.raises(ConfigError, match=r"sasl\.password: cannot read /nonexistent/pw") as e:
         client_settings({"sasl.password": "${file:/nonexistent/pw}"}, "streams.a.kafka.config", ConfigError)
     assert "s3cret" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "sets, words",
+    [
+        (["source.speed=2", "source.rate=1000"], "source.rate: not with source.speed"),
+        (["source.speed=2", "checkpoint.interval=3"], "checkpoint.interval: not with source.speed yet"),
+        (["source.speed=2", 'source.kind="zmq"'], "source.speed: not for live input"),
+    ],
+)
+def test_pacing_by_event_time_is_refused_beside_another_pacing_checkpoints_or_live_input(sets, words):
+    with pytest.raises(ConfigError, match=words):
+        validate(load_config(None, sets))
+    validate(load_config(None, ["source.speed=2"]))  # alone, on stored input

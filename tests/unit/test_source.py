@@ -835,3 +835,53 @@ def test_date_columns_are_midnight_utc(tmp_path):
         pq.write_table(pa.table({"stream": ["R", "S"], "id": [1, 2], "ts": arr, "key": [1, 1]}), p)
         midnights = [datetime(d.year, d.month, d.day, tzinfo=timezone.utc) for d in days]
         np.testing.assert_array_equal(tuples_of(p).ts, [epoch_micros(m) for m in midnights])
+
+
+def test_event_time_pacing_hands_tuples_on_as_their_times_say_with_bursts_gaps_and_disorder_kept():
+    """source.speed: at speed 2 a tuple is due (T - T0) / 2 s after the first, T the largest time up to it in
+    arrival order: a tuple out of order goes with the one before it, a gap in event time is a gap in handing on,
+    a burst goes at once; what is not due yet waits (an empty chunk), and each side's rows handed on are known."""
+    from master.sources.paced import EventTimePaced
+
+    us = 1_000_000
+    ts = np.array([0, 0.5, 0.4, 3.0, 3.0, 3.0, 3.2]) * us
+    chunk = Chunk(
+        stream=np.array([0, 1, 0, 1, 0, 1, 0]),
+        id=np.array([0, 0, 1, 1, 2, 2, 3]),
+        ts=ts.astype(np.int64),
+        key=np.zeros(7, np.int64),
+        value=np.zeros(7),
+    )
+
+    class Once:
+        given = False
+
+        def next_chunk(self, limit):
+            if self.given:
+                return None
+            self.given = True
+            return chunk
+
+        def ended(self):
+            return [self.given, self.given]
+
+        rows_taken = [4, 3]
+
+    now = [100.0]
+    paced = EventTimePaced(Once(), 2.0, clock=lambda: now[0])
+    got = []
+    for t in (100.0, 100.2, 100.25, 101.0, 101.5, 101.59, 101.61, 102.0):
+        now[0] = t
+        c = paced.next_chunk(10)
+        got.append((t, c.ts.tolist() if c is not None else None))
+    assert got == [
+        (100.0, [0]),
+        (100.2, []),
+        (100.25, [500_000, 400_000]),  # 0.5 s of event time at speed 2; the late one with it
+        (101.0, []),  # the gap: nothing until 3.0 s / 2
+        (101.5, [3_000_000] * 3),  # the burst at once
+        (101.59, []),
+        (101.61, [3_200_000]),
+        (102.0, None),
+    ]
+    assert paced.rows_taken == [4, 3] and paced.handed == [4, 3] and paced.ended() == [True, True]
