@@ -6,8 +6,9 @@ folder stands for the files in it, so the cluster's input archive `<out>/archive
 keeps the tuples with `from <= ts < to` (compared as decimals to the microsecond, as the engine compares
 event time: docs/time.md), orders them by ts (ties by stream, then id) and writes them as
 one Parquet file, `<output.path>/replay/selection.parquet`.  The cluster then runs with the file source on
-that file, paced at `source.rate` = tuples / (time span / speed): `max` = unpaced, `realtime` = speed 1,
-`N` = N times real time.  Pacing is uniform at the selection's mean rate; bursts inside it are smoothed.
+that file, paced by the tuples' own times (`source.speed`, master.sources.paced): `max` = unpaced,
+`realtime` = speed 1, `N` = N times real time; bursts and gaps are kept.  A push to a running cluster
+(`--endpoint`) is paced uniformly at the selection's mean rate (control.produce).
 Also runnable as `spark-submit control/replay.py ...` (with `--prepare-only` where mpirun is elsewhere).
 
 Without INPUT, the declared streams of `--config` (`[streams.*]` of files): Spark reads each stream's files in
@@ -288,12 +289,14 @@ def main(argv: list[str], spark=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     span = sel["last_ts"] - sel["first_ts"]
-    rate = pace(sel["tuples"], span, speed)
+    rate = pace(sel["tuples"], span, speed)  # a push to a running cluster: uniform, as control.produce paces
     skipped = f"; {sel['no_ts']:,} rows left out: ts is not a number" if sel["no_ts"] else ""
+    pacing = "unpaced" if math.isinf(speed) else f"as their ts say, x{speed:g}"
+    if a.endpoint:
+        pacing = "unpaced" if rate == 0 else f"{rate:,.0f} tuples/s"
     print(
         f"replay: {sel['tuples']:,} of {sel['rows']:,} rows, ts {sel['first_ts']:g} .. {sel['last_ts']:g} "
-        f"({span:g}s) -> {dest} in {time.monotonic() - started:.1f}s; "
-        f"pace {'unpaced' if rate == 0 else f'{rate:,.0f} tuples/s'}{skipped}",
+        f"({span:g}s) -> {dest} in {time.monotonic() - started:.1f}s; {pacing}{skipped}",
         flush=True,
     )
     if a.endpoint:  # a cluster is already running with the ZeroMQ source
@@ -310,8 +313,9 @@ def main(argv: list[str], spark=None) -> int:
             return 1
         print(f"replay: pushed to {a.endpoint}: {json.dumps(sent)}", flush=True)
         return 0
+    at = f"source.speed={0.0 if math.isinf(speed) else speed!r}"
     return launch_replay(
-        a, [*a.set, 'source.kind="file"', f"source.path={json.dumps(str(dest))}", f"source.rate={rate!r}"]
+        a, [*a.set, 'source.kind="file"', f"source.path={json.dumps(str(dest))}", at, "source.rate=0.0"]
     )
 
 
