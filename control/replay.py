@@ -37,6 +37,7 @@ if __package__ in (None, ""):  # run as a file (spark-submit control/replay.py):
 from protocol.config import ConfigError
 from protocol.output import OUTPUT_PARTS
 from protocol.lifetime import invocation
+from control.spark import stream_micros, stream_rows
 from common.chunks import InputError
 from common.stream_file import stream_files
 
@@ -160,23 +161,6 @@ def select(spark, files: list[tuple[Path, str]], start: float, end: float, dest:
     }
 
 
-#: a declared stream's time column read by Spark: a number in the stream's time_unit, else a timestamp (a
-#: timestamp column, or ISO-8601 text with or without its zone; none is UTC, as docs/time.md says)
-UNIT_MICROS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 0.001}
-
-
-def stream_micros(df, column: str, unit: str):
-    """The event time of a declared stream's rows in integer microseconds as Spark reads it (null: none)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import NumericType, StringType
-
-    kind = df.schema[column].dataType
-    number = F.col(column).try_cast("decimal(38,9)") if isinstance(kind, (StringType, NumericType)) else None
-    stamp = F.unix_micros(F.col(column).cast("timestamp"))
-    scaled = (number * F.lit(Decimal(repr(UNIT_MICROS[unit])))).cast("decimal(38,0)").cast("long")
-    return stamp if number is None else F.coalesce(scaled, stamp)
-
-
 def select_streams(spark, streams: dict, start: float, end: float, folder: Path) -> dict:
     """Each declared stream's rows with start <= time < end, in their files' order, as one file per stream in
     `folder` (the stream's own format: CSV cells stay text, so the cluster reads them as it read the originals);
@@ -185,20 +169,7 @@ def select_streams(spark, streams: dict, start: float, end: float, folder: Path)
 
     out = {}
     for name, spec in streams.items():
-        files = stream_files(name, spec["path"])
-        fmt = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(files[0].suffix.lower(), "json")
-        if any(
-            {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(f.suffix.lower(), "json") != fmt for f in files
-        ):
-            raise ReplayError(f"streams.{name}.path: its files mix formats; replay takes one format per stream")
-        frames = []
-        for i, f in enumerate(files):  # one partition per file, in order: the rows keep their order
-            read = spark.read.option("header", True).csv if fmt == "csv" else getattr(spark.read, fmt)
-            df = read(str(f)).coalesce(1)
-            frames.append(df.withColumn("_file", F.lit(i)).withColumn("_row", F.monotonically_increasing_id()))
-        df = frames[0]
-        for extra in frames[1:]:
-            df = df.unionByName(extra, allowMissingColumns=True)
+        df, fmt = stream_rows(spark, name, spec)
         df = df.withColumn("_us", stream_micros(df, spec["time"], spec["time_unit"]))
         inside = F.col("_us").isNotNull()
         if math.isfinite(start):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from decimal import Decimal
 import sys
 from typing import Any
 
@@ -54,3 +55,45 @@ def session(master: str | None = None, app: str = "streamjoin", settings: dict[s
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+#: a declared stream's time column read by Spark: a number in the stream's time_unit, else a timestamp (a
+#: timestamp column, or ISO-8601 text with or without its zone; none is UTC, as docs/time.md says)
+UNIT_MICROS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 0.001}
+
+
+def stream_micros(df, column: str, unit: str):
+    """The event time of a declared stream's rows in integer microseconds as Spark reads it (null: none)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import NumericType, StringType
+
+    kind = df.schema[column].dataType
+    number = F.col(column).try_cast("decimal(38,9)") if isinstance(kind, (StringType, NumericType)) else None
+    stamp = F.unix_micros(F.col(column).cast("timestamp"))
+    scaled = (number * F.lit(Decimal(repr(UNIT_MICROS[unit])))).cast("decimal(38,0)").cast("long")
+    return stamp if number is None else F.coalesce(scaled, stamp)
+
+
+def stream_rows(spark, name: str, spec: dict):
+    """A declared stream's rows from its files (common.stream_file.stream_files), each file one partition read
+    in order, with `_file` and `_row` (its place in the stream's order), and the files' format (csv, parquet,
+    json); CSV cells stay text."""
+    from pyspark.sql import functions as F
+
+    from common.chunks import InputError
+    from common.stream_file import stream_files
+
+    files = stream_files(name, spec["path"])
+    formats = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+    fmt = formats.get(files[0].suffix.lower(), "json")
+    if any(formats.get(f.suffix.lower(), "json") != fmt for f in files):
+        raise InputError(f"streams.{name}.path: its files mix formats; this reads one format per stream")
+    frames = []
+    for i, f in enumerate(files):
+        read = spark.read.option("header", True).csv if fmt == "csv" else getattr(spark.read, fmt)
+        df = read(str(f)).coalesce(1)
+        frames.append(df.withColumn("_file", F.lit(i)).withColumn("_row", F.monotonically_increasing_id()))
+    df = frames[0]
+    for extra in frames[1:]:
+        df = df.unionByName(extra, allowMissingColumns=True)
+    return df, fmt
