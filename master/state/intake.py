@@ -120,6 +120,14 @@ class IngestDesk:
         """The join's watermark W of what was taken: no on-time tuple still to come lies below it."""
         return self.lateness.watermark
 
+    def batch_watermark(self) -> int:
+        """The watermark its batches carry: the frontier; with several dispatchers POS_INF once this one's input
+        has ended and its mini-buffers are empty, so that the slaves' lowest over the dispatchers no longer waits
+        for one that sends nothing more (one that reads no Kafka partition, or whose partitions ended first)."""
+        if self.k > 1 and self.exhausted and not len(self.buffers):
+            return eventtime.POS_INF
+        return self.frontier()
+
     def idle_note(self) -> str:
         """For the progress line: the streams idle now, if any."""
         idle = [name for name, now in zip(self.streams, self.lateness.idle) if now]
