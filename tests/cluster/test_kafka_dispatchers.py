@@ -31,6 +31,7 @@ from tests.kafka import (
     values,
     written_while_running,
 )
+from tests.cluster.test_metrics import parse
 from tests.reference import reference_outer
 from tests.runs import Run, run_cluster, toml_value
 
@@ -153,7 +154,11 @@ def test_two_dispatchers_sharing_four_partitions_give_the_reference_join_and_lat
         broker,
         topics,
         **TWO,
-        **{"streams.views.payload": ["user", "page", "@partition", "@offset"], "source.rate": 4000},
+        **{
+            "streams.views.payload": ["user", "page", "@partition", "@offset"],
+            "source.rate": 4000,  # paced: the payload log's segments go while the run goes (PRUNE)
+            "metrics.endpoint": "127.0.0.1:0",
+        },
     )
     run = run_cluster(tmp_path, 4, cfg)
     assert run.returncode == 0, run.stderr
@@ -169,6 +174,11 @@ def test_two_dispatchers_sharing_four_partitions_give_the_reference_join_and_lat
     assert kafka["views"]["partitions"] == 4 and kafka["views"]["records"] == kafka["views"]["rows"] == 6000
     assert kafka["buys"]["records"] == len(buys["id"]) and kafka["buys"]["positions"][f"{topics['buys']}/3"] == 0
     assert run.summary["rejected"] == 0
+    final = parse((run.out / "metrics.prom").read_text())  # rank 0 serves every dispatcher's partitions
+    for name, s in (("views", views), ("buys", buys)):
+        for p in range(4):
+            labels = (("partition", str(p)), ("stream", name), ("topic", topics[name]))
+            assert final[("streamjoin_kafka_records_total", labels)] == (s["partition"] == p).sum()
 
 
 @pytest.mark.parametrize("join_type", ["left", "full"])
