@@ -273,3 +273,55 @@ def test_a_dispatcher_with_no_partition_ends_and_holds_nothing_back(tmp_path, br
     np.testing.assert_array_equal(run.alone("r", IDS), lone_views)
     np.testing.assert_array_equal(run.late_ids(IDS, ("views", "buys")), late)
     assert len(pairs) > 300 and len(lone_views) > 100
+
+
+def test_two_shares_are_the_topics_once_with_one_code_per_key_and_added_partitions_stop_a_recovery(
+    tmp_path, broker, capfd
+):
+    """In-process: dispatcher 0's and 1's sources of two 2-partition topics read disjoint partitions; together
+    they are every record once, each row's id in its dispatcher's block, equal users coded alike on both and the
+    payload log holds every row's columns.  A partition added to the topic afterwards is not read (the log line
+    says so); a recovery of dispatcher 1's place then finds other partitions and stops, naming the dispatcher."""
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    from common.chunks import InputError
+    from master.sources import open_shard
+    from protocol.payload import payload_reader
+    from tests.cluster.test_streams import drain
+
+    rng = np.random.default_rng(5)
+    t0 = now_ms()
+    views, buys = stream(rng, 800, 0, 2, t0), stream(rng, 600, 100_000, 2, t0)
+    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
+    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
+        create(broker, topics[name], 2)
+        produce(broker, topics[name], s["partition"], values(s, id_column))
+    given = {**settings(broker, topics), **TWO, "output.path": str(tmp_path / "out"), "checkpoint.interval": 2}
+    cfg = load_config(None, [f"{k}={toml_value(v)}" for k, v in given.items()])
+    sources = [open_shard(cfg, d) for d in range(2)]
+    shares = [drain(src) for src in sources]
+    where = {**sources[1].position(), "records": sources[1].records()}
+    for src in sources:
+        src.finish()
+    reader = payload_reader(cfg)
+    code_of = {}
+    for d, share in enumerate(shares):
+        assert ((share.id >= d * ROW_BLOCK) & (share.id < (d + 1) * ROW_BLOCK)).all()
+        for side, (column, s) in enumerate(zip(IDS, (views, buys))):
+            ids = reader.gather(side, share.id[share.stream == side])[column].to_numpy()
+            first = int(s["id"][0])
+            assert (s["partition"][ids - first] == d).all()  # dispatcher d read partition d of each topic
+            for key, i in zip(share.key[share.stream == side].tolist(), ids.tolist()):
+                assert code_of.setdefault(s["user"][i - first], key) == key
+    assert sum(len(s.ts) for s in shares) == 1400 and len(set(code_of.values())) == len(code_of)
+    assert (
+        f"dispatcher 1 of 2 reads 1 of the 2 partitions ({topics['views']}/1); partitions added later"
+        in capfd.readouterr().err
+    )
+    admin = AdminClient({"bootstrap.servers": broker})
+    admin.create_partitions([NewPartitions(topics["views"], 4)])[topics["views"]].result(30)
+    again = open_shard(cfg, 1)
+    with pytest.raises(
+        InputError, match=r"streams.views.kafka: the checkpoint holds offsets of 1 partitions, .* for dispatcher 1"
+    ):
+        again.seek(where)
