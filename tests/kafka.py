@@ -144,11 +144,15 @@ def reference(r: dict, s: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     return pairs, np.sort(stream[late] * 2**40 + ids[late]), on_time
 
 
-def two_topics(tmp_path: Path, broker: str, views: dict, buys: dict, partitions: int = 4) -> dict[str, str]:
-    """The streams' topics, named after the test, holding their records (each stream's `offset` noted)."""
+def two_topics(
+    tmp_path: Path, broker: str, views: dict, buys: dict, partitions: int | tuple[int, int] = 4
+) -> dict[str, str]:
+    """The streams' topics, named after the test, holding their records (each stream's `offset` noted);
+    `partitions`: both topics', or views' and buys'."""
     topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
-    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
-        create(broker, topics[name], partitions)
+    counts = partitions if isinstance(partitions, tuple) else (partitions, partitions)
+    for (name, s, id_column), n in zip((("views", views, "vid"), ("buys", buys, "bid")), counts):
+        create(broker, topics[name], n)
         s["offset"] = produce(broker, topics[name], s["partition"], values(s, id_column))
     return topics
 

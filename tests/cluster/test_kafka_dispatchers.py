@@ -20,17 +20,7 @@ from protocol import checkpoint
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from protocol.payload import ROW_BLOCK, PayloadLog, PayloadReader
-from tests.kafka import (
-    assert_recovered_exactly,
-    create,
-    now_ms,
-    produce,
-    reference,
-    settings,
-    stream,
-    values,
-    written_while_running,
-)
+from tests.kafka import assert_recovered_exactly, now_ms, reference, settings, stream, two_topics, written_while_running
 from tests.cluster.test_metrics import parse
 from tests.reference import reference_outer
 from tests.runs import Run, run_cluster, toml_value
@@ -146,10 +136,7 @@ def test_two_dispatchers_sharing_four_partitions_give_the_reference_join_and_lat
     views, buys = stream(rng, 6000, 0, 4, t0, 0.01), stream(rng, 4000, 100_000, 4, t0, 0.01)
     keep = buys["partition"] != 3  # an empty partition holds nothing back
     buys = {k: (np.asarray(v)[keep] if k != "user" else [u for u, x in zip(v, keep) if x]) for k, v in buys.items()}
-    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
-    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
-        create(broker, topics[name], 4)
-        s["offset"] = produce(broker, topics[name], s["partition"], values(s, id_column))
+    topics = two_topics(tmp_path, broker, views, buys, 4)
     cfg = settings(
         broker,
         topics,
@@ -189,10 +176,7 @@ def test_outer_joins_with_two_dispatchers_emit_each_row_alone_once(tmp_path, bro
     rng = np.random.default_rng(71 if join_type == "left" else 72)
     t0 = now_ms()
     views, buys = stream(rng, 3000, 0, 3, t0, 0.01, spread=1500), stream(rng, 1200, 100_000, 3, t0, 0.01, spread=1500)
-    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
-    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
-        create(broker, topics[name], 3)
-        s["offset"] = produce(broker, topics[name], s["partition"], values(s, id_column))
+    topics = two_topics(tmp_path, broker, views, buys, 3)
     cfg = settings(broker, topics, **TWO, **{"join.type": join_type})
     run = run_cluster(tmp_path, 4, cfg)
     assert run.returncode == 0, run.stderr
@@ -259,10 +243,7 @@ def test_a_dispatcher_with_no_partition_ends_and_holds_nothing_back(tmp_path, br
     rng = np.random.default_rng(91)
     t0 = now_ms()
     views, buys = stream(rng, 2000, 0, 2, t0, 0.01, spread=1000), stream(rng, 800, 100_000, 1, t0, 0.01)
-    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
-    for name, s, id_column, n in (("views", views, "vid", 2), ("buys", buys, "bid", 1)):
-        create(broker, topics[name], n)
-        s["offset"] = produce(broker, topics[name], s["partition"], values(s, id_column))
+    topics = two_topics(tmp_path, broker, views, buys, (2, 1))
     cfg = settings(broker, topics, **{"cluster.dispatchers": 3, "join.type": "left"})
     run = run_cluster(tmp_path, 5, cfg)
     assert run.returncode == 0, run.stderr
@@ -292,10 +273,7 @@ def test_two_shares_are_the_topics_once_with_one_code_per_key_and_added_partitio
     rng = np.random.default_rng(5)
     t0 = now_ms()
     views, buys = stream(rng, 800, 0, 2, t0), stream(rng, 600, 100_000, 2, t0)
-    topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
-    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
-        create(broker, topics[name], 2)
-        produce(broker, topics[name], s["partition"], values(s, id_column))
+    topics = two_topics(tmp_path, broker, views, buys, 2)
     given = {**settings(broker, topics), **TWO, "output.path": str(tmp_path / "out"), "checkpoint.interval": 2}
     cfg = load_config(None, [f"{k}={toml_value(v)}" for k, v in given.items()])
     sources = [open_shard(cfg, d) for d in range(2)]
