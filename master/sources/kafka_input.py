@@ -1,18 +1,17 @@
 """A declared stream read from Kafka (`[streams.NAME] kafka = {...}`, docs/input.md#kafka-topics).
 
-Reading.  confluent-kafka (librdkafka) with every partition of the topic(s) (several dispatchers: each its
-share, below) assigned explicitly -- no
-consumer-group rebalancing: the group only names the positions committed for monitoring, and nothing resumes
-from them -- each read from its beginning, in large batches taken without waiting (`consume(timeout=0)`;
-librdkafka fetches ahead in its own threads).  The client hands records one by one, so the only steps per record
-are the calls that take values, partitions and offsets out of them.  A record's value is one JSON object: a
-batch's values are joined with newlines and read by one `pyarrow.json.read_json` under the declared schema
-(fields not declared are ignored; the key, time and id fields are required).  Only when that fails are the bad
-records looked for, by halving the batch (an error path: a bad record costs about log2(batch) reads), and set
+Reading.  confluent-kafka (librdkafka) with every partition of the topic(s) (several dispatchers: each its share,
+below) assigned explicitly -- no consumer-group rebalancing: the group only names the positions committed for
+monitoring, and nothing resumes from them -- each read from its beginning, in large batches taken without waiting
+(`consume(timeout=0)`; librdkafka fetches ahead in its own threads).  The client hands records one by one, so the
+only steps per record are the calls that take values, partitions and offsets out of them.  A record's value is one
+JSON object: a batch's values are joined with newlines and read by one `pyarrow.json.read_json` under the declared
+schema (fields not declared are ignored; the key, time and id fields are required).  Only when that fails are the
+bad records looked for, by halving the batch (an error path: a bad record costs about log2(batch) reads), and set
 aside in `rejected/kafka-rejected-<R|S>-NNNNNN.*` with topic, partition, offset, reason (`not JSON`, `missing
-column`, `wrong type`) and value; the rest go on.  With `bounded` the stream ends once every partition reached
-its end offset as read at the start (Flink's bounded KafkaSource, Spark's endingOffsets = latest); otherwise
-the run ends on a stop signal.
+column`, `wrong type`) and value; the rest go on.  With `bounded` the stream ends once every partition reached its
+end offset as read at the start (Flink's bounded KafkaSource, Spark's endingOffsets = latest); otherwise the run
+ends on a stop signal.
 
 Order.  The partitions are merged by their own watermarks (master.sources.partitions, which says why each row
 is then judged against its own partition's watermark); the rows released are numbered as the stream's rows,
