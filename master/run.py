@@ -63,7 +63,9 @@ class Master(Routing, Lifecycle):
         self.channels = channels = Channels(slaves, buffers.dtype)
         self.links = Links(comm, self.index, self.k, channels)
         groups = min(cfg["partitioning"]["subgroups"], len(slaves))
-        self.ingest = IngestDesk(cfg, buffers, stats, channels, self.index, self.k, groups, router, sketch)
+        self.ingest = IngestDesk(
+            cfg, buffers, stats, channels, self.index, self.k, groups, router, sketch, source.own_rows
+        )
         self.intake = IntakeShell(cfg, source, self.index, self.k)
         self.results_out = ResultStream(comm, cfg, parts, self.index)
         self.metrics = Metrics(comm, cfg, self.index)

@@ -231,47 +231,62 @@ def written_while_running(tmp_path: Path, broker: str, seed: int, fault: str, ex
         cfg[f"streams.{name}.kafka"]["bounded"] = False
         cfg[f"streams.{name}.idle_timeout"] = "1s"
     fired = tmp_path / "fault-fired"
-    supervise = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
-    launch = [sys.executable, "-m", "deploy.launch", "-n", str(ranks), "--"]
-    proc = subprocess.Popen(
-        [*supervise, *launch, "--config", str(write_config(tmp_path, cfg))],
-        cwd=Path(__file__).resolve().parent.parent,
-        env={**mpi_env(), "STREAMJOIN_FAULT": f"{fault}:{fired}"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    writer: list[threading.Thread] = []
+    taken = {}  # per dispatcher: the tuples it took in and set aside late, as its last progress line says
+
+    def every_record_in(line: str) -> bool:
+        if not writer and "checkpoint 2 complete" in line:
+            writer.append(threading.Thread(target=produce_waves, args=(broker, topics, streams, waves[8:], 0.08)))
+            writer[0].start()
+        if "restart 1 of 3" in line:
+            taken.clear()  # the restarted cluster's lines count from its checkpoint on
+        counts = re.match(r"(?:\[dispatcher (\d+)\] )?\[ *[\d.]+s\] in ([\d,]+) .*\| late ([\d,]+) ", line)
+        if counts:
+            taken[counts[1]] = sum(int(c.replace(",", "")) for c in counts.groups()[1:])
+        return fired.exists() and sum(taken.values()) == 6000 - len(bad)
+
+    run = stopped_when(
+        tmp_path, cfg, ranks, every_record_in, supervised=True, env={"STREAMJOIN_FAULT": f"{fault}:{fired}"}
     )
-    lines, taken = [], {}  # per dispatcher: the tuples it took in and set aside late, as its last progress line says
-    try:
-        deadline, writer = time.monotonic() + 120, None
-        while (line := proc.stderr.readline()) and time.monotonic() < deadline:
-            lines.append(line)
-            if writer is None and "checkpoint 2 complete" in line:
-                writer = threading.Thread(target=produce_waves, args=(broker, topics, streams, waves[8:], 0.08))
-                writer.start()
-            if "restart 1 of 3" in line:
-                taken = {}  # the restarted cluster's lines count from its checkpoint on
-            counts = re.match(r"(?:\[dispatcher (\d+)\] )?\[ *[\d.]+s\] in ([\d,]+) .*\| late ([\d,]+) ", line)
-            if counts:
-                taken[counts[1]] = sum(int(c.replace(",", "")) for c in counts.groups()[1:])
-            if fired.exists() and sum(taken.values()) == 6000 - len(bad):
-                break  # every record is in
-        proc.send_signal(signal.SIGTERM)
-        threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
-        assert proc.wait(timeout=60) == 0, "".join(lines)
-        assert writer is not None, "".join(lines)
-        writer.join()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stderr = "".join(lines)
-    run = Run(tmp_path / "out", subprocess.CompletedProcess(proc.args, 0, "", stderr))
-    assert fired.exists() and "restart 1 of 3" in stderr, stderr
+    assert writer, run.stderr
+    writer[0].join()
+    assert fired.exists() and "restart 1 of 3" in run.stderr, run.stderr
     offset = np.empty(3000, np.int64)
     for p in range(4):  # each partition's records in the order produced
         mine = np.concatenate([w["views"][views["partition"][w["views"]] == p] for w in waves])
         offset[mine] = np.arange(len(mine))
     return run, (views, buys, bad, offset)
+
+
+def stopped_when(
+    tmp_path: Path, cfg: dict, ranks: int, watch, supervised: bool = False, env: dict | None = None
+) -> Run:
+    """The cluster (`ranks`, settings `cfg`; under the supervisor if `supervised`, with `env` added) run until
+    `watch(line)` is true of a line it logs (or 120 s), then stopped by SIGTERM: it must end cleanly (exit 0)."""
+    supervise = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
+    launch = [sys.executable, "-m", "deploy.launch", "-n", str(ranks), "--"]
+    proc = subprocess.Popen(
+        [*supervise * supervised, *launch, "--config", str(write_config(tmp_path, cfg))],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**mpi_env(), **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        while (line := proc.stderr.readline()) and time.monotonic() < deadline:
+            lines.append(line)
+            if watch(line):
+                break
+        proc.send_signal(signal.SIGTERM)
+        threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+        assert proc.wait(timeout=60) == 0, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return Run(tmp_path / "out", subprocess.CompletedProcess(proc.args, 0, "", "".join(lines)))
 
 
 def assert_recovered_exactly(run, views: dict, buys: dict, bad: np.ndarray, offset: np.ndarray) -> None:

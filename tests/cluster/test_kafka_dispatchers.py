@@ -7,8 +7,7 @@ codes (equal on every dispatcher, a collision stops the run), the payload log's 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -20,14 +19,21 @@ from protocol import checkpoint
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from protocol.payload import ROW_BLOCK, PayloadLog, PayloadReader
-from tests.kafka import assert_recovered_exactly, now_ms, reference, settings, stream, two_topics, written_while_running
+from tests.kafka import (
+    assert_recovered_exactly,
+    now_ms,
+    reference,
+    settings,
+    stopped_when,
+    stream,
+    two_topics,
+    written_while_running,
+)
 from tests.cluster.test_metrics import parse
 from tests.reference import reference_outer
 from tests.runs import Run, run_cluster, toml_value
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 IDS = ("views_vid", "buys_bid")
-SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
 TWO = {"cluster.dispatchers": 2}
 
 
@@ -303,3 +309,32 @@ def test_two_shares_are_the_topics_once_with_one_code_per_key_and_added_partitio
         InputError, match=r"streams.views.kafka: the checkpoint holds offsets of 1 partitions, .* for dispatcher 1"
     ):
         again.seek(where)
+
+
+def test_a_dispatcher_with_no_partition_does_not_hold_back_rows_decided_alone_before_the_stop(tmp_path, broker):
+    """Unbounded topics (views 2 partitions, buys 1) and 3 dispatchers: dispatcher 2 reads nothing, so it ends at
+    once and its batches carry no watermark; the slaves' lowest over the dispatchers goes on with the others', so
+    a left join decides views without a partner while the cluster runs, before the stop signal (the dispatchers'
+    progress lines count more results than pairs).  Then SIGTERM: exactly the reference pairs and rows alone."""
+    rng = np.random.default_rng(93)
+    t0 = now_ms()
+    views, buys = stream(rng, 2000, 0, 2, t0, spread=0), stream(rng, 600, 100_000, 1, t0)
+    topics = two_topics(tmp_path, broker, views, buys, (2, 1))
+    cfg = settings(broker, topics, **{"cluster.dispatchers": 3, "join.type": "left", "output.progress": 0.2})
+    for name in topics:
+        cfg[f"streams.{name}.kafka"]["bounded"] = False
+        cfg[f"streams.{name}.idle_timeout"] = "1s"
+    pairs, late, on_time = reference(views, buys)
+    pairs, lone_views, _ = reference_outer(pairs, on_time[0], on_time[1], "left")
+    results = {}  # per dispatcher: the results its batches brought, as its last progress line says
+
+    def rows_alone_decided(line: str) -> bool:
+        if counts := re.match(r"\[dispatcher (\d+)\] .*\| results ([\d,]+) ", line):
+            results[counts[1]] = int(counts[2].replace(",", ""))
+        return sum(results.values()) > len(pairs)
+
+    run = stopped_when(tmp_path, cfg, 5, rows_alone_decided)
+    assert sum(results.values()) > len(pairs), run.stderr  # not only at the stop
+    np.testing.assert_array_equal(run.pairs(IDS), pairs)
+    np.testing.assert_array_equal(run.alone("r", IDS), lone_views)
+    assert not len(late) and len(lone_views) > 100
