@@ -96,6 +96,9 @@ class Source:
 
     #: declared streams, per side: every row below this one has been taken (its payload may go)
     rows_taken: tuple | list = (0, 0)
+    #: declared streams: each dispatcher numbers and logs its own rows (Kafka partitions shared out), so each
+    #: removes its own payload segments (master.state.payload)
+    own_rows = False
 
     @staticmethod
     def merge(finished: list[dict]) -> dict:

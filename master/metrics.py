@@ -162,6 +162,7 @@ class Metrics:
             "rejected": rejected_reasons(master.source),
             "refused": refused_kinds(master.source),
             "stream_gaps": dict(master.results_out.gaps),
+            "kafka_partitions": master.source.partitions(),  # its own, when the dispatchers share them out
         }
 
     def _post(self, d: int, buf: bytearray | None = None) -> None:
@@ -271,7 +272,8 @@ class Metrics:
             "partitions": [int(owned[r]) for r in m.slaves],
             "partition_map": c.partition_map.tolist(),
             "moving": np.flatnonzero(c.moving).tolist(),
-            "kafka_partitions": m.source.partitions(),
+            "kafka_partitions": m.source.partitions()
+            + [p for o in self._others.values() for p in o["kafka_partitions"]],
             "hot_keys": []
             if m.hot is None
             else [

@@ -28,6 +28,7 @@ class Routing:
             Order.RANGES: lambda source, order: self.ingest.use_ranges(order["bounds"]),
             Order.COMMITTED: lambda source, order: self.checkpoints.on_commit(order),
             Order.PAYLOAD: lambda source, order: self.payload.on_report(source, order["watermark"], order["taken"]),
+            Order.PRUNE: lambda source, order: self._prune(order["below"]),
         }
 
     def _route_reports(self) -> int:
@@ -92,10 +93,18 @@ class Routing:
         far its own batches are done with (master.state.payload)."""
         holders = self.controller.holders()
         if self.index == 0:
-            for side, taken, below in self.payload.release(self.source.rows_taken, holders):
+            released = self.payload.release(self.source.rows_taken, holders)
+            for side, taken, below in released:
                 self.source.log.release(side, taken, below)
+            if self.source.own_rows and (below := self.payload.prune(released)) is not None:
+                self.channels.tell(range(1, self.k), Order.PRUNE, below=below)
         elif (report := self.payload.report(self.source.rows_taken, holders)) is not None:
             self.channels.tell([0], Order.PAYLOAD, **report)
+
+    def _prune(self, below: list[int]) -> None:
+        """Rank 0 says which times no result needs any more: this dispatcher's own segments of them go."""
+        for side, bound in enumerate(below):
+            self.source.log.release(side, self.source.rows_taken[side], bound)
 
     def _finish(self, source: int, order: dict) -> None:
         self.finished = True

@@ -63,7 +63,9 @@ class Master(Routing, Lifecycle):
         self.channels = channels = Channels(slaves, buffers.dtype)
         self.links = Links(comm, self.index, self.k, channels)
         groups = min(cfg["partitioning"]["subgroups"], len(slaves))
-        self.ingest = IngestDesk(cfg, buffers, stats, channels, self.index, self.k, groups, router, sketch)
+        self.ingest = IngestDesk(
+            cfg, buffers, stats, channels, self.index, self.k, groups, router, sketch, source.own_rows
+        )
         self.intake = IntakeShell(cfg, source, self.index, self.k)
         self.results_out = ResultStream(comm, cfg, parts, self.index)
         self.metrics = Metrics(comm, cfg, self.index)
@@ -122,7 +124,7 @@ class Master(Routing, Lifecycle):
                 eventtime.POS_INF if ingest.exhausted else ingest.frontier(), self.buffers.counts
             )
             if now >= next_slot:
-                if distribution.slot(ingest.frontier(), now, serve=not checkpoints.pending):
+                if distribution.slot(ingest.batch_watermark(), now, serve=not checkpoints.pending):
                     checkpoints.on_epoch(distribution.epochs_done, ingest.exhausted)
                 if self.payload is not None:
                     self._payload()
@@ -151,7 +153,7 @@ class Master(Routing, Lifecycle):
                         self.payload.on_move(move.partition, distribution.sent_watermark[move.supplier])
             rule = may_serve(checkpoints.pending, self.moves.waits_for(), self.hot is not None and self.hot.waiting)
             if rule is not None:
-                distribution.serve_missed(rule, ingest.frontier(), now)
+                distribution.serve_missed(rule, ingest.batch_watermark(), now)
             if progress and now >= next_progress:
                 self._progress()
                 next_progress = now + progress

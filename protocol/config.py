@@ -494,10 +494,11 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
             "each topic's checkpointed offsets, and the files would have to go on from their checkpointed rows "
             "(make both streams Kafka topics, or leave checkpoints off)"
         )
-    if kafka and cfg["cluster"]["dispatchers"] > 1:
+    if kafka and cfg["cluster"]["dispatchers"] > 1 and len(kafka) < len(cfg["streams"]):
         raise ConfigError(
-            f"{kafka[0]}: not with cluster.dispatchers > 1 yet: each dispatcher would read every "
-            "partition (they do not share the partitions out)"
+            f"{kafka[0]}: with cluster.dispatchers > 1, not beside a stream of files yet: the dispatchers share "
+            "the topic's partitions out, and would each have to read the files whole and keep their share "
+            "(make both streams Kafka topics, or run one dispatcher)"
         )
     if cfg.get("streams") and cfg["aggregate"]["enabled"]:
         raise ConfigError(

@@ -27,6 +27,7 @@ class Order(enum.IntEnum):
     COMMITTED = 8  #: rank 0 -> a dispatcher: a checkpoint holding your `source` position is complete
     RANGES = 9  #: rank 0 -> the others: the key ranges' `bounds` every dispatcher routes by (band, less joins)
     PAYLOAD = 10  #: -> rank 0: the watermark my batches are done with, and the rows I have `taken` per side
+    PRUNE = 11  #: rank 0 -> the others (each writes its own rows' payload): remove your segments `below` per side
 
 
 #: each kind's fields, all of them, and no others
@@ -41,6 +42,7 @@ FIELDS: dict[Order, tuple[str, ...]] = {
     Order.COMMITTED: ("source",),
     Order.RANGES: ("bounds",),
     Order.PAYLOAD: ("watermark", "taken"),
+    Order.PRUNE: ("below",),
 }
 
 

@@ -65,12 +65,12 @@ OUTPUT_PARTS = (
 FILE_PARTS = {"metrics.prom", "summary.json", "keys.parquet", "keys.csv"}
 #: the files this engine writes in those folders (and their temporaries `.NAME.tmp`): result and partial
 #: aggregate files of a slave, late tuples and the input archive of a dispatcher, rejected input (a file's
-#: listing, a ZeroMQ source's, a Kafka stream's), the metrics log
+#: listing, a ZeroMQ source's, a Kafka stream's; each dispatcher's own), the metrics log
 OWN_FILE = re.compile(
     r"\.?(slave-\d{3}-\d{6}|(late|input)(-d\d+)?-\d{6}|(zmq-)?rejected(-d\d+|-[RS])?"
-    r"|(kafka-rejected-[RS]-|rejected-)\d{6}"
+    r"|(kafka-rejected-[RS]-|rejected-)(d\d+-)?\d{6}"
     r"|samples-\d{8}T\d{6}-\d{6})\.(parquet|csv)(\.tmp)?"
-    r"|\.?(\d{12}-\d{12}|schema)\.arrow(\.\d+\.tmp)?"
+    r"|\.?(\d{12,}-\d{12,}|schema)\.arrow(\.\d+\.tmp)?"
 )  # the payload log's (protocol.payload)
 OWN_FOLDERS = {"aggregates/_pending", "payload/R", "payload/S"}  #: folders inside the parts that are the engine's own
 

@@ -14,6 +14,9 @@ A segment `payload/<R|S>/<first row>-<last row>.arrow` holds the column `__row` 
 stream's output columns under the user's names; `schema.arrow` beside them holds none, only their types, so a
 side with no row to gather still has its columns.  Every dispatcher reads the same input and writes a segment
 that is not there yet under a temporary name, then renames it: the same rows, the same bytes, whoever is first.
+Dispatchers that share a Kafka topic's partitions out (master.sources.kafka_input) read different rows: each
+numbers its own from `ROW_BLOCK` times its index on, so their segments never overlap, and each lists, resumes and
+removes only the segments of its own block (`block`); readers find every segment whichever wrote it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ FOLDER = "payload"
 SCHEMA_FILE = "schema.arrow"
 #: segments each reader keeps open per side (memory-mapped: the pages stay the page cache's to drop)
 OPEN_SEGMENTS = 64
+#: stream rows per dispatcher that numbers its own rows (Kafka partitions shared out): dispatcher d's are
+#: d * ROW_BLOCK + 0, 1, ... (2**40: a trillion rows each, int64 ids up to 8,388,607 dispatchers)
+ROW_BLOCK = 1 << 40
 
 
 class PayloadError(Exception):
@@ -43,6 +49,15 @@ class PayloadError(Exception):
 
 def segment_name(first: int, last: int) -> str:
     return f"{first:012d}-{last:012d}.arrow"
+
+
+def segment_rows(name: str) -> tuple[int, int] | None:
+    """(first row, last row) of a segment file's name, None if it is not one (rows past 12 digits: wider)."""
+    first, _, rest = name.partition("-")
+    last = rest.removesuffix(".arrow")
+    if not (name.endswith(".arrow") and first.isdigit() and last.isdigit()):
+        return None
+    return int(first), int(last)
 
 
 def _write_ipc(path: Path, table: pa.Table, tag: str) -> None:
@@ -65,10 +80,11 @@ class Segment(NamedTuple):
 
 class PayloadLog:
     """The master's side: segments and schemas of both streams under `root`/payload (`tag`: this writer's
-    name in temporary files, so that dispatchers never write into each other's)."""
+    name in temporary files, so that dispatchers never write into each other's; `block`: the rows it numbers
+    itself, [first, end), when dispatchers read different rows)."""
 
-    def __init__(self, root: Path | str, tag: str):
-        self.folder, self.tag = Path(root) / FOLDER, tag
+    def __init__(self, root: Path | str, tag: str, block: tuple[int, int] = (0, ROW_BLOCK)):
+        self.folder, self.tag, self.block = Path(root) / FOLDER, tag, block
         self.removed_bytes = 0  #: what `release` removed
         self.peak_bytes = 0  #: the most the segments in `segments` ever were
         self._lock = threading.Lock()  #: each stream's reader thread appends, the master's loop releases
@@ -106,9 +122,11 @@ class PayloadLog:
         rows after a checkpoint may be numbered otherwise when read again, so no segment of theirs may stay for
         `write` to take as its own."""
         folder = self.folder / STREAM_NAMES[side]
-        names = sorted(f.name for f in folder.glob("*.arrow") if f.name[:12].isdigit()) if folder.is_dir() else []
-        for name in names:
-            first, last, path = int(name[:12]), int(name[13:25]), folder / name
+        lo, hi = self.block
+        found = [(rows, f) for f in folder.glob("*.arrow") if (rows := segment_rows(f.name))] if folder.is_dir() else []
+        for (first, last), path in sorted(found):
+            if not lo <= first < hi:
+                continue  # another dispatcher's rows
             if first >= below:
                 path.unlink(missing_ok=True)
                 continue
@@ -144,7 +162,7 @@ def remove_log(root: Path | str) -> None:
         d = folder / side
         if d.is_dir():
             for f in d.iterdir():
-                if f.name == SCHEMA_FILE or (f.name.endswith(".arrow") and f.name[:12].isdigit()):
+                if f.name == SCHEMA_FILE or segment_rows(f.name):
                     f.unlink()
             with contextlib.suppress(OSError):
                 d.rmdir()
@@ -177,14 +195,12 @@ class PayloadReader:
             raise PayloadError(f"payload log: cannot read {str(path)!r}: {str(e).splitlines()[0]}") from None
 
     def _list(self, side: int) -> None:
-        names = sorted(
-            f.name
-            for f in (self.folder / STREAM_NAMES[side]).iterdir()
-            if f.name.endswith(".arrow") and f.name != SCHEMA_FILE and not f.name.startswith(".")
+        found = sorted(
+            (rows, f.name) for f in (self.folder / STREAM_NAMES[side]).iterdir() if (rows := segment_rows(f.name))
         )
-        self._names[side] = names
-        self._firsts[side] = np.array([int(n[:12]) for n in names], np.int64)
-        self._lasts[side] = np.array([int(n[13:25]) for n in names], np.int64)
+        self._names[side] = [name for _, name in found]
+        self._firsts[side] = np.array([first for (first, _), _ in found], np.int64)
+        self._lasts[side] = np.array([last for (_, last), _ in found], np.int64)
 
     def _where(self, side: int, rows: np.ndarray) -> np.ndarray:
         """The segment of each of `rows` (sorted), listing the folder again when one is not known yet."""

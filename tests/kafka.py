@@ -5,6 +5,11 @@ tests produce, their settings and their reference join (lateness judged per part
 from __future__ import annotations
 
 import json
+import re
+import signal
+import subprocess
+import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -15,7 +20,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from deploy.broker import BrokerUnavailable, local_broker
+from deploy.launch import mpi_env
+from protocol.output import read_tables
 from tests.reference import late_flags, reference_pairs
+from tests.runs import Run, write_config
 
 WINDOW, MAX_DELAY = 0.3, 0.25  # seconds
 
@@ -122,11 +130,15 @@ def reference(r: dict, s: dict) -> tuple[np.ndarray, np.ndarray, dict]:
     return pairs, np.sort(stream[late] * 2**40 + ids[late]), on_time
 
 
-def two_topics(tmp_path: Path, broker: str, views: dict, buys: dict, partitions: int = 4) -> dict[str, str]:
-    """The streams' topics, named after the test, holding their records (each stream's `offset` noted)."""
+def two_topics(
+    tmp_path: Path, broker: str, views: dict, buys: dict, partitions: int | tuple[int, int] = 4
+) -> dict[str, str]:
+    """The streams' topics, named after the test, holding their records (each stream's `offset` noted);
+    `partitions`: both topics', or views' and buys'."""
     topics = {"views": f"views-{tmp_path.name}", "buys": f"buys-{tmp_path.name}"}
-    for name, s, id_column in (("views", views, "vid"), ("buys", buys, "bid")):
-        create(broker, topics[name], partitions)
+    counts = partitions if isinstance(partitions, tuple) else (partitions, partitions)
+    for (name, s, id_column), n in zip((("views", views, "vid"), ("buys", buys, "bid")), counts):
+        create(broker, topics[name], n)
         s["offset"] = produce(broker, topics[name], s["partition"], values(s, id_column))
     return topics
 
@@ -175,3 +187,115 @@ def assert_committed(broker: str, topics: dict, places: list[dict]) -> None:
         finally:
             consumer.close()
         assert [c.offset for c in committed] == place["offsets"], topic
+
+
+def written_while_running(tmp_path: Path, broker: str, seed: int, fault: str, extra: dict, ranks: int) -> tuple:
+    """Unbounded topics of 4 partitions each (3,000 records of views and of buys, 1% late within their partition,
+    text keys, 4 views not JSON), written in waves of 0.1 s of event time while the cluster (`ranks`, settings
+    `checkpointed` + `extra`) runs under the supervisor with `fault` (STREAMJOIN_FAULT's rank:point) firing once;
+    a stop signal once every record is in, as the dispatchers' progress lines count them.  (Each wave spans less
+    than max_delay, so a partition fetched a little later than another makes no row late that the per-partition
+    rule would not.)  Returns the run and (views, buys, the bad views, every view's offset in its partition)."""
+    rng = np.random.default_rng(seed)
+    t0 = now_ms()
+    views, buys = stream(rng, 3000, 0, 4, t0, 0.01, spread=0, step=2), stream(rng, 3000, 100_000, 4, t0, 0.01, 0, 2)
+    streams = {"views": views, "buys": buys}
+    topics = {name: f"{name}-{tmp_path.name}" for name in streams}
+    for name, s in streams.items():
+        create(broker, topics[name], 4)
+        s["value"] = values(s, "vid" if name == "views" else "bid")
+    bad = np.array([900, 1500, 2100, 2700])  # not JSON: set aside, listed once whether read again or not
+    for i in bad.tolist():
+        views["value"][i] = b'{"vid": 1, "user": '
+    # a wave: the records produced in 0.1 s of event time (their time before the late ones were moved back)
+    wave_of = {name: (np.maximum.accumulate(s["at"]) - t0) // 100 for name, s in streams.items()}
+    waves = [{name: np.flatnonzero(w == k) for name, w in wave_of.items()} for k in range(31)]
+    assert sum(len(x) for w in waves for x in w.values()) == 6000
+    produce_waves(broker, topics, streams, waves[:8], 0)
+    cfg = checkpointed(broker, topics, **{"output.progress": 0.2, **extra})
+    for name in topics:
+        cfg[f"streams.{name}.kafka"]["bounded"] = False
+        cfg[f"streams.{name}.idle_timeout"] = "1s"
+    fired = tmp_path / "fault-fired"
+    writer: list[threading.Thread] = []
+    taken = {}  # per dispatcher: the tuples it took in and set aside late, as its last progress line says
+
+    def every_record_in(line: str) -> bool:
+        if not writer and "checkpoint 2 complete" in line:
+            writer.append(threading.Thread(target=produce_waves, args=(broker, topics, streams, waves[8:], 0.08)))
+            writer[0].start()
+        if "restart 1 of 3" in line:
+            taken.clear()  # the restarted cluster's lines count from its checkpoint on
+        counts = re.match(r"(?:\[dispatcher (\d+)\] )?\[ *[\d.]+s\] in ([\d,]+) .*\| late ([\d,]+) ", line)
+        if counts:
+            taken[counts[1]] = sum(int(c.replace(",", "")) for c in counts.groups()[1:])
+        return fired.exists() and sum(taken.values()) == 6000 - len(bad)
+
+    run = stopped_when(
+        tmp_path, cfg, ranks, every_record_in, supervised=True, env={"STREAMJOIN_FAULT": f"{fault}:{fired}"}
+    )
+    assert writer, run.stderr
+    writer[0].join()
+    assert fired.exists() and "restart 1 of 3" in run.stderr, run.stderr
+    offset = np.empty(3000, np.int64)
+    for p in range(4):  # each partition's records in the order produced
+        mine = np.concatenate([w["views"][views["partition"][w["views"]] == p] for w in waves])
+        offset[mine] = np.arange(len(mine))
+    return run, (views, buys, bad, offset)
+
+
+def stopped_when(
+    tmp_path: Path, cfg: dict, ranks: int, watch, supervised: bool = False, env: dict | None = None
+) -> Run:
+    """The cluster (`ranks`, settings `cfg`; under the supervisor if `supervised`, with `env` added) run until
+    `watch(line)` is true of a line it logs (or 120 s), then stopped by SIGTERM: it must end cleanly (exit 0)."""
+    supervise = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
+    launch = [sys.executable, "-m", "deploy.launch", "-n", str(ranks), "--"]
+    proc = subprocess.Popen(
+        [*supervise * supervised, *launch, "--config", str(write_config(tmp_path, cfg))],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**mpi_env(), **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        while (line := proc.stderr.readline()) and time.monotonic() < deadline:
+            lines.append(line)
+            if watch(line):
+                break
+        proc.send_signal(signal.SIGTERM)
+        threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+        assert proc.wait(timeout=60) == 0, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return Run(tmp_path / "out", subprocess.CompletedProcess(proc.args, 0, "", "".join(lines)))
+
+
+def assert_recovered_exactly(run, views: dict, buys: dict, bad: np.ndarray, offset: np.ndarray) -> None:
+    """A run of `written_while_running` recovered from a checkpoint and gave exactly the reference join and
+    lateness of the good records (no pair lost or repeated), the payload from the right record, each bad record
+    listed once."""
+    assert run.summary["checkpoints"]["recovered_from"] is not None, run.stderr
+    good = np.setdiff1d(np.arange(3000), bad)
+    pairs, late, _ = reference(
+        {k: (np.asarray(v)[good] if k != "user" else [v[i] for i in good]) for k, v in views.items()}, buys
+    )
+    ids = ("views_vid", "buys_bid")
+    np.testing.assert_array_equal(run.pairs(ids), pairs)
+    np.testing.assert_array_equal(run.late_ids(ids, ("views", "buys")), late)
+    results = read_tables(run.out / "results")
+    vid = results["views_vid"].to_numpy()
+    assert (results["views_@offset"].to_numpy() == offset[vid]).all()
+    assert (results["views_@partition"].to_numpy() == views["partition"][vid]).all()
+    assert results["views_page"].to_pylist() == [f"/p{i % 7}" for i in vid.tolist()]
+    listed = read_tables(run.out / "rejected")
+    assert sorted(zip(listed["partition"].to_pylist(), listed["offset"].to_pylist())) == sorted(
+        zip(views["partition"][bad].tolist(), offset[bad].tolist())
+    )
+    assert run.summary["rejected"] == 4 and run.summary["live_streams"]["views"]["rejected_by_reason"] == {
+        "not JSON": 4
+    }

@@ -19,6 +19,7 @@ import numpy as np
 
 from common.chunks import Chunk, Source
 from common.workload import GeneratorSource
+from master.sources.archive import named
 from master.sources.files import FileSource, RejectedListing
 from protocol.access import dispatcher_endpoint
 
@@ -37,11 +38,7 @@ def open_source(cfg: dict, listed: bool = True) -> Source:
 
 def _opened(cfg: dict, listed: bool) -> Source:
     src = cfg["source"]
-    listing = (
-        RejectedListing(Path(cfg["output"]["path"]) / "rejected", cfg["output"]["format"], cfg["output"]["flush_rows"])
-        if listed
-        else None
-    )
+    listing = _listing(cfg) if listed else None
     if src["kind"] == "file":
         return FileSource(src["path"], src["duplicate_window"], listing, src["ts_unit"])
     if src["kind"] == "streams":
@@ -60,11 +57,17 @@ def open_shard(cfg: dict, index: int) -> Source:
 
     A file or the generator is split tuple by tuple; a ZeroMQ source is not split: dispatcher i binds its
     own socket, at the endpoint's port + i (ipc: the path with ".i" appended), for its own producers, and
-    publishes their acknowledgements at `source.ack_endpoint`'s port + i.
+    publishes their acknowledgements at `source.ack_endpoint`'s port + i.  Kafka topics (both streams: the
+    config refuses them beside files) are shared out partition by partition (master.sources.kafka_input): each
+    dispatcher reads and lists only its own.
     """
     k = cfg["cluster"]["dispatchers"]
     if k == 1:
         return open_source(cfg)
+    if cfg["source"]["kind"] == "streams" and any(s["kafka"] for s in cfg["streams"].values()):
+        from master.sources.streams import StreamsSource
+
+        return StreamsSource(cfg, _listing(cfg, named("rejected", index, k)), (index, k))
     if cfg["source"]["kind"] == "zmq":
         src = cfg["source"]
         own = {key: dispatcher_endpoint(src[key], index) for key in ("endpoint", "ack_endpoint") if src[key]}
@@ -72,6 +75,11 @@ def open_shard(cfg: dict, index: int) -> Source:
         source.rejected_stem += f"-d{index}"
         return source
     return ShardedSource(open_source(cfg, listed=index == 0), k, index)
+
+
+def _listing(cfg: dict, prefix: str = "rejected") -> RejectedListing:
+    out = cfg["output"]
+    return RejectedListing(Path(out["path"]) / "rejected", out["format"], out["flush_rows"], prefix)
 
 
 class ShardedSource(Source):

@@ -1,20 +1,19 @@
 """A declared stream read from Kafka (`[streams.NAME] kafka = {...}`, docs/input.md#kafka-topics).
 
-Reading.  confluent-kafka (librdkafka) with every partition of the topic(s) assigned explicitly -- no
-consumer-group rebalancing: the group only names the positions committed for monitoring, and nothing resumes
-from them -- each read from its beginning, in large batches taken without waiting (`consume(timeout=0)`;
-librdkafka fetches ahead in its own threads).  The client hands records one by one, so the only steps per record
-are the calls that take values, partitions and offsets out of them.  A record's value is one JSON object: a
-batch's JSON values are joined with newlines and read by one `pyarrow.json.read_json` under the declared schema
-(fields not declared are ignored; the key, time and id fields are required); CSV lines and Avro datums are read
-a batch at once too (master.sources.kafka_values).  Only when that fails are the bad records looked for, by
-halving the batch (an error path: a bad record costs about log2(batch) reads), and set aside in
-`rejected/kafka-rejected-<R|S>-NNNNNN.*` with topic, partition, offset, reason (`not JSON`, `not CSV`, `not
-Avro`, `missing column`, `wrong type`) and value; the rest go on.  Two streams may share one topic (`select`):
-each first reads only the select column of every record and keeps its own; stream R sets aside the records no
-stream takes.  With `bounded` the stream ends once every partition reached
-its end offset as read at the start (Flink's bounded KafkaSource, Spark's endingOffsets = latest); otherwise
-the run ends on a stop signal.
+Reading.  confluent-kafka (librdkafka) with every partition of the topic(s) (several dispatchers: each its share,
+below) assigned explicitly -- no consumer-group rebalancing: the group only names the positions committed for
+monitoring, and nothing resumes from them -- each read from its beginning, in large batches taken without waiting
+(`consume(timeout=0)`; librdkafka fetches ahead in its own threads).  The client hands records one by one, so the
+only steps per record are the calls that take values, partitions and offsets out of them.  A record's value is one
+JSON object: a batch's JSON values are joined with newlines and read by one `pyarrow.json.read_json` under the
+declared schema (fields not declared are ignored; the key, time and id fields are required); CSV lines and Avro
+datums are read a batch at once too (master.sources.kafka_values).  Only when that fails are the bad records looked
+for, by halving the batch (an error path: a bad record costs about log2(batch) reads), and set aside in
+`rejected/kafka-rejected-<R|S>-NNNNNN.*` with topic, partition, offset, reason (`not JSON`, `not CSV`, `not Avro`,
+`missing column`, `wrong type`) and value; the rest go on.  Two streams may share one topic (`select`): each first
+reads only the select column of every record and keeps its own; stream R sets aside the records no stream takes.
+With `bounded` the stream ends once every partition reached its end offset as read at the start (Flink's bounded
+KafkaSource, Spark's endingOffsets = latest); otherwise the run ends on a stop signal.
 
 Order.  The partitions are merged by their own watermarks (master.sources.partitions, which says why each row
 is then judged against its own partition's watermark); the rows released are numbered as the stream's rows,
@@ -25,7 +24,14 @@ first record not handed on and its running maximum there (its watermark state), 
 duplicate-id check's state; a recovery (`start`) reads each partition again from that offset.  Records set
 aside wait until that offset has passed them, so the listing holds each once.  Each complete checkpoint's
 offsets are committed to the group (`acknowledge`), for lag monitoring; nothing resumes from them.
-Not built yet (refused by protocol.config): several dispatchers (each would read every partition).
+
+Several dispatchers (`share` = (index, k)).  The partitions are shared out once, at the start: the topics'
+(topic, partition) list sorted, dispatcher i reads the i-th, (i + k)-th, ... of it (`assignment`), each with its
+own client, merge, listing (`kafka-rejected-<R|S>-dI`) and place in its own part of each checkpoint; a recovery
+(the same k: protocol.checkpoint binds cluster.dispatchers) reads each partition on from its dispatcher's
+offsets.  One with no partition of a topic has ended that stream.  The partition list is read once: partitions
+added to a topic later are not read (the log says so at the start), and a recovery that finds the topic's
+partitions changed stops, as with one dispatcher.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from common.chunks import InputError
 from common.stream_file import StreamBatch, StreamChecks
+from master.sources.archive import named
 from master.sources.files import RejectedListing
 from master.sources.kafka_values import value_reader
 from master.sources.partitions import PartitionMerge, Released
@@ -65,9 +72,15 @@ STOPPING = {
 }
 
 
+def assignment(partitions: list[tuple[str, int]], index: int, k: int) -> list[tuple[str, int]]:
+    """Dispatcher `index`'s share of the topics' partitions: every k-th of the sorted list, from the index-th."""
+    return sorted(partitions)[index::k]
+
+
 class KafkaStream:
     """Stream `checks.name` (side `side`, 0 = R) from its topic(s), `checks.spec["kafka"]` (protocol.streams), its
-    records' values read under `declared` (the declared fields, and the records' own columns it names)."""
+    records' values read under `declared` (the declared fields, and the records' own columns it names);
+    dispatcher `share[0]` of `share[1]` reads its own share of the partitions (`assignment`)."""
 
     def __init__(
         self,
@@ -76,8 +89,10 @@ class KafkaStream:
         checks: StreamChecks,
         declared: pa.Schema,
         start: tuple[dict, pa.Table] | None = None,
+        share: tuple[int, int] = (0, 1),
     ):
         """`start`: a checkpoint's `position` to read on from (None: every partition from its beginning)."""
+        self.share = share
         spec, kafka = checks.spec, checks.spec["kafka"]
         self.checks, self.name, self.topics, self.bounded = checks, checks.name, kafka["topics"], kafka["bounded"]
         self.side = side
@@ -96,8 +111,10 @@ class KafkaStream:
         except InputError:
             self.consumer.close()
             raise
-        #: per topic, the index of its first partition in `assigned` (a topic's partitions are numbered from 0)
-        self.first_index = {t: [u for u, _ in self.assigned].index(t) for t in self.topics}
+        #: per (topic's index in `topics`, partition): the partition's index in `assigned` (-1: not this dispatcher's)
+        self.index_of = np.full((len(self.topics), 1 + max((p for _, p in self.assigned), default=0)), -1, np.int64)
+        for i, (t, p) in enumerate(self.assigned):
+            self.index_of[self.topics.index(t), p] = i
         self.topic_of = np.array([self.topics.index(t) for t, _ in self.assigned], np.int32)  #: per partition index
         self.partition_of = np.array([p for _, p in self.assigned], np.int32)
         self.merge = PartitionMerge(
@@ -105,7 +122,10 @@ class KafkaStream:
         )
         out = cfg["output"]
         self.listing = RejectedListing(
-            Path(out["path"]) / "rejected", out["format"], out["flush_rows"], f"kafka-rejected-{'RS'[side]}"
+            Path(out["path"]) / "rejected",
+            out["format"],
+            out["flush_rows"],
+            named(f"kafka-rejected-{'RS'[side]}", *share),
         )
         self.last_message = time.monotonic()  #: when a record of this stream last came (idleness)
         self._started = False  #: the master has asked for rows (quiet time counts from then)
@@ -142,7 +162,8 @@ class KafkaStream:
             self.every_value = pa.array(self.select["values"]).cast(kind)
 
     def _partitions(self, bootstrap: str) -> tuple[list[tuple[str, int]], np.ndarray, np.ndarray]:
-        """Every partition of the topics, in topic then partition order, with its low and high watermark."""
+        """The partitions of the topics this dispatcher reads (every one with one dispatcher), sorted, with their
+        low and high watermarks."""
         assigned = []
         for topic in self.topics:
             try:
@@ -156,6 +177,16 @@ class KafkaStream:
                 reason = meta.error.str() if meta.error is not None else "no partitions"
                 raise InputError(f"streams.{self.name}.kafka.topic: {topic!r} cannot be read at {bootstrap}: {reason}")
             assigned += [(topic, p) for p in sorted(meta.partitions)]
+        index, k = self.share
+        if k > 1:
+            every, assigned = len(assigned), assignment(assigned, index, k)
+            print(
+                f"kafka: streams.{self.name}: dispatcher {index} of {k} reads {len(assigned)} of the {every} "
+                f"partitions ({', '.join(f'{t}/{p}' for t, p in assigned) or 'none'}); partitions added later are "
+                "not read",
+                file=sys.stderr,
+                flush=True,
+            )
         marks = []
         for topic, p in assigned:
             try:
@@ -175,7 +206,8 @@ class KafkaStream:
 
     @property
     def done(self) -> bool:
-        return self.merge.done
+        """Bounded and read to its end, or no partition is this dispatcher's (it never brings a row)."""
+        return self.merge.done or not self.assigned
 
     @property
     def reasons(self):
@@ -210,11 +242,12 @@ class KafkaStream:
             records = [r for r, e in zip(records, errors) if e is None]
             if not records:
                 return
+        at = np.array([r.partition() for r in records], np.int64)
         if len(self.topics) == 1:
-            partition = np.array([r.partition() for r in records], np.int64)
+            partition = self.index_of[0, at]
         else:
-            first = self.first_index
-            partition = np.array([first[r.topic()] + r.partition() for r in records], np.int64)
+            topic = {t: i for i, t in enumerate(self.topics)}
+            partition = self.index_of[np.array([topic[r.topic()] for r in records], np.int64), at]
         offset = np.array([r.offset() for r in records], np.int64)
         if self.bounded and not (inside := offset < self.merge.end[partition]).all():  # written after the start
             records = [r for r, keep in zip(records, inside) if keep]
@@ -349,7 +382,7 @@ class KafkaStream:
         for e in events:
             err = e.error()
             if err.code() == KafkaError._PARTITION_EOF:
-                self.merge.reached_end(self.first_index[e.topic()] + e.partition(), e.offset())
+                self.merge.reached_end(int(self.index_of[self.topics.index(e.topic()), e.partition()]), e.offset())
             elif err.fatal() or err.code() in STOPPING:
                 where = f"{e.topic()} [{e.partition()}]" if e.topic() else self.topics[0]
                 raise InputError(f"streams.{self.name}.kafka: {where}: {err.str()}")
@@ -430,6 +463,7 @@ class KafkaStream:
         check = self.checks.check
         recent = check.window_rows() if check is not None else (np.empty(0, bool), *[np.empty(0, np.int64)] * 2)
         return {
+            "partitions": [f"{t}/{p}" for t, p in self.assigned],
             "offsets": self.merge.unreleased().tolist(),
             "running": self.merge.handed.tolist(),
             "end": self.merge.end.tolist(),
@@ -443,12 +477,14 @@ class KafkaStream:
 
     def _resume(self, where: dict, recent: pa.Table) -> None:
         """Back to a `position`: the merge, the stream rows and their checks, the listing."""
-        if len(where["offsets"]) != len(self.assigned):
+        now = [f"{t}/{p}" for t, p in self.assigned]
+        if len(where["offsets"]) != len(self.assigned) or where.get("partitions", now) != now:
             self.consumer.close()
             raise InputError(
                 f"streams.{self.name}.kafka: the checkpoint holds offsets of {len(where['offsets'])} partitions, "
-                f"but {', '.join(self.topics)} now has {len(self.assigned)}: a recovery cannot tell where the "
-                "records of the others start"
+                f"but {', '.join(self.topics)} now has {len(self.assigned)}"
+                + (f" for dispatcher {self.share[0]}" if self.share[1] > 1 else "")
+                + ": a recovery cannot tell where the records of the others start"
             )
         self.merge.restore(np.array(where["offsets"]), np.array(where["running"]), np.array(where["end"]))
         self.checks.row, self.rows = where["row"], where["rows"]

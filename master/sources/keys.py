@@ -7,6 +7,12 @@ them up and compare them whole; a hash never decides a match).  Codes count up f
 first appear in the merged input, which is the same on every read of the same input: a recovery that reads
 the input again, and every dispatcher of several (each reads the whole input), build the same codes.
 
+Dispatchers that read different rows (a Kafka topic's partitions shared out: master.sources.kafka_input) see
+values in different orders, so there a value's code is its 64-bit hash (`hashed`): the same on every
+dispatcher, with no message between them.  Each dispatcher still keeps its dictionary and compares bytes, so
+two different values of one dispatcher with the same hash stop the run (`KeyCollision`); two that only ever
+meet on different dispatchers are not detected (about n**2 / 2**65 for n distinct values: 1e-7 for 2 million).
+
 A composite key is the row of its components' int64 values (an integer column's value, a text column's
 code), as one fixed-width binary value, coded again.  Results carry the user's values, from the payload log
 (protocol.payload), not the codes.
@@ -17,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 from numba import njit
+
+from common.chunks import InputError
 
 
 @njit(cache=True, nogil=True)
@@ -47,11 +55,17 @@ def _place(slots, hashes, code):
     slots[at] = code
 
 
+class KeyCollision(InputError):
+    """Two different key values have the same 64-bit hash, so hashed codes would join them."""
+
+
 @njit(cache=True, nogil=True)
 def _code(data, offsets, slots, hashes, arena, ends, count, used, codes):
     """Each value's code: found by its hash's slot, then the exact bytes; an unseen value is appended to the
-    arena (bytes `arena`, value ends `ends`, hashes) and the slots.  Returns (count, used) after."""
+    arena (bytes `arena`, value ends `ends`, hashes) and the slots.  Returns (count, used, the first value
+    whose hash another value has: -1 if none) after."""
     mask = np.uint64(len(slots) - 1)
+    collided = -1
     for i in range(len(offsets) - 1):
         v0, v1 = offsets[i], offsets[i + 1]
         h = _hash(data, v0, v1)
@@ -67,11 +81,14 @@ def _code(data, offsets, slots, hashes, arena, ends, count, used, codes):
                 codes[i] = count
                 count += 1
                 break
-            if hashes[c] == h and _same(arena, ends[c], ends[c + 1], data, v0, v1):
-                codes[i] = c
-                break
+            if hashes[c] == h:
+                if _same(arena, ends[c], ends[c + 1], data, v0, v1):
+                    codes[i] = c
+                    break
+                if collided < 0:
+                    collided = i
             at = (at + np.uint64(1)) & mask
-    return count, used
+    return count, used, collided
 
 
 def _grown(a: np.ndarray, size: int) -> np.ndarray:
@@ -84,10 +101,11 @@ def _grown(a: np.ndarray, size: int) -> np.ndarray:
 
 class KeyDictionary:
     """Exact codes 0, 1, ... of distinct byte strings, in order of first appearance: an open-addressing hash
-    table whose slots hold codes, the values' bytes kept in one growing arena (compiled, whole batches)."""
+    table whose slots hold codes, the values' bytes kept in one growing arena (compiled, whole batches);
+    `hashed`: the codes handed out are the values' 64-bit hashes instead, checked to be distinct."""
 
-    def __init__(self, type_: pa.DataType):
-        self.type = type_
+    def __init__(self, type_: pa.DataType, hashed: bool = False):
+        self.type, self.hashed = type_, hashed
         self.count = self.used = 0
         self.slots = np.full(16, -1, np.int64)
         self.hashes = np.empty(8, np.uint64)
@@ -116,10 +134,19 @@ class KeyDictionary:
         self.ends = _grown(self.ends, self.count + n + 1)
         self.arena = _grown(self.arena, self.used + int(offsets[-1] - offsets[0]))
         codes = np.empty(n, np.int64)
-        self.count, self.used = _code(
+        self.count, self.used, collided = _code(
             data, offsets, self.slots, self.hashes, self.arena, self.ends, self.count, self.used, codes
         )
-        return codes
+        if not self.hashed:
+            return codes
+        if collided >= 0:
+            v0, v1 = offsets[collided], offsets[collided + 1]
+            raise KeyCollision(
+                f"two different key values have the same 64-bit hash {int(_hash(data, v0, v1)):#x} (one is "
+                f"{bytes(data[v0:v1])[:64]!r}): with cluster.dispatchers > 1 keys are coded by their hash; run "
+                "with one dispatcher"
+            )
+        return self.hashes[codes].view(np.int64)
 
     @property
     def values(self) -> pa.Array:
@@ -142,15 +169,16 @@ def _rehash(slots, hashes, count):
 
 
 class KeyMapper:
-    """Key components (int64 arrays for kind "int", Arrow arrays for "string" / "binary") -> int64 keys."""
+    """Key components (int64 arrays for kind "int", Arrow arrays for "string" / "binary") -> int64 keys;
+    `hashed`: coded by their hashes (dispatchers that read different rows)."""
 
-    def __init__(self, kinds: list[str]):
+    def __init__(self, kinds: list[str], hashed: bool = False):
         self.kinds = kinds
         self.parts = [
-            None if k == "int" else KeyDictionary(pa.binary() if k == "binary" else pa.string()) for k in kinds
+            None if k == "int" else KeyDictionary(pa.binary() if k == "binary" else pa.string(), hashed) for k in kinds
         ]
         #: composite keys: the rows of component values, 8 bytes each
-        self.rows = KeyDictionary(pa.large_binary()) if len(kinds) > 1 else None
+        self.rows = KeyDictionary(pa.large_binary(), hashed) if len(kinds) > 1 else None
 
     @property
     def coded(self) -> bool:

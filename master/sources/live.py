@@ -51,13 +51,16 @@ class Live(Protocol):
         """Per partition of a partitioned stream (Kafka): topic, partition, records, bytes, lag; else none."""
 
 
-def open_live(cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema, start=None) -> Live:
+def open_live(
+    cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema, start=None, share: tuple[int, int] = (0, 1)
+) -> Live:
     """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`; a Kafka topic
-    from a checkpoint's place `start` (None: from its beginning)."""
+    from a checkpoint's place `start` (None: from its beginning), dispatcher `share[0]` of `share[1]` reading its
+    own partitions."""
     if checks.spec["kafka"]:
         from master.sources.kafka_input import KafkaStream  # librdkafka: only for a Kafka stream
 
-        return KafkaStream(cfg, side, checks, declared, start)
+        return KafkaStream(cfg, side, checks, declared, start, share)
     return LiveStream(cfg, side, checks.spec, checks, declared)
 
 

@@ -20,6 +20,13 @@ start, which rebuilds the same codes and lists the rejected rows once more from 
 are not read again (their merge across partitions depends on when records come): a checkpoint holds where each
 stream's merge hands rows on (master.sources.kafka_input) and everything after that point that the master has not
 taken yet -- the tuples merged and ready, those pending, the key dictionaries -- and a recovery goes on from there.
+
+Several dispatchers (`share` = (index, k), both streams Kafka topics) share the partitions out instead of each
+reading everything: dispatcher i reads its own (master.sources.kafka_input), merges its own R and S as above and
+numbers its own rows from i * ROW_BLOCK on (protocol.payload: ids unique, its payload segments its own), and its
+keys are coded by their hashes (master.sources.keys), so equal keys get equal codes on every dispatcher.  Each
+dispatcher's lateness and watermark are over its own rows; the slaves take the lowest watermark over the
+dispatchers (master.punctuation), so the join waits for the slowest.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from protocol import eventtime
 from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
-from protocol.payload import PayloadLog
+from protocol.payload import ROW_BLOCK, PayloadLog
 from protocol.streams import KAFKA_COLUMNS
 from common.stream_file import StreamChecks, StreamInput, arrow_type, first_schema, key_kinds, stream_files
 
@@ -51,10 +58,11 @@ PENDING = ("id", "ts", "key", "watermark")
 
 class StreamsSource(Source):
     """The `[streams.*]` of `cfg` (protocol.streams), R first; rejected rows go to `listing` (None: another
-    dispatcher lists them)."""
+    dispatcher lists them); `share` = (index, k): dispatcher `index` of `k` reading its own Kafka partitions."""
 
-    def __init__(self, cfg: dict, listing=None):
-        self.cfg, self.listing = cfg, listing
+    def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
+        self.cfg, self.listing, self.share = cfg, listing, share
+        self.own_rows = share[1] > 1
         self.specs = cfg["streams"]
         self._delays = [eventtime.duration(s["max_delay"]) for s in self.specs.values()]  #: R's, S's, microseconds
         self._idle_timeouts = [s["idle_timeout"] for s in self.specs.values()]  #: R's, S's, seconds
@@ -81,7 +89,8 @@ class StreamsSource(Source):
                 f'{" + ".join(self.kinds)}: use a single integer key column, or predicate = "equal"'
             )
         self.accepted = 0
-        self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()))
+        first = share[0] * ROW_BLOCK if share[1] > 1 else 0  #: the first stream row this dispatcher numbers
+        self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()), (first, first + ROW_BLOCK))
         #: both streams are Kafka topics: a checkpoint holds the streams' places (`position`), not a count
         self.placed = all(s["kafka"] for s in self.specs.values())
         self._records: list[np.ndarray] = []
@@ -100,14 +109,16 @@ class StreamsSource(Source):
             for name, s in self.specs.items()
         ]
         self._check_columns(inputs)
+        for inp in inputs if self.share[1] > 1 else ():  # Kafka topics only: each dispatcher numbers its own rows
+            inp.row = self.log.block[0]
         self.log.forget()
         for side, inp in enumerate(inputs):
             self.log.write_schema(side, inp.schema)
-        self.mapper = KeyMapper(self.kinds)
+        self.mapper = KeyMapper(self.kinds, hashed=self.share[1] > 1)
         self._stop = threading.Event()
         #: per side: a live stream (master.sources.live), or the queue its file reader fills
         self._live: list[Live | None] = [
-            open_live(self.cfg, side, inp, self.declared[inp.name], starts and starts[side])
+            open_live(self.cfg, side, inp, self.declared[inp.name], starts and starts[side], self.share)
             if inp.name in self.declared
             else None
             for side, inp in enumerate(inputs)
@@ -365,6 +376,38 @@ class StreamsSource(Source):
         if self.mapper.coded:
             out["keys"] = {"distinct": self.mapper.distinct, "bytes": self.mapper.nbytes}
         return out
+
+    @staticmethod
+    def merge(finished: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries (each its own Kafka partitions) as one: counts added, the
+        per-partition positions together, peaks the largest; `keys.distinct` the most one dispatcher coded."""
+        first = finished[0]
+        out = {
+            **first,
+            **{k: sum(f[k] for f in finished) for k in ("payload_log_bytes", "payload_log_removed_bytes", "rejected")},
+            "payload_log_peak_bytes": max(f["payload_log_peak_bytes"] for f in finished),
+            "live_streams": {
+                name: _merged([f["live_streams"][name] for f in finished]) for name in first["live_streams"]
+            },
+        }
+        if "keys" in first:
+            out["keys"] = {
+                "distinct": max(f["keys"]["distinct"] for f in finished),
+                "bytes": sum(f["keys"]["bytes"] for f in finished),
+            }
+        return out
+
+
+def _merged(streams: list[dict]) -> dict:
+    """One Kafka stream's `live_streams` entries of several dispatchers as one."""
+    reasons: Counter = sum((Counter(s["rejected_by_reason"]) for s in streams), Counter())
+    return {
+        **streams[0],
+        **{k: sum(s[k] for s in streams) for k in ("partitions", "records", "rows", "partitions_paused")},
+        "held_peak_rows": max(s["held_peak_rows"] for s in streams),
+        "rejected_by_reason": dict(reasons),
+        "positions": {p: x for s in streams for p, x in s["positions"].items()},
+    }
 
 
 def _declared(name: str, spec: dict) -> pa.Schema:

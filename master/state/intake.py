@@ -50,11 +50,14 @@ class Archive:
 
 
 class IngestDesk:
-    def __init__(self, cfg: dict, buffers, stats, channels, index: int, k: int, groups: int, router, sketch):
+    def __init__(
+        self, cfg: dict, buffers, stats, channels, index: int, k: int, groups: int, router, sketch, own_rows=False
+    ):
         """`router`, `sketch`: the hot-key router and frequent-key sketch (None: hot keys off); `channels`:
-        where its effects go (master/state/channels.py)."""
+        where its effects go (master/state/channels.py); `own_rows`: the dispatchers read different rows (Kafka
+        partitions shared out), so one may end long before the others."""
         self.cfg, self.buffers, self.stats, self.channels = cfg, buffers, stats, channels
-        self.index, self.k = index, k
+        self.index, self.k, self.own_rows = index, k, own_rows
         self.router, self.sketch = router, sketch
         self.rate = cfg["source"]["rate"] / k  #: this dispatcher's paced share
         join = cfg["join"]
@@ -119,6 +122,15 @@ class IngestDesk:
     def frontier(self) -> int:
         """The join's watermark W of what was taken: no on-time tuple still to come lies below it."""
         return self.lateness.watermark
+
+    def batch_watermark(self) -> int:
+        """The watermark its batches carry: the frontier; with dispatchers reading their own rows POS_INF once
+        this one's input has ended and its mini-buffers are empty, so that the slaves' lowest over the dispatchers
+        no longer waits for one that sends nothing more (one that reads no Kafka partition, or whose partitions
+        ended first)."""
+        if self.own_rows and self.exhausted and not len(self.buffers):
+            return eventtime.POS_INF
+        return self.frontier()
 
     def idle_note(self) -> str:
         """For the progress line: the streams idle now, if any."""

@@ -19,7 +19,9 @@ With several dispatchers (BiStream 3.2.3) a slave's watermark is the smallest of
 for its own batches (a move's floor from its HOLD, the install from RELEASE) and tells rank 0 its watermark
 and rows taken (PAYLOAD) when they change, at most once a slot; rank 0 removes segments by the smallest of
 all.  A report may be old, never above what the dispatcher's state allows now: its watermark falls only at an
-install, below the move's floor that its reports were already under.
+install, below the move's floor that its reports were already under.  Dispatchers that share Kafka partitions
+out each write only their own rows' segments (protocol.payload.ROW_BLOCK): rank 0 removes its own and tells
+the others the times below which theirs may go (PRUNE); each removes those of its rows it has taken.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class PayloadDesk:
         #: rank 0: the other dispatchers' last reports, (watermark, rows taken per side); none yet: nothing
         self.others = {d: (eventtime.NEG_INF, (0, 0)) for d in range(1, cfg["cluster"]["dispatchers"] * (index == 0))}
         self.reported = None  #: another dispatcher: what it told rank 0 last
+        self.pruned: list[int] | None = None  #: rank 0: the bounds it told the others last (PRUNE)
 
     def on_answer(self, rank: int, watermark: int) -> None:
         """`rank` answered the message it was sent last, under `watermark` (its last batch's)."""
@@ -90,6 +93,15 @@ class PayloadDesk:
     def restore(self, cuts: list[int]) -> None:
         """A recovery: the cuts of the complete checkpoints on disk, oldest first."""
         self.kept.extend(cuts)
+
+    def prune(self, released: list[tuple[int, int, int]]) -> list[int] | None:
+        """Rank 0, dispatchers writing their own rows: the bounds of `released` (`release`) per side for the
+        others' PRUNE, if they changed since the last."""
+        below = [b for _, _, b in released]
+        if not below or below == self.pruned:
+            return None
+        self.pruned = below
+        return below
 
     def release(self, taken: tuple[int, int], holders) -> list[tuple[int, int, int]]:
         """Rank 0: what the payload log may remove, per side (side, rows taken in by every dispatcher, the time

@@ -28,16 +28,17 @@ from tests.reference import late_flags, micros, reference_outer
 from tests.kafka import (
     MAX_DELAY,
     assert_committed,
+    assert_recovered_exactly,
     checkpointed,
     create,
     now_ms,
     produce,
-    produce_waves,
     reference,
     settings,
     stream,
     two_topics,
     values,
+    written_while_running,
 )
 from tests.runs import Run, run_cluster, toml_value, write_config
 
@@ -347,109 +348,26 @@ def test_a_source_sought_to_its_checkpointed_place_goes_on_with_the_same_tuples_
 def test_topics_written_while_the_cluster_runs_recover_at_their_checkpointed_offsets_exactly_once(
     tmp_path, broker, victim, point
 ):
-    """Unbounded topics of 4 partitions each, written in waves of 0.1 s of event time while the cluster runs with
-    checkpoints (1% of the rows late within their partition, text keys, payload columns, 4 records not JSON); a
-    slave or the master is killed as the waves come, and the supervisor restarts the cluster from the last complete
-    checkpoint, whose offsets lie inside the topics: each partition is read on from its own offset.  Once every
-    record is in, a stop signal ends the run: the results are exactly the reference join and lateness (no pair
-    lost or repeated, the payload from the right record), each bad record is listed once, and the group's
-    committed offsets are the last complete checkpoint's.  (Each wave spans less than max_delay, so a partition
-    fetched a little later than another makes no row late that the per-partition rule would not.)"""
-    rng = np.random.default_rng(41 + victim)
-    t0 = now_ms()
-    views, buys = stream(rng, 3000, 0, 4, t0, 0.01, spread=0, step=2), stream(rng, 3000, 100_000, 4, t0, 0.01, 0, 2)
-    streams = {"views": views, "buys": buys}
-    topics = {name: f"{name}-{tmp_path.name}" for name in streams}
-    for name, s in streams.items():
-        create(broker, topics[name], 4)
-        s["value"] = values(s, "vid" if name == "views" else "bid")
-    bad = np.array([900, 1500, 2100, 2700])  # not JSON: set aside, listed once whether read again or not
-    for i in bad.tolist():
-        views["value"][i] = b'{"vid": 1, "user": '
-    # a wave: the records produced in 0.1 s of event time (their time before the late ones were moved back)
-    wave_of = {name: (np.maximum.accumulate(s["at"]) - t0) // 100 for name, s in streams.items()}
-    waves = [{name: np.flatnonzero(w == k) for name, w in wave_of.items()} for k in range(31)]
-    assert sum(len(x) for w in waves for x in w.values()) == 6000
-    produce_waves(broker, topics, streams, waves[:8], 0)
-    cfg = checkpointed(broker, topics, **{"output.progress": 0.2})
-    for name in topics:
-        cfg[f"streams.{name}.kafka"]["bounded"] = False
-        cfg[f"streams.{name}.idle_timeout"] = "1s"
-    fired = tmp_path / "fault-fired"
-    proc = subprocess.Popen(
-        [
-            *SUPERVISE,
-            sys.executable,
-            "-m",
-            "deploy.launch",
-            "-n",
-            "3",
-            "--",
-            "--config",
-            str(write_config(tmp_path, cfg)),
-        ],
-        cwd=ROOT,
-        env={**mpi_env(), "STREAMJOIN_FAULT": f"{victim}:{point}:{fired}"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines = []
-    try:
-        deadline, writer = time.monotonic() + 90, None
-        while (line := proc.stderr.readline()) and time.monotonic() < deadline:
-            lines.append(line)
-            if writer is None and "checkpoint 2 complete" in line:
-                writer = threading.Thread(target=produce_waves, args=(broker, topics, streams, waves[8:], 0.08))
-                writer.start()
-            counts = re.search(r"\] in ([\d,]+) .*\| late ([\d,]+) ", line)
-            if counts and sum(int(c.replace(",", "")) for c in counts.groups()) == 6000 - len(bad):
-                break  # every record is in
-        proc.send_signal(signal.SIGTERM)
-        threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
-        assert proc.wait(timeout=60) == 0, "".join(lines)
-        assert writer is not None, "".join(lines)
-        writer.join()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    stderr = "".join(lines)
-    run = Run(tmp_path / "out", subprocess.CompletedProcess(proc.args, 0, "", stderr))
-    assert fired.exists() and "restart 1 of 3" in stderr, stderr
-    resumed = run.summary["checkpoints"]["recovered_from"]
-    assert resumed is not None, stderr
-    good = np.setdiff1d(np.arange(3000), bad)
-    pairs, late, _ = reference(
-        {k: (np.asarray(v)[good] if k != "user" else [v[i] for i in good]) for k, v in views.items()}, buys
-    )
-    np.testing.assert_array_equal(run.pairs(IDS), pairs)
-    np.testing.assert_array_equal(run.late_ids(IDS, ("views", "buys")), late)
-    results = read_tables(run.out / "results")
-    vid = results["views_vid"].to_numpy()
-    offset = np.empty(3000, np.int64)
-    for p in range(4):  # each partition's records in the order produced
-        mine = np.concatenate([w["views"][views["partition"][w["views"]] == p] for w in waves])
-        offset[mine] = np.arange(len(mine))
-    assert (results["views_@offset"].to_numpy() == offset[vid]).all()
-    assert results["views_page"].to_pylist() == [f"/p{i % 7}" for i in vid.tolist()]
-    listed = read_tables(run.out / "rejected")
-    assert sorted(zip(listed["partition"].to_pylist(), listed["offset"].to_pylist())) == sorted(
-        zip(views["partition"][bad].tolist(), offset[bad].tolist())
-    )
-    assert run.summary["rejected"] == 4 and run.summary["live_streams"]["views"]["rejected_by_reason"] == {
-        "not JSON": 4
-    }
+    """Unbounded topics of 4 partitions each, written in waves while the cluster runs with checkpoints (text keys,
+    payload columns, 4 records not JSON: tests.kafka.written_while_running); a slave or the master is killed as
+    the waves come, and the supervisor restarts the cluster from the last complete checkpoint, whose offsets lie
+    inside the topics: each partition is read on from its own offset.  The results are exactly the reference join
+    and lateness (no pair lost or repeated, the payload from the right record), each bad record is listed once,
+    and the group's committed offsets are the last complete checkpoint's."""
+    run, written = written_while_running(tmp_path, broker, 41 + victim, f"{victim}:{point}", {}, 3)
+    assert_recovered_exactly(run, *written)
     root = run.out / "checkpoints"
+    resumed = run.summary["checkpoints"]["recovered_from"]
     at_resume = checkpoint.load_manifest(root / checkpoint.name_of(resumed))["master"]["source"]["streams"]
     assert 0 < sum(at_resume[0]["offsets"]) < 3000 and 0 < sum(at_resume[1]["offsets"]) < 3000, at_resume
     _, manifest = checkpoint.latest_complete(root)
+    topics = {name: f"{name}-{tmp_path.name}" for name in ("views", "buys")}
     assert_committed(broker, topics, manifest["master"]["source"]["streams"])
 
 
 @pytest.mark.parametrize(
     "change, words",
     [
-        ({"cluster.dispatchers": 2}, "streams.views.kafka: not with cluster.dispatchers > 1 yet"),
         ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
         (
             {"streams.views.schema": {"@offset": "int64", "vid": "int64", "user": "string", "at": "int64"}},
