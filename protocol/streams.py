@@ -96,6 +96,36 @@ KAFKA_KEYS: dict[str, tuple[Any, str]] = {
     ),
     "format": ("json", '"json": each record\'s value is one JSON object (the only format yet)'),
 }
+#: the keys of `[output.kafka]`, the result sink (docs/output.md#the-kafka-result-sink): key -> (default, description)
+SINK_KEYS: dict[str, tuple[Any, str]] = {
+    "topic": ("", 'the topic every result row is produced to ("" = no Kafka sink); it must exist'),
+    "bootstrap": ("", 'the Kafka cluster: "host:port", or several comma-separated; required with `topic`'),
+    "config": (
+        {},
+        'librdkafka producer settings passed through, e.g. {"security.protocol" = "SASL_SSL"}; values are never '
+        "printed",
+    ),
+    "format": ("json", "\"json\": each record's value is one JSON object of the result row's columns"),
+    "marker_topic": (
+        "",
+        'with checkpoints: where each transaction\'s commit marker goes ("" = TOPIC.streamjoin-markers; made '
+        "with one partition if missing)",
+    ),
+    "timeout": (
+        60.0,
+        "how long (a duration) the broker may stay unreachable or refuse rows before the job ends (exit 7)",
+    ),
+}
+#: librdkafka settings the sink sets itself (its exactness depends on them)
+SINK_OWN = (
+    "bootstrap.servers",
+    "transactional.id",
+    "enable.idempotence",
+    "acks",
+    "transaction.timeout.ms",
+    "message.timeout.ms",
+    "queue.buffering.max.messages",
+)
 #: the columns a Kafka stream's records carry besides their values' fields, with their Arrow types: usable as key,
 #: time, id or payload columns, never declared in `schema`
 KAFKA_COLUMNS = {"@topic": "string", "@partition": "int32", "@offset": "int64", "@timestamp": "timestamp[ms, tz=UTC]"}
@@ -250,25 +280,68 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
         raise error(f"{where}.bounded: expected true or false, got {k['bounded']!r}")
     if k["format"] != "json":
         raise error(f'{where}.format: only "json" (one JSON object per record value) yet, got {k["format"]!r}')
-    if not isinstance(k["config"], dict):
-        raise error(f"{where}.config: expected a table of librdkafka settings")
-    config = _dotted(k["config"])
-    for setting, value in config.items():
-        if setting in KAFKA_OWN:
-            raise error(
-                f"{where}.config.{setting}: set by the stream itself (bootstrap.servers from "
-                f"{where}.bootstrap, group.id from {where}.group; its reading depends on the others)"
-            )
-        if isinstance(value, list):
-            raise error(f"{where}.config.{setting}: expected a string, number or boolean (value not shown)")
     return {
         "bootstrap": k["bootstrap"],
         "topics": topics,
         "group": k["group"] or f"streamjoin-{name}",
-        "config": config,
+        "config": client_settings(where, k["config"], KAFKA_OWN, "its reading", error),
         "bounded": k["bounded"],
         "format": k["format"],
     }
+
+
+def client_settings(where: str, table: Any, own: tuple[str, ...], what: str, error: type[Exception]) -> dict:
+    """`where`.config: librdkafka settings by their dotted names, none of `own` (which the client sets itself:
+    `what` depends on them); values are never put in a message (they may be credentials)."""
+    if not isinstance(table, dict):
+        raise error(f"{where}.config: expected a table of librdkafka settings")
+    config = _dotted(table)
+    for setting, value in config.items():
+        if setting in own:
+            raise error(
+                f"{where}.config.{setting}: set by streamjoin itself (bootstrap.servers from "
+                f"{where}.bootstrap; {what} depends on the others: {', '.join(own[1:])})"
+            )
+        if isinstance(value, list):
+            raise error(f"{where}.config.{setting}: expected a string, number or boolean (value not shown)")
+    return config
+
+
+def set_sink_key(sink: dict, key: str, value: Any) -> None:
+    """`--set output.kafka.KEY=value` (`output.kafka.config.SETTING`: one librdkafka setting)."""
+    setting, _, rest = key.partition(".")
+    if setting == "config" and rest:
+        sink.setdefault("config", {})[rest] = value
+    else:
+        sink[key] = value
+
+
+def kafka_sink(table: Any, error: type[Exception]) -> dict:
+    """`[output.kafka]` checked and completed (`topic` "": no sink).  Avro is refused: only JSON values are
+    built (docs/refusals.md)."""
+    where = "output.kafka"
+    k = _completed(where, table, SINK_KEYS, error)
+    for key in ("topic", "bootstrap", "marker_topic"):
+        if not isinstance(k[key], str):
+            raise error(f"{where}.{key}: expected a string, got {k[key]!r}")
+    if bool(k["topic"]) != bool(k["bootstrap"]):
+        given, missing = ("topic", "bootstrap") if k["topic"] else ("bootstrap", "topic")
+        raise error(f"{where}.{missing}: required with {where}.{given}")
+    if k["format"] == "avro":
+        raise error(
+            f'{where}.format: "avro" is not built yet (it needs a schema registry and a schema per result '
+            'layout); use "json"'
+        )
+    if k["format"] != "json":
+        raise error(f'{where}.format: only "json" (one JSON object per record value) yet, got {k["format"]!r}')
+    if k["topic"] and k["marker_topic"] == k["topic"]:
+        raise error(f"{where}.marker_topic: must differ from {where}.topic (readers of the results would see markers)")
+    k["timeout"] = _duration(f"{where}.timeout", k["timeout"], error)
+    if k["timeout"] < 1:
+        raise error(f"{where}.timeout: must be at least 1s, got {k['timeout']!r}")
+    k["config"] = client_settings(where, k["config"], SINK_OWN, "exactly-once delivery", error)
+    k["marker_topic"] = k["marker_topic"] or (f"{k['topic']}.streamjoin-markers" if k["topic"] else "")
+    return k
 
 
 def _dotted(table: dict, prefix: str = "") -> dict:
@@ -316,7 +389,17 @@ def reference() -> list[str]:
     )
     for prefix, keys in (("streams.NAME.", STREAM_KEYS), ("streams.NAME.kafka.", KAFKA_KEYS)):
         lines += [f"| `{prefix}{key}` | {shown(default)} | {meaning} |" for key, (default, meaning) in keys.items()]
-    return lines
+    lines += [
+        "",
+        "## [output.kafka]",
+        "",
+        "The Kafka result sink (docs/output.md#the-kafka-result-sink); override one key with "
+        "`--set output.kafka.KEY=value`.",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    return lines + [f"| `output.kafka.{key}` | {shown(d)} | {meaning} |" for key, (d, meaning) in SINK_KEYS.items()]
 
 
 def live_endpoints(cfg: dict) -> list[str]:

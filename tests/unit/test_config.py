@@ -16,6 +16,7 @@ def write(tmp_path, text, name="run.toml"):
 def test_defaults():
     cfg = load_config()
     assert set(cfg) == set(DEFAULTS) | {"streams"} and cfg["streams"] == {}  # [streams.NAME]: protocol.streams
+    assert cfg["output"].pop("kafka")["topic"] == ""  # [output.kafka], the result sink: protocol.streams
     for section, keys in DEFAULTS.items():
         assert set(cfg[section]) == set(keys)
         for key, (default, desc) in keys.items():
