@@ -18,9 +18,10 @@ Without checkpoints an idempotent producer sends every file at the end of the ru
 and a rerun send again what the crashed run sent).
 
 Rows are sent a slice of a file at a time: the values (JSON objects) and keys are built for the whole slice by
-Arrow's string kernels; confluent-kafka takes one `produce` call per record, the only step per row.  The
-producer's queue is bounded: when it is full the thread waits for the broker, and a broker that takes no row
-for `output.kafka.timeout` ends the job with exit code SINK.
+Arrow's string kernels; confluent-kafka takes one `produce` call per record, the only step per row.  Memory is
+bounded: a slice, and the producer's queue (QUEUE records, QUEUE_KIB), which when full makes the thread wait
+for the broker.  While more than one checkpoint's transaction waits, ingest pauses (`behind`): a slow broker
+slows the cluster, and a broker that takes no row for `output.kafka.timeout` ends the job with exit code SINK.
 """
 
 from __future__ import annotations
@@ -43,9 +44,9 @@ from protocol import faults
 from protocol.errors import ConfigError, SinkError
 from protocol.output import SINK_RUN as RUN_FILE
 
-#: rows whose values are built at once, and records the producer's queue holds at most
+#: rows whose values are built at once, and records and KiB the producer's queue holds at most
 SLICE_ROWS = 65536
-QUEUE = 100_000
+QUEUE, QUEUE_KIB = 100_000, 65536
 
 
 def run_id(out: Path) -> str | None:
@@ -130,6 +131,7 @@ class KafkaSink:
             "enable.idempotence": True,
             "acks": "all",
             "queue.buffering.max.messages": QUEUE,
+            "queue.buffering.max.kbytes": QUEUE_KIB,
             "message.timeout.ms": ms,
             "linger.ms": 20,
             "on_delivery": self._delivered,
@@ -235,6 +237,12 @@ class KafkaSink:
         self.check()
         if not self.complete:
             self._pending.append(self._thread.submit(self._transaction, dict(counts), label))
+
+    def behind(self) -> bool:
+        """More than one checkpoint's transaction waits for the broker: ingest pauses until it catches up, so a
+        slow broker slows the cluster and the result files not yet sent stay a checkpoint interval's worth."""
+        self.check()
+        return len(self._pending) > 1
 
     def check(self) -> None:
         """Re-raise what made a finished transaction fail."""

@@ -125,6 +125,7 @@ SINK_OWN = (
     "transaction.timeout.ms",
     "message.timeout.ms",
     "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
 )
 #: the columns a Kafka stream's records carry besides their values' fields, with their Arrow types: usable as key,
 #: time, id or payload columns, never declared in `schema`

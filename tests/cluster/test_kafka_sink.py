@@ -33,7 +33,7 @@ from tests.kafka import (
     two_topics,
 )
 from tests.reference import encode_pairs
-from tests.runs import run_cluster
+from tests.runs import free_port, run_cluster
 
 IDS = ("views_vid", "buys_bid")
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
@@ -143,6 +143,25 @@ def test_a_rank_killed_under_the_supervisor_leaves_every_pair_in_the_topic_once(
     assert_exactly_results(got, run)
 
 
+def test_a_recovery_on_fewer_slaves_sends_the_files_of_the_slave_it_no_longer_has(tmp_path, broker):
+    """Three slaves, the master killed between a manifest and its transaction's commit; `--recover` by hand on two
+    slaves: the third slave's files the checkpoint covers go out with the others, every pair once."""
+    views, buys = small_streams(61)
+    topics = two_topics(tmp_path, broker, views, buys, partitions=3)
+    cfg, sink = sink_settings(broker, topics, tmp_path, **{"checkpoint.interval": 2, "source.rate": 2500.0})
+    fired = tmp_path / "fault-fired"
+    crashed = run_cluster(tmp_path, 4, cfg, env={"STREAMJOIN_FAULT": f"0:sink-commit:3:{fired}"})
+    assert crashed.returncode != 0 and fired.exists(), crashed.stderr
+    run = run_cluster(tmp_path, 3, cfg, extra_args=["--recover"])
+    assert run.returncode == 0, run.stderr
+    assert "taken with 3 slaves, on 2" in run.stderr and "sent now, no transaction had them" in run.stderr
+    assert any(f.name.startswith("slave-003-") for f in (run.out / "results").iterdir())
+    got = committed(broker, sink)
+    pairs, _, _ = reference(views, buys)
+    np.testing.assert_array_equal(np.sort(sink_pairs(got)), pairs)
+    assert_exactly_results(got, run)
+
+
 def test_a_left_joins_rows_alone_reach_the_topic_once(tmp_path, broker):
     """join.type = "left" with checkpoints: the views without a buy reach the topic as rows with the buy's
     columns null, beside the pairs, each once, as in results/ (whose pairs are the reference's)."""
@@ -197,3 +216,17 @@ def test_the_clicks_example_joins_two_topics_into_a_third_as_duckdb_joins_its_fi
     want = clicks_reference(data).itertuples(index=False)
     got = sorted(tuple(v[c] for c in CLICKS_COLUMNS) for _, v in committed(own_broker, sink))
     assert len(got) > 1000 and got == [tuple(w) for w in want]
+
+
+def test_a_broker_that_does_not_answer_ends_the_job_with_exit_7_and_a_missing_topic_with_2(tmp_path, broker):
+    """No broker at the sink's bootstrap: the job ends before it starts with SINK (7), which the supervisor
+    restarts; a results topic that does not exist is the user's mistake (2)."""
+    views, buys = small_streams(59)
+    topics = two_topics(tmp_path, broker, views, buys, partitions=3)
+    cfg = settings(broker, topics)
+    nobody = {"topic": "pairs", "bootstrap": f"127.0.0.1:{free_port()}", "timeout": "2s"}
+    run = run_cluster(tmp_path / "down", 3, {**cfg, "output.kafka": nobody})
+    assert run.returncode == 7 and "error: kafka sink: output.kafka.bootstrap: no answer" in run.stderr, run.stderr
+    missing = {"topic": f"none-{tmp_path.name}", "bootstrap": broker}
+    run = run_cluster(tmp_path / "missing", 3, {**cfg, "output.kafka": missing})
+    assert run.returncode == 2 and f"output.kafka.topic: 'none-{tmp_path.name}' does not exist" in run.stderr
