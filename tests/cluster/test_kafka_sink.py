@@ -201,18 +201,29 @@ def own_broker(tmp_path_factory):
     yield from start_broker(tmp_path_factory)
 
 
-def test_the_clicks_example_joins_two_topics_into_a_third_as_duckdb_joins_its_files(tmp_path, own_broker):
+@pytest.mark.parametrize(
+    "fault",
+    [None, "1:batch-after-checkpoint:4", "0:sink-commit:2"],
+    ids=["as-it-is", "slave-killed", "master-killed-before-a-commit"],
+)
+def test_the_clicks_example_joins_two_topics_into_a_third_as_duckdb_joins_its_files(tmp_path, own_broker, fault):
     """examples/clicks' Kafka form with checkpoints and the sink: make_data.py's files produced into two topics by
-    to_kafka.py, clicks-kafka.toml's join written to a third topic; read_committed, every pair and its payload
-    is DuckDB's interval join of the files, once."""
+    to_kafka.py, clicks-kafka.toml's join written to a third topic -- as it is, and at 4,000 tuples/s with a
+    checkpoint every 0.2 s under the supervisor with a slave or the master SIGKILLed; read_committed, every pair
+    and its payload is DuckDB's interval join of the files, once."""
     settings_, cfg, data = clicks_example(tmp_path, own_broker)
     sink = cfg["output"]["kafka"]["topic"]  # to_kafka.py made it beside the streams' topics
     settings_ |= {
         "output.kafka": {**cfg["output"]["kafka"], "bootstrap": own_broker},
         **{f"checkpoint.{k}": v for k, v in cfg["checkpoint"].items()},
     }
-    run = run_cluster(tmp_path, 3, settings_)
+    fired, crash = tmp_path / "fault-fired", {}
+    if fault:
+        settings_ |= {"source.rate": 4000.0, "epochs.distribution": "100ms", "checkpoint.interval": 2}
+        crash = {"wrapper": SUPERVISE, "timeout": 150, "env": {"STREAMJOIN_FAULT": f"{fault}:{fired}"}}
+    run = run_cluster(tmp_path, 3, settings_, **crash)
     assert run.returncode == 0, run.stderr
+    assert not fault or (fired.exists() and "restart 1 of 3" in run.stderr), run.stderr
     want = clicks_reference(data).itertuples(index=False)
     got = sorted(tuple(v[c] for c in CLICKS_COLUMNS) for _, v in committed(own_broker, sink))
     assert len(got) > 1000 and got == [tuple(w) for w in want]
