@@ -4,7 +4,8 @@ Each names its files (a file, a glob or a folder of CSV, Parquet or JSON-lines),
 push to, or a Kafka topic (`kafka`), then its key column(s), its event-time column and optionally an id column;
 the first declared is R unless `side` says otherwise.  The config keeps them as `cfg["streams"]`, an ordered
 {name: settings} with R first, and `source.kind` becomes "streams"; master.sources.streams reads them side by
-side.  Pure checks, no pyarrow: Spark's workers read configs.
+side.  The Kafka result sink's table, `[output.kafka]` (`kafka_sink`), is here too: it shares the librdkafka
+settings' rules with a stream's `kafka` table.  Pure checks, no pyarrow: Spark's workers read configs.
 """
 
 from __future__ import annotations
