@@ -205,8 +205,8 @@ class KafkaSink:
         probe, consumer = reader("read_uncommitted"), reader("read_committed")
         try:
             meta = probe.list_topics(self.marker_topic, timeout=self.timeout).topics[self.marker_topic]
-            ends = {
-                p: probe.get_watermark_offsets(TopicPartition(self.marker_topic, p), self.timeout)[1]
+            ends = {  # a topic just made may have no leader yet: retried
+                p: self._call(probe.get_watermark_offsets, TopicPartition(self.marker_topic, p), self.timeout)[1]
                 for p in meta.partitions
             }
             consumer.assign([TopicPartition(self.marker_topic, p, 0) for p, end in ends.items() if end > 0])
@@ -311,8 +311,9 @@ class KafkaSink:
         if err is not None and self.failed is None:
             self.failed = f"a record was not delivered: {err.str()}"
 
-    def _call(self, call, *args) -> None:
-        """A transactional call; a retriable error is retried until output.kafka.timeout, any other ends the run."""
+    def _call(self, call, *args):
+        """`call(*args)` to the broker, its answer; a retriable error is retried until output.kafka.timeout, any
+        other ends the run."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:

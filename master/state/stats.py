@@ -340,4 +340,11 @@ def summary_lines(s: dict) -> list[str]:
             f"{', ordered' if r['ordered'] else ''}; {r['gaps']:,} gaps for subscribers behind"
             f"{'; ingest held %.2fs' % r['ingest_held_seconds'] if r['ordered'] else ''}"
         )
+    if "kafka_sink" in s:  # master.sink
+        k = s["kafka_sink"]
+        lines.append(
+            f"kafka sink: {k['rows']:,} rows to {k['topic']} in {k['transactions']:,} "
+            + ("transactions (exactly once)" if k["exactly_once"] else "sends (at least once)")
+            + f", {k['seconds']:.2f}s producing"
+        )
     return lines

@@ -98,11 +98,11 @@ def small_streams(seed: int) -> tuple[dict, dict]:
 
 
 def test_with_checkpoints_the_topic_holds_every_pair_once_as_results_and_the_reference(tmp_path, broker):
-    """Checkpoints every 2 epochs at 4,000 tuples/s: the rows reach the topic in a transaction per checkpoint
+    """Checkpoints every 2 epochs at 2,500 tuples/s: the rows reach the topic in a transaction per checkpoint
     and the last at the end; read_committed sees results/ and the reference pairs, each once."""
     views, buys = small_streams(41)
     topics = two_topics(tmp_path, broker, views, buys, partitions=3)
-    cfg, sink = sink_settings(broker, topics, tmp_path, **{"checkpoint.interval": 2, "source.rate": 4000.0})
+    cfg, sink = sink_settings(broker, topics, tmp_path, **{"checkpoint.interval": 2, "source.rate": 2500.0})
     run = run_cluster(tmp_path, 3, cfg)
     assert run.returncode == 0, run.stderr
     got = committed(broker, sink)
@@ -113,7 +113,7 @@ def test_with_checkpoints_the_topic_holds_every_pair_once_as_results_and_the_ref
     assert_exactly_results(got, run)
     done = run.summary["kafka_sink"]
     written = run.summary["checkpoints"]["written"]
-    assert done["exactly_once"] and done["rows"] == len(got) and done["transactions"] == written + 1 >= 3, done
+    assert done["exactly_once"] and done["rows"] == len(got) and done["transactions"] == written + 1 >= 2, done
 
 
 @pytest.mark.parametrize(
