@@ -286,24 +286,28 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
         "bootstrap": k["bootstrap"],
         "topics": topics,
         "group": k["group"] or f"streamjoin-{name}",
-        "config": client_settings(where, k["config"], KAFKA_OWN, "its reading", error),
+        "config": client_settings(
+            where,
+            k["config"],
+            KAFKA_OWN,
+            f"the stream itself (bootstrap.servers from {where}.bootstrap, group.id from {where}.group; its reading "
+            "depends on the others)",
+            error,
+        ),
         "bounded": k["bounded"],
         "format": k["format"],
     }
 
 
-def client_settings(where: str, table: Any, own: tuple[str, ...], what: str, error: type[Exception]) -> dict:
-    """`where`.config: librdkafka settings by their dotted names, none of `own` (which the client sets itself:
-    `what` depends on them); values are never put in a message (they may be credentials)."""
+def client_settings(where: str, table: Any, own: tuple[str, ...], setter: str, error: type[Exception]) -> dict:
+    """`where`.config: librdkafka settings by their dotted names, none of `own` (set by `setter`, which the
+    message names); values are never put in a message (they may be credentials)."""
     if not isinstance(table, dict):
         raise error(f"{where}.config: expected a table of librdkafka settings")
     config = _dotted(table)
     for setting, value in config.items():
         if setting in own:
-            raise error(
-                f"{where}.config.{setting}: set by streamjoin itself (bootstrap.servers from "
-                f"{where}.bootstrap; {what} depends on the others: {', '.join(own[1:])})"
-            )
+            raise error(f"{where}.config.{setting}: set by {setter}")
         if isinstance(value, list):
             raise error(f"{where}.config.{setting}: expected a string, number or boolean (value not shown)")
     return config
@@ -341,7 +345,14 @@ def kafka_sink(table: Any, error: type[Exception]) -> dict:
     k["timeout"] = _duration(f"{where}.timeout", k["timeout"], error)
     if k["timeout"] < 1:
         raise error(f"{where}.timeout: must be at least 1s, got {k['timeout']!r}")
-    k["config"] = client_settings(where, k["config"], SINK_OWN, "exactly-once delivery", error)
+    k["config"] = client_settings(
+        where,
+        k["config"],
+        SINK_OWN,
+        f"the sink itself (bootstrap.servers from {where}.bootstrap; its exactness depends on the others: "
+        f"{', '.join(SINK_OWN[1:])})",
+        error,
+    )
     k["marker_topic"] = k["marker_topic"] or (f"{k['topic']}.streamjoin-markers" if k["topic"] else "")
     return k
 
