@@ -20,6 +20,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from protocol.output import LEFT_UNMATCHED, read_tables
+from tests.cluster.test_cluster import check_exact
+from tests.cluster.test_dispatchers import SHARDED
 from tests.kafka import (
     CLICKS_COLUMNS,
     clicks_example,
@@ -160,6 +162,27 @@ def test_a_recovery_on_fewer_slaves_sends_the_files_of_the_slave_it_no_longer_ha
     pairs, _, _ = reference(views, buys)
     np.testing.assert_array_equal(np.sort(sink_pairs(got)), pairs)
     assert_exactly_results(got, run)
+
+
+def test_the_workloads_rows_with_two_dispatchers_reach_the_topic_once_keyed_by_r_id_and_s_id(tmp_path, broker):
+    """The built-in workload's rows (r_id, s_id, ... delay) with two dispatchers and checkpoints (rank 0 alone
+    produces, once every dispatcher's part is in): the topic holds the reference pairs, once, keyed r_id|s_id."""
+    sink = f"pairs-{tmp_path.name}"
+    create(broker, sink, 3)
+    settings_ = {
+        **SHARDED,
+        "cluster.dispatchers": 2,
+        "generator.seed": 44,
+        "source.rate": 4000.0,
+        "checkpoint.interval": 2,
+        "output.kafka": {"topic": sink, "bootstrap": broker},
+    }
+    run, expected = check_exact(tmp_path, 4, settings_)
+    got = committed(broker, sink)
+    assert run.summary["checkpoints"]["written"] >= 1 and len(expected) > 1000
+    assert all(key == f"{v['r_id']}|{v['s_id']}" for key, v in got)
+    r_id, s_id = (np.array(c, np.int64) for c in zip(*((v["r_id"], v["s_id"]) for _, v in got)))
+    np.testing.assert_array_equal(encode_pairs(r_id, s_id), np.sort(expected))
 
 
 def test_a_left_joins_rows_alone_reach_the_topic_once(tmp_path, broker):
