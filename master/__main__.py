@@ -64,12 +64,16 @@ def sink_run(out: Path) -> str | None:
     return run_id(out)
 
 
-def start_sink(cfg: dict, previous_run: str | None, commit: dict | None):
-    """Rank 0's Kafka result sink, with what the checkpoint resumed from (`commit`) covers in Kafka."""
+def start_sink(cfg: dict, previous_run: str | None, commit: dict | None, slaves: list[int]):
+    """Rank 0's Kafka result sink, with what the checkpoint resumed from (`commit`) covers in Kafka; the slaves
+    learn the run's id and whether its end is in Kafka already from `cfg`."""
     from master.sink import KafkaSink, keep_run_id
 
-    sink = KafkaSink(cfg, keep_run_id(Path(cfg["output"]["path"]), previous_run))
-    say(sink.start(commit))
+    sink_cfg = cfg["output"]["kafka"]
+    sink_cfg["run"] = keep_run_id(Path(cfg["output"]["path"]), previous_run)
+    sink = KafkaSink(cfg)
+    say(sink.start(commit, slaves))
+    sink_cfg["complete"] = sink.complete
     return sink
 
 
@@ -156,7 +160,8 @@ def main() -> int:
             reset_output(cfg["output"]["path"])
             checkpoint.clear(checkpoint.root_of(cfg))
         if cfg["output"]["kafka"]["topic"]:
-            sink = start_sink(cfg, previous_run, None if resume is None else resume[1]["commit"]["results"])
+            commit = None if resume is None else resume[1]["commit"]["results"]
+            sink = start_sink(cfg, previous_run, commit, list(range(cfg["cluster"]["dispatchers"], comm.size)))
         source = open_shard(cfg, 0)  # after the reset: declared streams write their payload log as they read
         master = Master(comm, cfg, source, resume, sink)
         master.read_ahead()  # the first tuple, before the others start importing

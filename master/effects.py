@@ -3,8 +3,7 @@
 Messages and orders go to the MPI edge (`edge.perform`: master/links.py, or a
 test's recorder), late tuples and archived chunks to the intake's files
 (`intake.perform`: master/intake_shell.py); lines go to standard error;
-checkpoint files are written, published and pruned by protocol.checkpoint; a complete checkpoint's rows go to
-the Kafka sink (`sink.deliver`: master/sink.py).
+checkpoint files are written, published and pruned by protocol.checkpoint.
 """
 
 from __future__ import annotations
@@ -12,12 +11,12 @@ from __future__ import annotations
 import shutil
 import sys
 
-from master.state.channels import Deliver, Prune, Publish, Say, Send, Tell, WriteManifest, WritePart
+from master.state.channels import Prune, Publish, Say, Send, Tell, WriteManifest, WritePart
 from master.state.intake import Archive, SetAside
 from protocol import checkpoint
 
 
-def carry_out(effects: list, edge, intake=None, sink=None) -> None:
+def carry_out(effects: list, edge, intake=None) -> None:
     for effect in effects:
         if isinstance(effect, (Send, Tell)):
             edge.perform(effect)
@@ -33,8 +32,6 @@ def carry_out(effects: list, edge, intake=None, sink=None) -> None:
             checkpoint.write_manifest(effect.directory, effect.manifest)
         elif isinstance(effect, Publish):
             checkpoint.publish_aggregates(effect.output, effect.counts)
-        elif isinstance(effect, Deliver):
-            sink.deliver(effect.counts, effect.checkpoint)
         else:
             assert isinstance(effect, Prune), effect
             checkpoint.prune(effect.root, effect.keep)

@@ -57,7 +57,7 @@ class Lifecycle:
 
     def _perform(self) -> None:
         """Carry out what the desks asked for since the last time, in order (master/state/channels.py)."""
-        carry_out(self.channels.take(), self.links, self.intake, self.sink)
+        carry_out(self.channels.take(), self.links, self.intake)
 
     def _sections(self) -> dict:
         """This dispatcher's part of a checkpoint: the desks' and the shell's, the late tuples set aside so far

@@ -116,8 +116,6 @@ class Master(Routing, Lifecycle):
                 ingest.exhausted = True
             # an ordered result stream takes no more input than its byte bound has room for the results of
             room = self.results_out.ingest_room(len(self.buffers))
-            if self.sink is not None and self.sink.behind():  # a slow broker slows the input (master/sink.py)
-                room = 0
             worked = self.intake.pull(ingest, now, now >= next_slot, room) + self._route_reports()
             if self.stats.first_tuple is None and self.stats.ingested:
                 self.stats.first_tuple = now

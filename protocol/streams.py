@@ -354,7 +354,8 @@ def kafka_sink(table: Any, error: type[Exception]) -> dict:
         error,
     )
     k["marker_topic"] = k["marker_topic"] or (f"{k['topic']}.streamjoin-markers" if k["topic"] else "")
-    return k
+    #: set by rank 0 as the run starts (master.sink): the run's id, and whether its end is in Kafka already
+    return k | {"run": "", "complete": False}
 
 
 def _dotted(table: dict, prefix: str = "") -> dict:

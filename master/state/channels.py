@@ -77,15 +77,6 @@ class Publish:
 
 
 @dataclass(frozen=True)
-class Deliver:
-    """The rows of the result files below each slave's committed count sent to the Kafka sink in one
-    transaction (master.sink), once checkpoint `checkpoint`'s manifest is written."""
-
-    counts: dict
-    checkpoint: int
-
-
-@dataclass(frozen=True)
 class Prune:
     """Checkpoints older than the `keep` newest complete ones removed (protocol.checkpoint.prune)."""
 
@@ -139,7 +130,7 @@ class Channels:
     def say(self, line: str) -> None:
         self.effects.append(Say(line))
 
-    def write(self, effect: WritePart | WriteManifest | Publish | Deliver | Prune) -> None:
+    def write(self, effect: WritePart | WriteManifest | Publish | Prune) -> None:
         self.effects.append(effect)
 
     def answered(self, rank: int, counters: dict, now: float) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from master.sources.archive import named
-from master.state.channels import Deliver, Prune, Publish, WriteManifest, WritePart
+from master.state.channels import Prune, Publish, WriteManifest, WritePart
 from protocol.orders import Order
 from protocol import checkpoint
 from protocol.access import public
@@ -155,8 +155,6 @@ class CheckpointDesk:
         )
         self.written += 1
         self.channels.write(Publish(Path(self.cfg["output"]["path"]), commit[checkpoint.PENDING_AGGREGATES]))
-        if self.cfg["output"]["kafka"]["topic"]:  # its transaction commits the rows this checkpoint made final
-            self.channels.write(Deliver(commit["results"], ck["id"]))
         self.channels.write(Prune(checkpoint.root_of(self.cfg), self.cfg["checkpoint"]["keep"]))
         tuples = sum(p["tuples"] for p in ck["parts"].values())
         mb = sum(p["bytes"] for p in ck["parts"].values()) / 2**20

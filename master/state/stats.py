@@ -343,8 +343,8 @@ def summary_lines(s: dict) -> list[str]:
     if "kafka_sink" in s:  # master.sink
         k = s["kafka_sink"]
         lines.append(
-            f"kafka sink: {k['rows']:,} rows to {k['topic']} in {k['transactions']:,} "
-            + ("transactions (exactly once)" if k["exactly_once"] else "sends (at least once)")
-            + f", {k['seconds']:.2f}s producing"
+            f"kafka sink: {k['files']:,} result files in {k['topic']} "
+            + ("(exactly once); " if k["exactly_once"] else "(at least once); ")
+            + f"rank 0 sent {k['rows_at_end']:,} rows at the start and the end in {k['seconds_at_end']:.2f}s"
         )
     return lines

@@ -11,13 +11,10 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pytest
 
-from master.sink import key_columns, records
-from master.state.checkpoints import CheckpointDesk
 from protocol.access import public
 from protocol.config import ConfigError, load_config
-from protocol import checkpoint
+from protocol.kafka_sink import key_columns, records
 from protocol.output import RESULT_SCHEMA
-from tests.unit.test_master_desks import Parts, config, master_sections, slave_writes_its_part
 
 SINK = ["output.kafka.topic=pairs", "output.kafka.bootstrap=127.0.0.1:9092"]
 
@@ -94,23 +91,3 @@ def test_a_plain_run_s_records_are_keyed_by_r_id_and_s_id():
     table = pa.table({c: pa.array([7, 8], RESULT_SCHEMA.field(c).type) for c in RESULT_SCHEMA.names})
     values, keys = records(table, key_columns(load_config()))
     assert keys == ["7|7", "8|8"] and json.loads(values[1]) == {c: 8 for c in RESULT_SCHEMA.names}
-
-
-def test_a_complete_checkpoint_hands_its_result_files_to_the_sink_once_its_manifest_is_written(tmp_path):
-    """The checkpoint desk asks for the sink's transaction after the manifest (master.effects carries the effects
-    out in order): a crash before it leaves nothing to send that no complete checkpoint covers."""
-    p = Parts(config(tmp_path, "checkpoint.interval=1", *SINK), [1, 2])
-    delivered = []
-    manifest = checkpoint.root_of(p.cfg) / checkpoint.name_of(1) / checkpoint.MANIFEST
-
-    class Sink:
-        def deliver(self, counts: dict, ckpt: int) -> None:
-            delivered.append((counts, ckpt, manifest.exists()))
-
-    p.links.sink = Sink()
-    desk = CheckpointDesk(p.cfg, 0, 1, p.slaves, p.buffers, p.controller, p.stats, p.links.channels)
-    desk.on_epoch(1, exhausted=False)
-    desk.begin(master_sections(p, 10), epochs_done=1, now=1.0)
-    for rank in p.slaves:
-        slave_writes_its_part(p, desk, rank, manifest.parent, 5)
-    assert delivered == [({"slave-001": 1, "slave-002": 2}, 1, True)]

@@ -59,7 +59,6 @@ class Shell:
     def __init__(self, slaves: list[int]):
         self.channels = Channels(slaves, DT)
         self.intake = None  #: master.intake_shell.IntakeShell of an ingest desk's test
-        self.sink = None  #: master.sink.KafkaSink's stand-in of a checkpoint desk's test
         #: rank, header, R, S, and the table: a BATCH's groups, a SPLIT / MERGE's hot-key row
         self._sent: list[tuple[int, np.void, np.ndarray, np.ndarray, np.ndarray | tuple | None]] = []
         self._told: list[tuple[list[int], str, dict]] = []
@@ -81,7 +80,7 @@ class Shell:
 
     def done(self) -> None:
         """Carry out what the desks asked for so far."""
-        carry_out(self.channels.take(), self, self.intake, self.sink)
+        carry_out(self.channels.take(), self, self.intake)
 
     @property
     def sent(self):
