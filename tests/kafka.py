@@ -23,9 +23,9 @@ NOIDA = Path(sys.executable).parent / "noida-db"
 WINDOW, MAX_DELAY = 0.3, 0.25  # seconds
 
 
-def start_broker(tmp_path_factory):
-    """A Kafka broker on 127.0.0.1 (noida-db, a data folder of its own), its bootstrap address; stopped after the
-    session's tests with `noida-db down`."""
+def start_broker(tmp_path_factory, data_dirs: dict | None = None):
+    """A Kafka broker on 127.0.0.1 (noida-db, a data folder of its own, noted in `data_dirs` by its address for a
+    test that stops it early), its bootstrap address; stopped after the session's tests with `noida-db down`."""
     data, port = tmp_path_factory.mktemp("noida"), free_port()
     try:
         up = subprocess.run(
@@ -39,6 +39,8 @@ def start_broker(tmp_path_factory):
     if up.returncode != 0:
         pytest.skip(f"noida-db cannot start (exit {up.returncode}): {(up.stderr or up.stdout).strip()[-300:]}")
     bootstrap = f"127.0.0.1:{port}"
+    if data_dirs is not None:
+        data_dirs[bootstrap] = data
     try:
         AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=20)
         yield bootstrap

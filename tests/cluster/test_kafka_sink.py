@@ -8,6 +8,7 @@ and the clicks example joins two topics into a third, equal to DuckDB's join of 
 from __future__ import annotations
 
 import json
+import subprocess
 from datetime import datetime
 import sys
 import time
@@ -24,6 +25,7 @@ from tests.cluster.test_cluster import check_exact
 from tests.cluster.test_dispatchers import SHARDED
 from tests.kafka import (
     CLICKS_COLUMNS,
+    NOIDA,
     clicks_example,
     clicks_reference,
     create,
@@ -35,7 +37,8 @@ from tests.kafka import (
     two_topics,
 )
 from tests.reference import encode_pairs
-from tests.runs import free_port, run_cluster
+from deploy.launch import mpi_env, mpirun_command
+from tests.runs import free_port, run_cluster, write_config
 
 IDS = ("views_vid", "buys_bid")
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
@@ -219,10 +222,14 @@ def test_without_checkpoints_every_pair_reaches_the_topic_at_least_once(tmp_path
     assert_exactly_results(got, run)
 
 
+BROKER_DATA: dict = {}  #: the own brokers' data folders by address (for `noida-db down`)
+
+
 @pytest.fixture
 def own_broker(tmp_path_factory):
-    """A broker of this test's own: the clicks example's topics have fixed names, which another test fills too."""
-    yield from start_broker(tmp_path_factory)
+    """A broker of this test's own: the clicks example's topics have fixed names, which another test fills too;
+    a test may stop it."""
+    yield from start_broker(tmp_path_factory, BROKER_DATA)
 
 
 @pytest.mark.parametrize(
@@ -265,3 +272,32 @@ def test_a_broker_that_does_not_answer_ends_the_job_with_exit_7_and_a_missing_to
     missing = {"topic": f"none-{tmp_path.name}", "bootstrap": broker}
     run = run_cluster(tmp_path / "missing", 3, {**cfg, "output.kafka": missing})
     assert run.returncode == 2 and f"output.kafka.topic: 'none-{tmp_path.name}' does not exist" in run.stderr
+
+
+def test_a_broker_that_goes_down_during_the_run_ends_it_with_exit_7(tmp_path, broker, own_broker):
+    """The sink's broker stopped (`noida-db down`) once the second checkpoint is complete, the streams' broker
+    left up: the next slave to send waits output.kafka.timeout (3 s) for it, saying it is still at work (no
+    stall), and the job ends with exit 7 naming the sink."""
+    views, buys = small_streams(67)
+    topics = two_topics(tmp_path, broker, views, buys, partitions=3)
+    sink = f"pairs-{tmp_path.name}"
+    create(own_broker, sink, 3)
+    cfg = settings(broker, topics, **{"checkpoint.interval": 2, "source.rate": 1500.0})
+    cfg["output.kafka"] = {"topic": sink, "bootstrap": own_broker, "timeout": "3s"}
+    command = mpirun_command(3, ["--config", str(write_config(tmp_path, cfg))])
+    proc = subprocess.Popen(command, env=mpi_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "checkpoint 2 complete" in line:
+                down = subprocess.run([NOIDA, "down", "--data-dir", BROKER_DATA[own_broker]], capture_output=True)
+                assert down.returncode == 0, down.stderr
+                break
+        lines += proc.stderr.readlines()
+        assert proc.wait(timeout=60) == 7, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stderr = "".join(lines)
+    assert "kafka sink: output.kafka" in stderr and "stalled" not in stderr, stderr
