@@ -27,6 +27,9 @@ from protocol.errors import SinkError
 #: rows whose values are built at once, and records and KiB the producer's queue holds at most
 SLICE_ROWS = 65536
 QUEUE, QUEUE_KIB = 100_000, 65536
+#: how long a transaction may stay open before the broker aborts it: one checkpoint interval's rows of a slave
+#: must fit (10 minutes; Kafka brokers allow up to 15 by default, transaction.max.timeout.ms)
+TXN_MS = 600_000
 
 
 def transactional_id(run: str, series: str) -> str:
@@ -105,7 +108,7 @@ class ResultProducer:
             "on_delivery": self._delivered,
         }
         if self.exact:
-            conf |= {"transactional.id": transactional_id(self.run, series), "transaction.timeout.ms": max(ms, 60_000)}
+            conf |= {"transactional.id": transactional_id(self.run, series), "transaction.timeout.ms": max(ms, TXN_MS)}
         self.producer = Producer(conf)
         self.sent: dict[str, int] = {}  #: per slave's result files (slave-RRR), how many are produced
         self.failed: str | None = None  #: the first record the broker did not take
