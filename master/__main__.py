@@ -17,7 +17,8 @@ from pathlib import Path
 from mpi4py import MPI
 
 from master.cli import parse_args
-from protocol.lifetime import USER_ERROR
+from protocol.lifetime import SINK, USER_ERROR
+from protocol.errors import SinkError
 from protocol.mpi import receive_start, run_rank, wait_barrier
 
 # Only light modules above: every rank imports them, then the others sleep in a barrier while rank 0 alone
@@ -54,6 +55,36 @@ def find_resume(cfg: dict, slaves: list[int]) -> tuple:
         f"{removed} output files written after it removed"
     )
     return found
+
+
+def sink_run(out: Path) -> str | None:
+    """The Kafka sink's run id of the output a recovery goes on with (before a fresh start removes it)."""
+    from master.sink import run_id
+
+    return run_id(out)
+
+
+def start_sink(cfg: dict, previous_run: str | None, commit: dict | None, slaves: list[int]):
+    """Rank 0's Kafka result sink, with what the checkpoint resumed from (`commit`) covers in Kafka; the slaves
+    learn the run's id and whether its end is in Kafka already from `cfg`."""
+    from master.sink import KafkaSink, keep_run_id
+
+    sink_cfg = cfg["output"]["kafka"]
+    sink_cfg["run"] = keep_run_id(Path(cfg["output"]["path"]), previous_run)
+    sink = KafkaSink(cfg)
+    say(sink.start(commit, slaves))
+    sink_cfg["complete"] = sink.complete
+    return sink
+
+
+@contextmanager
+def sink_errors_abort(comm):
+    """The Kafka sink could not deliver (master.sink): say so and end the job with SINK (docs/operating.md)."""
+    try:
+        yield
+    except SinkError as e:
+        say(f"error: kafka sink: {e}")
+        comm.Abort(SINK)
 
 
 def other_rank(comm) -> int:
@@ -108,7 +139,7 @@ def main() -> int:
     from protocol.config import ConfigError, load_config, validate
     from protocol.output import OutputError, check_owned, reset_output
 
-    resume = lock = None
+    resume = lock = sink = None
     try:
         if comm.size < 2:
             raise ConfigError(
@@ -119,15 +150,24 @@ def main() -> int:
         validate(cfg, slaves=comm.size - 1)
         # a restart waits for the crashed cluster's ranks to be gone: two never write one folder
         lock = OutputLock(cfg["output"]["path"], wait=RESTART_WAIT if args.recover else 0.0, log=say)
+        out = Path(cfg["output"]["path"])
+        previous_run = None
         if args.recover:
-            check_owned(Path(cfg["output"]["path"]))
+            check_owned(out)
+            previous_run = sink_run(out) if cfg["output"]["kafka"]["topic"] else None
             resume = find_resume(cfg, list(range(cfg["cluster"]["dispatchers"], comm.size)))
         if resume is None:
             reset_output(cfg["output"]["path"])
             checkpoint.clear(checkpoint.root_of(cfg))
+        if cfg["output"]["kafka"]["topic"]:
+            commit = None if resume is None else resume[1]["commit"]["results"]
+            sink = start_sink(cfg, previous_run, commit, list(range(cfg["cluster"]["dispatchers"], comm.size)))
         source = open_shard(cfg, 0)  # after the reset: declared streams write their payload log as they read
-        master = Master(comm, cfg, source, resume)
+        master = Master(comm, cfg, source, resume, sink)
         master.read_ahead()  # the first tuple, before the others start importing
+    except SinkError as e:  # the broker: not a mistake in the configuration, a restart may find it back
+        say(f"error: kafka sink: {e}")
+        comm.Abort(SINK)
     except (ConfigError, InputError, checkpoint.CheckpointError, OutputError, OutputBusy, OSError) as e:
         say(f"error: {e}")
         if lock is not None:
@@ -153,7 +193,7 @@ def main() -> int:
         root=0,
     )
     try:
-        with input_errors_abort(comm):
+        with input_errors_abort(comm), sink_errors_abort(comm):
             master.run()
     except KeyboardInterrupt:
         say("interrupted twice: aborting without a summary")

@@ -161,6 +161,8 @@ class Lifecycle:
         )
         if lateness:  # [streams]: each stream's max_delay, late tuples and idle periods
             summary["lateness"] = IngestDesk.merge_summaries([lateness, *(o["lateness"] for o in others)])
+        if self.sink is not None:  # every result file is written: the last transaction (docs/output.md)
+            summary["kafka_sink"] = self.sink.finish(result_files(Path(self.cfg["output"]["path"]) / "results"))
         remove_log(self.cfg["output"]["path"])  # every result is written: no row needs its columns any more
         write_summary(Path(self.cfg["output"]["path"]) / "summary.json", summary)
         print("\n".join(summary_lines(summary)), file=sys.stderr, flush=True)
@@ -209,6 +211,15 @@ class Lifecycle:
             return False
         self.channels.tell(range(1, self.k), Order.FINISH)
         return True
+
+
+def result_files(results: Path) -> dict[str, int]:
+    """How many result files each slave (`slave-RRR`) wrote, by the end of the run (temporaries start with a dot)."""
+    counts: dict[str, int] = {}
+    for f in results.glob("slave-*"):
+        series, number = f.name.split(".", 1)[0].rsplit("-", 1)
+        counts[series] = max(counts.get(series, 0), int(number) + 1)
+    return counts
 
 
 def write_summary(path: Path, summary: dict) -> None:

@@ -44,8 +44,9 @@ from protocol.tuples import tuple_dtype
 
 
 class Master(Routing, Lifecycle):
-    def __init__(self, comm: MPI.Comm, cfg: dict, source, resume: tuple[Path, dict] | None = None):
-        self.comm, self.cfg, self.source = comm, cfg, source
+    def __init__(self, comm: MPI.Comm, cfg: dict, source, resume: tuple[Path, dict] | None = None, sink=None):
+        """`sink`: rank 0's Kafka result sink (master.sink), started."""
+        self.comm, self.cfg, self.source, self.sink = comm, cfg, source, sink
         #: with k dispatchers (BiStream 3.2.3) ranks 0..k-1 each run this loop on their share of the input;
         #: rank 0 decides moves and checkpoints and writes the summary
         self.k, self.index = cfg["cluster"]["dispatchers"], comm.rank

@@ -50,8 +50,11 @@ def source_token(cfg: dict[str, dict[str, Any]]) -> str:
 
 def public(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """`cfg` as written to summary.json and checkpoint manifests: the token and the values of Kafka streams'
-    librdkafka settings masked (credentials among them: never on disk or in logs)."""
+    librdkafka settings and the result sink's masked (credentials among them: never on disk or in logs)."""
     out = {**cfg, "source": {**cfg["source"], "token": "***" if cfg["source"]["token"] else ""}}
+    if "kafka" in cfg["output"]:  # the result sink's settings (protocol.streams.kafka_sink)
+        sink = cfg["output"]["kafka"]
+        out["output"] = {**cfg["output"], "kafka": {**sink, "config": dict.fromkeys(sink["config"], "***")}}
     if cfg.get("streams"):
         out["streams"] = {
             name: {**s, "kafka": {**s["kafka"], "config": dict.fromkeys(s["kafka"]["config"], "***")}}

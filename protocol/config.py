@@ -379,11 +379,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
     streams = user.pop("streams", {})  # [streams.NAME] tables: protocol.streams
+    # [output.kafka], the result sink: protocol.streams as well (the Kafka settings' rules are shared)
+    sink = user["output"].pop("kafka", {}) if isinstance(user.get("output"), dict) else {}
     items = [(s, k, v) for s, sec in user.items() for k, v in (sec.items() if isinstance(sec, dict) else [(None, sec)])]
     items += [_parse_override(o) for o in overrides]
     for section, key, value in items:
         if section == "streams":
             streams_config.set_key(streams, key, value, ConfigError)
+            continue
+        if section == "output" and key is not None and key.startswith("kafka."):
+            streams_config.set_sink_key(sink, key.removeprefix("kafka."), value)
             continue
         if section not in DEFAULTS:
             raise ConfigError(f"unknown section [{section}] (known: {', '.join(DEFAULTS)})")
@@ -400,6 +405,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             "lower = -w, upper = w): set either window or lower and upper"
         )
     cfg["streams"] = streams_config.declared(streams, cfg["source"], cfg["join"], ConfigError)
+    cfg["output"]["kafka"] = streams_config.kafka_sink(sink, ConfigError)
     validate(cfg)
     return cfg
 

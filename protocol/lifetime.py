@@ -22,9 +22,10 @@ CHANNEL = 3  #: a slave saw a batch missing on its channel from a dispatcher
 LOST = 4  #: a rank was lost: it died, froze or its host was cut off (protocol.liveness, deploy.launch)
 START_FAILED = 5  #: the job could not start: a host did not answer, Open MPI failed before the ranks ran
 TOO_FEW = 6  #: the supervisor: fewer slaves than --min-slaves remain on the hosts that answer
+SINK = 7  #: the Kafka result sink could not deliver within output.kafka.timeout (master.sink): restarted
 #: every code a command of the cluster ends with besides 128 + N (killed by signal N); deploy.launch maps
 #: any other code of Open MPI's to one of these
-CODES = (0, CRASH, USER_ERROR, CHANNEL, LOST, START_FAILED, TOO_FEW)
+CODES = (0, CRASH, USER_ERROR, CHANNEL, LOST, START_FAILED, TOO_FEW, SINK)
 
 
 def die_with_parent() -> None:

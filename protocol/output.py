@@ -60,9 +60,12 @@ OUTPUT_PARTS = (
     "keys.parquet",
     "keys.csv",
     "payload",
+    "kafka-sink.json",
 )
+#: the Kafka sink's run id (its transactional.id and its markers' name), kept across recoveries (master.sink)
+SINK_RUN = "kafka-sink.json"
 #: the parts that are single files (keys.*: the key dictionary earlier versions wrote)
-FILE_PARTS = {"metrics.prom", "summary.json", "keys.parquet", "keys.csv"}
+FILE_PARTS = {"metrics.prom", "summary.json", "keys.parquet", "keys.csv", SINK_RUN}
 #: the files this engine writes in those folders (and their temporaries `.NAME.tmp`): result and partial
 #: aggregate files of a slave, late tuples and the input archive of a dispatcher, rejected input (a file's
 #: listing, a ZeroMQ source's, a Kafka stream's; each dispatcher's own), the metrics log

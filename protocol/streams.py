@@ -4,7 +4,8 @@ Each names its files (a file, a glob or a folder of CSV, Parquet or JSON-lines),
 push to, or a Kafka topic (`kafka`), then its key column(s), its event-time column and optionally an id column;
 the first declared is R unless `side` says otherwise.  The config keeps them as `cfg["streams"]`, an ordered
 {name: settings} with R first, and `source.kind` becomes "streams"; master.sources.streams reads them side by
-side.  Pure checks, no pyarrow: Spark's workers read configs.
+side.  The Kafka result sink's table, `[output.kafka]` (`kafka_sink`), is here too: it shares the librdkafka
+settings' rules with a stream's `kafka` table.  Pure checks, no pyarrow: Spark's workers read configs.
 """
 
 from __future__ import annotations
@@ -117,6 +118,37 @@ KAFKA_KEYS: dict[str, tuple[Any, str]] = {
 }
 #: the value formats of a Kafka stream (master.sources.kafka_values)
 KAFKA_FORMATS = ("json", "csv", "avro")
+#: the keys of `[output.kafka]`, the result sink (docs/output.md#the-kafka-result-sink): key -> (default, description)
+SINK_KEYS: dict[str, tuple[Any, str]] = {
+    "topic": ("", 'the topic every result row is produced to ("" = no Kafka sink); it must exist'),
+    "bootstrap": ("", 'the Kafka cluster: "host:port", or several comma-separated; required with `topic`'),
+    "config": (
+        {},
+        'librdkafka producer settings passed through, e.g. {"security.protocol" = "SASL_SSL"}; values are never '
+        "printed",
+    ),
+    "format": ("json", "\"json\": each record's value is one JSON object of the result row's columns"),
+    "marker_topic": (
+        "",
+        'with checkpoints: where each transaction\'s commit marker goes ("" = TOPIC.streamjoin-markers; made '
+        "with one partition if missing)",
+    ),
+    "timeout": (
+        60.0,
+        "how long (a duration) the broker may stay unreachable or refuse rows before the job ends (exit 7)",
+    ),
+}
+#: librdkafka settings the sink sets itself (its exactness depends on them)
+SINK_OWN = (
+    "bootstrap.servers",
+    "transactional.id",
+    "enable.idempotence",
+    "acks",
+    "transaction.timeout.ms",
+    "message.timeout.ms",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+)
 #: the columns a Kafka stream's records carry besides their values' fields, with their Arrow types: usable as key,
 #: time, id or payload columns, never declared in `schema`
 KAFKA_COLUMNS = {"@topic": "string", "@partition": "int32", "@offset": "int64", "@timestamp": "timestamp[ms, tz=UTC]"}
@@ -317,22 +349,18 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
             raise error(f'{where}.select: expected {{column = "NAME", value = "TEXT" or an integer}}, got {select!r}')
         if k["format"] == "csv":
             raise error(f'{where}.select: not with format = "csv" (its cells have no names: one topic per stream)')
-    if not isinstance(k["config"], dict):
-        raise error(f"{where}.config: expected a table of librdkafka settings")
-    config = _dotted(k["config"])
-    for setting, value in config.items():
-        if setting in KAFKA_OWN:
-            raise error(
-                f"{where}.config.{setting}: set by the stream itself (bootstrap.servers from "
-                f"{where}.bootstrap, group.id from {where}.group; its reading depends on the others)"
-            )
-        if isinstance(value, list):
-            raise error(f"{where}.config.{setting}: expected a string, number or boolean (value not shown)")
     return {
         "bootstrap": k["bootstrap"],
         "topics": topics,
         "group": k["group"] or f"streamjoin-{name}",
-        "config": config,
+        "config": client_settings(
+            where,
+            k["config"],
+            KAFKA_OWN,
+            f"the stream itself (bootstrap.servers from {where}.bootstrap, group.id from {where}.group; its reading "
+            "depends on the others)",
+            error,
+        ),
         "bounded": k["bounded"],
         "format": k["format"],
         "avro_schema": k["avro_schema"],
@@ -345,7 +373,7 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
 SECRET_REFERENCE = re.compile(r"\$\{(env|file):([^}]+)\}")
 
 
-def client_settings(config: dict, where: str, error: type[Exception]) -> dict:
+def resolved_settings(config: dict, where: str, error: type[Exception]) -> dict:
     """librdkafka settings with each value written `${env:NAME}` or `${file:PATH}` replaced by that environment
     variable or that file's text (stripped): read where the client starts, so the secret is in no config,
     summary, checkpoint or log.  A reference that cannot be read is named, never its value."""
@@ -364,6 +392,65 @@ def client_settings(config: dict, where: str, error: type[Exception]) -> dict:
             except OSError as e:
                 raise error(f"{where}.{setting}: cannot read {ref[2]}: {e.strerror}") from None
     return out
+
+
+def client_settings(where: str, table: Any, own: tuple[str, ...], setter: str, error: type[Exception]) -> dict:
+    """`where`.config: librdkafka settings by their dotted names, none of `own` (set by `setter`, which the
+    message names); values are never put in a message (they may be credentials)."""
+    if not isinstance(table, dict):
+        raise error(f"{where}.config: expected a table of librdkafka settings")
+    config = _dotted(table)
+    for setting, value in config.items():
+        if setting in own:
+            raise error(f"{where}.config.{setting}: set by {setter}")
+        if isinstance(value, list):
+            raise error(f"{where}.config.{setting}: expected a string, number or boolean (value not shown)")
+    return config
+
+
+def set_sink_key(sink: dict, key: str, value: Any) -> None:
+    """`--set output.kafka.KEY=value` (`output.kafka.config.SETTING`: one librdkafka setting)."""
+    setting, _, rest = key.partition(".")
+    if setting == "config" and rest:
+        sink.setdefault("config", {})[rest] = value
+    else:
+        sink[key] = value
+
+
+def kafka_sink(table: Any, error: type[Exception]) -> dict:
+    """`[output.kafka]` checked and completed (`topic` "": no sink).  Avro is refused: only JSON values are
+    built (docs/refusals.md)."""
+    where = "output.kafka"
+    k = _completed(where, table, SINK_KEYS, error)
+    for key in ("topic", "bootstrap", "marker_topic"):
+        if not isinstance(k[key], str):
+            raise error(f"{where}.{key}: expected a string, got {k[key]!r}")
+    if bool(k["topic"]) != bool(k["bootstrap"]):
+        given, missing = ("topic", "bootstrap") if k["topic"] else ("bootstrap", "topic")
+        raise error(f"{where}.{missing}: required with {where}.{given}")
+    if k["format"] == "avro":
+        raise error(
+            f'{where}.format: "avro" is not built yet (it needs a schema registry and a schema per result '
+            'layout); use "json"'
+        )
+    if k["format"] != "json":
+        raise error(f'{where}.format: only "json" (one JSON object per record value) yet, got {k["format"]!r}')
+    if k["topic"] and k["marker_topic"] == k["topic"]:
+        raise error(f"{where}.marker_topic: must differ from {where}.topic (readers of the results would see markers)")
+    k["timeout"] = _duration(f"{where}.timeout", k["timeout"], error)
+    if k["timeout"] < 1:
+        raise error(f"{where}.timeout: must be at least 1s, got {k['timeout']!r}")
+    k["config"] = client_settings(
+        where,
+        k["config"],
+        SINK_OWN,
+        f"the sink itself (bootstrap.servers from {where}.bootstrap; its exactness depends on the others: "
+        f"{', '.join(SINK_OWN[1:])})",
+        error,
+    )
+    k["marker_topic"] = k["marker_topic"] or (f"{k['topic']}.streamjoin-markers" if k["topic"] else "")
+    #: set by rank 0 as the run starts (master.sink): the run's id, and whether its end is in Kafka already
+    return k | {"run": "", "complete": False}
 
 
 def _dotted(table: dict, prefix: str = "") -> dict:
@@ -411,7 +498,17 @@ def reference() -> list[str]:
     )
     for prefix, keys in (("streams.NAME.", STREAM_KEYS), ("streams.NAME.kafka.", KAFKA_KEYS)):
         lines += [f"| `{prefix}{key}` | {shown(default)} | {meaning} |" for key, (default, meaning) in keys.items()]
-    return lines
+    lines += [
+        "",
+        "## [output.kafka]",
+        "",
+        "The Kafka result sink (docs/output.md#the-kafka-result-sink); override one key with "
+        "`--set output.kafka.KEY=value`.",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    return lines + [f"| `output.kafka.{key}` | {shown(d)} | {meaning} |" for key, (d, meaning) in SINK_KEYS.items()]
 
 
 def live_endpoints(cfg: dict) -> list[str]:

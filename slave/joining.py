@@ -54,6 +54,15 @@ class Joiner:
         staged = f"{out['path']}/{checkpoint.PENDING_AGGREGATES if cfg['checkpoint']['interval'] else 'aggregates'}"
         self.aggregator = PartialAggregator(staged, comm.rank, agg) if agg["enabled"] else None
         self.results_out = ResultSender(comm, cfg)
+        sink = out["kafka"]
+        #: with checkpoints its own result files go to Kafka, a transaction per checkpoint (protocol.kafka_sink)
+        self.sink = None
+        if sink["topic"] and cfg["checkpoint"]["interval"] and not sink["complete"]:
+            from protocol.kafka_sink import ResultProducer  # confluent-kafka: only where a sink is configured
+
+            self.sink = ResultProducer(cfg, comm.rank, self.writer.prefix)
+            self.sink.begin()
+        self.covered = 0  #: its result files the last checkpoint it wrote a part of covers
         self.checkpoints = checkpoint.root_of(cfg)
         self.process = psutil.Process()
         self.pss_start = 0  #: before any data: imports, MPI, kernels (protocol.startup)
@@ -154,11 +163,25 @@ class Joiner:
         self.writer.wait()
         return {"seq": seq, "files": self.writer.files - files, "results": lone}
 
-    def write_checkpoint(self, ckpt: int) -> dict:
-        """Flush the results (they are the checkpoint's commit) and write every partition-group's state; the
-        CHECKPOINTED report's counters."""
+    def write_checkpoint(self, ckpt: int, say: Callable[[np.ndarray], None] = lambda word: None) -> dict:
+        """Send the files the checkpoint before covers to Kafka (rank 0 orders one only once the one before is
+        complete: they are final), flush the results (they are this checkpoint's commit) and write every
+        partition-group's state; the CHECKPOINTED report's counters.  While it sends, the slave `say`s once a
+        distribution epoch that it is still at work (a slow broker must not look like a stall)."""
+        if self.sink is not None and self.covered > self.sink.sent.get(self.writer.prefix, 0):
+            started = said = time.perf_counter()
+
+            def alive() -> None:
+                nonlocal said
+                if (now := time.perf_counter()) - said >= self.epoch:
+                    say(joining_message(ckpt, 0, round((now - started) * 1000)))
+                    said = now
+
+            self.sink.alive = alive
+            self.sink.transaction({self.writer.prefix: self.covered}, ckpt - 1)
         files = self.writer.flush()
         self.writer.wait()
+        self.covered = self.writer.files
         if self.aggregator:
             self.aggregator.flush()
         part = checkpoint.pack([encode_group(p, pg) for p, pg in sorted(self.module.groups.items())])
@@ -184,7 +207,9 @@ class Joiner:
             for buf in checkpoint.read_part(Path(resume["dir"]) / part):
                 if wanted is None or checkpoint.group_partition(buf) in wanted:
                     self.module.install(*decode_group(buf, self.module.new_group))
-        self.writer.files = int(resume["result_files"].get(str(self.rank), 0))
+        self.writer.files = self.covered = int(resume["result_files"].get(str(self.rank), 0))
+        if self.sink is not None:  # rank 0 sent what the checkpoint covers before the run went on (master.sink)
+            self.sink.sent = {self.writer.prefix: self.covered}
 
     def report(self, counters: dict, hists: np.ndarray | None = None) -> np.ndarray:
         """A report of `counters`, what every report carries (`levels`) and a batch's delay histograms (else

@@ -17,7 +17,8 @@ from mpi4py import MPI
 
 from protocol import faults
 from protocol.arrays import whole_buffer
-from protocol.lifetime import CHANNEL, USER_ERROR, ignore_stop_signals
+from protocol.errors import SinkError
+from protocol.lifetime import CHANNEL, SINK, USER_ERROR, ignore_stop_signals
 from protocol.messages import TAG_JOINING, TAG_REPORT, TAG_STATE, Ack, Kind, decode_head
 from protocol.mpi import receive_start, recv_bytes, wait_all_started, wait_probe_any
 from protocol.startup import pss_bytes
@@ -74,7 +75,12 @@ class Slave:
             if isinstance(action, Acknowledge):
                 self.report(action.dispatcher, {"seq": action.seq, "ack": Ack.BATCH})
             elif isinstance(action, WriteCheckpoint):
-                counters = self.work.write_checkpoint(action.checkpoint)
+                say = lambda word: self.send(word, 0, TAG_JOINING)  # noqa: E731
+                try:
+                    counters = self.work.write_checkpoint(action.checkpoint, say)
+                except SinkError as e:  # the broker took no row for output.kafka.timeout (docs/operating.md)
+                    print(f"error: slave {self.comm.rank}: kafka sink: {e}", file=sys.stderr, flush=True)
+                    self.comm.Abort(SINK)
                 self.report(0, {"seq": action.seq, "ack": Ack.CHECKPOINTED, **counters})
 
     def on_split(self, source: int, head, buf: np.ndarray, seen: float) -> None:

@@ -28,10 +28,14 @@ from tests.runs import Run, write_config
 WINDOW, MAX_DELAY = 0.3, 0.25  # seconds
 
 
-def start_broker(tmp_path_factory):
-    """deploy.broker's broker for the session's tests, or the tests skipped with the reason it cannot start."""
+def start_broker(tmp_path_factory, data_dirs: dict | None = None):
+    """deploy.broker's broker for the session's tests (its data folder noted in `data_dirs` by its address, for a
+    test that stops it early), or the tests skipped with the reason it cannot start."""
+    data = tmp_path_factory.mktemp("noida")
     try:
-        with local_broker(tmp_path_factory.mktemp("noida")) as bootstrap:
+        with local_broker(data) as bootstrap:
+            if data_dirs is not None:
+                data_dirs[bootstrap] = data
             yield bootstrap
     except BrokerUnavailable as e:
         pytest.skip(str(e))
@@ -299,3 +303,41 @@ def assert_recovered_exactly(run, views: dict, buys: dict, bad: np.ndarray, offs
     assert run.summary["rejected"] == 4 and run.summary["live_streams"]["views"]["rejected_by_reason"] == {
         "not JSON": 4
     }
+
+
+CLICKS = Path(__file__).resolve().parent.parent / "examples" / "clicks"
+#: the result columns compared with DuckDB's join of the clicks example's files
+CLICKS_COLUMNS = ["impressions_impression_id", "impressions_ad_id", "clicks_click_id", "clicks_cost"]
+
+
+def clicks_example(tmp_path: Path, broker: str) -> tuple[dict, dict, Path]:
+    """examples/clicks as the README's Kafka form runs it: make_data.py's files produced into the topics by
+    to_kafka.py; clicks-kafka.toml's join and streams as settings (on `broker`), the whole TOML, the data folder."""
+    import tomllib
+
+    data = tmp_path / "data"
+    for script, *args in (("make_data.py", data), ("to_kafka.py", "--bootstrap", broker, "--data", data)):
+        done = subprocess.run([sys.executable, CLICKS / script, *map(str, args)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    cfg = tomllib.loads((CLICKS / "clicks-kafka.toml").read_text())
+    out = {f"join.{k}": v for k, v in cfg["join"].items()}
+    for name, spec in cfg["streams"].items():
+        out |= {f"streams.{name}.{k}": v for k, v in spec.items()}
+        out[f"streams.{name}.kafka"] = {**spec["kafka"], "bootstrap": broker}
+    return out, cfg, data
+
+
+def clicks_reference(data: Path):
+    """DuckDB's interval join of the clicks example's files: CLICKS_COLUMNS, ordered by impression and click."""
+    import duckdb
+
+    return (
+        duckdb.connect()
+        .execute(
+            f"""SELECT i.impression_id, i.ad_id, c.click_id, c.cost
+            FROM read_csv('{data}/impressions/*.csv') i JOIN read_parquet('{data}/clicks.parquet') c
+            ON i.user_id = c.user_id AND c.clicked_at >= i.shown_at AND c.clicked_at <= i.shown_at + INTERVAL 30 SECOND
+            ORDER BY 1, 3"""
+        )
+        .df()
+    )

@@ -3,7 +3,8 @@
     python examples/clicks/to_kafka.py [--bootstrap HOST:PORT] [--data DIR] [--partitions N]
 
 Reads what make_data.py wrote (DIR defaults to examples/clicks/data), creates the topics `impressions` and
-`clicks` with N partitions each (4 by default; topics already there are kept as they are) and produces every
+`clicks` with N partitions each (4 by default; topics already there are kept as they are), and the topic
+`impression-clicks` the join's results go to (clicks-kafka.toml's [output.kafka]), and produces every
 row as one JSON object, keyed by its user, in the order of its file: the partitioner sends a user's rows to one
 partition, so each partition keeps the order the site wrote them in, and the topics hold what the files hold.
 The rows' own times travel in the values; the records' timestamps are the time of producing (a broker deletes
@@ -25,6 +26,7 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 HERE = Path(__file__).parent
+RESULTS = "impression-clicks"  #: the topic clicks-kafka.toml writes the join's results to
 
 
 def rows(data: Path) -> dict[str, pa.Table]:
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no example data in {a.data}: run examples/clicks/make_data.py first")
     streams = rows(a.data)
     try:
-        create_topics(a.bootstrap, list(streams), a.partitions)
+        create_topics(a.bootstrap, [*streams, RESULTS], a.partitions)
         for topic, table in streams.items():
             print(f"produced {produce(a.bootstrap, topic, table):,} records into {topic}")
     except KafkaException as e:

@@ -54,7 +54,7 @@ from master.sources.kafka_values import value_reader
 from master.sources.partitions import PartitionMerge, Released
 from protocol import eventtime
 from protocol.errors import ConfigError
-from protocol.streams import KAFKA_COLUMNS, client_settings
+from protocol.streams import KAFKA_COLUMNS, resolved_settings
 
 #: records taken from the client at once, and most batches taken per call (the master's loop goes on between)
 CONSUME_BATCH = 65536
@@ -514,7 +514,7 @@ def _consumer(name: str, kafka: dict) -> Consumer:
     never shown (librdkafka's message quotes it)."""
     settings = {
         "auto.offset.reset": "earliest",
-        **client_settings(kafka["config"], f"streams.{name}.kafka.config", ConfigError),
+        **resolved_settings(kafka["config"], f"streams.{name}.kafka.config", ConfigError),
         "bootstrap.servers": kafka["bootstrap"],
         "group.id": kafka["group"],
         "enable.partition.eof": True,

@@ -340,4 +340,11 @@ def summary_lines(s: dict) -> list[str]:
             f"{', ordered' if r['ordered'] else ''}; {r['gaps']:,} gaps for subscribers behind"
             f"{'; ingest held %.2fs' % r['ingest_held_seconds'] if r['ordered'] else ''}"
         )
+    if "kafka_sink" in s:  # master.sink
+        k = s["kafka_sink"]
+        lines.append(
+            f"kafka sink: {k['files']:,} result files in {k['topic']} "
+            + ("(exactly once); " if k["exactly_once"] else "(at least once); ")
+            + f"rank 0 sent {k['rows_at_end']:,} rows at the start and the end in {k['seconds_at_end']:.2f}s"
+        )
     return lines

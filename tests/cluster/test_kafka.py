@@ -26,10 +26,13 @@ from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from tests.reference import late_flags, micros, reference_outer
 from tests.kafka import (
+    CLICKS_COLUMNS,
     MAX_DELAY,
     assert_committed,
     assert_recovered_exactly,
     checkpointed,
+    clicks_example,
+    clicks_reference,
     create,
     now_ms,
     produce,
@@ -428,33 +431,13 @@ def test_a_topic_that_does_not_exist_or_a_refused_setting_stops_the_start_withou
 def test_the_clicks_examples_kafka_form_equals_duckdbs_join_of_its_files(tmp_path, broker):
     """examples/clicks as the README's Kafka form runs it: make_data.py's files produced into two topics by
     to_kafka.py, clicks-kafka.toml joins them; every pair and its payload is DuckDB's interval join of the files."""
-    import duckdb
-    import tomllib
-
-    example, data = ROOT / "examples" / "clicks", tmp_path / "data"
-    for script, *args in (("make_data.py", data), ("to_kafka.py", "--bootstrap", broker, "--data", data)):
-        done = subprocess.run([sys.executable, example / script, *map(str, args)], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-    cfg = tomllib.loads((example / "clicks-kafka.toml").read_text())
-    settings = {f"join.{k}": v for k, v in cfg["join"].items()}
-    for name, spec in cfg["streams"].items():
-        settings |= {f"streams.{name}.{k}": v for k, v in spec.items()}
-        settings[f"streams.{name}.kafka"] = {**spec["kafka"], "bootstrap": broker}
+    settings, _, data = clicks_example(tmp_path, broker)
     run = run_cluster(tmp_path, 3, settings)
     assert run.returncode == 0, run.stderr
     assert run.summary["late"] == 0 and run.summary["rejected"] == 0
     got = read_tables(run.out / "results").to_pandas()
-    want = (
-        duckdb.connect()
-        .execute(
-            f"""SELECT i.impression_id, i.ad_id, c.click_id, c.cost
-            FROM read_csv('{data}/impressions/*.csv') i JOIN read_parquet('{data}/clicks.parquet') c
-            ON i.user_id = c.user_id AND c.clicked_at >= i.shown_at AND c.clicked_at <= i.shown_at + INTERVAL 30 SECOND
-            ORDER BY 1, 3"""
-        )
-        .df()
-    )
-    columns = ["impressions_impression_id", "impressions_ad_id", "clicks_click_id", "clicks_cost"]
+    want = clicks_reference(data)
+    columns = CLICKS_COLUMNS
     got = got[columns].sort_values([columns[0], columns[2]]).reset_index(drop=True)
     assert len(want) > 1000 and len(got) == len(want)
     assert (got.to_numpy() == want.to_numpy()).all()

@@ -16,6 +16,7 @@ def write(tmp_path, text, name="run.toml"):
 def test_defaults():
     cfg = load_config()
     assert set(cfg) == set(DEFAULTS) | {"streams"} and cfg["streams"] == {}  # [streams.NAME]: protocol.streams
+    assert cfg["output"].pop("kafka")["topic"] == ""  # [output.kafka], the result sink: protocol.streams
     for section, keys in DEFAULTS.items():
         assert set(cfg[section]) == set(keys)
         for key, (default, desc) in keys.items():
@@ -328,12 +329,12 @@ def test_window_and_bounds_from_a_file_and_the_command_line_are_refused_together
 
 
 def test_kafka_client_secrets_are_read_from_the_environment_or_a_file_and_never_shown(tmp_path, monkeypatch):
-    from protocol.streams import client_settings
+    from protocol.streams import resolved_settings
 
     secret = tmp_path / "password"
     secret.write_text("s3cret-from-file\n")
     monkeypatch.setenv("SJ_TEST_USER", "app-user")
-    got = client_settings(
+    got = resolved_settings(
         {"sasl.username": "${env:SJ_TEST_USER}", "sasl.password": f"${{file:{secret}}}", "linger.ms": 5, "x": "$5"},
         "streams.a.kafka.config",
         ConfigError,
@@ -343,9 +344,9 @@ def test_kafka_client_secrets_are_read_from_the_environment_or_a_file_and_never_
     with pytest.raises(
         ConfigError, match=r"streams\.a\.kafka\.config\.sasl\.username: the environment variable SJ_TEST_USER"
     ):
-        client_settings({"sasl.username": "${env:SJ_TEST_USER}"}, "streams.a.kafka.config", ConfigError)
+        resolved_settings({"sasl.username": "${env:SJ_TEST_USER}"}, "streams.a.kafka.config", ConfigError)
     with pytest.raises(ConfigError, match=r"sasl\.password: cannot read /nonexistent/pw") as e:
-        client_settings({"sasl.password": "${file:/nonexistent/pw}"}, "streams.a.kafka.config", ConfigError)
+        resolved_settings({"sasl.password": "${file:/nonexistent/pw}"}, "streams.a.kafka.config", ConfigError)
     assert "s3cret" not in str(e.value)
 
 

@@ -1,0 +1,191 @@
+"""The Kafka result sink's records and producer, shared by the slaves (each sends its own result files at
+checkpoints) and rank 0 (a recovery's and the end's rest): docs/output.md#the-kafka-result-sink.
+
+Rows are sent a slice of a result file at a time: the values (JSON objects) and keys are built for the whole
+slice by Arrow's string kernels; confluent-kafka takes one `produce` call per record, the only step per row.
+Memory is bounded: a slice, and the producer's queue (QUEUE records, QUEUE_KIB), which when full makes the
+sender wait for the broker -- the back-pressure: a slow broker slows the slave sending.  A broker that takes no
+row for `output.kafka.timeout` raises SinkError, which ends the job with exit code SINK.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from confluent_kafka import KafkaException, Producer
+
+from protocol import faults
+from protocol.errors import ConfigError, SinkError
+from protocol.streams import resolved_settings
+
+#: rows whose values are built at once, and records and KiB the producer's queue holds at most
+SLICE_ROWS = 65536
+QUEUE, QUEUE_KIB = 100_000, 65536
+#: how long a transaction may stay open before the broker aborts it: one checkpoint interval's rows of a slave
+#: must fit (10 minutes; Kafka brokers allow up to 15 by default, transaction.max.timeout.ms)
+TXN_MS = 600_000
+
+
+def transactional_id(run: str, series: str) -> str:
+    """The transactional id of the producer that sends `series`' files (`slave-RRR`; `master`: rank 0's)."""
+    return f"streamjoin-{run}-{series}"
+
+
+def key_columns(cfg: dict) -> list[str]:
+    """The result columns a record's key is made of: the pair's ids (declared streams: each stream's id column,
+    or its key and time columns when it has none)."""
+    if not cfg.get("streams"):
+        return ["r_id", "s_id"]
+    names = []
+    for spec in cfg["streams"].values():
+        own = [spec["id"]] if spec["id"] else [*spec["key"], spec["time"]]
+        names += [spec["prefix"] + c for c in own]
+    return names
+
+
+def _quoted(text: pa.Array) -> pa.Array:
+    """JSON strings: backslash, quote and control characters escaped, in quotes."""
+    text = pc.replace_substring(pc.replace_substring(text, "\\", "\\\\"), '"', '\\"')
+    if pc.any(pc.match_substring_regex(text, "[\\x00-\\x1f]")).as_py():
+        for c in range(32):
+            text = pc.replace_substring(text, chr(c), f"\\u{c:04x}")
+    return pc.binary_join_element_wise('"', text, '"', "")
+
+
+def json_text(column: pa.Array) -> pa.Array:
+    """Each value of `column` as JSON text: numbers and booleans bare (NaN and infinities null), times as ISO 8601,
+    everything else as a string; null as null."""
+    t = column.type
+    if pa.types.is_floating(t):
+        text = pc.if_else(pc.is_finite(column), pc.cast(column, pa.string()), pa.scalar(None, pa.string()))
+    elif pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t):
+        text = pc.cast(column, pa.string())
+    elif pa.types.is_timestamp(t):
+        text = _quoted(pc.replace_substring(pc.cast(column, pa.string()), " ", "T", max_replacements=1))
+    else:
+        text = _quoted(pc.cast(column, pa.string()))
+    return pc.fill_null(text, "null")
+
+
+def records(table: pa.Table, keys: list[str]) -> tuple[list[str], list[str]]:
+    """The table's rows as record values (JSON objects of its columns) and keys (`keys`' values joined by |)."""
+    parts: list = []
+    for i, name in enumerate(table.column_names):
+        parts += [("{" if i == 0 else ",") + json.dumps(name) + ":", json_text(table[name].combine_chunks())]
+    values = pc.binary_join_element_wise(*parts, "}", "")
+    present = [k for k in keys if k in table.column_names]
+    if not present:
+        return values.to_pylist(), values.to_pylist()
+    texts = [pc.fill_null(pc.cast(table[k].combine_chunks(), pa.string()), "") for k in present]
+    return values.to_pylist(), pc.binary_join_element_wise(*texts, "|").to_pylist()
+
+
+class ResultProducer:
+    """Sends result files' rows to `output.kafka.topic`: with `series` (whose transactional id it takes) in
+    transactions with a marker, else idempotent (at least once)."""
+
+    def __init__(self, cfg: dict, rank: int, series: str | None):
+        k = cfg["output"]["kafka"]
+        self.topic, self.marker_topic, self.timeout, self.run = k["topic"], k["marker_topic"], k["timeout"], k["run"]
+        self.results, self.fmt = Path(cfg["output"]["path"]) / "results", cfg["output"]["format"]
+        self.rank, self.exact, self.keys = rank, series is not None, key_columns(cfg)
+        self.client = {
+            **resolved_settings(k["config"], "output.kafka.config", ConfigError),
+            "bootstrap.servers": k["bootstrap"],
+        }
+        ms = int(self.timeout * 1000)
+        conf = {
+            **self.client,
+            "enable.idempotence": True,
+            "acks": "all",
+            "queue.buffering.max.messages": QUEUE,
+            "queue.buffering.max.kbytes": QUEUE_KIB,
+            "message.timeout.ms": ms,
+            "linger.ms": 20,
+            "on_delivery": self._delivered,
+        }
+        if self.exact:
+            conf |= {"transactional.id": transactional_id(self.run, series), "transaction.timeout.ms": max(ms, TXN_MS)}
+        self.producer = Producer(conf)
+        self.sent: dict[str, int] = {}  #: per slave's result files (slave-RRR), how many are produced
+        self.failed: str | None = None  #: the first record the broker did not take
+        self.rows = self.transactions = 0
+        self.seconds = 0.0  #: spent producing (building records, produce calls, commits)
+        #: called while a send goes on (a slice sent, a wait for the broker): a slave tells rank 0 it is alive
+        self.alive: Callable[[], None] = lambda: None
+
+    def begin(self) -> None:
+        """With transactions: take the transactional id, aborting a crashed holder's open transaction."""
+        if self.exact:
+            self._call(self.producer.init_transactions, self.timeout)
+
+    def transaction(self, counts: dict[str, int], label: str | int) -> None:
+        """The rows of every result file from `sent` up to `counts` (per slave's files) and, with transactions,
+        the marker of `label` (a checkpoint, "recovered" or "end") in one transaction."""
+        started = time.perf_counter()
+        if self.exact:
+            self._call(self.producer.begin_transaction)
+        for series, n in sorted(counts.items()):
+            for i in range(self.sent.get(series, 0), n):
+                self._file(self.results / f"{series}-{i:06d}.{self.fmt}")
+        if self.exact:
+            marker = {"run": self.run, "checkpoint": label, "files": counts}
+            self._produce(self.marker_topic, [json.dumps(marker)], [self.run])
+            faults.reached(self.rank, "sink-commit")
+            self._call(self.producer.commit_transaction, 1.0)  # retried while it times out, to the timeout
+        elif self.producer.flush(self.timeout) > 0:
+            self.failed = self.failed or f"not delivered within output.kafka.timeout = {self.timeout:g}s"
+        if self.failed:
+            raise SinkError(f"output.kafka.topic: {self.topic}: {self.failed}")
+        self.sent = {**self.sent, **counts}
+        self.transactions += 1
+        self.seconds += time.perf_counter() - started
+
+    def _file(self, path: Path) -> None:
+        """One result file's rows, a slice at a time (bounded memory)."""
+        table = pq.read_table(path) if self.fmt == "parquet" else pacsv.read_csv(path)
+        for start in range(0, table.num_rows, SLICE_ROWS):
+            values, keys = records(table.slice(start, SLICE_ROWS), self.keys)
+            self._produce(self.topic, values, keys)
+            self.rows += len(values)
+            self.alive()
+
+    def _produce(self, topic: str, values: list[str], keys: list[str]) -> None:
+        """Hand the records to the producer; while its queue is full wait for the broker (the back-pressure)."""
+        produce, poll = self.producer.produce, self.producer.poll
+        for value, key in zip(values, keys):
+            while True:
+                try:
+                    produce(topic, value, key)
+                    break
+                except BufferError:
+                    poll(0.05)
+                    self.alive()
+                    if self.failed:
+                        raise SinkError(f"output.kafka.topic: {topic}: {self.failed}") from None
+        poll(0)
+
+    def _delivered(self, err, message) -> None:
+        if err is not None and self.failed is None:
+            self.failed = f"a record was not delivered: {err.str()}"
+
+    def _call(self, call, *args):
+        """`call(*args)` to the broker, its answer; a retriable error is retried until output.kafka.timeout, any
+        other ends the run."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return call(*args)
+            except KafkaException as e:
+                error = e.args[0]
+                if not error.retriable() or time.monotonic() > deadline:
+                    raise SinkError(f"output.kafka: {call.__name__}: {error.str()}") from None
+                self.alive()
+                time.sleep(0.2)
