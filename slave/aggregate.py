@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from protocol import eventtime
+from protocol.aggregation import COUNT, WINDOW_START, Aggregation
 from protocol.output import PARTIAL_SCHEMA, NumberedFiles
 from slave.join import Pairs
 
@@ -92,8 +93,9 @@ class PartialAggregator(NumberedFiles):
         self.value_side = agg["value"][0]  # "r_value" -> "r"
         self._last = clock()
 
-    def add_pairs(self, pairs: Pairs) -> int:
-        """Pre-aggregate one batch's results (slave.join.Pairs); returns files written (0/1)."""
+    def add_pairs(self, pairs: Pairs, table: pa.Table | None = None) -> int:
+        """Pre-aggregate a chunk of a batch's pairs (slave.join.Pairs; `table`: as written); returns files written
+        (0/1)."""
         return self.add_rows(
             pairs[f"{self.key_side}_key"], np.maximum(pairs["r_ts"], pairs["s_ts"]), pairs[f"{self.value_side}_value"]
         )
@@ -102,10 +104,18 @@ class PartialAggregator(NumberedFiles):
         """Pre-aggregate result rows given as their key, ts (microseconds) and value columns: pairs (`add_pairs`), or
         the R rows of a semi or anti join (e.g. impressions without a click per key and window);
         returns files written (0/1)."""
-        if len(key):
-            self.add(partials(key, ts, value, self.window))
+        return self.take(partials(key, ts, value, self.window) if len(key) else None)
+
+    def add_lone(self, lone_r: np.ndarray, table: pa.Table | None = None) -> int:
+        """Pre-aggregate the R rows a semi or anti join decided (`table`: as written); returns files written (0/1)."""
+        return self.add_rows(lone_r["key"], lone_r["ts"], lone_r["value"])
+
+    def take(self, partial: pa.Table | None) -> int:
+        """Keep one batch's partial (None: no rows); returns files written (0/1)."""
+        if partial is not None:
+            self.add(partial)
             if len(self.parts) >= self.COMBINE_EVERY:
-                self.parts = [combine(self.parts)]
+                self.parts = [self.merged(self.parts)]
         return self.flush() if self.clock() - self._last >= self.interval else 0
 
     def flush(self) -> int:
@@ -115,3 +125,87 @@ class PartialAggregator(NumberedFiles):
 
     def merged(self, parts: list[pa.Table]) -> pa.Table:
         return combine(parts)
+
+
+# --------------------------------------------------------------------------- declared streams' own columns
+
+
+def stream_times(table: pa.Table, times: tuple[str, ...]) -> pa.Array:
+    """Each row's time in int64 microseconds: the latest of its `times` columns that is not null (a pair: the
+    later of its two tuples; a row alone: its own); null where all are."""
+    import pyarrow.compute as pc
+
+    cols = [pc.cast(pc.cast(table[c], pa.timestamp("us")), pa.int64()) for c in times]
+    return (pc.max_element_wise(*cols, skip_nulls=True) if len(cols) > 1 else cols[0]).combine_chunks()
+
+
+def windows(ts: pa.Array, window: int, slide: int) -> tuple[np.ndarray, pa.Array]:
+    """Every (row, window start) with start <= ts < start + window, starts on multiples of `slide` (tumbling:
+    slide = window); a row whose time is null has one null start.  (row indices, starts), rows rising."""
+    null = ts.is_null().to_numpy(zero_copy_only=False)
+    t = ts.fill_null(0).to_numpy()
+    latest = t - t % slide  # numpy's % floors: negative times too
+    n = -(-window // slide)  # windows per row
+    starts = (latest[None, :] - np.arange(n)[:, None] * slide).ravel()
+    index = np.tile(np.arange(len(t)), n)
+    first = np.arange(len(index)) < len(t)  # each row's latest window: a null time's only one
+    keep = np.where(null[index], first, starts > t[index] - window)
+    order = np.argsort(index[keep], kind="stable")
+    index, starts = index[keep][order], starts[keep][order]
+    return index, pa.array(starts, mask=null[index])
+
+
+def grouped(t: pa.Table, keys: list[str], count: tuple, aggs: list[tuple[str, str]]) -> pa.Table:
+    """`t` grouped by `keys`: the row count (`count`: pyarrow's aggregate giving it), then each (column, hash
+    function) under the column's name.  A float max is NaN if any value is (NaN orders above every number, as
+    in Spark and DuckDB; pyarrow's max skips NaN, its min gives NaN only if all are)."""
+    import pyarrow.compute as pc
+
+    floats = [c for c, fn in aggs if fn == "max" and pa.types.is_floating(t.schema.field(c).type)]
+    for c in floats:
+        t = t.append_column(f"{c}__nan", pc.is_nan(t[c]))
+    g = t.group_by(keys, use_threads=False).aggregate([count, *aggs, *((f"{c}__nan", "any") for c in floats)])
+    cols = {k: g[k] for k in keys}
+    cols[COUNT] = g[f"{count[0]}_{count[1]}" if count[0] else count[1]]
+    for c, fn in aggs:
+        cols[c] = pc.if_else(g[f"{c}__nan_any"], np.nan, g[f"{c}_{fn}"]) if c in floats else g[f"{c}_{fn}"]
+    return pa.table(cols)
+
+
+def column_partials(table: pa.Table, spec: Aggregation) -> pa.Table:
+    """One partial row per group and window of a batch's result rows (declared streams: the streams' own
+    columns): the row count and, per measured column, what protocol.aggregation says merges exactly."""
+    t = pa.table({**{g: table[g] for g in spec.groups}, **{name: table[col] for name, _, col in spec.parts}})
+    if spec.window:
+        index, starts = windows(stream_times(table, spec.times), spec.window, spec.slide)
+        t = t.take(index).append_column(WINDOW_START, starts)
+    return grouped(t, spec.keys, ([], "count_all"), [(name, fn) for name, fn, _ in spec.parts])
+
+
+def column_combine(tables: list[pa.Table], spec: Aggregation) -> pa.Table:
+    """Partials merged into one with a row per group and window: counts, sums and value counts add up, min of
+    mins, max of maxes."""
+    merge = [(name, "sum" if fn == "count" else fn) for name, fn, _ in spec.parts]
+    return grouped(pa.concat_tables(tables), spec.keys, (COUNT, "sum"), merge)
+
+
+class ColumnAggregator(PartialAggregator):
+    """Phase one over declared streams' result rows (`add_table`), grouped and measured as `spec` says."""
+
+    def __init__(self, directory: str | Path, rank: int, agg: dict, spec: Aggregation, clock=time.monotonic):
+        super().__init__(directory, rank, agg, clock)
+        self.spec = spec
+
+    def add_pairs(self, pairs: Pairs, table: pa.Table | None = None) -> int:
+        return self.add_table(table)
+
+    def add_lone(self, lone_r: np.ndarray, table: pa.Table | None = None) -> int:
+        return self.add_table(table)
+
+    def add_table(self, table: pa.Table | None) -> int:
+        """Pre-aggregate result rows as written (slave.result_files; None: none), pairs and rows alone each in
+        their `kind`; returns files written (0/1)."""
+        return self.take(column_partials(table, self.spec) if table is not None and table.num_rows else None)
+
+    def merged(self, parts: list[pa.Table]) -> pa.Table:
+        return column_combine(parts, self.spec)

@@ -1,0 +1,225 @@
+"""Two-phase aggregation over declared streams' own columns (`[aggregate]` with `[streams.NAME]`), differentially:
+the streaming merger's view and `--batch`'s equal DuckDB's GROUP BY over DuckDB's own join of the original files.
+
+The reference joins the input files in SQL (the time bounds as `lower <= s.at - r.at <= upper`, rows without a
+partner by LEFT / FULL JOIN or NOT EXISTS), cuts windows with integer microseconds and aggregates with DuckDB's
+count / sum / min / max / avg; nothing of the engine takes part in it.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from control import aggregate
+from protocol.aggregation import WINDOW_END, WINDOW_START, aggregation
+from protocol.config import load_config
+from protocol.output import LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
+from tests.runs import run_cluster, write_config
+
+START = 1_795_000_000_000  #: ms: November 2026
+LOWER, UPPER = -2_000_000, 3_000_000  #: the join's bounds in microseconds
+
+
+def write_streams(folder: Path, seed: int = 5, n: int = 2500) -> dict:
+    """views.parquet (R) and buys.parquet (S): each in time order, with nulls in group and measured columns,
+    decimals, integers and floats; the `[streams]` settings that read them."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def nulls(values, kind=None):
+        return pa.array(values, kind, mask=rng.random(len(values)) < 0.1)
+
+    at = np.sort(START + rng.integers(0, 8 * 60_000, n))
+    views = pa.table(
+        {
+            "id": np.arange(n, dtype=np.int64) + 1,
+            "user": rng.integers(0, 40, n),
+            "at": pa.array(at, pa.timestamp("ms", "UTC")),
+            "ad": nulls([f"ad{i}" for i in rng.integers(0, 4, n)]),
+            "price": nulls([Decimal(int(c)) / 100 for c in rng.integers(1, 100_000, n)], pa.decimal128(12, 2)),
+            "qty": nulls(rng.integers(-5, 50, n)),
+        }
+    )
+    m = int(n * 1.2)
+    at = np.sort(START + rng.integers(0, 8 * 60_000, m))
+    buys = pa.table(
+        {
+            "id": np.arange(m, dtype=np.int64) + 1,
+            "user": rng.integers(0, 40, m),
+            "at": pa.array(at, pa.timestamp("ms", "UTC")),
+            "venue": nulls([["north", "south"][i] for i in rng.integers(0, 2, m)]),
+            "cost": nulls(np.round(rng.random(m) * 10, 3)),
+            "amount": nulls([Decimal(int(c)) / 1000 for c in rng.integers(-1000, 100_000, m)], pa.decimal128(10, 3)),
+        }
+    )
+    pq.write_table(views, folder / "views.parquet")
+    pq.write_table(buys, folder / "buys.parquet")
+    settings = {}
+    for name in ("views", "buys"):
+        settings |= {
+            f"streams.{name}.path": str(folder / f"{name}.parquet"),
+            f"streams.{name}.key": "user",
+            f"streams.{name}.time": "at",
+            f"streams.{name}.id": "id",
+        }
+    paced = {"source.rate": 2500.0, "source.batch": 500}  # a few seconds: several partial files per slave
+    return settings | paced | {"join.lower": LOWER / 1e6, "join.upper": UPPER / 1e6, "join.max_delay": "1s"}
+
+
+def reference_rows(folder: Path, join_type: str) -> str:
+    """DuckDB SQL of the join's result rows, named as the engine names them, with `kind` outside inner joins."""
+    cols = [f"r.{c} AS views_{c}" for c in ("id", "user", "at", "ad", "price", "qty")]
+    cols += [f"s.{c} AS buys_{c}" for c in ("id", "user", "at", "venue", "cost", "amount")]
+    r, s = f"read_parquet('{folder / 'views.parquet'}')", f"read_parquet('{folder / 'buys.parquet'}')"
+    on = f"r.user = s.user AND epoch_us(s.at) - epoch_us(r.at) BETWEEN {LOWER} AND {UPPER}"
+    if join_type == "anti":
+        nothing = ", ".join(f"NULL AS buys_{c}" for c in ("id", "user", "at", "venue", "cost", "amount"))
+        return (
+            f"SELECT {', '.join(cols[:6])}, {nothing}, '{LEFT_UNMATCHED}' AS kind FROM {r} r "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {s} s WHERE {on})"
+        )
+    kind = (
+        f", CASE WHEN r.id IS NULL THEN '{RIGHT_UNMATCHED}' WHEN s.id IS NULL THEN '{LEFT_UNMATCHED}' "
+        f"ELSE '{MATCHED}' END AS kind"
+        if join_type != "inner"
+        else ""
+    )
+    return f"SELECT {', '.join(cols)}{kind} FROM {r} r {join_type.upper()} JOIN {s} s ON {on}"
+
+
+def reference_view(folder: Path, cfg: dict) -> pa.Table:
+    """DuckDB's GROUP BY of the reference rows with the config's groups, windows and measures."""
+    spec = aggregation(cfg)
+    sql = reference_rows(folder, cfg["join"]["type"])
+    groups = [f'"{g}"' for g in spec.groups]
+    measures = ["count(*) AS count"] + [f'{m.fn}("{m.column}") AS "{m.name}"' for m in spec.measures if m.fn != "count"]
+    if not spec.window:
+        return duckdb.sql(f"SELECT {', '.join(groups + measures)} FROM ({sql}) GROUP BY ALL").arrow().read_all()
+    times = [f'epoch_us("{t}")' for t in spec.times]
+    t = f"greatest({', '.join(times)})" if len(times) > 1 else times[0]
+    n = -(-spec.window // spec.slide)
+    windowed = (
+        f"SELECT *, latest - k * {spec.slide} AS window_start FROM (SELECT *, {t} AS t, "
+        f"{t} - ({t} % {spec.slide}) AS latest FROM ({sql})), range({n}) AS ks(k) "
+        f"WHERE latest - k * {spec.slide} > t - {spec.window}"
+    )
+    q = f"SELECT {', '.join(groups)}, window_start, {', '.join(measures)} FROM ({windowed}) GROUP BY ALL"
+    return duckdb.sql(q).arrow().read_all()
+
+
+def rows_by_group(t: pa.Table, keys: list[str]) -> dict:
+    d = t.to_pydict()
+    return {tuple(d[k][i] for k in keys): {c: d[c][i] for c in d if c not in keys} for i in range(t.num_rows)}
+
+
+def assert_view_equals(view: pa.Table, want: pa.Table, cfg: dict) -> None:
+    """The engine's view and the reference, group by group: counts, integer and decimal sums, min and max exact,
+    float sums and averages to rounding (a decimal's average is a decimal of 6 decimals, DuckDB's a double)."""
+    spec = aggregation(cfg)
+    assert view is not None
+    if spec.window:
+        start = view[WINDOW_START].cast(pa.int64())
+        np.testing.assert_array_equal(pa.compute.subtract(view[WINDOW_END].cast(pa.int64()), start), spec.window)
+        view = view.drop_columns([WINDOW_END]).set_column(view.column_names.index(WINDOW_START), WINDOW_START, start)
+    for g in spec.groups:  # the group columns in their own types
+        assert view.schema.field(g).type == want.schema.field(g).type, g
+    got, exp = rows_by_group(view, spec.keys), rows_by_group(want, spec.keys)
+    assert got.keys() == exp.keys()
+    assert sum(r["count"] for r in got.values()) > 100
+    for k, row in exp.items():
+        for c, v in row.items():
+            g = got[k][c]
+            if isinstance(v, float) or isinstance(g, float) or c.startswith("avg_"):
+                near = 1e-6 if isinstance(g, Decimal) else 1e-9  # a decimal's avg: Spark's quotient, 6 decimals
+                both = v is None and g is None
+                assert both or math.isclose(float(g), float(v), rel_tol=1e-9, abs_tol=near), (k, c, g, v)
+            else:
+                assert g == v, (k, c, g, v)
+
+
+def run_and_merge(tmp_path, spark, settings: dict) -> tuple[dict, pa.Table, pa.Table]:
+    """The cluster on 3 ranks, then the streaming merger over its partials and `--batch` over its results:
+    (config, streaming view, batch view)."""
+    run = run_cluster(tmp_path, 3, settings)
+    assert run.returncode == 0, run.stderr
+    cfg = load_config(write_config(tmp_path, settings))
+    spec = aggregation(cfg)
+    assert len(list((run.out / "aggregates").glob("slave-*.parquet"))) > 2
+    writer = aggregate.run_stream(
+        spark, run.out / "aggregates", tmp_path / "view", tmp_path / "ckpt", 1.5, trigger=0.3, quiet=True, spec=spec
+    )
+    assert writer.batches >= 1
+    batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), cfg["aggregate"], spec)
+    aggregate.ViewWriter(tmp_path / "batch", quiet=True, spec=spec)(batch, 0)
+    return cfg, aggregate.read_view(tmp_path / "view"), aggregate.read_view(tmp_path / "batch")
+
+
+MEASURES = [
+    "count",
+    "sum(views_price)",
+    "avg(views_price)",
+    "min(views_price)",
+    "sum(views_qty)",
+    "max(views_qty)",
+    "sum(buys_cost)",
+    "avg(buys_cost)",
+    "min(buys_cost)",
+    "max(buys_cost)",
+    "sum(buys_amount)",
+    "max(buys_amount)",
+]
+
+
+def test_inner_join_by_two_columns_per_tumbling_minute_equals_duckdb(tmp_path, spark):
+    settings = write_streams(tmp_path / "data") | {
+        "aggregate.enabled": True,
+        "aggregate.group_by": ["views_ad", "buys_venue"],
+        "aggregate.window": "1m",
+        "aggregate.measures": MEASURES,
+        "aggregate.flush_interval": 0.3,
+    }
+    cfg, view, batch = run_and_merge(tmp_path, spark, settings)
+    want = reference_view(tmp_path / "data", cfg)
+    assert view.schema.field("sum_views_price").type == pa.decimal128(38, 2)  # decimals stay decimals
+    assert view.schema.field(WINDOW_START).type == pa.timestamp("us", "UTC")
+    assert_view_equals(view, want, cfg)
+    assert_view_equals(batch, want, cfg)
+
+
+@pytest.mark.parametrize(
+    "join_type,group_by,window,slide,time",
+    [
+        ("left", ["views_ad"], "2m", "30s", ""),
+        ("full", "key", "1m", 0, "views_at"),
+        ("anti", [], "90s", "30s", "views_at"),
+        ("inner", ["buys_venue"], 0, 0, ""),
+    ],
+)
+def test_outer_and_anti_joins_count_rows_alone_in_their_kind_in_hopping_windows(
+    tmp_path, spark, join_type, group_by, window, slide, time
+):
+    settings = write_streams(tmp_path / "data", seed=11, n=1500) | {
+        "join.type": join_type,
+        "aggregate.enabled": True,
+        "aggregate.group_by": group_by,
+        "aggregate.window": window,
+        "aggregate.slide": slide,
+        "aggregate.time": time,
+        "aggregate.measures": MEASURES if join_type != "anti" else MEASURES[:6],
+        "aggregate.flush_interval": 0.3,
+    }
+    cfg, view, batch = run_and_merge(tmp_path, spark, settings)
+    want = reference_view(tmp_path / "data", cfg)
+    if join_type in ("left", "full"):
+        kinds = set(view["kind"].to_pylist())
+        assert {MATCHED, LEFT_UNMATCHED} <= kinds and (RIGHT_UNMATCHED in kinds) == (join_type == "full")
+    assert_view_equals(view, want, cfg)
+    assert_view_equals(batch, want, cfg)
