@@ -9,6 +9,8 @@ count / sum / min / max / avg; nothing of the engine takes part in it.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -19,11 +21,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from control import aggregate
+from deploy.launch import mpi_env, mpirun_command
 from protocol.aggregation import WINDOW_END, WINDOW_START, aggregation
 from protocol.config import load_config
 from protocol.output import LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
 from tests.runs import run_cluster, write_config
 
+ROOT = Path(__file__).resolve().parent.parent.parent
 START = 1_795_000_000_000  #: ms: November 2026
 LOWER, UPPER = -2_000_000, 3_000_000  #: the join's bounds in microseconds
 
@@ -224,3 +228,47 @@ def test_outer_and_anti_joins_count_rows_alone_in_their_kind_in_hopping_windows(
         assert {MATCHED, LEFT_UNMATCHED} <= kinds and (RIGHT_UNMATCHED in kinds) == (join_type == "full")
     assert_view_equals(view, want, cfg)
     assert_view_equals(batch, want, cfg)
+
+
+def test_the_clicks_example_per_ad_and_minute_equals_duckdb_over_the_reference_join(tmp_path, spark):
+    """examples/clicks/clicks-per-ad.toml end to end: make_data.py, the cluster on 3 ranks, the merger and
+    `--batch` as their command lines run them; the view is DuckDB's GROUP BY over its left join of the files:
+    per ad, kind and minute of the impression, clicks (matched) and impressions without one, and the cost."""
+    data, out = tmp_path / "data", tmp_path / "out"
+    subprocess.run([sys.executable, str(ROOT / "examples/clicks/make_data.py"), str(data)], check=True)
+    config = ROOT / "examples/clicks/clicks-per-ad.toml"
+    sets = [
+        f"streams.impressions.path={data / 'impressions'}",
+        f"streams.clicks.path={data / 'clicks.parquet'}",
+        f"output.path={out}",
+        "aggregate.flush_interval=0.3",
+    ]
+    args = ["--config", str(config), *(x for s in sets for x in ("--set", s))]
+    env = mpi_env()
+    run = [*args, "--set", "output.progress=0", "--set", "metrics.endpoint=127.0.0.1:0"]
+    proc = subprocess.run(mpirun_command(3, run), env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert aggregate.main([*args, "--until-idle", "1.5", "--trigger", "0.3"], spark) == 0
+    assert aggregate.main([*args, "--batch"], spark) == 0
+    cfg = load_config(config, sets)
+    shown = "epoch_us(CAST(i.shown_at AS TIMESTAMPTZ))"
+    on = f"i.user_id = c.user_id AND epoch_us(c.clicked_at) - {shown} BETWEEN 0 AND 30000000"
+    want = (
+        duckdb.sql(
+            f"""SELECT impressions_ad_id, kind, window_start, count(*) AS count,
+        sum(clicks_cost) AS sum_clicks_cost, avg(clicks_cost) AS avg_clicks_cost FROM (
+            SELECT i.ad_id AS impressions_ad_id, c.cost AS clicks_cost,
+            CASE WHEN c.click_id IS NULL THEN '{LEFT_UNMATCHED}' ELSE '{MATCHED}' END AS kind,
+            {shown} // 60000000 * 60000000 AS window_start
+            FROM read_csv('{data / "impressions"}/*.csv', all_varchar = true) i
+            LEFT JOIN read_parquet('{data / "clicks.parquet"}') c ON {on}
+        ) GROUP BY ALL"""
+        )
+        .arrow()
+        .read_all()
+    )
+    want = want.set_column(0, "impressions_ad_id", want["impressions_ad_id"].cast(pa.int64()))
+    clicks = pa.compute.sum(want.filter(pa.compute.equal(want["kind"], MATCHED))["count"]).as_py()
+    assert clicks > 1000 and want.num_rows > 25 * 30
+    for view in ("view", "view-batch"):
+        assert_view_equals(aggregate.read_view(out / view), want, cfg)
