@@ -9,8 +9,11 @@ count / sum / min / max / avg; nothing of the engine takes part in it.
 from __future__ import annotations
 
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from protocol.output import LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
 from tests.runs import run_cluster, write_config
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
 START = 1_795_000_000_000  #: ms: November 2026
 LOWER, UPPER = -2_000_000, 3_000_000  #: the join's bounds in microseconds
 
@@ -272,3 +276,49 @@ def test_the_clicks_example_per_ad_and_minute_equals_duckdb_over_the_reference_j
     assert clicks > 1000 and want.num_rows > 25 * 30
     for view in ("view", "view-batch"):
         assert_view_equals(aggregate.read_view(out / view), want, cfg)
+
+
+def test_a_slave_and_the_merger_killed_change_nothing_in_the_view(tmp_path, spark):
+    """A left join aggregated per ad in hopping windows: slave 2 is SIGKILLed at its 2nd batch after a
+    checkpoint and the supervisor restarts the run from it (partials since are staged, then replaced), then
+    the merger is SIGKILLed after two micro-batches and restarted on its checkpoint: its view, and `--batch`'s,
+    equal DuckDB's."""
+    settings = write_streams(tmp_path / "data", seed=23, n=3000) | {
+        "join.type": "left",
+        "source.rate": 1200.0,  # 6 s: checkpoints every half second
+        "checkpoint.interval": 5,
+        "epochs.distribution": 0.1,
+        "aggregate.enabled": True,
+        "aggregate.group_by": ["views_ad"],
+        "aggregate.window": "1m",
+        "aggregate.slide": "20s",
+        "aggregate.measures": MEASURES,
+        "aggregate.flush_interval": 0.2,
+    }
+    env = {"STREAMJOIN_FAULT": f"2:batch-after-checkpoint:2:{tmp_path / 'fired'}"}
+    run = run_cluster(tmp_path, 3, settings, wrapper=SUPERVISE, env=env)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "fired").exists() and "restart 1 of 3" in run.stderr
+    assert run.summary["checkpoints"]["recovered_from"] is not None
+    cfg = load_config(write_config(tmp_path, settings))
+    spec, want = aggregation(cfg), reference_view(tmp_path / "data", cfg)
+    assert len(list((run.out / "aggregates").glob("slave-*.parquet"))) > 4
+
+    view, ckpt = tmp_path / "view", tmp_path / "ckpt"
+    flags = ["--max-files-per-trigger", "1", "--trigger", "0.2", "--view", str(view), "--checkpoint-location"]
+    cmd = [sys.executable, "-m", "control.aggregate", "--config", str(tmp_path / "run.toml"), *flags, str(ckpt)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while len(list(view.glob("view-*.parquet"))) < 2:  # two micro-batches done, more files waiting
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the job and its JVM, without any chance to clean up
+        proc.wait()
+    assert aggregate.read_view(view)["count"].to_numpy().sum() < want["count"].to_numpy().sum()
+    aggregate.run_stream(spark, run.out / "aggregates", view, ckpt, until_idle=1.5, trigger=0.2, quiet=True, spec=spec)
+    assert_view_equals(aggregate.read_view(view), want, cfg)
+    batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), cfg["aggregate"], spec)
+    aggregate.ViewWriter(tmp_path / "batch", quiet=True, spec=spec)(batch, 0)
+    assert_view_equals(aggregate.read_view(tmp_path / "batch"), want, cfg)
