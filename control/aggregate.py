@@ -27,12 +27,26 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (spark-submit control/aggregate.py): make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from protocol import eventtime
-from protocol.aggregation import COUNT, WINDOW_END, WINDOW_START, Aggregation, aggregation
+from protocol.aggregation import (
+    COUNT,
+    FILE,
+    FILES,
+    FINAL,
+    RANK,
+    SLAVES,
+    STAMP,
+    WATERMARK,
+    WINDOW_END,
+    WINDOW_START,
+    Aggregation,
+    aggregation,
+)
 from protocol.config import ConfigError
 from protocol.output import PARTIAL_SCHEMA, RESULT_SCHEMA, write_table
 from protocol.lifetime import invocation
@@ -57,15 +71,18 @@ def merge(df, spec: Aggregation | None = None):
 
     if spec is not None:
         how = {"sum": F.sum, "count": F.sum, "min": F.min, "max": F.max}
-        g = df.groupBy(*spec.keys).agg(
-            F.sum(COUNT).alias(COUNT), *(how[fn](name).alias(name) for name, fn, _ in spec.parts)
+        stamps = {FILE: F.max, FILES: F.sum, WATERMARK: F.max, SLAVES: F.max}  # per slave (RANK)
+        g = df.groupBy(*spec.keys, RANK).agg(
+            F.sum(COUNT).alias(COUNT),
+            *(how[fn](name).alias(name) for name, fn, _ in spec.parts),
+            *(fn(c).alias(c) for c, fn in stamps.items()),
         )
         measures = {
             m.name: F.col(f"sum_{m.column}") / F.col(f"nn_{m.column}") if m.fn == "avg" else F.col(m.name)
             for m in spec.measures
             if m.fn != "count"
         }
-        return g.select(*spec.keys, COUNT, *(c.alias(n) for n, c in measures.items()))
+        return g.select(*spec.keys, COUNT, *(c.alias(n) for n, c in measures.items()), *STAMP)
     return (
         df.groupBy(*GROUP)
         .agg(
@@ -128,6 +145,7 @@ def rows_as_partials(df, spec: Aggregation):
         )
         cols.append(F.explode_outer(starts).alias(WINDOW_START))
     cols.append(F.lit(1).cast("long").alias(COUNT))
+    cols += [F.lit(None).cast("long").alias(c) for c in STAMP]  # rows, no stamps
     for name, fn, col in spec.parts:
         kind = df.schema[col].dataType
         if fn == "count":
@@ -141,12 +159,43 @@ def rows_as_partials(df, spec: Aggregation):
     return df.select(*cols)
 
 
+def watermark_of(stamps: pa.Table) -> int:
+    """The lowest watermark of all slaves, from the stamps merged so far (a row per slave); NEG_INF unless
+    every slave has stamped and none has a file numbered below its newest that is not merged yet."""
+    files, newest = stamps[FILES].to_numpy(), stamps[FILE].to_numpy()
+    if not stamps.num_rows or stamps.num_rows != pc.max(stamps[SLAVES]).as_py() or (files != newest + 1).any():
+        return eventtime.NEG_INF
+    return pc.min(stamps[WATERMARK]).as_py()
+
+
+def final_view(t: pa.Table, spec: Aggregation, watermark: int | None) -> pa.Table:
+    """The view of merged partials (declared streams): window starts as timestamps and window ends beside,
+    the slaves' stamps taken out and `final` added: true where the lowest slave watermark (`watermark`, None:
+    the stamps') is past the window's end by `spec.reach`, or the run has ended."""
+    is_stamp = pc.is_valid(t[RANK])
+    watermark = watermark_of(t.filter(is_stamp)) if watermark is None else watermark
+    t = t.filter(pc.invert(is_stamp)).drop_columns([*STAMP])
+    ended = pa.scalar(watermark >= eventtime.POS_INF)
+    final = pa.array(np.full(t.num_rows, ended.as_py()))
+    if spec.window:
+        start = t[WINDOW_START].cast(pa.int64())
+        at = t.column_names.index(WINDOW_START)
+        end = pc.add(start, spec.window)
+        if spec.reach is not None:
+            final = pc.fill_null(pc.less_equal(pc.add(end, spec.reach), watermark), ended)
+        t = t.set_column(at, WINDOW_START, start.cast(pa.timestamp("us", "UTC")))
+        t = t.add_column(at + 1, WINDOW_END, end.cast(pa.timestamp("us", "UTC")))
+    return t.append_column(FINAL, final)
+
+
 class ViewWriter:
     """foreachBatch sink: the batch's whole view (complete mode) as one file named after the batch id."""
 
-    def __init__(self, directory: Path, quiet: bool = False, spec: Aggregation | None = None):
-        """`spec`: declared streams' view, whose window starts (microseconds in partials) become timestamps."""
+    def __init__(self, directory: Path, quiet: bool = False, spec: Aggregation | None = None, ended: bool = False):
+        """`spec`: declared streams' view (protocol.aggregation), `ended`: of a run that has ended (every window
+        final: `--batch`)."""
         self.directory, self.quiet, self.spec = directory, quiet, spec
+        self.watermark = eventtime.POS_INF if ended else None
         self.batches = 0
         self.last = time.monotonic()  #: when the last batch ended (for --until-idle)
 
@@ -154,12 +203,8 @@ class ViewWriter:
         t = df.toArrow()
         keys = GROUP if self.spec is None else self.spec.keys
         t = t.sort_by([(c, "ascending") for c in keys]) if t.num_rows else t
-        if self.spec is not None and self.spec.window:
-            start = t[WINDOW_START].cast(pa.int64())
-            at = t.column_names.index(WINDOW_START)
-            t = t.set_column(at, WINDOW_START, start.cast(pa.timestamp("us", "UTC")))
-            end = pc.add(start, self.spec.window).cast(pa.timestamp("us", "UTC"))
-            t = t.add_column(at + 1, WINDOW_END, end)
+        if self.spec is not None:
+            t = final_view(t, self.spec, self.watermark)
         write_table(self.directory, f"view-{batch_id:010d}", t, "parquet")
         for old in sorted(self.directory.glob("view-*.parquet"))[: -(KEEP + 1)]:
             old.unlink(missing_ok=True)
@@ -272,7 +317,7 @@ def main(argv: list[str], spark=None) -> int:
     spark = spark or session(a.spark_master, "streamjoin-aggregate")
     started = time.monotonic()
     if a.batch:
-        ViewWriter(view, spec=spec)(from_results(spark, files, cfg["aggregate"], spec), 0)
+        ViewWriter(view, spec=spec, ended=True)(from_results(spark, files, cfg["aggregate"], spec), 0)
     else:
         checkpoint = Path(a.checkpoint_location or out / "aggregate-checkpoint")
         print(

@@ -12,6 +12,7 @@ import re
 from typing import NamedTuple
 
 from protocol import eventtime
+from protocol.predicates import time_bounds
 
 FUNCTIONS = ("sum", "min", "max", "avg")
 #: the partial columns a measure of each function needs, by prefix (nn: the count of values, not null)
@@ -20,7 +21,11 @@ NEEDS = {"sum": ("sum",), "min": ("min",), "max": ("max",), "avg": ("sum", "nn")
 _MEASURE = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(.+?)\s*\))?\s*$")
 #: the view's window bounds and the partials' window start (int64 microseconds)
 WINDOW_START, WINDOW_END = "window_start", "window_end"
-COUNT, KIND = "count", "kind"
+COUNT, KIND, FINAL = "count", "kind", "final"
+#: a partial file's stamp, one row besides its groups' (theirs null): the slave's rank, the file's number, 1
+#: (files merged add up), the watermark of the last batch in it and the number of slaves (all int64)
+RANK, FILE, FILES, WATERMARK, SLAVES = "__rank", "__file", "__files", "__watermark", "__slaves"
+STAMP = (RANK, FILE, FILES, WATERMARK, SLAVES)
 
 
 class Measure(NamedTuple):
@@ -58,6 +63,9 @@ class Aggregation(NamedTuple):
     window: int  #: microseconds; 0 = no window
     slide: int  #: microseconds between two windows' starts (= window: tumbling)
     measures: tuple[Measure, ...]
+    #: how far below the watermark that decides it a row's time may lie (microseconds): a window is final
+    #: once every slave's watermark is past its end by this; None: only once the run has ended
+    reach: int | None
 
     @property
     def parts(self) -> tuple[tuple[str, str, str], ...]:
@@ -93,7 +101,14 @@ def aggregation(cfg: dict) -> Aggregation:
     window = eventtime.duration(agg["window"])
     slide = eventtime.duration(agg["slide"]) or window
     measures = tuple(dict.fromkeys(parse_measure(m, ValueError) for m in agg["measures"]))
-    return Aggregation(tuple(groups), times, window, slide, measures)
+    # a slave's watermark bounds its own future rows (a pair's time from its fresher tuple, a row alone from
+    # the bound that decides it, the other side's time by the bounds); a moved group or a hot key's grid brings
+    # it rows of another slave, which its watermark does not bound
+    lower, upper = time_bounds(cfg["join"])
+    stream_times = {result_column(s, s["time"]) for s in streams}
+    moves = cfg["balance"]["enabled"] or cfg["hotkeys"]["enabled"]
+    reach = None if moves or not set(times) <= stream_times else max(0, upper, -lower) + 1
+    return Aggregation(tuple(groups), times, window, slide, measures, reach)
 
 
 def check(cfg: dict, error: type[Exception]) -> None:
@@ -128,7 +143,7 @@ def check(cfg: dict, error: type[Exception]) -> None:
             f"aggregate.slide: must be at least a microsecond and at most aggregate.window, got {agg['slide']!r}"
         )
     spec = aggregation(cfg)
-    names = [*spec.keys, *([WINDOW_END] if spec.window else []), COUNT]
+    names = [*spec.keys, *([WINDOW_END] if spec.window else []), COUNT, FINAL]
     names += [m.name for m in spec.measures if m.fn != "count"]
     if len(set(names)) < len(names):
         raise error(f"aggregate.group_by: the view's columns would repeat a name: {names}")

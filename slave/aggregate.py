@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from protocol import eventtime
-from protocol.aggregation import COUNT, WINDOW_START, Aggregation
+from protocol.aggregation import COUNT, FILE, FILES, RANK, SLAVES, STAMP, WATERMARK, WINDOW_START, Aggregation
 from protocol.output import PARTIAL_SCHEMA, NumberedFiles
 from slave.join import Pairs
 
@@ -110,6 +110,11 @@ class PartialAggregator(NumberedFiles):
         """Pre-aggregate the R rows a semi or anti join decided (`table`: as written); returns files written (0/1)."""
         return self.add_rows(lone_r["key"], lone_r["ts"], lone_r["value"])
 
+    def decided(self, watermark: int) -> int:
+        """A batch is done, decided by `watermark` (eventtime.POS_INF: the run's end); returns files written
+        (0/1)."""
+        return self.take(None)
+
     def take(self, partial: pa.Table | None) -> int:
         """Keep one batch's partial (None: no rows); returns files written (0/1)."""
         if partial is not None:
@@ -189,12 +194,52 @@ def column_combine(tables: list[pa.Table], spec: Aggregation) -> pa.Table:
     return grouped(pa.concat_tables(tables), spec.keys, (COUNT, "sum"), merge)
 
 
-class ColumnAggregator(PartialAggregator):
-    """Phase one over declared streams' result rows (`add_table`), grouped and measured as `spec` says."""
+def stamped(table: pa.Table, rank: int, file: int, watermark: int, slaves: int) -> pa.Table:
+    """A partial file's table: its groups' rows, then its stamp (protocol.aggregation.STAMP) in a row of its own."""
+    n = table.num_rows
+    for c in STAMP:
+        table = table.append_column(pa.field(c, pa.int64()), pa.nulls(n, pa.int64()))
+    values = {COUNT: 0, RANK: rank, FILE: file, FILES: 1, WATERMARK: watermark, SLAVES: slaves}
+    row = {f.name: pa.array([values.get(f.name)], f.type) for f in table.schema}
+    return pa.concat_tables([table, pa.table(row, schema=table.schema)])
 
-    def __init__(self, directory: str | Path, rank: int, agg: dict, spec: Aggregation, clock=time.monotonic):
+
+class ColumnAggregator(PartialAggregator):
+    """Phase one over declared streams' result rows (`add_table`), grouped and measured as `spec` says.
+
+    Each file is stamped with the watermark of the last batch in it (`decided`), from which the merger tells
+    final windows; a file goes out every `flush_interval` while the watermark rises, with no rows if none came
+    (its columns' types from `results`: an empty result table)."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        rank: int,
+        agg: dict,
+        spec: Aggregation,
+        slaves: int,
+        results: Callable[[], pa.Table],
+        clock=time.monotonic,
+    ):
         super().__init__(directory, rank, agg, clock)
-        self.spec = spec
+        self.spec, self.rank, self.slaves, self.results = spec, rank, slaves, results
+        self.watermark = self.stamp = eventtime.NEG_INF
+
+    def decided(self, watermark: int) -> int:
+        """Every row this slave will still put out has a time of at least `watermark` - `spec.reach`."""
+        self.watermark = watermark
+        return super().decided(watermark)
+
+    def flush(self) -> int:
+        if not self.parts and self.watermark == self.stamp:
+            self._last = self.clock()
+            return 0
+        self.parts = self.parts or [column_partials(self.results(), self.spec)]
+        self.stamp = self.watermark
+        return super().flush()
+
+    def write(self, stem: str, table: pa.Table) -> None:
+        super().write(stem, stamped(table, self.rank, self.files, self.stamp, self.slaves))
 
     def add_pairs(self, pairs: Pairs, table: pa.Table | None = None) -> int:
         return self.add_table(table)

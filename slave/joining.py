@@ -16,16 +16,18 @@ from typing import Callable
 
 import numpy as np
 import psutil
+import pyarrow as pa
 
 from protocol import checkpoint, delays, eventtime, faults
 from protocol.messages import HISTOGRAMS, batch_groups, batch_rows, encode_report, hot_key, joining_message
+from protocol.output import MATCHED
 from protocol.payload import payload_reader
 from protocol.predicates import time_bounds
 from protocol.aggregation import aggregation
 from slave.aggregate import ColumnAggregator, PartialAggregator
 from slave.join import JoinModule
 from slave.mover import decode_group, decode_move, encode_group, encode_move
-from slave.result_files import ResultWriter
+from slave.result_files import ResultWriter, with_columns
 from slave.results_out import ResultSender
 
 
@@ -55,8 +57,9 @@ class Joiner:
         staged = f"{out['path']}/{checkpoint.PENDING_AGGREGATES if cfg['checkpoint']['interval'] else 'aggregates'}"
         self.aggregator = None
         if agg["enabled"]:  # declared streams: over their own columns (protocol.aggregation)
+            slaves = comm.size - cfg["cluster"]["dispatchers"]
             self.aggregator = (
-                ColumnAggregator(staged, comm.rank, agg, aggregation(cfg))
+                ColumnAggregator(staged, comm.rank, agg, aggregation(cfg), slaves, self.no_results)
                 if cfg.get("streams")
                 else PartialAggregator(staged, comm.rank, agg)
             )
@@ -99,6 +102,8 @@ class Joiner:
                 say(joining_message(seq, results, round((now - started) * 1000)))
                 said = now
         lone = self.take_lone(dispatcher, seq, watermark)
+        if self.aggregator:
+            self.aggregator.decided(watermark)
         return {
             "seq": seq,
             "tuples_r": len(fresh_r),
@@ -109,6 +114,12 @@ class Joiner:
             "files": self.writer.files - files,
             "busy": time.perf_counter() - started,
         }, hists
+
+    def no_results(self) -> pa.Table:
+        """An empty table of this run's result columns (declared streams)."""
+        none = np.empty(0, np.int64)
+        kind = None if self.module.join_type == "inner" else MATCHED
+        return with_columns(self.writer.payload, none, none, np.empty(0), kind)
 
     def take_lone(self, dispatcher: int, seq: int, watermark: int) -> int:
         """Outer, semi and anti joins: write the rows the last epoch decided alone (known once its last chunk is
@@ -155,6 +166,7 @@ class Joiner:
         else:
             self.results_out.answer(dispatcher, seq)
         if self.aggregator:
+            self.aggregator.decided(eventtime.POS_INF)
             self.aggregator.flush()
         self.results_out.wait()
         self.writer.flush()

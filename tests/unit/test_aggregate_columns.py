@@ -10,9 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from control.aggregate import final_view, watermark_of
+from protocol import eventtime
 from protocol.aggregation import Aggregation, Measure
 from protocol.config import ConfigError, load_config
-from slave.aggregate import column_combine, column_partials, windows
+from slave.aggregate import column_combine, column_partials, stamped, windows
 
 
 def python_windows(t, window: int, slide: int) -> list:
@@ -98,7 +100,7 @@ def test_partials_of_any_split_merge_to_the_view_of_all_rows(window, slide, time
     rng = np.random.default_rng(3)
     t = rows(rng, 3000)
     measures = tuple(Measure(fn, c) for fn in ("sum", "min", "max", "avg") for c in ("d", "i", "f"))
-    spec = Aggregation(("g", "h"), times, window, slide, (Measure("count", None), *measures))
+    spec = Aggregation(("g", "h"), times, window, slide, (Measure("count", None), *measures), None)
     cuts = np.sort(rng.choice(np.arange(1, 3000), 7, replace=False))
     parts = [column_partials(p, spec) for p in (t.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, 3000]))]
     merged = column_combine([column_combine(parts[:3], spec), *parts[3:]], spec)
@@ -139,3 +141,25 @@ def test_streams_aggregate_keys_are_checked(tmp_path):
     for override in ("aggregate.slide='10s'", "aggregate.measures=['sum(x)']", "aggregate.time='t'"):
         with pytest.raises(ConfigError, match="only with \\[streams"):
             load_config(None, ["aggregate.enabled=true", override])
+
+
+def test_a_window_is_final_once_every_slave_stamped_a_watermark_past_its_end_by_the_reach():
+    spec = Aggregation(("g",), ("t",), 10, 10, (Measure("count", None),), 3)
+    part = pa.table({"g": pa.array(["a", "b", None], pa.string()), "window_start": [0, 10, None], "count": [1, 2, 3]})
+
+    def merged(*stamps):  # (rank, newest file, files merged, watermark) of 2 slaves, as the merger groups them
+        rows = [stamped(part.slice(0, 0), r, f, w, 2).slice(0, 1) for r, f, _, w in stamps]
+        for i, (_, _, files, _) in enumerate(stamps):
+            rows[i] = rows[i].set_column(rows[i].column_names.index("__files"), "__files", pa.array([files]))
+        return pa.concat_tables([stamped(part, 1, 0, 0, 2).slice(0, 3), *rows])
+
+    assert watermark_of(merged((1, 4, 5, 30)).slice(3)) == eventtime.NEG_INF  # slave 2 not heard of
+    assert watermark_of(merged((1, 4, 5, 30), (2, 4, 4, 40)).slice(3)) == eventtime.NEG_INF  # one of its files missing
+    assert watermark_of(merged((1, 4, 5, 30), (2, 6, 7, 12)).slice(3)) == 12
+    for watermark, final in [(12, [False, False, False]), (13, [True, False, False]), (23, [True, True, False])]:
+        view = final_view(merged((1, 4, 5, 30), (2, 6, 7, watermark)), spec, None)
+        assert view["final"].to_pylist() == final and view["count"].to_pylist() == [1, 2, 3]
+        assert view.column_names == ["g", "window_start", "window_end", "count", "final"]
+    ended = final_view(merged((1, 4, 5, 30)), spec, eventtime.POS_INF)  # --batch: a finished run's results
+    assert ended["final"].to_pylist() == [True] * 3
+    assert final_view(merged((1, 4, 5, 30)), spec._replace(reach=None), 10**9)["final"].to_pylist() == [False] * 3
