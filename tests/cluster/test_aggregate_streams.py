@@ -372,3 +372,17 @@ def test_final_windows_of_a_view_taken_while_the_run_goes_on_never_change(tmp_pa
     for t in snapshots[:-1]:
         assert_view_equals(t, want, cfg, partial=True)
     assert_view_equals(snapshots[-1], want, cfg)
+
+
+@pytest.mark.parametrize(
+    "settings,words",
+    [
+        ({"aggregate.measures": ["sum(views_nope)"]}, "aggregate.measures: 'views_nope' is not a result column"),
+        ({"aggregate.measures": ["sum(views_ad)"]}, "sum(views_ad): the column is string, not a number"),
+        ({"aggregate.group_by": ["buys_nope"]}, "aggregate.group_by: 'buys_nope' is not a result column"),
+        ({"aggregate.time": "views_qty", "aggregate.window": "1m"}, "aggregate.time: 'views_qty' is int64"),
+    ],
+)
+def test_columns_results_lack_or_of_the_wrong_type_end_the_run_at_its_start(tmp_path, settings, words):
+    run = run_cluster(tmp_path, 2, write_streams(tmp_path / "data", n=50) | {"aggregate.enabled": True} | settings)
+    assert run.returncode == 2 and words in run.stderr, run.stderr
