@@ -71,16 +71,19 @@ def merge(df, spec: Aggregation | None = None):
 
     if spec is not None:
         how = {"sum": F.sum, "count": F.sum, "min": F.min, "max": F.max}
+        how["distinct"] = lambda c: F.array_distinct(F.flatten(F.collect_list(c)))
         stamps = {FILE: F.max, FILES: F.sum, WATERMARK: F.max, SLAVES: F.max}  # per slave (RANK)
         g = df.groupBy(*spec.keys, RANK).agg(
             F.sum(COUNT).alias(COUNT),
             *(how[fn](name).alias(name) for name, fn, _ in spec.parts),
             *(fn(c).alias(c) for c, fn in stamps.items()),
         )
+        shape = {
+            "avg": lambda c: F.col(f"sum_{c}") / F.col(f"nn_{c}"),
+            "count_distinct": lambda c: F.size(F.col(f"distinct_{c}")).cast("long"),
+        }
         measures = {
-            m.name: F.col(f"sum_{m.column}") / F.col(f"nn_{m.column}") if m.fn == "avg" else F.col(m.name)
-            for m in spec.measures
-            if m.fn != "count"
+            m.name: shape[m.fn](m.column) if m.fn in shape else F.col(m.name) for m in spec.measures if m.fn != "count"
         }
         return g.select(*spec.keys, COUNT, *(c.alias(n) for n, c in measures.items()), *STAMP)
     return (
@@ -150,6 +153,10 @@ def rows_as_partials(df, spec: Aggregation):
         kind = df.schema[col].dataType
         if fn == "count":
             cols.append(F.col(col).isNotNull().cast("long").alias(name))
+        elif fn == "distinct":
+            cols.append(
+                F.when(F.col(col).isNotNull(), F.array(col)).otherwise(F.array().cast(T.ArrayType(kind))).alias(name)
+            )
         elif fn == "sum":  # as pyarrow sums: decimals to 38 digits, integers in int64, floats in float64
             wide = T.DecimalType(38, kind.scale) if isinstance(kind, T.DecimalType) else None
             wide = wide or (T.DoubleType() if isinstance(kind, (T.FloatType, T.DoubleType)) else T.LongType())

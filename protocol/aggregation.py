@@ -1,8 +1,9 @@
 """What `[aggregate]` asks of declared streams (`[streams.NAME]`): the view's groups, window and measures over
 the results' own columns, for phase one (slave.aggregate) and the merger (control.aggregate) alike.
 
-A measure is `count` or `FN(column)` with FN one of sum, min, max, avg.  Partials carry only what merges
-exactly: the row count, and per column its sum, its count of values (not null: avg = sum / that), min and max.
+A measure is `count` or `FN(column)` with FN one of sum, min, max, avg, count_distinct.  Partials carry only
+what merges exactly: the row count, and per column its sum, its count of values (not null: avg = sum / that),
+min, max and its distinct values (count_distinct, exact: the sets are merged, then counted).
 Pure, no pyarrow at import: Spark's workers and the config read it.
 """
 
@@ -14,9 +15,10 @@ from typing import NamedTuple
 from protocol import eventtime
 from protocol.predicates import time_bounds
 
-FUNCTIONS = ("sum", "min", "max", "avg")
-#: the partial columns a measure of each function needs, by prefix (nn: the count of values, not null)
-NEEDS = {"sum": ("sum",), "min": ("min",), "max": ("max",), "avg": ("sum", "nn")}
+FUNCTIONS = ("sum", "min", "max", "avg", "count_distinct")
+#: the partial columns a measure of each function needs, by prefix (nn: the count of values, not null;
+#: distinct: the distinct values, not null, as a list)
+NEEDS = {"sum": ("sum",), "min": ("min",), "max": ("max",), "avg": ("sum", "nn"), "count_distinct": ("distinct",)}
 #: a measure as written: `count`, or `fn(column)`
 _MEASURE = re.compile(r"^\s*([a-z_]+)\s*(?:\(\s*(.+?)\s*\))?\s*$")
 #: the view's window bounds and the partials' window start (int64 microseconds)
@@ -42,15 +44,10 @@ def parse_measure(text: str, error: type[Exception]) -> Measure:
     m = _MEASURE.match(text) if isinstance(text, str) else None
     if m and m.group(1) == "count" and m.group(2) is None:
         return Measure("count", None)
-    if m and m.group(1) == "count_distinct":
-        raise error(
-            f"aggregate.measures: {text!r}: count_distinct is not built: a distinct count does not merge from "
-            "partial counts, and the exact way (every group's distinct values in each partial) is not done yet"
-        )
     if not m or m.group(1) not in FUNCTIONS or m.group(2) is None:
         raise error(
             f"aggregate.measures: {text!r} is not a measure: write count, sum(COLUMN), min(COLUMN), "
-            "max(COLUMN) or avg(COLUMN) over a result column"
+            "max(COLUMN), avg(COLUMN) or count_distinct(COLUMN) over a result column"
         )
     return Measure(m.group(1), m.group(2))
 
@@ -167,5 +164,10 @@ def check_columns(spec: Aggregation, schema, error: type[Exception]) -> None:
     for m in spec.measures:
         if m.column is not None:
             t = field(m.column, "measures")
-            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+            if m.fn == "count_distinct":
+                if pa.types.is_nested(t):
+                    raise error(
+                        f"aggregate.measures: {m.fn}({m.column}): the column is {t}, whose values are not compared"
+                    )
+            elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
                 raise error(f"aggregate.measures: {m.fn}({m.column}): the column is {t}, not a number or a decimal")

@@ -279,7 +279,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "measures": (
             ["count"],
             "with [streams.*]: the view's measures: count, sum(COL), min(COL), max(COL), avg(COL) over numeric "
-            "or decimal result columns",
+            "or decimal result columns, count_distinct(COL) (exact)",
         ),
         "flush_interval": (5.0, "seconds between two partial-aggregate files of a slave"),
     },

@@ -27,6 +27,7 @@ from protocol.output import PARTIAL_SCHEMA, NumberedFiles
 from slave.join import Pairs
 
 _GROUP = ["key", "window_start"]
+ROWS = "__rows"  #: each row's place in a table being grouped (distinct value sets are merged by it)
 
 
 def window_starts(ts: np.ndarray, window: int) -> np.ndarray:
@@ -169,12 +170,31 @@ def grouped(t: pa.Table, keys: list[str], count: tuple, aggs: list[tuple[str, st
     floats = [c for c, fn in aggs if fn == "max" and pa.types.is_floating(t.schema.field(c).type)]
     for c in floats:
         t = t.append_column(f"{c}__nan", pc.is_nan(t[c]))
-    g = t.group_by(keys, use_threads=False).aggregate([count, *aggs, *((f"{c}__nan", "any") for c in floats)])
+    unions = [c for c, fn in aggs if fn == "union"]
+    t = t.append_column(ROWS, pa.array(np.arange(t.num_rows))) if unions else t
+    hashed = [(c, fn) for c, fn in aggs if fn != "union"] + ([(ROWS, "list")] if unions else [])
+    g = t.group_by(keys, use_threads=False).aggregate([count, *hashed, *((f"{c}__nan", "any") for c in floats)])
     cols = {k: g[k] for k in keys}
     cols[COUNT] = g[f"{count[0]}_{count[1]}" if count[0] else count[1]]
     for c, fn in aggs:
-        cols[c] = pc.if_else(g[f"{c}__nan_any"], np.nan, g[f"{c}_{fn}"]) if c in floats else g[f"{c}_{fn}"]
+        if fn == "union":
+            cols[c] = union(t[c], g[f"{ROWS}_list"])
+        else:
+            cols[c] = pc.if_else(g[f"{c}__nan_any"], np.nan, g[f"{c}_{fn}"]) if c in floats else g[f"{c}_{fn}"]
     return pa.table(cols)
+
+
+def union(lists: pa.ChunkedArray, rows: pa.ChunkedArray) -> pa.ListArray:
+    """Per group, the distinct values of the `lists` of its `rows` (each group's input rows, as grouped)."""
+    import pyarrow.compute as pc
+
+    lists, rows = lists.combine_chunks(), rows.combine_chunks()
+    group_of = np.empty(len(lists), np.int64)
+    group_of[pc.list_flatten(rows).to_numpy()] = pc.list_parent_indices(rows).to_numpy()
+    pairs = pa.table({"g": group_of[pc.list_parent_indices(lists).to_numpy()], "v": pc.list_flatten(lists)})
+    pairs = pairs.group_by(["g", "v"], use_threads=False).aggregate([]).sort_by("g")
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(pairs["g"].to_numpy(), minlength=len(rows)))])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pairs["v"].combine_chunks())
 
 
 def column_partials(table: pa.Table, spec: Aggregation) -> pa.Table:
@@ -190,7 +210,7 @@ def column_partials(table: pa.Table, spec: Aggregation) -> pa.Table:
 def column_combine(tables: list[pa.Table], spec: Aggregation) -> pa.Table:
     """Partials merged into one with a row per group and window: counts, sums and value counts add up, min of
     mins, max of maxes."""
-    merge = [(name, "sum" if fn == "count" else fn) for name, fn, _ in spec.parts]
+    merge = [(name, {"count": "sum", "distinct": "union"}.get(fn, fn)) for name, fn, _ in spec.parts]
     return grouped(pa.concat_tables(tables), spec.keys, (COUNT, "sum"), merge)
 
 
