@@ -293,9 +293,11 @@ def test_the_clicks_example_per_ad_and_minute_equals_duckdb_over_the_reference_j
         assert_view_equals(aggregate.read_view(out / view), want, cfg)
 
 
-def test_a_slave_and_the_merger_killed_change_nothing_in_the_view(tmp_path, spark):
+@pytest.mark.parametrize("fault", ["2:batch-after-checkpoint:2", "0:checkpoint:3"])
+def test_a_rank_and_the_merger_killed_change_nothing_in_the_view(tmp_path, spark, fault):
     """A left join aggregated per ad in hopping windows: slave 2 is SIGKILLed at its 2nd batch after a
-    checkpoint and the supervisor restarts the run from it (partials since are staged, then replaced), then
+    checkpoint, or the master as it begins its 3rd, and the supervisor restarts the run from the last complete
+    one (partials since are staged, then replaced), then
     the merger is SIGKILLed after two micro-batches and restarted on its checkpoint: its view, and `--batch`'s,
     equal DuckDB's."""
     settings = write_streams(tmp_path / "data", seed=23, n=3000) | {
@@ -310,7 +312,7 @@ def test_a_slave_and_the_merger_killed_change_nothing_in_the_view(tmp_path, spar
         "aggregate.measures": MEASURES,
         "aggregate.flush_interval": 0.2,
     }
-    env = {"STREAMJOIN_FAULT": f"2:batch-after-checkpoint:2:{tmp_path / 'fired'}"}
+    env = {"STREAMJOIN_FAULT": f"{fault}:{tmp_path / 'fired'}"}
     run = run_cluster(tmp_path, 3, settings, wrapper=SUPERVISE, env=env)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "fired").exists() and "restart 1 of 3" in run.stderr
