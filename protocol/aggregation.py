@@ -113,10 +113,10 @@ def check(cfg: dict, error: type[Exception]) -> None:
     agg = cfg["aggregate"]
     if not cfg.get("streams"):
         changed = [k for k in ("time", "slide", "measures") if agg[k] not in ("", 0.0, ["count"])]
-        if changed or not isinstance(agg["group_by"], str):
+        if changed:
             raise error(
-                f"aggregate.{changed[0] if changed else 'group_by'}: only with [streams.*]: the single file's "
-                "aggregation groups by its key and keeps count, sum, min, max of aggregate.value"
+                f"aggregate.{changed[0]}: only with [streams.*]: the single file's aggregation groups by its "
+                "key and keeps count, sum, min, max of aggregate.value"
             )
         return
     if not agg["enabled"]:

@@ -163,8 +163,9 @@ def windows(ts: pa.Array, window: int, slide: int) -> tuple[np.ndarray, pa.Array
 
 def grouped(t: pa.Table, keys: list[str], count: tuple, aggs: list[tuple[str, str]]) -> pa.Table:
     """`t` grouped by `keys`: the row count (`count`: pyarrow's aggregate giving it), then each (column, hash
-    function) under the column's name.  A float max is NaN if any value is (NaN orders above every number, as
-    in Spark and DuckDB; pyarrow's max skips NaN, its min gives NaN only if all are)."""
+    function, or "union": lists of distinct values united) under the column's name.  A float max is NaN if any
+    value is (NaN orders above every number, as in Spark and DuckDB; pyarrow's max skips NaN, its min gives NaN
+    only if all are)."""
     import pyarrow.compute as pc
 
     floats = [c for c, fn in aggs if fn == "max" and pa.types.is_floating(t.schema.field(c).type)]
