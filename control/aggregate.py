@@ -72,7 +72,8 @@ def merge(df, spec: Aggregation | None = None):
     if spec is not None:
         how = {"sum": F.sum, "count": F.sum, "min": F.min, "max": F.max}
         how["distinct"] = lambda c: F.array_distinct(F.flatten(F.collect_list(c)))
-        stamps = {FILE: F.max, FILES: F.sum, WATERMARK: F.max, SLAVES: F.max}  # per slave (RANK)
+        newest = lambda c: F.max_by(c, FILE)  # noqa: E731  (a slave's watermark drops when a group moves in)
+        stamps = {FILE: F.max, FILES: F.sum, WATERMARK: newest, SLAVES: F.max}  # per slave (RANK)
         g = df.groupBy(*spec.keys, RANK).agg(
             F.sum(COUNT).alias(COUNT),
             *(how[fn](name).alias(name) for name, fn, _ in spec.parts),
@@ -167,7 +168,7 @@ def rows_as_partials(df, spec: Aggregation):
 
 
 def watermark_of(stamps: pa.Table) -> int:
-    """The lowest watermark of all slaves, from the stamps merged so far (a row per slave); NEG_INF unless
+    """The lowest of the slaves' newest watermarks, from the stamps merged so far (a row per slave); NEG_INF unless
     every slave has stamped and none has a file numbered below its newest that is not merged yet."""
     files, newest = stamps[FILES].to_numpy(), stamps[FILE].to_numpy()
     if not stamps.num_rows or stamps.num_rows != pc.max(stamps[SLAVES]).as_py() or (files != newest + 1).any():

@@ -99,12 +99,11 @@ def aggregation(cfg: dict) -> Aggregation:
     slide = eventtime.duration(agg["slide"]) or window
     measures = tuple(dict.fromkeys(parse_measure(m, ValueError) for m in agg["measures"]))
     # a slave's watermark bounds its own future rows (a pair's time from its fresher tuple, a row alone from
-    # the bound that decides it, the other side's time by the bounds); a moved group or a hot key's grid brings
-    # it rows of another slave, which its watermark does not bound
+    # the bound that decides it, the other side's time by the bounds; a moved group's by the move's floor,
+    # slave.aggregate.ColumnAggregator.installed); a hot key's grid brings it rows its watermark does not bound
     lower, upper = time_bounds(cfg["join"])
     stream_times = {result_column(s, s["time"]) for s in streams}
-    moves = cfg["balance"]["enabled"] or cfg["hotkeys"]["enabled"]
-    reach = None if moves or not set(times) <= stream_times else max(0, upper, -lower) + 1
+    reach = None if cfg["hotkeys"]["enabled"] or not set(times) <= stream_times else max(0, upper, -lower) + 1
     return Aggregation(tuple(groups), times, window, slide, measures, reach)
 
 

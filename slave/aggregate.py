@@ -116,6 +116,10 @@ class PartialAggregator(NumberedFiles):
         (0/1)."""
         return self.take(None)
 
+    def installed(self, watermark: int) -> None:
+        """A moved group is installed (slave.joining.Joiner.installed): the single file's partials carry no
+        watermark, nothing to say."""
+
     def take(self, partial: pa.Table | None) -> int:
         """Keep one batch's partial (None: no rows); returns files written (0/1)."""
         if partial is not None:
@@ -228,8 +232,9 @@ def stamped(table: pa.Table, rank: int, file: int, watermark: int, slaves: int) 
 class ColumnAggregator(PartialAggregator):
     """Phase one over declared streams' result rows (`add_table`), grouped and measured as `spec` says.
 
-    Each file is stamped with the watermark of the last batch in it (`decided`), from which the merger tells
-    final windows; a file goes out every `flush_interval` while the watermark rises, with no rows if none came
+    Each file is stamped with the watermark of the last batch in it (`decided`; lowered to a move's floor when a
+    moved group is installed, `installed`), from which the merger tells final windows by each slave's newest
+    stamp; a file goes out every `flush_interval` while the watermark rises, with no rows if none came
     (its columns' types from `results`: an empty result table)."""
 
     def __init__(
@@ -250,6 +255,12 @@ class ColumnAggregator(PartialAggregator):
         """Every row this slave will still put out has a time of at least `watermark` - `spec.reach`."""
         self.watermark = watermark
         return super().decided(watermark)
+
+    def installed(self, watermark: int) -> None:
+        """A moved group is installed: its rows still to come lie only above the move's floor, below the
+        stamps so far, so a file stamped with the lowered `watermark` goes out now."""
+        self.watermark = watermark
+        self.flush()
 
     def flush(self) -> int:
         if not self.parts and self.watermark == self.stamp:

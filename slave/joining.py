@@ -148,6 +148,12 @@ class Joiner:
         self.module.install(partition, pg)
         return floor, {"partition": partition, "moved_tuples": len(pg)}
 
+    def installed(self, watermark: int) -> None:
+        """A moved group is installed, its rows bound by the lowered `watermark` only: partials say so in a file
+        written before INSTALLED lets the supplier's watermark rise (slave.aggregate.ColumnAggregator)."""
+        if self.aggregator:
+            self.aggregator.installed(watermark)
+
     def regroup(self, head, buf: np.ndarray, split: bool) -> dict:
         """SPLIT (`split`) a hot key out of its partition-group into its grid of sub-groups, or MERGE the grid back;
         the report's counters."""

@@ -8,6 +8,7 @@ count / sum / min / max / avg; nothing of the engine takes part in it.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -28,6 +29,7 @@ from deploy.launch import mpi_env, mpirun_command
 from protocol.aggregation import FINAL, WINDOW_END, WINDOW_START, aggregation
 from protocol.config import load_config
 from protocol.output import LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
+from tests.cluster.test_balance_cluster import FORCED_CHURN, straggler
 from tests.runs import run_cluster, write_config
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -342,14 +344,14 @@ def test_a_rank_and_the_merger_killed_change_nothing_in_the_view(tmp_path, spark
 
 
 def test_final_windows_of_a_view_taken_while_the_run_goes_on_never_change(tmp_path, spark, monkeypatch):
-    """The merger runs beside the cluster (no balancing moves: each slave's watermark bounds its own rows), two
-    partial files a micro-batch: in every snapshot of the view, the windows marked final already hold the
-    reference's numbers; some snapshot has final and open windows side by side, and the last has every window
-    final."""
+    """The merger runs beside the cluster, two partial files a micro-batch, while partition-groups move between
+    the slaves at every reorganization (the one active at start straggles): in every snapshot of the view, the
+    windows marked final already hold the reference's numbers; some snapshot has final and open windows side by
+    side, and the last has every window final."""
     settings = write_streams(tmp_path / "data", seed=29, n=3000) | {
         "join.type": "full",
+        **{k: v for k, v in FORCED_CHURN.items() if k.startswith(("balance.", "epochs."))},
         "source.rate": 1500.0,
-        "balance.enabled": False,
         "aggregate.enabled": True,
         "aggregate.group_by": ["views_ad"],
         "aggregate.window": "1m",
@@ -361,7 +363,8 @@ def test_final_windows_of_a_view_taken_while_the_run_goes_on_never_change(tmp_pa
     assert spec.reach == UPPER + 1
     monkeypatch.setattr(aggregate, "KEEP", 100_000)  # every snapshot stays
     cmd = mpirun_command(3, ["--config", str(tmp_path / "run.toml")])
-    cluster = subprocess.Popen(cmd, env=mpi_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {**mpi_env(), **straggler(1)}
+    cluster = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         out = tmp_path / "out"
         deadline = time.monotonic() + 120
@@ -377,6 +380,7 @@ def test_final_windows_of_a_view_taken_while_the_run_goes_on_never_change(tmp_pa
             cluster.kill()
     # the files a pause of a loaded host left behind (the merger goes on from its checkpoint)
     aggregate.run_stream(spark, out / "aggregates", view, ckpt, 1.0, 2, trigger=0.2, quiet=True, spec=spec)
+    assert json.loads((out / "summary.json").read_text())["tuples_moved"] > 0
     want = reference_view(tmp_path / "data", cfg)
     snapshots = [pq.read_table(f) for f in sorted(view.glob("view-*.parquet"))]
     mixed = [t for t in snapshots if 0 < pa.compute.sum(t[FINAL]).as_py() < t.num_rows]
