@@ -27,11 +27,26 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (spark-submit control/aggregate.py): make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from protocol import eventtime
+from protocol.aggregation import (
+    COUNT,
+    FILE,
+    FILES,
+    FINAL,
+    RANK,
+    SLAVES,
+    STAMP,
+    WATERMARK,
+    WINDOW_END,
+    WINDOW_START,
+    Aggregation,
+    aggregation,
+)
 from protocol.config import ConfigError
 from protocol.output import PARTIAL_SCHEMA, RESULT_SCHEMA, write_table
 from protocol.lifetime import invocation
@@ -49,10 +64,29 @@ def spark_schema(schema: pa.Schema):
     return T.StructType([T.StructField(f.name, kinds[f.type]) for f in schema])
 
 
-def merge(df):
-    """Partials -> view: counts and sums add up, min of mins, max of maxes, avg = sum / count."""
+def merge(df, spec: Aggregation | None = None):
+    """Partials -> view: counts and sums add up, min of mins, max of maxes, avg = sum / count (declared streams:
+    `spec`'s groups and measures, avg = sum / count of values)."""
     from pyspark.sql import functions as F
 
+    if spec is not None:
+        how = {"sum": F.sum, "count": F.sum, "min": F.min, "max": F.max}
+        how["distinct"] = lambda c: F.array_distinct(F.flatten(F.collect_list(c)))
+        newest = lambda c: F.max_by(c, FILE)  # noqa: E731  (a slave's watermark drops when a group moves in)
+        stamps = {FILE: F.max, FILES: F.sum, WATERMARK: newest, SLAVES: F.max}  # per slave (RANK)
+        g = df.groupBy(*spec.keys, RANK).agg(
+            F.sum(COUNT).alias(COUNT),
+            *(how[fn](name).alias(name) for name, fn, _ in spec.parts),
+            *(fn(c).alias(c) for c, fn in stamps.items()),
+        )
+        shape = {
+            "avg": lambda c: F.col(f"sum_{c}") / F.col(f"nn_{c}"),
+            "count_distinct": lambda c: F.size(F.col(f"distinct_{c}")).cast("long"),
+        }
+        measures = {
+            m.name: shape[m.fn](m.column) if m.fn in shape else F.col(m.name) for m in spec.measures if m.fn != "count"
+        }
+        return g.select(*spec.keys, COUNT, *(c.alias(n) for n, c in measures.items()), *STAMP)
     return (
         df.groupBy(*GROUP)
         .agg(
@@ -73,9 +107,12 @@ def result_files(results: Path) -> list[Path]:
     return files
 
 
-def from_results(spark, files: list[Path], agg: dict):
-    """The view computed directly from result files with the `[aggregate]` grouping."""
+def from_results(spark, files: list[Path], agg: dict, spec: Aggregation | None = None):
+    """The view computed directly from result files with the `[aggregate]` grouping (declared streams: `spec`)."""
     from pyspark.sql import functions as F
+
+    if spec is not None:
+        return merge(rows_as_partials(spark.read.parquet(*(str(p) for p in files)), spec), spec)
 
     if any(p.suffix == ".csv" for p in files):
         schema = spark_schema(RESULT_SCHEMA)
@@ -95,17 +132,87 @@ def from_results(spark, files: list[Path], agg: dict):
     return merge(partial)
 
 
+def rows_as_partials(df, spec: Aggregation):
+    """Result rows of declared streams as partials of one row each, in the types phase one writes: each row in
+    every window that holds its time (pair: the later of its not-null times), cut in integer microseconds."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    cols = [F.col(g) for g in spec.groups]
+    if spec.window:
+        t = F.unix_micros(F.greatest(*spec.times) if len(spec.times) > 1 else F.col(spec.times[0]))
+        latest = t - F.pmod(t, F.lit(spec.slide))
+        n = -(-spec.window // spec.slide)
+        starts = F.filter(
+            F.sequence(latest - F.lit((n - 1) * spec.slide), latest, F.lit(spec.slide)),
+            lambda s: s > t - F.lit(spec.window),
+        )
+        cols.append(F.explode_outer(starts).alias(WINDOW_START))
+    cols.append(F.lit(1).cast("long").alias(COUNT))
+    cols += [F.lit(None).cast("long").alias(c) for c in STAMP]  # rows, no stamps
+    for name, fn, col in spec.parts:
+        kind = df.schema[col].dataType
+        if fn == "count":
+            cols.append(F.col(col).isNotNull().cast("long").alias(name))
+        elif fn == "distinct":
+            cols.append(
+                F.when(F.col(col).isNotNull(), F.array(col)).otherwise(F.array().cast(T.ArrayType(kind))).alias(name)
+            )
+        elif fn == "sum":  # as pyarrow sums: decimals to 38 digits, integers in int64, floats in float64
+            wide = T.DecimalType(38, kind.scale) if isinstance(kind, T.DecimalType) else None
+            wide = wide or (T.DoubleType() if isinstance(kind, (T.FloatType, T.DoubleType)) else T.LongType())
+            cols.append(F.col(col).cast(wide).alias(name))
+        else:
+            cols.append(F.col(col).alias(name))
+    return df.select(*cols)
+
+
+def watermark_of(stamps: pa.Table) -> int:
+    """The lowest of the slaves' newest watermarks, from the stamps merged so far (a row per slave); NEG_INF unless
+    every slave has stamped and none has a file numbered below its newest that is not merged yet."""
+    files, newest = stamps[FILES].to_numpy(), stamps[FILE].to_numpy()
+    if not stamps.num_rows or stamps.num_rows != pc.max(stamps[SLAVES]).as_py() or (files != newest + 1).any():
+        return eventtime.NEG_INF
+    return pc.min(stamps[WATERMARK]).as_py()
+
+
+def final_view(t: pa.Table, spec: Aggregation, watermark: int | None) -> pa.Table:
+    """The view of merged partials (declared streams): window starts as timestamps and window ends beside,
+    the slaves' stamps taken out and `final` added: true where the lowest slave watermark (`watermark`, None:
+    the stamps') is past the window's end by `spec.reach`, or the run has ended."""
+    is_stamp = pc.is_valid(t[RANK])
+    watermark = watermark_of(t.filter(is_stamp)) if watermark is None else watermark
+    t = t.filter(pc.invert(is_stamp)).drop_columns([*STAMP])
+    ended = pa.scalar(watermark >= eventtime.POS_INF)
+    final = pa.array(np.full(t.num_rows, ended.as_py()))
+    if spec.window:
+        start = t[WINDOW_START].cast(pa.int64())
+        at = t.column_names.index(WINDOW_START)
+        end = pc.add(start, spec.window)
+        if spec.reach is not None:
+            final = pc.fill_null(pc.less_equal(pc.add(end, spec.reach), watermark), ended)
+        t = t.set_column(at, WINDOW_START, start.cast(pa.timestamp("us", "UTC")))
+        t = t.add_column(at + 1, WINDOW_END, end.cast(pa.timestamp("us", "UTC")))
+    return t.append_column(FINAL, final)
+
+
 class ViewWriter:
     """foreachBatch sink: the batch's whole view (complete mode) as one file named after the batch id."""
 
-    def __init__(self, directory: Path, quiet: bool = False):
-        self.directory, self.quiet = directory, quiet
+    def __init__(self, directory: Path, quiet: bool = False, spec: Aggregation | None = None, ended: bool = False):
+        """`spec`: declared streams' view (protocol.aggregation), `ended`: of a run that has ended (every window
+        final: `--batch`)."""
+        self.directory, self.quiet, self.spec = directory, quiet, spec
+        self.watermark = eventtime.POS_INF if ended else None
         self.batches = 0
         self.last = time.monotonic()  #: when the last batch ended (for --until-idle)
 
     def __call__(self, df, batch_id: int) -> None:
         t = df.toArrow()
-        t = t.sort_by([(c, "ascending") for c in GROUP]) if t.num_rows else t
+        keys = GROUP if self.spec is None else self.spec.keys
+        t = t.sort_by([(c, "ascending") for c in keys]) if t.num_rows else t
+        if self.spec is not None:
+            t = final_view(t, self.spec, self.watermark)
         write_table(self.directory, f"view-{batch_id:010d}", t, "parquet")
         for old in sorted(self.directory.glob("view-*.parquet"))[: -(KEEP + 1)]:
             old.unlink(missing_ok=True)
@@ -131,17 +238,24 @@ def run_stream(
     max_files: int = 64,
     trigger: float = 1.0,
     quiet: bool = False,
+    spec: Aggregation | None = None,
 ) -> ViewWriter:
-    """Merge partial files as they appear; returns after `until_idle` seconds without a batch (0 = never)."""
+    """Merge partial files as they appear; returns after `until_idle` seconds without a batch (0 = never).
+    Declared streams (`spec`): the partials' schema, whose group columns have the streams' own types, is the
+    first partial file's (the merger waits for it)."""
     source.mkdir(parents=True, exist_ok=True)  # the file source wants the folder; slaves may start later
-    writer = ViewWriter(view, quiet)
-    stream = (
-        spark.readStream.schema(spark_schema(PARTIAL_SCHEMA))
-        .option("maxFilesPerTrigger", max_files)
-        .parquet(str(source))
-    )
+    writer = ViewWriter(view, quiet, spec)
+    schema = spark_schema(PARTIAL_SCHEMA)
+    if spec is not None:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        first = first_partial(source, until_idle)
+        if first is None:
+            return writer
+        schema = from_arrow_schema(pq.read_schema(first))
+    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", max_files).parquet(str(source))
     query = (
-        merge(stream)
+        merge(stream, spec)
         .writeStream.outputMode("complete")
         .foreachBatch(writer)
         .option("checkpointLocation", str(checkpoint))
@@ -160,6 +274,17 @@ def run_stream(
     finally:
         query.stop()
     return writer
+
+
+def first_partial(source: Path, until_idle: float) -> Path | None:
+    """The first partial file in `source`, once there is one; None after `until_idle` seconds without (0 =
+    wait until there is)."""
+    started = time.monotonic()
+    while not (files := sorted(source.glob("slave-*.parquet"))):
+        if until_idle and time.monotonic() - started >= until_idle:
+            return None
+        time.sleep(0.2)
+    return files[0]
 
 
 def main(argv: list[str], spark=None) -> int:
@@ -187,6 +312,12 @@ def main(argv: list[str], spark=None) -> int:
             raise ConfigError("--max-files-per-trigger must be >= 1, --trigger > 0 and --until-idle >= 0")
         out = Path(a.out or cfg["output"]["path"])
         files = result_files(out / "results") if a.batch else []
+        spec = aggregation(cfg) if cfg.get("streams") else None
+        if spec is not None and any(p.suffix == ".csv" for p in files):
+            raise ConfigError(
+                "--batch with [streams.*] reads Parquet results: CSV results lose the columns' types "
+                '(run with output.format = "parquet")'
+            )
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -194,7 +325,7 @@ def main(argv: list[str], spark=None) -> int:
     spark = spark or session(a.spark_master, "streamjoin-aggregate")
     started = time.monotonic()
     if a.batch:
-        ViewWriter(view)(from_results(spark, files, cfg["aggregate"]), 0)
+        ViewWriter(view, spec=spec, ended=True)(from_results(spark, files, cfg["aggregate"], spec), 0)
     else:
         checkpoint = Path(a.checkpoint_location or out / "aggregate-checkpoint")
         print(
@@ -203,7 +334,9 @@ def main(argv: list[str], spark=None) -> int:
             flush=True,
         )
         try:
-            run_stream(spark, out / "aggregates", view, checkpoint, a.until_idle, a.max_files_per_trigger, a.trigger)
+            run_stream(
+                spark, out / "aggregates", view, checkpoint, a.until_idle, a.max_files_per_trigger, a.trigger, spec=spec
+            )
         except KeyboardInterrupt:
             print("interrupted: stopped; a restart with the same checkpoint goes on where this left off", flush=True)
     t = read_view(view)

@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from protocol import eventtime, streams as streams_config
+from protocol import aggregation, eventtime, streams as streams_config
 from protocol.access import check_endpoints, check_http_endpoint, check_producers
 from protocol.durations import DURATION_KEYS, from_text
 from protocol.errors import ConfigError
@@ -264,9 +264,28 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
             False,
             "slaves pre-aggregate their results into aggregates/ (phase one; merged by control.aggregate)",
         ),
-        "group_by": ("key", '"key", "r_key" or "s_key" (all the same join key in this equi-join)'),
+        "group_by": (
+            "key",
+            '"key", "r_key" or "s_key" (all the same join key in this equi-join); with [streams.*] also a '
+            'result column or a list of them (`["impressions_ad_id"]`, [] = one group), "key" = R\'s key column(s)',
+        ),
         "value": ("r_value", '"r_value" or "s_value": the column whose count, sum, min, max (and avg) are kept'),
         "window": (0.0, "tumbling window in seconds on the later tuple's ts, max(r_ts, s_ts); 0 = no window"),
+        "slide": (
+            0.0,
+            "with [streams.*]: seconds between two windows' starts, below `window` for hopping windows "
+            "(0 = `window`: tumbling)",
+        ),
+        "time": (
+            "",
+            'with [streams.*]: the timestamp result column windows are cut on; "" = the pair\'s time, the later '
+            "of the two streams' time columns (a row alone: its own)",
+        ),
+        "measures": (
+            ["count"],
+            "with [streams.*]: the view's measures: count, sum(COL), min(COL), max(COL), avg(COL) over numeric "
+            "or decimal result columns, count_distinct(COL) (exact)",
+        ),
         "flush_interval": (5.0, "seconds between two partial-aggregate files of a slave"),
     },
 }
@@ -279,7 +298,6 @@ _CHOICES = {
     ("balance", "choice"): ("random", "largest_fit"),
     ("join", "predicate"): ("equal", "band", "less"),
     ("join", "type"): JOIN_TYPES,
-    ("aggregate", "group_by"): ("key", "r_key", "s_key"),
     ("aggregate", "value"): ("r_value", "s_value"),
 }
 _POSITIVE = {
@@ -325,6 +343,7 @@ _NON_NEGATIVE = {
     ("checkpoint", "interval"),
     ("join", "band"),
     ("aggregate", "window"),
+    ("aggregate", "slide"),
     ("source", "idle_timeout"),
     ("output", "wait_subscribers"),
     ("master", "stall_timeout"),
@@ -397,6 +416,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
         if key not in DEFAULTS[section]:
             raise ConfigError(f"unknown key {section}.{key} (known in [{section}]: {', '.join(DEFAULTS[section])})")
         value = from_text(section, key, value, ConfigError)  # a duration as text: "30s", "250ms"
+        if (section, key) == ("aggregate", "group_by") and isinstance(value, list):
+            cfg[section][key] = value  # a list of result columns (declared streams): protocol.aggregation
+            continue
         cfg[section][key] = _check_type(f"{section}.{key}", DEFAULTS[section][key][0], value)
     named = {(s, k) for s, k, _ in items}
     if ("join", "window") in named and named & {("join", "lower"), ("join", "upper")}:
@@ -506,12 +528,12 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
             "the topic's partitions out, and would each have to read the files whole and keep their share "
             "(make both streams Kafka topics, or run one dispatcher)"
         )
-    if cfg.get("streams") and cfg["aggregate"]["enabled"]:
+    if not cfg.get("streams") and cfg["aggregate"]["group_by"] not in ("key", "r_key", "s_key"):
         raise ConfigError(
-            "aggregate.enabled: not with [streams.*] yet: the aggregates carry the engine's fixed-width "
-            "fields (stream rows, key codes), not the streams' own columns, which results gather from "
-            "the payload log when they are written"
+            f'aggregate.group_by: must be one of "key", "r_key", "s_key" (result columns with [streams.*]), '
+            f"got {cfg['aggregate']['group_by']!r}"
         )
+    aggregation.check(cfg, ConfigError)
     check_join_type(cfg, ConfigError)
     check_endpoints(cfg)
     check_http_endpoint("metrics.endpoint", cfg["metrics"]["endpoint"], cfg)
@@ -543,6 +565,7 @@ def _check_event_time(cfg: dict[str, dict[str, Any]]) -> None:
         ("join", "window"),
         ("join", "max_delay"),
         ("aggregate", "window"),
+        ("aggregate", "slide"),
         ("generator", "duration"),
         ("generator", "disorder"),
     ):
@@ -602,10 +625,10 @@ def _check_bounds(join: dict[str, Any]) -> None:
 def reference() -> str:
     """docs/configuration.md: every key with its default, the values it takes and its meaning, from DEFAULTS
     (tests/unit/test_config.py fails when the committed page differs)."""
-    kinds = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    kinds = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list of strings"}
     toml = lambda v: (
         json.dumps(v)
-        if isinstance(v, str)
+        if isinstance(v, (str, list))
         else str(v).lower()
         if isinstance(v, bool)
         else "unset"

@@ -26,6 +26,7 @@ DURATION_KEYS = {
     ("output", "progress"),
     ("metrics", "log_interval"),
     ("aggregate", "window"),
+    ("aggregate", "slide"),
     ("aggregate", "flush_interval"),
     ("cluster", "heartbeat_timeout"),
 }

@@ -83,11 +83,11 @@ def time_bounds(join: dict) -> tuple[int, int]:
 
 
 def check_join_type(cfg: dict, error: type[Exception]) -> None:
-    """What `join.type` refuses: aggregating rows that mix pairs and rows alone, or anything but an R
-    row's value.  (Every type takes copies: a row alone is decided where its tuple is stored once, or a full
-    join's at its home range, `range_copied`, or home sub-group, `hot_grids`.)"""
+    """What `join.type` refuses of the single file's aggregation: rows that mix pairs and rows alone, or
+    anything but an R row's value.  (Every type takes copies: a row alone is decided where its tuple is stored
+    once, or a full join's at its home range, `range_copied`, or home sub-group, `hot_grids`.)"""
     kind = cfg["join"]["type"]
-    if kind == "inner":
+    if kind == "inner" or cfg.get("streams"):  # declared streams aggregate every row in its `kind`
         return
     agg = cfg["aggregate"]
     if agg["enabled"] and kind in ("left", "right", "full"):

@@ -16,15 +16,18 @@ from typing import Callable
 
 import numpy as np
 import psutil
+import pyarrow as pa
 
 from protocol import checkpoint, delays, eventtime, faults
 from protocol.messages import HISTOGRAMS, batch_groups, batch_rows, encode_report, hot_key, joining_message
+from protocol.output import MATCHED
 from protocol.payload import payload_reader
 from protocol.predicates import time_bounds
-from slave.aggregate import PartialAggregator
+from protocol.aggregation import aggregation
+from slave.aggregate import ColumnAggregator, PartialAggregator
 from slave.join import JoinModule
 from slave.mover import decode_group, decode_move, encode_group, encode_move
-from slave.result_files import ResultWriter
+from slave.result_files import ResultWriter, with_columns
 from slave.results_out import ResultSender
 
 
@@ -52,7 +55,14 @@ class Joiner:
         agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
         # with checkpoints, partials are staged until a checkpoint covers them (protocol/checkpoint.py)
         staged = f"{out['path']}/{checkpoint.PENDING_AGGREGATES if cfg['checkpoint']['interval'] else 'aggregates'}"
-        self.aggregator = PartialAggregator(staged, comm.rank, agg) if agg["enabled"] else None
+        self.aggregator = None
+        if agg["enabled"]:  # declared streams: over their own columns (protocol.aggregation)
+            slaves = comm.size - cfg["cluster"]["dispatchers"]
+            self.aggregator = (
+                ColumnAggregator(staged, comm.rank, agg, aggregation(cfg), slaves, self.no_results)
+                if cfg.get("streams")
+                else PartialAggregator(staged, comm.rank, agg)
+            )
         self.results_out = ResultSender(comm, cfg)
         sink = out["kafka"]
         #: with checkpoints its own result files go to Kafka, a transaction per checkpoint (protocol.kafka_sink)
@@ -92,7 +102,7 @@ class Joiner:
             faults.straggle(self.rank, "STREAMJOIN_SLOW_CHUNKS")
             table = self.writer.add_pairs(chunk.pairs, delay)
             if self.aggregator:
-                self.aggregator.add_pairs(chunk.pairs)
+                self.aggregator.add_pairs(chunk.pairs, table)
             self.results_out.send(dispatcher, seq, chunk.pairs, delay, chunk.last and not alone, watermark, table)
             results, chunks, hists = results + len(delay), chunks + 1, hists + hist
             delay_max = max(delay_max, float(delay.max(initial=0.0)))
@@ -101,6 +111,8 @@ class Joiner:
                 say(joining_message(seq, results, round((now - started) * 1000)))
                 said = now
         lone = self.take_lone(dispatcher, seq, watermark)
+        if self.aggregator:
+            self.aggregator.decided(watermark)
         return {
             "seq": seq,
             "tuples_r": len(fresh_r),
@@ -112,17 +124,23 @@ class Joiner:
             "busy": time.perf_counter() - started,
         }, hists
 
+    def no_results(self) -> pa.Table:
+        """An empty table of this run's result columns (declared streams)."""
+        none = np.empty(0, np.int64)
+        kind = None if self.module.join_type == "inner" else MATCHED
+        return with_columns(self.writer.payload, none, none, np.empty(0), kind)
+
     def take_lone(self, dispatcher: int, seq: int, watermark: int) -> int:
         """Outer, semi and anti joins: write the rows the last epoch decided alone (known once its last chunk is
         taken), send them as the last results message of the batch (or STOP) `seq` decided by `watermark`, and,
-        with a semi or anti join, aggregate them (phase one; the configuration refuses aggregation with left,
-        right and full joins, whose rows mix pairs and lone rows).  Returns the rows."""
+        aggregate them (phase one: declared streams' rows in their `kind`; the single file's semi and anti R rows,
+        its left, right and full joins are refused).  Returns the rows."""
         lone_r, lone_s = self.module.lone_r, self.module.lone_s
         table = self.writer.add_lone(lone_r, lone_s)
         if self.module.join_type != "inner":
             self.results_out.send_lone(dispatcher, seq, lone_r, lone_s, self.module.stream_times(), watermark, table)
-        if self.aggregator and len(lone_r) and not self.module.emit_pairs:
-            self.aggregator.add_rows(lone_r["key"], lone_r["ts"], lone_r["value"])
+        if self.aggregator and len(lone_r) + len(lone_s):
+            self.aggregator.add_lone(lone_r, table)
         return len(lone_r) + len(lone_s)
 
     def hand_over(self, head) -> tuple[np.ndarray, dict]:
@@ -138,6 +156,12 @@ class Joiner:
         partition, pg, floor = decode_move(buf, self.module.new_group)
         self.module.install(partition, pg)
         return floor, {"partition": partition, "moved_tuples": len(pg)}
+
+    def installed(self, watermark: int) -> None:
+        """A moved group is installed, its rows bound by the lowered `watermark` only: partials say so in a file
+        written before INSTALLED lets the supplier's watermark rise (slave.aggregate.ColumnAggregator)."""
+        if self.aggregator:
+            self.aggregator.installed(watermark)
 
     def regroup(self, head, buf: np.ndarray, split: bool) -> dict:
         """SPLIT (`split`) a hot key out of its partition-group into its grid of sub-groups, or MERGE the grid back;
@@ -157,6 +181,7 @@ class Joiner:
         else:
             self.results_out.answer(dispatcher, seq)
         if self.aggregator:
+            self.aggregator.decided(eventtime.POS_INF)
             self.aggregator.flush()
         self.results_out.wait()
         self.writer.flush()

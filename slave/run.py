@@ -68,6 +68,7 @@ class Slave:
         """Consumer side: install a group's state, then tell the coordinator it may route the group here."""
         floor, counters = self.work.take_over(buf)
         self.state.on_state(floor)
+        self.work.installed(int(self.state.watermarks.min()))
         self.report(0, {**counters, "ack": Ack.INSTALLED})
 
     def on_checkpoint(self, source: int, head, buf: np.ndarray, seen: float) -> None:

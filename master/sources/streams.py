@@ -43,7 +43,7 @@ import pyarrow as pa
 from master.sources.keys import KeyMapper
 from master.sources.live import Live, open_live
 from master.sources.files import READ_AHEAD, FileSource
-from protocol import eventtime
+from protocol import aggregation, eventtime
 from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
@@ -145,7 +145,8 @@ class StreamsSource(Source):
         self.rows_taken = [0, 0]  #: per side: every row below this one has been taken (their payload may go)
 
     def _check_columns(self, inputs: list[StreamInput]) -> None:
-        """The results' column names are distinct, and CSV results can hold every column (no nested types)."""
+        """The results' column names are distinct, CSV results can hold every column (no nested types), and
+        `[aggregate]` names result columns of the kinds it needs."""
         names = {
             "delay": "the production delay",
             "kind": "the row's kind (outer joins)",
@@ -166,6 +167,11 @@ class StreamsSource(Source):
                         f"{field.type}, which CSV cannot hold: use Parquet, or leave it out of "
                         f"streams.{inp.name}.payload"
                     )
+        if self.cfg["aggregate"]["enabled"]:
+            fields = [pa.field(inp.spec["prefix"] + f.name, f.type) for inp in inputs for f in inp.schema]
+            if self.cfg["join"]["type"] != "inner":
+                fields.append(pa.field(aggregation.KIND, pa.string()))
+            aggregation.check_columns(aggregation.aggregation(self.cfg), pa.schema(fields), ConfigError)
 
     @staticmethod
     def _logged(log: PayloadLog, side: int, inp: StreamInput):

@@ -162,7 +162,16 @@ def test_many_batches_are_combined_as_they_come(tmp_path):
 
 def test_aggregate_config_defaults_and_errors():
     agg = load_config()["aggregate"]
-    assert agg == {"enabled": False, "group_by": "key", "value": "r_value", "window": 0.0, "flush_interval": 5.0}
+    assert agg == {
+        "enabled": False,
+        "group_by": "key",
+        "value": "r_value",
+        "window": 0.0,
+        "slide": 0.0,
+        "time": "",
+        "measures": ["count"],
+        "flush_interval": 5.0,
+    }
     for override, key in [
         ("aggregate.group_by=r_id", "aggregate.group_by"),
         ("aggregate.value=key", "aggregate.value"),
