@@ -29,7 +29,8 @@ the rows alone of each kind; tuples set aside as late that are not, and the reve
 (the files past the commit are replaced by a restarted run: protocol.checkpoint.roll_back_output), and only
 below that checkpoint's watermark (for rows alone: below the slaves' watermark minus reach, where R rows
 (final below it minus upper) and S rows (below it plus lower) are both final).
-Also runnable as `spark-submit control/audit.py ...`.
+A run of declared streams is read from the streams' own files, and its rows' own columns are checked too
+(control.audit_streams).  Also runnable as `spark-submit control/audit.py ...`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from decimal import Decimal
 from pathlib import Path
 
@@ -49,6 +51,8 @@ if __package__ in (None, ""):  # run as a file (spark-submit control/audit.py): 
 
 import numpy as np
 
+from common.chunks import InputError
+from control import audit_streams
 from control.audit_metrics import DEFAULT_ENDPOINT, PAIR_OUTCOMES, AuditMetrics
 from protocol import checkpoint
 from protocol.config import ConfigError
@@ -110,6 +114,7 @@ class Target:
     consumed: dict[int, int] = field(default_factory=dict)  #: live: input position of each dispatcher at the cut
     checkpoint_id: int | None = None
     rows_alone: bool = False  #: live, join.type other than inner: the watermark is the bound of rows alone
+    codes: Any = None  #: declared streams: each key value's code (control.audit_streams.arrivals)
 
     def describe(self) -> str:
         if self.finished:
@@ -264,10 +269,8 @@ def arrivals(spark, target: Target):
     from pyspark.sql import functions as F
 
     if target.cfg["source"]["kind"] == "streams":
-        raise AuditError(
-            "runs of declared streams ([streams.*]) are not audited yet: their results carry the "
-            "streams' own columns (the payload log's), and their lateness is judged per stream"
-        )
+        df, target.codes, what = audit_streams.arrivals(spark, target)
+        return df, what
     files = target.files("archive")
     if files:
         name = F.col("_metadata.file_name")
@@ -411,7 +414,8 @@ def classify(arrived, max_delay: int, lo: int, hi: int):
             F.max("t").over(Window.partitionBy("d", "f").orderBy("row").rowsBetween(Window.unboundedPreceding, -1)),
         ),
     )
-    late = F.coalesce(F.col("t") < F.col("prev") - F.lit(max_delay), F.lit(False))
+    delay = F.col("delay") if "delay" in arrived.columns else F.lit(max_delay)  # declared streams: their own
+    late = F.coalesce(F.col("t") < F.col("prev") - delay, F.lit(False))
     return rows.where(inside).select("d", "stream", "id", "ts", "t", "key", "value", late.alias("late"))
 
 
@@ -629,7 +633,11 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     in_sample = tuples.where(sampled("key", sample)) if sample < 1 else tuples
 
     schema = RESULT_SCHEMA + ("" if join_type == "inner" else ", kind string")
-    results = read_folder(spark, target.files("results"), schema)
+    results = (
+        audit_streams.results(spark, target.cfg, target.files("results"), target.codes, schema, MATCHED)
+        if target.codes is not None
+        else read_folder(spark, target.files("results"), schema)
+    )
     kind = F.col("kind") if join_type != "inner" else F.lit(MATCHED)
     alone = {"r": kind.isin(LEFT_UNMATCHED, LEFT_MATCHED), "s": kind == RIGHT_UNMATCHED}
     found = results.where(within(start, end, "r_ts", "s_ts", nullable=join_type != "inner"))
@@ -699,7 +707,11 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         if want:
             lone_expected[want] = lone_expected.get(want, 0) + expected_rows.count()
             cached.append(own)
-    got_late = read_folder(spark, target.files("late"), LATE_SCHEMA).where(within(start, end, "ts"))
+    got_late = (
+        audit_streams.late(spark, target.cfg, target.files("late"), target.codes, LATE_SCHEMA)
+        if target.codes is not None
+        else read_folder(spark, target.files("late"), LATE_SCHEMA)
+    ).where(within(start, end, "ts"))
     if sample < 1:
         got_late = got_late.where(sampled("key", sample))
     want_late = in_sample.where(F.col("late") & (F.col("t") >= start) & (F.col("t") < end))
@@ -730,6 +742,13 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         diff = diff.unionByName(t, allowMissingColumns=True)
     if join_type == "inner":
         diff = diff.drop("kind")
+    payload = (
+        audit_streams.payload_faults(spark, target.cfg, target.files("results")) if target.codes is not None else None
+    )
+    if payload is not None:
+        in_range = payload.where(within(start, end, "r_ts", "s_ts", nullable=True)).drop("r_ts", "s_ts")
+        in_range = in_range.drop("kind") if join_type == "inner" else in_range
+        diff = diff.unionByName(in_range, allowMissingColumns=True)
     diff = diff.cache()
     by_kind = F.col("kind") if join_type != "inner" else F.lit(MATCHED)
     counts = {
@@ -772,6 +791,9 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
             report.update({f"{k}_missing": n("missing", k), f"{k}_extra": n("extra", k), f"{k}_duplicates": surplus(k)})
             wrong += [f"{k}_missing", f"{k}_extra", f"{k}_duplicates"]
     report["late_wrong"] = report["late_unexpected"] + report["late_missed"]
+    if payload is not None:  # declared streams: the rows' own columns checked against their input rows
+        report["payload_wrong"] = sum(v[0] for (p, _), v in counts.items() if p == "payload")
+        wrong.append("payload_wrong")
     exact = not any(report[k] for k in wrong + ["late_wrong"])
     report["verdict"] = "exact" if exact else "different"
     folder = target.out / "audit"
@@ -922,6 +944,8 @@ def main(argv: list[str], spark=None) -> int:
                 "microsecond, and no --to"
             )
         cfg = config(a)
+        if cfg["source"]["kind"] == "streams":
+            audit_streams.check_auditable(cfg, sample, a.follow)
         target = run_state(cfg)
         end = end if a.follow else clamp(target, start, end)
         endpoint = (DEFAULT_ENDPOINT if a.metrics is None else a.metrics) if a.follow else ""
@@ -935,7 +959,7 @@ def main(argv: list[str], spark=None) -> int:
                 spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True), metrics=metrics
             )
         report = audit_range(spark, target, start, end, sample)
-    except (AuditError, ConfigError) as e:
+    except (AuditError, ConfigError, audit_streams.Refused, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE
     print(verdict(report))

@@ -491,3 +491,54 @@ def test_usage_mistakes_exit_2_with_a_message(tmp_path, capsys):
     follow = ["--config", str(cfg), "--follow", "--from", "0", "--metrics"]
     assert audit.main(follow + ["10.1.2.3:9465"]) == audit.USAGE
     assert "--metrics: '10.1.2.3:9465' is not a loopback address" in capsys.readouterr().err
+
+
+def test_a_declared_streams_run_is_audited_from_the_streams_files_and_planted_faults_are_found(spark, tmp_path):
+    """The clicks example (impressions: CSV files with ISO-8601 times and text keys; clicks: Parquet with
+    timestamps) as a left join on 2 dispatchers, impressions with max_delay 0.1 s (so many are late): the audit
+    reads the streams' own files, applies each stream's lateness rule within each dispatcher's share of the
+    merged order, and finds the run exact, also over a range; then a result row removed, one duplicated and one
+    with its key changed and one with its cost changed, each counted (exit 1)."""
+    import subprocess
+    import tomllib
+
+    from tests.cluster.test_streams import ROOT
+
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, str(ROOT / "examples/clicks/make_data.py"), str(data)], check=True)
+    example = tomllib.loads((ROOT / "examples/clicks/clicks.toml").read_text())
+    settings = {f"join.{k}": v for k, v in example["join"].items()}
+    for name, spec in example["streams"].items():
+        settings |= {f"streams.{name}.{k}": v for k, v in spec.items()}
+    settings |= {
+        "streams.impressions.path": str(data / "impressions"),
+        "streams.clicks.path": str(data / "clicks.parquet"),
+        "streams.impressions.max_delay": "0.1s",
+        "join.type": "left",
+        "cluster.dispatchers": 2,
+    }
+    run = run_cluster(tmp_path, 4, settings)
+    assert run.returncode == 0, run.stderr
+    assert run.summary["late"] > 1000
+    code, report = audited(spark, run)
+    assert code == 0 and report["verdict"] == "exact", report
+    assert report["expected"] > 5000 and report["left_unmatched_expected"] > 1000
+    start = 1795597200 + 600  # 09:10 to 09:20 of the example's day
+    code, ranged = audited(spark, run, "--from", str(start), "--to", str(start + 600))
+    assert code == 0 and 0 < ranged["expected"] < report["expected"], ranged
+    files = sorted((run.out / "results").glob("*.parquet"))
+    t = pq.read_table(files[0])
+    pairs = pc.equal(t["kind"], "matched").to_numpy(zero_copy_only=False).nonzero()[0]
+    keep = np.ones(t.num_rows, bool)
+    keep[pairs[0]] = False  # removed
+    for column, row, value in (("impressions_user_id", 2, "u_nobody"), ("clicks_cost", 3, 99.5)):  # changed
+        cells = t[column].to_pylist()
+        cells[pairs[row]] = value
+        t = t.set_column(t.column_names.index(column), column, pa.array(cells, t.schema.field(column).type))
+    pq.write_table(pa.concat_tables([t.filter(pa.array(keep)), t.slice(int(pairs[1]), 1)]), files[0])  # one twice
+    code, planted = audited(spark, run)
+    assert code == 1 and planted["verdict"] == "different"
+    assert (planted["missing"], planted["extra"], planted["duplicates"], planted["payload_wrong"]) == (1, 0, 1, 2)
+    reasons = pq.read_table(planted["diff"]).column("reason").to_pylist()
+    assert any("impressions.user_id is u_nobody where its row has u_" in r for r in reasons), reasons
+    assert any("clicks.cost is 99.5 where its row has" in r for r in reasons), reasons

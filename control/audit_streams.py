@@ -1,0 +1,242 @@
+"""The audit's view of a run of two declared streams (`[streams.*]` of files): the streams' own rows as the
+audit's tuples, and the run's result and late files, which carry the streams' own columns, as its pairs and
+tuples (control.audit reads both the same way from there on).
+
+Nothing of the engine's reading is used: Spark reads each stream's files in their order (control.spark.
+stream_rows), converts its time column itself (control.spark.stream_micros: a number in the stream's
+time_unit, a timestamp, or ISO-8601 text) and gives each key value (one column or several, as text) a code
+of its own by its rank among all key values of both streams, so equal keys join.  The arrival order is the
+engine's contract (docs/input.md, "Two streams"): the two streams merged by each row's stream watermark (its
+stream's largest time so far minus the stream's max_delay; ties R first, then row order), dispatcher i of k
+taking every k-th row of that order from the i-th, and a row late iff its time is below the largest time
+before it of its own stream in its dispatcher's share minus its stream's max_delay.  Each row is named by its
+stream's id column, as the results name it.
+
+Audited: finished runs of streams of files, each with an id column and no rejected row; a live run (from its
+checkpoints), sampling, streams without an id column, runs with rejected rows and streams from Kafka or live
+producers are refused with the reason (exit 2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from protocol.eventtime import duration
+
+SIDES = ("R", "S")
+
+
+class Refused(Exception):
+    """A run of declared streams the audit cannot check yet; the message says why."""
+
+
+def check_auditable(cfg: dict, sample: float, follow: bool) -> None:
+    """Refused unless the run is one this module audits (the module's docstring)."""
+    streams, out = cfg["streams"], Path(cfg["output"]["path"])
+    reasons = [
+        (follow or not (out / "summary.json").is_file(), "a live run of declared streams (audited once it has ended)"),
+        (sample < 1, "--sample with declared streams"),
+        (any(not s["path"] for s in streams.values()), "a stream read from Kafka or live producers"),
+        (any(not s["id"] for s in streams.values()), "a stream without an id column (its rows are named by number)"),
+        (cfg["join"]["predicate"] != "equal", "a band or less join of declared streams"),
+        (any((out / "rejected").glob("*.*")), "a run with rejected rows"),
+    ]
+    for refused, what in reasons:
+        if refused:
+            raise Refused(f"not audited yet: {what}")
+
+
+def _key(df, columns: list[str]):
+    """A stream's key as one text value (several columns: joined with a separator no text cell holds)."""
+    from pyspark.sql import functions as F
+
+    parts = [F.coalesce(F.col(c).cast("string"), F.lit("\u0000null")) for c in columns]
+    return parts[0] if len(parts) == 1 else F.concat_ws("\u0001", *parts)
+
+
+def arrivals(spark, target):
+    """(DataFrame of d, f, row, stream, id, ts, t, key, value, delay; the key codes: key text -> code; what was
+    read).  d numbers each dispatcher's share of each stream (dispatcher * 2 + side): the lateness rule runs
+    within it, with its stream's max_delay (`delay`, microseconds)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from control.spark import stream_micros, stream_rows
+
+    k = target.cfg["cluster"]["dispatchers"]
+    sides = []
+    for side, (name, spec) in zip(SIDES, target.cfg["streams"].items()):
+        df, _ = stream_rows(spark, name, spec)
+        order = Window.orderBy("_file", "_row")
+        delay = duration(spec["max_delay"])
+        sides.append(
+            df.select(
+                F.lit(side).alias("stream"),
+                (F.row_number().over(order) - 1).alias("row0"),
+                F.col(spec["id"]).cast("long").alias("id"),
+                stream_micros(df, spec["time"], spec["time_unit"]).alias("t"),
+                _key(df, spec["key"]).alias("key_text"),
+                F.lit(delay).alias("delay"),
+            ).withColumn(
+                "watermark",
+                F.max("t").over(Window.orderBy("row0").rowsBetween(Window.unboundedPreceding, 0)) - F.col("delay"),
+            )
+        )
+    both = sides[0].unionByName(sides[1])
+    codes = (
+        both.select("key_text")
+        .distinct()
+        .withColumn("key", F.dense_rank().over(Window.orderBy("key_text")).cast("long"))
+        .cache()
+    )
+    merged = both.join(codes, "key_text").withColumn(
+        "pos", F.row_number().over(Window.orderBy("watermark", "stream", "row0")) - 1
+    )
+    side = F.when(F.col("stream") == "R", 0).otherwise(1)
+    df = merged.select(
+        (F.pmod("pos", F.lit(k)) * 2 + side).cast("int").alias("d"),
+        F.lit(0).cast("long").alias("f"),
+        F.expr(f"pos div {k}").alias("row"),
+        "stream",
+        "id",
+        (F.col("t") / 1e6).alias("ts"),
+        "t",
+        "key",
+        F.lit(0.0).alias("value"),
+        "delay",
+    )
+    names = ", ".join(f"streams.{n} ({s['path']})" for n, s in target.cfg["streams"].items())
+    return df, codes, f"the declared streams' files: {names}"
+
+
+def _columns(df, spec: dict) -> tuple:
+    """A stream's id, time (float seconds, as the audit reads every file's times) and key text in result or
+    late rows (its columns under the stream's prefix)."""
+    from pyspark.sql import functions as F
+
+    from control.spark import stream_micros
+
+    own = lambda c: f"{spec['prefix']}{c}"  # noqa: E731
+    return (
+        F.col(own(spec["id"])).cast("long"),
+        stream_micros(df, own(spec["time"]), spec["time_unit"]) / 1e6,
+        _key(df, [own(c) for c in spec["key"]]),
+    )
+
+
+def _read(spark, files: list[Path]):
+    """The output files (Parquet or CSV) as one DataFrame with their own columns; None if there are none."""
+    parquet = [str(f) for f in files if f.suffix == ".parquet"]
+    csv = [str(f) for f in files if f.suffix == ".csv"]
+    frames = ([spark.read.parquet(*parquet)] if parquet else []) + (
+        [spark.read.option("header", True).csv(csv)] if csv else []
+    )
+    if not frames:
+        return None
+    return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1], allowMissingColumns=True)
+
+
+def coded(df, codes, text: str, key: str):
+    """`df` with the code of its key text column `text` as `key` (null: a missing side's)."""
+    return df.join(codes.withColumnRenamed("key_text", text).withColumnRenamed("key", key), text, "left").drop(text)
+
+
+def results(spark, cfg: dict, files: list[Path], codes, schema: str, matched: str):
+    """The result files as the audit's pairs (r_id, s_id, r_key, s_key, r_ts, s_ts, r_value, s_value[, kind])."""
+    from pyspark.sql import functions as F
+
+    df = _read(spark, files)
+    if df is None:
+        return spark.createDataFrame([], schema)
+    (r, s) = cfg["streams"].values()
+    kind = [F.col("kind")] if "kind" in schema else []
+    named = lambda cols, side: [c.alias(f"{side}_{n}") for c, n in zip(cols, ("id", "ts", "text"))]  # noqa: E731
+    df = df.select(*named(_columns(df, r), "r"), *named(_columns(df, s), "s"), *kind)
+    df = coded(coded(df, codes, "r_text", "r_key"), codes, "s_text", "s_key")
+    return df.select(
+        "r_id",
+        "s_id",
+        "r_key",
+        "s_key",
+        "r_ts",
+        "s_ts",
+        F.lit(0.0).alias("r_value"),
+        F.lit(0.0).alias("s_value"),
+        *kind,
+    )
+
+
+def late(spark, cfg: dict, files: list[Path], codes, schema: str):
+    """The late files as the audit's tuples (stream, id, ts, key, value, reason, bound)."""
+    from pyspark.sql import functions as F
+
+    df = _read(spark, files)
+    if df is None:
+        return spark.createDataFrame([], schema)
+    (r_name, r), (_, s) = cfg["streams"].items()
+    is_r = F.col("stream") == r_name
+    mine = [
+        F.when(is_r, a).otherwise(b).alias(name)
+        for a, b, name in zip(_columns(df, r), _columns(df, s), ("id", "ts", "text"))
+    ]
+    df = df.select(F.when(is_r, "R").otherwise("S").alias("stream"), *mine, "reason", "bound")
+    return coded(df, codes, "text", "key").select(
+        "stream", "id", "ts", "key", F.lit(0.0).alias("value"), "reason", F.col("bound").cast("double")
+    )
+
+
+def payload_faults(spark, cfg: dict, files: list[Path]):
+    """Result rows whose own columns are not their input row's: per stream, every column of it the results
+    carry (under its prefix), compared with the stream's row of the same id read from its files (cast to the
+    result column's type; the time column by its microseconds).  Rows of r_id, s_id, r_ts, s_ts (seconds, to
+    place them in a range), kind, problem "payload" and the reason naming the stream, the column and both
+    values."""
+    from pyspark.sql import functions as F
+
+    from control.spark import stream_micros, stream_rows
+
+    found = _read(spark, files)
+    if found is None:
+        return None
+    (r, s) = cfg["streams"].values()
+    ids = [
+        c.alias(f"{side}_{n}")
+        for side, spec in (("r", r), ("s", s))
+        for c, n in zip(_columns(found, spec)[:2], ("id", "ts"))
+    ]
+    kind = [F.col("kind")] if "kind" in found.columns else [F.lit("matched").alias("kind")]
+    faults = None
+    for (name, spec), side in zip(cfg["streams"].items(), ("r", "s")):
+        rows, _ = stream_rows(spark, name, spec)
+        carried = [c for c in rows.columns if f"{spec['prefix']}{c}" in found.columns and not c.startswith("_")]
+        mine = found.where(F.col(f"{spec['prefix']}{spec['id']}").isNotNull()).select(
+            *ids, *kind, *(F.col(f"{spec['prefix']}{c}").alias(f"_got_{c}") for c in carried)
+        )
+        given = rows.select(
+            F.col(spec["id"]).cast("long").alias(f"{side}_id"),
+            *(
+                (stream_micros(rows, c, spec["time_unit"]) if c == spec["time"] else F.col(c)).alias(f"_want_{c}")
+                for c in carried
+            ),
+        )
+        pairs = mine.join(given, f"{side}_id", "left")
+        for c in carried:
+            got = stream_micros(pairs, f"_got_{c}", spec["time_unit"]) if c == spec["time"] else F.col(f"_got_{c}")
+            want = (
+                F.col(f"_want_{c}")
+                if c == spec["time"]
+                else F.col(f"_want_{c}").cast(found.schema[f"{spec['prefix']}{c}"].dataType)
+            )
+            bad = pairs.where(~got.eqNullSafe(want)).select(
+                "r_id",
+                "s_id",
+                "r_ts",
+                "s_ts",
+                "kind",
+                F.lit("payload").alias("problem"),
+                F.concat(
+                    F.lit(f"{name}.{c} is "), got.cast("string"), F.lit(" where its row has "), want.cast("string")
+                ).alias("reason"),
+            )
+            faults = bad if faults is None else faults.unionByName(bad)
+    return faults
