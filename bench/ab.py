@@ -36,8 +36,16 @@ class Comparison:
     """`modes`: {name: settings}, the first the baseline, the second the one the target is for; `workload`:
     settings of all."""
 
-    def __init__(self, command: str, a: argparse.Namespace, workload: list[str], modes: dict[str, list[str]]):
-        self.a, self.workload, self.modes = a, workload, modes
+    def __init__(
+        self,
+        command: str,
+        a: argparse.Namespace,
+        workload: list[str],
+        modes: dict[str, list[str]],
+        ranks: dict[str, int] | None = None,
+    ):
+        """`ranks`: a mode's ranks in all, where it is not the slaves + 1 (several dispatchers)."""
+        self.a, self.workload, self.modes, self.ranks = a, workload, modes, ranks or {}
         self.data = {
             "command": command,
             "machine": machine_info(),
@@ -53,7 +61,8 @@ class Comparison:
         second's)."""
         for i in range(self.a.repeats):
             for mode, settings in self.modes.items():
-                s = run_cluster(self.a.slaves + 1, [*self.workload, *settings], tmp / f"{mode}-{i}", self.a.timeout)
+                ranks = self.ranks.get(mode, self.a.slaves + 1)
+                s = run_cluster(ranks, [*self.workload, *settings], tmp / f"{mode}-{i}", self.a.timeout)
                 self.data["runs"][mode].append(s["throughput_tuples_per_s"])
                 self.data["whole_process"][mode].append(round(s["input_total"] / s["process_seconds"], 1))
                 self.data["results"][mode].append(s["results"])

@@ -7,7 +7,8 @@ impressions of the 30 s before them.  The same JSON values are written once as t
 into two topics of 4 partitions each (a user's records in one partition, in time order) on the local broker the
 suite uses (deploy.broker: noida-db).  Unpaced runs alternate the files and the topics (bounded: read to the
 end offsets of the start); the report gives each side's in-run rates and the ratio of the medians against the
-target (a Kafka source at least half the file source's rate on the same rows, one dispatcher).
+target (a Kafka source at least half the file source's rate on the same rows, one dispatcher), and the topics
+read by two dispatchers, each its share of the partitions.
 
 The broker's ceiling is measured beside them: a plain confluent-kafka consumer taking every record of both
 topics in batches, decoding nothing.  No source can take records faster than the broker hands them out, so
@@ -128,21 +129,24 @@ def main(argv: list[str]) -> int:
                 fill_topic(bs, name, values, partition)
             common = ["join.lower=0s", "join.upper=30s", "join.max_delay=5s"]
             common += [s for name, spec in STREAMS.items() for s in settings(name, spec)]
+            topics = [
+                s
+                for n, spec in STREAMS.items()
+                for s in (
+                    f'streams.{n}.kafka={{bootstrap="{bs}", topic="{n}", bounded=true}}',
+                    f"streams.{n}.schema={spec['schema']}",  # files carry their own
+                )
+            ]
             ab = Comparison(
                 "python -m bench.kafka " + " ".join(argv),
                 a,
                 common,
                 {
                     "files": [f'streams.{n}.path="{tmp}/{n}.jsonl"' for n in STREAMS],
-                    "kafka": [
-                        s
-                        for n, spec in STREAMS.items()
-                        for s in (
-                            f'streams.{n}.kafka={{bootstrap="{bs}", topic="{n}", bounded=true}}',
-                            f"streams.{n}.schema={spec['schema']}",  # files carry their own
-                        )
-                    ],
+                    "kafka": topics,
+                    "kafka-2": [*topics, "cluster.dispatchers=2"],  # each dispatcher its share of the partitions
                 },
+                {"kafka-2": a.slaves + 2},
             )
             ab.run(Path(tmp) / "runs")
             ceilings = [broker_ceiling(bs, list(STREAMS), rows) for _ in range(a.repeats)]
@@ -164,6 +168,11 @@ def main(argv: list[str]) -> int:
             "",
             f"Whole process (mpirun's start to its exit, start-up included), medians: files {whole['files']:,.0f}, "
             f"kafka {whole['kafka']:,.0f} records/s ({whole['kafka'] / whole['files']:.3f}).",
+            "",
+            f"Two dispatchers, each reading half the partitions: {ab.data['medians']['kafka-2']:,.0f} tuples/s "
+            f"in-run ({ab.data['ratios']['kafka-2'] / ab.data['ratio']:.3f} of one dispatcher's); on 2 cores the "
+            "dispatchers share the cores with the slaves and the broker, so this shows that ingest is split, not "
+            "how it scales.",
             "",
             f"The broker's ceiling (a consumer alone, decoding nothing, medians of {a.repeats}): {ceiling:,.0f} "
             f"records/s; the Kafka runs' whole process is {share:.3f} of it.  The in-run rate can pass the ceiling: "

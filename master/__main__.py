@@ -152,6 +152,12 @@ def main() -> int:
         lock = OutputLock(cfg["output"]["path"], wait=RESTART_WAIT if args.recover else 0.0, log=say)
         out = Path(cfg["output"]["path"])
         previous_run = None
+        if any(spec["kafka"] and spec["kafka"]["pattern"] for spec in cfg.get("streams", {}).values()):
+            from master.sources.kafka_input import resolve_patterns
+
+            found = checkpoint.latest_complete(checkpoint.root_of(cfg), log=lambda _: None) if args.recover else None
+            for line in resolve_patterns(cfg, found[1]["config"] if found else None):
+                say(line)
         if args.recover:
             check_owned(out)
             previous_run = sink_run(out) if cfg["output"]["kafka"]["topic"] else None

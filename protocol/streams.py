@@ -80,9 +80,14 @@ INPUTS = ("path", "endpoint", "kafka")
 KAFKA_KEYS: dict[str, tuple[Any, str]] = {
     "bootstrap": (None, 'the Kafka cluster: "host:port", or several comma-separated'),
     "topic": (
-        None,
+        "",
         "a topic, or a list of topics read as one stream: every partition, assigned explicitly (no "
         "consumer-group rebalancing), read from its beginning",
+    ),
+    "pattern": (
+        "",
+        "instead of `topic`: a regular expression; the topics whose whole name matches it when the run first "
+        "starts are read (a recovery reads the checkpoint's), topics made later are not",
     ),
     "group": (
         "",
@@ -208,6 +213,9 @@ def _one_topic(streams: dict[str, dict], error: type[Exception]) -> None:
     """Two streams sharing a topic must each select their records by the same column with their own value; each
     then knows the other's (`select["values"]`: a record no stream takes is set aside by R)."""
     kafka = {name: s["kafka"] for name, s in streams.items() if s["kafka"]}
+    patterned = [name for name, k in kafka.items() if k["pattern"] and k["select"]]
+    if patterned:
+        raise error(f"streams.{patterned[0]}.kafka.select: with the topics named, not with `pattern`")
     if len(kafka) < 2:
         if any(k["select"] for k in kafka.values()):
             raise error(f"streams.{next(iter(kafka))}.kafka.select: only when both streams read the same topic")
@@ -320,8 +328,15 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
             raise error(f"{where}.{key}: expected a string, got {k[key]!r}")
     if not k["bootstrap"]:
         raise error(f"{where}.bootstrap: must not be empty")
-    topics = [k["topic"]] if isinstance(k["topic"], str) else k["topic"]
-    if (
+    if not isinstance(k["pattern"], str) or bool(k["pattern"]) == bool(k["topic"]):
+        raise error(f"{where}.topic: give it a topic or a list of topics, or `pattern` instead (one of the two)")
+    if k["pattern"]:
+        try:
+            re.compile(k["pattern"])
+        except re.error as e:
+            raise error(f"{where}.pattern: not a regular expression: {e}") from None
+    topics = [] if k["pattern"] else [k["topic"]] if isinstance(k["topic"], str) else k["topic"]
+    if not k["pattern"] and (
         not isinstance(topics, list)
         or not topics
         or not all(isinstance(t, str) and t for t in topics)
@@ -351,7 +366,8 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
             raise error(f'{where}.select: not with format = "csv" (its cells have no names: one topic per stream)')
     return {
         "bootstrap": k["bootstrap"],
-        "topics": topics,
+        "topics": topics,  #: with a pattern: the topics it matched, filled as the run starts (master.sources)
+        "pattern": k["pattern"],
         "group": k["group"] or f"streamjoin-{name}",
         "config": client_settings(
             where,

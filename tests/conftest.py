@@ -33,9 +33,10 @@ def spark():
     s.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    """A Kafka-protocol broker for the session (tests/kafka.py), its bootstrap address."""
+    """A Kafka-protocol broker for a test module (tests/kafka.py), its bootstrap address: one per module, since
+    noida-db rewrites its one data file every second, a cost that grows with every record a test leaves."""
     from tests.kafka import start_broker
 
     yield from start_broker(tmp_path_factory)

@@ -29,7 +29,7 @@ WINDOW, MAX_DELAY = 0.3, 0.25  # seconds
 
 
 def start_broker(tmp_path_factory, data_dirs: dict | None = None):
-    """deploy.broker's broker for the session's tests (its data folder noted in `data_dirs` by its address, for a
+    """deploy.broker's broker for a module's tests (its data folder noted in `data_dirs` by its address, for a
     test that stops it early), or the tests skipped with the reason it cannot start."""
     data = tmp_path_factory.mktemp("noida")
     try:

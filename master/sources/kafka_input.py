@@ -529,3 +529,40 @@ def _consumer(name: str, kafka: dict) -> Consumer:
             f"{'the setting ' + named[1] if named else 'a setting'} ({e.args[0].name()}; its message "
             "is not shown, it may quote a value)"
         ) from None
+
+
+def resolve_patterns(cfg: dict, checkpointed: dict | None) -> list[str]:
+    """Kafka streams given by `pattern` get their topics, once for the run, on rank 0 before the config goes to the
+    other ranks: a recovery's are the checkpoint's (`checkpointed`: its config), else the topics whose whole name
+    matches now, sorted (internal ones, `__...`, aside); none matching stops the start.  Lines for the log."""
+    lines = []
+    for name, spec in cfg.get("streams", {}).items():
+        kafka = spec["kafka"]
+        if not kafka or not kafka["pattern"]:
+            continue
+        if checkpointed is not None:
+            kafka["topics"] = checkpointed["streams"][name]["kafka"]["topics"]
+            continue
+        from confluent_kafka.admin import AdminClient
+
+        settings = resolved_settings(kafka["config"], f"streams.{name}.kafka.config", ConfigError)
+        try:
+            known = AdminClient({**settings, "bootstrap.servers": kafka["bootstrap"]}).list_topics(
+                timeout=METADATA_TIMEOUT
+            )
+        except KafkaException as e:
+            raise InputError(
+                f"streams.{name}.kafka.bootstrap: no answer from {kafka['bootstrap']} within {METADATA_TIMEOUT:g} s "
+                f"({e.args[0].str()})"
+            ) from None
+        topics = sorted(t for t in known.topics if re.fullmatch(kafka["pattern"], t) and not t.startswith("__"))
+        if not topics:
+            raise InputError(
+                f"streams.{name}.kafka.pattern: no topic at {kafka['bootstrap']} matches {kafka['pattern']!r}"
+            )
+        kafka["topics"] = topics
+        lines.append(
+            f"kafka: streams.{name}: pattern {kafka['pattern']!r} matches {', '.join(topics)} (topics made later "
+            "are not read)"
+        )
+    return lines

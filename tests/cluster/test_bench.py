@@ -850,14 +850,16 @@ def test_the_payload_workload_is_the_generators_tuples_per_stream_with_three_pay
 
 
 def test_bench_kafka_reads_the_same_rows_from_files_and_topics_and_reports_the_brokers_ceiling(tmp_path):
-    """A small bench.kafka: both sources give the same results (the bench fails otherwise) and the report has
-    each side's rates, the ratio against the target and the broker's ceiling."""
+    """A small bench.kafka: the files, the topics and the topics shared by two dispatchers give the same
+    results (the bench fails otherwise) and the report has each side's rates, the ratio against the target and
+    the broker's ceiling."""
     from bench.kafka import main
 
     assert main(["--rows", "6000", "--repeats", "1", "--slaves", "1", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "kafka.json").read_text())
-    assert data["results"]["files"] == data["results"]["kafka"] and data["results"]["files"][0] > 0
-    assert data["broker_ceiling"] > 0 and set(data["medians"]) == {"files", "kafka"}
+    assert data["results"]["files"] == data["results"]["kafka"] == data["results"]["kafka-2"]
+    assert data["results"]["files"][0] > 0
+    assert data["broker_ceiling"] > 0 and set(data["medians"]) == {"files", "kafka", "kafka-2"}
     assert "kafka/files" in (tmp_path / "kafka.md").read_text()
 
 

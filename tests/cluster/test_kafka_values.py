@@ -209,6 +209,8 @@ def test_both_streams_in_one_topic_are_told_apart_by_a_column_and_the_rest_is_li
             {"streams.views.kafka.format": "csv", "streams.views.kafka.select": {"column": "type", "value": "a"}},
             'not with format = "csv"',
         ),
+        ({"streams.views.kafka.pattern": "v.*"}, "streams.views.kafka.topic: give it a topic or a list of topics, or"),
+        ({"streams.views.kafka.topic": "", "streams.views.kafka.pattern": "(v"}, "pattern: not a regular expression"),
     ],
 )
 def test_value_format_and_select_mistakes_are_refused_naming_the_key(change, words):
@@ -251,3 +253,28 @@ def test_a_client_setting_read_from_the_environment_reaches_the_client_and_stays
         missing.returncode == 2
         and "streams.views.kafka.config.client.id: the environment variable SJ_CLIENT is not set" in missing.stderr
     )
+
+
+def test_a_topic_pattern_reads_every_topic_it_matches_at_the_start_and_none_matching_stops_it(tmp_path, broker):
+    """`kafka.pattern` instead of `topic`: the views stream reads its topic and a second, empty one that matches
+    too (8 partitions in all, the log names both), not a third that does not; the join is exact.  A pattern
+    matching no topic stops the start naming it (exit 2)."""
+    rng = np.random.default_rng(45)
+    t0 = now_ms()
+    views, buys = stream(rng, 800, 0, 4, t0), stream(rng, 500, 100_000, 4, t0)
+    tag = tmp_path.name.replace("_", "-")
+    topics = {"views": f"pv-{tag}-main", "buys": f"pb-{tag}"}
+    fill(broker, topics["views"], views, values(views, "vid"))
+    fill(broker, topics["buys"], buys, values(buys, "bid"))
+    create(broker, f"pv-{tag}-empty", 4)
+    create(broker, f"pvx-{tag}-other", 4)
+    cfg = settings(broker, topics)
+    cfg["streams.views.kafka"] = {**cfg["streams.views.kafka"], "topic": "", "pattern": f"pv-{tag}-.*"}
+    run = run_cluster(tmp_path / "a", 3, cfg)
+    assert run.returncode == 0, run.stderr
+    assert f"matches pv-{tag}-empty, pv-{tag}-main" in run.stderr
+    assert run.summary["live_streams"]["views"]["partitions"] == 8
+    np.testing.assert_array_equal(run.pairs(IDS), reference(views, buys)[0])
+    cfg["streams.views.kafka"]["pattern"] = f"nothing-{tag}-.*"
+    none = run_cluster(tmp_path / "b", 3, cfg)
+    assert none.returncode == 2 and f"streams.views.kafka.pattern: no topic at {broker} matches" in none.stderr
