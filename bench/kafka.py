@@ -15,11 +15,16 @@ topics in batches, decoding nothing.  No source can take records faster than the
 the Kafka runs are also given as a share of that ceiling: on a test broker slower than the engine (noida-db
 keeps its log in one JSON file and serves a few hundred thousand records a second) that share, not the
 ratio to the files, says what the engine's own source costs.
+Then the delay to the result topic (`--delay-seconds`, default 4): records produced at half the topics' median
+in-run rate into unbounded topics while the cluster joins them with checkpoints every 0.5 s and the Kafka
+result sink, each stamped with its produce time as its event time; the result topic read with read_committed
+after a stop signal gives, per pair, its record's time minus its later input record's (p50, p99, max).
 Output: kafka.md, kafka.json.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -39,29 +44,39 @@ STREAMS = {
     "impressions": {
         "id": "impression_id",
         "time": "shown_at",
-        "schema": '{impression_id="int64", user_id="string", ad_id="int64", shown_at="timestamp[ms, tz=UTC]"}',
+        "schema": {
+            "impression_id": "int64",
+            "user_id": "string",
+            "ad_id": "int64",
+            "shown_at": "timestamp[ms, tz=UTC]",
+        },
     },
     "clicks": {
         "id": "click_id",
         "time": "clicked_at",
-        "schema": '{click_id="int64", user_id="string", clicked_at="timestamp[ms, tz=UTC]", cost="double"}',
+        "schema": {"click_id": "int64", "user_id": "string", "clicked_at": "timestamp[ms, tz=UTC]", "cost": "double"},
     },
 }
+
+
+def toml_table(d: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in d.items()) + "}"
 
 
 def iso(ms: np.ndarray) -> np.ndarray:
     return np.datetime_as_string(ms.astype("datetime64[ms]"), unit="ms", timezone="UTC")
 
 
-def workload(rows: int, seed: int = 5) -> dict[str, tuple[list[bytes], np.ndarray]]:
+def workload(rows: int, seed: int = 5, at_ms: dict[str, np.ndarray] | None = None) -> dict:
     """Per stream: its JSON values in time order and each one's partition (its user's).  Times are now's (the
-    broker deletes records older than 7 days)."""
+    broker deletes records older than 7 days), or `at_ms` (per stream, its records' times in ms)."""
     rng = np.random.default_rng(seed)
     t0 = int(time.time() * 1000)
     n = {"impressions": rows * 2 // 3, "clicks": rows - rows * 2 // 3}
     out = {}
     for name, m in n.items():
-        at = iso(t0 + np.cumsum(rng.integers(0, 5, m) * (2 if name == "impressions" else 4)))
+        step = rng.integers(0, 5, m) * (2 if name == "impressions" else 4)
+        at = iso(at_ms[name] if at_ms is not None else t0 + np.cumsum(step))
         users = rng.integers(0, USERS, m)
         if name == "impressions":
             ads = rng.integers(1, ADS, m)
@@ -97,6 +112,106 @@ def fill_topic(bootstrap: str, topic: str, values: list[bytes], partition: np.nd
         raise RunFailed(f"records for {topic} not delivered")
 
 
+def sink_delay(bs: str, rate: float, seconds: float, slaves: int, folder: Path) -> dict:
+    """The delay from a record's produce time to its pairs' records in the result topic.  Records of both streams
+    are produced at `rate` for `seconds` into unbounded topics, each stamped with its scheduled produce time,
+    which is its event time (`time = "@timestamp"`), while the cluster joins them with checkpoints and the Kafka
+    sink; then a stop signal, and the result topic read with read_committed: per pair, its record's timestamp
+    (when its slave produced it) minus the later of its two records' times.  p50, p99 and max in seconds."""
+    import json
+    import signal
+    import subprocess
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from deploy.launch import mpi_env, mpirun_command
+
+    admin = AdminClient({"bootstrap.servers": bs})
+    names = {n: f"paced-{n}" for n in STREAMS}
+    for t in [*names.values(), "paced-pairs"]:
+        admin.create_topics([NewTopic(t, PARTITIONS, 1)])[t].result(30)
+    data = workload(int(rate * seconds), 7)
+    records = [(names[n], v, p) for n in STREAMS for v, p in zip(data[n][0], data[n][1].tolist())]
+    order = np.argsort(np.r_[np.linspace(0, 1, len(data["impressions"][0])), np.linspace(0, 1, len(data["clicks"][0]))])
+    interval = 5  # checkpoints every 5 distribution epochs of 0.1 s
+    sets = ["join.lower=0s", "join.upper=30s", "join.max_delay=1s"]
+    for n, spec in STREAMS.items():
+        declared = {k: v for k, v in spec["schema"].items() if k != spec["time"]}
+        sets += [
+            f'streams.{n}.kafka={{bootstrap="{bs}", topic="{names[n]}"}}',
+            f"streams.{n}.key=user_id",
+            f"streams.{n}.id={spec['id']}",
+            f'streams.{n}.time="@timestamp"',
+            f"streams.{n}.schema={toml_table(declared)}",
+            f'streams.{n}.payload=["@timestamp"]',
+        ]
+    sets += [
+        f'output.kafka.bootstrap="{bs}"',
+        'output.kafka.topic="paced-pairs"',
+        f"checkpoint.interval={interval}",
+        f"output.path={folder / 'out'}",
+        "metrics.endpoint=127.0.0.1:0",
+        "output.progress=0",
+    ]
+    err = open(folder / "stderr", "w+")
+    proc = subprocess.Popen(
+        mpirun_command(slaves + 1, [x for kv in sets for x in ("--set", kv)]),
+        env=mpi_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=err,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while "started:" not in (folder / "stderr").read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RunFailed(f"the paced Kafka run did not start: {(folder / 'stderr').read_text()[-2000:]}")
+            time.sleep(0.1)
+        producer = Producer({"bootstrap.servers": bs, "linger.ms": 5, "queue.buffering.max.messages": 1_000_000})
+        began = time.time()
+        for k, i in enumerate(order.tolist()):
+            due = began + k / rate
+            if due > time.time():
+                producer.poll(0)
+                time.sleep(max(0.0, due - time.time()))
+            topic, value, partition = records[i]
+            producer.produce(topic, value, partition=partition, timestamp=int(due * 1000))
+        producer.flush(60)
+        time.sleep(3 * interval * 0.1 + 2.0)  # the last checkpoints commit what the records made
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        err.close()
+    consumer = Consumer({"bootstrap.servers": bs, "group.id": "bench-delay", "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition("paced-pairs", q, 0) for q in range(PARTITIONS)])
+    delays, quiet = [], time.monotonic()
+    while time.monotonic() - quiet < 5:
+        batch = consumer.consume(10_000, 1.0)
+        quiet = time.monotonic() if batch else quiet
+        for m in batch:
+            if m.error() is None:
+                row = json.loads(m.value())
+                later = max(row["impressions_@timestamp"], row["clicks_@timestamp"])
+                at = np.datetime64(later.rstrip("Z"), "ms").astype(np.int64)
+                delays.append((m.timestamp()[1] - int(at)) / 1000)
+    consumer.close()
+    d = np.array(delays)
+    pick = lambda q: round(float(np.percentile(d, q)), 3) if len(d) else None  # noqa: E731
+    return {
+        "rate": rate,
+        "records": len(records),
+        "pairs": len(d),
+        "checkpoint_seconds": interval * 0.1,
+        "p50": pick(50),
+        "p99": pick(99),
+        "max": pick(100),
+    }
+
+
 def broker_ceiling(bootstrap: str, topics: list[str], records: int) -> float:
     """Records a second a plain consumer takes from the topics' beginnings, in batches, decoding nothing."""
     from confluent_kafka import Consumer, TopicPartition
@@ -119,6 +234,12 @@ def main(argv: list[str]) -> int:
     quick = f"{ROWS[True]:,} records instead of {ROWS[False]:,}"
     p = parser("python -m bench.kafka", __doc__, 0, 0, 3, quick)
     p.add_argument("--rows", type=int, help="records of both streams together (instead of the above)")
+    p.add_argument(
+        "--delay-seconds",
+        type=float,
+        default=4.0,
+        help="seconds of records produced at half the topics' rate for the delay to the result topic (0: none)",
+    )
     a = p.parse_args(argv)
     rows = a.rows or ROWS[a.quick]
     data = workload(rows)
@@ -134,7 +255,7 @@ def main(argv: list[str]) -> int:
                 for n, spec in STREAMS.items()
                 for s in (
                     f'streams.{n}.kafka={{bootstrap="{bs}", topic="{n}", bounded=true}}',
-                    f"streams.{n}.schema={spec['schema']}",  # files carry their own
+                    f"streams.{n}.schema={toml_table(spec['schema'])}",  # files carry their own
                 )
             ]
             ab = Comparison(
@@ -150,12 +271,15 @@ def main(argv: list[str]) -> int:
             )
             ab.run(Path(tmp) / "runs")
             ceilings = [broker_ceiling(bs, list(STREAMS), rows) for _ in range(a.repeats)]
+            half = max(1000.0, ab.data["medians"]["kafka"] / 2)
+            delay = sink_delay(bs, half, a.delay_seconds, a.slaves, Path(tmp)) if a.delay_seconds > 0 else None
             if len({n for runs in ab.data["results"].values() for n in runs}) != 1:
                 raise RunFailed(f"the files and the topics gave different results: {ab.data['results']}")
     except (RunFailed, BrokerUnavailable) as e:
         print(f"bench.kafka: {e}", file=sys.stderr)
         return 1
     ceiling = ab.data["broker_ceiling"] = median(ceilings)
+    ab.data["sink_delay"] = delay
     ab.data["broker_ceilings"] = [round(c) for c in ceilings]
     whole = {m: median(r) for m, r in ab.data["whole_process"].items()}
     share = ab.data["share_of_ceiling"] = round(whole["kafka"] / ceiling, 4)
@@ -174,6 +298,17 @@ def main(argv: list[str]) -> int:
             "dispatchers share the cores with the slaves and the broker, so this shows that ingest is split, not "
             "how it scales.",
             "",
+            *(
+                [
+                    f"Delay to the result topic (records produced at {delay['rate']:,.0f}/s, half the topics' "
+                    f"in-run rate, for {a.delay_seconds:g} s; checkpoints every {delay['checkpoint_seconds']:g} s; "
+                    f"{delay['pairs']:,} pairs read with read_committed): p50 {delay['p50']} s, p99 {delay['p99']} "
+                    f"s, max {delay['max']} s from a pair's later record to its record in the result topic.",
+                    "",
+                ]
+                if delay
+                else []
+            ),
             f"The broker's ceiling (a consumer alone, decoding nothing, medians of {a.repeats}): {ceiling:,.0f} "
             f"records/s; the Kafka runs' whole process is {share:.3f} of it.  The in-run rate can pass the ceiling: "
             "the consumer fetches ahead (librdkafka's queue) while the ranks start, before the in-run clock starts.",

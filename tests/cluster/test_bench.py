@@ -852,11 +852,14 @@ def test_the_payload_workload_is_the_generators_tuples_per_stream_with_three_pay
 def test_bench_kafka_reads_the_same_rows_from_files_and_topics_and_reports_the_brokers_ceiling(tmp_path):
     """A small bench.kafka: the files, the topics and the topics shared by two dispatchers give the same
     results (the bench fails otherwise) and the report has each side's rates, the ratio against the target and
-    the broker's ceiling."""
+    the broker's ceiling and the delay to the result topic of records produced while the cluster runs."""
     from bench.kafka import main
 
-    assert main(["--rows", "6000", "--repeats", "1", "--slaves", "1", "--out", str(tmp_path)]) == 0
+    args = ["--rows", "6000", "--repeats", "1", "--slaves", "1", "--delay-seconds", "2", "--out", str(tmp_path)]
+    assert main(args) == 0
     data = json.loads((tmp_path / "kafka.json").read_text())
+    delay = data["sink_delay"]  # records produced while the cluster runs, to its pairs in the result topic
+    assert delay["pairs"] > 0 and 0 < delay["p50"] <= delay["p99"] <= delay["max"] < 60, delay
     assert data["results"]["files"] == data["results"]["kafka"] == data["results"]["kafka-2"]
     assert data["results"]["files"][0] > 0
     assert data["broker_ceiling"] > 0 and set(data["medians"]) == {"files", "kafka", "kafka-2"}
