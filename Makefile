@@ -56,7 +56,7 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench.join_types
 	$(BIN)/python -m bench.payload
 	$(BIN)/python -m bench.kafka
-	$(BIN)/python -m bench.limit
+	$(BIN)/python -m bench.limit --profile
 	$(BIN)/python -m bench.startup
 	$(BIN)/python -m bench.failover
 

@@ -18,7 +18,9 @@ their wall time) over the file's tuples; their sum is what one tuple costs the
 machine along the pipeline, and the **pipeline limit** is cores / sum: the rate the cores could carry if no
 stage waited and nothing were done twice.  Then the cluster (`--slaves` slaves, unpaced) on the same file,
 alternated with nothing, `--repeats` times: its in-run and whole-process rates (medians) and their ratios to the
-limit.  Not measured here: the metrics' share (bench.metrics_cost) and payload columns (bench.payload).
+limit.  With `--profile`, one more run of the cluster is sampled by py-spy (the master and the first slave), the folded
+stacks saved beside the report (`profile-master.txt`, `profile-slave.txt`) and the top frames by own time listed.
+Not measured here: the metrics' share (bench.metrics_cost) and payload columns (bench.payload).
 Output: limit.md, limit.json.
 """
 
@@ -135,6 +137,78 @@ def transfer_ranks(batch_bytes: int, total_bytes: int) -> None:
         print(time.perf_counter() - began)
 
 
+def profiles(settings: list[str], slaves: int, folder: Path, work: Path, timeout: float) -> dict[str, list]:
+    """py-spy's samples of the master (rank 0) and the first slave (rank 1) through one more unpaced run of the
+    cluster (its output in `work`), saved as folded stacks (`profile-master.txt`, `profile-slave.txt` in
+    `folder`); per rank its top frames by own time: [function (file:line), share of the samples]."""
+    import os
+    import signal
+
+    import psutil
+
+    spy = Path(sys.executable).parent / "py-spy"
+    run = work
+    folder.mkdir(parents=True, exist_ok=True)
+    args = [x for kv in [*settings, f"output.path={run / 'out'}", "output.progress=0"] for x in ("--set", kv)]
+    cluster = subprocess.Popen(
+        mpirun_command(slaves + 1, args),
+        env=mpi_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    found: dict[str, int] = {}
+    deadline = time.monotonic() + 60
+    while len(found) < 2 and cluster.poll() is None and time.monotonic() < deadline:
+        for p in psutil.process_iter(["cmdline", "environ"]):
+            try:
+                rank = (p.info["environ"] or {}).get("OMPI_COMM_WORLD_RANK")
+                if rank in ("0", "1") and str(run) in " ".join(p.info["cmdline"] or []):
+                    found.setdefault({"0": "master", "1": "slave"}[rank], p.pid)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        time.sleep(0.01)
+    spies = [
+        subprocess.Popen(
+            [
+                str(spy),
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                "200",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                str(folder / f"profile-{role}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for role, pid in found.items()
+    ]
+    try:
+        cluster.wait(timeout=timeout)
+    finally:
+        if cluster.poll() is None:
+            os.killpg(cluster.pid, signal.SIGKILL)
+            cluster.wait()
+    for s in spies:
+        s.wait(timeout=60)
+    top = {}
+    for role in found:
+        own: dict[str, int] = {}
+        path = folder / f"profile-{role}.txt"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            stack, _, count = line.rpartition(" ")
+            frame = stack.rsplit(";", 1)[-1]
+            own[frame] = own.get(frame, 0) + int(count)
+        total = sum(own.values()) or 1
+        top[role] = [[f, round(n / total, 3)] for f, n in sorted(own.items(), key=lambda x: -x[1])[:8]]
+    return top
+
+
 def stages(cfg: dict, slaves: int) -> dict[str, float]:
     """One measurement of every stage: seconds each."""
     read, chunks = read_stage(cfg)
@@ -158,6 +232,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--out", type=Path, default=Path("bench-report"))
     p.add_argument("--timeout", type=float, default=RUN_TIMEOUT)
+    p.add_argument("--profile", action="store_true", help="also one run profiled by py-spy (master and one slave)")
     a = p.parse_args(argv)
     machine = machine_info()
     cores = machine["cores"]
@@ -181,6 +256,7 @@ def main(argv: list[str]) -> int:
                     + f"; cluster {runs['in_run'][-1]:,.0f} in-run, {runs['whole_process'][-1]:,.0f} whole process",
                     flush=True,
                 )
+            top = profiles(settings, a.slaves, a.out, Path(tmp) / "profiled", a.timeout) if a.profile else {}
     except RunFailed as e:
         print(f"bench.limit: {e}", file=sys.stderr)
         return 1
@@ -200,6 +276,7 @@ def main(argv: list[str]) -> int:
         "pipeline_limit": round(limit),
         "cluster": runs,
         "ratios": {k: round(v / limit, 3) for k, v in rates.items()},
+        "top_frames": top,
     }
     table = md_table(
         ["stage", *(f"run {i + 1}" for i in range(a.repeats)), "median ns/tuple", "share"],
@@ -212,6 +289,11 @@ def main(argv: list[str]) -> int:
         f"({data['ratios']['in_run']:.2f} of the limit), whole process {rates['whole_process']:,.0f} "
         f"({data['ratios']['whole_process']:.2f}).",
     ]
+    for role, frames in top.items():
+        lines.append(
+            f"Top frames of the {role} by own time (py-spy, `profile-{role}.txt`): "
+            + "; ".join(f"{f} {share:.0%}" for f, share in frames)
+        )
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "limit.json").write_text(json.dumps(data, indent=2))
     (a.out / "limit.md").write_text(

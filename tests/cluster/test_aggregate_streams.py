@@ -380,7 +380,7 @@ def test_final_windows_of_a_view_taken_while_the_run_goes_on_never_change(tmp_pa
             cluster.kill()
     # the files a pause of a loaded host left behind (the merger goes on from its checkpoint)
     aggregate.run_stream(spark, out / "aggregates", view, ckpt, 1.0, 2, trigger=0.2, quiet=True, spec=spec)
-    assert json.loads((out / "summary.json").read_text())["tuples_moved"] > 0
+    assert json.loads((out / "summary.json").read_text())["balance"]["moves"]  # groups moved (some may be empty)
     want = reference_view(tmp_path / "data", cfg)
     snapshots = [pq.read_table(f) for f in sorted(view.glob("view-*.parquet"))]
     mixed = [t for t in snapshots if 0 < pa.compute.sum(t[FINAL]).as_py() < t.num_rows]

@@ -869,8 +869,10 @@ def test_bench_kafka_reads_the_same_rows_from_files_and_topics_and_reports_the_b
 def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_to_their_sum(tmp_path):
     from bench.limit import STAGES, main
 
-    assert main(["--rows", "60000", "--repeats", "1", "--slaves", "1", "--out", str(tmp_path)]) == 0
+    assert main(["--rows", "60000", "--repeats", "1", "--slaves", "1", "--profile", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "limit.json").read_text())
+    assert set(data["top_frames"]) == {"master", "slave"} and all(data["top_frames"].values())
+    assert (tmp_path / "profile-master.txt").stat().st_size > 0 and (tmp_path / "profile-slave.txt").exists()
     ns = data["ns_per_tuple"]
     assert set(ns) == set(STAGES) and all(ns[k] > 0 for k in ("read", "ingest", "transfer", "join"))
     assert data["pipeline_limit"] == pytest.approx(data["machine"]["cores"] * 1e9 / data["sum_ns"], rel=1e-3)
