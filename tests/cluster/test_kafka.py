@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from deploy.launch import mpi_env
 from protocol import checkpoint
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
@@ -38,12 +33,13 @@ from tests.kafka import (
     produce,
     reference,
     settings,
+    stopped_when,
     stream,
     two_topics,
     values,
     written_while_running,
 )
-from tests.runs import Run, run_cluster, toml_value, write_config
+from tests.runs import run_cluster, toml_value
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 IDS = ("views_vid", "buys_bid")
@@ -166,29 +162,11 @@ def test_an_unbounded_topic_runs_until_a_stop_signal(tmp_path, broker):
     for name in topics:
         cfg[f"streams.{name}.kafka"]["bounded"] = False
         cfg[f"streams.{name}.idle_timeout"] = "1s"
-    config = write_config(tmp_path, cfg)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "deploy.launch", "-n", "3", "--", "--config", str(config)],
-        cwd=ROOT,
-        env=mpi_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines = []
-    try:
-        deadline = time.monotonic() + 120
-        while (line := proc.stderr.readline()) and time.monotonic() < deadline:
-            lines.append(line)
-            if (m := re.search(r"\] in ([\d,]+) ", line)) and int(m[1].replace(",", "")) == 3000:
-                break  # every record is in
-        proc.send_signal(signal.SIGTERM)
-        threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
-        assert proc.wait(timeout=60) == 0, "".join(lines)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    run = Run(tmp_path / "out", subprocess.CompletedProcess(proc.args, 0, "", ""))
+
+    def all_in(line: str) -> bool:  # the progress line counts every record in
+        return bool((m := re.search(r"\] in ([\d,]+) ", line)) and int(m[1].replace(",", "")) == 3000)
+
+    run = stopped_when(tmp_path, cfg, 3, all_in)
     assert run.summary["stopped_by_signal"] is True
     pairs, late, _ = reference(views, buys)
     np.testing.assert_array_equal(run.pairs(IDS), pairs)
