@@ -17,11 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
-from common.chunks import Chunk, Source
+from common.chunks import Chunk, Source, empty
 from common.workload import GeneratorSource
 from master.sources.archive import named
 from master.sources.files import FileSource, RejectedListing
+from protocol import faults
 from protocol.access import dispatcher_endpoint
+
+#: empty chunks a HeldEnd hands on at most (the master asks about every 2 ms when idle: tens of seconds)
+HELD_END_CALLS = 20_000
 
 
 def open_source(cfg: dict, listed: bool = True) -> Source:
@@ -53,7 +57,14 @@ def _opened(cfg: dict, listed: bool) -> Source:
 
 
 def open_shard(cfg: dict, index: int) -> Source:
-    """Dispatcher `index`'s share of the source (the whole source with one dispatcher).
+    """Dispatcher `index`'s share of the source (the whole source with one dispatcher), its end held back while a
+    test's fault waits to fire (protocol.faults.pending)."""
+    source = _shard(cfg, index)
+    return HeldEnd(source) if faults.pending() else source
+
+
+def _shard(cfg: dict, index: int) -> Source:
+    """Dispatcher `index`'s share of the source.
 
     A file or the generator is split tuple by tuple; a ZeroMQ source is not split: dispatcher i binds its
     own socket, at the endpoint's port + i (ipc: the path with ".i" appended), for its own producers, and
@@ -132,3 +143,26 @@ class ShardedSource(Source):
 
     def acknowledge(self, position: dict | None) -> None:
         self.inner.acknowledge(position)
+
+
+class HeldEnd:
+    """`inner` whose end is held back while protocol.faults.pending(): empty chunks instead of None, at most
+    HELD_END_CALLS of them, so the epochs, checkpoints and batches a fault waits for go on after the input ran
+    out.  Everything else is the inner source's."""
+
+    def __init__(self, inner: Source):
+        self.inner, self.held, self._ended = inner, 0, False
+
+    def next_chunk(self, limit: int) -> Chunk | None:
+        if not self._ended:
+            chunk = self.inner.next_chunk(limit)
+            if chunk is not None:
+                return chunk
+            self._ended = True
+        if self.held < HELD_END_CALLS and faults.pending():
+            self.held += 1
+            return empty()
+        return None
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)

@@ -179,7 +179,7 @@ class IngestDesk:
         n = len(chunk.ts)
         if n == limit:  # a shorter chunk is all the source has: the due tuples past it do not exist
             self.stats.pacing_lag_max = max(self.stats.pacing_lag_max, self._behind)
-        if self.archiving:
+        if self.archiving and n:  # a held end hands on empty chunks (master.sources.HeldEnd)
             self.channels.write(Archive(chunk))
         if self.rate > 0:  # nominal arrival of each tuple, so master-side queueing counts as delay
             arrival = self.t0 + (self.consumed + np.arange(n)) / self.rate

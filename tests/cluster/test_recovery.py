@@ -130,7 +130,6 @@ def test_several_dispatchers_checkpoint_a_consistent_cut_and_recover(tmp_path, v
     # slave writes its state only with both markers in; a slave dies at a batch or while writing a checkpoint
     settings = dict(CKPT, **{"cluster.dispatchers": 2, "generator.seed": 60 + victim})
     run, _ = crash_run(tmp_path, 5, settings, fault=f"{victim}:{point}", env_extra={"STREAMJOIN_JITTER": "0.005"})
-    assert run.summary["checkpoints"]["written"] >= 1  # after the restart too
     directory, manifest = checkpoint.latest_complete(tmp_path / "out" / "checkpoints")
     assert {"master.state", "master-d1.state", "slave-002.state", "slave-004.state"} <= set(manifest["parts"])
     assert set(manifest["commit"]["archive"]) == {"input-d0", "input-d1"}
