@@ -161,13 +161,13 @@ def check(cfg: dict, error: type[Exception]) -> None:
     if not cfg.get("streams"):
         from protocol.output import result_schema
 
-        check_columns(spec, result_schema(cfg["join"]["type"]), error)
+        check_columns(spec, result_schema(cfg["join"]["type"]), error, seconds=tuple(t for _, t in FILE_SIDES))
 
 
-def check_columns(spec: Aggregation, schema, error: type[Exception]) -> None:
+def check_columns(spec: Aggregation, schema, error: type[Exception], seconds: tuple[str, ...] = ()) -> None:
     """Once the results' columns are known (a pyarrow schema): every named column is there, times are
-    timestamps (or the single file's r_ts and s_ts, float64 seconds), and measures are over numbers or
-    decimals."""
+    timestamps (or among `seconds`: the single file's r_ts and s_ts, float64 seconds), and measures are over
+    numbers or decimals."""
     import pyarrow as pa
 
     def field(column: str, key: str):
@@ -178,7 +178,7 @@ def check_columns(spec: Aggregation, schema, error: type[Exception]) -> None:
     for c in spec.groups:
         field(c, "group_by")
     for c in spec.times if spec.window else ():
-        if not pa.types.is_timestamp(field(c, "time")) and c not in (time for _, time in FILE_SIDES):
+        if not pa.types.is_timestamp(field(c, "time")) and c not in seconds:
             raise error(f"aggregate.time: {c!r} is {schema.field(c).type}, not a timestamp")
     for m in spec.measures:
         if m.column is not None:
