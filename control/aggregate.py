@@ -2,8 +2,9 @@
 two-phase aggregation (BiStream, paper 001 section 3.4.2), the merger.
 
 Streaming (default): a Spark Structured Streaming job reads the slaves' partial files in
-`<output.path>/aggregates/` as a file stream, merges them per (key, window_start) into the global view
-(count, sum, min, max, avg) and writes every new snapshot of the view as `<view>/view-BBBBBBBBBB.parquet`
+`<output.path>/aggregates/` as a file stream, merges them per group and window into the global view
+(`[aggregate]`'s measures over the result columns: protocol.aggregation) and writes every new snapshot of the
+view as `<view>/view-BBBBBBBBBB.parquet`
 (B = Spark's batch id), atomically.  Exactly once across restarts: Spark logs which files make up batch B
 before running it and keeps the merged state per batch under `--checkpoint-location`; a batch that was cut
 short is re-run after a restart with the same files on the state of batch B-1, and its snapshot is written
@@ -38,6 +39,7 @@ from protocol.aggregation import (
     FILE,
     FILES,
     FINAL,
+    KIND,
     RANK,
     SLAVES,
     STAMP,
@@ -48,10 +50,9 @@ from protocol.aggregation import (
     aggregation,
 )
 from protocol.config import ConfigError
-from protocol.output import PARTIAL_SCHEMA, RESULT_SCHEMA, write_table
+from protocol.output import result_schema, write_table
 from protocol.lifetime import invocation
 
-GROUP = ["key", "window_start"]
 #: snapshots of the view kept besides the newest, so a reader that just listed the folder can still open its file
 KEEP = 2
 
@@ -64,39 +65,28 @@ def spark_schema(schema: pa.Schema):
     return T.StructType([T.StructField(f.name, kinds[f.type]) for f in schema])
 
 
-def merge(df, spec: Aggregation | None = None):
-    """Partials -> view: counts and sums add up, min of mins, max of maxes, avg = sum / count (declared streams:
-    `spec`'s groups and measures, avg = sum / count of values)."""
+def merge(df, spec: Aggregation):
+    """Partials -> view of `spec`'s groups and measures: counts and sums add up, min of mins, max of maxes, avg =
+    sum / count of values."""
     from pyspark.sql import functions as F
 
-    if spec is not None:
-        how = {"sum": F.sum, "count": F.sum, "min": F.min, "max": F.max}
-        how["distinct"] = lambda c: F.array_distinct(F.flatten(F.collect_list(c)))
-        newest = lambda c: F.max_by(c, FILE)  # noqa: E731  (a slave's watermark drops when a group moves in)
-        stamps = {FILE: F.max, FILES: F.sum, WATERMARK: newest, SLAVES: F.max}  # per slave (RANK)
-        g = df.groupBy(*spec.keys, RANK).agg(
-            F.sum(COUNT).alias(COUNT),
-            *(how[fn](name).alias(name) for name, fn, _ in spec.parts),
-            *(fn(c).alias(c) for c, fn in stamps.items()),
-        )
-        shape = {
-            "avg": lambda c: F.col(f"sum_{c}") / F.col(f"nn_{c}"),
-            "count_distinct": lambda c: F.size(F.col(f"distinct_{c}")).cast("long"),
-        }
-        measures = {
-            m.name: shape[m.fn](m.column) if m.fn in shape else F.col(m.name) for m in spec.measures if m.fn != "count"
-        }
-        return g.select(*spec.keys, COUNT, *(c.alias(n) for n, c in measures.items()), *STAMP)
-    return (
-        df.groupBy(*GROUP)
-        .agg(
-            F.sum("count").alias("count"),
-            F.sum("sum").alias("sum"),
-            F.min("min").alias("min"),
-            F.max("max").alias("max"),
-        )
-        .withColumn("avg", F.col("sum") / F.col("count"))
+    how = {"sum": F.sum, "count": F.sum, "min": F.min, "max": F.max}
+    how["distinct"] = lambda c: F.array_distinct(F.flatten(F.collect_list(c)))
+    newest = lambda c: F.max_by(c, FILE)  # noqa: E731  (a slave's watermark drops when a group moves in)
+    stamps = {FILE: F.max, FILES: F.sum, WATERMARK: newest, SLAVES: F.max}  # per slave (RANK)
+    g = df.groupBy(*spec.keys, RANK).agg(
+        F.sum(COUNT).alias(COUNT),
+        *(how[fn](name).alias(name) for name, fn, _ in spec.parts),
+        *(fn(c).alias(c) for c, fn in stamps.items()),
     )
+    shape = {
+        "avg": lambda c: F.col(f"sum_{c}") / F.col(f"nn_{c}"),
+        "count_distinct": lambda c: F.size(F.col(f"distinct_{c}")).cast("long"),
+    }
+    measures = {
+        m.name: shape[m.fn](m.column) if m.fn in shape else F.col(m.name) for m in spec.measures if m.fn != "count"
+    }
+    return g.select(*spec.keys, COUNT, *(c.alias(n) for n, c in measures.items()), *STAMP)
 
 
 def result_files(results: Path) -> list[Path]:
@@ -107,40 +97,39 @@ def result_files(results: Path) -> list[Path]:
     return files
 
 
-def from_results(spark, files: list[Path], agg: dict, spec: Aggregation | None = None):
-    """The view computed directly from result files with the `[aggregate]` grouping (declared streams: `spec`)."""
-    from pyspark.sql import functions as F
-
-    if spec is not None:
-        return merge(rows_as_partials(spark.read.parquet(*(str(p) for p in files)), spec), spec)
-
-    if any(p.suffix == ".csv" for p in files):
-        schema = spark_schema(RESULT_SCHEMA)
-        df = spark.read.csv([str(p) for p in files if p.suffix == ".csv"], header=True, schema=schema)
+def from_results(spark, files: list[Path], spec: Aggregation):
+    """The view computed directly from result files with the `[aggregate]` grouping: Parquet, or the single
+    file's CSV (its columns' types are known; declared streams' CSV is refused: `main`)."""
+    csv = [str(p) for p in files if p.suffix == ".csv"]
+    if csv:
+        schema = spark_schema(result_schema("inner" if KIND not in spec.groups else "outer"))  # kind: not inner
+        df = spark.read.csv(csv, header=True, schema=schema)
     else:
         df = spark.read.parquet(*(str(p) for p in files))
-    # the later ts back in microseconds (exact: results carry the float64 nearest to them), the window start
-    # by integer arithmetic (pmod floors, negative ts too), then seconds as phase one writes them
-    later = F.round(F.greatest("r_ts", "s_ts") * eventtime.PER_SECOND).cast("long")
-    w = eventtime.duration(agg["window"])
-    start = ((later - F.pmod(later, F.lit(w))) / float(eventtime.PER_SECOND)).cast("double") if w > 0 else F.lit(0.0)
-    key = "s_key" if agg["group_by"] == "s_key" else "r_key"
-    rows = df.select(F.col(key).cast("long").alias("key"), start.alias("window_start"), F.col(agg["value"]).alias("v"))
-    partial = rows.groupBy(*GROUP).agg(
-        F.count("v").alias("count"), F.sum("v").alias("sum"), F.min("v").alias("min"), F.max("v").alias("max")
-    )
-    return merge(partial)
+    return merge(rows_as_partials(df, spec), spec)
+
+
+def micros(df, column: str):
+    """A time column in microseconds: a timestamp, or float64 seconds as the single file's results hold them
+    (rounded back to the microseconds they were made from, as phase one does: slave.aggregate.micros)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(df.schema[column].dataType, T.DoubleType):
+        return F.round(F.col(column) * float(eventtime.PER_SECOND)).cast("long")
+    return F.unix_micros(F.col(column))
 
 
 def rows_as_partials(df, spec: Aggregation):
-    """Result rows of declared streams as partials of one row each, in the types phase one writes: each row in
-    every window that holds its time (pair: the later of its not-null times), cut in integer microseconds."""
+    """Result rows as partials of one row each, in the types phase one writes: each row in every window that
+    holds its time (pair: the later of its not-null times), cut in integer microseconds."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     cols = [F.col(g) for g in spec.groups]
     if spec.window:
-        t = F.unix_micros(F.greatest(*spec.times) if len(spec.times) > 1 else F.col(spec.times[0]))
+        times = [micros(df, c) for c in spec.times]
+        t = F.greatest(*times) if len(times) > 1 else times[0]
         latest = t - F.pmod(t, F.lit(spec.slide))
         n = -(-spec.window // spec.slide)
         starts = F.filter(
@@ -199,9 +188,9 @@ def final_view(t: pa.Table, spec: Aggregation, watermark: int | None) -> pa.Tabl
 class ViewWriter:
     """foreachBatch sink: the batch's whole view (complete mode) as one file named after the batch id."""
 
-    def __init__(self, directory: Path, quiet: bool = False, spec: Aggregation | None = None, ended: bool = False):
-        """`spec`: declared streams' view (protocol.aggregation), `ended`: of a run that has ended (every window
-        final: `--batch`)."""
+    def __init__(self, directory: Path, spec: Aggregation, quiet: bool = False, ended: bool = False):
+        """`spec`: the view's (protocol.aggregation), `ended`: of a run that has ended (every window final:
+        `--batch`)."""
         self.directory, self.quiet, self.spec = directory, quiet, spec
         self.watermark = eventtime.POS_INF if ended else None
         self.batches = 0
@@ -209,10 +198,8 @@ class ViewWriter:
 
     def __call__(self, df, batch_id: int) -> None:
         t = df.toArrow()
-        keys = GROUP if self.spec is None else self.spec.keys
-        t = t.sort_by([(c, "ascending") for c in keys]) if t.num_rows else t
-        if self.spec is not None:
-            t = final_view(t, self.spec, self.watermark)
+        t = t.sort_by([(c, "ascending") for c in self.spec.keys]) if t.num_rows else t
+        t = final_view(t, self.spec, self.watermark)
         write_table(self.directory, f"view-{batch_id:010d}", t, "parquet")
         for old in sorted(self.directory.glob("view-*.parquet"))[: -(KEEP + 1)]:
             old.unlink(missing_ok=True)
@@ -238,22 +225,24 @@ def run_stream(
     max_files: int = 64,
     trigger: float = 1.0,
     quiet: bool = False,
-    spec: Aggregation | None = None,
+    *,
+    spec: Aggregation,
 ) -> ViewWriter:
-    """Merge partial files as they appear; returns after `until_idle` seconds without a batch (0 = never).
-    Declared streams (`spec`): the partials' schema, whose group columns have the streams' own types, is the
-    first partial file's (the merger waits for it)."""
-    source.mkdir(parents=True, exist_ok=True)  # the file source wants the folder; slaves may start later
-    writer = ViewWriter(view, quiet, spec)
-    schema = spark_schema(PARTIAL_SCHEMA)
-    if spec is not None:
-        from pyspark.sql.pandas.types import from_arrow_schema
+    """Merge partial files of `spec`'s view as they appear; returns after `until_idle` seconds without a batch
+    (0 = never).  The partials' schema, whose group columns have the results' own types, is the first partial
+    file's (the merger waits for it)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
 
-        first = first_partial(source, until_idle)
-        if first is None:
-            return writer
-        schema = from_arrow_schema(pq.read_schema(first))
-    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", max_files).parquet(str(source))
+    source.mkdir(parents=True, exist_ok=True)  # the file source wants the folder; slaves may start later
+    writer = ViewWriter(view, spec, quiet)
+    first = first_partial(source, until_idle)
+    if first is None:
+        return writer
+    stream = (
+        spark.readStream.schema(from_arrow_schema(pq.read_schema(first)))
+        .option("maxFilesPerTrigger", max_files)
+        .parquet(str(source))
+    )
     query = (
         merge(stream, spec)
         .writeStream.outputMode("complete")
@@ -312,8 +301,8 @@ def main(argv: list[str], spark=None) -> int:
             raise ConfigError("--max-files-per-trigger must be >= 1, --trigger > 0 and --until-idle >= 0")
         out = Path(a.out or cfg["output"]["path"])
         files = result_files(out / "results") if a.batch else []
-        spec = aggregation(cfg) if cfg.get("streams") else None
-        if spec is not None and any(p.suffix == ".csv" for p in files):
+        spec = aggregation(cfg)
+        if cfg.get("streams") and any(p.suffix == ".csv" for p in files):
             raise ConfigError(
                 "--batch with [streams.*] reads Parquet results: CSV results lose the columns' types "
                 '(run with output.format = "parquet")'
@@ -325,7 +314,7 @@ def main(argv: list[str], spark=None) -> int:
     spark = spark or session(a.spark_master, "streamjoin-aggregate")
     started = time.monotonic()
     if a.batch:
-        ViewWriter(view, spec=spec, ended=True)(from_results(spark, files, cfg["aggregate"], spec), 0)
+        ViewWriter(view, spec, ended=True)(from_results(spark, files, spec), 0)
     else:
         checkpoint = Path(a.checkpoint_location or out / "aggregate-checkpoint")
         print(

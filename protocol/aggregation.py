@@ -1,5 +1,6 @@
-"""What `[aggregate]` asks of declared streams (`[streams.NAME]`): the view's groups, window and measures over
-the results' own columns, for phase one (slave.aggregate) and the merger (control.aggregate) alike.
+"""What `[aggregate]` asks: the view's groups, window and measures over the results' own columns (declared
+streams' `[streams.NAME]` columns, or the single file's r_key, s_ts, r_value, ...), for phase one
+(slave.aggregate) and the merger (control.aggregate) alike.
 
 A measure is `count` or `FN(column)` with FN one of sum, min, max, avg, count_distinct.  Partials carry only
 what merges exactly: the row count, and per column its sum, its count of values (not null: avg = sum / that),
@@ -53,7 +54,7 @@ def parse_measure(text: str, error: type[Exception]) -> Measure:
 
 
 class Aggregation(NamedTuple):
-    """`[aggregate]` of a run with declared streams, resolved to result columns."""
+    """`[aggregate]` of a run, resolved to result columns."""
 
     groups: tuple[str, ...]  #: the view's group columns, as results name them (with `kind` outside inner joins)
     times: tuple[str, ...]  #: the time columns whose latest (not null) is a row's time
@@ -84,40 +85,54 @@ def result_column(spec: dict, column: str) -> str:
     return spec["prefix"] + column
 
 
+#: the single file's result columns of each side's key and time (its times are float64 seconds)
+FILE_SIDES = ((["r_key"], "r_ts"), (["s_key"], "s_ts"))
+
+
+def sides(cfg: dict) -> tuple[tuple[list[str], str], ...]:
+    """R's and S's key column(s) and time column, as results name them."""
+    if not cfg.get("streams"):
+        return FILE_SIDES
+    return tuple(
+        ([result_column(s, k) for k in s["key"]], result_column(s, s["time"])) for s in cfg["streams"].values()
+    )
+
+
+def measures_of(cfg: dict) -> list[str]:
+    """`aggregate.measures`; the single file's default (["count"]) is its `value`'s count, sum, min, max and
+    average, the view an `[aggregate]` of the single file always had."""
+    agg = cfg["aggregate"]
+    if cfg.get("streams") or agg["measures"] != ["count"]:
+        return agg["measures"]
+    return ["count", *(f"{fn}({agg['value']})" for fn in ("sum", "min", "max", "avg"))]
+
+
 def aggregation(cfg: dict) -> Aggregation:
-    """The `[aggregate]` of a config with `[streams]` (checked: protocol.config), in result columns."""
-    agg, streams = cfg["aggregate"], list(cfg["streams"].values())
+    """The `[aggregate]` of a config (checked: protocol.config), in result columns."""
+    agg, both = cfg["aggregate"], sides(cfg)
     by = agg["group_by"]
     if by in ("key", "r_key", "s_key"):  # the join key: one side's key column(s)
-        spec = streams[1 if by == "s_key" else 0]
-        by = [result_column(spec, k) for k in spec["key"]]
+        by = both[1 if by == "s_key" else 0][0]
     groups = [by] if isinstance(by, str) else list(by)
     if cfg["join"]["type"] != "inner" and KIND not in groups:
         groups.append(KIND)
-    times = (agg["time"],) if agg["time"] else tuple(result_column(s, s["time"]) for s in streams)
+    times = (agg["time"],) if agg["time"] else tuple(time for _, time in both)
     window = eventtime.duration(agg["window"])
     slide = eventtime.duration(agg["slide"]) or window
-    measures = tuple(dict.fromkeys(parse_measure(m, ValueError) for m in agg["measures"]))
+    measures = tuple(dict.fromkeys(parse_measure(m, ValueError) for m in measures_of(cfg)))
     # a slave's watermark bounds its own future rows (a pair's time from its fresher tuple, a row alone from
     # the bound that decides it, the other side's time by the bounds; a moved group's by the move's floor,
     # slave.aggregate.ColumnAggregator.installed); a hot key's grid brings it rows its watermark does not bound
     lower, upper = time_bounds(cfg["join"])
-    stream_times = {result_column(s, s["time"]) for s in streams}
+    stream_times = {time for _, time in both}
     reach = None if cfg["hotkeys"]["enabled"] or not set(times) <= stream_times else max(0, upper, -lower) + 1
     return Aggregation(tuple(groups), times, window, slide, measures, reach)
 
 
 def check(cfg: dict, error: type[Exception]) -> None:
-    """The `[aggregate]` keys that only declared streams take, and theirs: measures, window, slide."""
+    """The `[aggregate]` keys: groups, measures, window, slide; the single file's columns, known before the run,
+    too (declared streams' once their files or schemas are read: `check_columns`)."""
     agg = cfg["aggregate"]
-    if not cfg.get("streams"):
-        changed = [k for k in ("time", "slide", "measures") if agg[k] not in ("", 0.0, ["count"])]
-        if changed:
-            raise error(
-                f"aggregate.{changed[0]}: only with [streams.*]: the single file's aggregation groups by its "
-                "key and keeps count, sum, min, max of aggregate.value"
-            )
-        return
     if not agg["enabled"]:
         return
     by = agg["group_by"]
@@ -143,11 +158,16 @@ def check(cfg: dict, error: type[Exception]) -> None:
     names += [m.name for m in spec.measures if m.fn != "count"]
     if len(set(names)) < len(names):
         raise error(f"aggregate.group_by: the view's columns would repeat a name: {names}")
+    if not cfg.get("streams"):
+        from protocol.output import result_schema
+
+        check_columns(spec, result_schema(cfg["join"]["type"]), error, seconds=tuple(t for _, t in FILE_SIDES))
 
 
-def check_columns(spec: Aggregation, schema, error: type[Exception]) -> None:
+def check_columns(spec: Aggregation, schema, error: type[Exception], seconds: tuple[str, ...] = ()) -> None:
     """Once the results' columns are known (a pyarrow schema): every named column is there, times are
-    timestamps, and measures are over numbers or decimals."""
+    timestamps (or among `seconds`: the single file's r_ts and s_ts, float64 seconds), and measures are over
+    numbers or decimals."""
     import pyarrow as pa
 
     def field(column: str, key: str):
@@ -158,7 +178,7 @@ def check_columns(spec: Aggregation, schema, error: type[Exception]) -> None:
     for c in spec.groups:
         field(c, "group_by")
     for c in spec.times if spec.window else ():
-        if not pa.types.is_timestamp(field(c, "time")):
+        if not pa.types.is_timestamp(field(c, "time")) and c not in seconds:
             raise error(f"aggregate.time: {c!r} is {schema.field(c).type}, not a timestamp")
     for m in spec.measures:
         if m.column is not None:

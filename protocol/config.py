@@ -20,7 +20,7 @@ from protocol import aggregation, eventtime, streams as streams_config
 from protocol.access import check_endpoints, check_http_endpoint, check_producers
 from protocol.durations import DURATION_KEYS, from_text
 from protocol.errors import ConfigError
-from protocol.predicates import JOIN_TYPES, check_join_type
+from protocol.predicates import JOIN_TYPES
 from protocol.tuples import BASE_TUPLE_BYTES
 
 
@@ -266,24 +266,27 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         ),
         "group_by": (
             "key",
-            '"key", "r_key" or "s_key" (all the same join key in this equi-join); with [streams.*] also a '
-            'result column or a list of them (`["impressions_ad_id"]`, [] = one group), "key" = R\'s key column(s)',
+            '"key" (R\'s key column(s)), "r_key", "s_key", or a result column or a list of them '
+            '(`["impressions_ad_id"]`, `["r_key", "s_key"]`, [] = one group)',
         ),
-        "value": ("r_value", '"r_value" or "s_value": the column whose count, sum, min, max (and avg) are kept'),
-        "window": (0.0, "tumbling window in seconds on the later tuple's ts, max(r_ts, s_ts); 0 = no window"),
+        "value": (
+            "r_value",
+            '"r_value" or "s_value": without [streams.*], `measures` = ["count"] means count and the sum, '
+            "min, max and avg of this column",
+        ),
+        "window": (0.0, "tumbling window in seconds on a row's time (a pair: its later tuple's); 0 = no window"),
         "slide": (
             0.0,
-            "with [streams.*]: seconds between two windows' starts, below `window` for hopping windows "
-            "(0 = `window`: tumbling)",
+            "seconds between two windows' starts, below `window` for hopping windows (0 = `window`: tumbling)",
         ),
         "time": (
             "",
-            'with [streams.*]: the timestamp result column windows are cut on; "" = the pair\'s time, the later '
-            "of the two streams' time columns (a row alone: its own)",
+            'the timestamp result column windows are cut on (the single file: "r_ts" or "s_ts"); "" = the '
+            "pair's time, the later of the two streams' time columns (a row alone: its own)",
         ),
         "measures": (
             ["count"],
-            "with [streams.*]: the view's measures: count, sum(COL), min(COL), max(COL), avg(COL) over numeric "
+            "the view's measures: count, sum(COL), min(COL), max(COL), avg(COL) over numeric "
             "or decimal result columns, count_distinct(COL) (exact)",
         ),
         "flush_interval": (5.0, "seconds between two partial-aggregate files of a slave"),
@@ -528,13 +531,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
             "the topic's partitions out, and would each have to read the files whole and keep their share "
             "(make both streams Kafka topics, or run one dispatcher)"
         )
-    if not cfg.get("streams") and cfg["aggregate"]["group_by"] not in ("key", "r_key", "s_key"):
-        raise ConfigError(
-            f'aggregate.group_by: must be one of "key", "r_key", "s_key" (result columns with [streams.*]), '
-            f"got {cfg['aggregate']['group_by']!r}"
-        )
     aggregation.check(cfg, ConfigError)
-    check_join_type(cfg, ConfigError)
     check_endpoints(cfg)
     check_http_endpoint("metrics.endpoint", cfg["metrics"]["endpoint"], cfg)
     check_producers(cfg)

@@ -35,18 +35,11 @@ OUTER_RESULT_SCHEMA = pa.schema(
     + [pa.field("kind", pa.string(), nullable=False)]
 )
 
-#: A partial aggregate (phase one, written by slaves into `aggregates/`, merged by control.aggregate):
-#: per join key and tumbling window (window_start = 0.0 when aggregate.window = 0), count, sum, min, max.
-PARTIAL_SCHEMA = pa.schema(
-    [
-        ("key", pa.int64()),
-        ("window_start", pa.float64()),
-        ("count", pa.int64()),
-        ("sum", pa.float64()),
-        ("min", pa.float64()),
-        ("max", pa.float64()),
-    ]
-)
+
+def result_schema(join_type: str) -> pa.Schema:
+    """The single file's result columns for a join of `join_type`."""
+    return RESULT_SCHEMA if join_type == "inner" else OUTER_RESULT_SCHEMA
+
 
 OUTPUT_PARTS = (
     "results",

@@ -80,23 +80,3 @@ def time_bounds(join: dict) -> tuple[int, int]:
         w = eventtime.duration(join["window"])
         return -w, w
     return eventtime.duration(join["lower"]), eventtime.duration(join["upper"])
-
-
-def check_join_type(cfg: dict, error: type[Exception]) -> None:
-    """What `join.type` refuses of the single file's aggregation: rows that mix pairs and rows alone, or
-    anything but an R row's value.  (Every type takes copies: a row alone is decided where its tuple is stored
-    once, or a full join's at its home range, `range_copied`, or home sub-group, `hot_grids`.)"""
-    kind = cfg["join"]["type"]
-    if kind == "inner" or cfg.get("streams"):  # declared streams aggregate every row in its `kind`
-        return
-    agg = cfg["aggregate"]
-    if agg["enabled"] and kind in ("left", "right", "full"):
-        raise error(
-            f'aggregate.enabled: not with join.type = "{kind}", whose rows mix pairs and rows without a '
-            'partner; "semi" and "anti" rows (R rows) can be aggregated'
-        )
-    if agg["enabled"] and (agg["value"] != "r_value" or agg["group_by"] == "s_key"):
-        raise error(
-            f'aggregate.value: with join.type = "{kind}" the rows are R rows: aggregate "r_value" '
-            f'grouped by "key" or "r_key" (got {agg["value"]!r} by {agg["group_by"]!r})'
-        )

@@ -1,10 +1,10 @@
 """Phase one of the two-phase aggregation (BiStream, paper 001 section 3.4.2): each slave pre-aggregates
 its own join results into a partial view; `control.aggregate` (phase two, the merger) combines the views.
 
-A partial is a table of `protocol.output.PARTIAL_SCHEMA`: per join key and tumbling window of the later
-tuple's ts, the count, sum, min and max of the chosen value.  These four combine by sum/sum/min/max, so
-partials can be merged in any grouping and order (avg = sum / count is taken at the end).  Everything is
-a pyarrow group-by over whole columns; no Python loop per tuple.
+Results are aggregated by their own columns (protocol.aggregation: declared streams' columns, or the single
+file's r_key, r_value, ...): per group and window, what merges exactly (row count, sums, counts of values, min,
+max, distinct values), so partials can be merged in any grouping and order.  Everything is a pyarrow group-by
+over whole columns; no Python loop per row.
 
 Windows are cut in integer microseconds (protocol.eventtime), as Spark's `--batch` view cuts them, and
 min / max order NaN as Spark does, above every number: a group's max is NaN if any value is, its min only
@@ -23,121 +23,19 @@ import pyarrow as pa
 
 from protocol import eventtime
 from protocol.aggregation import COUNT, FILE, FILES, RANK, SLAVES, STAMP, WATERMARK, WINDOW_START, Aggregation
-from protocol.output import PARTIAL_SCHEMA, NumberedFiles
-from slave.join import Pairs
+from protocol.output import NumberedFiles
 
-_GROUP = ["key", "window_start"]
 ROWS = "__rows"  #: each row's place in a table being grouped (distinct value sets are merged by it)
 
 
-def window_starts(ts: np.ndarray, window: int) -> np.ndarray:
-    """Start of the tumbling window holding each ts, in seconds (ts and window in microseconds: the window
-    holds start <= ts < start + window exactly); all 0.0 when window = 0 (one window for all time)."""
-    if window > 0:
-        ts = np.asarray(ts, np.int64)
-        return eventtime.to_seconds(ts - ts % window)  # numpy's % floors: negative ts too
-    return np.zeros(len(ts))
-
-
-def partials(key: np.ndarray, ts: np.ndarray, value: np.ndarray, window: int) -> pa.Table:
-    """One partial row per (key, window) of the given results: ts is the later tuple's ts of each result."""
-    value = np.asarray(value, np.float64)
-    t = pa.table(
-        {
-            "key": np.asarray(key, np.int64),
-            "window_start": window_starts(ts, window),
-            "value": value,
-            "nan": np.isnan(value),
-        }
-    )
-    g = t.group_by(_GROUP).aggregate(
-        [("value", "count"), ("value", "sum"), ("value", "min"), ("value", "max"), ("nan", "any")]
-    )
-    return _shape(g, "value_")
-
-
-def combine(tables: list[pa.Table]) -> pa.Table:
-    """Merge partials into one partial with a row per (key, window): sums of counts and sums, min, max."""
-    import pyarrow.compute as pc  # here: a slave that does not aggregate starts without it
-
-    t = pa.concat_tables([PARTIAL_SCHEMA.empty_table(), *tables])
-    t = t.append_column("nan", pc.is_nan(t["max"]))
-    g = t.group_by(_GROUP).aggregate([("count", "sum"), ("sum", "sum"), ("min", "min"), ("max", "max"), ("nan", "any")])
-    return _shape(g, "", ("count_sum", "sum_sum", "min_min", "max_max"))
-
-
-def _shape(g: pa.Table, prefix: str, names: tuple[str, ...] | None = None) -> pa.Table:
+def micros(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A time column in int64 microseconds: a timestamp, or float64 seconds as the single file's results hold
+    them (the float64 nearest to the microseconds: rounding gives them back exactly)."""
     import pyarrow.compute as pc
 
-    names = names or tuple(prefix + f for f in ("count", "sum", "min", "max"))
-    cols = [g["key"], g["window_start"], *(g[n] for n in names)]
-    cols[-1] = pc.if_else(g["nan_any"], np.nan, cols[-1])  # NaN is the largest value (Spark's order)
-    return pa.Table.from_arrays(cols, schema=PARTIAL_SCHEMA) if g.num_rows else PARTIAL_SCHEMA.empty_table()
-
-
-class PartialAggregator(NumberedFiles):
-    """A slave's running partial view since its last file: results go in per batch, a file goes out every
-    `flush_interval` seconds (and at stop) as `directory/slave-RRR-NNNNNN.parquet`, written atomically.
-
-    Each file holds only what came since the previous one, so the merger sums files and never sees a
-    result twice.  `directory` is a parameter so that files can be staged elsewhere and published later.
-    """
-
-    #: combine the per-batch partials once this many have piled up, so memory stays at about one view
-    COMBINE_EVERY = 32
-
-    def __init__(self, directory: str | Path, rank: int, agg: dict, clock: Callable[[], float] = time.monotonic):
-        super().__init__(directory, f"slave-{rank:03d}", "parquet", flush_rows=math.inf)  # by time: `add_rows`
-        self.clock = clock
-        self.window, self.interval = eventtime.duration(agg["window"]), float(agg["flush_interval"])
-        self.key_side = "s" if agg["group_by"] == "s_key" else "r"
-        self.value_side = agg["value"][0]  # "r_value" -> "r"
-        self._last = clock()
-
-    def add_pairs(self, pairs: Pairs, table: pa.Table | None = None) -> int:
-        """Pre-aggregate a chunk of a batch's pairs (slave.join.Pairs; `table`: as written); returns files written
-        (0/1)."""
-        return self.add_rows(
-            pairs[f"{self.key_side}_key"], np.maximum(pairs["r_ts"], pairs["s_ts"]), pairs[f"{self.value_side}_value"]
-        )
-
-    def add_rows(self, key: np.ndarray, ts: np.ndarray, value: np.ndarray) -> int:
-        """Pre-aggregate result rows given as their key, ts (microseconds) and value columns: pairs (`add_pairs`), or
-        the R rows of a semi or anti join (e.g. impressions without a click per key and window);
-        returns files written (0/1)."""
-        return self.take(partials(key, ts, value, self.window) if len(key) else None)
-
-    def add_lone(self, lone_r: np.ndarray, table: pa.Table | None = None) -> int:
-        """Pre-aggregate the R rows a semi or anti join decided (`table`: as written); returns files written (0/1)."""
-        return self.add_rows(lone_r["key"], lone_r["ts"], lone_r["value"])
-
-    def decided(self, watermark: int) -> int:
-        """A batch is done, decided by `watermark` (eventtime.POS_INF: the run's end); returns files written
-        (0/1)."""
-        return self.take(None)
-
-    def installed(self, watermark: int) -> None:
-        """A moved group is installed (slave.joining.Joiner.installed): the single file's partials carry no
-        watermark, nothing to say."""
-
-    def take(self, partial: pa.Table | None) -> int:
-        """Keep one batch's partial (None: no rows); returns files written (0/1)."""
-        if partial is not None:
-            self.add(partial)
-            if len(self.parts) >= self.COMBINE_EVERY:
-                self.parts = [self.merged(self.parts)]
-        return self.flush() if self.clock() - self._last >= self.interval else 0
-
-    def flush(self) -> int:
-        """Write the partial view gathered since the last file; returns the number of files written (0 or 1)."""
-        self._last = self.clock()
-        return super().flush()
-
-    def merged(self, parts: list[pa.Table]) -> pa.Table:
-        return combine(parts)
-
-
-# --------------------------------------------------------------------------- declared streams' own columns
+    if pa.types.is_floating(column.type):
+        return pc.cast(pc.round(pc.multiply(column, float(eventtime.PER_SECOND))), pa.int64())
+    return pc.cast(pc.cast(column, pa.timestamp("us")), pa.int64())
 
 
 def stream_times(table: pa.Table, times: tuple[str, ...]) -> pa.Array:
@@ -145,7 +43,7 @@ def stream_times(table: pa.Table, times: tuple[str, ...]) -> pa.Array:
     later of its two tuples; a row alone: its own); null where all are."""
     import pyarrow.compute as pc
 
-    cols = [pc.cast(pc.cast(table[c], pa.timestamp("us")), pa.int64()) for c in times]
+    cols = [micros(table[c]) for c in times]
     return (pc.max_element_wise(*cols, skip_nulls=True) if len(cols) > 1 else cols[0]).combine_chunks()
 
 
@@ -203,8 +101,8 @@ def union(lists: pa.ChunkedArray, rows: pa.ChunkedArray) -> pa.ListArray:
 
 
 def column_partials(table: pa.Table, spec: Aggregation) -> pa.Table:
-    """One partial row per group and window of a batch's result rows (declared streams: the streams' own
-    columns): the row count and, per measured column, what protocol.aggregation says merges exactly."""
+    """One partial row per group and window of a batch's result rows: the row count and, per measured column,
+    what protocol.aggregation says merges exactly."""
     t = pa.table({**{g: table[g] for g in spec.groups}, **{name: table[col] for name, _, col in spec.parts}})
     if spec.window:
         index, starts = windows(stream_times(table, spec.times), spec.window, spec.slide)
@@ -229,13 +127,20 @@ def stamped(table: pa.Table, rank: int, file: int, watermark: int, slaves: int) 
     return pa.concat_tables([table, pa.table(row, schema=table.schema)])
 
 
-class ColumnAggregator(PartialAggregator):
-    """Phase one over declared streams' result rows (`add_table`), grouped and measured as `spec` says.
+class ColumnAggregator(NumberedFiles):
+    """A slave's running partial view of its result rows since its last file (`add_table`), grouped and measured
+    as `spec` says: a file goes out every `flush_interval` seconds (and at stop) as
+    `directory/slave-RRR-NNNNNN.parquet`, written atomically.  Each file holds only what came since the previous
+    one, so the merger sums files and never sees a result twice.  `directory` is a parameter so that files can
+    be staged elsewhere and published later.
 
     Each file is stamped with the watermark of the last batch in it (`decided`; lowered to a move's floor when a
     moved group is installed, `installed`), from which the merger tells final windows by each slave's newest
     stamp; a file goes out every `flush_interval` while the watermark rises, with no rows if none came
     (its columns' types from `results`: an empty result table)."""
+
+    #: combine the per-batch partials once this many have piled up, so memory stays at about one view
+    COMBINE_EVERY = 32
 
     def __init__(
         self,
@@ -247,14 +152,17 @@ class ColumnAggregator(PartialAggregator):
         results: Callable[[], pa.Table],
         clock=time.monotonic,
     ):
-        super().__init__(directory, rank, agg, clock)
+        super().__init__(directory, f"slave-{rank:03d}", "parquet", flush_rows=math.inf)  # by time: `take`
+        self.clock, self.interval = clock, float(agg["flush_interval"])
         self.spec, self.rank, self.slaves, self.results = spec, rank, slaves, results
         self.watermark = self.stamp = eventtime.NEG_INF
+        self._last = clock()
 
     def decided(self, watermark: int) -> int:
-        """Every row this slave will still put out has a time of at least `watermark` - `spec.reach`."""
+        """A batch is done: every row this slave will still put out has a time of at least `watermark` -
+        `spec.reach` (eventtime.POS_INF: the run's end); returns files written (0/1)."""
         self.watermark = watermark
-        return super().decided(watermark)
+        return self.take(None)
 
     def installed(self, watermark: int) -> None:
         """A moved group is installed: its rows still to come lie only above the move's floor, below the
@@ -263,8 +171,10 @@ class ColumnAggregator(PartialAggregator):
         self.flush()
 
     def flush(self) -> int:
+        """Write the partial view gathered since the last file with its stamp (none if no row came and the
+        watermark stood still); returns files written (0/1)."""
+        self._last = self.clock()
         if not self.parts and self.watermark == self.stamp:
-            self._last = self.clock()
             return 0
         self.parts = self.parts or [column_partials(self.results(), self.spec)]
         self.stamp = self.watermark
@@ -273,16 +183,18 @@ class ColumnAggregator(PartialAggregator):
     def write(self, stem: str, table: pa.Table) -> None:
         super().write(stem, stamped(table, self.rank, self.files, self.stamp, self.slaves))
 
-    def add_pairs(self, pairs: Pairs, table: pa.Table | None = None) -> int:
-        return self.add_table(table)
-
-    def add_lone(self, lone_r: np.ndarray, table: pa.Table | None = None) -> int:
-        return self.add_table(table)
-
     def add_table(self, table: pa.Table | None) -> int:
         """Pre-aggregate result rows as written (slave.result_files; None: none), pairs and rows alone each in
         their `kind`; returns files written (0/1)."""
         return self.take(column_partials(table, self.spec) if table is not None and table.num_rows else None)
+
+    def take(self, partial: pa.Table | None) -> int:
+        """Keep one batch's partial (None: no rows); returns files written (0/1)."""
+        if partial is not None:
+            self.add(partial)
+            if len(self.parts) >= self.COMBINE_EVERY:
+                self.parts = [self.merged(self.parts)]
+        return self.flush() if self.clock() - self._last >= self.interval else 0
 
     def merged(self, parts: list[pa.Table]) -> pa.Table:
         return column_combine(parts, self.spec)

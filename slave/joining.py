@@ -20,11 +20,11 @@ import pyarrow as pa
 
 from protocol import checkpoint, delays, eventtime, faults
 from protocol.messages import HISTOGRAMS, batch_groups, batch_rows, encode_report, hot_key, joining_message
-from protocol.output import MATCHED
+from protocol.output import MATCHED, result_schema
 from protocol.payload import payload_reader
 from protocol.predicates import time_bounds
 from protocol.aggregation import aggregation
-from slave.aggregate import ColumnAggregator, PartialAggregator
+from slave.aggregate import ColumnAggregator
 from slave.join import JoinModule
 from slave.mover import decode_group, decode_move, encode_group, encode_move
 from slave.result_files import ResultWriter, with_columns
@@ -56,13 +56,9 @@ class Joiner:
         # with checkpoints, partials are staged until a checkpoint covers them (protocol/checkpoint.py)
         staged = f"{out['path']}/{checkpoint.PENDING_AGGREGATES if cfg['checkpoint']['interval'] else 'aggregates'}"
         self.aggregator = None
-        if agg["enabled"]:  # declared streams: over their own columns (protocol.aggregation)
+        if agg["enabled"]:  # over the results' own columns (protocol.aggregation)
             slaves = comm.size - cfg["cluster"]["dispatchers"]
-            self.aggregator = (
-                ColumnAggregator(staged, comm.rank, agg, aggregation(cfg), slaves, self.no_results)
-                if cfg.get("streams")
-                else PartialAggregator(staged, comm.rank, agg)
-            )
+            self.aggregator = ColumnAggregator(staged, comm.rank, agg, aggregation(cfg), slaves, self.no_results)
         self.results_out = ResultSender(comm, cfg)
         sink = out["kafka"]
         #: with checkpoints its own result files go to Kafka, a transaction per checkpoint (protocol.kafka_sink)
@@ -102,7 +98,7 @@ class Joiner:
             faults.straggle(self.rank, "STREAMJOIN_SLOW_CHUNKS")
             table = self.writer.add_pairs(chunk.pairs, delay)
             if self.aggregator:
-                self.aggregator.add_pairs(chunk.pairs, table)
+                self.aggregator.add_table(table)
             self.results_out.send(dispatcher, seq, chunk.pairs, delay, chunk.last and not alone, watermark, table)
             results, chunks, hists = results + len(delay), chunks + 1, hists + hist
             delay_max = max(delay_max, float(delay.max(initial=0.0)))
@@ -125,22 +121,23 @@ class Joiner:
         }, hists
 
     def no_results(self) -> pa.Table:
-        """An empty table of this run's result columns (declared streams)."""
+        """An empty table of this run's result columns."""
+        if self.writer.payload is None:  # the single file's
+            return result_schema(self.module.join_type).empty_table()
         none = np.empty(0, np.int64)
         kind = None if self.module.join_type == "inner" else MATCHED
         return with_columns(self.writer.payload, none, none, np.empty(0), kind)
 
     def take_lone(self, dispatcher: int, seq: int, watermark: int) -> int:
         """Outer, semi and anti joins: write the rows the last epoch decided alone (known once its last chunk is
-        taken), send them as the last results message of the batch (or STOP) `seq` decided by `watermark`, and,
-        aggregate them (phase one: declared streams' rows in their `kind`; the single file's semi and anti R rows,
-        its left, right and full joins are refused).  Returns the rows."""
+        taken), send them as the last results message of the batch (or STOP) `seq` decided by `watermark`, and
+        aggregate them (phase one: each row in its `kind`).  Returns the rows."""
         lone_r, lone_s = self.module.lone_r, self.module.lone_s
         table = self.writer.add_lone(lone_r, lone_s)
         if self.module.join_type != "inner":
             self.results_out.send_lone(dispatcher, seq, lone_r, lone_s, self.module.stream_times(), watermark, table)
-        if self.aggregator and len(lone_r) + len(lone_s):
-            self.aggregator.add_lone(lone_r, table)
+        if self.aggregator:
+            self.aggregator.add_table(table)
         return len(lone_r) + len(lone_s)
 
     def hand_over(self, head) -> tuple[np.ndarray, dict]:

@@ -105,10 +105,11 @@ def reference_rows(folder: Path, join_type: str) -> str:
     return f"SELECT {', '.join(cols)}{kind} FROM {r} r {join_type.upper()} JOIN {s} s ON {on}"
 
 
-def reference_view(folder: Path, cfg: dict) -> pa.Table:
-    """DuckDB's GROUP BY of the reference rows with the config's groups, windows and measures."""
+def reference_view(folder: Path | None, cfg: dict, sql: str = "") -> pa.Table:
+    """DuckDB's GROUP BY of the reference rows (of the files in `folder`, or the rows `sql` selects) with the
+    config's groups, windows and measures."""
     spec = aggregation(cfg)
-    sql = reference_rows(folder, cfg["join"]["type"])
+    sql = sql or reference_rows(folder, cfg["join"]["type"])
     groups = [f'"{g}"' for g in spec.groups]
     sql_of = {"count_distinct": "count(DISTINCT {})"}
     measures = ["count(*) AS count"] + [
@@ -118,12 +119,12 @@ def reference_view(folder: Path, cfg: dict) -> pa.Table:
     ]
     if not spec.window:
         return duckdb.sql(f"SELECT {', '.join(groups + measures)} FROM ({sql}) GROUP BY ALL").arrow().read_all()
-    times = [f'epoch_us("{t}")' for t in spec.times]
+    times = [f'epoch_us("{t}")' for t in spec.times]  # below: SQL's % keeps the sign, a floor needs it positive
     t = f"greatest({', '.join(times)})" if len(times) > 1 else times[0]
     n = -(-spec.window // spec.slide)
     windowed = (
         f"SELECT *, latest - k * {spec.slide} AS window_start FROM (SELECT *, {t} AS t, "
-        f"{t} - ({t} % {spec.slide}) AS latest FROM ({sql})), range({n}) AS ks(k) "
+        f"{t} - ((({t} % {spec.slide}) + {spec.slide}) % {spec.slide}) AS latest FROM ({sql})), range({n}) AS ks(k) "
         f"WHERE latest - k * {spec.slide} > t - {spec.window} OR (t IS NULL AND k = 0)"  # no time: one null window
     )
     q = f"SELECT {', '.join(groups)}, window_start, {', '.join(measures)} FROM ({windowed}) GROUP BY ALL"
@@ -180,8 +181,8 @@ def run_and_merge(tmp_path, spark, settings: dict) -> tuple[dict, pa.Table, pa.T
         spark, run.out / "aggregates", tmp_path / "view", tmp_path / "ckpt", 1.5, trigger=0.3, quiet=True, spec=spec
     )
     assert writer.batches >= 1
-    batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), cfg["aggregate"], spec)
-    aggregate.ViewWriter(tmp_path / "batch", quiet=True, spec=spec, ended=True)(batch, 0)
+    batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), spec)
+    aggregate.ViewWriter(tmp_path / "batch", spec, quiet=True, ended=True)(batch, 0)
     return cfg, aggregate.read_view(tmp_path / "view"), aggregate.read_view(tmp_path / "batch")
 
 
@@ -338,8 +339,8 @@ def test_a_rank_and_the_merger_killed_change_nothing_in_the_view(tmp_path, spark
     assert aggregate.read_view(view)["count"].to_numpy().sum() < want["count"].to_numpy().sum()
     aggregate.run_stream(spark, run.out / "aggregates", view, ckpt, until_idle=1.5, trigger=0.2, quiet=True, spec=spec)
     assert_view_equals(aggregate.read_view(view), want, cfg)
-    batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), cfg["aggregate"], spec)
-    aggregate.ViewWriter(tmp_path / "batch", quiet=True, spec=spec, ended=True)(batch, 0)
+    batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), spec)
+    aggregate.ViewWriter(tmp_path / "batch", spec, quiet=True, ended=True)(batch, 0)
     assert_view_equals(aggregate.read_view(tmp_path / "batch"), want, cfg)
 
 

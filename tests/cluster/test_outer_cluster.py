@@ -9,16 +9,17 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from protocol.config import ConfigError, load_config
+from protocol.aggregation import aggregation
+from protocol.config import load_config
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, OUTER_RESULT_SCHEMA, RIGHT_UNMATCHED, read_tables
 from common.workload import generate_all
 from tests.runs import run_cluster
-from slave.aggregate import combine
 from protocol.predicates import time_bounds
 from tests.reference import duckdb_outer, encode_pairs, reference_outer, reference_pairs, reference_theta_pairs
 from tests.cluster.test_balance_cluster import FORCED_CHURN, straggler
 from tests.cluster.test_cluster import SMALL
 from tests.cluster.test_recovery import CKPT, SUPERVISE
+from tests.unit.test_aggregate_logic import as_numpy_view, file_spec, merged_partials
 
 
 def check_outer(tmp_path, ranks: int, settings: dict, **kw):
@@ -155,7 +156,9 @@ def test_semi_anti_and_left_joins_are_exact_with_key_ranges_and_dispatchers(tmp_
     kept = [w for w, emitted in zip(want, (join_type == "left", True, False)) if emitted]
     assert all(len(w) > 50 for w in kept)  # the rows this type emits are there to be checked
     if settings.get("aggregate.enabled"):  # the merged partials are those of the anti rows, per r_key and window
-        view = combine([read_tables(run.out / "aggregates")])
+        spec = file_spec(f'join.type="{join_type}"', f"aggregate.window={settings['aggregate.window']}")
+        view = merged_partials([read_tables(run.out / "aggregates")], spec)
+        assert set(view["kind"].to_pylist()) == {LEFT_UNMATCHED}
         t = read_tables(run.out / "results")
         key, ts, value = (t[c].to_numpy() for c in ("r_key", "r_ts", "r_value"))
         assert len(np.unique(t["r_id"].to_numpy())) == len(want[1]) == t.num_rows
@@ -166,7 +169,7 @@ def test_semi_anti_and_left_joins_are_exact_with_key_ranges_and_dispatchers(tmp_
         got = {
             (k, w): (c, s_, lo, hi)
             for k, w, c, s_, lo, hi in zip(
-                *(view[c].to_pylist() for c in ("key", "window_start", "count", "sum", "min", "max"))
+                *(as_numpy_view(view, spec)[c].tolist() for c in ("key", "window_start", "count", "sum", "min", "max"))
             )
         }
         assert set(got) == set(cells)
@@ -246,15 +249,10 @@ def test_full_band_join_recovers_from_a_killed_slave_deciding_each_row_once(tmp_
 
 
 @pytest.mark.parametrize("join_type", ["left", "right", "full", "semi", "anti"])
-def test_every_type_takes_copies_and_only_aggregating_rows_alone_is_refused(join_type):
+def test_every_type_takes_copies_and_aggregates_its_rows_in_their_kind(join_type):
     for predicate in ("band", "less"):  # full copies both sides and decides each tuple at its home range
         load_config(None, [f'join.type="{join_type}"', f'join.predicate="{predicate}"'])
     load_config(None, [f'join.type="{join_type}"', "hotkeys.enabled=true"])  # full: at its home sub-group
     load_config(None, [f'join.type="{join_type}"', 'output.zmq_endpoint="tcp://127.0.0.1:5599"'])  # punctuated
-    if join_type in ("semi", "anti"):  # R rows: counted per key and window like pairs
-        load_config(None, [f'join.type="{join_type}"', "aggregate.enabled=true"])
-        with pytest.raises(ConfigError, match="aggregate.value"):
-            load_config(None, [f'join.type="{join_type}"', "aggregate.enabled=true", 'aggregate.value="s_value"'])
-    else:
-        with pytest.raises(ConfigError, match="aggregate.enabled"):
-            load_config(None, [f'join.type="{join_type}"', "aggregate.enabled=true"])
+    cfg = load_config(None, [f'join.type="{join_type}"', "aggregate.enabled=true", 'aggregate.value="s_value"'])
+    assert aggregation(cfg).groups == ("r_key", "kind")  # pairs and rows alone apart

@@ -208,10 +208,9 @@ def test_launch_through_a_hostfile_with_localhost_slots(tmp_path):
 
 def test_aggregation_after_a_crash_equals_the_reference_aggregation(tmp_path):
     # partials written after the last checkpoint are staged and replaced; published ones are never recounted
-    import pyarrow.compute as pc
     from protocol.output import read_tables
-    from slave.aggregate import combine
     from tests.cluster.test_spark_control import assert_view, reference_view
+    from tests.unit.test_aggregate_logic import file_spec, merged_partials
 
     settings = dict(
         CKPT,
@@ -227,9 +226,9 @@ def test_aggregation_after_a_crash_equals_the_reference_aggregation(tmp_path):
     assert run.summary["result_chunks"]["chunked_batches"] > 0
     staged = tmp_path / "out" / checkpoint.PENDING_AGGREGATES
     assert not staged.exists() or not any(staged.iterdir())  # all published at the end
-    view = combine([read_tables(tmp_path / "out" / "aggregates")])
-    view = view.append_column("avg", pc.divide(pc.cast(view["sum"], "float64"), pc.cast(view["count"], "float64")))
-    assert_view(view, reference_view(settings, "key", "r_value", 0.5))
+    spec = file_spec("aggregate.window=0.5")
+    view = merged_partials([read_tables(tmp_path / "out" / "aggregates")], spec)
+    assert_view(view, reference_view(settings, "key", "r_value", 0.5), spec)
 
 
 def test_a_slave_that_stops_answering_ends_the_job_with_what_the_master_waits_for(tmp_path):

@@ -20,29 +20,46 @@ import pytest
 from control import aggregate, replay
 from common.workload import generate_all
 from protocol.config import load_config
-from protocol.output import read_tables
+from protocol.output import LEFT_UNMATCHED, MATCHED, read_tables
 from protocol.tuples import tuple_dtype
-from slave.aggregate import combine, partials
-from tests.runs import run_cluster
-from tests.reference import micros, pairs_of, reference_pairs
-from tests.unit.test_aggregate_logic import numpy_view
+from protocol.aggregation import aggregation
+from slave.aggregate import column_partials, stamped
+from tests.runs import run_cluster, toml_value
+from tests.reference import micros, pairs_of, reference_outer, reference_pairs
+from tests.unit.test_aggregate_logic import as_numpy_view, file_spec, merged_partials, numpy_view
 from tests.cluster.test_cluster import SMALL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def view_columns(t: pa.Table) -> dict:
-    t = t.sort_by([("key", "ascending"), ("window_start", "ascending")])
-    return {c: t[c].to_numpy() for c in t.column_names}
-
-
-def assert_view(got: pa.Table, want: dict):
-    got = view_columns(got)
+def assert_view(view: pa.Table, want: dict, spec):
+    """A view of an old single-file config (key, window, count, sum, min, max, avg of its value) equals numpy's."""
+    got = as_numpy_view(view, spec)
     assert len(got["key"]) == len(want["key"]) > 0
     for c in ("key", "window_start", "count", "min", "max"):
         assert np.array_equal(got[c], want[c], equal_nan=c in ("min", "max")), c
     assert np.allclose(got["sum"], want["sum"], rtol=1e-9, atol=1e-9, equal_nan=True)
-    assert np.allclose(got["avg"], want["sum"] / want["count"], rtol=1e-9, equal_nan=True)
+    if "final" in view.column_names:
+        avg = view.sort_by([(c, "ascending") for c in spec.keys])[spec.measures[-1].name].to_numpy()
+        assert np.allclose(avg, want["sum"] / want["count"], rtol=1e-9, equal_nan=True)
+
+
+def merged_views(spark, out, tmp_path, spec) -> tuple[pa.Table, pa.Table]:
+    """The streaming merger's view of the partials in `out` and `--batch`'s of its results (of an ended run)."""
+    writer = aggregate.run_stream(
+        spark,
+        out / "aggregates",
+        tmp_path / "view",
+        tmp_path / "ckpt",
+        until_idle=1.5,
+        trigger=0.3,
+        quiet=True,
+        spec=spec,
+    )
+    assert writer.batches >= 1
+    batch = aggregate.from_results(spark, aggregate.result_files(out / "results"), spec)
+    aggregate.ViewWriter(tmp_path / "batch", spec, quiet=True, ended=True)(batch, 0)
+    return aggregate.read_view(tmp_path / "view"), aggregate.read_view(tmp_path / "batch")
 
 
 def reference_view(settings: dict, group_by: str, value: str, window: float) -> dict:
@@ -83,17 +100,71 @@ def test_streaming_and_batch_views_equal_the_reference_aggregation(tmp_path, spa
     assert {f.name[:9] for f in files} == {"slave-001", "slave-002"} and len(files) > 2
     want = reference_view(settings, group_by, value, window)
     assert want["count"].sum() == run.summary["results"]
+    spec = aggregation(load_config(None, [f"{k}={toml_value(v)}" for k, v in settings.items() if k.startswith("agg")]))
 
-    writer = aggregate.run_stream(
-        spark, run.out / "aggregates", tmp_path / "view", tmp_path / "ckpt", until_idle=1.5, trigger=0.3, quiet=True
+    view, batched = merged_views(spark, run.out, tmp_path, spec)  # --batch: CSV or Parquet
+    assert_view(view, want, spec)
+    assert view["final"].to_pylist() == [True] * view.num_rows  # the run has ended
+    assert_view(batched, want, spec)
+
+
+def test_a_single_file_left_join_aggregated_by_columns_with_measures_equals_duckdb(tmp_path, spark):
+    """The single file through the same aggregation as declared streams: a left join's pairs and lone R rows in
+    hopping windows, grouped by a list of result columns (a lone row's s_key null) and `kind`, measures over both
+    sides' columns; the streaming and `--batch` views equal DuckDB's GROUP BY over the reference join's rows
+    (tests/reference.py: the inner reference pairs, the on-time R tuples in none), each row with its tuples'
+    columns."""
+    import duckdb
+
+    from tests.cluster.test_aggregate_streams import assert_view_equals, reference_view, run_and_merge
+
+    settings = dict(
+        SMALL,
+        **{
+            "join.type": "left",
+            "generator.duration": 2.0,
+            "generator.seed": 47,
+            "generator.disorder": 0.2,
+            "source.rate": 3000.0,  # paced: several partial files per slave
+            "output.format": "csv",  # --batch reads the single file's CSV with its known columns
+            "aggregate.enabled": True,
+            "aggregate.group_by": ["r_key", "s_key"],
+            "aggregate.window": 1.0,
+            "aggregate.slide": 0.5,
+            "aggregate.measures": ["count", "sum(r_value)", "avg(s_value)", "min(s_value)", "max(r_value)"]
+            + ["count_distinct(s_id)"],
+            "aggregate.flush_interval": 0.3,
+        },
     )
-    assert writer.batches >= 1
-    assert_view(aggregate.read_view(tmp_path / "view"), want)
+    cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
+    d = generate_all(cfg)
+    pairs, late = reference_pairs(d.stream, d.id, d.ts, d.key, settings["join.window"], settings["join.max_delay"])
+    on_time = ~np.isin(d.stream.astype(np.int64) * 2**40 + d.id, late)
+    kept, lone_r, _ = reference_outer(pairs, d.id[on_time & (d.stream == 0)], d.id[on_time & (d.stream == 1)], "left")
+    assert len(kept) > 500 and len(lone_r) > 100
 
-    agg = {"group_by": group_by, "value": value, "window": window}
-    batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), agg)  # CSV or Parquet
-    aggregate.ViewWriter(tmp_path / "batch", quiet=True)(batch, 0)
-    assert_view(aggregate.read_view(tmp_path / "batch"), want)
+    def side(code: int, ids: np.ndarray, name: str) -> dict:
+        mine = np.flatnonzero(d.stream == code)
+        mine = mine[np.argsort(d.id[mine])]
+        rows = mine[np.searchsorted(d.id[mine], ids)]
+        ts = pa.array(micros(d.ts[rows]), pa.int64()).cast(pa.timestamp("us"))
+        return {f"{name}_id": ids, f"{name}_key": d.key[rows], f"{name}_ts": ts, f"{name}_value": d.value[rows]}
+
+    def nothing(n: int) -> dict:
+        return {"s_id": pa.nulls(n, pa.int64()), "s_key": pa.nulls(n, pa.int64())} | {
+            "s_ts": pa.nulls(n, pa.timestamp("us")),
+            "s_value": pa.nulls(n, pa.float64()),
+        }
+
+    both = pa.table(side(0, kept // 2**32, "r") | side(1, kept % 2**32, "s") | {"kind": [MATCHED] * len(kept)})
+    alone = pa.table(side(0, lone_r, "r") | nothing(len(lone_r)) | {"kind": [LEFT_UNMATCHED] * len(lone_r)})
+    duckdb.register("file_rows", pa.concat_tables([both, alone.select(both.column_names)]))
+
+    cfg, streamed, batched = run_and_merge(tmp_path, spark, settings)
+    want = reference_view(None, cfg, "SELECT * FROM file_rows")
+    assert want.num_rows > 100 and None in want["s_key"].to_pylist()  # lone rows: a null s_key
+    assert_view_equals(streamed, want, cfg)
+    assert_view_equals(batched, want, cfg)
 
 
 def test_streaming_merger_and_batch_view_agree_on_the_same_results_with_nan_and_window_edges(tmp_path, spark):
@@ -101,14 +172,15 @@ def test_streaming_merger_and_batch_view_agree_on_the_same_results_with_nan_and_
     results, merged by the streaming job and recomputed by --batch: the same view, equal to numpy's.  Values
     hold NaN (a group of NaN only, groups with some NaN: NaN is the largest value in both views), later ts
     lie exactly on window edges given in decimals no float holds (0.3 s in 0.1 s windows) and below zero."""
-    from slave.aggregate import PartialAggregator
+    from slave.aggregate import ColumnAggregator
+    from protocol.output import RESULT_SCHEMA
     from slave.result_files import ResultWriter
 
     rng = np.random.default_rng(61)
     dt = tuple_dtype(64)
     out = tmp_path / "out"
-    agg = {"window": 0.1, "flush_interval": 0.0, "group_by": "key", "value": "r_value"}
-    phase_one = PartialAggregator(out / "aggregates", 1, agg)
+    spec = file_spec("aggregate.window=0.1")
+    phase_one = ColumnAggregator(out / "aggregates", 1, {"flush_interval": 0.0}, spec, 1, RESULT_SCHEMA.empty_table)
     writer = ResultWriter(str(out / "results"), 1, "parquet", 10**9)
     keys, later, values = [], [], []
     for batch in range(6):
@@ -121,32 +193,32 @@ def test_streaming_merger_and_batch_view_agree_on_the_same_results_with_nan_and_
         r["value"] = rng.random(n)
         r["value"][rng.random(n) < 0.05] = np.nan
         r["value"][r["key"] == 3] = np.nan
-        pairs = pairs_of(r, s)
-        phase_one.add_pairs(pairs)
-        writer.add_pairs(pairs, np.zeros(n))
+        phase_one.add_table(writer.add_pairs(pairs_of(r, s), np.zeros(n)))
+        phase_one.decided(batch)
         keys.append(r["key"]), later.append(np.maximum(r["ts"], s["ts"])), values.append(r["value"].copy())
     phase_one.flush()
     writer.flush()
     writer.wait()
     want = numpy_view(np.concatenate(keys), np.concatenate(later), np.concatenate(values), 100_000)
     assert np.isnan(want["max"]).sum() > 3 and np.isnan(want["min"]).sum() >= 1 and (want["window_start"] < 0).any()
-    aggregate.run_stream(
-        spark, out / "aggregates", tmp_path / "view", tmp_path / "ckpt", until_idle=1.5, trigger=0.3, quiet=True
-    )
-    streamed = aggregate.read_view(tmp_path / "view")
-    batch_view = aggregate.from_results(spark, aggregate.result_files(out / "results"), agg)
-    aggregate.ViewWriter(tmp_path / "batch", quiet=True)(batch_view, 0)
-    batched = aggregate.read_view(tmp_path / "batch")
-    assert_view(streamed, want)
-    assert_view(batched, want)
+    streamed, batched = merged_views(spark, out, tmp_path, spec)
+    assert_view(streamed, want, spec)
+    assert_view(batched, want, spec)
+
+
+#: the view of the merger run with --set aggregate.window=1.0 (the single file's r_value per r_key)
+ROUND_SPEC = file_spec("aggregate.window=1.0")
 
 
 def write_round(directory, rng, first: int, count: int) -> list[pa.Table]:
-    """`count` partial files as slaves write them (random results, 1 s windows); returns their tables."""
+    """`count` partial files as slaves write them (random results, 1 s windows, stamped); returns their tables."""
     out = []
     for i in range(first, first + count):
         n = int(rng.integers(200, 800))
-        t = partials(rng.integers(0, 60, n), rng.integers(0, 6_000_000, n), rng.random(n), 1_000_000)
+        rows = pa.table(
+            {"r_key": rng.integers(0, 60, n), "r_ts": rng.integers(0, 6_000_000, n) / 1e6, "r_value": rng.random(n)}
+        )
+        t = stamped(column_partials(rows.append_column("s_ts", rows["r_ts"]), ROUND_SPEC), 1 + i % 3, i, 0, 3)
         pq.write_table(t, directory / f".tmp-{i}")
         os.replace(directory / f".tmp-{i}", directory / f"slave-{1 + i % 3:03d}-{i:06d}.parquet")
         out.append(t)
@@ -173,6 +245,8 @@ def test_merger_killed_mid_stream_and_restarted_ends_with_the_uninterrupted_view
         "1",
         "--trigger",
         "0.2",
+        "--set",
+        "aggregate.window=1.0",
     ]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -191,13 +265,15 @@ def test_merger_killed_mid_stream_and_restarted_ends_with_the_uninterrupted_view
     assert killed_at["count"].to_numpy().sum() < sum(t["count"].to_numpy().sum() for t in tables)
     tables += write_round(source, rng, 7, 3)
 
-    aggregate.run_stream(spark, source, view, ckpt, until_idle=1.5, trigger=0.2, quiet=True)
+    aggregate.run_stream(spark, source, view, ckpt, until_idle=1.5, trigger=0.2, quiet=True, spec=ROUND_SPEC)
     restarted = aggregate.read_view(view)
-    aggregate.run_stream(spark, source, tmp_path / "view2", tmp_path / "ckpt2", until_idle=1.5, trigger=0.2, quiet=True)
+    aggregate.run_stream(
+        spark, source, tmp_path / "view2", tmp_path / "ckpt2", until_idle=1.5, trigger=0.2, quiet=True, spec=ROUND_SPEC
+    )
     uninterrupted = aggregate.read_view(tmp_path / "view2")
-    want = view_columns(combine(tables))
-    assert_view(restarted, want)
-    assert_view(uninterrupted, want)
+    want = as_numpy_view(merged_partials(tables, ROUND_SPEC), ROUND_SPEC)
+    assert_view(restarted, want, ROUND_SPEC)
+    assert_view(uninterrupted, want, ROUND_SPEC)
     assert len(list(view.glob("view-*.parquet"))) <= aggregate.KEEP + 1
 
 

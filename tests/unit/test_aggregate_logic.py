@@ -5,25 +5,19 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from control.replay import ReplayError, inside_engine_output, input_files, pace, parse_speed
 from protocol.config import ConfigError, load_config
-from protocol.output import PARTIAL_SCHEMA
+from protocol.aggregation import RANK, STAMP, WINDOW_START, Aggregation, aggregation
+from protocol.output import RESULT_SCHEMA
 from protocol.tuples import tuple_dtype
 from tests.reference import pairs_of
-from slave.aggregate import PartialAggregator, combine, partials, window_starts
-
-
-def random_results(rng, n, keys=40):
-    """(key, later ts in microseconds, value)."""
-    return rng.integers(0, keys, n), rng.integers(0, 10_000_000, n), rng.normal(size=n)
-
-
-def sorted_rows(t):
-    t = t.sort_by([("key", "ascending"), ("window_start", "ascending")])
-    return {c: t[c].to_numpy() for c in t.column_names}
+from slave.aggregate import ColumnAggregator, column_combine
+from slave.result_files import ResultWriter
 
 
 def numpy_view(key, ts, value, window):
@@ -44,62 +38,31 @@ def numpy_view(key, ts, value, window):
     }
 
 
+def file_spec(*overrides: str) -> Aggregation:
+    """The single file's `[aggregate]` (an old config: group_by, value, window) resolved to result columns."""
+    return aggregation(load_config(None, ["aggregate.enabled=true", *overrides]))
+
+
+def as_numpy_view(t: pa.Table, spec: Aggregation) -> dict:
+    """Partials or a view of an old single-file config in `numpy_view`'s form: its group column as `key`, the
+    window's start in seconds (0.0 without a window), count, and the sum, min and max of its one value."""
+    value = next(m.column for m in spec.measures if m.column)
+    t = t.sort_by([(c, "ascending") for c in spec.keys])
+    starts = t[WINDOW_START].cast(pa.int64()).to_numpy() / 1e6 if spec.window else np.zeros(t.num_rows)
+    view = {"key": t[spec.groups[0]].to_numpy(), "window_start": starts, "count": t["count"].to_numpy()}
+    return view | {fn: t[f"{fn}_{value}"].to_numpy() for fn in ("sum", "min", "max")}
+
+
+def merged_partials(tables: list[pa.Table], spec: Aggregation) -> pa.Table:
+    """Partial files' tables merged as the merger does, their stamp rows left out."""
+    rows = [t.filter(pc.is_null(t[RANK])).drop_columns(list(STAMP)) for t in tables]
+    return column_combine(rows, spec)
+
+
 def assert_same_view(got, want):
     for c in ("key", "window_start", "count", "min", "max"):
         assert np.array_equal(got[c], want[c], equal_nan=c in ("min", "max")), c
     assert np.allclose(got["sum"], want["sum"], rtol=1e-12, atol=1e-12, equal_nan=True)
-
-
-@pytest.mark.parametrize("window", [0, 700_000])
-def test_partials_equal_a_direct_aggregation(window):
-    key, ts, value = random_results(np.random.default_rng(1), 5000)
-    p = partials(key, ts, value, window)
-    assert p.schema == PARTIAL_SCHEMA
-    assert_same_view(sorted_rows(p), numpy_view(key, ts, value, window))
-
-
-@pytest.mark.parametrize("seed", [2, 3, 4])
-def test_combining_is_associative_any_split_gives_the_same_totals(seed):
-    rng = np.random.default_rng(seed)
-    key, ts, value = random_results(rng, 4000)
-    value[rng.random(4000) < 0.02] = np.nan
-    value[key == 7] = np.nan  # a group of NaN only
-    want = numpy_view(key, ts, value, 500_000)
-    assert np.isnan(want["max"]).any() and not np.isnan(want["min"]).all()
-    cuts = np.sort(rng.choice(np.arange(1, 4000), size=rng.integers(1, 12), replace=False))
-    pieces = [partials(k, t, v, 500_000) for k, t, v in zip(*(np.split(a, cuts) for a in (key, ts, value)))]
-    flat = combine(pieces)
-    rng.shuffle(pieces)
-    nested = combine([combine(pieces[: len(pieces) // 2]), combine(pieces[len(pieces) // 2 :])])
-    assert_same_view(sorted_rows(flat), want)
-    assert_same_view(sorted_rows(nested), want)
-
-
-def test_window_starts_on_boundaries_and_negative_ts():
-    ts = np.array([-100_000, 0, 490_000, 499_999, 500_000, 1_000_000, 1_240_000])
-    assert np.array_equal(window_starts(ts, 500_000), [-0.5, 0.0, 0.0, 0.0, 0.5, 1.0, 1.0])
-    assert np.array_equal(window_starts(ts, 0), np.zeros(7))
-    # decimals a float misses: 0.3 s is the start of its own 0.1 s window (floor(0.3 / 0.1) is 2 in floats)
-    assert window_starts(np.array([300_000]), 100_000).tolist() == [0.3]
-
-
-def test_nan_is_the_largest_value_in_partials_and_combine():
-    key = np.array([1, 1, 2, 2, 3, 3])
-    value = np.array([1.0, np.nan, np.nan, np.nan, 2.0, 5.0])
-    p = sorted_rows(partials(key, np.zeros(6, np.int64), value, 0))
-    assert np.array_equal(p["min"], [1.0, np.nan, 2.0], equal_nan=True)
-    assert np.array_equal(p["max"], [np.nan, np.nan, 5.0], equal_nan=True)
-    assert p["count"].tolist() == [2, 2, 2]
-    split = sorted_rows(
-        combine([partials(key[i : i + 1], np.zeros(1, np.int64), value[i : i + 1], 0) for i in range(6)])
-    )
-    for c in ("min", "max", "count"):
-        assert np.array_equal(split[c], p[c], equal_nan=True)
-
-
-def test_combine_of_nothing_is_empty_with_the_schema():
-    assert combine([]).schema == PARTIAL_SCHEMA and combine([]).num_rows == 0
-    assert partials(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), 1_000_000).num_rows == 0
 
 
 class Clock:
@@ -110,54 +73,90 @@ class Clock:
         return self.now
 
 
-def results(rng, n):
+def results(rng, n, keys=30, span=4_000_000):
     dt = tuple_dtype(64)
     r, s = np.zeros(n, dt), np.zeros(n, dt)
-    r["key"] = s["key"] = rng.integers(0, 30, n)
-    r["ts"], s["ts"] = rng.integers(0, 4_000_000, n), rng.integers(0, 4_000_000, n)
+    r["id"], s["id"] = np.arange(n), np.arange(n)
+    r["key"] = s["key"] = rng.integers(0, keys, n)
+    r["ts"], s["ts"] = rng.integers(-span // 4, span, n), rng.integers(-span // 4, span, n)
     r["value"], s["value"] = rng.random(n), rng.random(n) + 10
     return r, s
 
 
-@pytest.mark.parametrize("group_by,value", [("key", "r_value"), ("s_key", "s_value")])
-def test_aggregator_writes_every_interval_and_files_sum_to_the_whole(tmp_path, group_by, value):
-    rng, clock = np.random.default_rng(5), Clock()
-    agg = PartialAggregator(
-        tmp_path / "aggregates", 3, {"window": 1.0, "flush_interval": 2.0, "group_by": group_by, "value": value}, clock
+def single_file_aggregator(
+    tmp_path, spec: Aggregation, clock, interval: float
+) -> tuple[ColumnAggregator, ResultWriter]:
+    """Phase one as a slave of the single file runs it: over the result rows its writer makes."""
+    writer = ResultWriter(str(tmp_path / "results"), 3, "parquet", 10**9)
+    agg = ColumnAggregator(
+        tmp_path / "aggregates", 3, {"flush_interval": interval}, spec, 2, RESULT_SCHEMA.empty_table, clock
     )
+    return agg, writer
+
+
+@pytest.mark.parametrize("group_by,value,window", [("key", "r_value", 1.0), ("s_key", "s_value", 0.0)])
+def test_an_old_single_file_config_aggregates_its_result_rows_per_key_and_window(tmp_path, group_by, value, window):
+    """Phase one over the single file's result rows (float seconds as written, NaN values, ts below zero and on
+    window edges): every interval a file, the files sum to numpy's view of all pairs."""
+    rng, clock = np.random.default_rng(5), Clock()
+    spec = file_spec(f"aggregate.group_by={group_by}", f"aggregate.value={value}", f"aggregate.window={window}")
+    assert spec.groups == (group_by.replace("key", "r_key") if group_by == "key" else group_by,)
+    agg, writer = single_file_aggregator(tmp_path, spec, clock, 2.0)
     batches = [results(rng, n) for n in (100, 0, 250, 80, 300)]
+    batches[2][0]["ts"][:20] = np.arange(20) * 1_000_000  # on the windows' edges
+    batches[3][0]["value"][:10] = np.nan
     written = []
     for i, (r, s) in enumerate(batches):
         clock.now = i * 0.9  # 0, 0.9, 1.8, 2.7 (-> file), 3.6
-        written.append(agg.add_pairs(pairs_of(r, s)))
+        written.append(agg.add_table(writer.add_pairs(pairs_of(r, s), np.zeros(len(r)))))
+        agg.decided(i)
     assert written == [0, 0, 0, 1, 0]
     assert agg.flush() == 1 and agg.flush() == 0  # at stop: the rest, then nothing more
     files = sorted((tmp_path / "aggregates").iterdir())
     assert [f.name for f in files] == ["slave-003-000000.parquet", "slave-003-000001.parquet"]
-    first = pq.read_table(files[0])
-    assert first.schema == PARTIAL_SCHEMA and first["count"].to_numpy().sum() == 430
     r = np.concatenate([b[0] for b in batches])
     s = np.concatenate([b[1] for b in batches])
     side = {"r": r, "s": s}
-    want = numpy_view(
-        side[group_by[0] if group_by != "key" else "r"]["key"],
-        np.maximum(r["ts"], s["ts"]),
-        side[value[0]]["value"],
-        1_000_000,
-    )
-    assert_same_view(sorted_rows(combine([pq.read_table(f) for f in files])), want)
+    later = np.maximum(r["ts"], s["ts"])
+    want = numpy_view(side[spec.groups[0][0]]["key"], later, side[value[0]]["value"], int(window * 1e6))
+    assert np.isnan(want["max"]).any() or value == "s_value"
+    got = merged_partials([pq.read_table(f) for f in files], spec)
+    assert_same_view(as_numpy_view(got, spec), want)
+    assert got.schema.field("r_key" if group_by == "key" else "s_key").type == pa.int64()
 
 
 def test_many_batches_are_combined_as_they_come(tmp_path):
     rng, clock = np.random.default_rng(6), Clock()
-    agg = PartialAggregator(
-        tmp_path, 1, {"window": 0.0, "flush_interval": 100.0, "group_by": "key", "value": "r_value"}, clock
-    )
-    for _ in range(PartialAggregator.COMBINE_EVERY * 2 + 3):
-        agg.add_pairs(pairs_of(*results(rng, 50)))
-    assert len(agg.parts) <= PartialAggregator.COMBINE_EVERY
+    agg, writer = single_file_aggregator(tmp_path, file_spec(), clock, 100.0)
+    for _ in range(ColumnAggregator.COMBINE_EVERY * 2 + 3):
+        agg.add_table(writer.add_pairs(pairs_of(*results(rng, 50)), np.zeros(50)))
+    assert len(agg.parts) <= ColumnAggregator.COMBINE_EVERY
     assert agg.flush() == 1
-    assert pq.read_table(tmp_path / "slave-001-000000.parquet")["count"].to_numpy().sum() == 50 * (2 * 32 + 3)
+    assert pq.read_table(tmp_path / "aggregates" / "slave-003-000000.parquet")["count"].to_numpy().sum() == 50 * (
+        2 * 32 + 3
+    )
+
+
+def test_an_old_single_file_config_means_its_view_of_old_and_takes_the_streams_keys():
+    spec = file_spec("aggregate.value=s_value", "aggregate.window=0.5")
+    assert spec.groups == ("r_key",) and spec.times == ("r_ts", "s_ts") and spec.window == 500_000
+    assert [m.name for m in spec.measures] == ["count", "sum_s_value", "min_s_value", "max_s_value", "avg_s_value"]
+    left = file_spec(
+        'join.type="left"',
+        "aggregate.group_by=['r_key', 's_key']",
+        "aggregate.measures=['count', 'avg(s_value)', 'count_distinct(s_id)']",
+        "aggregate.window=1.0",
+        "aggregate.slide=0.25",
+        "aggregate.time='s_ts'",
+    )
+    assert left.groups == ("r_key", "s_key", "kind") and left.times == ("s_ts",) and left.slide == 250_000
+    for override, words in [
+        ("aggregate.group_by=['nope']", "'nope' is not a result column"),
+        ("aggregate.measures=['sum(kind)']", "not a number"),
+        ("aggregate.time='r_value'", "not a timestamp"),
+    ]:
+        with pytest.raises(ConfigError, match=words):
+            load_config(None, ["aggregate.enabled=true", 'join.type="full"', "aggregate.window=1.0", override])
 
 
 def test_aggregate_config_defaults_and_errors():
@@ -173,7 +172,6 @@ def test_aggregate_config_defaults_and_errors():
         "flush_interval": 5.0,
     }
     for override, key in [
-        ("aggregate.group_by=r_id", "aggregate.group_by"),
         ("aggregate.value=key", "aggregate.value"),
         ("aggregate.window=-1", "aggregate.window"),
         ("aggregate.flush_interval=0", "aggregate.flush_interval"),
