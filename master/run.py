@@ -146,7 +146,7 @@ class Master(Routing, Lifecycle):
                         self.hot.find()
                 next_reorganization = now + reorganization
             elif now >= next_reorganization:  # another dispatcher's keys count in rank 0's decision
-                if self.hot is not None:
+                if self.hot is not None and not ingest.exhausted:  # so no SKETCH comes after its DONE
                     self.hot.send_sketch()
                 next_reorganization = now + reorganization
             if checkpoints.open is None:  # no order crosses an open cut (master/state/checkpoints.py)

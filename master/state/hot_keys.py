@@ -78,12 +78,15 @@ class HotKeyDesk:
     def find(self) -> None:
         """At a reorganization epoch: keys whose share of this epoch's input passed the threshold, and hot keys
         whose share fell below half of it (the gap keeps a key near the threshold from flapping)."""
+        fenced = {self.fence["key"]} if self.fence is not None else set()  #: being split or merged
+        splitting = len(fenced) if self.fence is not None and self.fence["split"] else 0
         for key, share in self.sketch.heavy(self.threshold):
-            if key not in self.router.hot and len(self.router.hot) + len(self.pending) < self.router.max_keys:
+            room = len(self.router.hot) + len(self.pending) + splitting < self.router.max_keys
+            if key not in self.router.hot and key not in fenced and room:
                 self.pending.setdefault(key, share)
         for key in self.router.hot:
             share = self.sketch.share(key)
-            if key not in self.cooling and share < self.threshold / 2:
+            if key not in self.cooling and key not in fenced and share < self.threshold / 2:
                 self.cooling[key] = share
         self.sketch.reset()
 

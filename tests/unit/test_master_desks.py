@@ -561,6 +561,9 @@ def test_with_two_dispatchers_a_split_and_a_merge_change_both_routers_at_one_fen
     ((dests, order, hold),) = p.links.told
     assert (dests, order) == ([1], Order.HOT_HOLD) and hold["split"] and hold["partition"] == home
     assert not router.hot and not p.links.sent and desk.fencing  # no SPLIT before the others hold
+    desk.sketch.update(keys)
+    desk.find()
+    assert not desk.pending  # a key being split is not found hot again
     other.on_hold(0, hold)
     other.fenced(lambda rank: 5, now=1.0)
     assert q.controller.moving[home] and q.controller.watermark_cap() == 5 and len(q.links.told) == 1
@@ -592,6 +595,8 @@ def test_with_two_dispatchers_a_split_and_a_merge_change_both_routers_at_one_fen
     desk.merge(now=2.0)
     hold = p.links.told[-1][2]
     assert p.links.told[-1][:2] == ([1], Order.HOT_HOLD) and not hold["split"] and HOT in router.hot
+    desk.find()
+    assert not desk.cooling  # nor one being merged found cooled again
     more = rows(np.arange(1000, 1010), np.full(10, HOT))
     for router_, parts in ((router, p), (router1, q)):
         index, part = router_.route(STREAM_R, more)
