@@ -24,6 +24,13 @@ state when it has every dispatcher's marker and meanwhile receives nothing
 from a dispatcher whose marker it has (protocol.mpi.wait_probe_any), so no
 batch crosses the cut.  The manifest is written when all parts are in.
 
+A hot key's split or merge is fenced the same way (master.state.hot_keys):
+HOT_HOLD makes every other dispatcher hold the groups its tuples of the key go
+to and answer HOT_READY once its earlier batches to the key's owner are joined;
+rank 0 then orders SPLIT or MERGE, and on the owner's answer HOT_RELEASE makes
+the others route by the new grid.  They send rank 0 their frequent-keys
+counters (SKETCH), which it sums to decide.
+
 Band and inequality joins route by key ranges (master.state.ranges): rank 0 decides
 them from its first keys and sends them (RANGES); the others take no input
 until they have them, so every dispatcher sends a key to the same partition.

@@ -198,6 +198,7 @@ class Lifecycle:
             and not self.channels.busy
             and not self.controller.busy
             and not self.checkpoints.pending
+            and not (self.hot is not None and self.hot.fencing)
         ):
             return False
         if self.k == 1:

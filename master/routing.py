@@ -17,6 +17,9 @@ class Routing:
         """The tables: what each report answers -> its handlers (any other ack answers a batch or an order of
         ours); each order's kind -> its handler."""
         self.on_ack = {Ack.INSTALLED: (self._installed,), Ack.CHECKPOINTED: (self._checkpointed, self._answered)}
+        if self.hot is not None:  # rank 0 with several dispatchers: a fenced split or merge is done
+            for ack in (Ack.SPLIT, Ack.MERGED):
+                self.on_ack[ack] = (self._answered, lambda rank, c: self.hot.on_regrouped(int(c["partition"])))
         self.on_order = {
             Order.HOLD: self._hold,
             Order.READY: self.moves.on_ready,
@@ -29,6 +32,10 @@ class Routing:
             Order.COMMITTED: lambda source, order: self.checkpoints.on_commit(order),
             Order.PAYLOAD: lambda source, order: self.payload.on_report(source, order["watermark"], order["taken"]),
             Order.PRUNE: lambda source, order: self._prune(order["below"]),
+            Order.HOT_HOLD: lambda source, order: self.hot.on_hold(source, order),
+            Order.HOT_READY: lambda source, order: self.hot.on_ready(source, order),
+            Order.HOT_RELEASE: lambda source, order: self.distribution.owe(self.hot.on_release(order)),
+            Order.SKETCH: lambda source, order: self.hot.on_sketch(source, order),
         }
 
     def _route_reports(self) -> int:
@@ -47,6 +54,8 @@ class Routing:
     def _answered(self, rank: int, counters: dict) -> None:
         self.controller.on_work(rank, int(counters["tuples_r"] + counters["tuples_s"]), counters["busy"])
         self.moves.on_answer(rank)
+        if self.hot is not None:
+            self.hot.on_answer(rank)
         if self.payload is not None:
             self.payload.on_answer(rank, self.distribution.sent_watermark[rank])
 

@@ -75,7 +75,7 @@ class Master(Routing, Lifecycle):
         )
         self.moves = MovesDesk(self.k, controller, stats, channels)
         self.hot = (
-            HotKeyDesk(cfg, router, sketch, buffers, controller, stats, channels, self.results_out.rerouted)
+            HotKeyDesk(cfg, router, sketch, buffers, controller, stats, channels, self.results_out.rerouted, self.k)
             if router
             else None
         )
@@ -131,7 +131,8 @@ class Master(Routing, Lifecycle):
                     self._payload()
                 next_slot = max(next_slot + slot, now)
                 worked += 1
-            if checkpoints.may_begin(quiet=not self.channels.busy and not self.controller.in_flight):
+            fencing = self.hot is not None and self.hot.fencing  # a hot key's split or merge across dispatchers
+            if checkpoints.may_begin(quiet=not self.channels.busy and not self.controller.in_flight and not fencing):
                 checkpoints.begin(self._sections(), distribution.epochs_done, now, self.intake.records())
                 faults.reached(self.index, "checkpoint")
             if self.k > 1:
@@ -144,11 +145,19 @@ class Master(Routing, Lifecycle):
                     if self.hot is not None:
                         self.hot.find()
                 next_reorganization = now + reorganization
+            elif now >= next_reorganization:  # another dispatcher's keys count in rank 0's decision
+                if self.hot is not None and not ingest.exhausted:  # so no SKETCH comes after its DONE
+                    self.hot.send_sketch()
+                next_reorganization = now + reorganization
             if checkpoints.open is None:  # no order crosses an open cut (master/state/checkpoints.py)
-                if self.hot is not None and not checkpoints.pending:
-                    self.hot.split(now)
-                    self.hot.merge(now)
-                for move in self.moves.start(distribution.sent_watermark.get, now, hold=not checkpoints.pending):
+                if self.hot is not None:
+                    if not checkpoints.pending:
+                        self.hot.split(now)
+                        self.hot.merge(now)
+                    self.hot.fenced(distribution.sent_watermark.get, now)
+                    fencing = self.hot.fencing
+                hold = not checkpoints.pending and not fencing
+                for move in self.moves.start(distribution.sent_watermark.get, now, hold=hold):
                     distribution.handed_over(move.supplier)
                     if self.payload is not None:
                         self.payload.on_move(move.partition, distribution.sent_watermark[move.supplier])

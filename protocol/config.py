@@ -494,11 +494,6 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
     _check_speed(cfg)
     if cfg["source"]["kind"] == "file" and not cfg["source"]["path"]:
         raise ConfigError('source.path: required when source.kind = "file"')
-    if cfg["cluster"]["dispatchers"] > 1 and cfg["hotkeys"]["enabled"]:
-        raise ConfigError(
-            "hotkeys.enabled: not supported with several dispatchers yet (cluster.dispatchers = "
-            f"{cfg['cluster']['dispatchers']}); set hotkeys.enabled = false"
-        )
     if cfg["hotkeys"]["enabled"] and cfg["join"]["predicate"] != "equal":
         raise ConfigError('hotkeys.enabled: only for join.predicate = "equal" (key ranges keep a hot key whole)')
     if not 0.0 < cfg["hotkeys"]["threshold"] <= 1.0:

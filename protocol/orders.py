@@ -3,7 +3,7 @@ their encoding.
 
 An order is one byte buffer: an int64 with its kind, then its fields as strict JSON (protocol.strict_json),
 each kind with exactly its own fields (`FIELDS`).  Orders carry no tuple data: moves, checkpoint parts and
-positions, key ranges, how far the payload log is done with.
+positions, key ranges, how far the payload log is done with, hot keys' fences and sketch counters.
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ class Order(enum.IntEnum):
     RANGES = 9  #: rank 0 -> the others: the key ranges' `bounds` every dispatcher routes by (band, less joins)
     PAYLOAD = 10  #: -> rank 0: the watermark my batches are done with, and the rows I have `taken` per side
     PRUNE = 11  #: rank 0 -> the others (each writes its own rows' payload): remove your segments `below` per side
+    HOT_HOLD = 12  #: rank 0 -> the others: hold hot `key`'s groups for its split (`split`) or merge on slave `owner`
+    HOT_READY = (
+        13  #: -> rank 0: my batches to the owner of hot `key`'s split or merge, sent before its hold, are joined
+    )
+    HOT_RELEASE = 14  #: rank 0 -> the others: the owner split or merged `key`: route it by the new grid, or none
+    SKETCH = 15  #: -> rank 0: my frequent-keys counters (`keys`, `counts`) over the `seen` keys since the last
 
 
 #: each kind's fields, all of them, and no others
@@ -43,6 +49,10 @@ FIELDS: dict[Order, tuple[str, ...]] = {
     Order.RANGES: ("bounds",),
     Order.PAYLOAD: ("watermark", "taken"),
     Order.PRUNE: ("below",),
+    Order.HOT_HOLD: ("key", "split", "partition", "owner", "first", "count"),
+    Order.HOT_READY: ("key",),
+    Order.HOT_RELEASE: ("key",),
+    Order.SKETCH: ("keys", "counts", "seen"),
 }
 
 

@@ -172,6 +172,11 @@ class Controller:
         self.moving[move.partition] = True
         self.in_flight[move.partition] = (move, now, self.reorganizations, watermark)
 
+    def unhold(self, partition: int) -> None:
+        """The group held for a hot key's split or merge on its own slave goes out again (no move to log)."""
+        del self.in_flight[partition]
+        self.moving[partition] = False
+
     def on_installed(self, partition: int, tuples: int, now: float) -> Move:
         """The consumer installed the group: route it there from now on."""
         move, started, epoch, _ = self.in_flight.pop(partition)

@@ -41,10 +41,14 @@ class FrequentKeys:
     def update(self, keys: np.ndarray) -> None:
         if len(keys) == 0:
             return
-        self.seen += len(keys)
-        uniq, counts = np.unique(keys, return_counts=True)
-        allk = np.concatenate([self.keys, uniq])
-        allc = np.concatenate([self.counts, counts])
+        self.add(*np.unique(keys, return_counts=True), len(keys))
+
+    def add(self, keys: np.ndarray, counts: np.ndarray, seen: int) -> None:
+        """Add counters over `seen` keys: another summary's (summaries of the same capacity merge into one with
+        the same bound over the keys both saw: Agarwal et al., mergeable summaries), or a batch's exact counts."""
+        self.seen += seen
+        allk = np.concatenate([self.keys, keys.astype(np.int64)])
+        allc = np.concatenate([self.counts, counts.astype(np.int64)])
         merged, inverse = np.unique(allk, return_inverse=True)
         total = np.bincount(inverse, weights=allc).astype(np.int64)
         if len(merged) > self.capacity:  # decrement by the (capacity+1)-th largest count: Misra-Gries
@@ -88,12 +92,16 @@ class HotKeyRouter:
         """Sub-groups for a key with this share of the input: enough that each holds about one slave's share."""
         return max(2, min(self.grid, active, math.ceil(share * active * 2)))
 
-    def promote(self, key: int, size: int) -> int:
-        """Make `key` hot with a grid of `size` sub-groups (two with a full join) in a free slot of ids; returns
-        the first sub-group's id."""
+    def free_slot(self) -> int:
+        """The first sub-group id of a slot of ids no hot key uses."""
         width = self.grid * self.grids
         used = {(first - self.partitions) // width for first, _ in self.hot.values()}
-        first = self.partitions + min(set(range(self.max_keys)) - used) * width
+        return self.partitions + min(set(range(self.max_keys)) - used) * width
+
+    def promote(self, key: int, size: int, first: int | None = None) -> int:
+        """Make `key` hot with a grid of `size` sub-groups (two with a full join) from sub-group `first` (a free
+        slot if None: several dispatchers use the slot rank 0 chose); returns the first sub-group's id."""
+        first = self.free_slot() if first is None else first
         self.hot[key] = (first, size * self.grids)
         return first
 

@@ -64,13 +64,11 @@ def test_partition_groups_that_move_while_several_dispatchers_route_stay_exact(t
     assert sum(p > 0 for p in processed) >= 2
 
 
-def test_dispatchers_need_slaves_and_no_hot_keys_yet():
-    cfg = load_config(None, ["cluster.dispatchers=3", "checkpoint.interval=5"])
+def test_dispatchers_need_slaves():
+    cfg = load_config(None, ["cluster.dispatchers=3", "checkpoint.interval=5", "hotkeys.enabled=true"])
     validate(cfg, slaves=3)
     with pytest.raises(ConfigError, match="besides its 3 dispatcher"):
         validate(cfg, slaves=2)
-    with pytest.raises(ConfigError, match="hotkeys.enabled: not supported with several dispatchers"):
-        load_config(None, ["cluster.dispatchers=2", "hotkeys.enabled=true"])
 
 
 def test_two_dispatchers_with_their_own_zeromq_sockets_one_fed_by_a_replay(tmp_path, spark):

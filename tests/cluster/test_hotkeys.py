@@ -194,27 +194,69 @@ def hot_then_cold(tmp_path, join_type: str) -> tuple[tuple, dict]:
     }
 
 
-@pytest.mark.parametrize("join_type", ["inner", "left", "full"])
-def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path, join_type):
-    """Left: R spread over the grid and S copied (each R decided once), through split and merge.  Full: two
-    grids, S spread with R guests and R spread with S guests, each row alone decided at its tuple's home."""
+def check_hot_then_cold(run, data: tuple, join_type: str) -> tuple[np.ndarray, np.ndarray]:
+    """The run of `hot_then_cold`'s input (`data`) gave exactly the reference's pairs and rows alone, each once;
+    returns the reference's R and S rows alone."""
     from tests.reference import reference_outer, reference_pairs
 
-    (stream, ids, ts, keys), settings = hot_then_cold(tmp_path, join_type)
-    from tests.runs import run_cluster
-
-    run = run_cluster(tmp_path, 4, settings)
+    stream, ids, ts, keys = data
     assert run.returncode == 0, run.stderr
     expected, late = reference_pairs(stream, ids, ts, keys, 0.1, 0.05)
     got = run.pairs()
     assert len(np.unique(got)) == len(got) and np.array_equal(np.sort(got), expected)
     on = ~np.isin(stream * 2**40 + ids, late)
     _, alone, alone_s = reference_outer(expected, ids[on & (stream == 0)], ids[on & (stream == 1)], join_type)
-    assert np.array_equal(run.alone("r"), alone) and (join_type == "inner" or len(alone) > 1000)
-    assert np.array_equal(run.alone("s"), alone_s) and (join_type != "full" or len(alone_s) > 1000)
+    assert np.array_equal(run.alone("r"), alone) and np.array_equal(run.alone("s"), alone_s)
+    return alone, alone_s
+
+
+@pytest.mark.parametrize("join_type", ["inner", "left", "full"])
+def test_a_key_hot_then_cold_gets_a_grid_and_gives_it_back_exactly(tmp_path, join_type):
+    """Left: R spread over the grid and S copied (each R decided once), through split and merge.  Full: two
+    grids, S spread with R guests and R spread with S guests, each row alone decided at its tuple's home."""
+    from tests.runs import run_cluster
+
+    data, settings = hot_then_cold(tmp_path, join_type)
+    run = run_cluster(tmp_path, 4, settings)
+    alone, alone_s = check_hot_then_cold(run, data, join_type)
+    assert join_type == "inner" or len(alone) > 1000
+    assert join_type != "full" or len(alone_s) > 1000
     events = [(h["key"], h["event"]) for h in run.summary["hot_keys"]]
     assert events == [(7, "split"), (7, "merge")], events
     split = run.summary["hot_keys"][0]
     assert len(split["groups"]) == split["grid"] * (2 if join_type == "full" else 1)  # a full join: two grids
     moves = [m["reason"] for m in run.summary["balance"]["moves"]]
     assert "hot key" in moves and "hot key cooled" in moves
+
+
+@pytest.mark.parametrize(
+    "k,join_type,fault",
+    [
+        (2, "inner", None),
+        (3, "left", "1:checkpoint:6"),  # dispatcher 1 SIGKILLed as it begins checkpoint 6 (5 is complete)
+        (2, "full", "3:batch-after-checkpoint:3"),  # a slave SIGKILLed: grids, guests and flags from the checkpoint
+    ],
+)
+def test_several_dispatchers_split_and_merge_a_hot_key_at_one_fence_while_groups_move(tmp_path, k, join_type, fault):
+    """Each dispatcher routes its share of key 7: rank 0 decides from their sketches summed, and every router
+    changes at one fence (HOT_HOLD, HOT_READY, HOT_RELEASE) while balancing moves other groups (every slave a
+    supplier and a consumer); with a crash, the restarted dispatchers take the key's grid from the checkpoint."""
+    from tests.cluster.test_balance_cluster import CHURN
+    from tests.cluster.test_recovery import SUPERVISE
+    from tests.runs import run_cluster
+
+    data, settings = hot_then_cold(tmp_path, join_type)
+    settings.update({**CHURN, "balance.enabled": True, "cluster.dispatchers": k, "checkpoint.interval": 2})
+    env = {"STREAMJOIN_JITTER": "0.005"}
+    if fault:
+        env["STREAMJOIN_FAULT"] = f"{fault}:{tmp_path / 'fault-fired'}"
+    run = run_cluster(tmp_path, k + 3, settings, env=env, wrapper=SUPERVISE if fault else ())
+    check_hot_then_cold(run, data, join_type)
+    moves = {m["reason"] for m in run.summary["balance"]["moves"]}
+    assert moves - {"hot key", "hot key cooled"}, moves  # other groups moved too
+    if fault is None:
+        assert [(h["key"], h["event"]) for h in run.summary["hot_keys"]] == [(7, "split"), (7, "merge")]
+    else:  # split before the checkpoint resumed from (its grid restored on every dispatcher) or after it
+        assert (tmp_path / "fault-fired").exists() and "restart 1 of" in run.stderr
+        assert run.summary["checkpoints"]["recovered_from"] is not None
+        assert "split out of partition-group" in run.stderr, run.stderr

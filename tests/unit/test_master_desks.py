@@ -372,7 +372,7 @@ def test_with_two_dispatchers_the_manifest_waits_for_the_others_snapshot(tmp_pat
 HOT = 7
 
 
-def hot_setup(tmp_path, join_type="inner"):
+def hot_setup(tmp_path, join_type="inner", k=1):
     cfg = config(
         tmp_path,
         "hotkeys.enabled=true",
@@ -396,6 +396,7 @@ def hot_setup(tmp_path, join_type="inner"):
         p.stats,
         p.links.channels,
         lambda sources, targets: p.rerouted.append((list(sources), list(targets))),
+        k,
     )
     rng = np.random.default_rng(5)
     keys = np.where(rng.random(600) < 0.5, HOT, rng.integers(100, 200, 600))
@@ -538,6 +539,80 @@ def test_a_full_joins_merge_gathers_each_tuple_once_from_its_home_grid(tmp_path)
     assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.arange(1000, 1010))  # each once, from its home
     assert np.array_equal(np.sort(s["id"][s["key"] == HOT]), np.arange(2000, 2010))
     assert p.buffers.counts[:, first : first + count].sum() == 0
+
+
+def test_with_two_dispatchers_a_split_and_a_merge_change_both_routers_at_one_fence(tmp_path):
+    """Rank 0 decides from both sketches, the other dispatcher holds the key's partition (its watermarks capped)
+    until its batch sent before is joined; SPLIT only after its READY, and it routes by the grid only after the
+    owner answered (HOT_RELEASE).  The merge the same way, the grid held instead."""
+    p, desk, router, keys = hot_setup(tmp_path, k=2)  # rank 0
+    q, other, router1, _ = hot_setup(tmp_path, k=2)  # dispatcher 1, with the same tuples buffered
+    home = router.home(HOT)
+    owner = int(p.controller.partition_map[home])
+    other.send_sketch()
+    ((dests, order, sketch),) = q.links.told
+    assert (dests, order, sketch["seen"]) == ([0], Order.SKETCH, 600) and not other.sketch.seen
+    desk.on_sketch(1, sketch)
+    true = (keys == HOT).mean()  # both saw the same keys: the summed sketch keeps Misra-Gries' bound
+    assert desk.sketch.seen == 1200 and true - 1 / 64 <= desk.sketch.share(HOT) <= true
+    q.links.busy[owner] = np.empty(0)  # dispatcher 1's batch to the owner, not joined yet
+    desk.find()
+    desk.split(now=1.0)
+    ((dests, order, hold),) = p.links.told
+    assert (dests, order) == ([1], Order.HOT_HOLD) and hold["split"] and hold["partition"] == home
+    assert not router.hot and not p.links.sent and desk.fencing  # no SPLIT before the others hold
+    desk.sketch.update(keys)
+    desk.find()
+    assert not desk.pending  # a key being split is not found hot again
+    other.on_hold(0, hold)
+    other.fenced(lambda rank: 5, now=1.0)
+    assert q.controller.moving[home] and q.controller.watermark_cap() == 5 and len(q.links.told) == 1
+    desk.fenced(lambda rank: 0, now=1.0)
+    assert not p.links.sent  # dispatcher 1 is not READY
+    q.links.answer(owner)
+    other.on_answer(owner)
+    other.fenced(lambda rank: 5, now=1.0)
+    assert q.links.told[-1] == ([0], Order.HOT_READY, {"key": HOT})
+    desk.on_ready(1, q.links.told[-1][2])
+    desk.fenced(lambda rank: 0, now=1.0)
+    ((rank, head, *_, table),) = p.links.sent
+    assert (rank, Kind(int(head["kind"])), table) == (owner, Kind.SPLIT, (HOT, *router.hot[HOT]))
+    assert not router1.hot and desk.fencing  # dispatcher 1 routes the key to its partition until the answer
+    p.links.answer(owner)
+    desk.on_regrouped(home)
+    assert p.links.told[-1] == ([1], Order.HOT_RELEASE, {"key": HOT}) and not desk.fencing
+    assert other.on_release(p.links.told[-1][2]) == owner and router1.hot == router.hot and not other.fencing
+    assert not q.controller.moving.any() and q.controller.watermark_cap() == eventtime.POS_INF
+    first, count = router.hot[HOT]
+    for parts in (p, q):  # both routers' buffered tuples of the key went to the grid
+        r, s = parts.buffers.drain(np.array([home]))
+        assert HOT not in r["key"] and HOT not in s["key"]
+        r, s = parts.buffers.drain(np.arange(first, first + count))
+        assert np.array_equal(np.unique(s["id"]), 300 + np.flatnonzero(keys[300:] == HOT)) and len(r)
+
+    p.controller.queue.clear()  # the grid stayed on its owner
+    desk.cooling[HOT] = 0.01
+    desk.merge(now=2.0)
+    hold = p.links.told[-1][2]
+    assert p.links.told[-1][:2] == ([1], Order.HOT_HOLD) and not hold["split"] and HOT in router.hot
+    desk.find()
+    assert not desk.cooling  # nor one being merged found cooled again
+    more = rows(np.arange(1000, 1010), np.full(10, HOT))
+    for router_, parts in ((router, p), (router1, q)):
+        index, part = router_.route(STREAM_R, more)
+        parts.buffers.add(STREAM_R, more[index], part)  # copies to every sub-group, at both dispatchers
+    other.on_hold(0, hold)
+    other.fenced(lambda rank: 7, now=2.0)
+    assert q.controller.moving[first : first + count].all() and q.links.told[-1][1] == Order.HOT_READY
+    desk.on_ready(1, q.links.told[-1][2])
+    desk.fenced(lambda rank: 0, now=2.0)
+    assert Kind(int(p.links.sent[-1][1]["kind"])) == Kind.MERGE and HOT not in router.hot and HOT in router1.hot
+    desk.on_regrouped(home)
+    assert other.on_release(p.links.told[-1][2]) == owner and not router1.hot and not q.controller.moving.any()
+    for parts in (p, q):  # one copy of each R back in the partition, the grid's slots free
+        r, _ = parts.buffers.drain(np.array([home]))
+        assert np.array_equal(np.sort(r["id"][r["key"] == HOT]), np.arange(1000, 1010))
+        assert (parts.controller.partition_map[first : first + count] == -1).all()
 
 
 # --------------------------------------------------------------------------- ingest
