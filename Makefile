@@ -24,16 +24,19 @@ run: $(STAMP)
 	$(BIN)/python -m deploy.launch -n $(NP) -- $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
 
 # the lint (ruff, pyproject.toml) and the in-MPI tests (pytest-mpi) first, then everything else (whose closing
-# line CI reads): tests/unit (pure, in-process) and tests/cluster (mpirun, Spark, sockets, namespace hosts)
+# line CI reads): tests/unit (pure, in-process) and tests/cluster (mpirun, Spark, sockets, namespace hosts) on
+# three workers (a cluster test keeps about 0.7 of a core busy: paced input, epochs), the soak variants left out
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	timeout 600 $(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 tests --ignore=tests/mpi
+	$(BIN)/python -m pytest -q -n 3 --dist loadgroup --durations=25 -m "not soak" tests --ignore=tests/mpi
 
-# random draws of the differential matrix (tests/matrix.py) for SOAK_MINUTES, then a table of draws and failures
+# the soak variants of the suite's cases, then random draws of the differential matrix (tests/matrix.py) for
+# SOAK_MINUTES, and a table of draws and failures
 SOAK_MINUTES ?= 30
 soak: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m soak tests/cluster
 	$(BIN)/python -m tests.matrix --minutes $(SOAK_MINUTES)
 
 # quick: one run per point, 60 s of event time (6M tuples) per run (docs/benchmarks.md: its time); bench-full: medians of 3, 1-8 slaves, more epochs

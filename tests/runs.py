@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -165,3 +167,9 @@ def write_input(path: Path, data, row_group: int = 1 << 20, bad_every: int = 0) 
     else:
         pq.write_table(table, path, row_group_size=row_group)
     return bad + 1
+
+
+def soak(*values):
+    """A parametrized case that `make soak` runs and `make test` leaves out: a variant of a case the quick suite
+    keeps (another victim, another dispatcher count), which the suite's ten minutes have no room for."""
+    return pytest.param(*values, marks=pytest.mark.soak)

@@ -30,7 +30,7 @@ from protocol.aggregation import FINAL, WINDOW_END, WINDOW_START, aggregation
 from protocol.config import load_config
 from protocol.output import LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
 from tests.cluster.test_balance_cluster import FORCED_CHURN, straggler
-from tests.runs import run_cluster, write_config
+from tests.runs import run_cluster, soak, write_config
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
@@ -296,7 +296,7 @@ def test_the_clicks_example_per_ad_and_minute_equals_duckdb_over_the_reference_j
         assert_view_equals(aggregate.read_view(out / view), want, cfg)
 
 
-@pytest.mark.parametrize("fault", ["2:batch-after-checkpoint:2", "0:checkpoint:3"])
+@pytest.mark.parametrize("fault", ["2:batch-after-checkpoint:2", soak("0:checkpoint:3")])
 def test_a_rank_and_the_merger_killed_change_nothing_in_the_view(tmp_path, spark, fault):
     """A left join aggregated per ad in hopping windows: slave 2 is SIGKILLed at its 2nd batch after a
     checkpoint, or the master as it begins its 3rd, and the supervisor restarts the run from the last complete

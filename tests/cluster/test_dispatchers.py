@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from protocol.config import ConfigError, load_config, validate
-from tests.runs import run_cluster
+from tests.runs import run_cluster, soak
 from tests.cluster.test_balance_cluster import FORCED_CHURN, straggler
 from tests.cluster.test_cluster import SMALL, check_exact
 
@@ -42,7 +42,7 @@ def test_a_lost_batch_stops_the_job_with_a_message(tmp_path):
     assert "from dispatcher 1, expected" in run.stderr and "lost or reordered" in run.stderr
 
 
-@pytest.mark.parametrize("k,ranks", [(2, 5), (3, 6)])
+@pytest.mark.parametrize("k,ranks", [(2, 5), soak(3, 6)])
 def test_partition_groups_that_move_while_several_dispatchers_route_stay_exact(tmp_path, k, ranks):
     # one slave active at start, and it straggles (FORCED_CHURN; ranks below k dispatch): rank 0 decides the
     # moves, every dispatcher holds the group until its earlier batches are joined, and all route to the new slave

@@ -39,7 +39,7 @@ from tests.kafka import (
     values,
     written_while_running,
 )
-from tests.runs import run_cluster, toml_value
+from tests.runs import run_cluster, soak, toml_value
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 IDS = ("views_vid", "buys_bid")
@@ -325,7 +325,7 @@ def test_a_source_sought_to_its_checkpointed_place_goes_on_with_the_same_tuples_
         assert sorted(ids.tolist()) == s["id"].tolist()
 
 
-@pytest.mark.parametrize("victim,point", [(1, "batch-after-checkpoint:6"), (0, "checkpoint:6")])
+@pytest.mark.parametrize("victim,point", [(1, "batch-after-checkpoint:6"), soak(0, "checkpoint:6")])
 def test_topics_written_while_the_cluster_runs_recover_at_their_checkpointed_offsets_exactly_once(
     tmp_path, broker, victim, point
 ):

@@ -31,7 +31,7 @@ from tests.kafka import (
 )
 from tests.cluster.test_metrics import parse
 from tests.reference import reference_outer
-from tests.runs import Run, run_cluster, toml_value
+from tests.runs import Run, run_cluster, soak, toml_value
 
 IDS = ("views_vid", "buys_bid")
 TWO = {"cluster.dispatchers": 2}
@@ -197,7 +197,7 @@ def test_outer_joins_with_two_dispatchers_emit_each_row_alone_once(tmp_path, bro
 
 @pytest.mark.parametrize(
     "victim,point",
-    [(1, "checkpoint:6"), (0, "checkpoint:6"), (2, "batch-after-checkpoint:6")],
+    [(1, "checkpoint:6"), soak(0, "checkpoint:6"), soak(2, "batch-after-checkpoint:6")],
     ids=["dispatcher-1", "master", "slave"],
 )
 def test_a_killed_dispatcher_master_or_slave_recovers_each_share_at_its_offsets_exactly_once(

@@ -38,7 +38,7 @@ from tests.kafka import (
 from tests.reference import encode_pairs
 from deploy.broker import NOIDA
 from deploy.launch import mpi_env, mpirun_command
-from tests.runs import free_port, run_cluster, write_config
+from tests.runs import free_port, run_cluster, soak, write_config
 
 IDS = ("views_vid", "buys_bid")
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
@@ -123,7 +123,7 @@ def test_with_checkpoints_the_topic_holds_every_pair_once_as_results_and_the_ref
 
 @pytest.mark.parametrize(
     "fault",
-    ["1:batch-after-checkpoint:6", "0:checkpoint:4", "2:sink-commit:2", "0:sink-commit:1"],
+    ["1:batch-after-checkpoint:6", soak("0:checkpoint:4"), soak("2:sink-commit:2"), "0:sink-commit:1"],
     ids=["slave-at-a-batch", "master-at-a-checkpoint", "slave-before-its-commit", "master-before-the-ends-commit"],
 )
 def test_a_rank_killed_under_the_supervisor_leaves_every_pair_in_the_topic_once(tmp_path, broker, fault):
@@ -234,7 +234,7 @@ def own_broker(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "fault",
-    [None, "1:batch-after-checkpoint:4", "0:sink-commit:1"],
+    [None, "1:batch-after-checkpoint:4", soak("0:sink-commit:1")],
     ids=["as-it-is", "slave-killed", "master-killed-before-a-commit"],
 )
 def test_the_clicks_example_joins_two_topics_into_a_third_as_duckdb_joins_its_files(tmp_path, own_broker, fault):

@@ -18,7 +18,7 @@ from control.checkpoints import scan
 from protocol import checkpoint
 
 from deploy.launch import mpi_env
-from tests.runs import Run, run_cluster, write_config
+from tests.runs import Run, run_cluster, soak, write_config
 from tests.cluster.test_balance_cluster import FORCED_CHURN, straggler
 from protocol.output import read_tables
 from tests.cluster.test_cluster import SMALL, check_exact, reference_for, write_generated
@@ -42,7 +42,7 @@ def crash_run(tmp_path, ranks, settings, fault=None, env_extra=None, **kw):
     return run, expected
 
 
-@pytest.mark.parametrize("rank,batch", [(1, 1), (2, 3)])
+@pytest.mark.parametrize("rank,batch", [soak(1, 1), (2, 3)])
 def test_slave_killed_at_a_batch(tmp_path, rank, batch):
     run, _ = crash_run(
         tmp_path, 3, dict(CKPT, **{"generator.seed": batch}), fault=f"{rank}:batch-after-checkpoint:{batch}"
@@ -124,7 +124,7 @@ def test_the_archive_holds_exactly_the_accepted_input(tmp_path):
     )
 
 
-@pytest.mark.parametrize("victim,point", [(3, "batch-after-checkpoint:2"), (2, "checkpoint:3")])
+@pytest.mark.parametrize("victim,point", [(3, "batch-after-checkpoint:2"), soak(2, "checkpoint:3")])
 def test_several_dispatchers_checkpoint_a_consistent_cut_and_recover(tmp_path, victim, point):
     # 2 dispatchers with random delays before every send: each snapshots its share and sends its marker, and a
     # slave writes its state only with both markers in; a slave dies at a batch or while writing a checkpoint
@@ -138,7 +138,7 @@ def test_several_dispatchers_checkpoint_a_consistent_cut_and_recover(tmp_path, v
     assert archive.num_rows == run.summary["input_total"] + run.summary["late"]
 
 
-@pytest.mark.parametrize("dispatchers,ranks", [(1, 3), (2, 5)])
+@pytest.mark.parametrize("dispatchers,ranks", [soak(1, 3), (2, 5)])
 def test_a_file_source_resumes_at_its_row_and_lists_each_bad_row_once(tmp_path, dispatchers, ranks):
     # Parquet in row groups of 500 rows: the resumed run skips the row groups before the checkpoint's row
     # (rejected rows are listed in files of 2 rows, so some are written after the last checkpoint before the crash)
@@ -290,7 +290,7 @@ def test_a_stalled_cluster_with_hot_keys_is_restarted_by_the_supervisor_and_stay
     assert "split out of partition-group" in run.stderr, run.stderr
 
 
-@pytest.mark.parametrize("dispatchers", [1, 2])
+@pytest.mark.parametrize("dispatchers", [soak(1), 2])
 def test_a_zmq_run_killed_under_the_supervisor_loses_nothing_the_producer_sent(tmp_path, dispatchers):
     """SIGKILL of a slave with the ZeroMQ source: the producer CLI keeps what no checkpoint holds, resends it to
     the restarted cluster (its ACKs name a new run), and the master drops what it already has: the result set is

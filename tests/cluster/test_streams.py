@@ -29,7 +29,7 @@ from common.chunks import InputError, concat
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from protocol.output import LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
-from tests.runs import free_port, run_cluster, write_config
+from tests.runs import free_port, run_cluster, soak, write_config
 from tests.cluster.test_balance_cluster import FORCED_CHURN, straggler
 from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs
 from tests.cluster.test_zmq_cluster import finish, start
@@ -777,7 +777,7 @@ def test_payload_of_every_type_survives_a_left_join_with_hot_keys_moves_and_a_cr
     assert frame.filter("kind = 'left_unmatched'").count() == len(run.alone("r", ids))
 
 
-@pytest.mark.parametrize("dispatchers", [1, 2])
+@pytest.mark.parametrize("dispatchers", [1, soak(2)])
 def test_the_payload_log_keeps_only_what_results_may_still_need_across_moves_and_a_crash(tmp_path, dispatchers):
     """A left join of two streams of Parquet files of 100 rows (segments of the log), paced over 2 s, with 1 and 2
     dispatchers, groups moving at every reorganization (FORCED_CHURN), a checkpoint every 3 epochs (keep 1) and
@@ -850,7 +850,7 @@ def test_the_payload_log_keeps_only_what_results_may_still_need_across_moves_and
     assert not (run.out / "payload").exists()
 
 
-@pytest.mark.parametrize("dispatchers", [1, 2])
+@pytest.mark.parametrize("dispatchers", [soak(1), 2])
 def test_the_payload_log_holds_a_small_part_of_a_long_input_at_once(tmp_path, dispatchers):
     """Two streams of 80 Parquet files of 100 rows each, paced over 5.3 s, an inner join with a 100 ms window:
     segments go as the slaves answer, so at its peak the log holds what is read ahead and what the slaves have
