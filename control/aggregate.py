@@ -109,16 +109,23 @@ def result_files(results: Path) -> list[Path]:
 
 def from_results(spark, files: list[Path], agg: dict, spec: Aggregation | None = None):
     """The view computed directly from result files with the `[aggregate]` grouping (declared streams: `spec`)."""
-    from pyspark.sql import functions as F
-
-    if spec is not None:
-        return merge(rows_as_partials(spark.read.parquet(*(str(p) for p in files)), spec), spec)
-
-    if any(p.suffix == ".csv" for p in files):
+    if spec is None and any(p.suffix == ".csv" for p in files):
         schema = spark_schema(RESULT_SCHEMA)
         df = spark.read.csv([str(p) for p in files if p.suffix == ".csv"], header=True, schema=schema)
     else:
         df = spark.read.parquet(*(str(p) for p in files))
+    return view_of(df, agg, spec)
+
+
+def view_of(df, agg: dict, spec: Aggregation | None):
+    """The view of result rows (a DataFrame in the result files' columns), as --batch computes it."""
+    return merge(rows_as_partials(df, spec), spec) if spec is not None else pairs_view(df, agg)
+
+
+def pairs_view(df, agg: dict):
+    """The view of pairs of the single-file form (the result files' columns) with the `[aggregate]` grouping."""
+    from pyspark.sql import functions as F
+
     # the later ts back in microseconds (exact: results carry the float64 nearest to them), the window start
     # by integer arithmetic (pmod floors, negative ts too), then seconds as phase one writes them
     later = F.round(F.greatest("r_ts", "s_ts") * eventtime.PER_SECOND).cast("long")
@@ -196,6 +203,14 @@ def final_view(t: pa.Table, spec: Aggregation, watermark: int | None) -> pa.Tabl
     return t.append_column(FINAL, final)
 
 
+def snapshot(df, spec: Aggregation | None, watermark: int | None) -> pa.Table:
+    """The view (a merged DataFrame) as one sorted table; declared streams: with `final` (final_view)."""
+    t = df.toArrow()
+    keys = GROUP if spec is None else spec.keys
+    t = t.sort_by([(c, "ascending") for c in keys]) if t.num_rows else t
+    return t if spec is None else final_view(t, spec, watermark)
+
+
 class ViewWriter:
     """foreachBatch sink: the batch's whole view (complete mode) as one file named after the batch id."""
 
@@ -208,11 +223,7 @@ class ViewWriter:
         self.last = time.monotonic()  #: when the last batch ended (for --until-idle)
 
     def __call__(self, df, batch_id: int) -> None:
-        t = df.toArrow()
-        keys = GROUP if self.spec is None else self.spec.keys
-        t = t.sort_by([(c, "ascending") for c in keys]) if t.num_rows else t
-        if self.spec is not None:
-            t = final_view(t, self.spec, self.watermark)
+        t = snapshot(df, self.spec, self.watermark)
         write_table(self.directory, f"view-{batch_id:010d}", t, "parquet")
         for old in sorted(self.directory.glob("view-*.parquet"))[: -(KEEP + 1)]:
             old.unlink(missing_ok=True)
