@@ -214,10 +214,18 @@ def snapshot(df, spec: Aggregation | None, watermark: int | None) -> pa.Table:
 class ViewWriter:
     """foreachBatch sink: the batch's whole view (complete mode) as one file named after the batch id."""
 
-    def __init__(self, directory: Path, quiet: bool = False, spec: Aggregation | None = None, ended: bool = False):
+    def __init__(
+        self,
+        directory: Path,
+        quiet: bool = False,
+        spec: Aggregation | None = None,
+        ended: bool = False,
+        keep: int | None = None,
+    ):
         """`spec`: declared streams' view (protocol.aggregation), `ended`: of a run that has ended (every window
-        final: `--batch`)."""
+        final: `--batch`), `keep`: snapshots kept besides the newest (None: KEEP)."""
         self.directory, self.quiet, self.spec = directory, quiet, spec
+        self.keep = KEEP if keep is None else keep
         self.watermark = eventtime.POS_INF if ended else None
         self.batches = 0
         self.last = time.monotonic()  #: when the last batch ended (for --until-idle)
@@ -225,7 +233,7 @@ class ViewWriter:
     def __call__(self, df, batch_id: int) -> None:
         t = snapshot(df, self.spec, self.watermark)
         write_table(self.directory, f"view-{batch_id:010d}", t, "parquet")
-        for old in sorted(self.directory.glob("view-*.parquet"))[: -(KEEP + 1)]:
+        for old in sorted(self.directory.glob("view-*.parquet"))[: -(self.keep + 1)]:
             old.unlink(missing_ok=True)
         self.batches += 1
         self.last = time.monotonic()
@@ -250,12 +258,13 @@ def run_stream(
     trigger: float = 1.0,
     quiet: bool = False,
     spec: Aggregation | None = None,
+    keep: int | None = None,
 ) -> ViewWriter:
     """Merge partial files as they appear; returns after `until_idle` seconds without a batch (0 = never).
     Declared streams (`spec`): the partials' schema, whose group columns have the streams' own types, is the
     first partial file's (the merger waits for it)."""
     source.mkdir(parents=True, exist_ok=True)  # the file source wants the folder; slaves may start later
-    writer = ViewWriter(view, quiet, spec)
+    writer = ViewWriter(view, quiet, spec, keep=keep)
     schema = spark_schema(PARTIAL_SCHEMA)
     if spec is not None:
         from pyspark.sql.pandas.types import from_arrow_schema
