@@ -107,8 +107,12 @@ def reference_rows(folder: Path, join_type: str) -> str:
 
 def reference_view(folder: Path, cfg: dict) -> pa.Table:
     """DuckDB's GROUP BY of the reference rows with the config's groups, windows and measures."""
+    return aggregated(reference_rows(folder, cfg["join"]["type"]), cfg)
+
+
+def aggregated(sql: str, cfg: dict) -> pa.Table:
+    """DuckDB's GROUP BY of the rows of `sql` (named as results name them) with the config's `[aggregate]`."""
     spec = aggregation(cfg)
-    sql = reference_rows(folder, cfg["join"]["type"])
     groups = [f'"{g}"' for g in spec.groups]
     sql_of = {"count_distinct": "count(DISTINCT {})"}
     measures = ["count(*) AS count"] + [
