@@ -17,7 +17,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from control import aggregate, replay
+from control import aggregate, audit, replay
 from common.workload import generate_all
 from protocol.config import load_config
 from protocol.output import read_tables
@@ -89,6 +89,9 @@ def test_streaming_and_batch_views_equal_the_reference_aggregation(tmp_path, spa
     )
     assert writer.batches >= 1
     assert_view(aggregate.read_view(tmp_path / "view"), want)
+    view = ["--config", str(tmp_path / "run.toml"), "--view", str(tmp_path / "view")]
+    assert audit.main(view, spark=spark) == audit.EXACT  # the audit's own view of the recomputed pairs agrees
+    assert json.loads((run.out / "audit" / "view-start-end.json").read_text())["groups"] == len(want["key"])
 
     agg = {"group_by": group_by, "value": value, "window": window}
     batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), agg)  # CSV or Parquet
