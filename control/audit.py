@@ -848,7 +848,7 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
-    from control import aggregate, audit_view
+    from control import aggregate
 
     began = time.monotonic()
     view = aggregate.read_view(directory)
@@ -883,7 +883,7 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
             ids = ids.unionByName(f)
         rows = audit_streams.result_rows(spark, cfg, ids, pq.read_schema(parquet[0]))
     else:
-        rows = pairs if pairs is not None else None
+        rows = pairs
         for side, _, own in lone:  # semi, anti: R rows alone
             alone_rows = own.select(*(F.col(c[2:]).alias(c) if c.startswith(side) else none(c) for c in PAIR))
             rows = alone_rows if rows is None else rows.unionByName(alone_rows)
@@ -910,7 +910,7 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
         **counts,
         "verdict": "exact" if exact else "different",
         "diff": None if exact else str(dest),
-        "first": [" ".join(c for c in r.values() if c) for r in evidence.slice(0, 3).to_pylist()],
+        "first": [audit_view.describe(r) for r in evidence.slice(0, 3).to_pylist()],
         "seconds": round(time.monotonic() - began, 2),
     }
     (folder / f"view-{name}.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -113,6 +113,14 @@ def diff(view: pa.Table, want: pa.Table, keys: list[str], width: int, start: int
     return counts, evidence
 
 
+def describe(problem: dict) -> str:
+    """One evidence row (DIFF_COLUMNS) in words."""
+    group, view, recomputed = problem["group"], problem["view"], problem["recomputed"]
+    if problem["problem"] == "different":
+        return f"{group}: {problem['measure']} {view} in the view, {recomputed} recomputed"
+    return f"{group}: {problem['problem']} ({view or recomputed})"
+
+
 def verdict(report: dict) -> str:
     """One line: EXACT or DIFFERENT with the counts and the first problems named."""
     what = f"view {report['view']}, range {report['range']}"

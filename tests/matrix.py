@@ -822,6 +822,7 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240, spark=None) -> Outcome:
         out.error += view_faults(d, run, tmp, expected, data, spark or spark_session())
     if d.replay:
         out.error += replay_faults(d, data, path, tmp, spark or spark_session())
+    out.seconds = time.time() - started  # with the view's and the replay's checks
     return out
 
 

@@ -63,3 +63,10 @@ def test_only_final_windows_inside_the_range_are_compared():
     assert counts["final_until"] == 60.0
     counts, _ = audit_view.diff(view(ROWS[2:]), want, KEYS, MIN, MIN, 3 * MIN)  # minutes 1 and 2 only
     assert (counts["missing"], counts["extra"], counts["groups"]) == (0, 0, 2)
+
+
+def test_a_problem_is_said_in_words():
+    different = {"problem": "different", "group": "ad=1", "measure": "count", "view": "4", "recomputed": "3"}
+    assert audit_view.describe(different) == "ad=1: count 4 in the view, 3 recomputed"
+    missing = {"problem": "missing", "group": "ad=2", "measure": "", "view": "", "recomputed": "count 5"}
+    assert audit_view.describe(missing) == "ad=2: missing (count 5)"
