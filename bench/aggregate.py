@@ -140,7 +140,10 @@ def lag_run(ranks: int, settings: list[str], work: Path, timeout: float) -> dict
         for kv in ["metrics.endpoint=127.0.0.1:0", *settings, f"output.path={out}", "output.progress=0"]
         for x in ("--set", kv)
     ]
+    from pyspark.sql import SparkSession
+
     spec = aggregation(load_config(None, settings))
+    ours = SparkSession.getActiveSession() is None  #: stopped at the end unless a caller's (a test's) session
     spark = session(app="bench-aggregate")
     work.mkdir(parents=True, exist_ok=True)
     with open(work / "stderr", "wb") as se:
@@ -173,7 +176,8 @@ def lag_run(ranks: int, settings: list[str], work: Path, timeout: float) -> dict
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        spark.stop()
+        if ours:
+            spark.stop()
     return view_lag(out / "aggregates", work / "view")
 
 

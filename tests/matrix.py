@@ -892,7 +892,8 @@ def view_faults(d: Draw, run: Run, tmp: Path, expected: tuple, data: dict[str, n
     )
     duckdb.register("matrix_rows", reference_rows(d, expected, data))
     try:
-        assert_view_equals(aggregate.read_view(tmp / "view"), aggregated("SELECT * FROM matrix_rows", cfg), cfg)
+        want = aggregated("SELECT * FROM matrix_rows", cfg)
+        assert_view_equals(aggregate.read_view(tmp / "view"), want, cfg, least=0)  # a draw may have few rows
     except AssertionError as e:
         return f" view: {str(e)[:500]}"
     finally:
