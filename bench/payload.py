@@ -35,28 +35,28 @@ RATE_TARGET = 0.5
 STREAMS = ("bids", "asks")
 
 
-def write_streams(gen: dict, folder: Path) -> dict:
-    """The generator's tuples as one Parquet file per stream with payload columns; their rows and in-memory
-    (Arrow) bytes per stream."""
+def payload_columns(side: int, ids: np.ndarray, values: np.ndarray) -> dict:
+    """This bench's payload of a stream's tuples: `label` (20-byte text), `amount` (float64), `qty` (int32)."""
+    return {
+        "label": pc.binary_join_element_wise(
+            f"{STREAM_NAMES[side]}-order-", pc.utf8_lpad(pc.cast(pa.array(ids), pa.string()), 12, "0"), ""
+        ),  # R-order-000000000042
+        "amount": values,
+        "qty": (ids % 1000).astype(np.int32),
+    }
+
+
+def write_streams(gen: dict, folder: Path, payload=payload_columns, streams: tuple[str, str] = STREAMS) -> dict:
+    """The generator's tuples as one Parquet file per stream (id, key, ts in microseconds) with the columns
+    `payload(side, ids, values)` makes; their rows and in-memory (Arrow) bytes per stream."""
     src = GeneratorSource(gen)
     writers: dict[int, pq.ParquetWriter] = {}
-    sizes = {name: {"rows": 0, "bytes": 0} for name in STREAMS}
+    sizes = {name: {"rows": 0, "bytes": 0} for name in streams}
     while (c := src.next_chunk(1 << 20)) is not None:
-        for side, name in enumerate(STREAMS):
+        for side, name in enumerate(streams):
             mine = c.stream == side
             ids = c.id[mine]
-            table = pa.table(
-                {
-                    "id": ids,
-                    "key": c.key[mine],
-                    "ts": c.ts[mine],
-                    "label": pc.binary_join_element_wise(
-                        f"{STREAM_NAMES[side]}-order-", pc.utf8_lpad(pc.cast(pa.array(ids), pa.string()), 12, "0"), ""
-                    ),  # R-order-000000000042
-                    "amount": c.value[mine],
-                    "qty": (ids % 1000).astype(np.int32),
-                }
-            )
+            table = pa.table({"id": ids, "key": c.key[mine], "ts": c.ts[mine], **payload(side, ids, c.value[mine])})
             if side not in writers:
                 writers[side] = pq.ParquetWriter(folder / f"{name}.parquet", table.schema)
             writers[side].write_table(table)
@@ -67,23 +67,28 @@ def write_streams(gen: dict, folder: Path) -> dict:
     return sizes
 
 
+def stream_settings(folder: Path, streams: tuple[str, str] = STREAMS) -> list[str]:
+    """The `[streams.*]` settings that read write_streams' files in `folder`."""
+    return [
+        f"streams.{n}.{k}={v}"
+        for n in streams
+        for k, v in (
+            ("path", folder / f"{n}.parquet"),
+            ("key", "key"),
+            ("time", "ts"),
+            ("time_unit", "us"),
+            ("id", "id"),
+        )
+    ]
+
+
 def main(argv: list[str]) -> int:
     a = parser("python -m bench.payload", __doc__, 15.0, 30.0, 3).parse_args(argv)
     gen = load_config(None, [f"generator.duration={15.0 if a.quick else 30.0}"])["generator"]
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-payload-") as tmp:
             sizes = write_streams(gen, Path(tmp))
-            workload = [
-                f"streams.{n}.{k}={v}"
-                for n in STREAMS
-                for k, v in (
-                    ("path", f"{tmp}/{n}.parquet"),
-                    ("key", "key"),
-                    ("time", "ts"),
-                    ("time_unit", "us"),
-                    ("id", "id"),
-                )
-            ]
+            workload = stream_settings(Path(tmp))
             ab = Comparison(
                 "python -m bench.payload " + " ".join(argv),
                 a,

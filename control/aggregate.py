@@ -106,6 +106,11 @@ def from_results(spark, files: list[Path], spec: Aggregation):
         df = spark.read.csv(csv, header=True, schema=schema)
     else:
         df = spark.read.parquet(*(str(p) for p in files))
+    return view_of(df, spec)
+
+
+def view_of(df, spec: Aggregation):
+    """The view of result rows (a DataFrame in the result files' columns), as --batch computes it."""
     return merge(rows_as_partials(df, spec), spec)
 
 
@@ -185,23 +190,31 @@ def final_view(t: pa.Table, spec: Aggregation, watermark: int | None) -> pa.Tabl
     return t.append_column(FINAL, final)
 
 
+def snapshot(df, spec: Aggregation, watermark: int | None) -> pa.Table:
+    """The view (a merged DataFrame) as one sorted table with `final` (final_view)."""
+    t = df.toArrow()
+    t = t.sort_by([(c, "ascending") for c in spec.keys]) if t.num_rows else t
+    return final_view(t, spec, watermark)
+
+
 class ViewWriter:
     """foreachBatch sink: the batch's whole view (complete mode) as one file named after the batch id."""
 
-    def __init__(self, directory: Path, spec: Aggregation, quiet: bool = False, ended: bool = False):
+    def __init__(
+        self, directory: Path, spec: Aggregation, quiet: bool = False, ended: bool = False, keep: int | None = None
+    ):
         """`spec`: the view's (protocol.aggregation), `ended`: of a run that has ended (every window final:
-        `--batch`)."""
+        `--batch`), `keep`: snapshots kept besides the newest (None: KEEP)."""
         self.directory, self.quiet, self.spec = directory, quiet, spec
+        self.keep = KEEP if keep is None else keep
         self.watermark = eventtime.POS_INF if ended else None
         self.batches = 0
         self.last = time.monotonic()  #: when the last batch ended (for --until-idle)
 
     def __call__(self, df, batch_id: int) -> None:
-        t = df.toArrow()
-        t = t.sort_by([(c, "ascending") for c in self.spec.keys]) if t.num_rows else t
-        t = final_view(t, self.spec, self.watermark)
+        t = snapshot(df, self.spec, self.watermark)
         write_table(self.directory, f"view-{batch_id:010d}", t, "parquet")
-        for old in sorted(self.directory.glob("view-*.parquet"))[: -(KEEP + 1)]:
+        for old in sorted(self.directory.glob("view-*.parquet"))[: -(self.keep + 1)]:
             old.unlink(missing_ok=True)
         self.batches += 1
         self.last = time.monotonic()
@@ -227,6 +240,7 @@ def run_stream(
     quiet: bool = False,
     *,
     spec: Aggregation,
+    keep: int | None = None,
 ) -> ViewWriter:
     """Merge partial files of `spec`'s view as they appear; returns after `until_idle` seconds without a batch
     (0 = never).  The partials' schema, whose group columns have the results' own types, is the first partial
@@ -234,7 +248,7 @@ def run_stream(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     source.mkdir(parents=True, exist_ok=True)  # the file source wants the folder; slaves may start later
-    writer = ViewWriter(view, spec, quiet)
+    writer = ViewWriter(view, spec, quiet, keep=keep)
     first = first_partial(source, until_idle)
     if first is None:
         return writer

@@ -52,9 +52,10 @@ if __package__ in (None, ""):  # run as a file (spark-submit control/audit.py): 
 import numpy as np
 
 from common.chunks import InputError
-from control import audit_streams
+from control import audit_streams, audit_view
 from control.audit_metrics import DEFAULT_ENDPOINT, PAIR_OUTCOMES, AuditMetrics
 from protocol import checkpoint
+from protocol.aggregation import aggregation, sides
 from protocol.config import ConfigError
 from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RESULT_COLUMNS, RIGHT_UNMATCHED
@@ -545,6 +546,14 @@ def within(start: int, end: int, *columns: str, nullable: bool = False):
     return test
 
 
+def alone(own, want: str):
+    """The tuples of `own` (partnered) the join emits alone as kind `want`: semi's left_matched ones with a
+    partner, the *_unmatched ones without."""
+    from pyspark.sql import functions as F
+
+    return own.where(F.col("partnered") if want == LEFT_MATCHED else ~F.col("partnered"))
+
+
 def lone_problems(rows, own, want: str | None, side: str, flags, join_type: str):
     """(diff rows, expected rows) of the rows of stream `side` emitted without the other side.
 
@@ -562,9 +571,7 @@ def lone_problems(rows, own, want: str | None, side: str, flags, join_type: str)
         expected = missing = None
         extra = copies.withColumn("partnered", F.lit(None).cast("boolean"))
     else:
-        expected = own.where(F.col("partnered") if want == LEFT_MATCHED else ~F.col("partnered")).select(
-            *(F.col(c[2:]).alias(c) for c in mine)
-        )
+        expected = alone(own, want).select(*(F.col(c[2:]).alias(c) for c in mine))
         extra = copies.join(expected.select(sid, F.lit(want).alias("kind")), [sid, "kind"], "left_anti").join(
             own.select(F.col("id").alias(sid), "partnered"), sid, "left"
         )
@@ -810,6 +817,104 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     return report
 
 
+def view_refusal(target: Target, start: int, end: int, sample: float, follow: bool) -> str | None:
+    """Why `--view` cannot audit this (None: it can): see docs/audit.md, "Aggregated views"."""
+    cfg = target.cfg
+    whole = start <= NEG_INF and end >= POS_INF
+    spec, streams = aggregation(cfg), cfg["source"]["kind"] == "streams"
+    stream_times = {time for _, time in sides(cfg)}
+    reasons = [
+        (follow or sample < 1, "--follow or --sample (a view counts every row of its windows)"),
+        (not target.finished, "a live run (audit its view once the run has ended)"),
+        (not whole and not spec.window, "--from/--to with aggregate.window = 0 (one window spans the whole run)"),
+        (
+            not whole and not set(spec.times) <= stream_times,
+            "--from/--to with aggregate.time on a column other than the streams' times (its rows lie anywhere)",
+        ),
+        (
+            streams and any(f.suffix == ".csv" for f in target.files("results")),
+            "CSV results of declared streams (their types are the Parquet files')",
+        ),
+    ]
+    return next((f"--view: not audited: {why}" for refused, why in reasons if refused), None)
+
+
+def audit_view_range(spark, target: Target, start: int, end: int, directory: Path) -> dict:
+    """Audit the view in `directory` (control.aggregate's snapshots) over the windows inside [start, end): the
+    rows of the range recomputed as audit_range recomputes them, aggregated by control.aggregate's --batch
+    functions with the run's [aggregate], diffed with the view's final windows (control.audit_view).  Writes
+    audit/view-<range>.json and, on a difference, audit/view-diff-<range>.parquet."""
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    from control import aggregate
+
+    began = time.monotonic()
+    view = aggregate.read_view(directory)
+    if view is None:
+        raise AuditError(f"--view {directory}: no view-*.parquet there (run control.aggregate on the run first)")
+    cfg, join = target.cfg, target.cfg["join"]
+    join_type = join.get("type", "inner")
+    spec, streams = aggregation(cfg), cfg["source"]["kind"] == "streams"
+    far = reach(join)
+    arrived, source = arrivals(spark, target)
+    tuples = classify(arrived, duration(join["max_delay"]), start - far, end + far).cache()
+    # a pair's window time (declared streams: one stream's time) lies up to `far` below its later ts
+    pairs = expected_pairs(tuples, join, start, end + far if streams else end, 1.0) if EMITS[join_type][0] else None
+    lone = [
+        (side, want, alone(partnered(tuples, join, start, end, 1.0, side), want))
+        for side, want in zip("rs", EMITS[join_type][1:])
+        if want
+    ]
+    none = lambda c: F.lit(None).cast("long" if c.endswith(("_id", "_key")) else "double").alias(c)  # noqa: E731
+    kind = lambda k: [F.lit(k).alias("kind")] if join_type != "inner" else []  # noqa: E731
+    if streams:
+        frames = [pairs.select("r_id", "s_id", *kind(MATCHED))] if pairs is not None else []
+        for side, want, own in lone:
+            frames.append(
+                own.select(F.col("id").alias(f"{side}_id"), none("s_id" if side == "r" else "r_id"), *kind(want))
+            )
+        parquet = [f for f in target.files("results") if f.suffix == ".parquet"]
+        if not parquet:
+            raise AuditError(f"--view: {target.out / 'results'} holds no Parquet result file to take the types from")
+        ids = frames[0]
+        for f in frames[1:]:
+            ids = ids.unionByName(f)
+        rows = audit_streams.result_rows(spark, cfg, ids, pq.read_schema(parquet[0]))
+    else:  # the single file's result columns, as the audit's pairs and rows alone hold them
+        rows = pairs.select(*PAIR, *kind(MATCHED)) if pairs is not None else None
+        for side, want, own in lone:
+            columns = (F.col(c[2:]).alias(c) if c.startswith(side) else none(c) for c in PAIR)
+            alone_rows = own.select(*columns, *kind(want))
+            rows = alone_rows if rows is None else rows.unionByName(alone_rows)
+    want = aggregate.snapshot(aggregate.view_of(rows, spec), spec, POS_INF)
+    counts, evidence = audit_view.diff(view, want, spec.keys, spec.window, start, end)
+    tuples.unpersist()
+    exact = not (counts["missing"] or counts["extra"] or counts["different"])
+    name = range_name(start, end)
+    folder = target.out / "audit"
+    folder.mkdir(parents=True, exist_ok=True)
+    dest = folder / f"view-diff-{name}.parquet"
+    dest.unlink(missing_ok=True)
+    if not exact:
+        pq.write_table(evidence, dest)
+    report = {
+        "range": name,
+        "from": _finite(start),
+        "to": _finite(end),
+        "view": str(directory),
+        "run": target.describe(),
+        "input": source,
+        **counts,
+        "verdict": "exact" if exact else "different",
+        "diff": None if exact else str(dest),
+        "first": [audit_view.describe(r) for r in evidence.slice(0, 3).to_pylist()],
+        "seconds": round(time.monotonic() - began, 2),
+    }
+    (folder / f"view-{name}.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
 def _finite(us: int) -> float | None:
     """A bound in seconds for the report (None: open)."""
     return None if us <= NEG_INF or us >= POS_INF else us / PER_SECOND
@@ -929,6 +1034,12 @@ def main(argv: list[str], spark=None) -> int:
         metavar="HOST:PORT",
         help=f'with --follow: serve the verdicts as Prometheus metrics here (default {DEFAULT_ENDPOINT}; "" off)',
     )
+    p.add_argument(
+        "--view",
+        metavar="DIR",
+        help="audit the merger's view in DIR (control.aggregate's snapshots) instead of the pairs: its final "
+        "windows inside the range against the view of the recomputed rows",
+    )
     add_arguments(p)
     a = p.parse_args(argv)
     sample = a.sample if a.sample is not None else (0.1 if a.follow else 1.0)
@@ -947,6 +1058,15 @@ def main(argv: list[str], spark=None) -> int:
         if cfg["source"]["kind"] == "streams":
             audit_streams.check_auditable(cfg, sample, a.follow)
         target = run_state(cfg)
+        if a.view is not None:
+            refused = view_refusal(target, start, end, sample, a.follow)
+            if refused:
+                raise AuditError(refused)
+            report = audit_view_range(
+                spark or session(a.spark_master, "streamjoin-audit"), target, start, end, Path(a.view)
+            )
+            print(audit_view.verdict(report), flush=True)
+            return EXACT if report["verdict"] == "exact" else DIFFERENT
         end = end if a.follow else clamp(target, start, end)
         endpoint = (DEFAULT_ENDPOINT if a.metrics is None else a.metrics) if a.follow else ""
         metrics = AuditMetrics(endpoint, cfg) if endpoint else None

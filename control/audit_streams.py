@@ -240,3 +240,27 @@ def payload_faults(spark, cfg: dict, files: list[Path]):
             )
             faults = bad if faults is None else faults.unionByName(bad)
     return faults
+
+
+def result_rows(spark, cfg: dict, ids, schema):
+    """Result rows rebuilt from the input: `ids` (r_id, s_id, kind; a missing side's id null) with each stream's
+    row of that id in its files, under its prefix, cast to the types the result files have (`schema`, Arrow;
+    the time column by its microseconds), so that the --batch aggregation of control.aggregate reads them as
+    it reads the run's results."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from control.spark import stream_micros, stream_rows
+
+    rows = ids
+    for (name, spec), side in zip(cfg["streams"].items(), ("r", "s")):
+        df, _ = stream_rows(spark, name, spec)
+        cols = []
+        for c in (c for c in df.columns if f"{spec['prefix']}{c}" in schema.names and not c.startswith("_")):
+            kind = schema.field(f"{spec['prefix']}{c}").type
+            timed = c == spec["time"] and str(kind).startswith("timestamp")
+            col = F.timestamp_micros(stream_micros(df, c, spec["time_unit"])) if timed else F.col(c)
+            cols.append(col.cast(from_arrow_type(kind)).alias(f"{spec['prefix']}{c}"))
+        own = df.select(F.col(spec["id"]).cast("long").alias(f"{side}_id"), *cols)
+        rows = rows.join(own, f"{side}_id", "left")
+    return rows.drop("r_id", "s_id")

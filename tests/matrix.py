@@ -51,6 +51,7 @@ import atexit
 import itertools
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -94,10 +95,17 @@ FEATURES: dict[str, tuple] = {
     "input": ("file", "streams", "kafka"),
     "output": ("files", "stream", "ordered"),
     "hosts": (1, 3),
+    "aggregate": (False, True),
+    "replay": (False, True),
 }
+#: features drawn in a minority of draws (True with this chance), so CI's covering seeds gain only a few of them:
+#: `aggregate` (a drawn `[aggregate]` whose merged view must equal DuckDB's over the reference rows) and `replay`
+#: (a drawn second of the run replayed by control.replay must give the reference join of that second); neither
+#: is in PAIRED, both cost a Spark job
+SOMETIMES = {"aggregate": 0.2, "replay": 0.2}
 #: the features whose value pairs CI's covering seeds cover; join.type is drawn in every draw (so CI runs some
 #: outer joins) and covered pairwise by `make soak` and `--where join_type=...`: its pairs would double CI's draws
-PAIRED = tuple(f for f in FEATURES if f != "join_type")
+PAIRED = tuple(f for f in FEATURES if f != "join_type" and f not in SOMETIMES)
 UNITS = {"ms": 1_000, "us": 1_000_000}
 EPOCH = 0.1  #: epochs.distribution of every draw (seconds); a wide window is larger than it, a narrow one smaller
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "4", "--"]
@@ -121,6 +129,8 @@ class Draw:
     input: str
     output: str
     hosts: int
+    aggregate: bool
+    replay: bool
 
     @property
     def ranks(self) -> int:
@@ -133,9 +143,19 @@ class Draw:
 
 
 def draw(seed: int) -> Draw:
-    """The draw of `seed`: every feature uniformly at random (refused combinations are run too: `refusal`)."""
+    """The draw of `seed`: every feature uniformly at random, those of SOMETIMES true with their chance (refused
+    combinations are drawn too: `refusal`)."""
     rng = np.random.default_rng([seed, 19])
-    return Draw(seed=seed, **{f: values[int(rng.integers(len(values)))] for f, values in FEATURES.items()})
+    uniform = {f: values[int(rng.integers(len(values)))] for f, values in FEATURES.items() if f not in SOMETIMES}
+    sometimes = {f: bool(rng.random() < chance) for f, chance in SOMETIMES.items()}
+    # not drawn where not built: the matrix aggregates declared streams' columns (the single file's aggregation
+    # is test_spark_control's); a host cut off (cuts_a_host: a recovery on fewer slaves) leaves the lost slave's
+    # stamps in aggregates/, which hold every window of the merger's view non-final (docs/aggregation-and-
+    # replay.md); control.replay reads files, not topics, and launches on this host
+    cut = uniform["crash"] and uniform["hosts"] > 1 and uniform["slaves"] >= 2
+    sometimes["aggregate"] &= uniform["input"] != "file" and not cut
+    sometimes["replay"] &= uniform["input"] != "kafka" and uniform["hosts"] == 1
+    return Draw(seed=seed, **uniform, **sometimes)
 
 
 def window_units(d: Draw) -> int:
@@ -347,6 +367,8 @@ def settings(
         )
     else:
         s["balance.enabled"] = False
+    if d.aggregate:
+        s.update(aggregate_settings(d))
     if d.hotkeys:
         s.update({"hotkeys.enabled": True, "hotkeys.threshold": 0.15})
     if d.crash:
@@ -363,6 +385,27 @@ def settings(
             }
         )
     return s
+
+
+def aggregate_settings(d: Draw) -> dict:
+    """The draw's `[aggregate]` over the declared streams' columns: grouped by nothing, the R key or both keys,
+    windows of 0.5 s tumbling, hopping every 0.25 s or none, count, sums, extremes, averages and distinct keys
+    (of R's columns only with semi and anti: results carry no S row)."""
+    rng = np.random.default_rng([d.seed, 11])
+    r, s = STREAMS
+    group_by = [[], [f"{r}_sym"], [f"{r}_sym", f"{s}_sym"]][int(rng.integers(3))]
+    window, slide = [("0.5s", 0), ("0.5s", "0.25s"), (0, 0)][int(rng.integers(3))]
+    other = r if d.join_type in ("semi", "anti") else s
+    measures = ["count", f"sum({r}_event_id)", f"max({other}_event_id)", f"avg({other}_event_id)"]
+    measures.append(f"count_distinct({r}_sym)")
+    return {
+        "aggregate.enabled": True,
+        "aggregate.group_by": group_by,
+        "aggregate.window": window,
+        "aggregate.slide": slide,
+        "aggregate.measures": measures,
+        "aggregate.flush_interval": 0.2,
+    }
 
 
 def refusal(d: Draw) -> str | None:
@@ -717,8 +760,9 @@ def run_on_hosts(
     return job.finish(timeout)
 
 
-def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
-    """Run draw `d` in folder `tmp` and compare with the reference."""
+def run_draw(d: Draw, tmp: Path, timeout: float = 240, spark=None) -> Outcome:
+    """Run draw `d` in folder `tmp` and compare with the reference (`spark`: the session of the aggregation's
+    and the replay's checks; None: one of this process's own)."""
     out = Outcome(d, refused=refusal(d))
     if out.refused:
         return out
@@ -768,19 +812,129 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240) -> Outcome:
     if run.returncode != 0:
         out.error = f"exit {run.returncode}: {run.stderr[-2000:]}"
         return out
-    ids = tuple(f"{name}_event_id" for name in STREAMS) if d.input != "file" else ("r_id", "s_id")
-    for got, want in zip((run.pairs(ids), run.alone("r", ids), run.alone("s", ids)), expected):  # pairs, rows alone
-        out.twice += len(got) - len(np.unique(got))
-        out.missing += len(np.setdiff1d(want, got))
-        out.extra += len(np.setdiff1d(got, want))
+    compare(d, run, expected, expected_late, out)
     if d.input != "file":
         out.error += payload_mismatch(run.out)
     if sub is not None:
         out.error += stream_faults(d, sub, expected, data)
         out.streamed = sum(len(rows) for m in sub.messages if (rows := message_rows(m)) is not None)
-    late = run.late_ids(ids, STREAMS) if d.input != "file" else run.late_ids()
-    out.late_wrong = len(np.setxor1d(late, expected_late))
+    if d.aggregate:
+        out.error += view_faults(d, run, tmp, expected, data, spark or spark_session())
+    if d.replay:
+        out.error += replay_faults(d, data, path, tmp, spark or spark_session())
+    out.seconds = time.time() - started  # with the view's and the replay's checks
     return out
+
+
+def compare(d: Draw, run: Run, expected: tuple, expected_late: np.ndarray, out: "Outcome") -> None:
+    """Add to `out` the pairs and rows alone of `run` missing, extra and twice against `expected`, and the late
+    tuples it got wrong."""
+    ids = tuple(f"{name}_event_id" for name in STREAMS) if d.input != "file" else ("r_id", "s_id")
+    for got, want in zip((run.pairs(ids), run.alone("r", ids), run.alone("s", ids)), expected):  # pairs, rows alone
+        out.twice += len(got) - len(np.unique(got))
+        out.missing += len(np.setdiff1d(want, got))
+        out.extra += len(np.setdiff1d(got, want))
+    late = run.late_ids(ids, STREAMS) if d.input != "file" else run.late_ids()
+    out.late_wrong += len(np.setxor1d(late, expected_late))
+
+
+_spark = None  #: the Spark session of `python -m tests.matrix` (started at the first draw that needs one)
+
+
+def spark_session():
+    global _spark
+    if _spark is None:
+        from control.spark import session
+
+        _spark = session(app="matrix")
+        atexit.register(_spark.stop)
+    return _spark
+
+
+def reference_rows(d: Draw, expected: tuple, data: dict[str, np.ndarray]) -> pa.Table:
+    """The reference's result rows with the declared streams' columns as results name them (trades_event_id,
+    trades_sym, trades_at, ..., and kind outside inner joins): pairs, then R rows alone, then S rows alone."""
+    pairs, lone_r, lone_s = expected
+    scale = 1_000_000 // UNITS[d.unit]
+    kinds = (MATCHED, LEFT_MATCHED if d.join_type == "semi" else LEFT_UNMATCHED, RIGHT_UNMATCHED)
+    r_ids = np.concatenate([pairs // 2**32, lone_r, np.full(len(lone_s), -1)])
+    s_ids = np.concatenate([pairs % 2**32, np.full(len(lone_r), -1), lone_s])
+    columns = {}
+    for side, (name, wanted) in enumerate(zip(STREAMS, (r_ids, s_ids))):
+        mine = data["stream"] == side
+        at = np.zeros(int(data["id"][mine].max()) + 1, np.int64)
+        key = np.zeros(len(at), np.int64)
+        at[data["id"][mine]], key[data["id"][mine]] = data["ts"][mine] * scale, data["key"][mine]
+        there = wanted >= 0
+        ids = np.where(there, wanted, 0)
+        sym = np.char.add("k", key[ids].astype(str)) if d.predicate == "equal" else key[ids]
+        columns[f"{name}_event_id"] = pa.array(ids, mask=~there)
+        columns[f"{name}_sym"] = pa.array(sym, mask=~there)
+        columns[f"{name}_at"] = pa.array(at[ids], mask=~there).cast(pa.timestamp("us", "UTC"))
+    if d.join_type != "inner":
+        columns["kind"] = np.repeat(kinds, [len(pairs), len(lone_r), len(lone_s)])
+    return pa.table(columns)
+
+
+def view_faults(d: Draw, run: Run, tmp: Path, expected: tuple, data: dict[str, np.ndarray], spark) -> str:
+    """The merger's view of the run's partials (control.aggregate, streaming, until idle) against DuckDB's
+    aggregation of the reference rows; a message, or ""."""
+    import duckdb
+
+    from control import aggregate
+    from protocol.aggregation import aggregation
+    from tests.cluster.test_aggregate_streams import aggregated, assert_view_equals
+
+    cfg = load_config(tmp / "run.toml")
+    spec = aggregation(cfg)
+    aggregate.run_stream(
+        spark, run.out / "aggregates", tmp / "view", tmp / "view-checkpoint", 1.0, trigger=0.2, quiet=True, spec=spec
+    )
+    duckdb.register("matrix_rows", reference_rows(d, expected, data))
+    try:
+        want = aggregated("SELECT * FROM matrix_rows", cfg)
+        assert_view_equals(aggregate.read_view(tmp / "view"), want, cfg, least=0)  # a draw may have few rows
+    except AssertionError as e:
+        return f" view: {str(e)[:500]}"
+    finally:
+        duckdb.unregister("matrix_rows")
+    return ""
+
+
+def replay_faults(d: Draw, data: dict[str, np.ndarray], path: Path, tmp: Path, spark) -> str:
+    """A drawn second of the input replayed by control.replay (unpaced, the run's config, no checkpoints, no
+    result stream) against the reference join of the tuples in it, in the order the replay hands them on (the
+    single file's: by ts, stream, id; declared streams: their files' order); a message, or ""."""
+    from control import replay
+
+    unit = UNITS[d.unit]
+    start = int(np.random.default_rng([d.seed, 13]).integers(0, 2 * unit))
+    inside = (data["ts"] >= start) & (data["ts"] < start + unit)
+    part = {c: v[inside] for c, v in data.items()}
+    if d.input == "file":
+        order = np.lexsort((part["id"], part["stream"], part["ts"]))
+        part = {c: v[order] for c, v in part.items()}
+    expected, expected_late = reference(d, part)
+    out = tmp / "replayed"
+    sets = [f"output.path={out}", 'output.zmq_endpoint=""', "output.wait_subscribers=0", "checkpoint.interval=0"]
+    argv = [*([str(path)] if d.input == "file" else []), "--config", str(tmp / "run.toml"), "-n", str(d.ranks)]
+    argv += [
+        "--from",
+        seconds_text(np.array([start]), d.unit)[0],
+        "--to",
+        seconds_text(np.array([start + unit]), d.unit)[0],
+    ]
+    code = replay.main([*argv, "--speed", "max", *(x for kv in sets for x in ("--set", kv))], spark)
+    if code != 0:
+        return f" replay: exit {code}"
+    got = Outcome(d)
+    compare(d, Run(out, subprocess.CompletedProcess([], 0, "", "")), expected, expected_late, got)
+    wrong = (got.missing, got.extra, got.twice, got.late_wrong)
+    return (
+        f" replay of [{start}, {start + unit}) {d.unit}: missing, extra, twice, late-wrong {wrong}"
+        if any(wrong)
+        else ""
+    )
 
 
 def payload_mismatch(out: Path) -> str:
@@ -813,7 +967,7 @@ def cost(d: Draw) -> float:
 def covering_seeds(count_limit: int = 40, search: int = 2000) -> list[int]:
     """A cheap set of seeds whose accepted draws cover every pair of feature values the engine accepts, one of
     them cutting a host off (greedy: the cheapest cut draw first, then the seed that covers most uncovered
-    pairs per second of its cost)."""
+    pairs per second of its cost), and at least one with each feature of SOMETIMES."""
 
     def pairs_of(d: Draw) -> set:
         f = d.features()
@@ -828,6 +982,9 @@ def covering_seeds(count_limit: int = 40, search: int = 2000) -> list[int]:
         best = max(accepted, key=lambda s: len(accepted[s] & wanted) / cost(draws[s]))
         chosen.append(best)
         wanted -= accepted.pop(best)
+    for feature in SOMETIMES:  # each at least once: the cheapest draw with it, if the pairs' draws have none
+        if not any(getattr(draws[s], feature) for s in chosen):
+            chosen.append(min((s for s in accepted if getattr(draws[s], feature)), key=lambda s: cost(draws[s])))
     return chosen
 
 

@@ -542,3 +542,57 @@ def test_a_declared_streams_run_is_audited_from_the_streams_files_and_planted_fa
     reasons = pq.read_table(planted["diff"]).column("reason").to_pylist()
     assert any("impressions.user_id is u_nobody where its row has u_" in r for r in reasons), reasons
     assert any("clicks.cost is 99.5 where its row has" in r for r in reasons), reasons
+
+
+def test_the_view_of_the_clicks_example_is_audited_exact_and_a_changed_or_missing_group_is_named(spark, tmp_path):
+    """examples/clicks/clicks-per-ad.toml (a left join per ad, kind and minute of the impression): the merger's
+    view equals the view the audit recomputes from the streams' files (exit 0); then one group's count changed
+    and another group removed in the view's newest snapshot are each found and named (exit 1), and a range
+    holding neither of them is still exact."""
+    import subprocess
+    import tomllib
+
+    from control import aggregate
+    from tests.cluster.test_streams import ROOT
+
+    data = tmp_path / "data"
+    subprocess.run([sys.executable, str(ROOT / "examples/clicks/make_data.py"), str(data)], check=True)
+    example = tomllib.loads((ROOT / "examples/clicks/clicks-per-ad.toml").read_text())
+    settings = {f"{section}.{k}": v for section in ("join", "aggregate") for k, v in example[section].items()}
+    for name, spec in example["streams"].items():
+        settings |= {f"streams.{name}.{k}": v for k, v in spec.items()}
+    settings |= {
+        "streams.impressions.path": str(data / "impressions"),
+        "streams.clicks.path": str(data / "clicks.parquet"),
+        "aggregate.flush_interval": 0.3,
+    }
+    run = run_cluster(tmp_path, 3, settings)
+    assert run.returncode == 0, run.stderr
+    out, args = run.out, ["--config", str(tmp_path / "run.toml")]
+    assert aggregate.main([*args, "--until-idle", "1.5", "--trigger", "0.3"], spark) == 0
+    assert audit.main([*args, "--view", str(out / "view")], spark=spark) == audit.EXACT
+    report = json.loads((out / "audit" / "view-start-end.json").read_text())
+    assert report["groups"] > 25 * 30 and report["not_final"] == 0, report
+
+    newest = sorted((out / "view").glob("view-*.parquet"))[-1]
+    t = pq.read_table(newest)
+    first = pc.min(t["window_start"]).cast(pa.int64()).as_py() // 1_000_000  # 09:00
+    counts = t["count"].to_pylist()
+    counts[3] += 1  # a changed count in a window of the first minute
+    t = t.set_column(t.column_names.index("count"), "count", pa.array(counts, pa.int64()))
+    gone = t.num_rows - 1  # a missing group in the last minute
+    pq.write_table(t.slice(0, gone), newest)
+    code = audit.main([*args, "--view", str(out / "view")], spark=spark)
+    planted = json.loads((out / "audit" / "view-start-end.json").read_text())
+    assert code == audit.DIFFERENT and (planted["missing"], planted["extra"], planted["different"]) == (1, 0, 1)
+    evidence = pq.read_table(planted["diff"]).to_pylist()
+    row = t.slice(3, 1).to_pylist()[0]
+    changed = [e for e in evidence if e["problem"] == "different"]
+    assert changed[0]["measure"] == "count" and changed[0]["view"] == str(row["count"]), evidence
+    assert f"impressions_ad_id={row['impressions_ad_id']}, kind={row['kind']}" in changed[0]["group"]
+    lost = t.slice(gone, 1).to_pylist()[0]
+    assert any(
+        e["problem"] == "missing" and f"impressions_ad_id={lost['impressions_ad_id']}," in e["group"] for e in evidence
+    )
+    between = ["--from", str(first + 600), "--to", str(first + 1200)]  # 09:10 to 09:20: neither planted row
+    assert audit.main([*args, "--view", str(out / "view"), *between], spark=spark) == audit.EXACT

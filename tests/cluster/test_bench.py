@@ -878,3 +878,33 @@ def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_
     assert data["pipeline_limit"] == pytest.approx(data["machine"]["cores"] * 1e9 / data["sum_ns"], rel=1e-3)
     assert 0 < data["ratios"]["in_run"] and 0 < data["ratios"]["whole_process"] <= data["ratios"]["in_run"]
     assert "Pipeline limit" in (tmp_path / "limit.md").read_text()
+
+
+def test_bench_aggregate_reports_both_rates_their_ratio_and_the_views_lag(tmp_path):
+    """A small bench.aggregate: the runs with and without aggregation give the same results, the report has both
+    sides' rates, the ratio against the target and the view lag's percentiles over the windows measured."""
+    from bench.aggregate import main
+
+    assert (
+        main(["--seconds", "3", "--lag-seconds", "6", "--repeats", "1", "--slaves", "1", "--out", str(tmp_path)]) == 0
+    )
+    data = json.loads((tmp_path / "aggregate.json").read_text())
+    assert set(data["medians"]) == {"none", "aggregate"} and data["ratio"] > 0
+    assert data["results"]["none"] == data["results"]["aggregate"] and data["results"]["none"][0] > 0
+    lag = data["lag"]
+    assert lag["windows_in_view"] >= 3 and lag["rate"] > 0, lag
+    assert lag["windows"] == 0 or 0 < lag["p50"] <= lag["p99"] <= lag["max"] < 60, lag
+    assert "aggregate/none" in (tmp_path / "aggregate.md").read_text()
+
+
+def test_a_windows_end_is_passed_when_the_last_slave_stamps_past_it():
+    from bench.aggregate import passed
+    from protocol.eventtime import POS_INF
+
+    slaves = {  # watermarks (a move lowers one; the end is POS_INF) and when each file was published
+        1: (np.array([5, 12, 9, 30, POS_INF]), np.array([1.0, 2.0, 3.0, 4.0, 5.0])),
+        2: (np.array([10, 20, POS_INF]), np.array([1.5, 2.5, 3.5])),
+    }
+    when, by_end = passed(slaves, np.array([5, 10, 20, 25, 40]))
+    np.testing.assert_array_equal(when, [1.5, 2.0, 4.0, 4.0, 5.0])
+    np.testing.assert_array_equal(by_end, [False, False, False, True, True])

@@ -25,7 +25,8 @@ def test_the_seeds_cover_every_pair_of_feature_values_the_engine_accepts():
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_a_drawn_configuration_gives_exactly_the_reference_result(tmp_path, seed):
-    outcome = run_draw(draw(seed), tmp_path)
+def test_a_drawn_configuration_gives_exactly_the_reference_result(tmp_path, seed, request):
+    d = draw(seed)
+    outcome = run_draw(d, tmp_path, spark=request.getfixturevalue("spark") if d.aggregate or d.replay else None)
     assert outcome.ok, f"{outcome.line()}\n  reproduce: python -m tests.matrix --seed {seed} --keep"
     assert outcome.expected > 0
