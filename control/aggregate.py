@@ -65,6 +65,9 @@ def spark_schema(schema: pa.Schema):
     return T.StructType([T.StructField(f.name, kinds[f.type]) for f in schema])
 
 
+NEWEST = "__newest"  #: a slave's newest stamp in the merger's state
+
+
 def merge(df, spec: Aggregation):
     """Partials -> view of `spec`'s groups and measures: counts and sums add up, min of mins, max of maxes, avg =
     sum / count of values."""
@@ -72,12 +75,14 @@ def merge(df, spec: Aggregation):
 
     how = {"sum": F.sum, "count": F.sum, "min": F.min, "max": F.max}
     how["distinct"] = lambda c: F.array_distinct(F.flatten(F.collect_list(c)))
-    newest = lambda c: F.max_by(c, FILE)  # noqa: E731  (a slave's watermark drops when a group moves in)
-    stamps = {FILE: F.max, FILES: F.sum, WATERMARK: newest, SLAVES: F.max}  # per slave (RANK)
+    # per slave (RANK): its newest file's watermark (it drops when a group moves in) and its run's slave count
+    newest = F.max_by(F.struct(WATERMARK, SLAVES), FILE)
     g = df.groupBy(*spec.keys, RANK).agg(
         F.sum(COUNT).alias(COUNT),
         *(how[fn](name).alias(name) for name, fn, _ in spec.parts),
-        *(fn(c).alias(c) for c, fn in stamps.items()),
+        F.max(FILE).alias(FILE),
+        F.sum(FILES).alias(FILES),
+        newest.alias(NEWEST),
     )
     shape = {
         "avg": lambda c: F.col(f"sum_{c}") / F.col(f"nn_{c}"),
@@ -86,7 +91,8 @@ def merge(df, spec: Aggregation):
     measures = {
         m.name: shape[m.fn](m.column) if m.fn in shape else F.col(m.name) for m in spec.measures if m.fn != "count"
     }
-    return g.select(*spec.keys, COUNT, *(c.alias(n) for n, c in measures.items()), *STAMP)
+    newest = (F.col(NEWEST)[c].alias(c) for c in (WATERMARK, SLAVES))
+    return g.select(*spec.keys, COUNT, *(c.alias(n) for n, c in measures.items()), RANK, FILE, FILES, *newest)
 
 
 def result_files(results: Path) -> list[Path]:
@@ -163,9 +169,18 @@ def rows_as_partials(df, spec: Aggregation):
 
 def watermark_of(stamps: pa.Table) -> int:
     """The lowest of the slaves' newest watermarks, from the stamps merged so far (a row per slave); NEG_INF unless
-    every slave has stamped and none has a file numbered below its newest that is not merged yet."""
+    every slave of the newest run has stamped and none has a file numbered below its newest that is not merged yet.
+
+    A slave's stamp counts the slaves of the run that wrote its newest file.  A recovery on fewer slaves leaves
+    the ranks it no longer has with stamps of the run before, which counted more: they are not the newest run's
+    and their watermarks, which never rise again, are left out (a rank of the newest run that has not written
+    yet also still counts more, and the view waits for it)."""
+    if not stamps.num_rows:
+        return eventtime.NEG_INF
+    slaves = pc.min(stamps[SLAVES]).as_py()
+    stamps = stamps.filter(pc.equal(stamps[SLAVES], slaves))
     files, newest = stamps[FILES].to_numpy(), stamps[FILE].to_numpy()
-    if not stamps.num_rows or stamps.num_rows != pc.max(stamps[SLAVES]).as_py() or (files != newest + 1).any():
+    if stamps.num_rows != slaves or (files != newest + 1).any():
         return eventtime.NEG_INF
     return pc.min(stamps[WATERMARK]).as_py()
 

@@ -149,11 +149,8 @@ def draw(seed: int) -> Draw:
     uniform = {f: values[int(rng.integers(len(values)))] for f, values in FEATURES.items() if f not in SOMETIMES}
     sometimes = {f: bool(rng.random() < chance) for f, chance in SOMETIMES.items()}
     # not drawn where not built: the matrix aggregates declared streams' columns (the single file's aggregation
-    # is test_spark_control's); a host cut off (cuts_a_host: a recovery on fewer slaves) leaves the lost slave's
-    # stamps in aggregates/, which hold every window of the merger's view non-final (docs/aggregation-and-
-    # replay.md); control.replay reads files, not topics, and launches on this host
-    cut = uniform["crash"] and uniform["hosts"] > 1 and uniform["slaves"] >= 2
-    sometimes["aggregate"] &= uniform["input"] != "file" and not cut
+    # is test_spark_control's); control.replay reads files, not topics, and launches on this host
+    sometimes["aggregate"] &= uniform["input"] != "file"
     sometimes["replay"] &= uniform["input"] != "kafka" and uniform["hosts"] == 1
     return Draw(seed=seed, **uniform, **sometimes)
 

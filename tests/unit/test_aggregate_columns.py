@@ -151,6 +151,19 @@ def test_streams_aggregate_keys_are_checked(tmp_path):
     load_config(None, ["aggregate.enabled=true", "aggregate.window=1.0", "aggregate.slide=0.5"])  # hopping
 
 
+def test_after_a_recovery_on_fewer_slaves_the_ranks_it_no_longer_has_hold_no_window_back():
+    part = pa.table(
+        {"g": pa.array([], pa.string()), "window_start": pa.array([], pa.int64()), "count": pa.array([], pa.int64())}
+    )
+
+    def stamps(*rows):  # (rank, watermark, slaves of the run that wrote the rank's newest file), one file each
+        return pa.concat_tables([stamped(part, r, 0, w, n).slice(0, 1) for r, w, n in rows])
+
+    assert watermark_of(stamps((1, 30, 2), (2, 40, 2), (3, 5, 3))) == 30  # rank 3: the run before's, left out
+    assert watermark_of(stamps((1, 30, 2), (2, 40, 3), (3, 5, 3))) == eventtime.NEG_INF  # rank 2 not heard of yet
+    assert watermark_of(stamps((1, 30, 3), (2, 40, 3), (3, 5, 3))) == 5  # back on three slaves: rank 3 counts
+
+
 def test_a_window_is_final_once_every_slave_stamped_a_watermark_past_its_end_by_the_reach():
     spec = Aggregation(("g",), ("t",), 10, 10, (Measure("count", None),), 3)
     part = pa.table({"g": pa.array(["a", "b", None], pa.string()), "window_start": [0, 10, None], "count": [1, 2, 3]})
