@@ -4,9 +4,9 @@ tests/unit/ is pure logic in-process (no MPI job, no Spark, under a minute: `pyt
 tests/cluster/ runs the real cluster under mpirun, Spark, ZeroMQ sockets and namespace hosts (`-m cluster`);
 tests/mpi/ runs inside an MPI job (pytest-mpi; `make test` starts it first).
 
-`make test` runs the suite on two pytest-xdist workers (most tests wait on clusters of processes, so two at a
-time fill the machine's cores); every test that uses Spark goes to the same worker (`--dist loadgroup`), so
-one JVM serves them all.
+`make test` runs the suite on three pytest-xdist workers (most tests wait on clusters of processes, so three at
+a time fill the machine's cores); the tests that use Spark go to two groups (`--dist loadgroup`): the audits'
+and the others', each on one worker, so two JVMs serve them all.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ def pytest_collection_modifyitems(items):
         room = item.path.parent.name
         if room in ("unit", "cluster"):
             item.add_marker(getattr(pytest.mark, room))
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+        if "spark" in getattr(item, "fixturenames", ()):  # the audits' Spark tests apart: two JVMs share the load
+            group = "spark-audit" if item.path.name.startswith("test_audit") else "spark"
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
