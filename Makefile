@@ -25,12 +25,12 @@ run: $(STAMP)
 
 # the lint (ruff, pyproject.toml) and the in-MPI tests (pytest-mpi) first, then everything else (whose closing
 # line CI reads): tests/unit (pure, in-process) and tests/cluster (mpirun, Spark, sockets, namespace hosts) on
-# three workers (a cluster test keeps about 0.7 of a core busy: paced input, epochs), the soak variants left out
+# two workers, the soak variants left out
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	timeout 600 $(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
-	$(BIN)/python -m pytest -q -n 3 --dist loadgroup --durations=25 -m "not soak" tests --ignore=tests/mpi
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 -m "not soak" tests --ignore=tests/mpi
 
 # the soak variants of the suite's cases, then random draws of the differential matrix (tests/matrix.py) for
 # SOAK_MINUTES, and a table of draws and failures

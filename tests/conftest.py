@@ -4,8 +4,8 @@ tests/unit/ is pure logic in-process (no MPI job, no Spark, under a minute: `pyt
 tests/cluster/ runs the real cluster under mpirun, Spark, ZeroMQ sockets and namespace hosts (`-m cluster`);
 tests/mpi/ runs inside an MPI job (pytest-mpi; `make test` starts it first).
 
-`make test` runs the suite on three pytest-xdist workers (most tests wait on clusters of processes, so three at
-a time fill the machine's cores); the tests that use Spark go to two groups (`--dist loadgroup`): the audits'
+`make test` runs the suite on two pytest-xdist workers (most tests wait on clusters of processes, so two at a
+time fill the machine's cores); the tests that use Spark go to two groups (`--dist loadgroup`): the audits'
 and the others', each on one worker, so two JVMs serve them all.
 """
 
