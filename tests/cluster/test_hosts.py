@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from deploy.testbed import TestBed, TestBedError
+from protocol.lifetime import START_FAILED
 from protocol.startup import PLACED_HOSTS
 from tests.runs import BedJob, Run, run_cluster
 from tests.cluster.test_cluster import SMALL, reference_for
@@ -168,7 +169,8 @@ def test_the_supervisor_finishes_on_the_hosts_that_remain_and_takes_a_host_back(
     job.wait_for("restarting on 10.77.0.1, 10.77.0.2, 10.77.0.3 with 4 slaves")
     run = job.finish()
     assert run.returncode == 0, run.stderr
-    restarts = run.summary["restarts"]
+    # a start that failed (Open MPI's daemons, seconds after the host came back: exit START_FAILED) is tried again
+    restarts = [r for r in run.summary["restarts"] if r["after_exit_code"] != START_FAILED]
     assert [(r["left_out"], r["slaves"]) for r in restarts] == [(["10.77.0.3"], 3), ([], 4)]
     assert run.summary["hosts"] == {"h1": [0, 1], "h2": [2, 3], "h3": [4]}
     assert_exact(run, settings)
