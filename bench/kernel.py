@@ -110,15 +110,20 @@ def one_core():
         os.sched_setaffinity(0, cpus)
 
 
-def own_kernel(cfg: dict, batches, results_to: Path | None = None) -> tuple[float, int]:
+def own_kernel(cfg: dict, batches, results_to: Path | None = None, payload=None) -> tuple[float, int]:
     """Seconds and results of the slave's join module over all batches, on one core of this process.
 
     With `results_to`, also the rest of a slave's work on each batch's results: their delays
     (slave.join.Chunk.delays) and the Parquet result files (slave.result_files.ResultWriter, whose writing
-    thread shares the core): what the cluster's slaves do besides the join, without master or messages."""
+    thread shares the core; `payload`: declared streams' columns gathered from their payload log): what the
+    cluster's slaves do besides the join, without master or messages."""
     with one_core():
         module = join_module(cfg, batches[0][0].dtype)
-        writer = ResultWriter(str(results_to), 1, "parquet", cfg["output"]["flush_rows"]) if results_to else None
+        writer = (
+            ResultWriter(str(results_to), 1, "parquet", cfg["output"]["flush_rows"], payload=payload)
+            if results_to
+            else None
+        )
         results = 0
         started = time.perf_counter()
         for r, s, watermark in batches:

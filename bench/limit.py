@@ -18,9 +18,15 @@ their wall time) over the file's tuples; their sum is what one tuple costs the
 machine along the pipeline, and the **pipeline limit** is cores / sum: the rate the cores could carry if no
 stage waited and nothing were done twice.  Then the cluster (`--slaves` slaves, unpaced) on the same file,
 alternated with nothing, `--repeats` times: its in-run and whole-process rates (medians) and their ratios to the
-limit.  With `--profile`, one more run of the cluster is sampled by py-spy (the master and the first slave), the folded
+limit, and whole process against in-run.  The metrics' share: the cluster once more with the metrics off.
+
+The payload: the same generator's tuples as two declared streams (bench.payload's files: id, key, ts and three
+payload columns a side), read by the streams' source (which writes the payload log), each stage measured again
+without and with the payload columns (the results' gathering them from the log, protocol.payload), and the
+cluster run on both: the rate with payload against the rate without.
+
+With `--profile`, one more run of the cluster is sampled by py-spy (the master and the first slave), the folded
 stacks saved beside the report (`profile-master.txt`, `profile-slave.txt`) and the top frames by own time listed.
-Not measured here: the metrics' share (bench.metrics_cost) and payload columns (bench.payload).
 Output: limit.md, limit.json.
 """
 
@@ -209,17 +215,40 @@ def profiles(settings: list[str], slaves: int, folder: Path, work: Path, timeout
     return top
 
 
-def stages(cfg: dict, slaves: int) -> dict[str, float]:
-    """One measurement of every stage: seconds each."""
+def stages(cfg: dict, slaves: int) -> tuple[dict[str, float], int]:
+    """One measurement of every stage: seconds each, and the tuples read.  Declared streams' read writes their
+    payload log into `cfg`'s output folder, and their results gather from it."""
+    from protocol.payload import payload_reader, remove_log
+
     read, chunks = read_stage(cfg)
+    tuples = sum(len(c.ts) for c in chunks)
     ingest, batches = ingest_stage(cfg, chunks, slaves)
     del chunks
     sizes = [r.nbytes + s.nbytes for r, s, _ in batches]
     transfer = transfer_stage(max(1, int(np.mean(sizes))), sum(sizes))
     join, _ = own_kernel(cfg, batches)
     with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
-        with_results, _ = own_kernel(cfg, batches, Path(tmp))
-    return {"read": read, "ingest": ingest, "transfer": transfer, "join": join, "results": with_results - join}
+        with_results, _ = own_kernel(cfg, batches, Path(tmp), payload_reader(cfg))
+    remove_log(cfg["output"]["path"])
+    return {"read": read, "ingest": ingest, "transfer": transfer, "join": join, "results": with_results - join}, tuples
+
+
+def workloads(rows: int, folder: Path) -> dict[str, list[str]]:
+    """The side-by-side workload as the single file of `rows` rows and as two declared streams of the same
+    generator's tuples (a Parquet file each: id, key, ts and bench.payload's three payload columns), written into
+    `folder`: each one's settings, the streams without and with their payload columns."""
+    from bench.payload import STREAMS, stream_settings, write_streams
+
+    path = folder / "input.parquet"
+    gen = generator_for(rows, WORKLOAD)
+    write_input(gen, path, rows)
+    write_streams(gen, folder)
+    streams = [*WORKLOAD, "source.rate=0.0", *stream_settings(folder)]
+    return {
+        "file": [*WORKLOAD, "source.kind=file", f"source.path={path}", "source.rate=0.0"],
+        "streams": [*streams, *(f"streams.{n}.payload=[]" for n in STREAMS)],
+        "payload": [*streams, *(f'streams.{n}.payload="*"' for n in STREAMS)],
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -236,58 +265,93 @@ def main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     machine = machine_info()
     cores = machine["cores"]
+    measured: dict[str, dict[str, list]] = {}  #: per workload, per stage: ns per tuple of each repeat
+    runs: dict[str, dict[str, list]] = {}  #: per cluster run's kind: in-run and whole-process rates
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
-            path = Path(tmp) / "input.parquet"
-            write_input(generator_for(a.rows, WORKLOAD), path, a.rows)
-            settings = [*WORKLOAD, "source.kind=file", f"source.path={path}", "source.rate=0.0"]
-            cfg = load_config(None, [*settings, f"output.path={tmp}/out"])
-            measured = {s: [] for s in STAGES}
-            runs = {"in_run": [], "whole_process": []}
-            for i in range(a.repeats):  # stages and cluster alternated, so the machine's drift falls on both
-                for stage, seconds in stages(cfg, a.slaves).items():
-                    measured[stage].append(seconds / a.rows * 1e9)
-                s = run_cluster(a.slaves + 1, settings, Path(tmp) / f"run-{i}", a.timeout, drop_results=True)
-                runs["in_run"].append(s["throughput_tuples_per_s"])
-                runs["whole_process"].append(round(s["input_total"] / s["process_seconds"], 1))
+            forms = workloads(a.rows, Path(tmp))
+            clusters = {**forms, "file, metrics off": [*forms["file"], "metrics.endpoint=", "metrics.log_interval=0"]}
+            measured = {w: {s: [] for s in STAGES} for w in forms}
+            runs = {c: {"in_run": [], "whole_process": []} for c in clusters}
+            for i in range(a.repeats):  # stages and clusters alternated, so the machine's drift falls on all
+                for w, settings in forms.items():
+                    cfg = load_config(None, [*settings, f"output.path={tmp}/out"])
+                    seconds, tuples = stages(cfg, a.slaves)
+                    for stage, x in seconds.items():
+                        measured[w][stage].append(x / tuples * 1e9)
+                for c, settings in clusters.items():
+                    s = run_cluster(
+                        a.slaves + 1, settings, Path(tmp) / f"run-{i}-{len(c)}", a.timeout, drop_results=True
+                    )
+                    runs[c]["in_run"].append(s["throughput_tuples_per_s"])
+                    runs[c]["whole_process"].append(round(s["input_total"] / s["process_seconds"], 1))
                 print(
                     f"[#{i + 1}] "
-                    + ", ".join(f"{k} {v[-1]:.0f} ns" for k, v in measured.items())
-                    + f"; cluster {runs['in_run'][-1]:,.0f} in-run, {runs['whole_process'][-1]:,.0f} whole process",
+                    + "; ".join(
+                        f"{w}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in m.items()) for w, m in measured.items()
+                    )
+                    + " ns; cluster in-run "
+                    + ", ".join(f"{c} {r['in_run'][-1]:,.0f}" for c, r in runs.items()),
                     flush=True,
                 )
-            top = profiles(settings, a.slaves, a.out, Path(tmp) / "profiled", a.timeout) if a.profile else {}
+            top = profiles(forms["file"], a.slaves, a.out, Path(tmp) / "profiled", a.timeout) if a.profile else {}
     except RunFailed as e:
         print(f"bench.limit: {e}", file=sys.stderr)
         return 1
-    ns = {k: median(v) for k, v in measured.items()}
-    total = sum(ns.values())
-    limit = cores * 1e9 / total
-    rates = {k: median(v) for k, v in runs.items()}
+    ns = {w: {k: median(v) for k, v in m.items()} for w, m in measured.items()}
+    total = {w: sum(x.values()) for w, x in ns.items()}
+    limit = {w: cores * 1e9 / t for w, t in total.items()}
+    rates = {c: {k: median(v) for k, v in r.items()} for c, r in runs.items()}
+    ratios = {w: {k: round(v / limit[w], 3) for k, v in rates[w].items()} for w in ns}
     data = {
         "command": "python -m bench.limit " + " ".join(argv),
         "machine": machine,
         "rows": a.rows,
         "slaves": a.slaves,
         "workload": WORKLOAD,
-        "ns_per_tuple": {k: round(v, 1) for k, v in ns.items()},
+        "ns_per_tuple": {w: {k: round(v, 1) for k, v in x.items()} for w, x in ns.items()},
         "ns_per_tuple_runs": measured,
-        "sum_ns": round(total, 1),
-        "pipeline_limit": round(limit),
+        "sum_ns": {w: round(t, 1) for w, t in total.items()},
+        "pipeline_limit": {w: round(x) for w, x in limit.items()},
         "cluster": runs,
-        "ratios": {k: round(v / limit, 3) for k, v in rates.items()},
+        "ratios": ratios,
+        "whole_process_to_in_run": round(rates["file"]["whole_process"] / rates["file"]["in_run"], 3),
+        "payload_to_streams": round(rates["payload"]["in_run"] / rates["streams"]["in_run"], 3),
+        "metrics_on_to_off": round(rates["file"]["in_run"] / rates["file, metrics off"]["in_run"], 3),
         "top_frames": top,
     }
+    f = ns["file"]
     table = md_table(
         ["stage", *(f"run {i + 1}" for i in range(a.repeats)), "median ns/tuple", "share"],
-        [[k, *(fmt(x, ".0f") for x in measured[k]), fmt(ns[k], ".0f"), f"{ns[k] / total:.0%}"] for k in STAGES]
-        + [["sum", *([""] * a.repeats), fmt(total, ".0f"), "100%"]],
+        [
+            [k, *(fmt(x, ".0f") for x in measured["file"][k]), fmt(f[k], ".0f"), f"{f[k] / total['file']:.0%}"]
+            for k in STAGES
+        ]
+        + [["sum", *([""] * a.repeats), fmt(total["file"], ".0f"), "100%"]],
+    )
+    forms_table = md_table(
+        ["stage (median ns/tuple)", *ns],
+        [[k, *(fmt(ns[w][k], ".0f") for w in ns)] for k in STAGES]
+        + [["sum", *(fmt(total[w], ".0f") for w in ns)], ["pipeline limit (tuples/s)", *(fmt(limit[w]) for w in ns)]]
+        + [
+            [f"cluster {k.replace('_', '-')} (tuples/s)", *(fmt(rates[w][k]) for w in ns)]
+            for k in ("in_run", "whole_process")
+        ]
+        + [
+            [f"{k.replace('_', '-')} / limit", *(f"{ratios[w][k]:.2f}" for w in ns)]
+            for k in ("in_run", "whole_process")
+        ],
     )
     lines = [
-        f"Pipeline limit: {cores} cores / {total:.0f} ns = {limit:,.0f} tuples/s.",
-        f"Cluster ({a.slaves} slaves, unpaced; medians of {a.repeats}): in-run {rates['in_run']:,.0f} tuples/s "
-        f"({data['ratios']['in_run']:.2f} of the limit), whole process {rates['whole_process']:,.0f} "
-        f"({data['ratios']['whole_process']:.2f}).",
+        f"Pipeline limit: {cores} cores / {total['file']:.0f} ns = {limit['file']:,.0f} tuples/s.",
+        f"Cluster ({a.slaves} slaves, unpaced; medians of {a.repeats}): in-run {rates['file']['in_run']:,.0f} tuples/s "
+        f"({ratios['file']['in_run']:.2f} of the limit), whole process {rates['file']['whole_process']:,.0f} "
+        f"({ratios['file']['whole_process']:.2f}; {data['whole_process_to_in_run']:.2f} of the in-run rate).",
+        f"The metrics: in-run {rates['file, metrics off']['in_run']:,.0f} tuples/s without them, "
+        f"{data['metrics_on_to_off']:.3f} of that with them.",
+        "The same tuples as two declared streams, without and with three payload columns a side (bench.payload's):\n\n"
+        + forms_table
+        + f"\n\nWith payload the cluster joins {data['payload_to_streams']:.2f} of the rate without.",
     ]
     for role, frames in top.items():
         lines.append(

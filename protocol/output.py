@@ -36,6 +36,12 @@ OUTER_RESULT_SCHEMA = pa.schema(
 )
 
 
+def empty_table(schema: pa.Schema) -> pa.Table:
+    """A table of `schema` without rows (pyarrow's Schema.empty_table imports pandas: a third of a second of a
+    rank's first batch)."""
+    return pa.Table.from_batches([], schema)
+
+
 def result_schema(join_type: str) -> pa.Schema:
     """The single file's result columns for a join of `join_type`."""
     return RESULT_SCHEMA if join_type == "inner" else OUTER_RESULT_SCHEMA

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from protocol.output import empty_table
 from protocol.tuples import STREAM_NAMES
 
 ROW = "__row"
@@ -99,7 +100,7 @@ class PayloadLog:
 
     def write_schema(self, side: int, schema: pa.Schema) -> None:
         """The output columns of stream `side` (R = 0), before any of its tuples is sent."""
-        _write_ipc(self.folder / STREAM_NAMES[side] / SCHEMA_FILE, schema.empty_table(), self.tag)
+        _write_ipc(self.folder / STREAM_NAMES[side] / SCHEMA_FILE, empty_table(schema), self.tag)
 
     def write(self, side: int, rows: np.ndarray, ts: np.ndarray, columns: pa.Table) -> None:
         """One batch's accepted rows (`rows` rising, their event times `ts`) and their output columns, unless a
@@ -234,31 +235,35 @@ class PayloadReader:
 
     def gather(self, side: int, rows: np.ndarray) -> pa.Table:
         """The output columns of stream `side`'s `rows` (int64; -1: no row, all its columns null), in that order,
-        named with the side's prefix."""
+        named with the side's prefix: one `take` over the segments they fall in, side by side as one table (no
+        copy), without sorting the rows."""
         rows = np.asarray(rows, np.int64)
         valid = rows >= 0
         wanted = rows[valid]
-        order = np.argsort(wanted, kind="stable")
-        ordered = wanted[order]
-        parts = [self.schema(side).empty_table()]
-        if len(ordered):
-            seg = self._where(side, ordered)
-            cuts = np.flatnonzero(np.diff(seg)) + 1
-            for start, stop in zip(np.r_[0, cuts], np.r_[cuts, len(ordered)]):
-                table = self._segment(side, int(seg[start]))
-                got = ordered[start:stop]
-                held = table[ROW].to_numpy()
-                at = np.searchsorted(held, got)
-                if (at >= len(held)).any() or (held[np.minimum(at, len(held) - 1)] != got).any():
-                    raise PayloadError(
-                        f"payload log: segment {self._names[side][int(seg[start])]} of stream "
-                        f"{STREAM_NAMES[side]} lacks rows it should hold"
-                    )
-                parts.append(table.drop_columns([ROW]).take(at))
-        gathered = pa.concat_tables(parts)
         index = np.zeros(len(rows), np.int64)
-        index[np.flatnonzero(valid)[order]] = np.arange(len(ordered))
-        out = gathered.take(pa.array(index, mask=~valid))
+        tables = [empty_table(self.schema(side))]
+        if len(wanted):
+            seg = self._where(side, wanted)
+            used = np.flatnonzero(np.bincount(seg))
+            tables, helds, placed = [], [], 0
+            shift = np.zeros(used[-1] + 1, np.int64)  #: per segment used, its place in `tables` minus its first row
+            for i in used:
+                table = self._segment(side, int(i))
+                helds.append(table[ROW].to_numpy())
+                tables.append(table.drop_columns([ROW]))
+                shift[i] = placed - helds[-1][0]
+                placed += table.num_rows
+            if all(h[-1] - h[0] + 1 == len(h) for h in helds):  # every row of each segment there: by position
+                index[valid] = wanted + shift[seg]
+            else:  # a segment lacks rows (rejected ones): by search
+                held = np.concatenate(helds)
+                at = np.searchsorted(held, wanted)
+                if (at >= len(held)).any() or (held[np.minimum(at, len(held) - 1)] != wanted).any():
+                    raise PayloadError(
+                        f"payload log: the segments of stream {STREAM_NAMES[side]} lack rows they should hold"
+                    )
+                index[valid] = at
+        out = pa.concat_tables(tables).take(index if valid.all() else pa.array(index, mask=~valid))
         return out.rename_columns([self.prefixes[side] + c for c in out.column_names])
 
     def both(self, r_rows: np.ndarray, s_rows: np.ndarray) -> pa.Table:

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from protocol import checkpoint, delays, eventtime, faults
 from protocol.messages import HISTOGRAMS, batch_groups, batch_rows, encode_report, hot_key, joining_message
-from protocol.output import MATCHED, result_schema
+from protocol.output import MATCHED, empty_table, result_schema
 from protocol.payload import payload_reader
 from protocol.predicates import time_bounds
 from protocol.aggregation import aggregation
@@ -123,7 +123,7 @@ class Joiner:
     def no_results(self) -> pa.Table:
         """An empty table of this run's result columns."""
         if self.writer.payload is None:  # the single file's
-            return result_schema(self.module.join_type).empty_table()
+            return empty_table(result_schema(self.module.join_type))
         none = np.empty(0, np.int64)
         kind = None if self.module.join_type == "inner" else MATCHED
         return with_columns(self.writer.payload, none, none, np.empty(0), kind)

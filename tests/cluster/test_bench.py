@@ -873,10 +873,17 @@ def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_
     data = json.loads((tmp_path / "limit.json").read_text())
     assert set(data["top_frames"]) == {"master", "slave"} and all(data["top_frames"].values())
     assert (tmp_path / "profile-master.txt").stat().st_size > 0 and (tmp_path / "profile-slave.txt").exists()
-    ns = data["ns_per_tuple"]
-    assert set(ns) == set(STAGES) and all(ns[k] > 0 for k in ("read", "ingest", "transfer", "join"))
-    assert data["pipeline_limit"] == pytest.approx(data["machine"]["cores"] * 1e9 / data["sum_ns"], rel=1e-3)
-    assert 0 < data["ratios"]["in_run"] and 0 < data["ratios"]["whole_process"] <= data["ratios"]["in_run"]
+    assert set(data["ns_per_tuple"]) == {"file", "streams", "payload"}  # the forms' stages, each measured
+    for form, ns in data["ns_per_tuple"].items():
+        assert set(ns) == set(STAGES) and all(ns[k] > 0 for k in ("read", "ingest", "transfer", "join"))
+        limit = data["machine"]["cores"] * 1e9 / data["sum_ns"][form]
+        assert data["pipeline_limit"][form] == pytest.approx(limit, rel=1e-3)
+        ratios = data["ratios"][form]
+        assert 0 < ratios["in_run"] and 0 < ratios["whole_process"] <= ratios["in_run"]
+    # the payload's columns are gathered and written: its results cost more than the same streams' without
+    assert data["ns_per_tuple"]["payload"]["results"] > data["ns_per_tuple"]["streams"]["results"]
+    assert set(data["cluster"]) == {"file", "streams", "payload", "file, metrics off"}
+    assert 0 < data["payload_to_streams"] and 0 < data["metrics_on_to_off"]
     assert "Pipeline limit" in (tmp_path / "limit.md").read_text()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import math
 import time
 
@@ -436,3 +438,17 @@ def test_a_tool_names_itself_as_a_checkout_runs_it():
 
     assert invocation("control.audit") == "python -m control.audit"
     assert invocation("deploy.launch") == "python -m deploy.launch"
+
+
+def test_ranks_convert_arrays_without_pandas(tmp_path):
+    """A rank tells pyarrow that pandas is absent (protocol.startup.without_pandas): its conversions, compute
+    functions and Parquet files work the same, and pandas is never imported."""
+    code = (
+        "import sys; from protocol.startup import without_pandas; without_pandas()\n"
+        "import numpy as np, pyarrow as pa, pyarrow.compute as pc, pyarrow.parquet as pq\n"
+        "t = pa.table({'k': np.arange(3), 's': ['a', 'b', 'a']})\n"
+        f"pq.write_table(t.filter(pc.equal(t['s'], 'a')), {str(tmp_path / 'x.parquet')!r})\n"
+        f"print(pq.read_table({str(tmp_path / 'x.parquet')!r})['k'].to_pylist(), 'pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "[0, 2] False\n"

@@ -1,0 +1,63 @@
+"""The payload log's reader: rows gathered in any order, from segments with and without gaps, against the columns
+as written."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from protocol.payload import PayloadError, PayloadLog, PayloadReader
+
+SCHEMA = pa.schema([("label", pa.string()), ("amount", pa.float64())])
+
+
+def columns(rows: np.ndarray) -> pa.Table:
+    return pa.table(
+        {"label": pc.binary_join_element_wise("row-", pc.cast(pa.array(rows), pa.string()), ""), "amount": rows * 0.5}
+    )
+
+
+def written(tmp_path, gaps: bool) -> np.ndarray:
+    """Both sides' segments of 100 rows each over rows 0..999; with `gaps`, every 7th row left out (a rejected
+    row has no payload).  Returns the rows written."""
+    log = PayloadLog(tmp_path, "t")
+    rows = np.arange(1000)
+    if gaps:
+        rows = rows[rows % 7 != 3]
+    for side in (0, 1):
+        log.write_schema(side, SCHEMA)
+        for first in range(0, 1000, 100):
+            mine = rows[(rows >= first) & (rows < first + 100)]
+            log.write(side, mine, mine, columns(mine))
+    return rows
+
+
+@pytest.mark.parametrize("gaps", [False, True])
+def test_gathered_rows_are_the_written_ones_in_the_asked_order(tmp_path, gaps):
+    held = written(tmp_path, gaps)
+    rng = np.random.default_rng(7)
+    r = rng.choice(held, 5000)
+    s = rng.choice(held, 5000)
+    r[rng.random(5000) < 0.1] = -1  # a row alone: the other side's columns are null
+    out = PayloadReader(tmp_path, ("r_", "s_")).both(r, s)
+    assert out.column_names == ["r_label", "r_amount", "s_label", "s_amount"]
+    for prefix, asked in (("r_", r), ("s_", s)):
+        expected = columns(np.maximum(asked, 0))
+        for name in ("label", "amount"):
+            got = out[prefix + name].to_pylist()
+            want = [None if a < 0 else v for a, v in zip(asked, expected[name].to_pylist())]
+            assert got == want
+
+
+def test_no_rows_give_the_columns_empty(tmp_path):
+    written(tmp_path, False)
+    out = PayloadReader(tmp_path, ("r_", "s_")).gather(0, np.empty(0, np.int64))
+    assert out.num_rows == 0 and out.schema.names == ["r_label", "r_amount"]
+
+
+def test_a_row_not_written_is_an_error(tmp_path):
+    written(tmp_path, True)
+    with pytest.raises(PayloadError, match="lack rows"):
+        PayloadReader(tmp_path, ("r_", "s_")).gather(1, np.array([5, 3]))  # row 3 was left out
+    with pytest.raises(PayloadError, match="no segment"):
+        PayloadReader(tmp_path, ("r_", "s_")).gather(1, np.array([1000]))
