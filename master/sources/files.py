@@ -12,11 +12,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.chunks import Chunk, Source, concat, rows
-from common.input_file import DUPLICATE_WINDOW, Batch, InputFile
+from common.stream_file import DUPLICATE_WINDOW, SidedBatch, SidedFile
 from protocol.checkpoint import numbered
 from protocol.output import NumberedFiles
 
-#: validated batches (common.input_file.BATCH_ROWS rows each) the file reader keeps ready
+#: validated batches (common.stream_file.BATCH_ROWS rows each) the file reader keeps ready
 READ_AHEAD = 4
 
 
@@ -53,7 +53,7 @@ class FileSource(Source):
     ahead (pyarrow decodes and computes outside the GIL); the master takes tuples from them.
 
     Its position is a file row: the row after the last tuple taken (with the duplicate check's state there),
-    so a recovery starts reading there (common.input_file.InputFile)."""
+    so a recovery starts reading there (common.stream_file.SidedFile)."""
 
     def __init__(
         self,
@@ -63,10 +63,10 @@ class FileSource(Source):
         ts_unit: str = "s",
     ):
         self.path, self.window, self.listing, self.ts_unit = str(path), window, listing, ts_unit
-        self._start(InputFile(self.path, window, ts_unit=ts_unit))
+        self._start(SidedFile(self.path, window, ts_unit=ts_unit))
         self._row, self._max_id, self.accepted = 0, [None, None], 0
 
-    def _start(self, infile: InputFile) -> None:
+    def _start(self, infile: SidedFile) -> None:
         """Read `infile` in a thread into a queue of its own (a seek starts another)."""
         self._queue: queue.Queue = queue.Queue(READ_AHEAD)
         self._stop = threading.Event()
@@ -74,13 +74,13 @@ class FileSource(Source):
             target=self._read, args=(infile, self._queue, self._stop), name="file-reader", daemon=True
         )
         self._thread.start()
-        self._batch: Batch | None = None
+        self._batch: SidedBatch | None = None
         self._taken = 0  #: tuples of `_batch` taken
         self._waiting: list[pa.Table] = []  #: rejections of batches read, not yet passed by the position
         self._end = False
 
     @staticmethod
-    def _read(infile: InputFile, q: queue.Queue, stop: threading.Event) -> None:
+    def _read(infile: SidedFile, q: queue.Queue, stop: threading.Event) -> None:
         def put(item) -> bool:
             while not stop.is_set():
                 try:
@@ -178,7 +178,7 @@ class FileSource(Source):
     def seek(self, where: dict) -> None:
         """Start reading at a position `position` gave (a recovery)."""
         self._close()
-        self._start(InputFile(self.path, self.window, where["row"], tuple(where["max_id"]), self.ts_unit))
+        self._start(SidedFile(self.path, self.window, where["row"], tuple(where["max_id"]), self.ts_unit))
         self._row, self._max_id, self.accepted = where["row"], list(where["max_id"]), where["accepted"]
         if self.listing is not None:
             self.listing.roll_back(where["rejected_files"], where["rejected_rows"])
