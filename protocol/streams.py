@@ -209,6 +209,32 @@ def declared(streams: dict, source: dict, join: dict, error: type[Exception]) ->
     return out
 
 
+def file_streams(source: dict, join: dict) -> dict[str, dict]:
+    """The single file (`source.kind = "file"`, docs/input.md) declared as two streams: R and S are the rows of
+    the one file `source.path` whose column `stream` says R or S (`select`, as two streams share a Kafka topic),
+    key `key`, time `ts` (numbers in `source.ts_unit`), id `id` and payload `value`, named r_* and s_* in results.
+    Both come in ONE arrival order, the file's rows (`order = "rows"`), under ONE watermark (`join.max_delay`
+    over both streams): master.sources.streams reads them with one reader, no merge, no payload log."""
+    base = {k: default for k, (default, _) in STREAM_KEYS.items()}
+    return {
+        side: base
+        | {
+            "path": source["path"],
+            "key": ["key"],
+            "time": "ts",
+            "time_unit": source["ts_unit"],
+            "id": "id",
+            "side": side,
+            "max_delay": join["max_delay"],
+            "payload": ["value"],
+            "prefix": f"{side.lower()}_",
+            "select": {"column": "stream", "value": side},
+            "order": "rows",
+        }
+        for side in SIDES
+    }
+
+
 def _one_topic(streams: dict[str, dict], error: type[Exception]) -> None:
     """Two streams sharing a topic must each select their records by the same column with their own value; each
     then knows the other's (`select["values"]`: a record no stream takes is set aside by R)."""
