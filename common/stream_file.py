@@ -38,6 +38,7 @@ from common import input_schema
 from protocol import eventtime
 from common.chunks import Chunk, InputError
 from protocol.config import DEFAULTS
+from protocol.streams import FILE_COLUMNS
 from protocol.tuples import STREAM_NAMES
 
 EXTENSIONS = {
@@ -532,7 +533,7 @@ def _text(col: pa.ChunkedArray, kind: str) -> pa.Array:
 # The single input file (`source.kind = "file"`): two streams in one CSV or Parquet file, a row's side in its
 # column `stream` (R or S), read in the file's row order (protocol.streams.file_streams).
 
-SIDED_COLUMNS = ("stream", "id", "ts", "key", "value")
+SIDED_COLUMNS = FILE_COLUMNS
 SIDED_REQUIRED = SIDED_COLUMNS[:4]
 SIDED_EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 #: reason code -> (column, reason); code 0 = accepted, the last code = duplicate id

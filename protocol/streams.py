@@ -74,6 +74,8 @@ STREAM_KEYS: dict[str, tuple[Any, str]] = {
     ),
 }
 SIDES = ("R", "S")
+#: the single file's columns (`source.kind = "file"`): the side (R or S), id, time, key, and the optional value
+FILE_COLUMNS = ("stream", "id", "ts", "key", "value")
 #: the ways a stream comes in: exactly one of them per stream
 INPUTS = ("path", "endpoint", "kafka")
 #: the keys of a stream's `kafka` table: key -> (default, description); None = required
@@ -213,23 +215,23 @@ def file_streams(source: dict, join: dict) -> dict[str, dict]:
     """The single file (`source.kind = "file"`, docs/input.md) declared as two streams: R and S are the rows of
     the one file `source.path` whose column `stream` says R or S (`select`, as two streams share a Kafka topic),
     key `key`, time `ts` (numbers in `source.ts_unit`), id `id` and payload `value`, named r_* and s_* in results.
-    Both come in ONE arrival order, the file's rows (`order = "rows"`), under ONE watermark (`join.max_delay`
-    over both streams): master.sources.streams reads them with one reader, no merge, no payload log."""
+    Both come in one arrival order, the file's rows, under one watermark (`join.max_delay` over both streams, as the
+    single file always was): master.sources.streams reads them with one reader, no merge, no payload log."""
     base = {k: default for k, (default, _) in STREAM_KEYS.items()}
+    column, id_, time, key, value = FILE_COLUMNS
     return {
         side: base
         | {
             "path": source["path"],
-            "key": ["key"],
-            "time": "ts",
+            "key": [key],
+            "time": time,
             "time_unit": source["ts_unit"],
-            "id": "id",
+            "id": id_,
             "side": side,
             "max_delay": join["max_delay"],
-            "payload": ["value"],
+            "payload": [value],
             "prefix": f"{side.lower()}_",
-            "select": {"column": "stream", "value": side},
-            "order": "rows",
+            "select": {"column": column, "value": side},
         }
         for side in SIDES
     }
