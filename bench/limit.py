@@ -5,7 +5,7 @@ On one Parquet file of the side-by-side workload (the generator's Zipf keys over
 of event time, 0.2 s of disorder, a 1 s window: about 1.9 results per tuple; `--rows`, default 4M) each stage
 runs alone in this process (or, for the transfer, two ranks of this host), medians of `--repeats`:
 
-- read: the master's file source streaming the file into chunks of fixed-width arrays (master.sources.files);
+- read: the master's file source streaming the file into chunks of fixed-width arrays (master.sources.streams);
 - ingest: the ingest desk on those chunks (lateness, partition hashing, the tuples built into the mini-buffers:
   master.state.intake) and the mini-buffers drained into one batch per slave per distribution epoch;
 - transfer: those batches' bytes sent and received between two ranks (`mpirun -n 2`, MPI Send/Recv of byte

@@ -3,7 +3,7 @@
 A column whose type cannot become what the engine needs -- a boolean ts, a list key -- is one error naming
 the file, the column, the type found and the type expected, before the run starts; so is a column of which
 no cell of the first batch converts (a CSV key of `u_123`s: CSV columns are text, their type shows in their
-cells).  Single bad cells further on are the rejected rows' business (common.input_file).
+cells).  Single bad cells further on are the rejected rows' business (common.stream_file).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ import zmq
 
 from protocol import eventtime, wire
 from common.chunks import InputError, rows
-from common.input_file import InputFile
+from common.stream_file import SidedFile
 from common.zmq_security import connect_client
 from protocol.lifetime import invocation
 
@@ -234,7 +234,7 @@ def produce(
     keep: int = KEEP,
 ) -> dict:
     """Push the valid rows of `path` in arrival order; `rate` paces (tuples/s), `jitter` adds random pauses."""
-    infile = InputFile(path, ts_unit=ts_unit)  # the file source's reading and checks
+    infile = SidedFile(path, ts_unit=ts_unit)  # the file source's reading and checks
     rng = np.random.default_rng(seed)
     prod = Producer(endpoint, sender, server_key, key, timeout, name, token, ack_endpoint, keep)
     started = time.perf_counter()

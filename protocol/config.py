@@ -89,8 +89,8 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         ),
         "duplicate_window": (
             1000000,
-            'kind = "file": a repeated id is found when its first row is at most this many '
-            "rows earlier (always when ids rise per stream)",
+            'files (kind = "file", and declared streams with an `id`): a repeated id is found when its first row '
+            "is at most this many rows earlier (always when ids rise per stream)",
         ),
     },
     "generator": {

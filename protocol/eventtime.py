@@ -173,7 +173,7 @@ def from_iso_text(text) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def from_column(col, unit: str = "s") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(microseconds, is a time, finite, ok) of an input file's ts column (common.input_file; a pyarrow
+    """(microseconds, is a time, finite, ok) of an input file's ts column (common.stream_file; a pyarrow
     ChunkedArray): Arrow timestamps in their own unit (UTC), integer columns as counts of `unit`, float
     columns rounded to the microsecond (`from_numbers`), text, decimal and date columns from their digits
     (`from_decimal_text` in `unit`, else `from_iso_text`); nulls and other types are not times."""

@@ -74,6 +74,8 @@ STREAM_KEYS: dict[str, tuple[Any, str]] = {
     ),
 }
 SIDES = ("R", "S")
+#: the single file's columns (`source.kind = "file"`): the side (R or S), id, time, key, and the optional value
+FILE_COLUMNS = ("stream", "id", "ts", "key", "value")
 #: the ways a stream comes in: exactly one of them per stream
 INPUTS = ("path", "endpoint", "kafka")
 #: the keys of a stream's `kafka` table: key -> (default, description); None = required
@@ -207,6 +209,32 @@ def declared(streams: dict, source: dict, join: dict, error: type[Exception]) ->
         raise error(f"streams.*.key: both streams need as many key columns, got {lengths}")
     source["kind"] = "streams"
     return out
+
+
+def file_streams(source: dict, join: dict) -> dict[str, dict]:
+    """The single file (`source.kind = "file"`, docs/input.md) declared as two streams: R and S are the rows of
+    the one file `source.path` whose column `stream` says R or S (`select`, as two streams share a Kafka topic),
+    key `key`, time `ts` (numbers in `source.ts_unit`), id `id` and payload `value`, named r_* and s_* in results.
+    Both come in one arrival order, the file's rows, under one watermark (`join.max_delay` over both streams, as the
+    single file always was): master.sources.streams reads them with one reader, no merge, no payload log."""
+    base = {k: default for k, (default, _) in STREAM_KEYS.items()}
+    column, id_, time, key, value = FILE_COLUMNS
+    return {
+        side: base
+        | {
+            "path": source["path"],
+            "key": [key],
+            "time": time,
+            "time_unit": source["ts_unit"],
+            "id": id_,
+            "side": side,
+            "max_delay": join["max_delay"],
+            "payload": [value],
+            "prefix": f"{side.lower()}_",
+            "select": {"column": column, "value": side},
+        }
+        for side in SIDES
+    }
 
 
 def _one_topic(streams: dict[str, dict], error: type[Exception]) -> None:

@@ -145,6 +145,19 @@ def write_config(tmp: Path, settings: dict[str, object]) -> Path:
     return cfg
 
 
+def file_source(path: Path, window: int | None = None, listing=None, ts_unit: str = "s"):
+    """The single file `path` as the master reads it (`source.kind = "file"`: master.sources.streams), its rejected
+    rows into `listing`; `window` = source.duplicate_window (None: the default)."""
+    from master.sources.streams import StreamsSource
+    from protocol.config import load_config
+
+    cfg = load_config()
+    cfg["source"].update(kind="file", path=str(path), ts_unit=ts_unit)
+    if window is not None:
+        cfg["source"]["duplicate_window"] = window
+    return StreamsSource(cfg, listing)
+
+
 def write_input(path: Path, data, row_group: int = 1 << 20, bad_every: int = 0) -> np.ndarray:
     """The tuples of `data` (a Chunk) as a CSV or Parquet input file (Parquet in row groups of `row_group` rows),
     with a row whose ts is missing inserted after every `bad_every` rows, so the accepted tuples are `data`;

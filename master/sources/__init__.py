@@ -4,11 +4,13 @@ and the factory that opens the one a config asks for (`open_source`, `open_shard
 Four kinds (``source.kind``), each a `common.chunks.Source` that declares what it can do:
 
 * ``generator`` -- the synthetic workload of the paper (common.workload);
-* ``file`` -- a CSV or Parquet file, read and validated batch by batch as it goes (master.sources.files);
-  bad rows are listed in ``rejected/`` as the run passes them (the run goes on), while a missing or
-  unreadable file or column stops the run with ``InputError``;
 * ``streams`` -- two declared streams, each its own files, live producers or a Kafka topic (master.sources.streams);
+* ``file`` -- a CSV or Parquet file holding both streams, read as two declared streams of one file in its row
+  order (protocol.streams.file_streams), by the same source;
 * ``zmq`` -- live batches from producers over ZeroMQ (master.sources.zmq_input).
+
+Files are read and checked batch by batch as they go: bad rows are listed in ``rejected/`` as the run passes
+them (the run goes on), while a missing or unreadable file or column stops the run with ``InputError``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from common.chunks import Chunk, Source, empty
 from common.workload import GeneratorSource
 from master.sources.archive import named
-from master.sources.files import FileSource, RejectedListing
+from master.sources.rejected import RejectedListing
 from protocol import faults
 from protocol.access import dispatcher_endpoint
 
@@ -43,9 +45,7 @@ def open_source(cfg: dict, listed: bool = True) -> Source:
 def _opened(cfg: dict, listed: bool) -> Source:
     src = cfg["source"]
     listing = _listing(cfg) if listed else None
-    if src["kind"] == "file":
-        return FileSource(src["path"], src["duplicate_window"], listing, src["ts_unit"])
-    if src["kind"] == "streams":
+    if src["kind"] in ("file", "streams"):
         from master.sources.streams import StreamsSource  # pyarrow's readers of two streams, text keys
 
         return StreamsSource(cfg, listing)

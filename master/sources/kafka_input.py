@@ -49,7 +49,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from common.chunks import InputError
 from common.stream_file import StreamBatch, StreamChecks
 from master.sources.archive import named
-from master.sources.files import RejectedListing
+from master.sources.rejected import RejectedListing
 from master.sources.kafka_values import value_reader
 from master.sources.partitions import PartitionMerge, Released
 from protocol import eventtime

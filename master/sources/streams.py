@@ -1,17 +1,18 @@
-"""Two declared streams read side by side and merged into one arrival order (docs/input.md).
+"""Two declared streams read side by side and merged into one arrival order (docs/input.md); the single file
+(`source.kind = "file"`) is two streams of one file (protocol.streams.file_streams), read by one thread in its row
+order, without a merge (`in_rows`).
 
-Each stream's files are read by a thread of their own, a bounded number of checked batches ahead
-(common.stream_file, as the single file source reads: master.sources.files.READ_AHEAD).  The merge orders the
-tuples by their stream's own watermark (its running maximum of event time minus its max_delay; ties: R
-first, then row order), never by the raw time: within a stream the order stays as written.  Lateness is
-judged within each stream (master.state.lateness.Lateness), and every tuple on time within its stream is at or above
-every stream's watermark before it in the merged order, so the join's watermark never makes it late: two
-files give what the interleaved single file would, without a sort, and files concatenated stream after
-stream are not judged late against each other.  The order depends on the data alone (not on batch
-sizes or thread timing), so a replay, a recovery and every dispatcher of several see the same input.  A stream
-that is not files (master.sources.live.Live: ZeroMQ producers, or a Kafka topic whose partitions are merged by
-their own watermarks first) hands its checked rows on as they come; while it is quiet the other stream waits
-up to its watermark, until its idle_timeout.
+Each stream's files are read by a thread of their own, a bounded number of checked batches ahead (READ_AHEAD;
+pyarrow decodes and checks outside the GIL: common.stream_file).  The merge orders the tuples by their stream's own
+watermark (its running maximum of event time minus its max_delay; ties: R first, then row order), never by the raw
+time: within a stream the order stays as written.  Lateness is judged within each stream
+(master.state.lateness.Lateness), and every tuple on time within its stream is at or above every stream's watermark
+before it in the merged order, so the join's watermark never makes it late: two files give what the interleaved
+single file would, without a sort, and files concatenated stream after stream are not judged late against each
+other.  The order depends on the data alone (not on batch sizes or thread timing), so a replay, a recovery and every
+dispatcher of several see the same input.  A stream that is not files (master.sources.live.Live: ZeroMQ producers, or
+a Kafka topic whose partitions are merged by their own watermarks first) hands its checked rows on as they come;
+while it is quiet the other stream waits up to its watermark, until its idle_timeout.
 
 Keys become the engine's int64 keys in that order (master.sources.keys); a tuple's `id` is its stream row, the reference
 by which results gather the row's own columns from the payload log (protocol.payload), which the reader threads
@@ -20,6 +21,11 @@ start, which rebuilds the same codes and lists the rejected rows once more from 
 are not read again (their merge across partitions depends on when records come): a checkpoint holds where each
 stream's merge hands rows on (master.sources.kafka_input) and everything after that point that the master has not
 taken yet -- the tuples merged and ready, those pending, the key dictionaries -- and a recovery goes on from there.
+
+The single file's tuples keep the file's id, key (int64) and value columns and its rows' order: its results hold the
+fixed columns (protocol.output), so nothing goes to the payload log.  Its position is a file row (with the
+duplicate check's state there): a recovery starts reading at that row (Parquet skips whole row groups) and its
+rejected rows are listed as the position passes them, each once.
 
 Several dispatchers (`share` = (index, k), both streams Kafka topics) share the partitions out instead of each
 reading everything: dispatcher i reads its own (master.sources.kafka_input), merges its own R and S as above and
@@ -39,31 +45,63 @@ from collections import Counter
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from master.sources.keys import KeyMapper
 from master.sources.live import Live, open_live
-from master.sources.files import READ_AHEAD, FileSource
 from protocol import aggregation, eventtime
 from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
 from protocol.payload import ROW_BLOCK, PayloadLog
-from protocol.streams import KAFKA_COLUMNS
-from common.stream_file import StreamChecks, StreamInput, arrow_type, first_schema, key_kinds, stream_files
+from protocol.streams import KAFKA_COLUMNS, file_streams
+from common.stream_file import SidedFile, StreamChecks, StreamInput, arrow_type, first_schema, key_kinds, stream_files
 
 
 #: a stream's tuples pending in the merge, as a checkpoint holds them
 PENDING = ("id", "ts", "key", "watermark")
+#: checked batches (common.stream_file.BATCH_ROWS rows each) a reader thread keeps ready
+READ_AHEAD = 4
+
+
+def _read_ahead(batches, q: queue.Queue, stop: threading.Event) -> None:
+    """A reader thread: the checked `batches` into `q`, then None (an error: the exception, raised again in the
+    master's thread when it comes to it); it gives up once `stop` is set."""
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    try:
+        for batch in batches:
+            if not put(batch):
+                return
+        put(None)
+    except Exception as e:  # noqa: BLE001 -- raised again in the master's thread by next_chunk
+        put(e)
 
 
 class StreamsSource(Source):
-    """The `[streams.*]` of `cfg` (protocol.streams), R first; rejected rows go to `listing` (None: another
-    dispatcher lists them); `share` = (index, k): dispatcher `index` of `k` reading its own Kafka partitions."""
+    """The `[streams.*]` of `cfg` (protocol.streams), R first, or the single file's two streams
+    (protocol.streams.file_streams: `in_rows`, read in the file's row order); rejected rows go to `listing`
+    (None: another dispatcher lists them); `share` = (index, k): dispatcher `index` of `k` reading its own Kafka
+    partitions."""
 
     def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
         self.cfg, self.listing, self.share = cfg, listing, share
         self.own_rows = share[1] > 1
-        self.specs = cfg["streams"]
+        self.accepted = 0
+        self._records: list[np.ndarray] = []
+        self.in_rows = cfg["source"]["kind"] == "file"
+        self.specs = file_streams(cfg["source"], cfg["join"]) if self.in_rows else cfg["streams"]
+        if self.in_rows:
+            self._open_rows()
+            return
         self._delays = [eventtime.duration(s["max_delay"]) for s in self.specs.values()]  #: R's, S's, microseconds
         self._idle_timeouts = [s["idle_timeout"] for s in self.specs.values()]  #: R's, S's, seconds
         self.files, self.declared, missing = {}, {}, []
@@ -88,12 +126,10 @@ class StreamsSource(Source):
                 f"the streams' key {' + '.join(next(iter(self.specs.values()))['key'])} is "
                 f'{" + ".join(self.kinds)}: use a single integer key column, or predicate = "equal"'
             )
-        self.accepted = 0
         first = share[0] * ROW_BLOCK if share[1] > 1 else 0  #: the first stream row this dispatcher numbers
         self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()), (first, first + ROW_BLOCK))
         #: both streams are Kafka topics: a checkpoint holds the streams' places (`position`), not a count
         self.placed = all(s["kafka"] for s in self.specs.values())
-        self._records: list[np.ndarray] = []
         self._open()
 
     def _open(self, starts: list | None = None) -> None:
@@ -123,19 +159,13 @@ class StreamsSource(Source):
             else None
             for side, inp in enumerate(inputs)
         ]
-        self._queues = [queue.Queue(READ_AHEAD) for _ in inputs]
-        self._threads = [
-            threading.Thread(
-                target=FileSource._read,
-                args=(self._logged(self.log, side, inp), q, self._stop),
-                daemon=True,
-                name=f"stream-reader-{inp.name}",
-            )
-            for side, (inp, q) in enumerate(zip(inputs, self._queues))
-            if self._live[side] is None
-        ]
-        for t in self._threads:
-            t.start()
+        self._start_readers(
+            {
+                side: (inp.name, self._logged(self.log, side, inp))
+                for side, inp in enumerate(inputs)
+                if self._live[side] is None
+            }
+        )
         #: per side, read and not merged: (id, ts, key, the stream's watermark: running max - max_delay)
         self._pending: list[tuple | None] = [None, None]
         self._running = [eventtime.NEG_INF, eventtime.NEG_INF]  #: per side, the largest ts read
@@ -143,6 +173,32 @@ class StreamsSource(Source):
         self._end_at: list[int | None] = [None, None]  #: per side, once known: the position after its last tuple
         self._ready, self._taken = empty(), 0
         self.rows_taken = [0, 0]  #: per side: every row below this one has been taken (their payload may go)
+
+    def _start_readers(self, readers: dict) -> None:
+        """A thread per side of `readers` ({side: (name, its checked batches)}) filling that side's queue
+        READ_AHEAD batches ahead (pyarrow decodes and computes outside the GIL), until `_stop` is set."""
+        self._queues = [queue.Queue(READ_AHEAD) for _ in range(2)]
+        self._threads = [
+            threading.Thread(
+                target=_read_ahead, args=(batches, self._queues[side], self._stop), daemon=True, name=f"reader-{name}"
+            )
+            for side, (name, batches) in readers.items()
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _open_rows(self, start: int = 0, max_id: tuple = (None, None)) -> None:
+        """The single file from row `start` on (a recovery: with the duplicate check's state there), one reader for
+        both streams: their tuples are taken in its row order, no merge."""
+        spec = self.specs["R"]
+        window = self.cfg["source"]["duplicate_window"]
+        self._stop = threading.Event()
+        self._start_readers({0: ("file", SidedFile(spec["path"], window, start, max_id, spec["time_unit"]))})
+        self._ready, self._taken = empty(), 0  #: the batch being taken, and how much of it is
+        self._ready_rows = np.empty(0, np.int64)  #: the file row of each of its tuples
+        self._end_row: int | None = None  #: one past the last row of the batches read
+        self._waiting: list[pa.Table] = []  #: rejections of batches read, not yet passed by the position
+        self._row, self._max_id, self._done = start, list(max_id), [False, False]
 
     def _check_columns(self, inputs: list[StreamInput]) -> None:
         """The results' column names are distinct, CSV results can hold every column (no nested types), and
@@ -272,6 +328,8 @@ class StreamsSource(Source):
     def next_chunk(self, limit: int) -> Chunk | None:
         if limit < 1:
             raise ValueError(f"limit must be positive, got {limit}")
+        if self.in_rows:
+            return self._next_rows(limit)
         while len(self._ready.ts) - self._taken < limit and self._merge():
             pass
         self._note_ends()
@@ -287,8 +345,65 @@ class StreamsSource(Source):
         self.accepted += n
         return chunk
 
+    def _next_rows(self, limit: int) -> Chunk | None:
+        """The single file's next tuples in its row order; the position moves to the row after the last one."""
+        parts, room = [], limit
+        while room > 0:
+            if self._taken >= len(self._ready.ts):
+                if self._done[0] or not self._next_batch():
+                    break
+                continue
+            n = min(room, len(self._ready.ts) - self._taken)
+            part = rows(self._ready, self._taken, self._taken + n)
+            for s in (0, 1):
+                mine = part.id[part.stream == s]
+                if len(mine):
+                    top = int(mine.max())
+                    self._max_id[s] = top if self._max_id[s] is None else max(self._max_id[s], top)
+            self._taken += n
+            self._row = int(self._ready_rows[self._taken - 1]) + 1
+            parts.append(part)
+            room -= n
+        if not parts:
+            if self._done[0] and self._end_row is not None:
+                self._row = self._end_row  # every row read is passed: the trailing rejections too
+            self._list()
+            return None
+        self.accepted += limit - room
+        self._list()
+        return concat(parts)
+
+    def _next_batch(self) -> bool:
+        """The single file's next checked batch to take from; False at its end."""
+        item = self._queues[0].get()
+        if isinstance(item, Exception):
+            self._done = [True, True]
+            raise item
+        if item is None:
+            self._done = [True, True]
+            return False
+        self._ready, self._ready_rows, self._taken, self._end_row = item.chunk, item.rows, 0, item.end_row
+        if item.rejected is not None:
+            self._waiting.append(item.rejected)
+        return True
+
+    def _list(self) -> None:
+        """The single file: rejections of rows the position has passed go to the listing; those ahead wait."""
+        keep = []
+        for t in self._waiting:
+            passed = pc.less_equal(t["row"], self._row)  # 1-based rows: row <= position is passed
+            n = pc.sum(passed).as_py() or 0
+            if self.listing is not None and n:
+                self.listing.add(t.filter(passed))
+            if n < t.num_rows:
+                keep.append(t.filter(pc.invert(passed)))
+        self._waiting = keep
+
     def ended(self) -> list[bool]:
-        """Per side (R, S): every tuple of that stream has been taken (known once the merge has seen its end)."""
+        """Per side (R, S): every tuple of that stream has been taken (known once the merge has seen its end; the
+        single file's streams hold nothing back of each other: never)."""
+        if self.in_rows:
+            return [False, False]
         return [end is not None and self.accepted >= end for end in self._end_at]
 
     @property
@@ -296,9 +411,14 @@ class StreamsSource(Source):
         """Rejected rows, and what live streams set aside themselves, by reason."""
         if self.listing is None:
             return {}
+        if self.in_rows:
+            self._list()
+            return dict(self.listing.reasons)
         return dict(sum((Counter(x.reasons) for x in self._live if x is not None), Counter(self.listing.reasons)))
 
     def partitions(self) -> list[dict]:
+        if self.in_rows:
+            return []
         return [
             {"stream": name, **row}
             for name, live in zip(self.specs, self._live)
@@ -308,7 +428,19 @@ class StreamsSource(Source):
 
     def position(self) -> dict:
         """Files: the tuples taken.  Kafka topics: each stream's place and the state after it (JSON here, its
-        arrays in `records`)."""
+        arrays in `records`).  The single file: the row after the last tuple taken (with the duplicate check's
+        state there) and the listing's files and rows, so a recovery starts reading there."""
+        if self.in_rows:
+            if self.listing is not None:
+                self._list()
+                self.listing.flush()
+            return {
+                "row": self._row,
+                "accepted": self.accepted,
+                "max_id": list(self._max_id),
+                "rejected_files": self.listing.files if self.listing else 0,
+                "rejected_rows": self.listing.rows if self.listing else 0,
+            }
         if not self.placed:
             return {"accepted": self.accepted}
         places = [live.position() for live in self._live]
@@ -344,6 +476,12 @@ class StreamsSource(Source):
         stream goes on from its place, with the state after it as it was (`position`, and its arrays
         `where["records"]`); the payload log's segments of rows after the places go."""
         self._close()
+        if self.in_rows:
+            self._open_rows(where["row"], tuple(where["max_id"]))
+            self.accepted = where["accepted"]
+            if self.listing is not None:
+                self.listing.roll_back(where["rejected_files"], where["rejected_rows"])
+            return
         if self.listing is not None:
             self.listing.roll_back(0, 0)
         if "streams" not in where:
@@ -366,6 +504,12 @@ class StreamsSource(Source):
 
     def finish(self) -> dict:
         self._close()
+        if self.in_rows:
+            if self.listing is None:
+                return {}
+            self._list()
+            self.listing.flush()
+            return {"rejected": self.listing.rows}
         live = [x.finish() for x in self._live if x is not None]
         names = {side: name for side, name in zip("RS", self.specs)}
         out: dict = {

@@ -665,13 +665,13 @@ def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
 def test_input_cache_writes_the_generated_input_once_and_reuses_it(tmp_path, monkeypatch):
     import bench.inputs
     from bench.inputs import FILE, InputCache
-    from master.sources import FileSource
+    from tests.runs import file_source
     from common.workload import generate_all
 
     small = ["generator.duration=2.0", "generator.rate=3000", "generator.keys=64"]
     cache = InputCache(tmp_path)
     path = cache.file(small)
-    want, got = generate_all(load_config(None, small)), FileSource(path).next_chunk(1 << 20)
+    want, got = generate_all(load_config(None, small)), file_source(path).next_chunk(1 << 20)
     for a, b in zip(want, got):
         assert np.array_equal(a, b)
     assert cache.used[str(path)]["generated"] and cache.used[str(path)]["tuples"] == len(want.ts)

@@ -140,13 +140,14 @@ def test_delay_histogram_buckets_count_the_delays_at_or_below_each_edge():
 
 def test_rejected_file_rows_are_counted_by_reason_with_duplicates_as_one_reason(tmp_path):
     from master.metrics import rejected_reasons
-    from master.sources import FileSource, RejectedListing
+    from master.sources import RejectedListing
+    from tests.runs import file_source
 
     (tmp_path / "in.csv").write_text(
         "stream,id,ts,key\nR,1,0.1,5\nX,2,0.2,5\nS,3,oops,5\nR,1,0.3,5\nR,1,0.4,5\nS,4,0.5,x\n"
     )
     listing = RejectedListing(tmp_path / "rejected", "parquet", 100)
-    source = FileSource(tmp_path / "in.csv", listing=listing)
+    source = file_source(tmp_path / "in.csv", listing=listing)
     while source.next_chunk(100) is not None:  # rows are counted as the run passes them
         pass
     assert rejected_reasons(source) == {

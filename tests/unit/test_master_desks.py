@@ -32,7 +32,6 @@ from master.state.moves import MovesDesk
 from master.state.payload import PayloadDesk
 from master.state.stall import StallError, StallWatch
 from master.state.hot_key_router import FrequentKeys, HotKeyRouter
-from master.sources import FileSource
 from master.state.stats import RunStats
 from protocol import checkpoint, eventtime
 from protocol.config import load_config
@@ -40,6 +39,7 @@ from protocol.output import read_tables
 from protocol.payload import PayloadLog
 from protocol.messages import ALL_KEYS, NO_KEYS, Ack, Kind, batch_groups, decode_batch, hot_key
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
+from tests.runs import file_source
 
 DT = tuple_dtype(64)
 
@@ -633,7 +633,7 @@ def test_ingest_sets_late_tuples_aside_and_routes_the_rest_by_hash(tmp_path):
     cfg = config(tmp_path, "join.max_delay=1.0", "source.batch=4")
     p = Parts(cfg, [1, 2])
     desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
-    intake = p.links.intake = IntakeShell(cfg, FileSource(tmp_path / "in.csv"), 0, 1)
+    intake = p.links.intake = IntakeShell(cfg, file_source(tmp_path / "in.csv"), 0, 1)
     desk.start(100.0)
     while intake.pull(desk, 100.0) or not desk.exhausted:
         pass
@@ -658,7 +658,7 @@ def test_paced_ingest_takes_what_is_due_in_ticks_and_everything_due_at_a_slot(tm
     cfg = config(tmp_path, "source.rate=1000")
     p = Parts(cfg, [1, 2])
     desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
-    intake = p.links.intake = IntakeShell(cfg, FileSource(tmp_path / "in.csv"), 0, 1)
+    intake = p.links.intake = IntakeShell(cfg, file_source(tmp_path / "in.csv"), 0, 1)
     t0 = desk.start(100.0)
     assert intake.pull(desk, t0 + 0.5) == 500
     assert intake.pull(desk, t0 + 0.501) == 0  # one due, within the tick
@@ -680,7 +680,7 @@ def test_a_whole_step_due_is_taken_within_a_tick_and_the_drain_after_the_input_i
     cfg = config(tmp_path, "source.rate=12000", "source.batch=50", "master.buffer_capacity=300")
     p = Parts(cfg, [1, 2])
     desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
-    intake = p.links.intake = IntakeShell(cfg, FileSource(tmp_path / "in.csv"), 0, 1)
+    intake = p.links.intake = IntakeShell(cfg, file_source(tmp_path / "in.csv"), 0, 1)
     t0 = desk.start(100.0)
     assert intake.pull(desk, t0 + 0.0101) == 50  # 121 due
     assert intake.pull(desk, t0 + 0.0102) == 50  # within the tick: 72 due, a whole step
@@ -705,7 +705,7 @@ def test_band_join_routes_s_to_its_range_and_copies_r_to_every_range_with_partne
     cfg = config(tmp_path, "join.predicate=band", "join.band=30")
     p = Parts(cfg, [1, 2])
     desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
-    intake = p.links.intake = IntakeShell(cfg, FileSource(tmp_path / "in.csv"), 0, 1)
+    intake = p.links.intake = IntakeShell(cfg, file_source(tmp_path / "in.csv"), 0, 1)
     desk.start(0.0)
     intake.pull(desk, 0.0)
     assert desk.ranges is not None

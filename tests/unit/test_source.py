@@ -12,7 +12,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from master.sources import FileSource, RejectedListing, open_source
+from master.sources import RejectedListing, open_source
 from common.chunks import Chunk, InputError
 from protocol.output import read_tables
 from common.workload import GeneratorSource, bmodel_tables, generate_all
@@ -20,7 +20,7 @@ from tests.reference import micros
 from common import input_schema as schema
 from protocol.config import load_config
 from protocol.tuples import STREAM_R, STREAM_S
-from tests.runs import write_input
+from tests.runs import file_source, write_input
 
 
 def gen_cfg(**gen):
@@ -46,7 +46,7 @@ def file_cfg(path):
 
 def open_file(path, window=1_000_000):
     """A file source listing its rejected rows beside the file."""
-    return FileSource(path, window, RejectedListing(path.parent / f"rejected-{path.name}", "parquet", 1000))
+    return file_source(path, window, RejectedListing(path.parent / f"rejected-{path.name}", "parquet", 1000))
 
 
 def rejected(src):
@@ -253,6 +253,20 @@ def test_parquet_round_trip(tmp_path):
         src = open_source(file_cfg(p))
         check_table(drain(src, 100))
         assert src.accepted == 4 and rejected(src) is None
+
+
+def test_the_single_file_is_two_declared_streams_of_one_file_read_in_its_row_order(tmp_path):
+    from master.sources.streams import StreamsSource
+
+    p = tmp_path / "in.parquet"
+    pq.write_table(pa.table(TABLE), p)
+    src = open_source(file_cfg(p))
+    assert isinstance(src, StreamsSource) and src.in_rows and src.log is None
+    assert {n: (s["path"], s["select"]["value"], s["prefix"]) for n, s in src.specs.items()} == {
+        "R": (str(p), "R", "r_"),
+        "S": (str(p), "S", "s_"),
+    }
+    check_table(drain(src, 1))  # the file's row order, both streams in one
 
 
 def test_parquet_string_columns_use_the_csv_rules(tmp_path):
@@ -567,12 +581,12 @@ def test_seeking_to_a_position_lands_on_the_same_next_tuple_and_lists_each_bad_r
     ref_rejected = rejected(whole)
     assert len(ref_rejected) == len(bad) + len(dup_at)
 
-    first = FileSource(p, 2000, RejectedListing(tmp_path / "listing", "parquet", 50))
+    first = file_source(p, 2000, RejectedListing(tmp_path / "listing", "parquet", 50))
     taken = sum(len(c.id) for c in chunks_of_until(first, 38_500))
     where = first.position()
     first.next_chunk(5000)  # read on past the position, as a run does before it crashes: listed again after
     first.listing.flush()
-    again = FileSource(p, 2000, RejectedListing(tmp_path / "listing", "parquet", 50))
+    again = file_source(p, 2000, RejectedListing(tmp_path / "listing", "parquet", 50))
     again.seek(where)
     rest = chunks_of(again, [4096, 999])
     for a, b in zip(Chunk(*(np.concatenate(c) for c in zip(*rest))), reference):
@@ -651,7 +665,7 @@ def ms_table(n=500, seed=3):
 
 
 def tuples_of(path, ts_unit="s"):
-    src = FileSource(path, 1_000_000, RejectedListing(path.parent / f"rejected-{path.name}", "parquet", 1000), ts_unit)
+    src = file_source(path, 1_000_000, RejectedListing(path.parent / f"rejected-{path.name}", "parquet", 1000), ts_unit)
     out = drain(src, 10_000)
     assert rejected(src) is None
     return out
