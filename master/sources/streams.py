@@ -54,8 +54,19 @@ from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
 from protocol.payload import ROW_BLOCK, PayloadLog
-from protocol.streams import KAFKA_COLUMNS, file_streams
-from common.stream_file import SidedFile, StreamChecks, StreamInput, arrow_type, first_schema, key_kinds, stream_files
+from protocol.streams import KAFKA_COLUMNS, file_streams, generator_streams
+from common.stream_file import (
+    BATCH_ROWS,
+    SidedBatch,
+    SidedFile,
+    StreamChecks,
+    StreamInput,
+    arrow_type,
+    first_schema,
+    key_kinds,
+    stream_files,
+)
+from common.workload import GeneratorSource
 
 
 #: a stream's tuples pending in the merge, as a checkpoint holds them
@@ -97,8 +108,14 @@ class StreamsSource(Source):
         self.own_rows = share[1] > 1
         self.accepted = 0
         self._records: list[np.ndarray] = []
-        self.in_rows = cfg["source"]["kind"] == "file"
-        self.specs = file_streams(cfg["source"], cfg["join"]) if self.in_rows else cfg["streams"]
+        self.in_rows = cfg["source"]["kind"] in ("file", "generator")
+        self.specs = (
+            generator_streams(cfg["join"])
+            if cfg["source"]["kind"] == "generator"
+            else file_streams(cfg["source"], cfg["join"])
+            if self.in_rows
+            else cfg["streams"]
+        )
         if self.in_rows:
             self._open_rows()
             return
@@ -188,12 +205,15 @@ class StreamsSource(Source):
             t.start()
 
     def _open_rows(self, start: int = 0, max_id: tuple = (None, None)) -> None:
-        """The single file from row `start` on (a recovery: with the duplicate check's state there), one reader for
-        both streams: their tuples are taken in its row order, no merge."""
+        """The single file (or the generator) from row `start` on (a recovery: with the duplicate check's state
+        there), one reader for both streams: their tuples are taken in its row order, no merge."""
         spec = self.specs["R"]
         window = self.cfg["source"]["duplicate_window"]
         self._stop = threading.Event()
-        self._start_readers({0: ("file", SidedFile(spec["path"], window, start, max_id, spec["time_unit"]))})
+        if self.cfg["source"]["kind"] == "generator":
+            self._start_readers({0: ("generator", _drawn(self.cfg["generator"], start))})
+        else:
+            self._start_readers({0: ("file", SidedFile(spec["path"], window, start, max_id, spec["time_unit"]))})
         self._ready, self._taken = empty(), 0  #: the batch being taken, and how much of it is
         self._ready_rows = np.empty(0, np.int64)  #: the file row of each of its tuples
         self._end_row: int | None = None  #: one past the last row of the batches read
@@ -546,6 +566,17 @@ class StreamsSource(Source):
                 "bytes": sum(f["keys"]["bytes"] for f in finished),
             }
         return out
+
+
+def _drawn(generator: dict, start: int):
+    """The generator's tuples from tuple `start` on as the single file's checked batches (nothing to reject): a
+    tuple's row is its place in the drawn order, so a position and a recovery are the file's."""
+    source = GeneratorSource(generator)
+    source.skip(start)
+    while (chunk := source.next_chunk(BATCH_ROWS)) is not None:
+        rows_ = np.arange(start, start + len(chunk.ts), dtype=np.int64)
+        yield SidedBatch(start, start + len(chunk.ts), chunk, rows_, None)
+        start += len(chunk.ts)
 
 
 def _merged(streams: list[dict]) -> dict:
