@@ -1,6 +1,7 @@
 """Two declared streams read side by side and merged into one arrival order (docs/input.md); the single file
 (`source.kind = "file"`) is two streams of one file (protocol.streams.file_streams), read by one thread in its row
-order, without a merge (`in_rows`).
+order, without a merge (`in_rows`); so is the generator (protocol.streams.generator_streams), its drawn chunks taken
+by that thread as the file's checked batches.
 
 Each stream's files are read by a thread of their own, a bounded number of checked batches ahead (READ_AHEAD;
 pyarrow decodes and checks outside the GIL: common.stream_file).  The merge orders the tuples by their stream's own
@@ -25,7 +26,8 @@ taken yet -- the tuples merged and ready, those pending, the key dictionaries --
 The single file's tuples keep the file's id, key (int64) and value columns and its rows' order: its results hold the
 fixed columns (protocol.output), so nothing goes to the payload log.  Its position is a file row (with the
 duplicate check's state there): a recovery starts reading at that row (Parquet skips whole row groups) and its
-rejected rows are listed as the position passes them, each once.
+rejected rows are listed as the position passes them, each once.  The generator's row is its tuple's place in the
+drawn order: a recovery draws from the slice that holds the position (common.workload.GeneratorSource.skip).
 
 Several dispatchers (`share` = (index, k), both streams Kafka topics) share the partitions out instead of each
 reading everything: dispatcher i reads its own (master.sources.kafka_input), merges its own R and S as above and
@@ -98,10 +100,10 @@ def _read_ahead(batches, q: queue.Queue, stop: threading.Event) -> None:
 
 
 class StreamsSource(Source):
-    """The `[streams.*]` of `cfg` (protocol.streams), R first, or the single file's two streams
-    (protocol.streams.file_streams: `in_rows`, read in the file's row order); rejected rows go to `listing`
-    (None: another dispatcher lists them); `share` = (index, k): dispatcher `index` of `k` reading its own Kafka
-    partitions."""
+    """The `[streams.*]` of `cfg` (protocol.streams), R first, or the single file's or the generator's two streams
+    (protocol.streams.file_streams, generator_streams: `in_rows`, taken in their one order); rejected rows go to
+    `listing` (None: another dispatcher lists them, or the generator's, which rejects none); `share` = (index, k):
+    dispatcher `index` of `k` reading its own Kafka partitions."""
 
     def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
         self.cfg, self.listing, self.share = cfg, listing, share
