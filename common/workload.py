@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from protocol import eventtime
-from common.chunks import Chunk, Source, concat, rows
+from common.chunks import Chunk, InputError, Source, concat, rows
 from protocol.tuples import STREAM_R, STREAM_S
 
 #: Expected tuples per stream in one generation slice.  A slice's event-time
@@ -124,6 +124,18 @@ class GeneratorSource(Source):
         ids = np.concatenate([self._first_id[i, s] + np.arange(n[s], dtype=np.int64) for s in (STREAM_R, STREAM_S)])
         order = np.argsort(arr, kind="stable")
         return Chunk(stream[order], ids[order], ts[order], np.concatenate(key)[order], np.concatenate(value)[order])
+
+    def skip(self, n: int) -> None:
+        """Start at tuple `n` (a recovery's position): the slices wholly before it are not drawn (each slice has its
+        own rng, so those after are the same), the part of the next one before it is dropped."""
+        through = np.cumsum(self._counts.sum(axis=1))  #: the tuples up to and including each slice
+        self._next_slice = int(np.searchsorted(through, n, side="right"))
+        n -= int(through[self._next_slice - 1]) if self._next_slice else 0
+        while n > 0:
+            chunk = self.next_chunk(n)
+            if chunk is None:
+                raise InputError(f"the generator draws {self.total:,} tuples, fewer than the checkpoint's position")
+            n -= len(chunk.ts)
 
     def next_chunk(self, limit: int) -> Chunk | None:
         if limit < 1:

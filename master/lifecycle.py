@@ -119,8 +119,6 @@ class Lifecycle:
             if not self._route_reports():
                 time.sleep(1e-3)
         self.stats.last_result = time.time()  # the slaves' final reports: their results are written
-        self.checkpoints.finish()
-        self._perform()
         self._perform()
         self.intake.flush()
         self.metrics.finish(self)
@@ -136,6 +134,10 @@ class Lifecycle:
             )
             return {}
         others = self.links.summaries(self.k)
+        # only now has every slave taken its last STOP (a slave's last may be another dispatcher's) and staged
+        # its last partial aggregate: publish them all
+        self.checkpoints.finish()
+        self._perform()
         for other in others:
             self.stats.merge(other["stats"])
         c = self.controller

@@ -272,7 +272,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
         "value": (
             "r_value",
             '"r_value" or "s_value": without [streams.*], `measures` = ["count"] means count and the sum, '
-            "min, max and avg of this column",
+            "min, max and avg of this column (refused with [streams.*]: use `measures`)",
         ),
         "window": (0.0, "tumbling window in seconds on a row's time (a pair: its later tuple's); 0 = no window"),
         "slide": (
@@ -430,6 +430,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             "lower = -w, upper = w): set either window or lower and upper"
         )
     cfg["streams"] = streams_config.declared(streams, cfg["source"], cfg["join"], ConfigError)
+    if ("aggregate", "value") in named and cfg["streams"]:
+        raise ConfigError(
+            "aggregate.value: not with [streams.*] (it names the single file's measured column, r_value or "
+            "s_value, and declared streams' results have their own columns): use aggregate.measures, e.g. "
+            '["count", "sum(clicks_cost)"]'
+        )
     cfg["output"]["kafka"] = streams_config.kafka_sink(sink, ConfigError)
     validate(cfg)
     return cfg

@@ -237,6 +237,13 @@ def file_streams(source: dict, join: dict) -> dict[str, dict]:
     }
 
 
+def generator_streams(join: dict) -> dict[str, dict]:
+    """The generator (`source.kind = "generator"`, common.workload) declared as the single file is (file_streams:
+    columns id, ts, key and value, r_* and s_* in results, one arrival order under one watermark), its tuples drawn
+    rather than read: no path, times already in microseconds."""
+    return file_streams({"path": "", "ts_unit": "us"}, join)
+
+
 def _one_topic(streams: dict[str, dict], error: type[Exception]) -> None:
     """Two streams sharing a topic must each select their records by the same column with their own value; each
     then knows the other's (`select["values"]`: a record no stream takes is set aside by R)."""

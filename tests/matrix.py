@@ -148,9 +148,7 @@ def draw(seed: int) -> Draw:
     rng = np.random.default_rng([seed, 19])
     uniform = {f: values[int(rng.integers(len(values)))] for f, values in FEATURES.items() if f not in SOMETIMES}
     sometimes = {f: bool(rng.random() < chance) for f, chance in SOMETIMES.items()}
-    # not drawn where not built: the matrix aggregates declared streams' columns (the single file's aggregation
-    # is test_spark_control's); control.replay reads files, not topics, and launches on this host
-    sometimes["aggregate"] &= uniform["input"] != "file"
+    # not drawn where not built: control.replay reads files, not topics, and launches on this host
     sometimes["replay"] &= uniform["input"] != "kafka" and uniform["hosts"] == 1
     return Draw(seed=seed, **uniform, **sometimes)
 
@@ -384,18 +382,25 @@ def settings(
     return s
 
 
+def result_names(d: Draw) -> tuple[tuple[str, str, str, str], ...]:
+    """R's and S's id, key, time and measured columns as results name them: the declared streams' own (the id
+    measured), or the single file's r_id ... s_value."""
+    if d.input == "file":
+        return tuple((f"{p}_id", f"{p}_key", f"{p}_ts", f"{p}_value") for p in "rs")
+    return tuple((f"{n}_event_id", f"{n}_sym", f"{n}_at", f"{n}_event_id") for n in STREAMS)
+
+
 def aggregate_settings(d: Draw) -> dict:
-    """The draw's `[aggregate]` over the declared streams' columns: grouped by nothing, the R key or both keys,
-    windows of 0.5 s tumbling, hopping every 0.25 s or none, count, sums, extremes, averages and distinct keys
-    (of R's columns only with semi and anti: results carry no S row)."""
+    """The draw's `[aggregate]` over its results' columns: grouped by nothing, the R key or both keys, windows of
+    0.5 s tumbling, hopping every 0.25 s or none (the single file's: on the pair's time or S's), count, sums,
+    extremes, averages and distinct keys (of R's columns only with semi and anti: results carry no S row)."""
     rng = np.random.default_rng([d.seed, 11])
-    r, s = STREAMS
-    group_by = [[], [f"{r}_sym"], [f"{r}_sym", f"{s}_sym"]][int(rng.integers(3))]
+    (_, r_key, _, r_measured), (_, s_key, s_time, s_measured) = result_names(d)
+    group_by = [[], [r_key], [r_key, s_key]][int(rng.integers(3))]
     window, slide = [("0.5s", 0), ("0.5s", "0.25s"), (0, 0)][int(rng.integers(3))]
-    other = r if d.join_type in ("semi", "anti") else s
-    measures = ["count", f"sum({r}_event_id)", f"max({other}_event_id)", f"avg({other}_event_id)"]
-    measures.append(f"count_distinct({r}_sym)")
-    return {
+    other = r_measured if d.join_type in ("semi", "anti") else s_measured
+    measures = ["count", f"sum({r_measured})", f"max({other})", f"avg({other})", f"count_distinct({r_key})"]
+    out = {
         "aggregate.enabled": True,
         "aggregate.group_by": group_by,
         "aggregate.window": window,
@@ -403,6 +408,9 @@ def aggregate_settings(d: Draw) -> dict:
         "aggregate.measures": measures,
         "aggregate.flush_interval": 0.2,
     }
+    if d.input == "file" and window and d.join_type not in ("semi", "anti"):
+        out["aggregate.time"] = ["", s_time][int(rng.integers(2))]
+    return out
 
 
 def refusal(d: Draw) -> str | None:
@@ -849,25 +857,28 @@ def spark_session():
 
 
 def reference_rows(d: Draw, expected: tuple, data: dict[str, np.ndarray]) -> pa.Table:
-    """The reference's result rows with the declared streams' columns as results name them (trades_event_id,
-    trades_sym, trades_at, ..., and kind outside inner joins): pairs, then R rows alone, then S rows alone."""
+    """The reference's result rows with the columns as results name them (trades_event_id, trades_sym,
+    trades_at, ...; the single file's r_id, r_key, r_ts, r_value, ...; and kind outside inner joins): pairs, then
+    R rows alone, then S rows alone."""
     pairs, lone_r, lone_s = expected
     scale = 1_000_000 // UNITS[d.unit]
     kinds = (MATCHED, LEFT_MATCHED if d.join_type == "semi" else LEFT_UNMATCHED, RIGHT_UNMATCHED)
     r_ids = np.concatenate([pairs // 2**32, lone_r, np.full(len(lone_s), -1)])
     s_ids = np.concatenate([pairs % 2**32, np.full(len(lone_r), -1), lone_s])
     columns = {}
-    for side, (name, wanted) in enumerate(zip(STREAMS, (r_ids, s_ids))):
+    for side, ((id_, key_, time_, value_), wanted) in enumerate(zip(result_names(d), (r_ids, s_ids))):
         mine = data["stream"] == side
         at = np.zeros(int(data["id"][mine].max()) + 1, np.int64)
         key = np.zeros(len(at), np.int64)
         at[data["id"][mine]], key[data["id"][mine]] = data["ts"][mine] * scale, data["key"][mine]
         there = wanted >= 0
         ids = np.where(there, wanted, 0)
-        sym = np.char.add("k", key[ids].astype(str)) if d.predicate == "equal" else key[ids]
-        columns[f"{name}_event_id"] = pa.array(ids, mask=~there)
-        columns[f"{name}_sym"] = pa.array(sym, mask=~there)
-        columns[f"{name}_at"] = pa.array(at[ids], mask=~there).cast(pa.timestamp("us", "UTC"))
+        sym = np.char.add("k", key[ids].astype(str)) if d.predicate == "equal" and d.input != "file" else key[ids]
+        columns[id_] = pa.array(ids, mask=~there)
+        columns[key_] = pa.array(sym, mask=~there)
+        columns[time_] = pa.array(at[ids], mask=~there).cast(pa.timestamp("us", "UTC"))
+        if value_ != id_:  # the single file's value: its key as a float (write_input)
+            columns[value_] = pa.array(key[ids].astype(np.float64), mask=~there)
     if d.join_type != "inner":
         columns["kind"] = np.repeat(kinds, [len(pairs), len(lone_r), len(lone_s)])
     return pa.table(columns)

@@ -3,7 +3,8 @@ and the factory that opens the one a config asks for (`open_source`, `open_shard
 
 Four kinds (``source.kind``), each a `common.chunks.Source` that declares what it can do:
 
-* ``generator`` -- the synthetic workload of the paper (common.workload);
+* ``generator`` -- the synthetic workload of the paper (common.workload), declared as two streams as the single file
+  is (protocol.streams.generator_streams) and drawn in its order by the same source;
 * ``streams`` -- two declared streams, each its own files, live producers or a Kafka topic (master.sources.streams);
 * ``file`` -- a CSV or Parquet file holding both streams, read as two declared streams of one file in its row
   order (protocol.streams.file_streams), by the same source;
@@ -20,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from common.chunks import Chunk, Source, empty
-from common.workload import GeneratorSource
 from master.sources.archive import named
 from master.sources.rejected import RejectedListing
 from protocol import faults
@@ -44,16 +44,14 @@ def open_source(cfg: dict, listed: bool = True) -> Source:
 
 def _opened(cfg: dict, listed: bool) -> Source:
     src = cfg["source"]
-    listing = _listing(cfg) if listed else None
-    if src["kind"] in ("file", "streams"):
-        from master.sources.streams import StreamsSource  # pyarrow's readers of two streams, text keys
-
-        return StreamsSource(cfg, listing)
+    listing = _listing(cfg) if listed and src["kind"] != "generator" else None  # drawn tuples: none to reject
     if src["kind"] == "zmq":
         from master.sources.zmq_input import ZmqSource  # pyzmq and asyncio: 50 ms of a start others skip
 
         return ZmqSource(cfg)
-    return GeneratorSource(cfg["generator"])
+    from master.sources.streams import StreamsSource  # pyarrow's readers of two streams, text keys
+
+    return StreamsSource(cfg, listing)
 
 
 def open_shard(cfg: dict, index: int) -> Source:

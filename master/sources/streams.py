@@ -1,6 +1,7 @@
 """Two declared streams read side by side and merged into one arrival order (docs/input.md); the single file
 (`source.kind = "file"`) is two streams of one file (protocol.streams.file_streams), read by one thread in its row
-order, without a merge (`in_rows`).
+order, without a merge (`in_rows`); so is the generator (protocol.streams.generator_streams), its drawn chunks taken
+by that thread as the file's checked batches.
 
 Each stream's files are read by a thread of their own, a bounded number of checked batches ahead (READ_AHEAD;
 pyarrow decodes and checks outside the GIL: common.stream_file).  The merge orders the tuples by their stream's own
@@ -25,7 +26,8 @@ taken yet -- the tuples merged and ready, those pending, the key dictionaries --
 The single file's tuples keep the file's id, key (int64) and value columns and its rows' order: its results hold the
 fixed columns (protocol.output), so nothing goes to the payload log.  Its position is a file row (with the
 duplicate check's state there): a recovery starts reading at that row (Parquet skips whole row groups) and its
-rejected rows are listed as the position passes them, each once.
+rejected rows are listed as the position passes them, each once.  The generator's row is its tuple's place in the
+drawn order: a recovery draws from the slice that holds the position (common.workload.GeneratorSource.skip).
 
 Several dispatchers (`share` = (index, k), both streams Kafka topics) share the partitions out instead of each
 reading everything: dispatcher i reads its own (master.sources.kafka_input), merges its own R and S as above and
@@ -54,8 +56,19 @@ from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
 from protocol.payload import ROW_BLOCK, PayloadLog
-from protocol.streams import KAFKA_COLUMNS, file_streams
-from common.stream_file import SidedFile, StreamChecks, StreamInput, arrow_type, first_schema, key_kinds, stream_files
+from protocol.streams import KAFKA_COLUMNS, file_streams, generator_streams
+from common.stream_file import (
+    BATCH_ROWS,
+    SidedBatch,
+    SidedFile,
+    StreamChecks,
+    StreamInput,
+    arrow_type,
+    first_schema,
+    key_kinds,
+    stream_files,
+)
+from common.workload import GeneratorSource
 
 
 #: a stream's tuples pending in the merge, as a checkpoint holds them
@@ -87,18 +100,24 @@ def _read_ahead(batches, q: queue.Queue, stop: threading.Event) -> None:
 
 
 class StreamsSource(Source):
-    """The `[streams.*]` of `cfg` (protocol.streams), R first, or the single file's two streams
-    (protocol.streams.file_streams: `in_rows`, read in the file's row order); rejected rows go to `listing`
-    (None: another dispatcher lists them); `share` = (index, k): dispatcher `index` of `k` reading its own Kafka
-    partitions."""
+    """The `[streams.*]` of `cfg` (protocol.streams), R first, or the single file's or the generator's two streams
+    (protocol.streams.file_streams, generator_streams: `in_rows`, taken in their one order); rejected rows go to
+    `listing` (None: another dispatcher lists them, or the generator's, which rejects none); `share` = (index, k):
+    dispatcher `index` of `k` reading its own Kafka partitions."""
 
     def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
         self.cfg, self.listing, self.share = cfg, listing, share
         self.own_rows = share[1] > 1
         self.accepted = 0
         self._records: list[np.ndarray] = []
-        self.in_rows = cfg["source"]["kind"] == "file"
-        self.specs = file_streams(cfg["source"], cfg["join"]) if self.in_rows else cfg["streams"]
+        self.in_rows = cfg["source"]["kind"] in ("file", "generator")
+        self.specs = (
+            generator_streams(cfg["join"])
+            if cfg["source"]["kind"] == "generator"
+            else file_streams(cfg["source"], cfg["join"])
+            if self.in_rows
+            else cfg["streams"]
+        )
         if self.in_rows:
             self._open_rows()
             return
@@ -188,12 +207,15 @@ class StreamsSource(Source):
             t.start()
 
     def _open_rows(self, start: int = 0, max_id: tuple = (None, None)) -> None:
-        """The single file from row `start` on (a recovery: with the duplicate check's state there), one reader for
-        both streams: their tuples are taken in its row order, no merge."""
+        """The single file (or the generator) from row `start` on (a recovery: with the duplicate check's state
+        there), one reader for both streams: their tuples are taken in its row order, no merge."""
         spec = self.specs["R"]
         window = self.cfg["source"]["duplicate_window"]
         self._stop = threading.Event()
-        self._start_readers({0: ("file", SidedFile(spec["path"], window, start, max_id, spec["time_unit"]))})
+        if self.cfg["source"]["kind"] == "generator":
+            self._start_readers({0: ("generator", _drawn(self.cfg["generator"], start))})
+        else:
+            self._start_readers({0: ("file", SidedFile(spec["path"], window, start, max_id, spec["time_unit"]))})
         self._ready, self._taken = empty(), 0  #: the batch being taken, and how much of it is
         self._ready_rows = np.empty(0, np.int64)  #: the file row of each of its tuples
         self._end_row: int | None = None  #: one past the last row of the batches read
@@ -546,6 +568,17 @@ class StreamsSource(Source):
                 "bytes": sum(f["keys"]["bytes"] for f in finished),
             }
         return out
+
+
+def _drawn(generator: dict, start: int):
+    """The generator's tuples from tuple `start` on as the single file's checked batches (nothing to reject): a
+    tuple's row is its place in the drawn order, so a position and a recovery are the file's."""
+    source = GeneratorSource(generator)
+    source.skip(start)
+    while (chunk := source.next_chunk(BATCH_ROWS)) is not None:
+        rows_ = np.arange(start, start + len(chunk.ts), dtype=np.int64)
+        yield SidedBatch(start, start + len(chunk.ts), chunk, rows_, None)
+        start += len(chunk.ts)
 
 
 def _merged(streams: list[dict]) -> dict:

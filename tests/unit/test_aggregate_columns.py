@@ -142,6 +142,9 @@ def test_streams_aggregate_keys_are_checked(tmp_path):
             load_config(None, [*streams, override])
     with pytest.raises(ConfigError, match="at most aggregate.window"):
         load_config(None, [*streams, "aggregate.window='10s'", "aggregate.slide='11s'"])
+    for value in ("r_value", "s_value"):  # the single file's measured column: set, it would do nothing here
+        with pytest.raises(ConfigError, match=r"aggregate\.value: not with \[streams.*use aggregate\.measures"):
+            load_config(None, [*streams, f"aggregate.value={value}"])
     for override, words in [  # the single file's result columns: x and t are none of them
         ("aggregate.measures=['sum(x)']", "'x' is not a result column"),
         ("aggregate.time='t'", "'t' is not a result column"),

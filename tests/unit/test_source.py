@@ -77,13 +77,43 @@ def test_generator_same_seed_same_data_whatever_the_limits():
 
 def test_generator_total_and_dtypes():
     cfg = gen_cfg()
-    src = open_source(cfg)
-    assert isinstance(src, GeneratorSource)
     data = generate_all(cfg)
-    assert src.total == len(data.id)
+    assert GeneratorSource(cfg["generator"]).total == len(data.id)
     assert [c.dtype for c in data] == [np.int8, np.int64, np.int64, np.int64, np.float64]
     assert np.isfinite(data.ts).all()
     assert ((data.value >= 0) & (data.value < 1)).all()
+
+
+def test_the_generator_is_two_declared_streams_drawn_in_one_order_and_resumed_at_its_position():
+    from master.sources.streams import StreamsSource
+
+    cfg = gen_cfg(rate=40000.0, duration=5.0, disorder=0.2)
+    whole, src = generate_all(cfg), open_source(cfg)
+    assert isinstance(src, StreamsSource) and src.in_rows and src.log is None and src.listing is None
+    assert {n: (s["id"], s["key"], s["prefix"]) for n, s in src.specs.items()} == {
+        "R": ("id", ["key"], "r_"),
+        "S": ("id", ["key"], "s_"),
+    }
+    head = drain_some(src, 150_001, 7_000)  # past two generation slices and several read batches
+    where = src.position()
+    assert where["row"] == where["accepted"] == len(head.id)
+    again = open_source(cfg)
+    again.seek(where)  # a recovery: the slices before the position are not drawn again
+    for x, y, z in zip(whole, head, drain(again, 50_000)):
+        np.testing.assert_array_equal(x, np.concatenate([y, z]))
+    past = open_source(cfg)
+    past.seek({**where, "row": len(whole.id) + 1})
+    with pytest.raises(InputError, match="fewer than the checkpoint's position"):
+        past.next_chunk(10)
+    src.finish(), again.finish(), past.finish()
+
+
+def drain_some(src, n, limit):
+    """The source's first `n` tuples (at least), taken `limit` at a time."""
+    parts = []
+    while sum(len(p.id) for p in parts) < n:
+        parts.append(src.next_chunk(limit))
+    return Chunk(*(np.concatenate(cols) for cols in zip(*parts)))
 
 
 @pytest.mark.parametrize("rate,duration", [(20000.0, 5.0), (300.0, 2.5), (50000.0, 3.3)])
