@@ -79,12 +79,13 @@ class CheckpointDesk:
             ckpt_id = self.ordered
         self.pending = False
         directory = checkpoint.root_of(self.cfg) / checkpoint.name_of(ckpt_id)
-        if self.k > 1 and self.index == 0:
-            self.channels.tell(range(1, self.k), Order.CHECKPOINT, id=ckpt_id)
         r, s, counts = self.buffers.snapshot()
         name = checkpoint.master_part(self.index)
         data = checkpoint.pack([r.view(np.uint8), s.view(np.uint8), counts.ravel().view(np.uint8), *records])
+        # rank 0's part first: it clears a crashed run's unfinished directory, which no other part may be in yet
         self.channels.write(WritePart(directory, name, data, fresh=self.index == 0))
+        if self.k > 1 and self.index == 0:
+            self.channels.tell(range(1, self.k), Order.CHECKPOINT, id=ckpt_id)
         part = {name: {"bytes": len(data), "records": 3 + len(records), "tuples": len(r) + len(s)}}
         mine = {**sections, "stats": self.stats.state(now), "controller": self.controller.state()}
         if self.index == 0:

@@ -344,6 +344,11 @@ def test_with_two_dispatchers_the_manifest_waits_for_the_others_snapshot(tmp_pat
     desk = CheckpointDesk(p.cfg, 0, 2, p.slaves, p.buffers, p.controller, p.stats, p.links.channels)
     desk.on_epoch(1, exhausted=False)
     desk.begin(master_sections(p, 10), epochs_done=1, now=1.0)
+    # rank 0's part (which clears a crashed run's unfinished directory) is written before the others are told
+    effects = p.links.channels.take()
+    kinds = [type(e).__name__ for e in effects]
+    assert kinds.index("WritePart") < kinds.index("Tell")
+    carry_out(effects, p.links)
     assert p.links.told[0][:2] == ([1], Order.CHECKPOINT)
     ckpt_dir = checkpoint.root_of(p.cfg) / checkpoint.name_of(1)
     for rank in p.slaves:
