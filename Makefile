@@ -61,7 +61,7 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench.payload
 	$(BIN)/python -m bench.aggregate
 	$(BIN)/python -m bench.kafka
-	$(BIN)/python -m bench.limit --profile
+	$(BIN)/python -m bench.limit --rows 10000000 --profile
 	$(BIN)/python -m bench.startup
 	$(BIN)/python -m bench.failover
 

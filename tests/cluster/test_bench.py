@@ -880,8 +880,6 @@ def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_
         assert data["pipeline_limit"][form] == pytest.approx(limit, rel=1e-3)
         ratios = data["ratios"][form]
         assert 0 < ratios["in_run"] and 0 < ratios["whole_process"] <= ratios["in_run"]
-    # the payload's columns are gathered and written: its results cost more than the same streams' without
-    assert data["ns_per_tuple"]["payload"]["results"] > data["ns_per_tuple"]["streams"]["results"]
     assert set(data["cluster"]) == {"file", "streams", "payload", "file, metrics off"}
     assert 0 < data["payload_to_streams"] and 0 < data["metrics_on_to_off"]
     assert "Pipeline limit" in (tmp_path / "limit.md").read_text()
