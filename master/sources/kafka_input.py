@@ -36,15 +36,17 @@ partitions changed stops, as with one dispatcher.
 
 from __future__ import annotations
 
+import operator
 import re
 import sys
 import time
+from itertools import compress, repeat
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from common.chunks import InputError
 from common.stream_file import StreamBatch, StreamChecks
@@ -235,28 +237,32 @@ class KafkaStream:
 
     def _take(self, records: list, now: float) -> None:
         """A batch from the client: its events (a partition read to its end, errors) and its records, decoded
-        and waiting in the merge."""
-        errors = [r.error() for r in records]
-        if any(e is not None for e in errors):
-            self._events([r for r, e in zip(records, errors) if e is not None])
-            records = [r for r, e in zip(records, errors) if e is None]
-            if not records:
+        and waiting in the merge.  The client hands out one object per record: their fields are taken by maps
+        of the client's own methods (C, no Python step per record), everything after on arrays."""
+        n = len(records)
+        ok = list(map(operator.is_, map(Message.error, records), repeat(None)))  # by identity: errors' == takes ints
+        if not all(ok):
+            self._events(list(compress(records, map(operator.not_, ok))))
+            records = list(compress(records, ok))
+            if not (n := len(records)):
                 return
-        at = np.array([r.partition() for r in records], np.int64)
+        at = np.fromiter(map(Message.partition, records), np.int64, n)
         if len(self.topics) == 1:
             partition = self.index_of[0, at]
         else:
             topic = {t: i for i, t in enumerate(self.topics)}
-            partition = self.index_of[np.array([topic[r.topic()] for r in records], np.int64), at]
-        offset = np.array([r.offset() for r in records], np.int64)
+            partition = self.index_of[np.fromiter(map(topic.__getitem__, map(Message.topic, records)), np.int64, n), at]
+        offset = np.fromiter(map(Message.offset, records), np.int64, n)
         if self.bounded and not (inside := offset < self.merge.end[partition]).all():  # written after the start
-            records = [r for r, keep in zip(records, inside) if keep]
+            records = list(compress(records, inside))
             partition, offset = partition[inside], offset[inside]
             if not records:
                 return
         self.last_message = now
         self.records += len(records)
-        values = [r.value() or b"" for r in records]
+        values = list(map(Message.value, records))
+        if None in values:  # a record without a value (a tombstone): an empty one, set aside as unreadable
+            values = [v or b"" for v in values]
         sizes = np.fromiter(map(len, values), np.int64, len(values))
         self.taken += [
             np.bincount(partition, minlength=len(self.assigned)),
@@ -265,8 +271,7 @@ class KafkaStream:
         self.merge.read(partition, offset, now)
         if self.select is not None:
             mine = self._own_records(values, partition, offset)
-            records = [r for r, keep in zip(records, mine) if keep]
-            values = [v for v, keep in zip(values, mine) if keep]
+            records, values = list(compress(records, mine)), list(compress(values, mine))
             partition, offset = partition[mine], offset[mine]
             if not values:
                 return
@@ -278,7 +283,7 @@ class KafkaStream:
         at = np.concatenate([np.arange(start, start + t.num_rows) for start, t in good])
         table = pa.concat_tables([t for _, t in good])
         stamps = (
-            np.array([records[i].timestamp() for i in at], np.int64).reshape(-1, 2)
+            np.array(list(map(Message.timestamp, records)), np.int64).reshape(-1, 2)[at]
             if "@timestamp" in self.own
             else None
         )

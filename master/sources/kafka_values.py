@@ -22,6 +22,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.json as pajson
@@ -30,6 +31,7 @@ from protocol.errors import ConfigError
 
 #: pyarrow's JSON block, at least (a block must hold a whole record)
 JSON_BLOCK = 1 << 20
+REGISTRY_HEADER = 5  #: bytes before a Schema Registry-framed Avro datum: magic byte 0, the schema id (4 bytes)
 
 
 def halved(read, values: list[bytes], lo: int, hi: int, good: list, bad: list) -> None:
@@ -133,12 +135,11 @@ class CsvValues(Values):
     def read(self, values: list[bytes]) -> pa.Table | None:
         """The values, one CSV line each, read at once; None if one is not a line of the declared cells (a line
         break inside a value would shift every row after it, so it fails the batch too)."""
-        if any(b"\n" in v or b"\r" in v or not v.strip() for v in values):
+        text = b"\n".join(values)
+        if text.count(b"\n") != len(values) - 1 or b"\r" in text or not min(map(len, map(bytes.strip, values))):
             return None
         try:
-            table = pacsv.read_csv(
-                pa.BufferReader(b"\n".join(values)), read_options=self._read, convert_options=self._convert
-            )
+            table = pacsv.read_csv(pa.BufferReader(text), read_options=self._read, convert_options=self._convert)
         except pa.ArrowInvalid:
             return None
         if table.num_rows != len(values) or _required_missing(table, self.fields):
@@ -177,6 +178,19 @@ def _long(v: int) -> bytes:
             out.append(b)
             return bytes(out)
         out.append(b | 0x80)
+
+
+def _without_headers(body: bytes, values: list[bytes]) -> bytes | None:
+    """The values joined in `body`, each without its Schema Registry header (magic byte 0, a 4-byte schema id),
+    cut out on arrays; None if a value has none."""
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    starts = np.cumsum(lengths) - lengths
+    data = np.frombuffer(body, np.uint8)
+    if (lengths < REGISTRY_HEADER).any() or data[starts].any():
+        return None
+    keep = np.ones(len(data), bool)
+    keep[(starts[:, None] + np.arange(REGISTRY_HEADER)).ravel()] = False
+    return data[keep].tobytes()
 
 
 class AvroValues(Values):
@@ -218,11 +232,11 @@ class AvroValues(Values):
         import polars
         from polars.exceptions import PanicException
 
-        if self.header:
-            if any(len(v) < 5 or v[0] != 0 for v in values):
-                return None
-            values = [v[5:] for v in values]
         body = b"".join(values)
+        if self.header:
+            body = _without_headers(body, values)
+            if body is None:
+                return None
         block = self._head + _long(len(values)) + _long(len(body)) + body + self._sync
         try:
             table = polars.read_avro(io.BytesIO(block)).to_arrow()
@@ -241,9 +255,9 @@ class AvroValues(Values):
         import fastavro
 
         if self.header:
-            if len(value) < 5 or value[0] != 0:
+            if len(value) < REGISTRY_HEADER or value[0] != 0:
                 return "", "not Avro", "no Schema Registry header (magic byte 0 and a 4-byte schema id)"
-            value = value[5:]
+            value = value[REGISTRY_HEADER:]
         stream = io.BytesIO(value)
         try:
             datum = fastavro.schemaless_reader(stream, self._parsed, None)
