@@ -20,6 +20,7 @@ from master.cli import parse_args
 from protocol.lifetime import SINK, USER_ERROR
 from protocol.errors import SinkError
 from protocol.mpi import receive_start, run_rank, wait_barrier
+from protocol.startup import early_importers
 
 # Only light modules above: every rank imports them, then the others sleep in a barrier while rank 0 alone
 # imports numpy, pyarrow and its desks, reads the config and the input's first batch on a core of its own
@@ -91,9 +92,7 @@ def other_rank(comm) -> int:
     """Ranks 1..k-1 are further dispatchers with their share of the input; the rest run the slave."""
     # the cores this rank may run on (every core where the system has no affinity call, as macOS)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if comm.rank >= comm.size - (cores - 1):
-        # a core rank 0 leaves idle: the last ranks (slaves, since the config leaves at least one) import the
-        # slave's modules beside it, the others after its first batch
+    if comm.rank >= comm.size - early_importers(comm.size, cores):
         importlib.import_module("slave.run")
     wait_barrier(comm)  # until rank 0 has read the config and opened the input
     cfg, resume = receive_start(comm)

@@ -39,6 +39,14 @@ def without_pandas() -> None:
         sys.meta_path.insert(0, _NoPandas)
 
 
+def early_importers(ranks: int, cores: int) -> int:
+    """How many ranks import the slave's modules beside rank 0 (the last ones: slaves, since the config leaves at
+    least one); the others wait for its first batch, so that it reads on a core of its own.  As many as the cores
+    it leaves idle -- or all, if the slaves are no more than the cores: the last would otherwise import alone
+    while a core has nothing to do."""
+    return ranks - 1 if ranks - 1 <= cores else cores - 1
+
+
 def launched_at() -> float:
     """Unix time the job was launched."""
     if LAUNCHED in os.environ:

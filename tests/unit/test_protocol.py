@@ -452,3 +452,12 @@ def test_ranks_convert_arrays_without_pandas(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "[0, 2] False\n"
+
+
+def test_slaves_import_beside_rank_0_on_the_cores_it_leaves_or_all_when_they_fit():
+    """protocol.startup.early_importers: as many slaves import at once with rank 0 as leave no core idle."""
+    from protocol.startup import early_importers
+
+    assert [early_importers(ranks, 2) for ranks in (2, 3, 4, 17)] == [1, 2, 1, 1]
+    assert [early_importers(ranks, 4) for ranks in (3, 5, 6, 17)] == [2, 4, 3, 3]
+    assert early_importers(17, 1) == 0
