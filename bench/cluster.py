@@ -201,6 +201,7 @@ def run_cluster(
         raise RunFailed(f"{why}: {' '.join(proc.args)}\n--- stderr tail ---\n{tail}")
     s = json.loads(summary.read_text())
     s["peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)  # Linux reports KiB
+    s["cpu_seconds"] = round(usage.ru_utime + usage.ru_stime, 2)  # mpirun's and the ranks' it reaped
     s["process_seconds"] = process_seconds
     if not drop_results:  # every result row carries its delay: the exact percentiles, not the summary's bin edges
         results = read_tables(out / "results", ["delay"])

@@ -18,7 +18,8 @@ their wall time) over the file's tuples; their sum is what one tuple costs the
 machine along the pipeline, and the **pipeline limit** is cores / sum: the rate the cores could carry if no
 stage waited and nothing were done twice.  Then the cluster (`--slaves` slaves, unpaced) on the same file,
 alternated with nothing, `--repeats` times: its in-run and whole-process rates (medians) and their ratios to the
-limit, and whole process against in-run.  The metrics' share: the cluster once more with the metrics off.
+limit, and whole process against in-run.  The metrics' share: the cluster once more with the metrics off, by
+in-run rate and by CPU per tuple (mpirun's and every rank's user and system time: steadier on a busy machine).
 
 The payload: the same generator's tuples as two declared streams (bench.payload's files: id, key, ts and three
 payload columns a side), read by the streams' source (which writes the payload log), each stage measured again
@@ -272,7 +273,7 @@ def main(argv: list[str]) -> int:
             forms = workloads(a.rows, Path(tmp))
             clusters = {**forms, "file, metrics off": [*forms["file"], "metrics.endpoint=", "metrics.log_interval=0"]}
             measured = {w: {s: [] for s in STAGES} for w in forms}
-            runs = {c: {"in_run": [], "whole_process": []} for c in clusters}
+            runs = {c: {"in_run": [], "whole_process": [], "cpu_ns_per_tuple": []} for c in clusters}
             for i in range(a.repeats):  # stages and clusters alternated, so the machine's drift falls on all
                 for w, settings in forms.items():
                     cfg = load_config(None, [*settings, f"output.path={tmp}/out"])
@@ -285,6 +286,7 @@ def main(argv: list[str]) -> int:
                     )
                     runs[c]["in_run"].append(s["throughput_tuples_per_s"])
                     runs[c]["whole_process"].append(round(s["input_total"] / s["process_seconds"], 1))
+                    runs[c]["cpu_ns_per_tuple"].append(round(s["cpu_seconds"] / s["input_total"] * 1e9, 1))
                 print(
                     f"[#{i + 1}] "
                     + "; ".join(
@@ -302,7 +304,7 @@ def main(argv: list[str]) -> int:
     total = {w: sum(x.values()) for w, x in ns.items()}
     limit = {w: cores * 1e9 / t for w, t in total.items()}
     rates = {c: {k: median(v) for k, v in r.items()} for c, r in runs.items()}
-    ratios = {w: {k: round(v / limit[w], 3) for k, v in rates[w].items()} for w in ns}
+    ratios = {w: {k: round(rates[w][k] / limit[w], 3) for k in ("in_run", "whole_process")} for w in ns}
     data = {
         "command": "python -m bench.limit " + " ".join(argv),
         "machine": machine,
@@ -318,6 +320,9 @@ def main(argv: list[str]) -> int:
         "whole_process_to_in_run": round(rates["file"]["whole_process"] / rates["file"]["in_run"], 3),
         "payload_to_streams": round(rates["payload"]["in_run"] / rates["streams"]["in_run"], 3),
         "metrics_on_to_off": round(rates["file"]["in_run"] / rates["file, metrics off"]["in_run"], 3),
+        "metrics_cpu_on_to_off": round(
+            rates["file"]["cpu_ns_per_tuple"] / rates["file, metrics off"]["cpu_ns_per_tuple"], 3
+        ),
         "top_frames": top,
     }
     f = ns["file"]
@@ -348,7 +353,9 @@ def main(argv: list[str]) -> int:
         f"({ratios['file']['in_run']:.2f} of the limit), whole process {rates['file']['whole_process']:,.0f} "
         f"({ratios['file']['whole_process']:.2f}; {data['whole_process_to_in_run']:.2f} of the in-run rate).",
         f"The metrics: in-run {rates['file, metrics off']['in_run']:,.0f} tuples/s without them, "
-        f"{data['metrics_on_to_off']:.3f} of that with them.",
+        f"{data['metrics_on_to_off']:.3f} of that with them; CPU (the whole process, every rank) "
+        f"{rates['file']['cpu_ns_per_tuple']:,.0f} ns a tuple with them, "
+        f"{rates['file, metrics off']['cpu_ns_per_tuple']:,.0f} without ({data['metrics_cpu_on_to_off']:.3f}).",
         "The same tuples as two declared streams, without and with three payload columns a side (bench.payload's):\n\n"
         + forms_table
         + f"\n\nWith payload the cluster joins {data['payload_to_streams']:.2f} of the rate without.",

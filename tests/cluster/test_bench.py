@@ -881,7 +881,10 @@ def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_
         ratios = data["ratios"][form]
         assert 0 < ratios["in_run"] and 0 < ratios["whole_process"] <= ratios["in_run"]
     assert set(data["cluster"]) == {"file", "streams", "payload", "file, metrics off"}
-    assert 0 < data["payload_to_streams"] and 0 < data["metrics_on_to_off"]
+    assert 0 < data["payload_to_streams"] and 0 < data["metrics_on_to_off"] and 0 < data["metrics_cpu_on_to_off"]
+    for c, r in data["cluster"].items():  # the ranks' CPU counted, and no more than the cores had
+        whole_seconds = data["rows"] / r["whole_process"][0]
+        assert 0 < r["cpu_ns_per_tuple"][0] * data["rows"] / 1e9 <= data["machine"]["cores"] * whole_seconds, c
     assert "Pipeline limit" in (tmp_path / "limit.md").read_text()
 
 
