@@ -40,7 +40,7 @@ from master.cli import checked_config
 from protocol.config import ConfigError
 from protocol.lifetime import USER_ERROR, invocation
 from protocol.liveness import heartbeat_timeout
-from protocol.startup import LAUNCHED, PLACED_HOSTS
+from protocol.startup import BTL, LAUNCHED, PLACED_HOSTS
 
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -210,12 +210,6 @@ def session_tmpdir() -> str:
     them: "The PMIx server's listener thread failed to start", exit 213, before any rank runs.  One folder per
     launch, made here, cannot hold another run's leftovers."""
     return tempfile.mkdtemp(dir=session_root())
-
-
-#: Open MPI's byte transfer layers: loopback, shared memory, TCP between hosts.  Left to choose, it also probes
-#: every other component at MPI_Init, which took 1.0 of 1.1 s of each rank's start here (0.09 s with these);
-#: a value the user exported wins
-BTL = "self,sm,tcp"
 
 
 def mpi_env() -> dict[str, str]:

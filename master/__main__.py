@@ -14,13 +14,16 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from protocol.startup import BTL, early_importers
+
+os.environ.setdefault("OMPI_MCA_btl", BTL)  # before MPI_Init reads it: under a bare mpirun too
+
 from mpi4py import MPI
 
 from master.cli import parse_args
 from protocol.lifetime import SINK, USER_ERROR
 from protocol.errors import SinkError
 from protocol.mpi import receive_start, run_rank, wait_barrier
-from protocol.startup import early_importers
 
 # Only light modules above: every rank imports them, then the others sleep in a barrier while rank 0 alone
 # imports numpy, pyarrow and its desks, reads the config and the input's first batch on a core of its own

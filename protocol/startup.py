@@ -19,6 +19,11 @@ LAUNCHED = "STREAMJOIN_LAUNCHED"
 PLACED_HOSTS = "STREAMJOIN_PLACED_HOSTS"  #: set by deploy.launch: the number of hosts its placement uses
 RESTARTS = "STREAMJOIN_RESTARTS"  #: set by control.supervise: its restarts so far, as JSON (the summary's)
 LAUNCHERS = ("prterun", "mpirun", "mpiexec", "orterun")
+#: Open MPI's byte transfer layers: loopback, shared memory, TCP between hosts.  Left to choose, MPI_Init also
+#: probes every other component (libfabric's), which waits about a second in each rank where there is no such
+#: fabric.  deploy.launch sets it for mpirun, the ranks for themselves under a bare mpirun; a value the user
+#: exported, or mpirun's `--mca btl`, wins.
+BTL = "self,sm,tcp"
 
 
 class _NoPandas:

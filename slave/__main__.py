@@ -1,6 +1,11 @@
 """`python -m slave`: run one slave rank (also reached from `python -m master` on ranks > 0)."""
 
+import os
 import sys
+
+from protocol.startup import BTL
+
+os.environ.setdefault("OMPI_MCA_btl", BTL)  # before MPI_Init reads it: under a bare mpirun too
 
 from mpi4py import MPI
 

@@ -161,3 +161,21 @@ def test_the_launcher_warms_the_kernels_once_and_again_after_a_kernel_module_cha
         if "cache=True" in f.read_text()
     )
     assert cached == sorted(KERNEL_MODULES)
+
+
+@pytest.mark.parametrize("exported", [None, "self,sm"])
+def test_a_bare_mpirun_leaves_out_the_transports_that_only_slow_the_start(tmp_path, exported):
+    """Under a bare `mpirun -n 2 python -m master` the ranks choose Open MPI's transports themselves, as
+    deploy.launch does (protocol.startup.BTL: libfabric's probe waits about a second in MPI_Init); a value the
+    user exported wins.  Open MPI's own log of the components it loads tells."""
+    from deploy.launch import find_mpirun
+
+    env = {k: v for k, v in mpi_env().items() if k != "OMPI_MCA_btl"}
+    env |= {"OMPI_MCA_btl_base_verbose": "100", **({"OMPI_MCA_btl": exported} if exported else {})}
+    cmd = [find_mpirun(), "--oversubscribe", "-n", "2", sys.executable, "-P", "-m", "master"]
+    cmd += ["--set", "generator.duration=0.2", "--set", f"output.path={tmp_path}/out"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    opened = "components_open: found loaded component"
+    loaded = {line.split()[-1] for line in proc.stderr.splitlines() if opened in line}
+    assert loaded == ({"self", "sm", "tcp"} if exported is None else {"self", "sm"}), loaded
