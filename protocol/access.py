@@ -97,9 +97,10 @@ def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
         if on and cfg[s][k]
     ]
     used += [
-        (f"streams.{name}.endpoint", spec["endpoint"])
+        (f"streams.{name}.{key}", spec[key])
         for name, spec in cfg.get("streams", {}).items()
-        if spec["endpoint"]
+        for key in ("endpoint", "ack_endpoint")
+        if spec[key]
     ]
     for name, ep in used:
         if not (ep.startswith("ipc://") or (ep.startswith("tcp://") and ":" in ep[6:])):
@@ -149,9 +150,14 @@ def check_producers(cfg: dict[str, dict[str, Any]]) -> None:
             raise ConfigError(f"source.token_file: {src['token_file']!r} is empty")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"source.token_file: cannot read {src['token_file']!r} ({e})") from None
-    if src["ack_endpoint"] and src["kind"] == "zmq":
-        if not cfg["checkpoint"]["interval"]:
-            raise ConfigError("source.ack_endpoint: acknowledgements come from checkpoints: set checkpoint.interval")
+    streams = cfg.get("streams", {})
+    acks = ["source.ack_endpoint"] * bool(src["ack_endpoint"] and src["kind"] == "zmq") + [
+        f"streams.{name}.ack_endpoint" for name, spec in streams.items() if spec["ack_endpoint"]
+    ]
+    if acks and not cfg["checkpoint"]["interval"]:
+        raise ConfigError(f"{acks[0]}: acknowledgements come from checkpoints: set checkpoint.interval")
+    for name in [n for n, spec in streams.items() if spec["ack_endpoint"] and not spec["endpoint"]][:1]:
+        raise ConfigError(f"streams.{name}.ack_endpoint: only for a live stream's producers (streams.{name}.endpoint)")
 
 
 def _check_secret_key(path: str) -> None:

@@ -31,6 +31,12 @@ STREAM_KEYS: dict[str, tuple[Any, str]] = {
         "to (`python -m control.produce --stream`); needs `schema`",
     ),
     "producers": (1, "with endpoint: the stream ends after this many producers sent their END"),
+    "ack_endpoint": (
+        "",
+        "with endpoint and checkpoints: where the master publishes what each checkpoint made durable per "
+        "producer of the stream, so producers resend after a crash (`control.produce --stream --ack-endpoint`; "
+        '"" = none)',
+    ),
     "kafka": (
         {},
         "a Kafka topic instead of files: a table of the `streams.NAME.kafka.*` keys below "
@@ -303,7 +309,7 @@ def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
     ):
         raise error(f"streams.{name}.key: expected a column name or a list of distinct column names, got {s['key']!r}")
     s["key"] = key
-    for k in ("path", "endpoint", "time", "time_unit", "id", "side", "prefix"):
+    for k in ("path", "endpoint", "ack_endpoint", "time", "time_unit", "id", "side", "prefix"):
         if not isinstance(s[k], str):
             raise error(f"streams.{name}.{k}: expected a string, got {s[k]!r}")
     if not s["time"]:

@@ -7,7 +7,11 @@ not an Arrow batch, lacks a declared column or holds a column that does not beco
 counted by reason and listed in `rejected/zmq-rejected-<R|S>.*`; single bad cells are rejected rows, as in a
 file (common.stream_file.StreamChecks).  Producers, the token, END and the rejections are those of the
 ZeroMQ tuple source (master.sources.zmq_input), whose socket handling this reuses; the stream ends after
-`producers` END messages.  A live stream cannot be rewound: checkpoints are refused with one (protocol.config).
+`producers` END messages.  Checkpoints as with the tuple source: the stream's place (`position`) is each
+producer's position with the next stream row and the duplicate-id check's state there, and the rows handed on
+after it are in the checkpoint's merge state (master.sources.streams); once a checkpoint is complete its
+positions go out on the stream's `ack_endpoint`, so producers (`control.produce --stream --ack-endpoint`) keep
+only what no checkpoint holds and resend it to a recovered run, which drops what it already has.
 `Live` is what master.sources.streams asks of any stream that is not files: this one, or a Kafka topic
 (master.sources.kafka_input).
 """
@@ -52,16 +56,25 @@ class Live(Protocol):
 
 
 def open_live(
-    cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema, start=None, share: tuple[int, int] = (0, 1)
+    cfg: dict,
+    side: int,
+    checks: StreamChecks,
+    declared: pa.Schema,
+    start=None,
+    share: tuple[int, int] = (0, 1),
+    opened: Live | None = None,
 ) -> Live:
-    """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`; a Kafka topic
-    from a checkpoint's place `start` (None: from its beginning), dispatcher `share[0]` of `share[1]` reading its
-    own partitions."""
+    """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`, from a
+    checkpoint's place `start` (None: from its beginning); a Kafka topic's dispatcher `share[0]` of `share[1]`
+    reads its own partitions.  A ZeroMQ stream already `opened` (bound) goes on from `start` itself."""
     if checks.spec["kafka"]:
         from master.sources.kafka_input import KafkaStream  # librdkafka: only for a Kafka stream
 
         return KafkaStream(cfg, side, checks, declared, start, share)
-    return LiveStream(cfg, side, checks.spec, checks, declared)
+    live = opened if isinstance(opened, LiveStream) else LiveStream(cfg, side, checks.spec, checks, declared)
+    if start is not None:
+        live.resume(checks, *start)
+    return live
 
 
 class LiveStream(ZmqSource):
@@ -77,7 +90,7 @@ class LiveStream(ZmqSource):
                     **cfg["source"],
                     "endpoint": spec["endpoint"],
                     "producers": spec["producers"],
-                    "ack_endpoint": "",
+                    "ack_endpoint": spec["ack_endpoint"],
                     "idle_timeout": 0.0,
                 },
             }
@@ -97,10 +110,25 @@ class LiveStream(ZmqSource):
         """The ZeroMQ source's counts (master.sources.zmq_input), once."""
         return super().finish()["zmq_ingest"]
 
+    def position(self) -> tuple[dict, pa.Table]:
+        """Its place (a checkpoint's part): each producer's position, the next stream row and the duplicate-id
+        check's state there (JSON, and the check's recent ids)."""
+        place, recent = self.checks.place()
+        return {**self.producers_position(), **place}, recent
+
+    def resume(self, checks: StreamChecks, where: dict, recent: pa.Table) -> None:
+        """Back to a `position`, its rows checked by `checks` from there (a recovery; the sockets stay bound)."""
+        self.checks = checks
+        self.seek(where)
+        checks.resume(where, recent)
+
     def batches(self) -> list[StreamBatch]:
-        """The checked batches that have arrived (none: nothing now)."""
+        """The next checked batch that has arrived (none: nothing now).  One at a time: the merge asks when it
+        needs more, so the rest waits in the sockets and its producers feel the backpressure (and keep what no
+        checkpoint holds yet, with acknowledgements)."""
+        self._repeat_ack()
         out = []
-        while not self.done:
+        while not self.done and not out:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:

@@ -18,10 +18,12 @@ while it is quiet the other stream waits up to its watermark, until its idle_tim
 Keys become the engine's int64 keys in that order (master.sources.keys); a tuple's `id` is its stream row, the reference
 by which results gather the row's own columns from the payload log (protocol.payload), which the reader threads
 write batch by batch before any tuple of the batch is handed on.  A recovery reads files again from their
-start, which rebuilds the same codes and lists the rejected rows once more from an empty listing.  Kafka topics
-are not read again (their merge across partitions depends on when records come): a checkpoint holds where each
-stream's merge hands rows on (master.sources.kafka_input) and everything after that point that the master has not
-taken yet -- the tuples merged and ready, those pending, the key dictionaries -- and a recovery goes on from there.
+start, which rebuilds the same codes and lists the rejected rows once more from an empty listing.  Live streams
+are not read again (a Kafka topic's merge across partitions depends on when records come; ZeroMQ producers
+resend only what no checkpoint holds): a checkpoint holds where each stream hands rows on (a topic's offsets,
+master.sources.kafka_input; producers' positions, master.sources.live) and everything after that point that the
+master has not taken yet -- the tuples merged and ready, those pending, the key dictionaries -- with the rows
+rejected so far, and a recovery goes on from there.
 
 The single file's tuples keep the file's id, key (int64) and value columns and its rows' order: its results hold the
 fixed columns (protocol.output), so nothing goes to the payload log.  Its position is a file row (with the
@@ -147,13 +149,15 @@ class StreamsSource(Source):
             )
         first = share[0] * ROW_BLOCK if share[1] > 1 else 0  #: the first stream row this dispatcher numbers
         self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()), (first, first + ROW_BLOCK))
-        #: both streams are Kafka topics: a checkpoint holds the streams' places (`position`), not a count
-        self.placed = all(s["kafka"] for s in self.specs.values())
+        #: both streams are live (Kafka topics, ZeroMQ producers): a checkpoint holds the streams' places
+        #: (`position`), not a count
+        self.placed = all(s["kafka"] or s["endpoint"] for s in self.specs.values())
+        self._live: list[Live | None] = [None, None]
         self._open()
 
     def _open(self, starts: list | None = None) -> None:
-        """Start reading both streams from their first rows (a recovery of files starts again here), or Kafka
-        topics from a checkpoint's places (`starts`, per side)."""
+        """Start reading both streams from their first rows (a recovery of files starts again here), or live
+        streams from a checkpoint's places (`starts`, per side; a ZeroMQ stream keeps its bound sockets)."""
         window = self.cfg["source"]["duplicate_window"]
         inputs = [
             StreamChecks(
@@ -172,11 +176,11 @@ class StreamsSource(Source):
         self.mapper = KeyMapper(self.kinds, hashed=self.share[1] > 1)
         self._stop = threading.Event()
         #: per side: a live stream (master.sources.live), or the queue its file reader fills
-        self._live: list[Live | None] = [
-            open_live(self.cfg, side, inp, self.declared[inp.name], starts and starts[side], self.share)
+        self._live = [
+            open_live(self.cfg, side, inp, self.declared[inp.name], starts and starts[side], self.share, opened)
             if inp.name in self.declared
             else None
-            for side, inp in enumerate(inputs)
+            for (side, inp), opened in zip(enumerate(inputs), self._live)
         ]
         self._start_readers(
             {
@@ -471,8 +475,12 @@ class StreamsSource(Source):
         ]
         ready = pa.table(dict(zip(Chunk._fields, rows(self._ready, self._taken))))
         self._records = table_records([*pending, ready, self.mapper.dictionaries(), *(r for _, r in places)])
+        if self.listing is not None:
+            self.listing.flush()
         return {
             "accepted": self.accepted,
+            "rejected_files": self.listing.files if self.listing else 0,
+            "rejected_rows": self.listing.rows if self.listing else 0,
             "streams": [place for place, _ in places],
             "rows_taken": list(self.rows_taken),
             "running": list(self._running),
@@ -504,8 +512,8 @@ class StreamsSource(Source):
             if self.listing is not None:
                 self.listing.roll_back(where["rejected_files"], where["rejected_rows"])
             return
-        if self.listing is not None:
-            self.listing.roll_back(0, 0)
+        if self.listing is not None:  # live streams: the rows rejected before their places stay listed
+            self.listing.roll_back(where.get("rejected_files", 0), where.get("rejected_rows", 0))
         if "streams" not in where:
             self.accepted = 0
             self._open()

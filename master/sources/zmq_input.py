@@ -86,15 +86,15 @@ class ZmqSource(Source):
         self.ended_by: set[bytes] = set()
         self.anonymous_ended = self.ended = 0
         self.lost = self.duplicates = self.stale = 0  #: tuples never received; tuples and messages dropped
-        self.acked: dict = self.position()  #: what the last complete checkpoint holds
-        self.acknowledged = 0  #: complete checkpoints this dispatcher was told of (and published, with acks)
-        self._next_ack = 0.0
         self.messages = self.tuples = self.held_peak = 0
         self.blocked_seconds = 0.0
         self.reasons: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()  #: messages of producers without the token, by kind
         self.refused_tuples = 0
         self._rejections: list[dict] = []
+        self.acked: dict = self.producers_position()  #: what the last complete checkpoint holds
+        self.acknowledged = 0  #: complete checkpoints this dispatcher was told of (and published, with acks)
+        self._next_ack = 0.0
         self._last_message = time.monotonic()
         self._finished: dict | None = None
         who = (
@@ -132,8 +132,7 @@ class ZmqSource(Source):
         """Up to `limit` tuples of what has arrived (an empty Chunk if none yet); None once the input ended."""
         if limit < 1:
             raise ValueError(f"limit must be positive, got {limit}")
-        if self.acks is not None and time.monotonic() >= self._next_ack:
-            self._publish(self.acked, final=False)
+        self._repeat_ack()
         parts, room = [], limit
         while room > 0:
             if self._pending is None and not self._receive():
@@ -246,7 +245,10 @@ class ZmqSource(Source):
 
     def _reject(self, rej: wire.Rejection, nbytes: int) -> None:
         if rej.origin is not None and rej.reason not in ("frames", "kind"):  # its tuples are dealt with
-            self.taken[bytes(rej.origin["producer"])] += rej.count - self._skip(rej.origin, rej.count)
+            skip = self._skip(rej.origin, rej.count)
+            if rej.count and skip == rej.count:
+                return  # a resend of a message rejected before (the checkpoint counts and lists it)
+            self.taken[bytes(rej.origin["producer"])] += rej.count - skip
         if not self.reasons[rej.reason]:
             print(
                 f"ingest: rejected message {self.messages} ({rej.reason}: {rej.detail}); "
@@ -267,14 +269,19 @@ class ZmqSource(Source):
             )
 
     # -- checkpoints and acknowledgements ---------------------------------------------------------------
-    def position(self) -> dict:
-        """What the master has taken, per producer (hex id -> tuples), and who ended: a checkpoint's part."""
+    def producers_position(self) -> dict:
+        """What the master has taken, per producer (hex id -> tuples), who ended, and the messages rejected so
+        far (counted and listed once): a checkpoint's part."""
         return {
             "taken": {p.hex(): n for p, n in self.taken.items()},
             "ended": sorted(p.hex() for p in self.ended_by),
             "anonymous_ended": self.anonymous_ended,
             "lost": self.lost,
+            "rejected_by_reason": dict(self.reasons),
+            "rejections": list(self._rejections),
         }
+
+    position = producers_position
 
     def seek(self, where: dict) -> None:
         """A recovery: the checkpoint's positions (what a producer resends before them is dropped)."""
@@ -282,6 +289,9 @@ class ZmqSource(Source):
         self.ended_by = {bytes.fromhex(p) for p in where["ended"]}
         self.anonymous_ended, self.lost = where["anonymous_ended"], where["lost"]
         self.ended = len(self.ended_by) + self.anonymous_ended
+        # a checkpoint of the version before holds no rejected messages
+        self.reasons = Counter(where.get("rejected_by_reason", {}))
+        self._rejections = list(where.get("rejections", []))
         self.acked = where
 
     def acknowledge(self, where: dict) -> None:
@@ -290,6 +300,11 @@ class ZmqSource(Source):
         self.acknowledged += 1
         if self.acks is not None:
             self._publish(where, final=False)
+
+    def _repeat_ack(self) -> None:
+        """The last ACK again every ACK_INTERVAL: a producer of a new run learns the run from it."""
+        if self.acks is not None and time.monotonic() >= self._next_ack:
+            self._publish(self.acked, final=False)
 
     def _publish(self, where: dict, final: bool) -> None:
         ended = set(where["ended"])
@@ -323,7 +338,7 @@ class ZmqSource(Source):
         if self._finished is None:
             self.sock.close()
             if self.acks is not None:  # the run is complete: everything taken is in its output
-                self._publish(self.position(), final=True)
+                self._publish(self.producers_position(), final=True)
                 self.acks.close()
             stop_authenticators()
             if self.acks is not None:
