@@ -1,6 +1,6 @@
 """Who may reach the cluster's live endpoints: which binds are loopback, the producers' shared token, and the
 configuration as it may be written down (without the token).  Used by protocol.config's checks, the ZeroMQ
-source (master/sources/zmq_input.py) and what writes the config to disk (summary, checkpoint manifests)."""
+source (master/sources/producers.py) and what writes the config to disk (summary, checkpoint manifests)."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
 
 
 def check_producers(cfg: dict[str, dict[str, Any]]) -> None:
-    """The shared token (in the config or a file) and the acknowledgement channel (master/sources/zmq_input.py)."""
+    """The shared token (in the config or a file) and the acknowledgement channel (master/sources/producers.py)."""
     src = cfg["source"]
     if src["token"] and src["token_file"]:
         raise ConfigError("source.token_file: give the token either in source.token or in source.token_file, not both")

@@ -250,6 +250,14 @@ def generator_streams(join: dict) -> dict[str, dict]:
     return file_streams({"path": "", "ts_unit": "us"}, join)
 
 
+def zmq_streams(source: dict, join: dict) -> dict[str, dict]:
+    """The single file's two streams pushed live (`source.kind = "zmq"`): its columns as file_streams declares
+    them, their tuples pushed by `source.producers` producers to `source.endpoint` (acknowledged on
+    `source.ack_endpoint`) in one arrival order, times already in microseconds (protocol.wire)."""
+    live = {k: source[k] for k in ("endpoint", "producers", "ack_endpoint")}
+    return {side: spec | live for side, spec in file_streams({"path": "", "ts_unit": "us"}, join).items()}
+
+
 def _one_topic(streams: dict[str, dict], error: type[Exception]) -> None:
     """Two streams sharing a topic must each select their records by the same column with their own value; each
     then knows the other's (`select["values"]`: a record no stream takes is set aside by R)."""

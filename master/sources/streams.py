@@ -1,7 +1,8 @@
 """Two declared streams read side by side and merged into one arrival order (docs/input.md); the single file
 (`source.kind = "file"`) is two streams of one file (protocol.streams.file_streams), read by one thread in its row
 order, without a merge (`in_rows`); so is the generator (protocol.streams.generator_streams), its drawn chunks taken
-by that thread as the file's checked batches.
+by that thread as the file's checked batches, and the single file pushed live (`source.kind = "zmq"`,
+protocol.streams.zmq_streams), its producers' messages taken as they come (master.sources.live.LiveTuples).
 
 Each stream's files are read by a thread of their own, a bounded number of checked batches ahead (READ_AHEAD;
 pyarrow decodes and checks outside the GIL: common.stream_file).  The merge orders the tuples by their stream's own
@@ -30,6 +31,9 @@ fixed columns (protocol.output), so nothing goes to the payload log.  Its positi
 duplicate check's state there): a recovery starts reading at that row (Parquet skips whole row groups) and its
 rejected rows are listed as the position passes them, each once.  The generator's row is its tuple's place in the
 drawn order: a recovery draws from the slice that holds the position (common.workload.GeneratorSource.skip).
+Pushed live, the position is each producer's (the tuples of it taken): a recovery goes on from there, and what a
+producer resends before it is dropped; the rejected messages are listed at the end (master.sources.producers).
+Several dispatchers each bind their own endpoints for their own producers (master.sources.open_shard).
 
 Several dispatchers (`share` = (index, k), both streams Kafka topics) share the partitions out instead of each
 reading everything: dispatcher i reads its own (master.sources.kafka_input), merges its own R and S as above and
@@ -52,13 +56,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from master.sources.keys import KeyMapper
-from master.sources.live import Live, open_live
+from master.sources.archive import named
+from master.sources.live import Live, LiveTuples, open_live
+from master.sources.producers import Producers
 from protocol import aggregation, eventtime
 from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
 from protocol.payload import ROW_BLOCK, PayloadLog
-from protocol.streams import KAFKA_COLUMNS, file_streams, generator_streams
+from protocol.streams import KAFKA_COLUMNS, file_streams, generator_streams, zmq_streams
 from common.stream_file import (
     BATCH_ROWS,
     SidedBatch,
@@ -102,23 +108,28 @@ def _read_ahead(batches, q: queue.Queue, stop: threading.Event) -> None:
 
 
 class StreamsSource(Source):
-    """The `[streams.*]` of `cfg` (protocol.streams), R first, or the single file's or the generator's two streams
-    (protocol.streams.file_streams, generator_streams: `in_rows`, taken in their one order); rejected rows go to
+    """The `[streams.*]` of `cfg` (protocol.streams), R first, or the single file's, the generator's or the pushed
+    single file's two streams (protocol.streams.file_streams, generator_streams, zmq_streams: `in_rows`, taken in
+    their one order); rejected rows go to
     `listing` (None: another dispatcher lists them, or the generator's, which rejects none); `share` = (index, k):
     dispatcher `index` of `k` reading its own Kafka partitions."""
 
     def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
         self.cfg, self.listing, self.share = cfg, listing, share
-        self.own_rows = share[1] > 1
+        self.own_rows = share[1] > 1 and cfg["source"]["kind"] == "streams"
+        self.pushed: LiveTuples | None = None  #: `source.kind = "zmq"`: the producers pushing the tuples
         self.accepted = 0
         self._records: list[np.ndarray] = []
-        self.in_rows = cfg["source"]["kind"] in ("file", "generator")
+        kind = cfg["source"]["kind"]
+        self.in_rows = kind in ("file", "generator", "zmq")
         self.specs = (
-            generator_streams(cfg["join"])
-            if cfg["source"]["kind"] == "generator"
+            cfg["streams"]
+            if not self.in_rows
+            else generator_streams(cfg["join"])
+            if kind == "generator"
+            else zmq_streams(cfg["source"], cfg["join"])
+            if kind == "zmq"
             else file_streams(cfg["source"], cfg["join"])
-            if self.in_rows
-            else cfg["streams"]
         )
         if self.in_rows:
             self._open_rows()
@@ -212,11 +223,16 @@ class StreamsSource(Source):
 
     def _open_rows(self, start: int = 0, max_id: tuple = (None, None)) -> None:
         """The single file (or the generator) from row `start` on (a recovery: with the duplicate check's state
-        there), one reader for both streams: their tuples are taken in its row order, no merge."""
+        there), one reader for both streams: their tuples are taken in its row order, no merge.  Pushed live
+        (`source.kind = "zmq"`): its producers' tuples as they come (`pushed`), no reader thread."""
         spec = self.specs["R"]
         window = self.cfg["source"]["duplicate_window"]
         self._stop = threading.Event()
-        if self.cfg["source"]["kind"] == "generator":
+        kind = self.cfg["source"]["kind"]
+        if kind == "zmq":
+            self.pushed = LiveTuples(self.cfg, named("zmq-rejected", *self.share))
+            self._start_readers({})
+        elif kind == "generator":
             self._start_readers({0: ("generator", _drawn(self.cfg["generator"], start))})
         else:
             self._start_readers({0: ("file", SidedFile(spec["path"], window, start, max_id, spec["time_unit"]))})
@@ -388,10 +404,14 @@ class StreamsSource(Source):
                     self._max_id[s] = top if self._max_id[s] is None else max(self._max_id[s], top)
             self._taken += n
             self._row = int(self._ready_rows[self._taken - 1]) + 1
+            if self.pushed is not None:
+                self.pushed.took(n)
             parts.append(part)
             room -= n
         if not parts:
-            if self._done[0] and self._end_row is not None:
+            if not self._done[0]:
+                return empty()  # pushed live: nothing has come yet
+            if self._end_row is not None:
                 self._row = self._end_row  # every row read is passed: the trailing rejections too
             self._list()
             return None
@@ -400,8 +420,11 @@ class StreamsSource(Source):
         return concat(parts)
 
     def _next_batch(self) -> bool:
-        """The single file's next checked batch to take from; False at its end."""
-        item = self._queues[0].get()
+        """The single file's next checked batch to take from; False at its end (pushed live: or none yet)."""
+        item = self._queues[0].get() if self.pushed is None else self.pushed.batch()
+        if item is None and self.pushed is not None:
+            self._done = [self.pushed.done] * 2
+            return False
         if isinstance(item, Exception):
             self._done = [True, True]
             raise item
@@ -435,12 +458,26 @@ class StreamsSource(Source):
     @property
     def reasons(self) -> dict[str, int]:
         """Rejected rows, and what live streams set aside themselves, by reason."""
+        if self.pushed is not None:
+            return dict(self.pushed.reasons)
         if self.listing is None:
             return {}
         if self.in_rows:
             self._list()
             return dict(self.listing.reasons)
         return dict(sum((Counter(x.reasons) for x in self._live if x is not None), Counter(self.listing.reasons)))
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Pushed live: messages refused for want of the token, by kind."""
+        return self.pushed.refused if self.pushed is not None else {}
+
+    def __getattr__(self, name: str):
+        """Pushed live: the producers' socket and counts (`endpoint`, `messages`, ...: master.sources.producers)."""
+        pushed = self.__dict__.get("pushed")
+        if pushed is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(pushed, name)
 
     def partitions(self) -> list[dict]:
         if self.in_rows:
@@ -456,6 +493,8 @@ class StreamsSource(Source):
         """Files: the tuples taken.  Kafka topics: each stream's place and the state after it (JSON here, its
         arrays in `records`).  The single file: the row after the last tuple taken (with the duplicate check's
         state there) and the listing's files and rows, so a recovery starts reading there."""
+        if self.pushed is not None:
+            return {**self.pushed.producers_position(), "accepted": self.accepted}
         if self.in_rows:
             if self.listing is not None:
                 self._list()
@@ -490,8 +529,11 @@ class StreamsSource(Source):
         }
 
     def acknowledge(self, position: dict | None) -> None:
-        """A checkpoint at `position` is complete: Kafka topics commit its offsets to their groups."""
-        if position is not None and "streams" in position:
+        """A checkpoint at `position` is complete: Kafka topics commit its offsets to their groups, producers are
+        told what it holds of theirs."""
+        if self.pushed is not None:
+            self.pushed.acknowledge(position)
+        elif position is not None and "streams" in position:
             for live, place in zip(self._live, position["streams"]):
                 live.acknowledge(place)
 
@@ -506,6 +548,11 @@ class StreamsSource(Source):
         stream goes on from its place, with the state after it as it was (`position`, and its arrays
         `where["records"]`); the payload log's segments of rows after the places go."""
         self._close()
+        if self.pushed is not None:  # the sockets stay bound; producers resend from their positions
+            self.pushed.seek(where)
+            self._ready, self._ready_rows, self._taken = empty(), np.empty(0, np.int64), 0
+            self.accepted, self._done = where["accepted"], [self.pushed.done] * 2
+            return
         if self.in_rows:
             self._open_rows(where["row"], tuple(where["max_id"]))
             self.accepted = where["accepted"]
@@ -534,6 +581,8 @@ class StreamsSource(Source):
 
     def finish(self) -> dict:
         self._close()
+        if self.pushed is not None:
+            return self.pushed.finish()
         if self.in_rows:
             if self.listing is None:
                 return {}
@@ -559,9 +608,12 @@ class StreamsSource(Source):
 
     @staticmethod
     def merge(finished: list[dict]) -> dict:
-        """Several dispatchers' `finish()` entries (each its own Kafka partitions) as one: counts added, the
-        per-partition positions together, peaks the largest; `keys.distinct` the most one dispatcher coded."""
+        """Several dispatchers' `finish()` entries (each its own Kafka partitions, or its own producers) as one:
+        counts added, the per-partition positions together, peaks the largest; `keys.distinct` the most one
+        dispatcher coded."""
         first = finished[0]
+        if "zmq_ingest" in first:
+            return Producers.merge(finished)
         out = {
             **first,
             **{k: sum(f[k] for f in finished) for k in ("payload_log_bytes", "payload_log_removed_bytes", "rejected")},
