@@ -21,6 +21,7 @@ from master.sources import open_source
 from protocol import wire
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
+from common.chunks import InputError
 from common.stream_file import arrow_type
 from tests.runs import free_port, run_cluster, toml_value
 from tests.reference import encode_pairs
@@ -214,6 +215,90 @@ def test_a_live_stream_whose_producers_ended_holds_nothing_back_once_its_rows_ar
     drain(src)
     assert src.ended() == [True, True]
     src.finish()
+
+
+def test_a_live_stream_goes_on_from_its_checkpointed_place_and_takes_a_resend_once(tmp_path):
+    """In-process crash with checkpoints: a position (the merge's state, every producer's) is taken mid-input, more
+    is taken and lost, the sockets die; a new source at the same endpoints seeks to the position and the producers
+    send everything again: the tuples come out as an uninterrupted source gives them, each once, and the message
+    rejected before the checkpoint (views without `user`) is counted and listed once."""
+    t0 = 1_795_000_000_000
+    views = [
+        pa.table(
+            {
+                "vid": np.arange(k * 20, k * 20 + 20),
+                "user": [f"u{i % 3}" for i in range(20)],
+                "page": ["/"] * 20,
+                "at": pa.array(t0 + np.arange(k * 20, k * 20 + 20) * 10, pa.timestamp("ms", "UTC")),
+            }
+        )
+        for k in range(4)
+    ]
+    views.insert(1, views[1].drop_columns(["user"]))
+    buys = [
+        pa.table(
+            {
+                "bid": np.arange(k * 20, k * 20 + 20),
+                "user": [f"u{i % 3}" for i in range(20)],
+                "at": t0 + np.arange(k * 20, k * 20 + 20) * 10 + 5,
+                "price": ["1.5"] * 20,
+            }
+        )
+        for k in range(4)
+    ]
+
+    def feed(src, end: bool) -> list:
+        prods = [Producer(f"tcp://127.0.0.1:{src.ports[n]}", name=n, timeout=10) for n in ("views", "buys")]
+        for prod, tables in zip(prods, (views, buys)):
+            for t in tables:
+                prod.send_table(t)
+            if end:
+                prod.close()
+        return prods
+
+    def opened(out: str, ports: dict):
+        for _ in range(50):  # a closed socket's port is free once ZeroMQ's I/O thread has let it go
+            try:
+                src = open_source(live_cfg(tmp_path / out, ports, **{"checkpoint.interval": 1}))
+                src.ports = ports
+                return src
+            except InputError:
+                time.sleep(0.1)
+        raise AssertionError("the endpoints stayed bound")
+
+    def taken(chunks) -> list:
+        return [(int(s), int(i)) for c in chunks for s, i in zip(c.stream, c.id)]
+
+    whole = opened("whole", {"views": free_port(), "buys": free_port()})
+    feed(whole, end=True)
+    expected = taken(drain(whole))
+    assert whole.finish()["live_streams"]["views"]["rejected_by_reason"] == {"columns": 1}
+
+    first = opened("first", {"views": free_port(), "buys": free_port()})
+    crashed = feed(first, end=False)
+    got = []
+    while len(got) < 70:
+        got += taken([first.next_chunk(7)])
+    assert first.reasons == {"columns": 1}  # the bad message is before the checkpoint
+    where = {**first.position(), "records": first.records()}
+    lost = 0
+    while lost < 30:
+        lost += len(first.next_chunk(7).ts)  # taken after the checkpoint: lost with the crash
+    for live in first._live:  # SIGKILL: the sockets go, nothing more is said
+        live.sock.close()
+    for prod in crashed:
+        prod.sock.close(linger=0)
+        prod.ctx.term()
+    again = opened("first", first.ports)
+    again.seek(where)
+    feed(again, end=True)
+    got += taken(drain(again))
+    summary = again.finish()["live_streams"]
+    assert got == expected
+    assert summary["views"]["rejected_by_reason"] == {"columns": 1} and summary["views"]["lost_tuples"] == 0
+    assert summary["views"]["duplicate_tuples"] > 0 and summary["buys"]["producers"] == {"buys": 80}
+    listed = pq.read_table(tmp_path / "first" / "rejected" / "zmq-rejected-R.parquet")
+    assert listed["reason"].to_pylist() == ["columns"]
 
 
 def write_streams(tmp_path, n_v: int, n_b: int, seed: int) -> tuple[np.ndarray, ...]:
