@@ -332,6 +332,20 @@ class StreamChecks:
         listed with their stream row (1-based)."""
         return self._validate(self.where, 0, table)
 
+    def place(self) -> tuple[dict, pa.Table]:
+        """The next stream row and the duplicate-id check's state there (JSON, and its recent ids): a live
+        stream's part of a checkpoint, which `resume` goes back to."""
+        check = self.check
+        recent = check.window_rows() if check is not None else (np.empty(0, bool), *[np.empty(0, np.int64)] * 2)
+        where = {"row": self.row, "max_id": None if check is None else list(check.max_id)}
+        return where, pa.table({"is_s": recent[0], "id": recent[1], "row": recent[2]})
+
+    def resume(self, where: dict, recent: pa.Table) -> None:
+        """Back to a `place`."""
+        self.row = where["row"]
+        if self.check is not None:
+            self.check.resume(where["max_id"], *(recent[c].to_numpy().copy() for c in ("is_s", "id", "row")))
+
     def times(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
         """(event time in microseconds, passes every check but the duplicate id's) of rows not yet numbered: what
         a Kafka stream's partition watermarks count (master.sources.partitions)."""

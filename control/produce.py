@@ -3,7 +3,8 @@
 
 With `--stream` the file is one declared stream's (a CSV, Parquet or JSON-lines file of any columns) and
 its rows go as they are, `batch` rows to a BATCH message (one Arrow record batch, protocol.wire), to the
-`endpoint` of a live `[streams.NAME]` (master.sources.live checks them against the stream's schema).
+`endpoint` of a live `[streams.NAME]` (master.sources.live checks them against the stream's schema); its
+`--ack-endpoint` is the stream's `ack_endpoint`.
 
 Reads a CSV/Parquet input file as it goes (the columns of the file source; invalid
 rows are set aside the same way and counted) and PUSHes it to a master running with
@@ -91,7 +92,8 @@ class Producer:
         self.seq = self.tuples = 0
         self.blocked = self.connect_wait = self.ack_wait = 0.0
         self.run = 0  #: the master run the messages address (0: no acknowledgements)
-        self.kept: deque[tuple[int, int, np.ndarray]] = deque()  #: (seq, position, records) not yet held
+        #: (seq, position, tuples, body: TUPLES records or a BATCH's Arrow stream) not yet held
+        self.kept: deque[tuple[int, int, int, np.ndarray | pa.Buffer]] = deque()
         self.acked = self.resent = 0  #: tuples a complete checkpoint holds; tuples sent again after a crash
         self.end_seq: int | None = None  #: the END, once sent
         self.confirmed: bool | None = None  #: the master's final ACK: did its run take everything?
@@ -112,19 +114,20 @@ class Producer:
         else:
             self.blocked += waited
 
-    def _tuples(self, seq: int, position: int, records: np.ndarray) -> None:
+    def _message(self, seq: int, position: int, n: int, body: np.ndarray | pa.Buffer) -> None:
+        """A TUPLES message of `n` records, or a BATCH of `n` rows (an Arrow stream)."""
         origin = wire.origin(self.name, self.digest, self.run, position)
-        self._send([wire.header(wire.Frame.TUPLES, len(records), self.sender, seq), origin, records.data])
+        if isinstance(body, np.ndarray):
+            self._send([wire.header(wire.Frame.TUPLES, n, self.sender, seq), origin, body.data])
+        else:
+            self._send(wire.encode_batch(body, n, self.sender, seq, origin))
 
     def send_table(self, table: pa.Table) -> None:
         """One BATCH message: the rows of `table` as an Arrow record batch (a live declared stream)."""
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
-        origin = wire.origin(self.name, self.digest, self.run, self.tuples)
-        self._send(wire.encode_batch(sink.getvalue(), table.num_rows, self.sender, self.seq, origin))
-        self.seq += 1
-        self.tuples += table.num_rows
+        self._next(table.num_rows, sink.getvalue())
 
     def _end(self) -> None:
         origin = wire.origin(self.name, self.digest, self.run, self.tuples)
@@ -132,6 +135,10 @@ class Producer:
 
     def send(self, stream, ids, ts, keys, values) -> None:
         records = wire.tuple_records(stream, ids, ts, keys, values)
+        self._next(len(records), records)
+
+    def _next(self, n: int, body: np.ndarray | pa.Buffer) -> None:
+        """The next message (kept until a checkpoint holds it, with acknowledgements)."""
         if self.acks is not None:
             self._sync(lambda: self.run != 0 and len(self.kept) < self.keep)
             if self.confirmed is not None:
@@ -139,10 +146,10 @@ class Producer:
                     f"the cluster's run ended after taking {self.acked:,} of this producer's tuples, "
                     "before it was done sending"
                 )
-            self.kept.append((self.seq, self.tuples, records))
-        self._tuples(self.seq, self.tuples, records)
+            self.kept.append((self.seq, self.tuples, n, body))
+        self._message(self.seq, self.tuples, n, body)
         self.seq += 1
-        self.tuples += len(records)
+        self.tuples += n
 
     def _sync(self, done) -> None:
         """Read the master's ACKs until `done()`: drop what a checkpoint holds; a new run (a restarted
@@ -164,7 +171,7 @@ class Producer:
                 raise Blocked(f"a malformed acknowledgement from the master ({msg.reason}: {msg.detail})")
             mine = msg.rows[msg.rows["producer"] == self.name.encode()]
             acked, ended = (int(mine["tuples"][0]), bool(mine["ended"][0])) if len(mine) else (0, False)
-            while self.kept and self.kept[0][1] + len(self.kept[0][2]) <= acked:
+            while self.kept and self.kept[0][1] + self.kept[0][2] <= acked:
                 self.kept.popleft()
             self.acked = acked
             if msg.final:  # the run is over
@@ -180,9 +187,9 @@ class Producer:
         """A new run of the master: everything it does not hold, addressed to it."""
         again = self.run != 0
         self.run = run
-        for seq, position, records in self.kept:
-            self._tuples(seq, position, records)
-            self.resent += len(records) * again
+        for seq, position, n, body in self.kept:
+            self._message(seq, position, n, body)
+            self.resent += n * again
         if self.end_seq is not None:
             self._end()
 
@@ -268,12 +275,14 @@ def produce_stream(
     name: str | None = None,
     token: str = "",
     hold: float = 0.0,
+    ack_endpoint: str | None = None,
+    keep: int = KEEP,
 ) -> dict:
     """Push the rows of a declared stream's file as they are, in BATCH messages of `batch` rows; `rate` paces
     (rows/s), `jitter` adds random pauses, `hold` waits that long before the END (a producer gone quiet)."""
     fmt = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(Path(path).suffix.lower(), "json")
     rng = np.random.default_rng(seed)
-    prod = Producer(endpoint, sender, server_key, key, timeout, name, token)
+    prod = Producer(endpoint, sender, server_key, key, timeout, name, token, ack_endpoint, keep)
     started = time.perf_counter()
     for b in ds.dataset(path, format=fmt).to_batches(batch_size=batch):
         if rate > 0:
@@ -315,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-file", help="a file holding the master's source.token")
     p.add_argument(
         "--ack-endpoint",
-        help="the master's source.ack_endpoint: keep batches until a checkpoint holds them, resend them after a crash",
+        help="the master's source.ack_endpoint (with --stream: the stream's ack_endpoint): keep batches until a "
+        "checkpoint holds them, resend them after a crash",
     )
     p.add_argument("--keep", type=int, default=KEEP, help="batches kept unacknowledged before sends wait")
     p.add_argument(
@@ -328,8 +338,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.batch < 1 or a.keep < 1:
         p.error("--batch and --keep must be at least 1")
-    if a.stream and a.ack_endpoint:
-        p.error("--stream takes no --ack-endpoint: a live declared stream runs without checkpoints")
     try:
         token = open(a.token_file).read().strip() if a.token_file else ""
         if a.stream:
@@ -347,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                 a.name,
                 token,
                 a.hold,
+                a.ack_endpoint,
+                a.keep,
             )
         else:
             out = produce(

@@ -56,7 +56,7 @@ def rejected_reasons(source) -> dict[str, int]:
 
 
 def refused_kinds(source) -> dict[str, int]:
-    """ZeroMQ messages refused for want of source.token, by kind (END or TUPLES): master/sources/zmq_input.py."""
+    """ZeroMQ messages refused for want of source.token, by kind (END or TUPLES): master/sources/producers.py."""
     return dict(source.refused)
 
 

@@ -1,6 +1,6 @@
 """Who may reach the cluster's live endpoints: which binds are loopback, the producers' shared token, and the
 configuration as it may be written down (without the token).  Used by protocol.config's checks, the ZeroMQ
-source (master/sources/zmq_input.py) and what writes the config to disk (summary, checkpoint manifests)."""
+source (master/sources/producers.py) and what writes the config to disk (summary, checkpoint manifests)."""
 
 from __future__ import annotations
 
@@ -97,9 +97,10 @@ def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
         if on and cfg[s][k]
     ]
     used += [
-        (f"streams.{name}.endpoint", spec["endpoint"])
+        (f"streams.{name}.{key}", spec[key])
         for name, spec in cfg.get("streams", {}).items()
-        if spec["endpoint"]
+        for key in ("endpoint", "ack_endpoint")
+        if spec[key]
     ]
     for name, ep in used:
         if not (ep.startswith("ipc://") or (ep.startswith("tcp://") and ":" in ep[6:])):
@@ -140,7 +141,7 @@ def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
 
 
 def check_producers(cfg: dict[str, dict[str, Any]]) -> None:
-    """The shared token (in the config or a file) and the acknowledgement channel (master/sources/zmq_input.py)."""
+    """The shared token (in the config or a file) and the acknowledgement channel (master/sources/producers.py)."""
     src = cfg["source"]
     if src["token"] and src["token_file"]:
         raise ConfigError("source.token_file: give the token either in source.token or in source.token_file, not both")
@@ -149,9 +150,14 @@ def check_producers(cfg: dict[str, dict[str, Any]]) -> None:
             raise ConfigError(f"source.token_file: {src['token_file']!r} is empty")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"source.token_file: cannot read {src['token_file']!r} ({e})") from None
-    if src["ack_endpoint"] and src["kind"] == "zmq":
-        if not cfg["checkpoint"]["interval"]:
-            raise ConfigError("source.ack_endpoint: acknowledgements come from checkpoints: set checkpoint.interval")
+    streams = cfg.get("streams", {})
+    acks = ["source.ack_endpoint"] * bool(src["ack_endpoint"] and src["kind"] == "zmq") + [
+        f"streams.{name}.ack_endpoint" for name, spec in streams.items() if spec["ack_endpoint"]
+    ]
+    if acks and not cfg["checkpoint"]["interval"]:
+        raise ConfigError(f"{acks[0]}: acknowledgements come from checkpoints: set checkpoint.interval")
+    for name in [n for n, spec in streams.items() if spec["ack_endpoint"] and not spec["endpoint"]][:1]:
+        raise ConfigError(f"streams.{name}.ack_endpoint: only for a live stream's producers (streams.{name}.endpoint)")
 
 
 def _check_secret_key(path: str) -> None:

@@ -512,20 +512,20 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
             f"{cfg['output']['subscriber_buffer_bytes']!r}"
         )
     live = [key for key in streams_config.live_endpoints(cfg) if key.startswith("streams.")]
-    if live and (cfg["checkpoint"]["interval"] or cfg["cluster"]["dispatchers"] > 1):
+    if live and cfg["cluster"]["dispatchers"] > 1:
+        raise ConfigError(f"{live[0]}: not with cluster.dispatchers > 1 yet: every dispatcher would bind its endpoint")
+    placed = [
+        f"streams.{n}.{'kafka' if spec['kafka'] else 'endpoint'}"
+        for n, spec in cfg.get("streams", {}).items()
+        if spec["kafka"] or spec["endpoint"]
+    ]
+    if placed and cfg["checkpoint"]["interval"] and len(placed) < len(cfg["streams"]):
         raise ConfigError(
-            f"{live[0]}: not with "
-            f"{'checkpoint.interval' if cfg['checkpoint']['interval'] else 'cluster.dispatchers > 1'}"
-            " yet: a live stream's producers cannot resend what a recovery needs, and every dispatcher "
-            "would bind its endpoint"
+            f"{placed[0]}: with checkpoint.interval, not beside a stream of files yet: a recovery goes on from "
+            "each live stream's checkpointed place (a topic's offsets, producers' positions), and the files "
+            "would have to go on from their checkpointed rows (make both streams live, or leave checkpoints off)"
         )
-    kafka = [f"streams.{n}.kafka" for n, spec in cfg.get("streams", {}).items() if spec["kafka"]]
-    if kafka and cfg["checkpoint"]["interval"] and len(kafka) < len(cfg["streams"]):
-        raise ConfigError(
-            f"{kafka[0]}: with checkpoint.interval, not beside a stream of files yet: a recovery goes on from "
-            "each topic's checkpointed offsets, and the files would have to go on from their checkpointed rows "
-            "(make both streams Kafka topics, or leave checkpoints off)"
-        )
+    kafka = [key for key in placed if key.endswith(".kafka")]
     if kafka and cfg["cluster"]["dispatchers"] > 1 and len(kafka) < len(cfg["streams"]):
         raise ConfigError(
             f"{kafka[0]}: with cluster.dispatchers > 1, not beside a stream of files yet: the dispatchers share "

@@ -31,6 +31,12 @@ STREAM_KEYS: dict[str, tuple[Any, str]] = {
         "to (`python -m control.produce --stream`); needs `schema`",
     ),
     "producers": (1, "with endpoint: the stream ends after this many producers sent their END"),
+    "ack_endpoint": (
+        "",
+        "with endpoint and checkpoints: where the master publishes what each checkpoint made durable per "
+        "producer of the stream, so producers resend after a crash (`control.produce --stream --ack-endpoint`; "
+        '"" = none)',
+    ),
     "kafka": (
         {},
         "a Kafka topic instead of files: a table of the `streams.NAME.kafka.*` keys below "
@@ -244,6 +250,14 @@ def generator_streams(join: dict) -> dict[str, dict]:
     return file_streams({"path": "", "ts_unit": "us"}, join)
 
 
+def zmq_streams(source: dict, join: dict) -> dict[str, dict]:
+    """The single file's two streams pushed live (`source.kind = "zmq"`): its columns as file_streams declares
+    them, their tuples pushed by `source.producers` producers to `source.endpoint` (acknowledged on
+    `source.ack_endpoint`) in one arrival order, times already in microseconds (protocol.wire)."""
+    live = {k: source[k] for k in ("endpoint", "producers", "ack_endpoint")}
+    return {side: spec | live for side, spec in file_streams({"path": "", "ts_unit": "us"}, join).items()}
+
+
 def _one_topic(streams: dict[str, dict], error: type[Exception]) -> None:
     """Two streams sharing a topic must each select their records by the same column with their own value; each
     then knows the other's (`select["values"]`: a record no stream takes is set aside by R)."""
@@ -303,7 +317,7 @@ def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
     ):
         raise error(f"streams.{name}.key: expected a column name or a list of distinct column names, got {s['key']!r}")
     s["key"] = key
-    for k in ("path", "endpoint", "time", "time_unit", "id", "side", "prefix"):
+    for k in ("path", "endpoint", "ack_endpoint", "time", "time_unit", "id", "side", "prefix"):
         if not isinstance(s[k], str):
             raise error(f"streams.{name}.{k}: expected a string, got {s[k]!r}")
     if not s["time"]:

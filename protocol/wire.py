@@ -30,7 +30,7 @@ A producer's TUPLES and END may carry an ORIGIN frame right after the header:
 who sends (its own id), the SHA-256 of the shared token (source.token), the
 master run it addresses and its position (tuples sent before this message), so
 the master lets in only holders of the token, drops what a resend repeats and
-counts what never came (master/sources/zmq_input.py).  Without it a message is
+counts what never came (master/sources/producers.py).  Without it a message is
 anonymous: accepted only when no token is configured, never deduplicated.
 
 Event time: a TUPLES record carries `ts` as int64 microseconds since the epoch

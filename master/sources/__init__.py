@@ -1,14 +1,15 @@
 """Input sources the master pulls tuples from, in arrival order, as whole numpy arrays (common.chunks.Chunk),
 and the factory that opens the one a config asks for (`open_source`, `open_shard`).
 
-Four kinds (``source.kind``), each a `common.chunks.Source` that declares what it can do:
+Four kinds (``source.kind``), all read by one `common.chunks.Source`, master.sources.streams.StreamsSource:
 
 * ``generator`` -- the synthetic workload of the paper (common.workload), declared as two streams as the single file
   is (protocol.streams.generator_streams) and drawn in its order by the same source;
 * ``streams`` -- two declared streams, each its own files, live producers or a Kafka topic (master.sources.streams);
 * ``file`` -- a CSV or Parquet file holding both streams, read as two declared streams of one file in its row
   order (protocol.streams.file_streams), by the same source;
-* ``zmq`` -- live batches from producers over ZeroMQ (master.sources.zmq_input).
+* ``zmq`` -- the single file's tuples pushed live by producers over ZeroMQ, declared as its two streams
+  (protocol.streams.zmq_streams) and taken in their arrival order by the same source (master.sources.live).
 
 Files are read and checked batch by batch as they go: bad rows are listed in ``rejected/`` as the run passes
 them (the run goes on), while a missing or unreadable file or column stops the run with ``InputError``.
@@ -44,11 +45,8 @@ def open_source(cfg: dict, listed: bool = True) -> Source:
 
 def _opened(cfg: dict, listed: bool) -> Source:
     src = cfg["source"]
-    listing = _listing(cfg) if listed and src["kind"] != "generator" else None  # drawn tuples: none to reject
-    if src["kind"] == "zmq":
-        from master.sources.zmq_input import ZmqSource  # pyzmq and asyncio: 50 ms of a start others skip
-
-        return ZmqSource(cfg)
+    # drawn tuples: none to reject; pushed ones are rejected whole, as messages (master.sources.producers)
+    listing = _listing(cfg) if listed and src["kind"] not in ("generator", "zmq") else None
     from master.sources.streams import StreamsSource  # pyarrow's readers of two streams, text keys
 
     return StreamsSource(cfg, listing)
@@ -78,11 +76,11 @@ def _shard(cfg: dict, index: int) -> Source:
 
         return StreamsSource(cfg, _listing(cfg, named("rejected", index, k)), (index, k))
     if cfg["source"]["kind"] == "zmq":
+        from master.sources.streams import StreamsSource
+
         src = cfg["source"]
         own = {key: dispatcher_endpoint(src[key], index) for key in ("endpoint", "ack_endpoint") if src[key]}
-        source = open_source({**cfg, "source": {**src, **own}})
-        source.rejected_stem += f"-d{index}"
-        return source
+        return StreamsSource({**cfg, "source": {**src, **own}}, share=(index, k))
     return ShardedSource(open_source(cfg, listed=index == 0), k, index)
 
 

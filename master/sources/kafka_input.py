@@ -465,20 +465,18 @@ class KafkaStream:
         end offsets (bounded), the next stream row, the listing's files."""
         self._list_passed()
         self.listing.flush()
-        check = self.checks.check
-        recent = check.window_rows() if check is not None else (np.empty(0, bool), *[np.empty(0, np.int64)] * 2)
+        place, recent = self.checks.place()
         return {
             "partitions": [f"{t}/{p}" for t, p in self.assigned],
             "offsets": self.merge.unreleased().tolist(),
             "running": self.merge.handed.tolist(),
             "end": self.merge.end.tolist(),
-            "row": self.checks.row,
-            "max_id": None if check is None else list(check.max_id),
+            **place,
             "rows": self.rows,
             "rejected_files": self.listing.files,
             "rejected_rows": self.listing.rows,
             "rejected_by_reason": dict(self.listing.reasons),
-        }, pa.table({"is_s": recent[0], "id": recent[1], "row": recent[2]})
+        }, recent
 
     def _resume(self, where: dict, recent: pa.Table) -> None:
         """Back to a `position`: the merge, the stream rows and their checks, the listing."""
@@ -492,10 +490,8 @@ class KafkaStream:
                 + ": a recovery cannot tell where the records of the others start"
             )
         self.merge.restore(np.array(where["offsets"]), np.array(where["running"]), np.array(where["end"]))
-        self.checks.row, self.rows = where["row"], where["rows"]
-        check = self.checks.check
-        if check is not None:
-            check.resume(where["max_id"], *(recent[c].to_numpy().copy() for c in ("is_s", "id", "row")))
+        self.checks.resume(where, recent)
+        self.rows = where["rows"]
         self.listing.roll_back(where["rejected_files"], where["rejected_rows"])
         self.listing.reasons.update(where["rejected_by_reason"])
         self.records = self.rows + self.listing.rows

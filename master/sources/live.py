@@ -1,28 +1,34 @@
-"""A declared stream fed live (`[streams.NAME] endpoint = ...`): producers PUSH Arrow record batches.
+"""Streams fed live by ZeroMQ producers: a declared stream (`[streams.NAME] endpoint = ...`, `LiveStream`) whose
+producers PUSH Arrow record batches, and the single file's two streams (`source.kind = "zmq"`, `LiveTuples`) whose
+producers PUSH its tuples.
 
 A BATCH message (protocol.wire) carries one record batch of the stream's own columns in Arrow's IPC stream
 format; the stream declares its columns and their types (`schema`), so the payload log's schema, the key kinds
 and the checks are fixed before the first message.  A message is taken whole or rejected whole: one that is
 not an Arrow batch, lacks a declared column or holds a column that does not become its declared type is
 counted by reason and listed in `rejected/zmq-rejected-<R|S>.*`; single bad cells are rejected rows, as in a
-file (common.stream_file.StreamChecks).  Producers, the token, END and the rejections are those of the
-ZeroMQ tuple source (master.sources.zmq_input), whose socket handling this reuses; the stream ends after
-`producers` END messages.  A live stream cannot be rewound: checkpoints are refused with one (protocol.config).
+file (common.stream_file.StreamChecks).  Producers, the token, END, the rejected messages and the
+acknowledgements are master.sources.producers'; the stream ends after `producers` END messages.  Checkpoints: the
+stream's place (`position`) is each
+producer's position with the next stream row and the duplicate-id check's state there, and the rows handed on
+after it are in the checkpoint's merge state (master.sources.streams); once a checkpoint is complete its
+positions go out on the stream's `ack_endpoint`, so producers (`control.produce --stream --ack-endpoint`) keep
+only what no checkpoint holds and resend it to a recovered run, which drops what it already has.
 `Live` is what master.sources.streams asks of any stream that is not files: this one, or a Kafka topic
 (master.sources.kafka_input).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Mapping, Protocol
 
+import numpy as np
 import pyarrow as pa
-import zmq
 
-from master.sources.zmq_input import ZmqSource
+from common.chunks import Chunk
+from master.sources.producers import Producers
 from protocol import wire
-from common.stream_file import StreamBatch, StreamChecks
+from common.stream_file import SidedBatch, StreamBatch, StreamChecks
 
 #: the largest message a producer may send, per row the header announces (Arrow rows of a few columns are tens
 #: of bytes; long text payloads need `source.max_message_tuples` lowered)
@@ -52,19 +58,61 @@ class Live(Protocol):
 
 
 def open_live(
-    cfg: dict, side: int, checks: StreamChecks, declared: pa.Schema, start=None, share: tuple[int, int] = (0, 1)
+    cfg: dict,
+    side: int,
+    checks: StreamChecks,
+    declared: pa.Schema,
+    start=None,
+    share: tuple[int, int] = (0, 1),
+    opened: Live | None = None,
 ) -> Live:
-    """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`; a Kafka topic
-    from a checkpoint's place `start` (None: from its beginning), dispatcher `share[0]` of `share[1]` reading its
-    own partitions."""
+    """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`, from a
+    checkpoint's place `start` (None: from its beginning); a Kafka topic's dispatcher `share[0]` of `share[1]`
+    reads its own partitions.  A ZeroMQ stream already `opened` (bound) goes on from `start` itself."""
     if checks.spec["kafka"]:
         from master.sources.kafka_input import KafkaStream  # librdkafka: only for a Kafka stream
 
         return KafkaStream(cfg, side, checks, declared, start, share)
-    return LiveStream(cfg, side, checks.spec, checks, declared)
+    live = opened if isinstance(opened, LiveStream) else LiveStream(cfg, side, checks.spec, checks, declared)
+    if start is not None:
+        live.resume(checks, *start)
+    return live
 
 
-class LiveStream(ZmqSource):
+class LiveTuples(Producers):
+    """The single file's two streams pushed live (`source.kind = "zmq"`, protocol.streams.zmq_streams): TUPLES
+    messages of its columns, validated whole by protocol.wire, handed to master.sources.streams in their arrival
+    order as the file's checked batches (a tuple's row: its place in that order).  A producer's position moves as
+    the master takes its tuples (`took`), so a checkpoint between two tuples of one message holds it exactly."""
+
+    def __init__(self, cfg: dict, rejected_stem: str):
+        super().__init__(cfg, rejected_stem)
+        self.row = 0  #: the arrival row of the next tuple
+        self._from: bytes | None = None  #: the producer of the batch last handed on (None: anonymous)
+
+    def batch(self) -> SidedBatch | None:
+        """The next message's new tuples as a checked batch; None: none has come."""
+        self._repeat_ack()
+        for msg, _ in self._messages(wire.Frame.TUPLES):
+            if not len(msg.rows):
+                continue
+            r = msg.rows[self._skip(msg.origin, len(msg.rows)) :]
+            if len(r):
+                self._from = None if msg.origin is None else bytes(msg.origin["producer"])
+                self.tuples += len(r)
+                self.held_peak = max(self.held_peak, len(r))
+                first, self.row = self.row, self.row + len(r)
+                chunk = Chunk(*(r[c].copy() for c in Chunk._fields))
+                return SidedBatch(first, self.row, chunk, np.arange(first, self.row, dtype=np.int64), None)
+        return None
+
+    def took(self, n: int) -> None:
+        """`n` more tuples of the last batch were taken: its producer's position moves past them."""
+        if self._from is not None:
+            self.taken[self._from] += n
+
+
+class LiveStream(Producers):
     """Stream `checks.name` (side `side`, 0 = R) on its `endpoint`, rows checked by `checks` against `declared`."""
 
     record_bytes = ROW_BYTES
@@ -77,55 +125,52 @@ class LiveStream(ZmqSource):
                     **cfg["source"],
                     "endpoint": spec["endpoint"],
                     "producers": spec["producers"],
-                    "ack_endpoint": "",
+                    "ack_endpoint": spec["ack_endpoint"],
                     "idle_timeout": 0.0,
                 },
-            }
+            },
+            f"zmq-rejected-{'RS'[side]}",
         )
         self.checks, self.declared = checks, declared
-        self.rejected_stem = f"zmq-rejected-{'RS'[side]}"
-        self.last_message = time.monotonic()  #: when a message of this stream last came (idleness)
-
-    @property
-    def done(self) -> bool:
-        return self.ended >= self.producers
 
     def partition_metrics(self) -> list[dict]:
         return []  # producers push: no partitions, no lag to count
 
     def finish(self) -> dict:
-        """The ZeroMQ source's counts (master.sources.zmq_input), once."""
+        """The producers' counts (master.sources.producers), once."""
         return super().finish()["zmq_ingest"]
 
+    def position(self) -> tuple[dict, pa.Table]:
+        """Its place (a checkpoint's part): each producer's position, the next stream row and the duplicate-id
+        check's state there (JSON, and the check's recent ids)."""
+        place, recent = self.checks.place()
+        return {**self.producers_position(), **place}, recent
+
+    def resume(self, checks: StreamChecks, where: dict, recent: pa.Table) -> None:
+        """Back to a `position`, its rows checked by `checks` from there (a recovery; the sockets stay bound)."""
+        self.checks = checks
+        self.seek(where)
+        checks.resume(where, recent)
+
     def batches(self) -> list[StreamBatch]:
-        """The checked batches that have arrived (none: nothing now)."""
-        out = []
-        while not self.done:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            self.last_message = time.monotonic()
-            self.messages += 1
-            msg = wire.decode([f.buffer for f in frames], (wire.Frame.BATCH, wire.Frame.END), self.max_tuples)
-            if not self._let_in(msg):
+        """The next checked batch that has arrived (none: nothing now).  One at a time: the merge asks when it
+        needs more, so the rest waits in the sockets and its producers feel the backpressure (and keep what no
+        checkpoint holds yet, with acknowledgements)."""
+        self._repeat_ack()
+        for msg, frames in self._messages(wire.Frame.BATCH):
+            got = self._table(msg)
+            if isinstance(got, wire.Rejection):
+                self._reject(got, sum(len(f) for f in frames))
                 continue
-            if not isinstance(msg, wire.Rejection) and msg.kind == wire.Frame.BATCH:
-                msg = self._table(msg)
-            if isinstance(msg, wire.Rejection):
-                self._reject(msg, sum(len(f) for f in frames))
-            elif isinstance(msg, wire.Message):
-                self._end(msg)
-            else:
-                table, origin = msg
-                table = table.slice(self._skip(origin, table.num_rows))
-                if origin is not None:  # the producer's position moves past the rows taken
-                    self.taken[bytes(origin["producer"])] += table.num_rows
-                self.tuples += table.num_rows
-                self.held_peak = max(self.held_peak, table.num_rows)
-                if table.num_rows:
-                    out.append(self.checks.checked(table))
-        return out
+            table, origin = got
+            table = table.slice(self._skip(origin, table.num_rows))
+            if origin is not None:  # the producer's position moves past the rows taken
+                self.taken[bytes(origin["producer"])] += table.num_rows
+            self.tuples += table.num_rows
+            self.held_peak = max(self.held_peak, table.num_rows)
+            if table.num_rows:
+                return [self.checks.checked(table)]
+        return []
 
     def _table(self, msg: wire.Message) -> tuple[pa.Table, object] | wire.Rejection:
         """The message's record batch in the declared columns and types, or why not."""

@@ -1,7 +1,8 @@
-"""Two declared streams read side by side and merged into one arrival order (docs/input.md); the single file
-(`source.kind = "file"`) is two streams of one file (protocol.streams.file_streams), read by one thread in its row
-order, without a merge (`in_rows`); so is the generator (protocol.streams.generator_streams), its drawn chunks taken
-by that thread as the file's checked batches.
+"""Two declared streams read side by side and merged into one arrival order (docs/input.md, `WatermarkMerge`); the
+single file (`source.kind = "file"`) is two streams of one file (protocol.streams.file_streams), read by one thread in
+its row order, without a merge (`RowOrder`); so is the generator (protocol.streams.generator_streams), its drawn
+chunks taken by that thread as the file's checked batches, and the single file pushed live (`source.kind = "zmq"`,
+protocol.streams.zmq_streams), its producers' messages taken as they come (master.sources.live.LiveTuples).
 
 Each stream's files are read by a thread of their own, a bounded number of checked batches ahead (READ_AHEAD;
 pyarrow decodes and checks outside the GIL: common.stream_file).  The merge orders the tuples by their stream's own
@@ -18,16 +19,21 @@ while it is quiet the other stream waits up to its watermark, until its idle_tim
 Keys become the engine's int64 keys in that order (master.sources.keys); a tuple's `id` is its stream row, the reference
 by which results gather the row's own columns from the payload log (protocol.payload), which the reader threads
 write batch by batch before any tuple of the batch is handed on.  A recovery reads files again from their
-start, which rebuilds the same codes and lists the rejected rows once more from an empty listing.  Kafka topics
-are not read again (their merge across partitions depends on when records come): a checkpoint holds where each
-stream's merge hands rows on (master.sources.kafka_input) and everything after that point that the master has not
-taken yet -- the tuples merged and ready, those pending, the key dictionaries -- and a recovery goes on from there.
+start, which rebuilds the same codes and lists the rejected rows once more from an empty listing.  Live streams
+are not read again (a Kafka topic's merge across partitions depends on when records come; ZeroMQ producers
+resend only what no checkpoint holds): a checkpoint holds where each stream hands rows on (a topic's offsets,
+master.sources.kafka_input; producers' positions, master.sources.live) and everything after that point that the
+master has not taken yet -- the tuples merged and ready, those pending, the key dictionaries -- with the rows
+rejected so far, and a recovery goes on from there.
 
 The single file's tuples keep the file's id, key (int64) and value columns and its rows' order: its results hold the
 fixed columns (protocol.output), so nothing goes to the payload log.  Its position is a file row (with the
 duplicate check's state there): a recovery starts reading at that row (Parquet skips whole row groups) and its
 rejected rows are listed as the position passes them, each once.  The generator's row is its tuple's place in the
 drawn order: a recovery draws from the slice that holds the position (common.workload.GeneratorSource.skip).
+Pushed live, the position is each producer's (the tuples of it taken): a recovery goes on from there, and what a
+producer resends before it is dropped; the rejected messages are listed at the end (master.sources.producers).
+Several dispatchers each bind their own endpoints for their own producers (master.sources.open_shard).
 
 Several dispatchers (`share` = (index, k), both streams Kafka topics) share the partitions out instead of each
 reading everything: dispatcher i reads its own (master.sources.kafka_input), merges its own R and S as above and
@@ -50,13 +56,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from master.sources.keys import KeyMapper
-from master.sources.live import Live, open_live
+from master.sources.archive import named
+from master.sources.live import Live, LiveTuples, open_live
+from master.sources.producers import Producers
 from protocol import aggregation, eventtime
 from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
 from protocol.payload import ROW_BLOCK, PayloadLog
-from protocol.streams import KAFKA_COLUMNS, file_streams, generator_streams
+from protocol.streams import KAFKA_COLUMNS, file_streams, generator_streams, zmq_streams
 from common.stream_file import (
     BATCH_ROWS,
     SidedBatch,
@@ -75,6 +83,8 @@ from common.workload import GeneratorSource
 PENDING = ("id", "ts", "key", "watermark")
 #: checked batches (common.stream_file.BATCH_ROWS rows each) a reader thread keeps ready
 READ_AHEAD = 4
+#: the kinds of source that are the single file's two streams in one order (RowOrder)
+ROW_KINDS = ("file", "generator", "zmq")
 
 
 def _read_ahead(batches, q: queue.Queue, stop: threading.Event) -> None:
@@ -100,27 +110,237 @@ def _read_ahead(batches, q: queue.Queue, stop: threading.Event) -> None:
 
 
 class StreamsSource(Source):
-    """The `[streams.*]` of `cfg` (protocol.streams), R first, or the single file's or the generator's two streams
-    (protocol.streams.file_streams, generator_streams: `in_rows`, taken in their one order); rejected rows go to
-    `listing` (None: another dispatcher lists them, or the generator's, which rejects none); `share` = (index, k):
-    dispatcher `index` of `k` reading its own Kafka partitions."""
+    """Two streams read by reader threads (READ_AHEAD checked batches ahead each), or taken as live ones come, in
+    one of two orders: `WatermarkMerge` for the `[streams.*]` of `cfg` (protocol.streams), R first, merged by their
+    watermarks; `RowOrder` for the single file's, the generator's or the pushed single file's two streams
+    (protocol.streams.file_streams, generator_streams, zmq_streams: `in_rows`), taken in their one order.
+    `StreamsSource(cfg, ...)` is the one `cfg` asks for.  Rejected rows go to `listing` (None: another dispatcher
+    lists them, or the generator's, which rejects none); `share` = (index, k): dispatcher `index` of `k`."""
+
+    in_rows: bool  #: the single file's one order (RowOrder), not a merge
+
+    def __new__(cls, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
+        if cls is StreamsSource:
+            cls = RowOrder if cfg["source"]["kind"] in ROW_KINDS else WatermarkMerge
+        return super().__new__(cls)
 
     def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
         self.cfg, self.listing, self.share = cfg, listing, share
-        self.own_rows = share[1] > 1
         self.accepted = 0
-        self._records: list[np.ndarray] = []
-        self.in_rows = cfg["source"]["kind"] in ("file", "generator")
+
+    def next_chunk(self, limit: int) -> Chunk | None:
+        if limit < 1:
+            raise ValueError(f"limit must be positive, got {limit}")
+        return self._next(limit)
+
+    def _next(self, limit: int) -> Chunk | None:
+        """At most `limit` tuples in this order (`next_chunk`)."""
+        raise NotImplementedError
+
+    def _start_readers(self, readers: dict) -> None:
+        """A thread per side of `readers` ({side: (name, its checked batches)}) filling that side's queue
+        READ_AHEAD batches ahead (pyarrow decodes and computes outside the GIL), until `_stop` is set."""
+        self._queues = [queue.Queue(READ_AHEAD) for _ in range(2)]
+        self._threads = [
+            threading.Thread(
+                target=_read_ahead, args=(batches, self._queues[side], self._stop), daemon=True, name=f"reader-{name}"
+            )
+            for side, (name, batches) in readers.items()
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+
+class RowOrder(StreamsSource):
+    """The single file's two streams (or the generator's, or the pushed single file's) in their one order: one
+    reader, no merge, one watermark over both; neither stream holds the other back (`ended`: never)."""
+
+    in_rows = True
+
+    def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
+        super().__init__(cfg, listing, share)
+        self.pushed: LiveTuples | None = None  #: `source.kind = "zmq"`: the producers pushing the tuples
+        kind = cfg["source"]["kind"]
         self.specs = (
             generator_streams(cfg["join"])
-            if cfg["source"]["kind"] == "generator"
+            if kind == "generator"
+            else zmq_streams(cfg["source"], cfg["join"])
+            if kind == "zmq"
             else file_streams(cfg["source"], cfg["join"])
-            if self.in_rows
-            else cfg["streams"]
         )
-        if self.in_rows:
-            self._open_rows()
+        self._open_rows()
+
+    def _open_rows(self, start: int = 0, max_id: tuple = (None, None)) -> None:
+        """The single file (or the generator) from row `start` on (a recovery: with the duplicate check's state
+        there), one reader for both streams: their tuples are taken in its row order, no merge.  Pushed live
+        (`source.kind = "zmq"`): its producers' tuples as they come (`pushed`), no reader thread."""
+        spec = self.specs["R"]
+        window = self.cfg["source"]["duplicate_window"]
+        self._stop = threading.Event()
+        kind = self.cfg["source"]["kind"]
+        if kind == "zmq":
+            self.pushed = LiveTuples(self.cfg, named("zmq-rejected", *self.share))
+            self._start_readers({})
+        elif kind == "generator":
+            self._start_readers({0: ("generator", _drawn(self.cfg["generator"], start))})
+        else:
+            self._start_readers({0: ("file", SidedFile(spec["path"], window, start, max_id, spec["time_unit"]))})
+        self._ready, self._taken = empty(), 0  #: the batch being taken, and how much of it is
+        self._ready_rows = np.empty(0, np.int64)  #: the file row of each of its tuples
+        self._end_row: int | None = None  #: one past the last row of the batches read
+        self._waiting: list[pa.Table] = []  #: rejections of batches read, not yet passed by the position
+        self._row, self._max_id, self._done = start, list(max_id), [False, False]
+
+    def _next(self, limit: int) -> Chunk | None:
+        """The single file's next tuples in its row order; the position moves to the row after the last one."""
+        parts, room = [], limit
+        while room > 0:
+            if self._taken >= len(self._ready.ts):
+                if self._done[0] or not self._next_batch():
+                    break
+                continue
+            n = min(room, len(self._ready.ts) - self._taken)
+            part = rows(self._ready, self._taken, self._taken + n)
+            for s in (0, 1):
+                mine = part.id[part.stream == s]
+                if len(mine):
+                    top = int(mine.max())
+                    self._max_id[s] = top if self._max_id[s] is None else max(self._max_id[s], top)
+            self._taken += n
+            self._row = int(self._ready_rows[self._taken - 1]) + 1
+            if self.pushed is not None:
+                self.pushed.took(n)
+            parts.append(part)
+            room -= n
+        if not parts:
+            if not self._done[0]:
+                return empty()  # pushed live: nothing has come yet
+            if self._end_row is not None:
+                self._row = self._end_row  # every row read is passed: the trailing rejections too
+            self._list()
+            return None
+        self.accepted += limit - room
+        self._list()
+        return concat(parts)
+
+    def _next_batch(self) -> bool:
+        """The single file's next checked batch to take from; False at its end (pushed live: or none yet)."""
+        item = self._queues[0].get() if self.pushed is None else self.pushed.batch()
+        if item is None and self.pushed is not None:
+            self._done = [self.pushed.done] * 2
+            return False
+        if isinstance(item, Exception):
+            self._done = [True, True]
+            raise item
+        if item is None:
+            self._done = [True, True]
+            return False
+        self._ready, self._ready_rows, self._taken, self._end_row = item.chunk, item.rows, 0, item.end_row
+        if item.rejected is not None:
+            self._waiting.append(item.rejected)
+        return True
+
+    def _list(self) -> None:
+        """The single file: rejections of rows the position has passed go to the listing; those ahead wait."""
+        keep = []
+        for t in self._waiting:
+            passed = pc.less_equal(t["row"], self._row)  # 1-based rows: row <= position is passed
+            n = pc.sum(passed).as_py() or 0
+            if self.listing is not None and n:
+                self.listing.add(t.filter(passed))
+            if n < t.num_rows:
+                keep.append(t.filter(pc.invert(passed)))
+        self._waiting = keep
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        """Rejected rows (pushed: rejected messages), by reason."""
+        if self.pushed is not None:
+            return dict(self.pushed.reasons)
+        if self.listing is None:
+            return {}
+        self._list()
+        return dict(self.listing.reasons)
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Pushed live: messages refused for want of the token, by kind."""
+        return self.pushed.refused if self.pushed is not None else {}
+
+    def __getattr__(self, name: str):
+        """Pushed live: the producers' socket and counts (`endpoint`, `messages`, ...: master.sources.producers)."""
+        pushed = self.__dict__.get("pushed")
+        if pushed is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(pushed, name)
+
+    def position(self) -> dict:
+        """The row after the last tuple taken (with the duplicate check's state there) and the listing's files
+        and rows, so a recovery starts reading there; pushed live: each producer's position."""
+        if self.pushed is not None:
+            return {**self.pushed.producers_position(), "accepted": self.accepted}
+        if self.listing is not None:
+            self._list()
+            self.listing.flush()
+        return {
+            "row": self._row,
+            "accepted": self.accepted,
+            "max_id": list(self._max_id),
+            "rejected_files": self.listing.files if self.listing else 0,
+            "rejected_rows": self.listing.rows if self.listing else 0,
+        }
+
+    def acknowledge(self, position: dict | None) -> None:
+        """A checkpoint at `position` is complete: producers are told what it holds of theirs."""
+        if self.pushed is not None:
+            self.pushed.acknowledge(position)
+
+    def seek(self, where: dict) -> None:
+        """A recovery: read on from the checkpoint's row, its rejected rows listed up to it; pushed live, each
+        producer goes on from its position (the sockets stay bound; producers resend from there)."""
+        self._close()
+        if self.pushed is not None:
+            self.pushed.seek(where)
+            self._ready, self._ready_rows, self._taken = empty(), np.empty(0, np.int64), 0
+            self.accepted, self._done = where["accepted"], [self.pushed.done] * 2
             return
+        self._open_rows(where["row"], tuple(where["max_id"]))
+        self.accepted = where["accepted"]
+        if self.listing is not None:
+            self.listing.roll_back(where["rejected_files"], where["rejected_rows"])
+
+    def finish(self) -> dict:
+        self._close()
+        if self.pushed is not None:
+            return self.pushed.finish()
+        if self.listing is None:
+            return {}
+        self._list()
+        self.listing.flush()
+        return {"rejected": self.listing.rows}
+
+    @staticmethod
+    def merge(finished: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries as one: pushed live, their producers' (each its own)."""
+        return Producers.merge(finished) if "zmq_ingest" in finished[0] else finished[0]
+
+
+class WatermarkMerge(StreamsSource):
+    """The `[streams.*]` of `cfg`, R first, each its files, live producers or a Kafka topic, merged by their own
+    watermarks (the module's docstring says how)."""
+
+    in_rows = False
+
+    def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
+        super().__init__(cfg, listing, share)
+        self.own_rows = share[1] > 1
+        self._records: list[np.ndarray] = []
+        self.specs = cfg["streams"]
         self._delays = [eventtime.duration(s["max_delay"]) for s in self.specs.values()]  #: R's, S's, microseconds
         self._idle_timeouts = [s["idle_timeout"] for s in self.specs.values()]  #: R's, S's, seconds
         self.files, self.declared, missing = {}, {}, []
@@ -147,13 +367,15 @@ class StreamsSource(Source):
             )
         first = share[0] * ROW_BLOCK if share[1] > 1 else 0  #: the first stream row this dispatcher numbers
         self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()), (first, first + ROW_BLOCK))
-        #: both streams are Kafka topics: a checkpoint holds the streams' places (`position`), not a count
-        self.placed = all(s["kafka"] for s in self.specs.values())
+        #: both streams are live (Kafka topics, ZeroMQ producers): a checkpoint holds the streams' places
+        #: (`position`), not a count
+        self.placed = all(s["kafka"] or s["endpoint"] for s in self.specs.values())
+        self._live: list[Live | None] = [None, None]
         self._open()
 
     def _open(self, starts: list | None = None) -> None:
-        """Start reading both streams from their first rows (a recovery of files starts again here), or Kafka
-        topics from a checkpoint's places (`starts`, per side)."""
+        """Start reading both streams from their first rows (a recovery of files starts again here), or live
+        streams from a checkpoint's places (`starts`, per side; a ZeroMQ stream keeps its bound sockets)."""
         window = self.cfg["source"]["duplicate_window"]
         inputs = [
             StreamChecks(
@@ -172,11 +394,11 @@ class StreamsSource(Source):
         self.mapper = KeyMapper(self.kinds, hashed=self.share[1] > 1)
         self._stop = threading.Event()
         #: per side: a live stream (master.sources.live), or the queue its file reader fills
-        self._live: list[Live | None] = [
-            open_live(self.cfg, side, inp, self.declared[inp.name], starts and starts[side], self.share)
+        self._live = [
+            open_live(self.cfg, side, inp, self.declared[inp.name], starts and starts[side], self.share, opened)
             if inp.name in self.declared
             else None
-            for side, inp in enumerate(inputs)
+            for (side, inp), opened in zip(enumerate(inputs), self._live)
         ]
         self._start_readers(
             {
@@ -192,35 +414,6 @@ class StreamsSource(Source):
         self._end_at: list[int | None] = [None, None]  #: per side, once known: the position after its last tuple
         self._ready, self._taken = empty(), 0
         self.rows_taken = [0, 0]  #: per side: every row below this one has been taken (their payload may go)
-
-    def _start_readers(self, readers: dict) -> None:
-        """A thread per side of `readers` ({side: (name, its checked batches)}) filling that side's queue
-        READ_AHEAD batches ahead (pyarrow decodes and computes outside the GIL), until `_stop` is set."""
-        self._queues = [queue.Queue(READ_AHEAD) for _ in range(2)]
-        self._threads = [
-            threading.Thread(
-                target=_read_ahead, args=(batches, self._queues[side], self._stop), daemon=True, name=f"reader-{name}"
-            )
-            for side, (name, batches) in readers.items()
-        ]
-        for t in self._threads:
-            t.start()
-
-    def _open_rows(self, start: int = 0, max_id: tuple = (None, None)) -> None:
-        """The single file (or the generator) from row `start` on (a recovery: with the duplicate check's state
-        there), one reader for both streams: their tuples are taken in its row order, no merge."""
-        spec = self.specs["R"]
-        window = self.cfg["source"]["duplicate_window"]
-        self._stop = threading.Event()
-        if self.cfg["source"]["kind"] == "generator":
-            self._start_readers({0: ("generator", _drawn(self.cfg["generator"], start))})
-        else:
-            self._start_readers({0: ("file", SidedFile(spec["path"], window, start, max_id, spec["time_unit"]))})
-        self._ready, self._taken = empty(), 0  #: the batch being taken, and how much of it is
-        self._ready_rows = np.empty(0, np.int64)  #: the file row of each of its tuples
-        self._end_row: int | None = None  #: one past the last row of the batches read
-        self._waiting: list[pa.Table] = []  #: rejections of batches read, not yet passed by the position
-        self._row, self._max_id, self._done = start, list(max_id), [False, False]
 
     def _check_columns(self, inputs: list[StreamInput]) -> None:
         """The results' column names are distinct, CSV results can hold every column (no nested types), and
@@ -257,11 +450,6 @@ class StreamsSource(Source):
         for batch in inp:
             log.write(side, batch.rows, batch.ts, batch.columns)
             yield batch._replace(columns=None)
-
-    def _close(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
 
     def _pull(self, side: int) -> None:
         """The next checked batch(es) of a stream into its pending tuples (its rejections into the listing); a
@@ -347,11 +535,7 @@ class StreamsSource(Source):
                 rest = np.flatnonzero(self._ready.stream[self._taken :] == side)
                 self._end_at[side] = self.accepted + (int(rest[-1]) + 1 if len(rest) else 0)
 
-    def next_chunk(self, limit: int) -> Chunk | None:
-        if limit < 1:
-            raise ValueError(f"limit must be positive, got {limit}")
-        if self.in_rows:
-            return self._next_rows(limit)
+    def _next(self, limit: int) -> Chunk | None:
         while len(self._ready.ts) - self._taken < limit and self._merge():
             pass
         self._note_ends()
@@ -367,65 +551,8 @@ class StreamsSource(Source):
         self.accepted += n
         return chunk
 
-    def _next_rows(self, limit: int) -> Chunk | None:
-        """The single file's next tuples in its row order; the position moves to the row after the last one."""
-        parts, room = [], limit
-        while room > 0:
-            if self._taken >= len(self._ready.ts):
-                if self._done[0] or not self._next_batch():
-                    break
-                continue
-            n = min(room, len(self._ready.ts) - self._taken)
-            part = rows(self._ready, self._taken, self._taken + n)
-            for s in (0, 1):
-                mine = part.id[part.stream == s]
-                if len(mine):
-                    top = int(mine.max())
-                    self._max_id[s] = top if self._max_id[s] is None else max(self._max_id[s], top)
-            self._taken += n
-            self._row = int(self._ready_rows[self._taken - 1]) + 1
-            parts.append(part)
-            room -= n
-        if not parts:
-            if self._done[0] and self._end_row is not None:
-                self._row = self._end_row  # every row read is passed: the trailing rejections too
-            self._list()
-            return None
-        self.accepted += limit - room
-        self._list()
-        return concat(parts)
-
-    def _next_batch(self) -> bool:
-        """The single file's next checked batch to take from; False at its end."""
-        item = self._queues[0].get()
-        if isinstance(item, Exception):
-            self._done = [True, True]
-            raise item
-        if item is None:
-            self._done = [True, True]
-            return False
-        self._ready, self._ready_rows, self._taken, self._end_row = item.chunk, item.rows, 0, item.end_row
-        if item.rejected is not None:
-            self._waiting.append(item.rejected)
-        return True
-
-    def _list(self) -> None:
-        """The single file: rejections of rows the position has passed go to the listing; those ahead wait."""
-        keep = []
-        for t in self._waiting:
-            passed = pc.less_equal(t["row"], self._row)  # 1-based rows: row <= position is passed
-            n = pc.sum(passed).as_py() or 0
-            if self.listing is not None and n:
-                self.listing.add(t.filter(passed))
-            if n < t.num_rows:
-                keep.append(t.filter(pc.invert(passed)))
-        self._waiting = keep
-
     def ended(self) -> list[bool]:
-        """Per side (R, S): every tuple of that stream has been taken (known once the merge has seen its end; the
-        single file's streams hold nothing back of each other: never)."""
-        if self.in_rows:
-            return [False, False]
+        """Per side (R, S): every tuple of that stream has been taken (known once the merge has seen its end)."""
         return [end is not None and self.accepted >= end for end in self._end_at]
 
     @property
@@ -433,14 +560,9 @@ class StreamsSource(Source):
         """Rejected rows, and what live streams set aside themselves, by reason."""
         if self.listing is None:
             return {}
-        if self.in_rows:
-            self._list()
-            return dict(self.listing.reasons)
         return dict(sum((Counter(x.reasons) for x in self._live if x is not None), Counter(self.listing.reasons)))
 
     def partitions(self) -> list[dict]:
-        if self.in_rows:
-            return []
         return [
             {"stream": name, **row}
             for name, live in zip(self.specs, self._live)
@@ -449,20 +571,8 @@ class StreamsSource(Source):
         ]
 
     def position(self) -> dict:
-        """Files: the tuples taken.  Kafka topics: each stream's place and the state after it (JSON here, its
-        arrays in `records`).  The single file: the row after the last tuple taken (with the duplicate check's
-        state there) and the listing's files and rows, so a recovery starts reading there."""
-        if self.in_rows:
-            if self.listing is not None:
-                self._list()
-                self.listing.flush()
-            return {
-                "row": self._row,
-                "accepted": self.accepted,
-                "max_id": list(self._max_id),
-                "rejected_files": self.listing.files if self.listing else 0,
-                "rejected_rows": self.listing.rows if self.listing else 0,
-            }
+        """Files: the tuples taken.  Live streams: each stream's place and the state after it (JSON here, its
+        arrays in `records`)."""
         if not self.placed:
             return {"accepted": self.accepted}
         places = [live.position() for live in self._live]
@@ -471,8 +581,12 @@ class StreamsSource(Source):
         ]
         ready = pa.table(dict(zip(Chunk._fields, rows(self._ready, self._taken))))
         self._records = table_records([*pending, ready, self.mapper.dictionaries(), *(r for _, r in places)])
+        if self.listing is not None:
+            self.listing.flush()
         return {
             "accepted": self.accepted,
+            "rejected_files": self.listing.files if self.listing else 0,
+            "rejected_rows": self.listing.rows if self.listing else 0,
             "streams": [place for place, _ in places],
             "rows_taken": list(self.rows_taken),
             "running": list(self._running),
@@ -482,7 +596,8 @@ class StreamsSource(Source):
         }
 
     def acknowledge(self, position: dict | None) -> None:
-        """A checkpoint at `position` is complete: Kafka topics commit its offsets to their groups."""
+        """A checkpoint at `position` is complete: Kafka topics commit its offsets to their groups, live streams'
+        producers are told what it holds of theirs."""
         if position is not None and "streams" in position:
             for live, place in zip(self._live, position["streams"]):
                 live.acknowledge(place)
@@ -498,14 +613,8 @@ class StreamsSource(Source):
         stream goes on from its place, with the state after it as it was (`position`, and its arrays
         `where["records"]`); the payload log's segments of rows after the places go."""
         self._close()
-        if self.in_rows:
-            self._open_rows(where["row"], tuple(where["max_id"]))
-            self.accepted = where["accepted"]
-            if self.listing is not None:
-                self.listing.roll_back(where["rejected_files"], where["rejected_rows"])
-            return
-        if self.listing is not None:
-            self.listing.roll_back(0, 0)
+        if self.listing is not None:  # live streams: the rows rejected before their places stay listed
+            self.listing.roll_back(where.get("rejected_files", 0), where.get("rejected_rows", 0))
         if "streams" not in where:
             self.accepted = 0
             self._open()
@@ -526,12 +635,6 @@ class StreamsSource(Source):
 
     def finish(self) -> dict:
         self._close()
-        if self.in_rows:
-            if self.listing is None:
-                return {}
-            self._list()
-            self.listing.flush()
-            return {"rejected": self.listing.rows}
         live = [x.finish() for x in self._live if x is not None]
         names = {side: name for side, name in zip("RS", self.specs)}
         out: dict = {

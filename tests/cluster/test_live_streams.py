@@ -5,6 +5,7 @@ independent reference join of the two files the producers read."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from master.sources import open_source
 from protocol import wire
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
+from common.chunks import InputError
 from common.stream_file import arrow_type
 from tests.runs import free_port, run_cluster, toml_value
 from tests.reference import encode_pairs
@@ -86,8 +88,8 @@ def test_a_batch_message_round_trips_and_its_frames_are_checked():
         ),
         ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
         ({"streams.views.schema": {**SCHEMAS["views"], "page": "varchar"}}, "'varchar' is not an Arrow type"),
-        ({"checkpoint.interval": 5}, "not with checkpoint.interval"),
         ({"cluster.dispatchers": 2}, "not with cluster.dispatchers > 1"),
+        ({"streams.views.ack_endpoint": "tcp://127.0.0.1:5999"}, "acknowledgements come from checkpoints"),
         ({"streams.views.endpoint": "tcp://10.1.2.3:5000"}, "is not a loopback address"),
     ],
 )
@@ -215,14 +217,95 @@ def test_a_live_stream_whose_producers_ended_holds_nothing_back_once_its_rows_ar
     src.finish()
 
 
-def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tmp_path):
-    """Two producer processes (control.produce --stream), one per stream, each pacing its own Parquet file
-    (views: timestamps; buys: epoch milliseconds, decimal prices) into a cluster of 1 master and 2 slaves:
-    results equal the reference join of the files, with both streams' columns, in the result files and on the
-    result stream a subscriber reads (TABLEs)."""
-    rng = np.random.default_rng(4)
+def test_a_live_stream_goes_on_from_its_checkpointed_place_and_takes_a_resend_once(tmp_path):
+    """In-process crash with checkpoints: a position (the merge's state, every producer's) is taken mid-input, more
+    is taken and lost, the sockets die; a new source at the same endpoints seeks to the position and the producers
+    send everything again: the tuples come out as an uninterrupted source gives them, each once, and the message
+    rejected before the checkpoint (views without `user`) is counted and listed once."""
     t0 = 1_795_000_000_000
-    n_v, n_b = 3000, 2000
+    views = [
+        pa.table(
+            {
+                "vid": np.arange(k * 20, k * 20 + 20),
+                "user": [f"u{i % 3}" for i in range(20)],
+                "page": ["/"] * 20,
+                "at": pa.array(t0 + np.arange(k * 20, k * 20 + 20) * 10, pa.timestamp("ms", "UTC")),
+            }
+        )
+        for k in range(4)
+    ]
+    views.insert(1, views[1].drop_columns(["user"]))
+    buys = [
+        pa.table(
+            {
+                "bid": np.arange(k * 20, k * 20 + 20),
+                "user": [f"u{i % 3}" for i in range(20)],
+                "at": t0 + np.arange(k * 20, k * 20 + 20) * 10 + 5,
+                "price": ["1.5"] * 20,
+            }
+        )
+        for k in range(4)
+    ]
+
+    def feed(src, end: bool) -> list:
+        prods = [Producer(f"tcp://127.0.0.1:{src.ports[n]}", name=n, timeout=10) for n in ("views", "buys")]
+        for prod, tables in zip(prods, (views, buys)):
+            for t in tables:
+                prod.send_table(t)
+            if end:
+                prod.close()
+        return prods
+
+    def opened(out: str, ports: dict):
+        for _ in range(50):  # a closed socket's port is free once ZeroMQ's I/O thread has let it go
+            try:
+                src = open_source(live_cfg(tmp_path / out, ports, **{"checkpoint.interval": 1}))
+                src.ports = ports
+                return src
+            except InputError:
+                time.sleep(0.1)
+        raise AssertionError("the endpoints stayed bound")
+
+    def taken(chunks) -> list:
+        return [(int(s), int(i)) for c in chunks for s, i in zip(c.stream, c.id)]
+
+    whole = opened("whole", {"views": free_port(), "buys": free_port()})
+    feed(whole, end=True)
+    expected = taken(drain(whole))
+    assert whole.finish()["live_streams"]["views"]["rejected_by_reason"] == {"columns": 1}
+
+    first = opened("first", {"views": free_port(), "buys": free_port()})
+    crashed = feed(first, end=False)
+    got = []
+    while len(got) < 70:
+        got += taken([first.next_chunk(7)])
+    assert first.reasons == {"columns": 1}  # the bad message is before the checkpoint
+    where = {**first.position(), "records": first.records()}
+    lost = 0
+    while lost < 30:
+        lost += len(first.next_chunk(7).ts)  # taken after the checkpoint: lost with the crash
+    for live in first._live:  # SIGKILL: the sockets go, nothing more is said
+        live.sock.close()
+    for prod in crashed:
+        prod.sock.close(linger=0)
+        prod.ctx.term()
+    again = opened("first", first.ports)
+    again.seek(where)
+    feed(again, end=True)
+    got += taken(drain(again))
+    summary = again.finish()["live_streams"]
+    assert got == expected
+    assert summary["views"]["rejected_by_reason"] == {"columns": 1} and summary["views"]["lost_tuples"] == 0
+    assert summary["views"]["duplicate_tuples"] > 0 and summary["buys"]["producers"] == {"buys": 80}
+    listed = pq.read_table(tmp_path / "first" / "rejected" / "zmq-rejected-R.parquet")
+    assert listed["reason"].to_pylist() == ["columns"]
+
+
+def write_streams(tmp_path, n_v: int, n_b: int, seed: int) -> tuple[np.ndarray, ...]:
+    """views.parquet (timestamps) and buys.parquet (epoch milliseconds, decimal prices) of random users and
+    times a little out of order; returns their times (ms) and users."""
+    rng = np.random.default_rng(seed)
+    t0 = 1_795_000_000_000
     v_ms = t0 + np.cumsum(rng.integers(0, 3, n_v)) - rng.integers(0, 200, n_v)
     b_ms = t0 + np.cumsum(rng.integers(0, 5, n_b)) - rng.integers(0, 200, n_b)
     v_user, b_user = [f"u{i}" for i in rng.integers(0, 40, n_v)], [f"u{i}" for i in rng.integers(0, 40, n_b)]
@@ -248,17 +331,13 @@ def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tm
         ),
         tmp_path / "buys.parquet",
     )
-    ports, results_port = {"views": free_port(), "buys": free_port()}, free_port()
-    sub = start(
-        "control.subscribe",
-        "--endpoint",
-        f"tcp://127.0.0.1:{results_port}",
-        "--out",
-        tmp_path / "sub.parquet",
-        "--progress",
-        0,
-    )
-    producers = [
+    return v_ms, b_ms, v_user, b_user
+
+
+def producers(tmp_path, ports: dict[str, int], acks: dict[str, int] | None = None) -> list[subprocess.Popen]:
+    """One producer process (control.produce --stream) per stream, pacing its file, named as the stream; with
+    `acks`, the port of each stream's ack_endpoint."""
+    return [
         subprocess.Popen(
             [
                 sys.executable,
@@ -273,33 +352,22 @@ def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tm
                 "--rate",
                 "2000",
                 "--timeout",
-                "30",
+                "120",
                 "--name",
                 n,
+                *(["--ack-endpoint", f"tcp://127.0.0.1:{acks[n]}"] if acks else []),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
         for n, p in ports.items()
     ]
-    run = run_cluster(
-        tmp_path,
-        3,
-        {
-            **live_settings(ports),
-            "join.window": "300ms",
-            "join.max_delay": "250ms",
-            "partitioning.partitions": 8,
-            "epochs.distribution": "100ms",
-            "output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}",
-            "output.wait_subscribers": 1,
-        },
-    )
-    assert run.returncode == 0, run.stderr
-    got = finish(sub)
-    assert got["ended"] and not (got["gaps"] or got["covered"]) and got["results"] == run.summary["results"], got
-    for p in producers:
-        assert p.wait(60) == 0, p.stderr.read()
+
+
+def check_reference(run, streams: tuple, n_v: int, n_b: int) -> np.ndarray:
+    """The run's pairs and late rows are the reference join's of the two files (`streams`: write_streams');
+    returns the pairs."""
+    v_ms, b_ms, v_user, b_user = streams
     pairs, late = reference(
         {"id": np.arange(n_v), "ts": v_ms * 1000, "key": v_user},
         {"id": np.arange(n_b) + 500, "ts": b_ms * 1000, "key": b_user},
@@ -310,6 +378,48 @@ def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tm
     ids = ("views_vid", "buys_bid")
     np.testing.assert_array_equal(run.pairs(ids), pairs)
     np.testing.assert_array_equal(run.late_ids(ids, ("views", "buys")), late)
+    return pairs
+
+
+#: the join of write_streams' files, its results bucketed every 100 ms
+JOIN = {"join.window": "300ms", "join.max_delay": "250ms", "partitioning.partitions": 8, "epochs.distribution": "100ms"}
+
+
+def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tmp_path):
+    """Two producer processes (control.produce --stream), one per stream, each pacing its own Parquet file
+    (views: timestamps; buys: epoch milliseconds, decimal prices) into a cluster of 1 master and 2 slaves:
+    results equal the reference join of the files, with both streams' columns, in the result files and on the
+    result stream a subscriber reads (TABLEs)."""
+    n_v, n_b = 3000, 2000
+    streams = write_streams(tmp_path, n_v, n_b, 4)
+    ports, results_port = {"views": free_port(), "buys": free_port()}, free_port()
+    sub = start(
+        "control.subscribe",
+        "--endpoint",
+        f"tcp://127.0.0.1:{results_port}",
+        "--out",
+        tmp_path / "sub.parquet",
+        "--progress",
+        0,
+    )
+    feeds = producers(tmp_path, ports)
+    run = run_cluster(
+        tmp_path,
+        3,
+        {
+            **live_settings(ports),
+            **JOIN,
+            "output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}",
+            "output.wait_subscribers": 1,
+        },
+    )
+    assert run.returncode == 0, run.stderr
+    got = finish(sub)
+    assert got["ended"] and not (got["gaps"] or got["covered"]) and got["results"] == run.summary["results"], got
+    for p in feeds:
+        assert p.wait(60) == 0, p.stderr.read()
+    pairs = check_reference(run, streams, n_v, n_b)
+    ids = ("views_vid", "buys_bid")
     results = read_tables(run.out / "results")
     assert results.schema.field("buys_price").type == pa.decimal128(10, 2)
     assert results["views_page"].to_pylist() == [f"/p{i % 7}" for i in results["views_vid"].to_pylist()]
@@ -318,3 +428,42 @@ def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tm
     assert streamed.schema.field("buys_price").type == pa.decimal128(10, 2)
     assert streamed["views_page"].to_pylist() == [f"/p{i % 7}" for i in streamed["views_vid"].to_pylist()]
     assert run.summary["live_streams"]["buys"]["tuples"] == n_b
+
+
+@pytest.mark.parametrize("fault", ["1:checkpoint:2", "0:checkpoint:2"])
+def test_live_streams_killed_under_the_supervisor_lose_nothing_their_producers_sent(tmp_path, fault):
+    """Checkpoints with live streams: a slave, or the master, is SIGKILLed as a checkpoint goes; each stream's
+    producer (control.produce --stream --ack-endpoint) keeps what no complete checkpoint holds and resends it to
+    the restarted cluster, which goes on from the checkpoint's merge state and producers' positions and drops
+    what it already has: the results are exactly the reference join of the two files."""
+    from tests.cluster.test_recovery import SUPERVISE
+
+    n_v, n_b = 3000, 2000
+    streams = write_streams(tmp_path, n_v, n_b, 9)
+    ports = {"views": free_port(), "buys": free_port()}
+    acks = {name: free_port() for name in ports}
+    feeds = producers(tmp_path, ports, acks)
+    settings = {
+        **live_settings(ports),
+        **JOIN,
+        **{f"streams.{name}.ack_endpoint": f"tcp://127.0.0.1:{port}" for name, port in acks.items()},
+        "checkpoint.interval": 2,
+        "source.rate": 2000.0,  # the master takes the input over many checkpoints, so some is resent
+    }
+    run = run_cluster(
+        tmp_path,
+        3,
+        settings,
+        wrapper=SUPERVISE,
+        timeout=150,
+        env={"STREAMJOIN_FAULT": f"{fault}:{tmp_path / 'fault-fired'}"},
+    )
+    assert run.returncode == 0, run.stderr
+    sent = [json.loads(p.communicate(timeout=60)[0]) for p in feeds]
+    assert (tmp_path / "fault-fired").exists() and "restart 1 of 3" in run.stderr
+    assert run.summary["checkpoints"]["recovered_from"] is not None, run.stderr
+    assert all(s["confirmed"] for s in sent) and sum(s["tuples_resent"] for s in sent) > 0, sent
+    check_reference(run, streams, n_v, n_b)
+    live = run.summary["live_streams"]
+    assert {name: live[name]["producers"] for name in live} == {"views": {"views": n_v}, "buys": {"buys": n_b}}
+    assert live["views"]["lost_tuples"] == live["buys"]["lost_tuples"] == 0

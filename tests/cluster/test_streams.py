@@ -118,6 +118,7 @@ def test_streams_config_sides_keys_and_overrides(tmp_path):
         "prefix": "views_",
         "endpoint": "",
         "producers": 1,
+        "ack_endpoint": "",
         "schema": {},
         "kafka": {},
     }

@@ -1,5 +1,5 @@
-"""master/sources/zmq_input.py, the producer and the subscriber over real loopback ZeroMQ sockets; CURVE;
-the config rules."""
+"""The single file pushed live (master/sources/live.py, producers.py), the producer and the subscriber over real
+loopback ZeroMQ sockets; CURVE; the config rules."""
 
 from __future__ import annotations
 

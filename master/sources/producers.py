@@ -1,27 +1,29 @@
-"""Live ingest over ZeroMQ (`source.kind = "zmq"`): a PULL socket that producers PUSH tuple batches to.
+"""Producers pushing to a live ZeroMQ input: the PULL socket they PUSH to, who they are, what of theirs was taken,
+and the acknowledgements.  Shared by the live streams (master.sources.live): the single file's tuples
+(`source.kind = "zmq"`, TUPLES messages) and a declared stream's Arrow batches (`[streams.NAME] endpoint`, BATCH).
 
 Backpressure: the socket's receive high-water mark is `RCVHWM` messages and the
-master asks for tuples only while its mini-buffers have room (it pauses at
+master takes a message only when it needs more rows (it pauses at
 `master.buffer_capacity`), so when the cluster falls behind the queues fill and
 the producers' sends block at their own SNDHWM instead of memory growing here.
-At most one message's tuples wait in this source (`held_peak_tuples` in the
+At most one message's rows wait in the master (`held_peak_tuples` in the
 summary).  Each producer reports in its END message how many seconds its sends
 were blocked; the summary sums them (`producers_blocked_seconds`).
 
 Messages are validated whole (protocol.wire.decode): a bad one is dropped,
-counted by reason and listed in `rejected/zmq-rejected.*` at the end; the run
+counted by reason and listed in `rejected/zmq-rejected*.*` at the end; the run
 goes on.  A frame far above the largest valid one (twice it, plus 1 MiB) is
 not read at all: ZeroMQ disconnects its sender (ZMQ_MAXMSGSIZE), which
 reconnects; one a little too large is read and rejected whole like any bad
-message, so its sender's later messages still count.  The input ends after `source.producers` END messages
-(one per producer), after `source.idle_timeout` seconds without any message, or on a stop signal.
+message, so its sender's later messages still count.  The input ends after `producers` END messages
+(one per producer), after `idle_timeout` seconds without any message, or on a stop signal.
 
 Producers (docs/live-input-and-result-stream.md): a message with an ORIGIN frame (protocol.wire) names its
-producer and its position (tuples it sent before).  With `source.token` set only messages carrying its digest
+producer and its position (rows it sent before).  With `source.token` set only messages carrying its digest
 are taken; the others, an END included, are refused and counted (`zmq_ingest.refused_*`).  Per producer the
-source keeps the tuples taken: a message repeating some (a resend) is trimmed or dropped, one past them counts
+master keeps the rows taken: a message repeating some (a resend) is trimmed or dropped, one past them counts
 the difference as lost.  That position is part of every checkpoint; once a checkpoint is complete the master
-publishes it on `source.ack_endpoint` (ACK messages, also every ACK_INTERVAL and, marked final, at the end),
+publishes it on the `ack_endpoint` (ACK messages, also every ACK_INTERVAL and, marked final, at the end),
 so a producer keeps only what no checkpoint holds and, after a crash, resends it to the new run (messages still
 addressed to the crashed run are dropped as stale: the resend repeats them in order).
 """
@@ -40,7 +42,7 @@ import pyarrow as pa
 import zmq
 
 from protocol import wire
-from common.chunks import Chunk, InputError, Source, concat, rows
+from common.chunks import InputError
 from protocol.access import source_token
 from protocol.output import write_table
 from common.zmq_security import bind_server, stop_authenticators
@@ -57,16 +59,19 @@ ACK_INTERVAL = 0.2
 ACK_LINGER = 2000
 
 
-class ZmqSource(Source):
-    #: bytes per row the largest valid message may have (master.sources.live's Arrow rows are wider)
+class Producers:
+    """The producers of `cfg["source"]`'s `endpoint` (`producers`, `idle_timeout`, `ack_endpoint`, `token`), their
+    rejected messages listed in `rejected/<rejected_stem>.*`."""
+
+    #: bytes per row the largest valid message may have (a TUPLES record; Arrow rows are wider)
     record_bytes = wire.TUPLE_RECORD.itemsize
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, rejected_stem: str):
         src = cfg["source"]
         self.endpoint, self.producers = src["endpoint"], src["producers"]
         self.idle_timeout, self.max_tuples = src["idle_timeout"], src["max_message_tuples"]
         self.out, self.fmt = Path(cfg["output"]["path"]), cfg["output"]["format"]
-        self.rejected_stem = "zmq-rejected"  #: several dispatchers: each its own file (master.sources.open_shard)
+        self.rejected_stem = rejected_stem
         token = source_token(cfg)
         self.digest = wire.token_digest(token) if token else None  #: None: no check (the token is not kept)
         self.run = int.from_bytes(os.urandom(8), "little") | 1  #: this master's run, which producers address
@@ -80,22 +85,20 @@ class ZmqSource(Source):
             except InputError:
                 self.sock.close()
                 raise
-        self._pending: Chunk | None = None  #: the rest of a message larger than the master's room
-        self._pending_from: bytes | None = None  #: its producer (None: anonymous)
         self.taken: dict[bytes, int] = {}  #: per producer: its tuples taken so far (its position)
         self.ended_by: set[bytes] = set()
         self.anonymous_ended = self.ended = 0
         self.lost = self.duplicates = self.stale = 0  #: tuples never received; tuples and messages dropped
-        self.acked: dict = self.position()  #: what the last complete checkpoint holds
-        self.acknowledged = 0  #: complete checkpoints this dispatcher was told of (and published, with acks)
-        self._next_ack = 0.0
         self.messages = self.tuples = self.held_peak = 0
         self.blocked_seconds = 0.0
         self.reasons: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()  #: messages of producers without the token, by kind
         self.refused_tuples = 0
         self._rejections: list[dict] = []
-        self._last_message = time.monotonic()
+        self.acked: dict = self.producers_position()  #: what the last complete checkpoint holds
+        self.acknowledged = 0  #: complete checkpoints this dispatcher was told of (and published, with acks)
+        self._next_ack = 0.0
+        self.last_message = time.monotonic()  #: when a message last came (idleness)
         self._finished: dict | None = None
         who = (
             "producers must present source.token"
@@ -128,59 +131,32 @@ class ZmqSource(Source):
             raise InputError(f"cannot bind {key} {endpoint!r}: {e}") from None
         return sock
 
-    def next_chunk(self, limit: int) -> Chunk | None:
-        """Up to `limit` tuples of what has arrived (an empty Chunk if none yet); None once the input ended."""
-        if limit < 1:
-            raise ValueError(f"limit must be positive, got {limit}")
-        if self.acks is not None and time.monotonic() >= self._next_ack:
-            self._publish(self.acked, final=False)
-        parts, room = [], limit
-        while room > 0:
-            if self._pending is None and not self._receive():
-                break
-            chunk = self._pending
-            n = len(chunk.id)
-            parts.append(rows(chunk, 0, room))
-            if self._pending_from is not None:
-                self.taken[self._pending_from] += min(n, room)
-            self._pending = rows(chunk, room) if n > room else None
-            room -= min(n, room)
-        if not parts and self._at_end():
-            return None
-        return concat(parts)
-
-    def _at_end(self) -> bool:
+    @property
+    def done(self) -> bool:
+        """Every producer sent its END, or (`idle_timeout` > 0) no message came for that long."""
         if self.ended >= self.producers:
             return True
-        return self.idle_timeout > 0 and time.monotonic() - self._last_message > self.idle_timeout
+        return self.idle_timeout > 0 and time.monotonic() - self.last_message > self.idle_timeout
 
-    def _receive(self) -> bool:
-        """Take messages until one with tuples is pending; False when none is waiting."""
+    def _messages(self, kind: wire.Frame):
+        """The waiting messages of `kind` let in (token, run), each with its frames, until none is waiting or
+        every producer ended; ENDs and malformed messages are dealt with on the way."""
         while self.ended < self.producers:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return False
-            self._last_message = time.monotonic()
+                return
+            self.last_message = time.monotonic()
             self.messages += 1
-            msg = wire.decode([f.buffer for f in frames], (wire.Frame.TUPLES, wire.Frame.END), self.max_tuples)
+            msg = wire.decode([f.buffer for f in frames], (kind, wire.Frame.END), self.max_tuples)
             if not self._let_in(msg):
                 continue
             if isinstance(msg, wire.Rejection):
                 self._reject(msg, sum(len(f) for f in frames))
             elif msg.kind == wire.Frame.END:
                 self._end(msg)
-            elif len(msg.rows):
-                r = msg.rows[self._skip(msg.origin, len(msg.rows)) :]
-                if len(r):
-                    self._pending = Chunk(
-                        r["stream"].copy(), r["id"].copy(), r["ts"].copy(), r["key"].copy(), r["value"].copy()
-                    )
-                    self._pending_from = None if msg.origin is None else bytes(msg.origin["producer"])
-                    self.tuples += len(r)
-                    self.held_peak = max(self.held_peak, len(r))
-                    return True
-        return False
+            else:
+                yield msg, frames
 
     def _let_in(self, msg) -> bool:
         """Token check (a malformed anonymous message is left to the rejection count) and stale runs."""
@@ -246,7 +222,10 @@ class ZmqSource(Source):
 
     def _reject(self, rej: wire.Rejection, nbytes: int) -> None:
         if rej.origin is not None and rej.reason not in ("frames", "kind"):  # its tuples are dealt with
-            self.taken[bytes(rej.origin["producer"])] += rej.count - self._skip(rej.origin, rej.count)
+            skip = self._skip(rej.origin, rej.count)
+            if rej.count and skip == rej.count:
+                return  # a resend of a message rejected before (the checkpoint counts and lists it)
+            self.taken[bytes(rej.origin["producer"])] += rej.count - skip
         if not self.reasons[rej.reason]:
             print(
                 f"ingest: rejected message {self.messages} ({rej.reason}: {rej.detail}); "
@@ -267,13 +246,16 @@ class ZmqSource(Source):
             )
 
     # -- checkpoints and acknowledgements ---------------------------------------------------------------
-    def position(self) -> dict:
-        """What the master has taken, per producer (hex id -> tuples), and who ended: a checkpoint's part."""
+    def producers_position(self) -> dict:
+        """What the master has taken, per producer (hex id -> tuples), who ended, and the messages rejected so
+        far (counted and listed once): a checkpoint's part."""
         return {
             "taken": {p.hex(): n for p, n in self.taken.items()},
             "ended": sorted(p.hex() for p in self.ended_by),
             "anonymous_ended": self.anonymous_ended,
             "lost": self.lost,
+            "rejected_by_reason": dict(self.reasons),
+            "rejections": list(self._rejections),
         }
 
     def seek(self, where: dict) -> None:
@@ -282,6 +264,9 @@ class ZmqSource(Source):
         self.ended_by = {bytes.fromhex(p) for p in where["ended"]}
         self.anonymous_ended, self.lost = where["anonymous_ended"], where["lost"]
         self.ended = len(self.ended_by) + self.anonymous_ended
+        # a checkpoint of the version before holds no rejected messages
+        self.reasons = Counter(where.get("rejected_by_reason", {}))
+        self._rejections = list(where.get("rejections", []))
         self.acked = where
 
     def acknowledge(self, where: dict) -> None:
@@ -290,6 +275,11 @@ class ZmqSource(Source):
         self.acknowledged += 1
         if self.acks is not None:
             self._publish(where, final=False)
+
+    def _repeat_ack(self) -> None:
+        """The last ACK again every ACK_INTERVAL: a producer of a new run learns the run from it."""
+        if self.acks is not None and time.monotonic() >= self._next_ack:
+            self._publish(self.acked, final=False)
 
     def _publish(self, where: dict, final: bool) -> None:
         ended = set(where["ended"])
@@ -323,7 +313,7 @@ class ZmqSource(Source):
         if self._finished is None:
             self.sock.close()
             if self.acks is not None:  # the run is complete: everything taken is in its output
-                self._publish(self.position(), final=True)
+                self._publish(self.producers_position(), final=True)
                 self.acks.close()
             stop_authenticators()
             if self.acks is not None:
