@@ -272,13 +272,6 @@ class RowOrder(StreamsSource):
         """Pushed live: messages refused for want of the token, by kind."""
         return self.pushed.refused if self.pushed is not None else {}
 
-    def __getattr__(self, name: str):
-        """Pushed live: the producers' socket and counts (`endpoint`, `messages`, ...: master.sources.producers)."""
-        pushed = self.__dict__.get("pushed")
-        if pushed is None:
-            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
-        return getattr(pushed, name)
-
     def position(self) -> dict:
         """The row after the last tuple taken (with the duplicate check's state there) and the listing's files
         and rows, so a recovery starts reading there; pushed live: each producer's position."""
