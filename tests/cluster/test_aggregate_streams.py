@@ -31,7 +31,7 @@ from protocol.aggregation import FINAL, WINDOW_END, WINDOW_START, aggregation
 from protocol.config import load_config
 from protocol.output import LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
 from tests.cluster.test_balance_cluster import FORCED_CHURN, straggler
-from tests.runs import run_cluster, soak, write_config
+from tests.runs import ENDED_IDLE, run_cluster, soak, write_config
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
@@ -182,8 +182,9 @@ def run_and_merge(tmp_path, spark, settings: dict) -> tuple[dict, pa.Table, pa.T
     cfg = load_config(write_config(tmp_path, settings))
     spec = aggregation(cfg)
     assert len(list((run.out / "aggregates").glob("slave-*.parquet"))) > 2
+    view, ckpt = tmp_path / "view", tmp_path / "ckpt"
     writer = aggregate.run_stream(
-        spark, run.out / "aggregates", tmp_path / "view", tmp_path / "ckpt", 1.5, trigger=0.3, quiet=True, spec=spec
+        spark, run.out / "aggregates", view, ckpt, ENDED_IDLE, trigger=0.3, quiet=True, spec=spec
     )
     assert writer.batches >= 1
     batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), spec)
@@ -278,7 +279,7 @@ def test_the_clicks_example_per_ad_and_minute_equals_duckdb_over_the_reference_j
     run = [*args, "--set", "output.progress=0", "--set", "metrics.endpoint=127.0.0.1:0"]
     proc = subprocess.run(mpirun_command(3, run), env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
-    assert aggregate.main([*args, "--until-idle", "1.5", "--trigger", "0.3"], spark) == 0
+    assert aggregate.main([*args, "--until-idle", str(ENDED_IDLE), "--trigger", "0.3"], spark) == 0
     assert aggregate.main([*args, "--batch"], spark) == 0
     cfg = load_config(config, sets)
     shown = "epoch_us(CAST(i.shown_at AS TIMESTAMPTZ))"
@@ -372,7 +373,7 @@ def test_a_rank_and_the_merger_killed_change_nothing_in_the_view(tmp_path, spark
         os.killpg(proc.pid, signal.SIGKILL)  # the job and its JVM, without any chance to clean up
         proc.wait()
     assert aggregate.read_view(view)["count"].to_numpy().sum() < want["count"].to_numpy().sum()
-    aggregate.run_stream(spark, run.out / "aggregates", view, ckpt, until_idle=1.5, trigger=0.2, quiet=True, spec=spec)
+    aggregate.run_stream(spark, run.out / "aggregates", view, ckpt, ENDED_IDLE, trigger=0.2, quiet=True, spec=spec)
     assert_view_equals(aggregate.read_view(view), want, cfg)
     batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), spec)
     aggregate.ViewWriter(tmp_path / "batch", spec, quiet=True, ended=True)(batch, 0)
@@ -415,7 +416,7 @@ def test_final_windows_of_a_view_taken_while_the_run_goes_on_never_change(tmp_pa
         if cluster.poll() is None:
             cluster.kill()
     # the files a pause of a loaded host left behind (the merger goes on from its checkpoint)
-    aggregate.run_stream(spark, out / "aggregates", view, ckpt, 1.0, 2, trigger=0.2, quiet=True, spec=spec)
+    aggregate.run_stream(spark, out / "aggregates", view, ckpt, ENDED_IDLE, 2, trigger=0.2, quiet=True, spec=spec)
     assert json.loads((out / "summary.json").read_text())["balance"]["moves"]  # groups moved (some may be empty)
     want = reference_view(tmp_path / "data", cfg)
     snapshots = [pq.read_table(f) for f in sorted(view.glob("view-*.parquet"))]
