@@ -41,3 +41,59 @@ def broker(tmp_path_factory):
     from tests.kafka import start_broker
 
     yield from start_broker(tmp_path_factory)
+
+
+def _cpu_now():
+    """Wall time, CPU seconds of this process and its reaped children, and of its live descendants by (pid, start
+    time): a Spark session's JVM or a running mpirun is no reaped child until it ends, so getrusage alone misses
+    what they spend."""
+    import resource
+    import time
+
+    import psutil
+
+    live = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            live[(child.pid, child.create_time())] = times.user + times.system
+        except psutil.Error:
+            pass
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.monotonic(), own.ru_utime + own.ru_stime, reaped.ru_utime + reaped.ru_stime, live
+
+
+def _measured(item, phase):
+    """With STREAMJOIN_TEST_CPU=path, one JSON line per test phase appended to path.<worker>: its wall time and
+    the CPU of the test process and its descendants, so idle = wall - CPU shows a test that waits."""
+    import json
+    import os
+
+    path = os.environ.get("STREAMJOIN_TEST_CPU")
+    if not path:
+        yield
+        return
+    wall, own, reaped, live = _cpu_now()
+    yield
+    wall2, own2, reaped2, live2 = _cpu_now()
+    ended = sum(cpu for key, cpu in live.items() if key not in live2)  # in reaped2 in full once it ends
+    grown = sum(cpu - live.get(key, 0.0) for key, cpu in live2.items())
+    row = {"test": item.nodeid, "phase": phase, "wall": wall2 - wall, "self": own2 - own}
+    row.update(children=reaped2 - reaped - ended, live=grown, load=os.getloadavg()[0])
+    with open(f"{path}.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}", "a") as out:
+        out.write(json.dumps(row) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _measured(item, "setup")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _measured(item, "call")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield from _measured(item, "teardown")

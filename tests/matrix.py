@@ -75,7 +75,7 @@ from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCH
 from protocol.predicates import JOIN_TYPES
 from deploy.broker import local_broker
 from deploy.testbed import TestBed
-from tests.runs import BedJob, Run, free_port, run_cluster, toml_value
+from tests.runs import ENDED_IDLE, BedJob, Run, free_port, run_cluster, toml_value
 from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs, reference_theta_pairs
 
 #: feature -> the values a draw takes
@@ -895,9 +895,8 @@ def view_faults(d: Draw, run: Run, tmp: Path, expected: tuple, data: dict[str, n
 
     cfg = load_config(tmp / "run.toml")
     spec = aggregation(cfg)
-    aggregate.run_stream(
-        spark, run.out / "aggregates", tmp / "view", tmp / "view-checkpoint", 1.0, trigger=0.2, quiet=True, spec=spec
-    )
+    view, ckpt = tmp / "view", tmp / "view-checkpoint"
+    aggregate.run_stream(spark, run.out / "aggregates", view, ckpt, ENDED_IDLE, trigger=0.2, quiet=True, spec=spec)
     duckdb.register("matrix_rows", reference_rows(d, expected, data))
     try:
         want = aggregated("SELECT * FROM matrix_rows", cfg)

@@ -22,6 +22,11 @@ from protocol.output import MATCHED, read_tables
 from tests.reference import encode_pairs
 
 
+#: the streaming merger's `until_idle` (control.aggregate.run_stream) over the partials of a run that has ended:
+#: every file is there when it starts and its first micro-batches take them all, so it need not wait for more
+ENDED_IDLE = 0.2
+
+
 class Run:
     def __init__(self, out: Path, proc: subprocess.CompletedProcess):
         self.out, self.proc = out, proc

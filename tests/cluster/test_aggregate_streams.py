@@ -30,7 +30,7 @@ from protocol.aggregation import FINAL, WINDOW_END, WINDOW_START, aggregation
 from protocol.config import load_config
 from protocol.output import LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
 from tests.cluster.test_balance_cluster import FORCED_CHURN, straggler
-from tests.runs import run_cluster, soak, write_config
+from tests.runs import ENDED_IDLE, run_cluster, soak, write_config
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
@@ -181,8 +181,9 @@ def run_and_merge(tmp_path, spark, settings: dict) -> tuple[dict, pa.Table, pa.T
     cfg = load_config(write_config(tmp_path, settings))
     spec = aggregation(cfg)
     assert len(list((run.out / "aggregates").glob("slave-*.parquet"))) > 2
+    view, ckpt = tmp_path / "view", tmp_path / "ckpt"
     writer = aggregate.run_stream(
-        spark, run.out / "aggregates", tmp_path / "view", tmp_path / "ckpt", 1.5, trigger=0.3, quiet=True, spec=spec
+        spark, run.out / "aggregates", view, ckpt, ENDED_IDLE, trigger=0.3, quiet=True, spec=spec
     )
     assert writer.batches >= 1
     batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), spec)
@@ -256,50 +257,6 @@ def test_outer_and_anti_joins_count_rows_alone_in_their_kind_in_hopping_windows(
     assert_view_equals(batch, want, cfg)
 
 
-def test_the_clicks_example_per_ad_and_minute_equals_duckdb_over_the_reference_join(tmp_path, spark):
-    """examples/clicks/clicks-per-ad.toml end to end: make_data.py, the cluster on 3 ranks, the merger and
-    `--batch` as their command lines run them; the view is DuckDB's GROUP BY over its left join of the files:
-    per ad, kind and minute of the impression, clicks (matched) and impressions without one, and the cost."""
-    data, out = tmp_path / "data", tmp_path / "out"
-    subprocess.run([sys.executable, str(ROOT / "examples/clicks/make_data.py"), str(data)], check=True)
-    config = ROOT / "examples/clicks/clicks-per-ad.toml"
-    sets = [
-        f"streams.impressions.path={data / 'impressions'}",
-        f"streams.clicks.path={data / 'clicks.parquet'}",
-        f"output.path={out}",
-        "aggregate.flush_interval=0.3",
-    ]
-    args = ["--config", str(config), *(x for s in sets for x in ("--set", s))]
-    env = mpi_env()
-    run = [*args, "--set", "output.progress=0", "--set", "metrics.endpoint=127.0.0.1:0"]
-    proc = subprocess.run(mpirun_command(3, run), env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr
-    assert aggregate.main([*args, "--until-idle", "1.5", "--trigger", "0.3"], spark) == 0
-    assert aggregate.main([*args, "--batch"], spark) == 0
-    cfg = load_config(config, sets)
-    shown = "epoch_us(CAST(i.shown_at AS TIMESTAMPTZ))"
-    on = f"i.user_id = c.user_id AND epoch_us(c.clicked_at) - {shown} BETWEEN 0 AND 30000000"
-    want = (
-        duckdb.sql(
-            f"""SELECT impressions_ad_id, kind, window_start, count(*) AS count,
-        sum(clicks_cost) AS sum_clicks_cost, avg(clicks_cost) AS avg_clicks_cost FROM (
-            SELECT i.ad_id AS impressions_ad_id, c.cost AS clicks_cost,
-            CASE WHEN c.click_id IS NULL THEN '{LEFT_UNMATCHED}' ELSE '{MATCHED}' END AS kind,
-            {shown} // 60000000 * 60000000 AS window_start
-            FROM read_csv('{data / "impressions"}/*.csv', all_varchar = true) i
-            LEFT JOIN read_parquet('{data / "clicks.parquet"}') c ON {on}
-        ) GROUP BY ALL"""
-        )
-        .arrow()
-        .read_all()
-    )
-    want = want.set_column(0, "impressions_ad_id", want["impressions_ad_id"].cast(pa.int64()))
-    clicks = pa.compute.sum(want.filter(pa.compute.equal(want["kind"], MATCHED))["count"]).as_py()
-    assert clicks > 1000 and want.num_rows > 25 * 30
-    for view in ("view", "view-batch"):
-        assert_view_equals(aggregate.read_view(out / view), want, cfg)
-
-
 @pytest.mark.parametrize("fault", ["2:batch-after-checkpoint:2", soak("0:checkpoint:3")])
 def test_a_rank_and_the_merger_killed_change_nothing_in_the_view(tmp_path, spark, fault):
     """A left join aggregated per ad in hopping windows: slave 2 is SIGKILLed at its 2nd batch after a
@@ -341,7 +298,7 @@ def test_a_rank_and_the_merger_killed_change_nothing_in_the_view(tmp_path, spark
         os.killpg(proc.pid, signal.SIGKILL)  # the job and its JVM, without any chance to clean up
         proc.wait()
     assert aggregate.read_view(view)["count"].to_numpy().sum() < want["count"].to_numpy().sum()
-    aggregate.run_stream(spark, run.out / "aggregates", view, ckpt, until_idle=1.5, trigger=0.2, quiet=True, spec=spec)
+    aggregate.run_stream(spark, run.out / "aggregates", view, ckpt, ENDED_IDLE, trigger=0.2, quiet=True, spec=spec)
     assert_view_equals(aggregate.read_view(view), want, cfg)
     batch = aggregate.from_results(spark, aggregate.result_files(run.out / "results"), spec)
     aggregate.ViewWriter(tmp_path / "batch", spec, quiet=True, ended=True)(batch, 0)
@@ -384,7 +341,7 @@ def test_final_windows_of_a_view_taken_while_the_run_goes_on_never_change(tmp_pa
         if cluster.poll() is None:
             cluster.kill()
     # the files a pause of a loaded host left behind (the merger goes on from its checkpoint)
-    aggregate.run_stream(spark, out / "aggregates", view, ckpt, 1.0, 2, trigger=0.2, quiet=True, spec=spec)
+    aggregate.run_stream(spark, out / "aggregates", view, ckpt, ENDED_IDLE, 2, trigger=0.2, quiet=True, spec=spec)
     assert json.loads((out / "summary.json").read_text())["balance"]["moves"]  # groups moved (some may be empty)
     want = reference_view(tmp_path / "data", cfg)
     snapshots = [pq.read_table(f) for f in sorted(view.glob("view-*.parquet"))]

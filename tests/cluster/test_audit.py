@@ -7,25 +7,29 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import sys
 import threading
 import urllib.request
 from decimal import Decimal
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from control import audit
+from control import aggregate, audit
 from control.audit_metrics import AuditMetrics
 from protocol import checkpoint, eventtime
 from protocol.config import load_config
-from protocol.output import RESULT_SCHEMA, read_tables
+from deploy.launch import mpi_env, mpirun_command
+from protocol.output import LEFT_UNMATCHED, MATCHED, RESULT_SCHEMA, read_tables
 from common.workload import generate_all
-from tests.runs import run_cluster, write_config
+from tests.runs import ENDED_IDLE, run_cluster, write_config
 from tests.reference import late_flags, micros, reference_pairs, reference_theta_pairs
+from tests.cluster.test_aggregate_streams import ROOT, assert_view_equals
 from tests.cluster.test_cluster import SMALL
 
 # disorder above max_delay: about a third of the tuples are late; small files: the lateness prefix spans several
@@ -499,10 +503,7 @@ def test_a_declared_streams_run_is_audited_from_the_streams_files_and_planted_fa
     reads the streams' own files, applies each stream's lateness rule within each dispatcher's share of the
     merged order, and finds the run exact, also over a range; then a result row removed, one duplicated and one
     with its key changed and one with its cost changed, each counted (exit 1)."""
-    import subprocess
     import tomllib
-
-    from tests.cluster.test_streams import ROOT
 
     data = tmp_path / "data"
     subprocess.run([sys.executable, str(ROOT / "examples/clicks/make_data.py"), str(data)], check=True)
@@ -544,32 +545,52 @@ def test_a_declared_streams_run_is_audited_from_the_streams_files_and_planted_fa
     assert any("clicks.cost is 99.5 where its row has" in r for r in reasons), reasons
 
 
-def test_the_view_of_the_clicks_example_is_audited_exact_and_a_changed_or_missing_group_is_named(spark, tmp_path):
-    """examples/clicks/clicks-per-ad.toml (a left join per ad, kind and minute of the impression): the merger's
-    view equals the view the audit recomputes from the streams' files (exit 0); then one group's count changed
-    and another group removed in the view's newest snapshot are each found and named (exit 1), and a range
-    holding neither of them is still exact."""
-    import subprocess
-    import tomllib
-
-    from control import aggregate
-    from tests.cluster.test_streams import ROOT
-
-    data = tmp_path / "data"
+def test_the_view_of_the_clicks_example_equals_duckdb_and_its_audit_names_a_changed_or_missing_group(tmp_path, spark):
+    """examples/clicks/clicks-per-ad.toml end to end: make_data.py, the cluster on 3 ranks, the merger and
+    `--batch` as their command lines run them; the view is DuckDB's GROUP BY over its left join of the files:
+    per ad, kind and minute of the impression, clicks (matched) and impressions without one, and the cost.  The
+    audit of the same view (one run for both: control.audit's `--view` recomputes it from the streams' files)
+    finds it exact (exit 0); then one group's count changed and another group removed in the view's newest
+    snapshot are each found and named (exit 1), and a range holding neither of them is still exact."""
+    data, out = tmp_path / "data", tmp_path / "out"
     subprocess.run([sys.executable, str(ROOT / "examples/clicks/make_data.py"), str(data)], check=True)
-    example = tomllib.loads((ROOT / "examples/clicks/clicks-per-ad.toml").read_text())
-    settings = {f"{section}.{k}": v for section in ("join", "aggregate") for k, v in example[section].items()}
-    for name, spec in example["streams"].items():
-        settings |= {f"streams.{name}.{k}": v for k, v in spec.items()}
-    settings |= {
-        "streams.impressions.path": str(data / "impressions"),
-        "streams.clicks.path": str(data / "clicks.parquet"),
-        "aggregate.flush_interval": 0.3,
-    }
-    run = run_cluster(tmp_path, 3, settings)
-    assert run.returncode == 0, run.stderr
-    out, args = run.out, ["--config", str(tmp_path / "run.toml")]
-    assert aggregate.main([*args, "--until-idle", "1.5", "--trigger", "0.3"], spark) == 0
+    config = ROOT / "examples/clicks/clicks-per-ad.toml"
+    sets = [
+        f"streams.impressions.path={data / 'impressions'}",
+        f"streams.clicks.path={data / 'clicks.parquet'}",
+        f"output.path={out}",
+        "aggregate.flush_interval=0.3",
+    ]
+    args = ["--config", str(config), *(x for s in sets for x in ("--set", s))]
+    env = mpi_env()
+    run = [*args, "--set", "output.progress=0", "--set", "metrics.endpoint=127.0.0.1:0"]
+    proc = subprocess.run(mpirun_command(3, run), env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert aggregate.main([*args, "--until-idle", str(ENDED_IDLE), "--trigger", "0.3"], spark) == 0
+    assert aggregate.main([*args, "--batch"], spark) == 0
+    cfg = load_config(config, sets)
+    shown = "epoch_us(CAST(i.shown_at AS TIMESTAMPTZ))"
+    on = f"i.user_id = c.user_id AND epoch_us(c.clicked_at) - {shown} BETWEEN 0 AND 30000000"
+    want = (
+        duckdb.sql(
+            f"""SELECT impressions_ad_id, kind, window_start, count(*) AS count,
+        sum(clicks_cost) AS sum_clicks_cost, avg(clicks_cost) AS avg_clicks_cost FROM (
+            SELECT i.ad_id AS impressions_ad_id, c.cost AS clicks_cost,
+            CASE WHEN c.click_id IS NULL THEN '{LEFT_UNMATCHED}' ELSE '{MATCHED}' END AS kind,
+            {shown} // 60000000 * 60000000 AS window_start
+            FROM read_csv('{data / "impressions"}/*.csv', all_varchar = true) i
+            LEFT JOIN read_parquet('{data / "clicks.parquet"}') c ON {on}
+        ) GROUP BY ALL"""
+        )
+        .arrow()
+        .read_all()
+    )
+    want = want.set_column(0, "impressions_ad_id", want["impressions_ad_id"].cast(pa.int64()))
+    clicks = pa.compute.sum(want.filter(pa.compute.equal(want["kind"], MATCHED))["count"]).as_py()
+    assert clicks > 1000 and want.num_rows > 25 * 30
+    for view in ("view", "view-batch"):
+        assert_view_equals(aggregate.read_view(out / view), want, cfg)
+
     assert audit.main([*args, "--view", str(out / "view")], spark=spark) == audit.EXACT
     report = json.loads((out / "audit" / "view-start-end.json").read_text())
     assert report["groups"] > 25 * 30 and report["not_final"] == 0, report

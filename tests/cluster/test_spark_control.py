@@ -24,7 +24,7 @@ from protocol.output import LEFT_UNMATCHED, MATCHED, read_tables
 from protocol.tuples import tuple_dtype
 from protocol.aggregation import aggregation
 from slave.aggregate import column_partials, stamped
-from tests.runs import run_cluster, toml_value
+from tests.runs import ENDED_IDLE, run_cluster, toml_value
 from tests.reference import micros, pairs_of, reference_outer, reference_pairs
 from tests.unit.test_aggregate_logic import as_numpy_view, file_spec, merged_partials, numpy_view
 from tests.cluster.test_cluster import SMALL
@@ -46,16 +46,8 @@ def assert_view(view: pa.Table, want: dict, spec):
 
 def merged_views(spark, out, tmp_path, spec) -> tuple[pa.Table, pa.Table]:
     """The streaming merger's view of the partials in `out` and `--batch`'s of its results (of an ended run)."""
-    writer = aggregate.run_stream(
-        spark,
-        out / "aggregates",
-        tmp_path / "view",
-        tmp_path / "ckpt",
-        until_idle=1.5,
-        trigger=0.3,
-        quiet=True,
-        spec=spec,
-    )
+    view, ckpt = tmp_path / "view", tmp_path / "ckpt"
+    writer = aggregate.run_stream(spark, out / "aggregates", view, ckpt, ENDED_IDLE, trigger=0.3, quiet=True, spec=spec)
     assert writer.batches >= 1
     batch = aggregate.from_results(spark, aggregate.result_files(out / "results"), spec)
     aggregate.ViewWriter(tmp_path / "batch", spec, quiet=True, ended=True)(batch, 0)
@@ -268,12 +260,11 @@ def test_merger_killed_mid_stream_and_restarted_ends_with_the_uninterrupted_view
     assert killed_at["count"].to_numpy().sum() < sum(t["count"].to_numpy().sum() for t in tables)
     tables += write_round(source, rng, 7, 3)
 
-    aggregate.run_stream(spark, source, view, ckpt, until_idle=1.5, trigger=0.2, quiet=True, spec=ROUND_SPEC)
+    aggregate.run_stream(spark, source, view, ckpt, ENDED_IDLE, trigger=0.2, quiet=True, spec=ROUND_SPEC)
     restarted = aggregate.read_view(view)
-    aggregate.run_stream(
-        spark, source, tmp_path / "view2", tmp_path / "ckpt2", until_idle=1.5, trigger=0.2, quiet=True, spec=ROUND_SPEC
-    )
-    uninterrupted = aggregate.read_view(tmp_path / "view2")
+    view2, ckpt2 = tmp_path / "view2", tmp_path / "ckpt2"
+    aggregate.run_stream(spark, source, view2, ckpt2, ENDED_IDLE, trigger=0.2, quiet=True, spec=ROUND_SPEC)
+    uninterrupted = aggregate.read_view(view2)
     want = as_numpy_view(merged_partials(tables, ROUND_SPEC), ROUND_SPEC)
     assert_view(restarted, want, ROUND_SPEC)
     assert_view(uninterrupted, want, ROUND_SPEC)
