@@ -19,6 +19,7 @@ import pytest
 from control.produce import Producer
 from master.sources import open_source
 from protocol import wire
+from protocol.payload import ROW_BLOCK
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from common.chunks import InputError
@@ -168,6 +169,28 @@ def test_live_batches_are_checked_merged_and_logged_and_bad_messages_rejected_wh
     cols = PayloadReader(tmp_path, ("v_", "b_")).both(np.array([0, 3, -1]), np.array([1, -1, 0]))
     assert cols["v_page"].to_pylist() == ["/", "/y", None] and cols["b_bid"].to_pylist() == [8, None, 7]
     assert cols.schema.field("b_price").type == pa.decimal128(10, 2)
+
+
+def test_dispatcher_1_binds_each_live_stream_at_its_port_plus_1_and_numbers_its_own_rows(tmp_path):
+    """Dispatcher 1 of 2 takes what its own producers send to each stream's port + 1: its stream rows start at
+    its own block of the payload log, and its rejected messages are listed in files of its own."""
+    from master.sources import open_shard
+
+    ports = dict(zip(("views", "buys"), apart(2)))
+    src = open_shard(live_cfg(tmp_path, ports, **{"cluster.dispatchers": 2}), 1)
+    ep = {n: f"tcp://127.0.0.1:{p + 1}" for n, p in ports.items()}
+    t0 = 1_795_000_000_000
+    views = {"vid": [1, 2], "user": ["a", "b"], "page": ["/", "/x"]}
+    pv = send(ep["views"], pa.table({**views, "at": pa.array([t0, t0 + 10], pa.timestamp("ms", "UTC"))}), name="v")
+    pv._send([wire.header(wire.Frame.BATCH, 1), wire.origin("v", bytes(32), 0, 2), b"not arrow"])
+    pb = send(ep["buys"], pa.table({"bid": [7], "user": ["a"], "at": [t0 + 5], "price": ["1.50"]}), name="b")
+    pv.close(), pb.close()
+    got = drain(src)
+    summary = src.finish()
+    assert sorted(np.concatenate([c.id for c in got]).tolist()) == [ROW_BLOCK, ROW_BLOCK, ROW_BLOCK + 1]
+    live = summary["live_streams"]
+    assert live["views"]["endpoints"] == [ep["views"]] and live["buys"]["producers"] == {"b": 1}
+    assert pq.read_table(tmp_path / "rejected" / "zmq-rejected-R-d1.parquet")["reason"].to_pylist() == ["arrow"]
 
 
 def test_a_quiet_live_stream_holds_the_other_back_until_its_idle_timeout(tmp_path):
