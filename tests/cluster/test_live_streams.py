@@ -526,13 +526,13 @@ def split(tmp_path, ports: dict[str, int], shares: int) -> dict[str, int]:
     return {f"{name}-{d}": port + d for name, port in ports.items() for d in range(shares)}
 
 
-@pytest.mark.parametrize("fault", [None, "2:checkpoint:2"])
+@pytest.mark.parametrize("fault", [None, "2:checkpoint:2", "1:checkpoint:2"])
 def test_two_dispatchers_each_fed_by_its_own_producers_give_the_reference_join(tmp_path, fault):
     """Two dispatchers, each stream's rows split between two producers, one at the stream's port (dispatcher 0)
     and one at port + 1 (dispatcher 1): each dispatcher merges its own share, and the results are the reference
-    join of the whole files, lateness judged within each dispatcher's share.  With checkpoints, a slave
-    SIGKILLed as one goes under the supervisor: the producers resend to each dispatcher's own ack_endpoint
-    (port + 1 for dispatcher 1) what no complete checkpoint holds, and nothing is lost or doubled."""
+    join of the whole files, lateness judged within each dispatcher's share.  With checkpoints, a slave or
+    dispatcher 1 SIGKILLed as one goes under the supervisor: the producers resend to each dispatcher's own
+    ack_endpoint (port + 1 for dispatcher 1) what no complete checkpoint holds, and nothing is lost or doubled."""
     from tests.cluster.test_recovery import SUPERVISE
 
     n_v, n_b = 3000, 2000
