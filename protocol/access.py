@@ -108,9 +108,7 @@ def check_endpoints(cfg: dict[str, dict[str, Any]]) -> None:
     k = cfg["cluster"]["dispatchers"]
     numbered = [(n, e) for n, e in used if e.startswith("ipc://") or e.rpartition(":")[2].isdigit()]  # not port *
     bound = [
-        (n if i == 0 else f"{n} (dispatcher {i}'s)", dispatcher_endpoint(e, i))
-        for n, e in numbered
-        for i in range(k if n.startswith(("source.", "output.")) else 1)
+        (n if i == 0 else f"{n} (dispatcher {i}'s)", dispatcher_endpoint(e, i)) for n, e in numbered for i in range(k)
     ]
     for name, other, ep in [(n, o, e) for i, (n, e) in enumerate(bound) for o, e2 in bound[:i] if e == e2][:1]:
         raise ConfigError(f"{name}: must differ from {other} (both {ep!r})")

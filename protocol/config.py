@@ -511,9 +511,6 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
             "output.subscriber_buffer_bytes: must be at least 65536 (one result message), got "
             f"{cfg['output']['subscriber_buffer_bytes']!r}"
         )
-    live = [key for key in streams_config.live_endpoints(cfg) if key.startswith("streams.")]
-    if live and cfg["cluster"]["dispatchers"] > 1:
-        raise ConfigError(f"{live[0]}: not with cluster.dispatchers > 1 yet: every dispatcher would bind its endpoint")
     placed = [
         f"streams.{n}.{'kafka' if spec['kafka'] else 'endpoint'}"
         for n, spec in cfg.get("streams", {}).items()
@@ -525,12 +522,11 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
             "each live stream's checkpointed place (a topic's offsets, producers' positions), and the files "
             "would have to go on from their checkpointed rows (make both streams live, or leave checkpoints off)"
         )
-    kafka = [key for key in placed if key.endswith(".kafka")]
-    if kafka and cfg["cluster"]["dispatchers"] > 1 and len(kafka) < len(cfg["streams"]):
+    if placed and cfg["cluster"]["dispatchers"] > 1 and len(placed) < len(cfg["streams"]):
         raise ConfigError(
-            f"{kafka[0]}: with cluster.dispatchers > 1, not beside a stream of files yet: the dispatchers share "
-            "the topic's partitions out, and would each have to read the files whole and keep their share "
-            "(make both streams Kafka topics, or run one dispatcher)"
+            f"{placed[0]}: with cluster.dispatchers > 1, not beside a stream of files yet: each dispatcher takes "
+            "its own share of a live stream (its topic partitions, its own producers), and would have to read the "
+            "files whole and keep their share (make both streams live, or run one dispatcher)"
         )
     aggregation.check(cfg, ConfigError)
     check_endpoints(cfg)

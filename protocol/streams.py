@@ -28,9 +28,10 @@ STREAM_KEYS: dict[str, tuple[Any, str]] = {
     "endpoint": (
         "",
         "a live stream instead of files: the ZeroMQ endpoint its producers push Arrow record batches "
-        "to (`python -m control.produce --stream`); needs `schema`",
+        "to (`python -m control.produce --stream`); needs `schema`; dispatcher i of several binds its port + i "
+        "(ack_endpoint's too) for its own producers",
     ),
-    "producers": (1, "with endpoint: the stream ends after this many producers sent their END"),
+    "producers": (1, "with endpoint: the stream ends after this many producers sent their END (per dispatcher)"),
     "ack_endpoint": (
         "",
         "with endpoint and checkpoints: where the master publishes what each checkpoint made durable per "

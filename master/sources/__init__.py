@@ -64,14 +64,15 @@ def _shard(cfg: dict, index: int) -> Source:
 
     A file or the generator is split tuple by tuple; a ZeroMQ source is not split: dispatcher i binds its
     own socket, at the endpoint's port + i (ipc: the path with ".i" appended), for its own producers, and
-    publishes their acknowledgements at `source.ack_endpoint`'s port + i.  Kafka topics (both streams: the
-    config refuses them beside files) are shared out partition by partition (master.sources.kafka_input): each
-    dispatcher reads and lists only its own.
+    publishes their acknowledgements at `source.ack_endpoint`'s port + i; so does each live declared stream
+    (master.sources.live.LiveStream), while Kafka topics are shared out partition by partition
+    (master.sources.kafka_input).  With live streams (both: the config refuses them beside files) each
+    dispatcher reads and lists only its own share.
     """
     k = cfg["cluster"]["dispatchers"]
     if k == 1:
         return open_source(cfg)
-    if cfg["source"]["kind"] == "streams" and any(s["kafka"] for s in cfg["streams"].values()):
+    if cfg["source"]["kind"] == "streams" and any(s["kafka"] or s["endpoint"] for s in cfg["streams"].values()):
         from master.sources.streams import StreamsSource
 
         return StreamsSource(cfg, _listing(cfg, named("rejected", index, k)), (index, k))

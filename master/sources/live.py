@@ -26,7 +26,9 @@ import numpy as np
 import pyarrow as pa
 
 from common.chunks import Chunk
+from master.sources.archive import named
 from master.sources.producers import Producers
+from protocol.access import dispatcher_endpoint
 from protocol import wire
 from common.stream_file import SidedBatch, StreamBatch, StreamChecks
 
@@ -67,13 +69,14 @@ def open_live(
     opened: Live | None = None,
 ) -> Live:
     """The live stream `checks.spec` names, on side `side` (0 = R), its rows checked by `checks`, from a
-    checkpoint's place `start` (None: from its beginning); a Kafka topic's dispatcher `share[0]` of `share[1]`
-    reads its own partitions.  A ZeroMQ stream already `opened` (bound) goes on from `start` itself."""
+    checkpoint's place `start` (None: from its beginning); dispatcher `share[0]` of `share[1]` reads a Kafka
+    topic's own partitions, or a ZeroMQ stream's own producers.  A ZeroMQ stream already `opened` (bound) goes on
+    from `start` itself."""
     if checks.spec["kafka"]:
         from master.sources.kafka_input import KafkaStream  # librdkafka: only for a Kafka stream
 
         return KafkaStream(cfg, side, checks, declared, start, share)
-    live = opened if isinstance(opened, LiveStream) else LiveStream(cfg, side, checks.spec, checks, declared)
+    live = opened if isinstance(opened, LiveStream) else LiveStream(cfg, side, checks.spec, checks, declared, share)
     if start is not None:
         live.resume(checks, *start)
     return live
@@ -113,23 +116,19 @@ class LiveTuples(Producers):
 
 
 class LiveStream(Producers):
-    """Stream `checks.name` (side `side`, 0 = R) on its `endpoint`, rows checked by `checks` against `declared`."""
+    """Stream `checks.name` (side `side`, 0 = R) on its `endpoint`, rows checked by `checks` against `declared`;
+    dispatcher `share[0]` of `share[1]` binds its own endpoint and ack_endpoint, at their ports + `share[0]`
+    (protocol.access.dispatcher_endpoint), for its own producers, as the ZeroMQ source's do."""
 
     record_bytes = ROW_BYTES
 
-    def __init__(self, cfg: dict, side: int, spec: dict, checks: StreamChecks, declared: pa.Schema):
+    def __init__(
+        self, cfg: dict, side: int, spec: dict, checks: StreamChecks, declared: pa.Schema, share=(0, 1)
+    ) -> None:
+        own = {key: spec[key] and dispatcher_endpoint(spec[key], share[0]) for key in ("endpoint", "ack_endpoint")}
         super().__init__(
-            {
-                **cfg,
-                "source": {
-                    **cfg["source"],
-                    "endpoint": spec["endpoint"],
-                    "producers": spec["producers"],
-                    "ack_endpoint": spec["ack_endpoint"],
-                    "idle_timeout": 0.0,
-                },
-            },
-            f"zmq-rejected-{'RS'[side]}",
+            {**cfg, "source": {**cfg["source"], **own, "producers": spec["producers"], "idle_timeout": 0.0}},
+            named(f"zmq-rejected-{'RS'[side]}", *share),
         )
         self.checks, self.declared = checks, declared
 

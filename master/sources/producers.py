@@ -290,7 +290,14 @@ class Producers:
     @staticmethod
     def merge(finished: list[dict]) -> dict:
         """Several dispatchers' `finish()` entries as one: counts added, peaks the largest, endpoints listed."""
-        z = [f["zmq_ingest"] for f in finished]
+        return {
+            "rejected": sum(f["rejected"] for f in finished),
+            "zmq_ingest": Producers.merged_ingest([f["zmq_ingest"] for f in finished]),
+        }
+
+    @staticmethod
+    def merged_ingest(z: list[dict]) -> dict:
+        """Several dispatchers' `zmq_ingest` entries (their own producers) as one."""
         merged = {}
         for key in z[0]:
             values = [x[key] for x in z]
@@ -305,7 +312,7 @@ class Producers:
                         merged[key][k] = merged[key].get(k, 0) + n
             else:
                 merged[key] = round(sum(values), 3)
-        return {"rejected": sum(f["rejected"] for f in finished), "zmq_ingest": merged}
+        return merged
 
     def finish(self) -> dict:
         """Close the sockets (the last ACK, final, delivered first), write rejected/zmq-rejected.*, and return

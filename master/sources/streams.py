@@ -35,12 +35,13 @@ Pushed live, the position is each producer's (the tuples of it taken): a recover
 producer resends before it is dropped; the rejected messages are listed at the end (master.sources.producers).
 Several dispatchers each bind their own endpoints for their own producers (master.sources.open_shard).
 
-Several dispatchers (`share` = (index, k), both streams Kafka topics) share the partitions out instead of each
-reading everything: dispatcher i reads its own (master.sources.kafka_input), merges its own R and S as above and
-numbers its own rows from i * ROW_BLOCK on (protocol.payload: ids unique, its payload segments its own), and its
-keys are coded by their hashes (master.sources.keys), so equal keys get equal codes on every dispatcher.  Each
-dispatcher's lateness and watermark are over its own rows; the slaves take the lowest watermark over the
-dispatchers (master.punctuation), so the join waits for the slowest.
+Several dispatchers (`share` = (index, k), both streams live) each take their own share instead of each reading
+everything: dispatcher i reads its own partitions of a Kafka topic (master.sources.kafka_input) and what its own
+producers push to a ZeroMQ stream (at the endpoint's port + i: master.sources.live.LiveStream), merges its own R
+and S as above and numbers its own rows from i * ROW_BLOCK on (protocol.payload: ids unique, its payload segments
+its own), and its keys are coded by their hashes (master.sources.keys), so equal keys get equal codes on every
+dispatcher.  Each dispatcher's lateness, watermark and idleness are over its own rows; the slaves take the lowest
+watermark over the dispatchers (master.punctuation), so the join waits for the slowest.
 """
 
 from __future__ import annotations
@@ -379,7 +380,7 @@ class WatermarkMerge(StreamsSource):
             for name, s in self.specs.items()
         ]
         self._check_columns(inputs)
-        for inp in inputs if self.share[1] > 1 else ():  # Kafka topics only: each dispatcher numbers its own rows
+        for inp in inputs if self.share[1] > 1 else ():  # live streams only: each dispatcher numbers its own rows
             inp.row = self.log.block[0]
         self.log.forget()
         for side, inp in enumerate(inputs):
@@ -647,8 +648,9 @@ class WatermarkMerge(StreamsSource):
 
     @staticmethod
     def merge(finished: list[dict]) -> dict:
-        """Several dispatchers' `finish()` entries (each its own Kafka partitions) as one: counts added, the
-        per-partition positions together, peaks the largest; `keys.distinct` the most one dispatcher coded."""
+        """Several dispatchers' `finish()` entries (each its own Kafka partitions, its own producers) as one: counts
+        added, the per-partition positions together, peaks the largest; `keys.distinct` the most one dispatcher
+        coded."""
         first = finished[0]
         out = {
             **first,
@@ -678,7 +680,9 @@ def _drawn(generator: dict, start: int):
 
 
 def _merged(streams: list[dict]) -> dict:
-    """One Kafka stream's `live_streams` entries of several dispatchers as one."""
+    """One live stream's `live_streams` entries of several dispatchers as one (ZeroMQ: their producers')."""
+    if "partitions" not in streams[0]:
+        return Producers.merged_ingest(streams)
     reasons: Counter = sum((Counter(s["rejected_by_reason"]) for s in streams), Counter())
     return {
         **streams[0],

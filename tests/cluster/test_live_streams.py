@@ -19,13 +19,13 @@ import pytest
 from control.produce import Producer
 from master.sources import open_source
 from protocol import wire
+from protocol.payload import ROW_BLOCK
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from common.chunks import InputError
 from common.stream_file import arrow_type
 from tests.runs import free_port, run_cluster, toml_value
-from tests.reference import encode_pairs
-from tests.cluster.test_streams import reference
+from tests.reference import encode_pairs, late_flags, reference_pairs
 from tests.cluster.test_zmq_cluster import finish, start
 from tests.cluster.test_zmq_source import drain
 
@@ -88,7 +88,6 @@ def test_a_batch_message_round_trips_and_its_frames_are_checked():
         ),
         ({"streams.views.schema": {"vid": "int64"}}, "missing user, at"),
         ({"streams.views.schema": {**SCHEMAS["views"], "page": "varchar"}}, "'varchar' is not an Arrow type"),
-        ({"cluster.dispatchers": 2}, "not with cluster.dispatchers > 1"),
         ({"streams.views.ack_endpoint": "tcp://127.0.0.1:5999"}, "acknowledgements come from checkpoints"),
         ({"streams.views.endpoint": "tcp://10.1.2.3:5000"}, "is not a loopback address"),
     ],
@@ -98,6 +97,17 @@ def test_config_mistakes_of_live_streams_are_refused_with_the_key(tmp_path, sett
 
     with pytest.raises(ConfigError, match=re.escape(words)):
         StreamsSource(live_cfg(tmp_path, {"views": free_port(), "buys": free_port()}, **settings))
+
+
+def test_live_streams_of_several_dispatchers_are_refused_where_their_ports_meet_or_beside_files(tmp_path):
+    """Dispatcher i binds each live stream's endpoint at its port + i: a stream's port next to another's meets
+    dispatcher 1's; and a live stream beside a stream of files would need each dispatcher to read the files whole."""
+    port = free_port()
+    with pytest.raises(ConfigError, match=re.escape("streams.buys.endpoint: must differ from streams.views.endpoint")):
+        live_cfg(tmp_path, {"views": port, "buys": port + 1}, **{"cluster.dispatchers": 2})
+    files = {"streams.buys.path": "buys.parquet", "streams.buys.key": "user", "streams.buys.time": "at"}
+    with pytest.raises(ConfigError, match=re.escape("streams.views.endpoint: with cluster.dispatchers > 1, not")):
+        live_cfg(tmp_path, {"views": port}, **files, **{"cluster.dispatchers": 2})
 
 
 def send(endpoint: str, table: pa.Table | None = None, raw: list | None = None, name: str = "p") -> Producer:
@@ -159,6 +169,28 @@ def test_live_batches_are_checked_merged_and_logged_and_bad_messages_rejected_wh
     cols = PayloadReader(tmp_path, ("v_", "b_")).both(np.array([0, 3, -1]), np.array([1, -1, 0]))
     assert cols["v_page"].to_pylist() == ["/", "/y", None] and cols["b_bid"].to_pylist() == [8, None, 7]
     assert cols.schema.field("b_price").type == pa.decimal128(10, 2)
+
+
+def test_dispatcher_1_binds_each_live_stream_at_its_port_plus_1_and_numbers_its_own_rows(tmp_path):
+    """Dispatcher 1 of 2 takes what its own producers send to each stream's port + 1: its stream rows start at
+    its own block of the payload log, and its rejected messages are listed in files of its own."""
+    from master.sources import open_shard
+
+    ports = dict(zip(("views", "buys"), apart(2)))
+    src = open_shard(live_cfg(tmp_path, ports, **{"cluster.dispatchers": 2}), 1)
+    ep = {n: f"tcp://127.0.0.1:{p + 1}" for n, p in ports.items()}
+    t0 = 1_795_000_000_000
+    views = {"vid": [1, 2], "user": ["a", "b"], "page": ["/", "/x"]}
+    pv = send(ep["views"], pa.table({**views, "at": pa.array([t0, t0 + 10], pa.timestamp("ms", "UTC"))}), name="v")
+    pv._send([wire.header(wire.Frame.BATCH, 1), wire.origin("v", bytes(32), 0, 2), b"not arrow"])
+    pb = send(ep["buys"], pa.table({"bid": [7], "user": ["a"], "at": [t0 + 5], "price": ["1.50"]}), name="b")
+    pv.close(), pb.close()
+    got = drain(src)
+    summary = src.finish()
+    assert sorted(np.concatenate([c.id for c in got]).tolist()) == [ROW_BLOCK, ROW_BLOCK, ROW_BLOCK + 1]
+    live = summary["live_streams"]
+    assert live["views"]["endpoints"] == [ep["views"]] and live["buys"]["producers"] == {"b": 1}
+    assert pq.read_table(tmp_path / "rejected" / "zmq-rejected-R-d1.parquet")["reason"].to_pylist() == ["arrow"]
 
 
 def test_a_quiet_live_stream_holds_the_other_back_until_its_idle_timeout(tmp_path):
@@ -364,20 +396,25 @@ def producers(tmp_path, ports: dict[str, int], acks: dict[str, int] | None = Non
     ]
 
 
-def check_reference(run, streams: tuple, n_v: int, n_b: int) -> np.ndarray:
-    """The run's pairs and late rows are the reference join's of the two files (`streams`: write_streams');
-    returns the pairs."""
-    v_ms, b_ms, v_user, b_user = streams
-    pairs, late = reference(
-        {"id": np.arange(n_v), "ts": v_ms * 1000, "key": v_user},
-        {"id": np.arange(n_b) + 500, "ts": b_ms * 1000, "key": b_user},
-        0.3,
-        0.25,
-    )
+def check_reference(run, streams: tuple, shares: int = 1, max_delay: float = 0.25) -> np.ndarray:
+    """The run's pairs and late rows are the reference join's of the two files (`streams`: write_streams'), row i
+    of each sent to dispatcher i % `shares`, which judges lateness (by `max_delay`) within its share of the
+    stream; returns the pairs."""
+    codes: dict = {}
+    sides = []
+    for side, (ms, users, first) in enumerate(((streams[0], streams[2], 0), (streams[1], streams[3], 500))):
+        ts = np.asarray(ms, np.int64) * 1000
+        late = np.zeros(len(ts), bool)
+        for d in range(shares):
+            late[d::shares] = late_flags(ts[d::shares], max_delay)
+        keys = np.array([codes.setdefault(u, len(codes)) for u in users])
+        sides.append((np.full(len(ts), side), np.arange(len(ts)) + first, ts, keys, late))
+    stream, ids, ts, keys, late = (np.concatenate(c) for c in zip(*sides))
+    pairs, _ = reference_pairs(stream[~late], ids[~late], ts[~late], keys[~late], 0.3, 1e9)
     assert len(pairs) > 1000
-    ids = ("views_vid", "buys_bid")
-    np.testing.assert_array_equal(run.pairs(ids), pairs)
-    np.testing.assert_array_equal(run.late_ids(ids, ("views", "buys")), late)
+    columns = ("views_vid", "buys_bid")
+    np.testing.assert_array_equal(run.pairs(columns), pairs)
+    np.testing.assert_array_equal(run.late_ids(columns, ("views", "buys")), np.sort(stream[late] * 2**40 + ids[late]))
     return pairs
 
 
@@ -418,7 +455,7 @@ def test_one_producer_per_live_stream_gives_the_reference_join_of_their_files(tm
     assert got["ended"] and not (got["gaps"] or got["covered"]) and got["results"] == run.summary["results"], got
     for p in feeds:
         assert p.wait(60) == 0, p.stderr.read()
-    pairs = check_reference(run, streams, n_v, n_b)
+    pairs = check_reference(run, streams)
     ids = ("views_vid", "buys_bid")
     results = read_tables(run.out / "results")
     assert results.schema.field("buys_price").type == pa.decimal128(10, 2)
@@ -463,7 +500,72 @@ def test_live_streams_killed_under_the_supervisor_lose_nothing_their_producers_s
     assert (tmp_path / "fault-fired").exists() and "restart 1 of 3" in run.stderr
     assert run.summary["checkpoints"]["recovered_from"] is not None, run.stderr
     assert all(s["confirmed"] for s in sent) and sum(s["tuples_resent"] for s in sent) > 0, sent
-    check_reference(run, streams, n_v, n_b)
+    check_reference(run, streams)
     live = run.summary["live_streams"]
     assert {name: live[name]["producers"] for name in live} == {"views": {"views": n_v}, "buys": {"buys": n_b}}
     assert live["views"]["lost_tuples"] == live["buys"]["lost_tuples"] == 0
+
+
+def apart(n: int) -> list[int]:
+    """`n` free ports, no two next to each other (dispatcher 1 binds each one's port + 1)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if all(abs(port - p) > 1 for p in ports):
+            ports.append(port)
+    return ports
+
+
+def split(tmp_path, ports: dict[str, int], shares: int) -> dict[str, int]:
+    """Each stream's file cut into `shares` files, row i into NAME-(i % shares).parquet, for the producer of
+    dispatcher i % shares; returns their ports (the stream's port + its dispatcher)."""
+    for name in ports:
+        table = pq.read_table(tmp_path / f"{name}.parquet")
+        for d in range(shares):
+            pq.write_table(table.take(np.arange(d, table.num_rows, shares)), tmp_path / f"{name}-{d}.parquet")
+    return {f"{name}-{d}": port + d for name, port in ports.items() for d in range(shares)}
+
+
+@pytest.mark.parametrize("fault", [None, "2:checkpoint:2", "1:checkpoint:2"])
+def test_two_dispatchers_each_fed_by_its_own_producers_give_the_reference_join(tmp_path, fault):
+    """Two dispatchers, each stream's rows split between two producers, one at the stream's port (dispatcher 0)
+    and one at port + 1 (dispatcher 1): each dispatcher merges its own share, and the results are the reference
+    join of the whole files, lateness judged within each dispatcher's share.  With checkpoints, a slave or
+    dispatcher 1 SIGKILLed as one goes under the supervisor: the producers resend to each dispatcher's own
+    ack_endpoint (port + 1 for dispatcher 1) what no complete checkpoint holds, and nothing is lost or doubled."""
+    from tests.cluster.test_recovery import SUPERVISE
+
+    n_v, n_b = 3000, 2000
+    streams = write_streams(tmp_path, n_v, n_b, 6)
+    ports = dict(zip(("views", "buys"), apart(4)))
+    acks = dict(zip(ports, apart(4)[2:])) if fault else {}
+    feeds = producers(tmp_path, split(tmp_path, ports, 2), split(tmp_path, acks, 2) if fault else None)
+    # rows late, and not the whole file's late rows: lateness is judged within each dispatcher's share
+    settings = {**live_settings(ports), **JOIN, "join.max_delay": "150ms", "cluster.dispatchers": 2}
+    if fault:
+        settings |= {
+            **{f"streams.{name}.ack_endpoint": f"tcp://127.0.0.1:{port}" for name, port in acks.items()},
+            "checkpoint.interval": 2,
+            "source.rate": 2000.0,  # the dispatchers together: the input over many checkpoints, some resent
+        }
+    run = run_cluster(
+        tmp_path,
+        4,
+        settings,
+        wrapper=SUPERVISE if fault else (),
+        timeout=150,
+        env={"STREAMJOIN_FAULT": f"{fault}:{tmp_path / 'fault-fired'}"} if fault else None,
+    )
+    assert run.returncode == 0, run.stderr
+    sent = [json.loads(p.communicate(timeout=60)[0]) for p in feeds]
+    check_reference(run, streams, 2, 0.15)
+    live = run.summary["live_streams"]
+    assert {name: live[name]["producers"] for name in live} == {
+        "views": {"views-0": n_v // 2, "views-1": n_v // 2},
+        "buys": {"buys-0": n_b // 2, "buys-1": n_b // 2},
+    }
+    assert len(live["views"]["endpoints"]) == 2 and live["views"]["lost_tuples"] == 0
+    if fault:
+        assert (tmp_path / "fault-fired").exists() and "restart 1 of 3" in run.stderr
+        assert run.summary["checkpoints"]["recovered_from"] is not None, run.stderr
+        assert all(s["confirmed"] for s in sent) and sum(s["tuples_resent"] for s in sent) > 0, sent
