@@ -129,6 +129,7 @@ class LiveStream(Producers):
         super().__init__(
             {**cfg, "source": {**cfg["source"], **own, "producers": spec["producers"], "idle_timeout": 0.0}},
             named(f"zmq-rejected-{'RS'[side]}", *share),
+            f"streams.{checks.name}",
         )
         self.checks, self.declared = checks, declared
 

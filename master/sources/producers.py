@@ -61,12 +61,13 @@ ACK_LINGER = 2000
 
 class Producers:
     """The producers of `cfg["source"]`'s `endpoint` (`producers`, `idle_timeout`, `ack_endpoint`, `token`), their
-    rejected messages listed in `rejected/<rejected_stem>.*`."""
+    rejected messages listed in `rejected/<rejected_stem>.*`; `where`: the config table the endpoints are set in,
+    as errors name them."""
 
     #: bytes per row the largest valid message may have (a TUPLES record; Arrow rows are wider)
     record_bytes = wire.TUPLE_RECORD.itemsize
 
-    def __init__(self, cfg: dict, rejected_stem: str):
+    def __init__(self, cfg: dict, rejected_stem: str, where: str = "source"):
         src = cfg["source"]
         self.endpoint, self.producers = src["endpoint"], src["producers"]
         self.idle_timeout, self.max_tuples = src["idle_timeout"], src["max_message_tuples"]
@@ -76,12 +77,12 @@ class Producers:
         self.digest = wire.token_digest(token) if token else None  #: None: no check (the token is not kept)
         self.run = int.from_bytes(os.urandom(8), "little") | 1  #: this master's run, which producers address
         self.ctx = zmq.Context.instance()
-        self.sock = self._bind(zmq.PULL, self.endpoint, cfg, "source.endpoint")
+        self.sock = self._bind(zmq.PULL, self.endpoint, cfg, f"{where}.endpoint")
         self.endpoint = self.sock.last_endpoint.decode()  # the real port when bound to port *
         self.acks = None  #: PUB of the acknowledgements, in a context of its own (terminated to deliver the last)
         if src["ack_endpoint"]:
             try:
-                self.acks = self._bind(zmq.PUB, src["ack_endpoint"], cfg, "source.ack_endpoint", zmq.Context())
+                self.acks = self._bind(zmq.PUB, src["ack_endpoint"], cfg, f"{where}.ack_endpoint", zmq.Context())
             except InputError:
                 self.sock.close()
                 raise

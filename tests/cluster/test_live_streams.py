@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zmq
 
 from control.produce import Producer
 from master.sources import open_source
@@ -191,6 +192,23 @@ def test_dispatcher_1_binds_each_live_stream_at_its_port_plus_1_and_numbers_its_
     live = summary["live_streams"]
     assert live["views"]["endpoints"] == [ep["views"]] and live["buys"]["producers"] == {"b": 1}
     assert pq.read_table(tmp_path / "rejected" / "zmq-rejected-R-d1.parquet")["reason"].to_pylist() == ["arrow"]
+
+
+def test_a_live_streams_endpoint_already_taken_is_named_by_its_own_key(tmp_path):
+    """Another process holds buys' port: the error names streams.buys.endpoint, and views' socket is let go."""
+    from common.chunks import InputError
+
+    ports = {"views": free_port(), "buys": free_port()}
+    holder = zmq.Context.instance().socket(zmq.PULL)
+    holder.bind(f"tcp://127.0.0.1:{ports['buys']}")
+    try:
+        with pytest.raises(InputError, match=r"cannot bind streams\.buys\.endpoint 'tcp://127\.0\.0\.1:"):
+            open_source(live_cfg(tmp_path, ports))
+        holder.close()
+        holder = zmq.Context.instance().socket(zmq.PULL)
+        holder.bind(f"tcp://127.0.0.1:{ports['views']}")  # free again
+    finally:
+        holder.close()
 
 
 def test_a_quiet_live_stream_holds_the_other_back_until_its_idle_timeout(tmp_path):
