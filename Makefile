@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
-	$(BIN)/python -c 'from deploy.launch import warm_kernels; warm_kernels()'  # numba kernels into their on-disk cache, once
+	$(BIN)/python -c 'from deploy.launch import warm_kernels; warm_kernels()'  # kernels built ahead of time, once
 	touch $(STAMP)
 
 # 1 master + (NP-1) slaves; works as root and with more ranks than cores (see deploy/launch.py)

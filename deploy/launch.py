@@ -29,6 +29,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,14 +62,14 @@ def find_mpirun() -> str:
     return found
 
 
-#: the modules whose numba kernels are cached on disk (`cache=True`)
-KERNEL_MODULES = ("master.state.lateness", "master.state.packing", "master.sources.keys", "slave.kernel")
+#: the modules with compiled kernels: built ahead of time (deploy.kernels.AHEAD) or compiled by numba and cached
+KERNEL_MODULES = ("master.state.lateness", "master.state.packing", "master.sources.key_codes", "slave.kernel")
 
 
 def kernel_stamp(modules: tuple[str, ...] = KERNEL_MODULES) -> tuple[Path, str]:
-    """Where the note of a warm cache is kept (beside numba's cache files, in slave/__pycache__: removing the
-    caches removes it) and what it must say: each kernel module's size and modification time (what numba's cache
-    checks too), numba's and Python's versions and NUMBA_CACHE_DIR."""
+    """Where the note of built kernels is kept (in slave/__pycache__, beside the builds and numba's cache files:
+    removing the caches removes it) and what it must say: each kernel module's size and modification time,
+    numba's and Python's versions and NUMBA_CACHE_DIR."""
     from importlib.metadata import version
     from importlib.util import find_spec
 
@@ -85,24 +86,16 @@ def kernel_stamp(modules: tuple[str, ...] = KERNEL_MODULES) -> tuple[Path, str]:
 
 
 def warm_kernels() -> None:
-    """Compile the slaves' join kernels (and the master's tuple packing) into numba's on-disk cache here, once,
-    if it is stale (a fresh checkout or a changed slave/kernel.py): otherwise every slave rank would compile
-    them at once at start, about 10 s of CPU each (16 slaves on 2 cores: minutes).  Loading a warm cache still
-    costs this process about 0.9 s before mpirun may start, so a note of the modules it was warmed for skips
-    it when nothing changed."""
+    """Build the kernels ahead of time (deploy.kernels, about 15 s) once, if a kernel module changed since the
+    last build (or this is a fresh checkout): otherwise every rank would compile them with numba at start, about
+    10 s of CPU each (16 slaves on 2 cores: minutes).  The note of the last build makes a launch with nothing
+    changed skip it."""
     stamp, state = kernel_stamp()
     with contextlib.suppress(OSError):
         if stamp.read_text() == state:
             return
-    import master.state.lateness  # noqa: F401  (compiles at import: one signature per kernel)
-    import master.state.packing  # noqa: F401
-    import slave.kernel  # noqa: F401
-    import pyarrow as pa
-    from master.sources.keys import KeyDictionary  # text keys' coding compiles at its first call: 16 values,
-    # a rehash too
-
-    KeyDictionary(pa.string()).codes(pa.array([str(i) for i in range(16)]))
-    with contextlib.suppress(OSError):  # a read-only checkout warms each time
+    subprocess.run([sys.executable, "-m", "deploy.kernels"], cwd=Path(__file__).resolve().parent.parent, check=True)
+    with contextlib.suppress(OSError):  # a read-only checkout builds (or compiles) each time
         stamp.parent.mkdir(exist_ok=True)
         stamp.write_text(state)
 

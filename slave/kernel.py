@@ -13,9 +13,9 @@ and every tuple of the larger side finds exactly its partners:
 - `range_matches` (band and inequality joins): the smaller side sorted by key, a
   probe's key range found by binary search, candidates filtered on time.
 
-Both are compiled with numba (cached on disk, one signature each, compiled at
-import or loaded from the cache; `make setup` and the launcher (`deploy.launch.warm_kernels`)
-warm it, so 16 slave ranks never compile at once); a compiled probe replaced a vectorized numpy kernel that
+Both are compiled from numba's subset of Python, one signature each: built ahead of time
+(protocol.compiled, deploy.kernels) or compiled by numba where no build is present; a compiled probe replaced a
+vectorized numpy kernel that
 spent most of a slave's time (docs/benchmark-history.md, "The compiled join kernel").  Each probe
 loop runs twice, count then fill, so the index arrays are allocated at their
 exact size; the fill writes any slice of the pairs (`Matches.take`), so a
@@ -32,9 +32,9 @@ from __future__ import annotations
 from functools import partial
 
 import numpy as np
-from numba import njit
 
 from protocol import delays
+from protocol.compiled import kernels
 
 _I64_MIN, _I64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of key * 2^64/phi
@@ -57,7 +57,6 @@ _RANGE_FILL_SIG = (
 _GATHER_SIG = "void(int64[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64)"
 
 
-@njit(cache=True, nogil=True, inline="always")
 def _slot(used, slot_key, k, shift, mask):  # pragma: no cover - compiled
     """Open addressing: the slot that holds key k, or the free slot where it belongs."""
     h = np.int64((np.uint64(k) * _GOLDEN) >> shift)
@@ -66,7 +65,6 @@ def _slot(used, slot_key, k, shift, mask):  # pragma: no cover - compiled
     return h
 
 
-@njit(_EQUI_SIG, cache=True, nogil=True)
 def _equi_count(a_key, a_ts, b_key, b_ts, lower, upper):  # pragma: no cover - compiled
     """The count pass for len(b) <= len(a), both non-empty: hash b's keys, probe with every a.  Returns
     (run_idx, first, offsets): probe i's partners are run_idx[first[i]:][:offsets[i + 1] - offsets[i]], and
@@ -122,7 +120,6 @@ def _equi_count(a_key, a_ts, b_key, b_ts, lower, upper):  # pragma: no cover - c
     return run_idx, first, offsets
 
 
-@njit(cache=True, nogil=True, inline="always")
 def _probe_of(offsets, pair):  # pragma: no cover - compiled
     """The probe whose pairs hold pair number `pair`: the last i with offsets[i] <= pair."""
     lo, hi = 0, len(offsets) - 1
@@ -135,7 +132,6 @@ def _probe_of(offsets, pair):  # pragma: no cover - compiled
     return lo
 
 
-@njit(_EQUI_FILL_SIG, cache=True, nogil=True)
 def _equi_fill(run_idx, first, offsets, start, ia, ib):  # pragma: no cover - compiled
     """Pairs start .. start + len(ia) - 1 of an `_equi_count`, in probe order."""
     i = _probe_of(offsets, start)
@@ -152,7 +148,6 @@ def _equi_fill(run_idx, first, offsets, start, ia, ib):  # pragma: no cover - co
             q = first[i]
 
 
-@njit(_RANGE_SIG, cache=True, nogil=True)
 def _range_count(
     a_key, a_ts, b_key, b_ts, lower, upper, low, high, has_low, has_high, home_lo, home_hi, clip
 ):  # pragma: no cover - compiled
@@ -216,7 +211,6 @@ def _range_count(
     return order, times, first, last, offsets
 
 
-@njit(_RANGE_FILL_SIG, cache=True, nogil=True)
 def _range_fill(a_ts, order, times, first, last, offsets, lower, upper, start, ia, ib):  # pragma: no cover - compiled
     """Pairs start .. start + len(ia) - 1 of a `_range_count`, in probe order: the first probe's candidates
     are filtered again up to the slice's first pair."""
@@ -333,7 +327,6 @@ def range_matches(
     )
 
 
-@njit(_GATHER_SIG, cache=True, nogil=True)
 def _gather_pairs(words_r, ir, words_s, is_, fields, out, at):  # pragma: no cover - compiled
     k = len(fields)  # column by column: each loop writes one output row in order (measured 20% faster)
     for f in range(k):
@@ -358,7 +351,6 @@ def gather_pairs(pieces: list, fields: np.ndarray, total: int) -> np.ndarray:
     return out
 
 
-@njit(cache=True, nogil=True, inline="always")
 def _bin_of(x, bits, edges, log_first, per_decade):  # pragma: no cover - compiled
     """How many `edges` are <= x (`bits`: x's IEEE 754 bits).  The guess reads log2(x) off the bits (exponent
     plus mantissa as its fraction, within 0.09 of the truth): a bin or so off, then corrected by comparing with
@@ -376,7 +368,6 @@ def _bin_of(x, bits, edges, log_first, per_decade):  # pragma: no cover - compil
     return i
 
 
-@njit(_DELAYS_SIG, cache=True, nogil=True)
 def _batch_delays(
     r_arrival, s_arrival, ends, times, sent, started, edges, log_first, per_decade, delay, counts
 ):  # pragma: no cover - compiled
@@ -426,3 +417,17 @@ def batch_delays(
         counts,
     )
     return delay, counts
+
+
+_equi_count, _equi_fill, _range_count, _range_fill, _gather_pairs, _batch_delays = kernels(
+    __name__,
+    {
+        "_equi_count": _EQUI_SIG,
+        "_equi_fill": _EQUI_FILL_SIG,
+        "_range_count": _RANGE_SIG,
+        "_range_fill": _RANGE_FILL_SIG,
+        "_gather_pairs": _GATHER_SIG,
+        "_batch_delays": _DELAYS_SIG,
+    },
+    inline=("_slot", "_probe_of", "_bin_of"),
+)

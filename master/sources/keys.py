@@ -22,73 +22,20 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
 from common.chunks import InputError
-
-
-@njit(cache=True, nogil=True)
-def _hash(data, start, end):
-    """FNV-1a over the bytes, 64 bits (where to look first; equality is decided by the bytes)."""
-    h = np.uint64(14695981039346656037)
-    for i in range(start, end):
-        h = (h ^ np.uint64(data[i])) * np.uint64(1099511628211)
-    return h ^ (h >> np.uint64(29))
-
-
-@njit(cache=True, nogil=True)
-def _same(a, a0, a1, b, b0, b1):
-    if a1 - a0 != b1 - b0:
-        return False
-    for i in range(a1 - a0):
-        if a[a0 + i] != b[b0 + i]:
-            return False
-    return True
-
-
-@njit(cache=True, nogil=True)
-def _place(slots, hashes, code):
-    mask = len(slots) - 1
-    at = hashes[code] & np.uint64(mask)
-    while slots[at] >= 0:
-        at = (at + np.uint64(1)) & np.uint64(mask)
-    slots[at] = code
 
 
 class KeyCollision(InputError):
     """Two different key values have the same 64-bit hash, so hashed codes would join them."""
 
 
-@njit(cache=True, nogil=True)
-def _code(data, offsets, slots, hashes, arena, ends, count, used, codes):
-    """Each value's code: found by its hash's slot, then the exact bytes; an unseen value is appended to the
-    arena (bytes `arena`, value ends `ends`, hashes) and the slots.  Returns (count, used, the first value
-    whose hash another value has: -1 if none) after."""
-    mask = np.uint64(len(slots) - 1)
-    collided = -1
-    for i in range(len(offsets) - 1):
-        v0, v1 = offsets[i], offsets[i + 1]
-        h = _hash(data, v0, v1)
-        at = h & mask
-        while True:
-            c = slots[at]
-            if c < 0:
-                arena[used : used + v1 - v0] = data[v0:v1]
-                used += v1 - v0
-                ends[count + 1] = used
-                hashes[count] = h
-                slots[at] = count
-                codes[i] = count
-                count += 1
-                break
-            if hashes[c] == h:
-                if _same(arena, ends[c], ends[c + 1], data, v0, v1):
-                    codes[i] = c
-                    break
-                if collided < 0:
-                    collided = i
-            at = (at + np.uint64(1)) & mask
-    return count, used, collided
+def key_codes():
+    """The compiled coding passes (master.sources.key_codes), imported at the first text or composite key: a
+    run of integer keys never imports numba (0.2 s of CPU at each rank's start)."""
+    from master.sources import key_codes
+
+    return key_codes
 
 
 def _grown(a: np.ndarray, size: int) -> np.ndarray:
@@ -129,12 +76,12 @@ class KeyDictionary:
             while 2 * (self.count + n) > size:
                 size *= 2
             self.slots = np.full(size, -1, np.int64)
-            _rehash(self.slots, self.hashes, self.count)
+            key_codes()._rehash(self.slots, self.hashes, self.count)
         self.hashes = _grown(self.hashes, self.count + n)
         self.ends = _grown(self.ends, self.count + n + 1)
         self.arena = _grown(self.arena, self.used + int(offsets[-1] - offsets[0]))
         codes = np.empty(n, np.int64)
-        self.count, self.used, collided = _code(
+        self.count, self.used, collided = key_codes()._code(
             data, offsets, self.slots, self.hashes, self.arena, self.ends, self.count, self.used, codes
         )
         if not self.hashed:
@@ -142,7 +89,7 @@ class KeyDictionary:
         if collided >= 0:
             v0, v1 = offsets[collided], offsets[collided + 1]
             raise KeyCollision(
-                f"two different key values have the same 64-bit hash {int(_hash(data, v0, v1)):#x} (one is "
+                f"two different key values have the same 64-bit hash {int(key_codes()._hash(data, v0, v1)):#x} (one is "
                 f"{bytes(data[v0:v1])[:64]!r}): with cluster.dispatchers > 1 keys are coded by their hash; run "
                 "with one dispatcher"
             )
@@ -160,12 +107,6 @@ class KeyDictionary:
     @property
     def nbytes(self) -> int:
         return self.slots.nbytes + self.hashes.nbytes + self.arena.nbytes + self.ends.nbytes
-
-
-@njit(cache=True, nogil=True)
-def _rehash(slots, hashes, count):
-    for c in range(count):
-        _place(slots, hashes, c)
 
 
 class KeyMapper:

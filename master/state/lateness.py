@@ -12,15 +12,14 @@ microseconds (protocol.eventtime): the rule is an exact integer comparison.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from protocol.compiled import kernels
 from protocol.eventtime import NEG_INF
 
 
 _LATE_SIG = "void(int64[:], int8[:], int8[::1], int64[::1], int64[::1], int64, boolean[::1], int64[::1])"
 
 
-@njit(_LATE_SIG, cache=True, nogil=True)
 def _late(ts, stream, group, running, delay, floor, late, own):  # pragma: no cover - compiled
     """Each tuple's own bound (its group's largest ts before it minus the group's delay) and whether it is late:
     below that bound or below `floor`; one compiled pass, not a numpy running maximum that cost a fifth of the
@@ -30,6 +29,9 @@ def _late(ts, stream, group, running, delay, floor, late, own):  # pragma: no co
         own[i] = running[g] - delay[g]
         late[i] = ts[i] < max(own[i], floor)
         running[g] = max(running[g], ts[i])
+
+
+(_late,) = kernels(__name__, {"_late": _LATE_SIG})
 
 
 class Lateness:

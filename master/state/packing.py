@@ -5,13 +5,12 @@ into the fixed-width records a BATCH carries, each mini-buffer's tuples as one s
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from protocol.arrays import field_words, words
+from protocol.compiled import kernels
 from protocol.tuples import MIX_M1, MIX_M2, FIELDS
 
 
-@njit(cache=True, nogil=True, inline="always")
 def partition_one(key, partitions):  # pragma: no cover - compiled
     """protocol.tuples.partition_of of one key, for compiled loops that route tuples without a pass per hashing
     step (here, not in protocol/: the Spark side imports protocol/ in Python workers without numba)."""
@@ -30,7 +29,6 @@ _ROUTE_SIG = (
 )
 
 
-@njit(cache=True, nogil=True, inline="always")
 def _put(out, d, ids, ts, keys, values, arrival, j, fields, pad):  # pragma: no cover - compiled
     """Column row j into record d; its padding words zero (nothing of this process's memory goes on the wire)."""
     out[d, fields[0]] = ids[j]
@@ -42,13 +40,11 @@ def _put(out, d, ids, ts, keys, values, arrival, j, fields, pad):  # pragma: no 
         out[d, w] = 0
 
 
-@njit(_PACK_SIG, cache=True, nogil=True)
 def _pack(ids, ts, keys, values, arrival, index, fields, pad, out):  # pragma: no cover - compiled
     for i in range(len(index)):
         _put(out, i, ids, ts, keys, values, arrival, index[i], fields, pad)
 
 
-@njit(_COUNT_SIG, cache=True, nogil=True)
 def _count_hashed(stream, keys, late, partitions, part, sizes):  # pragma: no cover - compiled
     """Each on-time tuple's hash partition, and the tuples per stream and partition."""
     for i in range(len(keys)):
@@ -57,7 +53,6 @@ def _count_hashed(stream, keys, late, partitions, part, sizes):  # pragma: no co
             sizes[stream[i], part[i]] += 1
 
 
-@njit(_ROUTE_SIG, cache=True, nogil=True)
 def _pack_hashed(
     stream, ids, ts, keys, values, arrival, late, part, starts, fields, pad, out_r, out_s
 ):  # pragma: no cover - compiled
@@ -71,6 +66,13 @@ def _pack_hashed(
         d = starts[s, p]
         starts[s, p] += 1
         _put(out_r if s == 0 else out_s, d, ids, ts, keys, values, arrival, i, fields, pad)
+
+
+_pack, _count_hashed, _pack_hashed = kernels(
+    __name__,
+    {"_pack": _PACK_SIG, "_count_hashed": _COUNT_SIG, "_pack_hashed": _ROUTE_SIG},
+    inline=("partition_one", "_put"),
+)
 
 
 def _columns(dtype: np.dtype, columns: tuple) -> tuple:

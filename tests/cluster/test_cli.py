@@ -135,34 +135,6 @@ def test_a_killed_mpiruns_leftover_sockets_do_not_stop_the_next_launch(short_tmp
     assert sorted(p.name for p in short_tmp.iterdir() if not p.name.startswith("ompi.")) == []  # and cleaned up
 
 
-def test_the_launcher_warms_the_kernels_once_and_again_after_a_kernel_module_changes(tmp_path, monkeypatch):
-    from deploy.launch import KERNEL_MODULES, kernel_stamp
-
-    # a launch with the note of a warm cache does not load numba's kernels (0.9 s before mpirun may start)
-    warm = "from deploy.launch import warm_kernels; import sys; warm_kernels(); print('slave.kernel' in sys.modules)"
-    loads = lambda: subprocess.run(
-        [sys.executable, "-c", warm], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()[-1]
-    stamp, state = kernel_stamp()
-    assert loads() in ("True", "False") and stamp.read_text() == state  # warmed if needed, then noted
-    assert loads() == "False"
-    # the note names each kernel module's size and time: a changed module (here a stand-in) warms again
-    (tmp_path / "kern.py").write_text("X = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    before = kernel_stamp(("kern",))
-    (tmp_path / "kern.py").write_text("X = 22\n")
-    after = kernel_stamp(("kern",))
-    assert before[0] == after[0] == tmp_path / "__pycache__" / stamp.name and before[1] != after[1]
-    # every module with kernels cached on disk is in the note
-    cached = sorted(
-        ".".join(f.relative_to(ROOT).with_suffix("").parts)
-        for d in ("master", "slave", "protocol")
-        for f in (ROOT / d).rglob("*.py")
-        if "cache=True" in f.read_text()
-    )
-    assert cached == sorted(KERNEL_MODULES)
-
-
 @pytest.mark.parametrize("exported", [None, "self,sm"])
 def test_a_bare_mpirun_leaves_out_the_transports_that_only_slow_the_start(tmp_path, exported):
     """Under a bare `mpirun -n 2 python -m master` the ranks choose Open MPI's transports themselves, as

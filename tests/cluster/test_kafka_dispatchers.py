@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 
 from master.sources.kafka_input import assignment
-from master.sources.keys import KeyCollision, KeyDictionary, KeyMapper, _hash, _rehash
+from master.sources.key_codes import _hash, _rehash
+from master.sources.keys import KeyCollision, KeyDictionary, KeyMapper
 from protocol import checkpoint
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables

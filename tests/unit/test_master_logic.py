@@ -9,7 +9,7 @@ import pytest
 
 from master.state.buffers import MiniBuffers
 from master.state.lateness import Lateness
-from master.state.packing import partition_one, to_wire, to_wire_hashed
+from master.state.packing import to_wire, to_wire_hashed
 from protocol.eventtime import NEG_INF
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from tests.reference import late_flags, micros
@@ -241,7 +241,7 @@ def test_to_wire_hashed_is_each_streams_on_time_rows_stably_sorted_by_partition(
 
 
 @pytest.mark.parametrize("partitions", [1, 7, 60, 1000])
-def test_compiled_partition_of_one_key_is_partition_of(partitions):
+def test_the_compiled_routing_hashes_every_int64_key_as_partition_of(partitions):
     keys = np.concatenate(
         [
             np.random.default_rng(partitions).integers(-(2**63), 2**63 - 1, 2000, dtype=np.int64),
@@ -249,8 +249,21 @@ def test_compiled_partition_of_one_key_is_partition_of(partitions):
             [np.iinfo(np.int64).min, np.iinfo(np.int64).max],
         ]
     )
-    one = np.array([partition_one(k, partitions) for k in keys.tolist()])
-    np.testing.assert_array_equal(one, partition_of(keys, partitions))
+    n = len(keys)
+    (rows, sizes), _ = to_wire_hashed(
+        DT,
+        np.zeros(n, np.int8),
+        np.arange(n),
+        np.zeros(n, np.int64),
+        keys,
+        np.zeros(n),
+        np.zeros(n),
+        np.zeros(n, bool),
+        partitions,
+    )
+    part = partition_of(keys, partitions)
+    assert sizes.tolist() == np.bincount(part, minlength=partitions).tolist()
+    np.testing.assert_array_equal(partition_of(rows["key"], partitions), np.repeat(np.arange(partitions), sizes))
 
 
 # --------------------------------------------------------------------------- MiniBuffers
