@@ -30,14 +30,6 @@ class KeyCollision(InputError):
     """Two different key values have the same 64-bit hash, so hashed codes would join them."""
 
 
-def key_codes():
-    """The compiled coding passes (master.sources.key_codes), imported at the first text or composite key: a
-    run of integer keys never imports numba (0.2 s of CPU at each rank's start)."""
-    from master.sources import key_codes
-
-    return key_codes
-
-
 def _grown(a: np.ndarray, size: int) -> np.ndarray:
     if size <= len(a):
         return a
@@ -53,6 +45,11 @@ class KeyDictionary:
 
     def __init__(self, type_: pa.DataType, hashed: bool = False):
         self.type, self.hashed = type_, hashed
+        # the compiled passes, imported here (when the source opens, before the run's clock starts): a run of
+        # integer keys never imports numba (0.2 s of CPU at each rank's start)
+        from master.sources import key_codes
+
+        self.compiled = key_codes
         self.count = self.used = 0
         self.slots = np.full(16, -1, np.int64)
         self.hashes = np.empty(8, np.uint64)
@@ -76,20 +73,21 @@ class KeyDictionary:
             while 2 * (self.count + n) > size:
                 size *= 2
             self.slots = np.full(size, -1, np.int64)
-            key_codes()._rehash(self.slots, self.hashes, self.count)
+            self.compiled._rehash(self.slots, self.hashes, self.count)
         self.hashes = _grown(self.hashes, self.count + n)
         self.ends = _grown(self.ends, self.count + n + 1)
         self.arena = _grown(self.arena, self.used + int(offsets[-1] - offsets[0]))
         codes = np.empty(n, np.int64)
-        self.count, self.used, collided = key_codes()._code(
+        self.count, self.used, collided = self.compiled._code(
             data, offsets, self.slots, self.hashes, self.arena, self.ends, self.count, self.used, codes
         )
         if not self.hashed:
             return codes
         if collided >= 0:
             v0, v1 = offsets[collided], offsets[collided + 1]
+            h = int(self.compiled._hash(data, v0, v1))
             raise KeyCollision(
-                f"two different key values have the same 64-bit hash {int(key_codes()._hash(data, v0, v1)):#x} (one is "
+                f"two different key values have the same 64-bit hash {h:#x} (one is "
                 f"{bytes(data[v0:v1])[:64]!r}): with cluster.dispatchers > 1 keys are coded by their hash; run "
                 "with one dispatcher"
             )
