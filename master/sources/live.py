@@ -84,9 +84,10 @@ def open_live(
 
 class LiveTuples(Producers):
     """The single file's two streams pushed live (`source.kind = "zmq"`, protocol.streams.zmq_streams): TUPLES
-    messages of its columns, validated whole by protocol.wire, handed to master.sources.streams in their arrival
-    order as the file's checked batches (a tuple's row: its place in that order).  A producer's position moves as
-    the master takes its tuples (`took`), so a checkpoint between two tuples of one message holds it exactly."""
+    messages of its columns, validated whole by protocol.wire, handed to master.sources.streams.RowOrder in their
+    arrival order as the file's checked batches (a tuple's row: its place in that order), as a file's reader
+    thread hands them on (its RowFeed).  A producer's position moves as the master takes its tuples (`took`), so
+    a checkpoint between two tuples of one message holds it exactly."""
 
     def __init__(self, cfg: dict, rejected_stem: str):
         super().__init__(cfg, rejected_stem)
@@ -109,10 +110,17 @@ class LiveTuples(Producers):
                 return SidedBatch(first, self.row, chunk, np.arange(first, self.row, dtype=np.int64), None)
         return None
 
-    def took(self, n: int) -> None:
-        """`n` more tuples of the last batch were taken: its producer's position moves past them."""
+    def took(self, part: Chunk, rows: np.ndarray) -> None:
+        """`part` of the last batch was taken: its producer's position moves past it."""
         if self._from is not None:
-            self.taken[self._from] += n
+            self.taken[self._from] += len(part.ts)
+
+    def list_passed(self, end: bool = False) -> None:
+        """Nothing to list as the tuples are taken: the rejected messages are listed at the end (`finish`)."""
+
+    def position(self) -> dict:
+        """Each producer's position (a checkpoint's part)."""
+        return self.producers_position()
 
 
 class LiveStream(Producers):
