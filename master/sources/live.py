@@ -55,6 +55,10 @@ class Live(Protocol):
     def finish(self) -> dict:
         """Close it; its entry in summary.json's `live_streams`, with `rejected_by_reason`."""
 
+    @staticmethod
+    def merged(entries: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries of the stream (each its own partitions or producers) as one."""
+
     def partition_metrics(self) -> list[dict]:
         """Per partition of a partitioned stream (Kafka): topic, partition, records, bytes, lag; else none."""
 
@@ -122,6 +126,19 @@ class LiveTuples(Producers):
         """Each producer's position (a checkpoint's part)."""
         return self.producers_position()
 
+    def finish(self) -> dict:
+        """The summary's entries: the messages rejected and the producers' counts (`zmq_ingest`)."""
+        ingest = super().finish()
+        return {"rejected": sum(self.reasons.values()), "zmq_ingest": ingest}
+
+    @staticmethod
+    def merge(finished: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries (each its own producers) as one."""
+        return {
+            "rejected": sum(f["rejected"] for f in finished),
+            "zmq_ingest": Producers.merged([f["zmq_ingest"] for f in finished]),
+        }
+
 
 class LiveStream(Producers):
     """Stream `checks.name` (side `side`, 0 = R) on its `endpoint`, rows checked by `checks` against `declared`;
@@ -143,10 +160,6 @@ class LiveStream(Producers):
 
     def partition_metrics(self) -> list[dict]:
         return []  # producers push: no partitions, no lag to count
-
-    def finish(self) -> dict:
-        """The producers' counts (master.sources.producers), once."""
-        return super().finish()["zmq_ingest"]
 
     def position(self) -> tuple[dict, pa.Table]:
         """Its place (a checkpoint's part): each producer's position, the next stream row and the duplicate-id

@@ -63,7 +63,6 @@ import pyarrow.compute as pc
 from master.sources.keys import KeyMapper
 from master.sources.archive import named
 from master.sources.live import Live, LiveTuples, open_live
-from master.sources.producers import Producers
 from protocol import aggregation, eventtime
 from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
@@ -723,18 +722,17 @@ class WatermarkMerge(StreamsSource):
             out["keys"] = {"distinct": self.mapper.distinct, "bytes": self.mapper.nbytes}
         return out
 
-    @staticmethod
-    def merge(finished: list[dict]) -> dict:
+    def merge(self, finished: list[dict]) -> dict:
         """Several dispatchers' `finish()` entries (each its own Kafka partitions, its own producers) as one: counts
-        added, the per-partition positions together, peaks the largest; `keys.distinct` the most one dispatcher
-        coded."""
-        first = finished[0]
+        added, peaks the largest, each live stream's entries as its kind merges them; `keys.distinct` the most one
+        dispatcher coded."""
+        first, live = finished[0], dict(zip(self.specs, self._live))
         out = {
             **first,
             **{k: sum(f[k] for f in finished) for k in ("payload_log_bytes", "payload_log_removed_bytes", "rejected")},
             "payload_log_peak_bytes": max(f["payload_log_peak_bytes"] for f in finished),
             "live_streams": {
-                name: _merged([f["live_streams"][name] for f in finished]) for name in first["live_streams"]
+                name: live[name].merged([f["live_streams"][name] for f in finished]) for name in first["live_streams"]
             },
         }
         if "keys" in first:
@@ -754,20 +752,6 @@ def _drawn(generator: dict, start: int):
         rows_ = np.arange(start, start + len(chunk.ts), dtype=np.int64)
         yield SidedBatch(start, start + len(chunk.ts), chunk, rows_, None)
         start += len(chunk.ts)
-
-
-def _merged(streams: list[dict]) -> dict:
-    """One live stream's `live_streams` entries of several dispatchers as one (ZeroMQ: their producers')."""
-    if "partitions" not in streams[0]:
-        return Producers.merged_ingest(streams)
-    reasons: Counter = sum((Counter(s["rejected_by_reason"]) for s in streams), Counter())
-    return {
-        **streams[0],
-        **{k: sum(s[k] for s in streams) for k in ("partitions", "records", "rows", "partitions_paused")},
-        "held_peak_rows": max(s["held_peak_rows"] for s in streams),
-        "rejected_by_reason": dict(reasons),
-        "positions": {p: x for s in streams for p, x in s["positions"].items()},
-    }
 
 
 def _declared(name: str, spec: dict) -> pa.Schema:
