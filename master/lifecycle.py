@@ -158,7 +158,7 @@ class Lifecycle:
         summary["restarts"] = restarts()
         finished = [self.source.finish(), *(o["source"] for o in others)]
         summary.update(
-            **(type(self.source).merge(finished) if self.k > 1 and finished[0] else finished[0]),
+            **(self.source.merge(finished) if self.k > 1 and finished[0] else finished[0]),
             **self.results_out.summary([o["results_out"] for o in others if o["results_out"]]),
         )
         if lateness:  # [streams]: each stream's max_delay, late tuples and idle periods

@@ -40,6 +40,7 @@ import operator
 import re
 import sys
 import time
+from collections import Counter
 from itertools import compress, repeat
 from pathlib import Path
 
@@ -458,6 +459,19 @@ class KafkaStream:
                 "positions": {f"{t}/{p}": int(x) for (t, p), x in zip(self.assigned, self.merge.unreleased())},
             }
         return self._finished
+
+    @staticmethod
+    def merged(entries: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries (each its own partitions) as one: counts added, the positions
+        together, the peak the largest."""
+        reasons: Counter = sum((Counter(s["rejected_by_reason"]) for s in entries), Counter())
+        return {
+            **entries[0],
+            **{k: sum(s[k] for s in entries) for k in ("partitions", "records", "rows", "partitions_paused")},
+            "held_peak_rows": max(s["held_peak_rows"] for s in entries),
+            "rejected_by_reason": dict(reasons),
+            "positions": {p: x for s in entries for p, x in s["positions"].items()},
+        }
 
     def position(self) -> tuple[dict, pa.Table]:
         """Where the merge hands rows on (a checkpoint's part; JSON, and the duplicate-id check's recent ids):

@@ -55,6 +55,10 @@ class Live(Protocol):
     def finish(self) -> dict:
         """Close it; its entry in summary.json's `live_streams`, with `rejected_by_reason`."""
 
+    @staticmethod
+    def merged(entries: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries of the stream (each its own partitions or producers) as one."""
+
     def partition_metrics(self) -> list[dict]:
         """Per partition of a partitioned stream (Kafka): topic, partition, records, bytes, lag; else none."""
 
@@ -84,9 +88,10 @@ def open_live(
 
 class LiveTuples(Producers):
     """The single file's two streams pushed live (`source.kind = "zmq"`, protocol.streams.zmq_streams): TUPLES
-    messages of its columns, validated whole by protocol.wire, handed to master.sources.streams in their arrival
-    order as the file's checked batches (a tuple's row: its place in that order).  A producer's position moves as
-    the master takes its tuples (`took`), so a checkpoint between two tuples of one message holds it exactly."""
+    messages of its columns, validated whole by protocol.wire, handed to master.sources.streams.RowOrder in their
+    arrival order as the file's checked batches (a tuple's row: its place in that order), as a file's reader
+    thread hands them on (its RowFeed).  A producer's position moves as the master takes its tuples (`took`), so
+    a checkpoint between two tuples of one message holds it exactly."""
 
     def __init__(self, cfg: dict, rejected_stem: str):
         super().__init__(cfg, rejected_stem)
@@ -109,10 +114,30 @@ class LiveTuples(Producers):
                 return SidedBatch(first, self.row, chunk, np.arange(first, self.row, dtype=np.int64), None)
         return None
 
-    def took(self, n: int) -> None:
-        """`n` more tuples of the last batch were taken: its producer's position moves past them."""
+    def took(self, part: Chunk, rows: np.ndarray) -> None:
+        """`part` of the last batch was taken: its producer's position moves past it."""
         if self._from is not None:
-            self.taken[self._from] += n
+            self.taken[self._from] += len(part.ts)
+
+    def list_passed(self, end: bool = False) -> None:
+        """Nothing to list as the tuples are taken: the rejected messages are listed at the end (`finish`)."""
+
+    def position(self) -> dict:
+        """Each producer's position (a checkpoint's part)."""
+        return self.producers_position()
+
+    def finish(self) -> dict:
+        """The summary's entries: the messages rejected and the producers' counts (`zmq_ingest`)."""
+        ingest = super().finish()
+        return {"rejected": sum(self.reasons.values()), "zmq_ingest": ingest}
+
+    @staticmethod
+    def merge(finished: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries (each its own producers) as one."""
+        return {
+            "rejected": sum(f["rejected"] for f in finished),
+            "zmq_ingest": Producers.merged([f["zmq_ingest"] for f in finished]),
+        }
 
 
 class LiveStream(Producers):
@@ -135,10 +160,6 @@ class LiveStream(Producers):
 
     def partition_metrics(self) -> list[dict]:
         return []  # producers push: no partitions, no lag to count
-
-    def finish(self) -> dict:
-        """The producers' counts (master.sources.producers), once."""
-        return super().finish()["zmq_ingest"]
 
     def position(self) -> tuple[dict, pa.Table]:
         """Its place (a checkpoint's part): each producer's position, the next stream row and the duplicate-id

@@ -289,16 +289,9 @@ class Producers:
         self._next_ack = time.monotonic() + ACK_INTERVAL
 
     @staticmethod
-    def merge(finished: list[dict]) -> dict:
-        """Several dispatchers' `finish()` entries as one: counts added, peaks the largest, endpoints listed."""
-        return {
-            "rejected": sum(f["rejected"] for f in finished),
-            "zmq_ingest": Producers.merged_ingest([f["zmq_ingest"] for f in finished]),
-        }
-
-    @staticmethod
-    def merged_ingest(z: list[dict]) -> dict:
-        """Several dispatchers' `zmq_ingest` entries (their own producers) as one."""
+    def merged(z: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries (their own producers) as one: counts added, peaks the largest,
+        endpoints listed."""
         merged = {}
         for key in z[0]:
             values = [x[key] for x in z]
@@ -317,7 +310,7 @@ class Producers:
 
     def finish(self) -> dict:
         """Close the sockets (the last ACK, final, delivered first), write rejected/zmq-rejected.*, and return
-        the summary entries (once)."""
+        the producers' counts (once): the summary's `zmq_ingest`, or a live stream's entry in `live_streams`."""
         if self._finished is None:
             self.sock.close()
             if self.acks is not None:  # the run is complete: everything taken is in its output
@@ -329,23 +322,20 @@ class Producers:
             if self._rejections:
                 write_table(self.out / "rejected", self.rejected_stem, pa.Table.from_pylist(self._rejections), self.fmt)
             self._finished = {
-                "rejected": sum(self.reasons.values()),
-                "zmq_ingest": {
-                    "endpoints": [self.endpoint],
-                    "messages": self.messages,
-                    "tuples": self.tuples,
-                    "producers_ended": self.ended,
-                    "rejected_by_reason": dict(self.reasons),
-                    "refused_messages": dict(self.refused),
-                    "refused_tuples": self.refused_tuples,
-                    "duplicate_tuples": self.duplicates,
-                    "stale_messages": self.stale,
-                    "lost_tuples": self.lost,
-                    "producers": {_text(p): n for p, n in self.taken.items()},
-                    "producers_blocked_seconds": round(self.blocked_seconds, 3),
-                    "held_peak_tuples": self.held_peak,
-                    "checkpoints_acknowledged": self.acknowledged,
-                },
+                "endpoints": [self.endpoint],
+                "messages": self.messages,
+                "tuples": self.tuples,
+                "producers_ended": self.ended,
+                "rejected_by_reason": dict(self.reasons),
+                "refused_messages": dict(self.refused),
+                "refused_tuples": self.refused_tuples,
+                "duplicate_tuples": self.duplicates,
+                "stale_messages": self.stale,
+                "lost_tuples": self.lost,
+                "producers": {_text(p): n for p, n in self.taken.items()},
+                "producers_blocked_seconds": round(self.blocked_seconds, 3),
+                "held_peak_tuples": self.held_peak,
+                "checkpoints_acknowledged": self.acknowledged,
             }
         return self._finished
 

@@ -1,8 +1,10 @@
 """Two declared streams read side by side and merged into one arrival order (docs/input.md, `WatermarkMerge`); the
-single file (`source.kind = "file"`) is two streams of one file (protocol.streams.file_streams), read by one thread in
-its row order, without a merge (`RowOrder`); so is the generator (protocol.streams.generator_streams), its drawn
-chunks taken by that thread as the file's checked batches, and the single file pushed live (`source.kind = "zmq"`,
-protocol.streams.zmq_streams), its producers' messages taken as they come (master.sources.live.LiveTuples).
+single file (`source.kind = "file"`) is two streams of one file (protocol.streams.file_streams), taken in its row
+order without a merge (`RowOrder`) from a row feed (`RowFeed`): read by one thread (`ReadRows`); so is the generator
+(protocol.streams.generator_streams), its drawn chunks taken by that thread as the file's checked batches; and the
+single file pushed live (`source.kind = "zmq"`, protocol.streams.zmq_streams) is the other feed, its producers'
+messages taken as they come (master.sources.live.LiveTuples).  The order takes tuples alike from either; each feed
+keeps its own position, rejections and summary.
 
 Each stream's files are read by a thread of their own, a bounded number of checked batches ahead (READ_AHEAD;
 pyarrow decodes and checks outside the GIL: common.stream_file).  The merge orders the tuples by their stream's own
@@ -51,6 +53,8 @@ import queue
 import threading
 import time
 from collections import Counter
+from types import MappingProxyType
+from typing import Mapping, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -59,7 +63,6 @@ import pyarrow.compute as pc
 from master.sources.keys import KeyMapper
 from master.sources.archive import named
 from master.sources.live import Live, LiveTuples, open_live
-from master.sources.producers import Producers
 from protocol import aggregation, eventtime
 from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
@@ -88,32 +91,44 @@ READ_AHEAD = 4
 ROW_KINDS = ("file", "generator", "zmq")
 
 
-def _read_ahead(batches, q: queue.Queue, stop: threading.Event) -> None:
-    """A reader thread: the checked `batches` into `q`, then None (an error: the exception, raised again in the
-    master's thread when it comes to it); it gives up once `stop` is set."""
+class ReadAhead:
+    """A reader thread putting checked `batches` into its queue, READ_AHEAD of them ahead of the master (pyarrow
+    decodes and checks outside the GIL), then None (an error: the exception, raised again in the master's thread
+    when it comes to it); it gives up once `stop` is set (one event for a source's readers: they stop together)."""
 
-    def put(item) -> bool:
-        while not stop.is_set():
+    def __init__(self, name: str, batches, stop: threading.Event):
+        self.queue: queue.Queue = queue.Queue(READ_AHEAD)
+        self.stop = stop
+        self.thread = threading.Thread(target=self._read, args=(batches,), daemon=True, name=f"reader-{name}")
+        self.thread.start()
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
             try:
-                q.put(item, timeout=0.1)
+                self.queue.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 pass
         return False
 
-    try:
-        for batch in batches:
-            if not put(batch):
-                return
-        put(None)
-    except Exception as e:  # noqa: BLE001 -- raised again in the master's thread by next_chunk
-        put(e)
+    def _read(self, batches) -> None:
+        try:
+            for batch in batches:
+                if not self._put(batch):
+                    return
+            self._put(None)
+        except Exception as e:  # noqa: BLE001 -- raised again in the master's thread by next_chunk
+            self._put(e)
+
+    def get(self):
+        """The next checked batch, None at the end, or the reader's exception (blocks until it comes)."""
+        return self.queue.get()
 
 
 class StreamsSource(Source):
-    """Two streams read by reader threads (READ_AHEAD checked batches ahead each), or taken as live ones come, in
-    one of two orders: `WatermarkMerge` for the `[streams.*]` of `cfg` (protocol.streams), R first, merged by their
-    watermarks; `RowOrder` for the single file's, the generator's or the pushed single file's two streams
+    """Two streams read by reader threads (ReadAhead: READ_AHEAD checked batches ahead each), or taken as live ones
+    come, in one of two orders: `WatermarkMerge` for the `[streams.*]` of `cfg` (protocol.streams), R first, merged
+    by their watermarks; `RowOrder` for the single file's, the generator's or the pushed single file's two streams
     (protocol.streams.file_streams, generator_streams, zmq_streams: `in_rows`), taken in their one order.
     `StreamsSource(cfg, ...)` is the one `cfg` asks for.  Rejected rows go to `listing` (None: another dispatcher
     lists them, or the generator's, which rejects none); `share` = (index, k): dispatcher `index` of `k`."""
@@ -138,119 +153,104 @@ class StreamsSource(Source):
         """At most `limit` tuples in this order (`next_chunk`)."""
         raise NotImplementedError
 
-    def _start_readers(self, readers: dict) -> None:
-        """A thread per side of `readers` ({side: (name, its checked batches)}) filling that side's queue
-        READ_AHEAD batches ahead (pyarrow decodes and computes outside the GIL), until `_stop` is set."""
-        self._queues = [queue.Queue(READ_AHEAD) for _ in range(2)]
-        self._threads = [
-            threading.Thread(
-                target=_read_ahead, args=(batches, self._queues[side], self._stop), daemon=True, name=f"reader-{name}"
-            )
-            for side, (name, batches) in readers.items()
-        ]
-        for t in self._threads:
-            t.start()
 
-    def _close(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join()
+class RowFeed(Protocol):
+    """Where `RowOrder` takes the single file's checked batches from, in their one order, and what stands for its
+    position: the file or the generator read ahead by a reader thread (`ReadRows`: a file row), or its tuples
+    pushed by producers (master.sources.live.LiveTuples: each producer's position).  RowOrder takes the tuples
+    the same way from either; the feed alone knows how to go back to a position and what it rejected."""
+
+    @property
+    def done(self) -> bool:
+        """Nothing more will come (asked once `batch` has none)."""
+
+    @property
+    def reasons(self) -> Mapping[str, int]:
+        """Rows (pushed: whole messages) rejected so far, by reason (metrics)."""
+
+    @property
+    def refused(self) -> Mapping[str, int]:
+        """Pushed messages refused for want of source.token, by kind (metrics)."""
+
+    def batch(self) -> SidedBatch | None:
+        """The next checked batch, each tuple with its row; None: none now (pushed: nothing has come), or the end."""
+
+    def took(self, part: Chunk, rows: np.ndarray) -> None:
+        """`part` of the last batch (its tuples at `rows`) is taken: the position moves past it."""
+
+    def list_passed(self, end: bool = False) -> None:
+        """The rejected rows the position has passed (`end`: every tuple is taken, so all) go to the listing."""
+
+    def position(self) -> dict:
+        """Its place for a checkpoint (RowOrder adds the tuples taken)."""
+
+    def seek(self, where: dict) -> None:
+        """A recovery: back to a checkpoint's `position`."""
+
+    def acknowledge(self, where: dict) -> None:
+        """A checkpoint at `where` is complete."""
+
+    def finish(self) -> dict:
+        """Close it; its summary entries."""
+
+    def merge(self, finished: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries as one."""
 
 
-class RowOrder(StreamsSource):
-    """The single file's two streams (or the generator's, or the pushed single file's) in their one order: one
-    reader, no merge, one watermark over both; neither stream holds the other back (`ended`: never)."""
+class ReadRows:
+    """The single file (or the generator) as `RowOrder`'s feed: one reader thread (ReadAhead) for both streams, its
+    position a file row (with the duplicate check's state there), so a recovery reads on from that row; the rows
+    it rejected wait until the position passes them, then go to `listing` (None: none are listed)."""
 
-    in_rows = True
+    refused: Mapping[str, int] = MappingProxyType({})  #: nothing is pushed: nothing is refused
 
-    def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
-        super().__init__(cfg, listing, share)
-        self.pushed: LiveTuples | None = None  #: `source.kind = "zmq"`: the producers pushing the tuples
-        kind = cfg["source"]["kind"]
-        self.specs = (
-            generator_streams(cfg["join"])
-            if kind == "generator"
-            else zmq_streams(cfg["source"], cfg["join"])
-            if kind == "zmq"
-            else file_streams(cfg["source"], cfg["join"])
-        )
-        self._open_rows()
+    def __init__(self, cfg: dict, spec: dict, listing=None):
+        self.cfg, self.spec, self.listing = cfg, spec, listing
+        self._open()
 
-    def _open_rows(self, start: int = 0, max_id: tuple = (None, None)) -> None:
-        """The single file (or the generator) from row `start` on (a recovery: with the duplicate check's state
-        there), one reader for both streams: their tuples are taken in its row order, no merge.  Pushed live
-        (`source.kind = "zmq"`): its producers' tuples as they come (`pushed`), no reader thread."""
-        spec = self.specs["R"]
-        window = self.cfg["source"]["duplicate_window"]
+    def _open(self, start: int = 0, max_id: tuple = (None, None)) -> None:
+        """Read from row `start` on (a recovery: with the duplicate check's state there)."""
         self._stop = threading.Event()
-        kind = self.cfg["source"]["kind"]
-        if kind == "zmq":
-            self.pushed = LiveTuples(self.cfg, named("zmq-rejected", *self.share))
-            self._start_readers({})
-        elif kind == "generator":
-            self._start_readers({0: ("generator", _drawn(self.cfg["generator"], start))})
+        if self.cfg["source"]["kind"] == "generator":
+            self._reader = ReadAhead("generator", _drawn(self.cfg["generator"], start), self._stop)
         else:
-            self._start_readers({0: ("file", SidedFile(spec["path"], window, start, max_id, spec["time_unit"]))})
-        self._ready, self._taken = empty(), 0  #: the batch being taken, and how much of it is
-        self._ready_rows = np.empty(0, np.int64)  #: the file row of each of its tuples
+            window = self.cfg["source"]["duplicate_window"]
+            file = SidedFile(self.spec["path"], window, start, max_id, self.spec["time_unit"])
+            self._reader = ReadAhead("file", file, self._stop)
         self._end_row: int | None = None  #: one past the last row of the batches read
         self._waiting: list[pa.Table] = []  #: rejections of batches read, not yet passed by the position
-        self._row, self._max_id, self._done = start, list(max_id), [False, False]
+        self.row, self._max_id, self.done = start, list(max_id), False
 
-    def _next(self, limit: int) -> Chunk | None:
-        """The single file's next tuples in its row order; the position moves to the row after the last one."""
-        parts, room = [], limit
-        while room > 0:
-            if self._taken >= len(self._ready.ts):
-                if self._done[0] or not self._next_batch():
-                    break
-                continue
-            n = min(room, len(self._ready.ts) - self._taken)
-            part = rows(self._ready, self._taken, self._taken + n)
-            for s in (0, 1):
-                mine = part.id[part.stream == s]
-                if len(mine):
-                    top = int(mine.max())
-                    self._max_id[s] = top if self._max_id[s] is None else max(self._max_id[s], top)
-            self._taken += n
-            self._row = int(self._ready_rows[self._taken - 1]) + 1
-            if self.pushed is not None:
-                self.pushed.took(n)
-            parts.append(part)
-            room -= n
-        if not parts:
-            if not self._done[0]:
-                return empty()  # pushed live: nothing has come yet
-            if self._end_row is not None:
-                self._row = self._end_row  # every row read is passed: the trailing rejections too
-            self._list()
+    def batch(self) -> SidedBatch | None:
+        """The next checked batch; None at the end (and after an error, which is raised once)."""
+        if self.done:
             return None
-        self.accepted += limit - room
-        self._list()
-        return concat(parts)
-
-    def _next_batch(self) -> bool:
-        """The single file's next checked batch to take from; False at its end (pushed live: or none yet)."""
-        item = self._queues[0].get() if self.pushed is None else self.pushed.batch()
-        if item is None and self.pushed is not None:
-            self._done = [self.pushed.done] * 2
-            return False
+        item = self._reader.get()
         if isinstance(item, Exception):
-            self._done = [True, True]
+            self.done = True
             raise item
         if item is None:
-            self._done = [True, True]
-            return False
-        self._ready, self._ready_rows, self._taken, self._end_row = item.chunk, item.rows, 0, item.end_row
+            self.done = True
+            return None
+        self._end_row = item.end_row
         if item.rejected is not None:
             self._waiting.append(item.rejected)
-        return True
+        return item
 
-    def _list(self) -> None:
-        """The single file: rejections of rows the position has passed go to the listing; those ahead wait."""
+    def took(self, part: Chunk, rows: np.ndarray) -> None:
+        for s in (0, 1):
+            mine = part.id[part.stream == s]
+            if len(mine):
+                top = int(mine.max())
+                self._max_id[s] = top if self._max_id[s] is None else max(self._max_id[s], top)
+        self.row = int(rows[-1]) + 1
+
+    def list_passed(self, end: bool = False) -> None:
+        if end and self._end_row is not None:
+            self.row = self._end_row  # every row read is passed: the trailing rejections too
         keep = []
         for t in self._waiting:
-            passed = pc.less_equal(t["row"], self._row)  # 1-based rows: row <= position is passed
+            passed = pc.less_equal(t["row"], self.row)  # 1-based rows: row <= position is passed
             n = pc.sum(passed).as_py() or 0
             if self.listing is not None and n:
                 self.listing.add(t.filter(passed))
@@ -259,69 +259,141 @@ class RowOrder(StreamsSource):
         self._waiting = keep
 
     @property
-    def reasons(self) -> dict[str, int]:
-        """Rejected rows (pushed: rejected messages), by reason."""
-        if self.pushed is not None:
-            return dict(self.pushed.reasons)
+    def reasons(self) -> Mapping[str, int]:
         if self.listing is None:
             return {}
-        self._list()
-        return dict(self.listing.reasons)
-
-    @property
-    def refused(self) -> dict[str, int]:
-        """Pushed live: messages refused for want of the token, by kind."""
-        return self.pushed.refused if self.pushed is not None else {}
+        self.list_passed()
+        return self.listing.reasons
 
     def position(self) -> dict:
-        """The row after the last tuple taken (with the duplicate check's state there) and the listing's files
-        and rows, so a recovery starts reading there; pushed live: each producer's position."""
-        if self.pushed is not None:
-            return {**self.pushed.producers_position(), "accepted": self.accepted}
+        """The row after the last tuple taken, the duplicate check's state there and the listing's files and
+        rows (flushed)."""
         if self.listing is not None:
-            self._list()
+            self.list_passed()
             self.listing.flush()
         return {
-            "row": self._row,
-            "accepted": self.accepted,
+            "row": self.row,
             "max_id": list(self._max_id),
             "rejected_files": self.listing.files if self.listing else 0,
             "rejected_rows": self.listing.rows if self.listing else 0,
         }
 
-    def acknowledge(self, position: dict | None) -> None:
-        """A checkpoint at `position` is complete: producers are told what it holds of theirs."""
-        if self.pushed is not None:
-            self.pushed.acknowledge(position)
-
     def seek(self, where: dict) -> None:
-        """A recovery: read on from the checkpoint's row, its rejected rows listed up to it; pushed live, each
-        producer goes on from its position (the sockets stay bound; producers resend from there)."""
+        """Read on from the checkpoint's row, its rejected rows listed up to it."""
         self._close()
-        if self.pushed is not None:
-            self.pushed.seek(where)
-            self._ready, self._ready_rows, self._taken = empty(), np.empty(0, np.int64), 0
-            self.accepted, self._done = where["accepted"], [self.pushed.done] * 2
-            return
-        self._open_rows(where["row"], tuple(where["max_id"]))
-        self.accepted = where["accepted"]
+        self._open(where["row"], tuple(where["max_id"]))
         if self.listing is not None:
             self.listing.roll_back(where["rejected_files"], where["rejected_rows"])
 
+    def acknowledge(self, where: dict) -> None:
+        """Nothing to tell: a file is read again from a checkpoint's row."""
+
+    def _close(self) -> None:
+        self._stop.set()
+        self._reader.thread.join()
+
     def finish(self) -> dict:
         self._close()
-        if self.pushed is not None:
-            return self.pushed.finish()
         if self.listing is None:
             return {}
-        self._list()
+        self.list_passed()
         self.listing.flush()
         return {"rejected": self.listing.rows}
 
     @staticmethod
     def merge(finished: list[dict]) -> dict:
-        """Several dispatchers' `finish()` entries as one: pushed live, their producers' (each its own)."""
-        return Producers.merge(finished) if "zmq_ingest" in finished[0] else finished[0]
+        """Every dispatcher reads the whole file and the first lists its rejections: its entries are the run's."""
+        return finished[0]
+
+
+class RowOrder(StreamsSource):
+    """The single file's two streams (or the generator's, or the pushed single file's) in their one order, as its
+    `feed` (RowFeed) hands them on: no merge, one watermark over both; neither stream holds the other back
+    (`ended`: never)."""
+
+    in_rows = True
+
+    def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
+        super().__init__(cfg, listing, share)
+        kind = cfg["source"]["kind"]
+        self.specs = (
+            generator_streams(cfg["join"])
+            if kind == "generator"
+            else zmq_streams(cfg["source"], cfg["join"])
+            if kind == "zmq"
+            else file_streams(cfg["source"], cfg["join"])
+        )
+        self.feed: RowFeed = (
+            LiveTuples(cfg, named("zmq-rejected", *share)) if kind == "zmq" else ReadRows(cfg, self.specs["R"], listing)
+        )
+        self._ready, self._taken = empty(), 0  #: the batch being taken, and how much of it is
+        self._ready_rows = np.empty(0, np.int64)  #: the row of each of its tuples
+        self._done = False  #: the feed's end, as it said when it last had no batch
+
+    def _next(self, limit: int) -> Chunk | None:
+        """The next tuples in the feed's order; its position moves past the last one."""
+        parts, room = [], limit
+        while room > 0:
+            if self._taken >= len(self._ready.ts):
+                if self._done or not self._next_batch():
+                    break
+                continue
+            n = min(room, len(self._ready.ts) - self._taken)
+            part = rows(self._ready, self._taken, self._taken + n)
+            self.feed.took(part, self._ready_rows[self._taken : self._taken + n])
+            self._taken += n
+            parts.append(part)
+            room -= n
+        if not parts:
+            if not self._done:
+                return empty()  # pushed live: nothing has come yet
+            self.feed.list_passed(end=True)
+            return None
+        self.accepted += limit - room
+        self.feed.list_passed()
+        return concat(parts)
+
+    def _next_batch(self) -> bool:
+        """The feed's next checked batch to take from; False at its end (pushed live: or none yet)."""
+        item = self.feed.batch()
+        if item is None:
+            self._done = self.feed.done
+            return False
+        self._ready, self._ready_rows, self._taken = item.chunk, item.rows, 0
+        return True
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        """Rejected rows (pushed: rejected messages), by reason."""
+        return dict(self.feed.reasons)
+
+    @property
+    def refused(self) -> Mapping[str, int]:
+        """Pushed live: messages refused for want of the token, by kind."""
+        return self.feed.refused
+
+    def position(self) -> dict:
+        """The feed's position and the tuples taken, so a recovery goes on from there."""
+        return {**self.feed.position(), "accepted": self.accepted}
+
+    def acknowledge(self, position: dict | None) -> None:
+        """A checkpoint at `position` is complete: pushed live, producers are told what it holds of theirs."""
+        self.feed.acknowledge(position)
+
+    def seek(self, where: dict) -> None:
+        """A recovery: the feed goes back to the checkpoint's position (a file is read on from its row; pushed,
+        each producer goes on from its own, the sockets staying bound)."""
+        self.feed.seek(where)
+        self._ready, self._ready_rows, self._taken = empty(), np.empty(0, np.int64), 0
+        self.accepted, self._done = where["accepted"], self.feed.done
+
+    def finish(self) -> dict:
+        return self.feed.finish()
+
+    def merge(self, finished: list[dict]) -> dict:
+        """Several dispatchers' `finish()` entries as one, as the feed merges them (pushed live: their producers',
+        each its own)."""
+        return self.feed.merge(finished)
 
 
 class WatermarkMerge(StreamsSource):
@@ -387,20 +459,17 @@ class WatermarkMerge(StreamsSource):
             self.log.write_schema(side, inp.schema)
         self.mapper = KeyMapper(self.kinds, hashed=self.share[1] > 1)
         self._stop = threading.Event()
-        #: per side: a live stream (master.sources.live), or the queue its file reader fills
+        #: per side: a live stream (master.sources.live), or None and the reader of its files
         self._live = [
             open_live(self.cfg, side, inp, self.declared[inp.name], starts and starts[side], self.share, opened)
             if inp.name in self.declared
             else None
             for (side, inp), opened in zip(enumerate(inputs), self._live)
         ]
-        self._start_readers(
-            {
-                side: (inp.name, self._logged(self.log, side, inp))
-                for side, inp in enumerate(inputs)
-                if self._live[side] is None
-            }
-        )
+        self._readers = [
+            ReadAhead(inp.name, self._logged(self.log, side, inp), self._stop) if live is None else None
+            for (side, inp), live in zip(enumerate(inputs), self._live)
+        ]
         #: per side, read and not merged: (id, ts, key, the stream's watermark: running max - max_delay)
         self._pending: list[tuple | None] = [None, None]
         self._running = [eventtime.NEG_INF, eventtime.NEG_INF]  #: per side, the largest ts read
@@ -450,13 +519,20 @@ class WatermarkMerge(StreamsSource):
         live stream's that have arrived, if any."""
         live = self._live[side]
         if live is None:
-            self._take(side, self._queues[side].get())
+            self._take(side, self._readers[side].get())
             return
         for batch in live.batches():
             self.log.write(side, batch.rows, batch.ts, batch.columns)
             self._take(side, batch._replace(columns=None))
         if live.done:
             self._done[side] = True
+
+    def _close(self) -> None:
+        """The file readers stop (live streams stay open: a recovery goes on with their sockets)."""
+        self._stop.set()
+        for reader in self._readers:
+            if reader is not None:
+                reader.thread.join()
 
     def _idle(self, side: int) -> bool:
         """A live stream without a message for its idle_timeout (> 0): it no longer holds the other back."""
@@ -646,18 +722,17 @@ class WatermarkMerge(StreamsSource):
             out["keys"] = {"distinct": self.mapper.distinct, "bytes": self.mapper.nbytes}
         return out
 
-    @staticmethod
-    def merge(finished: list[dict]) -> dict:
+    def merge(self, finished: list[dict]) -> dict:
         """Several dispatchers' `finish()` entries (each its own Kafka partitions, its own producers) as one: counts
-        added, the per-partition positions together, peaks the largest; `keys.distinct` the most one dispatcher
-        coded."""
-        first = finished[0]
+        added, peaks the largest, each live stream's entries as its kind merges them; `keys.distinct` the most one
+        dispatcher coded."""
+        first, live = finished[0], dict(zip(self.specs, self._live))
         out = {
             **first,
             **{k: sum(f[k] for f in finished) for k in ("payload_log_bytes", "payload_log_removed_bytes", "rejected")},
             "payload_log_peak_bytes": max(f["payload_log_peak_bytes"] for f in finished),
             "live_streams": {
-                name: _merged([f["live_streams"][name] for f in finished]) for name in first["live_streams"]
+                name: live[name].merged([f["live_streams"][name] for f in finished]) for name in first["live_streams"]
             },
         }
         if "keys" in first:
@@ -677,20 +752,6 @@ def _drawn(generator: dict, start: int):
         rows_ = np.arange(start, start + len(chunk.ts), dtype=np.int64)
         yield SidedBatch(start, start + len(chunk.ts), chunk, rows_, None)
         start += len(chunk.ts)
-
-
-def _merged(streams: list[dict]) -> dict:
-    """One live stream's `live_streams` entries of several dispatchers as one (ZeroMQ: their producers')."""
-    if "partitions" not in streams[0]:
-        return Producers.merged_ingest(streams)
-    reasons: Counter = sum((Counter(s["rejected_by_reason"]) for s in streams), Counter())
-    return {
-        **streams[0],
-        **{k: sum(s[k] for s in streams) for k in ("partitions", "records", "rows", "partitions_paused")},
-        "held_peak_rows": max(s["held_peak_rows"] for s in streams),
-        "rejected_by_reason": dict(reasons),
-        "positions": {p: x for s in streams for p, x in s["positions"].items()},
-    }
 
 
 def _declared(name: str, spec: dict) -> pa.Schema:

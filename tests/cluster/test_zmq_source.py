@@ -54,7 +54,7 @@ def drain(src, limit=1000, timeout=10.0):
 def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(tmp_path):
     src = open_source(zmq_cfg(tmp_path))
     push = zmq.Context.instance().socket(zmq.PUSH)
-    push.connect(src.pushed.endpoint)
+    push.connect(src.feed.endpoint)
     rng = np.random.default_rng(3)
     sent_ids, next_id = [], 0
     bad = {
@@ -98,7 +98,7 @@ def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(
 
 def test_input_ends_after_every_producer_or_when_idle(tmp_path):
     src = open_source(zmq_cfg(tmp_path, "source.producers=2"))
-    producers = [Producer(src.pushed.endpoint, sender=k) for k in range(2)]
+    producers = [Producer(src.feed.endpoint, sender=k) for k in range(2)]
     for k, p in enumerate(producers):
         p.send(np.zeros(5), np.arange(5) + 10 * k, np.arange(5) * 1_000_000, np.zeros(5), np.zeros(5))
     producers[0].close()
@@ -124,22 +124,22 @@ def test_a_64_mib_frame_is_refused_unread_and_its_sender_disconnected(tmp_path):
     rogue = ctx.socket(zmq.PUSH)
     rogue.linger = 0
     monitor = rogue.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-    rogue.connect(src.pushed.endpoint)
+    rogue.connect(src.feed.endpoint)
     huge = np.zeros(64 << 20, dtype=np.uint8)  # calloc'ed zero pages: sending them costs this process nothing
     before = resident_bytes()
     rogue.send_multipart(wire.encode_end(0.0) + [huge], copy=False)
     events, deadline = [], time.monotonic() + 10
     while zmq.EVENT_DISCONNECTED not in events:
         assert time.monotonic() < deadline, f"the sender was never disconnected (events {events})"
-        assert src.next_chunk(10) is not None and src.pushed.messages == 0  # nothing of it reaches the source
+        assert src.next_chunk(10) is not None and src.feed.messages == 0  # nothing of it reaches the source
         if monitor.poll(10):
             events.append(recv_monitor_message(monitor)["event"])
     assert resident_bytes() - before < 32 << 20, resident_bytes() - before
-    good = Producer(src.pushed.endpoint)
+    good = Producer(src.feed.endpoint)
     good.send(np.zeros(5), np.arange(5), np.arange(5) * 1_000_000, np.zeros(5), np.zeros(5))
     good.close()
     assert [c.id.tolist() for c in drain(src)] == [[0, 1, 2, 3, 4]]
-    assert src.finish()["rejected"] == 0 and src.pushed.messages == 2  # the good message and its END
+    assert src.finish()["rejected"] == 0 and src.feed.messages == 2  # the good message and its END
     rogue.disable_monitor()
     monitor.close()
     rogue.close()
@@ -174,14 +174,14 @@ def test_curve_lets_in_only_producers_holding_an_allowed_key(tmp_path, keys):
     one = (np.zeros(1), np.arange(1), np.zeros(1, np.int64), np.zeros(1), np.zeros(1))
     server_pub = str(keys / "server" / "server.key")
     with pytest.raises(Blocked):  # no CURVE at all: the handshake never completes
-        Producer(src.pushed.endpoint, timeout=1.0).send(*one)
+        Producer(src.feed.endpoint, timeout=1.0).send(*one)
     with pytest.raises(Blocked):  # a well-formed key that is not in client_keys: ZAP refuses it
         Producer(
-            src.pushed.endpoint, server_key=server_pub, key=str(keys / "stranger" / "stranger.key_secret"), timeout=1.0
+            src.feed.endpoint, server_key=server_pub, key=str(keys / "stranger" / "stranger.key_secret"), timeout=1.0
         ).send(*one)
-    assert src.next_chunk(10) is not None and src.pushed.messages == 0
+    assert src.next_chunk(10) is not None and src.feed.messages == 0
     ok = Producer(
-        src.pushed.endpoint, server_key=server_pub, key=str(keys / "producer" / "producer.key_secret"), timeout=5
+        src.feed.endpoint, server_key=server_pub, key=str(keys / "producer" / "producer.key_secret"), timeout=5
     )
     ok.send(*one)
     ok.close()
@@ -306,7 +306,7 @@ def test_a_stranger_neither_feeds_nor_ends_the_input_and_a_resend_is_taken_once(
     a producer's resend of what the master has is dropped row-exactly; a gap in its position counts as lost."""
     src = open_source(zmq_cfg(tmp_path, 'source.token="s3cret"'))
     push = zmq.Context.instance().socket(zmq.PUSH)
-    push.connect(src.pushed.endpoint)
+    push.connect(src.feed.endpoint)
     cols = lambda a, b: (np.arange(a, b) % 2, np.arange(a, b), np.arange(a, b) * 1000, np.zeros(b - a), np.zeros(b - a))
     wrong = wire.origin("intruder", wire.token_digest("guess"))
     mine = lambda offset: wire.origin("feed", wire.token_digest("s3cret"), offset=offset)
@@ -343,7 +343,7 @@ def test_a_producer_resends_what_no_checkpoint_holds_to_a_restarted_master(tmp_p
         "checkpoint.interval=1",
     )
     src = open_source(cfg("one"))
-    prod = Producer(src.pushed.endpoint, name="feed", ack_endpoint=f"tcp://127.0.0.1:{ports[1]}", keep=40, timeout=20)
+    prod = Producer(src.feed.endpoint, name="feed", ack_endpoint=f"tcp://127.0.0.1:{ports[1]}", keep=40, timeout=20)
     sent = {}
 
     def send():
@@ -362,9 +362,9 @@ def test_a_producer_resends_what_no_checkpoint_holds_to_a_restarted_master(tmp_p
     src.acknowledge(held)
     while sum(map(len, got)) < 1500 and time.monotonic() < deadline:
         got.append(src.next_chunk(70).id)
-    src.pushed.sock.close()  # SIGKILL: nothing more is taken, nothing is said
-    src.pushed.acks.close()
-    src.pushed.acks.context.term()
+    src.feed.sock.close()  # SIGKILL: nothing more is taken, nothing is said
+    src.feed.acks.close()
+    src.feed.acks.context.term()
     got = [np.concatenate(got)[: held["taken"]["feed".encode().hex()]]]
     for _ in range(50):  # a closed socket's port is free once ZeroMQ's I/O thread has let it go
         try:
