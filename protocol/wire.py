@@ -178,6 +178,7 @@ class Message(NamedTuple):
     rows: np.ndarray | None  # a read-only view into the record frame (None for END / PUNCT / BATCH / TABLE)
     origin: np.void | None = None  # a producer's ORIGIN record (None: anonymous)
     arrow: memoryview | None = None  # BATCH, TABLE: the record batch's IPC stream bytes (TABLE of no rows: empty)
+    count: int = 0  # the rows the header announced (a BATCH's are known only once decoded)
 
 
 class Rejection(NamedTuple):
@@ -349,7 +350,7 @@ def decode(frames: list, accept: tuple[Frame, ...], max_rows: int) -> Message | 
             return Rejection("origin", f"origin frame has {memoryview(frames[1]).nbytes} bytes")
         source = np.frombuffer(frames[1], dtype=ORIGIN)[0]
         frames = [frames[0], *frames[2:]]
-    got = _body(frames, kind, count, max_rows, Message(kind, *fields, None, source))
+    got = _body(frames, kind, count, max_rows, Message(kind, *fields, None, source, count=count))
     return got._replace(origin=source, count=count) if isinstance(got, Rejection) and source is not None else got
 
 

@@ -174,7 +174,7 @@ class Producers:
                         flush=True,
                     )
                 self.refused[kind] += 1
-                self.refused_tuples += len(msg.rows) if getattr(msg, "rows", None) is not None else 0
+                self.refused_tuples += msg.count  # a Rejection's too: what the header announced
                 return False
         if o is not None and int(o["run"]) not in (0, self.run):
             self.stale += 1  # addressed to a crashed run: its producer resends it to this one

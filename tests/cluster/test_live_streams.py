@@ -172,6 +172,30 @@ def test_live_batches_are_checked_merged_and_logged_and_bad_messages_rejected_wh
     assert cols.schema.field("b_price").type == pa.decimal128(10, 2)
 
 
+def test_batches_without_the_token_are_refused_and_their_rows_counted(tmp_path):
+    """source.token on live streams: a producer without it (or with another) neither feeds nor ends a stream; its
+    BATCHes are refused before they are decoded, counted as messages and as the rows their headers announce."""
+    ports = {"views": free_port(), "buys": free_port()}
+    src = open_source(live_cfg(tmp_path, ports, **{"source.token": "s3cret"}))
+    ep = {n: f"tcp://127.0.0.1:{p}" for n, p in ports.items()}
+    t0 = 1_795_000_000_000
+    views = pa.table({"vid": [1, 2], "user": ["a", "b"], "page": ["/", "/x"], "at": [t0, t0 + 10]})
+    views = views.set_column(3, "at", pa.array([t0, t0 + 10], pa.timestamp("ms", "UTC")))
+    for token in ("", "guess"):
+        stranger = Producer(ep["views"], name="x", timeout=10, token=token)
+        stranger.send_table(views)
+        stranger.send_table(pa.concat_tables([views, views]))
+        stranger.close()
+    mine = {n: Producer(ep[n], name=n, timeout=10, token="s3cret") for n in ports}
+    mine["views"].send_table(views)
+    for prod in mine.values():
+        prod.close()
+    got = drain(src)
+    live = src.finish()["live_streams"]["views"]
+    assert np.concatenate([c.id for c in got]).tolist() == [0, 1]
+    assert live["refused_messages"]["tuples"] == 4 and live["refused_tuples"] == 2 * (2 + 4)
+
+
 def test_dispatcher_1_binds_each_live_stream_at_its_port_plus_1_and_numbers_its_own_rows(tmp_path):
     """Dispatcher 1 of 2 takes what its own producers send to each stream's port + 1: its stream rows start at
     its own block of the payload log, and its rejected messages are listed in files of its own."""
