@@ -840,10 +840,10 @@ class Producers:
     def __init__(self, d: Draw, tmp: Path, ports: dict[str, int], bed: TestBed | None):
         self.procs: list[subprocess.Popen] = []
         self.resent = 0
-        live = d.input == "live-streams"
+        streams = d.input == "live-streams"
         for name, i in itertools.product(live_inputs(d), range(d.dispatchers)):
-            argv = [sys.executable, "-m", "control.produce", *(["--stream"] if live else [])]
-            argv += [str(tmp / f"{name if live else 'input'}-{i}.{d.format}"), "--name", f"{name}-{i}"]
+            argv = [sys.executable, "-m", "control.produce", *(["--stream"] if streams else [])]
+            argv += [str(tmp / f"{name if streams else 'input'}-{i}.{d.format}"), "--name", f"{name}-{i}"]
             argv += ["--endpoint", f"tcp://127.0.0.1:{ports[name] + i}", "--batch", str(PRODUCER_BATCH)]
             argv += [
                 "--timeout",
@@ -946,7 +946,7 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240, spark=None) -> Outcome:
             sub.finish(wait=10.0 if run is not None and run.returncode == 0 else 0.0)
         if feeds is not None:  # each ends once the run confirmed its END, unless the run failed: then stopped
             out.error += feeds.finish(wait=60.0 if run is not None and run.returncode == 0 else 0.0)
-            out.resent = feeds.resent if d.crash else None
+            out.resent = feeds.resent if d.crash and live(d) else None
         topics.close()
         if bed is not None:
             bed.__exit__()
