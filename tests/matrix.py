@@ -42,6 +42,21 @@ checks read them through `table_records`.
 key's records in one partition, in arrival order) on a broker of the dispatchers' host (deploy.broker: on one
 host the process's own, on three hosts one started in the first host's namespace, reached there), read bounded;
 the reference judges lateness within each partition of each stream, as the per-partition watermarks do.
+
+Live input is pushed over ZeroMQ by `python -m control.produce` processes started beside the cluster, on the
+dispatchers' host, before it (`Producers`): `input = "zmq"` the single file's tuples to `source.endpoint`
+(`source.kind = "zmq"`), `input = "live-streams"` each declared stream's rows as Arrow batches to
+`streams.NAME.endpoint` (its `schema` declared: integer times in the draw's unit, text keys for an equi-join).
+Dispatcher i binds each endpoint's port + i, and its own producer (one per stream) pushes its share: rows i,
+i + k, ... of the single file, or of each stream (`shares`), as fast as the master takes them (it paces).  With a
+crash the checkpoints publish acknowledgements (`ack_endpoint`, port + i) and each producer keeps what no complete
+checkpoint holds and resends it to the restarted cluster; the crash fires on an event of the run
+(`live_fault`), not at a moment, so that it comes after a complete checkpoint and there is something to resend
+(a cut host is cut at the first complete checkpoint as with any input).  The reference judges lateness as live
+input defines it (docs/input.md): in the order each dispatcher received its share, over both streams for the
+single file (as the file's every k-th tuple), within each stream for live streams (idle_timeout 0: a quiet stream
+keeps holding the other back, so which tuples are late does not depend on timing).  Replay is not drawn with
+live input (control.replay reads files).
 """
 
 from __future__ import annotations
@@ -75,6 +90,7 @@ from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCH
 from protocol.predicates import JOIN_TYPES
 from deploy.broker import local_broker
 from deploy.testbed import TestBed
+from deploy.launch import mpi_env
 from tests.runs import ENDED_IDLE, BedJob, Run, free_port, run_cluster, toml_value
 from tests.reference import encode_pairs, late_flags, micros, reference_outer, reference_pairs, reference_theta_pairs
 
@@ -92,7 +108,7 @@ FEATURES: dict[str, tuple] = {
     "bounds": ("window", "asymmetric", "one_sided", "negative"),
     "format": ("csv", "parquet"),
     "join_type": JOIN_TYPES,
-    "input": ("file", "streams", "kafka"),
+    "input": ("file", "streams", "kafka", "zmq", "live-streams"),
     "output": ("files", "stream", "ordered"),
     "hosts": (1, 3),
     "aggregate": (False, True),
@@ -107,6 +123,7 @@ SOMETIMES = {"aggregate": 0.2, "replay": 0.2}
 #: outer joins) and covered pairwise by `make soak` and `--where join_type=...`: its pairs would double CI's draws
 PAIRED = tuple(f for f in FEATURES if f != "join_type" and f not in SOMETIMES)
 UNITS = {"ms": 1_000, "us": 1_000_000}
+PRODUCER_BATCH = 200  #: rows per message of live input's producers
 EPOCH = 0.1  #: epochs.distribution of every draw (seconds); a wide window is larger than it, a narrow one smaller
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "4", "--"]
 
@@ -148,9 +165,19 @@ def draw(seed: int) -> Draw:
     rng = np.random.default_rng([seed, 19])
     uniform = {f: values[int(rng.integers(len(values)))] for f, values in FEATURES.items() if f not in SOMETIMES}
     sometimes = {f: bool(rng.random() < chance) for f, chance in SOMETIMES.items()}
-    # not drawn where not built: control.replay reads files, not topics, and launches on this host
-    sometimes["replay"] &= uniform["input"] != "kafka" and uniform["hosts"] == 1
+    # not drawn where not built: control.replay reads files, not topics or producers, and launches on this host
+    sometimes["replay"] &= uniform["input"] in ("file", "streams") and uniform["hosts"] == 1
     return Draw(seed=seed, **uniform, **sometimes)
+
+
+def live(d: Draw) -> bool:
+    """The input is pushed by producers beside the cluster (ZeroMQ): the single file's tuples or declared streams."""
+    return d.input in ("zmq", "live-streams")
+
+
+def single_file(d: Draw) -> bool:
+    """The input is the single file's columns (stream, id, ts, key, value): read from the file or pushed live."""
+    return d.input in ("file", "zmq")
 
 
 def window_units(d: Draw) -> int:
@@ -255,20 +282,35 @@ def fill_topics(d: Draw, data: dict[str, np.ndarray], bootstrap: str, tag: str) 
     return topics
 
 
+def write_table(table: pa.Table, path: Path) -> None:
+    """`table` as CSV or Parquet, by the path's suffix (text times as the text the user wrote)."""
+    if path.suffix == ".csv":
+        pacsv.write_csv(table, path)
+    else:
+        pq.write_table(table, path, row_group_size=2000)
+
+
+def shares(table: pa.Table, k: int) -> list[pa.Table]:
+    """Rows i, i + k, i + 2k, ... of `table` for each i < k: what dispatcher i's producer pushes."""
+    return [table.take(np.arange(i, table.num_rows, k)) for i in range(k)]
+
+
 def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
     """The draw's input: one file of both streams, or (input = "streams") a folder of files per stream with the user's
     own column names, text keys for an equi-join, times as decimal text (CSV) or integers in the draw's unit,
-    and a text payload column; returns the file, or the folder holding the two."""
-    if d.input == "streams":
+    and a text payload column; returns the file, or the folder holding the two.  Live input writes what its
+    producers push, one file per dispatcher i (its share: `shares`) into the folder: `input-<i>` the single
+    file's rows (input = "zmq"), `<stream>-<i>` a stream's (input = "live-streams")."""
+    if d.input in ("streams", "live-streams"):
         for side, name in enumerate(STREAMS):
             table = declared_columns(d, data, side)
+            if d.input == "live-streams":
+                for i, share in enumerate(shares(table, d.dispatchers)):
+                    write_table(share, directory / f"{name}-{i}.{d.format}")
+                continue
             (directory / name).mkdir()
             for i in range(0, len(table), PART_ROWS):  # each file is a segment of the payload log, removed as it goes
-                part = directory / name / f"part-{i // PART_ROWS:04d}.{d.format}"
-                if d.format == "csv":
-                    pacsv.write_csv(table.slice(i, PART_ROWS), part)
-                else:
-                    pq.write_table(table.slice(i, PART_ROWS), part)
+                write_table(table.slice(i, PART_ROWS), directory / name / f"part-{i // PART_ROWS:04d}.{d.format}")
         return directory
     text = seconds_text(data["ts"], d.unit)
     table = pa.table(
@@ -280,51 +322,71 @@ def write_input(d: Draw, data: dict[str, np.ndarray], directory: Path) -> Path:
             "value": data["key"].astype(np.float64),
         }
     )
+    if d.input == "zmq":
+        for i, share in enumerate(shares(table, d.dispatchers)):
+            write_table(share, directory / f"input-{i}.{d.format}")
+        return directory
     path = directory / f"input.{d.format}"
-    if d.format == "csv":  # the times as the text the user wrote, not a float's shortest repr
-        pacsv.write_csv(table, path)
-    else:
-        pq.write_table(table, path, row_group_size=2000)
+    write_table(table, path)
     return path
 
 
+def live_inputs(d: Draw) -> tuple[str, ...]:
+    """The input sockets live input binds: "source" (the single file's tuples), or each stream's; none else."""
+    return {"zmq": ("source",), "live-streams": STREAMS}.get(d.input, ())
+
+
+def endpoints(d: Draw, base: int) -> dict[str, int]:
+    """The draw's ZeroMQ ports from `base`, each with room for the dispatchers (dispatcher i binds port + i): the
+    result stream's ("results"), and with live input each input socket's ("source" or the streams') and, with
+    checkpoints (crash), its acknowledgements' ("<input>-ack")."""
+    names = ("results", *live_inputs(d), *(f"{name}-ack" for name in live_inputs(d) if d.crash))
+    return {name: base + j * d.dispatchers for j, name in enumerate(names)}
+
+
+def declared(d: Draw, name: str, path: Path, at: dict[str, str], topics: dict[str, str] | None, broker: str) -> dict:
+    """The keys of declared stream `name` (settings): its files in `path`, its topic, or its live endpoint (and
+    acknowledgements' with checkpoints; a stream quiet for a while never stops holding the other back:
+    idle_timeout 0)."""
+    schema = {
+        "event_id": "int64",
+        "sym": "string" if d.predicate == "equal" else "int64",
+        "at": "int64",
+        "note": "string",
+    }
+    if d.input == "streams":
+        own = {"path": str(path / name), "time_unit": "s" if d.format == "csv" else d.unit}
+    elif d.input == "kafka":
+        topic = (topics or {}).get(name, name)
+        own = {"kafka": {"bootstrap": broker or "127.0.0.1:1", "topic": topic, "bounded": True}, "schema": schema}
+    else:
+        own = {"endpoint": at[name], "schema": schema} | ({"ack_endpoint": at[f"{name}-ack"]} if d.crash else {})
+    return {"key": "sym", "time": "at", "id": "event_id", "time_unit": d.unit, **own}
+
+
 def settings(
-    d: Draw, path: Path, n: int = 9000, results_port: int = 5556, topics: dict[str, str] | None = None, broker=""
+    d: Draw,
+    path: Path,
+    n: int = 9000,
+    ports: dict[str, int] | None = None,
+    topics: dict[str, str] | None = None,
+    broker="",
 ) -> dict:
     """The draw's configuration ('section.key': value) for `n` tuples in `path` (input = "kafka": in `topics` on
-    `broker`), paced over 3 s; with the stream dispatcher i publishes on `results_port` + i."""
+    `broker`), paced over 3 s; `ports` the draw's `endpoints` (None: from 5600, for the config's checks)."""
     unit = UNITS[d.unit]
-    if d.input == "streams":
-        source = {
-            f"streams.{name}.{k}": v
-            for name in STREAMS
-            for k, v in (
-                ("path", str(path / name)),
-                ("key", "sym"),
-                ("time", "at"),
-                ("id", "event_id"),
-                ("time_unit", "s" if d.format == "csv" else d.unit),
-            )
-        }
-    elif d.input == "kafka":
-        key = "string" if d.predicate == "equal" else "int64"
-        source = {
-            f"streams.{name}.{k}": v
-            for name in STREAMS
-            for k, v in (
-                (
-                    "kafka",
-                    {"bootstrap": broker or "127.0.0.1:1", "topic": (topics or {}).get(name, name), "bounded": True},
-                ),
-                ("schema", {"event_id": "int64", "sym": key, "at": "int64", "note": "string"}),
-                ("key", "sym"),
-                ("time", "at"),
-                ("id", "event_id"),
-                ("time_unit", d.unit),
-            )
-        }
-    else:
+    ports = ports or endpoints(d, 5600)
+    at = {name: f"tcp://127.0.0.1:{port}" for name, port in ports.items()}
+    if d.input == "file":
         source = {"source.kind": "file", "source.path": str(path)}
+    elif d.input == "zmq":  # ends with the producers' ENDs; the idle timeout only ends a run whose producer died
+        source = {"source.kind": "zmq", "source.endpoint": at["source"], "source.idle_timeout": 60.0}
+        if d.crash:
+            source["source.ack_endpoint"] = at["source-ack"]
+    else:
+        source = {
+            f"streams.{name}.{k}": v for name in STREAMS for k, v in declared(d, name, path, at, topics, broker).items()
+        }
     lower, upper = bounds_units(d)
     time_bounds = (
         {"join.window": upper / unit}
@@ -373,7 +435,7 @@ def settings(
     if d.output != "files":  # a bound far above the whole stream: a subscriber that reads is never dropped
         s.update(
             {
-                "output.zmq_endpoint": f"tcp://127.0.0.1:{results_port}",
+                "output.zmq_endpoint": at["results"],
                 "output.ordered": d.output == "ordered",
                 "output.wait_subscribers": 1,
                 "output.subscriber_buffer_bytes": 64 << 20,
@@ -385,7 +447,7 @@ def settings(
 def result_names(d: Draw) -> tuple[tuple[str, str, str, str], ...]:
     """R's and S's id, key, time and measured columns as results name them: the declared streams' own (the id
     measured), or the single file's r_id ... s_value."""
-    if d.input == "file":
+    if single_file(d):
         return tuple((f"{p}_id", f"{p}_key", f"{p}_ts", f"{p}_value") for p in "rs")
     return tuple((f"{n}_event_id", f"{n}_sym", f"{n}_at", f"{n}_event_id") for n in STREAMS)
 
@@ -408,7 +470,7 @@ def aggregate_settings(d: Draw) -> dict:
         "aggregate.measures": measures,
         "aggregate.flush_interval": 0.2,
     }
-    if d.input == "file" and window and d.join_type not in ("semi", "anti"):
+    if single_file(d) and window and d.join_type not in ("semi", "anti"):
         out["aggregate.time"] = ["", s_time][int(rng.integers(2))]
     return out
 
@@ -432,7 +494,8 @@ def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[tuple[np.ndarray, n
     """((encoded pairs, ids of R rows alone, ids of S rows alone) as the draw's join type emits them
     (tests.reference.reference_outer), encoded late ids) of the whole input, in integer microseconds
     (tests/reference.py).  With k dispatchers dispatcher i takes every k-th tuple from the i-th on
-    (master.sources.ShardedSource) and judges lateness on its own share."""
+    (master.sources.ShardedSource; live input: its producers push it those) and judges lateness on its own share:
+    the single file's over both streams, live streams' within each stream of the share."""
     unit, k = UNITS[d.unit], d.dispatchers
     ts = data["ts"] * (1_000_000 // unit)  # microseconds, exactly
     w, md = tuple(b / unit for b in bounds_units(d)), max_delay_units(d) / unit  # seconds, as the config gives them
@@ -453,6 +516,11 @@ def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[tuple[np.ndarray, n
             for side in (0, 1):
                 mine = share[data["stream"][share] == side]
                 late[mine] = late_flags(ts[mine], md)
+    elif d.input == "live-streams":  # dispatcher i's producers push rows i, i + k, ... of each stream (shares)
+        for side in (0, 1):
+            mine = np.flatnonzero(data["stream"] == side)
+            for i in range(k):
+                late[mine[i::k]] = late_flags(ts[mine[i::k]], md)
     else:
         for i in range(k):
             late[i::k] = late_flags(ts[i::k], md)
@@ -479,6 +547,7 @@ class Outcome:
     killed: str = ""
     seconds: float = 0.0
     streamed: int | None = None  #: records the subscriber received (a draw with the result stream)
+    resent: int | None = None  #: tuples live input's producers sent again to a restarted cluster (with checkpoints)
 
     @property
     def ok(self) -> bool:
@@ -498,7 +567,11 @@ class Outcome:
             )
         )
         streamed = "" if self.streamed is None else f", {self.streamed} streamed"
-        return f"{head} | {self.expected} rows{streamed}, killed {self.killed or '-'}, {self.seconds:.1f}s: {verdict}"
+        resent = "" if self.resent is None else f", {self.resent} resent"
+        return (
+            f"{head} | {self.expected} rows{streamed}, killed {self.killed or '-'}{resent}, {self.seconds:.1f}s: "
+            f"{verdict}"
+        )
 
 
 class Subscriber(threading.Thread):
@@ -630,7 +703,7 @@ def stream_faults(
     bad = [m for m in sub.messages if isinstance(m, wire.Rejection) or not 0 <= m.sender < d.dispatchers]
     if bad:
         faults.append(f"{len(bad)} messages not of the stream, e.g. {bad[0]}")
-    kind = wire.Frame.TABLE if d.input != "file" else wire.Frame.RESULTS if d.join_type == "inner" else wire.Frame.ROWS
+    kind = wire.Frame.TABLE if not single_file(d) else wire.Frame.RESULTS if d.join_type == "inner" else wire.Frame.ROWS
     received = []
     for sender in range(d.dispatchers):
         mine = [m for m in sub.messages if not isinstance(m, wire.Rejection) and m.sender == sender]
@@ -704,6 +777,16 @@ def stream_time_faults(
     return [f"{n} records whose {what}" for what, n in wrong.items() if n]
 
 
+def live_fault(d: Draw, rng: np.random.Generator, marker: Path) -> str:
+    """Live input's crash, on an event of the run (STREAMJOIN_FAULT, protocol.faults) so that it comes after a
+    complete checkpoint and the producers have something to resend (a moment's SIGKILL on a loaded machine mostly
+    comes before the first): a random rank, a dispatcher (the master too) as it begins its 2nd to 4th checkpoint,
+    a slave at its 1st to 3rd batch once it has written its part of a second."""
+    victim, n = int(rng.integers(d.ranks)), int(rng.integers(1, 4))
+    point = f"checkpoint:{n + 1}" if victim < d.dispatchers else f"batch-after-checkpoint:{n}"
+    return f"{victim}:{point}:{marker}"
+
+
 def kill_a_rank(tag: str, ranks: int, rng: np.random.Generator, victims: list[str]) -> threading.Thread:
     """SIGKILL one random rank (the master too) of the run whose command line holds `tag`, 0.5-2 s after that
     rank started, like a failed host."""
@@ -747,6 +830,56 @@ def host_slots(d: Draw) -> list[int]:
     return per
 
 
+class Producers:
+    """Live input's producers (python -m control.produce), one per dispatcher (of each stream), started beside the
+    cluster on the dispatchers' host before it: dispatcher i's pushes its share (write_input) to the input's port
+    + i, in messages of PRODUCER_BATCH rows, as fast as the master takes them (it paces); with checkpoints (a
+    crash) each keeps what no complete checkpoint holds (--ack-endpoint, port + i) and resends it to the
+    restarted cluster.  A producer the master neither takes from nor acknowledges for 120 s gives up."""
+
+    def __init__(self, d: Draw, tmp: Path, ports: dict[str, int], bed: TestBed | None):
+        self.procs: list[subprocess.Popen] = []
+        self.resent = 0
+        streams = d.input == "live-streams"
+        for name, i in itertools.product(live_inputs(d), range(d.dispatchers)):
+            argv = [sys.executable, "-m", "control.produce", *(["--stream"] if streams else [])]
+            argv += [str(tmp / f"{name if streams else 'input'}-{i}.{d.format}"), "--name", f"{name}-{i}"]
+            argv += ["--endpoint", f"tcp://127.0.0.1:{ports[name] + i}", "--batch", str(PRODUCER_BATCH)]
+            argv += [
+                "--timeout",
+                "120",
+                *(["--ack-endpoint", f"tcp://127.0.0.1:{ports[f'{name}-ack'] + i}"] if d.crash else []),
+            ]
+            self.procs.append(
+                subprocess.Popen(
+                    bed.on(0, *argv) if bed else argv,
+                    env=mpi_env(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+
+    def finish(self, wait: float) -> str:
+        """What went wrong with the producers ("" when nothing) once each has ended within `wait` s (0: the run
+        failed: they are stopped, unheard); their tuples resent after a restart add up in `resent`."""
+        faults = []
+        for p in self.procs:
+            name = p.args[p.args.index("--name") + 1]
+            try:
+                stdout, stderr = p.communicate(timeout=wait)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+                faults += [f" producer {name} still running {wait:g}s after the run"] if wait else []
+                continue
+            if p.returncode == 0:
+                self.resent += json.loads(stdout.strip().splitlines()[-1]).get("tuples_resent", 0)
+            elif wait:
+                faults.append(f" producer {name}: exit {p.returncode}: {stderr.strip()[-300:]}")
+        return "".join(faults)
+
+
 def run_on_hosts(
     bed: TestBed, d: Draw, tmp: Path, cfg: dict, env, cut: bool, victims: list[str], timeout: float
 ) -> Run:
@@ -777,16 +910,20 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240, spark=None) -> Outcome:
     path = write_input(d, data, tmp)
     expected, expected_late = reference(d, data)
     out.expected = sum(map(len, expected))
-    env = {"STREAMJOIN_STRAGGLER": f"{d.dispatchers}:0.05"} if d.moves else None  # the first slave lags
+    env = {"STREAMJOIN_STRAGGLER": f"{d.dispatchers}:0.05"} if d.moves else {}  # the first slave lags
     victims: list[str] = []
     cut = cuts_a_host(d)
-    killer = (
-        kill_a_rank(str(tmp), d.ranks, np.random.default_rng([d.seed, 3]), victims) if d.crash and not cut else None
-    )
-    port = free_port(d.dispatchers) if d.output != "files" else 0
-    run = None
+    rng = np.random.default_rng([d.seed, 3])
+    killer = kill_a_rank(str(tmp), d.ranks, rng, victims) if d.crash and not cut and not live(d) else None
+    fault = live_fault(d, rng, tmp / "fault-fired") if d.crash and not cut and live(d) else ""
+    if fault:
+        env["STREAMJOIN_FAULT"] = fault
+    ports = endpoints(d, free_port(d.dispatchers * len(endpoints(d, 0))))
+    run = feeds = None
     bed = TestBed(3).__enter__() if d.hosts > 1 else None
-    sub = Subscriber(port, d.dispatchers, bed and bed.ns(0)) if port else None  # before the cluster
+    sub = (
+        Subscriber(ports["results"], d.dispatchers, bed and bed.ns(0)) if d.output != "files" else None
+    )  # before the cluster
     topics = ExitStack()
     try:
         kafka = {}
@@ -795,7 +932,8 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240, spark=None) -> Outcome:
             if bed is not None:
                 broker = topics.enter_context(local_broker(tmp / "broker", bed.on(0), within))
             kafka = {"broker": broker, "topics": within(lambda: fill_topics(d, data, broker, f"m{d.seed}-{tmp.name}"))}
-        cfg = settings(d, path, len(data["ts"]), port, **kafka)
+        cfg = settings(d, path, len(data["ts"]), ports, **kafka)
+        feeds = Producers(d, tmp, ports, bed)
         if bed is None:
             run = run_cluster(tmp, d.ranks, cfg, timeout=timeout, env=env, wrapper=SUPERVISE if d.crash else ())
         else:
@@ -806,19 +944,24 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240, spark=None) -> Outcome:
     finally:
         if sub is not None:  # the master sent END before it exited, unless it failed
             sub.finish(wait=10.0 if run is not None and run.returncode == 0 else 0.0)
+        if feeds is not None:  # each ends once the run confirmed its END, unless the run failed: then stopped
+            out.error += feeds.finish(wait=60.0 if run is not None and run.returncode == 0 else 0.0)
+            out.resent = feeds.resent if d.crash and live(d) else None
         topics.close()
         if bed is not None:
             bed.__exit__()
     (tmp / "stderr.log").write_text(run.stderr)  # the evidence of a failed draw, kept with its folder
     if killer is not None:
         killer.join()
+    if fault and (tmp / "fault-fired").exists():
+        victims.append(f"rank {fault.split(':')[0]} at {' '.join(fault.split(':')[1:3])}")
     out.killed = ", ".join(victims)
     out.seconds = time.time() - started
     if run.returncode != 0:
         out.error = f"exit {run.returncode}: {run.stderr[-2000:]}"
         return out
     compare(d, run, expected, expected_late, out)
-    if d.input != "file":
+    if not single_file(d):
         out.error += payload_mismatch(run.out)
     if sub is not None:
         out.error += stream_faults(d, sub, expected, data)
@@ -834,12 +977,12 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240, spark=None) -> Outcome:
 def compare(d: Draw, run: Run, expected: tuple, expected_late: np.ndarray, out: "Outcome") -> None:
     """Add to `out` the pairs and rows alone of `run` missing, extra and twice against `expected`, and the late
     tuples it got wrong."""
-    ids = tuple(f"{name}_event_id" for name in STREAMS) if d.input != "file" else ("r_id", "s_id")
+    ids = ("r_id", "s_id") if single_file(d) else tuple(f"{name}_event_id" for name in STREAMS)
     for got, want in zip((run.pairs(ids), run.alone("r", ids), run.alone("s", ids)), expected):  # pairs, rows alone
         out.twice += len(got) - len(np.unique(got))
         out.missing += len(np.setdiff1d(want, got))
         out.extra += len(np.setdiff1d(got, want))
-    late = run.late_ids(ids, STREAMS) if d.input != "file" else run.late_ids()
+    late = run.late_ids() if single_file(d) else run.late_ids(ids, STREAMS)
     out.late_wrong += len(np.setxor1d(late, expected_late))
 
 
@@ -873,7 +1016,7 @@ def reference_rows(d: Draw, expected: tuple, data: dict[str, np.ndarray]) -> pa.
         at[data["id"][mine]], key[data["id"][mine]] = data["ts"][mine] * scale, data["key"][mine]
         there = wanted >= 0
         ids = np.where(there, wanted, 0)
-        sym = np.char.add("k", key[ids].astype(str)) if d.predicate == "equal" and d.input != "file" else key[ids]
+        sym = np.char.add("k", key[ids].astype(str)) if d.predicate == "equal" and not single_file(d) else key[ids]
         columns[id_] = pa.array(ids, mask=~there)
         columns[key_] = pa.array(sym, mask=~there)
         columns[time_] = pa.array(at[ids], mask=~there).cast(pa.timestamp("us", "UTC"))
@@ -968,7 +1111,13 @@ def cuts_a_host(d: Draw) -> bool:
 def cost(d: Draw) -> float:
     """About the seconds a draw takes on a 2-core machine: a run, more on namespace hosts, much more when a host
     is cut off (the heartbeat timeout, the end of the job, the supervisor's probe and a restart)."""
-    return 6.0 + 0.3 * d.slaves + 2.0 * (d.hosts > 1) + (8.0 if cuts_a_host(d) else 1.5 if d.crash else 0.0)
+    return (
+        6.0
+        + 0.3 * d.slaves
+        + 2.0 * (d.hosts > 1)
+        + (8.0 if cuts_a_host(d) else 1.5 if d.crash else 0.0)
+        + 1.0 * live(d)  # the producers' start beside the cluster
+    )
 
 
 def covering_seeds(count_limit: int = 40, search: int = 2000) -> list[int]:

@@ -130,7 +130,7 @@ def aggregated(sql: str, cfg: dict) -> pa.Table:
         f"{t} - ((({t} % {spec.slide}) + {spec.slide}) % {spec.slide}) AS latest FROM ({sql})), range({n}) AS ks(k) "
         f"WHERE latest - k * {spec.slide} > t - {spec.window} OR (t IS NULL AND k = 0)"  # no time: one null window
     )
-    q = f"SELECT {', '.join(groups)}, window_start, {', '.join(measures)} FROM ({windowed}) GROUP BY ALL"
+    q = f"SELECT {', '.join([*groups, 'window_start', *measures])} FROM ({windowed}) GROUP BY ALL"
     return duckdb.sql(q).arrow().read_all()
 
 

@@ -1,6 +1,7 @@
 """The randomized differential matrix in CI: a fixed set of draws (tests.matrix.covering_seeds) that covers
 every pair of feature values the configuration accepts, each run on the real cluster and compared with the
-independent reference join over its whole input.  `make soak` runs random draws for as long as it is given."""
+independent reference join over its whole input (file, declared streams, Kafka topics, and live ZeroMQ input
+pushed by producers that resend after a crash).  `make soak` runs random draws for as long as it is given."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def test_the_seeds_cover_every_pair_of_feature_values_the_engine_accepts():
     covered = set().union(*(pairs(s) for s in SEEDS))
     assert accepted - covered == set()
     assert all(refusal(draw(s)) is None for s in SEEDS)
+    chosen = [draw(s) for s in SEEDS]  # among the pairs: live input pushed by producers beside the cluster
+    assert any(d.input == "zmq" and d.crash for d in chosen)
+    assert any(d.input == "live-streams" and d.dispatchers == 2 for d in chosen)
+    assert any(d.input == "live-streams" and (d.hotkeys or d.predicate == "band") for d in chosen)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
