@@ -220,6 +220,7 @@ def payload_faults(spark, cfg: dict, files: list[Path]):
             ),
         )
         pairs = mine.join(given, f"{side}_id", "left")
+        checks = []  # every column's comparison in one pass over the join, not a join per column
         for c in carried:
             got = stream_micros(pairs, f"_got_{c}", spec["time_unit"]) if c == spec["time"] else F.col(f"_got_{c}")
             want = (
@@ -227,18 +228,16 @@ def payload_faults(spark, cfg: dict, files: list[Path]):
                 if c == spec["time"]
                 else F.col(f"_want_{c}").cast(found.schema[f"{spec['prefix']}{c}"].dataType)
             )
-            bad = pairs.where(~got.eqNullSafe(want)).select(
-                "r_id",
-                "s_id",
-                "r_ts",
-                "s_ts",
-                "kind",
-                F.lit("payload").alias("problem"),
-                F.concat(
-                    F.lit(f"{name}.{c} is "), got.cast("string"), F.lit(" where its row has "), want.cast("string")
-                ).alias("reason"),
+            reason = F.concat(
+                F.lit(f"{name}.{c} is "), got.cast("string"), F.lit(" where its row has "), want.cast("string")
             )
-            faults = bad if faults is None else faults.unionByName(bad)
+            checks.append(F.struct((~got.eqNullSafe(want)).alias("bad"), reason.alias("reason")))
+        bad = (
+            pairs.select("r_id", "s_id", "r_ts", "s_ts", "kind", F.explode(F.array(*checks)).alias("check"))
+            .where("check.bad")
+            .select("r_id", "s_id", "r_ts", "s_ts", "kind", F.lit("payload").alias("problem"), "check.reason")
+        )
+        faults = bad if faults is None else faults.unionByName(bad)
     return faults
 
 
