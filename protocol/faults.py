@@ -4,7 +4,8 @@
 `point` (e.g. "batch", "batch-after-checkpoint" -- a slave's batches once it has
 written its part of a second checkpoint, so the first is surely complete, however
 few batches a loaded machine makes --, "checkpoint" -- a slave writing its part, a
-dispatcher having begun one (the one before is complete) --, "move": the rank kills itself with
+dispatcher having begun one once it has taken input (the one before is complete; live producers that start
+after the cluster leave the first checkpoints empty) --, "move": the rank kills itself with
 SIGKILL; "hang-batch": a slave stops answering; "drop": a dispatcher silently
 skips one batch send), unless the file
 `marker` exists; it creates the marker first, so a restarted cluster runs
