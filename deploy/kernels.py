@@ -72,8 +72,9 @@ def main() -> int:
             try:
                 build(module)
             except Exception as e:  # noqa: BLE001 - any failure to build leaves numba's compilation, which works
+                why = (str(e).splitlines() or [""])[0]  # pycc's own advice runs on for lines (conda, ...)
                 print(
-                    f"deploy.kernels: {module}'s kernels not built ahead of time ({type(e).__name__}: {e}); "
+                    f"deploy.kernels: {module}'s kernels not built ahead of time ({type(e).__name__}: {why}); "
                     "its ranks compile them with numba",
                     file=sys.stderr,
                 )
