@@ -14,6 +14,21 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_configure(config):
+    """Each xdist worker draws its free ports from a range of its own (deploy.ports), so that two tests that run
+    at the same time never draw the same port between one's check and its cluster's bind."""
+    import os
+
+    from deploy.ports import port_range
+
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker and count and "STREAMJOIN_PORTS" not in os.environ:
+        low, high = port_range()
+        share = (high - low) // int(count)
+        first = low + share * int(worker.removeprefix("gw"))
+        os.environ["STREAMJOIN_PORTS"] = f"{first}-{first + share}"
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups (else it sees none)
 def pytest_collection_modifyitems(items):
     for item in items:

@@ -201,7 +201,7 @@ def test_dispatcher_1_binds_each_live_stream_at_its_port_plus_1_and_numbers_its_
     its own block of the payload log, and its rejected messages are listed in files of its own."""
     from master.sources import open_shard
 
-    ports = dict(zip(("views", "buys"), apart(2)))
+    ports = {"views": free_port(), "buys": free_port()}  # drawn apart: dispatcher 1 binds port + 1
     src = open_shard(live_cfg(tmp_path, ports, **{"cluster.dispatchers": 2}), 1)
     ep = {n: f"tcp://127.0.0.1:{p + 1}" for n, p in ports.items()}
     t0 = 1_795_000_000_000
@@ -548,16 +548,6 @@ def test_live_streams_killed_under_the_supervisor_lose_nothing_their_producers_s
     assert live["views"]["lost_tuples"] == live["buys"]["lost_tuples"] == 0
 
 
-def apart(n: int) -> list[int]:
-    """`n` free ports, no two next to each other (dispatcher 1 binds each one's port + 1)."""
-    ports: list[int] = []
-    while len(ports) < n:
-        port = free_port()
-        if all(abs(port - p) > 1 for p in ports):
-            ports.append(port)
-    return ports
-
-
 def split(tmp_path, ports: dict[str, int], shares: int) -> dict[str, int]:
     """Each stream's file cut into `shares` files, row i into NAME-(i % shares).parquet, for the producer of
     dispatcher i % shares; returns their ports (the stream's port + its dispatcher)."""
@@ -579,8 +569,8 @@ def test_two_dispatchers_each_fed_by_its_own_producers_give_the_reference_join(t
 
     n_v, n_b = 3000, 2000
     streams = write_streams(tmp_path, n_v, n_b, 6)
-    ports = dict(zip(("views", "buys"), apart(4)))
-    acks = dict(zip(ports, apart(4)[2:])) if fault else {}
+    ports = {"views": free_port(), "buys": free_port()}
+    acks = {name: free_port() for name in ports} if fault else {}
     feeds = producers(tmp_path, split(tmp_path, ports, 2), split(tmp_path, acks, 2) if fault else None)
     # rows late, and not the whole file's late rows: lateness is judged within each dispatcher's share
     settings = {**live_settings(ports), **JOIN, "join.max_delay": "150ms", "cluster.dispatchers": 2}
