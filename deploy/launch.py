@@ -38,6 +38,7 @@ from pathlib import Path
 from deploy.hosts import HostfileError, describe, place, read_hostfile, write_placement
 from deploy.job import run_job
 from master.cli import checked_config
+from protocol.compiled import kernel_sources
 from protocol.config import ConfigError
 from protocol.lifetime import USER_ERROR, invocation
 from protocol.liveness import heartbeat_timeout
@@ -68,12 +69,14 @@ KERNEL_MODULES = ("master.state.lateness", "master.state.packing", "master.sourc
 
 def kernel_stamp(modules: tuple[str, ...] = KERNEL_MODULES) -> tuple[Path, str]:
     """Where the note of built kernels is kept (in slave/__pycache__, beside the builds and numba's cache files:
-    removing the caches removes it) and what it must say: each kernel module's size and modification time,
-    numba's and Python's versions and NUMBA_CACHE_DIR."""
+    removing the caches removes it) and what it must say: the size and modification time of each kernel module
+    and of the project's modules it imports from (protocol.compiled.kernel_sources), numba's and Python's
+    versions and NUMBA_CACHE_DIR."""
     from importlib.metadata import version
     from importlib.util import find_spec
 
-    files = [Path(find_spec(name).origin) for name in modules]
+    kernel_files = [Path(find_spec(name).origin) for name in modules]
+    files = list(dict.fromkeys(f for k in kernel_files for f in kernel_sources(k)))
     state = json.dumps(
         [
             version("numba"),
@@ -82,7 +85,7 @@ def kernel_stamp(modules: tuple[str, ...] = KERNEL_MODULES) -> tuple[Path, str]:
             *((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in files),
         ]
     )
-    return files[-1].parent / "__pycache__" / "streamjoin-kernels-warm.json", state
+    return kernel_files[-1].parent / "__pycache__" / "streamjoin-kernels-warm.json", state
 
 
 def warm_kernels() -> None:

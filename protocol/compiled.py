@@ -5,7 +5,9 @@ after a change), else compiled by numba at import (or loaded from numba's on-dis
 Importing numba and loading its cached kernels cost every rank about 0.3 s of CPU at each start, as much as the
 rest of a slave's start together; the built module costs nothing to load and runs the same machine code
 (docs/benchmark-history.md, "Kernels built ahead of time").  Its name carries a hash of the kernel module's
-source, so a changed kernel never runs from an older build: numba compiles it until the next build.  Built
+source and of the project's modules it imports from (a build freezes the constants it reads there, as the
+routing pass does protocol.tuples' hash multipliers), so a changed kernel never runs from an older build:
+numba compiles it until the next build.  Built
 kernels release the GIL as numba's `nogil` ones do.  STREAMJOIN_KERNELS=jit always compiles with numba (the
 build itself does, and a test compares both).
 
@@ -19,6 +21,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -29,11 +32,38 @@ KERNELS_ENV = "STREAMJOIN_KERNELS"
 DECLARED: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {}
 
 
+#: `from X import a, b` at the start of a line (a kernel module's imports, parenthesized or not)
+_IMPORT_FROM = re.compile(r"^from ([\w.]+) import \(?([\w, ]*)", re.MULTILINE)
+
+
+def kernel_sources(source: str | Path) -> list[Path]:
+    """The kernel module at `source`, then the modules it imports from that live in its own tree (the folder
+    above its top package): what its built kernels may have frozen."""
+    source = Path(source).resolve()
+    root = source.parent
+    while (root / "__init__.py").exists():
+        root = root.parent
+    files = [source]
+    for module, names in _IMPORT_FROM.findall(source.read_text()):
+        top = module.split(".")[0]
+        if not ((root / top).is_dir() or (root / f"{top}.py").exists()):
+            continue  # the standard library, numba, numpy
+        spec = importlib.util.find_spec(module)
+        found = [spec]
+        if spec is not None and spec.submodule_search_locations:  # `from protocol import delays`: a module
+            found += [importlib.util.find_spec(f"{module}.{n.strip()}") for n in names.split(",") if n.strip()]
+        for s in found:
+            if s is not None and s.origin and Path(s.origin) not in files:
+                files.append(Path(s.origin))
+    return files
+
+
 def built_module(source: str | Path) -> tuple[str, Path]:
     """The module name and path of the extension built ahead of time for the kernel module at `source`, as it
-    is now: `__pycache__/<stem>_aot_<hash of the source>.<this Python's extension suffix>` beside it."""
+    and what it imports from are now: `__pycache__/<stem>_aot_<hash>.<this Python's extension suffix>` beside
+    it."""
     source = Path(source)
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in kernel_sources(source))).hexdigest()[:16]
     name = f"{source.stem}_aot_{digest}"
     return name, source.parent / "__pycache__" / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from deploy.kernels import AHEAD
 from deploy.launch import KERNEL_MODULES, kernel_stamp
-from protocol.compiled import KERNELS_ENV, built_module
+from protocol.compiled import KERNELS_ENV, built_module, kernel_sources
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -95,3 +95,16 @@ def test_a_changed_kernel_module_is_not_run_from_its_older_build(tmp_path):
     source.write_text("X = 22\n")
     after = built_module(source)
     assert before[1].parent == after[1].parent == tmp_path / "__pycache__" and before != after
+
+
+def test_a_changed_constant_in_a_module_the_kernels_import_from_names_a_new_build(tmp_path, monkeypatch):
+    """A build freezes the constants its kernels read from other modules (the routing pass: protocol.tuples'
+    hash multipliers): a change there alone must not run the old build, nor skip the launcher's rebuild."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "consts.py").write_text("M = 1\n")
+    source = tmp_path / "kern.py"
+    source.write_text("from consts import M\nimport numpy\n")
+    before = built_module(source)
+    (tmp_path / "consts.py").write_text("M = 3\n")
+    assert built_module(source) != before
+    assert ROOT / "protocol" / "tuples.py" in kernel_sources(ROOT / "master" / "state" / "packing.py")
