@@ -230,7 +230,14 @@ def test_a_live_streams_endpoint_already_taken_is_named_by_its_own_key(tmp_path)
             open_source(live_cfg(tmp_path, ports))
         holder.close()
         holder = zmq.Context.instance().socket(zmq.PULL)
-        holder.bind(f"tcp://127.0.0.1:{ports['views']}")  # free again
+        deadline = time.monotonic() + 10  # free again: ZeroMQ's I/O thread closes a socket's listener after close()
+        while True:
+            try:
+                holder.bind(f"tcp://127.0.0.1:{ports['views']}")
+                break
+            except zmq.ZMQError:
+                assert time.monotonic() < deadline, "views' endpoint was not let go"
+                time.sleep(0.05)
     finally:
         holder.close()
 
