@@ -14,12 +14,21 @@ from __future__ import annotations
 import pytest
 
 
+#: the JVMs the tests start (their Spark session's, and the Spark commands' they run) compile with C1 only and
+#: collect with one thread: on the tests' tiny data the C2 compiler's and G1's threads cost more CPU than they
+#: save (test_audit_outer and test_spark_control: 138-159 CPU-seconds with Java's defaults, 105 with these)
+TEST_JVM = "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell"
+
+
 def pytest_configure(config):
     """Each xdist worker draws its free ports from a range of its own (deploy.ports), so that two tests that run
-    at the same time never draw the same port between one's check and its cluster's bind."""
+    at the same time never draw the same port between one's check and its cluster's bind; and the JVMs it starts
+    are set for tiny data (TEST_JVM)."""
     import os
 
     from deploy.ports import port_range
+
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS", TEST_JVM)
 
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if worker and count and "STREAMJOIN_PORTS" not in os.environ:
