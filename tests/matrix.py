@@ -1190,7 +1190,10 @@ def main(argv: list[str]) -> int:
             f = draw(seed).features()
             if any(str(f[k]) not in v.split(",") for k, v in wanted.items()) or refusal(draw(seed)):
                 continue
-        o = run_draw(draw(seed), root / f"seed-{seed}")
+        try:
+            o = run_draw(draw(seed), root / f"seed-{seed}")
+        except Exception as e:  # noqa: BLE001 - a check that breaks is that draw's failure, not the soak's end
+            o = Outcome(draw(seed), error=f"{type(e).__name__} in the draw's checks: {e}"[:500])
         outcomes.append(o)
         print(o.line(), flush=True)
         if not o.ok:

@@ -35,3 +35,23 @@ def test_a_drawn_configuration_gives_exactly_the_reference_result(tmp_path, seed
     outcome = run_draw(d, tmp_path, spark=request.getfixturevalue("spark") if d.aggregate or d.replay else None)
     assert outcome.ok, f"{outcome.line()}\n  reproduce: python -m tests.matrix --seed {seed} --keep"
     assert outcome.expected > 0
+
+
+def test_a_check_that_breaks_is_its_draws_failure_and_the_soak_goes_on(monkeypatch, capsys):
+    """An exception inside one draw's checks is reported as that draw's failure, with its seed, and the other
+    draws still run."""
+    from tests import matrix
+
+    seeds = [s for s in covering_seeds() if not refusal(draw(s))][:2]
+
+    def checks(d, tmp, **_):
+        if d.seed == seeds[0]:
+            raise KeyError("a column the check expected")
+        return matrix.Outcome(d)
+
+    monkeypatch.setattr(matrix, "run_draw", checks)
+    args = [a for s in seeds for a in ("--seed", str(s))]
+    assert matrix.main(args) == 1
+    out = capsys.readouterr().out
+    assert f"failed: seed {seeds[0]}" in out and f"failed: seed {seeds[1]}" not in out, out
+    assert "KeyError in the draw's checks" in out and "2 draws: 2 run" in out, out
