@@ -50,9 +50,9 @@ dispatchers' host, before it (`Producers`): `input = "zmq"` the single file's tu
 Dispatcher i binds each endpoint's port + i, and its own producer (one per stream) pushes its share: rows i,
 i + k, ... of the single file, or of each stream (`shares`), as fast as the master takes them (it paces).  With a
 crash the checkpoints publish acknowledgements (`ack_endpoint`, port + i) and each producer keeps what no complete
-checkpoint holds and resends it to the restarted cluster; the crash fires on an event of the run
-(`live_fault`), not at a moment, so that it comes after a complete checkpoint and there is something to resend
-(a cut host is cut at the first complete checkpoint as with any input).  The reference judges lateness as live
+checkpoint holds and resends it to the restarted cluster; the crash (`crash_fault`) comes after a complete
+checkpoint, so that there is something to resend (a cut host is cut at the first complete checkpoint as with any
+input).  The reference judges lateness as live
 input defines it (docs/input.md): in the order each dispatcher received its share, over both streams for the
 single file (as the file's every k-th tuple), within each stream for live streams (idle_timeout 0: a quiet stream
 keeps holding the other back, so which tuples are late does not depend on timing).  Replay is not drawn with
@@ -77,7 +77,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -777,48 +776,18 @@ def stream_time_faults(
     return [f"{n} records whose {what}" for what, n in wrong.items() if n]
 
 
-def live_fault(d: Draw, rng: np.random.Generator, marker: Path) -> str:
-    """Live input's crash, on an event of the run (STREAMJOIN_FAULT, protocol.faults) so that it comes after a
-    complete checkpoint and the producers have something to resend (a moment's SIGKILL on a loaded machine mostly
-    comes before the first): a random rank, a dispatcher (the master too) as it begins its 2nd to 4th checkpoint,
-    a slave at its 1st to 3rd batch once it has written its part of a second."""
+def crash_fault(d: Draw, rng: np.random.Generator, marker: Path) -> str:
+    """A draw's crash, on an event of the run (STREAMJOIN_FAULT, protocol.faults), never at a moment: a random
+    rank (the master too); a dispatcher as it begins its 2nd to 4th checkpoint, a slave at its 1st to 3rd batch
+    once it has written its part of a second, or (input read from files or topics) at its 1st to 5th batch,
+    before any checkpoint may be complete: a restart from the beginning.  Live input's crash always comes after a
+    complete checkpoint, so that its producers have something to resend."""
     victim, n = int(rng.integers(d.ranks)), int(rng.integers(1, 4))
-    point = f"checkpoint:{n + 1}" if victim < d.dispatchers else f"batch-after-checkpoint:{n}"
-    return f"{victim}:{point}:{marker}"
-
-
-def kill_a_rank(tag: str, ranks: int, rng: np.random.Generator, victims: list[str]) -> threading.Thread:
-    """SIGKILL one random rank (the master too) of the run whose command line holds `tag`, 0.5-2 s after that
-    rank started, like a failed host."""
-    victim, delay = str(int(rng.integers(ranks))), float(rng.uniform(0.5, 2.0))
-
-    def find() -> psutil.Process | None:
-        for p in psutil.process_iter(["cmdline", "environ"]):
-            try:
-                if (
-                    tag in " ".join(p.info["cmdline"] or [])
-                    and (p.info["environ"] or {}).get("OMPI_COMM_WORLD_RANK") == victim
-                ):
-                    return p
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        return None
-
-    def kill():
-        give_up = time.time() + 120
-        while (target := find()) is None and time.time() < give_up:
-            time.sleep(0.05)
-        if target is not None:
-            time.sleep(delay)
-            try:
-                target.kill()
-                victims.append(f"rank {victim} at {delay:.1f}s")
-            except psutil.NoSuchProcess:  # the run ended first
-                pass
-
-    t = threading.Thread(target=kill, daemon=True)
-    t.start()
-    return t
+    if victim < d.dispatchers:
+        return f"{victim}:checkpoint:{n + 1}:{marker}"
+    if not live(d) and rng.random() < 0.3:
+        return f"{victim}:batch:{int(rng.integers(1, 6))}:{marker}"
+    return f"{victim}:batch-after-checkpoint:{n}:{marker}"
 
 
 def host_slots(d: Draw) -> list[int]:
@@ -914,8 +883,7 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240, spark=None) -> Outcome:
     victims: list[str] = []
     cut = cuts_a_host(d)
     rng = np.random.default_rng([d.seed, 3])
-    killer = kill_a_rank(str(tmp), d.ranks, rng, victims) if d.crash and not cut and not live(d) else None
-    fault = live_fault(d, rng, tmp / "fault-fired") if d.crash and not cut and live(d) else ""
+    fault = crash_fault(d, rng, tmp / "fault-fired") if d.crash and not cut else ""
     if fault:
         env["STREAMJOIN_FAULT"] = fault
     ports = endpoints(d, free_port(d.dispatchers * len(endpoints(d, 0))))
@@ -951,8 +919,6 @@ def run_draw(d: Draw, tmp: Path, timeout: float = 240, spark=None) -> Outcome:
         if bed is not None:
             bed.__exit__()
     (tmp / "stderr.log").write_text(run.stderr)  # the evidence of a failed draw, kept with its folder
-    if killer is not None:
-        killer.join()
     if fault and (tmp / "fault-fired").exists():
         victims.append(f"rank {fault.split(':')[0]} at {' '.join(fault.split(':')[1:3])}")
     out.killed = ", ".join(victims)
