@@ -146,6 +146,7 @@ def test_a_bare_mpirun_leaves_out_the_transports_that_only_slow_the_start(tmp_pa
     env |= {"OMPI_MCA_btl_base_verbose": "100", **({"OMPI_MCA_btl": exported} if exported else {})}
     cmd = [find_mpirun(), "--oversubscribe", "-n", "2", sys.executable, "-P", "-m", "master"]
     cmd += ["--set", "generator.duration=0.2", "--set", f"output.path={tmp_path}/out"]
+    cmd += ["--set", "metrics.endpoint=127.0.0.1:0"]  # not the default port: another test's run may hold it
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     opened = "components_open: found loaded component"
