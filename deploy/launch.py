@@ -37,6 +37,7 @@ from pathlib import Path
 
 from deploy.hosts import HostfileError, describe, place, read_hostfile, write_placement
 from deploy.job import run_job
+from deploy.kernels import AHEAD
 from master.cli import checked_config
 from protocol.compiled import kernel_sources
 from protocol.config import ConfigError
@@ -63,8 +64,9 @@ def find_mpirun() -> str:
     return found
 
 
-#: the modules with compiled kernels: built ahead of time (deploy.kernels.AHEAD) or compiled by numba and cached
-KERNEL_MODULES = ("master.state.lateness", "master.state.packing", "master.sources.key_codes", "slave.kernel")
+#: the modules with compiled kernels: those built ahead of time, and text keys' coding, compiled by numba and
+#: cached (slave.kernel last: the note of the build is kept beside it)
+KERNEL_MODULES = ("master.sources.key_codes", *AHEAD)
 
 
 def kernel_stamp(modules: tuple[str, ...] = KERNEL_MODULES) -> tuple[Path, str]:
