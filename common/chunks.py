@@ -19,6 +19,25 @@ class Chunk(NamedTuple):
     ts: np.ndarray  # int64 event time in microseconds (protocol.eventtime), converted once on input
     key: np.ndarray  # int64
     value: np.ndarray  # float64
+    terms: np.ndarray  # int64 (n, words): a query's terms of each tuple (protocol.condition); words 0 without
+
+
+def no_terms(n: int) -> np.ndarray:
+    """The terms of n tuples of a run whose query has none (or no query)."""
+    return np.zeros((n, 0), np.int64)
+
+
+def terms_columns(terms: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Terms as a table's columns term0, term1, ... (a checkpoint's tables hold flat columns)."""
+    return {} if terms is None else {f"term{i}": np.ascontiguousarray(terms[:, i]) for i in range(terms.shape[1])}
+
+
+def terms_of(table) -> np.ndarray:
+    """The terms `terms_columns` put in an Arrow table."""
+    count = sum(name.startswith("term") for name in table.column_names)
+    if not count:
+        return no_terms(table.num_rows)
+    return np.stack([table[f"term{i}"].to_numpy() for i in range(count)], axis=1).astype(np.int64)
 
 
 class InputError(Exception):
@@ -32,10 +51,12 @@ def empty() -> Chunk:
         np.empty(0, np.int64),
         np.empty(0, np.int64),
         np.empty(0, np.float64),
+        no_terms(0),
     )
 
 
 def concat(parts: list[Chunk]) -> Chunk:
+    parts = [p for p in parts if len(p.ts)] or parts[:1]  # an empty chunk's terms may be narrower
     if not parts:
         return empty()
     if len(parts) == 1:

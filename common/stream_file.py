@@ -36,7 +36,9 @@ import pyarrow.parquet as pq
 
 from common import input_schema
 from protocol import eventtime
-from common.chunks import Chunk, InputError
+from common.chunks import Chunk, InputError, no_terms
+from protocol.condition import ConditionError, row_mask, term_words
+from protocol.query import StreamQuery
 from protocol.config import DEFAULTS
 from protocol.streams import FILE_COLUMNS
 from protocol.tuples import STREAM_NAMES
@@ -293,6 +295,7 @@ class StreamBatch(NamedTuple):
     keys: list  #: per key component: int64 values ("int") or an Arrow array of the accepted rows
     rejected: pa.Table | None
     columns: pa.Table  #: the accepted rows' output columns (`StreamInput.schema`: protocol.payload)
+    terms: np.ndarray  #: int64 (rows, words): the query's terms of each row (protocol.condition), words 0 without
 
 
 #: reason code -> (role, reason); the column is the stream's column of that role
@@ -314,8 +317,20 @@ class StreamChecks:
     components' `kinds`) for tables of the columns `first` (the first file's, or a live stream's declared
     schema), named `where` in messages: the output columns (protocol.payload), rejected rows, the ids."""
 
-    def __init__(self, name: str, spec: dict, kinds: list[str], window: int, first: pa.Schema, where: Path | str):
-        self.name, self.spec, self.kinds, self.where = name, spec, kinds, where
+    def __init__(
+        self,
+        name: str,
+        spec: dict,
+        kinds: list[str],
+        window: int,
+        first: pa.Schema,
+        where: Path | str,
+        query: StreamQuery | None = None,
+    ):
+        """`query`: the stream's part of a query (protocol.query.QueryPlan.stream): its filter, run on each batch's
+        checked rows (those it drops are counted, `filtered`), and its terms, computed for the rows kept."""
+        self.name, self.spec, self.kinds, self.where, self.query = name, spec, kinds, where, query
+        self.filtered = 0  #: rows the query's filter dropped
         #: the columns read, by role
         self.roles = (
             {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"} if spec["id"] else {})
@@ -424,9 +439,35 @@ class StreamChecks:
         take = pa.array(np.flatnonzero(ok))
         keys = [k[ok] if isinstance(k, np.ndarray) else k.take(take) for k in p.key]
         rejected = self._rejected(f, table, p, rows - file_start, first) if not ok.all() else None
-        return StreamBatch(
-            rows[ok], p.id[ok], p.ts[ok], keys, rejected, self._columns(f, table.filter(ok), p.ts[ok], rows[ok])
+        batch = StreamBatch(
+            rows[ok],
+            p.id[ok],
+            p.ts[ok],
+            keys,
+            rejected,
+            self._columns(f, table.filter(ok), p.ts[ok], rows[ok]),
+            no_terms(int(ok.sum())),
         )
+        return batch if self.query is None else self._queried(f, batch)
+
+    def _queried(self, f: Path | str, batch: StreamBatch) -> StreamBatch:
+        """The rows of `batch` the query's filter keeps, with their terms (protocol.condition)."""
+        q = self.query
+        try:
+            keep = row_mask(q.filter, batch.columns) if q.filter is not None else None
+            if keep is not None and not keep.all():
+                self.filtered += int(len(keep) - keep.sum())
+                at = pa.array(np.flatnonzero(keep))
+                batch = batch._replace(
+                    rows=batch.rows[keep],
+                    id=batch.id[keep],
+                    ts=batch.ts[keep],
+                    keys=[k[keep] if isinstance(k, np.ndarray) else k.take(at) for k in batch.keys],
+                    columns=batch.columns.filter(keep),
+                )
+            return batch._replace(terms=term_words(q.terms, batch.columns, q.words))
+        except ConditionError as e:
+            raise self._fail(f, f"does not suit the query: {e}") from None
 
     def _columns(self, f: Path | str, table: pa.Table, ts: np.ndarray, rows: np.ndarray) -> pa.Table:
         """The accepted rows' output columns in `self.schema`'s types (the time from the engine's microseconds)."""
@@ -488,9 +529,17 @@ class StreamInput(StreamChecks):
     """The checked batches of a stream's files (protocol.streams `path`); the first batch is read at once, so a
     column none of whose cells converts stops the run before it starts (common.input_schema)."""
 
-    def __init__(self, name: str, spec: dict, kinds: list[str], window: int, files: list[Path] | None = None):
+    def __init__(
+        self,
+        name: str,
+        spec: dict,
+        kinds: list[str],
+        window: int,
+        files: list[Path] | None = None,
+        query: StreamQuery | None = None,
+    ):
         self.files = files if files is not None else stream_files(name, spec["path"])
-        super().__init__(name, spec, kinds, window, first_schema(self.files[0]), self.files[0])
+        super().__init__(name, spec, kinds, window, first_schema(self.files[0]), self.files[0], query)
         for f in self.files[1:]:
             self._check_schema(f, first_schema(f), self.read)
         self._batches = self._read()
@@ -712,7 +761,7 @@ class SidedFile:
         first = self.check.mark(p, rows)
         self.row += n
         ok = p.code == 0
-        chunk = Chunk(p.is_s[ok].astype(np.int8), p.id[ok], p.ts[ok], p.key[ok], p.value[ok])
+        chunk = Chunk(p.is_s[ok].astype(np.int8), p.id[ok], p.ts[ok], p.key[ok], p.value[ok], no_terms(int(ok.sum())))
         rejected = self._rejected(table, p, rows, first) if not ok.all() else None
         return SidedBatch(first_row, first_row + n, chunk, rows[ok], rejected)
 

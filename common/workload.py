@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from protocol import eventtime
-from common.chunks import Chunk, InputError, Source, concat, rows
+from common.chunks import Chunk, InputError, Source, concat, no_terms, rows
 from protocol.tuples import STREAM_R, STREAM_S
 
 #: Expected tuples per stream in one generation slice.  A slice's event-time
@@ -123,7 +123,8 @@ class GeneratorSource(Source):
         stream = np.repeat(np.array([STREAM_R, STREAM_S], np.int8), n)
         ids = np.concatenate([self._first_id[i, s] + np.arange(n[s], dtype=np.int64) for s in (STREAM_R, STREAM_S)])
         order = np.argsort(arr, kind="stable")
-        return Chunk(stream[order], ids[order], ts[order], np.concatenate(key)[order], np.concatenate(value)[order])
+        values = np.concatenate(value)[order]
+        return Chunk(stream[order], ids[order], ts[order], np.concatenate(key)[order], values, no_terms(len(order)))
 
     def skip(self, n: int) -> None:
         """Start at tuple `n` (a recovery's position): the slices wholly before it are not drawn (each slice has its

@@ -60,7 +60,7 @@ from protocol.config import ConfigError
 from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RESULT_COLUMNS, RIGHT_UNMATCHED
 from protocol.predicates import time_bounds
-from protocol.tuples import tuple_dtype
+from protocol.query import record_dtype
 from protocol.lifetime import invocation
 
 #: exit codes: the range is exact, it differs, the command was wrong
@@ -172,7 +172,7 @@ def _at_checkpoint(cfg: dict, out: Path) -> Target:
     directory, manifest = found
     check_same_join(cfg, manifest["config"], str(directory / checkpoint.MANIFEST))
     sections = {0: manifest["master"], **{int(d): m for d, m in manifest.get("dispatchers", {}).items()}}
-    dtype = tuple_dtype(manifest["config"]["generator"]["tuple_bytes"])
+    dtype = record_dtype(manifest["config"])
     buffered = [
         rows.view(dtype)["ts"]
         for d in sections  # R rows, S rows (then the rows per partition)

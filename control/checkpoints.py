@@ -18,17 +18,18 @@ from control.spark import session
 from protocol import checkpoint
 from protocol.config import ConfigError, load_config
 from protocol.lifetime import invocation
+from protocol.query import record_dtype
 
 
 def scan(spark, directory: Path, manifest: dict) -> list[str]:
     """Problems found in one complete checkpoint (empty when it is sound)."""
-    tuple_bytes = manifest["config"]["generator"]["tuple_bytes"]
+    size = record_dtype(manifest["config"]).itemsize
 
     def inspect(item):
         path, data = item
         name = path.rsplit("/", 1)[-1]
         try:
-            return name, len(data), checkpoint.part_tuples(name, data, tuple_bytes), None
+            return name, len(data), checkpoint.part_tuples(name, data, size), None
         except checkpoint.CheckpointError as e:
             return name, len(data), None, str(e)
 

@@ -148,7 +148,7 @@ def main() -> int:
                 "the cluster needs a master and at least one slave: "
                 "run it as `mpirun -n 5 python -m master` (or `make run`)"
             )
-        cfg = load_config(args.config, args.set)
+        cfg = load_config(args.config, args.set, args.sql)
         validate(cfg, slaves=comm.size - 1)
         # a restart waits for the crashed cluster's ranks to be gone: two never write one folder
         lock = OutputLock(cfg["output"]["path"], wait=RESTART_WAIT if args.recover else 0.0, log=say)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-USAGE = "`mpirun -n N python -m master [--config FILE] [--set section.key=value ...]`"
+USAGE = "`mpirun -n N python -m master [--config FILE] [--sql FILE] [--set section.key=value ...]`"
 
 
 class Parser(argparse.ArgumentParser):
@@ -23,6 +23,11 @@ class Parser(argparse.ArgumentParser):
 def parse_args(argv: list[str], quiet: bool = False) -> argparse.Namespace:
     p = Parser(quiet, prog="python -m master", description=f"run the stream join cluster: {USAGE}")
     p.add_argument("--config", help="TOML config file (every key has a default: docs/configuration.md)")
+    p.add_argument(
+        "--sql",
+        metavar="FILE",
+        help="the join as a Spark SQL query over the config's [streams.NAME] (docs/query.md); as query.sql",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -44,6 +49,6 @@ def checked_config(argv: list[str], slaves: int) -> dict:
     from protocol.config import load_config, validate
 
     args = parse_args(argv)
-    cfg = load_config(args.config, args.set)
+    cfg = load_config(args.config, args.set, args.sql)
     validate(cfg, slaves=slaves)
     return cfg

@@ -40,7 +40,7 @@ from master.state.stats import RunStats
 from protocol import eventtime, faults
 from protocol.orders import Order
 from protocol.startup import pss_bytes
-from protocol.tuples import tuple_dtype
+from protocol.query import record_dtype
 
 
 class Master(Routing, Lifecycle):
@@ -59,7 +59,7 @@ class Master(Routing, Lifecycle):
         self.controller = controller = Controller(
             cfg, slaves, parts, share=self.k, live=router.partitions if router else None
         )
-        self.buffers = buffers = MiniBuffers(parts, tuple_dtype(cfg["generator"]["tuple_bytes"]))
+        self.buffers = buffers = MiniBuffers(parts, record_dtype(cfg))
         self.stats = stats = RunStats(slaves, time.time())
         self.channels = channels = Channels(slaves, buffers.dtype)
         self.links = Links(comm, self.index, self.k, channels)

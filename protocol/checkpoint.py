@@ -33,7 +33,6 @@ import numpy as np
 
 from protocol.access import public
 from protocol.strict_json import json_text
-from protocol.tuples import tuple_dtype
 
 MAGIC = 0x53544A4E434B5031  #: "STJNCKP1"
 MANIFEST = "MANIFEST.json"
@@ -124,11 +123,11 @@ def group_partition(buf: np.ndarray) -> int:
     return int(buf[:8].view(np.int64)[0])
 
 
-def part_tuples(name: str, data: bytes, tuple_bytes: int) -> int:
-    """Tuples held by one part: the master's mini-buffer rows, or the sum over a slave's group states."""
+def part_tuples(name: str, data: bytes, size: int) -> int:
+    """Tuples held by one part: the master's mini-buffer rows (records of `size` bytes: protocol.query.record_dtype),
+    or the sum over a slave's group states."""
     records = unpack(np.frombuffer(data, dtype=np.uint8), name)
     if name.startswith("master"):  # R rows, S rows, the rows per stream and partition (then a source's arrays)
-        size = tuple_dtype(tuple_bytes).itemsize
         if len(records) < 3 or any(len(r) % size for r in records[:2]):
             raise CheckpointError(f"{name}: not R rows, S rows and partition counts of {size}-byte tuples")
         counts = int(records[2].view(np.int64).sum())

@@ -21,6 +21,7 @@ from protocol.access import check_endpoints, check_http_endpoint, check_producer
 from protocol.durations import DURATION_KEYS, from_text
 from protocol.errors import ConfigError
 from protocol.predicates import JOIN_TYPES
+from protocol.query import apply_query, plan_of
 from protocol.tuples import BASE_TUPLE_BYTES
 
 
@@ -133,6 +134,13 @@ DEFAULTS: dict[str, dict[str, tuple[Any, str]]] = {
             'once, at expiry), "semi" (each R with a partner, once) or "anti" (each R without one, at '
             "expiry): docs/joins-and-hot-keys.md",
         ),
+    },
+    "query": {
+        "sql": (
+            "",
+            "the join as a Spark SQL query over the [streams.NAME] tables (keys, time bounds, conditions on the "
+            'pair, filters per stream, the result columns: docs/query.md); "" = the join.* keys say it',
+        )
     },
     "epochs": {
         "distribution": (0.25, "seconds between two sends of buffered tuples to a slave"),
@@ -388,8 +396,10 @@ def _parse_override(item: str) -> tuple[str, str, Any]:
     return section, key, value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> dict[str, dict[str, Any]]:
-    """Defaults, then the TOML file, then the overrides; validated."""
+def load_config(
+    path: str | Path | None = None, overrides: list[str] = (), sql: str | Path | None = None
+) -> dict[str, dict[str, Any]]:
+    """Defaults, then the TOML file, then the overrides, then the query in the file `sql` (query.sql); validated."""
     cfg = {s: {k: d for k, (d, _) in keys.items()} for s, keys in DEFAULTS.items()}
     user: dict[str, Any] = {}
     if path is not None:
@@ -424,6 +434,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             continue
         cfg[section][key] = _check_type(f"{section}.{key}", DEFAULTS[section][key][0], value)
     named = {(s, k) for s, k, _ in items}
+    if sql is not None:
+        if cfg["query"]["sql"]:
+            raise ConfigError(f"--sql {sql}: the config has a query already (query.sql): give one")
+        try:
+            cfg["query"]["sql"] = Path(sql).read_text()
+        except OSError as e:
+            raise ConfigError(f"--sql {sql}: cannot be read: {e.strerror}") from None
+    if cfg["query"]["sql"]:
+        apply_query(cfg["query"]["sql"], streams, cfg["join"], named)
     if ("join", "window") in named and named & {("join", "lower"), ("join", "upper")}:
         raise ConfigError(
             "join.window: not together with join.lower / join.upper (window w is the shorthand for "
@@ -437,6 +456,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> di
             '["count", "sum(clicks_cost)"]'
         )
     cfg["output"]["kafka"] = streams_config.kafka_sink(sink, ConfigError)
+    if cfg["query"]["sql"] and cfg["aggregate"]["enabled"] and plan_of(cfg).projection is not None:
+        raise ConfigError(
+            "aggregate.enabled: with a query, it aggregates SELECT *'s columns (<stream>_<column>): "
+            "select * in the query, or aggregate its results where they are read"
+        )
     validate(cfg)
     return cfg
 

@@ -173,10 +173,11 @@ def remove_log(root: Path | str) -> None:
 
 class PayloadReader:
     """Gathers the output columns of stream rows from the payload log under `root` (a slave writing results,
-    the master writing late rows); `prefixes`: per side, what each output column's name starts with."""
+    the master writing late rows); `prefixes`: per side, what each output column's name starts with; `plan`: a
+    query whose SELECT names the result columns (protocol.query.projected), for results."""
 
-    def __init__(self, root: Path | str, prefixes: tuple[str, str]):
-        self.folder, self.prefixes = Path(root) / FOLDER, prefixes
+    def __init__(self, root: Path | str, prefixes: tuple[str, str], plan=None):
+        self.folder, self.prefixes, self.plan = Path(root) / FOLDER, prefixes, plan
         self._firsts = [np.empty(0, np.int64), np.empty(0, np.int64)]
         self._lasts = [np.empty(0, np.int64), np.empty(0, np.int64)]
         self._names: list[list[str]] = [[], []]

@@ -21,16 +21,29 @@ BASE_FIELDS = [("id", "<i8"), ("ts", "<i8"), ("key", "<i8"), ("value", "<f8"), (
 BASE_TUPLE_BYTES = int(np.dtype(BASE_FIELDS).itemsize)
 #: their names, in order
 FIELDS = tuple(name for name, _ in BASE_FIELDS)
+#: the field of a query's term words (protocol.condition), when its condition on the pair reads any
+TERMS = "terms"
 
 
-def tuple_dtype(tuple_bytes: int = BASE_TUPLE_BYTES) -> np.dtype:
-    """Packed record of `tuple_bytes` bytes; padding models the paper's wider tuples (64 B)."""
+def tuple_dtype(tuple_bytes: int = BASE_TUPLE_BYTES, terms: int = 0) -> np.dtype:
+    """Packed record of `tuple_bytes` bytes, or more if `terms` words do not fit: the words of a query's terms
+    (protocol.condition: what its condition on the pair reads of each tuple) follow the fields; padding models
+    the paper's wider tuples (64 B)."""
     if tuple_bytes < BASE_TUPLE_BYTES:
         raise ValueError(f"tuple_bytes must be at least {BASE_TUPLE_BYTES}")
-    fields = list(BASE_FIELDS)
-    if tuple_bytes > BASE_TUPLE_BYTES:
-        fields.append(("pad", f"V{tuple_bytes - BASE_TUPLE_BYTES}"))
+    fields = list(BASE_FIELDS) + ([(TERMS, "<i8", (terms,))] if terms else [])
+    used = BASE_TUPLE_BYTES + 8 * terms
+    if tuple_bytes > used:
+        fields.append(("pad", f"V{tuple_bytes - used}"))
     return np.dtype(fields)
+
+
+def term_words(dtype: np.dtype) -> np.ndarray:
+    """Where a record's term words sit (word indices; none without terms)."""
+    if TERMS not in (dtype.names or ()):
+        return np.empty(0, np.int64)
+    sub, offset = dtype.fields[TERMS][:2]
+    return offset // 8 + np.arange(sub.shape[0], dtype=np.int64)
 
 
 #: splitmix64's multipliers (master.state.packing.partition_one uses them too)

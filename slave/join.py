@@ -63,8 +63,10 @@ import numpy as np
 from protocol import eventtime
 from protocol.config import DEFAULTS
 from protocol.arrays import field_words, group_pairs, take_rows, words
+from protocol.condition import pair_mask
 from protocol.predicates import JOIN_TYPES, final_time, hot_grids, hot_homes, key_distance
-from protocol.tuples import FIELDS, STREAM_R, STREAM_S, directory_hash, mix64, partition_of
+from protocol.query import Node
+from protocol.tuples import FIELDS, STREAM_R, STREAM_S, TERMS, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
 from slave.window import GUEST, MATCHED, UNMATCHED
@@ -149,16 +151,19 @@ class JoinModule:
         band: int = 0,
         join_type: str = "inner",
         chunk_rows: int = DEFAULTS["output"]["result_chunk_rows"][0],
+        condition: Node | None = None,
     ):
         """`window`: the time bounds (lower, upper) in integer microseconds, r and s join iff lower <= s.ts - r.ts
         <= upper (protocol.predicates.time_bounds), or w for (-w, w); `join_type` one of
-        protocol.predicates.JOIN_TYPES."""
+        protocol.predicates.JOIN_TYPES; `condition`: a query's condition on the pair (protocol.query), over the
+        terms the tuples carry: a candidate pair of the kernel is a pair, and flags its tuples matched, only where
+        it holds."""
         if join_type not in JOIN_TYPES:
             raise ValueError(f"join type {join_type!r}: must be one of {', '.join(JOIN_TYPES)}")
         lower, upper = (-int(window), int(window)) if np.ndim(window) == 0 else map(int, window)
         self.lower, self.upper = lower, upper
         self.dtype, self.partitions, self.chunk_rows = dtype, partitions, int(chunk_rows)
-        self.join_type = join_type
+        self.join_type, self.condition = join_type, condition
         self.keep_r = join_type in ("left", "full", "semi", "anti")  #: R rows carry matched flags
         self.keep_s = join_type in ("right", "full")
         self.emit_pairs = join_type in ("inner", "left", "right", "full")
@@ -297,6 +302,9 @@ class JoinModule:
                         pieces, stamps, filled = [], [], 0
                     n = min(matches.total - at, self.chunk_rows - (filled if self.emit_pairs else 0))
                     ia, ib = matches.take(at, at + n)
+                    if self.condition is not None:
+                        held = pair_mask(self.condition, join.rows_r[TERMS][ia], join.rows_s[TERMS][ib])
+                        ia, ib = ia[held], ib[held]
                     if self.guests:
                         ia, ib = self._flag_at_home(join, ia, ib)
                     else:

@@ -23,6 +23,7 @@ from protocol.messages import HISTOGRAMS, batch_groups, batch_rows, encode_repor
 from protocol.output import MATCHED, empty_table, result_schema
 from protocol.payload import payload_reader
 from protocol.predicates import time_bounds
+from protocol.query import plan_of
 from protocol.aggregation import aggregation
 from slave.aggregate import ColumnAggregator
 from slave.join import JoinModule
@@ -48,9 +49,13 @@ class Joiner:
             join["band"],
             join["type"],
             out["result_chunk_rows"],
+            plan.condition if (plan := plan_of(cfg)) is not None else None,
         )
+        payload = payload_reader(cfg)
+        if payload is not None:  # results named as the query's SELECT says
+            payload.plan = plan_of(cfg)
         self.writer = ResultWriter(
-            f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"], join["type"], payload_reader(cfg)
+            f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"], join["type"], payload
         )
         agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
         # with checkpoints, partials are staged until a checkpoint covers them (protocol/checkpoint.py)

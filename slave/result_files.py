@@ -23,6 +23,7 @@ from protocol.output import (
     NumberedFiles,
 )
 from protocol.payload import PayloadReader
+from protocol.query import projected
 from slave.join import Pairs
 
 
@@ -34,11 +35,12 @@ def with_columns(
     payload: PayloadReader, r_rows: np.ndarray, s_rows: np.ndarray, delay: np.ndarray, kind: str | None
 ) -> pa.Table:
     """Result rows of declared streams: both sides' own columns gathered by stream row from the
-    payload log (-1: the side is missing, its columns null), then `delay` and, outside inner joins, `kind`."""
+    payload log (-1: the side is missing, its columns null), then `delay` and, outside inner joins, `kind`; as a
+    query's SELECT names them if the reader has one."""
     t = payload.both(r_rows, s_rows).append_column(pa.field("delay", pa.float64(), nullable=False), pa.array(delay))
-    return (
-        t if kind is None else t.append_column(pa.field("kind", pa.string(), nullable=False), _kind(kind, len(delay)))
-    )
+    if kind is not None:
+        t = t.append_column(pa.field("kind", pa.string(), nullable=False), _kind(kind, len(delay)))
+    return projected(t, payload.plan, payload.prefixes)
 
 
 def lone_table(rows: np.ndarray, side: str, kind: str, now: float) -> pa.Table:

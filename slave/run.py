@@ -22,14 +22,14 @@ from protocol.lifetime import CHANNEL, SINK, USER_ERROR, ignore_stop_signals
 from protocol.messages import TAG_JOINING, TAG_REPORT, TAG_STATE, Ack, Kind, decode_head
 from protocol.mpi import receive_start, recv_bytes, wait_all_started, wait_probe_any
 from protocol.startup import pss_bytes
-from protocol.tuples import tuple_dtype
+from protocol.query import record_dtype
 from slave.joining import Joiner
 from slave.state import Acknowledge, Finish, Join, Lost, SlaveState, WriteCheckpoint
 
 
 class Slave:
     def __init__(self, comm: MPI.Comm, cfg: dict):
-        self.comm, self.dtype = comm, tuple_dtype(cfg["generator"]["tuple_bytes"])
+        self.comm, self.dtype = comm, record_dtype(cfg)
         self.state = SlaveState(cfg["cluster"]["dispatchers"], cfg["epochs"]["distribution"])
         self.work = Joiner(comm, cfg, self.dtype)
         self.outgoing: list[tuple[MPI.Request, object]] = []  #: reports and group states on their way (request, buffer)

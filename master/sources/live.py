@@ -25,7 +25,7 @@ from typing import Mapping, Protocol
 import numpy as np
 import pyarrow as pa
 
-from common.chunks import Chunk
+from common.chunks import Chunk, no_terms
 from master.sources.archive import named
 from master.sources.producers import Producers
 from protocol.access import dispatcher_endpoint
@@ -110,7 +110,7 @@ class LiveTuples(Producers):
                 self.tuples += len(r)
                 self.held_peak = max(self.held_peak, len(r))
                 first, self.row = self.row, self.row + len(r)
-                chunk = Chunk(*(r[c].copy() for c in Chunk._fields))
+                chunk = Chunk(*(r[c].copy() for c in Chunk._fields[:-1]), no_terms(len(r)))
                 return SidedBatch(first, self.row, chunk, np.arange(first, self.row, dtype=np.int64), None)
         return None
 

@@ -66,8 +66,9 @@ from master.sources.live import Live, LiveTuples, open_live
 from protocol import aggregation, eventtime
 from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
-from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows
+from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows, terms_columns, terms_of
 from protocol.payload import ROW_BLOCK, PayloadLog
+from protocol.query import plan_of
 from protocol.streams import KAFKA_COLUMNS, file_streams, generator_streams, zmq_streams
 from common.stream_file import (
     BATCH_ROWS,
@@ -443,13 +444,21 @@ class WatermarkMerge(StreamsSource):
         """Start reading both streams from their first rows (a recovery of files starts again here), or live
         streams from a checkpoint's places (`starts`, per side; a ZeroMQ stream keeps its bound sockets)."""
         window = self.cfg["source"]["duplicate_window"]
+        plan = plan_of(self.cfg)
+        queries = [plan.stream(side) if plan is not None else None for side in (0, 1)]
         inputs = [
             StreamChecks(
-                name, s, self.kinds, window, self.declared[name], s["endpoint"] or ", ".join(s["kafka"]["topics"])
+                name,
+                s,
+                self.kinds,
+                window,
+                self.declared[name],
+                s["endpoint"] or ", ".join(s["kafka"]["topics"]),
+                query,
             )
             if name in self.declared
-            else StreamInput(name, s, self.kinds, window, self.files[name])
-            for name, s in self.specs.items()
+            else StreamInput(name, s, self.kinds, window, self.files[name], query)
+            for (name, s), query in zip(self.specs.items(), queries)
         ]
         self._check_columns(inputs)
         for inp in inputs if self.share[1] > 1 else ():  # live streams only: each dispatcher numbers its own rows
@@ -470,7 +479,7 @@ class WatermarkMerge(StreamsSource):
             ReadAhead(inp.name, self._logged(self.log, side, inp), self._stop) if live is None else None
             for (side, inp), live in zip(enumerate(inputs), self._live)
         ]
-        #: per side, read and not merged: (id, ts, key, the stream's watermark: running max - max_delay)
+        #: per side, read and not merged: (id, ts, key, the stream's watermark: running max - max_delay, terms)
         self._pending: list[tuple | None] = [None, None]
         self._running = [eventtime.NEG_INF, eventtime.NEG_INF]  #: per side, the largest ts read
         self._done = [False, False]
@@ -552,7 +561,7 @@ class WatermarkMerge(StreamsSource):
             return
         pm = np.maximum.accumulate(np.maximum(item.ts, self._running[side]))
         self._running[side] = int(pm[-1])
-        part = (item.rows, item.ts, self.mapper.keys(item.keys), pm - self._delays[side])
+        part = (item.rows, item.ts, self.mapper.keys(item.keys), pm - self._delays[side], item.terms)
         old = self._pending[side]
         self._pending[side] = part if old is None else tuple(np.concatenate(c) for c in zip(old, part))
 
@@ -592,7 +601,8 @@ class WatermarkMerge(StreamsSource):
         side = np.concatenate([np.full(len(p[0]), s, np.int8) for s, p in parts])
         cols = [np.concatenate(c) for c in zip(*(p for _, p in parts))]
         order = np.lexsort((side, cols[3]))  # stable: within a (watermark, side) the rows keep their order
-        merged = Chunk(side[order], cols[0][order], cols[1][order], cols[2][order], np.zeros(len(order)))
+        rows_, ts, keys, _, terms = (c[order] for c in cols)
+        merged = Chunk(side[order], rows_, ts, keys, np.zeros(len(order)), terms)
         self._ready, self._taken = concat([rows(self._ready, self._taken), merged]), 0
         return True
 
@@ -647,9 +657,11 @@ class WatermarkMerge(StreamsSource):
             return {"accepted": self.accepted}
         places = [live.position() for live in self._live]
         pending = [
-            pa.table(dict(zip(PENDING, p if p is not None else [np.empty(0, np.int64)] * 4))) for p in self._pending
+            pa.table(dict(zip(PENDING, p or [np.empty(0, np.int64)] * 4)) | terms_columns(p and p[4]))
+            for p in self._pending
         ]
-        ready = pa.table(dict(zip(Chunk._fields, rows(self._ready, self._taken))))
+        ready = rows(self._ready, self._taken)
+        ready = pa.table(dict(zip(Chunk._fields[:-1], ready)) | terms_columns(ready.terms))
         self._records = table_records([*pending, ready, self.mapper.dictionaries(), *(r for _, r in places)])
         if self.listing is not None:
             self.listing.flush()
@@ -694,9 +706,11 @@ class WatermarkMerge(StreamsSource):
         self._open(list(zip(where["streams"], (recent_r, recent_s))))
         self.mapper.restore(keys)
         self._pending = [
-            tuple(t[c].to_numpy().copy() for c in PENDING) if had else None for t, had in zip(pending, where["pending"])
+            (*(t[c].to_numpy().copy() for c in PENDING), terms_of(t)) if had else None
+            for t, had in zip(pending, where["pending"])
         ]
-        self._ready, self._taken = Chunk(*(ready[c].to_numpy().copy() for c in Chunk._fields)), 0  # writable: numba
+        ready_columns = (ready[c].to_numpy().copy() for c in Chunk._fields[:-1])  # writable: numba
+        self._ready, self._taken = Chunk(*ready_columns, terms_of(ready)), 0
         self._running, self._done = list(where["running"]), list(where["done"])
         self._end_at, self.rows_taken = list(where["end_at"]), list(where["rows_taken"])
         self.accepted = where["accepted"]

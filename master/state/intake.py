@@ -217,6 +217,7 @@ class IngestDesk:
                     arrival,
                     late,
                     self.buffers.partitions,
+                    chunk.terms,
                 )
             ):
                 self.stats.input[STREAM_NAMES[stream]] += len(rows)
@@ -225,7 +226,7 @@ class IngestDesk:
         for stream in (STREAM_R, STREAM_S):
             sel = np.flatnonzero(on_time & (chunk.stream == stream))
             self.stats.input[STREAM_NAMES[stream]] += len(sel)
-            rows = to_wire(dtype, chunk.id, chunk.ts, chunk.key, chunk.value, arrival, sel)
+            rows = to_wire(dtype, chunk.id, chunk.ts, chunk.key, chunk.value, arrival, sel, chunk.terms)
             if self.router is not None:
                 index, part = self.router.route(stream, rows)
                 self.buffers.add(stream, rows[index], part)

@@ -8,7 +8,7 @@ import numpy as np
 
 from protocol.arrays import field_words, words
 from protocol.compiled import kernels
-from protocol.tuples import MIX_M1, MIX_M2, FIELDS
+from protocol.tuples import MIX_M1, MIX_M2, FIELDS, term_words
 
 
 def partition_one(key, partitions):  # pragma: no cover - compiled
@@ -21,28 +21,34 @@ def partition_one(key, partitions):  # pragma: no cover - compiled
     return np.int64((z >> np.uint64(32)) % np.uint64(partitions))
 
 
-_PACK_SIG = "void(int64[:], int64[:], int64[:], int64[:], int64[:], int64[::1], int64[::1], int64[::1], int64[:, ::1])"
+_PACK_SIG = (
+    "void(int64[:], int64[:], int64[:], int64[:], int64[:], int64[::1], int64[::1], int64[::1], int64[:, ::1], "
+    "int64[:, :], int64[::1])"
+)
 _COUNT_SIG = "void(int8[:], int64[:], boolean[::1], int64, int64[::1], int64[:, ::1])"
 _ROUTE_SIG = (
     "void(int8[:], int64[:], int64[:], int64[:], int64[:], int64[:], boolean[::1], int64[::1], "
-    "int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64[:, ::1])"
+    "int64[:, ::1], int64[::1], int64[::1], int64[:, ::1], int64[:, ::1], int64[:, :], int64[::1])"
 )
 
 
-def _put(out, d, ids, ts, keys, values, arrival, j, fields, pad):  # pragma: no cover - compiled
-    """Column row j into record d; its padding words zero (nothing of this process's memory goes on the wire)."""
+def _put(out, d, ids, ts, keys, values, arrival, j, fields, pad, terms, term_fields):  # pragma: no cover - compiled
+    """Column row j into record d, with its query terms' words (protocol.condition); its padding words zero
+    (nothing of this process's memory goes on the wire)."""
     out[d, fields[0]] = ids[j]
     out[d, fields[1]] = ts[j]
     out[d, fields[2]] = keys[j]
     out[d, fields[3]] = values[j]
     out[d, fields[4]] = arrival[j]
+    for w in range(len(term_fields)):
+        out[d, term_fields[w]] = terms[j, w]
     for w in pad:
         out[d, w] = 0
 
 
-def _pack(ids, ts, keys, values, arrival, index, fields, pad, out):  # pragma: no cover - compiled
+def _pack(ids, ts, keys, values, arrival, index, fields, pad, out, terms, term_fields):  # pragma: no cover - compiled
     for i in range(len(index)):
-        _put(out, i, ids, ts, keys, values, arrival, index[i], fields, pad)
+        _put(out, i, ids, ts, keys, values, arrival, index[i], fields, pad, terms, term_fields)
 
 
 def _count_hashed(stream, keys, late, partitions, part, sizes):  # pragma: no cover - compiled
@@ -54,7 +60,7 @@ def _count_hashed(stream, keys, late, partitions, part, sizes):  # pragma: no co
 
 
 def _pack_hashed(
-    stream, ids, ts, keys, values, arrival, late, part, starts, fields, pad, out_r, out_s
+    stream, ids, ts, keys, values, arrival, late, part, starts, fields, pad, out_r, out_s, terms, term_fields
 ):  # pragma: no cover - compiled
     """Each on-time tuple into the next free record of its stream's group of its partition (the groups start
     at `starts`): the columns are read in order and written to one place per group, where gathering them in
@@ -65,7 +71,7 @@ def _pack_hashed(
         s, p = stream[i], part[i]
         d = starts[s, p]
         starts[s, p] += 1
-        _put(out_r if s == 0 else out_s, d, ids, ts, keys, values, arrival, i, fields, pad)
+        _put(out_r if s == 0 else out_s, d, ids, ts, keys, values, arrival, i, fields, pad, terms, term_fields)
 
 
 _pack, _count_hashed, _pack_hashed = kernels(
@@ -84,14 +90,25 @@ def _columns(dtype: np.dtype, columns: tuple) -> tuple:
 
 
 def _padding(dtype: np.dtype) -> np.ndarray:
-    taken = set(field_words(dtype, FIELDS).tolist())
+    taken = set(field_words(dtype, FIELDS).tolist()) | set(term_words(dtype).tolist())
     return np.array([w for w in range(dtype.itemsize // 8) if w not in taken], dtype=np.int64)
 
 
-def to_wire(dtype: np.dtype, ids, ts, keys, values, arrival, index: np.ndarray | None = None) -> np.ndarray:
+def _terms(dtype: np.dtype, terms: np.ndarray | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The terms' words (n, words) as the packers read them, and where they go in a record."""
+    places = term_words(dtype)
+    if terms is None or not len(places):
+        return np.zeros((n, 0), np.int64), places[:0]
+    return np.asarray(terms, np.int64), places
+
+
+def to_wire(
+    dtype: np.dtype, ids, ts, keys, values, arrival, index: np.ndarray | None = None, terms: np.ndarray | None = None
+) -> np.ndarray:
     """Pack columns into the protocol's tuple records: rows `index` of them (all if None), in that order, in one
     compiled pass (gathering each column and then writing it into the records field by field cost the master
-    about 100 ns a tuple, as much as generating it)."""
+    about 100 ns a tuple, as much as generating it).  `terms`: the query's term words of each row
+    (protocol.condition), if the records carry them."""
     n = len(ids) if index is None else len(index)
     rows = np.empty(n, dtype=dtype)
     index = np.arange(n, dtype=np.int64) if index is None else np.asarray(index, dtype=np.int64)
@@ -101,12 +118,22 @@ def to_wire(dtype: np.dtype, ids, ts, keys, values, arrival, index: np.ndarray |
         field_words(dtype, FIELDS),
         _padding(dtype),
         words(rows),
+        *_terms(dtype, terms, len(ids)),
     )
     return rows
 
 
 def to_wire_hashed(
-    dtype: np.dtype, stream, ids, ts, keys, values, arrival, late: np.ndarray, partitions: int
+    dtype: np.dtype,
+    stream,
+    ids,
+    ts,
+    keys,
+    values,
+    arrival,
+    late: np.ndarray,
+    partitions: int,
+    terms: np.ndarray | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per stream (R, S): (the records of its on-time tuples grouped by hash partition, arrival order kept
     within a partition; the records per partition), what MiniBuffers.add_ordered takes.  Two compiled passes
@@ -127,5 +154,6 @@ def to_wire_hashed(
         _padding(dtype),
         words(rows[0]),
         words(rows[1]),
+        *_terms(dtype, terms, len(keys)),
     )
     return [(rows[0], sizes[0]), (rows[1], sizes[1])]

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from master.sources import RejectedListing, open_source
-from common.chunks import Chunk, InputError
+from common.chunks import Chunk, InputError, no_terms
 from protocol.output import read_tables
 from common.workload import GeneratorSource, bmodel_tables, generate_all
 from tests.reference import micros
@@ -79,7 +79,7 @@ def test_generator_total_and_dtypes():
     cfg = gen_cfg()
     data = generate_all(cfg)
     assert GeneratorSource(cfg["generator"]).total == len(data.id)
-    assert [c.dtype for c in data] == [np.int8, np.int64, np.int64, np.int64, np.float64]
+    assert [c.dtype for c in data] == [np.int8, np.int64, np.int64, np.int64, np.float64, np.int64]
     assert np.isfinite(data.ts).all()
     assert ((data.value >= 0) & (data.value < 1)).all()
 
@@ -895,6 +895,7 @@ def test_event_time_pacing_hands_tuples_on_as_their_times_say_with_bursts_gaps_a
         ts=ts.astype(np.int64),
         key=np.zeros(7, np.int64),
         value=np.zeros(7),
+        terms=no_terms(7),
     )
 
     class Once:
