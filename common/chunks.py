@@ -76,6 +76,8 @@ class Source:
 
     #: rows or messages set aside, by reason (a file's bad rows, a live source's bad messages): metrics
     reasons: MappingProxyType = MappingProxyType({})
+    #: rows a query's filter dropped where they were read, by stream (R, S): summary and metrics
+    filtered: MappingProxyType = MappingProxyType({})
     #: live messages refused for want of the token, by kind (END, TUPLES): metrics
     refused: MappingProxyType = MappingProxyType({})
     #: declared streams: the payload log holding the rows' own columns (protocol.payload.PayloadLog)

@@ -331,6 +331,9 @@ class StreamChecks:
         checked rows (those it drops are counted, `filtered`), and its terms, computed for the rows kept."""
         self.name, self.spec, self.kinds, self.where, self.query = name, spec, kinds, where, query
         self.filtered = 0  #: rows the query's filter dropped
+        missing = [c for c in (query.columns if query else ()) if c not in first.names]
+        if missing:
+            raise self._fail(where, f"lacks column(s) {', '.join(missing)} that the query names")
         #: the columns read, by role
         self.roles = (
             {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"} if spec["id"] else {})

@@ -160,6 +160,7 @@ class Metrics:
             "stream_max_ts": master.ingest.stream_max_ts,
             "buffered": len(master.buffers),
             "rejected": rejected_reasons(master.source),
+            "filtered": dict(master.source.filtered),
             "refused": refused_kinds(master.source),
             "stream_gaps": dict(master.results_out.gaps),
             "kafka_partitions": master.source.partitions(),  # its own, when the dispatchers share them out
@@ -193,8 +194,10 @@ class Metrics:
             self.moves_by_reason[move["reason"]] += 1
         self._moves_seen = len(c.moves_log)
         self._rejected = Counter(rejected_reasons(m.source))
+        filtered = Counter(m.source.filtered)
         for o in self._others.values():
             self._rejected.update(o["rejected"])
+            filtered.update(o["filtered"])
         refused = Counter(refused_kinds(m.source))
         gaps = Counter(m.results_out.gaps)  # gaps opened in result stream subscribers' seq, by reason
         for o in self._others.values():
@@ -287,6 +290,7 @@ class Metrics:
             "parts": stats.parts_hist.copy(),
             "input": dict(stats.input),
             "rejected": dict(self._rejected),
+            "filtered": dict(filtered),
             "refused": dict(refused),
             "stream_gaps": dict(gaps),
             "moves": dict(self.moves_by_reason),
@@ -379,6 +383,13 @@ class Metrics:
             None,
             ("reason",),
             [((k,), v) for k, v in view["rejected"].items()],
+        )
+        yield counter(
+            "filtered_tuples",
+            "rows a query's filter dropped where they were read, by stream (docs/query.md)",
+            None,
+            ("stream",),
+            [((k,), v) for k, v in view["filtered"].items()],
         )
         yield counter(
             "refused_messages",

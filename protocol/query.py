@@ -194,6 +194,7 @@ class StreamQuery(NamedTuple):
     filter: Node | None
     terms: tuple
     words: int
+    columns: tuple[str, ...]  #: every column of the stream the query names
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,9 @@ class QueryPlan:
         return n + 1 if n else 0
 
     def stream(self, side: int) -> StreamQuery:
-        return StreamQuery(self.filters[side], self.terms[side], self.term_words)
+        named = self.read_columns(side) + [c for _, s, c in self.projection or () if s == side]
+        named += [key[side] for key in self.keys] + [self.time[side]]
+        return StreamQuery(self.filters[side], self.terms[side], self.term_words, tuple(dict.fromkeys(named)))
 
     def read_columns(self, side: int) -> list[str]:
         """The stream's columns its filter and its terms read."""
@@ -767,6 +770,40 @@ def projected(table, plan: QueryPlan | None, prefixes: tuple[str, str]):
         return table
     names = [c if s is None else prefixes[s] + c for _, s, c in plan.projection]
     return table.select(names).rename_columns([out for out, _, _ in plan.projection])
+
+
+def config_plan(cfg: dict) -> QueryPlan:
+    """The plan of a run: its query's, or the one its `join.*` keys and streams mean (no filter, condition or
+    projection): what `control.explain` prints."""
+    plan = plan_of(cfg)
+    if plan is not None:
+        return plan
+    from protocol.predicates import time_bounds
+    from protocol.streams import file_streams, generator_streams, zmq_streams
+
+    src, join = cfg["source"], cfg["join"]
+    streams = cfg.get("streams") or {"file": file_streams, "zmq": zmq_streams}.get(src["kind"], generator_streams)(
+        *((src, join) if src["kind"] in ("file", "zmq") else (join,))
+    )
+    (r, rs), (s, ss) = streams.items()
+    lower, upper = time_bounds(join)
+    return QueryPlan(
+        sql="",
+        streams=(r, s),
+        aliases=(r, s),
+        join_type=join["type"],
+        keys=tuple(zip(rs["key"], ss["key"])),
+        time=(rs["time"], ss["time"]),
+        lower=lower,
+        upper=upper,
+        open=(False, False),
+        predicate=join["predicate"],
+        band=join["band"],
+        filters=(None, None),
+        terms=((), ()),
+        condition=None,
+        projection=None,
+    )
 
 
 def record_dtype(cfg: dict):

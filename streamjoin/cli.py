@@ -24,6 +24,7 @@ COMMANDS = {
     "produce": ("control.produce", "push a file's tuples to a running cluster's live (ZeroMQ) input"),
     "subscribe": ("control.subscribe", "receive and check a running cluster's result stream (ZeroMQ)"),
     "checkpoints": ("control.checkpoints", "list, verify or compact a run's checkpoints"),
+    "explain": ("control.explain", "print the plan a config and its query mean (keys, bounds, filters, pairs)"),
 }
 ALIASES = {"launch": "run"}
 

@@ -159,3 +159,22 @@ def duckdb_outer(
     r_id, s_id, r_null, s_null = (np.asarray(got[c]) for c in ("r_id", "s_id", "r_null", "s_null"))
     both = ~r_null & ~s_null
     return encode_pairs(r_id[both], s_id[both]), np.sort(r_id[s_null]), np.sort(s_id[r_null])
+
+
+def duckdb_query(sql: str, tables: dict) -> list[tuple]:
+    """The rows DuckDB gives for the Spark SQL query `sql` (transpiled by sqlglot, as protocol.query parses it) over
+    `tables` ({name: a pyarrow Table of the stream's on-time rows, its time column a timestamp}), sorted, each row
+    a tuple of Python values (None for NULL): what the engine's results must hold, row for row."""
+    import duckdb
+    import sqlglot
+
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    for name, table in tables.items():
+        con.register(name, table)
+    rows = con.execute(sqlglot.transpile(sql, read="spark", write="duckdb")[0]).fetchall()
+    return sorted(rows, key=_row_order)
+
+
+def _row_order(row: tuple) -> tuple:
+    return tuple((v is None, v if v is not None else 0) for v in row)

@@ -111,6 +111,10 @@ class ShardedSource(Source):
     def reasons(self) -> dict[str, int]:
         return self.inner.reasons if self.index == 0 else {}
 
+    @property
+    def filtered(self) -> dict[str, int]:
+        return self.inner.filtered if self.index == 0 else {}
+
     def partitions(self) -> list[dict]:
         return self.inner.partitions() if self.index == 0 else []
 

@@ -407,6 +407,7 @@ class WatermarkMerge(StreamsSource):
         super().__init__(cfg, listing, share)
         self.own_rows = share[1] > 1
         self._records: list[np.ndarray] = []
+        self._filtered_before = [0, 0]  #: live streams: the rows filtered before the checkpoint recovered from
         self.specs = cfg["streams"]
         self._delays = [eventtime.duration(s["max_delay"]) for s in self.specs.values()]  #: R's, S's, microseconds
         self._idle_timeouts = [s["idle_timeout"] for s in self.specs.values()]  #: R's, S's, seconds
@@ -461,6 +462,7 @@ class WatermarkMerge(StreamsSource):
             for (name, s), query in zip(self.specs.items(), queries)
         ]
         self._check_columns(inputs)
+        self._checks = inputs
         for inp in inputs if self.share[1] > 1 else ():  # live streams only: each dispatcher numbers its own rows
             inp.row = self.log.block[0]
         self.log.forget()
@@ -631,6 +633,11 @@ class WatermarkMerge(StreamsSource):
         self.accepted += n
         return chunk
 
+    @property
+    def filtered(self) -> dict[str, int]:
+        """Rows the query's filters dropped, by stream (R, S); live streams count on from a checkpoint's."""
+        return {side: before + c.filtered for side, before, c in zip("RS", self._filtered_before, self._checks)}
+
     def ended(self) -> list[bool]:
         """Per side (R, S): every tuple of that stream has been taken (known once the merge has seen its end)."""
         return [end is not None and self.accepted >= end for end in self._end_at]
@@ -675,6 +682,7 @@ class WatermarkMerge(StreamsSource):
             "done": list(self._done),
             "end_at": list(self._end_at),
             "pending": [p is not None for p in self._pending],
+            "filtered": list(self.filtered.values()),
         }
 
     def acknowledge(self, position: dict | None) -> None:
@@ -714,6 +722,7 @@ class WatermarkMerge(StreamsSource):
         self._running, self._done = list(where["running"]), list(where["done"])
         self._end_at, self.rows_taken = list(where["end_at"]), list(where["rows_taken"])
         self.accepted = where["accepted"]
+        self._filtered_before = list(where.get("filtered", [0, 0]))
         for side, place in enumerate(where["streams"]):
             self.log.resume(side, place["row"], self._running[side])
 
@@ -728,6 +737,8 @@ class WatermarkMerge(StreamsSource):
             "payload_log_peak_bytes": self.log.peak_bytes,
             **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))} if live else {}),
         }
+        if plan_of(self.cfg) is not None:
+            out["filtered"] = self.filtered
         if self.listing is None:
             return out
         self.listing.flush()
@@ -749,6 +760,11 @@ class WatermarkMerge(StreamsSource):
                 name: live[name].merged([f["live_streams"][name] for f in finished]) for name in first["live_streams"]
             },
         }
+        if "filtered" in first:  # files: every dispatcher reads them all; topics and producers: each its own rows
+            out["filtered"] = {
+                side: sum(f["filtered"][side] for f in finished) if self.placed else first["filtered"][side]
+                for side in "RS"
+            }
         if "keys" in first:
             out["keys"] = {
                 "distinct": max(f["keys"]["distinct"] for f in finished),

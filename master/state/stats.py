@@ -276,9 +276,11 @@ def summary_lines(s: dict) -> list[str]:
     """The summary as the lines the run ends with (the shell prints them)."""
     lines = []
     d = s["delay_seconds"]
+    f = s.get("filtered")  # a query's filters
+    filtered = f" (filtered R {f['R']:,}, S {f['S']:,})" if f else ""
     lines.append(
         f"done in {s['wall_seconds']:.1f}s: {s['input_total']:,} tuples in (R {s['input']['R']:,}, "
-        f"S {s['input']['S']:,}), {s['results']:,} results, {s['late']:,} late, {s['rejected']:,} rejected; "
+        f"S {s['input']['S']:,}){filtered}, {s['results']:,} results, {s['late']:,} late, {s['rejected']:,} rejected; "
         f"{s['throughput_tuples_per_s']:,.0f} tuples/s; delay p50 {seconds(d['p50'])} p95 {seconds(d['p95'])} "
         f"p99 {seconds(d['p99'])} max {seconds(d['max'])}; splits {s['partition_splits']}, "
         f"merges {s['partition_merges']}"
