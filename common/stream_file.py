@@ -365,10 +365,19 @@ class StreamChecks:
             self.check.resume(where["max_id"], *(recent[c].to_numpy().copy() for c in ("is_s", "id", "row")))
 
     def times(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        """(event time in microseconds, passes every check but the duplicate id's) of rows not yet numbered: what
-        a Kafka stream's partition watermarks count (master.sources.partitions)."""
+        """(event time in microseconds, passes every check but the duplicate id's and the query's filter) of rows
+        not yet numbered: what a Kafka stream's partition watermarks count (master.sources.partitions), so that a
+        row the filter drops moves no watermark there either."""
         p = self._parse(table, 0)
-        return p.ts, p.code == 0
+        ok = p.code == 0
+        if self.query is not None and self.query.filter is not None and ok.any():
+            at = np.flatnonzero(ok)
+            try:
+                kept = row_mask(self.query.filter, self._columns(self.where, table.take(at), p.ts[at], at))
+            except ConditionError as e:
+                raise self._fail(self.where, f"does not suit the query: {e}") from None
+            ok[at[~kept]] = False
+        return p.ts, ok
 
     def _output_schema(self, first: pa.Schema) -> pa.Schema:
         """The columns results carry of this stream (protocol.payload), in the first file's order: key(s), time,

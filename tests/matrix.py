@@ -112,12 +112,14 @@ FEATURES: dict[str, tuple] = {
     "hosts": (1, 3),
     "aggregate": (False, True),
     "replay": (False, True),
+    "query": (False, True),
 }
 #: features drawn in a minority of draws (True with this chance), so CI's covering seeds gain only a few of them:
 #: `aggregate` (a drawn `[aggregate]` whose merged view must equal DuckDB's over the reference rows) and `replay`
 #: (a drawn second of the run replayed by control.replay must give the reference join of that second); neither
-#: is in PAIRED, both cost a Spark job
-SOMETIMES = {"aggregate": 0.2, "replay": 0.2}
+#: is in PAIRED, both cost a Spark job; and `query`: the join said as a Spark SQL query (`query_sql`) with a
+#: condition on the pair and filters per stream, for declared streams
+SOMETIMES = {"aggregate": 0.2, "replay": 0.2, "query": 0.3}
 #: the features whose value pairs CI's covering seeds cover; join.type is drawn in every draw (so CI runs some
 #: outer joins) and covered pairwise by `make soak` and `--where join_type=...`: its pairs would double CI's draws
 PAIRED = tuple(f for f in FEATURES if f != "join_type" and f not in SOMETIMES)
@@ -147,6 +149,7 @@ class Draw:
     hosts: int
     aggregate: bool
     replay: bool
+    query: bool
 
     @property
     def ranks(self) -> int:
@@ -166,6 +169,8 @@ def draw(seed: int) -> Draw:
     sometimes = {f: bool(rng.random() < chance) for f, chance in SOMETIMES.items()}
     # not drawn where not built: control.replay reads files, not topics or producers, and launches on this host
     sometimes["replay"] &= uniform["input"] in ("file", "streams") and uniform["hosts"] == 1
+    # a query names declared streams; control.replay does not read one yet
+    sometimes["query"] &= uniform["input"] in ("streams", "kafka", "live-streams") and not sometimes["replay"]
     return Draw(seed=seed, **uniform, **sometimes)
 
 
@@ -392,13 +397,17 @@ def settings(
         if d.bounds == "window"
         else {"join.lower": lower / unit, "join.upper": upper / unit}
     )
+    join = (
+        {"query.sql": query_sql(d)}
+        if d.query
+        else {**time_bounds, "join.predicate": d.predicate, "join.type": d.join_type}
+        | ({"join.band": 2} if d.predicate == "band" else {})
+    )
     s = {
         **source,
         "source.rate": n / 3.0,
-        **time_bounds,
+        **join,
         "join.max_delay": max_delay_units(d) / unit,
-        "join.predicate": d.predicate,
-        "join.type": d.join_type,
         "cluster.dispatchers": d.dispatchers,
         "epochs.distribution": EPOCH,
         "epochs.reorganization": 0.3,
@@ -408,8 +417,6 @@ def settings(
         "tuning.theta_max": 8,
         "output.result_chunk_rows": 64,
     }  # small bounds, so that every draw splits and chunks
-    if d.predicate == "band":
-        s["join.band"] = 2
     if d.moves:  # every slave a supplier or a consumer at every reorganization: groups keep moving
         s.update(
             {
@@ -441,6 +448,55 @@ def settings(
             }
         )
     return s
+
+
+#: a query's filters and condition (`query_sql`), on the streams' ids: what each keeps of rows and pairs
+QUERY_FILTER_S = "ABS(q.event_id - 1000) > 100"  #: in ON: at ingest where quotes are null-supplying, else on pairs
+QUERY_FILTER_R = "ABS(t.event_id - 2000) > 150"  #: in WHERE, where trades are kept (not with right or full)
+QUERY_PAIRS = "t.event_id <= q.event_id + 3"
+SQL_JOINS = {
+    "inner": "JOIN",
+    "left": "LEFT JOIN",
+    "right": "RIGHT OUTER JOIN",
+    "full": "FULL OUTER JOIN",
+    "semi": "LEFT SEMI JOIN",
+    "anti": "LEFT ANTI JOIN",
+}
+
+
+def query_sql(d: Draw) -> str:
+    """The draw's join as a Spark SQL query: its key (equality, band or less), its bounds, a condition on the pair
+    and two filters; the reference applies them by SQL's rules (`reference`)."""
+    us = 1_000_000 // UNITS[d.unit]
+    lower, upper = (b * us for b in bounds_units(d))
+    at = lambda v: f"t.at {'+' if v >= 0 else '-'} INTERVAL {abs(v)} MICROSECONDS"  # noqa: E731
+    key = {"equal": "t.sym = q.sym", "band": "ABS(q.sym - t.sym) <= 2", "less": "t.sym < q.sym"}[d.predicate]
+    where = f" WHERE {QUERY_FILTER_R}" if d.join_type not in ("right", "full") else ""
+    return (
+        f"SELECT * FROM {STREAMS[0]} t {SQL_JOINS[d.join_type]} {STREAMS[1]} q ON {key} "
+        f"AND q.at BETWEEN {at(lower)} AND {at(upper)} AND {QUERY_PAIRS} AND {QUERY_FILTER_S}{where}"
+    )
+
+
+def query_rows(d: Draw, data: dict[str, np.ndarray]) -> np.ndarray:
+    """The rows a draw's query drops where they are read (SQL: ON on a null-supplying side, WHERE on a kept one):
+    the mask of those it keeps."""
+    keep = np.ones(len(data["id"]), bool)
+    if d.query and d.join_type not in ("right", "full"):
+        r, s = data["stream"] == 0, data["stream"] == 1
+        keep &= ~(s & (np.abs(data["id"] - 1000) <= 100)) & ~(r & (np.abs(data["id"] - 2000) <= 150))
+    return keep
+
+
+def query_pairs(d: Draw, pairs: np.ndarray) -> np.ndarray:
+    """The encoded pairs (tests.reference.encode_pairs) the draw's query keeps on the pairs."""
+    if not d.query:
+        return pairs
+    r, s = pairs // 2**32, pairs % 2**32
+    held = r <= s + 3
+    if d.join_type in ("right", "full"):  # ON on quotes, which these joins keep: it decides pairs
+        held &= np.abs(s - 1000) > 100
+    return pairs[held]
 
 
 def result_names(d: Draw) -> tuple[tuple[str, str, str, str], ...]:
@@ -496,6 +552,7 @@ def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[tuple[np.ndarray, n
     (master.sources.ShardedSource; live input: its producers push it those) and judges lateness on its own share:
     the single file's over both streams, live streams' within each stream of the share."""
     unit, k = UNITS[d.unit], d.dispatchers
+    data = {c: v[query_rows(d, data)] for c, v in data.items()}  # a query's filters: as if never read
     ts = data["ts"] * (1_000_000 // unit)  # microseconds, exactly
     w, md = tuple(b / unit for b in bounds_units(d)), max_delay_units(d) / unit  # seconds, as the config gives them
     late = np.zeros(len(ts), bool)
@@ -529,6 +586,7 @@ def reference(d: Draw, data: dict[str, np.ndarray]) -> tuple[tuple[np.ndarray, n
         pairs, _ = reference_pairs(on["stream"], on["id"], on["ts"], on["key"], w, never)
     else:
         pairs = reference_theta_pairs(on["stream"], on["id"], on["ts"], on["key"], w, never, d.predicate, 2)
+    pairs = query_pairs(d, pairs)
     kept = reference_outer(pairs, on["id"][on["stream"] == 0], on["id"][on["stream"] == 1], d.join_type)
     return kept, np.sort(data["stream"][late] * 2**40 + data["id"][late])
 
