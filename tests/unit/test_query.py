@@ -202,3 +202,26 @@ def test_a_filter_keeps_exactly_the_rows_duckdb_keeps(cond):
     con = duckdb.connect()
     con.register("t0", t.append_column("i", pa.array(range(t.num_rows))))
     assert got == [i for (i,) in con.execute(f"SELECT t.i FROM t0 t WHERE {cond} ORDER BY 1").fetchall()]
+
+
+def test_a_stream_checks_its_rows_against_the_query_filter_counts_and_terms_travel():
+    """Where rows are read (common.stream_file.StreamChecks): the filter drops rows after the checks, counted;
+    the rows kept carry their terms; a column the query names that the stream lacks, and a text term compared
+    across the streams, stop the run naming the stream."""
+    from common.chunks import InputError
+    from common.stream_file import StreamChecks
+
+    p = plan(f"SELECT * FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} AND t.px * 2 < q.b WHERE t.n > 1")
+    spec = {"key": ["k"], "time": "ts", "id": "", "time_unit": "s", "payload": "*", "prefix": "trades_"}
+    schema = pa.schema([("k", pa.int64()), ("ts", pa.int64()), ("n", pa.int64()), ("px", pa.float64())])
+    checks = StreamChecks("trades", spec, ["int"], 100, schema, "here", p.stream(R))
+    batch = checks.checked(pa.table({"k": [1, 2, 3], "ts": [10, 11, 12], "n": [1, 2, 3], "px": [0.5, None, 2.0]}))
+    assert batch.rows.tolist() == [1, 2] and checks.filtered == 1
+    assert batch.terms.shape == (2, p.term_words)
+    assert batch.terms[:, 0].view(np.float64)[1] == 4.0 and batch.terms[:, -1].tolist() == [1, 0]  # px null
+    with pytest.raises(InputError, match="lacks column.s. px that the query names"):
+        StreamChecks("trades", spec, ["int"], 100, schema.remove(3), "here", p.stream(R))
+    text = plan(f"SELECT * FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} AND t.s > q.s")
+    texts = StreamChecks("trades", spec, ["int"], 100, schema.append(pa.field("s", pa.string())), "x", text.stream(R))
+    with pytest.raises(InputError, match="compares numbers, times and booleans across the streams, not string"):
+        texts.checked(pa.table({"k": [1], "ts": [1], "n": [1], "px": [1.0], "s": ["a"]}))
