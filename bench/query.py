@@ -26,7 +26,7 @@ from bench.payload import STREAMS, stream_settings, write_streams
 from protocol.config import load_config
 
 EVERY_TARGET = 0.85
-SELECT = "SELECT a.id, a.key, a.ts, b.id AS b_id, b.key AS b_key, b.ts AS b_ts"
+SELECT = "SELECT a.id, a.key, a.ts, b.id AS b_id, b.key AS b_key, b.ts AS b_ts, delay"
 ON = "a.key = b.key AND b.ts BETWEEN a.ts - INTERVAL 1 SECOND AND a.ts + INTERVAL 1 SECOND"
 
 

@@ -442,7 +442,7 @@ def load_config(
         except OSError as e:
             raise ConfigError(f"--sql {sql}: cannot be read: {e.strerror}") from None
     if cfg["query"]["sql"]:
-        apply_query(cfg["query"]["sql"], streams, cfg["join"], named)
+        apply_query(cfg["query"]["sql"], streams, cfg, named)
     if ("join", "window") in named and named & {("join", "lower"), ("join", "upper")}:
         raise ConfigError(
             "join.window: not together with join.lower / join.upper (window w is the shorthand for "

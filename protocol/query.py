@@ -188,6 +188,17 @@ def _kleene(op: str, a: str, b: str) -> str:
 
 
 # -- the plan ---------------------------------------------------------------------------------------------------
+class Grouping(NamedTuple):
+    """A query's GROUP BY, as `[aggregate]` says it (protocol.aggregation): the group columns, the window's column,
+    length and slide (microseconds; 0: no window) and the measures (fn, side, column; count's column None)."""
+
+    groups: tuple[tuple[int, str], ...]
+    time: tuple[int, str] | None
+    window: int
+    slide: int
+    measures: tuple[tuple[str, int | None, str | None], ...]
+
+
 class StreamQuery(NamedTuple):
     """A stream's part of a query: its filter (None: every row), its terms and the words a tuple has for them."""
 
@@ -218,6 +229,7 @@ class QueryPlan:
     condition: Node | None  #: on the pair, over Term leaves and constants
     projection: tuple[tuple[str, int | None, str], ...] | None  #: (result name, side or None, column); None: *
     notes: tuple[str, ...] = field(default=())  #: how the query was rewritten
+    aggregate: Grouping | None = None  #: GROUP BY: the two-phase aggregation of the pairs (`[aggregate]`)
 
     @property
     def term_words(self) -> int:
@@ -303,7 +315,6 @@ class _Compiler:
             ("with", "WITH"),
             ("with_", "WITH"),
             ("distinct", "DISTINCT"),
-            ("group", "GROUP BY (aggregate the results with [aggregate]: docs/aggregation-and-replay.md)"),
             ("having", "HAVING"),
             ("order", "ORDER BY (an unbounded stream has no last row to sort by)"),
             ("limit", "LIMIT"),
@@ -375,8 +386,9 @@ class _Compiler:
             filters=tuple(conjunction(f) for f in filters),
             terms=(tuple(terms[R]), tuple(terms[S])),
             condition=condition,
-            projection=self._projection(join_type),
+            projection=None if self.tree.args.get("group") else self._projection(join_type),
             notes=tuple(self.notes),
+            aggregate=self._grouping(join_type) if self.tree.args.get("group") else None,
         )
 
     def _table(self, node) -> tuple[str, str]:
@@ -529,6 +541,62 @@ class _Compiler:
         if isinstance(node, Call):
             return Call(node.op, tuple(self._terms(a, terms) for a in node.args))
         return node
+
+    def _grouping(self, join_type: str) -> Grouping:
+        """GROUP BY's columns and Spark's `window(time, 'N seconds'[, 'M seconds'])`, and SELECT's aggregates:
+        count(*), sum, min, max, avg and count(DISTINCT ...)."""
+        exp = self.exp
+        if join_type != "inner":
+            raise ConfigError(
+                f"query: GROUP BY of a {join_type} join: not yet (its rows alone would be grouped apart by their "
+                "kind); aggregate an inner join, or set [aggregate] with SELECT *"
+            )
+        groups, window = [], None
+        for g in self.tree.args["group"].expressions:
+            if isinstance(g, exp.Anonymous) and g.name.lower() == "window":
+                window = self._window(g)
+            elif isinstance(g, exp.Column):
+                groups.append(self._column(g))
+            else:
+                raise ConfigError(f"query: GROUP BY {g.sql('spark')}: columns and window(time, 'N seconds') only")
+        functions = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Avg: "avg"}
+        measures = []
+        for item in self.tree.expressions:
+            node = item.this if isinstance(item, exp.Alias) else item
+            if isinstance(node, exp.Column) and self._column(node) in groups:
+                continue
+            if isinstance(node, exp.Anonymous) and node.name.lower() == "window" and self._window(node) == window:
+                continue
+            if isinstance(node, exp.Count) and isinstance(node.this, exp.Star):
+                measures.append(("count", None, None))
+            elif (
+                isinstance(node, exp.Count) and isinstance(node.this, exp.Distinct) and len(node.this.expressions) == 1
+            ):
+                col = self._measured(node.this.expressions[0], node)
+                measures.append(("count_distinct", col.side, col.name))
+            elif type(node) in functions:
+                col = self._measured(node.this, node)
+                measures.append((functions[type(node)], col.side, col.name))
+            else:
+                raise ConfigError(
+                    f"query: SELECT {item.sql('spark')} with GROUP BY: a group column, the window, or count(*), "
+                    "sum, min, max, avg, count(DISTINCT column)"
+                )
+        time, length, slide = window or (None, 0, 0)
+        return Grouping(tuple((c.side, c.name) for c in groups), time, length, slide, tuple(measures))
+
+    def _window(self, node) -> tuple[tuple[int, str], int, int]:
+        args = node.expressions
+        if not 2 <= len(args) <= 3 or not isinstance(args[0], self.exp.Column):
+            raise ConfigError(f"query: {node.sql('spark')}: window(time column, 'N seconds'[, 'M seconds'])")
+        col = self._column(args[0])
+        length, *slide = (_interval(self.exp.Interval(this=a)) for a in args[1:])
+        return (col.side, col.name), length, slide[0] if slide else length
+
+    def _measured(self, node, call) -> Col:
+        if not isinstance(node, self.exp.Column):
+            raise ConfigError(f"query: {call.sql('spark')}: an aggregate takes a column")
+        return self._column(node)
 
     def _projection(self, join_type: str):
         exp, out = self.exp, []
@@ -726,11 +794,12 @@ def _interval(e) -> int:
 QUERY_JOIN_KEYS = ("window", "lower", "upper", "type", "predicate", "band")
 
 
-def apply_query(sql: str, streams: dict, join: dict, named: set) -> QueryPlan:
+def apply_query(sql: str, streams: dict, cfg: dict, named: set) -> QueryPlan:
     """Compile `sql` over the `[streams.*]` tables as written (`streams`, before protocol.streams checks them) and
     set what it says there: each stream's side, key and time columns (the payload grows by the columns its
-    filter and terms read), and `join`'s type, bounds and predicate.  `named`: the (section, key) pairs the
-    config gave, which must not say again what the query says."""
+    filter and terms read), `cfg`'s join type, bounds and predicate, and a GROUP BY's `[aggregate]`.  `named`:
+    the (section, key) pairs the config gave, which must not say again what the query says."""
+    join = cfg["join"]
     if not streams or not isinstance(streams, dict):
         raise ConfigError("query: its tables are declared streams: one [streams.NAME] table per stream (docs/query.md)")
     plan = compile_query(
@@ -760,7 +829,32 @@ def apply_query(sql: str, streams: dict, join: dict, named: set) -> QueryPlan:
     join.update(
         type=plan.join_type, lower=plan.lower / 1e6, upper=plan.upper / 1e6, predicate=plan.predicate, band=plan.band
     )
+    if plan.aggregate is not None:
+        _aggregate(plan, streams, cfg, named)
     return plan
+
+
+#: the `aggregate.*` keys a query's GROUP BY sets
+QUERY_AGGREGATE_KEYS = ("enabled", "group_by", "window", "slide", "time", "measures")
+
+
+def _aggregate(plan: QueryPlan, streams: dict, cfg: dict, named: set) -> None:
+    """A GROUP BY as `[aggregate]`: over the results' columns as SELECT * names them (<stream>_<column>)."""
+    twice = [k for k in QUERY_AGGREGATE_KEYS if ("aggregate", k) in named]
+    if twice:
+        raise ConfigError(f"aggregate.{twice[0]}: the query's GROUP BY says it: leave it out of the config")
+    tables = [streams[name] if isinstance(streams[name], dict) else {} for name in plan.streams]
+    prefixes = [str(t.get("prefix", "{stream}_")).replace("{stream}", n) for t, n in zip(tables, plan.streams)]
+    column = lambda side, name: prefixes[side] + name  # noqa: E731
+    g = plan.aggregate
+    cfg["aggregate"].update(
+        enabled=True,
+        group_by=[column(*c) for c in g.groups],
+        window=g.window / 1e6,
+        slide=g.slide / 1e6 if g.slide != g.window else 0.0,
+        time=column(*g.time) if g.time else "",
+        measures=[fn if c is None else f"{fn}({column(s, c)})" for fn, s, c in g.measures],
+    )
 
 
 def projected(table, plan: QueryPlan | None, prefixes: tuple[str, str]):

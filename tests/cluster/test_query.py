@@ -187,3 +187,31 @@ def test_explain_prints_the_plan_and_a_refusal_names_its_clause(tmp_path):
     launch = [sys.executable, "-m", "deploy.launch", "-n", "3", "--", "--config", str(cfg), "--sql"]
     run = subprocess.run([*launch, str(tmp_path / "bad.sql")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "ORDER BY" in run.stderr
+
+
+def test_group_by_with_sparks_window_is_the_aggregation_and_its_view_equals_duckdbs(tmp_path, spark):
+    """GROUP BY with window(time, '10 seconds', '5 seconds'), count(*), sum, avg, min and count(DISTINCT) over an
+    inner join with a pair condition and a filter: the slaves pre-aggregate (`[aggregate]`, which the query sets),
+    the merger's streaming view and the batch view both equal DuckDB's GROUP BY in the same hopping windows over
+    DuckDB's rows of the same join."""
+    import duckdb
+
+    from tests.cluster.test_aggregate_streams import aggregated, assert_view_equals, run_and_merge
+
+    tables = trades_quotes(tmp_path / "data", seed=13)
+    on = f"{ON} AND t.qty >= 100"
+    sql = (
+        "SELECT t.symbol, window(q.quote_ts, '10 seconds', '5 seconds') AS w, count(*) AS n, sum(t.qty), "
+        f"avg(q.bid), min(q.bid), count(DISTINCT q.src) FROM trades t JOIN quotes q ON {on} "
+        "GROUP BY t.symbol, window(q.quote_ts, '10 seconds', '5 seconds')"
+    )
+    more = {"source.rate": 3000.0, "aggregate.flush_interval": 0.3}
+    cfg, streamed, batched = run_and_merge(tmp_path, spark, settings(tmp_path / "data", sql, **more))
+    assert cfg["aggregate"]["group_by"] == ["trades_symbol"] and cfg["aggregate"]["time"] == "quotes_quote_ts"
+    for name, table in tables.items():
+        duckdb.register(name, table)
+    columns = [f"{a}.{c} AS {n}_{c}" for a, n in (("t", "trades"), ("q", "quotes")) for c in tables[n].column_names]
+    want = aggregated(f"SELECT {', '.join(columns)} FROM trades t JOIN quotes q ON {on}", cfg)
+    assert want.num_rows > 50
+    assert_view_equals(streamed, want, cfg)
+    assert_view_equals(batched, want, cfg)

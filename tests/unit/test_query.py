@@ -83,7 +83,8 @@ def _cols(node):
     [
         (f"SELECT * FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} ORDER BY t.ts", "ORDER BY"),
         (f"SELECT * FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} LIMIT 5", "LIMIT"),
-        (f"SELECT t.k, count(*) FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} GROUP BY t.k", "GROUP BY"),
+        (f"SELECT t.k, count(*) FROM trades t LEFT JOIN quotes q ON t.k = q.k AND {BOUND} GROUP BY t.k", "GROUP BY"),
+        (f"SELECT t.k, q.x FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} GROUP BY t.k", "a group column"),
         (f"SELECT DISTINCT t.k FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND}", "DISTINCT"),
         (f"SELECT * FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} JOIN x ON x.k = t.k", "exactly two"),
         (f"SELECT * FROM trades t JOIN quotes q ON t.x < q.x + 3 AND {BOUND}", "no key equality"),
@@ -117,19 +118,40 @@ def test_what_a_streaming_join_cannot_do_is_refused_naming_the_clause(sql, words
 
 def test_the_query_sets_the_streams_and_the_join_and_refuses_saying_it_twice():
     streams = {"quotes": {"path": "q.parquet", "payload": ["bid"]}, "trades": {"path": "t.csv", "key": "symbol"}}
-    join = {}
+    cfg = {"join": {}, "aggregate": {}}
     sql = f"SELECT * FROM trades t LEFT JOIN quotes q ON t.symbol = q.symbol AND {BOUND} AND q.src > t.px"
-    apply_query(sql, streams, join, set())
+    apply_query(sql, streams, cfg, set())
+    join = cfg["join"]
     assert streams["trades"] | {"side": "R"} == streams["trades"] and streams["trades"]["key"] == ["symbol"]
     assert streams["quotes"]["side"] == "S" and streams["quotes"]["time"] == "ts"
     assert streams["quotes"]["payload"] == ["bid", "src"]  # what the condition reads travels
     assert join == {"type": "left", "lower": -2.0, "upper": 0.0, "predicate": "equal", "band": 0}
     with pytest.raises(ConfigError, match="join.window: the query says it"):
-        apply_query(sql, {"trades": {}, "quotes": {}}, {}, {("join", "window")})
+        apply_query(sql, {"trades": {}, "quotes": {}}, {"join": {}}, {("join", "window")})
     with pytest.raises(ConfigError, match="streams.trades.key = 'venue'"):
-        apply_query(sql, {"trades": {"key": "venue"}, "quotes": {}}, {}, set())
+        apply_query(sql, {"trades": {"key": "venue"}, "quotes": {}}, {"join": {}}, set())
     with pytest.raises(ConfigError, match="declared streams"):
-        apply_query(sql, {}, {}, set())
+        apply_query(sql, {}, {"join": {}}, set())
+
+
+def test_group_by_with_sparks_window_is_the_two_phase_aggregation():
+    sql = (
+        "SELECT t.sym, window(q.ts, '60 seconds', '30 seconds') AS w, count(*), sum(q.bid), avg(t.px), "
+        f"count(DISTINCT q.src) FROM trades t JOIN quotes q ON t.sym = q.sym AND {BOUND} "
+        "GROUP BY t.sym, window(q.ts, '60 seconds', '30 seconds')"
+    )
+    cfg = {"join": {}, "aggregate": {}}
+    apply_query(sql, {"trades": {}, "quotes": {"prefix": "q_"}}, cfg, set())
+    assert cfg["aggregate"] == {
+        "enabled": True,
+        "group_by": ["trades_sym"],
+        "window": 60.0,
+        "slide": 30.0,
+        "time": "q_ts",
+        "measures": ["count", "sum(q_bid)", "avg(trades_px)", "count_distinct(q_src)"],
+    }
+    with pytest.raises(ConfigError, match="aggregate.window: the query's GROUP BY says it"):
+        apply_query(sql, {"trades": {}, "quotes": {}}, {"join": {}, "aggregate": {}}, {("aggregate", "window")})
 
 
 def test_projection_names_columns_as_sql_does():
