@@ -44,6 +44,11 @@ class InputError(Exception):
     """User mistake in the input; the message names file, row and column."""
 
 
+class InputLost(InputError):
+    """Input the run had not read is gone where it was kept (a Kafka partition's records deleted below the stream's
+    position): a restart would meet the same hole, so the job stops with its own exit code (protocol.lifetime)."""
+
+
 def empty() -> Chunk:
     return Chunk(
         np.empty(0, np.int8),

@@ -82,6 +82,7 @@ def sample_schema() -> pa.Schema:
             ("records", i64),
             ("bytes", i64),
             ("lag", i64),
+            ("lost", i64),
         ]
     )
     return pa.schema(

@@ -3,8 +3,9 @@ newest checkpoint, on the hosts that still answer.
 
 COMMAND starts the cluster, e.g. `python -m deploy.launch -n 5 --hostfile hosts -- --config run.toml`
 or `mpirun -n 5 python -m master --config run.toml`.  When it exits with a
-crash (any code but 0, and but 2, which is a user mistake the master has
-already explained), it is started again with `--recover` appended: the master
+crash (any code but 0, 2, a user mistake the master has already explained,
+and 8, a Kafka stream's records deleted before they were read, which a restart
+would meet again), it is started again with `--recover` appended: the master
 resumes from the newest complete checkpoint and removes the output written
 after it (BiStream, section 3.5), so after any number of crashes the results
 are those of an uninterrupted run.  Restarts wait `--backoff` seconds, doubling
@@ -40,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from deploy.hosts import HostfileError, answers, place, read_hostfile
-from protocol.lifetime import TOO_FEW, USER_ERROR, die_with_parent, exit_code, invocation
+from protocol.lifetime import INPUT_LOST, TOO_FEW, USER_ERROR, die_with_parent, exit_code, invocation
 from protocol.startup import RESTARTS
 
 #: what the n-th stop signal to the supervisor sends the cluster: SIGUSR1 is the clean stop of both mpirun
@@ -183,7 +184,7 @@ def _run(
         env = {**os.environ, RESTARTS: json.dumps(record)}
         cluster.append(subprocess.Popen(cmd, start_new_session=True, preexec_fn=die_with_parent, env=env))
         code = exit_code(cluster[-1].wait())
-        if code == 0 or code == USER_ERROR or stopped():
+        if code in (0, USER_ERROR, INPUT_LOST) or stopped():
             return code
         if attempt >= restarts:
             log(f"supervise: the cluster crashed (exit code {code}) and all {restarts} restarts are used: giving up")

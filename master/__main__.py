@@ -21,7 +21,7 @@ os.environ.setdefault("OMPI_MCA_btl", BTL)  # before MPI_Init reads it: under a 
 from mpi4py import MPI
 
 from master.cli import parse_args
-from protocol.lifetime import SINK, USER_ERROR
+from protocol.lifetime import INPUT_LOST, SINK, USER_ERROR
 from protocol.errors import SinkError
 from protocol.mpi import receive_start, run_rank, wait_barrier
 
@@ -118,14 +118,15 @@ def other_rank(comm) -> int:
 @contextmanager
 def input_errors_abort(comm):
     """A file source finds a bad block or an unreadable file only when it reads that far, during the run: say
-    so and end the whole job (the other ranks would wait for this one forever)."""
-    from common.chunks import InputError
+    so and end the whole job (the other ranks would wait for this one forever); input deleted before it was
+    read (a Kafka stream's records) ends it with INPUT_LOST, which no restart mends."""
+    from common.chunks import InputError, InputLost
 
     try:
         yield
     except InputError as e:
         say(f"error: {e}")
-        comm.Abort(USER_ERROR)
+        comm.Abort(INPUT_LOST if isinstance(e, InputLost) else USER_ERROR)
 
 
 def main() -> int:
@@ -137,7 +138,7 @@ def main() -> int:
     from master.run import Master
     from master.sources import open_shard
     from protocol import checkpoint
-    from common.chunks import InputError
+    from common.chunks import InputError, InputLost
     from protocol.config import ConfigError, load_config, validate
     from protocol.output import OutputError, check_owned, reset_output
 
@@ -176,6 +177,9 @@ def main() -> int:
     except SinkError as e:  # the broker: not a mistake in the configuration, a restart may find it back
         say(f"error: kafka sink: {e}")
         comm.Abort(SINK)
+    except InputLost as e:  # a recovery's offsets below what the broker still holds
+        say(f"error: {e}")
+        comm.Abort(INPUT_LOST)
     except (ConfigError, InputError, checkpoint.CheckpointError, OutputError, OutputBusy, OSError) as e:
         say(f"error: {e}")
         if lock is not None:

@@ -545,9 +545,10 @@ class Metrics:
                 (gauge, "lag", "records at the broker not handed on to the join yet"),
                 (counter, "records", "records read"),
                 (counter, "bytes", "bytes of record values read"),
+                (counter, "lost", 'records deleted at the broker before they were read, skipped (on_lost = "skip")'),
             ):
                 rows = [(place(p), p[name]) for p in s["kafka_partitions"]]
-                yield kind(f"kafka_{name}" + "_records" * (name == "lag"), doc, None, KAFKA_LABELS, rows)
+                yield kind(f"kafka_{name}" + "_records" * (name in ("lag", "lost")), doc, None, KAFKA_LABELS, rows)
 
 
 def _histogram(name: str, doc: str, rows, labels=()) -> HistogramMetricFamily:

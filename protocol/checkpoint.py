@@ -47,6 +47,9 @@ FORMAT = 6
 BINDING_SECTIONS = ("cluster", "source", "streams", "generator", "join", "partitioning", "tuning")
 #: keys of those sections that say how the cluster runs, not what it joins: free to change on a recovery
 UNBOUND_KEYS = {("cluster", "heartbeat_timeout"), ("cluster", "network"), ("cluster", "ports")}
+#: a Kafka stream's keys that say what to do when records were deleted before they were read, not what is joined:
+#: a recovery that stopped on such a hole may go on past it (streams.NAME.kafka.on_lost = "skip")
+UNBOUND_KAFKA_KEYS = {"on_lost"}
 
 
 class CheckpointError(Exception):
@@ -212,11 +215,20 @@ def check_binding(manifest: dict, cfg: dict) -> None:
     for section in BINDING_SECTIONS:
         for key, value in public(cfg)[section].items():
             then = manifest["config"].get(section, {}).get(key)
+            if section == "streams":
+                then, value = _bound_stream(then), _bound_stream(value)
             if then != value and (section, key) not in UNBOUND_KEYS:
                 raise CheckpointError(
                     f"{section}.{key} is {value!r} but was {then!r} when checkpoint "
                     f"{manifest['id']} was taken: resume with the same setting"
                 )
+
+
+def _bound_stream(spec: dict | None) -> dict | None:
+    """A stream's settings without its Kafka table's UNBOUND_KAFKA_KEYS."""
+    if not spec or not spec.get("kafka"):
+        return spec
+    return {**spec, "kafka": {k: v for k, v in spec["kafka"].items() if k not in UNBOUND_KAFKA_KEYS}}
 
 
 def slaves_of(manifest: dict) -> list[int]:

@@ -23,9 +23,12 @@ LOST = 4  #: a rank was lost: it died, froze or its host was cut off (protocol.l
 START_FAILED = 5  #: the job could not start: a host did not answer, Open MPI failed before the ranks ran
 TOO_FEW = 6  #: the supervisor: fewer slaves than --min-slaves remain on the hosts that answer
 SINK = 7  #: the Kafka result sink could not deliver within output.kafka.timeout (master.sink): restarted
+#: records of a Kafka stream were deleted at the broker before the stream read them (its `on_lost` is "stop"):
+#: a restart would find the same hole, so the supervisor stops
+INPUT_LOST = 8
 #: every code a command of the cluster ends with besides 128 + N (killed by signal N); deploy.launch maps
 #: any other code of Open MPI's to one of these
-CODES = (0, CRASH, USER_ERROR, CHANNEL, LOST, START_FAILED, TOO_FEW, SINK)
+CODES = (0, CRASH, USER_ERROR, CHANNEL, LOST, START_FAILED, TOO_FEW, SINK, INPUT_LOST)
 
 
 def die_with_parent() -> None:

@@ -113,6 +113,13 @@ KAFKA_KEYS: dict[str, tuple[Any, str]] = {
         "true: the stream ends at each partition's end offset as read when the run starts; false: it "
         "never ends (the run ends on a stop signal)",
     ),
+    "on_lost": (
+        "stop",
+        '"stop": records deleted at the broker before the stream read them (retention, DeleteRecords; a recovery\'s '
+        "checkpointed offset below a partition's first record) end the run with exit 8, naming topic, partition and "
+        'offsets; "skip": the partition goes on from its first record still there, the lost records counted per '
+        "partition in summary.json and the metrics",
+    ),
     "format": (
         "json",
         '"json": each record\'s value is one JSON object; "csv": one CSV line, its cells in the order of `schema`; '
@@ -167,7 +174,9 @@ SINK_OWN = (
 #: time, id or payload columns, never declared in `schema`
 KAFKA_COLUMNS = {"@topic": "string", "@partition": "int32", "@offset": "int64", "@timestamp": "timestamp[ms, tz=UTC]"}
 #: librdkafka settings the stream sets itself (its reading depends on them)
-KAFKA_OWN = ("bootstrap.servers", "group.id", "enable.partition.eof", "enable.auto.offset.store")
+KAFKA_OWN = ("bootstrap.servers", "group.id", "enable.partition.eof", "enable.auto.offset.store", "auto.offset.reset")
+#: what a stream does when records it had not read were deleted at the broker (KAFKA_KEYS' `on_lost`)
+ON_LOST = ("stop", "skip")
 
 
 def set_key(streams: dict, name: str, value: Any, error: type[Exception]) -> None:
@@ -395,6 +404,8 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
         raise error(f"{where}.topic: expected a topic name or a list of distinct topic names, got {k['topic']!r}")
     if not isinstance(k["bounded"], bool):
         raise error(f"{where}.bounded: expected true or false, got {k['bounded']!r}")
+    if k["on_lost"] not in ON_LOST:
+        raise error(f"{where}.on_lost: one of {', '.join(map(repr, ON_LOST))}, got {k['on_lost']!r}")
     if k["format"] not in KAFKA_FORMATS:
         raise error(f"{where}.format: one of {', '.join(map(repr, KAFKA_FORMATS))}, got {k['format']!r}")
     if (k["format"] == "avro") != bool(k["avro_schema"]) or not isinstance(k["avro_schema"], str):
@@ -423,11 +434,13 @@ def _kafka(name: str, table: Any, error: type[Exception]) -> dict:
             where,
             k["config"],
             KAFKA_OWN,
-            f"the stream itself (bootstrap.servers from {where}.bootstrap, group.id from {where}.group; its reading "
-            "depends on the others)",
+            f"the stream itself (bootstrap.servers from {where}.bootstrap, group.id from {where}.group, "
+            f"auto.offset.reset: records deleted before they were read are never skipped silently, {where}.on_lost "
+            "decides; its reading depends on the others)",
             error,
         ),
         "bounded": k["bounded"],
+        "on_lost": k["on_lost"],
         "format": k["format"],
         "avro_schema": k["avro_schema"],
         "registry_header": k["registry_header"],

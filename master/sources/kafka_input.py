@@ -25,6 +25,13 @@ duplicate-id check's state; a recovery (`start`) reads each partition again from
 aside wait until that offset has passed them, so the listing holds each once.  Each complete checkpoint's
 offsets are committed to the group (`acknowledge`), for lag monitoring; nothing resumes from them.
 
+Records gone.  Records deleted at the broker before they were read (retention, DeleteRecords) must never be
+skipped silently, as a plain consumer's `auto.offset.reset` would: the client never resets (`error`), a start
+compares each partition's offset with the broker's offsets (a recovery's checkpointed one may lie below the first
+record now), and a client that cannot fetch at its position asks the broker where the partition starts.  The
+range lost stops the job (InputLost, exit 8) or, with `on_lost = "skip"`, is logged, counted per partition
+(summary, metrics, kept in checkpoints) and the partition read on from its first record.
+
 Several dispatchers (`share` = (index, k)).  The partitions are shared out once, at the start: the topics'
 (topic, partition) list sorted, dispatcher i reads the i-th, (i + k)-th, ... of it (`assignment`), each with its
 own client, merge, listing (`kafka-rejected-<R|S>-dI`) and place in its own part of each checkpoint; a recovery
@@ -47,9 +54,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from common.chunks import InputError
+from common.chunks import InputError, InputLost
 from common.stream_file import StreamBatch, StreamChecks
 from master.sources.archive import named
 from master.sources.rejected import RejectedListing
@@ -73,6 +80,19 @@ STOPPING = {
     KafkaError._AUTHENTICATION,
     KafkaError.SASL_AUTHENTICATION_FAILED,
 }
+#: the client could not fetch at a partition's position: the broker no longer holds that offset (its records were
+#: deleted, or it lost records it had acknowledged); the client never resets on its own (`auto.offset.reset`)
+OFFSET_GONE = {KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE}
+
+
+def lost_line(name: str, ranges: list[dict]) -> str:
+    """The line that names records deleted before stream `name` read them: per partition its topic, number and
+    the offsets lost (`ranges`: dicts of topic, partition, first, last)."""
+    where = ", ".join(
+        f"kafka topic {r['topic']} partition {r['partition']}: offsets {r['first']}..{r['last']}" for r in ranges
+    )
+    n = sum(r["last"] - r["first"] + 1 for r in ranges)
+    return f"stream {name}: {where} {'were' if n > 1 else 'was'} deleted before they were read ({n:,} records lost)"
 
 
 def assignment(partitions: list[tuple[str, int]], index: int, k: int) -> list[tuple[str, int]]:
@@ -97,6 +117,7 @@ class KafkaStream:
         """`start`: a checkpoint's `position` to read on from (None: every partition from its beginning)."""
         self.share = share
         spec, kafka = checks.spec, checks.spec["kafka"]
+        self.on_lost = kafka["on_lost"]
         self.checks, self.name, self.topics, self.bounded = checks, checks.name, kafka["topics"], kafka["bounded"]
         self.side = side
         #: the fields read from the values; key, time and id are required (a record without one is set aside)
@@ -139,13 +160,17 @@ class KafkaStream:
         self.checkpointed = bool(cfg["checkpoint"]["interval"])  #: the group's offsets are the checkpoints'
         self._aside: list[tuple[np.ndarray, np.ndarray, pa.Table]] = []  #: set aside, not yet passed by the merge
         self._commit_due: list[TopicPartition] | None = None  #: a complete checkpoint's offsets, to commit
+        self.lost = np.zeros(len(self.assigned), np.int64)  #: records deleted before they were read, per partition
+        self.lost_ranges: list[dict] = []  #: each occurrence: topic, partition, first and last offset lost
         if start is not None:
             self._resume(*start)
-        self.consumer.assign(
-            [TopicPartition(t, p, int(x)) for (t, p), x in zip(self.assigned, self.merge.position)]
-            if start is not None
-            else [TopicPartition(t, p, OFFSET_BEGINNING) for t, p in self.assigned]
-        )
+        try:  # a checkpoint's offsets outside what the broker holds now: lost, or stop
+            gone = np.flatnonzero((self.merge.position < first) | (self.merge.position > high))
+            self._skip_gone(gone, first[gone], high[gone])
+        except InputLost:
+            self.consumer.close()
+            raise
+        self.consumer.assign([TopicPartition(t, p, int(x)) for (t, p), x in zip(self.assigned, self.merge.position)])
         self._stored = self.merge.unreleased()  #: the positions last stored for committing
         self._crowded = np.zeros(len(self.assigned), bool)  #: paused for rows waiting (master.sources.partitions)
         self._paused = np.zeros(len(self.assigned), bool)  #: paused at the client: crowded, or bounded and ended
@@ -389,6 +414,8 @@ class KafkaStream:
             err = e.error()
             if err.code() == KafkaError._PARTITION_EOF:
                 self.merge.reached_end(int(self.index_of[self.topics.index(e.topic()), e.partition()]), e.offset())
+            elif err.code() in OFFSET_GONE and e.topic():
+                self._gone_while_reading(int(self.index_of[self.topics.index(e.topic()), e.partition()]), e.offset())
             elif err.fatal() or err.code() in STOPPING:
                 where = f"{e.topic()} [{e.partition()}]" if e.topic() else self.topics[0]
                 raise InputError(f"streams.{self.name}.kafka: {where}: {err.str()}")
@@ -399,6 +426,63 @@ class KafkaStream:
                     file=sys.stderr,
                     flush=True,
                 )
+
+    def _gone_while_reading(self, i: int, at: int) -> None:
+        """The client could not fetch partition i at offset `at` (-1: at the merge's position): the broker's
+        offsets now say what was deleted (or lost); the partition is assigned again where reading goes on."""
+        topic, p = self.assigned[i]
+        at = at if at >= 0 else int(self.merge.position[i])
+        try:
+            mark = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=METADATA_TIMEOUT)
+        except KafkaException:
+            mark = None
+        if mark is None:  # no answer now: fetch there again, the client reports the same again if it still fails
+            print(
+                f"kafka: streams.{self.name}: {topic} [{p}]: offset {at} not fetched, and the broker's offsets "
+                "are not known: trying again",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            self._skip_gone(np.array([i]), np.array(mark[:1], np.int64), np.array(mark[1:], np.int64), at)
+            at = max(at, mark[0])
+        self.consumer.incremental_unassign([TopicPartition(topic, p)])
+        self.consumer.incremental_assign([TopicPartition(topic, p, at)])
+        if self._paused[i]:
+            self.consumer.pause([TopicPartition(topic, p)])
+
+    def _skip_gone(self, gone: np.ndarray, low: np.ndarray, high: np.ndarray, at: int | None = None) -> None:
+        """Partitions `gone` (indexes) cannot be read at their position (`at`: at that offset instead) because the
+        broker holds only offsets `low`..`high` of them now (each an array beside `gone`).  Below `low`:
+        records deleted before they were read -- InputLost naming them (on_lost = "stop"), or counted, logged
+        and skipped (the merge reads on from `low`).  Above `high`: the broker lost records the stream had read
+        (or the topic was made anew): InputLost whatever on_lost says, as reading there would take other records
+        for them."""
+        ranges = []
+        for j, i in enumerate(gone.tolist()):
+            topic, p = self.assigned[i]
+            first = int(self.merge.position[i]) if at is None else at
+            lo, hi = int(low[j]), int(high[j])
+            if first > hi:
+                raise InputLost(
+                    f"stream {self.name}: kafka topic {topic} partition {p}: offset {first} lies beyond the "
+                    f"partition's end {hi}: the broker no longer holds records the stream has read (it lost records "
+                    "it had acknowledged, or the topic was made anew), and reading on would take others for them"
+                )
+            upto = min(lo, int(self.merge.end[i])) if self.bounded else lo  # bounded: what it would have read
+            if first < upto:
+                ranges.append({"topic": topic, "partition": p, "first": first, "last": upto - 1})
+        if not ranges:
+            return
+        line = lost_line(self.name, ranges)
+        if self.on_lost == "stop":
+            raise InputLost(f'{line}; set streams.{self.name}.kafka.on_lost = "skip" to go on without them')
+        print(f'kafka: {line}; skipped (on_lost = "skip")', file=sys.stderr, flush=True)
+        for r in ranges:
+            i = self.assigned.index((r["topic"], r["partition"]))
+            self.lost[i] += r["last"] - r["first"] + 1
+            self.merge.skip(i, r["last"] + 1)
+        self.lost_ranges += ranges
 
     def _pace(self, now: float) -> None:
         """Pause the partitions read far ahead (master.sources.partitions) and, bounded, those at their end;
@@ -433,8 +517,16 @@ class KafkaStream:
             mark = self.consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)
             high = mark[1] if mark is not None and mark[1] >= 0 else int(self.high[i])
             records, size = self.taken[:, i].tolist()
+            lag = max(high - int(at[i]), 0)
             out.append(
-                {"topic": topic, "partition": p, "records": records, "bytes": size, "lag": max(high - int(at[i]), 0)}
+                {
+                    "topic": topic,
+                    "partition": p,
+                    "records": records,
+                    "bytes": size,
+                    "lag": lag,
+                    "lost": int(self.lost[i]),
+                }
             )
         return out
 
@@ -457,6 +549,8 @@ class KafkaStream:
                 "held_peak_rows": self.merge.peak,
                 "partitions_paused": self.pauses,
                 "positions": {f"{t}/{p}": int(x) for (t, p), x in zip(self.assigned, self.merge.unreleased())},
+                "lost_records": int(self.lost.sum()),
+                "lost": list(self.lost_ranges),
             }
         return self._finished
 
@@ -467,10 +561,14 @@ class KafkaStream:
         reasons: Counter = sum((Counter(s["rejected_by_reason"]) for s in entries), Counter())
         return {
             **entries[0],
-            **{k: sum(s[k] for s in entries) for k in ("partitions", "records", "rows", "partitions_paused")},
+            **{
+                k: sum(s[k] for s in entries)
+                for k in ("partitions", "records", "rows", "partitions_paused", "lost_records")
+            },
             "held_peak_rows": max(s["held_peak_rows"] for s in entries),
             "rejected_by_reason": dict(reasons),
             "positions": {p: x for s in entries for p, x in s["positions"].items()},
+            "lost": [r for s in entries for r in s["lost"]],
         }
 
     def position(self) -> tuple[dict, pa.Table]:
@@ -490,6 +588,7 @@ class KafkaStream:
             "rejected_files": self.listing.files,
             "rejected_rows": self.listing.rows,
             "rejected_by_reason": dict(self.listing.reasons),
+            "lost": list(self.lost_ranges),
         }, recent
 
     def _resume(self, where: dict, recent: pa.Table) -> None:
@@ -510,6 +609,10 @@ class KafkaStream:
         self.listing.reasons.update(where["rejected_by_reason"])
         self.records = self.rows + self.listing.rows
         self._stored = self.merge.unreleased()
+        self.lost_ranges = list(where.get("lost", []))  # skipped before the checkpoint (none in older ones)
+        for r in self.lost_ranges:
+            if (r["topic"], r["partition"]) in self.assigned:
+                self.lost[self.assigned.index((r["topic"], r["partition"]))] += r["last"] - r["first"] + 1
 
     def acknowledge(self, where: dict) -> None:
         """A checkpoint holding the stream up to `where` (its `position`) is complete: its offsets become the
@@ -528,8 +631,8 @@ def _consumer(name: str, kafka: dict) -> Consumer:
     """The client: the user's settings, then the stream's own; a setting librdkafka refuses is named, its value
     never shown (librdkafka's message quotes it)."""
     settings = {
-        "auto.offset.reset": "earliest",
         **resolved_settings(kafka["config"], f"streams.{name}.kafka.config", ConfigError),
+        "auto.offset.reset": "error",  # never a silent jump: records gone below a position are the stream's to judge
         "bootstrap.servers": kafka["bootstrap"],
         "group.id": kafka["group"],
         "enable.partition.eof": True,

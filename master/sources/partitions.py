@@ -93,6 +93,11 @@ class PartitionMerge:
             self.position[partition], min(offset, self.end[partition]) if self.bounded else offset
         )
 
+    def skip(self, partition: int, offset: int) -> None:
+        """Partition `partition`'s records below `offset` were deleted before they were read: it reads on
+        from there."""
+        self.position[partition] = max(self.position[partition], offset)
+
     def add(self, partition: np.ndarray, offset: np.ndarray, ts: np.ndarray, good: np.ndarray, table: pa.Table) -> None:
         """Rows read, in reading order (each partition's in offset order): their event times `ts`
         (microseconds), whether each passes the checks (`good`: only those move the watermark) and their

@@ -359,6 +359,11 @@ def test_topics_written_while_the_cluster_runs_recover_at_their_checkpointed_off
             "give it one of path (files), endpoint (live producers) or kafka (a topic), not path and kafka",
         ),
         ({"streams.views.kafka.config.group.id": "mine"}, "streams.views.kafka.config.group.id: set by the stream"),
+        (
+            {"streams.views.kafka.config.auto.offset.reset": "earliest"},
+            "streams.views.kafka.config.auto.offset.reset: set by the stream",
+        ),
+        ({"streams.views.kafka.on_lost": "ignore"}, "streams.views.kafka.on_lost: one of 'stop', 'skip', got 'ignore'"),
     ],
 )
 def test_config_mistakes_of_kafka_streams_are_refused_naming_the_key(change, words):

@@ -93,6 +93,24 @@ def test_binding_refuses_another_join_setting_but_not_how_the_cluster_runs():
         checkpoint.check_binding(manifest, load_config(None, ["cluster.dispatchers=2"]))
 
 
+def test_binding_lets_a_recovery_skip_records_deleted_below_its_kafka_offsets_but_not_read_another_topic():
+    """A recovery stopped by records deleted before they were read goes on with on_lost = "skip" (a checkpoint of a
+    version before the key has none); another topic is another input."""
+    stream = lambda name, topic, *extra: [  # noqa: E731
+        f'streams.{name}.kafka={{bootstrap = "b:1", topic = "{topic}"{"".join(extra)}}}',
+        f'streams.{name}.schema={{id = "int64", k = "int64", t = "int64"}}',
+        f'streams.{name}.key="k"',
+        f'streams.{name}.time="t"',
+    ]
+    cfg = load_config(None, [*stream("r", "a"), *stream("s", "b")])
+    then = json.loads(json.dumps(cfg))
+    del then["streams"]["r"]["kafka"]["on_lost"]
+    manifest = {"id": 3, "slaves": 4, "config": then}
+    checkpoint.check_binding(manifest, load_config(None, [*stream("r", "a", ', on_lost = "skip"'), *stream("s", "b")]))
+    with pytest.raises(checkpoint.CheckpointError, match="streams.r is"):
+        checkpoint.check_binding(manifest, load_config(None, [*stream("r", "c"), *stream("s", "b")]))
+
+
 def shell(tmp_path, script):
     """A command that fails its first runs and records its arguments, as a crashing cluster would."""
     s = tmp_path / "cmd.py"

@@ -13,7 +13,7 @@ from control.supervise import Hosts, supervise
 from deploy.hosts import Host, HostfileError, describe, place, read_hostfile
 from deploy.job import JobWatch
 from protocol import checkpoint
-from protocol.lifetime import CRASH, LOST, START_FAILED
+from protocol.lifetime import CRASH, INPUT_LOST, LOST, START_FAILED
 from protocol.liveness import Liveness, heartbeat_interval, heartbeat_timeout
 
 
@@ -225,3 +225,10 @@ def test_restarts_back_off_exponentially():
         == 4
     )
     assert waits == [0.5, 1.0, 2.0, 3.0]
+
+
+def test_records_deleted_before_they_were_read_are_no_restart():
+    """Exit 8 (a Kafka stream's records deleted below its position): a restart would meet the same hole."""
+    waits = []
+    command = [sys.executable, "-c", f"raise SystemExit({INPUT_LOST})"]
+    assert supervise(command, 4, 0.5, log=lambda _: None, sleep=waits.append) == INPUT_LOST and waits == []

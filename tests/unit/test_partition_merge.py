@@ -194,3 +194,19 @@ def test_an_unbounded_merge_restored_holds_back_for_a_partition_with_records_at_
         feed(m, [0], [2], [20_000])
         m.reached_end(0, 3)  # partition 0 read to its end
         assert (released(m) == []) is holds
+
+
+def test_a_partition_whose_records_were_deleted_reads_on_past_them_and_a_bounded_one_ends_there():
+    """Records deleted before they were read (master.sources.kafka_input, on_lost = "skip"): the partition's
+    position moves past them, so its next offset to hand on and a checkpoint's offset are there, never below."""
+    m = merge(2, high=[10, 10])
+    feed(m, [0, 0], [0, 1], [1_000, 2_000])
+    m.skip(0, 6)
+    assert m.position.tolist() == [6, 0] and m.unreleased().tolist() == [0, 0]  # rows 0, 1 still wait
+    m.skip(0, 4)  # never back
+    assert m.position[0] == 6
+    m.skip(1, 10)  # bounded: everything up to its end deleted
+    assert m.ended().tolist() == [False, True]
+    feed(m, [0], [6], [3_000])
+    m.reached_end(0, 10)
+    assert released(m) == [(0, 0), (0, 1), (0, 6)] and m.unreleased().tolist() == [10, 10] and m.done
