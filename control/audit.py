@@ -43,7 +43,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from decimal import Decimal
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file (spark-submit control/audit.py): make the project importable
@@ -54,6 +53,7 @@ import numpy as np
 from common.chunks import InputError
 from control import audit_streams, audit_view
 from control.audit_metrics import DEFAULT_ENDPOINT, PAIR_OUTCOMES, AuditMetrics
+from control.spark import seconds_text
 from protocol import checkpoint
 from protocol.aggregation import aggregation, sides
 from protocol.config import ConfigError
@@ -218,31 +218,16 @@ def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
                 )
 
 
-def micros(column, kind: str = "double"):
-    """Seconds as int64 microseconds, by the engine's documented rule (docs/time.md), in SQL; null if not a
-    valid ts.  Float seconds: whole seconds and fraction apart, the fraction's microseconds rounded half to
-    even, exact for the float64 of a decimal with up to 6 decimals while |ts| < 2**33 s (the files' ts are
-    such floats of microseconds); text and decimals: the digits as written (to 24 decimals), rounded half to
-    even; integers: whole seconds."""
+def micros(column):
+    """Float seconds (the run's files' ts) as int64 microseconds, by the engine's documented rule (docs/time.md),
+    in SQL; null if not a valid ts: whole seconds and fraction apart, the fraction's microseconds rounded half to
+    even, exact for the float64 of a decimal with up to 6 decimals while |ts| < 2**33 s (the files' ts are such
+    floats of microseconds)."""
     from pyspark.sql import functions as F
 
-    limit = F.lit(TS_LIMIT // PER_SECOND)
-    if kind == "integer":
-        s = column.try_cast("long")
-        return F.when(F.abs(s) < limit, s * PER_SECOND)
-    if kind == "text":
-        s = column.try_cast("decimal(38,24)")
-        return F.when(F.abs(s) < limit, F.bround(s, 6) * PER_SECOND).cast("long")
     s = column.try_cast("double")
-    whole = F.floor(F.when(F.abs(s) < limit, s))  # NaN is above every number in Spark: not < limit
+    whole = F.floor(F.when(F.abs(s) < F.lit(TS_LIMIT // PER_SECOND), s))  # NaN is above every number in Spark
     return whole * PER_SECOND + F.bround((s - whole) * PER_SECOND).cast("long")
-
-
-def seconds_text(us: int) -> str:
-    """Microseconds as the shortest decimal of their seconds ("1", "-0.5", "0.000001"): exact, for names."""
-    if us <= NEG_INF or us >= POS_INF:
-        return "start" if us <= NEG_INF else "end"
-    return format(Decimal(us).scaleb(-6).normalize(), "f")
 
 
 def instant(seconds: float, option: str = "--from") -> int:
@@ -323,8 +308,11 @@ def arrivals(spark, target: Target):
 
 def _input_file(spark, target: Target, path: Path):
     """The file source's input: its accepted rows (rejected/ names the others by row) numbered by `pos`."""
+    import pyarrow.parquet as pq
     from pyspark.sql import Window
     from pyspark.sql import functions as F
+
+    from control.spark import is_nanos, stream_micros
 
     if not path.is_file():
         raise AuditError(
@@ -336,20 +324,16 @@ def _input_file(spark, target: Target, path: Path):
         raw = raw.withColumn("row0", F.row_number().over(Window.orderBy("_mid")) - 1)  # one task: no archive
     else:
         raw = spark.read.parquet(uri(path)).withColumn("row0", F.col("_metadata.row_index"))
-    ts_type = raw.schema["ts"].dataType.typeName()
-    kind = (
-        "integer"
-        if ts_type in ("byte", "short", "integer", "long")
-        else "double"
-        if ts_type in ("float", "double")
-        else "text"
-    )
+    unit = target.cfg["source"]["ts_unit"]
+    if path.suffix.lower() != ".csv" and "ts" in raw.columns and is_nanos(pq.read_schema(path).field("ts").type):
+        unit = "ns"  # read as its count of nanoseconds (control.spark)
+    t = stream_micros(raw, "ts", unit)
     # try_cast: the rejected rows are still there (Spark may cast before the anti-join below drops them)
     cols = [
         F.col("stream").cast("string"),
         F.col("id").try_cast("long"),
-        F.col("ts").try_cast("double"),
-        micros(F.col("ts"), kind),
+        t / 1e6,
+        t,
         F.col("key").try_cast("long"),
         F.coalesce(F.col("value").try_cast("double"), F.lit(0.0)) if "value" in raw.columns else F.lit(0.0),
     ]
