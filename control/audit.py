@@ -41,6 +41,7 @@ import math
 import shutil
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
@@ -61,9 +62,10 @@ from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RESULT_COLUMNS, RIGHT_UNMATCHED
 from protocol.predicates import time_bounds
 from protocol.tuples import tuple_dtype
-from protocol.lifetime import invocation
+from protocol.lifetime import NOT_AUDITED, invocation
 
-#: exit codes: the range is exact, it differs, the command was wrong
+#: exit codes: the range is exact, it differs, the command was wrong; NOT_AUDITED (protocol.lifetime): the audit
+#: could not check it (a crash, a file it cannot read, a run it does not audit yet)
 EXACT, DIFFERENT, USAGE = 0, 1, 2
 TUPLE_SCHEMA = "stream string, id long, ts double, key long, value double"
 RESULT_SCHEMA = ", ".join(f"{c} {'long' if c.endswith(('_id', '_key')) else 'double'}" for c in RESULT_COLUMNS)
@@ -279,7 +281,7 @@ def arrivals(spark, target: Target):
         return df, f"archive ({len(files)} files)"
     src = target.cfg["source"]
     if src["kind"] == "zmq":
-        raise AuditError(
+        raise audit_streams.Refused(
             f'{target.out / "archive"} holds no input archive, and source.kind = "zmq" keeps no other '
             "record of the input: run with checkpoint.interval > 0 and checkpoint.archive = true"
         )
@@ -315,7 +317,7 @@ def _input_file(spark, target: Target, path: Path):
     from control.spark import is_nanos, stream_micros
 
     if not path.is_file():
-        raise AuditError(
+        raise InputError(
             f"source.path {str(path)!r} does not exist, and {target.out / 'archive'} holds no input "
             "archive: the audit needs the input in arrival order"
         )
@@ -860,7 +862,9 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
             )
         parquet = [f for f in target.files("results") if f.suffix == ".parquet"]
         if not parquet:
-            raise AuditError(f"--view: {target.out / 'results'} holds no Parquet result file to take the types from")
+            raise audit_streams.Refused(
+                f"--view: {target.out / 'results'} holds no Parquet result file to take the types from"
+            )
         ids = frames[0]
         for f in frames[1:]:
             ids = ids.unionByName(f)
@@ -1045,7 +1049,7 @@ def main(argv: list[str], spark=None) -> int:
         if a.view is not None:
             refused = view_refusal(target, start, end, sample, a.follow)
             if refused:
-                raise AuditError(refused)
+                raise audit_streams.Refused(refused)
             report = audit_view_range(
                 spark or session(a.spark_master, "streamjoin-audit"), target, start, end, Path(a.view)
             )
@@ -1063,9 +1067,17 @@ def main(argv: list[str], spark=None) -> int:
                 spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True), metrics=metrics
             )
         report = audit_range(spark, target, start, end, sample)
-    except (AuditError, ConfigError, audit_streams.Refused, InputError) as e:
+    except (AuditError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE
+    except (audit_streams.Refused, InputError) as e:
+        print(f"error: could not audit: {e}", file=sys.stderr)
+        return NOT_AUDITED
+    except Exception as e:  # Spark's own errors (a file it cannot read, memory) and bugs: no verdict either way
+        traceback.print_exc()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"error: could not audit: {type(e).__name__}: {first} (exit {NOT_AUDITED}: no verdict)", file=sys.stderr)
+        return NOT_AUDITED
     print(verdict(report))
     print(table([report]), flush=True)
     return EXACT if report["verdict"] == "exact" else DIFFERENT

@@ -14,7 +14,8 @@ results name it: by its stream's id column, or without one by its stream row (`r
 counts it as the engine does).
 
 Audited: finished runs of streams of files without rejected rows; a live run (from its checkpoints), sampling,
-runs with rejected rows and streams from Kafka or live producers are refused with the reason (exit 2).
+runs with rejected rows and streams from Kafka or live producers are refused with the reason (control.audit's
+exit code for "could not audit").
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ LOST = 4  #: a rank was lost: it died, froze or its host was cut off (protocol.l
 START_FAILED = 5  #: the job could not start: a host did not answer, Open MPI failed before the ranks ran
 TOO_FEW = 6  #: the supervisor: fewer slaves than --min-slaves remain on the hosts that answer
 SINK = 7  #: the Kafka result sink could not deliver within output.kafka.timeout (master.sink): restarted
+#: control.audit's own code for "could not audit" (a crash, a file it cannot read, a run it does not audit yet):
+#: never 1, which is its "the results differ", and none of the cluster's codes, so a script running both tells them
+#: apart
+NOT_AUDITED = 8
 #: every code a command of the cluster ends with besides 128 + N (killed by signal N); deploy.launch maps
 #: any other code of Open MPI's to one of these
 CODES = (0, CRASH, USER_ERROR, CHANNEL, LOST, START_FAILED, TOO_FEW, SINK)
