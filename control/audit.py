@@ -41,9 +41,9 @@ import math
 import shutil
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
-from decimal import Decimal
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file (spark-submit control/audit.py): make the project importable
@@ -54,6 +54,7 @@ import numpy as np
 from common.chunks import InputError
 from control import audit_streams, audit_view
 from control.audit_metrics import DEFAULT_ENDPOINT, PAIR_OUTCOMES, AuditMetrics
+from control.spark import seconds_text
 from protocol import checkpoint
 from protocol.aggregation import aggregation, sides
 from protocol.config import ConfigError
@@ -61,9 +62,10 @@ from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RESULT_COLUMNS, RIGHT_UNMATCHED
 from protocol.predicates import time_bounds
 from protocol.query import record_dtype
-from protocol.lifetime import invocation
+from protocol.lifetime import NOT_AUDITED, invocation
 
-#: exit codes: the range is exact, it differs, the command was wrong
+#: exit codes: the range is exact, it differs, the command was wrong; NOT_AUDITED (protocol.lifetime): the audit
+#: could not check it (a crash, a file it cannot read, a run it does not audit yet)
 EXACT, DIFFERENT, USAGE = 0, 1, 2
 TUPLE_SCHEMA = "stream string, id long, ts double, key long, value double"
 RESULT_SCHEMA = ", ".join(f"{c} {'long' if c.endswith(('_id', '_key')) else 'double'}" for c in RESULT_COLUMNS)
@@ -218,31 +220,16 @@ def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
                 )
 
 
-def micros(column, kind: str = "double"):
-    """Seconds as int64 microseconds, by the engine's documented rule (docs/time.md), in SQL; null if not a
-    valid ts.  Float seconds: whole seconds and fraction apart, the fraction's microseconds rounded half to
-    even, exact for the float64 of a decimal with up to 6 decimals while |ts| < 2**33 s (the files' ts are
-    such floats of microseconds); text and decimals: the digits as written (to 24 decimals), rounded half to
-    even; integers: whole seconds."""
+def micros(column):
+    """Float seconds (the run's files' ts) as int64 microseconds, by the engine's documented rule (docs/time.md),
+    in SQL; null if not a valid ts: whole seconds and fraction apart, the fraction's microseconds rounded half to
+    even, exact for the float64 of a decimal with up to 6 decimals while |ts| < 2**33 s (the files' ts are such
+    floats of microseconds)."""
     from pyspark.sql import functions as F
 
-    limit = F.lit(TS_LIMIT // PER_SECOND)
-    if kind == "integer":
-        s = column.try_cast("long")
-        return F.when(F.abs(s) < limit, s * PER_SECOND)
-    if kind == "text":
-        s = column.try_cast("decimal(38,24)")
-        return F.when(F.abs(s) < limit, F.bround(s, 6) * PER_SECOND).cast("long")
     s = column.try_cast("double")
-    whole = F.floor(F.when(F.abs(s) < limit, s))  # NaN is above every number in Spark: not < limit
+    whole = F.floor(F.when(F.abs(s) < F.lit(TS_LIMIT // PER_SECOND), s))  # NaN is above every number in Spark
     return whole * PER_SECOND + F.bround((s - whole) * PER_SECOND).cast("long")
-
-
-def seconds_text(us: int) -> str:
-    """Microseconds as the shortest decimal of their seconds ("1", "-0.5", "0.000001"): exact, for names."""
-    if us <= NEG_INF or us >= POS_INF:
-        return "start" if us <= NEG_INF else "end"
-    return format(Decimal(us).scaleb(-6).normalize(), "f")
 
 
 def instant(seconds: float, option: str = "--from") -> int:
@@ -294,7 +281,7 @@ def arrivals(spark, target: Target):
         return df, f"archive ({len(files)} files)"
     src = target.cfg["source"]
     if src["kind"] == "zmq":
-        raise AuditError(
+        raise audit_streams.Refused(
             f'{target.out / "archive"} holds no input archive, and source.kind = "zmq" keeps no other '
             "record of the input: run with checkpoint.interval > 0 and checkpoint.archive = true"
         )
@@ -323,11 +310,14 @@ def arrivals(spark, target: Target):
 
 def _input_file(spark, target: Target, path: Path):
     """The file source's input: its accepted rows (rejected/ names the others by row) numbered by `pos`."""
+    import pyarrow.parquet as pq
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    from control.spark import is_nanos, stream_micros
+
     if not path.is_file():
-        raise AuditError(
+        raise InputError(
             f"source.path {str(path)!r} does not exist, and {target.out / 'archive'} holds no input "
             "archive: the audit needs the input in arrival order"
         )
@@ -336,20 +326,16 @@ def _input_file(spark, target: Target, path: Path):
         raw = raw.withColumn("row0", F.row_number().over(Window.orderBy("_mid")) - 1)  # one task: no archive
     else:
         raw = spark.read.parquet(uri(path)).withColumn("row0", F.col("_metadata.row_index"))
-    ts_type = raw.schema["ts"].dataType.typeName()
-    kind = (
-        "integer"
-        if ts_type in ("byte", "short", "integer", "long")
-        else "double"
-        if ts_type in ("float", "double")
-        else "text"
-    )
+    unit = target.cfg["source"]["ts_unit"]
+    if path.suffix.lower() != ".csv" and "ts" in raw.columns and is_nanos(pq.read_schema(path).field("ts").type):
+        unit = "ns"  # read as its count of nanoseconds (control.spark)
+    t = stream_micros(raw, "ts", unit)
     # try_cast: the rejected rows are still there (Spark may cast before the anti-join below drops them)
     cols = [
         F.col("stream").cast("string"),
         F.col("id").try_cast("long"),
-        F.col("ts").try_cast("double"),
-        micros(F.col("ts"), kind),
+        t / 1e6,
+        t,
         F.col("key").try_cast("long"),
         F.coalesce(F.col("value").try_cast("double"), F.lit(0.0)) if "value" in raw.columns else F.lit(0.0),
     ]
@@ -876,7 +862,9 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
             )
         parquet = [f for f in target.files("results") if f.suffix == ".parquet"]
         if not parquet:
-            raise AuditError(f"--view: {target.out / 'results'} holds no Parquet result file to take the types from")
+            raise audit_streams.Refused(
+                f"--view: {target.out / 'results'} holds no Parquet result file to take the types from"
+            )
         ids = frames[0]
         for f in frames[1:]:
             ids = ids.unionByName(f)
@@ -1055,13 +1043,15 @@ def main(argv: list[str], spark=None) -> int:
                 "microsecond, and no --to"
             )
         cfg = config(a)
+        if cfg["query"]["sql"]:  # its filters and condition on the pair are not recomputed here yet
+            raise audit_streams.Refused("not audited yet: a run of a query (query.sql: docs/query.md)")
         if cfg["source"]["kind"] == "streams":
             audit_streams.check_auditable(cfg, sample, a.follow)
         target = run_state(cfg)
         if a.view is not None:
             refused = view_refusal(target, start, end, sample, a.follow)
             if refused:
-                raise AuditError(refused)
+                raise audit_streams.Refused(refused)
             report = audit_view_range(
                 spark or session(a.spark_master, "streamjoin-audit"), target, start, end, Path(a.view)
             )
@@ -1079,9 +1069,17 @@ def main(argv: list[str], spark=None) -> int:
                 spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True), metrics=metrics
             )
         report = audit_range(spark, target, start, end, sample)
-    except (AuditError, ConfigError, audit_streams.Refused, InputError) as e:
+    except (AuditError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE
+    except (audit_streams.Refused, InputError) as e:
+        print(f"error: could not audit: {e}", file=sys.stderr)
+        return NOT_AUDITED
+    except Exception as e:  # Spark's own errors (a file it cannot read, memory) and bugs: no verdict either way
+        traceback.print_exc()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        print(f"error: could not audit: {type(e).__name__}: {first} (exit {NOT_AUDITED}: no verdict)", file=sys.stderr)
+        return NOT_AUDITED
     print(verdict(report))
     print(table([report]), flush=True)
     return EXACT if report["verdict"] == "exact" else DIFFERENT

@@ -9,12 +9,13 @@ of its own by its rank among all key values of both streams, so equal keys join.
 engine's contract (docs/input.md, "Two streams"): the two streams merged by each row's stream watermark (its
 stream's largest time so far minus the stream's max_delay; ties R first, then row order), dispatcher i of k
 taking every k-th row of that order from the i-th, and a row late iff its time is below the largest time
-before it of its own stream in its dispatcher's share minus its stream's max_delay.  Each row is named by its
-stream's id column, as the results name it.
+before it of its own stream in its dispatcher's share minus its stream's max_delay.  Each row is named as the
+results name it: by its stream's id column, or without one by its stream row (`row`: control.spark.stream_rows
+counts it as the engine does).
 
-Audited: finished runs of streams of files, each with an id column and no rejected row; a live run (from its
-checkpoints), sampling, streams without an id column, runs with rejected rows and streams from Kafka or live
-producers are refused with the reason (exit 2).
+Audited: finished runs of streams of files without rejected rows; a live run (from its checkpoints), sampling,
+runs with rejected rows and streams from Kafka or live producers are refused with the reason (control.audit's
+exit code for "could not audit").
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ def check_auditable(cfg: dict, sample: float, follow: bool) -> None:
         (follow or not (out / "summary.json").is_file(), "a live run of declared streams (audited once it has ended)"),
         (sample < 1, "--sample with declared streams"),
         (any(not s["path"] for s in streams.values()), "a stream read from Kafka or live producers"),
-        (any(not s["id"] for s in streams.values()), "a stream without an id column (its rows are named by number)"),
         (cfg["join"]["predicate"] != "equal", "a band or less join of declared streams"),
         (any((out / "rejected").glob("*.*")), "a run with rejected rows"),
     ]
@@ -61,20 +61,19 @@ def arrivals(spark, target):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from control.spark import stream_micros, stream_rows
+    from control.spark import stream_rows
 
     k = target.cfg["cluster"]["dispatchers"]
     sides = []
     for side, (name, spec) in zip(SIDES, target.cfg["streams"].items()):
         df, _ = stream_rows(spark, name, spec)
-        order = Window.orderBy("_file", "_row")
         delay = duration(spec["max_delay"])
         sides.append(
             df.select(
                 F.lit(side).alias("stream"),
-                (F.row_number().over(order) - 1).alias("row0"),
-                F.col(spec["id"]).cast("long").alias("id"),
-                stream_micros(df, spec["time"], spec["time_unit"]).alias("t"),
+                F.col("_row").alias("row0"),
+                F.col("_id").alias("id"),
+                F.col("_us").alias("t"),
                 _key(df, spec["key"]).alias("key_text"),
                 F.lit(delay).alias("delay"),
             ).withColumn(
@@ -109,6 +108,12 @@ def arrivals(spark, target):
     return df, codes, f"the declared streams' files: {names}"
 
 
+def named_by(spec: dict) -> str:
+    """The column that names a stream's rows in result and late files: its id column, or without one `row`,
+    the stream row (common.stream_file)."""
+    return spec["id"] or "row"
+
+
 def _columns(df, spec: dict) -> tuple:
     """A stream's id, time (float seconds, as the audit reads every file's times) and key text in result or
     late rows (its columns under the stream's prefix)."""
@@ -118,7 +123,7 @@ def _columns(df, spec: dict) -> tuple:
 
     own = lambda c: f"{spec['prefix']}{c}"  # noqa: E731
     return (
-        F.col(own(spec["id"])).cast("long"),
+        F.col(own(named_by(spec))).cast("long"),
         stream_micros(df, own(spec["time"]), spec["time_unit"]) / 1e6,
         _key(df, [own(c) for c in spec["key"]]),
     )
@@ -209,15 +214,12 @@ def payload_faults(spark, cfg: dict, files: list[Path]):
     for (name, spec), side in zip(cfg["streams"].items(), ("r", "s")):
         rows, _ = stream_rows(spark, name, spec)
         carried = [c for c in rows.columns if f"{spec['prefix']}{c}" in found.columns and not c.startswith("_")]
-        mine = found.where(F.col(f"{spec['prefix']}{spec['id']}").isNotNull()).select(
+        mine = found.where(F.col(f"{spec['prefix']}{named_by(spec)}").isNotNull()).select(
             *ids, *kind, *(F.col(f"{spec['prefix']}{c}").alias(f"_got_{c}") for c in carried)
         )
         given = rows.select(
-            F.col(spec["id"]).cast("long").alias(f"{side}_id"),
-            *(
-                (stream_micros(rows, c, spec["time_unit"]) if c == spec["time"] else F.col(c)).alias(f"_want_{c}")
-                for c in carried
-            ),
+            F.col("_id").alias(f"{side}_id"),
+            *((F.col("_us") if c == spec["time"] else F.col(c)).alias(f"_want_{c}") for c in carried),
         )
         pairs = mine.join(given, f"{side}_id", "left")
         checks = []  # every column's comparison in one pass over the join, not a join per column
@@ -246,10 +248,11 @@ def result_rows(spark, cfg: dict, ids, schema):
     row of that id in its files, under its prefix, cast to the types the result files have (`schema`, Arrow;
     the time column by its microseconds), so that the --batch aggregation of control.aggregate reads them as
     it reads the run's results."""
+    import pyarrow as pa
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_type
 
-    from control.spark import stream_micros, stream_rows
+    from control.spark import stream_rows
 
     rows = ids
     for (name, spec), side in zip(cfg["streams"].items(), ("r", "s")):
@@ -258,8 +261,13 @@ def result_rows(spark, cfg: dict, ids, schema):
         for c in (c for c in df.columns if f"{spec['prefix']}{c}" in schema.names and not c.startswith("_")):
             kind = schema.field(f"{spec['prefix']}{c}").type
             timed = c == spec["time"] and str(kind).startswith("timestamp")
-            col = F.timestamp_micros(stream_micros(df, c, spec["time_unit"])) if timed else F.col(c)
-            cols.append(col.cast(from_arrow_type(kind)).alias(f"{spec['prefix']}{c}"))
-        own = df.select(F.col(spec["id"]).cast("long").alias(f"{side}_id"), *cols)
+            if timed:
+                col = F.timestamp_micros(F.col("_us")).cast(from_arrow_type(kind))
+            elif pa.types.is_timestamp(kind) and kind.unit == "ns":  # read as its nanoseconds, in both
+                col = F.col(c)
+            else:
+                col = F.col(c).cast(from_arrow_type(kind))
+            cols.append(col.alias(f"{spec['prefix']}{c}"))
+        own = df.select(F.col("_id").alias(f"{side}_id"), *cols)
         rows = rows.join(own, f"{side}_id", "left")
     return rows.drop("r_id", "s_id")

@@ -28,7 +28,6 @@ import shlex
 import shutil
 import sys
 import time
-from decimal import Decimal
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file (spark-submit control/replay.py): make the project importable
@@ -37,9 +36,10 @@ if __package__ in (None, ""):  # run as a file (spark-submit control/replay.py):
 from protocol.config import ConfigError
 from protocol.output import OUTPUT_PARTS
 from protocol.lifetime import invocation
-from control.spark import stream_micros, stream_rows
+from control.spark import is_nanos, seconds_text, stream_micros, stream_rows
 from common.chunks import InputError
-from common.stream_file import stream_files
+from common.stream_file import first_schema, stream_files
+from protocol.eventtime import duration
 
 COLUMNS = ("stream", "id", "ts", "key", "value")
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
@@ -62,6 +62,23 @@ def parse_speed(text: str) -> float:
     if not (speed > 0 and math.isfinite(speed)):
         raise ReplayError(f"--speed: expected max, realtime or a number > 0, got {text!r}")
     return speed
+
+
+def shown(seconds: float) -> str:
+    """A --from or --to as written: its exact decimals (never 1.77246e+09), or -inf / inf."""
+    return seconds_text(duration(seconds)) if math.isfinite(seconds) else f"{seconds:g}"
+
+
+def within(start: float, end: float):
+    """The rows whose `_us` lies in [start, end) seconds, the bounds from their decimals (the config's rule)."""
+    from pyspark.sql import functions as F
+
+    inside = F.col("_us").isNotNull()
+    if math.isfinite(start):
+        inside &= F.col("_us") >= F.lit(duration(start))
+    if math.isfinite(end):
+        inside &= F.col("_us") < F.lit(duration(end))
+    return inside
 
 
 def pace(tuples: int, span: float, speed: float) -> float:
@@ -92,13 +109,14 @@ def input_files(inputs: list[str]) -> list[tuple[Path, str]]:
     return [(f, FORMATS[f.suffix.lower()]) for f in files]
 
 
-def read_inputs(spark, files: list[tuple[Path, str]]):
-    """All inputs as one DataFrame of the file source's columns plus `_ts` (ts as a decimal to the microsecond,
-    null if it is not a number: a float column's value or a text cell's digits, not a float's rounding of them).
+def read_inputs(spark, files: list[tuple[Path, str]], unit: str = "s"):
+    """All inputs as one DataFrame of the file source's columns plus `_us` (ts in microseconds as the engine
+    reads it, numbers in `unit`: control.spark.stream_micros; null if it is not a time).
 
-    With any CSV input every column but `_ts` stays text, so the cluster's file source validates the cells
+    With any CSV input every column but `_us` stays text, so the cluster's file source validates the cells
     as written and sets bad rows aside in rejected/ with the replay file's row number.
     """
+    import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
     as_text = any(fmt == "csv" for _, fmt in files)
@@ -111,41 +129,37 @@ def read_inputs(spark, files: list[tuple[Path, str]]):
                 f"input file {str(path)!r} lacks column(s) {', '.join(missing)}; "
                 f"columns found: {', '.join(df.columns) or '(none)'}"
             )
+        nanos = fmt == "parquet" and is_nanos(pq.read_schema(path).field("ts").type)
+        us = stream_micros(df, "ts", "ns" if nanos else unit)
         cols = [F.col(c) if c in df.columns else F.lit(None).cast("double") for c in COLUMNS]  # value is optional
+        if nanos:  # read as its count of nanoseconds: written back as the microseconds the engine makes of them
+            cols[2] = F.timestamp_micros(us)
         cols = [c.cast("string") if as_text else c for c in cols]
-        frames.append(
-            df.select(*(c.alias(n) for c, n in zip(cols, COLUMNS))).withColumn(
-                "_ts", F.col("ts").try_cast("decimal(38,6)")
-            )
-        )
+        frames.append(df.select(*(c.alias(n) for c, n in zip(cols, COLUMNS)), us.alias("_us")))
     out = frames[0]
     for f in frames[1:]:
         out = out.unionByName(f)
     return out
 
 
-def select(spark, files: list[tuple[Path, str]], start: float, end: float, dest: Path) -> dict:
-    """Write the tuples with start <= ts < end, ordered by ts, as the single Parquet file `dest`."""
+def select(spark, files: list[tuple[Path, str]], start: float, end: float, dest: Path, unit: str = "s") -> dict:
+    """Write the tuples with start <= ts < end, ordered by ts, as the single Parquet file `dest`; numbers in the
+    ts column count `unit`s (source.ts_unit)."""
     from pyspark.sql import functions as F
 
-    df = read_inputs(spark, files)
-    stats = df.agg(F.count(F.lit(1)).alias("rows"), F.count("_ts").alias("numeric")).first()
-    inside = F.col("_ts").isNotNull()  # the bounds as decimals too: a double would bring floats back
-    if math.isfinite(start):
-        inside &= F.col("_ts") >= F.lit(Decimal(repr(start)))
-    if math.isfinite(end):
-        inside &= F.col("_ts") < F.lit(Decimal(repr(end)))
-    chosen = df.where(inside)
-    span = chosen.agg(F.count(F.lit(1)).alias("n"), F.min("_ts").alias("lo"), F.max("_ts").alias("hi")).first()
+    df = read_inputs(spark, files, unit)
+    stats = df.agg(F.count(F.lit(1)).alias("rows"), F.count("_us").alias("numeric")).first()
+    chosen = df.where(within(start, end))
+    span = chosen.agg(F.count(F.lit(1)).alias("n"), F.min("_us").alias("lo"), F.max("_us").alias("hi")).first()
     if span["n"] == 0:
         raise ReplayError(
-            f"no tuples with {start:g} <= ts < {end:g} in {len(files)} input file(s) ({stats['rows']:,} rows)"
+            f"no tuples with {shown(start)} <= ts < {shown(end)} in {len(files)} input file(s) ({stats['rows']:,} rows)"
         )
     staging = dest.parent / f"_{dest.stem}.spark"
     (
         chosen.repartition(1)
-        .sortWithinPartitions("_ts", "stream", F.col("id").try_cast("long"), "id")
-        .drop("_ts")
+        .sortWithinPartitions("_us", "stream", F.col("id").try_cast("long"), "id")
+        .drop("_us")
         .write.mode("overwrite")
         .parquet(str(staging))
     )
@@ -156,8 +170,8 @@ def select(spark, files: list[tuple[Path, str]], start: float, end: float, dest:
         "rows": stats["rows"],
         "no_ts": stats["rows"] - stats["numeric"],
         "tuples": span["n"],
-        "first_ts": float(span["lo"]),
-        "last_ts": float(span["hi"]),
+        "first_us": span["lo"],
+        "last_us": span["hi"],
     }
 
 
@@ -170,33 +184,49 @@ def select_streams(spark, streams: dict, start: float, end: float, folder: Path)
     out = {}
     for name, spec in streams.items():
         df, fmt = stream_rows(spark, name, spec)
-        df = df.withColumn("_us", stream_micros(df, spec["time"], spec["time_unit"]))
-        inside = F.col("_us").isNotNull()
-        if math.isfinite(start):
-            inside &= F.col("_us") >= F.lit(round(start * 1_000_000))
-        if math.isfinite(end):
-            inside &= F.col("_us") < F.lit(round(end * 1_000_000))
+        inside = within(start, end)
         chosen = df.where(inside)
         counts = df.agg(F.count(F.lit(1)).alias("rows"), F.sum(inside.cast("long")).alias("kept")).first()
         span = chosen.agg(F.min("_us").alias("lo"), F.max("_us").alias("hi")).first()
         staging = folder / f"_{name}.spark"
-        writer = chosen.repartition(1).sortWithinPartitions("_file", "_row").drop("_file", "_row", "_us").write
+        writer = chosen.repartition(1).sortWithinPartitions("_row").drop("_row", "_id", "_us").write
         writer = writer.mode("overwrite")
         (writer.option("header", True).csv if fmt == "csv" else getattr(writer, fmt))(str(staging))
         (part,) = [p for p in staging.glob("part-*") if not p.name.endswith(".crc")]
         dest = folder / f"{name}.{ {'csv': 'csv', 'parquet': 'parquet', 'json': 'jsonl'}[fmt] }"
-        part.replace(dest)
+        if fmt == "parquet":
+            as_read(part, dest, first_schema(stream_files(name, spec["path"])[0]))
+        else:
+            part.replace(dest)
         shutil.rmtree(staging)
         out[name] = {
             "path": str(dest),
             "rows": counts["rows"],
             "kept": counts["kept"] or 0,
-            "first_ts": None if span["lo"] is None else span["lo"] / 1e6,
-            "last_ts": None if span["hi"] is None else span["hi"] / 1e6,
+            "first_us": span["lo"],
+            "last_us": span["hi"],
         }
     if not any(s["kept"] for s in out.values()):
-        raise ReplayError(f"no row of any stream with {start:g} <= time < {end:g}")
+        raise ReplayError(f"no row of any stream with {shown(start)} <= time < {shown(end)}")
     return out
+
+
+def as_read(part: Path, dest: Path, schema) -> None:
+    """The Parquet file Spark wrote (`part`) as `dest` with its columns in the types of the stream's first file
+    (`schema`): Spark has no nanoseconds (it reads a timestamp[ns] column as its count of them), no unsigned
+    integers and no timestamps in other units, so the replayed run reads the rows the original run read, in
+    the same types."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    written = pq.ParquetFile(part)
+    target = pa.schema(
+        [schema.field(n) if n in schema.names else written.schema_arrow.field(n) for n in written.schema_arrow.names]
+    )
+    with pq.ParquetWriter(dest, target) as w:
+        for batch in written.iter_batches():
+            w.write_table(pa.Table.from_batches([batch]).cast(target))
+    part.unlink()
 
 
 def inside_engine_output(path: Path, out: Path) -> str | None:
@@ -239,7 +269,7 @@ def main(argv: list[str], spark=None) -> int:
     try:
         speed = parse_speed(a.speed)
         if not a.start < a.end:
-            raise ReplayError(f"--from ({a.start:g}) must be below --to ({a.end:g})")
+            raise ReplayError(f"--from ({shown(a.start)}) must be below --to ({shown(a.end)})")
         cfg = config(a)
         out = Path(cfg["output"]["path"])
         if not a.inputs:
@@ -255,19 +285,20 @@ def main(argv: list[str], spark=None) -> int:
         dest.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         spark = spark or session(a.spark_master, "streamjoin-replay")
-        sel = select(spark, files, a.start, a.end, dest)
+        sel = select(spark, files, a.start, a.end, dest, cfg["source"]["ts_unit"])
     except (ReplayError, ConfigError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    span = sel["last_ts"] - sel["first_ts"]
+    span = (sel["last_us"] - sel["first_us"]) / 1e6
     rate = pace(sel["tuples"], span, speed)  # a push to a running cluster: uniform, as control.produce paces
     skipped = f"; {sel['no_ts']:,} rows left out: ts is not a number" if sel["no_ts"] else ""
     pacing = "unpaced" if math.isinf(speed) else f"as their ts say, x{speed:g}"
     if a.endpoint:
         pacing = "unpaced" if rate == 0 else f"{rate:,.0f} tuples/s"
     print(
-        f"replay: {sel['tuples']:,} of {sel['rows']:,} rows, ts {sel['first_ts']:g} .. {sel['last_ts']:g} "
-        f"({span:g}s) -> {dest} in {time.monotonic() - started:.1f}s; {pacing}{skipped}",
+        f"replay: {sel['tuples']:,} of {sel['rows']:,} rows, ts {seconds_text(sel['first_us'])} .. "
+        f"{seconds_text(sel['last_us'])} ({seconds_text(sel['last_us'] - sel['first_us'])}s) -> {dest} "
+        f"in {time.monotonic() - started:.1f}s; {pacing}{skipped}",
         flush=True,
     )
     if a.endpoint:  # a cluster is already running with the ZeroMQ source
@@ -336,7 +367,7 @@ def replay_streams(a, cfg: dict, speed: float, spark) -> int:
     spark = spark or session(a.spark_master, "streamjoin-replay")
     chosen = select_streams(spark, streams, a.start, a.end, folder)
     for name, c in chosen.items():
-        first = "-" if c["first_ts"] is None else f"{c['first_ts']:g} .. {c['last_ts']:g}"
+        first = "-" if c["first_us"] is None else f"{seconds_text(c['first_us'])} .. {seconds_text(c['last_us'])}"
         print(f"replay: streams.{name}: {c['kept']:,} of {c['rows']:,} rows, time {first} -> {c['path']}", flush=True)
     pacing = "unpaced" if math.isinf(speed) else f"as their times say, x{speed:g}"
     print(f"replay: selected in {time.monotonic() - started:.1f}s; {pacing}", flush=True)

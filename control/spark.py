@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from decimal import Decimal
+import re
 import sys
+from decimal import Decimal
 from typing import Any
 
 from protocol.config import load_config
+from protocol.eventtime import FLOAT_TEXT, ISO_TEXT, NEG_INF, POS_INF, TS_LIMIT
 
 LOCAL = "local[*]"
 
@@ -45,6 +47,9 @@ def session(master: str | None = None, app: str = "streamjoin", settings: dict[s
     b = b.config("spark.sql.shuffle.partitions", "4").config("spark.ui.enabled", "false")
     b = b.config("spark.sql.session.timeZone", "UTC").config("spark.pyspark.python", sys.executable)
     b = b.config("spark.ui.showConsoleProgress", "false")
+    # a timestamp[ns] Parquet column (pandas' and pyarrow's default) is read as its count of nanoseconds: Spark
+    # has no such type and refuses the file otherwise (stream_micros rounds it as the engine does)
+    b = b.config("spark.sql.legacy.parquet.nanosAsLong", "true")
     for name, value in (settings or {}).items():
         b = b.config(name, value)
     if master:
@@ -57,27 +62,115 @@ def session(master: str | None = None, app: str = "streamjoin", settings: dict[s
     return spark
 
 
-#: a declared stream's time column read by Spark: a number in the stream's time_unit, else a timestamp (a
-#: timestamp column, or ISO-8601 text with or without its zone; none is UTC, as docs/time.md says)
-UNIT_MICROS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 0.001}
+def seconds_text(us: int) -> str:
+    """Microseconds as the shortest decimal of their seconds ("1", "-0.5", "0.000001"): exact, for names."""
+    if us <= NEG_INF or us >= POS_INF:
+        return "start" if us <= NEG_INF else "end"
+    return format(Decimal(us).scaleb(-6).normalize(), "f")
+
+
+#: a time column read by Spark: a number in its unit, else a timestamp (a
+#: timestamp column, or ISO-8601 text with or without its zone; none is UTC), by docs/time.md's rules
+UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+#: ISO-8601 as protocol.eventtime reads it, its groups numbered (Java's regex): date, hh:mm, ss, fraction,
+#: the offset's sign, hours, minutes
+ISO_GROUPS = re.sub(r"\?P<\w+>", "", ISO_TEXT)
+#: a plain decimal as text, converted from its digits; other numbers (exponents, nan, inf) go through a double
+PLAIN_DECIMAL = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)$"
 
 
 def stream_micros(df, column: str, unit: str):
-    """The event time of a declared stream's rows in integer microseconds as Spark reads it (null: none)."""
+    """The event time of a column in integer microseconds as the engine reads it (protocol.eventtime.
+    from_column, docs/time.md), in Spark SQL; null where the engine would reject the row.  Timestamps (any
+    unit Spark reads) are their UTC microseconds; integers count `unit`s (nanoseconds rounded half to even:
+    a `timestamp[ns]` Parquet column, which Spark reads as its count of nanoseconds, is passed with unit
+    "ns"); floats are rounded to the microsecond; decimals and text from their digits (rounded half to even),
+    else as ISO-8601 text (the fraction's digits rounded half to even, minus the zone's offset)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import NumericType, StringType
+    from pyspark.sql import types as T
 
-    kind = df.schema[column].dataType
-    number = F.col(column).try_cast("decimal(38,9)") if isinstance(kind, (StringType, NumericType)) else None
-    stamp = F.unix_micros(F.col(column).cast("timestamp"))
-    scaled = (number * F.lit(Decimal(repr(UNIT_MICROS[unit])))).cast("decimal(38,0)").cast("long")
-    return stamp if number is None else F.coalesce(scaled, stamp)
+    kind, col = df.schema[column].dataType, F.col(column)
+    if isinstance(kind, (T.TimestampType, T.TimestampNTZType)):
+        us = F.unix_micros(col.cast("timestamp"))
+    elif isinstance(kind, T.IntegralType):
+        us = _integer_micros(col.cast("long"), unit)
+    elif isinstance(kind, (T.FloatType, T.DoubleType)):
+        us = _float_micros(col.cast("double"), unit)
+    else:
+        text = F.regexp_replace(col.cast("string"), r"^\s+|\s+$", "")
+        plain = text.rlike(PLAIN_DECIMAL)
+        number = F.when(text.rlike("(?i)" + FLOAT_TEXT), text.try_cast("double"))
+        us = F.when(plain, _decimal_micros(text, unit)).when(number.isNotNull(), _float_micros(number, unit))
+        us = F.coalesce(us, F.when(~plain & number.isNull(), _iso_micros(text)))
+    return F.when((us > -TS_LIMIT) & (us < TS_LIMIT), us)
+
+
+def _integer_micros(x, unit: str):
+    from pyspark.sql import functions as F
+
+    if unit == "ns":  # half to even, as a decimal: exact for every long
+        return (F.bround(x.cast("decimal(20,0)"), -3) / 1000).cast("long")
+    per_unit = 10 ** (6 - UNIT_DIGITS[unit])
+    return F.when(F.abs(x) < TS_LIMIT // per_unit, x * per_unit)
+
+
+def _float_micros(x, unit: str):
+    """Whole units and the fraction apart, so the product adds no error (eventtime.from_numbers)."""
+    from pyspark.sql import functions as F
+
+    ok = F.abs(x) < TS_LIMIT / 10 ** (6 - UNIT_DIGITS[unit])  # NaN is above every number in Spark
+    if unit == "ns":
+        return F.when(ok, F.rint(x / 1000.0)).cast("long")
+    per_unit = 10 ** (6 - UNIT_DIGITS[unit])
+    whole = F.floor(F.when(ok, x))
+    return whole * per_unit + F.rint((x - whole) * per_unit).cast("long")
+
+
+def _decimal_micros(text, unit: str):
+    """A plain decimal's digits moved to microseconds and rounded half to even (up to 24 decimals of a second)."""
+    from pyspark.sql import functions as F
+
+    shift = 6 - UNIT_DIGITS[unit]  # decimals of the unit that are whole microseconds
+    number = text.try_cast(f"decimal(38,{18 + shift})")
+    return (F.bround(number, shift) * F.lit(Decimal(10) ** shift)).cast("long")
+
+
+def _iso_micros(text):
+    from pyspark.sql import functions as F
+
+    part = lambda i: F.regexp_extract(text, ISO_GROUPS, i)  # noqa: E731 -- "" where the group is absent
+    hm, sec = part(2), part(3)
+    stamp = F.concat(
+        part(1), F.lit("T"), F.when(hm == "", "00:00").otherwise(hm), F.lit(":"), F.when(sec == "", "00").otherwise(sec)
+    )
+    local = F.unix_micros(F.try_to_timestamp(stamp, F.lit("yyyy-MM-dd'T'HH:mm:ss")))
+    zh, zm = (F.when(part(i) == "", 0).otherwise(part(i).cast("long")) for i in (6, 7))
+    offset = F.when(part(5) == "-", -1).otherwise(1) * (zh * 3600 + zm * 60) * 1_000_000
+    frac = F.rpad(part(4), 7, "0")
+    us = local - offset + F.substring(frac, 1, 6).cast("long")
+    seventh, beyond = F.substring(frac, 7, 1).cast("int"), F.substring(frac, 8, 1 << 20).rlike("[1-9]")
+    up = (seventh > 5) | ((seventh == 5) & (beyond | (F.pmod(us, F.lit(2)) == 1)))
+    return F.when(text.rlike(ISO_GROUPS) & (zh < 24) & (zm < 60), us + up.cast("long"))
+
+
+def is_nanos(kind) -> bool:
+    """A timestamp[ns] column, which Spark reads as its count of nanoseconds (session)."""
+    import pyarrow as pa
+
+    return pa.types.is_timestamp(kind) and kind.unit == "ns"
 
 
 def stream_rows(spark, name: str, spec: dict):
-    """A declared stream's rows from its files (common.stream_file.stream_files), each file one partition read
-    in order, with `_file` and `_row` (its place in the stream's order), and the files' format (csv, parquet,
-    json); CSV cells stay text."""
+    """A declared stream's rows from its files (common.stream_file.stream_files) and the files' format (csv,
+    parquet, json; CSV cells stay text), each row with `_row`, its place in the stream: 0-based, counted over
+    the files in their order, as the engine numbers a stream's rows (and names them, without an id column);
+    `_id`, the row's name in results (its id column as a long, else `_row`); and `_us`, its time in
+    microseconds (stream_micros; a `timestamp[ns]` Parquet column, read as its nanoseconds, as such).
+
+    A Parquet row's place is its file's rows before it (from the footers) plus its row index; a CSV or JSON
+    row's is counted per split of its file (Spark reads a large file's splits in any order): the rows of the
+    splits before it plus its place in its split, from one count per split, so nothing is put in one order."""
+    import pyarrow.parquet as pq
     from pyspark.sql import functions as F
 
     from common.chunks import InputError
@@ -88,12 +181,35 @@ def stream_rows(spark, name: str, spec: dict):
     fmt = formats.get(files[0].suffix.lower(), "json")
     if any(formats.get(f.suffix.lower(), "json") != fmt for f in files):
         raise InputError(f"streams.{name}.path: its files mix formats; this reads one format per stream")
-    frames = []
+    frames, before = [], 0
     for i, f in enumerate(files):
-        read = spark.read.option("header", True).csv if fmt == "csv" else getattr(spark.read, fmt)
-        df = read(str(f)).coalesce(1)
-        frames.append(df.withColumn("_file", F.lit(i)).withColumn("_row", F.monotonically_increasing_id()))
+        if fmt == "parquet":
+            footer = pq.ParquetFile(f)
+            kind = footer.schema_arrow.field(spec["time"]).type if spec["time"] in footer.schema_arrow.names else None
+            nanos = kind is not None and is_nanos(kind)
+            df = spark.read.parquet(str(f)).withColumn("_row", F.col("_metadata.row_index") + before)
+            df = df.withColumn("_us", stream_micros(df, spec["time"], "ns" if nanos else spec["time_unit"]))
+            before += footer.metadata.num_rows
+        else:
+            df = spark.read.option("header", True).csv(str(f)) if fmt == "csv" else spark.read.json(str(f))
+            df = df.select(
+                "*",
+                F.lit(i).alias("_file"),
+                F.col("_metadata.file_block_start").alias("_split"),
+                F.monotonically_increasing_id().alias("_at"),  # rises by one from a row to the next in a split
+            )
+        frames.append(df)
     df = frames[0]
     for extra in frames[1:]:
         df = df.unionByName(extra, allowMissingColumns=True)
-    return df, fmt
+    if fmt != "parquet":
+        splits = df.groupBy("_file", "_split").agg(F.count(F.lit(1)).alias("n"), F.min("_at").alias("first"))
+        starts, before = [], 0
+        for s in sorted(splits.collect(), key=lambda s: (s["_file"], s["_split"])):
+            starts.append((s["_file"], s["_split"], before - s["first"]))
+            before += s["n"]
+        offsets = spark.createDataFrame(starts, "_file int, _split long, _start long")
+        df = df.join(F.broadcast(offsets), ["_file", "_split"]).withColumn("_row", F.col("_at") + F.col("_start"))
+        df = df.drop("_file", "_split", "_at", "_start")
+        df = df.withColumn("_us", stream_micros(df, spec["time"], spec["time_unit"]))
+    return df.withColumn("_id", F.col(spec["id"]).cast("long") if spec["id"] else F.col("_row")), fmt

@@ -26,6 +26,10 @@ SINK = 7  #: the Kafka result sink could not deliver within output.kafka.timeout
 #: records of a Kafka stream were deleted at the broker before the stream read them (its `on_lost` is "stop"):
 #: a restart would find the same hole, so the supervisor stops
 INPUT_LOST = 8
+#: control.audit's own code for "could not audit" (a crash, a file it cannot read, a run it does not audit yet):
+#: never 1, which is its "the results differ", and none of the cluster's codes, so a script running both tells them
+#: apart
+NOT_AUDITED = 9
 #: every code a command of the cluster ends with besides 128 + N (killed by signal N); deploy.launch maps
 #: any other code of Open MPI's to one of these
 CODES = (0, CRASH, USER_ERROR, CHANNEL, LOST, START_FAILED, TOO_FEW, SINK, INPUT_LOST)
