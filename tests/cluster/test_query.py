@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from protocol.lifetime import NOT_AUDITED
 from protocol.output import read_tables
 from tests.reference import _row_order, duckdb_query
 from tests.runs import run_cluster, soak
@@ -187,6 +188,9 @@ def test_explain_prints_the_plan_and_a_refusal_names_its_clause(tmp_path):
     launch = [sys.executable, "-m", "deploy.launch", "-n", "3", "--", "--config", str(cfg), "--sql"]
     run = subprocess.run([*launch, str(tmp_path / "bad.sql")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "ORDER BY" in run.stderr
+    audit = [sys.executable, "-m", "control.audit", "--config", str(cfg), "--set", f"query.sql={form('left')}"]
+    refused = subprocess.run(audit, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == NOT_AUDITED and "a run of a query" in refused.stderr
 
 
 def test_group_by_with_sparks_window_is_the_aggregation_and_its_view_equals_duckdbs(tmp_path, spark):
