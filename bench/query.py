@@ -11,7 +11,8 @@ The default workload is written once as two declared streams (bench.payload's fi
 - `filter`: a filter that keeps 10% of stream R (`WHERE a.qty < 100`), dropped where it is read (target: faster
   than `query`);
 - `toml`: the same join from the TOML keys, no query, with the payload left out (the query itself costs nothing).
-Output: query.md, query.json.
+The runs of `query`, `every` and `toml` must give the same number of results, `half` and `filter` fewer, or the
+bench fails.  Output: query.md, query.json.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ def sql(condition: str = "", where: str = "") -> str:
 
 
 def main(argv: list[str]) -> int:
-    a = parser("python -m bench.query", __doc__, 15.0, 30.0, 3).parse_args(argv)
-    gen = load_config(None, [f"generator.duration={15.0 if a.quick else 30.0}"])["generator"]
+    p = parser("python -m bench.query", __doc__, 15.0, 30.0, 3)
+    p.add_argument("--seconds", type=float, help="seconds of event time per run (instead of 15 or 30)")
+    a = p.parse_args(argv)
+    seconds = a.seconds or (15.0 if a.quick else 30.0)
+    gen = load_config(None, [f"generator.duration={seconds}"])["generator"]
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-query-") as tmp:
             write_streams(gen, Path(tmp))
@@ -58,6 +62,12 @@ def main(argv: list[str]) -> int:
             ab.run(Path(tmp) / "runs")
     except RunFailed as e:
         print(f"bench.query: a run failed: {e}", file=sys.stderr)
+        return 1
+    results = {m: set(r) for m, r in ab.data["results"].items()}
+    same = results["query"] == results["every"] == results["toml"] and len(results["query"]) == 1
+    fewer = max(results["half"] | results["filter"]) < min(results["query"])
+    if not (same and fewer):
+        print(f"bench.query: the modes' results are not what their queries keep: {results}", file=sys.stderr)
         return 1
     ratios = ab.data["ratios"]
     faster = ratios["filter"] > 1.0

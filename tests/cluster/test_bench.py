@@ -849,6 +849,19 @@ def test_the_payload_workload_is_the_generators_tuples_per_stream_with_three_pay
         assert min(len(x) for x in t["label"].to_pylist()) >= 20
 
 
+def test_bench_query_runs_each_mode_and_checks_what_its_condition_and_filter_keep(tmp_path):
+    """A small bench.query: the condition that keeps every pair gives the query's results, the one keeping about
+    half and the filter fewer (the bench fails otherwise); the report has every mode's rate and the ratios."""
+    from bench.query import main
+
+    assert main(["--seconds", "1", "--repeats", "1", "--slaves", "1", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "query.json").read_text())
+    assert set(data["medians"]) == {"query", "every", "half", "filter", "toml"}
+    assert data["results"]["every"] == data["results"]["query"] == data["results"]["toml"]
+    assert 0 < data["results"]["filter"][0] < data["results"]["half"][0] < data["results"]["query"][0]
+    assert "filter/query" in (tmp_path / "query.md").read_text()
+
+
 def test_bench_kafka_reads_the_same_rows_from_files_and_topics_and_reports_the_brokers_ceiling(tmp_path):
     """A small bench.kafka: the files, the topics and the topics shared by two dispatchers give the same
     results (the bench fails otherwise) and the report has each side's rates, the ratio against the target and
