@@ -4,9 +4,10 @@
 
 A stream's files (`path`: a file, a glob or a folder; CSV, Parquet or JSON-lines by extension) are read in name
 order, as one stream, a record batch at a time with the columns the stream uses: its key column(s), its time
-and its id (`StreamInput`; a live stream's batches are checked by `StreamChecks` alone).  The single file is
-read the same way in its one-file, two-sided mode (`SidedFile`): columns stream (R or S), id, ts, key and
-optionally value, one row per tuple in arrival order, and reading can start at any row (Parquet skips whole row
+and its id (`StreamInput`; a live stream's batches are checked by `StreamChecks` alone); CSV columns the stream's
+`schema` declares are converted by pyarrow's CSV reader itself (`CsvTypes`), so decimal text stays exact.  The
+single file is read the same way in its one-file, two-sided mode (`SidedFile`): columns stream (R or S), id, ts,
+key and optionally value, one row per tuple in arrival order, and reading can start at any row (Parquet skips whole row
 groups by the row counts in its footer), so a recovery does not read what came before its position (BiStream
 3.5 rewinds the source).
 
@@ -40,6 +41,7 @@ from common.chunks import Chunk, InputError, no_terms
 from protocol.condition import ConditionError, row_mask, term_words
 from protocol.query import StreamQuery
 from protocol.config import DEFAULTS
+from protocol.errors import ConfigError
 from protocol.streams import FILE_COLUMNS
 from protocol.tuples import STREAM_NAMES
 
@@ -233,16 +235,113 @@ def stream_files(name: str, path: str) -> list[Path]:
     return files
 
 
-def first_schema(f: Path) -> pa.Schema:
-    """The file's columns and types (CSV, JSON: as pyarrow infers them from the first block)."""
+class CsvTypes(NamedTuple):
+    """A stream's declared CSV column types (protocol.streams `schema` of a stream of CSV files) and the strptime
+    formats of their timestamp text (`time_format`; [] = ISO-8601): pyarrow's CSV reader converts those columns
+    itself, so decimal text becomes an exact decimal, never a double on the way."""
+
+    types: dict[str, pa.DataType]
+    formats: list[str]
+
+    def options(self, **options) -> pacsv.ConvertOptions:
+        """CSV convert options with the formats (the caller gives the column types)."""
+        return pacsv.ConvertOptions(**options, **({"timestamp_parsers": self.formats} if self.formats else {}))
+
+
+NO_TYPES = CsvTypes({}, [])
+_FORMAT_NAMES = {"csv": "CSV", "parquet": "Parquet", "json": "JSON-lines"}
+
+
+def csv_types(name: str, spec: dict, files: list[Path]) -> CsvTypes:
+    """Stream `name`'s declared CSV column types (none for a live stream, whose `schema` is its columns); a
+    ConfigError for a type that is not Arrow's or that a CSV cell cannot hold, and for files that carry their
+    own types (Parquet, JSON lines: cast them where they are written)."""
+    if not spec["schema"] or spec["endpoint"] or spec["kafka"]:
+        return NO_TYPES
+    where = f"streams.{name}.schema"
+    for f in files:
+        fmt = EXTENSIONS[f.suffix.lower()]
+        if fmt != "csv":
+            raise ConfigError(
+                f"{where}: declares the types of CSV columns, but input file {str(f)!r} is {_FORMAT_NAMES[fmt]}, "
+                "which carries its own types: leave schema out (or write the types into the file)"
+            )
+    types = {}
+    for column, text in spec["schema"].items():
+        try:
+            types[column] = arrow_type(text)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {column}: {e}") from None
+        if pa.types.is_nested(types[column]):
+            raise ConfigError(f"{where}: {column}: a CSV cell cannot hold a {text}")
+    roles = {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"} if spec["id"] else {})
+    wrong = input_schema.wrong_stream_types(pa.schema(list(types.items())), roles)
+    if wrong:
+        raise ConfigError(f"{where}: " + "; ".join(w.replace("has column", "column", 1) for w in wrong))
+    formats = spec["time_format"]
+    return CsvTypes(types, ([formats] if formats else []) if isinstance(formats, str) else list(formats))
+
+
+def first_schema(f: Path, typed: CsvTypes = NO_TYPES) -> pa.Schema:
+    """The file's columns and types (CSV, JSON: as pyarrow infers them from the first block; CSV columns with
+    declared types in those)."""
     fmt = EXTENSIONS[f.suffix.lower()]
     try:
         if fmt == "parquet":
             return pq.ParquetFile(f).schema_arrow
-        return (pacsv.open_csv(f) if fmt == "csv" else pajson.open_json(f)).schema
+        if fmt == "csv":
+            return pacsv.open_csv(f, convert_options=typed.options(column_types=typed.types)).schema
+        return pajson.open_json(f).schema
     except (pa.ArrowException, OSError) as e:
-        kind = {"csv": "CSV", "parquet": "Parquet", "json": "JSON-lines"}[fmt]
-        raise InputError(f"input file {str(f)!r} cannot be read as {kind}: {str(e).splitlines()[0]}") from None
+        what = _bad_cell(f, typed) or str(e).splitlines()[0]
+        raise InputError(f"input file {str(f)!r} cannot be read as {_FORMAT_NAMES[fmt]}: {what}") from None
+
+
+def _bad_cell(f: Path, typed: CsvTypes) -> str | None:
+    """The first cell of a declared CSV column that does not convert to its type, as "its row N: column C holds
+    'text', not TYPE" (rows 1-based, the header aside), or None: pyarrow's message names neither row nor
+    value.  An error path: the declared columns are read again as text and a failing batch is halved."""
+    try:
+        names = pacsv.open_csv(f, convert_options=pacsv.ConvertOptions(column_types={})).schema.names
+        columns = [c for c in typed.types if c in names]
+        if not columns:
+            return None
+        opts = pacsv.ConvertOptions(
+            column_types={c: pa.string() for c in columns},
+            include_columns=columns,
+            strings_can_be_null=True,
+            null_values=[""],
+        )
+        seen = 0
+        for batch in pacsv.open_csv(f, convert_options=opts):
+            for c in columns:
+                cells, kind = batch[c], typed.types[c]
+                if not _converts(cells, kind, typed.formats):
+                    lo, hi = 0, len(cells)  # cells[lo:hi] holds a bad cell
+                    while hi - lo > 1:
+                        mid = (lo + hi) // 2
+                        lo, hi = (mid, hi) if _converts(cells.slice(lo, mid - lo), kind, typed.formats) else (lo, mid)
+                    written = f" written as {' or '.join(map(repr, typed.formats))}" if typed.formats else ""
+                    return f"its row {seen + lo + 1:,}: column {c} holds {str(cells[lo])[:40]!r}, not {kind}" + (
+                        written if pa.types.is_timestamp(kind) else ""
+                    )
+            seen += batch.num_rows
+    except (pa.ArrowException, OSError):
+        return None
+    return None
+
+
+def _converts(cells: pa.Array, kind: pa.DataType, formats: list[str]) -> bool:
+    """Whether every non-null text cell converts to `kind` as the CSV reader converts it."""
+    cells = cells.drop_null()
+    try:
+        if pa.types.is_timestamp(kind) and formats:
+            parsed = pc.coalesce(*(pc.strptime(cells, f, kind.unit, error_is_null=True) for f in formats))
+            return parsed.null_count == 0
+        pc.cast(cells, kind)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
 
 
 def key_kinds(streams: dict[str, dict], firsts: dict[str, pa.Schema]) -> list[str]:
@@ -551,15 +650,17 @@ class StreamInput(StreamChecks):
         query: StreamQuery | None = None,
     ):
         self.files = files if files is not None else stream_files(name, spec["path"])
-        super().__init__(name, spec, kinds, window, first_schema(self.files[0]), self.files[0], query)
-        for f in self.files[1:]:
-            self._check_schema(f, first_schema(f), self.read)
+        self.typed = csv_types(name, spec, self.files)
+        schemas = [first_schema(f, self.typed) for f in self.files]
+        super().__init__(name, spec, kinds, window, schemas[0], self.files[0], query)
+        for f, schema in zip(self.files, schemas):
+            self._check_schema(f, schema, [*self.read, *(c for c in self.typed.types if c not in self.read)])
         self._batches = self._read()
         self._held = next(self._batches, None)
         if self._held is not None:
             f, _, table = self._held
             expected = {c: input_schema.STREAM_EXPECTED[r] for c, r in self.roles.items()}
-            found = lambda c: first_schema(f).field(c).type  # noqa: E731 -- only for the message
+            found = lambda c: first_schema(f, self.typed).field(c).type  # noqa: E731 -- only for the message
             wrong = input_schema.unconverted(table, self._parse(table, 0).converts, found, expected)
             if wrong:
                 raise self._fail(f, "; ".join(wrong))
@@ -571,9 +672,13 @@ class StreamInput(StreamChecks):
             start = seen
             fmt, columns = EXTENSIONS[f.suffix.lower()], self.read
             try:
-                if fmt == "csv":  # the columns used as text (checked cell by cell), the payload as the first file's
-                    types = {c: pa.string() if c in self.roles else self.schema.field(c).type for c in columns}
-                    opts = pacsv.ConvertOptions(
+                if fmt == "csv":  # declared columns in their types, the others used as text (checked cell by
+                    # cell), the payload as the first file's
+                    types = {
+                        c: self.typed.types.get(c, pa.string() if c in self.roles else self.schema.field(c).type)
+                        for c in columns
+                    }
+                    opts = self.typed.options(
                         column_types=types, include_columns=columns, strings_can_be_null=True, null_values=[""]
                     )
                     batches = pacsv.open_csv(f, convert_options=opts)
@@ -585,8 +690,12 @@ class StreamInput(StreamChecks):
                     seen += b.num_rows
                     yield f, start, pa.Table.from_batches([b]).select(columns)
             except (pa.ArrowException, OSError) as e:
+                bad = _bad_cell(f, self.typed) if fmt == "csv" and self.typed.types else None
                 raise self._fail(
-                    f, f"cannot be read at its row {seen - start + 1:,} or after: {str(e).splitlines()[0]}"
+                    f,
+                    f"cannot be read: {bad}"
+                    if bad
+                    else f"cannot be read at its row {seen - start + 1:,} or after: {str(e).splitlines()[0]}",
                 ) from None
 
     def __iter__(self) -> Iterator[StreamBatch]:

@@ -183,7 +183,7 @@ def select_streams(spark, streams: dict, start: float, end: float, folder: Path)
 
     out = {}
     for name, spec in streams.items():
-        df, fmt = stream_rows(spark, name, spec)
+        df, fmt = stream_rows(spark, name, spec, typed=False)  # the cells as written: read again as declared
         inside = within(start, end)
         chosen = df.where(inside)
         counts = df.agg(F.count(F.lit(1)).alias("rows"), F.sum(inside.cast("long")).alias("kept")).first()

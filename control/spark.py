@@ -153,6 +153,65 @@ def _iso_micros(text):
     return F.when(text.rlike(ISO_GROUPS) & (zh < 24) & (zm < 60), us + up.cast("long"))
 
 
+#: strptime directives (pyarrow's CSV timestamp_parsers) as Spark's datetime pattern letters: (1-2 digits or as
+#: written, the fixed width next to another directive)
+_PATTERNS = {
+    "Y": ("y", "yyyy"),
+    "y": ("yy", "yy"),
+    "m": ("M", "MM"),
+    "d": ("d", "dd"),
+    "H": ("H", "HH"),
+    "I": ("h", "hh"),
+    "M": ("m", "mm"),
+    "S": ("s", "ss"),
+    "j": ("D", "DDD"),
+    "b": ("MMM", "MMM"),
+    "B": ("MMMM", "MMMM"),
+    "p": ("a", "a"),
+    "z": ("[XXX][XX]", "[XXX][XX]"),
+}
+
+
+def spark_pattern(fmt: str) -> str:
+    """A strptime format (a stream's `time_format`) as a Spark datetime pattern that reads the same text; a
+    ValueError for a directive it does not translate."""
+    parts = re.split(r"(%.)", fmt)
+    out = []
+    for i, part in enumerate(parts):
+        if part.startswith("%") and len(part) == 2:
+            if part == "%%":
+                out.append("%")
+                continue
+            if part[1] not in _PATTERNS:
+                raise ValueError(f"{fmt!r}: {part} is not read by the Spark tools (known: %{', %'.join(_PATTERNS)})")
+            directive = lambda j: 0 <= j < len(parts) and parts[j].startswith("%")  # noqa: E731
+            adjacent = (directive(i + 2) and parts[i + 1] == "") or (directive(i - 2) and parts[i - 1] == "")
+            out.append(_PATTERNS[part[1]][adjacent])
+        elif part:
+            out.append(re.sub(r"([A-Za-z]+)", r"'\1'", part.replace("'", "''")))
+    return "".join(out)
+
+
+def csv_column(text, kind, formats: list[str], where: str):
+    """A CSV column of declared Arrow type `kind` (common.stream_file.csv_types) from its text, as pyarrow's CSV
+    reader converts it for the engine: timestamps by the stream's strptime `formats` (each tried in order) or
+    as ISO-8601; unsigned integers widened (Spark has none); the others cast."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    from common.chunks import InputError
+
+    if pa.types.is_timestamp(kind):
+        try:
+            stamps = [F.try_to_timestamp(text, F.lit(spark_pattern(f))) for f in formats]
+        except ValueError as e:
+            raise InputError(f"{where}.time_format: {e}") from None
+        return F.coalesce(*stamps) if stamps else F.timestamp_micros(_iso_micros(text))
+    wide = {pa.uint8(): "smallint", pa.uint16(): "int", pa.uint32(): "bigint", pa.uint64(): "decimal(20,0)"}
+    return text.cast(wide.get(kind) or from_arrow_type(kind))
+
+
 def is_nanos(kind) -> bool:
     """A timestamp[ns] column, which Spark reads as its count of nanoseconds (session)."""
     import pyarrow as pa
@@ -160,12 +219,14 @@ def is_nanos(kind) -> bool:
     return pa.types.is_timestamp(kind) and kind.unit == "ns"
 
 
-def stream_rows(spark, name: str, spec: dict):
+def stream_rows(spark, name: str, spec: dict, typed: bool = True):
     """A declared stream's rows from its files (common.stream_file.stream_files) and the files' format (csv,
-    parquet, json; CSV cells stay text), each row with `_row`, its place in the stream: 0-based, counted over
-    the files in their order, as the engine numbers a stream's rows (and names them, without an id column);
-    `_id`, the row's name in results (its id column as a long, else `_row`); and `_us`, its time in
-    microseconds (stream_micros; a `timestamp[ns]` Parquet column, read as its nanoseconds, as such).
+    parquet, json; CSV cells stay text but for the columns the stream's `schema` declares, in their types as the
+    engine reads them: csv_column; `typed` False: those too as written, their time still read as declared), each
+    row with `_row`, its place in the stream: 0-based, counted over the files in their order, as the engine
+    numbers a stream's rows (and names them, without an id column); `_id`, the row's name in results (its id
+    column as a long, else `_row`); and `_us`, its time in microseconds (stream_micros; a `timestamp[ns]`
+    Parquet column, read as its nanoseconds, as such).
 
     A Parquet row's place is its file's rows before it (from the footers) plus its row index; a CSV or JSON
     row's is counted per split of its file (Spark reads a large file's splits in any order): the rows of the
@@ -174,9 +235,10 @@ def stream_rows(spark, name: str, spec: dict):
     from pyspark.sql import functions as F
 
     from common.chunks import InputError
-    from common.stream_file import stream_files
+    from common.stream_file import csv_types, stream_files
 
     files = stream_files(name, spec["path"])
+    declared = csv_types(name, spec, files)
     formats = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
     fmt = formats.get(files[0].suffix.lower(), "json")
     if any(formats.get(f.suffix.lower(), "json") != fmt for f in files):
@@ -211,5 +273,8 @@ def stream_rows(spark, name: str, spec: dict):
         offsets = spark.createDataFrame(starts, "_file int, _split long, _start long")
         df = df.join(F.broadcast(offsets), ["_file", "_split"]).withColumn("_row", F.col("_at") + F.col("_start"))
         df = df.drop("_file", "_split", "_at", "_start")
-        df = df.withColumn("_us", stream_micros(df, spec["time"], spec["time_unit"]))
+        columns = {c: csv_column(F.col(c), t, declared.formats, f"streams.{name}") for c, t in declared.types.items()}
+        df = df.withColumn("_time", columns.get(spec["time"], F.col(spec["time"])))
+        df = df.withColumn("_us", stream_micros(df, "_time", spec["time_unit"])).drop("_time")
+        df = df.withColumns(columns) if typed else df
     return df.withColumn("_id", F.col(spec["id"]).cast("long") if spec["id"] else F.col("_row")), fmt

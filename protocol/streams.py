@@ -46,7 +46,14 @@ STREAM_KEYS: dict[str, tuple[Any, str]] = {
     "schema": (
         {},
         'with endpoint or kafka: its columns and their Arrow types, e.g. {user_id = "string", at = '
-        '"timestamp[ms, tz=UTC]", cost = "double", price = "decimal128(12, 2)"}',
+        '"timestamp[ms, tz=UTC]", cost = "double", price = "decimal128(12, 2)"}; with CSV files: the types of '
+        "some of their columns, applied by the CSV reader (decimals stay exact; the others as pyarrow infers "
+        "them; refused for Parquet and JSON-lines files, which carry their own types)",
+    ),
+    "time_format": (
+        "",
+        "with CSV files: how the text of the columns `schema` declares as timestamps is written, a strptime "
+        'format ("%d/%m/%Y %H:%M:%S") or a list of them tried in order; "" = ISO-8601',
     ),
     "key": (None, "the join key: a column, or a list of columns (a composite key); integers, strings or binary"),
     "time": (None, "the event-time column: a timestamp (any unit, any zone), ISO-8601 text, or numbers in `time_unit`"),
@@ -356,8 +363,7 @@ def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
                 f"streams.{name}.schema: {taken[0]} is the record's own column "
                 f"({', '.join(KAFKA_COLUMNS)}), not a field of its value: leave it out of schema"
             )
-    elif s["schema"]:
-        raise error(f"streams.{name}.schema: only for a live stream (endpoint or kafka): files carry their own schema")
+    s["time_format"] = _time_formats(name, s, error)
     if s["time_unit"] not in UNITS:
         raise error(f"streams.{name}.time_unit: must be one of {', '.join(map(repr, UNITS))}, got {s['time_unit']!r}")
     if s["side"] not in ("", *SIDES):
@@ -375,6 +381,23 @@ def _one(name: str, table: Any, join: dict, error: type[Exception]) -> dict:
         raise error(f'streams.{name}.payload: expected "*" or a list of column names, got {s["payload"]!r}')
     s["prefix"] = s["prefix"].replace("{stream}", name)
     return s
+
+
+def _time_formats(name: str, s: dict, error: type[Exception]) -> list[str]:
+    """`time_format` as a list of strptime formats ([] = ISO-8601), for a stream of files whose `schema` declares
+    a timestamp column (Arrow's types as text: "timestamp[ms]")."""
+    formats = s["time_format"]
+    formats = ([formats] if formats else []) if isinstance(formats, str) else formats
+    if not isinstance(formats, list) or not all(isinstance(f, str) and f for f in formats):
+        raise error(f"streams.{name}.time_format: expected a strptime format or a list of them, got {formats!r}")
+    if formats and not s["path"]:
+        raise error(f"streams.{name}.time_format: only for a stream of CSV files (path)")
+    if formats and not any(t.strip().startswith("timestamp[") for t in s["schema"].values()):
+        raise error(
+            f"streams.{name}.time_format: the format of the columns `schema` declares as timestamps, and it "
+            f'declares none (e.g. schema = {{{s["time"]} = "timestamp[ms]"}})'
+        )
+    return formats
 
 
 def _kafka(name: str, table: Any, error: type[Exception]) -> dict:

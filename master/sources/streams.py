@@ -77,6 +77,7 @@ from common.stream_file import (
     StreamChecks,
     StreamInput,
     arrow_type,
+    csv_types,
     first_schema,
     key_kinds,
     stream_files,
@@ -423,7 +424,9 @@ class WatermarkMerge(StreamsSource):
         if missing:
             raise InputError("; ".join(missing))
         firsts = {
-            name: self.declared[name] if name in self.declared else first_schema(self.files[name][0])
+            name: self.declared[name]
+            if name in self.declared
+            else first_schema(self.files[name][0], csv_types(name, self.specs[name], self.files[name]))
             for name in self.specs
         }
         self.kinds = key_kinds(self.specs, firsts)

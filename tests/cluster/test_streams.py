@@ -120,6 +120,7 @@ def test_streams_config_sides_keys_and_overrides(tmp_path):
         "producers": 1,
         "ack_endpoint": "",
         "schema": {},
+        "time_format": [],
         "kafka": {},
     }
     assert (cfg["streams"]["buys"]["max_delay"], cfg["streams"]["buys"]["idle_timeout"]) == (0.25, 0.0)
