@@ -16,8 +16,10 @@ import pytest
 
 #: the JVMs the tests start (their Spark session's, and the Spark commands' they run) compile with C1 only and
 #: collect with one thread: on the tests' tiny data the C2 compiler's and G1's threads cost more CPU than they
-#: save (test_audit_outer and test_spark_control: 138-159 CPU-seconds with Java's defaults, 105 with these)
-TEST_JVM = "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell"
+#: save (test_audit_outer and test_spark_control: 138-159 CPU-seconds with Java's defaults, 105 with these); the
+#: session's heap is 2 GiB, not Spark's 1 GiB: one JVM runs a whole group's audits, and a full run's saw an
+#: aggregation find no memory (AGGREGATE_OUT_OF_MEMORY, test_audit_outer) after a dozen audits before it
+TEST_JVM = "--driver-memory 2g --driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell"
 
 
 def pytest_configure(config):
