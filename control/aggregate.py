@@ -21,7 +21,9 @@ Also runnable as `spark-submit control/aggregate.py ...`.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -234,8 +236,22 @@ class ViewWriter:
         self.batches += 1
         self.last = time.monotonic()
         if not self.quiet:
-            results = pc.sum(t["count"]).as_py() if t.num_rows else 0
-            print(f"[view] batch {batch_id}: {t.num_rows:,} groups, {results or 0:,} results", flush=True)
+            print(f"[view] batch {batch_id}: {t.num_rows:,} groups, {view_results(t, self.spec)}", flush=True)
+
+
+def view_results(t: pa.Table, spec: Aggregation) -> str:
+    """The results a view counts, as its report line says them: with hopping windows a result is in several, so
+    only the windows that tile time (those starting at a multiple of the window's length, and rows without a
+    time) are added up; when the slide does not divide the window the sum is of window memberships, and says so."""
+    counts = t["count"].to_numpy(zero_copy_only=False) if t.num_rows else np.zeros(0, np.int64)
+    if spec.window and spec.slide < spec.window and t.num_rows:
+        if spec.window % spec.slide:
+            return f"{int(counts.sum()):,} window memberships (hopping windows: a result is in several)"
+        starts = t[WINDOW_START]
+        null = pc.is_null(starts).to_numpy(zero_copy_only=False)
+        micros = pc.fill_null(starts.cast(pa.timestamp("us")).cast(pa.int64()), 0).to_numpy()
+        counts = counts[null | (micros % spec.window == 0)]
+    return f"{int(counts.sum()):,} results"
 
 
 def read_view(directory: str | Path) -> pa.Table | None:
@@ -256,15 +272,18 @@ def run_stream(
     *,
     spec: Aggregation,
     keep: int | None = None,
+    stop: threading.Event | None = None,
 ) -> ViewWriter:
     """Merge partial files of `spec`'s view as they appear; returns after `until_idle` seconds without a batch
-    (0 = never).  The partials' schema, whose group columns have the results' own types, is the first partial
-    file's (the merger waits for it)."""
+    (0 = never), or once `stop` is set (between two of Spark's calls: a signal that raised inside one leaves py4j's
+    connection half read).  The partials' schema, whose group columns have the results' own types, is the first
+    partial file's (the merger waits for it)."""
+    stop = stop or threading.Event()
     from pyspark.sql.pandas.types import from_arrow_schema
 
     source.mkdir(parents=True, exist_ok=True)  # the file source wants the folder; slaves may start later
     writer = ViewWriter(view, spec, quiet, keep=keep)
-    first = first_partial(source, until_idle)
+    first = first_partial(source, until_idle, stop)
     if first is None:
         return writer
     stream = (
@@ -282,9 +301,9 @@ def run_stream(
         .start()
     )
     try:
-        while until_idle <= 0 and not query.awaitTermination(1.0):
+        while until_idle <= 0 and not stop.is_set() and not query.awaitTermination(1.0):
             pass
-        while until_idle > 0:
+        while until_idle > 0 and not stop.is_set():
             query.processAllAvailable()  # every file present now is merged and committed (or the query failed)
             if time.monotonic() - writer.last >= until_idle:
                 break
@@ -294,12 +313,12 @@ def run_stream(
     return writer
 
 
-def first_partial(source: Path, until_idle: float) -> Path | None:
+def first_partial(source: Path, until_idle: float, stop: threading.Event) -> Path | None:
     """The first partial file in `source`, once there is one; None after `until_idle` seconds without (0 =
-    wait until there is)."""
+    wait until there is) or once `stop` is set."""
     started = time.monotonic()
     while not (files := sorted(source.glob("slave-*.parquet"))):
-        if until_idle and time.monotonic() - started >= until_idle:
+        if (until_idle and time.monotonic() - started >= until_idle) or stop.is_set():
             return None
         time.sleep(0.2)
     return files[0]
@@ -351,19 +370,40 @@ def main(argv: list[str], spark=None) -> int:
             + (f"stops after {a.until_idle:g}s without new files" if a.until_idle else "Ctrl-C stops"),
             flush=True,
         )
+        stop = threading.Event()
+
+        def interrupted(signum, frame):  # the first Ctrl-C or SIGTERM stops between two calls to Spark
+            if stop.is_set():
+                raise KeyboardInterrupt
+            stop.set()
+
+        handlers = {s: signal.signal(s, interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             run_stream(
-                spark, out / "aggregates", view, checkpoint, a.until_idle, a.max_files_per_trigger, a.trigger, spec=spec
+                spark,
+                out / "aggregates",
+                view,
+                checkpoint,
+                a.until_idle,
+                a.max_files_per_trigger,
+                a.trigger,
+                spec=spec,
+                stop=stop,
             )
-        except KeyboardInterrupt:
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+        if stop.is_set():
             print("interrupted: stopped; a restart with the same checkpoint goes on where this left off", flush=True)
     t = read_view(view)
     if t is None:
-        print(f"done in {time.monotonic() - started:.1f}s: no view yet (no partial files)", flush=True)
+        waiting = len(list((out / "aggregates").glob("slave-*.parquet"))) if not a.batch else 0
+        why = f"stopped before a first batch ended; {waiting:,} partial files wait" if waiting else "no partial files"
+        print(f"done in {time.monotonic() - started:.1f}s: no view yet ({why})", flush=True)
     else:
         print(
-            f"done in {time.monotonic() - started:.1f}s: view of {t.num_rows:,} groups, "
-            f"{pc.sum(t['count']).as_py() or 0:,} results, in {view}",
+            f"done in {time.monotonic() - started:.1f}s: view of {t.num_rows:,} groups, {view_results(t, spec)}, "
+            f"in {view}",
             flush=True,
         )
     return 0

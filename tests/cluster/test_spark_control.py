@@ -271,6 +271,47 @@ def test_merger_killed_mid_stream_and_restarted_ends_with_the_uninterrupted_view
     assert len(list(view.glob("view-*.parquet"))) <= aggregate.KEEP + 1
 
 
+def test_the_merger_reports_results_not_hopping_window_memberships_and_stops_cleanly_on_ctrl_c(tmp_path):
+    """The streaming merger over partials in 1 s windows hopping every 0.5 s (each result in two): its report
+    line counts each result once; Ctrl-C (SIGINT to its process group, as a terminal sends it) stops it between
+    two calls to Spark: exit 0, the line saying so, no traceback."""
+    rng = np.random.default_rng(43)
+    source = tmp_path / "out" / "aggregates"
+    source.mkdir(parents=True)
+    hopping = ("aggregate.window=1.0", "aggregate.slide=0.5")
+    spec = file_spec(*hopping)
+    rows = 0
+    for i in range(3):
+        n = int(rng.integers(200, 800))
+        t = pa.table({"r_key": rng.integers(0, 60, n), "r_ts": rng.integers(0, 6_000_000, n) / 1e6})
+        t = t.append_column("r_value", pa.array(rng.random(n))).append_column("s_ts", t["r_ts"])
+        pq.write_table(stamped(column_partials(t, spec), 1 + i, i, 0, 3), source / f"slave-{1 + i:03d}-{i:06d}.parquet")
+        rows += n
+    cmd = [sys.executable, "-m", "control.aggregate", "--out", str(tmp_path / "out"), "--trigger", "0.2"]
+    cmd += [a for h in hopping for a in ("--set", h)]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    lines = []
+    try:
+        for line in proc.stdout:  # until the first batch's report
+            lines.append(line)
+            if line.startswith("[view] batch"):
+                break
+        assert lines and lines[-1].startswith("[view] batch 0"), "".join(lines)
+        assert f", {rows:,} results" in lines[-1], lines[-1]
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    out = "".join(lines) + rest
+    assert proc.returncode == 0, out
+    assert "interrupted: stopped" in out and "Traceback" not in out, out
+    assert f"groups, {rows:,} results, in" in out.splitlines()[-1], out
+
+
 def test_replay_of_a_time_range_gives_exactly_the_reference_join_of_that_range(tmp_path, spark):
     settings = dict(SMALL, **{"generator.seed": 51, "generator.disorder": 0.2})
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
