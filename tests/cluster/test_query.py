@@ -18,7 +18,7 @@ import pytest
 from protocol.lifetime import NOT_AUDITED
 from protocol.output import read_tables
 from tests.reference import _row_order, duckdb_query
-from tests.runs import run_cluster, soak
+from tests.runs import run_cluster, soak, write_config
 
 T0 = 1_772_461_920_000_000  #: microseconds
 ON = """t.symbol = q.symbol AND t.venue = q.venue
@@ -254,3 +254,28 @@ def test_the_clicks_example_query_as_shipped_equals_duckdb_running_it_on_the_fil
         proc = subprocess.run(mpirun_command(3, args), env=mpi_env(), capture_output=True, text=True, timeout=180)
         assert proc.returncode == 0, proc.stderr
         assert result_rows(out) == want, form
+
+
+def test_a_replayed_range_of_a_querys_streams_equals_duckdb_running_the_query_on_that_range(tmp_path, spark):
+    """control.replay of 10 s of trades and quotes with a query (a left join with a pair condition and filters):
+    Spark selects each stream's rows of the range from its files, the cluster runs the config's query on them,
+    and the results are DuckDB's rows of the same SQL over the rows of the range."""
+    import pyarrow.compute as pc
+
+    from control import replay
+
+    tables = trades_quotes(tmp_path / "data", seed=21)
+    sql = form("left")
+    config = write_config(tmp_path, settings(tmp_path / "data", sql))
+    start, end = T0 + 10_000_000, T0 + 20_000_000  # microseconds
+    args = ["--config", str(config), "--from", str(start / 1e6), "--to", str(end / 1e6), "--speed", "4", "-n", "3"]
+    assert replay.main(args, spark=spark) == 0
+    ranged = {
+        name: t.filter(
+            pc.and_(pc.greater_equal(pc.cast(t[c], pa.int64()), start), pc.less(pc.cast(t[c], pa.int64()), end))
+        )
+        for (name, t), c in zip(tables.items(), ("exec_time", "quote_ts"))
+    }
+    want = duckdb_query(sql, ranged)
+    assert len(want) > 100
+    assert result_rows(tmp_path / "out") == want
