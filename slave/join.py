@@ -56,20 +56,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from protocol import eventtime
 from protocol.config import DEFAULTS
 from protocol.arrays import field_words, group_pairs, take_rows, words
-from protocol.condition import pair_mask
 from protocol.predicates import JOIN_TYPES, final_time, hot_grids, hot_homes, key_distance
-from protocol.query import Node
 from protocol.tuples import FIELDS, STREAM_R, STREAM_S, TERMS, directory_hash, mix64, partition_of
 from slave.exthash import PartitionGroup
 from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
 from slave.window import GUEST, MATCHED, UNMATCHED
+
+if TYPE_CHECKING:
+    from protocol.query import Node
 
 
 class Pairs:
@@ -164,6 +165,10 @@ class JoinModule:
         self.lower, self.upper = lower, upper
         self.dtype, self.partitions, self.chunk_rows = dtype, partitions, int(chunk_rows)
         self.join_type, self.condition = join_type, condition
+        if condition is not None:  # Arrow's compute functions: imported by the ranks whose query has a condition
+            from protocol.condition import pair_mask
+
+            self._pair_mask = pair_mask
         self.keep_r = join_type in ("left", "full", "semi", "anti")  #: R rows carry matched flags
         self.keep_s = join_type in ("right", "full")
         self.emit_pairs = join_type in ("inner", "left", "right", "full")
@@ -303,7 +308,7 @@ class JoinModule:
                     n = min(matches.total - at, self.chunk_rows - (filled if self.emit_pairs else 0))
                     ia, ib = matches.take(at, at + n)
                     if self.condition is not None:
-                        held = pair_mask(self.condition, join.rows_r[TERMS][ia], join.rows_s[TERMS][ib])
+                        held = self._pair_mask(self.condition, join.rows_r[TERMS][ia], join.rows_s[TERMS][ib])
                         ia, ib = ia[held], ib[held]
                     if self.guests:
                         ia, ib = self._flag_at_home(join, ia, ib)
