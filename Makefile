@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.payload --quick --repeats 1
 	$(BIN)/python -m bench.query --quick --repeats 1
 	$(BIN)/python -m bench.aggregate --quick --repeats 1 --lag-seconds 20
+	$(BIN)/python -m bench.audit --quick --repeats 1
 	$(BIN)/python -m bench.kafka --quick --repeats 1
 	$(BIN)/python -m bench.limit --rows 1000000 --repeats 1
 	$(BIN)/python -m bench.startup --quick --repeats 3
@@ -62,6 +63,7 @@ bench-full: $(STAMP)
 	$(BIN)/python -m bench.payload
 	$(BIN)/python -m bench.query
 	$(BIN)/python -m bench.aggregate
+	$(BIN)/python -m bench.audit --repeats 3
 	$(BIN)/python -m bench.kafka
 	$(BIN)/python -m bench.limit --rows 10000000 --profile
 	$(BIN)/python -m bench.startup

@@ -84,6 +84,8 @@ EMITS = {
 LONE_KINDS = (LEFT_UNMATCHED, RIGHT_UNMATCHED, LEFT_MATCHED)
 #: rows per arrival block (of an archive file, or of an input read whole): the unit the lateness prefix is over
 BLOCK = 1 << 16
+#: the audit's own files while it runs, under <output>/audit (hidden: nothing reads it as output)
+SCRATCH = ".scratch"
 #: sampling resolution: a key is audited iff its hash modulo this is below sample x this
 SAMPLE_SCALE = 1_000_000
 #: the table's columns: (heading, report key)
@@ -118,6 +120,17 @@ class Target:
     checkpoint_id: int | None = None
     rows_alone: bool = False  #: live, join.type other than inner: the watermark is the bound of rows alone
     codes: Any = None  #: declared streams: each key value's code (control.audit_streams.arrivals)
+    rows: dict = field(default_factory=dict)  #: declared streams: each stream's rows (control.spark.stream_rows)
+
+    def scratch(self, name: str) -> Path:
+        """A path for a file of the audit's own (the generated input), in `<output>/audit/.scratch`, which
+        `clean` removes."""
+        folder = self.out / "audit" / SCRATCH
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / name
+
+    def clean(self) -> None:
+        shutil.rmtree(self.out / "audit" / SCRATCH, ignore_errors=True)
 
     def describe(self) -> str:
         if self.finished:
@@ -288,7 +301,7 @@ def arrivals(spark, target: Target):
     if src["kind"] == "file":
         df, what = _input_file(spark, target, Path(src["path"]))
     else:
-        df, what = _generated(spark, target.cfg), "generator (rebuilt on the driver: no archive)"
+        df, what = _generated(spark, target), "generator (rebuilt on the driver: no archive)"
     k = target.cfg["cluster"]["dispatchers"]
     df = df.select(
         F.pmod("pos", F.lit(k)).cast("int").alias("d"),
@@ -354,27 +367,38 @@ def _input_file(spark, target: Target, path: Path):
     return df.drop("row0"), f"input file {path} without its rejected rows (no archive)"
 
 
-def _generated(spark, cfg: dict):
+def _generated(spark, target: Target):
     """The generator's streams, as the master draws them (the same seed gives the same streams; ts in
-    microseconds, and in seconds as the run's files would hold them)."""
+    microseconds, and in seconds as the run's files would hold them), numbered by `pos`.  Drawn on the driver a
+    chunk at a time into a Parquet file of the audit's own (scratch), which Spark reads: neither the driver nor
+    Spark holds the whole input in memory."""
     import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
 
-    from common.workload import generate_all
+    from common.workload import GeneratorSource
 
-    c = generate_all(cfg)
-    return spark.createDataFrame(
-        pa.table(
-            {
-                "pos": np.arange(len(c.ts), dtype=np.int64),
-                "stream": np.array(["R", "S"])[c.stream],
-                "id": c.id,
-                "ts": c.ts / PER_SECOND,
-                "t": c.ts,
-                "key": c.key,
-                "value": c.value,
-            }
-        )
-    )
+    path = target.scratch("generated.parquet")
+    src, writer = GeneratorSource(target.cfg["generator"]), None
+    try:
+        while (c := src.next_chunk(1 << 20)) is not None:
+            chunk = pa.table(
+                {
+                    "stream": pa.DictionaryArray.from_arrays(c.stream.astype(np.int8), pa.array(["R", "S"])),
+                    "id": c.id,
+                    "ts": c.ts / PER_SECOND,
+                    "t": c.ts,
+                    "key": c.key,
+                    "value": c.value,
+                }
+            )
+            writer = writer or pq.ParquetWriter(path, chunk.schema)
+            writer.write_table(chunk)
+    finally:
+        if writer is not None:
+            writer.close()
+    df = spark.read.parquet(uri(path)) if writer is not None else spark.createDataFrame([], TUPLE_SCHEMA + ", t long")
+    return df.withColumn("pos", F.col("_metadata.row_index") if writer is not None else F.lit(0).cast("long"))
 
 
 def classify(arrived, max_delay: int, lo: int, hi: int):
@@ -404,6 +428,13 @@ def classify(arrived, max_delay: int, lo: int, hi: int):
     delay = F.col("delay") if "delay" in arrived.columns else F.lit(max_delay)  # declared streams: their own
     late = F.coalesce(F.col("t") < F.col("prev") - delay, F.lit(False))
     return rows.where(inside).select("d", "stream", "id", "ts", "t", "key", "value", late.alias("late"))
+
+
+def kept(df):
+    """(`df` cached, its row count): computed once now, in a job of its own, so that the branches of the
+    plan that read it later (each a stage of the same job) share it instead of each computing it again."""
+    df = df.cache()
+    return df, df.count()
 
 
 def sampled(key_column, sample: float):
@@ -614,15 +645,15 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     ts; such a row's partners may lie `reach` past the range, so the input is read up to end + reach."""
     from pyspark.sql import functions as F
 
-    began = time.monotonic()
+    began, jobs = time.monotonic(), job_group(spark)
     join = target.cfg["join"]
     join_type = join.get("type", "inner")
     far = reach(join)
     arrived, source = arrivals(spark, target)
     hi = end if join_type == "inner" or end >= POS_INF else end + far
-    tuples = classify(arrived, duration(join["max_delay"]), start - far, hi).cache()
+    tuples, _ = kept(classify(arrived, duration(join["max_delay"]), start - far, hi))
     expected = expected_pairs(tuples, join, start, end, sample)
-    expected = (expected if EMITS[join_type][0] else expected.where(F.lit(False))).cache()
+    expected, n_expected = kept(expected if EMITS[join_type][0] else expected.where(F.lit(False)))
     in_sample = tuples.where(sampled("key", sample)) if sample < 1 else tuples
 
     schema = RESULT_SCHEMA + ("" if join_type == "inner" else ", kind string")
@@ -638,7 +669,7 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         found = found.where(~alone["r"] & ~alone["s"])
     if sample < 1:
         found = found.where(sampled("s_key", sample))
-    found = found.select(*PAIR, kind.alias("kind")).cache()
+    found, n_found = kept(found.select(*PAIR, kind.alias("kind")))
     copies = found.groupBy("r_id", "s_id").agg(
         F.count(F.lit(1)).alias("copies"), *(F.first(c).alias(c) for c in PAIR[2:] + ["kind"])
     )
@@ -686,19 +717,19 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
             )
         )
     )
-    lone_found, lone_expected, cached = [], {}, []
+    lone_found, lone_expected, cached = [], [], []
     for side in ("r", "s") if join_type != "inner" else ():
         rows = results.where(alone[side] & within(start, end, f"{side}_ts"))
         if sample < 1:
             rows = rows.where(sampled(f"{side}_key", sample))
-        rows = rows.select(*PAIR, "kind").cache()
+        rows, _ = kept(rows.select(*PAIR, "kind"))
         lone_found.append(rows)
         want = EMITS[join_type][1 if side == "r" else 2]
-        own = partnered(tuples, join, start, end, sample, side).cache() if want else None
+        own = kept(partnered(tuples, join, start, end, sample, side))[0] if want else None
         problems, expected_rows = lone_problems(rows, own, want, side, flag(side), join_type)
         diff = diff.unionByName(problems)
         if want:
-            lone_expected[want] = lone_expected.get(want, 0) + expected_rows.count()
+            lone_expected.append(expected_rows.select(F.lit(want).alias("kind")))
             cached.append(own)
     got_late = (
         audit_streams.late(spark, target.cfg, target.files("late"), target.codes, LATE_SCHEMA)
@@ -736,7 +767,9 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     if join_type == "inner":
         diff = diff.drop("kind")
     payload = (
-        audit_streams.payload_faults(spark, target.cfg, target.files("results")) if target.codes is not None else None
+        audit_streams.payload_faults(spark, target.cfg, target.files("results"), target.rows)
+        if target.codes is not None
+        else None
     )
     if payload is not None:
         in_range = payload.where(within(start, end, "r_ts", "s_ts", nullable=True)).drop("r_ts", "s_ts")
@@ -744,10 +777,18 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         diff = diff.unionByName(in_range, allowMissingColumns=True)
     diff = diff.cache()
     by_kind = F.col("kind") if join_type != "inner" else F.lit(MATCHED)
+    # the other counts in one job: the problems by kind, the input, the expected and found rows alone
+    tally = diff.select(F.col("problem").alias("what"), by_kind.alias("kind"), (F.col("copies") - 1).alias("surplus"))
+    for what, df in [
+        ("input", in_sample.select(F.lit(MATCHED))),
+        *(("expected", rows) for rows in lone_expected),
+        *(("found", rows.select("kind")) for rows in lone_found),
+    ]:
+        tally = tally.unionByName(df.toDF("kind").select(F.lit(what).alias("what"), "kind", F.lit(0).alias("surplus")))
     counts = {
-        (r["problem"], r["kind"]): (r["n"], r["surplus"])
-        for r in diff.groupBy("problem", by_kind.alias("kind"))
-        .agg(F.count(F.lit(1)).alias("n"), F.sum(F.col("copies") - 1).alias("surplus"))
+        (r["what"], r["kind"]): (r["n"], r["surplus"])
+        for r in tally.groupBy("what", "kind")
+        .agg(F.count(F.lit(1)).alias("n"), F.sum("surplus").alias("surplus"))
         .collect()
     }
     n = lambda problem, k=MATCHED: counts.get((problem, k), (0, 0))[0]
@@ -761,9 +802,9 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         "input": source,
         "predicate": join["predicate"],
         "dispatchers": target.cfg["cluster"]["dispatchers"],
-        "input_tuples": in_sample.count(),
-        "expected": expected.count(),
-        "found": found.count(),
+        "input_tuples": n("input"),
+        "expected": n_expected,
+        "found": n_found,
         "missing": n("missing"),
         "extra": n("extra"),
         "duplicates": surplus(),
@@ -773,14 +814,11 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     }
     wrong = ["missing", "extra", "duplicates"]
     if join_type != "inner":
-        seen = {}
-        for rows in lone_found:
-            for k, c in rows.groupBy("kind").count().collect():
-                seen[k] = seen.get(k, 0) + c
+        seen = {k: c for (what, k), (c, _) in counts.items() if what == "found" and k != MATCHED}
         report["join_type"] = join_type
         report["kinds"] = [k for k in LONE_KINDS if k in EMITS[join_type][1:] or k in seen]
         for k in report["kinds"]:
-            report[f"{k}_expected"], report[f"{k}_found"] = lone_expected.get(k, 0), seen.get(k, 0)
+            report[f"{k}_expected"], report[f"{k}_found"] = n("expected", k), seen.get(k, 0)
             report.update({f"{k}_missing": n("missing", k), f"{k}_extra": n("extra", k), f"{k}_duplicates": surplus(k)})
             wrong += [f"{k}_missing", f"{k}_extra", f"{k}_duplicates"]
     report["late_wrong"] = report["late_unexpected"] + report["late_missed"]
@@ -796,9 +834,10 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     report["diff"] = (
         None if exact else str(write_single(diff.orderBy("problem", "r_id", "s_id", "stream", "id"), evidence))
     )
-    for df in (tuples, expected, found, diff, *lone_found, *cached):
+    for df in (arrived, tuples, expected, found, diff, *lone_found, *cached):
         df.unpersist()
     report["seconds"] = round(time.monotonic() - began, 2)
+    report["spark_jobs"] = len(spark.sparkContext.statusTracker().getJobIdsForGroup(jobs))
     (folder / f"audit-{report['range']}.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 
@@ -868,7 +907,7 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
         ids = frames[0]
         for f in frames[1:]:
             ids = ids.unionByName(f)
-        rows = audit_streams.result_rows(spark, cfg, ids, pq.read_schema(parquet[0]))
+        rows = audit_streams.result_rows(cfg, ids, pq.read_schema(parquet[0]), target.rows)
     else:  # the single file's result columns, as the audit's pairs and rows alone hold them
         rows = pairs.select(*PAIR, *kind(MATCHED)) if pairs is not None else None
         for side, want, own in lone:
@@ -878,6 +917,7 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
     want = aggregate.snapshot(aggregate.view_of(rows, spec), spec, POS_INF)
     counts, evidence = audit_view.diff(view, want, spec.keys, spec.window, start, end)
     tuples.unpersist()
+    arrived.unpersist()
     exact = not (counts["missing"] or counts["extra"] or counts["different"])
     name = range_name(start, end)
     folder = target.out / "audit"
@@ -901,6 +941,14 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
     }
     (folder / f"view-{name}.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def job_group(spark) -> str:
+    """A Spark job group of its own for this thread's next jobs, so the report can count them (its plan's
+    cost: each job is a pass over data)."""
+    group = f"streamjoin-audit-{time.monotonic_ns()}"
+    spark.sparkContext.setJobGroup(group, "control.audit")
+    return group
 
 
 def _finite(us: int) -> float | None:
@@ -974,7 +1022,10 @@ def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: flo
         target = run_state(cfg)
         while target.finished or start + step <= target.watermark:
             end = POS_INF if target.finished else start + step
-            r = audit_range(spark, target, start, end, sample)
+            try:
+                r = audit_range(spark, target, start, end, sample)
+            finally:
+                target.clean()
             if metrics is not None:
                 metrics.record(r)
             log(table([r]).splitlines()[1] + ("" if r["verdict"] == "exact" else "   " + verdict(r)))
@@ -985,8 +1036,23 @@ def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: flo
         time.sleep(poll)
 
 
+#: the audit's Spark settings: one plan, run as planned (adaptive execution would add a job per shuffle
+#: stage); shuffles of SHUFFLES_PER_CORE partitions per core, each a share of the input a task sorts or spills
+STATIC_PLAN = {"spark.sql.adaptive.enabled": "false"}
+SHUFFLES_PER_CORE = 4
+
+
+def audit_session(master: str | None):
+    """The audit's Spark session (control.spark.session: its heap sized for the machine), planned statically."""
+    from control.spark import session
+
+    spark = session(master, "streamjoin-audit", STATIC_PLAN)
+    spark.conf.set("spark.sql.shuffle.partitions", str(SHUFFLES_PER_CORE * spark.sparkContext.defaultParallelism))
+    return spark
+
+
 def main(argv: list[str], spark=None) -> int:
-    from control.spark import add_arguments, config, session
+    from control.spark import add_arguments, config
 
     p = argparse.ArgumentParser(prog=invocation("control.audit"), description=__doc__.split("\n")[0])
     p.add_argument(
@@ -1031,6 +1097,7 @@ def main(argv: list[str], spark=None) -> int:
     add_arguments(p)
     a = p.parse_args(argv)
     sample = a.sample if a.sample is not None else (0.1 if a.follow else 1.0)
+    target = None
     try:
         if not 0 < sample <= 1:
             raise AuditError(f"--sample: expected a fraction in (0, 1], got {sample:g}")
@@ -1052,15 +1119,13 @@ def main(argv: list[str], spark=None) -> int:
             refused = view_refusal(target, start, end, sample, a.follow)
             if refused:
                 raise audit_streams.Refused(refused)
-            report = audit_view_range(
-                spark or session(a.spark_master, "streamjoin-audit"), target, start, end, Path(a.view)
-            )
+            report = audit_view_range(spark or audit_session(a.spark_master), target, start, end, Path(a.view))
             print(audit_view.verdict(report), flush=True)
             return EXACT if report["verdict"] == "exact" else DIFFERENT
         end = end if a.follow else clamp(target, start, end)
         endpoint = (DEFAULT_ENDPOINT if a.metrics is None else a.metrics) if a.follow else ""
         metrics = AuditMetrics(endpoint, cfg) if endpoint else None
-        spark = spark or session(a.spark_master, "streamjoin-audit")
+        spark = spark or audit_session(a.spark_master)
         if a.follow:
             if metrics:
                 print(f"audit: verdicts as metrics on {metrics.url}", file=sys.stderr, flush=True)
@@ -1080,6 +1145,9 @@ def main(argv: list[str], spark=None) -> int:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         print(f"error: could not audit: {type(e).__name__}: {first} (exit {NOT_AUDITED}: no verdict)", file=sys.stderr)
         return NOT_AUDITED
+    finally:
+        if target is not None:
+            target.clean()
     print(verdict(report))
     print(table([report]), flush=True)
     return EXACT if report["verdict"] == "exact" else DIFFERENT

@@ -56,8 +56,9 @@ def _key(df, columns: list[str]):
 
 def arrivals(spark, target):
     """(DataFrame of d, f, row, stream, id, ts, t, key, value, delay; the key codes: key text -> code; what was
-    read).  d numbers each dispatcher's share of each stream (dispatcher * 2 + side): the lateness rule runs
-    within it, with its stream's max_delay (`delay`, microseconds)."""
+    read; the DataFrame cached: the caller unpersists it).  d numbers each dispatcher's share of each stream
+    (dispatcher * 2 + side): the lateness rule runs within it, with its stream's max_delay (`delay`,
+    microseconds)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -66,7 +67,7 @@ def arrivals(spark, target):
     k = target.cfg["cluster"]["dispatchers"]
     sides = []
     for side, (name, spec) in zip(SIDES, target.cfg["streams"].items()):
-        df, _ = stream_rows(spark, name, spec)
+        df, _ = target.rows[name] = stream_rows(spark, name, spec)  # read once: the payload check reuses them
         delay = duration(spec["max_delay"])
         sides.append(
             df.select(
@@ -105,6 +106,10 @@ def arrivals(spark, target):
         "delay",
     )
     names = ", ".join(f"streams.{n} ({s['path']})" for n, s in target.cfg["streams"].items())
+    # computed once: the merge's windows put a stream in one order (one task each), and the lateness rule reads
+    # the merge twice
+    df = df.cache()
+    df.count()
     return df, codes, f"the declared streams' files: {names}"
 
 
@@ -190,15 +195,16 @@ def late(spark, cfg: dict, files: list[Path], codes, schema: str):
     )
 
 
-def payload_faults(spark, cfg: dict, files: list[Path]):
+def payload_faults(spark, cfg: dict, files: list[Path], streams: dict):
     """Result rows whose own columns are not their input row's: per stream, every column of it the results
-    carry (under its prefix), compared with the stream's row of the same id read from its files (cast to the
+    carry (under its prefix), compared with the stream's row of the same id in its files (`streams`: each
+    stream's stream_rows, as arrivals read them; cast to the
     result column's type; the time column by its microseconds).  Rows of r_id, s_id, r_ts, s_ts (seconds, to
     place them in a range), kind, problem "payload" and the reason naming the stream, the column and both
     values."""
     from pyspark.sql import functions as F
 
-    from control.spark import stream_micros, stream_rows
+    from control.spark import stream_micros
 
     found = _read(spark, files)
     if found is None:
@@ -212,7 +218,7 @@ def payload_faults(spark, cfg: dict, files: list[Path]):
     kind = [F.col("kind")] if "kind" in found.columns else [F.lit("matched").alias("kind")]
     faults = None
     for (name, spec), side in zip(cfg["streams"].items(), ("r", "s")):
-        rows, _ = stream_rows(spark, name, spec)
+        rows, _ = streams[name]
         carried = [c for c in rows.columns if f"{spec['prefix']}{c}" in found.columns and not c.startswith("_")]
         mine = found.where(F.col(f"{spec['prefix']}{named_by(spec)}").isNotNull()).select(
             *ids, *kind, *(F.col(f"{spec['prefix']}{c}").alias(f"_got_{c}") for c in carried)
@@ -243,20 +249,18 @@ def payload_faults(spark, cfg: dict, files: list[Path]):
     return faults
 
 
-def result_rows(spark, cfg: dict, ids, schema):
+def result_rows(cfg: dict, ids, schema, streams: dict):
     """Result rows rebuilt from the input: `ids` (r_id, s_id, kind; a missing side's id null) with each stream's
-    row of that id in its files, under its prefix, cast to the types the result files have (`schema`, Arrow;
-    the time column by its microseconds), so that the --batch aggregation of control.aggregate reads them as
-    it reads the run's results."""
+    row of that id in its files (`streams`: as for payload_faults), under its prefix, cast to the types the
+    result files have (`schema`, Arrow; the time column by its microseconds), so that the --batch aggregation
+    of control.aggregate reads them as it reads the run's results."""
     import pyarrow as pa
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_type
 
-    from control.spark import stream_rows
-
     rows = ids
     for (name, spec), side in zip(cfg["streams"].items(), ("r", "s")):
-        df, _ = stream_rows(spark, name, spec)
+        df, _ = streams[name]
         cols = []
         for c in (c for c in df.columns if f"{spec['prefix']}{c}" in schema.names and not c.startswith("_")):
             kind = schema.field(f"{spec['prefix']}{c}").type

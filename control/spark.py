@@ -18,6 +18,9 @@ from protocol.config import load_config
 from protocol.eventtime import FLOAT_TEXT, ISO_TEXT, NEG_INF, POS_INF, TS_LIMIT
 
 LOCAL = "local[*]"
+#: the share of the machine's memory an embedded Spark's JVM may take (its heap: execution, cache and the
+#: driver), at least MIN_HEAP_GIB; what does not fit spills to spark.local.dir
+HEAP_SHARE, MIN_HEAP_GIB = 0.25, 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,8 +40,17 @@ def config(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return load_config(args.config, args.set)
 
 
+def machine_heap() -> str:
+    """The embedded JVM's heap for this machine: HEAP_SHARE of its memory (Spark's default, 1 GiB, runs out on
+    make run's 6M tuples: sorts and aggregations then fail instead of spilling)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return f"{max(MIN_HEAP_GIB << 10, int(total * HEAP_SHARE) >> 20)}m"
+
+
 def session(master: str | None = None, app: str = "streamjoin", settings: dict[str, str] | None = None):
-    """A Spark session with quiet logging and small shuffles; `settings` add or override Spark settings."""
+    """A Spark session with quiet logging, small shuffles and a heap sized for the machine (machine_heap; it
+    applies when this starts the JVM, not under spark-submit, whose --driver-memory wins); `settings` add or
+    override Spark settings."""
     from pyspark.sql import SparkSession
 
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM and chose the master
@@ -47,6 +59,8 @@ def session(master: str | None = None, app: str = "streamjoin", settings: dict[s
     b = b.config("spark.sql.shuffle.partitions", "4").config("spark.ui.enabled", "false")
     b = b.config("spark.sql.session.timeZone", "UTC").config("spark.pyspark.python", sys.executable)
     b = b.config("spark.ui.showConsoleProgress", "false")
+    if not submitted:
+        b = b.config("spark.driver.memory", machine_heap())
     # a timestamp[ns] Parquet column (pandas' and pyarrow's default) is read as its count of nanoseconds: Spark
     # has no such type and refuses the file otherwise (stream_micros rounds it as the engine does)
     b = b.config("spark.sql.legacy.parquet.nanosAsLong", "true")

@@ -45,6 +45,10 @@ LATE = dict(
 )
 SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--restarts", "3", "--"]
 
+#: the Spark jobs an audit of an inner join of the single file may run, and of a left join of declared streams:
+#: its counts, the caches it fills once, and on the tests' tiny data a job per join Spark broadcasts (12 and 37
+#: here, the same for one archive file or several, one dispatcher or two; a job per file or range would add more)
+PLAN_JOBS, STREAMS_PLAN_JOBS = 14, 40
 #: the audit's reason for a pair whose times are outside the bounds
 OUTSIDE = "s_ts - r_ts is outside the join's time bounds (join.lower, join.upper or -+join.window)"
 
@@ -97,6 +101,7 @@ def late_run(tmp_path_factory):
 def test_the_audit_of_a_run_with_late_tuples_is_exact_and_counts_the_reference_pairs(spark, late_run):
     code, r = audited(spark, late_run)
     assert code == audit.EXACT and r["verdict"] == "exact", r
+    assert r["spark_jobs"] <= PLAN_JOBS, r
     assert (
         r["expected"]
         == r["found"]
@@ -404,6 +409,7 @@ def test_two_dispatchers_archives_are_merged_and_each_applies_the_lateness_rule(
     code, r = audited(spark, run)
     assert code == 0 and r["dispatchers"] == 2, r
     assert r["found"] == run.summary["results"] > 1000 and run.summary["late"] > 1000
+    assert r["spark_jobs"] <= PLAN_JOBS, r  # the plan does not grow with the dispatchers or the archive's files
 
 
 def test_without_an_archive_the_generator_is_rebuilt_and_split_as_the_dispatchers_split_it(spark, tmp_path):
@@ -423,6 +429,8 @@ def test_without_an_archive_the_generator_is_rebuilt_and_split_as_the_dispatcher
     code, r = audited(spark, run)
     assert code == 0 and r["input"].startswith("generator"), r
     assert r["found"] == run.summary["results"] > 1000
+    assert r["spark_jobs"] <= PLAN_JOBS, r
+    assert not (run.out / "audit" / audit.SCRATCH).exists()  # the generated input it wrote is gone
 
 
 def test_a_crashed_run_is_exact_below_its_checkpoint_and_followed_through_its_recovery(spark, tmp_path):
@@ -524,6 +532,8 @@ def test_a_declared_streams_run_is_audited_from_the_streams_files_and_planted_fa
     code, report = audited(spark, run)
     assert code == 0 and report["verdict"] == "exact", report
     assert report["expected"] > 5000 and report["left_unmatched_expected"] > 1000
+    # a few jobs whatever the files (several CSV files, a Parquet file) and dispatchers: each stream read once
+    assert report["spark_jobs"] <= STREAMS_PLAN_JOBS, report
     start = 1795597200 + 600  # 09:10 to 09:20 of the example's day
     code, ranged = audited(spark, run, "--from", str(start), "--to", str(start + 600))
     assert code == 0 and 0 < ranged["expected"] < report["expected"], ranged
