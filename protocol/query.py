@@ -873,13 +873,10 @@ def config_plan(cfg: dict) -> QueryPlan:
     if plan is not None:
         return plan
     from protocol.predicates import time_bounds
-    from protocol.streams import file_streams, generator_streams, zmq_streams
+    from protocol.streams import single_streams
 
-    src, join = cfg["source"], cfg["join"]
-    streams = cfg.get("streams") or {"file": file_streams, "zmq": zmq_streams}.get(src["kind"], generator_streams)(
-        *((src, join) if src["kind"] in ("file", "zmq") else (join,))
-    )
-    (r, rs), (s, ss) = streams.items()
+    join = cfg["join"]
+    (r, rs), (s, ss) = (cfg.get("streams") or single_streams(cfg["source"], join)).items()
     lower, upper = time_bounds(join)
     return QueryPlan(
         sql="",

@@ -275,6 +275,14 @@ def zmq_streams(source: dict, join: dict) -> dict[str, dict]:
     return {side: spec | live for side, spec in file_streams({"path": "", "ts_unit": "us"}, join).items()}
 
 
+def single_streams(source: dict, join: dict) -> dict[str, dict]:
+    """The two streams of a run without `[streams.*]`: the generator's, the pushed single file's or the single
+    file's, by `source.kind`."""
+    if source["kind"] == "generator":
+        return generator_streams(join)
+    return (zmq_streams if source["kind"] == "zmq" else file_streams)(source, join)
+
+
 def _one_topic(streams: dict[str, dict], error: type[Exception]) -> None:
     """Two streams sharing a topic must each select their records by the same column with their own value; each
     then knows the other's (`select["values"]`: a record no stream takes is set aside by R)."""

@@ -69,7 +69,7 @@ from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows, terms_columns, terms_of
 from protocol.payload import ROW_BLOCK, PayloadLog
 from protocol.query import plan_of
-from protocol.streams import KAFKA_COLUMNS, file_streams, generator_streams, zmq_streams
+from protocol.streams import KAFKA_COLUMNS, single_streams
 from common.stream_file import (
     BATCH_ROWS,
     SidedBatch,
@@ -318,13 +318,7 @@ class RowOrder(StreamsSource):
     def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
         super().__init__(cfg, listing, share)
         kind = cfg["source"]["kind"]
-        self.specs = (
-            generator_streams(cfg["join"])
-            if kind == "generator"
-            else zmq_streams(cfg["source"], cfg["join"])
-            if kind == "zmq"
-            else file_streams(cfg["source"], cfg["join"])
-        )
+        self.specs = single_streams(cfg["source"], cfg["join"])
         self.feed: RowFeed = (
             LiveTuples(cfg, named("zmq-rejected", *share)) if kind == "zmq" else ReadRows(cfg, self.specs["R"], listing)
         )
