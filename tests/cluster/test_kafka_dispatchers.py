@@ -1,9 +1,10 @@
 """Several dispatchers sharing Kafka topics' partitions (`cluster.dispatchers = 2`, master.sources.kafka_input): each
 reads its own partitions, numbers its own rows and codes text keys by their hashes; against a real Kafka-protocol
 broker (the session's `broker`), the results equal the reference join of the records as produced, lateness judged
-per partition -- also with a partition left empty, a left and a full join, and under the supervisor with
-checkpoints when dispatcher 1, the master or a slave is killed.  Unit tests: the partition assignment, the key
-codes (equal on every dispatcher, a collision stops the run), the payload log's blocks of rows."""
+per partition -- also with a partition left empty, a left and a full join, under the supervisor with checkpoints
+when dispatcher 1, the master or a slave is killed, and with a live stream beside a topic.  Unit tests: the
+partition assignment, the key codes (equal on every dispatcher, a collision stops the run), the payload log's
+blocks of rows."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from master.sources.kafka_input import assignment
@@ -20,19 +22,23 @@ from protocol import checkpoint
 from protocol.config import ConfigError, load_config
 from protocol.output import read_tables
 from protocol.payload import ROW_BLOCK, PayloadLog, PayloadReader
+from tests.cluster.test_live_streams import producers
 from tests.kafka import (
     assert_recovered_exactly,
+    create,
     now_ms,
+    produce,
     reference,
     settings,
     stopped_when,
     stream,
     two_topics,
+    values,
     written_while_running,
 )
 from tests.cluster.test_metrics import parse
 from tests.reference import reference_outer
-from tests.runs import Run, run_cluster, soak, toml_value
+from tests.runs import Run, free_port, run_cluster, soak, toml_value
 
 IDS = ("views_vid", "buys_bid")
 TWO = {"cluster.dispatchers": 2}
@@ -339,3 +345,50 @@ def test_a_dispatcher_with_no_partition_does_not_hold_back_rows_decided_alone_be
     np.testing.assert_array_equal(run.pairs(IDS), pairs)
     np.testing.assert_array_equal(run.alone("r", IDS), lone_views)
     assert not len(late) and len(lone_views) > 100
+
+
+def test_a_live_stream_beside_a_kafka_topic_on_two_dispatchers_gives_the_reference_join(tmp_path, broker):
+    """views pushed live by two producers (one to each dispatcher: the stream's port and port + 1), buys read from
+    a topic of 2 partitions (one to each dispatcher): every dispatcher merges its own live share with its own
+    partition, and the results are the reference join, lateness judged within each live share and each
+    partition."""
+    rng = np.random.default_rng(97)
+    t0 = now_ms()
+    views, buys = stream(rng, 3000, 0, 1, t0, 0.01, step=8), stream(rng, 2000, 100_000, 2, t0, 0.01, spread=3000)
+    topic = f"buys-{tmp_path.name}"
+    create(broker, topic, 2)
+    buys["offset"] = produce(broker, topic, buys["partition"], values(buys, "bid"))
+    for d in range(2):  # row i of views to dispatcher i % 2, in order
+        pq.write_table(
+            pa.table(
+                {
+                    "vid": views["id"][d::2],
+                    "user": views["user"][d::2],
+                    "at": views["at"][d::2],
+                    "page": [f"/p{i % 7}" for i in views["id"][d::2].tolist()],
+                }
+            ),
+            tmp_path / f"views-{d}.parquet",
+        )
+    port = free_port()
+    feeds = producers(tmp_path, {"views-0": port, "views-1": port + 1})
+    cfg = settings(broker, {"buys": topic}, **TWO) | {
+        "streams.views.endpoint": f"tcp://127.0.0.1:{port}",
+        "streams.views.key": "user",
+        "streams.views.time": "at",
+        "streams.views.time_unit": "ms",
+        "streams.views.id": "vid",
+        "streams.views.schema": {"vid": "int64", "user": "string", "at": "int64", "page": "string"},
+    }
+    run = run_cluster(tmp_path, 4, cfg, timeout=150)
+    assert run.returncode == 0, run.stderr
+    for feed in feeds:
+        feed.communicate(timeout=60)
+    shares = {**views, "partition": np.arange(len(views["id"])) % 2}  # a live share is judged like a partition
+    pairs, late, _ = reference(shares, buys)
+    assert len(pairs) > 1000 and len(late) > 10
+    np.testing.assert_array_equal(run.pairs(IDS), pairs)
+    np.testing.assert_array_equal(run.late_ids(IDS, ("views", "buys")), late)
+    live = run.summary["live_streams"]
+    assert live["views"]["producers"] == {"views-0": 1500, "views-1": 1500} and live["views"]["lost_tuples"] == 0
+    assert live["buys"]["records"] == 2000
