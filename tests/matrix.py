@@ -169,8 +169,8 @@ def draw(seed: int) -> Draw:
     sometimes = {f: bool(rng.random() < chance) for f, chance in SOMETIMES.items()}
     # not drawn where not built: control.replay reads files, not topics or producers, and launches on this host
     sometimes["replay"] &= uniform["input"] in ("file", "streams") and uniform["hosts"] == 1
-    # a query names declared streams; control.replay does not read one yet
-    sometimes["query"] &= uniform["input"] in ("streams", "kafka", "live-streams") and not sometimes["replay"]
+    # a query names declared streams
+    sometimes["query"] &= uniform["input"] in ("streams", "kafka", "live-streams")
     return Draw(seed=seed, **uniform, **sometimes)
 
 
