@@ -82,16 +82,17 @@ def test_a_row_removed_one_written_twice_and_one_that_fails_the_condition_are_fo
 
 
 def test_a_group_by_query_is_audited_as_its_aggregation_its_results_and_its_view(spark, tmp_path, capsys):
-    """GROUP BY with Spark's window over an inner join with a pair condition and filters: the result files (every
-    pair, SELECT *'s layout) audited exact against the query without its GROUP BY, and the merged view (--batch)
-    exact against the view of those rows (--view), as an [aggregate] run's are; a view with a count changed
-    differs."""
+    """GROUP BY with Spark's window over a left join with a pair condition and filters: the result files (every
+    row, SELECT *'s layout with kind) audited exact against the query without its GROUP BY, and the merged view
+    (--batch, groups split by kind) exact against the view of those rows (--view), as an [aggregate] run's are; a
+    view with a count changed differs."""
     from control import aggregate
 
     trades_quotes(tmp_path / "data", seed=35)
+    window = "window(t.exec_time, '10 seconds')"
     sql = (
-        "SELECT t.symbol, window(q.quote_ts, '10 seconds') AS w, count(*) AS n, sum(t.qty), max(q.bid) "
-        f"FROM trades t JOIN quotes q ON {ON} WHERE t.qty >= 100 GROUP BY t.symbol, window(q.quote_ts, '10 seconds')"
+        f"SELECT t.symbol, {window} AS w, count(*) AS n, sum(t.qty), max(q.bid) "
+        f"FROM trades t LEFT JOIN quotes q ON {ON} WHERE t.qty >= 100 GROUP BY t.symbol, {window}"
     )
     run = run_cluster(tmp_path, 3, settings(tmp_path / "data", sql))
     assert run.returncode == 0, run.stderr
