@@ -36,6 +36,7 @@ A run of declared streams is read from the streams' own files, and its rows' own
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import shutil
@@ -52,7 +53,7 @@ if __package__ in (None, ""):  # run as a file (spark-submit control/audit.py): 
 import numpy as np
 
 from common.chunks import InputError
-from control import audit_streams, audit_view
+from control import audit_query, audit_streams, audit_view
 from control.audit_metrics import DEFAULT_ENDPOINT, PAIR_OUTCOMES, AuditMetrics
 from control.spark import seconds_text
 from protocol import checkpoint
@@ -61,7 +62,7 @@ from protocol.config import ConfigError
 from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RESULT_COLUMNS, RIGHT_UNMATCHED
 from protocol.predicates import time_bounds
-from protocol.query import record_dtype
+from protocol.query import plan_of, record_dtype
 from protocol.lifetime import NOT_AUDITED, invocation
 
 #: exit codes: the range is exact, it differs, the command was wrong; NOT_AUDITED (protocol.lifetime): the audit
@@ -221,10 +222,14 @@ def reach(join: dict) -> int:
 
 
 def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
-    """The audit must join as the run did: same [join] and dispatcher count."""
+    """The audit must join as the run did: same [join], dispatcher count and query."""
     if then is None:
         return
-    for section, keys in (("join", cfg["join"]), ("cluster", {"dispatchers": cfg["cluster"]["dispatchers"]})):
+    for section, keys in (
+        ("join", cfg["join"]),
+        ("cluster", {"dispatchers": cfg["cluster"]["dispatchers"]}),
+        ("query", {"sql": cfg["query"]["sql"]}),
+    ):
         for key, value in keys.items():
             if then.get(section, {}).get(key, value) != value:
                 raise AuditError(
@@ -637,6 +642,44 @@ def lone_problems(rows, own, want: str | None, side: str, flags, join_type: str)
     return diff, expected
 
 
+def late_problems(spark, target: Target, tuples, start: int, end: int, sample: float) -> list:
+    """The tuples late/ holds that are not late by the rule (`tuples`: classified, of the sampled keys), and
+    those late by it that late/ lacks, with ts in [start, end): diff rows (problem, reason, the tuple)."""
+    from pyspark.sql import functions as F
+
+    got_late = (
+        audit_streams.late(spark, target.cfg, target.files("late"), target.codes, LATE_SCHEMA)
+        if target.codes is not None
+        else read_folder(spark, target.files("late"), LATE_SCHEMA)
+    ).where(within(start, end, "ts"))
+    if sample < 1:
+        got_late = got_late.where(sampled("key", sample))
+    want_late = tuples.where(F.col("late") & (F.col("t") >= start) & (F.col("t") < end))
+    key = ["stream", "id"]
+    return [
+        got_late.join(want_late.select(*key), key, "left_anti").select(
+            F.lit("late_unexpected").alias("problem"),
+            F.lit("set aside as late, but its ts is not below the max ts before it minus join.max_delay").alias(
+                "reason"
+            ),
+            "stream",
+            "id",
+            "ts",
+            "key",
+            "value",
+        ),
+        want_late.join(got_late.select(*key), key, "left_anti").select(
+            F.lit("late_missed").alias("problem"),
+            F.lit("late by the rule, but late/ does not hold it").alias("reason"),
+            "stream",
+            "id",
+            "ts",
+            "key",
+            "value",
+        ),
+    ]
+
+
 def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0) -> dict:
     """Audit [start, end) (microseconds): the report (also written as audit/audit-<range>.json) and, on a
     difference, the offending pairs, rows and tuples in audit/diff-<range>.parquet.
@@ -731,37 +774,7 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         if want:
             lone_expected.append(expected_rows.select(F.lit(want).alias("kind")))
             cached.append(own)
-    got_late = (
-        audit_streams.late(spark, target.cfg, target.files("late"), target.codes, LATE_SCHEMA)
-        if target.codes is not None
-        else read_folder(spark, target.files("late"), LATE_SCHEMA)
-    ).where(within(start, end, "ts"))
-    if sample < 1:
-        got_late = got_late.where(sampled("key", sample))
-    want_late = in_sample.where(F.col("late") & (F.col("t") >= start) & (F.col("t") < end))
-    key = ["stream", "id"]
-    tuple_rows = [
-        got_late.join(want_late.select(*key), key, "left_anti").select(
-            F.lit("late_unexpected").alias("problem"),
-            F.lit("set aside as late, but its ts is not below the max ts before it minus join.max_delay").alias(
-                "reason"
-            ),
-            "stream",
-            "id",
-            "ts",
-            "key",
-            "value",
-        ),
-        want_late.join(got_late.select(*key), key, "left_anti").select(
-            F.lit("late_missed").alias("problem"),
-            F.lit("late by the rule, but late/ does not hold it").alias("reason"),
-            "stream",
-            "id",
-            "ts",
-            "key",
-            "value",
-        ),
-    ]
+    tuple_rows = late_problems(spark, target, in_sample, start, end, sample)
     for t in tuple_rows:
         diff = diff.unionByName(t, allowMissingColumns=True)
     if join_type == "inner":
@@ -842,6 +855,65 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     return report
 
 
+def audit_query_run(spark, target: Target, plan) -> dict:
+    """Audit a finished run of a query (control.audit_query): its result rows against the query run by Spark SQL
+    over the streams' on-time rows, as multisets; its late tuples as for any run.  The report (also written as
+    audit/audit-start-end.json) and, on a difference, its rows in audit/diff-start-end.parquet."""
+    with audit_query.sql_semantics(spark):
+        return _audit_query_run(spark, target, plan)
+
+
+def _audit_query_run(spark, target: Target, plan) -> dict:
+    from pyspark.sql import functions as F
+
+    began, jobs = time.monotonic(), job_group(spark)
+    arrived, source = arrivals(spark, target)
+    tuples, n_input = kept(classify(arrived, duration(target.cfg["join"]["max_delay"]), NEG_INF, POS_INF))
+    found = audit_streams.read_output(spark, target.files("results"))
+    expected, sql, columns_wrong = audit_query.expected_rows(spark, target.cfg, plan, target.rows, tuples, found.schema)
+    counts, problems = audit_query.compare(expected, found.select(*map(audit_query.quoted, expected.columns)))
+    problems = problems.cache()
+    first = [audit_query.describe(r.asDict(), expected.columns) for r in problems.orderBy("problem").limit(3).collect()]
+    late = late_problems(spark, target, tuples, NEG_INF, POS_INF, 1.0)
+    tally = {
+        r["problem"]: r["n"]
+        for r in late[0].unionByName(late[1]).groupBy("problem").agg(F.count(F.lit(1)).alias("n")).collect()
+    }
+    report = {
+        "range": range_name(NEG_INF, POS_INF),
+        "from": None,
+        "to": None,
+        "sample": 1.0,
+        "run": target.describe(),
+        "input": source,
+        "query": sql,
+        "join_type": plan.join_type,
+        "dispatchers": target.cfg["cluster"]["dispatchers"],
+        "input_tuples": n_input,
+        **counts,
+        "columns_wrong": columns_wrong,
+        "late_unexpected": tally.get("late_unexpected", 0),
+        "late_missed": tally.get("late_missed", 0),
+    }
+    report["late_wrong"] = report["late_unexpected"] + report["late_missed"]
+    wrong = ["missing", "extra", "duplicates", "columns_wrong", "late_wrong"]
+    exact = not any(report[k] for k in wrong)
+    report["verdict"] = "exact" if exact else "different"
+    report["first"] = first
+    folder = target.out / "audit"
+    folder.mkdir(parents=True, exist_ok=True)
+    evidence = folder / f"diff-{report['range']}.parquet"
+    evidence.unlink(missing_ok=True)
+    diff = problems.unionByName(late[0], allowMissingColumns=True).unionByName(late[1], allowMissingColumns=True)
+    report["diff"] = None if exact else str(write_single(diff.orderBy("problem"), evidence))
+    for df in (arrived, tuples, problems):
+        df.unpersist()
+    report["seconds"] = round(time.monotonic() - began, 2)
+    report["spark_jobs"] = len(spark.sparkContext.statusTracker().getJobIdsForGroup(jobs))
+    (folder / f"audit-{report['range']}.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
 def view_refusal(target: Target, start: int, end: int, sample: float, follow: bool) -> str | None:
     """Why `--view` cannot audit this (None: it can): see docs/audit.md, "Aggregated views"."""
     cfg = target.cfg
@@ -893,7 +965,13 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
     ]
     none = lambda c: F.lit(None).cast("long" if c.endswith(("_id", "_key")) else "double").alias(c)  # noqa: E731
     kind = lambda k: [F.lit(k).alias("kind")] if join_type != "inner" else []  # noqa: E731
-    if streams:
+    plan = plan_of(cfg)
+    if plan is not None:  # a query's GROUP BY: the rows of its join, as the result files hold them
+        found = audit_streams.read_output(spark, target.files("results"))
+        if found is None:
+            raise audit_streams.Refused(f"--view: {target.out / 'results'} holds no result file to take the types from")
+        rows = audit_query.expected_rows(spark, cfg, plan, target.rows, tuples, found.schema)[0]
+    elif streams:
         frames = [pairs.select("r_id", "s_id", *kind(MATCHED))] if pairs is not None else []
         for side, want, own in lone:
             frames.append(
@@ -973,6 +1051,8 @@ def table(reports: list[dict], kinds: list[str] | None = None) -> str:
     kinds = kinds if kinds is not None else reports[0].get("kinds", []) if reports else []
     lone = [(f"{k} {o}", f"{k}_{o}") for k in kinds for o in PAIR_OUTCOMES]
     columns = COLUMNS[:-2] + lone + COLUMNS[-2:]
+    if reports and "query" in reports[0]:  # a query's rows: pairs and rows alone alike
+        columns = [("expected rows" if k == "expected" else h, k) for h, k in columns]
     cells = [[h for h, _ in columns]] + [
         [f"{r.get(k, 0):,}" if isinstance(r.get(k, 0), int) else str(r[k]) for _, k in columns] for r in reports
     ]
@@ -987,11 +1067,13 @@ def verdict(r: dict) -> str:
         return f"EXACT: range {r['range']} ({r['run']}, {r['input']}, sample {r['sample']:g})"
     labels = [("missing", "missing"), ("extra", "extra"), ("duplicates", "duplicates")]
     labels = (
-        [(k, f"pairs {label}" if r.get("kinds") else label) for k, label in labels]
+        [(k, f"pairs {label}" if r.get("kinds") else f"rows {label}" if "query" in r else label) for k, label in labels]
         + [(f"{k}_{o}", f"{k} rows {o}") for k in r.get("kinds", []) for o in ("missing", "extra", "duplicates")]
         + [("late_unexpected", "late that should not be"), ("late_missed", "not set aside as late")]
     )
     wrong = [f"{r[k]:,} {label}" for k, label in labels if r[k]]
+    if r.get("columns_wrong"):  # a query's: result columns the query does not give, or the reverse
+        wrong.append(f"result columns not the query's: {', '.join(r['columns_wrong'])}")
     return f"DIFFERENT: range {r['range']} ({r['run']}): {', '.join(wrong)}; the evidence is in {r['diff']}"
 
 
@@ -1110,16 +1192,21 @@ def main(argv: list[str], spark=None) -> int:
                 "microsecond, and no --to"
             )
         cfg = config(a)
-        if cfg["query"]["sql"]:  # its filters and condition on the pair are not recomputed here yet
-            raise audit_streams.Refused("not audited yet: a run of a query (query.sql: docs/query.md)")
         if cfg["source"]["kind"] == "streams":
             audit_streams.check_auditable(cfg, sample, a.follow)
+        plan = plan_of(cfg)
+        if plan is not None and not (start <= NEG_INF and end >= POS_INF):
+            raise audit_streams.Refused("not audited yet: --from/--to with a query (audit the whole run)")
         target = run_state(cfg)
+        if plan is not None and any(f.suffix == ".csv" for f in target.files("results")):
+            raise audit_streams.Refused("not audited yet: CSV results of a query (their types are the Parquet files')")
         if a.view is not None:
             refused = view_refusal(target, start, end, sample, a.follow)
             if refused:
                 raise audit_streams.Refused(refused)
-            report = audit_view_range(spark or audit_session(a.spark_master), target, start, end, Path(a.view))
+            spark = spark or audit_session(a.spark_master)
+            with audit_query.sql_semantics(spark) if plan is not None else contextlib.nullcontext():
+                report = audit_view_range(spark, target, start, end, Path(a.view))
             print(audit_view.verdict(report), flush=True)
             return EXACT if report["verdict"] == "exact" else DIFFERENT
         end = end if a.follow else clamp(target, start, end)
@@ -1133,7 +1220,10 @@ def main(argv: list[str], spark=None) -> int:
             return follow(
                 spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True), metrics=metrics
             )
-        report = audit_range(spark, target, start, end, sample)
+        if plan is not None:
+            report = audit_query_run(spark, target, plan)
+        else:
+            report = audit_range(spark, target, start, end, sample)
     except (AuditError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE
@@ -1148,7 +1238,7 @@ def main(argv: list[str], spark=None) -> int:
     finally:
         if target is not None:
             target.clean()
-    print(verdict(report))
+    print(verdict(report) + "".join(f"\n  {p}" for p in report.get("first", [])))  # a query's first problems
     print(table([report]), flush=True)
     return EXACT if report["verdict"] == "exact" else DIFFERENT
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from protocol.eventtime import duration
+from protocol.query import plan_of
 
 SIDES = ("R", "S")
 
@@ -62,12 +63,14 @@ def arrivals(spark, target):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    from control.audit_query import ingest_filter
     from control.spark import stream_rows
 
-    k = target.cfg["cluster"]["dispatchers"]
+    k, plan = target.cfg["cluster"]["dispatchers"], plan_of(target.cfg)
     sides = []
     for side, (name, spec) in zip(SIDES, target.cfg["streams"].items()):
         df, _ = target.rows[name] = stream_rows(spark, name, spec)  # read once: the payload check reuses them
+        df = ingest_filter(plan, SIDES.index(side), df, spec)  # a row it drops never reaches the merge
         delay = duration(spec["max_delay"])
         sides.append(
             df.select(
@@ -134,7 +137,7 @@ def _columns(df, spec: dict) -> tuple:
     )
 
 
-def _read(spark, files: list[Path]):
+def read_output(spark, files: list[Path]):
     """The output files (Parquet or CSV) as one DataFrame with their own columns; None if there are none."""
     parquet = [str(f) for f in files if f.suffix == ".parquet"]
     csv = [str(f) for f in files if f.suffix == ".csv"]
@@ -155,7 +158,7 @@ def results(spark, cfg: dict, files: list[Path], codes, schema: str, matched: st
     """The result files as the audit's pairs (r_id, s_id, r_key, s_key, r_ts, s_ts, r_value, s_value[, kind])."""
     from pyspark.sql import functions as F
 
-    df = _read(spark, files)
+    df = read_output(spark, files)
     if df is None:
         return spark.createDataFrame([], schema)
     (r, s) = cfg["streams"].values()
@@ -180,7 +183,7 @@ def late(spark, cfg: dict, files: list[Path], codes, schema: str):
     """The late files as the audit's tuples (stream, id, ts, key, value, reason, bound)."""
     from pyspark.sql import functions as F
 
-    df = _read(spark, files)
+    df = read_output(spark, files)
     if df is None:
         return spark.createDataFrame([], schema)
     (r_name, r), (_, s) = cfg["streams"].items()
@@ -206,7 +209,7 @@ def payload_faults(spark, cfg: dict, files: list[Path], streams: dict):
 
     from control.spark import stream_micros
 
-    found = _read(spark, files)
+    found = read_output(spark, files)
     if found is None:
         return None
     (r, s) = cfg["streams"].values()

@@ -544,13 +544,9 @@ class _Compiler:
 
     def _grouping(self, join_type: str) -> Grouping:
         """GROUP BY's columns and Spark's `window(time, 'N seconds'[, 'M seconds'])`, and SELECT's aggregates:
-        count(*), sum, min, max, avg and count(DISTINCT ...)."""
+        count(*), sum, min, max, avg and count(DISTINCT ...).  Outside inner joins the view groups by `kind` too,
+        as `[aggregate]` does (protocol.aggregation)."""
         exp = self.exp
-        if join_type != "inner":
-            raise ConfigError(
-                f"query: GROUP BY of a {join_type} join: not yet (its rows alone would be grouped apart by their "
-                "kind); aggregate an inner join, or set [aggregate] with SELECT *"
-            )
         groups, window = [], None
         for g in self.tree.args["group"].expressions:
             if isinstance(g, exp.Anonymous) and g.name.lower() == "window":
@@ -583,6 +579,13 @@ class _Compiler:
                     "sum, min, max, avg, count(DISTINCT column)"
                 )
         time, length, slide = window or (None, 0, 0)
+        named = list(groups) + ([Col(*time)] if time else []) + [Col(s, c) for _, s, c in measures if c]
+        if join_type in ("semi", "anti") and any(c.side == S for c in named):
+            c = next(c for c in named if c.side == S)
+            raise ConfigError(
+                f"query: GROUP BY of a {join_type} join names {self.alias_names[S]}.{c.name}: its rows are "
+                f"{self.streams[R]}'s alone"
+            )
         return Grouping(tuple((c.side, c.name) for c in groups), time, length, slide, tuple(measures))
 
     def _window(self, node) -> tuple[tuple[int, str], int, int]:

@@ -190,7 +190,7 @@ def test_explain_prints_the_plan_and_a_refusal_names_its_clause(tmp_path):
     assert run.returncode == 2 and "ORDER BY" in run.stderr
     audit = [sys.executable, "-m", "control.audit", "--config", str(cfg), "--set", f"query.sql={form('left')}"]
     refused = subprocess.run(audit, capture_output=True, text=True, timeout=120)
-    assert refused.returncode == NOT_AUDITED and "a run of a query" in refused.stderr
+    assert refused.returncode == NOT_AUDITED and "a live run of declared streams" in refused.stderr  # none yet
 
 
 def test_group_by_with_sparks_window_is_the_aggregation_and_its_view_equals_duckdbs(tmp_path, spark):
@@ -279,3 +279,35 @@ def test_a_replayed_range_of_a_querys_streams_equals_duckdb_running_the_query_on
     want = duckdb_query(sql, ranged)
     assert len(want) > 100
     assert result_rows(tmp_path / "out") == want
+
+
+def test_group_by_of_a_left_join_is_the_aggregation_of_every_kind_and_its_view_equals_duckdbs(tmp_path, spark):
+    """GROUP BY over a left join with a pair condition and filters, windows on the trade's time: allowed as
+    `[aggregate]` of a left join is, the same plan (the query sets it), its groups split by `kind` as
+    `[aggregate]`'s are; the merger's view and the batch view equal DuckDB's GROUP BY of the same query's rows by
+    the same columns and kind (a trade without a qualifying quote: left_unmatched)."""
+    from protocol.output import LEFT_UNMATCHED, MATCHED
+    from tests.cluster.test_aggregate_streams import aggregated, assert_view_equals, run_and_merge
+
+    tables = trades_quotes(tmp_path / "data", seed=17)
+    window = "window(t.exec_time, '10 seconds')"
+    on, where = f"{ON} AND t.qty >= 200", "WHERE t.qty >= 100"  # ON on the kept side: decides pairs only
+    sql = (
+        f"SELECT t.symbol, {window} AS w, count(*) AS n, sum(t.qty), max(q.bid), count(DISTINCT q.src) "
+        f"FROM trades t LEFT JOIN quotes q ON {on} {where} GROUP BY t.symbol, {window}"
+    )
+    more = {"source.rate": 3000.0, "aggregate.flush_interval": 0.3}
+    cfg, streamed, batched = run_and_merge(tmp_path, spark, settings(tmp_path / "data", sql, **more))
+    assert cfg["join"]["type"] == "left" and cfg["aggregate"]["time"] == "trades_exec_time"
+    import duckdb
+
+    for name, table in tables.items():
+        duckdb.register(name, table)
+    columns = [f"{a}.{c} AS {n}_{c}" for a, n in (("t", "trades"), ("q", "quotes")) for c in tables[n].column_names]
+    kind = f"CASE WHEN q.quote_id IS NULL THEN '{LEFT_UNMATCHED}' ELSE '{MATCHED}' END AS kind"
+    rows = f"SELECT {', '.join(columns)}, {kind} FROM trades t LEFT JOIN quotes q ON {on} {where}"
+    want = aggregated(rows, cfg)
+    kinds = set(want["kind"].to_pylist())
+    assert kinds == {LEFT_UNMATCHED, MATCHED} and want.num_rows > 50
+    assert_view_equals(streamed, want, cfg)
+    assert_view_equals(batched, want, cfg)

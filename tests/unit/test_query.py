@@ -83,7 +83,10 @@ def _cols(node):
     [
         (f"SELECT * FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} ORDER BY t.ts", "ORDER BY"),
         (f"SELECT * FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} LIMIT 5", "LIMIT"),
-        (f"SELECT t.k, count(*) FROM trades t LEFT JOIN quotes q ON t.k = q.k AND {BOUND} GROUP BY t.k", "GROUP BY"),
+        (
+            f"SELECT t.k, max(q.b) FROM trades t LEFT SEMI JOIN quotes q ON t.k = q.k AND {BOUND} GROUP BY t.k",
+            "GROUP BY of a semi join names q.b",
+        ),
         (f"SELECT t.k, q.x FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} GROUP BY t.k", "a group column"),
         (f"SELECT DISTINCT t.k FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND}", "DISTINCT"),
         (f"SELECT * FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} JOIN x ON x.k = t.k", "exactly two"),
