@@ -402,11 +402,12 @@ def test_the_subscriber_counts_the_messages_missed_in_each_gap():
 
 
 def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_path):
-    """master.result_stream.ResultStream.ingest_room over MPI.COMM_SELF: results per tuple so far x tuples on
-    their way must fit in output.subscriber_buffer_bytes beside the held results."""
+    """master.result_stream.ResultStream.ingest_room over MPI.COMM_SELF: HEADROOM x results per tuple (the run's
+    mean or a latest batch's, the larger) x tuples on their way must fit in output.subscriber_buffer_bytes beside
+    the held results; before any results, FIRST_TUPLES are let in."""
     from mpi4py import MPI
 
-    from master.result_stream import ResultStream, frame_rows
+    from master.result_stream import FIRST_TUPLES, HEADROOM, ResultStream, frame_rows
     from protocol.messages import TAG_RESULTS
 
     port = free_port()
@@ -431,12 +432,13 @@ def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_p
             pass
         request.Wait()
 
-    assert out.ingest_room(0) is None  # no results yet: no estimate
+    assert out.ingest_room(0) == FIRST_TUPLES and out.ingest_room(FIRST_TUPLES) == 0  # no results yet: no estimate
     batch(1, 2000)  # 20 results a tuple, 1,440 bytes; 144,000 held
-    assert out.ingest_room(0) == (720000 - 144000) // 1440 == 400
-    assert out.ingest_room(400) == 0  # 400 tuples buffered: their results take the rest
-    batch(2, 9000)  # 55 results a tuple; 792,000 held, over the bound, and nothing on its way to release any
-    assert out.ingest_room(0) == 720000 // (55 * 72)  # so one bound's worth of input is let in
+    assert out.ingest_room(0) == (720000 - 144000) // (HEADROOM * 1440) == 200
+    assert out.ingest_room(200) == 0  # 200 tuples buffered: their results take the rest
+    batch(2, 9000)  # 90 results a tuple in this batch (55 in the run); 792,000 held, over the bound, and
+    # nothing on its way to release any: so one bound's worth of input, as the latest batch brings, is let in
+    assert out.ingest_room(0) == int(720000 // (HEADROOM * 90 * 72)) == 55
     deadline = time.monotonic() + 5
     while out.held_bytes and time.monotonic() < deadline:  # punctuation 2 s releases them all
         out.pump(2_000_000, np.zeros(4, np.int64))
