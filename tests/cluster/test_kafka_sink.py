@@ -129,9 +129,9 @@ def test_with_checkpoints_the_topic_holds_every_pair_once_as_results_and_the_ref
 def test_a_rank_killed_under_the_supervisor_leaves_every_pair_in_the_topic_once(tmp_path, broker, fault):
     """At 2,500 tuples/s (2 s of input), SIGKILL of a slave at its sixth batch after a complete checkpoint (which
     may come after the input's last tuples: the master holds a pending fault's input end back and sends the
-    slaves batches without tuples meanwhile), of the master as it begins its fourth, of a slave with a complete checkpoint's rows in its open transaction before the
-    commit, and of the master before the end's commit: restarted from the newest complete checkpoint,
-    read_committed sees every reference pair once, as results/."""
+    slaves batches without tuples meanwhile), of the master as it begins its fourth, of a slave with a complete
+    checkpoint's rows in its open transaction before the commit, and of the master before the end's commit:
+    restarted from the newest complete checkpoint, read_committed sees every reference pair once, as results/."""
     views, buys = small_streams(43)
     topics = two_topics(tmp_path, broker, views, buys, partitions=3)
     cfg, sink = sink_settings(broker, topics, tmp_path, **{"checkpoint.interval": 2, "source.rate": 2500.0})
