@@ -556,11 +556,11 @@ def test_ordered_stream_waits_for_a_paused_subscriber_with_bounded_memory_and_st
     stream = run.summary["result_stream"]
     assert stream["gaps"] == 0 and stream["results"] == len(expected) > 300_000
     assert stream["ingest_held_seconds"] > 1.0  # the pause reached ingest
-    # about the bound: the estimate of results per tuple errs, the results of join.max_delay of input wait for
-    # more input whatever the bound, and the batches out when ingest paused bring theirs (larger on a loaded host,
-    # whose slaves miss slots: 3.25 and 4.05 bounds with two CPU hogs beside the suite); the old stream queued
-    # every result (40 MB, 10 bounds) while the subscriber stood
-    assert stream["held_peak_bytes"] < 6 * (4 << 20), stream["held_peak_bytes"]
+    # the bound, plus one result message (1/8 of it) and what the estimate of results per tuple (with its
+    # headroom) misses; the results of join.max_delay of input (about 0.3 MB here) wait for more input whatever
+    # the bound.  4.19 MB on a quiet host (6.4 MB before the flow control of results; 3.25 and 4.05 bounds with
+    # two CPU hogs beside the suite, whose slaves missed slots); the first stream queued every result (40 MB)
+    assert stream["held_peak_bytes"] <= 1.5 * (4 << 20), stream["held_peak_bytes"]
     check_stream(finish(sub), pq.read_table(tmp_path / "sub.parquet"), expected, ordered=True)
 
 
