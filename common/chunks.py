@@ -87,6 +87,8 @@ class Source:
     refused: MappingProxyType = MappingProxyType({})
     #: declared streams: the payload log holding the rows' own columns (protocol.payload.PayloadLog)
     log = None
+    #: the input ran out but its end is held back for a test's fault (master.sources.HeldEnd)
+    holding = False
 
     def next_chunk(self, limit: int) -> Chunk | None:
         """At most `limit` tuples in arrival order (none yet: an empty Chunk, live sources only); None when

@@ -177,7 +177,8 @@ class Lifecycle:
             + self.stats.progress_line(
                 time.time(), len(self.buffers), len(self.controller.active), len(self.controller.moves_log)
             )
-            + self.ingest.idle_note(),
+            + self.ingest.idle_note()
+            + self.results_out.note(),
             file=sys.stderr,
             flush=True,
         )
@@ -190,6 +191,7 @@ class Lifecycle:
             {} if self.hot is None else self.hot.waiting_for(),
             self.checkpoints.waiting_for(),
             self.moves.waiting_for(),
+            self.results_out.holding,
         )
 
     def _may_end(self) -> bool:

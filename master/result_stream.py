@@ -29,11 +29,22 @@ a subscriber counts those itself (`control.subscribe`: `missed_messages`).  The 
 With `output.ordered` the stream is lossless instead and slows the cluster (SplitJoin's ordered output needs every
 result): messages wait in an outbox while a subscriber is full, and ingest
 takes only as many tuples as the bound has room for (`ingest_room`: the
-results a tuple has brought so far, times the tuples whose results are still
-to come, must fit beside those held and waiting), pausing until punctuation or
+results a tuple brings -- the larger of the run's mean and its latest batches'
+-- times the tuples whose results are still to come, in batches out or
+buffered, must fit beside those held and waiting), pausing until punctuation or
 the subscriber frees some; a subscriber full for
 `output.subscriber_timeout` seconds is given up on: sends turn lossy as
-unordered until every subscriber has room again.
+unordered until every subscriber has room again.  The slaves' result messages
+are flow-controlled by the master's pace: a slave sends them synchronously
+(slave.results_out, at most IN_FLIGHT unreceived), and while a subscriber is
+behind the master takes no more of them once the held and waiting results fill
+the bound (`_may_take`), so the slaves wait with their results instead of the
+master's memory or MPI's queues growing.  The held and waiting bytes stay
+within the bound plus one result message (slave.results_out.chunk_rows: at
+most 1/8 of the bound of records; a TABLE's or a batch's rows alone may be
+wider), plus what the estimate of results per tuple misses while no subscriber
+is behind (then every message is taken: the held results wait for a
+punctuation that needs the batches' results).
 `output.wait_subscribers` holds ingest until that many have subscribed, so
 they miss nothing at the start.
 
@@ -104,6 +115,14 @@ def table_cuts(rows: pa.Table) -> np.ndarray:
 
 #: seconds between two punctuation checks when no result message came in
 CHECK_INTERVAL = 0.05
+#: ordered: the latest batches whose results per tuple the ingest's estimate takes the largest of (windows that
+#: fill up, a key that heats up: the run's mean alone lags behind)
+RECENT_BATCHES = 8
+#: ordered: tuples let in before any batch's results came back to estimate from
+FIRST_TUPLES = 4096
+#: ordered: the tuples on their way may bring this many times the results per tuple seen (windows that fill up
+#: bring more with each batch); ingest lets in only what fits with that headroom
+HEADROOM = 2.0
 
 
 class ResultStream:
@@ -131,7 +150,12 @@ class ResultStream:
         self.held_back = 0.0  #: ordered: seconds ingest was paused by `ingest_room`
         self._holding_since: float | None = None
         self._batch_tuples: dict[tuple[int, int], int] = {}  #: ordered: tuples of each batch out
+        self._batch_bytes: Counter[tuple[int, int]] = Counter()  #: ordered: result bytes of each batch out so far
+        #: ordered: results bytes per tuple of the latest batches done (RECENT_BATCHES of them)
+        self._recent: deque[float] = deque(maxlen=RECENT_BATCHES)
         self.tuples_sent = self.tuples_done = 0  #: ordered: tuples sent to slaves, those whose results came
+        self.holding = False  #: ordered: a slave's result message waits, not taken while a subscriber is behind
+        self.held_back_messages = 0  #: ordered: times the stream stopped taking the slaves' result messages
         self._next_check = 0.0
         if not self.enabled:
             return
@@ -195,17 +219,22 @@ class ResultStream:
         self._flush()
         got = 0
         status = MPI.Status()
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_RESULTS, status=status):
+        while (take := self._may_take()) and self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_RESULTS, status=status):
             buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
             self.comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=TAG_RESULTS)
             msg = wire.decode(wire.unpack(buf), (wire.Frame.RESULTS, wire.Frame.ROWS, wire.Frame.TABLE), sys.maxsize)
             if isinstance(msg, wire.Rejection):  # our own slaves wrote it: a bug, not a user mistake
                 raise RuntimeError(f"result message from slave {status.Get_source()}: {msg.detail}")
-            self._add(wire.read_table(msg.arrow) if msg.kind == wire.Frame.TABLE else msg.rows)
+            nbytes = self._add(wire.read_table(msg.arrow) if msg.kind == wire.Frame.TABLE else msg.rows)
+            if self.ordered:
+                self._batch_bytes[(msg.sender, msg.seq)] += nbytes
             if msg.floor != wire.MORE:  # the batch's last chunk of results
                 self.punctuator.done(msg.sender, msg.seq, msg.floor)
-                self.tuples_done += self._batch_tuples.pop((msg.sender, msg.seq), 0)
+                self._batch_done((msg.sender, msg.seq))
             got += 1
+        holding = not take and self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_RESULTS)
+        self.held_back_messages += holding and not self.holding
+        self.holding = holding
         now = time.monotonic()
         if got or now >= self._next_check:
             self._next_check = now + CHECK_INTERVAL
@@ -214,16 +243,49 @@ class ResultStream:
                 self._punctuate(p)
         return got
 
+    def _may_take(self) -> bool:
+        """Whether to take a slave's result message now.  Ordered, while a subscriber is behind (messages wait
+        in the outbox) and the held and waiting results fill the bound, no: the slave waits for its message to
+        be taken (slave.results_out), which is the flow control of results.  Else yes: with no subscriber behind,
+        held results wait for a punctuation, which waits for the batches' results."""
+        return not self.ordered or not self.outbox or self.held_bytes + self.outbox_bytes < self.bound
+
+    def note(self) -> str:
+        """For the progress line: ordered results wait for a subscriber behind, how many, and what waits."""
+        if not (self.ordered and self.outbox):
+            return ""
+        held = (self.held_bytes + self.outbox_bytes) / 2**20
+        return (
+            f" | results wait for a subscriber behind: {held:.1f} of {self.bound / 2**20:.1f} MiB held"
+            + "; ingest paused" * (self._holding_since is not None)
+            + "; slaves' results held back" * self.holding
+        )
+
+    def _batch_done(self, batch: tuple[int, int]) -> None:
+        """Ordered: every result of `batch` came: its results per tuple join the estimate."""
+        tuples = self._batch_tuples.pop(batch, 0)
+        nbytes = self._batch_bytes.pop(batch, 0)
+        self.tuples_done += tuples
+        if tuples:
+            self._recent.append(nbytes / tuples)
+
+    def per_tuple(self) -> float:
+        """Ordered: result bytes a tuple may bring: HEADROOM times the run's mean, or a latest batch's if more."""
+        return HEADROOM * max(self.result_bytes / max(1, self.tuples_done), *self._recent, 0.0)
+
     def ingest_room(self, buffered: int) -> int | None:
         """Ordered mode: how many more tuples ingest may take now (None: no limit of ours).  The results per
-        tuple so far, times the tuples whose results are still to come (`buffered` at the master and in batches
-        out) and the new ones, must fit in the bound beside the results held and waiting; at 0 ingest pauses
-        until punctuation or the subscribers free room.  If nothing is on its way, the held results wait for
-        input that moves the punctuation on: then one bound's worth of input is let in."""
+        tuple (`per_tuple`), times the tuples whose results are still to come (`buffered` at the master and in
+        batches out) and the new ones, must fit in the bound beside the results held and waiting; at 0 ingest
+        pauses until punctuation or the subscribers free room.  Before any batch's results came, FIRST_TUPLES
+        are let in to learn from.  If nothing is on its way, the held results wait for input that moves the
+        punctuation on: then one bound's worth of input is let in."""
         room = None
-        if self.ordered and self.tuples_done and self.results:
-            per_tuple = self.result_bytes / self.tuples_done
-            pending = buffered + self.tuples_sent - self.tuples_done
+        pending = buffered + self.tuples_sent - self.tuples_done
+        if self.ordered and not self.tuples_done:
+            room = max(0, FIRST_TUPLES - pending)
+        elif self.ordered and self.results:
+            per_tuple = self.per_tuple()
             room = max(0, int((self.bound - self.held_bytes - self.outbox_bytes) / per_tuple) - pending)
             if not room and not (pending or self.outbox):
                 room = max(1, int(self.bound / per_tuple))
@@ -235,10 +297,10 @@ class ResultStream:
             self._holding_since = None
         return room
 
-    def _add(self, rows) -> None:
-        """A slave's results: records, or a TABLE's pa.Table (None: a TABLE of no rows)."""
+    def _add(self, rows) -> int:
+        """A slave's results: records, or a TABLE's pa.Table (None: a TABLE of no rows); returns their bytes."""
         if rows is None or not len(rows):
-            return
+            return 0
         self.results += len(rows)
         self.result_bytes += rows.nbytes
         if self.ordered:
@@ -249,6 +311,7 @@ class ResultStream:
             self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes + self.outbox_bytes)
         else:
             self._publish_results(rows)
+        return rows.nbytes
 
     def _publish_results(self, rows) -> None:
         if isinstance(rows, np.ndarray):
@@ -366,11 +429,12 @@ class ResultStream:
             "held_peak_results": self.held_peak,
             "held_peak_bytes": self.held_peak_bytes,
             "ingest_held_seconds": round(self.held_back, 3),
+            "slaves_held_back": self.held_back_messages,
         }
         for theirs in others:
             theirs = theirs["result_stream"]
             mine["endpoints"] += theirs["endpoints"]
-            for key in ("results", "punctuations", "messages", "gaps", "ingest_held_seconds"):
+            for key in ("results", "punctuations", "messages", "gaps", "ingest_held_seconds", "slaves_held_back"):
                 mine[key] += theirs[key]
             for key in ("held_peak_results", "held_peak_bytes"):
                 mine[key] = max(mine[key], theirs[key])

@@ -125,6 +125,7 @@ class Master(Routing, Lifecycle):
                 eventtime.POS_INF if ingest.exhausted else ingest.frontier(), self.buffers.counts
             )
             if now >= next_slot:
+                distribution.empty_batches = self.source.holding
                 if distribution.slot(ingest.batch_watermark(), now, serve=not checkpoints.pending):
                     checkpoints.on_epoch(distribution.epochs_done, ingest.exhausted)
                 if self.payload is not None:

@@ -398,6 +398,22 @@ def _check_tuples(rows: np.ndarray) -> Rejection | None:
     return None
 
 
+#: an ordered stream's result message holds at most this share of output.subscriber_buffer_bytes of records
+CHUNK_SHARE = 8
+
+
+def chunk_rows(cfg: dict) -> int:
+    """The rows of a chunk of a batch's results (slave.join), each a result message of its own: the setting
+    output.result_chunk_rows, with an ordered result stream at most 1/CHUNK_SHARE of its byte bound of records,
+    so the master, which takes a message while its held results are below the bound, holds little more
+    (master.result_stream)."""
+    out = cfg["output"]
+    rows = out["result_chunk_rows"]
+    if out["zmq_endpoint"] and out["ordered"]:
+        rows = min(rows, max(1, out["subscriber_buffer_bytes"] // CHUNK_SHARE // ROW_RECORD.itemsize))
+    return rows
+
+
 def results_buffer(
     count: int, sender: int, seq: int, floor: int, record: np.dtype = RESULT_RECORD
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
-from protocol import checkpoint, delays, eventtime, faults
+from protocol import checkpoint, delays, eventtime, faults, wire
 from protocol.messages import HISTOGRAMS, batch_groups, batch_rows, encode_report, hot_key, joining_message
 from protocol.output import MATCHED, empty_table, result_schema
 from protocol.payload import payload_reader
@@ -48,7 +48,7 @@ class Joiner:
             join["predicate"],
             join["band"],
             join["type"],
-            out["result_chunk_rows"],
+            wire.chunk_rows(cfg),
             plan.condition if (plan := plan_of(cfg)) is not None else None,
         )
         payload = payload_reader(cfg)

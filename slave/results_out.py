@@ -12,9 +12,13 @@ wire's null (id and key 0, ts and value NaN).  With declared streams (`[streams]
 message is a TABLE instead: the rows as the result files have them, with the
 streams' own columns (gathered once, for both: slave.result_files), and their
 stream time.  Each STOP is answered in the
-same way.  Sent with Isend before the batch's report, so the master never
-waits on it; at most `IN_FLIGHT` are on their way, so a master that falls
-behind slows the slave instead of filling its memory.
+same way.  Sent with Issend before the batch's report, so the master never
+waits on it; a synchronous send is done only once the master has taken the
+message, and at most `IN_FLIGHT` are on their way: a master that falls behind,
+or holds results back for a subscriber behind (master.result_stream), slows the
+slave instead of filling its memory or MPI's queues.  With an ordered stream a
+message holds at most 1/8 of the stream's bound of records
+(protocol.wire.chunk_rows), so what the master takes past its bound is small.
 """
 
 from __future__ import annotations
@@ -152,7 +156,7 @@ class ResultSender:
         self.spare = sorted([*self.spare, *(b for b in whole if len(b) <= SPARE_BYTES)], key=len)[-IN_FLIGHT:]
 
     def _send(self, dispatcher: int, buf: np.ndarray) -> None:
-        self.pending.append((self.comm.Isend([buf, MPI.BYTE], dest=dispatcher, tag=TAG_RESULTS), buf))
+        self.pending.append((self.comm.Issend([buf, MPI.BYTE], dest=dispatcher, tag=TAG_RESULTS), buf))
 
     def wait(self) -> None:
         MPI.Request.Waitall([req for req, _ in self.pending])

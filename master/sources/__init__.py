@@ -149,7 +149,9 @@ class ShardedSource(Source):
 class HeldEnd:
     """`inner` whose end is held back while protocol.faults.pending(): empty chunks instead of None, at most
     HELD_END_CALLS of them, so the epochs, checkpoints and batches a fault waits for go on after the input ran
-    out.  Everything else is the inner source's."""
+    out; meanwhile it is `holding`, and the master sends each slave a batch at every slot even without tuples
+    (master.state.distribution), so a fault at a slave's n-th batch comes however short the input.  Everything
+    else is the inner source's."""
 
     def __init__(self, inner: Source):
         self.inner, self.held, self._ended = inner, 0, False
@@ -160,10 +162,14 @@ class HeldEnd:
             if chunk is not None:
                 return chunk
             self._ended = True
-        if self.held < HELD_END_CALLS and faults.pending():
+        if self.holding:
             self.held += 1
             return empty()
         return None
+
+    @property
+    def holding(self) -> bool:
+        return self._ended and self.held < HELD_END_CALLS and faults.pending()
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)

@@ -43,15 +43,19 @@ class StallWatch:
         """How long pending work may stand still."""
         return self.timeout or max(10.0, 8 * self.epoch) + 2 * self.slowest
 
-    def watch(self, now: float, consumed: int, hot: dict, checkpoint: str, fences: str = "") -> None:
+    def watch(
+        self, now: float, consumed: int, hot: dict, checkpoint: str, fences: str = "", subscriber_behind: bool = False
+    ) -> None:
         """Raise StallError when pending work has stood still past the bound.  `consumed`: input taken;
         `hot`: hot keys waiting for their owner ({"split": .., "merge": ..}); `checkpoint`: what a checkpoint
-        waits for ("" when none is being taken); `fences`: what held moves wait for (READY, earlier batches)."""
+        waits for ("" when none is being taken); `fences`: what held moves wait for (READY, earlier batches);
+        `subscriber_behind`: the ordered result stream holds slaves' results back for a subscriber, which
+        `output.subscriber_timeout` bounds, not this watch."""
         c = self.controller
         mine = len(self.buffers) if self.coordinator else int(self.buffers.counts[:, ~c.moving].sum())
         pending = bool(mine or self.channels.busy or (c.busy and self.coordinator) or any(hot.values()) or checkpoint)
         progress = (consumed, sum(self.channels.seq.values()), self.reports, self.orders, self.joining)
-        if progress != self._last or not pending:
+        if progress != self._last or not pending or subscriber_behind:
             self._last, self._since = progress, now
             return
         still = now - self._since

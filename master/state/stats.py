@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from protocol import delays
+from protocol import delays, wire
 from protocol.access import public
 
 #: seconds one batch may take before the progress line names its slave (a busy host's batches take a second)
@@ -304,7 +304,7 @@ def summary_lines(s: dict) -> list[str]:
     if c["chunked_batches"]:
         lines.append(
             f"results of {c['chunked_batches']:,} batches were built in {c['chunks']:,} chunks of at most "
-            f"{s['config']['output']['result_chunk_rows']:,} rows (output.result_chunk_rows); the largest batch had "
+            f"{wire.chunk_rows(s['config']):,} rows (output.result_chunk_rows); the largest batch had "
             f"{c['largest_batch_results']:,} results"
         )
     if "zmq_ingest" in s:

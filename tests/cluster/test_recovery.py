@@ -52,6 +52,25 @@ def test_slave_killed_at_a_batch(tmp_path, rank, batch):
     assert run.summary["checkpoints"]["written"] >= 1
 
 
+def test_a_slave_fault_late_in_a_short_input_fires_on_batches_without_tuples(tmp_path):
+    """A few hundred tuples, taken in one or two batches, and a fault at slave 1's 40th batch after a complete
+    checkpoint: only the batches without tuples that the master sends while it holds the input's end for the
+    pending fault (master.sources.HeldEnd) bring it; before them the end was held for a minute and the fault
+    never fired."""
+    settings = dict(
+        SMALL,
+        **{
+            "generator.duration": 0.4,
+            "generator.rate": 300.0,
+            "generator.seed": 23,
+            "checkpoint.interval": 2,
+            "epochs.distribution": 0.1,
+        },
+    )
+    run, expected = crash_run(tmp_path, 3, settings, fault="1:batch-after-checkpoint:40")
+    assert 0 < run.summary["input_total"] < 400 and len(expected) > 0
+
+
 def test_slave_killed_while_writing_a_checkpoint_resumes_from_the_one_before(tmp_path):
     run, _ = crash_run(tmp_path, 3, dict(CKPT, **{"generator.seed": 5}), fault="2:checkpoint:4")
     assert "ckpt-000004: " in run.stderr and "not completed" in run.stderr  # the half-written one is skipped

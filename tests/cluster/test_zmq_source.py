@@ -402,11 +402,12 @@ def test_the_subscriber_counts_the_messages_missed_in_each_gap():
 
 
 def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_path):
-    """master.result_stream.ResultStream.ingest_room over MPI.COMM_SELF: results per tuple so far x tuples on
-    their way must fit in output.subscriber_buffer_bytes beside the held results."""
+    """master.result_stream.ResultStream.ingest_room over MPI.COMM_SELF: HEADROOM x results per tuple (the run's
+    mean or a latest batch's, the larger) x tuples on their way must fit in output.subscriber_buffer_bytes beside
+    the held results; before any results, FIRST_TUPLES are let in."""
     from mpi4py import MPI
 
-    from master.result_stream import ResultStream, frame_rows
+    from master.result_stream import FIRST_TUPLES, HEADROOM, ResultStream, frame_rows
     from protocol.messages import TAG_RESULTS
 
     port = free_port()
@@ -431,12 +432,13 @@ def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_p
             pass
         request.Wait()
 
-    assert out.ingest_room(0) is None  # no results yet: no estimate
+    assert out.ingest_room(0) == FIRST_TUPLES and out.ingest_room(FIRST_TUPLES) == 0  # no results yet: no estimate
     batch(1, 2000)  # 20 results a tuple, 1,440 bytes; 144,000 held
-    assert out.ingest_room(0) == (720000 - 144000) // 1440 == 400
-    assert out.ingest_room(400) == 0  # 400 tuples buffered: their results take the rest
-    batch(2, 9000)  # 55 results a tuple; 792,000 held, over the bound, and nothing on its way to release any
-    assert out.ingest_room(0) == 720000 // (55 * 72)  # so one bound's worth of input is let in
+    assert out.ingest_room(0) == (720000 - 144000) // (HEADROOM * 1440) == 200
+    assert out.ingest_room(200) == 0  # 200 tuples buffered: their results take the rest
+    batch(2, 9000)  # 90 results a tuple in this batch (55 in the run); 792,000 held, over the bound, and
+    # nothing on its way to release any: so one bound's worth of input, as the latest batch brings, is let in
+    assert out.ingest_room(0) == int(720000 // (HEADROOM * 90 * 72)) == 55
     deadline = time.monotonic() + 5
     while out.held_bytes and time.monotonic() < deadline:  # punctuation 2 s releases them all
         out.pump(2_000_000, np.zeros(4, np.int64))
@@ -491,3 +493,72 @@ def test_a_slaves_table_goes_out_whole_in_messages_within_the_bound():
     sub.close()
     assert pa.concat_tables(got).equals(table) and len(got) > 5 and max(sizes) <= MESSAGE_BYTES
     assert kinds[-2:] == [wire.Frame.PUNCT, wire.Frame.END]
+
+
+def test_an_ordered_stream_takes_no_more_results_while_its_subscriber_is_behind_and_the_bound_is_full():
+    """master.result_stream over MPI.COMM_SELF, a real SUB socket that stops reading: once results wait for it
+    and the held and waiting results fill output.subscriber_buffer_bytes, a slave's result message (a
+    synchronous send, as slave.results_out sends them) is not taken -- the sender waits and the stream says it
+    holds it back --; once the subscriber reads, it is taken and the sender goes on."""
+    from mpi4py import MPI
+
+    from master.result_stream import ResultStream
+    from protocol.messages import TAG_RESULTS
+
+    port, bound = free_port(), 1 << 20
+    cfg = load_config(
+        None,
+        [
+            f'output.zmq_endpoint="tcp://127.0.0.1:{port}"',
+            "output.ordered=true",
+            "output.wait_subscribers=1",
+            f"output.subscriber_buffer_bytes={bound}",
+            "output.subscriber_timeout=600.0",
+        ],
+    )
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.rcvhwm, sub.rcvbuf, sub.linger = 1, 4096, 0
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    out = ResultStream(MPI.COMM_SELF, cfg, 4)  # returns once the subscriber is in
+    nothing = np.zeros(4, np.int64)
+
+    def send(seq: int, results: int = 2000) -> MPI.Request:  # a slave's answer to batch `seq`: ts `seq` s
+        buf, rows = wire.results_buffer(results, 0, seq, floor=0)
+        rows[:] = np.zeros(results, wire.RESULT_RECORD)
+        rows["r_ts"] = seq
+        out.sent(0, seq, np.arange(4), np.full(1, seq * 10**6, [("ts", "<i8")]), np.zeros(0, [("ts", "<i8")]), 0)
+        return MPI.COMM_SELF.Issend([buf, MPI.BYTE], dest=0, tag=TAG_RESULTS)
+
+    def pump(seq: int) -> None:  # no input below seq + 1 s to come: the punctuation passes batch `seq`
+        out.pump((seq + 1) * 10**6, nothing)
+
+    seq = 0
+    while not (out.outbox and out.held_bytes + out.outbox_bytes >= bound) and seq < 2000:
+        seq += 1  # each taken and published until the subscriber's queue is full
+        request = send(seq)
+        while not request.Test():
+            pump(seq)
+        pump(seq)
+    assert out.outbox and out.held_bytes + out.outbox_bytes >= bound, (seq, out.outbox_bytes)
+    waiting = out.held_bytes + out.outbox_bytes
+    assert waiting <= bound + 2000 * wire.RESULT_RECORD.itemsize  # one message past the bound at most
+    request = send(seq + 1)
+    for _ in range(50):
+        pump(seq)
+    assert not request.Test() and out.holding and out.held_bytes + out.outbox_bytes == waiting
+    assert "slaves' results held back" in out.note() and "subscriber behind" in out.note()
+    deadline = time.monotonic() + 30
+    while not request.Test() and time.monotonic() < deadline:  # the subscriber reads on
+        while sub.poll(0):
+            sub.recv_multipart()
+        pump(seq + 1)
+    assert request.Test() and out.summary()["result_stream"]["slaves_held_back"] == 1
+    while out.outbox and time.monotonic() < deadline:
+        while sub.poll(0):
+            sub.recv_multipart()
+        pump(seq + 1)
+    assert not out.holding and out.results == 2000 * (seq + 1)
+    sub.close()
+    out.sock.setsockopt(zmq.LINGER, 0)
+    out.close()
