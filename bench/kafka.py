@@ -51,7 +51,7 @@ RATE_TARGET = 0.5
 #: the sink's CPU a result row at most (ns), and the rate with the sink at least this share of the rate without
 SINK_TARGET_NS, SINK_RATE_TARGET = 1500, 0.5
 #: result rows the sink's cost is measured on at most, and the checkpoint interval of the runs with the sink
-SINK_ROWS, SINK_CHECKPOINT = 400_000, 5
+SINK_ROWS, SINK_CHECKPOINT = 200_000, 5
 PARTITIONS, USERS, ADS = 4, 20_000, 300
 ROWS = {True: 400_000, False: 1_200_000}  #: --quick or not: records of both streams together
 #: the delay run's rate at most: the test broker (noida-db) keeps its log in one JSON file it rewrites every second,
