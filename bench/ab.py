@@ -54,6 +54,7 @@ class Comparison:
             "runs": {m: [] for m in modes},
             "whole_process": {m: [] for m in modes},  #: tuples / (mpirun's start to its exit)
             "results": {m: [] for m in modes},  #: result rows of each run
+            "cpu_ns_per_tuple": {m: [] for m in modes},  #: every rank's and mpirun's CPU over the input
         }
 
     def run(self, tmp: Path) -> None:
@@ -66,15 +67,19 @@ class Comparison:
                 self.data["runs"][mode].append(s["throughput_tuples_per_s"])
                 self.data["whole_process"][mode].append(round(s["input_total"] / s["process_seconds"], 1))
                 self.data["results"][mode].append(s["results"])
+                self.data["cpu_ns_per_tuple"][mode].append(round(s["cpu_seconds"] / s["input_total"] * 1e9, 1))
                 print(
                     f"[{mode:>5} #{i + 1}] {s['throughput_tuples_per_s']:,.0f} tuples/s in-run, "
-                    f"{self.data['whole_process'][mode][-1]:,.0f} whole process",
+                    f"{self.data['whole_process'][mode][-1]:,.0f} whole process, "
+                    f"{self.data['cpu_ns_per_tuple'][mode][-1]:,.0f} CPU ns a tuple",
                     flush=True,
                 )
         self.data["medians"] = {m: median(r) for m, r in self.data["runs"].items()}
         base, *others = self.data["medians"].items()
         self.data["ratios"] = {m: round(v / base[1], 4) for m, v in others}
         self.data["ratio"] = self.data["ratios"][others[0][0]]
+        cpu = {m: median(r) for m, r in self.data["cpu_ns_per_tuple"].items()}
+        self.data["cpu_ratios"] = {m: round(cpu[m] / cpu[base[0]], 4) for m, _ in others}
 
     def verdict(self, target: float) -> str:
         base, other = list(self.modes)[:2]

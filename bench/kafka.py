@@ -15,6 +15,12 @@ topics in batches, decoding nothing.  No source can take records faster than the
 the Kafka runs are also given as a share of that ceiling: on a test broker slower than the engine (noida-db
 keeps its log in one JSON file and serves a few hundred thousand records a second) that share, not the
 ratio to the files, says what the engine's own source costs.
+The Kafka result sink (protocol.kafka_sink) beside the broker's ceiling for its records: a run's result rows
+(at most SINK_ROWS) sent as a slave sends its result files at a checkpoint (read, records built, produced, the
+transaction committed), alternated with `produce` of the same records prebuilt in one transaction, CPU
+nanoseconds a row of this process (librdkafka's threads included; the broker runs apart) and rows a second;
+the target is at most SINK_TARGET_NS of CPU a row.  And the files' runs again with checkpoints, without and
+with the sink (exactly once), alternated with the others: the rate with the sink against the rate without.
 Then the delay to the result topic (`--delay-seconds`, default 4): records produced at half the topics' median
 in-run rate (at most DELAY_RATE_CAP, the test broker's bound) into unbounded topics while the cluster joins
 them with checkpoints every 0.5 s and the Kafka result sink, each stamped with its produce time as its event
@@ -29,16 +35,23 @@ import os
 import sys
 import tempfile
 import time
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
 
 from bench.ab import Comparison, parser
-from bench.cluster import RunFailed
+from bench.cluster import RunFailed, run_cluster
 from bench.search import median
 from deploy.broker import BrokerUnavailable, local_broker
+from protocol.config import load_config
+from protocol.output import read_tables
 
 RATE_TARGET = 0.5
+#: the sink's CPU a result row at most (ns), and the rate with the sink at least this share of the rate without
+SINK_TARGET_NS, SINK_RATE_TARGET = 1500, 0.5
+#: result rows the sink's cost is measured on at most, and the checkpoint interval of the runs with the sink
+SINK_ROWS, SINK_CHECKPOINT = 200_000, 5
 PARTITIONS, USERS, ADS = 4, 20_000, 300
 ROWS = {True: 400_000, False: 1_200_000}  #: --quick or not: records of both streams together
 #: the delay run's rate at most: the test broker (noida-db) keeps its log in one JSON file it rewrites every second,
@@ -99,20 +112,31 @@ def workload(rows: int, seed: int = 5, at_ms: dict[str, np.ndarray] | None = Non
     return out
 
 
-def fill_topic(bootstrap: str, topic: str, values: list[bytes], partition: np.ndarray) -> None:
-    from confluent_kafka import Producer
+def create_topic(bootstrap: str, topic: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept while the answer comes
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
-    for v, p in zip(values, partition.tolist()):
+
+
+def produce_all(producer, topic: str, records) -> None:
+    """Each (value, key, partition; -1: the producer's choice) of `records`, waiting while the queue is full."""
+    produce = producer.produce
+    for value, key, partition in records:
         while True:
             try:
-                producer.produce(topic, v, partition=p)
+                produce(topic, value, key, partition)
                 break
             except BufferError:  # the producer's queue is full: let it send
                 producer.poll(0.05)
+
+
+def fill_topic(bootstrap: str, topic: str, values: list[bytes], partition: np.ndarray) -> None:
+    from confluent_kafka import Producer
+
+    create_topic(bootstrap, topic)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
+    produce_all(producer, topic, zip(values, repeat(None), partition.tolist()))
     if producer.flush(300):
         raise RunFailed(f"records for {topic} not delivered")
 
@@ -128,14 +152,12 @@ def sink_delay(bs: str, rate: float, seconds: float, slaves: int, folder: Path) 
     import subprocess
 
     from confluent_kafka import Consumer, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
 
     from deploy.launch import mpi_env
 
-    admin = AdminClient({"bootstrap.servers": bs})
     names = {n: f"paced-{n}" for n in STREAMS}
     for t in [*names.values(), "paced-pairs"]:
-        admin.create_topics([NewTopic(t, PARTITIONS, 1)])[t].result(30)
+        create_topic(bs, t)
     data = workload(int(rate * seconds), 7)
     records = [(names[n], v, p) for n in STREAMS for v, p in zip(data[n][0], data[n][1].tolist())]
     order = np.argsort(np.r_[np.linspace(0, 1, len(data["impressions"][0])), np.linspace(0, 1, len(data["clicks"][0]))])
@@ -226,6 +248,45 @@ def sink_delay(bs: str, rate: float, seconds: float, slaves: int, folder: Path) 
     }
 
 
+def sink_cost(bs: str, cfg: dict, table, repeats: int) -> dict:
+    """The sink's CPU a row and rate sending `table` as one slave's result file in a transaction, alternated with
+    the broker's ceiling: the same records prebuilt, produced in one transaction by a producer of the same
+    settings.  `cfg`: the run's configuration (its streams name the key columns; its output folder is used)."""
+    import pyarrow.parquet as pq
+
+    from protocol.kafka_sink import ResultProducer, key_columns, records
+
+    results = Path(cfg["output"]["path"]) / "results"
+    results.mkdir(parents=True)
+    pq.write_table(table, results / "slave-001-000000.parquet")
+    topic = cfg["output"]["kafka"]["topic"]
+    create_topic(bs, topic)
+    pieces = [records(table.slice(i, 65536), key_columns(cfg)) for i in range(0, table.num_rows, 65536)]
+    values, keys = [v for p in pieces for v in p[0]], [k for p in pieces for k in p[1]]
+    cpu: dict[str, list] = {"sink": [], "ceiling": []}
+    rate: dict[str, list] = {"sink": [], "ceiling": []}
+    for i in range(repeats):
+        for kind in cpu:
+            sink = ResultProducer(cfg, 1, f"bench-{kind}-{i}")
+            sink.begin()
+            p = sink.producer
+            began, clock = time.process_time(), time.perf_counter()
+            if kind == "sink":
+                sink.transaction({"slave-001": 1}, i)
+            else:
+                p.begin_transaction()
+                produce_all(p, topic, zip(values, keys, repeat(-1)))
+                p.commit_transaction(60)
+            cpu[kind].append(round((time.process_time() - began) / len(values) * 1e9))
+            rate[kind].append(round(len(values) / (time.perf_counter() - clock)))
+    return {
+        "rows": len(values),
+        "cpu_ns_per_row": cpu,
+        "rows_per_s": rate,
+        "medians": {k: {"cpu_ns_per_row": median(cpu[k]), "rows_per_s": median(rate[k])} for k in cpu},
+    }
+
+
 def broker_ceiling(bootstrap: str, topics: list[str], records: int) -> float:
     """Records a second a plain consumer takes from the topics' beginnings, in batches, decoding nothing."""
     from confluent_kafka import Consumer, TopicPartition
@@ -272,18 +333,34 @@ def main(argv: list[str]) -> int:
                     f"streams.{n}.schema={toml_table(spec['schema'])}",  # files carry their own
                 )
             ]
+            files = [f'streams.{n}.path="{tmp}/{n}.jsonl"' for n in STREAMS]
+            checkpoints = [*files, f"checkpoint.interval={SINK_CHECKPOINT}"]
+            sink = [f'output.kafka.bootstrap="{bs}"', 'output.kafka.topic="pairs"']
+            create_topic(bs, "pairs")
             ab = Comparison(
                 "python -m bench.kafka " + " ".join(argv),
                 a,
                 common,
                 {
-                    "files": [f'streams.{n}.path="{tmp}/{n}.jsonl"' for n in STREAMS],
+                    "files": files,
                     "kafka": topics,
                     "kafka-2": [*topics, "cluster.dispatchers=2"],  # each dispatcher its share of the partitions
+                    "files+checkpoints": checkpoints,
+                    "files+checkpoints+sink": [*checkpoints, *sink],
                 },
                 {"kafka-2": a.slaves + 2},
             )
             ab.run(Path(tmp) / "runs")
+            kept = run_cluster(
+                a.slaves + 1,
+                [*common, *files],
+                Path(tmp) / "result-rows",
+                a.timeout,
+                keep=lambda out: read_tables(out / "results").slice(0, SINK_ROWS),
+            )["kept"]
+            cfg = load_config(None, [*common, *files, *sink, f"output.path={tmp}/sink"])
+            cfg["output"]["kafka"] |= {"topic": "sink-cost", "run": "bench"}
+            sink_numbers = ab.data["sink"] = sink_cost(bs, cfg, kept, a.repeats)
             ceilings = [broker_ceiling(bs, list(STREAMS), rows) for _ in range(a.repeats)]
             half = min(max(1000.0, ab.data["medians"]["kafka"] / 2), DELAY_RATE_CAP)
             delay = sink_delay(bs, half, a.delay_seconds, a.slaves, Path(tmp)) if a.delay_seconds > 0 else None
@@ -297,6 +374,13 @@ def main(argv: list[str]) -> int:
     ab.data["broker_ceilings"] = [round(c) for c in ceilings]
     whole = {m: median(r) for m, r in ab.data["whole_process"].items()}
     share = ab.data["share_of_ceiling"] = round(whole["kafka"] / ceiling, 4)
+    sink_ns = sink_numbers["medians"]["sink"]["cpu_ns_per_row"]
+    ceiling_ns = sink_numbers["medians"]["ceiling"]["cpu_ns_per_row"]
+    with_sink = {
+        k: round(r["files+checkpoints+sink"] / r["files+checkpoints"], 3)
+        for k, r in (("in_run", ab.data["medians"]), ("whole_process", whole))
+    }
+    ab.data["sink_to_without"] = with_sink
     ab.write(
         "kafka",
         f"Two Kafka topics against the same rows in files ({rows:,} records)",
@@ -324,6 +408,16 @@ def main(argv: list[str]) -> int:
                 if delay
                 else []
             ),
+            f"The Kafka result sink on {sink_numbers['rows']:,} result rows of a files run (one slave's file, one "
+            f"transaction; medians of {a.repeats}, alternated): {sink_ns:,.0f} ns of CPU a row "
+            f"(target <= {SINK_TARGET_NS}: {'met' if sink_ns <= SINK_TARGET_NS else 'NOT met'}), "
+            f"{sink_numbers['medians']['sink']['rows_per_s']:,.0f} rows/s; the broker's ceiling for the same "
+            f"records (prebuilt, `produce` in one transaction): {ceiling_ns:,.0f} ns a row, "
+            f"{sink_numbers['medians']['ceiling']['rows_per_s']:,.0f} rows/s (the sink {ceiling_ns / sink_ns:.2f} of "
+            f"its rate by CPU).  The files' runs with checkpoints every {SINK_CHECKPOINT} epochs, with the sink "
+            f"against without: in-run {with_sink['in_run']:.3f}, whole process {with_sink['whole_process']:.3f} "
+            f"(target >= {SINK_RATE_TARGET} where the broker is not the bound).",
+            "",
             f"The broker's ceiling (a consumer alone, decoding nothing, medians of {a.repeats}): {ceiling:,.0f} "
             f"records/s; the Kafka runs' whole process is {share:.3f} of it.  The in-run rate can pass the ceiling: "
             "the consumer fetches ahead (librdkafka's queue) while the ranks start, before the in-run clock starts.",

@@ -16,10 +16,13 @@ runs alone in this process (or, for the transfer, two ranks of this host), media
 A tuple's nanoseconds are the stage's CPU seconds (read, ingest; the join's and the results' run on one core, so
 their wall time) over the file's tuples; their sum is what one tuple costs the
 machine along the pipeline, and the **pipeline limit** is cores / sum: the rate the cores could carry if no
-stage waited and nothing were done twice.  Then the cluster (`--slaves` slaves, unpaced) on the same file,
-alternated with nothing, `--repeats` times: its in-run and whole-process rates (medians) and their ratios to the
-limit, and whole process against in-run.  The metrics' share: the cluster once more with the metrics off, by
-in-run rate and by CPU per tuple (mpirun's and every rank's user and system time: steadier on a busy machine).
+stage waited and nothing were done twice.  Beside read and results, the library alone on the same bytes (CPU):
+pyarrow reading the same columns of the same files, and writing the result table the stage wrote as one
+Parquet file.  Then the cluster (`--slaves` slaves, unpaced) on the same file, `--repeats` times, each kind of
+run in turn first after the stages (the run there costs more CPU than the others): its in-run and
+whole-process rates (medians) and their ratios to the limit, and whole process against in-run.  The metrics'
+share: the cluster once more with the metrics off, by in-run rate and by CPU per tuple (mpirun's and every
+rank's user and system time: steadier on a busy machine).
 
 The payload: the same generator's tuples as two declared streams (bench.payload's files: id, key, ts and three
 payload columns a side), read by the streams' source (which writes the payload log), each stage measured again
@@ -67,6 +70,8 @@ WORKLOAD = [
 ]
 ROWS = 4_000_000
 STAGES = ("read", "ingest", "transfer", "join", "results")
+#: the stages measured beside a library doing the same work on the same bytes (read_reference, write_reference)
+REFERENCES = ("read", "results")
 
 
 def read_stage(cfg: dict) -> tuple[float, list]:
@@ -216,9 +221,38 @@ def profiles(settings: list[str], slaves: int, folder: Path, work: Path, timeout
     return top
 
 
-def stages(cfg: dict, slaves: int) -> tuple[dict[str, float], int]:
-    """One measurement of every stage: seconds each, and the tuples read.  Declared streams' read writes their
-    payload log into `cfg`'s output folder, and their results gather from it."""
+def read_reference(cfg: dict) -> float:
+    """CPU seconds pyarrow takes to read the columns the source reads from the same files into Arrow arrays: the
+    single file whole; a declared stream's id, key and time, and its payload columns if it has any."""
+    import pyarrow.parquet as pq
+
+    if cfg["source"]["kind"] == "file":
+        files = [(cfg["source"]["path"], None)]
+    else:
+        files = [
+            (s["path"], None if s["payload"] else [s["id"], *s["key"], s["time"]]) for s in cfg["streams"].values()
+        ]
+    began = time.process_time()
+    for path, columns in files:
+        pq.read_table(path, columns=columns)
+    return time.process_time() - began
+
+
+def write_reference(folder: Path) -> float:
+    """CPU seconds pyarrow takes to write the result table the results stage wrote into `folder`, read back, as
+    one Parquet file with the result files' settings (protocol.output.write_table)."""
+    from protocol.output import read_tables, write_table
+
+    table = read_tables(folder)
+    began = time.process_time()
+    write_table(folder / "reference", "all", table, "parquet")
+    return time.process_time() - began
+
+
+def stages(cfg: dict, slaves: int) -> tuple[dict[str, float], int, dict[str, float]]:
+    """One measurement of every stage: seconds each, the tuples read, and the references' seconds (pyarrow
+    reading the same columns for read, writing the same result table for results).  Declared streams' read
+    writes their payload log into `cfg`'s output folder, and their results gather from it."""
     from protocol.payload import payload_reader, remove_log
 
     read, chunks = read_stage(cfg)
@@ -230,8 +264,11 @@ def stages(cfg: dict, slaves: int) -> tuple[dict[str, float], int]:
     join, _ = own_kernel(cfg, batches)
     with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
         with_results, _ = own_kernel(cfg, batches, Path(tmp), payload_reader(cfg))
+        del batches
+        references = {"read": read_reference(cfg), "results": write_reference(Path(tmp))}
     remove_log(cfg["output"]["path"])
-    return {"read": read, "ingest": ingest, "transfer": transfer, "join": join, "results": with_results - join}, tuples
+    seconds = {"read": read, "ingest": ingest, "transfer": transfer, "join": join, "results": with_results - join}
+    return seconds, tuples, references
 
 
 def workloads(rows: int, folder: Path) -> dict[str, list[str]]:
@@ -273,14 +310,19 @@ def main(argv: list[str]) -> int:
             forms = workloads(a.rows, Path(tmp))
             clusters = {**forms, "file, metrics off": [*forms["file"], "metrics.endpoint=", "metrics.log_interval=0"]}
             measured = {w: {s: [] for s in STAGES} for w in forms}
+            referenced = {w: {s: [] for s in REFERENCES} for w in forms}  #: ns per tuple of the references
             runs = {c: {"in_run": [], "whole_process": [], "cpu_ns_per_tuple": []} for c in clusters}
             for i in range(a.repeats):  # stages and clusters alternated, so the machine's drift falls on all
                 for w, settings in forms.items():
                     cfg = load_config(None, [*settings, f"output.path={tmp}/out"])
-                    seconds, tuples = stages(cfg, a.slaves)
+                    seconds, tuples, references = stages(cfg, a.slaves)
                     for stage, x in seconds.items():
                         measured[w][stage].append(x / tuples * 1e9)
-                for c, settings in clusters.items():
+                    for stage, x in references.items():
+                        referenced[w][stage].append(x / tuples * 1e9)
+                kinds = list(clusters)  # each kind of run in turn first after the stages
+                for c in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:
+                    settings = clusters[c]
                     s = run_cluster(
                         a.slaves + 1, settings, Path(tmp) / f"run-{i}-{len(c)}", a.timeout, drop_results=True
                     )
@@ -301,6 +343,7 @@ def main(argv: list[str]) -> int:
         print(f"bench.limit: {e}", file=sys.stderr)
         return 1
     ns = {w: {k: median(v) for k, v in m.items()} for w, m in measured.items()}
+    ref = {w: {k: median(v) for k, v in m.items()} for w, m in referenced.items()}
     total = {w: sum(x.values()) for w, x in ns.items()}
     limit = {w: cores * 1e9 / t for w, t in total.items()}
     rates = {c: {k: median(v) for k, v in r.items()} for c, r in runs.items()}
@@ -313,6 +356,9 @@ def main(argv: list[str]) -> int:
         "workload": WORKLOAD,
         "ns_per_tuple": {w: {k: round(v, 1) for k, v in x.items()} for w, x in ns.items()},
         "ns_per_tuple_runs": measured,
+        "reference_ns_per_tuple": {w: {k: round(v, 1) for k, v in x.items()} for w, x in ref.items()},
+        "reference_ns_per_tuple_runs": referenced,
+        "to_reference": {w: {k: round(ns[w][k] / v, 2) for k, v in x.items() if v > 0} for w, x in ref.items()},
         "sum_ns": {w: round(t, 1) for w, t in total.items()},
         "pipeline_limit": {w: round(x) for w, x in limit.items()},
         "cluster": runs,
@@ -337,6 +383,10 @@ def main(argv: list[str]) -> int:
     forms_table = md_table(
         ["stage (median ns/tuple)", *ns],
         [[k, *(fmt(ns[w][k], ".0f") for w in ns)] for k in STAGES]
+        + [
+            [f"{k}: pyarrow alone (ratio)", *(f"{ref[w][k]:.0f} ({ns[w][k] / ref[w][k]:.1f}x)" for w in ns)]
+            for k in REFERENCES
+        ]
         + [["sum", *(fmt(total[w], ".0f") for w in ns)], ["pipeline limit (tuples/s)", *(fmt(limit[w]) for w in ns)]]
         + [
             [f"cluster {k.replace('_', '-')} (tuples/s)", *(fmt(rates[w][k]) for w in ns)]

@@ -46,3 +46,17 @@ def local_broker(data: Path, on: Sequence[str] = (), within: Callable | None = N
         yield bootstrap
     finally:
         subprocess.run([*on, NOIDA, "down", "--data-dir", data], capture_output=True, timeout=60)
+        _wait_saved(data)
+
+
+def _wait_saved(data: Path, timeout: float = 60.0) -> None:
+    """`noida-db down` returns while the server still saves its log into `data` (a GB of JSON after a bench):
+    wait for that server to exit, so the folder can be removed."""
+    import psutil
+
+    servers = []
+    for p in psutil.process_iter(["cmdline"]):
+        args = p.info["cmdline"] or []
+        if "start" in args and str(data) in args:
+            servers.append(p)
+    psutil.wait_procs(servers, timeout=timeout)
