@@ -140,13 +140,13 @@ def test_a_rank_killed_under_the_supervisor_leaves_every_pair_in_the_topic_once(
     run = run_cluster(tmp_path, 3, cfg, wrapper=SUPERVISE, timeout=150, env=env)
     assert run.returncode == 0, run.stderr
     assert fired.exists() and "restart 1 of 3" in run.stderr, run.stderr
-    if "sink-commit" in fault:
-        assert "sent now, no transaction had them" in run.stderr, run.stderr
     got = committed(broker, sink)
     pairs, _, _ = reference(views, buys)
     np.testing.assert_array_equal(run.pairs(IDS), pairs)
     np.testing.assert_array_equal(np.sort(sink_pairs(got)), pairs)
     assert_exactly_results(got, run)
+    if fault.startswith("2:sink-commit"):  # the slave's open transaction held a complete checkpoint's rows
+        assert "sent now, no transaction had them" in run.stderr, run.stderr
 
 
 def test_a_recovery_on_fewer_slaves_sends_the_files_of_the_slave_it_no_longer_has(tmp_path, broker):
