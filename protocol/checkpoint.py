@@ -56,10 +56,6 @@ class CheckpointError(Exception):
     """A checkpoint is missing a part, is half written, or does not fit the run that wants to resume from it."""
 
 
-def root_of(cfg: dict) -> Path:
-    return Path(cfg["checkpoint"]["path"] or Path(cfg["output"]["path"]) / "checkpoints")
-
-
 def name_of(ckpt_id: int) -> str:
     return f"ckpt-{ckpt_id:06d}"
 
@@ -210,10 +206,11 @@ def latest_complete(root: Path, log=print) -> tuple[Path, dict] | None:
     return None
 
 
-def check_binding(manifest: dict, cfg: dict) -> None:
-    """Refuse to resume with different join-relevant settings (the slave count may differ: `reassign`)."""
+def check_binding(manifest: dict, document: dict) -> None:
+    """Refuse to resume with different join-relevant settings (the slave count may differ: `reassign`): the
+    config as written then and now (`document`: protocol.plan.Plan.document), compared key by key."""
     for section in BINDING_SECTIONS:
-        for key, value in public(cfg)[section].items():
+        for key, value in public(document)[section].items():
             then = manifest["config"].get(section, {}).get(key)
             if section == "streams":
                 then, value = _bound_stream(then), _bound_stream(value)

@@ -619,11 +619,3 @@ def reference() -> list[str]:
         "|---|---|---|",
     ]
     return lines + [f"| `output.kafka.{key}` | {shown(d)} | {meaning} |" for key, (d, meaning) in SINK_KEYS.items()]
-
-
-def live_endpoints(cfg: dict) -> list[str]:
-    """The config keys of the live inputs a run binds (producers push to them): `source.endpoint` of a ZeroMQ
-    source, `streams.NAME.endpoint` of live declared streams."""
-    return ["source.endpoint"] * (cfg["source"]["kind"] == "zmq") + [
-        f"streams.{n}.endpoint" for n, spec in cfg.get("streams", {}).items() if spec["endpoint"]
-    ]

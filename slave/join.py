@@ -155,7 +155,7 @@ class JoinModule:
         condition: Node | None = None,
     ):
         """`window`: the time bounds (lower, upper) in integer microseconds, r and s join iff lower <= s.ts - r.ts
-        <= upper (protocol.predicates.time_bounds), or w for (-w, w); `join_type` one of
+        <= upper (protocol.plan.Join.bounds), or w for (-w, w); `join_type` one of
         protocol.predicates.JOIN_TYPES; `condition`: a query's condition on the pair (protocol.query), over the
         terms the tuples carry: a candidate pair of the kernel is a pair, and flags its tuples matched, only where
         it holds."""

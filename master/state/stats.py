@@ -3,6 +3,8 @@ the time; the summary's file and lines are written by the shell, master.lifecycl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import math
 
@@ -10,6 +12,9 @@ import numpy as np
 
 from protocol import delays
 from protocol.access import public
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 #: seconds one batch may take before the progress line names its slave (a busy host's batches take a second)
 LONG_BATCH = 2.0
@@ -186,7 +191,7 @@ class RunStats:
             "chunks": sum(v["result_chunks"] for v in per),
         }
 
-    def summary(self, cfg: dict, now: float, peak_rss_bytes: int) -> dict:
+    def summary(self, plan: Plan, now: float, peak_rss_bytes: int) -> dict:
         """The run's part of summary.json; `peak_rss_bytes`: the master's own, as the shell reads it."""
         wall = self.elapsed_before + now - self.started
         p50, p95, p99 = (min(p, self.delay_max) for p in delays.percentiles(self.delay_hist, (50, 95, 99)))
@@ -228,7 +233,7 @@ class RunStats:
             "stopped_by_signal": self.stopped_by_signal,
             "startup": self.startup(),
             "hosts": ranks_by_host(self.hosts),
-            "config": public(cfg),
+            "config": public(plan.document),
         }
 
     def startup(self) -> dict:

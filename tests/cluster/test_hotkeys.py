@@ -9,6 +9,7 @@ import pytest
 from master.state.hot_key_router import FrequentKeys, HotKeyRouter
 from common.workload import GeneratorSource
 from protocol.config import ConfigError, load_config
+from protocol.plan import compile_plan
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from protocol.eventtime import NEG_INF
 from slave.join import JoinModule
@@ -96,7 +97,7 @@ def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
 
 def test_generator_hot_share_is_a_single_key_of_both_streams():
     cfg = load_config(None, ["generator.hot_share=0.3", "generator.duration=2", "generator.keys=65536"])
-    src = GeneratorSource(cfg["generator"])
+    src = GeneratorSource(compile_plan(cfg).generator)
     c = src.next_chunk(10**6)
     for stream in (0, 1):
         share = np.mean(c.key[c.stream == stream] == src.hot_key)

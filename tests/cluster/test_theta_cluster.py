@@ -9,6 +9,7 @@ import pytest
 from master.state.ranges import KeyRanges
 from common.workload import generate_all
 from protocol.config import ConfigError, load_config
+from protocol.plan import compile_plan
 from slave.join import JoinModule
 from protocol.tuples import tuple_dtype
 from protocol.eventtime import NEG_INF
@@ -35,7 +36,7 @@ def check_theta(tmp_path, ranks, settings, **kw):
             if k.startswith(("generator.", "source."))
         ],
     )
-    data = generate_all(cfg)
+    data = generate_all(compile_plan(cfg).generator)
     expected = reference_theta_pairs(
         data.stream,
         data.id,
