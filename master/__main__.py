@@ -162,7 +162,9 @@ def main() -> int:
             from master.sources.kafka_input import resolve_patterns
 
             found = checkpoint.latest_complete(plan.checkpoint.root, log=lambda _: None) if args.recover else None
-            plan, lines = resolve_patterns(plan, found[1]["config"] if found else None)
+            from protocol.plan import compile_plan
+
+            plan, lines = resolve_patterns(plan, compile_plan(found[1]["config"]) if found else None)
             for line in lines:
                 say(line)
         if args.recover:

@@ -647,18 +647,18 @@ def _consumer(name: str, kafka: dict) -> Consumer:
         ) from None
 
 
-def resolve_patterns(plan: Plan, checkpointed: dict | None) -> tuple[Plan, list[str]]:
-    """Kafka streams given by `pattern` get their topics, once for the run, on rank 0 before the config goes to the
-    other ranks: a recovery's are the checkpoint's (`checkpointed`: its config), else the topics whose whole name
-    matches now, sorted (internal ones, `__...`, aside); none matching stops the start.  The plan with them, and
-    lines for the log."""
+def resolve_patterns(plan: Plan, checkpointed: Plan | None) -> tuple[Plan, list[str]]:
+    """Kafka streams given by `pattern` get their topics, once for the run, on rank 0 before the plan goes to the
+    other ranks: a recovery's are the checkpoint's (`checkpointed`: the plan it wrote down), else the topics whose
+    whole name matches now, sorted (internal ones, `__...`, aside); none matching stops the start.  The plan with
+    them, and lines for the log."""
     lines, found = [], {}
     for spec in plan.streams:
         name, kafka = spec.name, spec.kafka
         if not kafka or not kafka.pattern:
             continue
         if checkpointed is not None:
-            found[name] = checkpointed["streams"][name]["kafka"]["topics"]
+            found[name] = next(s.kafka.topics for s in checkpointed.streams if s.name == name)
             continue
         from confluent_kafka.admin import AdminClient
 
