@@ -58,7 +58,7 @@ def test_router_stores_each_s_once_and_copies_r_to_the_whole_grid():
 
 def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
     dt = tuple_dtype(40)
-    m = JoinModule(dt, 4, 10_000_000, 8, 2, 64, 12)
+    m = JoinModule(dt, 4, (-10_000_000, 10_000_000), 8, 2, 64, 12)
     rng = np.random.default_rng(2)
 
     def rows(n, start):
@@ -127,7 +127,7 @@ def test_hot_keys_only_for_the_equi_join():
 def test_merge_gathers_the_grid_back_with_every_s_and_one_copy_of_each_r(join_type):
     """Inner: S spread, R copied.  Left: the other way round (each R once, with its matched flag)."""
     dt = tuple_dtype(40)
-    m = JoinModule(dt, 4, 10_000_000, 8, 2, 64, 12, join_type=join_type)
+    m = JoinModule(dt, 4, (-10_000_000, 10_000_000), 8, 2, 64, 12, join_type=join_type)
     rng = np.random.default_rng(3)
     r, s = np.zeros(300, dt), np.zeros(300, dt)
     for x in (r, s):

@@ -176,7 +176,7 @@ def test_each_range_spans_exactly_the_keys_whose_home_it_is():
 
 def test_range_groups_are_never_split_and_produce_each_pair_once():
     dt = tuple_dtype(40)
-    m = JoinModule(dt, 2, 1_000_000, 4, 1, 2, 12, "band", 2)
+    m = JoinModule(dt, 2, (-1_000_000, 1_000_000), 4, 1, 2, 12, "band", 2)
     rng = np.random.default_rng(5)
     r = np.zeros(300, dt)
     s = np.zeros(300, dt)

@@ -162,7 +162,7 @@ def test_controller_disabled_never_plans():
 def test_state_round_trip_keeps_splits_and_every_tuple(seed):
     rng = np.random.default_rng(seed)
     dt = tuple_dtype(64)
-    module = JoinModule(dt, 1, 500_000, 4, 1, 4, 10)
+    module = JoinModule(dt, 1, (-500_000, 500_000), 4, 1, 4, 10)
     for epoch in range(6):
         batch = np.zeros(400, dt)
         batch["id"] = np.arange(400) + 400 * epoch
