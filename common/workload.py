@@ -55,13 +55,13 @@ class GeneratorSource(Source):
     """
 
     def __init__(self, gen: Generator):
-        self.rate, self.duration = float(gen.rate), float(gen.duration)
-        self.keys, self.skew = int(gen.keys), float(gen.skew)
+        self.rate, self.duration = gen.rate, gen.duration
+        self.keys, self.skew = gen.keys, gen.skew
         self.distribution = gen.distribution
-        self.disorder = float(gen.disorder)
-        self.shift = float(gen.shift)
-        self.hot_share = float(gen.hot_share)
-        self._seed = int(gen.seed) % (1 << 64)  # SeedSequence wants non-negative entropy
+        self.disorder = gen.disorder
+        self.shift = gen.shift
+        self.hot_share = gen.hot_share
+        self._seed = gen.seed % (1 << 64)  # SeedSequence wants non-negative entropy
         self._slice_len = SLICE_TUPLES / self.rate
         n = max(1, math.ceil(self.duration / self._slice_len))
         starts = np.arange(n) * self._slice_len
@@ -74,7 +74,7 @@ class GeneratorSource(Source):
         self._perm = np.random.default_rng([self._seed, 1]).permutation(self.keys).astype(np.int64)
         self._bmodel = bmodel_tables((self.keys - 1).bit_length(), 1.0 - self.skew)  # ceil(log2(keys)) levels
         if self.distribution == "zipf":  # P(rank r) ~ 1 / (r + 1)^s: drawn by inverting this CDF
-            cdf = np.cumsum(np.arange(1, self.keys + 1, dtype=np.float64) ** -float(gen.zipf))
+            cdf = np.cumsum(np.arange(1, self.keys + 1, dtype=np.float64) ** -gen.zipf)
             self._zipf_cdf = cdf / cdf[-1]
         self._next_slice = 0
         self.hot_key = int(self._perm[-1])  #: the heavy hitter of `hot_share` (a key the b-model makes rare)

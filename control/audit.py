@@ -163,7 +163,7 @@ def run_state(plan: Plan) -> Target:
     The watermark of a checkpoint is the lowest of each dispatcher's watermark (master.state.lateness.Lateness: a
     tuple arriving later with a smaller ts is late) and of the ts buffered at the master (not joined yet): every
     on-time pair whose later ts is below it was joined before the cut and lies in the committed files."""
-    out = Path(plan.output.path)
+    out = plan.output.path
     summary = out / "summary.json"
     if summary.is_file():
         check_same_join(plan, json.loads(summary.read_text()).get("config"), str(summary))

@@ -93,7 +93,7 @@ class IngestDesk:
         #: per stream (R, S): the largest ts taken in, for the metrics' per-stream watermarks
         self.stream_max_ts = [eventtime.NEG_INF, eventtime.NEG_INF]
         self.late_reasons = self._late_reasons()
-        self.archiving = bool(plan.checkpoint.enabled and plan.checkpoint.archive)
+        self.archiving = plan.checkpoint.enabled and plan.checkpoint.archive
 
     def ranges_to_share(self) -> list | None:
         """Rank 0: its key ranges, once, as soon as they are decided (the loop sends them to the others)."""
