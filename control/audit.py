@@ -690,7 +690,7 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
             ~(micros(F.col("s_ts")) - micros(F.col("r_ts"))).between(*join.bounds),
             "s_ts - r_ts is outside the join's time bounds (join.lower, join.upper or -+join.window)",
         )
-        .when(~key_predicate(join), f"its keys do not satisfy join.predicate = {join['predicate']!r}")
+        .when(~key_predicate(join), f"its keys do not satisfy join.predicate = {join.predicate!r}")
         .otherwise("no such pair of on-time tuples in the input")
     )
     diff = (

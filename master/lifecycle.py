@@ -170,7 +170,7 @@ class Lifecycle:
             summary["kafka_sink"] = self.sink.finish(result_files(self.plan.output.path / "results"))
         remove_log(self.plan.output.path)  # every result is written: no row needs its columns any more
         write_summary(self.plan.output.path / "summary.json", summary)
-        print("\n".join(summary_lines(summary)), file=sys.stderr, flush=True)
+        print("\n".join(summary_lines(summary, self.plan.output)), file=sys.stderr, flush=True)
         self.metrics.close(self, summary)
         return summary
 

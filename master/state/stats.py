@@ -14,7 +14,7 @@ from protocol import delays
 from protocol.access import public
 
 if TYPE_CHECKING:
-    from protocol.plan import Plan
+    from protocol.plan import Output, Plan
 
 #: seconds one batch may take before the progress line names its slave (a busy host's batches take a second)
 LONG_BATCH = 2.0
@@ -277,8 +277,9 @@ def _after(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}s"
 
 
-def summary_lines(s: dict) -> list[str]:
-    """The summary as the lines the run ends with (the shell prints them)."""
+def summary_lines(s: dict, output: Output) -> list[str]:
+    """The summary as the lines the run ends with (the shell prints them); `output`: the plan's, which they
+    name."""
     lines = []
     d = s["delay_seconds"]
     f = s.get("filtered")  # a query's filters
@@ -309,7 +310,7 @@ def summary_lines(s: dict) -> list[str]:
     if c["chunked_batches"]:
         lines.append(
             f"results of {c['chunked_batches']:,} batches were built in {c['chunks']:,} chunks of at most "
-            f"{s['config']['output']['result_chunk_rows']:,} rows (output.result_chunk_rows); the largest batch had "
+            f"{output.result_chunk_rows:,} rows (output.result_chunk_rows); the largest batch had "
             f"{c['largest_batch_results']:,} results"
         )
     if "zmq_ingest" in s:
