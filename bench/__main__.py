@@ -33,7 +33,7 @@ from bench.report import QUICK_NOTE, caveats, plot, write_report
 from bench.search import CONFIRM_SECONDS, DELAY_BOUND, MIN_INPUT_SECONDS
 from bench.spark import PEER_DELAY_BOUND, QUICK_RUN_SECONDS, RUN_SECONDS, SparkBench, peer_table, ratio, ratio_text
 from bench.tables import summary_table
-from protocol.config import load_config
+from protocol.plan import load_plan
 
 
 def parse_slaves(text: str) -> list[int]:
@@ -271,7 +271,7 @@ def main(argv: list[str]) -> int:
         if a.peer == "spark":
             print("bench: the peer, Spark Structured Streaming, on the same workload", flush=True)
             peer = SparkBench(
-                load_config(None, workload),
+                load_plan(None, workload),
                 QUICK_RUN_SECONDS if a.quick else RUN_SECONDS,
                 steps,
                 a.repeats,

@@ -25,6 +25,7 @@ Output: aggregate.md, aggregate.json.
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 import sys
 import tempfile
 import time
@@ -39,8 +40,8 @@ from bench.ab import Comparison, parser
 from bench.cluster import RunFailed
 from bench.payload import STREAMS, stream_settings, write_streams
 from deploy.launch import mpi_env, mpirun_command
-from protocol.aggregation import FINAL, RANK, WATERMARK, WINDOW_END, aggregation
-from protocol.config import load_config
+from protocol.aggregation import FINAL, RANK, WATERMARK, WINDOW_END
+from protocol.plan import load_plan
 from protocol.eventtime import POS_INF
 
 RATE_TARGET = 0.8
@@ -142,7 +143,7 @@ def lag_run(ranks: int, settings: list[str], work: Path, timeout: float) -> dict
     ]
     from pyspark.sql import SparkSession
 
-    spec = aggregation(load_config(None, settings))
+    spec = load_plan(None, settings).aggregate.view
     ours = SparkSession.getActiveSession() is None  #: stopped at the end unless a caller's (a test's) session
     spark = session(app="bench-aggregate")
     work.mkdir(parents=True, exist_ok=True)
@@ -189,7 +190,7 @@ def main(argv: list[str]) -> int:
     )
     a = p.parse_args(argv)
     seconds = a.seconds or (10.0 if a.quick else 30.0)
-    gen = load_config(None, [f"generator.duration={seconds}"])["generator"]
+    gen = load_plan(None, [f"generator.duration={seconds}"]).generator
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-aggregate-") as tmp:
             sizes = write_streams(gen, Path(tmp), columns, STREAMS)
@@ -200,7 +201,7 @@ def main(argv: list[str]) -> int:
             ab.run(Path(tmp) / "runs")
             rate = round(ab.data["medians"]["aggregate"] / 2, 1)
             # the same generator, long enough to last --lag-seconds at that rate
-            longer = dict(gen, duration=max(seconds, round(rate * a.lag_seconds / (2 * gen["rate"]), 3)))
+            longer = replace(gen, duration=max(seconds, round(rate * a.lag_seconds / (2 * gen.rate), 3)))
             lag_input = Path(tmp) / "lag-input"
             lag_input.mkdir()
             write_streams(longer, lag_input, columns, STREAMS)

@@ -30,7 +30,7 @@ from bench.machine import machine_info
 from bench.payload import stream_settings, write_streams
 from bench.search import median
 from bench.tables import fmt, md_table
-from protocol.config import load_config
+from protocol.plan import load_plan
 
 
 def audit_run(out: Path, settings: list[str], timeout: float) -> dict:
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
     data = {"command": "python -m bench.audit " + " ".join(argv), "machine": machine_info(), "runs": {}}
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-audit-") as tmp:
-            gen = load_config(None, base)["generator"]
+            gen = load_plan(None, base).generator
             write_streams(gen, Path(tmp))
             workloads = {
                 "file": [*base, "source.kind=file", f"source.path={InputCache(a.data).file(base)}"],

@@ -16,23 +16,24 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from bench.cluster import RUN_TIMEOUT, RunFailed, run_cluster, run_numbers
 from bench.inputs import write_input
 from bench.machine import machine_info
 from bench.tables import fmt, md_table
-from protocol.config import load_config
+from protocol.plan import Generator, load_plan
 
 DEFAULT_ROWS = 200_000_000
 SLAVES = 4
 
 
-def generator_for(rows: int, settings: list[str] = ()) -> dict:
+def generator_for(rows: int, settings: list[str] = ()) -> Generator:
     """The workload's generator config made long enough for `rows` (its counts are Poisson: a little more)."""
-    gen = load_config(None, list(settings))["generator"]
-    need = rows / (2 * float(gen["rate"]))
-    return {**gen, "duration": round(need * 1.001 + 1.0, 3)}
+    gen = load_plan(None, list(settings)).generator
+    need = rows / (2 * gen.rate)
+    return replace(gen, duration=round(need * 1.001 + 1.0, 3))
 
 
 def report_rows(r: dict) -> list[list[str]]:

@@ -31,7 +31,7 @@ from bench.search import (
 )
 from bench.tables import fmt
 from deploy.launch import mpi_env, mpirun_command
-from protocol.config import load_config
+from protocol.plan import load_plan
 from protocol.delays import exact_percentiles
 from protocol.output import read_tables
 
@@ -259,10 +259,10 @@ class Bench:
     def duration(self, tuples: float = 0) -> float:
         """The event-time length of an input of at least `tuples` (0: the workload's own): a rung of the ladder
         (bench.inputs), so files are shared between rates."""
-        gen = load_config(None, self.workload)["generator"]
+        gen = load_plan(None, self.workload).generator
         if tuples > expected_tuples(gen):
-            return rung(float(gen["duration"]), float(gen["rate"]), tuples)
-        return float(gen["duration"])
+            return rung(gen.duration, gen.rate, tuples)
+        return gen.duration
 
     def source(self, tuples: float = 0) -> list[str]:
         """The settings of a run's input, long enough for `tuples` (0: the workload's own length)."""
@@ -335,7 +335,7 @@ class Bench:
         quarter within `flatness` of its first (a backlog that grows slowly shows only over a long run)."""
         r = self.run_at(k, "confirm", rate, self.confirm_seconds, long=True)
         first, *_, last = r["quarter_p99"]
-        r["flatness"] = flatness(first, last, load_config(None, self.workload)["epochs"]["distribution"])
+        r["flatness"] = flatness(first, last, load_plan(None, self.workload).epochs.distribution)
         r["confirmed"] = bool(r["passed"] and r["flatness"]["flat"])
         f = r["flatness"]
         print(

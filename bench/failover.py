@@ -36,7 +36,7 @@ from bench.search import median
 from bench.tables import fmt, md_table
 from deploy.launch import mpi_env
 from deploy.testbed import TestBed, TestBedError
-from protocol.config import load_config
+from protocol.plan import load_plan
 from protocol.output import read_tables
 from common.workload import generate_all
 
@@ -75,8 +75,8 @@ def reference_pairs() -> np.ndarray:
     """Every pair of the generated input by DuckDB's interval join, as r_id * 2**32 + s_id, sorted."""
     import duckdb
 
-    cfg = load_config(None, [f"{k}={v}" for k, v in SETTINGS.items() if k.startswith("generator.")])
-    data = generate_all(cfg)
+    gen = load_plan(None, [f"{k}={v}" for k, v in SETTINGS.items() if k.startswith("generator.")]).generator
+    data = generate_all(gen)
     r, s = data.stream == 0, data.stream == 1
     con = duckdb.connect()
     con.register("r", {"id": data.id[r], "ts": data.ts[r], "key": data.key[r]})

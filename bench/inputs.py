@@ -19,13 +19,14 @@ import json
 import math
 import os
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from protocol.config import load_config
+from protocol.plan import Generator, load_plan
 from protocol.eventtime import to_seconds
 from protocol.tuples import STREAM_NAMES
 from common import workload
@@ -39,9 +40,9 @@ DEFAULT_DIR = Path("bench-data")
 DEFAULT_LIMIT_GB = 40.0  #: --data-limit: the cache deletes its least recently used files above this
 
 
-def expected_tuples(gen: dict) -> float:
+def expected_tuples(gen: Generator) -> float:
     """Tuples the generator config makes on average: both streams at `rate` each for `duration` seconds."""
-    return 2 * float(gen["rate"]) * float(gen["duration"])
+    return 2 * gen.rate * gen.duration
 
 
 def rung(base_duration: float, rate_per_stream: float, tuples: float) -> float:
@@ -52,7 +53,7 @@ def rung(base_duration: float, rate_per_stream: float, tuples: float) -> float:
     return round(base_duration * LADDER**k, 3)
 
 
-def write_input(gen: dict, path: Path, rows: int | None = None) -> int:
+def write_input(gen: Generator, path: Path, rows: int | None = None) -> int:
     """The generator's tuples as an input file (the file source's columns: stream, id, ts in seconds, key, value)
     at `path`, written CHUNK_ROWS at a time as row groups, under a temporary name renamed at the end (an
     interrupted write leaves no file that looks whole).  `rows`: stop after that many (the generator must make
@@ -89,18 +90,18 @@ class InputCache:
         self.directory, self.limit = Path(directory), limit_bytes
         self.used: dict[str, dict] = {}  #: the files this bench used, by path: their meta (for the report)
 
-    def folder(self, gen: dict) -> Path:
+    def folder(self, gen: Generator) -> Path:
         """Named by the generator config and the generator's code: a changed generator makes new files, so the
         cluster never reads tuples other than those the kernel limit and the peer generate."""
-        key = json.dumps(gen, sort_keys=True).encode() + Path(workload.__file__).read_bytes()
+        key = json.dumps(asdict(gen), sort_keys=True).encode() + Path(workload.__file__).read_bytes()
         return self.directory / hashlib.sha1(key).hexdigest()[:16]
 
     def file(self, settings: list[str], tuples: float = 0) -> Path:
         """The input file of the workload `settings`, long enough for `tuples` (0: the workload's own length):
         from the cache, or generated and kept there."""
-        gen = load_config(None, settings)["generator"]
+        gen = load_plan(None, settings).generator
         if tuples > expected_tuples(gen):
-            gen = {**gen, "duration": rung(float(gen["duration"]), float(gen["rate"]), tuples)}
+            gen = replace(gen, duration=rung(gen.duration, gen.rate, tuples))
         folder = self.folder(gen)
         meta_path = folder / META
         if meta_path.exists():
@@ -116,7 +117,7 @@ class InputCache:
             began = time.monotonic()
             n = write_input(gen, folder / FILE)
             meta = {
-                "generator": gen,
+                "generator": asdict(gen),
                 "tuples": n,
                 "bytes": (folder / FILE).stat().st_size,
                 "generate_seconds": round(time.monotonic() - began, 1),

@@ -28,10 +28,9 @@ import pyarrow.compute as pc
 from bench.ab import Comparison, parser
 from bench.cluster import RunFailed, run_cluster
 from bench.tables import fmt
-from protocol.config import load_config
+from protocol.plan import load_plan
 from protocol.eventtime import PER_SECOND
 from protocol.output import LEFT_UNMATCHED, read_tables
-from protocol.predicates import time_bounds
 
 RATE_TARGET = 0.8
 
@@ -55,7 +54,7 @@ def after_final(out: Path, wait: float) -> dict:
 def main(argv: list[str]) -> int:
     a = parser("python -m bench.join_types", __doc__, 15.0, 30.0, 3).parse_args(argv)
     workload = [f"generator.duration={15.0 if a.quick else 30.0}"]
-    cfg = load_config(None, workload)
+    plan = load_plan(None, workload)
     ab = Comparison(
         "python -m bench.join_types " + " ".join(argv),
         a,
@@ -65,8 +64,8 @@ def main(argv: list[str]) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-join-types-") as tmp:
             ab.run(Path(tmp))
-            rate = 2 * cfg["generator"]["rate"]  # real time: a second of event time a second
-            wait = time_bounds(cfg["join"])[1] / PER_SECOND + cfg["join"]["max_delay"]
+            rate = 2 * plan.generator.rate  # real time: a second of event time a second
+            wait = (plan.join.upper + plan.join.max_delay) / PER_SECOND
             s = run_cluster(
                 a.slaves + 1,
                 [*workload, "join.type=left", f"source.rate={rate}"],
@@ -77,7 +76,7 @@ def main(argv: list[str]) -> int:
     except RunFailed as e:
         print(f"bench.join_types: a run failed: {e}", file=sys.stderr)
         return 1
-    t = ab.data["timeliness"] = {"rate": rate, "epoch": cfg["epochs"]["distribution"], **s["kept"]}
+    t = ab.data["timeliness"] = {"rate": rate, "epoch": plan.epochs.distribution, **s["kept"]}
     met = t["after_final_p99"] is not None and t["after_final_p99"] <= t["epoch"]
     ab.write(
         "join_types",

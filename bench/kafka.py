@@ -44,7 +44,7 @@ from bench.ab import Comparison, parser
 from bench.cluster import RunFailed, run_cluster
 from bench.search import median
 from deploy.broker import BrokerUnavailable, local_broker
-from protocol.config import load_config
+from protocol.plan import Plan, load_plan
 from protocol.output import read_tables
 
 RATE_TARGET = 0.5
@@ -248,26 +248,26 @@ def sink_delay(bs: str, rate: float, seconds: float, slaves: int, folder: Path) 
     }
 
 
-def sink_cost(bs: str, cfg: dict, table, repeats: int) -> dict:
+def sink_cost(bs: str, plan: Plan, table, repeats: int) -> dict:
     """The sink's CPU a row and rate sending `table` as one slave's result file in a transaction, alternated with
     the broker's ceiling: the same records prebuilt, produced in one transaction by a producer of the same
-    settings.  `cfg`: the run's configuration (its streams name the key columns; its output folder is used)."""
+    settings.  `plan`: the run's plan (its streams name the key columns; its output folder is used)."""
     import pyarrow.parquet as pq
 
     from protocol.kafka_sink import ResultProducer, key_columns, records
 
-    results = Path(cfg["output"]["path"]) / "results"
+    results = Path(plan.output.path) / "results"
     results.mkdir(parents=True)
     pq.write_table(table, results / "slave-001-000000.parquet")
-    topic = cfg["output"]["kafka"]["topic"]
+    topic = plan.output.kafka.topic
     create_topic(bs, topic)
-    pieces = [records(table.slice(i, 65536), key_columns(cfg)) for i in range(0, table.num_rows, 65536)]
+    pieces = [records(table.slice(i, 65536), key_columns(plan.streams)) for i in range(0, table.num_rows, 65536)]
     values, keys = [v for p in pieces for v in p[0]], [k for p in pieces for k in p[1]]
     cpu: dict[str, list] = {"sink": [], "ceiling": []}
     rate: dict[str, list] = {"sink": [], "ceiling": []}
     for i in range(repeats):
         for kind in cpu:
-            sink = ResultProducer(cfg, 1, f"bench-{kind}-{i}")
+            sink = ResultProducer(plan, 1, f"bench-{kind}-{i}")
             sink.begin()
             p = sink.producer
             began, clock = time.process_time(), time.perf_counter()
@@ -358,9 +358,10 @@ def main(argv: list[str]) -> int:
                 a.timeout,
                 keep=lambda out: read_tables(out / "results").slice(0, SINK_ROWS),
             )["kept"]
-            cfg = load_config(None, [*common, *files, *sink, f"output.path={tmp}/sink"])
-            cfg["output"]["kafka"] |= {"topic": "sink-cost", "run": "bench"}
-            sink_numbers = ab.data["sink"] = sink_cost(bs, cfg, kept, a.repeats)
+            own = [*common, *files, *sink, f"output.path={tmp}/sink", 'output.kafka.topic="sink-cost"']
+            sink_numbers = ab.data["sink"] = sink_cost(
+                bs, load_plan(None, own).with_sink("bench", False), kept, a.repeats
+            )
             ceilings = [broker_ceiling(bs, list(STREAMS), rows) for _ in range(a.repeats)]
             half = min(max(1000.0, ab.data["medians"]["kafka"] / 2), DELAY_RATE_CAP)
             delay = sink_delay(bs, half, a.delay_seconds, a.slaves, Path(tmp)) if a.delay_seconds > 0 else None

@@ -16,6 +16,8 @@ Output: kernel.md, kernel.json.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import json
 import os
@@ -33,11 +35,13 @@ from bench.tables import md_table
 from master.state.packing import to_wire
 from common.workload import generate_all
 from protocol import eventtime
-from protocol.config import load_config
-from protocol.predicates import time_bounds
+from protocol.plan import load_plan
 from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
 from slave.join import JoinModule
 from slave.result_files import ResultWriter
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 
 #: Batch spans (seconds of event time) the bench also times the kernel on besides one distribution epoch.  A
@@ -47,16 +51,16 @@ from slave.result_files import ResultWriter
 LONGER_SPANS = (1.0, 2.0, 4.0, 8.0)
 
 
-def epoch_batches(cfg: dict, span: float | None = None, data=None):
+def epoch_batches(plan: Plan, span: float | None = None, data=None):
     """The input (`data`, generated here if not given) cut into one batch per distribution epoch (or per `span`
     seconds) of event time, with its watermark (as the master would send it to a single slave)."""
-    data = generate_all(cfg) if data is None else data
-    dtype = tuple_dtype(cfg["generator"]["tuple_bytes"])
+    data = generate_all(plan.generator) if data is None else data
+    dtype = tuple_dtype(plan.generator.tuple_bytes)
     rows = to_wire(dtype, data.id, data.ts, data.key, data.value, eventtime.to_seconds(data.ts))
-    epoch = eventtime.duration(span or cfg["epochs"]["distribution"])  # ts are microseconds (protocol.eventtime)
+    epoch = eventtime.duration(span or plan.epochs.distribution)  # ts are microseconds (protocol.eventtime)
     cut = np.searchsorted(data.ts, np.arange(epoch, data.ts.max() + epoch, epoch))
     seen = np.maximum.accumulate(data.ts)
-    max_delay = eventtime.duration(cfg["join"]["max_delay"])
+    max_delay = plan.join.max_delay
     batches = []
     for a, b in zip(np.concatenate([[0], cut[:-1]]), cut):
         if b > a:
@@ -65,15 +69,15 @@ def epoch_batches(cfg: dict, span: float | None = None, data=None):
     return data, batches
 
 
-def own_by_span(cfg: dict, data, repeats: int) -> tuple[dict[float, list[float]], set[int]]:
+def own_by_span(plan: Plan, data, repeats: int) -> tuple[dict[float, list[float]], set[int]]:
     """Tuples/s of the own join module on `data` in batches of one distribution epoch and of each of
     `LONGER_SPANS`, `repeats` runs each (one span's batches in memory at a time), and the result counts seen."""
     rates, counts = {}, set()
-    for span in sorted({cfg["epochs"]["distribution"], *LONGER_SPANS}):
-        _, batches = epoch_batches(cfg, span, data)
+    for span in sorted({plan.epochs.distribution, *LONGER_SPANS}):
+        _, batches = epoch_batches(plan, span, data)
         rates[span] = []
         for i in range(repeats):
-            seconds, results = own_kernel(cfg, batches)
+            seconds, results = own_kernel(plan, batches)
             rates[span].append(round(len(data.ts) / seconds, 1))
             counts.add(results)
             print(
@@ -84,18 +88,18 @@ def own_by_span(cfg: dict, data, repeats: int) -> tuple[dict[float, list[float]]
     return rates, counts
 
 
-def join_module(cfg: dict, dtype: np.dtype) -> JoinModule:
+def join_module(plan: Plan, dtype: np.dtype) -> JoinModule:
     """The join module one slave would run with this config, holding every partition-group."""
-    t = cfg["tuning"]
+    t = plan.tuning
     return JoinModule(
         dtype,
-        cfg["partitioning"]["partitions"],
-        time_bounds(cfg["join"]),
-        t["block_size"],
-        t["theta_min"],
-        t["theta_max"],
-        t["max_depth"],
-        chunk_rows=cfg["output"]["result_chunk_rows"],
+        plan.partitioning.partitions,
+        plan.join.bounds,
+        t.block_size,
+        t.theta_min,
+        t.theta_max,
+        t.max_depth,
+        chunk_rows=plan.output.result_chunk_rows,
     )
 
 
@@ -110,7 +114,7 @@ def one_core():
         os.sched_setaffinity(0, cpus)
 
 
-def own_kernel(cfg: dict, batches, results_to: Path | None = None, payload=None) -> tuple[float, int]:
+def own_kernel(plan: Plan, batches, results_to: Path | None = None, payload=None) -> tuple[float, int]:
     """Seconds and results of the slave's join module over all batches, on one core of this process.
 
     With `results_to`, also the rest of a slave's work on each batch's results: their delays
@@ -118,11 +122,9 @@ def own_kernel(cfg: dict, batches, results_to: Path | None = None, payload=None)
     thread shares the core; `payload`: declared streams' columns gathered from their payload log): what the
     cluster's slaves do besides the join, without master or messages."""
     with one_core():
-        module = join_module(cfg, batches[0][0].dtype)
+        module = join_module(plan, batches[0][0].dtype)
         writer = (
-            ResultWriter(str(results_to), 1, "parquet", cfg["output"]["flush_rows"], payload=payload)
-            if results_to
-            else None
+            ResultWriter(str(results_to), 1, "parquet", plan.output.flush_rows, payload=payload) if results_to else None
         )
         results = 0
         started = time.perf_counter()
@@ -141,13 +143,13 @@ def own_kernel(cfg: dict, batches, results_to: Path | None = None, payload=None)
         return time.perf_counter() - started, results
 
 
-def with_results(cfg: dict, data, span: float, repeats: int) -> list[float]:
+def with_results(plan: Plan, data, span: float, repeats: int) -> list[float]:
     """Tuples/s of `own_kernel` writing its results (a fresh folder each run), `repeats` runs on `span` batches."""
-    _, batches = epoch_batches(cfg, span, data)
+    _, batches = epoch_batches(plan, span, data)
     rates = []
     for i in range(repeats):
         with tempfile.TemporaryDirectory(prefix="streamjoin-kernel-") as tmp:
-            seconds, results = own_kernel(cfg, batches, Path(tmp))
+            seconds, results = own_kernel(plan, batches, Path(tmp))
         rates.append(round(len(data.ts) / seconds, 1))
         print(
             f"[own {span:g} s batches + delays + result files #{i + 1}] {rates[-1]:,.0f} tuples/s ({results:,} "
@@ -157,7 +159,7 @@ def with_results(cfg: dict, data, span: float, repeats: int) -> list[float]:
     return rates
 
 
-def window_footprint(cfg: dict, batches) -> dict:
+def window_footprint(plan: Plan, batches) -> dict:
     """The real memory of a join module's window state after all batches, per stored tuple: every allocation
     tracemalloc sees while the module runs (numpy's arrays, the directories, the Python objects) and is still
     held by it at the end; beside it the module's own count (`JoinModule.nbytes`)."""
@@ -166,7 +168,7 @@ def window_footprint(cfg: dict, batches) -> dict:
 
     tracemalloc.start()
     try:
-        module = join_module(cfg, batches[0][0].dtype)
+        module = join_module(plan, batches[0][0].dtype)
         for r, s, watermark in batches:
             module.process(r, s, watermark)
         gc.collect()
@@ -183,7 +185,7 @@ def window_footprint(cfg: dict, batches) -> dict:
     }
 
 
-def duckdb_join(cfg: dict, data) -> tuple[float, int]:
+def duckdb_join(plan: Plan, data) -> tuple[float, int]:
     """Seconds and results of DuckDB (one thread) joining the whole input with the same condition."""
     import duckdb
     import pyarrow as pa
@@ -193,7 +195,7 @@ def duckdb_join(cfg: dict, data) -> tuple[float, int]:
     for name, code in (("r", STREAM_R), ("s", STREAM_S)):
         mine = data.stream == code
         con.register(name, pa.table({"id": data.id[mine], "ts": data.ts[mine], "key": data.key[mine]}))
-    lower, upper = time_bounds(cfg["join"])  # integer microseconds, as ts: the engine's exact rule
+    lower, upper = plan.join.bounds  # integer microseconds, as ts: the engine's exact rule
     started = time.perf_counter()
     (results,) = con.execute(
         f"SELECT count(*) FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts + {lower} AND r.ts + {upper}"
@@ -208,13 +210,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="workload settings")
     p.add_argument("--out", type=Path, default=Path("bench-report"))
     a = p.parse_args(argv)
-    cfg = load_config(None, [f"generator.duration={10 if a.quick else 30}", *a.set])
-    data = generate_all(cfg)
+    plan = load_plan(None, [f"generator.duration={10 if a.quick else 30}", *a.set])
+    data = generate_all(plan.generator)
     n = len(data.ts)
-    own_rates, counts = own_by_span(cfg, data, a.repeats)
+    own_rates, counts = own_by_span(plan, data, a.repeats)
     runs = {**{f"own {span:g} s": rates for span, rates in own_rates.items()}, "duckdb": []}
     for i in range(a.repeats):
-        seconds, results = duckdb_join(cfg, data)
+        seconds, results = duckdb_join(plan, data)
         counts.add(results)
         runs["duckdb"].append(n / seconds)
         print(f"[duckdb #{i + 1}] {n / seconds:,.0f} tuples/s ({results:,} results in {seconds:.2f}s)", flush=True)

@@ -36,6 +36,8 @@ Output: limit.md, limit.json.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import json
 import subprocess
@@ -55,7 +57,10 @@ from bench.search import median
 from bench.tables import fmt, md_table
 from deploy.launch import mpi_env, mpirun_command
 from protocol import eventtime
-from protocol.config import load_config
+from protocol.plan import load_plan
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 #: the side-by-side workload: Zipf keys (s = 0.58) over 200,000 keys, 100,000 tuples/s of event time, 0.2 s
 #: disorder, a 1 s window
@@ -74,19 +79,19 @@ STAGES = ("read", "ingest", "transfer", "join", "results")
 REFERENCES = ("read", "results")
 
 
-def read_stage(cfg: dict) -> tuple[float, list]:
+def read_stage(plan: Plan) -> tuple[float, list]:
     """CPU seconds (its reader thread's too) to stream the file into chunks, and the chunks."""
     from master.sources import open_source
 
     began = time.process_time()
-    source, chunks = open_source(cfg, listed=False), []
-    while (chunk := source.next_chunk(cfg["source"]["batch"])) is not None:
+    source, chunks = open_source(plan, listed=False), []
+    while (chunk := source.next_chunk(plan.source.batch)) is not None:
         chunks.append(chunk)
     source.finish()
     return time.process_time() - began, chunks
 
 
-def ingest_stage(cfg: dict, chunks: list, slaves: int) -> tuple[float, list]:
+def ingest_stage(plan: Plan, chunks: list, slaves: int) -> tuple[float, list]:
     """CPU seconds of the ingest desk on `chunks` and of draining the mini-buffers into one batch (R, S rows) per
     slave each distribution epoch of event time; the batches with their watermarks."""
     from master.state.buffers import MiniBuffers
@@ -95,12 +100,12 @@ def ingest_stage(cfg: dict, chunks: list, slaves: int) -> tuple[float, list]:
     from master.state.stats import RunStats
     from protocol.tuples import tuple_dtype
 
-    parts = cfg["partitioning"]["partitions"]
-    buffers = MiniBuffers(parts, tuple_dtype(cfg["generator"]["tuple_bytes"]))
+    parts = plan.partitioning.partitions
+    buffers = MiniBuffers(parts, tuple_dtype(plan.generator.tuple_bytes))
     ranks = list(range(1, slaves + 1))
-    desk = IngestDesk(cfg, buffers, RunStats(ranks, 0.0), Channels(ranks, buffers.dtype), 0, 1, 1, None, None)
+    desk = IngestDesk(plan, buffers, RunStats(ranks, 0.0), Channels(ranks, buffers.dtype), 0, 1, 1, None, None)
     owned = np.array_split(np.arange(parts), slaves)
-    epoch, delay = eventtime.duration(cfg["epochs"]["distribution"]), eventtime.duration(cfg["join"]["max_delay"])
+    epoch, delay = eventtime.duration(plan.epochs.distribution), plan.join.max_delay
     batches, seen, next_cut = [], eventtime.NEG_INF, None
     began = time.process_time()
     desk.start(0.0)
@@ -221,17 +226,15 @@ def profiles(settings: list[str], slaves: int, folder: Path, work: Path, timeout
     return top
 
 
-def read_reference(cfg: dict) -> float:
+def read_reference(plan: Plan) -> float:
     """CPU seconds pyarrow takes to read the columns the source reads from the same files into Arrow arrays: the
     single file whole; a declared stream's id, key and time, and its payload columns if it has any."""
     import pyarrow.parquet as pq
 
-    if cfg["source"]["kind"] == "file":
-        files = [(cfg["source"]["path"], None)]
+    if plan.source.kind == "file":
+        files = [(plan.source.path, None)]
     else:
-        files = [
-            (s["path"], None if s["payload"] else [s["id"], *s["key"], s["time"]]) for s in cfg["streams"].values()
-        ]
+        files = [(s.path, None if s.payload else [s.id, *s.key, s.time]) for s in plan.streams]
     began = time.process_time()
     for path, columns in files:
         pq.read_table(path, columns=columns)
@@ -249,24 +252,24 @@ def write_reference(folder: Path) -> float:
     return time.process_time() - began
 
 
-def stages(cfg: dict, slaves: int) -> tuple[dict[str, float], int, dict[str, float]]:
+def stages(plan: Plan, slaves: int) -> tuple[dict[str, float], int, dict[str, float]]:
     """One measurement of every stage: seconds each, the tuples read, and the references' seconds (pyarrow
     reading the same columns for read, writing the same result table for results).  Declared streams' read
-    writes their payload log into `cfg`'s output folder, and their results gather from it."""
+    writes their payload log into `plan`'s output folder, and their results gather from it."""
     from protocol.payload import payload_reader, remove_log
 
-    read, chunks = read_stage(cfg)
+    read, chunks = read_stage(plan)
     tuples = sum(len(c.ts) for c in chunks)
-    ingest, batches = ingest_stage(cfg, chunks, slaves)
+    ingest, batches = ingest_stage(plan, chunks, slaves)
     del chunks
     sizes = [r.nbytes + s.nbytes for r, s, _ in batches]
     transfer = transfer_stage(max(1, int(np.mean(sizes))), sum(sizes))
-    join, _ = own_kernel(cfg, batches)
+    join, _ = own_kernel(plan, batches)
     with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
-        with_results, _ = own_kernel(cfg, batches, Path(tmp), payload_reader(cfg))
+        with_results, _ = own_kernel(plan, batches, Path(tmp), payload_reader(plan))
         del batches
-        references = {"read": read_reference(cfg), "results": write_reference(Path(tmp))}
-    remove_log(cfg["output"]["path"])
+        references = {"read": read_reference(plan), "results": write_reference(Path(tmp))}
+    remove_log(plan.output.path)
     seconds = {"read": read, "ingest": ingest, "transfer": transfer, "join": join, "results": with_results - join}
     return seconds, tuples, references
 
@@ -314,8 +317,8 @@ def main(argv: list[str]) -> int:
             runs = {c: {"in_run": [], "whole_process": [], "cpu_ns_per_tuple": []} for c in clusters}
             for i in range(a.repeats):  # stages and clusters alternated, so the machine's drift falls on all
                 for w, settings in forms.items():
-                    cfg = load_config(None, [*settings, f"output.path={tmp}/out"])
-                    seconds, tuples, references = stages(cfg, a.slaves)
+                    plan = load_plan(None, [*settings, f"output.path={tmp}/out"])
+                    seconds, tuples, references = stages(plan, a.slaves)
                     for stage, x in seconds.items():
                         measured[w][stage].append(x / tuples * 1e9)
                     for stage, x in references.items():

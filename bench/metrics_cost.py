@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from bench.ab import Comparison, parser
 from bench.cluster import RunFailed, run_cluster
-from protocol.config import load_config
+from protocol.plan import load_plan
 
 TARGET = 0.98
 CPU_TARGET = 1.03
@@ -86,8 +86,8 @@ def main(argv: list[str]) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-metrics-") as tmp:
             ab.run(Path(tmp))
-            gen = load_config(None, workload)["generator"]  # paced to last 15 s at most half the off median
-            rate = round(min(ab.data["medians"]["off"] / 2, 2 * gen["rate"] * gen["duration"] / 15))
+            gen = load_plan(None, workload).generator  # paced to last 15 s at most half the off median
+            rate = round(min(ab.data["medians"]["off"] / 2, 2 * gen.rate * gen.duration / 15))
             s = run_cluster(
                 a.slaves + 1,
                 [*workload, *MODES["on"], f"source.rate={rate}"],

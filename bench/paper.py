@@ -27,7 +27,7 @@ from bench.kernel import epoch_batches, own_by_span, window_footprint, with_resu
 from bench.search import HALF_LOAD, MIN_INPUT_SECONDS, confirmed, median
 from bench.tables import detail_table, fmt, md_table, summary_table, trail_text
 from common.workload import generate_all
-from protocol.config import load_config
+from protocol.plan import load_plan
 
 #: name -> (what it is, generator/join settings on top of the bench's workload).  The windows of zipf and
 #: duplication are chosen so they give about one result per input tuple, as the paper workload does (results/s
@@ -555,12 +555,12 @@ def kernel_limit(settings: list[str], repeats: int) -> dict:
     """The single-core kernel's rate on the bench's workload: bench.kernel's own join module, median of
     `repeats`, on batches of one distribution epoch and of each of `LONGER_SPANS` of event time; the best span's
     median is the limit.  And the real bytes of its window state after the input (`window_footprint`)."""
-    cfg = load_config(None, settings)
-    data = generate_all(cfg)
-    spans = {span: {"rate": median(runs), "runs": runs} for span, runs in own_by_span(cfg, data, repeats)[0].items()}
-    footprint = window_footprint(cfg, epoch_batches(cfg, None, data)[1])
+    plan = load_plan(None, settings)
+    data = generate_all(plan.generator)
+    spans = {span: {"rate": median(runs), "runs": runs} for span, runs in own_by_span(plan, data, repeats)[0].items()}
+    footprint = window_footprint(plan, epoch_batches(plan, None, data)[1])
     best = max(spans, key=lambda s: spans[s]["rate"])
-    writing = with_results(cfg, data, best, repeats)
+    writing = with_results(plan, data, best, repeats)
     print(
         f"bench: single-core limit {spans[best]['rate']:,.0f} tuples/s ({best:g} s batches), "
         f"{median(writing):,.0f} with delays and result files; its window state "

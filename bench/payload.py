@@ -16,6 +16,8 @@ Output: payload.md, payload.json.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import sys
 import tempfile
 from pathlib import Path
@@ -27,9 +29,12 @@ import pyarrow.parquet as pq
 
 from bench.ab import Comparison, parser
 from bench.cluster import RunFailed, run_cluster
-from protocol.config import load_config
+from protocol.plan import load_plan
 from protocol.tuples import STREAM_NAMES
 from common.workload import GeneratorSource
+
+if TYPE_CHECKING:
+    from protocol.plan import Generator
 
 RATE_TARGET = 0.85
 STREAMS = ("bids", "asks")
@@ -46,7 +51,7 @@ def payload_columns(side: int, ids: np.ndarray, values: np.ndarray) -> dict:
     }
 
 
-def write_streams(gen: dict, folder: Path, payload=payload_columns, streams: tuple[str, str] = STREAMS) -> dict:
+def write_streams(gen: Generator, folder: Path, payload=payload_columns, streams: tuple[str, str] = STREAMS) -> dict:
     """The generator's tuples as one Parquet file per stream (id, key, ts in microseconds) with the columns
     `payload(side, ids, values)` makes; their rows and in-memory (Arrow) bytes per stream."""
     src = GeneratorSource(gen)
@@ -84,7 +89,7 @@ def stream_settings(folder: Path, streams: tuple[str, str] = STREAMS) -> list[st
 
 def main(argv: list[str]) -> int:
     a = parser("python -m bench.payload", __doc__, 15.0, 30.0, 3).parse_args(argv)
-    gen = load_config(None, [f"generator.duration={15.0 if a.quick else 30.0}"])["generator"]
+    gen = load_plan(None, [f"generator.duration={15.0 if a.quick else 30.0}"]).generator
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-payload-") as tmp:
             sizes = write_streams(gen, Path(tmp))

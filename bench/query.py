@@ -24,7 +24,7 @@ from pathlib import Path
 from bench.ab import Comparison, parser
 from bench.cluster import RunFailed
 from bench.payload import STREAMS, stream_settings, write_streams
-from protocol.config import load_config
+from protocol.plan import load_plan
 
 EVERY_TARGET = 0.85
 SELECT = "SELECT a.id, a.key, a.ts, b.id AS b_id, b.key AS b_key, b.ts AS b_ts, delay"
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seconds", type=float, help="seconds of event time per run (instead of 15 or 30)")
     a = p.parse_args(argv)
     seconds = a.seconds or (15.0 if a.quick else 30.0)
-    gen = load_config(None, [f"generator.duration={seconds}"])["generator"]
+    gen = load_plan(None, [f"generator.duration={seconds}"]).generator
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-query-") as tmp:
             write_streams(gen, Path(tmp))

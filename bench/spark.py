@@ -29,6 +29,8 @@ two agree exactly on input without disorder, which the bench uses (`generator.di
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import os
 import shutil
@@ -45,9 +47,12 @@ import pyarrow.parquet as pq
 from bench.search import DELAY_BOUND, bracket, confirmed, median, next_rate, search_verdict, sustained_rate
 from bench.tables import fmt, md_table, trail_text
 from protocol import eventtime
-from protocol.config import load_config
+from protocol.plan import load_plan
 from protocol.delays import exact_percentiles
 from protocol.tuples import STREAM_R
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 SLICE = 0.2  # seconds of arrivals per input file (per stream)
 RUN_SECONDS = 20.0  # a paced run feeds at most this many seconds of input (quick: QUICK_RUN_SECONDS)
@@ -265,18 +270,18 @@ class SparkBench:
     """The sustained-rate search of bench.search, on Spark: probe (unpaced), search, repeats at the rate."""
 
     def __init__(
-        self, cfg: dict, run_seconds: float, steps: int, repeats: int, delay_bound: float, timeout: float, tmp: Path
+        self, plan: Plan, run_seconds: float, steps: int, repeats: int, delay_bound: float, timeout: float, tmp: Path
     ):
         from common.workload import generate_all
 
-        self.cfg, self.run_seconds, self.steps, self.repeats = cfg, run_seconds, steps, repeats
+        self.plan, self.run_seconds, self.steps, self.repeats = plan, run_seconds, steps, repeats
         self.delay_bound, self.timeout, self.tmp = delay_bound, timeout, tmp
-        if cfg["generator"]["disorder"]:
+        if plan.generator.disorder:
             raise ValueError(
                 "the Spark peer needs generator.disorder = 0: Spark's watermark moves per micro-batch, "
                 "so its lateness differs from the project's per-tuple rule"
             )
-        self.data = generate_all(cfg)
+        self.data = generate_all(plan.generator)
         self.runs = 0
         self.spark = spark_session()
 
@@ -284,7 +289,7 @@ class SparkBench:
         self.runs += 1
         total = len(self.data.id)
         n = min(total, PROBE_TUPLES) if rate <= 0 else min(total, int(rate * self.run_seconds))
-        j = self.cfg["join"]
+        j = self.plan.join
         r = {
             "label": label,
             **run_spark(
@@ -293,8 +298,8 @@ class SparkBench:
                 n,
                 rate,
                 self.tmp / f"spark-{self.runs}",
-                j["window"],
-                j["max_delay"],
+                j.upper / eventtime.PER_SECOND,  # the workload's symmetric window: |r.ts - s.ts| <= upper
+                j.max_delay / eventtime.PER_SECOND,
                 self.timeout,
             ),
         }
@@ -494,10 +499,10 @@ def main(argv: list[str]) -> int:
         help="workload keys, as for python -m master (default: the default workload)",
     )
     a = p.parse_args(argv)
-    cfg = load_config(None, a.set)
+    plan = load_plan(None, a.set)
     with tempfile.TemporaryDirectory(prefix="streamjoin-spark-") as tmp:
         bench = SparkBench(
-            cfg,
+            plan,
             QUICK_RUN_SECONDS if a.quick else RUN_SECONDS,
             a.steps or (4 if a.quick else 6),
             a.repeats,

@@ -26,7 +26,7 @@ import glob
 import re
 from collections import deque
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +44,9 @@ from protocol.config import DEFAULTS
 from protocol.errors import ConfigError
 from protocol.streams import FILE_COLUMNS
 from protocol.tuples import STREAM_NAMES
+
+if TYPE_CHECKING:
+    from protocol.plan import Stream
 
 EXTENSIONS = {
     ".csv": "csv",
@@ -252,11 +255,11 @@ NO_TYPES = CsvTypes({}, [])
 _FORMAT_NAMES = {"csv": "CSV", "parquet": "Parquet", "json": "JSON-lines"}
 
 
-def csv_types(name: str, spec: dict, files: list[Path]) -> CsvTypes:
+def csv_types(name: str, spec: Stream, files: list[Path]) -> CsvTypes:
     """Stream `name`'s declared CSV column types (none for a live stream, whose `schema` is its columns); a
     ConfigError for a type that is not Arrow's or that a CSV cell cannot hold, and for files that carry their
     own types (Parquet, JSON lines: cast them where they are written)."""
-    if not spec["schema"] or spec["endpoint"] or spec["kafka"]:
+    if not spec.schema or spec.endpoint or spec.kafka:
         return NO_TYPES
     where = f"streams.{name}.schema"
     for f in files:
@@ -267,19 +270,18 @@ def csv_types(name: str, spec: dict, files: list[Path]) -> CsvTypes:
                 "which carries its own types: leave schema out (or write the types into the file)"
             )
     types = {}
-    for column, text in spec["schema"].items():
+    for column, text in spec.schema.items():
         try:
             types[column] = arrow_type(text)
         except ValueError as e:
             raise ConfigError(f"{where}: {column}: {e}") from None
         if pa.types.is_nested(types[column]):
             raise ConfigError(f"{where}: {column}: a CSV cell cannot hold a {text}")
-    roles = {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"} if spec["id"] else {})
+    roles = {c: "key" for c in spec.key} | {spec.time: "time"} | ({spec.id: "id"} if spec.id else {})
     wrong = input_schema.wrong_stream_types(pa.schema(list(types.items())), roles)
     if wrong:
         raise ConfigError(f"{where}: " + "; ".join(w.replace("has column", "column", 1) for w in wrong))
-    formats = spec["time_format"]
-    return CsvTypes(types, ([formats] if formats else []) if isinstance(formats, str) else list(formats))
+    return CsvTypes(types, list(spec.time_format))
 
 
 def first_schema(f: Path, typed: CsvTypes = NO_TYPES) -> pa.Schema:
@@ -344,12 +346,12 @@ def _converts(cells: pa.Array, kind: pa.DataType, formats: list[str]) -> bool:
         return False
 
 
-def key_kinds(streams: dict[str, dict], firsts: dict[str, pa.Schema]) -> list[str]:
+def key_kinds(streams: dict[str, Stream], firsts: dict[str, pa.Schema]) -> list[str]:
     """Per key component, how both streams' values are compared: "int" when both first files (or a live
     stream's declared schema) hold integers (CSV: as pyarrow infers them), else "binary" when either holds
     binary, else "string" (both as text)."""
     kinds = []
-    for columns in zip(*(s["key"] for s in streams.values())):
+    for columns in zip(*(s.key for s in streams.values())):
         schemas = [firsts[name] for name in streams]
         types = [x.field(c).type if c in x.names else pa.null() for x, c in zip(schemas, columns)]
         if all(pa.types.is_integer(t) for t in types):
@@ -419,7 +421,7 @@ class StreamChecks:
     def __init__(
         self,
         name: str,
-        spec: dict,
+        spec: Stream,
         kinds: list[str],
         window: int,
         first: pa.Schema,
@@ -434,14 +436,12 @@ class StreamChecks:
         if missing:
             raise self._fail(where, f"lacks column(s) {', '.join(missing)} that the query names")
         #: the columns read, by role
-        self.roles = (
-            {c: "key" for c in spec["key"]} | {spec["time"]: "time"} | ({spec["id"]: "id"} if spec["id"] else {})
-        )
+        self.roles = {c: "key" for c in spec.key} | {spec.time: "time"} | ({spec.id: "id"} if spec.id else {})
         self._check_schema(where, first, list(self.roles))
         self.schema = self._output_schema(first)
         #: the columns read: those used, then the payload ones
         self.read = list(self.roles) + [c for c in self.schema.names if c not in self.roles and c != "row"]
-        self.check = IdCheck(window, duplicate=_DUPLICATE) if spec["id"] else None
+        self.check = IdCheck(window, duplicate=_DUPLICATE) if spec.id else None
         self.row = 0  #: the next stream row
 
     def checked(self, table: pa.Table) -> StreamBatch:
@@ -482,21 +482,21 @@ class StreamChecks:
         """The columns results carry of this stream (protocol.payload), in the first file's order: key(s), time,
         id (without one: `row`, the stream row) and the payload; types as in the first file (CSV: as pyarrow
         infers them), the time as microseconds in its zone (text and numbers: UTC)."""
-        payload = self.spec["payload"]
+        payload = self.spec.payload
         missing = [c for c in ([] if payload == "*" else payload) if c not in first.names]
         if missing:
             raise self._fail(
                 self.where, f"lacks payload column(s) {', '.join(missing)}; columns found: {', '.join(first.names)}"
             )
-        if not self.spec["id"] and "row" in first.names:
+        if not self.spec.id and "row" in first.names:
             raise self._fail(
                 self.where,
                 "has a column named row, the name results give the stream row of a "
                 f"stream without an id: declare streams.{self.name}.id",
             )
-        fields = [] if self.spec["id"] else [pa.field("row", pa.int64())]
+        fields = [] if self.spec.id else [pa.field("row", pa.int64())]
         for f in first:
-            if f.name == self.spec["time"]:
+            if f.name == self.spec.time:
                 zone = f.type.tz if pa.types.is_timestamp(f.type) else "UTC"
                 fields.append(pa.field(f.name, pa.timestamp("us", zone)))
             elif f.name in self.roles or payload == "*" or f.name in payload:
@@ -521,23 +521,23 @@ class StreamChecks:
     def _parse(self, table: pa.Table, first_row: int) -> Parsed:
         n, spec = table.num_rows, self.spec
         rows = first_row + np.arange(n, dtype=np.int64)
-        ids, id_ok = _parse_int(table[spec["id"]]) if spec["id"] else (rows, np.ones(n, bool))
-        ts, is_time, finite, ts_ok = eventtime.from_column(table[spec["time"]], spec["time_unit"])
-        keys, present, converts = [], [], {spec["time"]: ts_ok}
-        for c, kind in zip(spec["key"], self.kinds):
+        ids, id_ok = _parse_int(table[spec.id]) if spec.id else (rows, np.ones(n, bool))
+        ts, is_time, finite, ts_ok = eventtime.from_column(table[spec.time], spec.time_unit)
+        keys, present, converts = [], [], {spec.time: ts_ok}
+        for c, kind in zip(spec.key, self.kinds):
             valid = _ok(pc.is_valid(table[c]))
             values, ok = _parse_int(table[c]) if kind == "int" else (_text(table[c], kind), valid)
             keys.append(values)
             present.append(valid)
             converts[c] = ok
         key_ok = np.logical_and.reduce(present)
-        key_int = np.logical_and.reduce([converts[c] | ~valid for c, valid in zip(spec["key"], present)])
+        key_int = np.logical_and.reduce([converts[c] | ~valid for c, valid in zip(spec.key, present)])
         checks = [id_ok, is_time, finite, ts_ok, key_ok, key_int]
         code = np.zeros(n, np.int8)
         for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
             code[~good] = c
-        if spec["id"]:
-            converts[spec["id"]] = id_ok
+        if spec.id:
+            converts[spec.id] = id_ok
         return Parsed(code, np.zeros(n, bool), ids, ts, keys, None, converts)
 
     def _validate(self, f: Path | str, file_start: int, table: pa.Table) -> StreamBatch:
@@ -584,9 +584,9 @@ class StreamChecks:
         """The accepted rows' output columns in `self.schema`'s types (the time from the engine's microseconds)."""
         out = []
         for field in self.schema:
-            if field.name == "row" and not self.spec["id"]:
+            if field.name == "row" and not self.spec.id:
                 out.append(pa.array(rows, pa.int64()))
-            elif field.name == self.spec["time"]:
+            elif field.name == self.spec.time:
                 out.append(pa.array(ts, pa.int64()).cast(field.type))
             else:
                 try:
@@ -604,8 +604,8 @@ class StreamChecks:
         """One row per rejected row: file, its row in the file (1-based), stream, column, reason, cells."""
         rej = np.flatnonzero(p.code)
         code = p.code[rej]
-        role_column = {"id": self.spec["id"], "time": self.spec["time"]}
-        key_column = self.spec["key"][0] if len(self.spec["key"]) == 1 else "+".join(self.spec["key"])
+        role_column = {"id": self.spec.id, "time": self.spec.time}
+        key_column = self.spec.key[0] if len(self.spec.key) == 1 else "+".join(self.spec.key)
         columns = [role_column.get(r, key_column) for r, _ in _REASONS[1:]]
         reason = pc.binary_join_element_wise(
             pa.array(columns).take(pa.array(code - 1)),
@@ -643,13 +643,13 @@ class StreamInput(StreamChecks):
     def __init__(
         self,
         name: str,
-        spec: dict,
+        spec: Stream,
         kinds: list[str],
         window: int,
         files: list[Path] | None = None,
         query: StreamQuery | None = None,
     ):
-        self.files = files if files is not None else stream_files(name, spec["path"])
+        self.files = files if files is not None else stream_files(name, spec.path)
         self.typed = csv_types(name, spec, self.files)
         schemas = [first_schema(f, self.typed) for f in self.files]
         super().__init__(name, spec, kinds, window, schemas[0], self.files[0], query)

@@ -8,6 +8,8 @@ neither numba nor the master.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
 import numpy as np
@@ -15,6 +17,9 @@ import numpy as np
 from protocol import eventtime
 from common.chunks import Chunk, InputError, Source, concat, no_terms, rows
 from protocol.tuples import STREAM_R, STREAM_S
+
+if TYPE_CHECKING:
+    from protocol.plan import Generator
 
 #: Expected tuples per stream in one generation slice.  A slice's event-time
 #: length is derived from the rate only, so the data never depends on `limit`.
@@ -49,14 +54,14 @@ class GeneratorSource(Source):
     offsets; the key permutation comes from (seed, 1).
     """
 
-    def __init__(self, gen: dict):
-        self.rate, self.duration = float(gen["rate"]), float(gen["duration"])
-        self.keys, self.skew = int(gen["keys"]), float(gen["skew"])
-        self.distribution = gen["distribution"]
-        self.disorder = float(gen["disorder"])
-        self.shift = float(gen["shift"])
-        self.hot_share = float(gen["hot_share"])
-        self._seed = int(gen["seed"]) % (1 << 64)  # SeedSequence wants non-negative entropy
+    def __init__(self, gen: Generator):
+        self.rate, self.duration = gen.rate, gen.duration
+        self.keys, self.skew = gen.keys, gen.skew
+        self.distribution = gen.distribution
+        self.disorder = gen.disorder
+        self.shift = gen.shift
+        self.hot_share = gen.hot_share
+        self._seed = gen.seed % (1 << 64)  # SeedSequence wants non-negative entropy
         self._slice_len = SLICE_TUPLES / self.rate
         n = max(1, math.ceil(self.duration / self._slice_len))
         starts = np.arange(n) * self._slice_len
@@ -69,7 +74,7 @@ class GeneratorSource(Source):
         self._perm = np.random.default_rng([self._seed, 1]).permutation(self.keys).astype(np.int64)
         self._bmodel = bmodel_tables((self.keys - 1).bit_length(), 1.0 - self.skew)  # ceil(log2(keys)) levels
         if self.distribution == "zipf":  # P(rank r) ~ 1 / (r + 1)^s: drawn by inverting this CDF
-            cdf = np.cumsum(np.arange(1, self.keys + 1, dtype=np.float64) ** -float(gen["zipf"]))
+            cdf = np.cumsum(np.arange(1, self.keys + 1, dtype=np.float64) ** -gen.zipf)
             self._zipf_cdf = cdf / cdf[-1]
         self._next_slice = 0
         self.hot_key = int(self._perm[-1])  #: the heavy hitter of `hot_share` (a key the b-model makes rare)
@@ -155,9 +160,9 @@ class GeneratorSource(Source):
         return rows(merged, 0, limit)
 
 
-def generate_all(cfg: dict) -> Chunk:
+def generate_all(gen: Generator) -> Chunk:
     """The whole generated input in one Chunk: drains a GeneratorSource, so it is the same data."""
-    src = GeneratorSource(cfg["generator"])
+    src = GeneratorSource(gen)
     parts = []
     while (c := src.next_chunk(1 << 22)) is not None:
         parts.append(c)

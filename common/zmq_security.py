@@ -9,23 +9,28 @@ Config validation (protocol.config) already refuses a non-loopback bind without 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+if TYPE_CHECKING:
+    from protocol.plan import Security
+
 _authenticators: dict[int, ThreadAuthenticator] = {}  #: one ZAP handler per context
 
 
-def bind_server(sock: zmq.Socket, endpoint: str, security: dict) -> None:
+def bind_server(sock: zmq.Socket, endpoint: str, security: Security) -> None:
     """Bind `sock` to `endpoint`, as a CURVE server when `security.server_key` is set."""
-    if security["server_key"]:
+    if security.server_key:
         ctx = sock.context
         if id(ctx) not in _authenticators:
             auth = ThreadAuthenticator(ctx)
             auth.start()
-            auth.configure_curve(domain="*", location=security["client_keys"])
+            auth.configure_curve(domain="*", location=security.client_keys)
             _authenticators[id(ctx)] = auth
-        public, secret = zmq.auth.load_certificate(security["server_key"])
+        public, secret = zmq.auth.load_certificate(security.server_key)
         sock.curve_publickey, sock.curve_secretkey, sock.curve_server = public, secret, True
     sock.bind(endpoint)
 

@@ -49,7 +49,6 @@ from protocol.aggregation import (
     WINDOW_END,
     WINDOW_START,
     Aggregation,
-    aggregation,
 )
 from protocol.config import ConfigError
 from protocol.output import result_schema, write_table
@@ -344,13 +343,13 @@ def main(argv: list[str], spark=None) -> int:
     p.add_argument("--trigger", type=float, default=1.0, help="seconds between micro-batches (default 1)")
     a = p.parse_args(argv)
     try:
-        cfg = config(a)
+        plan = config(a)
         if a.max_files_per_trigger < 1 or a.trigger <= 0 or a.until_idle < 0:
             raise ConfigError("--max-files-per-trigger must be >= 1, --trigger > 0 and --until-idle >= 0")
-        out = Path(a.out or cfg["output"]["path"])
+        out = Path(a.out or plan.output.path)
         files = result_files(out / "results") if a.batch else []
-        spec = aggregation(cfg)
-        if cfg.get("streams") and any(p.suffix == ".csv" for p in files):
+        spec = plan.aggregate.view
+        if plan.streams and any(p.suffix == ".csv" for p in files):
             raise ConfigError(
                 "--batch with [streams.*] reads Parquet results: CSV results lose the columns' types "
                 '(run with output.format = "parquet")'

@@ -20,7 +20,7 @@ without any code of master/ or slave/:
 
 every time compared as the engine compares it, in integer microseconds (docs/time.md): the files' float
 seconds are converted back in SQL (`micros`), the bounds, max_delay and the range's ends once from their
-decimals (protocol.predicates.time_bounds and protocol.eventtime.duration, the config's conversion), so a
+decimals (protocol.plan's bounds and protocol.eventtime.duration, the config's conversion), so a
 pair exactly at lower or upper is expected and one a microsecond outside is not;
 
 and compares them with results/ and late/ over the same range: pairs missing, extra, twice, the same for
@@ -44,7 +44,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a file (spark-submit control/audit.py): make the project importable
@@ -57,13 +57,14 @@ from control import audit_query, audit_streams, audit_view
 from control.audit_metrics import DEFAULT_ENDPOINT, PAIR_OUTCOMES, AuditMetrics
 from control.spark import seconds_text
 from protocol import checkpoint
-from protocol.aggregation import aggregation, sides
 from protocol.config import ConfigError
 from protocol.eventtime import NEG_INF, PER_SECOND, POS_INF, TS_LIMIT, duration
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RESULT_COLUMNS, RIGHT_UNMATCHED
-from protocol.predicates import time_bounds
-from protocol.query import plan_of, record_dtype
+from protocol.plan import compile_plan
 from protocol.lifetime import NOT_AUDITED, invocation
+
+if TYPE_CHECKING:
+    from protocol.plan import Join, Plan
 
 #: exit codes: the range is exact, it differs, the command was wrong; NOT_AUDITED (protocol.lifetime): the audit
 #: could not check it (a crash, a file it cannot read, a run it does not audit yet)
@@ -113,7 +114,7 @@ class Target:
     microseconds, as every time here)."""
 
     out: Path
-    cfg: dict
+    plan: Plan
     finished: bool
     watermark: int = POS_INF
     commit: dict | None = None
@@ -157,38 +158,38 @@ class Target:
         )
 
 
-def run_state(cfg: dict) -> Target:
+def run_state(plan: Plan) -> Target:
     """A finished run (summary.json) or the newest complete checkpoint of a live or crashed one.
 
     The watermark of a checkpoint is the lowest of each dispatcher's watermark (master.state.lateness.Lateness: a
     tuple arriving later with a smaller ts is late) and of the ts buffered at the master (not joined yet): every
     on-time pair whose later ts is below it was joined before the cut and lies in the committed files."""
-    out = Path(cfg["output"]["path"])
+    out = plan.output.path
     summary = out / "summary.json"
     if summary.is_file():
-        check_same_join(cfg, json.loads(summary.read_text()).get("config"), str(summary))
-        return Target(out, cfg, finished=True)
+        check_same_join(plan, json.loads(summary.read_text()).get("config"), str(summary))
+        return Target(out, plan, finished=True)
     for attempt in range(3):  # a running cluster prunes old checkpoints: one may go while it is read
         try:
-            return _at_checkpoint(cfg, out)
+            return _at_checkpoint(plan, out)
         except (OSError, checkpoint.CheckpointError):
             if attempt == 2:
                 raise
             time.sleep(0.5)
 
 
-def _at_checkpoint(cfg: dict, out: Path) -> Target:
-    found = checkpoint.latest_complete(checkpoint.root_of(cfg), log=lambda _: None)
+def _at_checkpoint(plan: Plan, out: Path) -> Target:
+    found = checkpoint.latest_complete(plan.checkpoint.root, log=lambda _: None)
     if found is None:
         raise AuditError(
             f"{out} holds no summary.json (the run has not finished) and no complete checkpoint "
-            f"under {checkpoint.root_of(cfg)}: nothing is committed yet (a live run is audited "
+            f"under {plan.checkpoint.root}: nothing is committed yet (a live run is audited "
             "from its checkpoints: checkpoint.interval > 0)"
         )
     directory, manifest = found
-    check_same_join(cfg, manifest["config"], str(directory / checkpoint.MANIFEST))
+    check_same_join(plan, manifest["config"], str(directory / checkpoint.MANIFEST))
     sections = {0: manifest["master"], **{int(d): m for d, m in manifest.get("dispatchers", {}).items()}}
-    dtype = record_dtype(manifest["config"])
+    dtype = compile_plan(manifest["config"]).dtype
     buffered = [
         rows.view(dtype)["ts"]
         for d in sections  # R rows, S rows (then the rows per partition)
@@ -196,16 +197,16 @@ def _at_checkpoint(cfg: dict, out: Path) -> Target:
     ]
     lowest = min((int(ts.min()) for ts in buffered if len(ts)), default=POS_INF)
     watermark = min(min(m["lateness"]["watermark"] for m in sections.values()), lowest)
-    rows_alone = cfg["join"].get("type", "inner") != "inner"
+    rows_alone = plan.join.type != "inner"
     if rows_alone:
         # a row alone is written once the watermark its slave joined by passes its ts + upper (R) or ts - lower
         # (S), both at most ts + reach (the slave's:
         # the lowest of the last batch each dispatcher sent it); its partners must have been joined too
         sent = min(w for m in sections.values() for w in m["sent_watermark"].values())
-        watermark = min(watermark, sent) - reach(cfg["join"])
+        watermark = min(watermark, sent) - plan.join.reach
     return Target(
         out,
-        cfg,
+        plan,
         finished=False,
         watermark=watermark,
         commit=manifest["commit"],
@@ -215,20 +216,15 @@ def _at_checkpoint(cfg: dict, out: Path) -> Target:
     )
 
 
-def reach(join: dict) -> int:
-    """The largest |s.ts - r.ts| that joins (microseconds): max(-lower, upper), at least 0 as lower <= upper."""
-    lower, upper = time_bounds(join)
-    return max(-lower, upper)
-
-
-def check_same_join(cfg: dict, then: dict | None, where: str) -> None:
-    """The audit must join as the run did: same [join], dispatcher count and query."""
+def check_same_join(plan: Plan, then: dict | None, where: str) -> None:
+    """The audit must join as the run did: same [join], dispatcher count and query, as written down then and now."""
     if then is None:
         return
+    now = plan.document
     for section, keys in (
-        ("join", cfg["join"]),
-        ("cluster", {"dispatchers": cfg["cluster"]["dispatchers"]}),
-        ("query", {"sql": cfg["query"]["sql"]}),
+        ("join", now["join"]),
+        ("cluster", {"dispatchers": plan.cluster.dispatchers}),
+        ("query", {"sql": now["query"]["sql"]}),
     ):
         for key, value in keys.items():
             if then.get(section, {}).get(key, value) != value:
@@ -274,7 +270,7 @@ def arrivals(spark, target: Target):
     files hold them, t the same in microseconds (what every comparison uses)."""
     from pyspark.sql import functions as F
 
-    if target.cfg["source"]["kind"] == "streams":
+    if target.plan.source.kind == "streams":
         df, target.codes, what = audit_streams.arrivals(spark, target)
         return df, what
     files = target.files("archive")
@@ -297,17 +293,17 @@ def arrivals(spark, target: Target):
             )
         )
         return df, f"archive ({len(files)} files)"
-    src = target.cfg["source"]
-    if src["kind"] == "zmq":
+    src = target.plan.source
+    if src.kind == "zmq":
         raise audit_streams.Refused(
             f'{target.out / "archive"} holds no input archive, and source.kind = "zmq" keeps no other '
             "record of the input: run with checkpoint.interval > 0 and checkpoint.archive = true"
         )
-    if src["kind"] == "file":
-        df, what = _input_file(spark, target, Path(src["path"]))
+    if src.kind == "file":
+        df, what = _input_file(spark, target, Path(src.path))
     else:
         df, what = _generated(spark, target), "generator (rebuilt on the driver: no archive)"
-    k = target.cfg["cluster"]["dispatchers"]
+    k = target.plan.cluster.dispatchers
     df = df.select(
         F.pmod("pos", F.lit(k)).cast("int").alias("d"),
         F.expr(f"pos div {k}").alias("row"),
@@ -344,7 +340,7 @@ def _input_file(spark, target: Target, path: Path):
         raw = raw.withColumn("row0", F.row_number().over(Window.orderBy("_mid")) - 1)  # one task: no archive
     else:
         raw = spark.read.parquet(uri(path)).withColumn("row0", F.col("_metadata.row_index"))
-    unit = target.cfg["source"]["ts_unit"]
+    unit = target.plan.source.ts_unit
     if path.suffix.lower() != ".csv" and "ts" in raw.columns and is_nanos(pq.read_schema(path).field("ts").type):
         unit = "ns"  # read as its count of nanoseconds (control.spark)
     t = stream_micros(raw, "ts", unit)
@@ -384,7 +380,7 @@ def _generated(spark, target: Target):
     from common.workload import GeneratorSource
 
     path = target.scratch("generated.parquet")
-    src, writer = GeneratorSource(target.cfg["generator"]), None
+    src, writer = GeneratorSource(target.plan.generator), None
     try:
         while (c := src.next_chunk(1 << 20)) is not None:
             chunk = pa.table(
@@ -448,14 +444,14 @@ def sampled(key_column, sample: float):
     return F.pmod(F.xxhash64(key_column), F.lit(SAMPLE_SCALE)) < F.lit(int(round(sample * SAMPLE_SCALE)))
 
 
-def key_predicate(join: dict):
+def key_predicate(join: Join):
     """The join predicate on r_key and s_key, as the config defines it; exact for every int64 key."""
     from pyspark.sql import functions as F
 
     r, s = F.col("r_key").cast("decimal(20,0)"), F.col("s_key").cast("decimal(20,0)")
-    if join["predicate"] == "band":
-        return F.abs(s - r) <= F.lit(join["band"])
-    if join["predicate"] == "less":
+    if join.predicate == "band":
+        return F.abs(s - r) <= F.lit(join.band)
+    if join.predicate == "less":
         return r < s
     return r == s
 
@@ -478,7 +474,7 @@ def on_time_side(tuples, name: str, span: int):
     return t.withColumn(f"{name}_tb", floor_div(f"{name}_t", max(2 * span, 1)))
 
 
-def matches(r, s, join: dict):
+def matches(r, s, join: Join):
     """Every pair of the R and S sides (on_time_side) that joins (microseconds: lower <= s.ts - r.ts <= upper,
     both ends included).
 
@@ -490,32 +486,32 @@ def matches(r, s, join: dict):
     near = F.array(F.lit(-1), F.lit(0), F.lit(1))
     r = r.withColumn("tb", F.explode(near)).withColumn("tb", F.col("tb") + F.col("r_tb"))
     on = [r["tb"] == s["s_tb"]]
-    if join["predicate"] == "equal":
+    if join.predicate == "equal":
         on.append(r["r_key"] == s["s_key"])
-    elif join["predicate"] == "band":
-        w = join["band"] + 1
+    elif join.predicate == "band":
+        w = join.band + 1
         r = r.withColumn("kb", F.explode(near)).withColumn("kb", F.col("kb") + floor_div("r_key", w))
         s = s.withColumn("s_kb", floor_div("s_key", w))
         on.append(r["kb"] == s["s_kb"])
-    lower, upper = time_bounds(join)
+    lower, upper = join.bounds
     return r.join(s, on).where((F.col("s_t") - F.col("r_t")).between(lower, upper) & key_predicate(join))
 
 
-def expected_pairs(tuples, join: dict, start: int, end: int, sample: float):
+def expected_pairs(tuples, join: Join, start: int, end: int, sample: float):
     """Every pair of on-time tuples that joins and whose later t is in [start, end); sampled by s_key (and
     r_key for an equi-join)."""
     from pyspark.sql import functions as F
 
-    r, s = on_time_side(tuples, "r", reach(join)), on_time_side(tuples, "s", reach(join))
+    r, s = on_time_side(tuples, "r", join.reach), on_time_side(tuples, "s", join.reach)
     if sample < 1:
         s = s.where(sampled("s_key", sample))
-        if join["predicate"] == "equal":
+        if join.predicate == "equal":
             r = r.where(sampled("r_key", sample))
     later = F.greatest("r_t", "s_t")
     return matches(r, s, join).where((later >= start) & (later < end)).select(*PAIR)
 
 
-def partnered(tuples, join: dict, start: int, end: int, sample: float, name: str):
+def partnered(tuples, join: Join, start: int, end: int, sample: float, name: str):
     """The on-time tuples of stream `name` with ts in [start, end) (of the sampled keys), each with
     `partnered`: whether any on-time tuple of the other stream joins it.  `tuples` must reach `reach` past
     both ends: a partner is at most that far away.  For an equi-join the other side is sampled too (a
@@ -523,11 +519,11 @@ def partnered(tuples, join: dict, start: int, end: int, sample: float, name: str
     from pyspark.sql import functions as F
 
     other = "s" if name == "r" else "r"
-    own = on_time_side(tuples, name, reach(join)).where((F.col(f"{name}_t") >= start) & (F.col(f"{name}_t") < end))
-    far = on_time_side(tuples, other, reach(join))
+    own = on_time_side(tuples, name, join.reach).where((F.col(f"{name}_t") >= start) & (F.col(f"{name}_t") < end))
+    far = on_time_side(tuples, other, join.reach)
     if sample < 1:
         own = own.where(sampled(f"{name}_key", sample))
-        if join["predicate"] == "equal":
+        if join.predicate == "equal":
             far = far.where(sampled(f"{other}_key", sample))
     r, s = (own, far) if name == "r" else (far, own)
     hit = matches(r, s, join).select(F.col(f"{name}_id").alias("hit")).distinct()
@@ -648,7 +644,7 @@ def late_problems(spark, target: Target, tuples, start: int, end: int, sample: f
     from pyspark.sql import functions as F
 
     got_late = (
-        audit_streams.late(spark, target.cfg, target.files("late"), target.codes, LATE_SCHEMA)
+        audit_streams.late(spark, target.plan, target.files("late"), target.codes, LATE_SCHEMA)
         if target.codes is not None
         else read_folder(spark, target.files("late"), LATE_SCHEMA)
     ).where(within(start, end, "ts"))
@@ -689,19 +685,19 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     from pyspark.sql import functions as F
 
     began, jobs = time.monotonic(), job_group(spark)
-    join = target.cfg["join"]
-    join_type = join.get("type", "inner")
-    far = reach(join)
+    join = target.plan.join
+    join_type = join.type
+    far = join.reach
     arrived, source = arrivals(spark, target)
     hi = end if join_type == "inner" or end >= POS_INF else end + far
-    tuples, _ = kept(classify(arrived, duration(join["max_delay"]), start - far, hi))
+    tuples, _ = kept(classify(arrived, join.max_delay, start - far, hi))
     expected = expected_pairs(tuples, join, start, end, sample)
     expected, n_expected = kept(expected if EMITS[join_type][0] else expected.where(F.lit(False)))
     in_sample = tuples.where(sampled("key", sample)) if sample < 1 else tuples
 
     schema = RESULT_SCHEMA + ("" if join_type == "inner" else ", kind string")
     results = (
-        audit_streams.results(spark, target.cfg, target.files("results"), target.codes, schema, MATCHED)
+        audit_streams.results(spark, target.plan, target.files("results"), target.codes, schema, MATCHED)
         if target.codes is not None
         else read_folder(spark, target.files("results"), schema)
     )
@@ -734,10 +730,10 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         .when(F.col("r_late"), "its R tuple is late")
         .when(F.col("s_late"), "its S tuple is late")
         .when(
-            ~(micros(F.col("s_ts")) - micros(F.col("r_ts"))).between(*time_bounds(join)),
+            ~(micros(F.col("s_ts")) - micros(F.col("r_ts"))).between(*join.bounds),
             "s_ts - r_ts is outside the join's time bounds (join.lower, join.upper or -+join.window)",
         )
-        .when(~key_predicate(join), f"its keys do not satisfy join.predicate = {join['predicate']!r}")
+        .when(~key_predicate(join), f"its keys do not satisfy join.predicate = {join.predicate!r}")
         .otherwise("no such pair of on-time tuples in the input")
     )
     diff = (
@@ -780,7 +776,7 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     if join_type == "inner":
         diff = diff.drop("kind")
     payload = (
-        audit_streams.payload_faults(spark, target.cfg, target.files("results"), target.rows)
+        audit_streams.payload_faults(spark, target.plan, target.files("results"), target.rows)
         if target.codes is not None
         else None
     )
@@ -813,8 +809,8 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         "sample": sample,
         "run": target.describe(),
         "input": source,
-        "predicate": join["predicate"],
-        "dispatchers": target.cfg["cluster"]["dispatchers"],
+        "predicate": join.predicate,
+        "dispatchers": target.plan.cluster.dispatchers,
         "input_tuples": n("input"),
         "expected": n_expected,
         "found": n_found,
@@ -868,9 +864,9 @@ def _audit_query_run(spark, target: Target, plan) -> dict:
 
     began, jobs = time.monotonic(), job_group(spark)
     arrived, source = arrivals(spark, target)
-    tuples, n_input = kept(classify(arrived, duration(target.cfg["join"]["max_delay"]), NEG_INF, POS_INF))
+    tuples, n_input = kept(classify(arrived, target.plan.join.max_delay, NEG_INF, POS_INF))
     found = audit_streams.read_output(spark, target.files("results"))
-    expected, sql, columns_wrong = audit_query.expected_rows(spark, target.cfg, plan, target.rows, tuples, found.schema)
+    expected, sql, columns_wrong = audit_query.expected_rows(spark, target.plan, target.rows, tuples, found.schema)
     counts, problems = audit_query.compare(expected, found.select(*map(audit_query.quoted, expected.columns)))
     problems = problems.cache()
     first = [audit_query.describe(r.asDict(), expected.columns) for r in problems.orderBy("problem").limit(3).collect()]
@@ -888,7 +884,7 @@ def _audit_query_run(spark, target: Target, plan) -> dict:
         "input": source,
         "query": sql,
         "join_type": plan.join_type,
-        "dispatchers": target.cfg["cluster"]["dispatchers"],
+        "dispatchers": target.plan.cluster.dispatchers,
         "input_tuples": n_input,
         **counts,
         "columns_wrong": columns_wrong,
@@ -916,10 +912,10 @@ def _audit_query_run(spark, target: Target, plan) -> dict:
 
 def view_refusal(target: Target, start: int, end: int, sample: float, follow: bool) -> str | None:
     """Why `--view` cannot audit this (None: it can): see docs/audit.md, "Aggregated views"."""
-    cfg = target.cfg
+    plan = target.plan
     whole = start <= NEG_INF and end >= POS_INF
-    spec, streams = aggregation(cfg), cfg["source"]["kind"] == "streams"
-    stream_times = {time for _, time in sides(cfg)}
+    spec, streams = plan.aggregate.view, plan.source.kind == "streams"
+    stream_times = {s.prefix + s.time for s in plan.inputs}
     reasons = [
         (follow or sample < 1, "--follow or --sample (a view counts every row of its windows)"),
         (not target.finished, "a live run (audit its view once the run has ended)"),
@@ -950,12 +946,12 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
     view = aggregate.read_view(directory)
     if view is None:
         raise AuditError(f"--view {directory}: no view-*.parquet there (run control.aggregate on the run first)")
-    cfg, join = target.cfg, target.cfg["join"]
-    join_type = join.get("type", "inner")
-    spec, streams = aggregation(cfg), cfg["source"]["kind"] == "streams"
-    far = reach(join)
+    plan, join = target.plan, target.plan.join
+    join_type = join.type
+    spec, streams = plan.aggregate.view, plan.source.kind == "streams"
+    far = join.reach
     arrived, source = arrivals(spark, target)
-    tuples = classify(arrived, duration(join["max_delay"]), start - far, end + far).cache()
+    tuples = classify(arrived, join.max_delay, start - far, end + far).cache()
     # a pair's window time (declared streams: one stream's time) lies up to `far` below its later ts
     pairs = expected_pairs(tuples, join, start, end + far if streams else end, 1.0) if EMITS[join_type][0] else None
     lone = [
@@ -965,12 +961,11 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
     ]
     none = lambda c: F.lit(None).cast("long" if c.endswith(("_id", "_key")) else "double").alias(c)  # noqa: E731
     kind = lambda k: [F.lit(k).alias("kind")] if join_type != "inner" else []  # noqa: E731
-    plan = plan_of(cfg)
-    if plan is not None:  # a query's GROUP BY: the rows of its join, as the result files hold them
+    if plan.query is not None:  # a query's GROUP BY: the rows of its join, as the result files hold them
         found = audit_streams.read_output(spark, target.files("results"))
         if found is None:
             raise audit_streams.Refused(f"--view: {target.out / 'results'} holds no result file to take the types from")
-        rows = audit_query.expected_rows(spark, cfg, plan, target.rows, tuples, found.schema)[0]
+        rows = audit_query.expected_rows(spark, plan, target.rows, tuples, found.schema)[0]
     elif streams:
         frames = [pairs.select("r_id", "s_id", *kind(MATCHED))] if pairs is not None else []
         for side, want, own in lone:
@@ -985,7 +980,7 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
         ids = frames[0]
         for f in frames[1:]:
             ids = ids.unionByName(f)
-        rows = audit_streams.result_rows(cfg, ids, pq.read_schema(parquet[0]), target.rows)
+        rows = audit_streams.result_rows(plan, ids, pq.read_schema(parquet[0]), target.rows)
     else:  # the single file's result columns, as the audit's pairs and rows alone hold them
         rows = pairs.select(*PAIR, *kind(MATCHED)) if pairs is not None else None
         for side, want, own in lone:
@@ -1094,14 +1089,14 @@ def clamp(target: Target, start: int, end: int) -> int:
     return target.watermark
 
 
-def follow(spark, cfg: dict, start: float, step: float, sample: float, poll: float, log=print, metrics=None) -> int:
+def follow(spark, plan: Plan, start: float, step: float, sample: float, poll: float, log=print, metrics=None) -> int:
     """Audit [start, start + step), [start + step, ...) (seconds) as the watermark passes each; once the run
     has finished, the rest in one range.  Each verdict also goes to `metrics` (control.audit_metrics) if
     given.  Returns the exit code over all ranges."""
     worst = EXACT
     start, step = instant(start), duration(step)
     while True:
-        target = run_state(cfg)
+        target = run_state(plan)
         while target.finished or start + step <= target.watermark:
             end = POS_INF if target.finished else start + step
             try:
@@ -1191,14 +1186,13 @@ def main(argv: list[str], spark=None) -> int:
                 "--follow needs --from T (where the first range starts) and --step of at least a "
                 "microsecond, and no --to"
             )
-        cfg = config(a)
-        if cfg["source"]["kind"] == "streams":
-            audit_streams.check_auditable(cfg, sample, a.follow)
-        plan = plan_of(cfg)
-        if plan is not None and not (start <= NEG_INF and end >= POS_INF):
+        plan = config(a)
+        if plan.source.kind == "streams":
+            audit_streams.check_auditable(plan, sample, a.follow)
+        if plan.query is not None and not (start <= NEG_INF and end >= POS_INF):
             raise audit_streams.Refused("not audited yet: --from/--to with a query (audit the whole run)")
-        target = run_state(cfg)
-        if plan is not None and any(f.suffix == ".csv" for f in target.files("results")):
+        target = run_state(plan)
+        if plan.query is not None and any(f.suffix == ".csv" for f in target.files("results")):
             raise audit_streams.Refused("not audited yet: CSV results of a query (their types are the Parquet files')")
         if a.view is not None:
             refused = view_refusal(target, start, end, sample, a.follow)
@@ -1211,17 +1205,17 @@ def main(argv: list[str], spark=None) -> int:
             return EXACT if report["verdict"] == "exact" else DIFFERENT
         end = end if a.follow else clamp(target, start, end)
         endpoint = (DEFAULT_ENDPOINT if a.metrics is None else a.metrics) if a.follow else ""
-        metrics = AuditMetrics(endpoint, cfg) if endpoint else None
+        metrics = AuditMetrics(endpoint, plan) if endpoint else None
         spark = spark or audit_session(a.spark_master)
         if a.follow:
             if metrics:
                 print(f"audit: verdicts as metrics on {metrics.url}", file=sys.stderr, flush=True)
-            print(table([], [k for k in LONE_KINDS if k in EMITS[cfg["join"].get("type", "inner")][1:]]), flush=True)
+            print(table([], [k for k in LONE_KINDS if k in EMITS[plan.join.type][1:]]), flush=True)
             return follow(
-                spark, cfg, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True), metrics=metrics
+                spark, plan, a.start, a.step, sample, a.poll, log=lambda s: print(s, flush=True), metrics=metrics
             )
-        if plan is not None:
-            report = audit_query_run(spark, target, plan)
+        if plan.query is not None:
+            report = audit_query_run(spark, target, plan.query)
         else:
             report = audit_range(spark, target, start, end, sample)
     except (AuditError, ConfigError) as e:

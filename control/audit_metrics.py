@@ -8,9 +8,14 @@ serves its own small registry rather than reaching into the master's: an operato
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from protocol.access import check_http_endpoint
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 #: where `--follow` serves by default: beside the master's 127.0.0.1:9464
 DEFAULT_ENDPOINT = "127.0.0.1:9465"
@@ -23,8 +28,8 @@ LATE_PROBLEMS = ("late_unexpected", "late_missed")
 class AuditMetrics:
     """Counters over every audited range, and where the audit has got to."""
 
-    def __init__(self, endpoint: str, cfg: dict):
-        check_http_endpoint("--metrics", endpoint, cfg)
+    def __init__(self, endpoint: str, plan: Plan):
+        check_http_endpoint("--metrics", endpoint, plan.security.allow_remote)
         self.registry = CollectorRegistry()
         r = self.registry
         self.ranges = Counter("streamjoin_audit_ranges", "ranges audited, by verdict", ["verdict"], registry=r)

@@ -16,9 +16,13 @@ than expected) rows are counted and written out, each with its columns.
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
 from protocol.query import R, S, Call, Col, Lit, Node, QueryPlan
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan, Stream
 
 #: the engine's result columns beside the streams' (protocol.query.ENGINE_COLUMNS): `delay` is not audited
 KIND, DELAY = "kind", "delay"
@@ -73,17 +77,17 @@ def sql_semantics(spark):
         spark.conf.set(ANSI, saved)
 
 
-def as_read(df, spec: dict):
+def as_read(df, spec: Stream):
     """A stream's rows (control.spark.stream_rows) with the columns the engine gives the query: the time column as
     the timestamp of its microseconds (whatever the file holds: a timestamp of any unit, a number, text), and
     without an id column `row`, the stream row (what results name such a stream's rows by)."""
     from pyspark.sql import functions as F
 
-    df = df.withColumn(spec["time"], F.timestamp_micros(F.col("_us")))
-    return df if spec["id"] else df.withColumn("row", F.col("_row"))
+    df = df.withColumn(spec.time, F.timestamp_micros(F.col("_us")))
+    return df if spec.id else df.withColumn("row", F.col("_row"))
 
 
-def ingest_filter(plan: QueryPlan | None, side: int, df, spec: dict):
+def ingest_filter(plan: QueryPlan | None, side: int, df, spec: Stream):
     """The rows of a stream (stream_rows) the query's filter on it keeps: the engine runs it where the rows are
     read, before the merge and the lateness rule, on the columns as_read gives; all rows without one."""
     from pyspark.sql import functions as F
@@ -92,7 +96,7 @@ def ingest_filter(plan: QueryPlan | None, side: int, df, spec: dict):
     if f is None:
         return df
     time = "timestamp_micros(`_us`)"
-    return df.where(F.expr(spark_sql(f, lambda c: time if c.name == spec["time"] else quoted(c.name))))
+    return df.where(F.expr(spark_sql(f, lambda c: time if c.name == spec.time else quoted(c.name))))
 
 
 def kind_sql(plan: QueryPlan) -> str:
@@ -107,7 +111,7 @@ def kind_sql(plan: QueryPlan) -> str:
     return f"CASE{cases} ELSE '{MATCHED}' END" if cases else f"'{MATCHED}'"
 
 
-def statement(plan: QueryPlan, streams: dict, own: dict, columns: list[str]) -> str:
+def statement(plan: QueryPlan, streams: tuple[Stream, ...], own: dict, columns: list[str]) -> str:
     """The user's query as Spark SQL whose columns are the result files' `columns` (but `delay`): its SELECT
     items as written but the engine's (kind as kind_sql, delay left out); with SELECT * or GROUP BY each
     stream's columns (`own`: by stream name) as `<prefix><column>`, where the results hold them, and kind; no
@@ -119,8 +123,8 @@ def statement(plan: QueryPlan, streams: dict, own: dict, columns: list[str]) -> 
     tree.set("group", None)
     items = []
     if plan.projection is None:
-        for side, name in enumerate(plan.streams):
-            prefix = streams[name]["prefix"]
+        for side, (name, spec) in enumerate(zip(plan.streams, streams)):
+            prefix = spec.prefix
             for c in own[name]:
                 if prefix + c in columns:
                     # a semi or anti join's rows are R's: S's columns (if the results hold them) are null
@@ -140,14 +144,14 @@ def statement(plan: QueryPlan, streams: dict, own: dict, columns: list[str]) -> 
     return tree.select(*items, append=False, dialect="spark").sql("spark")
 
 
-def register(spark, cfg: dict, plan: QueryPlan, rows: dict, tuples) -> dict[str, list[str]]:
+def register(spark, streams: tuple[Stream, ...], rows: dict, tuples) -> dict[str, list[str]]:
     """Each stream's on-time rows (`rows`: stream_rows by stream name; `tuples`: control.audit.classify's, R and
     S by the streams' order) as a temp view named as the stream (as_read's columns); the columns of each."""
     from pyspark.sql import functions as F
 
     own = {}
-    for letter, name in zip("RS", cfg["streams"]):
-        spec = cfg["streams"][name]
+    for letter, spec in zip("RS", streams):
+        name = spec.name
         on_time = tuples.where(~F.col("late") & (F.col("stream") == letter)).select(F.col("id").alias("_id"))
         df = as_read(rows[name][0], spec).join(on_time, "_id", "left_semi")
         own[name] = [c for c in df.columns if not c.startswith("_")]
@@ -155,14 +159,14 @@ def register(spark, cfg: dict, plan: QueryPlan, rows: dict, tuples) -> dict[str,
     return own
 
 
-def expected_rows(spark, cfg: dict, plan: QueryPlan, rows: dict, tuples, schema):
+def expected_rows(spark, plan: Plan, rows: dict, tuples, schema):
     """(The query's rows over the on-time rows, in the result files' columns and types (`schema`: Spark's, of
     the result files; `delay` left out), the Spark SQL that gave them)."""
     from pyspark.sql import functions as F
 
-    own = register(spark, cfg, plan, rows, tuples)
+    own = register(spark, plan.streams, rows, tuples)
     columns = [f.name for f in schema.fields if f.name != DELAY]
-    sql = statement(plan, cfg["streams"], own, columns)
+    sql = statement(plan.query, plan.streams, own, columns)
     df = spark.sql(sql)
     given = set(df.columns)
     value = lambda f: F.col(quoted(f.name)) if f.name in given else F.lit(None)  # noqa: E731

@@ -20,10 +20,13 @@ exit code for "could not audit").
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pathlib import Path
 
-from protocol.eventtime import duration
-from protocol.query import plan_of
+if TYPE_CHECKING:
+    from protocol.plan import Plan, Stream
+
 
 SIDES = ("R", "S")
 
@@ -32,14 +35,14 @@ class Refused(Exception):
     """A run of declared streams the audit cannot check yet; the message says why."""
 
 
-def check_auditable(cfg: dict, sample: float, follow: bool) -> None:
+def check_auditable(plan: Plan, sample: float, follow: bool) -> None:
     """Refused unless the run is one this module audits (the module's docstring)."""
-    streams, out = cfg["streams"], Path(cfg["output"]["path"])
+    streams, out = plan.streams, plan.output.path
     reasons = [
         (follow or not (out / "summary.json").is_file(), "a live run of declared streams (audited once it has ended)"),
         (sample < 1, "--sample with declared streams"),
-        (any(not s["path"] for s in streams.values()), "a stream read from Kafka or live producers"),
-        (cfg["join"]["predicate"] != "equal", "a band or less join of declared streams"),
+        (any(not s.path for s in streams), "a stream read from Kafka or live producers"),
+        (plan.join.predicate != "equal", "a band or less join of declared streams"),
         (any((out / "rejected").glob("*.*")), "a run with rejected rows"),
     ]
     for refused, what in reasons:
@@ -66,19 +69,19 @@ def arrivals(spark, target):
     from control.audit_query import ingest_filter
     from control.spark import stream_rows
 
-    k, plan = target.cfg["cluster"]["dispatchers"], plan_of(target.cfg)
+    k = target.plan.cluster.dispatchers
     sides = []
-    for side, (name, spec) in zip(SIDES, target.cfg["streams"].items()):
-        df, _ = target.rows[name] = stream_rows(spark, name, spec)  # read once: the payload check reuses them
-        df = ingest_filter(plan, SIDES.index(side), df, spec)  # a row it drops never reaches the merge
-        delay = duration(spec["max_delay"])
+    for side, spec in zip(SIDES, target.plan.streams):
+        df, _ = target.rows[spec.name] = stream_rows(spark, spec.name, spec)  # read once: the payload check reuses them
+        df = ingest_filter(target.plan.query, SIDES.index(side), df, spec)  # a row it drops never reaches the merge
+        delay = spec.max_delay
         sides.append(
             df.select(
                 F.lit(side).alias("stream"),
                 F.col("_row").alias("row0"),
                 F.col("_id").alias("id"),
                 F.col("_us").alias("t"),
-                _key(df, spec["key"]).alias("key_text"),
+                _key(df, spec.key).alias("key_text"),
                 F.lit(delay).alias("delay"),
             ).withColumn(
                 "watermark",
@@ -108,7 +111,7 @@ def arrivals(spark, target):
         F.lit(0.0).alias("value"),
         "delay",
     )
-    names = ", ".join(f"streams.{n} ({s['path']})" for n, s in target.cfg["streams"].items())
+    names = ", ".join(f"streams.{s.name} ({s.path})" for s in target.plan.streams)
     # computed once: the merge's windows put a stream in one order (one task each), and the lateness rule reads
     # the merge twice
     df = df.cache()
@@ -116,24 +119,24 @@ def arrivals(spark, target):
     return df, codes, f"the declared streams' files: {names}"
 
 
-def named_by(spec: dict) -> str:
+def named_by(spec: Stream) -> str:
     """The column that names a stream's rows in result and late files: its id column, or without one `row`,
     the stream row (common.stream_file)."""
-    return spec["id"] or "row"
+    return spec.id or "row"
 
 
-def _columns(df, spec: dict) -> tuple:
+def _columns(df, spec: Stream) -> tuple:
     """A stream's id, time (float seconds, as the audit reads every file's times) and key text in result or
     late rows (its columns under the stream's prefix)."""
     from pyspark.sql import functions as F
 
     from control.spark import stream_micros
 
-    own = lambda c: f"{spec['prefix']}{c}"  # noqa: E731
+    own = lambda c: f"{spec.prefix}{c}"  # noqa: E731
     return (
         F.col(own(named_by(spec))).cast("long"),
-        stream_micros(df, own(spec["time"]), spec["time_unit"]) / 1e6,
-        _key(df, [own(c) for c in spec["key"]]),
+        stream_micros(df, own(spec.time), spec.time_unit) / 1e6,
+        _key(df, [own(c) for c in spec.key]),
     )
 
 
@@ -154,14 +157,14 @@ def coded(df, codes, text: str, key: str):
     return df.join(codes.withColumnRenamed("key_text", text).withColumnRenamed("key", key), text, "left").drop(text)
 
 
-def results(spark, cfg: dict, files: list[Path], codes, schema: str, matched: str):
+def results(spark, plan: Plan, files: list[Path], codes, schema: str, matched: str):
     """The result files as the audit's pairs (r_id, s_id, r_key, s_key, r_ts, s_ts, r_value, s_value[, kind])."""
     from pyspark.sql import functions as F
 
     df = read_output(spark, files)
     if df is None:
         return spark.createDataFrame([], schema)
-    (r, s) = cfg["streams"].values()
+    (r, s) = plan.streams
     kind = [F.col("kind")] if "kind" in schema else []
     named = lambda cols, side: [c.alias(f"{side}_{n}") for c, n in zip(cols, ("id", "ts", "text"))]  # noqa: E731
     df = df.select(*named(_columns(df, r), "r"), *named(_columns(df, s), "s"), *kind)
@@ -179,15 +182,15 @@ def results(spark, cfg: dict, files: list[Path], codes, schema: str, matched: st
     )
 
 
-def late(spark, cfg: dict, files: list[Path], codes, schema: str):
+def late(spark, plan: Plan, files: list[Path], codes, schema: str):
     """The late files as the audit's tuples (stream, id, ts, key, value, reason, bound)."""
     from pyspark.sql import functions as F
 
     df = read_output(spark, files)
     if df is None:
         return spark.createDataFrame([], schema)
-    (r_name, r), (_, s) = cfg["streams"].items()
-    is_r = F.col("stream") == r_name
+    (r, s) = plan.streams
+    is_r = F.col("stream") == r.name
     mine = [
         F.when(is_r, a).otherwise(b).alias(name)
         for a, b, name in zip(_columns(df, r), _columns(df, s), ("id", "ts", "text"))
@@ -198,7 +201,7 @@ def late(spark, cfg: dict, files: list[Path], codes, schema: str):
     )
 
 
-def payload_faults(spark, cfg: dict, files: list[Path], streams: dict):
+def payload_faults(spark, plan: Plan, files: list[Path], streams: dict):
     """Result rows whose own columns are not their input row's: per stream, every column of it the results
     carry (under its prefix), compared with the stream's row of the same id in its files (`streams`: each
     stream's stream_rows, as arrivals read them; cast to the
@@ -212,7 +215,7 @@ def payload_faults(spark, cfg: dict, files: list[Path], streams: dict):
     found = read_output(spark, files)
     if found is None:
         return None
-    (r, s) = cfg["streams"].values()
+    (r, s) = plan.streams
     ids = [
         c.alias(f"{side}_{n}")
         for side, spec in (("r", r), ("s", s))
@@ -220,27 +223,27 @@ def payload_faults(spark, cfg: dict, files: list[Path], streams: dict):
     ]
     kind = [F.col("kind")] if "kind" in found.columns else [F.lit("matched").alias("kind")]
     faults = None
-    for (name, spec), side in zip(cfg["streams"].items(), ("r", "s")):
-        rows, _ = streams[name]
-        carried = [c for c in rows.columns if f"{spec['prefix']}{c}" in found.columns and not c.startswith("_")]
-        mine = found.where(F.col(f"{spec['prefix']}{named_by(spec)}").isNotNull()).select(
-            *ids, *kind, *(F.col(f"{spec['prefix']}{c}").alias(f"_got_{c}") for c in carried)
+    for spec, side in zip(plan.streams, ("r", "s")):
+        rows, _ = streams[spec.name]
+        carried = [c for c in rows.columns if f"{spec.prefix}{c}" in found.columns and not c.startswith("_")]
+        mine = found.where(F.col(f"{spec.prefix}{named_by(spec)}").isNotNull()).select(
+            *ids, *kind, *(F.col(f"{spec.prefix}{c}").alias(f"_got_{c}") for c in carried)
         )
         given = rows.select(
             F.col("_id").alias(f"{side}_id"),
-            *((F.col("_us") if c == spec["time"] else F.col(c)).alias(f"_want_{c}") for c in carried),
+            *((F.col("_us") if c == spec.time else F.col(c)).alias(f"_want_{c}") for c in carried),
         )
         pairs = mine.join(given, f"{side}_id", "left")
         checks = []  # every column's comparison in one pass over the join, not a join per column
         for c in carried:
-            got = stream_micros(pairs, f"_got_{c}", spec["time_unit"]) if c == spec["time"] else F.col(f"_got_{c}")
+            got = stream_micros(pairs, f"_got_{c}", spec.time_unit) if c == spec.time else F.col(f"_got_{c}")
             want = (
                 F.col(f"_want_{c}")
-                if c == spec["time"]
-                else F.col(f"_want_{c}").cast(found.schema[f"{spec['prefix']}{c}"].dataType)
+                if c == spec.time
+                else F.col(f"_want_{c}").cast(found.schema[f"{spec.prefix}{c}"].dataType)
             )
             reason = F.concat(
-                F.lit(f"{name}.{c} is "), got.cast("string"), F.lit(" where its row has "), want.cast("string")
+                F.lit(f"{spec.name}.{c} is "), got.cast("string"), F.lit(" where its row has "), want.cast("string")
             )
             checks.append(F.struct((~got.eqNullSafe(want)).alias("bad"), reason.alias("reason")))
         bad = (
@@ -252,7 +255,7 @@ def payload_faults(spark, cfg: dict, files: list[Path], streams: dict):
     return faults
 
 
-def result_rows(cfg: dict, ids, schema, streams: dict):
+def result_rows(plan: Plan, ids, schema, streams: dict):
     """Result rows rebuilt from the input: `ids` (r_id, s_id, kind; a missing side's id null) with each stream's
     row of that id in its files (`streams`: as for payload_faults), under its prefix, cast to the types the
     result files have (`schema`, Arrow; the time column by its microseconds), so that the --batch aggregation
@@ -262,19 +265,19 @@ def result_rows(cfg: dict, ids, schema, streams: dict):
     from pyspark.sql.pandas.types import from_arrow_type
 
     rows = ids
-    for (name, spec), side in zip(cfg["streams"].items(), ("r", "s")):
-        df, _ = streams[name]
+    for spec, side in zip(plan.streams, ("r", "s")):
+        df, _ = streams[spec.name]
         cols = []
-        for c in (c for c in df.columns if f"{spec['prefix']}{c}" in schema.names and not c.startswith("_")):
-            kind = schema.field(f"{spec['prefix']}{c}").type
-            timed = c == spec["time"] and str(kind).startswith("timestamp")
+        for c in (c for c in df.columns if f"{spec.prefix}{c}" in schema.names and not c.startswith("_")):
+            kind = schema.field(f"{spec.prefix}{c}").type
+            timed = c == spec.time and str(kind).startswith("timestamp")
             if timed:
                 col = F.timestamp_micros(F.col("_us")).cast(from_arrow_type(kind))
             elif pa.types.is_timestamp(kind) and kind.unit == "ns":  # read as its nanoseconds, in both
                 col = F.col(c)
             else:
                 col = F.col(c).cast(from_arrow_type(kind))
-            cols.append(col.alias(f"{spec['prefix']}{c}"))
+            cols.append(col.alias(f"{spec.prefix}{c}"))
         own = df.select(F.col("_id").alias(f"{side}_id"), *cols)
         rows = rows.join(own, f"{side}_id", "left")
     return rows.drop("r_id", "s_id")

@@ -16,14 +16,14 @@ from pathlib import Path
 
 from control.spark import session
 from protocol import checkpoint
-from protocol.config import ConfigError, load_config
+from protocol.config import ConfigError
 from protocol.lifetime import invocation
-from protocol.query import record_dtype
+from protocol.plan import compile_plan, load_plan
 
 
 def scan(spark, directory: Path, manifest: dict) -> list[str]:
     """Problems found in one complete checkpoint (empty when it is sound)."""
-    size = record_dtype(manifest["config"]).itemsize
+    size = compile_plan(manifest["config"]).dtype.itemsize
 
     def inspect(item):
         path, data = item
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--spark-master", help="Spark master URL (default local[*], or spark-submit's --master)")
     a = p.parse_args(argv)
     try:
-        root = Path(a.path) if a.path else checkpoint.root_of(load_config(a.config))
+        root = Path(a.path) if a.path else load_plan(a.config).checkpoint.root
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

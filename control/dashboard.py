@@ -19,6 +19,7 @@ from protocol.access import endpoint_is_local
 from common.dashboard import DashboardServer
 from protocol.strict_json import finite
 from protocol.lifetime import invocation
+from protocol.plan import compile_plan
 
 
 def load(out: Path) -> dict:
@@ -35,7 +36,7 @@ def load(out: Path) -> dict:
         s["seq"] = seq
     summary_file = out / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
-    cfg = (summary or {}).get("config", {})
+    run = compile_plan(summary["config"]) if summary else None  #: the plan the run wrote down
     return finite(
         {
             "live": False,
@@ -45,10 +46,10 @@ def load(out: Path) -> dict:
             "hot_events": (summary or {}).get("hot_keys", []),
             "checkpoints": (summary or {}).get("checkpoints", {}).get("log", []),
             "config": {
-                "dispatchers": cfg.get("cluster", {}).get("dispatchers", 1),
+                "dispatchers": run.cluster.dispatchers if run else 1,
                 "output": str(out.resolve()),
-                "buffer_capacity": cfg.get("master", {}).get("buffer_capacity"),
-                "source": cfg.get("source", {}).get("kind"),
+                "buffer_capacity": run.master.buffer_capacity if run else None,
+                "source": run.source.kind if run else None,
             },
         }
     )

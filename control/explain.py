@@ -1,8 +1,10 @@
 """`streamjoin explain`: what a config (and its query) means, before anything runs.
 
-Prints the plan every rank reads (protocol.query): the streams as R and S, the join type, the keys, the time
-bounds, what runs where each stream's rows are read (its filter), what runs on the pairs, the result columns and
-how the query was rewritten; a config or a query the engine refuses exits 2 with the reason, as a run would.
+Prints the plan every rank reads (protocol.plan), for the TOML form and a query alike: the streams as R and S,
+the join type, the keys, the time bounds, what runs where each stream's rows are read (its filter), what runs on
+the pairs, the result columns, how the query was rewritten, each stream's input and lateness, the cluster,
+balancing, hot keys, checkpoints, the aggregation and the output; a config or a query the engine refuses exits 2
+with the reason, as a run would.
 Files' first schemas are read to check the columns the query names.
 """
 
@@ -13,9 +15,9 @@ import sys
 
 from common.chunks import InputError
 from common.stream_file import first_schema, stream_files
-from protocol.config import ConfigError, load_config
+from protocol.config import ConfigError
 from protocol.lifetime import USER_ERROR, invocation
-from protocol.query import config_plan, plan_of
+from protocol.plan import load_plan
 
 
 def main(argv: list[str]) -> int:
@@ -25,15 +27,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a key")
     a = p.parse_args(argv)
     try:
-        cfg = load_config(a.config, a.set, a.sql)
-        plan = config_plan(cfg)
-        if plan_of(cfg) is not None:
-            for side, (name, spec) in enumerate(cfg["streams"].items()):
-                if spec["path"]:
-                    names = first_schema(stream_files(name, spec["path"])[0]).names
-                    missing = [c for c in plan.stream(side).columns if c not in names]
+        plan = load_plan(a.config, a.set, a.sql)
+        if plan.query is not None:
+            for side, spec in enumerate(plan.streams):
+                if spec.path:
+                    names = first_schema(stream_files(spec.name, spec.path)[0]).names
+                    missing = [c for c in plan.query.stream(side).columns if c not in names]
                     if missing:
-                        raise InputError(f"stream {name} has no column(s) {', '.join(missing)} that the query names")
+                        raise InputError(
+                            f"stream {spec.name} has no column(s) {', '.join(missing)} that the query names"
+                        )
     except (ConfigError, InputError) as e:
         print(f"refused: {e}", file=sys.stderr)
         return USER_ERROR

@@ -21,6 +21,8 @@ files as the streams and `source.speed` = --speed: each tuple is handed on as it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import json
 import math
@@ -40,6 +42,9 @@ from control.spark import is_nanos, seconds_text, stream_micros, stream_rows
 from common.chunks import InputError
 from common.stream_file import first_schema, stream_files
 from protocol.eventtime import duration
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 COLUMNS = ("stream", "id", "ts", "key", "value")
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
@@ -195,7 +200,7 @@ def select_streams(spark, streams: dict, start: float, end: float, folder: Path)
         (part,) = [p for p in staging.glob("part-*") if not p.name.endswith(".crc")]
         dest = folder / f"{name}.{ {'csv': 'csv', 'parquet': 'parquet', 'json': 'jsonl'}[fmt] }"
         if fmt == "parquet":
-            as_read(part, dest, first_schema(stream_files(name, spec["path"])[0]))
+            as_read(part, dest, first_schema(stream_files(name, spec.path)[0]))
         else:
             part.replace(dest)
         shutil.rmtree(staging)
@@ -270,10 +275,10 @@ def main(argv: list[str], spark=None) -> int:
         speed = parse_speed(a.speed)
         if not a.start < a.end:
             raise ReplayError(f"--from ({shown(a.start)}) must be below --to ({shown(a.end)})")
-        cfg = config(a)
-        out = Path(cfg["output"]["path"])
+        plan = config(a)
+        out = plan.output.path
         if not a.inputs:
-            return replay_streams(a, cfg, speed, spark)
+            return replay_streams(a, plan, speed, spark)
         files = input_files(a.inputs)
         for f, _ in files:
             if part := inside_engine_output(f, out):
@@ -285,7 +290,7 @@ def main(argv: list[str], spark=None) -> int:
         dest.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         spark = spark or session(a.spark_master, "streamjoin-replay")
-        sel = select(spark, files, a.start, a.end, dest, cfg["source"]["ts_unit"])
+        sel = select(spark, files, a.start, a.end, dest, plan.source.ts_unit)
     except (ReplayError, ConfigError, InputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -306,7 +311,7 @@ def main(argv: list[str], spark=None) -> int:
         from protocol.access import source_token
 
         try:  # the token of --config / --set source.token_file, as the running cluster's
-            sent = produce(str(dest), a.endpoint, rate=rate, timeout=a.timeout, token=source_token(cfg))
+            sent = produce(str(dest), a.endpoint, rate=rate, timeout=a.timeout, token=source_token(plan.source))
         except Blocked as e:
             print(
                 f'error: replay to {a.endpoint}: {e} (is a cluster with source.kind = "zmq" running there?)',
@@ -340,22 +345,22 @@ def launch_replay(a, sets: list[str]) -> int:
     return launch(args)
 
 
-def replay_streams(a, cfg: dict, speed: float, spark) -> int:
+def replay_streams(a, plan: Plan, speed: float, spark) -> int:
     """The declared streams' rows of the range, each stream's from its own files, run with their own timing
     (source.speed) on the run's config with the selections as the streams' paths."""
     from control.spark import session
 
-    streams = cfg.get("streams") or {}
+    streams = {s.name: s for s in plan.streams}
     if not streams:
         raise ReplayError("no INPUT given and the config declares no [streams.*] (give the files to replay)")
     if a.endpoint:
         raise ReplayError("--endpoint: not with declared streams yet (a live stream of each would be needed)")
-    live = [n for n, spec in streams.items() if not spec["path"]]
+    live = [n for n, spec in streams.items() if not spec.path]
     if live:
         raise ReplayError(f"streams.{live[0]}: replay reads a stream's files; a live stream or a topic has none")
-    out = Path(cfg["output"]["path"])
+    out = plan.output.path
     for name, spec in streams.items():
-        for f in stream_files(name, spec["path"]):
+        for f in stream_files(name, spec.path):
             if part := inside_engine_output(f, out):
                 raise ReplayError(
                     f"streams.{name}.path: {str(f)!r} lies in {str(out / part)!r}, which the replayed run "

@@ -12,10 +12,13 @@ import os
 import re
 import sys
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING
 
-from protocol.config import load_config
+from protocol.plan import load_plan
 from protocol.eventtime import FLOAT_TEXT, ISO_TEXT, NEG_INF, POS_INF, TS_LIMIT
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan, Stream
 
 LOCAL = "local[*]"
 #: the share of the machine's memory an embedded Spark's JVM may take (its heap: execution, cache and the
@@ -36,8 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spark-master", help=f"Spark master URL (default {LOCAL}, or spark-submit's --master)")
 
 
-def config(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    return load_config(args.config, args.set)
+def config(args: argparse.Namespace) -> Plan:
+    """The plan of `--config` and `--set` (the run's, for a command that reads its output)."""
+    return load_plan(args.config, args.set)
 
 
 def machine_heap() -> str:
@@ -233,7 +237,7 @@ def is_nanos(kind) -> bool:
     return pa.types.is_timestamp(kind) and kind.unit == "ns"
 
 
-def stream_rows(spark, name: str, spec: dict, typed: bool = True):
+def stream_rows(spark, name: str, spec: Stream, typed: bool = True):
     """A declared stream's rows from its files (common.stream_file.stream_files) and the files' format (csv,
     parquet, json; CSV cells stay text but for the columns the stream's `schema` declares, in their types as the
     engine reads them: csv_column; `typed` False: those too as written, their time still read as declared), each
@@ -251,7 +255,7 @@ def stream_rows(spark, name: str, spec: dict, typed: bool = True):
     from common.chunks import InputError
     from common.stream_file import csv_types, stream_files
 
-    files = stream_files(name, spec["path"])
+    files = stream_files(name, spec.path)
     declared = csv_types(name, spec, files)
     formats = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
     fmt = formats.get(files[0].suffix.lower(), "json")
@@ -261,10 +265,10 @@ def stream_rows(spark, name: str, spec: dict, typed: bool = True):
     for i, f in enumerate(files):
         if fmt == "parquet":
             footer = pq.ParquetFile(f)
-            kind = footer.schema_arrow.field(spec["time"]).type if spec["time"] in footer.schema_arrow.names else None
+            kind = footer.schema_arrow.field(spec.time).type if spec.time in footer.schema_arrow.names else None
             nanos = kind is not None and is_nanos(kind)
             df = spark.read.parquet(str(f)).withColumn("_row", F.col("_metadata.row_index") + before)
-            df = df.withColumn("_us", stream_micros(df, spec["time"], "ns" if nanos else spec["time_unit"]))
+            df = df.withColumn("_us", stream_micros(df, spec.time, "ns" if nanos else spec.time_unit))
             before += footer.metadata.num_rows
         else:
             df = spark.read.option("header", True).csv(str(f)) if fmt == "csv" else spark.read.json(str(f))
@@ -288,7 +292,7 @@ def stream_rows(spark, name: str, spec: dict, typed: bool = True):
         df = df.join(F.broadcast(offsets), ["_file", "_split"]).withColumn("_row", F.col("_at") + F.col("_start"))
         df = df.drop("_file", "_split", "_at", "_start")
         columns = {c: csv_column(F.col(c), t, declared.formats, f"streams.{name}") for c, t in declared.types.items()}
-        df = df.withColumn("_time", columns.get(spec["time"], F.col(spec["time"])))
-        df = df.withColumn("_us", stream_micros(df, "_time", spec["time_unit"])).drop("_time")
+        df = df.withColumn("_time", columns.get(spec.time, F.col(spec.time)))
+        df = df.withColumn("_us", stream_micros(df, "_time", spec.time_unit)).drop("_time")
         df = df.withColumns(columns) if typed else df
-    return df.withColumn("_id", F.col(spec["id"]).cast("long") if spec["id"] else F.col("_row")), fmt
+    return df.withColumn("_id", F.col(spec.id).cast("long") if spec.id else F.col("_row")), fmt

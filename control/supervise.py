@@ -112,12 +112,13 @@ def _replace(command: list[str], names: tuple[str, ...], value: str) -> list[str
 def _dispatchers(command: list[str]) -> int:
     """cluster.dispatchers of the master's arguments (after `--`)."""
     from master.cli import parse_args
-    from protocol.config import ConfigError, load_config
+    from protocol.config import ConfigError
+    from protocol.plan import load_plan
 
     rest = command[command.index("--") + 1 :] if "--" in command else []
     try:
         a = parse_args([w for w in rest if w != "--recover"])
-        return load_config(a.config, a.set)["cluster"]["dispatchers"]
+        return load_plan(a.config, a.set).cluster.dispatchers
     except (ConfigError, SystemExit):
         return 1  # the cluster itself will say what is wrong
 

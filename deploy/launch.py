@@ -21,6 +21,8 @@ before mpirun starts (exit 2).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import argparse
 import atexit
 import contextlib
@@ -38,12 +40,14 @@ from pathlib import Path
 from deploy.hosts import HostfileError, describe, place, read_hostfile, write_placement
 from deploy.job import run_job
 from deploy.kernels import AHEAD
-from master.cli import checked_config
+from master.cli import checked_plan
 from protocol.compiled import kernel_sources
 from protocol.config import ConfigError
 from protocol.lifetime import USER_ERROR, invocation
-from protocol.liveness import heartbeat_timeout
 from protocol.startup import BTL, LAUNCHED, PLACED_HOSTS
+
+if TYPE_CHECKING:
+    from protocol.plan import Cluster
 
 MPI_ENV = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -110,13 +114,13 @@ def mpirun_command(
     args: list[str],
     hostfile: str | None = None,
     module: str = "master",
-    cluster: dict | None = None,
+    cluster: Cluster | None = None,
     log=print,
 ) -> list[str]:
     """The mpirun command line.  With a hostfile the ranks go where `deploy.hosts.place` puts them (said in one
-    line through `log`), and every rank gets this launcher's environment; `cluster`: the config's [cluster]
-    and [epochs] keys that set Open MPI's network and keepalive (`network_options`).  Ranks start with
-    `python -P`: the working folder is not on their path, so a user's `common.py` there cannot hide ours."""
+    line through `log`), and every rank gets this launcher's environment; `cluster`: the plan's [cluster]
+    (heartbeat timeout, network, ports), which sets Open MPI's network and keepalive (`network_options`).  Ranks
+    start with `python -P`: the working folder is not on their path, so a user's `common.py` there cannot hide ours."""
     warm_kernels()
     cmd = [find_mpirun(), "--bind-to", "none", *network_options(cluster)]
     if not hostfile:
@@ -143,14 +147,14 @@ def mpirun_command(
     return cmd + [sys.executable, "-P", "-m", module, *args]
 
 
-def network_options(cluster: dict | None) -> list[str]:
+def network_options(cluster: Cluster | None) -> list[str]:
     """Open MPI's daemons keep their connections alive with TCP keepalives tuned to the heartbeat timeout (a
     daemon cut off from mpirun then ends, and its ranks with it, instead of waiting for its link for minutes:
     Open MPI's default is 300 s + 9 x 20 s); `cluster.network` limits Open MPI's traffic, the ranks' (btl)
     and the daemons' (oob), to one address range (IPv4 only when the range is IPv4); `cluster.ports` the ports
     they listen on (Open MPI listens on every address whatever the range: a firewall decides who reaches
     them)."""
-    timeout = heartbeat_timeout(cluster, cluster["epoch"]) if cluster else 5.0
+    timeout = cluster.heartbeat_timeout if cluster else 5.0
     # idle for the timeout + 2 s, then 3 probes 1 s apart: the engine's own detector, which names the rank and
     # what it last said, speaks first (protocol.liveness)
     opts = [
@@ -164,7 +168,7 @@ def network_options(cluster: dict | None) -> list[str]:
         "oob_tcp_keepalive_probes",
         "3",
     ]
-    network, ports = (cluster or {}).get("network"), (cluster or {}).get("ports")
+    network, ports = (cluster.network, cluster.ports) if cluster else ("", "")
     if network:
         opts += ["--mca", "btl_tcp_if_include", network, "--prtemca", "oob_tcp_if_include", network]
         if ipaddress.ip_network(network, strict=False).version == 4:
@@ -232,8 +236,7 @@ def main(argv: list[str]) -> int:
     cluster = None
     try:
         if a.module == "master":  # a mistake is told once, before mpirun starts a rank (exit 2 on a bad argument)
-            cfg = checked_config(rest, a.ranks - 1)
-            cluster = {**cfg["cluster"], "epoch": cfg["epochs"]["distribution"]}
+            cluster = checked_plan(rest, a.ranks - 1).cluster
         cmd = mpirun_command(
             a.ranks, rest, a.hostfile, a.module, cluster, log=lambda line: print(line, file=sys.stderr, flush=True)
         )

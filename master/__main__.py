@@ -7,6 +7,8 @@ module name is the only link between the two roles.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import importlib
 import os
 import runpy
@@ -25,6 +27,9 @@ from protocol.lifetime import INPUT_LOST, SINK, USER_ERROR
 from protocol.errors import SinkError
 from protocol.mpi import receive_start, run_rank, wait_barrier
 
+if TYPE_CHECKING:
+    from protocol.plan import Plan
+
 # Only light modules above: every rank imports them, then the others sleep in a barrier while rank 0 alone
 # imports numpy, pyarrow and its desks, reads the config and the input's first batch on a core of its own
 # (all ranks importing at once on 2 cores delayed the first tuple by seconds: docs/benchmark-history.md).
@@ -37,19 +42,19 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def find_resume(cfg: dict, slaves: list[int]) -> tuple:
+def find_resume(plan: Plan, slaves: list[int]) -> tuple:
     """With --recover: the newest complete checkpoint that fits this run, with the output rolled back to it; on
     another slave count its partition-groups are placed anew (protocol.checkpoint.reassign)."""
     from protocol import checkpoint
 
-    root = checkpoint.root_of(cfg)
+    root = plan.checkpoint.root
     found = checkpoint.latest_complete(root, log=say)
     if found is None:
         say(f"recover: no complete checkpoint under {root}: starting from the beginning")
         return None
     directory, manifest = found
-    checkpoint.check_binding(manifest, cfg)
-    out = Path(cfg["output"]["path"])
+    checkpoint.check_binding(manifest, plan.document)
+    out = plan.output.path
     removed = checkpoint.roll_back_output(out, manifest["commit"])
     checkpoint.publish_aggregates(out, manifest["commit"][checkpoint.PENDING_AGGREGATES])  # if the crash came between
     then = len(checkpoint.slaves_of(manifest))
@@ -68,17 +73,15 @@ def sink_run(out: Path) -> str | None:
     return run_id(out)
 
 
-def start_sink(cfg: dict, previous_run: str | None, commit: dict | None, slaves: list[int]):
-    """Rank 0's Kafka result sink, with what the checkpoint resumed from (`commit`) covers in Kafka; the slaves
-    learn the run's id and whether its end is in Kafka already from `cfg`."""
+def start_sink(plan: Plan, previous_run: str | None, commit: dict | None, slaves: list[int]):
+    """Rank 0's Kafka result sink, with what the checkpoint resumed from (`commit`) covers in Kafka, and the plan
+    the slaves receive: with the run's id and whether its end is in Kafka already."""
     from master.sink import KafkaSink, keep_run_id
 
-    sink_cfg = cfg["output"]["kafka"]
-    sink_cfg["run"] = keep_run_id(Path(cfg["output"]["path"]), previous_run)
-    sink = KafkaSink(cfg)
+    plan = plan.with_sink(keep_run_id(plan.output.path, previous_run), False)
+    sink = KafkaSink(plan)
     say(sink.start(commit, slaves))
-    sink_cfg["complete"] = sink.complete
-    return sink
+    return sink, plan.with_sink(plan.output.kafka.run, sink.complete)
 
 
 @contextmanager
@@ -98,11 +101,11 @@ def other_rank(comm) -> int:
     if comm.rank >= comm.size - early_importers(comm.size, cores):
         importlib.import_module("slave.run")
     wait_barrier(comm)  # until rank 0 has read the config and opened the input
-    cfg, resume = receive_start(comm)
-    if cfg is None:  # rank 0 refused the configuration and said why
+    plan, resume = receive_start(comm)
+    if plan is None:  # rank 0 refused the configuration and said why
         return USER_ERROR
-    if comm.rank >= cfg["cluster"]["dispatchers"]:
-        runpy.run_module("slave", run_name="__main__", init_globals={"RECEIVED": (cfg, resume)})
+    if comm.rank >= plan.cluster.dispatchers:
+        runpy.run_module("slave", run_name="__main__", init_globals={"RECEIVED": (plan, resume)})
         return 0
     from master.run import Master
     from master.sources import open_shard
@@ -111,7 +114,7 @@ def other_rank(comm) -> int:
     if resume is not None:
         resume = (Path(resume["dir"]), checkpoint.load_manifest(Path(resume["dir"])))
     with input_errors_abort(comm):
-        Master(comm, cfg, open_shard(cfg, comm.rank), resume).run()
+        Master(comm, plan, open_shard(plan, comm.rank), resume).run()
     return 0
 
 
@@ -139,7 +142,8 @@ def main() -> int:
     from master.sources import open_shard
     from protocol import checkpoint
     from common.chunks import InputError, InputLost
-    from protocol.config import ConfigError, load_config, validate
+    from protocol.config import ConfigError
+    from protocol.plan import load_plan
     from protocol.output import OutputError, check_owned, reset_output
 
     resume = lock = sink = None
@@ -149,30 +153,32 @@ def main() -> int:
                 "the cluster needs a master and at least one slave: "
                 "run it as `mpirun -n 5 python -m master` (or `make run`)"
             )
-        cfg = load_config(args.config, args.set, args.sql)
-        validate(cfg, slaves=comm.size - 1)
+        plan = load_plan(args.config, args.set, args.sql, slaves=comm.size - 1)
         # a restart waits for the crashed cluster's ranks to be gone: two never write one folder
-        lock = OutputLock(cfg["output"]["path"], wait=RESTART_WAIT if args.recover else 0.0, log=say)
-        out = Path(cfg["output"]["path"])
+        lock = OutputLock(plan.output.path, wait=RESTART_WAIT if args.recover else 0.0, log=say)
+        out = plan.output.path
         previous_run = None
-        if any(spec["kafka"] and spec["kafka"]["pattern"] for spec in cfg.get("streams", {}).values()):
+        if any(spec.kafka and spec.kafka.pattern for spec in plan.streams):
             from master.sources.kafka_input import resolve_patterns
 
-            found = checkpoint.latest_complete(checkpoint.root_of(cfg), log=lambda _: None) if args.recover else None
-            for line in resolve_patterns(cfg, found[1]["config"] if found else None):
+            found = checkpoint.latest_complete(plan.checkpoint.root, log=lambda _: None) if args.recover else None
+            from protocol.plan import compile_plan
+
+            plan, lines = resolve_patterns(plan, compile_plan(found[1]["config"]) if found else None)
+            for line in lines:
                 say(line)
         if args.recover:
             check_owned(out)
-            previous_run = sink_run(out) if cfg["output"]["kafka"]["topic"] else None
-            resume = find_resume(cfg, list(range(cfg["cluster"]["dispatchers"], comm.size)))
+            previous_run = sink_run(out) if plan.output.kafka.topic else None
+            resume = find_resume(plan, list(range(plan.cluster.dispatchers, comm.size)))
         if resume is None:
-            reset_output(cfg["output"]["path"])
-            checkpoint.clear(checkpoint.root_of(cfg))
-        if cfg["output"]["kafka"]["topic"]:
+            reset_output(plan.output.path)
+            checkpoint.clear(plan.checkpoint.root)
+        if plan.output.kafka.topic:
             commit = None if resume is None else resume[1]["commit"]["results"]
-            sink = start_sink(cfg, previous_run, commit, list(range(cfg["cluster"]["dispatchers"], comm.size)))
-        source = open_shard(cfg, 0)  # after the reset: declared streams write their payload log as they read
-        master = Master(comm, cfg, source, resume, sink)
+            sink, plan = start_sink(plan, previous_run, commit, list(range(plan.cluster.dispatchers, comm.size)))
+        source = open_shard(plan, 0)  # after the reset: declared streams write their payload log as they read
+        master = Master(comm, plan, source, resume, sink)
         master.read_ahead()  # the first tuple, before the others start importing
     except SinkError as e:  # the broker: not a mistake in the configuration, a restart may find it back
         say(f"error: kafka sink: {e}")
@@ -188,7 +194,7 @@ def main() -> int:
         comm.bcast(None, root=0)
         return USER_ERROR
     wait_barrier(comm)
-    comm.bcast(cfg, root=0)
+    comm.bcast(plan, root=0)
     comm.bcast(
         None
         if resume is None
@@ -197,10 +203,10 @@ def main() -> int:
             "result_files": resume[1]["result_files"],
             "seqs": [
                 resume[1]["master"]["seq"],
-                *(resume[1]["dispatchers"][str(d)]["seq"] for d in range(1, cfg["cluster"]["dispatchers"])),
+                *(resume[1]["dispatchers"][str(d)]["seq"] for d in range(1, plan.cluster.dispatchers)),
             ],
             "aggregate_files": resume[1]["commit"][checkpoint.PENDING_AGGREGATES],
-            "groups": checkpoint.slave_assignment(resume[1], list(range(cfg["cluster"]["dispatchers"], comm.size))),
+            "groups": checkpoint.slave_assignment(resume[1], list(range(plan.cluster.dispatchers, comm.size))),
         },
         root=0,
     )

@@ -4,6 +4,10 @@ rank 0 alone while the others wait for it), and deploy.launch checks it before m
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 USAGE = "`mpirun -n N python -m master [--config FILE] [--sql FILE] [--set section.key=value ...]`"
 
@@ -43,12 +47,9 @@ def parse_args(argv: list[str], quiet: bool = False) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def checked_config(argv: list[str], slaves: int) -> dict:
-    """The configuration `argv` gives, validated for `slaves` slaves (raises ConfigError, exits 2 on a bad
-    argument)."""
-    from protocol.config import load_config, validate
+def checked_plan(argv: list[str], slaves: int) -> Plan:
+    """The plan `argv` gives, validated for `slaves` slaves (raises ConfigError, exits 2 on a bad argument)."""
+    from protocol.plan import load_plan
 
     args = parse_args(argv)
-    cfg = load_config(args.config, args.set, args.sql)
-    validate(cfg, slaves=slaves)
-    return cfg
+    return load_plan(args.config, args.set, args.sql, slaves=slaves)

@@ -9,8 +9,9 @@ source's position and the files' counts are its part of a checkpoint.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -23,19 +24,21 @@ from protocol.output import NumberedFiles
 from protocol.payload import payload_reader
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
 
+if TYPE_CHECKING:
+    from protocol.plan import Plan
+
 
 class IntakeShell:
-    def __init__(self, cfg: dict, source, index: int, k: int):
-        self.cfg, self.source = cfg, source
-        out = Path(cfg["output"]["path"])
-        self.payload = payload_reader(cfg)  #: declared streams: where late rows find their own columns
-        self.late = NumberedFiles(
-            out / "late", named("late", index, k), cfg["output"]["format"], cfg["output"]["flush_rows"]
-        )
-        ck = cfg["checkpoint"]
+    def __init__(self, plan: Plan, source, index: int, k: int):
+        self.plan, self.source = plan, source
+        out = plan.output.path
+        self.payload = payload_reader(plan)  #: declared streams: where late rows find their own columns
+        self.stream_names = np.array([s.name for s in plan.streams])  #: late rows' `stream` column
+        self.late = NumberedFiles(out / "late", named("late", index, k), plan.output.format, plan.output.flush_rows)
+        ck = plan.checkpoint
         self.archive = (
-            InputArchive(out / "archive", cfg["output"]["flush_rows"], named("input", index, k))
-            if ck["interval"] and ck["archive"]
+            InputArchive(out / "archive", plan.output.flush_rows, named("input", index, k))
+            if ck.enabled and ck.archive
             else None
         )
 
@@ -72,7 +75,7 @@ class IntakeShell:
             }
         rows = chunk.id[late]
         table = self.payload.both(np.where(stream == STREAM_R, rows, -1), np.where(stream == STREAM_S, rows, -1))
-        return {"stream": np.array(list(self.cfg["streams"]))[stream], **dict(zip(table.column_names, table.columns))}
+        return {"stream": self.stream_names[stream], **dict(zip(table.column_names, table.columns))}
 
     def flush(self) -> None:
         """Write the late tuples and the archive held so far (a checkpoint's cut, the end of the run)."""
@@ -100,7 +103,7 @@ class IntakeShell:
         """Resume at the checkpoint's source position (with its arrays `records`): a ZeroMQ source takes each
         producer's position (what a producer resends from there is taken again; what it cannot resend is counted
         as lost)."""
-        if self.cfg["source"]["kind"] == "zmq":
+        if self.plan.source.kind == "zmq":
             print(
                 'recover: source.kind = "zmq": producers that resend (control.produce with --ack-endpoint) '
                 "repeat what they sent after the checkpoint; what others sent after it is lost and counted "

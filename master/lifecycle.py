@@ -5,6 +5,8 @@ every slave, their final reports, the summary.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import resource
 import sys
 import time
@@ -15,30 +17,31 @@ from master.state.checkpoints import section
 from master.state.intake import IngestDesk
 from master.state.stats import ranks_by_host, spans, summary_lines
 from protocol import checkpoint, eventtime
-from protocol.liveness import heartbeat_timeout
 from protocol.orders import Order
 from protocol.payload import remove_log
 from protocol.startup import launched_at, restarts
-from protocol.streams import live_endpoints
 from protocol.strict_json import json_text
 
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
-def say_started(hosts: list[str], k: int, cfg: dict) -> None:
+
+def say_started(hosts: list[str], k: int, plan: Plan) -> None:
     by_host = ranks_by_host(hosts)
     print(
         f"started: {'1 master' if k == 1 else f'{k} dispatchers'} + {len(hosts) - k} slaves on {len(by_host)} "
         f"host{'s' * (len(by_host) > 1)} ("
         + "; ".join(f"{h}: {spans(r)}" for h, r in by_host.items())
-        + f"); heartbeat_timeout {heartbeat_timeout(cfg['cluster'], cfg['epochs']['distribution']):g}s",
+        + f"); heartbeat_timeout {plan.cluster.heartbeat_timeout:g}s",
         file=sys.stderr,
         flush=True,
     )
 
 
-def payload_cuts(cfg: dict) -> list[int]:
+def payload_cuts(plan: Plan) -> list[int]:
     """The payload cuts of the complete checkpoints on disk, oldest first (NEG_INF for one that has none)."""
     cuts = []
-    for directory in checkpoint.checkpoints(checkpoint.root_of(cfg)):
+    for directory in checkpoint.checkpoints(plan.checkpoint.root):
         try:
             cut = checkpoint.load_manifest(directory)["master"].get("payload_cut")
         except checkpoint.CheckpointError:
@@ -87,7 +90,7 @@ class Lifecycle:
             self.hot.restore(m["hot_keys"])
         self.checkpoints.restore(part, manifest, self.distribution.epochs_done)
         if self.payload is not None:
-            self.payload.restore(payload_cuts(self.cfg))
+            self.payload.restore(payload_cuts(self.plan))
 
     def read_ahead(self) -> None:
         """Take the first batch of unpaced input while the other ranks start: rank 0 before it lets
@@ -99,7 +102,7 @@ class Lifecycle:
         if self.stats.launched is not None:
             return
         self.stats.launched = launched_at()
-        if self.ingest.rate > 0 or self.cfg["source"]["speed"] > 0 or live_endpoints(self.cfg):
+        if self.ingest.rate > 0 or self.plan.source.speed > 0 or self.plan.live_endpoints:
             return
         now = time.time()
         self.ingest.start(now)
@@ -141,7 +144,7 @@ class Lifecycle:
         for other in others:
             self.stats.merge(other["stats"])
         c = self.controller
-        summary = self.stats.summary(self.cfg, time.time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        summary = self.stats.summary(self.plan, time.time(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         summary["balance"] = {
             "reorganizations": c.reorganizations,
             "moves": c.moves_log,
@@ -164,10 +167,10 @@ class Lifecycle:
         if lateness:  # [streams]: each stream's max_delay, late tuples and idle periods
             summary["lateness"] = IngestDesk.merge_summaries([lateness, *(o["lateness"] for o in others)])
         if self.sink is not None:  # every result file is written: the last transaction (docs/output.md)
-            summary["kafka_sink"] = self.sink.finish(result_files(Path(self.cfg["output"]["path"]) / "results"))
-        remove_log(self.cfg["output"]["path"])  # every result is written: no row needs its columns any more
-        write_summary(Path(self.cfg["output"]["path"]) / "summary.json", summary)
-        print("\n".join(summary_lines(summary)), file=sys.stderr, flush=True)
+            summary["kafka_sink"] = self.sink.finish(result_files(self.plan.output.path / "results"))
+        remove_log(self.plan.output.path)  # every result is written: no row needs its columns any more
+        write_summary(self.plan.output.path / "summary.json", summary)
+        print("\n".join(summary_lines(summary, self.plan.output)), file=sys.stderr, flush=True)
         self.metrics.close(self, summary)
         return summary
 

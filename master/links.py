@@ -9,6 +9,8 @@ reports and the words of slaves still joining, the orders between dispatchers
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 
 import numpy as np
@@ -19,6 +21,9 @@ from master.state.channels import Channels, Send, Tell
 from protocol import faults, liveness
 from protocol.mpi import wait_all_started
 from protocol.messages import REPORT_BYTES, TAG_DATA, TAG_JOINING, TAG_REPORT, TAG_SUMMARY, decode_report
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 
 class Links:
@@ -75,9 +80,9 @@ class Links:
             self.orders.close()
 
     # -- the start and the end of the run ------------------------------------------------------------------
-    def wait_all_started(self, cfg: dict) -> list[str]:
+    def wait_all_started(self, plan: Plan) -> list[str]:
         """Every rank's host, once all are ready; the heartbeats run from then on (protocol.liveness)."""
-        return wait_all_started(self.comm, cfg, lambda rank: self.channels.about(rank, time.monotonic()))
+        return wait_all_started(self.comm, plan, lambda rank: self.channels.about(rank, time.monotonic()))
 
     def send_summary(self, counters: dict) -> None:
         """Another dispatcher: its counters to rank 0, which writes the summary."""

@@ -14,10 +14,11 @@ them up and serves.  At the end each sends a last one marked final and rank 0 wa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import sys
 import time
 from collections import Counter, deque
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +33,9 @@ from protocol.strict_json import finite
 from protocol.messages import TAG_METRICS
 from protocol.lifetime import invocation
 from protocol.output import write_table
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 #: samples the live dashboard keeps (an hour at one a second); the log keeps them all
 HISTORY = 3600
@@ -61,13 +65,13 @@ def refused_kinds(source) -> dict[str, int]:
 
 
 class Metrics:
-    def __init__(self, comm: MPI.Comm, cfg: dict, index: int):
-        self.comm, self.cfg, self.index = comm, cfg, index
-        self.k = cfg["cluster"]["dispatchers"]
-        mc = cfg["metrics"]
-        self.enabled = bool(mc["endpoint"] or mc["log_interval"])
-        self.interval = cfg["output"]["progress"] or 1.0
-        self.out = Path(cfg["output"]["path"])
+    def __init__(self, comm: MPI.Comm, plan: Plan, index: int):
+        self.comm, self.plan, self.index = comm, plan, index
+        self.k = plan.cluster.dispatchers
+        mc = plan.metrics
+        self.enabled = bool(mc.endpoint or mc.log_interval)
+        self.interval = plan.output.progress or 1.0
+        self.out = plan.output.path
         self.next = 0.0
         self.seq = 0
         self.samples: deque[dict] = deque(maxlen=HISTORY)
@@ -79,7 +83,7 @@ class Metrics:
         self._sending: MPI.Request | None = None
         self._others: dict[int, dict] = {}  #: rank 0: the latest counters of every other dispatcher
         self._receiving: dict[int, tuple[MPI.Request, bytearray]] = {}
-        self.log_interval, self._log_rows, self._log_files, self._next_log = mc["log_interval"], [], 0, 0.0
+        self.log_interval, self._log_rows, self._log_files, self._next_log = mc.log_interval, [], 0, 0.0
         self._stamp = time.strftime("%Y%m%dT%H%M%S")  #: a resumed run's log files sit beside the first run's
         self._last_input: dict[str, tuple[int, float]] = {}  #: per stream: its input count and when it last rose
         self.server = None
@@ -87,11 +91,11 @@ class Metrics:
             return
         for d in range(1, self.k):
             self._post(d)
-        if mc["endpoint"]:
+        if mc.endpoint:
             self.registry = CollectorRegistry()
             self.registry.register(self)
             ProcessCollector(registry=self.registry)  # the master's own CPU and memory (process_*)
-            self.server = DashboardServer(mc["endpoint"], self.data, lambda: generate_latest(self.registry))
+            self.server = DashboardServer(mc.endpoint, self.data, lambda: generate_latest(self.registry))
 
     @property
     def url(self) -> str:
@@ -102,7 +106,7 @@ class Metrics:
         """At the cadence: a sample (rank 0) or this dispatcher's counters sent to rank 0."""
         if now < self.next:
             return
-        if self.next == 0.0 and self.index == 0 and self.cfg["output"]["progress"]:
+        if self.next == 0.0 and self.index == 0 and self.plan.output.progress:
             print(
                 f"output: {self.out.resolve()}/ (results/, late/, metrics/, summary.json)"
                 + (f"; metrics {self.url}metrics, dashboard {self.url}" if self.server else ""),
@@ -296,7 +300,7 @@ class Metrics:
             "moves": dict(self.moves_by_reason),
             "hot_events": Counter(e["event"] for e in hot_log),
             "started": m.stats.started - m.stats.elapsed_before,
-            "capacity": self.cfg["master"]["buffer_capacity"],
+            "capacity": self.plan.master.buffer_capacity,
             "moves_log": c.moves_log[-100:],
             "hot_log": hot_log[-100:],
             "checkpoint_log": done[-100:],
@@ -331,8 +335,8 @@ class Metrics:
             "summary": finite(self.summary),
             "config": {
                 "dispatchers": self.k,
-                "buffer_capacity": self.cfg["master"]["buffer_capacity"],
-                "source": self.cfg["source"]["kind"],
+                "buffer_capacity": self.plan.master.buffer_capacity,
+                "source": self.plan.source.kind,
                 "output": str(self.out.resolve()),
             },
         }
@@ -363,7 +367,7 @@ class Metrics:
         def per_slave(key):
             return [((r,), v) for r, v in zip(slaves, s[key])]
 
-        source = self.cfg["source"]["kind"]
+        source = self.plan.source.kind
         yield counter(
             "input_tuples",
             "on-time tuples taken in, by stream and source kind",

@@ -58,6 +58,8 @@ is the min over the dispatchers' (`control.subscribe --dispatchers k`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import sys
 import time
 from collections import Counter, deque
@@ -69,8 +71,11 @@ from mpi4py import MPI
 from protocol import eventtime, wire
 from protocol.access import dispatcher_endpoint
 from protocol.messages import TAG_RESULTS
-from protocol.predicates import final_time, time_bounds
+from protocol.predicates import final_time
 from master.punctuation import Punctuator
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 #: the largest result message in bytes: RESULTS frames of as many records as fit (ZeroMQ gets its own copy, so
 #: a queued message never pins a larger array), the socket's SNDHWM is the bound over this
@@ -126,21 +131,21 @@ HEADROOM = 2.0
 
 
 class ResultStream:
-    def __init__(self, comm: MPI.Comm, cfg: dict, partitions: int, index: int = 0):
-        out = cfg["output"]
-        self.comm, self.ordered, self.index = comm, out["ordered"], index
-        self.endpoint = dispatcher_endpoint(out["zmq_endpoint"], index) if out["zmq_endpoint"] else ""
+    def __init__(self, comm: MPI.Comm, plan: Plan, partitions: int, index: int = 0):
+        out = plan.output
+        self.comm, self.ordered, self.index = comm, out.ordered, index
+        self.endpoint = dispatcher_endpoint(out.zmq_endpoint, index) if out.zmq_endpoint else ""
         self.enabled = bool(self.endpoint)
-        join = cfg["join"]
+        join = plan.join
         #: rows without a partner decided by the watermark: their final time lies `lead` after their ts at least
-        kept = {"left": (0,), "anti": (0,), "right": (1,), "full": (0, 1)}.get(join["type"], ())
-        lead = min((final_time(stream, 0, time_bounds(join)) for stream in kept), default=None)
+        kept = {"left": (0,), "anti": (0,), "right": (1,), "full": (0, 1)}.get(join.type, ())
+        lead = min((final_time(stream, 0, join.bounds) for stream in kept), default=None)
         self.punctuator = Punctuator(partitions, lead)
         self.seq = self.results = self.punctuations = 0
         self.result_bytes = 0  #: of the results so far, as they came (records, or TABLEs' columns)
         self.held: list = []  #: ordered mode: results (records, or TABLEs' tables) not yet covered by a punctuation
         self.held_peak = self.held_rows = self.held_bytes = self.held_peak_bytes = 0
-        self.bound, self.timeout = out["subscriber_buffer_bytes"], out["subscriber_timeout"]
+        self.bound, self.timeout = out.subscriber_buffer_bytes, out.subscriber_timeout
         self.gaps: Counter[str] = Counter()  #: gaps opened in a subscriber's stream (lossy sends), by reason
         #: ordered mode: messages (frames, bytes) waiting for a full subscriber, oldest first
         self.outbox: deque[tuple[list, int]] = deque()
@@ -170,11 +175,11 @@ class ResultStream:
         self.sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber: EAGAIN, and we decide (`_publish`)
         self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, not only a topic's first: wait_subscribers
         try:
-            bind_server(self.sock, self.endpoint, cfg["security"])
+            bind_server(self.sock, self.endpoint, plan.security)
         except zmq.ZMQError as e:
             raise OSError(f"cannot bind output.zmq_endpoint {self.endpoint!r}: {e}") from None
         self.endpoint = self.sock.last_endpoint.decode()
-        self._wait_subscribers(out["wait_subscribers"])
+        self._wait_subscribers(out.wait_subscribers)
 
     def _wait_subscribers(self, n: int) -> None:
         if n:

@@ -12,6 +12,8 @@ slots, reorganization epochs, progress lines, checkpoints.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import signal
 import time
 from pathlib import Path
@@ -40,50 +42,52 @@ from master.state.stats import RunStats
 from protocol import eventtime, faults
 from protocol.orders import Order
 from protocol.startup import pss_bytes
-from protocol.query import record_dtype
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 
 class Master(Routing, Lifecycle):
-    def __init__(self, comm: MPI.Comm, cfg: dict, source, resume: tuple[Path, dict] | None = None, sink=None):
+    def __init__(self, comm: MPI.Comm, plan: Plan, source, resume: tuple[Path, dict] | None = None, sink=None):
         """`sink`: rank 0's Kafka result sink (master.sink), started."""
-        self.comm, self.cfg, self.source, self.sink = comm, cfg, source, sink
+        self.comm, self.plan, self.source, self.sink = comm, plan, source, sink
         #: with k dispatchers (BiStream 3.2.3) ranks 0..k-1 each run this loop on their share of the input;
         #: rank 0 decides moves and checkpoints and writes the summary
-        self.k, self.index = cfg["cluster"]["dispatchers"], comm.rank
+        self.k, self.index = plan.cluster.dispatchers, comm.rank
         self.slaves = slaves = list(range(self.k, comm.size))
-        parts, hot = cfg["partitioning"]["partitions"], cfg["hotkeys"]
-        router = HotKeyRouter(parts, hot["max_keys"], hot["grid"], cfg["join"]["type"]) if hot["enabled"] else None
-        sketch = FrequentKeys(hot["sketch"])
+        parts, hot = plan.partitioning.partitions, plan.hotkeys
+        router = HotKeyRouter(parts, hot.max_keys, hot.grid, plan.join.type) if hot.enabled else None
+        sketch = FrequentKeys(hot.sketch)
         if router is not None:
             parts = router.total_partitions
         self.controller = controller = Controller(
-            cfg, slaves, parts, share=self.k, live=router.partitions if router else None
+            plan.balance, slaves, parts, share=self.k, live=router.partitions if router else None
         )
-        self.buffers = buffers = MiniBuffers(parts, record_dtype(cfg))
+        self.buffers = buffers = MiniBuffers(parts, plan.dtype)
         self.stats = stats = RunStats(slaves, time.time())
         self.channels = channels = Channels(slaves, buffers.dtype)
         self.links = Links(comm, self.index, self.k, channels)
-        groups = min(cfg["partitioning"]["subgroups"], len(slaves))
+        groups = min(plan.partitioning.subgroups, len(slaves))
         self.ingest = IngestDesk(
-            cfg, buffers, stats, channels, self.index, self.k, groups, router, sketch, source.own_rows
+            plan, buffers, stats, channels, self.index, self.k, groups, router, sketch, source.own_rows
         )
-        self.intake = IntakeShell(cfg, source, self.index, self.k)
-        self.results_out = ResultStream(comm, cfg, parts, self.index)
-        self.metrics = Metrics(comm, cfg, self.index)
+        self.intake = IntakeShell(plan, source, self.index, self.k)
+        self.results_out = ResultStream(comm, plan, parts, self.index)
+        self.metrics = Metrics(comm, plan, self.index)
         self.distribution = DistributionDesk(
-            cfg, slaves, buffers, controller, stats, channels, self.results_out.sent, self.ingest.spans
+            plan, slaves, buffers, controller, stats, channels, self.results_out.sent, self.ingest.spans
         )
         self.moves = MovesDesk(self.k, controller, stats, channels)
         self.hot = (
-            HotKeyDesk(cfg, router, sketch, buffers, controller, stats, channels, self.results_out.rerouted, self.k)
+            HotKeyDesk(plan, router, sketch, buffers, controller, stats, channels, self.results_out.rerouted, self.k)
             if router
             else None
         )
-        self.checkpoints = CheckpointDesk(cfg, self.index, self.k, slaves, buffers, controller, stats, channels)
+        self.checkpoints = CheckpointDesk(plan, self.index, self.k, slaves, buffers, controller, stats, channels)
         self.checkpoints.on_commit = self._committed
         log = source.log  # declared streams: their rows' own columns (protocol.payload)
-        self.payload = PayloadDesk(cfg, self.index, slaves) if log is not None else None
-        self.stall = StallWatch(cfg, buffers, controller, channels, coordinator=self.index == 0)
+        self.payload = PayloadDesk(plan, self.index, slaves) if log is not None else None
+        self.stall = StallWatch(plan, buffers, controller, channels, coordinator=self.index == 0)
         self.done_from: set[int] = set()  #: rank 0: dispatchers that said DONE
         self.done_sent = self.finished = False
         self._stop_requested = False
@@ -97,12 +101,12 @@ class Master(Routing, Lifecycle):
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, self._request_stop)
         ingest, distribution, checkpoints = self.ingest, self.distribution, self.checkpoints
-        slot = self.cfg["epochs"]["distribution"] / len(distribution.subgroups)
-        progress = self.cfg["output"]["progress"]
+        slot = self.plan.epochs.distribution / len(distribution.subgroups)
+        progress = self.plan.output.progress
         self.read_ahead()
-        self.stats.hosts = self.links.wait_all_started(self.cfg)
+        self.stats.hosts = self.links.wait_all_started(self.plan)
         if self.index == 0:  # the launcher reads this line: from here on every rank runs (deploy.job)
-            say_started(self.stats.hosts, self.k, self.cfg)
+            say_started(self.stats.hosts, self.k, self.plan)
         self.stats.started = time.time()
         # with the others' libraries loaded, so shared pages count once each (its first batch in it, if read)
         self.stats.pss_start = pss_bytes()
@@ -110,7 +114,7 @@ class Master(Routing, Lifecycle):
         if self.hot is not None:
             self.hot.t0 = t0
         next_slot, next_progress = t0 + slot, t0 + progress
-        reorganization = self.cfg["epochs"]["reorganization"]
+        reorganization = self.plan.epochs.reorganization
         next_reorganization = t0 + reorganization
         while True:
             now = time.time()

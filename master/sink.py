@@ -15,6 +15,8 @@ idempotent, at least once.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import os
 import secrets
@@ -27,6 +29,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from protocol.errors import ConfigError, SinkError
 from protocol.kafka_sink import ResultProducer, transactional_id
 from protocol.output import SINK_RUN as RUN_FILE
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 
 def run_id(out: Path) -> str | None:
@@ -47,11 +52,11 @@ def keep_run_id(out: Path, run: str | None) -> str:
 
 
 class KafkaSink(ResultProducer):
-    """Rank 0's producer (see the module's docstring); `cfg["output"]["kafka"]["run"]` is the run's id."""
+    """Rank 0's producer (see the module's docstring); `plan.output.kafka.run` is the run's id."""
 
-    def __init__(self, cfg: dict):
-        exact = bool(cfg["checkpoint"]["interval"])  #: transactions, else idempotent at least once
-        super().__init__(cfg, 0, "master" if exact else None)
+    def __init__(self, plan: Plan):
+        exact = plan.checkpoint.enabled  #: transactions, else idempotent at least once
+        super().__init__(plan, 0, "master" if exact else None)
         self.complete = False  #: the run's end is in Kafka already (a restart after it sends nothing more)
 
     def start(self, commit: dict[str, int] | None, slaves: list[int]) -> str:

@@ -7,9 +7,12 @@ from __future__ import annotations
 import ipaddress
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.errors import ConfigError
+
+if TYPE_CHECKING:
+    from protocol.plan import Source
 
 
 def endpoint_is_local(endpoint: str) -> bool:
@@ -42,10 +45,9 @@ def _addresses(host: str) -> list[str]:
         return []
 
 
-def source_token(cfg: dict[str, dict[str, Any]]) -> str:
+def source_token(source: Source) -> str:
     """The producers' shared token ("" = none), from source.token or the file source.token_file."""
-    src = cfg["source"]
-    return Path(src["token_file"]).read_text().strip() if src["token_file"] else src["token"]
+    return Path(source.token_file).read_text().strip() if source.token_file else source.token
 
 
 def public(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -65,7 +67,7 @@ def public(cfg: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def check_http_endpoint(name: str, ep: str, cfg: dict[str, dict[str, Any]]) -> None:
+def check_http_endpoint(name: str, ep: str, allow_remote: bool) -> None:
     """An HTTP endpoint of metrics (the master's metrics.endpoint, the audit's --metrics): HOST:PORT, off
     loopback only with security.allow_remote (plain HTTP: it has no CURVE, so whoever reaches the port reads
     the metrics)."""
@@ -74,7 +76,7 @@ def check_http_endpoint(name: str, ep: str, cfg: dict[str, dict[str, Any]]) -> N
     host, _, port = ep.rpartition(":")
     if not host or "/" in host or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f'{name}: expected HOST:PORT (e.g. 127.0.0.1:9464) or "" (off), got {ep!r}')
-    if not endpoint_is_local(ep) and not cfg["security"]["allow_remote"]:
+    if not endpoint_is_local(ep) and not allow_remote:
         raise ConfigError(f"{name}: {ep!r} is not a loopback address; binding there needs security.allow_remote = true")
 
 

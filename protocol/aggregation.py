@@ -131,10 +131,9 @@ def aggregation(cfg: dict) -> Aggregation:
 
 def check(cfg: dict, error: type[Exception]) -> None:
     """The `[aggregate]` keys: groups, measures, window, slide; the single file's columns, known before the run,
-    too (declared streams' once their files or schemas are read: `check_columns`)."""
+    too (declared streams' once their files or schemas are read: `check_columns`).  Checked on or off: the view
+    they say is also control.aggregate's, which merges a run's partials."""
     agg = cfg["aggregate"]
-    if not agg["enabled"]:
-        return
     by = agg["group_by"]
     if not isinstance(by, (str, list)) or not all(
         isinstance(c, str) and c for c in ([by] if isinstance(by, str) else by)

@@ -56,10 +56,6 @@ class CheckpointError(Exception):
     """A checkpoint is missing a part, is half written, or does not fit the run that wants to resume from it."""
 
 
-def root_of(cfg: dict) -> Path:
-    return Path(cfg["checkpoint"]["path"] or Path(cfg["output"]["path"]) / "checkpoints")
-
-
 def name_of(ckpt_id: int) -> str:
     return f"ckpt-{ckpt_id:06d}"
 
@@ -127,7 +123,7 @@ def group_partition(buf: np.ndarray) -> int:
 
 
 def part_tuples(name: str, data: bytes, size: int) -> int:
-    """Tuples held by one part: the master's mini-buffer rows (records of `size` bytes: protocol.query.record_dtype),
+    """Tuples held by one part: the master's mini-buffer rows (records of `size` bytes: protocol.plan.Plan.dtype),
     or the sum over a slave's group states."""
     records = unpack(np.frombuffer(data, dtype=np.uint8), name)
     if name.startswith("master"):  # R rows, S rows, the rows per stream and partition (then a source's arrays)
@@ -210,10 +206,11 @@ def latest_complete(root: Path, log=print) -> tuple[Path, dict] | None:
     return None
 
 
-def check_binding(manifest: dict, cfg: dict) -> None:
-    """Refuse to resume with different join-relevant settings (the slave count may differ: `reassign`)."""
+def check_binding(manifest: dict, document: dict) -> None:
+    """Refuse to resume with different join-relevant settings (the slave count may differ: `reassign`): the
+    config as written then and now (`document`: protocol.plan.Plan.document), compared key by key."""
     for section in BINDING_SECTIONS:
-        for key, value in public(cfg)[section].items():
+        for key, value in public(document)[section].items():
             then = manifest["config"].get(section, {}).get(key)
             if section == "streams":
                 then, value = _bound_stream(then), _bound_stream(value)

@@ -554,7 +554,7 @@ def validate(cfg: dict[str, dict[str, Any]], slaves: int | None = None) -> None:
         )
     aggregation.check(cfg, ConfigError)
     check_endpoints(cfg)
-    check_http_endpoint("metrics.endpoint", cfg["metrics"]["endpoint"], cfg)
+    check_http_endpoint("metrics.endpoint", cfg["metrics"]["endpoint"], cfg["security"]["allow_remote"])
     check_producers(cfg)
     if slaves is not None:
         slaves -= cfg["cluster"]["dispatchers"] - 1  # the ranks after the dispatchers

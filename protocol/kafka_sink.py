@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,6 +25,9 @@ from confluent_kafka import KafkaException, Producer
 from protocol import faults
 from protocol.errors import ConfigError, SinkError
 from protocol.streams import resolved_settings
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan, Stream
 
 #: rows whose values are built at once, and records and KiB the producer's queue holds at most
 SLICE_ROWS = 65536
@@ -39,15 +42,15 @@ def transactional_id(run: str, series: str) -> str:
     return f"streamjoin-{run}-{series}"
 
 
-def key_columns(cfg: dict) -> list[str]:
-    """The result columns a record's key is made of: the pair's ids (declared streams: each stream's id column,
+def key_columns(streams: tuple[Stream, ...]) -> list[str]:
+    """The result columns a record's key is made of: the pair's ids (declared `streams`: each stream's id column,
     or its key and time columns when it has none)."""
-    if not cfg.get("streams"):
+    if not streams:
         return ["r_id", "s_id"]
     names = []
-    for spec in cfg["streams"].values():
-        own = [spec["id"]] if spec["id"] else [*spec["key"], spec["time"]]
-        names += [spec["prefix"] + c for c in own]
+    for spec in streams:
+        own = [spec.id] if spec.id else [*spec.key, spec.time]
+        names += [spec.prefix + c for c in own]
     return names
 
 
@@ -122,14 +125,14 @@ class ResultProducer:
     """Sends result files' rows to `output.kafka.topic`: with `series` (whose transactional id it takes) in
     transactions with a marker, else idempotent (at least once)."""
 
-    def __init__(self, cfg: dict, rank: int, series: str | None):
-        k = cfg["output"]["kafka"]
-        self.topic, self.marker_topic, self.timeout, self.run = k["topic"], k["marker_topic"], k["timeout"], k["run"]
-        self.results, self.fmt = Path(cfg["output"]["path"]) / "results", cfg["output"]["format"]
-        self.rank, self.exact, self.keys = rank, series is not None, key_columns(cfg)
+    def __init__(self, plan: Plan, rank: int, series: str | None):
+        k = plan.output.kafka
+        self.topic, self.marker_topic, self.timeout, self.run = k.topic, k.marker_topic, k.timeout, k.run
+        self.results, self.fmt = plan.output.path / "results", plan.output.format
+        self.rank, self.exact, self.keys = rank, series is not None, key_columns(plan.streams)
         self.client = {
-            **resolved_settings(k["config"], "output.kafka.config", ConfigError),
-            "bootstrap.servers": k["bootstrap"],
+            **resolved_settings(k.config, "output.kafka.config", ConfigError),
+            "bootstrap.servers": k.bootstrap,
         }
         ms = int(self.timeout * 1000)
         conf = {

@@ -20,11 +20,14 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from protocol.lifetime import CRASH, LOST
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 TAG_HEARTBEAT = 1  #: on the heartbeat communicator: an int64 message, its sender's count of heartbeats
 #: at most this share of the timeout between two heartbeats, so a few may be late before a peer counts as lost
@@ -32,11 +35,6 @@ BEATS_PER_TIMEOUT = 5
 #: a rank gives rank 0 this much longer than rank 0 gives it: when a link between them is cut both fall
 #: silent at once, and rank 0, which can name what it lost and what it last heard, must speak first
 PATIENCE = 1.5
-
-
-def heartbeat_timeout(cluster: dict, epoch: float) -> float:
-    """`cluster.heartbeat_timeout`, or by default the larger of 5 s and 20 distribution epochs."""
-    return cluster["heartbeat_timeout"] or max(5.0, 20 * epoch)
 
 
 def heartbeat_interval(timeout: float, epoch: float) -> float:
@@ -233,18 +231,13 @@ def end_local_daemon() -> None:
 _current: Heartbeats | None = None  #: this process's heartbeats, once the start barrier is passed
 
 
-def start(comm, hosts: list[str], cfg: dict, about: Callable[[int], str]) -> None:
+def start(comm, hosts: list[str], plan: Plan, about: Callable[[int], str]) -> None:
     """Start this rank's heartbeats (every rank at once: the communicator is duplicated); they stop before
     MPI_Finalize, which runs at exit."""
     global _current
-    timeout = heartbeat_timeout(cfg["cluster"], cfg["epochs"]["distribution"])
+    timeout = plan.cluster.heartbeat_timeout
     _current = Heartbeats(
-        comm,
-        hosts,
-        cfg["cluster"]["dispatchers"],
-        timeout,
-        heartbeat_interval(timeout, cfg["epochs"]["distribution"]),
-        about,
+        comm, hosts, plan.cluster.dispatchers, timeout, heartbeat_interval(timeout, plan.epochs.distribution), about
     )
     atexit.register(stop)
 

@@ -13,7 +13,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 from mpi4py import MPI
 
@@ -21,6 +21,9 @@ from protocol import liveness
 from protocol.waiting import sleep_for
 from protocol.lifetime import CRASH, USER_ERROR, die_with_parent
 from protocol.startup import PLACED_HOSTS, without_pandas
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 
 def _poll(ready, timeout: float | None, soon: float | None = None) -> bool:
@@ -60,7 +63,7 @@ def wait_probe_any(
     )
 
 
-def wait_all_started(comm: MPI.Comm, cfg: dict, about=lambda rank: "") -> list[str]:
+def wait_all_started(comm: MPI.Comm, plan: Plan, about=lambda rank: "") -> list[str]:
     """Every rank of the job calls this once it is ready to work (the slaves after importing their join
     kernels, which take about 0.7 s of CPU per rank: seconds with 16 slaves on 2 cores), the dispatchers
     before they start the clock of the run, so paced input and delays count from when the cluster can join.
@@ -76,7 +79,7 @@ def wait_all_started(comm: MPI.Comm, cfg: dict, about=lambda rank: "") -> list[s
     hosts = comm.allgather(MPI.Get_processor_name())  # right after the barrier: nobody waits in it
     if comm.rank == 0:
         check_placement(comm, hosts)
-    liveness.start(comm, hosts, cfg, about)
+    liveness.start(comm, hosts, plan, about)
     return hosts
 
 
@@ -103,11 +106,11 @@ def wait_barrier(comm: MPI.Comm) -> None:
     _poll(request.Test, None)
 
 
-def receive_start(comm: MPI.Comm) -> tuple[dict | None, dict | None]:
-    """Every rank but 0: the configuration rank 0 broadcasts (None: it refused it and said why) and where a
+def receive_start(comm: MPI.Comm) -> tuple[Plan | None, dict | None]:
+    """Every rank but 0: the plan rank 0 broadcasts (None: it refused the configuration and said why) and where a
     recovered run starts from (None: from the beginning)."""
-    cfg = comm.bcast(None, root=0)
-    return (None, None) if cfg is None else (cfg, comm.bcast(None, root=0))
+    plan = comm.bcast(None, root=0)
+    return (None, None) if plan is None else (plan, comm.bcast(None, root=0))
 
 
 def recv_bytes(comm: MPI.Comm, status: MPI.Status, spare=None):

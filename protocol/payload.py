@@ -26,13 +26,16 @@ import os
 import threading
 from collections import OrderedDict, deque
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from protocol.output import empty_table
 from protocol.tuples import STREAM_NAMES
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 ROW = "__row"
 FOLDER = "payload"
@@ -273,8 +276,8 @@ class PayloadReader:
         return pa.Table.from_arrays(r.columns + s.columns, names=r.column_names + s.column_names)
 
 
-def payload_reader(cfg: dict) -> PayloadReader | None:
-    """The payload log of the run `cfg` describes, if its input is declared streams (protocol.streams)."""
-    if not cfg.get("streams"):
+def payload_reader(plan: Plan) -> PayloadReader | None:
+    """The payload log of the run `plan` describes, if its input is declared streams (protocol.streams)."""
+    if not plan.streams:
         return None
-    return PayloadReader(cfg["output"]["path"], tuple(s["prefix"] for s in cfg["streams"].values()))
+    return PayloadReader(plan.output.path, tuple(s.prefix for s in plan.streams))

@@ -871,7 +871,7 @@ def projected(table, plan: QueryPlan | None, prefixes: tuple[str, str]):
 
 def config_plan(cfg: dict) -> QueryPlan:
     """The plan of a run: its query's, or the one its `join.*` keys and streams mean (no filter, condition or
-    projection): what `control.explain` prints."""
+    projection): the plan's `shape` (protocol.plan), what `streamjoin explain` prints first."""
     plan = plan_of(cfg)
     if plan is not None:
         return plan
@@ -898,14 +898,6 @@ def config_plan(cfg: dict) -> QueryPlan:
         condition=None,
         projection=None,
     )
-
-
-def record_dtype(cfg: dict):
-    """The tuple records of the run `cfg` describes (protocol.tuples), with its query's term words if any."""
-    from protocol.tuples import tuple_dtype
-
-    plan = plan_of(cfg)
-    return tuple_dtype(cfg["generator"]["tuple_bytes"], plan.term_words if plan is not None else 0)
 
 
 def plan_of(cfg: dict) -> QueryPlan | None:

@@ -2,10 +2,11 @@
 
 Each names its files (a file, a glob or a folder of CSV, Parquet or JSON-lines), a ZeroMQ endpoint its producers
 push to, or a Kafka topic (`kafka`), then its key column(s), its event-time column and optionally an id column;
-the first declared is R unless `side` says otherwise.  The config keeps them as `cfg["streams"]`, an ordered
-{name: settings} with R first, and `source.kind` becomes "streams"; master.sources.streams reads them side by
-side.  The Kafka result sink's table, `[output.kafka]` (`kafka_sink`), is here too: it shares the librdkafka
-settings' rules with a stream's `kafka` table.  Pure checks, no pyarrow: Spark's workers read configs.
+the first declared is R unless `side` says otherwise.  The validated config keeps them as its `streams` table, an
+ordered {name: settings} with R first, and `source.kind` becomes "streams"; the plan (protocol.plan) types them,
+and master.sources.streams reads them side by side.  The Kafka result sink's table, `[output.kafka]`
+(`kafka_sink`), is here too: it shares the librdkafka settings' rules with a stream's `kafka` table.  Pure
+checks, no pyarrow: Spark's workers read configs.
 """
 
 from __future__ import annotations
@@ -619,11 +620,3 @@ def reference() -> list[str]:
         "|---|---|---|",
     ]
     return lines + [f"| `output.kafka.{key}` | {shown(d)} | {meaning} |" for key, (d, meaning) in SINK_KEYS.items()]
-
-
-def live_endpoints(cfg: dict) -> list[str]:
-    """The config keys of the live inputs a run binds (producers push to them): `source.endpoint` of a ZeroMQ
-    source, `streams.NAME.endpoint` of live declared streams."""
-    return ["source.endpoint"] * (cfg["source"]["kind"] == "zmq") + [
-        f"streams.{n}.endpoint" for n, spec in cfg.get("streams", {}).items() if spec["endpoint"]
-    ]

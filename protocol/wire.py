@@ -52,6 +52,8 @@ from protocol.predicates import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNM
 if TYPE_CHECKING:  # pyarrow is imported where TABLEs are made or read: Spark's workers load this module without it
     import pyarrow as pa
 
+    from protocol.plan import Output
+
 MAGIC = b"SJNB"
 #: 3: the header's `mark` (blocked seconds, a punctuation or a floor by kind) became fields of their own, and an
 #: ACK's run left `seq`
@@ -402,15 +404,14 @@ def _check_tuples(rows: np.ndarray) -> Rejection | None:
 CHUNK_SHARE = 8
 
 
-def chunk_rows(cfg: dict) -> int:
+def chunk_rows(out: Output) -> int:
     """The rows of a chunk of a batch's results (slave.join), each a result message of its own: the setting
     output.result_chunk_rows, with an ordered result stream at most 1/CHUNK_SHARE of its byte bound of records,
     so the master, which takes a message while its held results are below the bound, holds little more
     (master.result_stream)."""
-    out = cfg["output"]
-    rows = out["result_chunk_rows"]
-    if out["zmq_endpoint"] and out["ordered"]:
-        rows = min(rows, max(1, out["subscriber_buffer_bytes"] // CHUNK_SHARE // ROW_RECORD.itemsize))
+    rows = out.result_chunk_rows
+    if out.zmq_endpoint and out.ordered:
+        rows = min(rows, max(1, out.subscriber_buffer_bytes // CHUNK_SHARE // ROW_RECORD.itemsize))
     return rows
 
 

@@ -146,14 +146,14 @@ class ColumnAggregator(NumberedFiles):
         self,
         directory: str | Path,
         rank: int,
-        agg: dict,
+        flush_interval: float,
         spec: Aggregation,
         slaves: int,
         results: Callable[[], pa.Table],
         clock=time.monotonic,
     ):
         super().__init__(directory, f"slave-{rank:03d}", "parquet", flush_rows=math.inf)  # by time: `take`
-        self.clock, self.interval = clock, float(agg["flush_interval"])
+        self.clock, self.interval = clock, flush_interval
         self.spec, self.rank, self.slaves, self.results = spec, rank, slaves, results
         self.watermark = self.stamp = eventtime.NEG_INF
         self._last = clock()

@@ -143,7 +143,7 @@ class JoinModule:
         self,
         dtype: np.dtype,
         partitions: int,
-        window: int | tuple[int, int],
+        bounds: tuple[int, int],
         block_size: int,
         theta_min: int,
         theta_max: int,
@@ -154,14 +154,14 @@ class JoinModule:
         chunk_rows: int = DEFAULTS["output"]["result_chunk_rows"][0],
         condition: Node | None = None,
     ):
-        """`window`: the time bounds (lower, upper) in integer microseconds, r and s join iff lower <= s.ts - r.ts
-        <= upper (protocol.predicates.time_bounds), or w for (-w, w); `join_type` one of
+        """`bounds`: (lower, upper) in integer microseconds, r and s join iff lower <= s.ts - r.ts <= upper
+        (protocol.plan.Join.bounds); `join_type` one of
         protocol.predicates.JOIN_TYPES; `condition`: a query's condition on the pair (protocol.query), over the
         terms the tuples carry: a candidate pair of the kernel is a pair, and flags its tuples matched, only where
         it holds."""
         if join_type not in JOIN_TYPES:
             raise ValueError(f"join type {join_type!r}: must be one of {', '.join(JOIN_TYPES)}")
-        lower, upper = (-int(window), int(window)) if np.ndim(window) == 0 else map(int, window)
+        lower, upper = map(int, bounds)
         self.lower, self.upper = lower, upper
         self.dtype, self.partitions, self.chunk_rows = dtype, partitions, int(chunk_rows)
         self.join_type, self.condition = join_type, condition

@@ -12,7 +12,7 @@ from __future__ import annotations
 import resource
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import psutil
@@ -22,59 +22,57 @@ from protocol import checkpoint, delays, eventtime, faults, wire
 from protocol.messages import HISTOGRAMS, batch_groups, batch_rows, encode_report, hot_key, joining_message
 from protocol.output import MATCHED, empty_table, result_schema
 from protocol.payload import payload_reader
-from protocol.predicates import time_bounds
-from protocol.query import plan_of
-from protocol.aggregation import aggregation
 from slave.aggregate import ColumnAggregator
 from slave.join import JoinModule
 from slave.mover import decode_group, decode_move, encode_group, encode_move
 from slave.result_files import ResultWriter, with_columns
 from slave.results_out import ResultSender
 
+if TYPE_CHECKING:
+    from protocol.plan import Plan
+
 
 class Joiner:
-    def __init__(self, comm, cfg: dict, dtype: np.dtype):
-        tuning, join, out = cfg["tuning"], cfg["join"], cfg["output"]
+    def __init__(self, comm, plan: Plan, dtype: np.dtype):
+        tuning, join, out = plan.tuning, plan.join, plan.output
         self.rank = comm.rank
-        self.epoch = cfg["epochs"]["distribution"]  #: a long batch says it is still joining once per epoch
+        self.epoch = plan.epochs.distribution  #: a long batch says it is still joining once per epoch
         self.module = JoinModule(
             dtype,
-            cfg["partitioning"]["partitions"],
-            time_bounds(join),
-            tuning["block_size"],
-            tuning["theta_min"],
-            tuning["theta_max"],
-            tuning["max_depth"],
-            join["predicate"],
-            join["band"],
-            join["type"],
-            wire.chunk_rows(cfg),
-            plan.condition if (plan := plan_of(cfg)) is not None else None,
+            plan.partitioning.partitions,
+            join.bounds,
+            tuning.block_size,
+            tuning.theta_min,
+            tuning.theta_max,
+            tuning.max_depth,
+            join.predicate,
+            join.band,
+            join.type,
+            wire.chunk_rows(out),
+            plan.query.condition if plan.query is not None else None,
         )
-        payload = payload_reader(cfg)
+        payload = payload_reader(plan)
         if payload is not None:  # results named as the query's SELECT says
-            payload.plan = plan_of(cfg)
-        self.writer = ResultWriter(
-            f"{out['path']}/results", comm.rank, out["format"], out["flush_rows"], join["type"], payload
-        )
-        agg = cfg["aggregate"]  # phase one of the two-phase aggregation (paper 001, 3.4.2)
+            payload.plan = plan.query
+        self.writer = ResultWriter(f"{out.path}/results", comm.rank, out.format, out.flush_rows, join.type, payload)
+        agg = plan.aggregate  # phase one of the two-phase aggregation (paper 001, 3.4.2)
         # with checkpoints, partials are staged until a checkpoint covers them (protocol/checkpoint.py)
-        staged = f"{out['path']}/{checkpoint.PENDING_AGGREGATES if cfg['checkpoint']['interval'] else 'aggregates'}"
+        staged = f"{out.path}/{checkpoint.PENDING_AGGREGATES if plan.checkpoint.enabled else 'aggregates'}"
         self.aggregator = None
-        if agg["enabled"]:  # over the results' own columns (protocol.aggregation)
-            slaves = comm.size - cfg["cluster"]["dispatchers"]
-            self.aggregator = ColumnAggregator(staged, comm.rank, agg, aggregation(cfg), slaves, self.no_results)
-        self.results_out = ResultSender(comm, cfg)
-        sink = out["kafka"]
+        if agg.enabled:  # over the results' own columns (protocol.aggregation)
+            slaves = comm.size - plan.cluster.dispatchers
+            self.aggregator = ColumnAggregator(staged, comm.rank, agg.flush_interval, agg.view, slaves, self.no_results)
+        self.results_out = ResultSender(comm, plan)
+        sink = out.kafka
         #: with checkpoints its own result files go to Kafka, a transaction per checkpoint (protocol.kafka_sink)
         self.sink = None
-        if sink["topic"] and cfg["checkpoint"]["interval"] and not sink["complete"]:
+        if sink.topic and plan.checkpoint.enabled and not sink.complete:
             from protocol.kafka_sink import ResultProducer  # confluent-kafka: only where a sink is configured
 
-            self.sink = ResultProducer(cfg, comm.rank, self.writer.prefix)
+            self.sink = ResultProducer(plan, comm.rank, self.writer.prefix)
             self.sink.begin()
         self.covered = 0  #: its result files the last checkpoint it wrote a part of covers
-        self.checkpoints = checkpoint.root_of(cfg)
+        self.checkpoints = plan.checkpoint.root
         self.process = psutil.Process()
         self.pss_start = 0  #: before any data: imports, MPI, kernels (protocol.startup)
         self.comm_seconds = 0.0  #: receiving messages and sending reports (paper 003 VI: communication time)

@@ -23,6 +23,8 @@ message holds at most 1/8 of the stream's bound of records
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import time
 
 import numpy as np
@@ -34,6 +36,9 @@ from protocol.messages import TAG_RESULTS
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
 from slave.join import Pairs
 
+if TYPE_CHECKING:
+    from protocol.plan import Plan
+
 #: result messages a slave may have on their way to the master (each at most output.result_chunk_rows rows)
 IN_FLIGHT = 2
 #: the largest send buffer kept for reuse (ResultSender.spare): a larger one is given back when its send is done
@@ -41,10 +46,10 @@ SPARE_BYTES = 1 << 27
 
 
 class ResultSender:
-    def __init__(self, comm: MPI.Comm, cfg: dict):
-        self.comm, self.enabled = comm, bool(cfg["output"]["zmq_endpoint"])
-        self.join_type = cfg["join"]["type"]
-        self.tables = bool(cfg.get("streams"))  #: declared streams: TABLE messages
+    def __init__(self, comm: MPI.Comm, plan: Plan):
+        self.comm, self.enabled = comm, bool(plan.output.zmq_endpoint)
+        self.join_type = plan.join.type
+        self.tables = bool(plan.streams)  #: declared streams: TABLE messages
         self.record = wire.RESULT_RECORD if self.join_type == "inner" else wire.ROW_RECORD
         self.pending: list[tuple[MPI.Request, np.ndarray]] = []
         #: buffers of completed sends (at most SPARE_BYTES each), the largest IN_FLIGHT, refilled by TABLEs:

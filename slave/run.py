@@ -9,6 +9,8 @@ and tells the master.  On a checkpoint it flushes its results and writes every g
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import sys
 import time
 
@@ -22,16 +24,18 @@ from protocol.lifetime import CHANNEL, SINK, USER_ERROR, ignore_stop_signals
 from protocol.messages import TAG_JOINING, TAG_REPORT, TAG_STATE, Ack, Kind, decode_head
 from protocol.mpi import receive_start, recv_bytes, wait_all_started, wait_probe_any
 from protocol.startup import pss_bytes
-from protocol.query import record_dtype
 from slave.joining import Joiner
 from slave.state import Acknowledge, Finish, Join, Lost, SlaveState, WriteCheckpoint
 
+if TYPE_CHECKING:
+    from protocol.plan import Plan
+
 
 class Slave:
-    def __init__(self, comm: MPI.Comm, cfg: dict):
-        self.comm, self.dtype = comm, record_dtype(cfg)
-        self.state = SlaveState(cfg["cluster"]["dispatchers"], cfg["epochs"]["distribution"])
-        self.work = Joiner(comm, cfg, self.dtype)
+    def __init__(self, comm: MPI.Comm, plan: Plan):
+        self.comm, self.dtype = comm, plan.dtype
+        self.state = SlaveState(plan.cluster.dispatchers, plan.epochs.distribution)
+        self.work = Joiner(comm, plan, self.dtype)
         self.outgoing: list[tuple[MPI.Request, object]] = []  #: reports and group states on their way (request, buffer)
         self.inbox: np.ndarray | None = None  #: the buffer batches are received into (serve)
         self.on_message = {kind: getattr(self, f"on_{kind.name.lower()}") for kind in Kind}  #: Kind -> on_<kind>
@@ -126,19 +130,19 @@ class Slave:
 
 def run(comm: MPI.Comm, received: tuple | None = None) -> int:
     """Serve as a slave; `received` is (config, resume) when `python -m master` already took them."""
-    cfg, resume = received or receive_start(comm)
-    if cfg is None:  # the master refused the configuration, said why and exits with USER_ERROR
+    plan, resume = received or receive_start(comm)
+    if plan is None:  # the master refused the configuration, said why and exits with USER_ERROR
         return USER_ERROR
-    if comm.rank < (dispatchers := cfg["cluster"]["dispatchers"]):
+    if comm.rank < (dispatchers := plan.cluster.dispatchers):
         what = f"rank {comm.rank} runs `python -m slave` but is a dispatcher (cluster.dispatchers = {dispatchers})"
         print(f"error: {what}: start ranks 0..k-1 with `python -m master`", file=sys.stderr, flush=True)
         comm.Abort(USER_ERROR)
     ignore_stop_signals()
-    slave = Slave(comm, cfg)
+    slave = Slave(comm, plan)
     if resume is not None:
         slave.state.resume([int(seqs.get(str(comm.rank), 0)) for seqs in resume["seqs"]])
         slave.work.resume(resume)
-    wait_all_started(comm, cfg)
+    wait_all_started(comm, plan)
     # once every rank has imported: earlier, a rank that imported first counted the shared libraries whole
     slave.work.pss_start = pss_bytes()
     return slave.serve()

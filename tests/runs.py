@@ -155,12 +155,13 @@ def file_source(path: Path, window: int | None = None, listing=None, ts_unit: st
     rows into `listing`; `window` = source.duplicate_window (None: the default)."""
     from master.sources.streams import StreamsSource
     from protocol.config import load_config
+    from protocol.plan import compile_plan
 
     cfg = load_config()
     cfg["source"].update(kind="file", path=str(path), ts_unit=ts_unit)
     if window is not None:
         cfg["source"]["duplicate_window"] = window
-    return StreamsSource(cfg, listing)
+    return StreamsSource(compile_plan(cfg), listing)
 
 
 def write_input(path: Path, data, row_group: int = 1 << 20, bad_every: int = 0) -> np.ndarray:

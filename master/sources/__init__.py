@@ -17,7 +17,9 @@ them (the run goes on), while a missing or unreadable file or column stops the r
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -27,39 +29,42 @@ from master.sources.rejected import RejectedListing
 from protocol import faults
 from protocol.access import dispatcher_endpoint
 
+if TYPE_CHECKING:
+    from protocol.plan import Plan
+
 #: empty chunks a HeldEnd hands on at most (the master asks about every 2 ms when idle: tens of seconds)
 HELD_END_CALLS = 20_000
 
 
-def open_source(cfg: dict, listed: bool = True) -> Source:
-    """The source `cfg` (from protocol.config.load_config) asks for, paced by its event time with
+def open_source(plan: Plan, listed: bool = True) -> Source:
+    """The source `plan` asks for, paced by its event time with
     `source.speed` (master.sources.paced); a file source writes its rejected rows into the output only if
     `listed` (several dispatchers read the same file: one lists them)."""
-    source = _opened(cfg, listed)
-    if cfg["source"]["speed"] > 0:
+    source = _opened(plan, listed)
+    if plan.source.speed > 0:
         from master.sources.paced import EventTimePaced
 
-        return EventTimePaced(source, cfg["source"]["speed"])
+        return EventTimePaced(source, plan.source.speed)
     return source
 
 
-def _opened(cfg: dict, listed: bool) -> Source:
-    src = cfg["source"]
+def _opened(plan: Plan, listed: bool) -> Source:
+    src = plan.source
     # drawn tuples: none to reject; pushed ones are rejected whole, as messages (master.sources.producers)
-    listing = _listing(cfg) if listed and src["kind"] not in ("generator", "zmq") else None
+    listing = _listing(plan) if listed and src.kind not in ("generator", "zmq") else None
     from master.sources.streams import StreamsSource  # pyarrow's readers of two streams, text keys
 
-    return StreamsSource(cfg, listing)
+    return StreamsSource(plan, listing)
 
 
-def open_shard(cfg: dict, index: int) -> Source:
+def open_shard(plan: Plan, index: int) -> Source:
     """Dispatcher `index`'s share of the source (the whole source with one dispatcher), its end held back while a
     test's fault waits to fire (protocol.faults.pending)."""
-    source = _shard(cfg, index)
+    source = _shard(plan, index)
     return HeldEnd(source) if faults.pending() else source
 
 
-def _shard(cfg: dict, index: int) -> Source:
+def _shard(plan: Plan, index: int) -> Source:
     """Dispatcher `index`'s share of the source.
 
     A file or the generator is split tuple by tuple; a ZeroMQ source is not split: dispatcher i binds its
@@ -69,25 +74,25 @@ def _shard(cfg: dict, index: int) -> Source:
     (master.sources.kafka_input).  With live streams (both: the config refuses them beside files) each
     dispatcher reads and lists only its own share.
     """
-    k = cfg["cluster"]["dispatchers"]
+    k = plan.cluster.dispatchers
     if k == 1:
-        return open_source(cfg)
-    if cfg["source"]["kind"] == "streams" and any(s["kafka"] or s["endpoint"] for s in cfg["streams"].values()):
+        return open_source(plan)
+    if plan.source.kind == "streams" and any(s.live for s in plan.streams):
         from master.sources.streams import StreamsSource
 
-        return StreamsSource(cfg, _listing(cfg, named("rejected", index, k)), (index, k))
-    if cfg["source"]["kind"] == "zmq":
+        return StreamsSource(plan, _listing(plan, named("rejected", index, k)), (index, k))
+    if plan.source.kind == "zmq":
         from master.sources.streams import StreamsSource
 
-        src = cfg["source"]
-        own = {key: dispatcher_endpoint(src[key], index) for key in ("endpoint", "ack_endpoint") if src[key]}
-        return StreamsSource({**cfg, "source": {**src, **own}}, share=(index, k))
-    return ShardedSource(open_source(cfg, listed=index == 0), k, index)
+        src = plan.source
+        own = {key: dispatcher_endpoint(e, index) for key in ("endpoint", "ack_endpoint") if (e := getattr(src, key))}
+        return StreamsSource(replace(plan, source=replace(src, **own)), share=(index, k))
+    return ShardedSource(open_source(plan, listed=index == 0), k, index)
 
 
-def _listing(cfg: dict, prefix: str = "rejected") -> RejectedListing:
-    out = cfg["output"]
-    return RejectedListing(Path(out["path"]) / "rejected", out["format"], out["flush_rows"], prefix)
+def _listing(plan: Plan, prefix: str = "rejected") -> RejectedListing:
+    out = plan.output
+    return RejectedListing(out.path / "rejected", out.format, out.flush_rows, prefix)
 
 
 class ShardedSource(Source):

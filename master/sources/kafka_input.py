@@ -43,13 +43,14 @@ partitions changed stops, as with one dispatcher.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import operator
 import re
 import sys
 import time
 from collections import Counter
 from itertools import compress, repeat
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -62,9 +63,11 @@ from master.sources.archive import named
 from master.sources.rejected import RejectedListing
 from master.sources.kafka_values import value_reader
 from master.sources.partitions import PartitionMerge, Released
-from protocol import eventtime
 from protocol.errors import ConfigError
 from protocol.streams import KAFKA_COLUMNS, resolved_settings
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 #: records taken from the client at once, and most batches taken per call (the master's loop goes on between)
 CONSUME_BATCH = 65536
@@ -101,13 +104,13 @@ def assignment(partitions: list[tuple[str, int]], index: int, k: int) -> list[tu
 
 
 class KafkaStream:
-    """Stream `checks.name` (side `side`, 0 = R) from its topic(s), `checks.spec["kafka"]` (protocol.streams), its
+    """Stream `checks.name` (side `side`, 0 = R) from its topic(s), `checks.spec.kafka` (protocol.streams), its
     records' values read under `declared` (the declared fields, and the records' own columns it names);
     dispatcher `share[0]` of `share[1]` reads its own share of the partitions (`assignment`)."""
 
     def __init__(
         self,
-        cfg: dict,
+        plan: Plan,
         side: int,
         checks: StreamChecks,
         declared: pa.Schema,
@@ -116,9 +119,9 @@ class KafkaStream:
     ):
         """`start`: a checkpoint's `position` to read on from (None: every partition from its beginning)."""
         self.share = share
-        spec, kafka = checks.spec, checks.spec["kafka"]
-        self.on_lost = kafka["on_lost"]
-        self.checks, self.name, self.topics, self.bounded = checks, checks.name, kafka["topics"], kafka["bounded"]
+        spec, kafka = checks.spec, checks.spec.kafka
+        self.on_lost = kafka.on_lost
+        self.checks, self.name, self.topics, self.bounded = checks, checks.name, kafka.topics, kafka.bounded
         self.side = side
         #: the fields read from the values; key, time and id are required (a record without one is set aside)
         self.fields = pa.schema(
@@ -131,7 +134,7 @@ class KafkaStream:
         self.own = [c for c in declared.names if c in KAFKA_COLUMNS]  #: the records' own columns used
         self.consumer = _consumer(self.name, kafka)
         try:
-            self.assigned, first, high = self._partitions(kafka["bootstrap"])
+            self.assigned, first, high = self._partitions(kafka.bootstrap)
         except InputError:
             self.consumer.close()
             raise
@@ -141,15 +144,10 @@ class KafkaStream:
             self.index_of[self.topics.index(t), p] = i
         self.topic_of = np.array([self.topics.index(t) for t, _ in self.assigned], np.int32)  #: per partition index
         self.partition_of = np.array([p for _, p in self.assigned], np.int32)
-        self.merge = PartitionMerge(
-            first, high, self.bounded, eventtime.duration(spec["max_delay"]), spec["idle_timeout"]
-        )
-        out = cfg["output"]
+        self.merge = PartitionMerge(first, high, self.bounded, spec.max_delay, spec.idle_timeout)
+        out = plan.output
         self.listing = RejectedListing(
-            Path(out["path"]) / "rejected",
-            out["format"],
-            out["flush_rows"],
-            named(f"kafka-rejected-{'RS'[side]}", *share),
+            out.path / "rejected", out.format, out.flush_rows, named(f"kafka-rejected-{'RS'[side]}", *share)
         )
         self.last_message = time.monotonic()  #: when a record of this stream last came (idleness)
         self._started = False  #: the master has asked for rows (quiet time counts from then)
@@ -157,7 +155,7 @@ class KafkaStream:
         self.high = high  #: per partition, its high watermark when reading started (lag until the client fetches)
         self.taken = np.zeros((2, len(self.assigned)), np.int64)  #: records and value bytes read, per partition
         self._last_partitions: list[dict] | None = None  #: partition_metrics() as the client closed
-        self.checkpointed = bool(cfg["checkpoint"]["interval"])  #: the group's offsets are the checkpoints'
+        self.checkpointed = plan.checkpoint.enabled  #: the group's offsets are the checkpoints'
         self._aside: list[tuple[np.ndarray, np.ndarray, pa.Table]] = []  #: set aside, not yet passed by the merge
         self._commit_due: list[TopicPartition] | None = None  #: a complete checkpoint's offsets, to commit
         self.lost = np.zeros(len(self.assigned), np.int64)  #: records deleted before they were read, per partition
@@ -179,7 +177,7 @@ class KafkaStream:
         where = f"streams.{self.name}.kafka"
         self.values = value_reader(kafka, self.fields, where)  #: the records' values into tables of the fields
         #: one topic for both streams: the select column's reader, and (R) the values some stream takes
-        self.select = kafka["select"] or None
+        self.select = kafka.select or None
         if self.select is not None:
             column = self.select["column"]
             kind = declared.field(column).type if column in declared.names else pa.string()
@@ -631,10 +629,10 @@ def _consumer(name: str, kafka: dict) -> Consumer:
     """The client: the user's settings, then the stream's own; a setting librdkafka refuses is named, its value
     never shown (librdkafka's message quotes it)."""
     settings = {
-        **resolved_settings(kafka["config"], f"streams.{name}.kafka.config", ConfigError),
+        **resolved_settings(kafka.config, f"streams.{name}.kafka.config", ConfigError),
         "auto.offset.reset": "error",  # never a silent jump: records gone below a position are the stream's to judge
-        "bootstrap.servers": kafka["bootstrap"],
-        "group.id": kafka["group"],
+        "bootstrap.servers": kafka.bootstrap,
+        "group.id": kafka.group,
         "enable.partition.eof": True,
         "enable.auto.offset.store": False,
     }
@@ -649,38 +647,37 @@ def _consumer(name: str, kafka: dict) -> Consumer:
         ) from None
 
 
-def resolve_patterns(cfg: dict, checkpointed: dict | None) -> list[str]:
-    """Kafka streams given by `pattern` get their topics, once for the run, on rank 0 before the config goes to the
-    other ranks: a recovery's are the checkpoint's (`checkpointed`: its config), else the topics whose whole name
-    matches now, sorted (internal ones, `__...`, aside); none matching stops the start.  Lines for the log."""
-    lines = []
-    for name, spec in cfg.get("streams", {}).items():
-        kafka = spec["kafka"]
-        if not kafka or not kafka["pattern"]:
+def resolve_patterns(plan: Plan, checkpointed: Plan | None) -> tuple[Plan, list[str]]:
+    """Kafka streams given by `pattern` get their topics, once for the run, on rank 0 before the plan goes to the
+    other ranks: a recovery's are the checkpoint's (`checkpointed`: the plan it wrote down), else the topics whose
+    whole name matches now, sorted (internal ones, `__...`, aside); none matching stops the start.  The plan with
+    them, and lines for the log."""
+    lines, found = [], {}
+    for spec in plan.streams:
+        name, kafka = spec.name, spec.kafka
+        if not kafka or not kafka.pattern:
             continue
         if checkpointed is not None:
-            kafka["topics"] = checkpointed["streams"][name]["kafka"]["topics"]
+            found[name] = next(s.kafka.topics for s in checkpointed.streams if s.name == name)
             continue
         from confluent_kafka.admin import AdminClient
 
-        settings = resolved_settings(kafka["config"], f"streams.{name}.kafka.config", ConfigError)
+        settings = resolved_settings(kafka.config, f"streams.{name}.kafka.config", ConfigError)
         try:
-            known = AdminClient({**settings, "bootstrap.servers": kafka["bootstrap"]}).list_topics(
+            known = AdminClient({**settings, "bootstrap.servers": kafka.bootstrap}).list_topics(
                 timeout=METADATA_TIMEOUT
             )
         except KafkaException as e:
             raise InputError(
-                f"streams.{name}.kafka.bootstrap: no answer from {kafka['bootstrap']} within {METADATA_TIMEOUT:g} s "
+                f"streams.{name}.kafka.bootstrap: no answer from {kafka.bootstrap} within {METADATA_TIMEOUT:g} s "
                 f"({e.args[0].str()})"
             ) from None
-        topics = sorted(t for t in known.topics if re.fullmatch(kafka["pattern"], t) and not t.startswith("__"))
+        topics = sorted(t for t in known.topics if re.fullmatch(kafka.pattern, t) and not t.startswith("__"))
         if not topics:
-            raise InputError(
-                f"streams.{name}.kafka.pattern: no topic at {kafka['bootstrap']} matches {kafka['pattern']!r}"
-            )
-        kafka["topics"] = topics
+            raise InputError(f"streams.{name}.kafka.pattern: no topic at {kafka.bootstrap} matches {kafka.pattern!r}")
+        found[name] = topics
         lines.append(
-            f"kafka: streams.{name}: pattern {kafka['pattern']!r} matches {', '.join(topics)} (topics made later "
+            f"kafka: streams.{name}: pattern {kafka.pattern!r} matches {', '.join(topics)} (topics made later "
             "are not read)"
         )
-    return lines
+    return plan.with_topics(found), lines

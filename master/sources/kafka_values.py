@@ -291,8 +291,8 @@ class AvroValues(Values):
 
 def value_reader(kafka: dict, fields: pa.Schema, where: str):
     """The reader of a stream's values by `kafka.format`."""
-    if kafka["format"] == "csv":
+    if kafka.format == "csv":
         return CsvValues(fields)
-    if kafka["format"] == "avro":
-        return AvroValues(fields, kafka["avro_schema"], kafka["registry_header"], where)
+    if kafka.format == "avro":
+        return AvroValues(fields, kafka.avro_schema, kafka.registry_header, where)
     return JsonValues(fields)

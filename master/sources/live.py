@@ -20,7 +20,8 @@ only what no checkpoint holds and resend it to a recovered run, which drops what
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from dataclasses import replace
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,9 @@ from master.sources.producers import Producers
 from protocol.access import dispatcher_endpoint
 from protocol import wire
 from common.stream_file import SidedBatch, StreamBatch, StreamChecks
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan, Stream
 
 #: the largest message a producer may send, per row the header announces (Arrow rows of a few columns are tens
 #: of bytes; long text payloads need `source.max_message_tuples` lowered)
@@ -64,7 +68,7 @@ class Live(Protocol):
 
 
 def open_live(
-    cfg: dict,
+    plan: Plan,
     side: int,
     checks: StreamChecks,
     declared: pa.Schema,
@@ -76,11 +80,11 @@ def open_live(
     checkpoint's place `start` (None: from its beginning); dispatcher `share[0]` of `share[1]` reads a Kafka
     topic's own partitions, or a ZeroMQ stream's own producers.  A ZeroMQ stream already `opened` (bound) goes on
     from `start` itself."""
-    if checks.spec["kafka"]:
+    if checks.spec.kafka:
         from master.sources.kafka_input import KafkaStream  # librdkafka: only for a Kafka stream
 
-        return KafkaStream(cfg, side, checks, declared, start, share)
-    live = opened if isinstance(opened, LiveStream) else LiveStream(cfg, side, checks.spec, checks, declared, share)
+        return KafkaStream(plan, side, checks, declared, start, share)
+    live = opened if isinstance(opened, LiveStream) else LiveStream(plan, side, checks.spec, checks, declared, share)
     if start is not None:
         live.resume(checks, *start)
     return live
@@ -93,8 +97,8 @@ class LiveTuples(Producers):
     thread hands them on (its RowFeed).  A producer's position moves as the master takes its tuples (`took`), so
     a checkpoint between two tuples of one message holds it exactly."""
 
-    def __init__(self, cfg: dict, rejected_stem: str):
-        super().__init__(cfg, rejected_stem)
+    def __init__(self, plan: Plan, rejected_stem: str):
+        super().__init__(plan, rejected_stem)
         self.row = 0  #: the arrival row of the next tuple
         self._from: bytes | None = None  #: the producer of the batch last handed on (None: anonymous)
 
@@ -148,11 +152,12 @@ class LiveStream(Producers):
     record_bytes = ROW_BYTES
 
     def __init__(
-        self, cfg: dict, side: int, spec: dict, checks: StreamChecks, declared: pa.Schema, share=(0, 1)
+        self, plan: Plan, side: int, spec: Stream, checks: StreamChecks, declared: pa.Schema, share=(0, 1)
     ) -> None:
-        own = {key: spec[key] and dispatcher_endpoint(spec[key], share[0]) for key in ("endpoint", "ack_endpoint")}
+        ends = {"endpoint": spec.endpoint, "ack_endpoint": spec.ack_endpoint}
+        own = {key: e and dispatcher_endpoint(e, share[0]) for key, e in ends.items()}
         super().__init__(
-            {**cfg, "source": {**cfg["source"], **own, "producers": spec["producers"], "idle_timeout": 0.0}},
+            replace(plan, source=replace(plan.source, **own, producers=spec.producers, idle_timeout=0.0)),
             named(f"zmq-rejected-{'RS'[side]}", *share),
             f"streams.{checks.name}",
         )

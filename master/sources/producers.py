@@ -30,12 +30,13 @@ addressed to the crashed run are dropped as stale: the resend repeats them in or
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import hmac
 import os
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +47,9 @@ from common.chunks import InputError
 from protocol.access import source_token
 from protocol.output import write_table
 from common.zmq_security import bind_server, stop_authenticators
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan, Security
 
 #: messages the PULL socket queues, and its kernel receive buffer (bytes; a fixed size stops TCP
 #: autotuning from buffering megabytes before the producer feels the backpressure)
@@ -60,29 +64,29 @@ ACK_LINGER = 2000
 
 
 class Producers:
-    """The producers of `cfg["source"]`'s `endpoint` (`producers`, `idle_timeout`, `ack_endpoint`, `token`), their
+    """The producers of `plan.source`'s `endpoint` (`producers`, `idle_timeout`, `ack_endpoint`, `token`), their
     rejected messages listed in `rejected/<rejected_stem>.*`; `where`: the config table the endpoints are set in,
     as errors name them."""
 
     #: bytes per row the largest valid message may have (a TUPLES record; Arrow rows are wider)
     record_bytes = wire.TUPLE_RECORD.itemsize
 
-    def __init__(self, cfg: dict, rejected_stem: str, where: str = "source"):
-        src = cfg["source"]
-        self.endpoint, self.producers = src["endpoint"], src["producers"]
-        self.idle_timeout, self.max_tuples = src["idle_timeout"], src["max_message_tuples"]
-        self.out, self.fmt = Path(cfg["output"]["path"]), cfg["output"]["format"]
+    def __init__(self, plan: Plan, rejected_stem: str, where: str = "source"):
+        src = plan.source
+        self.endpoint, self.producers = src.endpoint, src.producers
+        self.idle_timeout, self.max_tuples = src.idle_timeout, src.max_message_tuples
+        self.out, self.fmt = plan.output.path, plan.output.format
         self.rejected_stem = rejected_stem
-        token = source_token(cfg)
+        token = source_token(src)
         self.digest = wire.token_digest(token) if token else None  #: None: no check (the token is not kept)
         self.run = int.from_bytes(os.urandom(8), "little") | 1  #: this master's run, which producers address
         self.ctx = zmq.Context.instance()
-        self.sock = self._bind(zmq.PULL, self.endpoint, cfg, f"{where}.endpoint")
+        self.sock = self._bind(zmq.PULL, self.endpoint, plan.security, f"{where}.endpoint")
         self.endpoint = self.sock.last_endpoint.decode()  # the real port when bound to port *
         self.acks = None  #: PUB of the acknowledgements, in a context of its own (terminated to deliver the last)
-        if src["ack_endpoint"]:
+        if src.ack_endpoint:
             try:
-                self.acks = self._bind(zmq.PUB, src["ack_endpoint"], cfg, f"{where}.ack_endpoint", zmq.Context())
+                self.acks = self._bind(zmq.PUB, src.ack_endpoint, plan.security, f"{where}.ack_endpoint", zmq.Context())
             except InputError:
                 self.sock.close()
                 raise
@@ -105,7 +109,7 @@ class Producers:
             "producers must present source.token"
             if token
             else "CURVE keys let producers in"
-            if cfg["security"]["server_key"]
+            if plan.security.server_key
             else "no source.token and no CURVE: any local process can feed the input and end it"
         )
         acks = f"; acknowledgements on {self.acks.last_endpoint.decode()}" if self.acks else ""
@@ -115,7 +119,9 @@ class Producers:
             flush=True,
         )
 
-    def _bind(self, kind: int, endpoint: str, cfg: dict, key: str, ctx: zmq.Context | None = None) -> zmq.Socket:
+    def _bind(
+        self, kind: int, endpoint: str, security: Security, key: str, ctx: zmq.Context | None = None
+    ) -> zmq.Socket:
         sock = (ctx or self.ctx).socket(kind)
         if kind == zmq.PULL:
             # a frame far larger than the largest valid one (max_message_tuples rows) is refused as it arrives:
@@ -126,7 +132,7 @@ class Producers:
             sock.rcvhwm, sock.rcvbuf = RCVHWM, RCVBUF
         sock.linger = 0 if kind == zmq.PULL else ACK_LINGER
         try:
-            bind_server(sock, endpoint, cfg["security"])
+            bind_server(sock, endpoint, security)
         except zmq.ZMQError as e:
             sock.close()
             raise InputError(f"cannot bind {key} {endpoint!r}: {e}") from None

@@ -54,7 +54,7 @@ import threading
 import time
 from collections import Counter
 from types import MappingProxyType
-from typing import Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -68,8 +68,7 @@ from protocol.checkpoint import record_tables, table_records
 from protocol.config import ConfigError
 from common.chunks import Chunk, InputError, Source, concat, empty, rewind, rows, terms_columns, terms_of
 from protocol.payload import ROW_BLOCK, PayloadLog
-from protocol.query import plan_of
-from protocol.streams import KAFKA_COLUMNS, single_streams
+from protocol.streams import KAFKA_COLUMNS
 from common.stream_file import (
     BATCH_ROWS,
     SidedBatch,
@@ -83,6 +82,9 @@ from common.stream_file import (
     stream_files,
 )
 from common.workload import GeneratorSource
+
+if TYPE_CHECKING:
+    from protocol.plan import Generator, Plan, Stream
 
 
 #: a stream's tuples pending in the merge, as a checkpoint holds them
@@ -129,21 +131,21 @@ class ReadAhead:
 
 class StreamsSource(Source):
     """Two streams read by reader threads (ReadAhead: READ_AHEAD checked batches ahead each), or taken as live ones
-    come, in one of two orders: `WatermarkMerge` for the `[streams.*]` of `cfg` (protocol.streams), R first, merged
+    come, in one of two orders: `WatermarkMerge` for the `[streams.*]` of `plan` (protocol.streams), R first, merged
     by their watermarks; `RowOrder` for the single file's, the generator's or the pushed single file's two streams
     (protocol.streams.file_streams, generator_streams, zmq_streams: `in_rows`), taken in their one order.
-    `StreamsSource(cfg, ...)` is the one `cfg` asks for.  Rejected rows go to `listing` (None: another dispatcher
+    `StreamsSource(plan, ...)` is the one `plan` asks for.  Rejected rows go to `listing` (None: another dispatcher
     lists them, or the generator's, which rejects none); `share` = (index, k): dispatcher `index` of `k`."""
 
     in_rows: bool  #: the single file's one order (RowOrder), not a merge
 
-    def __new__(cls, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
+    def __new__(cls, plan: Plan, listing=None, share: tuple[int, int] = (0, 1)):
         if cls is StreamsSource:
-            cls = RowOrder if cfg["source"]["kind"] in ROW_KINDS else WatermarkMerge
+            cls = RowOrder if plan.source.kind in ROW_KINDS else WatermarkMerge
         return super().__new__(cls)
 
-    def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
-        self.cfg, self.listing, self.share = cfg, listing, share
+    def __init__(self, plan: Plan, listing=None, share: tuple[int, int] = (0, 1)):
+        self.plan, self.listing, self.share = plan, listing, share
         self.accepted = 0
 
     def next_chunk(self, limit: int) -> Chunk | None:
@@ -206,18 +208,18 @@ class ReadRows:
 
     refused: Mapping[str, int] = MappingProxyType({})  #: nothing is pushed: nothing is refused
 
-    def __init__(self, cfg: dict, spec: dict, listing=None):
-        self.cfg, self.spec, self.listing = cfg, spec, listing
+    def __init__(self, plan: Plan, spec: Stream, listing=None):
+        self.plan, self.spec, self.listing = plan, spec, listing
         self._open()
 
     def _open(self, start: int = 0, max_id: tuple = (None, None)) -> None:
         """Read from row `start` on (a recovery: with the duplicate check's state there)."""
         self._stop = threading.Event()
-        if self.cfg["source"]["kind"] == "generator":
-            self._reader = ReadAhead("generator", _drawn(self.cfg["generator"], start), self._stop)
+        if self.plan.source.kind == "generator":
+            self._reader = ReadAhead("generator", _drawn(self.plan.generator, start), self._stop)
         else:
-            window = self.cfg["source"]["duplicate_window"]
-            file = SidedFile(self.spec["path"], window, start, max_id, self.spec["time_unit"])
+            window = self.plan.source.duplicate_window
+            file = SidedFile(self.spec.path, window, start, max_id, self.spec.time_unit)
             self._reader = ReadAhead("file", file, self._stop)
         self._end_row: int | None = None  #: one past the last row of the batches read
         self._waiting: list[pa.Table] = []  #: rejections of batches read, not yet passed by the position
@@ -315,12 +317,14 @@ class RowOrder(StreamsSource):
 
     in_rows = True
 
-    def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
-        super().__init__(cfg, listing, share)
-        kind = cfg["source"]["kind"]
-        self.specs = single_streams(cfg["source"], cfg["join"])
+    def __init__(self, plan: Plan, listing=None, share: tuple[int, int] = (0, 1)):
+        super().__init__(plan, listing, share)
+        kind = plan.source.kind
+        self.specs = {s.name: s for s in plan.inputs}
         self.feed: RowFeed = (
-            LiveTuples(cfg, named("zmq-rejected", *share)) if kind == "zmq" else ReadRows(cfg, self.specs["R"], listing)
+            LiveTuples(plan, named("zmq-rejected", *share))
+            if kind == "zmq"
+            else ReadRows(plan, plan.inputs[0], listing)
         )
         self._ready, self._taken = empty(), 0  #: the batch being taken, and how much of it is
         self._ready_rows = np.empty(0, np.int64)  #: the row of each of its tuples
@@ -393,26 +397,26 @@ class RowOrder(StreamsSource):
 
 
 class WatermarkMerge(StreamsSource):
-    """The `[streams.*]` of `cfg`, R first, each its files, live producers or a Kafka topic, merged by their own
+    """The `[streams.*]` of `plan`, R first, each its files, live producers or a Kafka topic, merged by their own
     watermarks (the module's docstring says how)."""
 
     in_rows = False
 
-    def __init__(self, cfg: dict, listing=None, share: tuple[int, int] = (0, 1)):
-        super().__init__(cfg, listing, share)
+    def __init__(self, plan: Plan, listing=None, share: tuple[int, int] = (0, 1)):
+        super().__init__(plan, listing, share)
         self.own_rows = share[1] > 1
         self._records: list[np.ndarray] = []
         self._filtered_before = [0, 0]  #: live streams: the rows filtered before the checkpoint recovered from
-        self.specs = cfg["streams"]
-        self._delays = [eventtime.duration(s["max_delay"]) for s in self.specs.values()]  #: R's, S's, microseconds
-        self._idle_timeouts = [s["idle_timeout"] for s in self.specs.values()]  #: R's, S's, seconds
+        self.specs = {s.name: s for s in plan.streams}
+        self._delays = [s.max_delay for s in self.specs.values()]  #: R's, S's, microseconds
+        self._idle_timeouts = [s.idle_timeout for s in self.specs.values()]  #: R's, S's, seconds
         self.files, self.declared, missing = {}, {}, []
         for name, s in self.specs.items():  # every path that is not there is named at once
             try:
-                if s["endpoint"] or s["kafka"]:
+                if s.endpoint or s.kafka:
                     self.declared[name] = _declared(name, s)
                 else:
-                    self.files[name] = stream_files(name, s["path"])
+                    self.files[name] = stream_files(name, s.path)
             except InputError as e:
                 missing.append(str(e))
         if missing:
@@ -424,35 +428,29 @@ class WatermarkMerge(StreamsSource):
             for name in self.specs
         }
         self.kinds = key_kinds(self.specs, firsts)
-        if self.kinds != ["int"] and cfg["join"]["predicate"] != "equal":
+        if self.kinds != ["int"] and plan.join.predicate != "equal":
             raise ConfigError(
-                f'join.predicate = "{cfg["join"]["predicate"]}" compares key values as integers, but '
-                f"the streams' key {' + '.join(next(iter(self.specs.values()))['key'])} is "
+                f'join.predicate = "{plan.join.predicate}" compares key values as integers, but '
+                f"the streams' key {' + '.join(next(iter(self.specs.values())).key)} is "
                 f'{" + ".join(self.kinds)}: use a single integer key column, or predicate = "equal"'
             )
         first = share[0] * ROW_BLOCK if share[1] > 1 else 0  #: the first stream row this dispatcher numbers
-        self.log = PayloadLog(self.cfg["output"]["path"], str(os.getpid()), (first, first + ROW_BLOCK))
+        self.log = PayloadLog(self.plan.output.path, str(os.getpid()), (first, first + ROW_BLOCK))
         #: both streams are live (Kafka topics, ZeroMQ producers): a checkpoint holds the streams' places
         #: (`position`), not a count
-        self.placed = all(s["kafka"] or s["endpoint"] for s in self.specs.values())
+        self.placed = all(s.kafka or s.endpoint for s in self.specs.values())
         self._live: list[Live | None] = [None, None]
         self._open()
 
     def _open(self, starts: list | None = None) -> None:
         """Start reading both streams from their first rows (a recovery of files starts again here), or live
         streams from a checkpoint's places (`starts`, per side; a ZeroMQ stream keeps its bound sockets)."""
-        window = self.cfg["source"]["duplicate_window"]
-        plan = plan_of(self.cfg)
-        queries = [plan.stream(side) if plan is not None else None for side in (0, 1)]
+        window = self.plan.source.duplicate_window
+        query = self.plan.query
+        queries = [query.stream(side) if query is not None else None for side in (0, 1)]
         inputs = [
             StreamChecks(
-                name,
-                s,
-                self.kinds,
-                window,
-                self.declared[name],
-                s["endpoint"] or ", ".join(s["kafka"]["topics"]),
-                query,
+                name, s, self.kinds, window, self.declared[name], s.endpoint or ", ".join(s.kafka.topics), query
             )
             if name in self.declared
             else StreamInput(name, s, self.kinds, window, self.files[name], query)
@@ -469,7 +467,7 @@ class WatermarkMerge(StreamsSource):
         self._stop = threading.Event()
         #: per side: a live stream (master.sources.live), or None and the reader of its files
         self._live = [
-            open_live(self.cfg, side, inp, self.declared[inp.name], starts and starts[side], self.share, opened)
+            open_live(self.plan, side, inp, self.declared[inp.name], starts and starts[side], self.share, opened)
             if inp.name in self.declared
             else None
             for (side, inp), opened in zip(enumerate(inputs), self._live)
@@ -496,24 +494,24 @@ class WatermarkMerge(StreamsSource):
         }
         for inp in inputs:
             for field in inp.schema:
-                name = inp.spec["prefix"] + field.name
+                name = inp.spec.prefix + field.name
                 if name in names:
                     raise ConfigError(
                         f"streams.{inp.name}.prefix: results would have two columns {name!r} "
                         f"({names[name]} and {inp.name}'s {field.name}): choose other prefixes"
                     )
                 names[name] = f"{inp.name}'s {field.name}"
-                if self.cfg["output"]["format"] == "csv" and pa.types.is_nested(field.type):
+                if self.plan.output.format == "csv" and pa.types.is_nested(field.type):
                     raise ConfigError(
                         f'output.format = "csv": column {field.name} of streams.{inp.name} is '
                         f"{field.type}, which CSV cannot hold: use Parquet, or leave it out of "
                         f"streams.{inp.name}.payload"
                     )
-        if self.cfg["aggregate"]["enabled"]:
-            fields = [pa.field(inp.spec["prefix"] + f.name, f.type) for inp in inputs for f in inp.schema]
-            if self.cfg["join"]["type"] != "inner":
+        if self.plan.aggregate.enabled:
+            fields = [pa.field(inp.spec.prefix + f.name, f.type) for inp in inputs for f in inp.schema]
+            if self.plan.join.type != "inner":
                 fields.append(pa.field(aggregation.KIND, pa.string()))
-            aggregation.check_columns(aggregation.aggregation(self.cfg), pa.schema(fields), ConfigError)
+            aggregation.check_columns(self.plan.aggregate.view, pa.schema(fields), ConfigError)
 
     @staticmethod
     def _logged(log: PayloadLog, side: int, inp: StreamInput):
@@ -734,7 +732,7 @@ class WatermarkMerge(StreamsSource):
             "payload_log_peak_bytes": self.log.peak_bytes,
             **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))} if live else {}),
         }
-        if plan_of(self.cfg) is not None:
+        if self.plan.query is not None:
             out["filtered"] = self.filtered
         if self.listing is None:
             return out
@@ -770,7 +768,7 @@ class WatermarkMerge(StreamsSource):
         return out
 
 
-def _drawn(generator: dict, start: int):
+def _drawn(generator: Generator, start: int):
     """The generator's tuples from tuple `start` on as the single file's checked batches (nothing to reject): a
     tuple's row is its place in the drawn order, so a position and a recovery are the file's."""
     source = GeneratorSource(generator)
@@ -781,12 +779,12 @@ def _drawn(generator: dict, start: int):
         start += len(chunk.ts)
 
 
-def _declared(name: str, spec: dict) -> pa.Schema:
+def _declared(name: str, spec: Stream) -> pa.Schema:
     """A live stream's declared columns (protocol.streams `schema`) as an Arrow schema; a Kafka stream's also the
     records' own columns it names as key, time, id or payload."""
-    named = {*spec["key"], spec["time"], spec["id"], *(spec["payload"] if spec["payload"] != "*" else [])}
-    own = {c: t for c, t in KAFKA_COLUMNS.items() if c in named} if spec["kafka"] else {}
+    named = {*spec.key, spec.time, spec.id, *(spec.payload if spec.payload != "*" else [])}
+    own = {c: t for c, t in KAFKA_COLUMNS.items() if c in named} if spec.kafka else {}
     try:
-        return pa.schema([(column, arrow_type(text)) for column, text in {**spec["schema"], **own}.items()])
+        return pa.schema([(column, arrow_type(text)) for column, text in {**spec.schema, **own}.items()])
     except ValueError as e:
         raise ConfigError(f"streams.{name}.schema: {e}") from None

@@ -14,9 +14,14 @@ suppliers -> one slave more.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from protocol.plan import Balance
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ def plan(
     occupancy: dict[int, float],
     group_load: dict[int, dict[int, float]],
     inactive: list[int],
-    cfg: dict,
+    balance: Balance,
     rng: np.random.Generator,
     cost: dict[int, float] | None = None,
 ) -> tuple[list[Move], int | None, int | None]:
@@ -78,11 +83,11 @@ def plan(
     known = sorted(c for c in (cost or {}).values() if c > 0)
     typical = known[len(known) // 2] if known else 1.0
     per_tuple = lambda r: (cost or {}).get(r) or typical
-    suppliers, consumers = classify(occupancy, cfg["supplier_threshold"], cfg["consumer_threshold"])
+    suppliers, consumers = classify(occupancy, balance.supplier_threshold, balance.consumer_threshold)
     load = {r: float(sum(group_load.get(r, {}).values())) for r in occupancy}
     moves: list[Move] = []
     joining = leaving = None
-    if cfg["declustering"] and not suppliers and len(occupancy) > 1:
+    if balance.declustering and not suppliers and len(occupancy) > 1:
         # the slave on the busiest host (highest cost per tuple, in steps of 10% of the typical cost, so that
         # noise does not decide) leaves; among equals the least loaded one (the paper's rule)
         leaving = min(occupancy, key=lambda r: (-round(per_tuple(r) / typical, 1), occupancy[r], load[r], -r))
@@ -93,7 +98,7 @@ def plan(
             given[to] += g
             moves.append(Move(p, leaving, to, "shrink"))
         return moves, None, leaving
-    if cfg["declustering"] and inactive and len(suppliers) > cfg["gamma"] * len(consumers):
+    if balance.declustering and inactive and len(suppliers) > balance.gamma * len(consumers):
         joining = inactive[0]
         consumers = [joining] + consumers
         load[joining] = 0.0
@@ -102,7 +107,7 @@ def plan(
             group_load.get(supplier, {}),
             load[supplier],
             load[consumer],
-            cfg["choice"],
+            balance.choice,
             rng,
             per_tuple(supplier),
             per_tuple(consumer),

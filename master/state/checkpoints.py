@@ -18,7 +18,8 @@ for it.
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
+
 
 import numpy as np
 
@@ -29,12 +30,15 @@ from protocol import checkpoint
 from protocol.access import public
 from protocol.messages import Kind
 
+if TYPE_CHECKING:
+    from protocol.plan import Plan
+
 
 class CheckpointDesk:
-    def __init__(self, cfg: dict, index: int, k: int, slaves: list[int], buffers, controller, stats, channels):
-        self.cfg, self.index, self.k, self.slaves = cfg, index, k, slaves
+    def __init__(self, plan: Plan, index: int, k: int, slaves: list[int], buffers, controller, stats, channels):
+        self.plan, self.index, self.k, self.slaves = plan, index, k, slaves
         self.buffers, self.controller, self.stats, self.channels = buffers, controller, stats, channels
-        self.interval = cfg["checkpoint"]["interval"]
+        self.interval = plan.checkpoint.interval
         self.next_id, self.due = 1, self.interval  #: rank 0: the next checkpoint, and the epoch it is due at
         self.pending = False  #: a checkpoint waits for quiet: no batch or move may leave
         self.open: dict | None = None  #: rank 0: the checkpoint whose parts are being written
@@ -78,7 +82,7 @@ class CheckpointDesk:
         else:
             ckpt_id = self.ordered
         self.pending = False
-        directory = checkpoint.root_of(self.cfg) / checkpoint.name_of(ckpt_id)
+        directory = self.plan.checkpoint.root / checkpoint.name_of(ckpt_id)
         r, s, counts = self.buffers.snapshot()
         name = checkpoint.master_part(self.index)
         data = checkpoint.pack([r.view(np.uint8), s.view(np.uint8), counts.ravel().view(np.uint8), *records])
@@ -145,7 +149,7 @@ class CheckpointDesk:
                 {
                     "id": ck["id"],
                     "slaves": len(self.slaves),
-                    "config": public(self.cfg),
+                    "config": public(self.plan.document),
                     "parts": ck["parts"],
                     "result_files": result_files,
                     "commit": commit,
@@ -155,8 +159,8 @@ class CheckpointDesk:
             )
         )
         self.written += 1
-        self.channels.write(Publish(Path(self.cfg["output"]["path"]), commit[checkpoint.PENDING_AGGREGATES]))
-        self.channels.write(Prune(checkpoint.root_of(self.cfg), self.cfg["checkpoint"]["keep"]))
+        self.channels.write(Publish(self.plan.output.path, commit[checkpoint.PENDING_AGGREGATES]))
+        self.channels.write(Prune(self.plan.checkpoint.root, self.plan.checkpoint.keep))
         tuples = sum(p["tuples"] for p in ck["parts"].values())
         mb = sum(p["bytes"] for p in ck["parts"].values()) / 2**20
         self.channels.say(
@@ -205,7 +209,7 @@ class CheckpointDesk:
     def finish(self) -> None:
         """The run is complete: every staged partial aggregate is final."""
         if self.interval and self.index == 0:
-            self.channels.write(Publish(Path(self.cfg["output"]["path"]), None))
+            self.channels.write(Publish(self.plan.output.path, None))
 
 
 def section(manifest: dict, index: int) -> dict:

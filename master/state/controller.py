@@ -13,22 +13,27 @@ partition map change and the master send the tuples it held for that group.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from master.state.balance import Move, plan
 from protocol.checkpoint import reassign
 from protocol.eventtime import POS_INF
 
+if TYPE_CHECKING:
+    from protocol.plan import Balance
+
 
 class Controller:
-    def __init__(self, cfg: dict, slaves: list[int], partitions: int, share: int = 1, live: int | None = None):
+    def __init__(self, balance: Balance, slaves: list[int], partitions: int, share: int = 1, live: int | None = None):
         """`live`: partition ids from it on are hot-key sub-group slots (master.state.hot_key_router), mapped to no
         slave (-1) until a hot key uses them: nothing must route to, balance or move a group that no slave holds."""
-        self.cfg = cfg["balance"]
+        self.balance = balance
         #: with k dispatchers rank 0 sees a 1/k share of every slave's input and scales its samples by k
         self.share = share
-        self.enabled = self.cfg["enabled"]
-        n = self.cfg["initial_slaves"] or len(slaves)
+        self.enabled = self.balance.enabled
+        n = self.balance.initial_slaves or len(slaves)
         self.slaves = list(slaves)
         self.active: list[int] = slaves[:n]
         self.inactive: list[int] = slaves[n:]
@@ -42,7 +47,7 @@ class Controller:
         self.moves_log: list[dict] = []
         self.active_log: list[dict] = []
         self.occupancy_log: list[dict] = []  #: per reorganization, every active slave's occupancy (why it moved)
-        self.rng = np.random.default_rng(self.cfg["seed"])
+        self.rng = np.random.default_rng(self.balance.seed)
         self.t0 = 0.0  #: the run's start (the pacing schedule's origin): the logs' seconds count from it
         self._reset_epoch()
 
@@ -108,7 +113,7 @@ class Controller:
 
     def occupancy(self) -> dict[int, float]:
         """Average buffer occupancy of every active slave over this reorganization epoch (paper IV-C)."""
-        cap = self.cfg["buffer_capacity"]
+        cap = self.balance.buffer_capacity
         return {r: (float(np.mean(self.buffer_samples.get(r) or [0])) / cap) for r in self.active}
 
     def reorganize(self, now: float) -> None:
@@ -126,7 +131,9 @@ class Controller:
                 r: {int(p): float(self.group_load[p]) for p in np.flatnonzero(self.partition_map == r)}
                 for r in self.active
             }
-            moves, joining, leaving = plan(self.occupancy(), group_load, self.inactive, self.cfg, self.rng, self.cost())
+            moves, joining, leaving = plan(
+                self.occupancy(), group_load, self.inactive, self.balance, self.rng, self.cost()
+            )
             if joining is not None:
                 self.inactive.remove(joining)
                 self.active.append(joining)

@@ -10,18 +10,21 @@ slave may expire by (BiStream, Theorem 1), capped while moves are in flight.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from master.state.ranges import every_key
 from protocol import eventtime
 
+if TYPE_CHECKING:
+    from protocol.plan import Plan
+
 
 class DistributionDesk:
     def __init__(
         self,
-        cfg: dict,
+        plan: Plan,
         slaves: list[int],
         buffers,
         controller,
@@ -33,9 +36,9 @@ class DistributionDesk:
         """`sent(...)`: told of each batch (the result stream's punctuation, master.result_stream);
         `spans(partitions)`: per stream the (first, last) keys whose home each partition is (IngestDesk.spans),
         for the group table."""
-        self.cfg, self.buffers, self.controller, self.stats = cfg, buffers, controller, stats
+        self.plan, self.buffers, self.controller, self.stats = plan, buffers, controller, stats
         self.channels, self.sent, self.spans = channels, sent, spans
-        groups = min(cfg["partitioning"]["subgroups"], len(slaves))
+        groups = min(plan.partitioning.subgroups, len(slaves))
         self.subgroups = [slaves[g::groups] for g in range(groups)]
         self.next_group = 0
         self.epochs_done = 0  #: distribution epochs completed (every sub-group served once)
@@ -107,7 +110,7 @@ class DistributionDesk:
         n_r, n_s = counts.sum(axis=1).tolist()
         # a tuple waits at most one epoch for its slave's slot; longer means the cluster is behind, even while
         # the mini-buffers still have room (ingest, and so the pacing lag, is held back only once they are full)
-        waited = now - self.buffers.oldest_arrival(mine) - self.cfg["epochs"]["distribution"]
+        waited = now - self.buffers.oldest_arrival(mine) - self.plan.epochs.distribution
         self.stats.backlog_max = max(self.stats.backlog_max, waited)
         buf, r, s = self.channels.batch(rank, watermark, n_r, n_s, groups)
         self.buffers.drain(mine, out=(r, s))

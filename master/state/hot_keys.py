@@ -22,6 +22,8 @@ the old routing after the change, or by the new one before it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from master.state.balance import Move
@@ -29,15 +31,18 @@ from protocol.messages import Kind
 from protocol.orders import Order
 from protocol.tuples import STREAM_R, STREAM_S
 
+if TYPE_CHECKING:
+    from protocol.plan import Plan
+
 
 class HotKeyDesk:
     def __init__(
-        self, cfg: dict, router, sketch, buffers, controller, stats, channels, rerouted=lambda s, t: None, k: int = 1
+        self, plan: Plan, router, sketch, buffers, controller, stats, channels, rerouted=lambda s, t: None, k: int = 1
     ):
         """`rerouted(sources, targets)`: told when buffered tuples move between partitions here (the result
         stream's punctuation must not pass them: master.result_stream); `k`: the dispatchers."""
         self.rerouted, self.k = rerouted, k
-        self.threshold = cfg["hotkeys"]["threshold"]
+        self.threshold = plan.hotkeys.threshold
         self.router, self.sketch = router, sketch
         self.buffers, self.controller, self.stats, self.channels = buffers, controller, stats, channels
         self.pending: dict[int, float] = {}  #: keys found hot, waiting for their partition's owner

@@ -18,6 +18,8 @@ the hot-key router to a key's grid (Streaming HyperCube).  With checkpoints ever
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +31,9 @@ from protocol import eventtime
 from protocol.predicates import key_distance, range_copied
 from protocol.strict_json import finite
 from protocol.tuples import STREAM_NAMES, STREAM_R, STREAM_S
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -51,37 +56,34 @@ class Archive:
 
 class IngestDesk:
     def __init__(
-        self, cfg: dict, buffers, stats, channels, index: int, k: int, groups: int, router, sketch, own_rows=False
+        self, plan: Plan, buffers, stats, channels, index: int, k: int, groups: int, router, sketch, own_rows=False
     ):
         """`router`, `sketch`: the hot-key router and frequent-key sketch (None: hot keys off); `channels`:
         where its effects go (master/state/channels.py); `own_rows`: the dispatchers read different rows (Kafka
         partitions shared out), so one may end long before the others."""
-        self.cfg, self.buffers, self.stats, self.channels = cfg, buffers, stats, channels
+        self.plan, self.buffers, self.stats, self.channels = plan, buffers, stats, channels
         self.index, self.k, self.own_rows = index, k, own_rows
         self.router, self.sketch = router, sketch
-        self.rate = cfg["source"]["rate"] / k  #: this dispatcher's paced share
-        join = cfg["join"]
+        self.rate = plan.source.rate / k  #: this dispatcher's paced share
+        join = plan.join
         #: [streams]: each stream judged within itself, by its own max_delay (R's, S's); else both together
-        self.streams = cfg["streams"] if cfg["source"]["kind"] == "streams" else {}
-        delays = [s["max_delay"] for s in self.streams.values()] or [join["max_delay"]]
-        self.lateness = Lateness(
-            [eventtime.duration(d) for d in delays],  # integer microseconds, as every ts here
-            [s["idle_timeout"] for s in self.streams.values()] or None,
-        )
-        self.stream_delays = [eventtime.duration(d) for d in (delays if len(delays) == 2 else delays * 2)]  #: R's, S's
+        self.streams = {s.name: s for s in plan.streams} if plan.source.kind == "streams" else {}
+        delays = [s.max_delay for s in self.streams.values()] or [join.max_delay]  # microseconds, as every ts here
+        self.lateness = Lateness(delays, [s.idle_timeout for s in self.streams.values()] or None)
+        self.stream_delays = delays if len(delays) == 2 else delays * 2  #: R's, S's
         #: band / inequality joins: key ranges, fixed from the first keys seen (None: hash partitions); with
         #: several dispatchers every one must route by the same ranges, so rank 0 decides them and the others
         #: take no input until they have them (a RANGES order)
         self.ranges: KeyRanges | None = None
         self._ranges_shared = False
-        self.range_partitioned = join["predicate"] != "equal"
-        self.key_distance = key_distance(join["predicate"], join["band"])
+        self.range_partitioned = join.predicate != "equal"
+        self.key_distance = key_distance(join.predicate, join.band)
         #: the streams copied to every range that may hold partners; the other is stored once, at its key's range,
         #: where its pairs are produced: R, whose matched flag decides a left, semi or anti row; a full
         #: join copies both (each tuple's row alone is decided at its home range only: slave.join)
-        self.copied = range_copied(join["type"])
+        self.copied = range_copied(join.type)
         #: paced ingest tick: a tenth of a sub-group slot, at most 10 ms (bounds the delay it adds)
-        self.ingest_interval = min(0.01, cfg["epochs"]["distribution"] / groups / 10)
+        self.ingest_interval = min(0.01, plan.epochs.distribution / groups / 10)
         self._last_ingest = 0.0
         self._behind = 0.0  #: seconds the pacing schedule is ahead of what `due` allows (the pacing lag)
         self.t0 = 0.0
@@ -91,7 +93,7 @@ class IngestDesk:
         #: per stream (R, S): the largest ts taken in, for the metrics' per-stream watermarks
         self.stream_max_ts = [eventtime.NEG_INF, eventtime.NEG_INF]
         self.late_reasons = self._late_reasons()
-        self.archiving = bool(cfg["checkpoint"]["interval"] and cfg["checkpoint"]["archive"])
+        self.archiving = plan.checkpoint.enabled and plan.checkpoint.archive
 
     def ranges_to_share(self) -> list | None:
         """Rank 0: its key ranges, once, as soon as they are decided (the loop sends them to the others)."""
@@ -146,15 +148,15 @@ class IngestDesk:
             self.lateness.tick(now - self.origin, ended)
         if self.range_partitioned and self.ranges is None and self.index > 0:
             return 0  # rank 0's key ranges have not come yet
-        src = self.cfg["source"]
-        room = self.cfg["master"]["buffer_capacity"] - len(self.buffers)
-        limit = min(src["batch"], room, src["batch"] if cap is None else cap)
+        src = self.plan.source
+        room = self.plan.master.buffer_capacity - len(self.buffers)
+        limit = min(src.batch, room, src.batch if cap is None else cap)
         behind = 0.0
         if self.rate > 0:
             due = int((now - self.t0) * self.rate) - self.consumed
             # paced input is taken in ticks, not tuple by tuple; but a whole batch due is taken at once, or the
             # tick would cap ingest at source.batch per tick (65,536 per 10 ms: 6.5M/s, whatever the cluster)
-            if due < src["batch"] and now - self._last_ingest < self.ingest_interval and not slot:
+            if due < src.batch and now - self._last_ingest < self.ingest_interval and not slot:
                 return 0
             # how far ingest is behind the pacing schedule (the due tuples this step cannot take): it grows only
             # when the cluster cannot keep up
@@ -241,13 +243,13 @@ class IngestDesk:
     def _late_reasons(self) -> np.ndarray:
         """The late output's reasons: [[R's own bound, R below W], [S's ...]] (`bound` says which value)."""
         if not self.streams:
-            md = self.cfg["join"]["max_delay"]
+            md = self.plan.join.max_delay / eventtime.PER_SECOND
             return np.array([[f"late: ts below max ts seen before minus join.max_delay ({md})"] * 2] * 2)
         return np.array(
             [
                 [
                     f"late: ts below the largest ts of stream {name} before it minus streams.{name}.max_delay "
-                    f"({s['max_delay']})",
+                    f"({s.max_delay / eventtime.PER_SECOND})",
                     f"late: ts below the join's watermark, which passed it while stream {name} was idle",
                 ]
                 for name, s in self.streams.items()
@@ -293,8 +295,8 @@ class IngestDesk:
             ]
             out[side] = {
                 "stream": name,
-                "max_delay": s["max_delay"],
-                "idle_timeout": s["idle_timeout"],
+                "max_delay": s.max_delay / eventtime.PER_SECOND,
+                "idle_timeout": s.idle_timeout,
                 "late": int(self.lateness.late[x]),
                 "idle": finite(idle),
             }

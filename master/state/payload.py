@@ -26,25 +26,29 @@ the others the times below which theirs may go (PRUNE); each removes those of it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections import deque
 
 from protocol import eventtime
-from protocol.predicates import time_bounds
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
 
 
 class PayloadDesk:
-    def __init__(self, cfg: dict, index: int, slaves: list[int]):
+    def __init__(self, plan: Plan, index: int, slaves: list[int]):
         """`index`: the dispatcher's."""
-        lower, upper = time_bounds(cfg["join"])
+        lower, upper = plan.join.bounds
         #: per side: how far after a row's own time its last partner may lie (never below its own time)
         self.reach = (max(0, upper), max(0, -lower))
         self.done = {rank: eventtime.NEG_INF for rank in slaves}  #: per slave: the watermark it answered last
         self.moving: dict[int, int] = {}  #: partition-groups on their way to a consumer: their floors
         #: the smallest `done` at each kept complete checkpoint's cut (a recovery may start from any of them)
-        self.kept: deque = deque(maxlen=max(1, cfg["checkpoint"]["keep"]))
+        self.kept: deque = deque(maxlen=max(1, plan.checkpoint.keep))
         self.open: int | None = None  #: the cut of the checkpoint being taken
         #: rank 0: the other dispatchers' last reports, (watermark, rows taken per side); none yet: nothing
-        self.others = {d: (eventtime.NEG_INF, (0, 0)) for d in range(1, cfg["cluster"]["dispatchers"] * (index == 0))}
+        self.others = {d: (eventtime.NEG_INF, (0, 0)) for d in range(1, plan.cluster.dispatchers * (index == 0))}
         self.reported = None  #: another dispatcher: what it told rank 0 last
         self.pruned: list[int] | None = None  #: rank 0: the bounds it told the others last (PRUNE)
 

@@ -15,18 +15,23 @@ slowest batch a slave has taken so far.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from protocol.plan import Plan
+
 
 class StallError(RuntimeError):
     """The cluster stopped making progress with work pending; the message says what it waited for."""
 
 
 class StallWatch:
-    def __init__(self, cfg: dict, buffers, controller, channels, coordinator: bool = True):
+    def __init__(self, plan: Plan, buffers, controller, channels, coordinator: bool = True):
         """`coordinator`: rank 0, which drives the moves; another dispatcher holds a moving group's tuples and
         waits for rank 0's RELEASE, which is rank 0's work to watch, not its own."""
         self.buffers, self.controller, self.channels, self.coordinator = buffers, controller, channels, coordinator
-        self.timeout = cfg["master"]["stall_timeout"]
-        self.epoch = cfg["epochs"]["distribution"]
+        self.timeout = plan.master.stall_timeout
+        self.epoch = plan.epochs.distribution
         self.slowest = 0.0  #: the longest a slave took over one batch so far (seconds)
         self.reports = 0  #: reports received
         self.orders = 0  #: orders received from other dispatchers (rank 0's HOLD, RELEASE, ...)

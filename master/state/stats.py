@@ -3,6 +3,8 @@ the time; the summary's file and lines are written by the shell, master.lifecycl
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import math
 
@@ -10,6 +12,9 @@ import numpy as np
 
 from protocol import delays, wire
 from protocol.access import public
+
+if TYPE_CHECKING:
+    from protocol.plan import Output, Plan
 
 #: seconds one batch may take before the progress line names its slave (a busy host's batches take a second)
 LONG_BATCH = 2.0
@@ -186,7 +191,7 @@ class RunStats:
             "chunks": sum(v["result_chunks"] for v in per),
         }
 
-    def summary(self, cfg: dict, now: float, peak_rss_bytes: int) -> dict:
+    def summary(self, plan: Plan, now: float, peak_rss_bytes: int) -> dict:
         """The run's part of summary.json; `peak_rss_bytes`: the master's own, as the shell reads it."""
         wall = self.elapsed_before + now - self.started
         p50, p95, p99 = (min(p, self.delay_max) for p in delays.percentiles(self.delay_hist, (50, 95, 99)))
@@ -228,7 +233,7 @@ class RunStats:
             "stopped_by_signal": self.stopped_by_signal,
             "startup": self.startup(),
             "hosts": ranks_by_host(self.hosts),
-            "config": public(cfg),
+            "config": public(plan.document),
         }
 
     def startup(self) -> dict:
@@ -272,8 +277,9 @@ def _after(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}s"
 
 
-def summary_lines(s: dict) -> list[str]:
-    """The summary as the lines the run ends with (the shell prints them)."""
+def summary_lines(s: dict, output: Output) -> list[str]:
+    """The summary as the lines the run ends with (the shell prints them); `output`: the plan's, which they
+    name."""
     lines = []
     d = s["delay_seconds"]
     f = s.get("filtered")  # a query's filters
@@ -304,7 +310,7 @@ def summary_lines(s: dict) -> list[str]:
     if c["chunked_batches"]:
         lines.append(
             f"results of {c['chunked_batches']:,} batches were built in {c['chunks']:,} chunks of at most "
-            f"{wire.chunk_rows(s['config']):,} rows (output.result_chunk_rows); the largest batch had "
+            f"{wire.chunk_rows(output):,} rows (output.result_chunk_rows); the largest batch had "
             f"{c['largest_batch_results']:,} results"
         )
     if "zmq_ingest" in s:

@@ -24,6 +24,7 @@ from control import aggregate, audit
 from control.audit_metrics import AuditMetrics
 from protocol import checkpoint, eventtime
 from protocol.config import load_config
+from protocol.plan import compile_plan, load_plan
 from deploy.launch import mpi_env, mpirun_command
 from protocol.output import LEFT_UNMATCHED, MATCHED, RESULT_SCHEMA, read_tables
 from common.workload import generate_all
@@ -64,7 +65,7 @@ def reference(settings: dict, start: float = -np.inf, end: float = np.inf) -> np
     """tests.reference over the generated input: the encoded pairs whose later ts is in [start, end) seconds
     (compared in microseconds, as the generator's ts are)."""
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
-    d = generate_all(cfg)
+    d = generate_all(compile_plan(cfg).generator)
     if settings.get("join.predicate", "equal") == "equal":
         pairs, _ = reference_pairs(d.stream, d.id, d.ts, d.key, settings["join.window"], settings["join.max_delay"])
     else:
@@ -334,7 +335,7 @@ def test_band_join_from_the_input_file_without_an_archive(spark, tmp_path):
         },
     )
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
-    d = generate_all(cfg)
+    d = generate_all(compile_plan(cfg).generator)
     path = tmp_path / "input.parquet"
     pq.write_table(
         pa.table(
@@ -459,15 +460,15 @@ def test_a_crashed_run_is_exact_below_its_checkpoint_and_followed_through_its_re
     ), r
     assert r["expected"] == len(reference(settings, -np.inf, r["to"])) > 100
     # --follow beside the supervisor's recovery: each second of event time once the watermark passed it
-    cfg = load_config(tmp_path / "run.toml")  # before run_cluster writes it again
+    plan = load_plan(tmp_path / "run.toml")  # before run_cluster writes it again
     recovery = threading.Thread(
         target=lambda: run_cluster(tmp_path, 3, settings, wrapper=SUPERVISE, extra_args=["--recover"])
     )
     recovery.start()
     lines = []
-    metrics = AuditMetrics("127.0.0.1:0", cfg)
+    metrics = AuditMetrics("127.0.0.1:0", plan)
     try:
-        code = audit.follow(spark, cfg, -1.0, 1.0, 1.0, poll=0.2, log=lines.append, metrics=metrics)
+        code = audit.follow(spark, plan, -1.0, 1.0, 1.0, poll=0.2, log=lines.append, metrics=metrics)
         scraped = urllib.request.urlopen(metrics.url, timeout=10).read().decode()
     finally:
         metrics.close()

@@ -18,6 +18,7 @@ import pytest
 from control import audit
 from control.audit_metrics import AuditMetrics
 from protocol.config import load_config
+from protocol.plan import compile_plan, load_plan
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED, read_tables
 from common.workload import generate_all
 from tests.runs import run_cluster
@@ -31,7 +32,7 @@ def reference_rows(settings: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """tests.reference's rows of the settings' join.type over the whole input: (encoded pairs, R ids alone,
     S ids alone)."""
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
-    d = generate_all(cfg)
+    d = generate_all(compile_plan(cfg).generator)
     window = (settings["join.lower"], settings["join.upper"]) if "join.lower" in settings else settings["join.window"]
     max_delay = settings["join.max_delay"]
     pairs, late = reference_pairs(d.stream, d.id, d.ts, d.key, window, max_delay)
@@ -67,7 +68,7 @@ def test_the_audit_of_a_full_join_counts_each_kind_like_the_reference(spark, ful
     header, row = audit.table([r]).splitlines()
     assert "left_unmatched missing" in header and "right_unmatched duplicates" in header
     assert row.split()[0] == r["range"]
-    metrics = AuditMetrics("127.0.0.1:0", load_config(full_run.out.parent / "run.toml"))
+    metrics = AuditMetrics("127.0.0.1:0", load_plan(full_run.out.parent / "run.toml"))
     try:
         metrics.record(r)
         scraped = urllib.request.urlopen(metrics.url, timeout=10).read().decode()

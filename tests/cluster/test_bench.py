@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from bench.cluster import aggregate, planned_runs, run_numbers
 from bench.report import caveats
 from bench.search import bracket, keep_up, median, next_rate, search_verdict, sustained_rate
 from bench.tables import count, fmt, krate, md_table, summary_table, trail_text
-from protocol.config import load_config
+from protocol.plan import load_plan
 
 
 def test_parse_slaves():
@@ -613,9 +614,8 @@ def test_busy_wrapper_runs_the_cluster_pinned_and_names_a_bad_plan(tmp_path):
 
 def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
     from bench.kernel import duckdb_join, epoch_batches, own_kernel
-    from protocol.config import load_config
 
-    cfg = load_config(None, ["generator.duration=2", "generator.rate=5000", "generator.keys=2048"])
+    cfg = load_plan(None, ["generator.duration=2", "generator.rate=5000", "generator.keys=2048"])
     data, batches = epoch_batches(cfg)
     assert sum(len(r) + len(s) for r, s, _ in batches) == len(data.ts)
     watermarks = [w for *_, w in batches]
@@ -630,11 +630,10 @@ def test_kernel_bench_batches_cover_the_input_and_both_kernels_agree():
 
 def test_kernel_bench_writing_results_writes_exactly_the_reference_join(tmp_path):
     from bench.kernel import epoch_batches, own_kernel
-    from protocol.config import load_config
     from protocol.output import read_tables
     from tests.reference import encode_pairs, reference_pairs
 
-    cfg = load_config(
+    cfg = load_plan(
         None, ["generator.duration=2", "generator.rate=5000", "generator.keys=2048", "output.flush_rows=2000"]
     )
     data, batches = epoch_batches(cfg, 0.5)
@@ -643,7 +642,7 @@ def test_kernel_bench_writing_results_writes_exactly_the_reference_join(tmp_path
     _, written = own_kernel(cfg, batches, tmp_path)
     assert os.sched_getaffinity(0) == cpus  # pinned to one core only while timing
     t = read_tables(tmp_path, ["r_id", "s_id", "r_key", "s_key", "delay"])
-    want, _ = reference_pairs(data.stream, data.id, data.ts, data.key, cfg["join"]["window"], cfg["join"]["max_delay"])
+    want, _ = reference_pairs(data.stream, data.id, data.ts, data.key, cfg.join.upper / 1e6, cfg.join.max_delay / 1e6)
     got = np.sort(encode_pairs(t["r_id"].to_numpy(), t["s_id"].to_numpy()))
     assert written == counted == t.num_rows == len(want) > 1000 and np.array_equal(got, want)
     assert np.array_equal(t["r_key"].to_numpy(), t["s_key"].to_numpy()) and len(list(tmp_path.iterdir())) > 1
@@ -651,9 +650,8 @@ def test_kernel_bench_writing_results_writes_exactly_the_reference_join(tmp_path
 
 def test_kernel_bench_window_footprint_counts_the_state_the_module_holds():
     from bench.kernel import epoch_batches, window_footprint
-    from protocol.config import load_config
 
-    cfg = load_config(None, ["generator.duration=3", "generator.rate=5000", "generator.keys=2048"])
+    cfg = load_plan(None, ["generator.duration=3", "generator.rate=5000", "generator.keys=2048"])
     _, batches = epoch_batches(cfg)
     f = window_footprint(cfg, batches)
     assert f["stored_tuples"] > 1000
@@ -671,7 +669,7 @@ def test_input_cache_writes_the_generated_input_once_and_reuses_it(tmp_path, mon
     small = ["generator.duration=2.0", "generator.rate=3000", "generator.keys=64"]
     cache = InputCache(tmp_path)
     path = cache.file(small)
-    want, got = generate_all(load_config(None, small)), file_source(path).next_chunk(1 << 20)
+    want, got = generate_all(load_plan(None, small).generator), file_source(path).next_chunk(1 << 20)
     for a, b in zip(want, got):
         assert np.array_equal(a, b)
     assert cache.used[str(path)]["generated"] and cache.used[str(path)]["tuples"] == len(want.ts)
@@ -691,7 +689,7 @@ def test_input_cache_writes_the_generated_input_once_and_reuses_it(tmp_path, mon
     changed = tmp_path / "workload.py"
     changed.write_text("# changed")
     monkeypatch.setattr(bench.inputs, "workload", type("Changed", (), {"__file__": str(changed)}))
-    assert cache.folder(load_config(None, small)["generator"]) != path.parent
+    assert cache.folder(load_plan(None, small).generator) != path.parent
 
 
 def test_input_cache_evicts_least_recently_used_files_it_wrote_only(tmp_path):
@@ -738,15 +736,15 @@ def test_write_input_stops_at_the_rows_asked_for(tmp_path):
 
     rows = 30_001
     gen = generator_for(rows, ["generator.keys=64"])
-    assert 2 * gen["rate"] * gen["duration"] > rows
+    assert 2 * gen.rate * gen.duration > rows
     n = write_input(gen, tmp_path / "big.parquet", rows)
     f = pq.ParquetFile(tmp_path / "big.parquet")
     assert n == f.metadata.num_rows == rows and f.metadata.num_row_groups == -(-rows // CHUNK_ROWS)
     ids = f.read(columns=["id"])["id"].to_numpy()
-    assert np.array_equal(ids, generate_all({"generator": gen}).id[:rows])
+    assert np.array_equal(ids, generate_all(gen).id[:rows])
     assert [p.name for p in tmp_path.iterdir()] == ["big.parquet"]  # the temporary name is gone
     with pytest.raises(ValueError, match="fewer than"):
-        write_input({**gen, "duration": 0.01}, tmp_path / "short.parquet", rows)
+        write_input(replace(gen, duration=0.01), tmp_path / "short.parquet", rows)
     assert [p.name for p in tmp_path.iterdir()] == ["big.parquet"]
 
 
@@ -757,9 +755,9 @@ def test_a_capacity_bench_gives_every_paced_run_ten_seconds_of_input(tmp_path):
     workload = ["generator.duration=120.0"]
     b = Bench([2], 1, 1, 1.5, workload, 60, tmp_path, input_kind="generator", capacity=True, confirm_seconds=60)
     for rate in (3e6, 9.3e6, 15e6):
-        gen = load_config(None, b.source(bench.search.MIN_INPUT_SECONDS * rate))["generator"]
+        gen = load_plan(None, b.source(bench.search.MIN_INPUT_SECONDS * rate)).generator
         assert expected_tuples(gen) / rate >= bench.search.MIN_INPUT_SECONDS
-    assert load_config(None, b.source(0))["generator"]["duration"] == 120.0  # the probe: the workload as it is
+    assert load_plan(None, b.source(0)).generator.duration == 120.0  # the probe: the workload as it is
     assert b.total_runs == planned_runs(1, 1, 1) + 1  # and a confirmation run
     quick = Bench([2], 1, 1, 1.5, workload, 60, tmp_path, input_kind="generator", confirm_seconds=60)
     assert quick.confirm_seconds == 0 and quick.total_runs == planned_runs(1, 1, 1)
@@ -839,7 +837,7 @@ def test_the_payload_workload_is_the_generators_tuples_per_stream_with_three_pay
     from bench.payload import STREAMS, write_streams
     from common.workload import GeneratorSource
 
-    gen = load_config(None, ["generator.duration=2"])["generator"]
+    gen = load_plan(None, ["generator.duration=2"]).generator
     sizes = write_streams(gen, tmp_path)
     every = GeneratorSource(gen).next_chunk(1 << 30)
     for side, name in enumerate(STREAMS):

@@ -10,6 +10,7 @@ import pytest
 from bench.spark import run_spark, slice_bounds, stream_tables
 from common.workload import generate_all
 from protocol.config import load_config
+from protocol.plan import compile_plan
 from tests.reference import encode_pairs, reference_pairs
 
 
@@ -29,7 +30,7 @@ def test_slice_bounds_cover_every_tuple_once_by_nominal_arrival():
 
 def test_stream_tables_split_by_stream_with_arrivals():
     cfg = load_config(None, ["generator.duration=0.5", "generator.rate=200"])
-    data = generate_all(cfg)
+    data = generate_all(compile_plan(cfg).generator)
     r, s = stream_tables(data, 10, 60, np.arange(10, 60, dtype=np.float64))
     assert r.num_rows + s.num_rows == 50 and r.column_names == ["id", "ts", "key", "value", "arrival"]
     assert sorted(np.concatenate([r["arrival"].to_numpy(), s["arrival"].to_numpy()]).tolist()) == list(range(10, 60))
@@ -57,7 +58,7 @@ def test_spark_job_equals_the_reference_join(spark, tmp_path):
             "join.max_delay=0.5",
         ],
     )
-    data = generate_all(cfg)
+    data = generate_all(compile_plan(cfg).generator)
     n = len(data.id)
     run = run_spark(spark, data, n, rate, tmp_path / "run", cfg["join"]["window"], cfg["join"]["max_delay"], 180)
     expected, late = reference_pairs(data.stream, data.id, data.ts, data.key, 0.3, 0.5)

@@ -18,7 +18,7 @@ import pytest
 
 from deploy.launch import mpi_env, mpirun_command
 from common.workload import generate_all
-from protocol.config import load_config
+from protocol.plan import load_plan
 from tests.runs import Run
 from tests.reference import reference_pairs
 
@@ -94,7 +94,7 @@ def test_ctrl_c_stops_cleanly_with_every_result_of_the_accepted_prefix(tmp_path)
     assert summary["stopped_by_signal"] is True
     taken = summary["input_total"] + summary["late"]
     assert 0 < taken < 240000  # stopped early, not at the end of the input
-    data = generate_all(load_config(None, settings))
+    data = generate_all(load_plan(None, settings).generator)
     expected, _ = reference_pairs(data.stream[:taken], data.id[:taken], data.ts[:taken], data.key[:taken], 0.5, 0.2)
     run = Run(out, subprocess.CompletedProcess([], 0, "", err))
     assert np.array_equal(run.pairs(), expected)

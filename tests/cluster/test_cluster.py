@@ -10,6 +10,7 @@ import pytest
 
 from common.workload import generate_all
 from protocol.config import load_config
+from protocol.plan import compile_plan, load_plan
 from protocol.output import read_tables
 from tests.runs import run_cluster, write_input
 from tests.reference import reference_pairs
@@ -26,7 +27,7 @@ SMALL = {
 
 def reference_for(settings: dict) -> tuple[np.ndarray, np.ndarray, int]:
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith(("generator.", "source."))])
-    data = generate_all(cfg)
+    data = generate_all(compile_plan(cfg).generator)
     pairs, late = reference_pairs(
         data.stream, data.id, data.ts, data.key, settings["join.window"], settings["join.max_delay"]
     )
@@ -319,7 +320,7 @@ def write_generated(path, settings: dict, row_group: int, bad_every: int) -> int
     """The generated input of `settings` as a Parquet file of many row groups with bad rows inserted
     (tests.runs.write_input); returns how many."""
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
-    inserted = write_input(path, generate_all(cfg), row_group, bad_every)
+    inserted = write_input(path, generate_all(compile_plan(cfg).generator), row_group, bad_every)
     assert pq.ParquetFile(path).num_row_groups > 10
     return len(inserted)
 
@@ -348,7 +349,7 @@ def test_damage_found_during_the_run_ends_the_job_with_the_file_and_row(tmp_path
 
 def test_a_timestamp_typed_parquet_file_joins_exactly(tmp_path):
     # the generated tuples with ts as timestamp[ns, UTC]: up to 499 ns beside each microsecond, rounded back
-    data = generate_all(load_config(None, [f"{k}={v}" for k, v in SMALL.items() if k.startswith("generator.")]))
+    data = generate_all(load_plan(None, [f"{k}={v}" for k, v in SMALL.items() if k.startswith("generator.")]).generator)
     ns = data.ts * 1000 + np.random.default_rng(5).integers(-499, 500, len(data.ts))
     path = tmp_path / "ts.parquet"
     pq.write_table(

@@ -9,6 +9,7 @@ import pytest
 from master.state.hot_key_router import FrequentKeys, HotKeyRouter
 from common.workload import GeneratorSource
 from protocol.config import ConfigError, load_config
+from protocol.plan import compile_plan
 from protocol.tuples import STREAM_R, STREAM_S, partition_of, tuple_dtype
 from protocol.eventtime import NEG_INF
 from slave.join import JoinModule
@@ -57,7 +58,7 @@ def test_router_stores_each_s_once_and_copies_r_to_the_whole_grid():
 
 def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
     dt = tuple_dtype(40)
-    m = JoinModule(dt, 4, 10_000_000, 8, 2, 64, 12)
+    m = JoinModule(dt, 4, (-10_000_000, 10_000_000), 8, 2, 64, 12)
     rng = np.random.default_rng(2)
 
     def rows(n, start):
@@ -96,7 +97,7 @@ def test_split_moves_a_keys_window_into_its_grid_and_pairs_stay_exact():
 
 def test_generator_hot_share_is_a_single_key_of_both_streams():
     cfg = load_config(None, ["generator.hot_share=0.3", "generator.duration=2", "generator.keys=65536"])
-    src = GeneratorSource(cfg["generator"])
+    src = GeneratorSource(compile_plan(cfg).generator)
     c = src.next_chunk(10**6)
     for stream in (0, 1):
         share = np.mean(c.key[c.stream == stream] == src.hot_key)
@@ -126,7 +127,7 @@ def test_hot_keys_only_for_the_equi_join():
 def test_merge_gathers_the_grid_back_with_every_s_and_one_copy_of_each_r(join_type):
     """Inner: S spread, R copied.  Left: the other way round (each R once, with its matched flag)."""
     dt = tuple_dtype(40)
-    m = JoinModule(dt, 4, 10_000_000, 8, 2, 64, 12, join_type=join_type)
+    m = JoinModule(dt, 4, (-10_000_000, 10_000_000), 8, 2, 64, 12, join_type=join_type)
     rng = np.random.default_rng(3)
     r, s = np.zeros(300, dt), np.zeros(300, dt)
     for x in (r, s):

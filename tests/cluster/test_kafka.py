@@ -18,6 +18,7 @@ import pytest
 
 from protocol import checkpoint
 from protocol.config import ConfigError, load_config
+from protocol.plan import compile_plan
 from protocol.output import read_tables
 from tests.reference import late_flags, micros, reference_outer
 from tests.kafka import (
@@ -209,7 +210,7 @@ def test_a_partition_far_ahead_waits_is_paused_and_resumed_without_a_record_lost
         None,
         [f"{k}={toml_value(v)}" for k, v in {**settings(broker, topics), "output.path": str(tmp_path / "out")}.items()],
     )
-    src = open_source(cfg)
+    src = open_source(compile_plan(cfg))
     got = drain(src)
     summary = src.finish()["live_streams"]["views"]
     assert summary["records"] == summary["rows"] == n and summary["rejected_by_reason"] == {}
@@ -229,12 +230,14 @@ def test_a_bounded_topic_ends_at_the_offsets_read_when_it_is_opened(tmp_path, br
         create(broker, topics[name], 2)
         produce(broker, topics[name], s["partition"], values(s, id_column))
     src = open_source(
-        load_config(
-            None,
-            [
-                f"{k}={toml_value(v)}"
-                for k, v in {**settings(broker, topics), "output.path": str(tmp_path / "out")}.items()
-            ],
+        compile_plan(
+            load_config(
+                None,
+                [
+                    f"{k}={toml_value(v)}"
+                    for k, v in {**settings(broker, topics), "output.path": str(tmp_path / "out")}.items()
+                ],
+            )
         )
     )
     later = stream(rng, 300, 1000, 2, now_ms())
@@ -304,13 +307,13 @@ def test_a_source_sought_to_its_checkpointed_place_goes_on_with_the_same_tuples_
             got += len(c.ts)
         return concat(chunks)
 
-    first = open_source(cfg)
+    first = open_source(compile_plan(cfg))
     before = take(first, 1200)
     where = {**first.position(), "records": first.records()}
     assert where["accepted"] == 1200 and sum(p["row"] for p in where["streams"]) > 1200  # merged ahead
     rest = take(first)
     first.finish()
-    second = open_source(cfg)
+    second = open_source(compile_plan(cfg))
     second.seek(
         json.loads(json.dumps({k: v for k, v in where.items() if k != "records"})) | {"records": where["records"]}
     )
@@ -319,7 +322,7 @@ def test_a_source_sought_to_its_checkpointed_place_goes_on_with_the_same_tuples_
     for column, a, b in zip(rest._fields, rest, again):
         np.testing.assert_array_equal(a, b, err_msg=column)
     whole = concat([before, again])
-    reader = payload_reader(cfg)
+    reader = payload_reader(compile_plan(cfg))
     for side, (column, s) in enumerate(zip(IDS, (views, buys))):
         ids = reader.gather(side, whole.id[whole.stream == side])[column].to_numpy()
         assert sorted(ids.tolist()) == s["id"].tolist()
@@ -405,9 +408,9 @@ def test_a_topic_that_does_not_exist_or_a_refused_setting_stops_the_start_withou
         ],
     )
     with pytest.raises(InputError, match=re.escape(f"streams.views.kafka.topic: {topics['views']!r} cannot be read")):
-        open_source(cfg())
+        open_source(compile_plan(cfg()))
     with pytest.raises(ConfigError, match="librdkafka refuses the setting security.protocol") as e:
-        open_source(cfg(**{"streams.views.kafka.config.security.protocol": "hunter2"}))
+        open_source(compile_plan(cfg(**{"streams.views.kafka.config.security.protocol": "hunter2"})))
     assert "hunter2" not in str(e.value)
 
 
@@ -447,7 +450,7 @@ def test_lag_records_and_bytes_are_counted_per_partition_in_the_source_metrics_a
         for p in range(parts):
             want[name, p] = (int((s["partition"] == p).sum()), int(sizes[s["partition"] == p].sum()))
     cfg = {**settings(broker, topics), "output.path": str(tmp_path / "src"), "metrics.endpoint": "127.0.0.1:0"}
-    src = open_source(load_config(None, [f"{k}={toml_value(v)}" for k, v in cfg.items()]))
+    src = open_source(compile_plan(load_config(None, [f"{k}={toml_value(v)}" for k, v in cfg.items()])))
     seen = lambda rows: {(r["stream"], r["partition"]): (r["records"], r["bytes"], r["lag"]) for r in rows}  # noqa: E731
     assert seen(src.partitions()) == {k: (0, 0, n) for k, (n, _) in want.items()}
     drain(src)

@@ -20,6 +20,7 @@ from master.sources.key_codes import _hash, _rehash
 from master.sources.keys import KeyCollision, KeyDictionary, KeyMapper
 from protocol import checkpoint
 from protocol.config import ConfigError, load_config
+from protocol.plan import compile_plan, load_plan
 from protocol.output import read_tables
 from protocol.payload import ROW_BLOCK, PayloadLog, PayloadReader
 from tests.cluster.test_live_streams import producers
@@ -114,7 +115,7 @@ def test_each_dispatcher_resumes_only_its_own_block_of_the_payload_log_and_reade
 def test_rank_0_tells_the_others_which_times_of_their_own_segments_may_go_only_when_it_changed():
     from master.state.payload import PayloadDesk
 
-    desk = PayloadDesk({"join": {"window": 1.0}, "checkpoint": {"keep": 1}, "cluster": {"dispatchers": 2}}, 0, [2])
+    desk = PayloadDesk(load_plan(None, ["join.window=1.0", "checkpoint.keep=1", "cluster.dispatchers=2"]), 0, [2])
     assert desk.prune([]) is None
     assert desk.prune([(0, 5, 100), (1, 7, 90)]) == [100, 90]
     assert desk.prune([(0, 9, 100), (1, 9, 90)]) is None  # the same bounds: no order
@@ -289,12 +290,12 @@ def test_two_shares_are_the_topics_once_with_one_code_per_key_and_added_partitio
     topics = two_topics(tmp_path, broker, views, buys, 2)
     given = {**settings(broker, topics), **TWO, "output.path": str(tmp_path / "out"), "checkpoint.interval": 2}
     cfg = load_config(None, [f"{k}={toml_value(v)}" for k, v in given.items()])
-    sources = [open_shard(cfg, d) for d in range(2)]
+    sources = [open_shard(compile_plan(cfg), d) for d in range(2)]
     shares = [drain(src) for src in sources]
     where = {**sources[1].position(), "records": sources[1].records()}
     for src in sources:
         src.finish()
-    reader = payload_reader(cfg)
+    reader = payload_reader(compile_plan(cfg))
     code_of = {}
     for d, share in enumerate(shares):
         assert ((share.id >= d * ROW_BLOCK) & (share.id < (d + 1) * ROW_BLOCK)).all()
@@ -311,7 +312,7 @@ def test_two_shares_are_the_topics_once_with_one_code_per_key_and_added_partitio
     )
     admin = AdminClient({"bootstrap.servers": broker})
     admin.create_partitions([NewPartitions(topics["views"], 4)])[topics["views"]].result(30)
-    again = open_shard(cfg, 1)
+    again = open_shard(compile_plan(cfg), 1)
     with pytest.raises(
         InputError, match=r"streams.views.kafka: the checkpoint holds offsets of 1 partitions, .* for dispatcher 1"
     ):

@@ -21,7 +21,8 @@ from control.produce import Producer
 from master.sources import open_source
 from protocol import checkpoint, wire
 from protocol.payload import ROW_BLOCK
-from protocol.config import ConfigError, load_config
+from protocol.config import ConfigError
+from protocol.plan import load_plan
 from protocol.output import read_tables
 from common.chunks import InputError
 from common.stream_file import arrow_type
@@ -51,8 +52,8 @@ def live_settings(ports: dict[str, int], **extra) -> dict:
     return out | extra
 
 
-def live_cfg(tmp_path, ports, **extra):
-    return load_config(
+def live_plan(tmp_path, ports, **extra):
+    return load_plan(
         None,
         [f"{k}={toml_value(v)}" for k, v in {**live_settings(ports), "output.path": str(tmp_path), **extra}.items()],
     )
@@ -97,7 +98,7 @@ def test_config_mistakes_of_live_streams_are_refused_with_the_key(tmp_path, sett
     from master.sources.streams import StreamsSource
 
     with pytest.raises(ConfigError, match=re.escape(words)):
-        StreamsSource(live_cfg(tmp_path, {"views": free_port(), "buys": free_port()}, **settings))
+        StreamsSource(live_plan(tmp_path, {"views": free_port(), "buys": free_port()}, **settings))
 
 
 def test_live_streams_of_several_dispatchers_are_refused_where_their_ports_meet_or_beside_files(tmp_path):
@@ -105,10 +106,10 @@ def test_live_streams_of_several_dispatchers_are_refused_where_their_ports_meet_
     dispatcher 1's; and a live stream beside a stream of files would need each dispatcher to read the files whole."""
     port = free_port()
     with pytest.raises(ConfigError, match=re.escape("streams.buys.endpoint: must differ from streams.views.endpoint")):
-        live_cfg(tmp_path, {"views": port, "buys": port + 1}, **{"cluster.dispatchers": 2})
+        live_plan(tmp_path, {"views": port, "buys": port + 1}, **{"cluster.dispatchers": 2})
     files = {"streams.buys.path": "buys.parquet", "streams.buys.key": "user", "streams.buys.time": "at"}
     with pytest.raises(ConfigError, match=re.escape("streams.views.endpoint: with cluster.dispatchers > 1, not")):
-        live_cfg(tmp_path, {"views": port}, **files, **{"cluster.dispatchers": 2})
+        live_plan(tmp_path, {"views": port}, **files, **{"cluster.dispatchers": 2})
 
 
 def send(endpoint: str, table: pa.Table | None = None, raw: list | None = None, name: str = "p") -> Producer:
@@ -125,7 +126,7 @@ def test_live_batches_are_checked_merged_and_logged_and_bad_messages_rejected_wh
     whose `at` is text; a batch with one bad cell (its row rejected alone): the good rows merge by each stream's
     watermark, the payload log holds their columns, rejected/ lists the messages and the row."""
     ports = {"views": free_port(), "buys": free_port()}
-    src = open_source(live_cfg(tmp_path, ports))
+    src = open_source(live_plan(tmp_path, ports))
     ep = {n: f"tcp://127.0.0.1:{p}" for n, p in ports.items()}
     t0 = 1_795_000_000_000
     views = pa.table(
@@ -176,7 +177,7 @@ def test_batches_without_the_token_are_refused_and_their_rows_counted(tmp_path):
     """source.token on live streams: a producer without it (or with another) neither feeds nor ends a stream; its
     BATCHes are refused before they are decoded, counted as messages and as the rows their headers announce."""
     ports = {"views": free_port(), "buys": free_port()}
-    src = open_source(live_cfg(tmp_path, ports, **{"source.token": "s3cret"}))
+    src = open_source(live_plan(tmp_path, ports, **{"source.token": "s3cret"}))
     ep = {n: f"tcp://127.0.0.1:{p}" for n, p in ports.items()}
     t0 = 1_795_000_000_000
     views = pa.table({"vid": [1, 2], "user": ["a", "b"], "page": ["/", "/x"], "at": [t0, t0 + 10]})
@@ -202,7 +203,7 @@ def test_dispatcher_1_binds_each_live_stream_at_its_port_plus_1_and_numbers_its_
     from master.sources import open_shard
 
     ports = {"views": free_port(), "buys": free_port()}  # drawn apart: dispatcher 1 binds port + 1
-    src = open_shard(live_cfg(tmp_path, ports, **{"cluster.dispatchers": 2}), 1)
+    src = open_shard(live_plan(tmp_path, ports, **{"cluster.dispatchers": 2}), 1)
     ep = {n: f"tcp://127.0.0.1:{p + 1}" for n, p in ports.items()}
     t0 = 1_795_000_000_000
     views = {"vid": [1, 2], "user": ["a", "b"], "page": ["/", "/x"]}
@@ -227,7 +228,7 @@ def test_a_live_streams_endpoint_already_taken_is_named_by_its_own_key(tmp_path)
     holder.bind(f"tcp://127.0.0.1:{ports['buys']}")
     try:
         with pytest.raises(InputError, match=r"cannot bind streams\.buys\.endpoint 'tcp://127\.0\.0\.1:"):
-            open_source(live_cfg(tmp_path, ports))
+            open_source(live_plan(tmp_path, ports))
         holder.close()
         holder = zmq.Context.instance().socket(zmq.PULL)
         deadline = time.monotonic() + 10  # free again: ZeroMQ's I/O thread closes a socket's listener after close()
@@ -246,7 +247,7 @@ def test_a_quiet_live_stream_holds_the_other_back_until_its_idle_timeout(tmp_pat
     """views sends, buys has sent one batch and then nothing: views' later tuples wait in the merge (buys may
     still send earlier ones) until buys has been quiet for its idle_timeout, then flow."""
     ports = {"views": free_port(), "buys": free_port()}
-    src = open_source(live_cfg(tmp_path, ports, **{"streams.buys.idle_timeout": "600ms"}))
+    src = open_source(live_plan(tmp_path, ports, **{"streams.buys.idle_timeout": "600ms"}))
     ep = {n: f"tcp://127.0.0.1:{p}" for n, p in ports.items()}
     t0 = 1_795_000_000_000
     pb = send(ep["buys"], pa.table({"bid": [1], "user": ["a"], "at": [t0], "price": ["1"]}), name="b")
@@ -280,7 +281,7 @@ def test_a_live_stream_whose_producers_ended_holds_nothing_back_once_its_rows_ar
     """views sends 50 rows and ends; buys sends one row and stays open: views counts as ended (the lateness
     rule no longer waits for it) once its last row is taken, as a stream of files does; buys does not."""
     ports = {"views": free_port(), "buys": free_port()}
-    src = open_source(live_cfg(tmp_path, ports))
+    src = open_source(live_plan(tmp_path, ports))
     ep = {n: f"tcp://127.0.0.1:{p}" for n, p in ports.items()}
     t0 = 1_795_000_000_000
     pb = send(ep["buys"], pa.table({"bid": [1], "user": ["a"], "at": [t0 + 10_000], "price": ["1"]}), name="b")
@@ -340,7 +341,7 @@ def test_a_live_stream_goes_on_from_its_checkpointed_place_and_takes_a_resend_on
     def opened(out: str, ports: dict):
         for _ in range(50):  # a closed socket's port is free once ZeroMQ's I/O thread has let it go
             try:
-                src = open_source(live_cfg(tmp_path / out, ports, **{"checkpoint.interval": 1}))
+                src = open_source(live_plan(tmp_path / out, ports, **{"checkpoint.interval": 1}))
                 src.ports = ports
                 return src
             except InputError:

@@ -11,6 +11,7 @@ import pytest
 
 from protocol.aggregation import aggregation
 from protocol.config import load_config
+from protocol.plan import compile_plan
 from protocol.output import LEFT_MATCHED, LEFT_UNMATCHED, MATCHED, OUTER_RESULT_SCHEMA, RIGHT_UNMATCHED, read_tables
 from common.workload import generate_all
 from tests.runs import run_cluster
@@ -26,7 +27,7 @@ def check_outer(tmp_path, ranks: int, settings: dict, **kw):
     """Run the cluster and compare each kind of row with the reference; returns the run."""
     join_type = settings["join.type"]
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith(("generator.", "source."))])
-    data = generate_all(cfg)
+    data = generate_all(compile_plan(cfg).generator)
     window, max_delay, predicate = settings["join.window"], settings["join.max_delay"], settings.get("join.predicate")
     pairs, late = reference_pairs(data.stream, data.id, data.ts, data.key, window, max_delay)
     if predicate in ("band", "less"):

@@ -20,6 +20,7 @@ import pytest
 from control import aggregate, audit, replay
 from common.workload import generate_all
 from protocol.config import load_config
+from protocol.plan import compile_plan
 from protocol.output import LEFT_UNMATCHED, MATCHED, read_tables
 from protocol.tuples import tuple_dtype
 from protocol.aggregation import aggregation
@@ -57,7 +58,7 @@ def merged_views(spark, out, tmp_path, spec) -> tuple[pa.Table, pa.Table]:
 def reference_view(settings: dict, group_by: str, value: str, window: float) -> dict:
     """The reference join of the generated input, then per (key, window) count/sum/min/max with numpy."""
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
-    d = generate_all(cfg)
+    d = generate_all(compile_plan(cfg).generator)
     pairs, _ = reference_pairs(d.stream, d.id, d.ts, d.key, settings["join.window"], settings["join.max_delay"])
     rows = {}
     for side, code, ids in (("r", 0, pairs // 2**32), ("s", 1, pairs % 2**32)):
@@ -132,7 +133,7 @@ def test_a_single_file_left_join_aggregated_by_columns_with_measures_equals_duck
         },
     )
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
-    d = generate_all(cfg)
+    d = generate_all(compile_plan(cfg).generator)
     pairs, late = reference_pairs(d.stream, d.id, d.ts, d.key, settings["join.window"], settings["join.max_delay"])
     on_time = ~np.isin(d.stream.astype(np.int64) * 2**40 + d.id, late)
     kept, lone_r, _ = reference_outer(pairs, d.id[on_time & (d.stream == 0)], d.id[on_time & (d.stream == 1)], "left")
@@ -175,7 +176,7 @@ def test_streaming_merger_and_batch_view_agree_on_the_same_results_with_nan_and_
     dt = tuple_dtype(64)
     out = tmp_path / "out"
     spec = file_spec("aggregate.window=0.1")
-    phase_one = ColumnAggregator(out / "aggregates", 1, {"flush_interval": 0.0}, spec, 1, RESULT_SCHEMA.empty_table)
+    phase_one = ColumnAggregator(out / "aggregates", 1, 0.0, spec, 1, RESULT_SCHEMA.empty_table)
     writer = ResultWriter(str(out / "results"), 1, "parquet", 10**9)
     keys, later, values = [], [], []
     for batch in range(6):
@@ -315,7 +316,7 @@ def test_the_merger_reports_results_not_hopping_window_memberships_and_stops_cle
 def test_replay_of_a_time_range_gives_exactly_the_reference_join_of_that_range(tmp_path, spark):
     settings = dict(SMALL, **{"generator.seed": 51, "generator.disorder": 0.2})
     cfg = load_config(None, [f"{k}={v}" for k, v in settings.items() if k.startswith("generator.")])
-    d = generate_all(cfg)
+    d = generate_all(compile_plan(cfg).generator)
     names = np.where(d.stream == 0, "R", "S")
     half = len(d.ts) // 2  # half the input as Parquet, half as CSV (text cells) without values
     seconds = d.ts / 1e6  # the generator's microseconds as a file holds them

@@ -27,6 +27,7 @@ from master.sources import open_source
 from protocol import eventtime
 from common.chunks import InputError, concat
 from protocol.config import ConfigError, load_config
+from protocol.plan import compile_plan
 from protocol.output import read_tables
 from protocol.output import LEFT_UNMATCHED, MATCHED, RIGHT_UNMATCHED
 from tests.runs import free_port, run_cluster, soak, write_config
@@ -247,9 +248,9 @@ def test_merge_keeps_each_streams_order_judges_lateness_within_it_and_ignores_ba
         {"path": str(tmp_path / "buys.parquet"), "key": "k", "time": "t", "max_delay": "500ms"},
     )
     assert [s["max_delay"] for s in cfg["streams"].values()] == [2.0, 0.5]
-    whole = drain(open_source(cfg), 10_000)
+    whole = drain(open_source(compile_plan(cfg)), 10_000)
     monkeypatch.setattr(sf, "BATCH_ROWS", 7)
-    small = drain(open_source(cfg), 13)
+    small = drain(open_source(compile_plan(cfg)), 13)
     for a, b in zip(whole, small):
         np.testing.assert_array_equal(a, b)
     running = np.zeros(len(whole.ts), np.int64)
@@ -298,7 +299,7 @@ def test_the_same_instants_in_every_time_form_give_the_same_tuples(tmp_path):
         {"path": str(tmp_path / "r"), "key": "k", "time": "t"},
         {"path": str(tmp_path / "s-*"), "key": "k", "time": "t", "time_unit": "ms"},
     )
-    got = drain(open_source(cfg))
+    got = drain(open_source(compile_plan(cfg)))
     for side in (0, 1):
         np.testing.assert_array_equal(got.ts[got.stream == side], micros)
         np.testing.assert_array_equal(got.key[got.stream == side], keys)  # integer keys as they are, not codes
@@ -317,14 +318,14 @@ def test_a_recovery_seeks_to_the_same_next_tuple_with_the_same_key_codes_and_lis
         {"path": str(tmp_path / "buys.csv"), "key": "user", "time": "at"},
         **{"output.flush_rows": 1},
     )
-    first = open_source(cfg)
+    first = open_source(compile_plan(cfg))
     head = concat([first.next_chunk(300), first.next_chunk(300)])
     where = first.position()
     first.finish()
-    again = open_source(cfg)
+    again = open_source(compile_plan(cfg))
     again.seek(where)
     rest = drain(again, 256)
-    whole = drain(open_source(cfg, listed=False), 5000)  # lists nothing
+    whole = drain(open_source(compile_plan(cfg), listed=False), 5000)  # lists nothing
     for a, b in zip(whole, concat([head, rest])):
         np.testing.assert_array_equal(a, b)
     assert again.finish()["rejected"] == 2
@@ -349,7 +350,7 @@ def test_missing_columns_wrong_types_and_paths_are_one_error_naming_them(tmp_pat
     ]
     for name, words in cases:
         with pytest.raises(InputError) as err:
-            open_source(streams_cfg(tmp_path, ok, {**ok, "path": str(tmp_path / name)}))
+            open_source(compile_plan(streams_cfg(tmp_path, ok, {**ok, "path": str(tmp_path / name)})))
         assert words in str(err.value) and (name in str(err.value) or "*" in name), str(err.value)
 
 
@@ -358,10 +359,12 @@ def test_a_repeated_id_is_a_rejected_row_naming_the_row_it_repeats(tmp_path):
     (tmp_path / "v.csv").write_text("vid,user,at\n1,a,1.0\n2,b,2.0\n1,a,3.0\n")
     (tmp_path / "b.csv").write_text("bid,user,at\n1,a,1.0\n")
     src = open_source(
-        streams_cfg(
-            tmp_path,
-            {"path": str(tmp_path / "v.csv"), "key": "user", "time": "at", "id": "vid"},
-            {"path": str(tmp_path / "b.csv"), "key": "user", "time": "at"},
+        compile_plan(
+            streams_cfg(
+                tmp_path,
+                {"path": str(tmp_path / "v.csv"), "key": "user", "time": "at", "id": "vid"},
+                {"path": str(tmp_path / "b.csv"), "key": "user", "time": "at"},
+            )
         )
     )
     assert len(drain(src).ts) == 3 and src.reasons == {"duplicate id": 1}

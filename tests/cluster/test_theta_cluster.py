@@ -9,6 +9,7 @@ import pytest
 from master.state.ranges import KeyRanges
 from common.workload import generate_all
 from protocol.config import ConfigError, load_config
+from protocol.plan import compile_plan
 from slave.join import JoinModule
 from protocol.tuples import tuple_dtype
 from protocol.eventtime import NEG_INF
@@ -35,7 +36,7 @@ def check_theta(tmp_path, ranks, settings, **kw):
             if k.startswith(("generator.", "source."))
         ],
     )
-    data = generate_all(cfg)
+    data = generate_all(compile_plan(cfg).generator)
     expected = reference_theta_pairs(
         data.stream,
         data.id,
@@ -175,7 +176,7 @@ def test_each_range_spans_exactly_the_keys_whose_home_it_is():
 
 def test_range_groups_are_never_split_and_produce_each_pair_once():
     dt = tuple_dtype(40)
-    m = JoinModule(dt, 2, 1_000_000, 4, 1, 2, 12, "band", 2)
+    m = JoinModule(dt, 2, (-1_000_000, 1_000_000), 4, 1, 2, 12, "band", 2)
     rng = np.random.default_rng(5)
     r = np.zeros(300, dt)
     s = np.zeros(300, dt)

@@ -23,6 +23,7 @@ from common.chunks import InputError
 from control import aggregate, audit, replay
 from master.sources import open_source
 from protocol.config import ConfigError, load_config
+from protocol.plan import compile_plan
 from protocol.kafka_sink import json_text
 from tests.runs import ENDED_IDLE, run_cluster, toml_value
 
@@ -226,12 +227,12 @@ def test_declared_csv_types_refused_before_the_run_name_the_key_or_the_cell(tmp_
     )
     (tmp_path / "quotes.csv").write_text("symbol,quote_ts\nA,2026-03-02T14:32:00Z\n")
     if error is None:
-        src = open_source(streams(tmp_path, trades))
+        src = open_source(compile_plan(streams(tmp_path, trades)))
         while src.next_chunk(100) is not None:  # read to the end: the rows read as declared
             pass
         return
     with pytest.raises(error) as err:
-        open_source(streams(tmp_path, trades))
+        open_source(compile_plan(streams(tmp_path, trades)))
     assert words in str(err.value), str(err.value)
 
 
@@ -240,7 +241,7 @@ def test_declared_types_for_files_that_carry_their_own_are_refused(tmp_path):
     pq.write_table(pa.table({"symbol": ["A"], "quote_ts": pa.array([T0], pa.timestamp("s"))}), tmp_path / "q.parquet")
     cfg = streams(tmp_path, {}, {"path": str(tmp_path / "q.parquet"), "schema": {"quote_ts": "timestamp[ms]"}})
     with pytest.raises(ConfigError, match="streams.quotes.schema: declares the types of CSV columns, but input file"):
-        open_source(cfg)
+        open_source(compile_plan(cfg))
     with pytest.raises(ConfigError, match=r"streams.trades.time_format: only for a stream of CSV files"):
         load_config(
             tmp_path / "typed.toml",

@@ -21,13 +21,14 @@ from common.chunks import InputError
 from protocol import wire
 from protocol.access import public
 from protocol.config import ConfigError, load_config
+from protocol.plan import Security, compile_plan, load_plan
 from control.produce import Blocked, Producer
 from common.zmq_security import bind_server, stop_authenticators
 from tests.runs import free_port
 
 
-def zmq_cfg(tmp_path, *extra):
-    return load_config(
+def zmq_plan(tmp_path, *extra):
+    return load_plan(
         None,
         [
             'source.kind="zmq"',
@@ -52,7 +53,7 @@ def drain(src, limit=1000, timeout=10.0):
 
 
 def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(tmp_path):
-    src = open_source(zmq_cfg(tmp_path))
+    src = open_source(zmq_plan(tmp_path))
     push = zmq.Context.instance().socket(zmq.PUSH)
     push.connect(src.feed.endpoint)
     rng = np.random.default_rng(3)
@@ -97,7 +98,7 @@ def test_bad_messages_are_rejected_whole_and_good_ones_around_them_all_ingested(
 
 
 def test_input_ends_after_every_producer_or_when_idle(tmp_path):
-    src = open_source(zmq_cfg(tmp_path, "source.producers=2"))
+    src = open_source(zmq_plan(tmp_path, "source.producers=2"))
     producers = [Producer(src.feed.endpoint, sender=k) for k in range(2)]
     for k, p in enumerate(producers):
         p.send(np.zeros(5), np.arange(5) + 10 * k, np.arange(5) * 1_000_000, np.zeros(5), np.zeros(5))
@@ -105,7 +106,7 @@ def test_input_ends_after_every_producer_or_when_idle(tmp_path):
     assert sum(len(c.id) for c in drain_until_empty(src)) == 10 and src.next_chunk(10) is not None  # one still open
     producers[1].close()
     assert drain(src) == []
-    idle = open_source(zmq_cfg(tmp_path, "source.idle_timeout=0.2"))
+    idle = open_source(zmq_plan(tmp_path, "source.idle_timeout=0.2"))
     assert drain(idle) == []  # no producer at all: ends after 0.2 s without a message
     idle.finish()
     src.finish()
@@ -119,7 +120,7 @@ def resident_bytes() -> int:
 def test_a_64_mib_frame_is_refused_unread_and_its_sender_disconnected(tmp_path):
     """max_message_tuples = 300: ZMQ_MAXMSGSIZE is about 1 MiB, so a 64 MiB frame is refused as it arrives
     (never read whole into this process) and its connection dropped; a well-behaved producer goes on."""
-    src = open_source(zmq_cfg(tmp_path))
+    src = open_source(zmq_plan(tmp_path))
     ctx = zmq.Context()
     rogue = ctx.socket(zmq.PUSH)
     rogue.linger = 0
@@ -165,7 +166,7 @@ def keys(tmp_path):
 
 
 def test_curve_lets_in_only_producers_holding_an_allowed_key(tmp_path, keys):
-    cfg = zmq_cfg(
+    cfg = zmq_plan(
         tmp_path / "out",
         f'security.server_key="{keys}/server/server.key_secret"',
         f'security.client_keys="{keys}/allowed"',
@@ -225,9 +226,8 @@ def test_config_accepts_a_remote_bind_with_keys(keys):
 def test_curve_result_stream_reaches_only_subscribers_holding_an_allowed_key(keys):
     # the publisher side of output.zmq_endpoint: an XPUB bound as in master/result_stream.py
     pub = zmq.Context.instance().socket(zmq.XPUB)
-    bind_server(
-        pub, "tcp://127.0.0.1:*", {"server_key": f"{keys}/server/server.key_secret", "client_keys": f"{keys}/allowed"}
-    )
+    security = Security(False, f"{keys}/server/server.key_secret", f"{keys}/allowed")
+    bind_server(pub, "tcp://127.0.0.1:*", security)
     endpoint = pub.last_endpoint.decode()
     server_pub = str(keys / "server" / "server.key")
     got = {}
@@ -304,7 +304,7 @@ def test_config_rules_of_the_token_and_the_acknowledgements(tmp_path):
 def test_a_stranger_neither_feeds_nor_ends_the_input_and_a_resend_is_taken_once(tmp_path):
     """In-process: a producer holding the token; ENDs and tuples without it (none, wrong) are refused and counted;
     a producer's resend of what the master has is dropped row-exactly; a gap in its position counts as lost."""
-    src = open_source(zmq_cfg(tmp_path, 'source.token="s3cret"'))
+    src = open_source(zmq_plan(tmp_path, 'source.token="s3cret"'))
     push = zmq.Context.instance().socket(zmq.PUSH)
     push.connect(src.feed.endpoint)
     cols = lambda a, b: (np.arange(a, b) % 2, np.arange(a, b), np.arange(a, b) * 1000, np.zeros(b - a), np.zeros(b - a))
@@ -336,7 +336,7 @@ def test_a_producer_resends_what_no_checkpoint_holds_to_a_restarted_master(tmp_p
     resumes at that position; the producer (which never stopped sending) resends from it: every tuple once, in
     order, the resend's overlap trimmed and messages to the dead run dropped."""
     ports = free_port(), free_port()
-    cfg = lambda out: zmq_cfg(
+    cfg = lambda out: zmq_plan(
         tmp_path / out,
         f'source.endpoint="tcp://127.0.0.1:{ports[0]}"',
         f'source.ack_endpoint="tcp://127.0.0.1:{ports[1]}"',
@@ -419,7 +419,7 @@ def test_ordered_stream_lets_in_only_the_input_whose_results_fit_its_bound(tmp_p
             "output.subscriber_buffer_bytes=720000",
         ],
     )
-    out = ResultStream(MPI.COMM_SELF, cfg, 4)
+    out = ResultStream(MPI.COMM_SELF, compile_plan(cfg), 4)
     hundred = np.zeros(100, dtype=[("ts", "<i8")])
 
     def batch(seq, results):  # a slave's answer to batch `seq`: `results` rows, later ts 1 s
@@ -464,7 +464,7 @@ def test_a_slaves_table_goes_out_whole_in_messages_within_the_bound():
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(f"tcp://127.0.0.1:{port}")
-    out = ResultStream(MPI.COMM_SELF, cfg, 4)  # returns once the subscriber is in
+    out = ResultStream(MPI.COMM_SELF, compile_plan(cfg), 4)  # returns once the subscriber is in
     n = 5000
     table = pa.table(
         {

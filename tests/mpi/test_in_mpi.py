@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from protocol.messages import TAG_DATA, decode_batch, encode_batch
+from protocol.plan import load_plan
 from protocol.mpi import recv_bytes, wait_probe
 from protocol.tuples import tuple_dtype
 
@@ -55,7 +56,6 @@ def test_whole_engine_in_one_mpi_job_matches_reference(tmp_path_factory):
     from master.run import Master
     from master.sources import open_source
     from common.workload import generate_all
-    from protocol.config import load_config
     from slave.run import run as run_slave
     from protocol.output import read_tables
     from tests.reference import encode_pairs, reference_pairs
@@ -75,14 +75,14 @@ def test_whole_engine_in_one_mpi_job_matches_reference(tmp_path_factory):
         "output.progress=0",
         'metrics.endpoint="127.0.0.1:0"',
     ]
-    cfg = load_config(None, settings)
+    plan = load_plan(None, settings)
     if comm.rank != 0:
         assert run_slave(comm) == 0
         return
-    comm.bcast(cfg, root=0)
+    comm.bcast(plan, root=0)
     comm.bcast(None, root=0)  # no checkpoint to resume from: the slaves start empty
-    summary = Master(comm, cfg, open_source(cfg)).run()
-    data = generate_all(cfg)
+    summary = Master(comm, plan, open_source(plan)).run()
+    data = generate_all(plan.generator)
     expected, late = reference_pairs(data.stream, data.id, data.ts, data.key, 0.4, 0.3)
     results = read_tables(f"{out}/results")
     got = encode_pairs(results["r_id"].to_numpy(), results["s_id"].to_numpy())

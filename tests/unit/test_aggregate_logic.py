@@ -88,9 +88,7 @@ def single_file_aggregator(
 ) -> tuple[ColumnAggregator, ResultWriter]:
     """Phase one as a slave of the single file runs it: over the result rows its writer makes."""
     writer = ResultWriter(str(tmp_path / "results"), 3, "parquet", 10**9)
-    agg = ColumnAggregator(
-        tmp_path / "aggregates", 3, {"flush_interval": interval}, spec, 2, RESULT_SCHEMA.empty_table, clock
-    )
+    agg = ColumnAggregator(tmp_path / "aggregates", 3, interval, spec, 2, RESULT_SCHEMA.empty_table, clock)
     return agg, writer
 
 

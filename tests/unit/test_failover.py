@@ -14,14 +14,16 @@ from deploy.hosts import Host, HostfileError, describe, place, read_hostfile
 from deploy.job import JobWatch
 from protocol import checkpoint
 from protocol.lifetime import CRASH, INPUT_LOST, LOST, START_FAILED
-from protocol.liveness import Liveness, heartbeat_interval, heartbeat_timeout
+from protocol.liveness import Liveness, heartbeat_interval
+from protocol.plan import load_plan
 
 
 # -- the failure detector -------------------------------------------------------------------------------------
 def test_the_default_timeout_is_5s_or_20_epochs_and_beats_come_at_least_once_an_epoch():
-    assert heartbeat_timeout({"heartbeat_timeout": 0.0}, 0.25) == 5.0
-    assert heartbeat_timeout({"heartbeat_timeout": 0.0}, 1.0) == 20.0
-    assert heartbeat_timeout({"heartbeat_timeout": 2.0}, 1.0) == 2.0
+    timeout = lambda *settings: load_plan(overrides=list(settings)).cluster.heartbeat_timeout
+    assert timeout("epochs.distribution=0.25") == 5.0
+    assert timeout("epochs.distribution=1.0") == 20.0
+    assert timeout("cluster.heartbeat_timeout=2.0", "epochs.distribution=1.0") == 2.0
     assert heartbeat_interval(5.0, 0.25) == 0.25 and heartbeat_interval(2.0, 1.0) == 0.4
 
 

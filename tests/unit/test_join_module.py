@@ -101,7 +101,7 @@ def test_process_matches_reference(seed, window, max_delay):
     stream, ids, ts, keys = make_input(rng, n, n_keys=300, disorder=max_delay * 1.3)
     expected, late_ids = reference_pairs(stream, ids, ts, keys, window, max_delay)
     assert len(late_ids) > 0  # some input is late and must not join
-    module = JoinModule(DT, partitions=3, window=bounds(window), block_size=4, theta_min=2, theta_max=6, max_depth=8)
+    module = JoinModule(DT, partitions=3, bounds=bounds(window), block_size=4, theta_min=2, theta_max=6, max_depth=8)
     got = run_module(module, stream, ids, ts, keys, max_delay, rng)
     assert len(np.unique(got)) == len(got), "a pair was produced twice"
     assert len(expected) > 1000
@@ -122,7 +122,7 @@ def test_process_one_tuple_per_epoch_and_empty_epochs(seed):
     stream, ids, ts, keys = make_input(rng, n, n_keys=20, disorder=0.5)
     window, max_delay = 0.5, 0.375
     expected, _ = reference_pairs(stream, ids, ts, keys, window, max_delay)
-    module = JoinModule(DT, partitions=2, window=micros(window), block_size=2, theta_min=1, theta_max=3, max_depth=6)
+    module = JoinModule(DT, partitions=2, bounds=bounds(window), block_size=2, theta_min=1, theta_max=3, max_depth=6)
     got = run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=3)  # sizes 0, 1, 2
     assert len(expected) > 50
     np.testing.assert_array_equal(got, expected)
@@ -134,7 +134,9 @@ def test_single_hot_key_many_epochs():
     stream, ids, ts, _ = make_input(rng, n, n_keys=1, disorder=0.25)
     keys = np.full(n, 5)
     expected, _ = reference_pairs(stream, ids, ts, keys, 0.25, 0.25)
-    module = JoinModule(DT, partitions=4, window=250_000, block_size=4, theta_min=1, theta_max=3, max_depth=6)
+    module = JoinModule(
+        DT, partitions=4, bounds=(-250_000, 250_000), block_size=4, theta_min=1, theta_max=3, max_depth=6
+    )
     got = run_module(module, stream, ids, ts, keys, 0.25, rng)
     np.testing.assert_array_equal(got, expected)
     assert module.splits == 0
@@ -142,7 +144,9 @@ def test_single_hot_key_many_epochs():
 
 
 def test_empty_process_returns_empty_typed_arrays():
-    module = JoinModule(DT, partitions=4, window=1_000_000, block_size=4, theta_min=1, theta_max=4, max_depth=4)
+    module = JoinModule(
+        DT, partitions=4, bounds=(-1_000_000, 1_000_000), block_size=4, theta_min=1, theta_max=4, max_depth=4
+    )
     empty = np.zeros(0, dtype=DT)
     res = module.process(empty, empty, 0)
     assert len(res) == 0 and res["r_id"].dtype == np.int64 and res["s_ts"].dtype == np.int64
@@ -177,7 +181,7 @@ def test_decimal_timestamps_exactly_one_window_apart(seed, window, decimals):
     if window != int(window):  # floats miss some (with a whole window, x + 1 is exact where x is not)
         float_says = np.abs(ts[:, None][:400] - ts[None, :400]) <= window
         assert not float_says[np.abs(t[:, None][:400] - t[None, :400]) == micros(window)].all()
-    module = JoinModule(DT, partitions=3, window=micros(window), block_size=4, theta_min=2, theta_max=6, max_depth=8)
+    module = JoinModule(DT, partitions=3, bounds=bounds(window), block_size=4, theta_min=2, theta_max=6, max_depth=8)
     got = run_module(module, stream, ids, ts, keys, max_delay, rng, max_epoch=60)
     np.testing.assert_array_equal(got, expected)
 
@@ -240,7 +244,7 @@ def test_outer_semi_anti_match_the_reference(join_type, predicate, window):
     module = JoinModule(
         DT,
         partitions=3 if predicate == "equal" else 1,
-        window=bounds(window),
+        bounds=bounds(window),
         block_size=4,
         theta_min=2,
         theta_max=6,
@@ -260,7 +264,14 @@ def test_an_unmatched_row_comes_out_when_no_on_time_tuple_can_reach_it_not_befor
     """A full join's row alone is decided when ts < watermark - window (the expiry rule, per row, not per block):
     here two R rows share a block, the older comes out first, the S row (another key) with it."""
     module = JoinModule(
-        DT, partitions=1, window=1_000_000, block_size=4, theta_min=1, theta_max=4, max_depth=0, join_type="full"
+        DT,
+        partitions=1,
+        bounds=(-1_000_000, 1_000_000),
+        block_size=4,
+        theta_min=1,
+        theta_max=4,
+        max_depth=0,
+        join_type="full",
     )
     r, s = np.zeros(2, dtype=DT), np.zeros(1, dtype=DT)
     r["id"], r["ts"], s["ts"], s["key"] = [1, 2], [5_000_000, 7_000_000], 5_000_000, 1  # never a pair
@@ -285,7 +296,7 @@ def test_each_stream_expires_and_is_final_at_its_own_threshold(lower, upper):
     upper, S tuple s a later R while s.ts >= W + lower: a full join keeps each exactly until then (a tuple
     exactly at its threshold stays) and writes its row alone one microsecond of watermark later, not before."""
     module = JoinModule(
-        DT, partitions=1, window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=0, join_type="full"
+        DT, partitions=1, bounds=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=0, join_type="full"
     )
     r, s = np.zeros(1, dtype=DT), np.zeros(1, dtype=DT)
     r["id"], r["ts"], s["id"], s["ts"], s["key"] = 1, 5_000_000, 2, 5_000_000, 1  # other keys: never a pair
@@ -305,7 +316,7 @@ def test_a_later_tuple_at_the_watermark_still_joins_at_both_bounds():
     kept: 5.0 >= W - upper) joins S 3 arriving at 6.0 s, exactly upper after it, and S 2 (5.0 s, kept: 5.0 >= W +
     lower) joins R 4 arriving at W, exactly -lower before it."""
     module = JoinModule(
-        DT, partitions=1, window=(-200_000, 1_000_000), block_size=4, theta_min=1, theta_max=4, max_depth=0
+        DT, partitions=1, bounds=(-200_000, 1_000_000), block_size=4, theta_min=1, theta_max=4, max_depth=0
     )
     r, s = np.zeros(2, dtype=DT), np.zeros(2, dtype=DT)
     r["id"], r["ts"], r["key"] = [1, 4], [5_000_000, 5_200_000], [1, 2]
@@ -342,7 +353,7 @@ def test_results_come_in_bounded_chunks_whose_union_is_the_reference(predicate):
     )
     args = dict(
         partitions=1,
-        window=micros(window),
+        bounds=bounds(window),
         block_size=4,
         theta_min=1,
         theta_max=3,
@@ -453,7 +464,7 @@ def test_full_join_with_key_ranges_decides_each_row_at_its_home_once(predicate, 
     assert (key_edge & time_edge & across).any(), "no pair at both edges across ranges: the test would prove less"
 
     args = dict(
-        window=(lower, upper),
+        bounds=(lower, upper),
         block_size=4,
         theta_min=1,
         theta_max=4,
@@ -576,7 +587,7 @@ def test_full_join_with_a_hot_key_grid_decides_each_row_at_its_home_once(window)
 
     router = HotKeyRouter(4, 1, 3, "full")
     args = dict(
-        window=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=8, join_type="full", chunk_rows=64
+        bounds=(lower, upper), block_size=4, theta_min=1, theta_max=4, max_depth=8, join_type="full", chunk_rows=64
     )
     owner = np.full(router.total_partitions, -1)
     owner[:4] = np.arange(4) % 2

@@ -4,6 +4,7 @@ back by the json module is the row as pyarrow gives it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 import json
 import math
 from datetime import datetime, timezone
@@ -73,12 +74,11 @@ def test_records_are_the_rows_as_json_objects_keyed_by_the_pairs_ids():
             "paid": [True, False, None],
         }
     )
-    cfg = load_config(None, [])
-    cfg["streams"] = {
-        "views": {"id": "vid", "key": ["user"], "time": "at", "prefix": "views_"},
-        "buys": {"id": "bid", "key": ["user"], "time": "at", "prefix": "buys_"},
-    }
-    values, keys = records(table, key_columns(cfg))
+    streams = (
+        SimpleNamespace(id="vid", key=("user",), time="at", prefix="views_"),
+        SimpleNamespace(id="bid", key=("user",), time="at", prefix="buys_"),
+    )
+    values, keys = records(table, key_columns(streams))
     assert keys == [b"1|10", b"2|", b"|30"]
     for value, row in zip(values, table.to_pylist()):
         got = json.loads(value)
@@ -91,7 +91,7 @@ def test_records_are_the_rows_as_json_objects_keyed_by_the_pairs_ids():
 
 def test_a_plain_run_s_records_are_keyed_by_r_id_and_s_id():
     table = pa.table({c: pa.array([7, 8], RESULT_SCHEMA.field(c).type) for c in RESULT_SCHEMA.names})
-    values, keys = records(table, key_columns(load_config()))
+    values, keys = records(table, key_columns(()))
     assert keys == [b"7|7", b"8|8"] and json.loads(values[1]) == {c: 8 for c in RESULT_SCHEMA.names}
 
 

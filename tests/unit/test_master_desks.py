@@ -34,7 +34,7 @@ from master.state.stall import StallError, StallWatch
 from master.state.hot_key_router import FrequentKeys, HotKeyRouter
 from master.state.stats import RunStats
 from protocol import checkpoint, eventtime
-from protocol.config import load_config
+from protocol.plan import load_plan
 from protocol.output import read_tables
 from protocol.payload import PayloadLog
 from protocol.messages import ALL_KEYS, NO_KEYS, Ack, Kind, batch_groups, decode_batch, hot_key
@@ -125,7 +125,7 @@ def released(log, desk, taken, holders) -> int:
 
 
 def config(tmp_path, *overrides):
-    return load_config(
+    return load_plan(
         None, [f"partitioning.partitions={PARTS}", "partitioning.subgroups=2", f"output.path={tmp_path}", *overrides]
     )
 
@@ -141,10 +141,10 @@ def rows(ids, keys, ts=None, arrival=0.0):
 class Parts:
     """The shared objects a desk is built with."""
 
-    def __init__(self, cfg, slaves, partitions=PARTS, live=None):
-        self.cfg, self.slaves = cfg, slaves
+    def __init__(self, plan, slaves, partitions=PARTS, live=None):
+        self.plan, self.slaves = plan, slaves
         self.buffers = MiniBuffers(partitions, DT)
-        self.controller = Controller(cfg, slaves, partitions, live=live)
+        self.controller = Controller(plan.balance, slaves, partitions, live=live)
         self.stats = RunStats(slaves, 0.0)
         self.links = Shell(slaves)
 
@@ -155,7 +155,7 @@ class Parts:
 def test_a_busy_slave_misses_its_slot_and_is_served_when_its_report_comes(tmp_path):
     p = Parts(config(tmp_path), [1, 2, 3, 4])
     results = FakeResults()
-    desk = DistributionDesk(p.cfg, p.slaves, p.buffers, p.controller, p.stats, p.links.channels, results.sent)
+    desk = DistributionDesk(p.plan, p.slaves, p.buffers, p.controller, p.stats, p.links.channels, results.sent)
     assert desk.subgroups == [[1, 3], [2, 4]]
     rng = np.random.default_rng(1)
     p.buffers.add(STREAM_R, rows(np.arange(200), rng.integers(0, 1000, 200)))
@@ -192,7 +192,7 @@ def test_a_busy_slave_misses_its_slot_and_is_served_when_its_report_comes(tmp_pa
 
 def test_a_slave_with_nothing_new_is_not_sent_a_batch(tmp_path):
     p = Parts(config(tmp_path), [1, 2])
-    desk = DistributionDesk(p.cfg, p.slaves, p.buffers, p.controller, p.stats, p.links.channels, FakeResults().sent)
+    desk = DistributionDesk(p.plan, p.slaves, p.buffers, p.controller, p.stats, p.links.channels, FakeResults().sent)
     desk.serve(1, frontier=S(3.0), now=1.0)  # no tuples, but a new watermark: it may expire blocks
     desk.serve(2, frontier=eventtime.NEG_INF, now=1.0)  # no tuples and no news
     assert p.links.kinds() == [(1, Kind.BATCH)]
@@ -206,7 +206,7 @@ def test_a_slave_with_nothing_new_is_not_sent_a_batch(tmp_path):
 
 def test_a_held_move_blocks_serving_its_supplier_and_is_ordered_once_idle(tmp_path):
     p = Parts(config(tmp_path), [2, 3])  # rank 0 with one more dispatcher (rank 1)
-    desk = DistributionDesk(p.cfg, p.slaves, p.buffers, p.controller, p.stats, p.links.channels, FakeResults().sent)
+    desk = DistributionDesk(p.plan, p.slaves, p.buffers, p.controller, p.stats, p.links.channels, FakeResults().sent)
     moves = MovesDesk(2, p.controller, p.stats, p.links.channels)
     group = int(p.controller.partitions_of(2)[0])
     move = Move(group, 2, 3, "test")
@@ -303,7 +303,7 @@ def slave_writes_its_part(p, desk, rank, ckpt_dir, tuples):
 
 def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_in(tmp_path):
     p = Parts(config(tmp_path, "checkpoint.interval=2"), [1, 2])
-    desk = CheckpointDesk(p.cfg, 0, 1, p.slaves, p.buffers, p.controller, p.stats, p.links.channels)
+    desk = CheckpointDesk(p.plan, 0, 1, p.slaves, p.buffers, p.controller, p.stats, p.links.channels)
     p.buffers.add(STREAM_R, rows(np.arange(50), np.arange(50)))
     p.buffers.add(STREAM_S, rows(np.arange(50, 80), np.arange(30)))
     # rows not in their key's hash partition (a key range's R copy, a hot key's sub-group): restored where they were
@@ -318,7 +318,7 @@ def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_
     assert not desk.pending and not desk.may_begin(quiet=True)  # one at a time
     assert p.links.kinds() == [(1, Kind.CHECKPOINT), (2, Kind.CHECKPOINT)]
     assert {int(head["checkpoint"]) for _, head, *_ in p.links.sent} == {1}
-    ckpt_dir = checkpoint.root_of(p.cfg) / checkpoint.name_of(1)
+    ckpt_dir = p.plan.checkpoint.root / checkpoint.name_of(1)
     assert (ckpt_dir / checkpoint.master_part(0)).is_file() and len(p.buffers) == 85  # a snapshot, not a drain
 
     slave_writes_its_part(p, desk, 1, ckpt_dir, 10)
@@ -330,8 +330,8 @@ def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_
     assert manifest["commit"]["late"] == {"late": 2}
     assert sum(part["tuples"] for part in manifest["parts"].values()) == 85 + 30
 
-    q = Parts(p.cfg, [1, 2])
-    resumed = CheckpointDesk(q.cfg, 0, 1, q.slaves, q.buffers, q.controller, q.stats, q.links.channels)
+    q = Parts(p.plan, [1, 2])
+    resumed = CheckpointDesk(q.plan, 0, 1, q.slaves, q.buffers, q.controller, q.stats, q.links.channels)
     resumed.restore(checkpoint.read_part(ckpt_dir / checkpoint.master_part(0)), manifest, epochs_done=4)
     (r0, s0, counts0), (r1, s1, counts1) = p.buffers.snapshot(), q.buffers.snapshot()
     assert np.array_equal(counts0, counts1) and np.array_equal(r0, r1) and np.array_equal(s0, s1)
@@ -341,7 +341,7 @@ def test_a_checkpoint_cut_waits_for_quiet_and_completes_only_when_every_part_is_
 
 def test_with_two_dispatchers_the_manifest_waits_for_the_others_snapshot(tmp_path):
     p = Parts(config(tmp_path, "checkpoint.interval=1"), [2, 3])
-    desk = CheckpointDesk(p.cfg, 0, 2, p.slaves, p.buffers, p.controller, p.stats, p.links.channels)
+    desk = CheckpointDesk(p.plan, 0, 2, p.slaves, p.buffers, p.controller, p.stats, p.links.channels)
     desk.on_epoch(1, exhausted=False)
     desk.begin(master_sections(p, 10), epochs_done=1, now=1.0)
     # rank 0's part (which clears a crashed run's unfinished directory) is written before the others are told
@@ -350,13 +350,13 @@ def test_with_two_dispatchers_the_manifest_waits_for_the_others_snapshot(tmp_pat
     assert kinds.index("WritePart") < kinds.index("Tell")
     carry_out(effects, p.links)
     assert p.links.told[0][:2] == ([1], Order.CHECKPOINT)
-    ckpt_dir = checkpoint.root_of(p.cfg) / checkpoint.name_of(1)
+    ckpt_dir = p.plan.checkpoint.root / checkpoint.name_of(1)
     for rank in p.slaves:
         slave_writes_its_part(p, desk, rank, ckpt_dir, 5)
     assert desk.written == 0
 
-    q = Parts(p.cfg, [2, 3])  # dispatcher 1, ordered by rank 0
-    other = CheckpointDesk(q.cfg, 1, 2, q.slaves, q.buffers, q.controller, q.stats, q.links.channels)
+    q = Parts(p.plan, [2, 3])  # dispatcher 1, ordered by rank 0
+    other = CheckpointDesk(q.plan, 1, 2, q.slaves, q.buffers, q.controller, q.stats, q.links.channels)
     other.on_epoch(1, exhausted=False)
     assert not other.pending  # only rank 0 decides
     other.on_order(0, {"id": 1})
@@ -378,7 +378,7 @@ HOT = 7
 
 
 def hot_setup(tmp_path, join_type="inner", k=1):
-    cfg = config(
+    plan = config(
         tmp_path,
         "hotkeys.enabled=true",
         "hotkeys.max_keys=2",
@@ -387,13 +387,13 @@ def hot_setup(tmp_path, join_type="inner", k=1):
         f'join.type="{join_type}"',
     )
     router = HotKeyRouter(PARTS, 2, 4, join_type)
-    p = Parts(cfg, [1, 2, 3], router.total_partitions, live=PARTS)
+    p = Parts(plan, [1, 2, 3], router.total_partitions, live=PARTS)
     # sub-group slots no hot key uses belong to no slave: balancing must not move a group nobody holds
     assert (p.controller.partition_map[PARTS:] == -1).all()
     sketch = FrequentKeys(64)
     p.rerouted = []
     desk = HotKeyDesk(
-        cfg,
+        plan,
         router,
         sketch,
         p.buffers,
@@ -635,10 +635,10 @@ def test_ingest_sets_late_tuples_aside_and_routes_the_rest_by_hash(tmp_path):
     keys = np.arange(len(ts)) * 11
     stream = np.array([0, 1, 0, 1, 0, 1, 0, 1, 1])
     write_input(tmp_path / "in.csv", ts, keys, stream)
-    cfg = config(tmp_path, "join.max_delay=1.0", "source.batch=4")
-    p = Parts(cfg, [1, 2])
-    desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
-    intake = p.links.intake = IntakeShell(cfg, file_source(tmp_path / "in.csv"), 0, 1)
+    plan = config(tmp_path, "join.max_delay=1.0", "source.batch=4")
+    p = Parts(plan, [1, 2])
+    desk = IngestDesk(plan, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
+    intake = p.links.intake = IntakeShell(plan, file_source(tmp_path / "in.csv"), 0, 1)
     desk.start(100.0)
     while intake.pull(desk, 100.0) or not desk.exhausted:
         pass
@@ -660,10 +660,10 @@ def test_ingest_sets_late_tuples_aside_and_routes_the_rest_by_hash(tmp_path):
 def test_paced_ingest_takes_what_is_due_in_ticks_and_everything_due_at_a_slot(tmp_path):
     n = 5000
     write_input(tmp_path / "in.csv", np.arange(n) / 1000, np.arange(n), np.arange(n) % 2)
-    cfg = config(tmp_path, "source.rate=1000")
-    p = Parts(cfg, [1, 2])
-    desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
-    intake = p.links.intake = IntakeShell(cfg, file_source(tmp_path / "in.csv"), 0, 1)
+    plan = config(tmp_path, "source.rate=1000")
+    p = Parts(plan, [1, 2])
+    desk = IngestDesk(plan, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
+    intake = p.links.intake = IntakeShell(plan, file_source(tmp_path / "in.csv"), 0, 1)
     t0 = desk.start(100.0)
     assert intake.pull(desk, t0 + 0.5) == 500
     assert intake.pull(desk, t0 + 0.501) == 0  # one due, within the tick
@@ -682,10 +682,10 @@ def test_a_whole_step_due_is_taken_within_a_tick_and_the_drain_after_the_input_i
     has ended is no lag, however long the slaves take to drain."""
     n = 600
     write_input(tmp_path / "in.csv", np.arange(n) / 12000, np.arange(n), np.arange(n) % 2)
-    cfg = config(tmp_path, "source.rate=12000", "source.batch=50", "master.buffer_capacity=300")
-    p = Parts(cfg, [1, 2])
-    desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
-    intake = p.links.intake = IntakeShell(cfg, file_source(tmp_path / "in.csv"), 0, 1)
+    plan = config(tmp_path, "source.rate=12000", "source.batch=50", "master.buffer_capacity=300")
+    p = Parts(plan, [1, 2])
+    desk = IngestDesk(plan, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
+    intake = p.links.intake = IntakeShell(plan, file_source(tmp_path / "in.csv"), 0, 1)
     t0 = desk.start(100.0)
     assert intake.pull(desk, t0 + 0.0101) == 50  # 121 due
     assert intake.pull(desk, t0 + 0.0102) == 50  # within the tick: 72 due, a whole step
@@ -707,10 +707,10 @@ def test_band_join_routes_s_to_its_range_and_copies_r_to_every_range_with_partne
     keys = rng.integers(0, 1000, 400)
     stream = rng.integers(0, 2, 400)
     write_input(tmp_path / "in.csv", np.sort(rng.random(400)), keys, stream)
-    cfg = config(tmp_path, "join.predicate=band", "join.band=30")
-    p = Parts(cfg, [1, 2])
-    desk = IngestDesk(cfg, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
-    intake = p.links.intake = IntakeShell(cfg, file_source(tmp_path / "in.csv"), 0, 1)
+    plan = config(tmp_path, "join.predicate=band", "join.band=30")
+    p = Parts(plan, [1, 2])
+    desk = IngestDesk(plan, p.buffers, p.stats, p.links.channels, 0, 1, 2, None, None)
+    intake = p.links.intake = IntakeShell(plan, file_source(tmp_path / "in.csv"), 0, 1)
     desk.start(0.0)
     intake.pull(desk, 0.0)
     assert desk.ranges is not None
@@ -731,7 +731,7 @@ def test_band_join_routes_s_to_its_range_and_copies_r_to_every_range_with_partne
 
 def test_pending_work_that_stands_still_ends_the_job_naming_what_it_waits_for(tmp_path):
     p = Parts(config(tmp_path, "epochs.distribution=0.5"), [1, 2])
-    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links.channels)
+    watch = StallWatch(p.plan, p.buffers, p.controller, p.links.channels)
     assert watch.bound() == 10.0  # 8 epochs are 4 s: the floor
     watch.on_report(3.0)
     assert watch.bound() == 16.0  # plus twice the slowest batch
@@ -752,7 +752,7 @@ def test_pending_work_that_stands_still_ends_the_job_naming_what_it_waits_for(tm
 
 def test_a_configured_stall_timeout_replaces_the_automatic_bound(tmp_path):
     p = Parts(config(tmp_path, "master.stall_timeout=2.5"), [1])
-    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links.channels)
+    watch = StallWatch(p.plan, p.buffers, p.controller, p.links.channels)
     watch.on_report(30.0)
     p.links.busy[1] = np.empty(0)
     watch.watch(0.0, 0, {}, "")
@@ -766,7 +766,7 @@ def test_a_configured_stall_timeout_replaces_the_automatic_bound(tmp_path):
 
 def test_another_dispatcher_waiting_for_rank_0_to_finish_a_move_is_not_stalled(tmp_path):
     p = Parts(config(tmp_path, "master.stall_timeout=1.0"), [2, 3])
-    watch = StallWatch(p.cfg, p.buffers, p.controller, p.links.channels, coordinator=False)
+    watch = StallWatch(p.plan, p.buffers, p.controller, p.links.channels, coordinator=False)
     group = int(p.controller.partitions_of(2)[0])
     p.controller.hold(Move(group, 2, 3, "test"), 0, 1.0)
     p.buffers.add(STREAM_S, rows(np.arange(5), np.zeros(5, np.int64)), np.full(5, group))
@@ -778,7 +778,7 @@ def test_another_dispatcher_waiting_for_rank_0_to_finish_a_move_is_not_stalled(t
     watch.watch(51.5, 0, {}, "")
     with pytest.raises(StallError):  # tuples of a group not moving, unsent: its own
         watch.watch(51.6, 0, {}, "")
-    rank0 = StallWatch(p.cfg, p.buffers, p.controller, p.links.channels)
+    rank0 = StallWatch(p.plan, p.buffers, p.controller, p.links.channels)
     rank0.watch(60.0, 0, {}, "")
     with pytest.raises(StallError, match="moves in flight"):  # rank 0 drives the move: a stall there is its own
         rank0.watch(61.1, 0, {}, "")
@@ -805,12 +805,12 @@ def test_the_payload_desk_removes_a_segment_once_every_holder_is_past_its_rows_p
     """R rows' last partner lies `upper` after them, S rows' `-lower` after: a segment goes once the smallest
     watermark the slaves holding groups answered (a move's consumer at its floor until it answers again; a
     checkpoint's cut from the moment it is taken) is past that, and the master has taken its rows in."""
-    cfg = config(tmp_path, "join.lower=-0.5", "join.upper=2.0", "checkpoint.keep=1")
+    plan = config(tmp_path, "join.lower=-0.5", "join.upper=2.0", "checkpoint.keep=1")
     log = PayloadLog(tmp_path / "out", "test")
     for side in (0, 1):
         log.write(side, np.arange(0, 10), np.full(10, S(10)), pa.table({"x": np.arange(10)}))
         log.write(side, np.arange(10, 20), np.full(10, S(20)), pa.table({"x": np.arange(10)}))
-    desk = PayloadDesk(cfg, 0, [1, 2, 3])
+    desk = PayloadDesk(plan, 0, [1, 2, 3])
 
     def files(side: int) -> list[int]:  # the first rows of the segments still on disk
         return sorted(int(p.name[:12]) for p in (tmp_path / "out" / "payload" / "RS"[side]).glob("0*.arrow"))
@@ -845,12 +845,12 @@ def test_the_payload_desk_removes_a_segment_once_every_holder_is_past_its_rows_p
 def test_with_two_dispatchers_rank_0_removes_segments_only_as_far_as_the_other_reports(tmp_path):
     """A slave's watermark is the smallest of the dispatchers': rank 0 removes by its own answers and the last
     PAYLOAD report of dispatcher 1 (its watermark and the rows it has taken in), which reports only changes."""
-    cfg = config(tmp_path, "join.window=1", "cluster.dispatchers=2")
+    plan = config(tmp_path, "join.window=1", "cluster.dispatchers=2")
     log = PayloadLog(tmp_path / "out", "test")
     for side in (0, 1):
         for first in (0, 10):
             log.write(side, np.arange(first, first + 10), np.full(10, S(first)), pa.table({"x": np.arange(10)}))
-    rank0, other = PayloadDesk(cfg, 0, [2, 3]), PayloadDesk(cfg, 1, [2, 3])
+    rank0, other = PayloadDesk(plan, 0, [2, 3]), PayloadDesk(plan, 1, [2, 3])
     for desk in (rank0, other):
         desk.on_answer(2, S(30))
         desk.on_answer(3, S(30))

@@ -366,9 +366,9 @@ def test_run_stats_keep_each_slaves_communication_seconds_as_a_level():
     hist = np.zeros((HISTOGRAMS, delays.BINS), dtype=np.int64)
     for comm in (0.25, 0.75):  # the slave reports its running total; the summary keeps the last one
         stats.add_report(1, {**dict.fromkeys(REPORT.names, 0), "comm": comm}, hist)
-    from protocol.config import load_config
+    from protocol.plan import load_plan
 
-    summary = stats.summary(load_config(None), 103.0, 1 << 20)
+    summary = stats.summary(load_plan(), 103.0, 1 << 20)
     per_slave = summary["slaves"]
     assert per_slave["1"]["comm_seconds"] == 0.75 and per_slave["2"]["comm_seconds"] == 0.0
     assert summary["wall_seconds"] == 3.0 and summary["master_peak_rss_bytes"] == 1 << 20  # as it was told

@@ -4,6 +4,7 @@ becomes, every refusal with its clause, and SQL's three-valued logic on filters 
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -237,7 +238,7 @@ def test_a_stream_checks_its_rows_against_the_query_filter_counts_and_terms_trav
     from common.stream_file import StreamChecks
 
     p = plan(f"SELECT * FROM trades t JOIN quotes q ON t.k = q.k AND {BOUND} AND t.px * 2 < q.b WHERE t.n > 1")
-    spec = {"key": ["k"], "time": "ts", "id": "", "time_unit": "s", "payload": "*", "prefix": "trades_"}
+    spec = SimpleNamespace(key=("k",), time="ts", id="", time_unit="s", payload="*", prefix="trades_")
     schema = pa.schema([("k", pa.int64()), ("ts", pa.int64()), ("n", pa.int64()), ("px", pa.float64())])
     checks = StreamChecks("trades", spec, ["int"], 100, schema, "here", p.stream(R))
     batch = checks.checked(pa.table({"k": [1, 2, 3], "ts": [10, 11, 12], "n": [1, 2, 3], "px": [0.5, None, 2.0]}))

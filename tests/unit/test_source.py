@@ -19,14 +19,15 @@ from common.workload import GeneratorSource, bmodel_tables, generate_all
 from tests.reference import micros
 from common import input_schema as schema
 from protocol.config import load_config
+from protocol.plan import compile_plan, load_plan
 from protocol.tuples import STREAM_R, STREAM_S
 from tests.runs import file_source, write_input
 
 
-def gen_cfg(**gen):
+def gen_plan(**gen):
     cfg = load_config()
     cfg["generator"].update({"duration": 5.0, "rate": 20000.0, "keys": 4096, **gen})
-    return cfg
+    return compile_plan(cfg)
 
 
 def drain(src, limit):
@@ -37,11 +38,11 @@ def drain(src, limit):
     return Chunk(*(np.concatenate(cols) for cols in zip(*parts)))
 
 
-def file_cfg(path):
+def file_plan(path, **source):
     cfg = load_config()
-    cfg["source"].update(kind="file", path=str(path))
+    cfg["source"].update(kind="file", path=str(path), **source)
     cfg["output"]["path"] = str(path.parent / f"out-{path.name}")
-    return cfg
+    return compile_plan(cfg)
 
 
 def open_file(path, window=1_000_000):
@@ -65,20 +66,20 @@ def write_csv(tmp_path, text, name="in.csv"):
 
 
 def test_generator_same_seed_same_data_whatever_the_limits():
-    cfg = gen_cfg(disorder=0.3, duration=10.0)
+    cfg = gen_plan(disorder=0.3, duration=10.0)
     a = drain(open_source(cfg), 1000)
     b = drain(open_source(cfg), 77777)
     assert len(a.id) > 0
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
-    other = generate_all(gen_cfg(disorder=0.3, duration=10.0, seed=2))
+    other = generate_all(gen_plan(disorder=0.3, duration=10.0, seed=2).generator)
     assert not np.array_equal(other.key[:1000], a.key[:1000])
 
 
 def test_generator_total_and_dtypes():
-    cfg = gen_cfg()
-    data = generate_all(cfg)
-    assert GeneratorSource(cfg["generator"]).total == len(data.id)
+    cfg = gen_plan()
+    data = generate_all(cfg.generator)
+    assert GeneratorSource(cfg.generator).total == len(data.id)
     assert [c.dtype for c in data] == [np.int8, np.int64, np.int64, np.int64, np.float64, np.int64]
     assert np.isfinite(data.ts).all()
     assert ((data.value >= 0) & (data.value < 1)).all()
@@ -87,12 +88,12 @@ def test_generator_total_and_dtypes():
 def test_the_generator_is_two_declared_streams_drawn_in_one_order_and_resumed_at_its_position():
     from master.sources.streams import StreamsSource
 
-    cfg = gen_cfg(rate=40000.0, duration=5.0, disorder=0.2)
-    whole, src = generate_all(cfg), open_source(cfg)
+    cfg = gen_plan(rate=40000.0, duration=5.0, disorder=0.2)
+    whole, src = generate_all(cfg.generator), open_source(cfg)
     assert isinstance(src, StreamsSource) and src.in_rows and src.log is None and src.listing is None
-    assert {n: (s["id"], s["key"], s["prefix"]) for n, s in src.specs.items()} == {
-        "R": ("id", ["key"], "r_"),
-        "S": ("id", ["key"], "s_"),
+    assert {n: (s.id, s.key, s.prefix) for n, s in src.specs.items()} == {
+        "R": ("id", ("key",), "r_"),
+        "S": ("id", ("key",), "s_"),
     }
     head = drain_some(src, 150_001, 7_000)  # past two generation slices and several read batches
     where = src.position()
@@ -118,7 +119,7 @@ def drain_some(src, n, limit):
 
 @pytest.mark.parametrize("rate,duration", [(20000.0, 5.0), (300.0, 2.5), (50000.0, 3.3)])
 def test_generator_rates(rate, duration):
-    data = generate_all(gen_cfg(rate=rate, duration=duration))
+    data = generate_all(gen_plan(rate=rate, duration=duration).generator)
     expected = rate * duration
     for s in (STREAM_R, STREAM_S):
         n = int((data.stream == s).sum())
@@ -127,25 +128,25 @@ def test_generator_rates(rate, duration):
 
 
 def test_generator_ids_per_stream_in_arrival_order():
-    data = generate_all(gen_cfg())
+    data = generate_all(gen_plan().generator)
     for s in (STREAM_R, STREAM_S):
         ids = data.id[data.stream == s]
         np.testing.assert_array_equal(ids, np.arange(len(ids)))
 
 
 def test_generator_no_disorder_ts_sorted():
-    data = generate_all(gen_cfg(disorder=0.0))
+    data = generate_all(gen_plan(disorder=0.0).generator)
     assert (np.diff(data.ts) >= 0).all()
 
 
 def test_generator_disorder_bounded():
     d = 0.25
-    data = generate_all(gen_cfg(disorder=d))
+    data = generate_all(gen_plan(disorder=d).generator)
     running_max = np.maximum.accumulate(data.ts)
     assert (np.diff(data.ts) < 0).any()  # really out of order
     assert (data.ts >= running_max - d * 1e6).all()
     # the disorder only shifts ts back: same streams, same keys as without disorder
-    base = generate_all(gen_cfg(disorder=0.0))
+    base = generate_all(gen_plan(disorder=0.0).generator)
     np.testing.assert_array_equal(base.key, data.key)
     shift = (base.ts - data.ts) / 1e6
     assert (shift >= 0).all() and (shift < d).all() and shift.max() > 0.9 * d
@@ -158,8 +159,8 @@ def top_share(keys, domain, frac=0.01):
 
 def test_generator_skew():
     keys = 4096
-    hot = generate_all(gen_cfg(skew=0.9, keys=keys))
-    flat = generate_all(gen_cfg(skew=0.5, keys=keys))
+    hot = generate_all(gen_plan(skew=0.9, keys=keys).generator)
+    flat = generate_all(gen_plan(skew=0.5, keys=keys).generator)
     for d in (hot, flat):
         assert d.key.min() >= 0 and d.key.max() < keys
     assert top_share(hot.key, keys) > 0.3
@@ -180,8 +181,8 @@ def test_bmodel_tables_give_every_level_its_upper_half_with_the_skews_probabilit
         for level in range(bits):
             assert abs(((table >> level) & 1).mean() - p_upper) <= bits / (1 << 16)
     # and the generator's keys, mapped back to their ranks, have those bits
-    cfg = gen_cfg(keys=1 << levels, skew=1 - p_upper, duration=2.0)
-    src, data = GeneratorSource(cfg["generator"]), generate_all(cfg)
+    cfg = gen_plan(keys=1 << levels, skew=1 - p_upper, duration=2.0)
+    src, data = GeneratorSource(cfg.generator), generate_all(cfg.generator)
     rank = np.argsort(src._perm)[data.key]
     for level in range(levels):
         assert abs(((rank >> level) & 1).mean() - p_upper) < 0.01, level
@@ -189,7 +190,7 @@ def test_bmodel_tables_give_every_level_its_upper_half_with_the_skews_probabilit
 
 def test_generator_uniform_keys_pass_a_chi_square_bound():
     keys = 512
-    d = generate_all(gen_cfg(distribution="uniform", keys=keys, duration=4.0))
+    d = generate_all(gen_plan(distribution="uniform", keys=keys, duration=4.0).generator)
     counts = np.bincount(d.key, minlength=keys)
     assert len(counts) == keys
     expected = len(d.key) / keys
@@ -197,13 +198,15 @@ def test_generator_uniform_keys_pass_a_chi_square_bound():
     # chi-square with keys - 1 = 511 degrees of freedom: mean 511, sd 32; 700 is ~6 sd out
     assert chi2 < 700, chi2
     # and it is not the b-model: that concentrates a far larger share in the top 1% of keys
-    assert top_share(d.key, keys) < 0.02 < top_share(generate_all(gen_cfg(keys=keys, duration=4.0)).key, keys)
+    assert (
+        top_share(d.key, keys) < 0.02 < top_share(generate_all(gen_plan(keys=keys, duration=4.0).generator).key, keys)
+    )
 
 
 @pytest.mark.parametrize("s", [1.0, 1.3])
 def test_generator_zipf_top_keys_near_the_theoretical_share(s):
     keys = 4096
-    d = generate_all(gen_cfg(distribution="zipf", zipf=s, keys=keys, duration=4.0))
+    d = generate_all(gen_plan(distribution="zipf", zipf=s, keys=keys, duration=4.0).generator)
     assert d.key.min() >= 0 and d.key.max() < keys
     counts = np.sort(np.bincount(d.key, minlength=keys))[::-1] / len(d.key)
     harmonic = (np.arange(1, keys + 1, dtype=float) ** -s).sum()
@@ -219,7 +222,7 @@ def test_generator_zipf_top_keys_near_the_theoretical_share(s):
 def test_generator_high_duplication_uses_every_key_many_times():
     # few distinct keys, many tuples each (the Rovio-like workload): uniform over a small domain
     keys = 64
-    d = generate_all(gen_cfg(distribution="uniform", keys=keys, duration=2.0))
+    d = generate_all(gen_plan(distribution="uniform", keys=keys, duration=2.0).generator)
     distinct, per_key = np.unique(d.key, return_counts=True)
     assert len(distinct) == keys
     assert per_key.min() > 0.8 * len(d.key) / keys and per_key.max() < 1.2 * len(d.key) / keys
@@ -227,25 +230,28 @@ def test_generator_high_duplication_uses_every_key_many_times():
 
 def test_generator_distribution_is_reproducible_by_seed_and_leaves_the_b_model_alone():
     for dist in ("uniform", "zipf"):
-        a, b = (generate_all(gen_cfg(distribution=dist, seed=7, duration=1.0)) for _ in range(2))
-        c = generate_all(gen_cfg(distribution=dist, seed=8, duration=1.0))
+        a, b = (generate_all(gen_plan(distribution=dist, seed=7, duration=1.0).generator) for _ in range(2))
+        c = generate_all(gen_plan(distribution=dist, seed=8, duration=1.0).generator)
         assert np.array_equal(a.key, b.key) and np.array_equal(a.ts, b.ts)
         assert not np.array_equal(a.key[:1000], c.key[:1000])
     # choosing the key distribution changes the keys only: arrivals, ids and values stay those of the seed
-    bm, zf = generate_all(gen_cfg(duration=1.0)), generate_all(gen_cfg(distribution="zipf", duration=1.0))
+    bm, zf = (
+        generate_all(gen_plan(duration=1.0).generator),
+        generate_all(gen_plan(distribution="zipf", duration=1.0).generator),
+    )
     assert np.array_equal(bm.ts, zf.ts) and np.array_equal(bm.id, zf.id) and not np.array_equal(bm.key, zf.key)
 
 
 def test_generator_keys_not_power_of_two():
     keys = 1000
-    d = generate_all(gen_cfg(keys=keys, skew=0.7, duration=2.0))
+    d = generate_all(gen_plan(keys=keys, skew=0.7, duration=2.0).generator)
     assert d.key.min() >= 0 and d.key.max() < keys
     assert len(np.unique(d.key)) > 500
 
 
 def test_generator_rejects_bad_limit():
     with pytest.raises(ValueError):
-        open_source(gen_cfg()).next_chunk(0)
+        open_source(gen_plan()).next_chunk(0)
 
 
 # --------------------------------------------------------------------------- file
@@ -271,7 +277,7 @@ def check_table(data):
 def test_csv_round_trip(tmp_path):
     rows = "\n".join(",".join(str(TABLE[c][i]) for c in TABLE) for i in range(4))
     p = write_csv(tmp_path, "stream,id,ts,key,value\n" + rows + "\n")
-    src = open_source(file_cfg(p))
+    src = open_source(file_plan(p))
     check_table(drain(src, 3))
     assert src.accepted == 4 and rejected(src) is None
 
@@ -280,7 +286,7 @@ def test_parquet_round_trip(tmp_path):
     for name in ("in.parquet", "in.pq"):
         p = tmp_path / name
         pq.write_table(pa.table(TABLE), p)
-        src = open_source(file_cfg(p))
+        src = open_source(file_plan(p))
         check_table(drain(src, 100))
         assert src.accepted == 4 and rejected(src) is None
 
@@ -290,9 +296,9 @@ def test_the_single_file_is_two_declared_streams_of_one_file_read_in_its_row_ord
 
     p = tmp_path / "in.parquet"
     pq.write_table(pa.table(TABLE), p)
-    src = open_source(file_cfg(p))
+    src = open_source(file_plan(p))
     assert isinstance(src, StreamsSource) and src.in_rows and src.log is None
-    assert {n: (s["path"], s["select"]["value"], s["prefix"]) for n, s in src.specs.items()} == {
+    assert {n: (s.path, s.select["value"], s.prefix) for n, s in src.specs.items()} == {
         "R": (str(p), "R", "r_"),
         "S": (str(p), "S", "s_"),
     }
@@ -473,7 +479,7 @@ def test_rejected_value_column_absent_is_null(tmp_path):
 
 def test_missing_file(tmp_path):
     with pytest.raises(InputError, match=r"nope\.csv.*does not exist"):
-        open_source(file_cfg(tmp_path / "nope.csv"))
+        open_source(file_plan(tmp_path / "nope.csv"))
 
 
 def test_missing_column(tmp_path):
@@ -529,12 +535,11 @@ def test_file_chunks_follow_file_order(tmp_path):
 
 
 def test_shift_moves_the_hot_keys_but_keeps_the_skew():
-    from protocol.config import load_config
     from common.workload import generate_all
 
     base = ["generator.duration=4", "generator.rate=20000", "generator.keys=4096", "generator.skew=0.8"]
-    still = generate_all(load_config(None, base))
-    moving = generate_all(load_config(None, base + ["generator.shift=2.0"]))
+    still = generate_all(load_plan(None, base).generator)
+    moving = generate_all(load_plan(None, base + ["generator.shift=2.0"]).generator)
 
     def top(c, lo, hi):
         sel = (c.ts >= lo * 1e6) & (c.ts < hi * 1e6)
@@ -555,7 +560,7 @@ def test_shift_moves_the_hot_keys_but_keeps_the_skew():
 
 def generated_file(tmp_path, fmt, bad_every=997, row_group=5000, **gen):
     """The generated workload as a file with bad rows inserted: (path, the generated tuples, the bad rows)."""
-    data = generate_all(gen_cfg(**gen))
+    data = generate_all(gen_plan(**gen).generator)
     p = tmp_path / f"in.{fmt}"
     return p, data, write_input(p, data, row_group, bad_every)
 
@@ -779,8 +784,7 @@ def test_ts_unit_ms_reads_integer_float_and_text_milliseconds(tmp_path):
         p = tmp_path / f"ms-{name}.parquet"
         pq.write_table(pa.table({**cols, "ts": ts}), p)
         assert_same(tuples_of(p, "ms"), want)
-    cfg = file_cfg(tmp_path / "ms.csv")
-    cfg["source"]["ts_unit"] = "ms"
+    cfg = file_plan(tmp_path / "ms.csv", ts_unit="ms")
     np.testing.assert_array_equal(drain(open_source(cfg), 10_000).ts, want.ts)
     # the default stays seconds: the same numbers are seconds, a thousand times later
     np.testing.assert_array_equal(tuples_of(tmp_path / "ms.csv").ts, ms * 10**6)
