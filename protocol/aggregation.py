@@ -56,7 +56,7 @@ def parse_measure(text: str, error: type[Exception]) -> Measure:
 class Aggregation(NamedTuple):
     """`[aggregate]` of a run, resolved to result columns."""
 
-    groups: tuple[str, ...]  #: the view's group columns, as results name them (with `kind` outside inner joins)
+    groups: tuple[str, ...]  #: the view's group columns, as results name them (TOML: `kind` too outside inner joins)
     times: tuple[str, ...]  #: the time columns whose latest (not null) is a row's time
     window: int  #: microseconds; 0 = no window
     slide: int  #: microseconds between two windows' starts (= window: tumbling)
@@ -114,8 +114,8 @@ def aggregation(cfg: dict) -> Aggregation:
     if by in ("key", "r_key", "s_key"):  # the join key: one side's key column(s)
         by = both[1 if by == "s_key" else 0][0]
     groups = [by] if isinstance(by, str) else list(by)
-    if cfg["join"]["type"] != "inner" and KIND not in groups:
-        groups.append(KIND)
+    if cfg["join"]["type"] != "inner" and KIND not in groups and not cfg["query"]["sql"]:
+        groups.append(KIND)  # the TOML form's view keeps rows alone apart; a query's groups are its GROUP BY's
     times = (agg["time"],) if agg["time"] else tuple(time for _, time in both)
     window = eventtime.duration(agg["window"])
     slide = eventtime.duration(agg["slide"]) or window
