@@ -71,6 +71,7 @@ USERS = 120
 SLOTS = [2, 2, 1]  #: ranks on h1 (master, dispatcher 1), h2 (slaves 2, 3), h3 (slave 4)
 BROKER_HOST = 3  #: the bed's fourth host: the broker, the producers and the checks; never cut off
 HEARTBEAT = 5.0
+RECOVERY = 180.0  #: seconds a run has to be well again (a checkpoint complete) after a fault
 SUPERVISE = [
     *(sys.executable, "-m", "control.supervise"),
     *("--restarts", "1000", "--backoff", "0.5", "--max-backoff", "4", "--"),
@@ -325,6 +326,21 @@ class Nemesis:
         cmd = [*SUPERVISE, sys.executable, "-m", "deploy.launch", "-n", str(sum(SLOTS)), "--hostfile", str(hostfile)]
         cmd += ["--", "--config", str(write_config(self.tmp, self.config()))]
         self.job = self.bed.start(0, cmd, mpi_env())
+        threading.Thread(target=self.keep_log, daemon=True).start()
+
+    def keep_log(self) -> None:
+        """The run's stderr into nemesis-SEED.log (the temporary folder) as it comes, for what went wrong."""
+        with (Path(tempfile.gettempdir()) / f"nemesis-{self.seed}.log").open("w") as f:
+            written = 0
+            while True:
+                ended = self.job.proc.poll() is not None
+                new = self.job.lines[written:]
+                f.writelines(line for _, line in new)
+                f.flush()
+                written += len(new)
+                if ended:
+                    return
+                time.sleep(1.0)
 
     # --- what the run says -------------------------------------------------------------------------------------
 
@@ -431,13 +447,20 @@ class Nemesis:
             return f"for {step.hold:.1f}s"
         return None
 
-    def soak(self, report: Report, seconds: float) -> None:
-        """Fire the schedule's faults until `seconds` have passed, each once the run is well again."""
+    def soak(self, report: Report, seconds: float) -> bool:
+        """Fire the schedule's faults until `seconds` have passed, each once the run is well again; False (a
+        failure noted) when it is not well again within RECOVERY s of a fault."""
         end = time.monotonic() + seconds
         last = time.monotonic()
         for step in report.steps:
-            if not self.well_since(last, max(1.0, end - time.monotonic())):
-                break
+            if not self.well_since(last, RECOVERY):
+                errors = [line.strip() for line in self.lines_since(last) if line.startswith("error:")]
+                fault = report.log[-1].split(None, 1)[1] if report.log else "the start"
+                report.failures.append(
+                    f"no checkpoint complete within {RECOVERY:g}s of {fault} (the run's last error: "
+                    f"{errors[-1] if errors else 'none'})"
+                )
+                return False
             gap_end = min(end, time.monotonic() + step.gap)
             time.sleep(max(0.0, gap_end - time.monotonic()))
             if time.monotonic() >= end - 10:  # the last seconds are the run's, to be well at the end
@@ -450,6 +473,7 @@ class Nemesis:
                 self.say(f"nemesis: {report.log[-1]}")
             last = time.monotonic()
         time.sleep(max(0.0, end - time.monotonic()))
+        return True
 
     def finish(self, report: Report, within: float) -> None:
         """Stop the feeds, wait for the run to have read every record, stop it with SIGTERM."""
@@ -458,7 +482,8 @@ class Nemesis:
         end = time.monotonic() + within
         while not self.within(lambda: read_ended(self.bootstrap, self.topics)):
             if time.monotonic() > end or self.job.proc.poll() is not None:
-                report.failures.append(f"the run did not read every record within {within:g}s of the feeds' end")
+                if within:  # else the failure that cut it short is noted
+                    report.failures.append(f"the run did not read every record within {within:g}s of the feeds' end")
                 break
             time.sleep(1.0)
         self.job.proc.send_signal(signal.SIGTERM)
@@ -610,13 +635,13 @@ def run(minutes: float, seed: int, rate: float = 100.0, disk_mib: int = 256, log
         try:
             nemesis.start()
             nemesis.started = time.monotonic()
-            if not nemesis.well_since(0.0, 180):
-                report.failures.append("no checkpoint complete within 180s of the start")
+            well = nemesis.well_since(0.0, RECOVERY)
+            if not well:
+                report.failures.append(f"no checkpoint complete within {RECOVERY:g}s of the start")
             else:
-                nemesis.soak(report, minutes * 60)
-            nemesis.finish(report, within=180)
+                well = nemesis.soak(report, minutes * 60)
+            nemesis.finish(report, within=180 if well else 0)
             stderr = nemesis.job.stderr()
-            (Path(tempfile.gettempdir()) / f"nemesis-{seed}.log").write_text(stderr)
             codes = [int(c) for c in re.findall(r"the cluster crashed \(exit code (\d+)\)", stderr)]
             report.exit_codes, report.restarts = Counter(codes), len(re.findall(r"restart \d+ of \d+", stderr))
             undocumented = sorted({c for c in [*codes, report.final_code] if c not in CODES})
