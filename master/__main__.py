@@ -138,7 +138,7 @@ def main() -> int:
     from master.run import Master
     from master.sources import open_shard
     from protocol import checkpoint
-    from common.chunks import InputError, InputLost
+    from common.chunks import InputError, InputLost, InputRewound
     from protocol.config import ConfigError, load_config, validate
     from protocol.output import OutputError, check_owned, reset_output
 
@@ -180,6 +180,8 @@ def main() -> int:
     except InputLost as e:  # a recovery's offsets below what the broker still holds
         say(f"error: {e}")
         comm.Abort(INPUT_LOST)
+    except InputRewound:  # the broker lost records read since the start: a crash (run_rank), not a mistake
+        raise
     except (ConfigError, InputError, checkpoint.CheckpointError, OutputError, OutputBusy, OSError) as e:
         say(f"error: {e}")
         if lock is not None:
