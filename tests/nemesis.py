@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,7 +51,7 @@ from deploy.launch import mpi_env
 from deploy.testbed import TestBed
 from protocol.lifetime import CODES
 from protocol.output import LEFT_UNMATCHED, MATCHED, read_tables
-from tests.kafka import MAX_DELAY, WINDOW, create, read_topic, settings
+from tests.kafka import WINDOW, create, read_topic, settings
 from tests.matrix import MOVING, enter_netns, within_netns
 from tests.reference import duckdb_outer, encode_pairs, late_flags, micros
 from tests.runs import write_config
@@ -71,6 +72,10 @@ USERS = 120
 SLOTS = [2, 2, 1]  #: ranks on h1 (master, dispatcher 1), h2 (slaves 2, 3), h3 (slave 4)
 BROKER_HOST = 3  #: the bed's fourth host: the broker, the producers and the checks; never cut off
 HEARTBEAT = 5.0
+#: far above how far a fault makes one partition's records come after another's (a paused broker's backlog, a
+#: recovery's): a partition passed over meanwhile (caught up, idle) brings no record below what was handed on
+#: minus this, so no record is late (master.sources.partitions) and the reference need not know the timing
+MAX_DELAY = 30.0
 RECOVERY = 180.0  #: seconds a run has to be well again (a checkpoint complete) after a fault
 SUPERVISE = [
     *(sys.executable, "-m", "control.supervise"),
@@ -108,7 +113,7 @@ class Feed(threading.Thread):
     """One stream's producer on the broker's host: `rate` records a second, bursts of 5x for 2 s at random in
     which a third of the records go to user u0 (a hot key); each record's event time is the time it is produced
     (rising within each partition), its partition crc32(user) % PARTITIONS.  Records whose delivery failed are
-    sent again; the acknowledged ones are kept (`acked`: id -> partition) against what the broker holds at the
+    sent again; the acknowledged ones are kept (`acked`: id -> (partition, offset)) against what the broker holds at the
     end."""
 
     def __init__(self, ns: str, bootstrap: str, topic: str, id_column: str, first_id: int, rate: float, seed: int):
@@ -117,7 +122,7 @@ class Feed(threading.Thread):
         self.next_id, self.rate = first_id, rate
         self.rng = np.random.default_rng(seed)
         self.values: dict[int, tuple[bytes, int]] = {}  #: id -> (value, partition), of every record sent
-        self.acked: dict[int, int] = {}
+        self.acked: dict[int, tuple[int, int]] = {}
         self.retry: set[int] = set()
         self.generation = 0  #: of the producer now: a report of one before it is not heard
         self.fatal = threading.Event()
@@ -147,7 +152,7 @@ class Feed(threading.Thread):
         if generation != self.generation:
             return
         if err is None:
-            self.acked[i] = msg.partition()
+            self.acked[i] = (msg.partition(), msg.offset())
         else:
             self.errors[err.name()] += 1
             self.retry.add(i)
@@ -271,6 +276,14 @@ class Nemesis:
     def __init__(self, tmp: Path, seed: int, rate: float, disk_mib: int, log=print):
         self.tmp, self.seed, self.rate, self.say = tmp, seed, rate, log
         self.stack = ExitStack()
+        try:
+            self.set_up(tmp, disk_mib)
+        except BaseException:  # what is up already comes down: no bed, broker or mount left behind
+            self.stack.close()
+            raise
+
+    def set_up(self, tmp: Path, disk_mib: int) -> None:
+        """The bed, the output's tmpfs, the broker on its host and the topics."""
         self.bed = self.stack.enter_context(TestBed(4))
         self.ns = self.bed.ns(BROKER_HOST)
         self.within = within_netns(self.ns)
@@ -296,6 +309,7 @@ class Nemesis:
             self.topics,
             **{
                 "join.type": "left",
+                "join.max_delay": f"{MAX_DELAY:g}s",
                 "partitioning.partitions": 16,
                 "epochs.distribution": "200ms",
                 "epochs.reorganization": 1.0,
@@ -511,6 +525,7 @@ def kept(records: list[tuple[int, int, bytes, bytes]], id_column: str) -> dict:
         "key": np.array([int(v["user"][1:]) for v in values], np.int64),
         "at": np.array([v["at"] for v in values], np.int64),
         "partition": np.array([p for p, _, _, _ in records], np.int64),
+        "offset": np.array([o for _, o, _, _ in records], np.int64),
     }
     s["on_time"] = np.ones(len(values), bool)
     for p in np.unique(s["partition"]):
@@ -527,9 +542,21 @@ def with_lost(s: dict, lost: set, feed: Feed, id_column: str) -> dict:
         "key": [int(v["user"][1:]) for v in values],
         "at": [v["at"] for v in values],
         "partition": [feed.values[i][1] for i in sorted(lost)],
+        "offset": [feed.acked[i][1] for i in sorted(lost)],
         "on_time": [True] * len(values),
     }
     return {k: np.concatenate([s[k], np.array(more[k], s[k].dtype)]) for k in s}
+
+
+def at_lost_offsets(s: dict, lost: set, feed: Feed) -> np.ndarray:
+    """The ids of records the topic holds at an offset the broker had acknowledged for a record it then lost: it
+    gave the offset again, so a reader that had passed it (having read the lost record) never sees them."""
+    offsets = s.get("offset")
+    taken = {feed.acked[i] for i in lost}
+    return np.array(
+        sorted(i for i, p, o in zip(s["id"].tolist(), s["partition"].tolist(), offsets.tolist()) if (p, o) in taken),
+        np.int64,
+    )
 
 
 def left_join(views: dict, buys: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -567,6 +594,8 @@ def judge(name: str, pairs: np.ndarray, alone: np.ndarray, ref: dict, report: Re
     touches = np.isin(pairs >> 32, lost_v) | np.isin(pairs & 0xFFFFFFFF, lost_b)
     got, want = Counter(pairs[~touches].tolist()), Counter(ref["pairs"].tolist())
     missing, extra = sum((want - got).values()), sum((got - want).values())
+    gone = np.array(sorted((want - got).elements()), np.int64)
+    at_reused = int((np.isin(gone >> 32, ref["reused_views"]) | np.isin(gone & 0xFFFFFFFF, ref["reused_buys"])).sum())
     twice = sum(n - 1 for n in got.values() if n > 1)
     beyond = len(set(pairs[touches].tolist()) - set(ref["pairs_all"].tolist()))
     lone = Counter(alone[~np.isin(alone, lost_v)].tolist())
@@ -576,7 +605,7 @@ def judge(name: str, pairs: np.ndarray, alone: np.ndarray, ref: dict, report: Re
     lone_twice = sum(n - 1 for n in lone.values() if n > 1)
     report.results[f"{name}: pairs"] = (
         f"{len(pairs)} (reference {len(ref['pairs'])}; missing {missing}, extra {extra}, twice {twice}; "
-        f"of lost records {int(touches.sum())})"
+        f"of lost records {int(touches.sum())}; missing of records at lost offsets {at_reused})"
     )
     report.results[f"{name}: views alone"] = (
         f"{len(alone)} (reference {len(must)}; missing {lone_missing}, extra {lone_extra}, twice {lone_twice})"
@@ -596,6 +625,7 @@ def check(nemesis: Nemesis, report: Report) -> None:
         with_lost(views, lost["views"], feeds["views"], "vid"), with_lost(buys, lost["buys"], feeds["buys"], "bid")
     )
     late = int((~views["on_time"]).sum() + (~buys["on_time"]).sum())
+    reused = {name: at_lost_offsets(s, lost[name], feeds[name]) for name, s in (("views", views), ("buys", buys))}
     ref = {
         "pairs": pairs,
         "pairs_all": every_pair,
@@ -603,10 +633,13 @@ def check(nemesis: Nemesis, report: Report) -> None:
         "alone_maybe": np.setdiff1d(alone, alone_any),  # partners only among the records the broker lost
         "lost_views": np.array(sorted(lost["views"]), np.int64),
         "lost_buys": np.array(sorted(lost["buys"]), np.int64),
+        "reused_views": reused["views"],
+        "reused_buys": reused["buys"],
     }
     report.broker = {
         "input records (kept by the broker)": f"views {len(views['id'])}, buys {len(buys['id'])}",
         "acknowledged, then lost by the broker": f"views {len(lost['views'])}, buys {len(lost['buys'])}",
+        "kept at offsets of lost records": f"views {len(reused['views'])}, buys {len(reused['buys'])}",
         "bursts": f"views {feeds['views'].bursts}, buys {feeds['buys'].bursts}",
         "producer errors": dict(feeds["views"].errors + feeds["buys"].errors),
         "late (reference)": late,
@@ -625,6 +658,17 @@ def check(nemesis: Nemesis, report: Report) -> None:
     late_rows = read_tables(out / "late")
     if (0 if late_rows is None else late_rows.num_rows) != late:
         report.failures.append(f"{0 if late_rows is None else late_rows.num_rows} rows late, the reference {late}")
+    if not report.ok:  # the evidence, beside the run's log
+        keep = Path(tempfile.gettempdir()) / f"nemesis-{report.seed}-out"
+        shutil.rmtree(keep, ignore_errors=True)
+        shutil.copytree(out, keep, ignore=shutil.ignore_patterns("payload", "archive"))
+        with (keep / "input.json").open("w") as f:
+            json.dump(
+                {name: {k: v.tolist() for k, v in x.items()} for name, x in (("views", views), ("buys", buys))}, f
+            )
+        with (keep / "acked.json").open("w") as f:
+            json.dump({name: list(feed.acked.items()) for name, feed in feeds.items()}, f)
+        report.results["kept for a look"] = str(keep)
 
 
 def run(minutes: float, seed: int, rate: float = 100.0, disk_mib: int = 256, log=print) -> Report:
