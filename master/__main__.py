@@ -7,6 +7,7 @@ module name is the only link between the two roles.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import runpy
@@ -24,6 +25,9 @@ from master.cli import parse_args
 from protocol.lifetime import INPUT_LOST, SINK, USER_ERROR
 from protocol.errors import SinkError
 from protocol.mpi import receive_start, run_rank, wait_barrier
+
+#: errors of a full disk: at the start as later, the environment's, which a restart mends once there is room
+FULL = (errno.ENOSPC, errno.EDQUOT)
 
 # Only light modules above: every rank imports them, then the others sleep in a barrier while rank 0 alone
 # imports numpy, pyarrow and its desks, reads the config and the input's first batch on a core of its own
@@ -183,6 +187,8 @@ def main() -> int:
     except InputRewound:  # the broker lost records read since the start: a crash (run_rank), not a mistake
         raise
     except (ConfigError, InputError, checkpoint.CheckpointError, OutputError, OutputBusy, OSError) as e:
+        if isinstance(e, OSError) and e.errno in FULL:  # no mistake: a crash (run_rank), restarted once there is room
+            raise
         say(f"error: {e}")
         if lock is not None:
             lock.release()
