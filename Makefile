@@ -33,11 +33,15 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 -m "not soak" tests --ignore=tests/mpi
 
 # the soak variants of the suite's cases, then random draws of the differential matrix (tests/matrix.py) for
-# SOAK_MINUTES, and a table of draws and failures
+# SOAK_MINUTES, and a table of draws and failures; then one run under the nemesis (tests/nemesis.py) for
+# NEMESIS_MINUTES (NEMESIS_SEED: its schedule again), and its table of faults, exit codes and results
 SOAK_MINUTES ?= 30
+NEMESIS_MINUTES ?= 60
+NEMESIS_SEED ?=
 soak: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m soak tests/cluster
 	$(BIN)/python -m tests.matrix --minutes $(SOAK_MINUTES)
+	$(BIN)/python -m tests.nemesis --minutes $(NEMESIS_MINUTES) $(if $(NEMESIS_SEED),--seed $(NEMESIS_SEED))
 
 # quick: one run per point, 60 s of event time (6M tuples) per run (docs/benchmarks.md: its time); bench-full: medians of 3, 1-8 slaves, more epochs
 bench: $(STAMP)

@@ -49,6 +49,14 @@ class InputLost(InputError):
     position): a restart would meet the same hole, so the job stops with its own exit code (protocol.lifetime)."""
 
 
+class InputRewound(ConnectionError):
+    """A Kafka partition now ends below what a running stream has read: the broker lost records it had acknowledged
+    (a crash before it saved them, an unclean leader election).  Reading on would take the records written there
+    next for them; a restart resumes from the newest complete checkpoint, whose offsets the broker may still hold
+    (if not, that recovery stops with InputLost), so the job ends as a crash (an error of the environment), which
+    the supervisor restarts."""
+
+
 def empty() -> Chunk:
     return Chunk(
         np.empty(0, np.int8),

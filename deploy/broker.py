@@ -20,27 +20,22 @@ class BrokerUnavailable(Exception):
 
 
 @contextmanager
-def local_broker(data: Path, on: Sequence[str] = (), within: Callable | None = None):
+def local_broker(data: Path, on: Sequence[str] = (), within: Callable | None = None, host: str = "127.0.0.1"):
     """The broker's bootstrap address while the block runs; `data` holds its one file.  `on`: a command prefix
     that starts it elsewhere (a namespace host, deploy.testbed's `on`), `within(f)`: f() run where that broker's
-    127.0.0.1 is reached."""
+    `host` (the address it binds) is reached."""
     from confluent_kafka.admin import AdminClient
 
     port = free_port()
     try:
-        up = subprocess.run(
-            [*on, NOIDA, "up", "--data-dir", data, "--only", "kafka", "--kafka-port", str(port)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        up = subprocess.run(up_command(data, port, host, on), capture_output=True, text=True, timeout=60)
     except OSError as e:
         raise BrokerUnavailable(f"noida-db cannot start: {e}") from e
     if up.returncode != 0:
         raise BrokerUnavailable(
             f"noida-db cannot start (exit {up.returncode}): {(up.stderr or up.stdout).strip()[-300:]}"
         )
-    bootstrap = f"127.0.0.1:{port}"
+    bootstrap = f"{host}:{port}"
     try:
         (within or (lambda f: f()))(lambda: AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=20))
         yield bootstrap
@@ -60,3 +55,9 @@ def _wait_saved(data: Path, timeout: float = 60.0) -> None:
         if "start" in args and str(data) in args:
             servers.append(p)
     psutil.wait_procs(servers, timeout=timeout)
+
+
+def up_command(data: Path, port: int, host: str = "127.0.0.1", on: Sequence[str] = ()) -> list:
+    """`noida-db up` of a broker of Kafka alone on `host`:`port`, its data in `data` (again after a crash: it
+    reloads what it had saved)."""
+    return [*on, NOIDA, "up", "--data-dir", data, "--host", host, "--only", "kafka", "--kafka-port", str(port)]

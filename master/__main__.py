@@ -7,14 +7,14 @@ module name is the only link between the two roles.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import errno
 import importlib
 import os
 import runpy
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protocol.startup import BTL, early_importers
 
@@ -26,6 +26,9 @@ from master.cli import parse_args
 from protocol.lifetime import INPUT_LOST, SINK, USER_ERROR
 from protocol.errors import SinkError
 from protocol.mpi import receive_start, run_rank, wait_barrier
+
+#: errors of a full disk: at the start as later, the environment's, which a restart mends once there is room
+FULL = (errno.ENOSPC, errno.EDQUOT)
 
 if TYPE_CHECKING:
     from protocol.plan import Plan
@@ -141,7 +144,7 @@ def main() -> int:
     from master.run import Master
     from master.sources import open_shard
     from protocol import checkpoint
-    from common.chunks import InputError, InputLost
+    from common.chunks import InputError, InputLost, InputRewound
     from protocol.config import ConfigError
     from protocol.plan import load_plan
     from protocol.output import OutputError, check_owned, reset_output
@@ -186,7 +189,11 @@ def main() -> int:
     except InputLost as e:  # a recovery's offsets below what the broker still holds
         say(f"error: {e}")
         comm.Abort(INPUT_LOST)
+    except InputRewound:  # the broker lost records read since the start: a crash (run_rank), not a mistake
+        raise
     except (ConfigError, InputError, checkpoint.CheckpointError, OutputError, OutputBusy, OSError) as e:
+        if isinstance(e, OSError) and e.errno in FULL:  # no mistake: a crash (run_rank), restarted once there is room
+            raise
         say(f"error: {e}")
         if lock is not None:
             lock.release()

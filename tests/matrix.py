@@ -368,6 +368,16 @@ def declared(d: Draw, name: str, path: Path, at: dict[str, str], topics: dict[st
     return {"key": "sym", "time": "at", "id": "event_id", "time_unit": d.unit, **own}
 
 
+#: every slave a supplier or a consumer at every reorganization: groups keep moving
+MOVING = {
+    "balance.buffer_capacity": 50,
+    "balance.supplier_threshold": 1e-9,
+    "balance.consumer_threshold": 1e-9,
+    "balance.choice": "random",
+    "balance.declustering": True,
+}
+
+
 def settings(
     d: Draw,
     path: Path,
@@ -417,17 +427,8 @@ def settings(
         "tuning.theta_max": 8,
         "output.result_chunk_rows": 64,
     }  # small bounds, so that every draw splits and chunks
-    if d.moves:  # every slave a supplier or a consumer at every reorganization: groups keep moving
-        s.update(
-            {
-                "balance.buffer_capacity": 50,
-                "balance.supplier_threshold": 1e-9,
-                "balance.consumer_threshold": 1e-9,
-                "balance.choice": "random",
-                "balance.declustering": True,
-                "balance.seed": d.seed,
-            }
-        )
+    if d.moves:
+        s.update({**MOVING, "balance.seed": d.seed})
     else:
         s["balance.enabled"] = False
     if d.aggregate:

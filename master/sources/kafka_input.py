@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from common.chunks import InputError, InputLost
+from common.chunks import InputError, InputLost, InputRewound
 from common.stream_file import StreamBatch, StreamChecks
 from master.sources.archive import named
 from master.sources.rejected import RejectedListing
@@ -454,19 +454,23 @@ class KafkaStream:
         broker holds only offsets `low`..`high` of them now (each an array beside `gone`).  Below `low`:
         records deleted before they were read -- InputLost naming them (on_lost = "stop"), or counted, logged
         and skipped (the merge reads on from `low`).  Above `high`: the broker lost records the stream had read
-        (or the topic was made anew): InputLost whatever on_lost says, as reading there would take other records
-        for them."""
+        (or the topic was made anew), and reading there would take other records for them, whatever on_lost says:
+        InputRewound while reading (`at`: a restart resumes from the last complete checkpoint), InputLost at a
+        checkpoint's offset."""
         ranges = []
         for j, i in enumerate(gone.tolist()):
             topic, p = self.assigned[i]
             first = int(self.merge.position[i]) if at is None else at
             lo, hi = int(low[j]), int(high[j])
             if first > hi:
-                raise InputLost(
+                where = (
                     f"stream {self.name}: kafka topic {topic} partition {p}: offset {first} lies beyond the "
                     f"partition's end {hi}: the broker no longer holds records the stream has read (it lost records "
-                    "it had acknowledged, or the topic was made anew), and reading on would take others for them"
+                    "it had acknowledged, or the topic was made anew)"
                 )
+                if at is None:  # a checkpoint's offset: its state and the output it covers hold those records
+                    raise InputLost(f"{where}, and reading on would take others for them")
+                raise InputRewound(f"{where}: resuming from the newest complete checkpoint reads it as it is now")
             upto = min(lo, int(self.merge.end[i])) if self.bounded else lo  # bounded: what it would have read
             if first < upto:
                 ranges.append({"topic": topic, "partition": p, "first": first, "last": upto - 1})

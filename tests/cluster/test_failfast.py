@@ -131,3 +131,21 @@ def test_a_config_error_ends_every_rank_with_exit_2(tmp_path):
     codes = {line.split()[1]: line.split()[3] for line in proc.stderr.splitlines() if line.startswith("rank ")}
     assert set(codes.values()) == {"2"} and set(codes) - {"0"}, proc.stderr
     assert proc.stderr.count("join.window: must be >= 0") == 1
+
+
+def test_a_disk_full_at_the_start_is_a_crash_which_the_supervisor_restarts(tmp_path):
+    """The output's file system full before the job starts (a tmpfs of 256 KiB filled beside the output folder):
+    the environment's fault, not a mistake -- exit 1 (a crash, restarted), not 2, which the supervisor gives up
+    on; it met a recovery after the nemesis soak's full disk (tests/nemesis.py) and ended a supervised run."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        subprocess.run(["dd", "if=/dev/zero", f"of={disk / 'fill'}", "bs=4k"], capture_output=True)
+        run = run_cluster(tmp_path, 3, dict(RUN, **{"output.path": str(disk / "out")}), timeout=BOUND)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+    assert run.returncode == 1, run.stderr
+    line = one_error_line(run.stderr)
+    assert line.startswith("error: rank 0 (master) failed: OSError: ") and "No space left on device" in line, line

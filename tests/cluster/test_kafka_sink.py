@@ -11,14 +11,12 @@ import json
 import subprocess
 from datetime import datetime
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from protocol.output import LEFT_UNMATCHED, read_tables
 from tests.cluster.test_cluster import check_exact
@@ -30,6 +28,7 @@ from tests.kafka import (
     create,
     start_broker,
     now_ms,
+    read_topic,
     reference,
     settings,
     stream,
@@ -46,27 +45,7 @@ SUPERVISE = [sys.executable, "-m", "control.supervise", "--backoff", "0.1", "--r
 
 def committed(bootstrap: str, topic: str) -> list[tuple[str, dict]]:
     """Every record of `topic` a read_committed consumer sees, to the end: (key, value as JSON)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"check-{topic}",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
-    try:
-        parts = consumer.list_topics(topic, timeout=20).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), 20)[1] for p in parts}
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        got, deadline = [], time.monotonic() + 60
-        while any(consumer.position([TopicPartition(topic, p)])[0].offset < end for p, end in ends.items() if end):
-            assert time.monotonic() < deadline, f"{topic} not read to its end"
-            message = consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                got.append((message.key().decode(), json.loads(message.value())))
-        return got
-    finally:
-        consumer.close()
+    return [(key.decode(), json.loads(value)) for _, _, key, value in read_topic(bootstrap, topic)]
 
 
 def sink_settings(broker: str, topics: dict, tmp_path: Path, **extra) -> tuple[dict, str]:

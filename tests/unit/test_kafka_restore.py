@@ -1,11 +1,18 @@
 """What a recovery of Kafka streams restores besides the merge (tests/unit/test_partition_merge.py): the key
 dictionaries (master.sources.keys.KeyMapper.dictionaries) give a fresh mapper every code back, and the payload log
-goes on at the checkpoint's stream rows (protocol.payload.PayloadLog.resume)."""
+goes on at the checkpoint's stream rows (protocol.payload.PayloadLog.resume); a partition the broker cut short
+below what was read ends a running job as a crash, which a recovery mends, and stops a recovery past it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pyarrow as pa
+import pytest
+
+from common.chunks import InputError, InputLost, InputRewound
+from master.sources.kafka_input import KafkaStream
 
 from master.sources.keys import KeyMapper
 from protocol.checkpoint import record_tables, table_records
@@ -48,3 +55,19 @@ def test_the_payload_log_resumed_at_a_row_lists_the_segments_before_it_and_remov
     got = PayloadReader(tmp_path, ("r_", "s_")).gather(0, np.array([5, 15, 20, 24]))["r_x"].to_pylist()
     assert got == [5, 15, 120, 124]
     assert fresh.release(0, 20, 30_000) == (2, sum(s.size for s in list(log.segments[0])[:2]))
+
+
+def test_a_partition_ending_below_what_was_read_restarts_a_running_job_and_stops_a_recovery_past_it():
+    """The broker lost records the stream had read (a crash before it saved them), so partition 0 now ends at 816,
+    below offset 839.  Met by the running client (its offset given), the job ends as a crash (InputRewound: an
+    OSError, exit 1, which the supervisor restarts from the last complete checkpoint); met at a recovery's
+    checkpointed offset, it stops (InputLost, exit 8): that checkpoint holds records the broker no longer has."""
+    stream = SimpleNamespace(
+        name="views", assigned=[("views", 0)], merge=SimpleNamespace(position=np.array([839])), bounded=False
+    )
+    gone, low, high = np.array([0]), np.array([0]), np.array([816])
+    with pytest.raises(InputRewound, match="offset 839 lies beyond the partition's end 816.*newest complete"):
+        KafkaStream._skip_gone(stream, gone, low, high, 839)
+    with pytest.raises(InputLost, match="offset 839 lies beyond the partition's end 816"):
+        KafkaStream._skip_gone(stream, gone, low, high)
+    assert issubclass(InputRewound, OSError) and not issubclass(InputRewound, InputError)
