@@ -719,12 +719,16 @@ def test_input_cache_evicts_least_recently_used_files_it_wrote_only(tmp_path):
 
 def test_rung_is_the_shortest_ladder_length_that_holds_the_tuples():
     from bench.inputs import HEADROOM, LADDER, expected_tuples, rung
+    from protocol.plan import load_plan
+
+    def generator(duration: float):
+        return load_plan(None, ["generator.rate=50000.0", f"generator.duration={duration}"]).generator
 
     # 50,000/s per stream for 120 s: 12M tuples; 10 s at 9.3M/s needs 93M: 120 x 1.41^6 = 960 s = 96M
     d = rung(120.0, 50_000, 93_000_000)
     assert d == pytest.approx(120 * LADDER**6, abs=1e-3)
-    assert expected_tuples({"rate": 50_000, "duration": d}) >= HEADROOM * 93_000_000
-    assert expected_tuples({"rate": 50_000, "duration": d / LADDER}) < HEADROOM * 93_000_000
+    assert expected_tuples(generator(d)) >= HEADROOM * 93_000_000
+    assert expected_tuples(generator(d / LADDER)) < HEADROOM * 93_000_000
     assert rung(120.0, 50_000, 5_000_000) == 120.0  # the workload holds them already
 
 
@@ -863,7 +867,8 @@ def test_bench_query_runs_each_mode_and_checks_what_its_condition_and_filter_kee
 def test_bench_kafka_reads_the_same_rows_from_files_and_topics_and_reports_the_brokers_ceiling(tmp_path):
     """A small bench.kafka: the files, the topics and the topics shared by two dispatchers give the same
     results (the bench fails otherwise) and the report has each side's rates, the ratio against the target and
-    the broker's ceiling and the delay to the result topic of records produced while the cluster runs."""
+    the broker's ceiling, the delay to the result topic of records produced while the cluster runs, and the
+    sink's CPU a row beside produce of the same records and the rate with the sink against without."""
     from bench.kafka import main
 
     args = ["--rows", "6000", "--repeats", "1", "--slaves", "1", "--delay-seconds", "2", "--out", str(tmp_path)]
@@ -873,7 +878,11 @@ def test_bench_kafka_reads_the_same_rows_from_files_and_topics_and_reports_the_b
     assert delay["pairs"] > 0 and 0 < delay["p50"] <= delay["p99"] <= delay["max"] < 60, delay
     assert data["results"]["files"] == data["results"]["kafka"] == data["results"]["kafka-2"]
     assert data["results"]["files"][0] > 0
-    assert data["broker_ceiling"] > 0 and set(data["medians"]) == {"files", "kafka", "kafka-2"}
+    runs = {"files", "kafka", "kafka-2", "files+checkpoints", "files+checkpoints+sink"}
+    assert data["broker_ceiling"] > 0 and set(data["medians"]) == runs
+    sink = data["sink"]["medians"]  # the sink's CPU a row beside produce of the same records prebuilt
+    assert sink["sink"]["cpu_ns_per_row"] > 0 and sink["ceiling"]["cpu_ns_per_row"] > 0
+    assert set(data["sink_to_without"]) == {"in_run", "whole_process"}
     assert "kafka/files" in (tmp_path / "kafka.md").read_text()
 
 

@@ -506,7 +506,7 @@ def test_an_ordered_stream_takes_no_more_results_while_its_subscriber_is_behind_
     from protocol.messages import TAG_RESULTS
 
     port, bound = free_port(), 1 << 20
-    cfg = load_config(
+    plan = load_plan(
         None,
         [
             f'output.zmq_endpoint="tcp://127.0.0.1:{port}"',
@@ -520,7 +520,7 @@ def test_an_ordered_stream_takes_no_more_results_while_its_subscriber_is_behind_
     sub.rcvhwm, sub.rcvbuf, sub.linger = 1, 4096, 0
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(f"tcp://127.0.0.1:{port}")
-    out = ResultStream(MPI.COMM_SELF, cfg, 4)  # returns once the subscriber is in
+    out = ResultStream(MPI.COMM_SELF, plan, 4)  # returns once the subscriber is in
     nothing = np.zeros(4, np.int64)
 
     def send(seq: int, results: int = 2000) -> MPI.Request:  # a slave's answer to batch `seq`: ts `seq` s
