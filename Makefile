@@ -30,7 +30,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	timeout 600 $(BIN)/python -m deploy.launch -n 3 --module pytest -- -q --color=no -p no:cacheprovider --with-mpi tests/mpi
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=25 -m "not soak" tests --ignore=tests/mpi
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=25 -m "not soak" tests --ignore=tests/mpi
 
 # the soak variants of the suite's cases, then random draws of the differential matrix (tests/matrix.py) for
 # SOAK_MINUTES, and a table of draws and failures; then one run under the nemesis (tests/nemesis.py) for
@@ -39,7 +39,7 @@ SOAK_MINUTES ?= 30
 NEMESIS_MINUTES ?= 60
 NEMESIS_SEED ?=
 soak: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m soak tests/cluster
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m soak tests/cluster
 	$(BIN)/python -m tests.matrix --minutes $(SOAK_MINUTES)
 	$(BIN)/python -m tests.nemesis --minutes $(NEMESIS_MINUTES) $(if $(NEMESIS_SEED),--seed $(NEMESIS_SEED))
 

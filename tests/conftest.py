@@ -5,8 +5,9 @@ tests/cluster/ runs the real cluster under mpirun, Spark, ZeroMQ sockets and nam
 tests/mpi/ runs inside an MPI job (pytest-mpi; `make test` starts it first).
 
 `make test` runs the suite on two pytest-xdist workers (most tests wait on clusters of processes, so two at a
-time fill the machine's cores); the tests that use Spark go to two groups (`--dist loadgroup`): the audits'
-and the others', each on one worker, so two JVMs serve them all.
+time fill the machine's cores) that steal work from each other (`--dist worksteal`): each worker starts one JVM
+for the Spark tests it runs, so at most two serve them all, and no worker waits on a group of Spark tests kept
+for the other.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 #: the JVMs the tests start (their Spark session's, and the Spark commands' they run) compile with C1 only and
 #: collect with one thread: on the tests' tiny data the C2 compiler's and G1's threads cost more CPU than they
 #: save (test_audit_outer and test_spark_control: 138-159 CPU-seconds with Java's defaults, 105 with these); the
-#: session's heap is 2 GiB, not Spark's 1 GiB: one JVM runs a whole group's audits, and a full run's saw an
+#: session's heap is 2 GiB, not Spark's 1 GiB: one JVM runs half the suite's audits, and a full run's saw an
 #: aggregation find no memory (AGGREGATE_OUT_OF_MEMORY, test_audit_outer) after a dozen audits before it
 TEST_JVM = "--driver-memory 2g --driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell"
 
@@ -40,15 +41,11 @@ def pytest_configure(config):
         os.environ["STREAMJOIN_PORTS"] = f"{first}-{first + share}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups (else it sees none)
 def pytest_collection_modifyitems(items):
     for item in items:
         room = item.path.parent.name
         if room in ("unit", "cluster"):
             item.add_marker(getattr(pytest.mark, room))
-        if "spark" in getattr(item, "fixturenames", ()):  # the audits' Spark tests apart: two JVMs share the load
-            group = "spark-audit" if item.path.name.startswith("test_audit") else "spark"
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 #: the tests' data is tiny (thousands of rows): a query's planning, its code generation and a job per adaptive
