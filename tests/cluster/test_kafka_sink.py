@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from datetime import datetime
 import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from protocol.output import LEFT_UNMATCHED, read_tables
+from master.sink import KafkaSink
+from protocol.config import load_config
+from protocol.errors import SinkError
+from protocol.kafka_sink import ResultProducer
+from protocol.output import LEFT_UNMATCHED, RESULT_SCHEMA, read_tables
+from protocol.plan import compile_plan
 from tests.cluster.test_cluster import check_exact
 from tests.cluster.test_dispatchers import SHARDED
 from tests.kafka import (
@@ -35,7 +43,7 @@ from tests.kafka import (
     two_topics,
 )
 from tests.reference import encode_pairs
-from deploy.broker import NOIDA
+from deploy.broker import NOIDA, up_command
 from deploy.launch import mpi_env, mpirun_command
 from tests.runs import free_port, run_cluster, soak, write_config
 
@@ -281,3 +289,85 @@ def test_a_broker_that_goes_down_during_the_run_ends_it_with_exit_7(tmp_path, br
             proc.kill()
     stderr = "".join(lines)
     assert "kafka sink: output.kafka" in stderr and "stalled" not in stderr, stderr
+
+
+def wait_saved(bootstrap: str, data: Path, topic: str, timeout: float = 30.0) -> None:
+    """Wait until the broker's saved state (noida-db's kafka.json, written about once a second after a change)
+    holds everything the broker held when this was called: a topic `topic`.saved is made, and waited for there."""
+    mark = f"{topic}.saved"
+    create(bootstrap, mark, 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if mark in dict(json.loads((data / "kafka.json").read_text())["topics"]):
+                return
+        except (OSError, ValueError, KeyError):  # being written
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"the broker did not save {mark} within {timeout:g}s")
+
+
+def test_a_transaction_open_while_the_broker_restarts_is_not_committed_and_the_recovery_resends_its_rows(
+    tmp_path, own_broker
+):
+    """A slave's transaction whose first file's rows the broker holds when the broker is SIGKILLed and started
+    again (the test broker then forgets the transaction's partitions: rows the producer sent it afterwards would
+    open a transaction that no commit, fence or timeout ends, and a read_committed reader would stop there for
+    good): the producer sends nothing more of it and fails naming the lost broker (the job's exit 7); the
+    recovery's rank 0 fences, finds no marker of it and sends the checkpoint's files itself; read_committed,
+    the topic holds every row of them once."""
+    sink = f"pairs-{tmp_path.name}"
+    create(own_broker, sink, 3)
+    plan = compile_plan(
+        load_config(
+            None,
+            [
+                f"output.path={tmp_path / 'out'}",
+                f"output.kafka.topic={sink}",
+                f"output.kafka.bootstrap={own_broker}",
+                "output.kafka.timeout=20s",
+                "checkpoint.interval=2",
+            ],
+        )
+    ).with_sink("restarted", False)
+    results = plan.output.path / "results"
+    results.mkdir(parents=True)
+    rng = np.random.default_rng(71)
+    files = 3
+    for i in range(files):  # 2,000 rows each, r_id unique
+        ints = lambda c: np.arange(2000) + 2000 * i if c == "r_id" else rng.integers(0, 10**6, 2000)  # noqa: E731
+        columns = {c: ints(c) if c.endswith(("_id", "_key")) else rng.random(2000) for c in RESULT_SCHEMA.names}
+        pq.write_table(pa.table(columns, schema=RESULT_SCHEMA), results / f"slave-002-{i:06d}.parquet")
+    slave = ResultProducer(plan, 2, "slave-002")
+    slave.begin()
+    restarts = []
+
+    def restart_once():  # after the first file's rows are handed over: delivered and saved, then the restart
+        if restarts:
+            return
+        assert slave.producer.flush(20) == 0
+        data, port = BROKER_DATA[own_broker], int(own_broker.rsplit(":", 1)[1])
+        wait_saved(own_broker, data, sink)
+        servers = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "start" in (p.info["cmdline"] or []) and str(data) in p.info["cmdline"]
+        ]
+        assert servers
+        for p in servers:
+            p.kill()
+        psutil.wait_procs(servers, timeout=20)
+        up = subprocess.run(up_command(data, port), capture_output=True, text=True, timeout=60)
+        assert up.returncode == 0, up.stderr
+        restarts.append(port)
+
+    slave.alive = restart_once
+    with pytest.raises(SinkError) as failed:
+        slave.transaction({"slave-002": files}, 1)
+    assert restarts
+    line = KafkaSink(plan).start({"slave-002": files}, [2])
+    assert f"{files} result files the checkpoint covers sent now" in line, line
+    got = read_topic(own_broker, sink, within=20)
+    want = read_tables(results)
+    assert sorted(int(k.split(b"|")[0]) for _, _, k, _ in got) == sorted(want["r_id"].to_pylist())
+    assert "went out of reach during a transaction" in str(failed.value), failed.value
