@@ -12,7 +12,8 @@ A transaction during which the producer lost every broker (librdkafka's "all bro
 a broker restarted meanwhile may have lost the transaction's state with what it had not saved, and records
 the producer sent it afterwards would then open a transaction no commit, fence or timeout ends (the test
 broker does so).  The producer sends nothing more of it and raises SinkError; the recovery fences and
-resends what the committed markers lack.
+resends what the committed markers lack.  So does the next transaction after such a loss following a commit:
+a broker that restarted may have dropped that commit with what it had not saved.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class ResultProducer:
         self.producer = Producer(conf)
         self.sent: dict[str, int] = {}  #: per slave's result files (slave-RRR), how many are produced
         self.failed: str | None = None  #: the first record the broker did not take
-        self.cut = False  #: every broker went out of reach since the open transaction began
+        self.cut = False  #: every broker went out of reach since the first transaction began
         self.rows = self.transactions = 0
         self.seconds = 0.0  #: spent producing (building records, produce calls, commits)
         #: called while a send goes on (a slice sent, a wait for the broker): a slave tells rank 0 it is alive
@@ -174,8 +175,8 @@ class ResultProducer:
         the marker of `label` (a checkpoint, "recovered" or "end") in one transaction."""
         started = time.perf_counter()
         if self.exact:
-            self.producer.poll(0)  # a broker lost between transactions is no harm to the next
-            self.cut = False
+            self.producer.poll(0)
+            self.cut &= self.transactions > 0  # a loss before any commit put nothing at risk
             self._call(self.producer.begin_transaction)
         for series, n in sorted(counts.items()):
             for i in range(self.sent.get(series, 0), n):
@@ -245,8 +246,8 @@ class ResultProducer:
         self._within_reach()
 
     def _within_reach(self) -> None:
-        """With transactions: raise SinkError if every broker went out of reach since the transaction began,
-        dropping what the producer holds of it first (see the module's docstring)."""
+        """With transactions: raise SinkError if every broker went out of reach since the last commit (since the
+        first transaction began), dropping what the producer holds first (see the module's docstring)."""
         if not (self.exact and self.cut):
             return
         try:
@@ -255,8 +256,8 @@ class ResultProducer:
             pass
         raise SinkError(
             f"output.kafka: every broker of {self.client['bootstrap.servers']} went out of reach during a "
-            "transaction (a broker restarted may have lost its state): not committed; the recovery resends "
-            "what it holds"
+            "transaction or since the last commit (a broker restarted may have lost them): not committed; the "
+            "recovery resends what the committed markers lack"
         )
 
     def _error(self, err) -> None:

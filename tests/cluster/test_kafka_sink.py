@@ -293,8 +293,8 @@ def test_a_broker_that_goes_down_during_the_run_ends_it_with_exit_7(tmp_path, br
 
 def wait_saved(bootstrap: str, data: Path, topic: str, timeout: float = 30.0) -> None:
     """Wait until the broker's saved state (noida-db's kafka.json, written about once a second after a change)
-    holds everything the broker held when this was called: a topic `topic`.saved is made, and waited for there."""
-    mark = f"{topic}.saved"
+    holds everything the broker held when this was called: a topic of its own is made, and waited for there."""
+    mark = f"{topic}.saved-{time.monotonic_ns()}"
     create(bootstrap, mark, 1)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -307,17 +307,36 @@ def wait_saved(bootstrap: str, data: Path, topic: str, timeout: float = 30.0) ->
     raise TimeoutError(f"the broker did not save {mark} within {timeout:g}s")
 
 
-def test_a_transaction_open_while_the_broker_restarts_is_not_committed_and_the_recovery_resends_its_rows(
-    tmp_path, own_broker
+def restart_broker(bootstrap: str) -> None:
+    """SIGKILL the own broker at `bootstrap` and start it again on its data (what it had saved)."""
+    data, port = BROKER_DATA[bootstrap], int(bootstrap.rsplit(":", 1)[1])
+    servers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "start" in (p.info["cmdline"] or []) and str(data) in p.info["cmdline"]
+    ]
+    assert servers
+    for p in servers:
+        p.kill()
+    psutil.wait_procs(servers, timeout=20)
+    up = subprocess.run(up_command(data, port), capture_output=True, text=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+
+
+@pytest.mark.parametrize("restart", ["during-a-transaction", "after-a-commit"])
+def test_a_broker_restarted_under_a_transaction_or_after_its_commit_leaves_every_row_in_the_topic_once(
+    tmp_path, own_broker, restart
 ):
-    """A slave's transaction whose first file's rows the broker holds when the broker is SIGKILLed and started
-    again (the test broker then forgets the transaction's partitions: rows the producer sent it afterwards would
-    open a transaction that no commit, fence or timeout ends, and a read_committed reader would stop there for
-    good): the producer sends nothing more of it and fails naming the lost broker (the job's exit 7); the
-    recovery's rank 0 fences, finds no marker of it and sends the checkpoint's files itself; read_committed,
-    the topic holds every row of them once."""
+    """The sink's broker SIGKILLed and started again (a) while a slave's transaction holds its first file's rows,
+    delivered and saved -- the test broker then forgets the transaction's partitions: rows the producer sent it
+    afterwards would open a transaction that no commit, fence or timeout ends, and a read_committed reader would
+    stop there for good --, or (b) right after a slave's commit, before the broker saves it (it may drop it):
+    the producer's transaction, or its next, sends nothing and fails naming the lost broker (the job's exit 7);
+    the recovery's rank 0 fences, reads the committed markers and sends what the checkpoint covers beyond them;
+    read_committed, the topic holds every row of the files once."""
     sink = f"pairs-{tmp_path.name}"
     create(own_broker, sink, 3)
+    wait_saved(own_broker, BROKER_DATA[own_broker], sink)  # the topic outlives the restart
     plan = compile_plan(
         load_config(
             None,
@@ -340,34 +359,26 @@ def test_a_transaction_open_while_the_broker_restarts_is_not_committed_and_the_r
         pq.write_table(pa.table(columns, schema=RESULT_SCHEMA), results / f"slave-002-{i:06d}.parquet")
     slave = ResultProducer(plan, 2, "slave-002")
     slave.begin()
-    restarts = []
+    if restart == "after-a-commit":
+        slave.transaction({"slave-002": 2}, 1)
+        restart_broker(own_broker)
+    else:
+        restarts = []
 
-    def restart_once():  # after the first file's rows are handed over: delivered and saved, then the restart
-        if restarts:
-            return
-        assert slave.producer.flush(20) == 0
-        data, port = BROKER_DATA[own_broker], int(own_broker.rsplit(":", 1)[1])
-        wait_saved(own_broker, data, sink)
-        servers = [
-            p
-            for p in psutil.process_iter(["cmdline"])
-            if "start" in (p.info["cmdline"] or []) and str(data) in p.info["cmdline"]
-        ]
-        assert servers
-        for p in servers:
-            p.kill()
-        psutil.wait_procs(servers, timeout=20)
-        up = subprocess.run(up_command(data, port), capture_output=True, text=True, timeout=60)
-        assert up.returncode == 0, up.stderr
-        restarts.append(port)
+        def restart_once():  # after the first file's rows are handed over: delivered and saved, then the restart
+            if not restarts:
+                assert slave.producer.flush(20) == 0
+                wait_saved(own_broker, BROKER_DATA[own_broker], sink)
+                restart_broker(own_broker)
+                restarts.append(1)
 
-    slave.alive = restart_once
+        slave.alive = restart_once
     with pytest.raises(SinkError) as failed:
-        slave.transaction({"slave-002": files}, 1)
-    assert restarts
+        slave.transaction({"slave-002": files}, 2)
+    assert restart == "after-a-commit" or restarts
     line = KafkaSink(plan).start({"slave-002": files}, [2])
-    assert f"{files} result files the checkpoint covers sent now" in line, line
+    assert "result files the checkpoint covers sent now" in line, line
     got = read_topic(own_broker, sink, within=20)
     want = read_tables(results)
     assert sorted(int(k.split(b"|")[0]) for _, _, k, _ in got) == sorted(want["r_id"].to_pylist())
-    assert "went out of reach during a transaction" in str(failed.value), failed.value
+    assert "went out of reach during a transaction or since the last commit" in str(failed.value), failed.value
