@@ -264,8 +264,9 @@ def test_a_broker_that_does_not_answer_ends_the_job_with_exit_7_and_a_missing_to
 
 def test_a_broker_that_goes_down_during_the_run_ends_it_with_exit_7(tmp_path, broker, own_broker):
     """The sink's broker stopped (`noida-db down`) once the second checkpoint is complete, the streams' broker
-    left up: the next slave to send waits output.kafka.timeout (3 s) for it, saying it is still at work (no
-    stall), and the job ends with exit 7 naming the sink."""
+    left up: the next slave to send stops at once if it has committed before (every broker lost since), or
+    waits output.kafka.timeout (3 s) for it, saying it is still at work (no stall); the job ends with exit 7
+    naming the sink."""
     views, buys = small_streams(67)
     topics = two_topics(tmp_path, broker, views, buys, partitions=3)
     sink = f"pairs-{tmp_path.name}"
