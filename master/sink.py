@@ -149,7 +149,9 @@ class KafkaSink(ResultProducer):
             while any(end > 0 for end in ends.values()):
                 if time.monotonic() > deadline:
                     at = consumer.position([TopicPartition(self.marker_topic, p) for p, end in ends.items() if end])
-                    stuck = ", ".join(f"partition {tp.partition} at {tp.offset} of {ends[tp.partition]}" for tp in at)
+                    stuck = ", ".join(
+                        f"partition {tp.partition} at {max(tp.offset, 0)} of {ends[tp.partition]}" for tp in at
+                    )
                     raise SinkError(
                         f"output.kafka.marker_topic: {self.marker_topic} not readable to its end within "
                         f"{self.timeout:g}s with read_committed ({stuck}): a transaction there is still open after "

@@ -3,7 +3,8 @@ Kafka-protocol broker: the topic read with read_committed holds every result row
 `results/` and to the reference join of the records produced -- after a clean run, after a slave or the master
 is killed under the supervisor (at a batch, as a checkpoint begins, between a checkpoint's manifest and its
 transaction's commit); a left join's rows alone go the same way; without checkpoints every pair at least once;
-and the clicks example joins two topics into a third, equal to DuckDB's join of its files."""
+the clicks example joins two topics into a third, equal to DuckDB's join of its files; the sink's broker
+restarted under a transaction or after a commit; another producer's open transaction on the marker topic."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from confluent_kafka import Producer
 
 from master.sink import KafkaSink
 from protocol.config import load_config
@@ -383,3 +385,37 @@ def test_a_broker_restarted_under_a_transaction_or_after_its_commit_leaves_every
     want = read_tables(results)
     assert sorted(int(k.split(b"|")[0]) for _, _, k, _ in got) == sorted(want["r_id"].to_pylist())
     assert "went out of reach during a transaction or since the last commit" in str(failed.value), failed.value
+
+
+def test_an_open_transaction_of_another_producer_on_the_marker_topic_stops_a_recovery_naming_where(tmp_path, broker):
+    """Another producer's transaction left open on the marker topic holds read_committed back: the recovery's
+    rank 0 (which fences only its run's transactional ids) stops with exit 7's error naming the partition, where
+    it got to and the end; the transaction is left alone -- once its producer commits it, the recovery goes on."""
+    sink = f"pairs-{tmp_path.name}"
+    create(broker, sink, 3)
+    plan = compile_plan(
+        load_config(
+            None,
+            [
+                f"output.path={tmp_path / 'out'}",
+                f"output.kafka.topic={sink}",
+                f"output.kafka.bootstrap={broker}",
+                "output.kafka.timeout=2s",
+                "checkpoint.interval=2",
+            ],
+        )
+    ).with_sink("held", False)
+    marker_topic = plan.output.kafka.marker_topic
+    create(broker, marker_topic, 1)
+    other = Producer({"bootstrap.servers": broker, "transactional.id": f"other-{tmp_path.name}"})
+    other.init_transactions(20)
+    other.begin_transaction()
+    other.produce(marker_topic, b"{}", b"another run")
+    assert other.flush(20) == 0
+    with pytest.raises(
+        SinkError, match=r"not readable to its end within 2s with read_committed \(partition 0 at 0 of 1\)"
+    ):
+        KafkaSink(plan).start(None, [2])
+    other.commit_transaction(20)
+    assert "kafka sink: results to" in KafkaSink(plan).start(None, [2])
+    assert [k for _, _, k, _ in read_topic(broker, marker_topic, within=20)] == [b"another run"]
