@@ -148,9 +148,15 @@ class KafkaSink(ResultProducer):
             deadline = time.monotonic() + self.timeout
             while any(end > 0 for end in ends.values()):
                 if time.monotonic() > deadline:
+                    at = consumer.position([TopicPartition(self.marker_topic, p) for p, end in ends.items() if end])
+                    stuck = ", ".join(
+                        f"partition {tp.partition} at {max(tp.offset, 0)} of {ends[tp.partition]}" for tp in at
+                    )
                     raise SinkError(
                         f"output.kafka.marker_topic: {self.marker_topic} not readable to its end within "
-                        f"{self.timeout:g}s (a transaction of another producer open there?)"
+                        f"{self.timeout:g}s with read_committed ({stuck}): a transaction there is still open after "
+                        "this run's were fenced -- another producer's, or one a broker that lost its transaction "
+                        "state no longer ends (docs/output.md#the-kafka-result-sink)"
                     )
                 message = consumer.poll(0.2)
                 if message is not None and message.error() is None and message.key() == self.run.encode():

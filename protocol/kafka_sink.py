@@ -7,6 +7,13 @@ slice by Arrow's string kernels; confluent-kafka takes one `produce` call per re
 Memory is bounded: a slice, and the producer's queue (QUEUE records, QUEUE_KIB), which when full makes the
 sender wait for the broker -- the back-pressure: a slow broker slows the slave sending.  A broker that takes no
 row for `output.kafka.timeout` raises SinkError, which ends the job with exit code SINK.
+
+A transaction during which the producer lost every broker (librdkafka's "all brokers down") is not trusted:
+a broker restarted meanwhile may have lost the transaction's state with what it had not saved, and records
+the producer sent it afterwards would then open a transaction no commit, fence or timeout ends (the test
+broker does so).  The producer sends nothing more of it and raises SinkError; the recovery fences and
+resends what the committed markers lack.  So does the next transaction after such a loss following a commit:
+a broker that restarted may have dropped that commit with what it had not saved.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from protocol import faults
 from protocol.errors import ConfigError, SinkError
@@ -144,6 +151,7 @@ class ResultProducer:
             "message.timeout.ms": ms,
             "linger.ms": 20,
             "on_delivery": self._delivered,
+            "error_cb": self._error,
             "delivery.report.only.error": True,  # a report of each delivered record cost 0.5 us a row
         }
         if self.exact:
@@ -151,6 +159,7 @@ class ResultProducer:
         self.producer = Producer(conf)
         self.sent: dict[str, int] = {}  #: per slave's result files (slave-RRR), how many are produced
         self.failed: str | None = None  #: the first record the broker did not take
+        self.cut = False  #: every broker went out of reach since the first transaction began
         self.rows = self.transactions = 0
         self.seconds = 0.0  #: spent producing (building records, produce calls, commits)
         #: called while a send goes on (a slice sent, a wait for the broker): a slave tells rank 0 it is alive
@@ -166,6 +175,8 @@ class ResultProducer:
         the marker of `label` (a checkpoint, "recovered" or "end") in one transaction."""
         started = time.perf_counter()
         if self.exact:
+            self.producer.poll(0)
+            self.cut &= self.transactions > 0  # a loss before any commit put nothing at risk
             self._call(self.producer.begin_transaction)
         for series, n in sorted(counts.items()):
             for i in range(self.sent.get(series, 0), n):
@@ -174,7 +185,10 @@ class ResultProducer:
             marker = {"run": self.run, "checkpoint": label, "files": counts}
             self._produce(self.marker_topic, [json.dumps(marker)], [self.run])
             faults.reached(self.rank, "sink-commit")
+            self._sent_all()
             self._call(self.producer.commit_transaction, 1.0)  # retried while it times out, to the timeout
+            self.producer.poll(0)
+            self._within_reach()  # a broker restarted before its commit may have dropped the transaction
         elif self.producer.flush(self.timeout) > 0:
             self.failed = self.failed or f"not delivered within output.kafka.timeout = {self.timeout:g}s"
         if self.failed:
@@ -194,6 +208,8 @@ class ResultProducer:
 
     def _produce(self, topic: str, values: list, keys: list) -> None:
         """Hand the records to the producer; while its queue is full wait for the broker (the back-pressure)."""
+        self.producer.poll(0)
+        self._within_reach()
         produce = self.producer.produce
         for value, key in zip(values, keys):
             try:
@@ -207,12 +223,46 @@ class ResultProducer:
         while True:
             self.producer.poll(0.05)
             self.alive()
+            self._within_reach()
             if self.failed:
                 raise SinkError(f"output.kafka.topic: {topic}: {self.failed}")
             try:
                 return self.producer.produce(topic, value, key)
             except BufferError:
                 continue
+
+    def _sent_all(self) -> None:
+        """Wait until the broker has every record of the transaction, watching that it stays within reach: the
+        commit then carries no record to a broker that restarted meanwhile."""
+        deadline = time.monotonic() + self.timeout
+        while self.producer.flush(0.2) > 0:
+            self.alive()
+            self._within_reach()
+            if self.failed or time.monotonic() > deadline:
+                raise SinkError(
+                    f"output.kafka.topic: {self.topic}: "
+                    f"{self.failed or f'not delivered within output.kafka.timeout = {self.timeout:g}s'}"
+                )
+        self._within_reach()
+
+    def _within_reach(self) -> None:
+        """With transactions: raise SinkError if every broker went out of reach since the last commit (since the
+        first transaction began), dropping what the producer holds first (see the module's docstring)."""
+        if not (self.exact and self.cut):
+            return
+        try:
+            self.producer.purge(in_queue=True, in_flight=True, blocking=True)
+        except KafkaException:
+            pass
+        raise SinkError(
+            f"output.kafka: every broker of {self.client['bootstrap.servers']} went out of reach during a "
+            "transaction or since the last commit (a broker restarted may have lost them): not committed; the "
+            "recovery resends what the committed markers lack"
+        )
+
+    def _error(self, err) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.cut = True
 
     def _delivered(self, err, message) -> None:
         if err is not None and self.failed is None:

@@ -147,8 +147,11 @@ def two_topics(
     return topics
 
 
-def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[tuple[int, int, bytes, bytes]]:
-    """Every record of `topic` to its end: (partition, offset, key, value)."""
+def read_topic(
+    bootstrap: str, topic: str, isolation: str = "read_committed", within: float = 300
+) -> list[tuple[int, int, bytes, bytes]]:
+    """Every record of `topic` to its end (TimeoutError if not there `within` seconds): (partition, offset, key,
+    value)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -161,10 +164,10 @@ def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") ->
         parts = consumer.list_topics(topic, timeout=20).topics[topic].partitions
         ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), 20)[1] for p in parts}
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        got, deadline = [], time.monotonic() + 300
+        got, deadline = [], time.monotonic() + within
         while any(consumer.position([TopicPartition(topic, p)])[0].offset < end for p, end in ends.items() if end):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic} not read to its end within 300s")
+                raise TimeoutError(f"{topic} not read to its end within {within:g}s")
             for m in consumer.consume(1000, 0.2):
                 if m.error() is None:
                     got.append((m.partition(), m.offset(), m.key() or b"", m.value()))

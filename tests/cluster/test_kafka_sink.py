@@ -3,22 +3,32 @@ Kafka-protocol broker: the topic read with read_committed holds every result row
 `results/` and to the reference join of the records produced -- after a clean run, after a slave or the master
 is killed under the supervisor (at a batch, as a checkpoint begins, between a checkpoint's manifest and its
 transaction's commit); a left join's rows alone go the same way; without checkpoints every pair at least once;
-and the clicks example joins two topics into a third, equal to DuckDB's join of its files."""
+the clicks example joins two topics into a third, equal to DuckDB's join of its files; the sink's broker
+restarted under a transaction or after a commit; another producer's open transaction on the marker topic."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 from datetime import datetime
 import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from confluent_kafka import Producer
 
-from protocol.output import LEFT_UNMATCHED, read_tables
+from master.sink import KafkaSink
+from protocol.config import load_config
+from protocol.errors import SinkError
+from protocol.kafka_sink import ResultProducer
+from protocol.output import LEFT_UNMATCHED, RESULT_SCHEMA, read_tables
+from protocol.plan import compile_plan
 from tests.cluster.test_cluster import check_exact
 from tests.cluster.test_dispatchers import SHARDED
 from tests.kafka import (
@@ -35,7 +45,7 @@ from tests.kafka import (
     two_topics,
 )
 from tests.reference import encode_pairs
-from deploy.broker import NOIDA
+from deploy.broker import NOIDA, up_command
 from deploy.launch import mpi_env, mpirun_command
 from tests.runs import free_port, run_cluster, soak, write_config
 
@@ -256,8 +266,9 @@ def test_a_broker_that_does_not_answer_ends_the_job_with_exit_7_and_a_missing_to
 
 def test_a_broker_that_goes_down_during_the_run_ends_it_with_exit_7(tmp_path, broker, own_broker):
     """The sink's broker stopped (`noida-db down`) once the second checkpoint is complete, the streams' broker
-    left up: the next slave to send waits output.kafka.timeout (3 s) for it, saying it is still at work (no
-    stall), and the job ends with exit 7 naming the sink."""
+    left up: the next slave to send stops at once if it has committed before (every broker lost since), or
+    waits output.kafka.timeout (3 s) for it, saying it is still at work (no stall); the job ends with exit 7
+    naming the sink."""
     views, buys = small_streams(67)
     topics = two_topics(tmp_path, broker, views, buys, partitions=3)
     sink = f"pairs-{tmp_path.name}"
@@ -281,3 +292,130 @@ def test_a_broker_that_goes_down_during_the_run_ends_it_with_exit_7(tmp_path, br
             proc.kill()
     stderr = "".join(lines)
     assert "kafka sink: output.kafka" in stderr and "stalled" not in stderr, stderr
+
+
+def wait_saved(bootstrap: str, data: Path, topic: str, timeout: float = 30.0) -> None:
+    """Wait until the broker's saved state (noida-db's kafka.json, written about once a second after a change)
+    holds everything the broker held when this was called: a topic of its own is made, and waited for there."""
+    mark = f"{topic}.saved-{time.monotonic_ns()}"
+    create(bootstrap, mark, 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if mark in dict(json.loads((data / "kafka.json").read_text())["topics"]):
+                return
+        except (OSError, ValueError, KeyError):  # being written
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"the broker did not save {mark} within {timeout:g}s")
+
+
+def restart_broker(bootstrap: str) -> None:
+    """SIGKILL the own broker at `bootstrap` and start it again on its data (what it had saved)."""
+    data, port = BROKER_DATA[bootstrap], int(bootstrap.rsplit(":", 1)[1])
+    servers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "start" in (p.info["cmdline"] or []) and str(data) in p.info["cmdline"]
+    ]
+    assert servers
+    for p in servers:
+        p.kill()
+    psutil.wait_procs(servers, timeout=20)
+    up = subprocess.run(up_command(data, port), capture_output=True, text=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+
+
+@pytest.mark.parametrize("restart", ["during-a-transaction", "after-a-commit"])
+def test_a_broker_restarted_under_a_transaction_or_after_its_commit_leaves_every_row_in_the_topic_once(
+    tmp_path, own_broker, restart
+):
+    """The sink's broker SIGKILLed and started again (a) while a slave's transaction holds its first file's rows,
+    delivered and saved -- the test broker then forgets the transaction's partitions: rows the producer sent it
+    afterwards would open a transaction that no commit, fence or timeout ends, and a read_committed reader would
+    stop there for good --, or (b) right after a slave's commit, before the broker saves it (it may drop it):
+    the producer's transaction, or its next, sends nothing and fails naming the lost broker (the job's exit 7);
+    the recovery's rank 0 fences, reads the committed markers and sends what the checkpoint covers beyond them;
+    read_committed, the topic holds every row of the files once."""
+    sink = f"pairs-{tmp_path.name}"
+    create(own_broker, sink, 3)
+    wait_saved(own_broker, BROKER_DATA[own_broker], sink)  # the topic outlives the restart
+    plan = compile_plan(
+        load_config(
+            None,
+            [
+                f"output.path={tmp_path / 'out'}",
+                f"output.kafka.topic={sink}",
+                f"output.kafka.bootstrap={own_broker}",
+                "output.kafka.timeout=20s",
+                "checkpoint.interval=2",
+            ],
+        )
+    ).with_sink("restarted", False)
+    results = plan.output.path / "results"
+    results.mkdir(parents=True)
+    rng = np.random.default_rng(71)
+    files = 3
+    for i in range(files):  # 2,000 rows each, r_id unique
+        ints = lambda c: np.arange(2000) + 2000 * i if c == "r_id" else rng.integers(0, 10**6, 2000)  # noqa: E731
+        columns = {c: ints(c) if c.endswith(("_id", "_key")) else rng.random(2000) for c in RESULT_SCHEMA.names}
+        pq.write_table(pa.table(columns, schema=RESULT_SCHEMA), results / f"slave-002-{i:06d}.parquet")
+    slave = ResultProducer(plan, 2, "slave-002")
+    slave.begin()
+    if restart == "after-a-commit":
+        slave.transaction({"slave-002": 2}, 1)
+        restart_broker(own_broker)
+    else:
+        restarts = []
+
+        def restart_once():  # after the first file's rows are handed over: delivered and saved, then the restart
+            if not restarts:
+                assert slave.producer.flush(20) == 0
+                wait_saved(own_broker, BROKER_DATA[own_broker], sink)
+                restart_broker(own_broker)
+                restarts.append(1)
+
+        slave.alive = restart_once
+    with pytest.raises(SinkError) as failed:
+        slave.transaction({"slave-002": files}, 2)
+    assert restart == "after-a-commit" or restarts
+    line = KafkaSink(plan).start({"slave-002": files}, [2])
+    assert "result files the checkpoint covers sent now" in line, line
+    got = read_topic(own_broker, sink, within=20)
+    want = read_tables(results)
+    assert sorted(int(k.split(b"|")[0]) for _, _, k, _ in got) == sorted(want["r_id"].to_pylist())
+    assert "went out of reach during a transaction or since the last commit" in str(failed.value), failed.value
+
+
+def test_an_open_transaction_of_another_producer_on_the_marker_topic_stops_a_recovery_naming_where(tmp_path, broker):
+    """Another producer's transaction left open on the marker topic holds read_committed back: the recovery's
+    rank 0 (which fences only its run's transactional ids) stops with exit 7's error naming the partition, where
+    it got to and the end; the transaction is left alone -- once its producer commits it, the recovery goes on."""
+    sink = f"pairs-{tmp_path.name}"
+    create(broker, sink, 3)
+    plan = compile_plan(
+        load_config(
+            None,
+            [
+                f"output.path={tmp_path / 'out'}",
+                f"output.kafka.topic={sink}",
+                f"output.kafka.bootstrap={broker}",
+                "output.kafka.timeout=2s",
+                "checkpoint.interval=2",
+            ],
+        )
+    ).with_sink("held", False)
+    marker_topic = plan.output.kafka.marker_topic
+    create(broker, marker_topic, 1)
+    other = Producer({"bootstrap.servers": broker, "transactional.id": f"other-{tmp_path.name}"})
+    other.init_transactions(20)
+    other.begin_transaction()
+    other.produce(marker_topic, b"{}", b"another run")
+    assert other.flush(20) == 0
+    with pytest.raises(
+        SinkError, match=r"not readable to its end within 2s with read_committed \(partition 0 at 0 of 1\)"
+    ):
+        KafkaSink(plan).start(None, [2])
+    other.commit_transaction(20)
+    assert "kafka sink: results to" in KafkaSink(plan).start(None, [2])
+    assert [k for _, _, k, _ in read_topic(broker, marker_topic, within=20)] == [b"another run"]
