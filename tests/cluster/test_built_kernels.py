@@ -28,6 +28,7 @@ def outputs() -> str:
     """A digest of every built kernel's output on random inputs, through the modules' own entry points."""
     from common.read_passes import _merge, _numbers, _rising, _tops, _watermarks
     from master.state.lateness import _late
+    from protocol.payload_passes import _places, _segments
     from master.state.packing import to_wire, to_wire_hashed
     from protocol.tuples import tuple_dtype
     from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
@@ -68,6 +69,10 @@ def outputs() -> str:
     source = np.empty(n + n // 2, np.int64)
     _merge(r, r + 1, r + 2, r, s_, s_ + 1, s_ + 2, s_, *merged, source, 3)
     out += [*merged, source]
+    firsts = np.array([0, 100, 250, 900])
+    asked, seg, used, index = rng.integers(-5, 1000, n), np.zeros(n, np.int64), np.zeros(4, bool), np.zeros(n, np.int64)
+    out += [np.array([_segments(asked, firsts, firsts + 90, seg, used)]), seg, used]
+    out += [np.array([_places(asked, seg, np.array([3, -7, 11, 0]), index)]), index]
     return hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in out)).hexdigest()
 
 
@@ -88,14 +93,14 @@ def test_the_launcher_builds_the_kernels_once_and_the_ranks_load_them_without_nu
         source = ROOT / Path(*module.split(".")).with_suffix(".py")
         assert built_module(source)[1].exists(), module
     loads = (
-        "import common.read_passes, master.state.lateness, master.state.packing, slave.kernel, sys; "
-        "print('numba' in sys.modules)"
+        "import common.read_passes, protocol.payload_passes, master.state.lateness, master.state.packing, "
+        "slave.kernel, sys; print('numba' in sys.modules)"
     )
     assert python(loads) == "False"
     # every module with compiled kernels is in the note (a change to it builds again)
     compiled = sorted(
         ".".join(f.relative_to(ROOT).with_suffix("").parts)
-        for d in ("common", "master", "slave")
+        for d in ("common", "protocol", "master", "slave")
         for f in (ROOT / d).rglob("*.py")
         if "= kernels(" in f.read_text() or "@njit(" in f.read_text()
     )
