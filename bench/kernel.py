@@ -194,7 +194,7 @@ def duckdb_join(plan: Plan, data) -> tuple[float, int]:
         for mine in (data.stream == STREAM_R, data.stream == STREAM_S)
     ]
     began = time.perf_counter()
-    (results,) = duckdb_pairs(plan, *sides, "count(*)").fetchone()
+    ((results,),) = duckdb_pairs(plan, *sides, "count(*)").fetchall()
     return time.perf_counter() - began, int(results)
 
 

@@ -624,7 +624,9 @@ class WatermarkMerge(StreamsSource):
                 o[:m] = c
             source = np.empty(n, np.int64)
             _merge(*r[:4], *s[:4], *out, source, m)
-            terms = np.concatenate([rest.terms, np.concatenate([r[4], s[4]])[source]])
+            terms = np.concatenate([r[4], s[4]])[source]
+            if m:  # an empty chunk's terms may be narrower (common.chunks.concat)
+                terms = np.concatenate([rest.terms, terms])
             self._ready = Chunk(*out, np.zeros(m + n), terms)
         self._taken = 0
         return True
