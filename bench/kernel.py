@@ -187,20 +187,28 @@ def window_footprint(plan: Plan, batches) -> dict:
 
 def duckdb_join(plan: Plan, data) -> tuple[float, int]:
     """Seconds and results of DuckDB (one thread) joining the whole input with the same condition."""
-    import duckdb
     import pyarrow as pa
+
+    sides = [
+        pa.table({"id": data.id[mine], "ts": data.ts[mine], "key": data.key[mine]})
+        for mine in (data.stream == STREAM_R, data.stream == STREAM_S)
+    ]
+    began = time.perf_counter()
+    ((results,),) = duckdb_pairs(plan, *sides, "count(*)").fetchall()
+    return time.perf_counter() - began, int(results)
+
+
+def duckdb_pairs(plan: Plan, r, s, select: str):
+    """DuckDB (one thread) joining the Arrow tables `r` and `s` (id, ts, key, ...) with the join's key and time
+    condition, selecting `select`: the query's relation, its result still to fetch."""
+    import duckdb
 
     con = duckdb.connect()
     con.execute("SET threads = 1")
-    for name, code in (("r", STREAM_R), ("s", STREAM_S)):
-        mine = data.stream == code
-        con.register(name, pa.table({"id": data.id[mine], "ts": data.ts[mine], "key": data.key[mine]}))
+    con.register("r", r)
+    con.register("s", s)
     lower, upper = plan.join.bounds  # integer microseconds, as ts: the engine's exact rule
-    started = time.perf_counter()
-    (results,) = con.execute(
-        f"SELECT count(*) FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts + {lower} AND r.ts + {upper}"
-    ).fetchone()
-    return time.perf_counter() - started, int(results)
+    return con.sql(f"SELECT {select} FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts + {lower} AND r.ts + {upper}")
 
 
 def main(argv: list[str]) -> int:

@@ -13,16 +13,18 @@ runs alone in this process (or, for the transfer, two ranks of this host), media
 - join: the slave's join module on the batches (bench.kernel.own_kernel, one core);
 - results: the same writing the result files (its time above the join's: gathering, delays, Parquet).
 
-A tuple's nanoseconds are the stage's CPU seconds (read, ingest; the join's and the results' run on one core, so
-their wall time) over the file's tuples; their sum is what one tuple costs the
-machine along the pipeline, and the **pipeline limit** is cores / sum: the rate the cores could carry if no
-stage waited and nothing were done twice.  Beside read and results, the library alone on the same bytes (CPU):
-pyarrow reading the same columns of the same files, and writing the result table the stage wrote as one
-Parquet file.  Then the cluster (`--slaves` slaves, unpaced) on the same file, `--repeats` times, each kind of
-run in turn first after the stages (the run there costs more CPU than the others): its in-run and
-whole-process rates (medians) and their ratios to the limit, and whole process against in-run.  The metrics'
-share: the cluster once more with the metrics off, by in-run rate and by CPU per tuple (mpirun's and every
-rank's user and system time: steadier on a busy machine).
+A tuple's nanoseconds are the stage's CPU seconds (the join's and the results' on one core: the process's, the
+result writer's thread's too; the transfer's: wall time) over the file's tuples; their sum is what one tuple costs
+the machine along the pipeline, and the **pipeline limit** is cores / sum: the rate the cores could carry if no
+stage waited and nothing were done twice. Beside read, join and results, the library alone on the same bytes (CPU):
+pyarrow reading the same columns of the same files; DuckDB (one thread) joining the same batches' tuples whole with
+the same condition into the pairs' columns as Arrow; pyarrow writing the result table the stage wrote as one Parquet
+file. With payload columns, the results' gathering of them (thread CPU) beside Arrow's `take` of the same rows from
+the same columns held whole in memory. Then the cluster (`--slaves` slaves, unpaced) on the same file, `--repeats`
+times, each kind of run in turn first after the stages (the run there costs more CPU than the others): its in-run
+and whole-process rates (medians) and their ratios to the limit, and whole process against in-run. The metrics'
+share: the cluster once more with the metrics off, by in-run rate and by CPU per tuple (mpirun's and every rank's
+user and system time: steadier on a busy machine).
 
 The payload: the same generator's tuples as two declared streams (bench.payload's files: id, key, ts and three
 payload columns a side), read by the streams' source (which writes the payload log), each stage measured again
@@ -51,13 +53,15 @@ import numpy as np
 from bench.big import generator_for
 from bench.cluster import RUN_TIMEOUT, RunFailed, run_cluster
 from bench.inputs import write_input
-from bench.kernel import own_kernel
+from bench.kernel import duckdb_pairs, own_kernel
 from bench.machine import machine_info
 from bench.search import median
 from bench.tables import fmt, md_table
 from deploy.launch import mpi_env, mpirun_command
 from protocol import eventtime
+from protocol.payload import PayloadReader
 from protocol.plan import load_plan
+from protocol.tuples import FIELDS
 
 if TYPE_CHECKING:
     from protocol.plan import Plan
@@ -75,8 +79,10 @@ WORKLOAD = [
 ]
 ROWS = 4_000_000
 STAGES = ("read", "ingest", "transfer", "join", "results")
-#: the stages measured beside a library doing the same work on the same bytes (read_reference, write_reference)
-REFERENCES = ("read", "results")
+#: the stages measured beside a library doing the same work on the same bytes (read_reference, join_reference,
+#: write_reference), and the part of results measured beside Arrow's take (gather_reference)
+REFERENCES = {"read": "pyarrow", "join": "DuckDB", "results": "pyarrow"}
+GATHER = "payload gather"
 
 
 def read_stage(plan: Plan) -> tuple[float, list]:
@@ -241,6 +247,52 @@ def read_reference(plan: Plan) -> float:
     return time.process_time() - began
 
 
+def join_reference(plan: Plan, batches: list) -> tuple[float, int]:
+    """CPU seconds DuckDB (one thread) takes to join the tuples of `batches` whole with the join's condition
+    into the pairs' columns (both sides' tuple fields) as one Arrow table, and its rows."""
+    import pyarrow as pa
+
+    r, s = (
+        pa.table({f: np.ascontiguousarray(np.concatenate([b[side][f] for b in batches])) for f in FIELDS})
+        for side in (0, 1)
+    )
+    began = time.process_time()
+    pairs = duckdb_pairs(plan, r, s, ", ".join(f"{x}.{f} AS {x}_{f}" for x in "rs" for f in FIELDS))
+    rows = pairs.to_arrow_table().num_rows
+    return time.process_time() - began, rows
+
+
+class TimedGather(PayloadReader):
+    """The results' payload reader, timing its gathers (CPU of the thread that gathers) and keeping the rows
+    asked for, so that `gather_reference` takes the same."""
+
+    def __init__(self, plan: Plan):
+        super().__init__(plan.output.path, tuple(s.prefix for s in plan.streams))
+        self.seconds, self.asked = 0.0, []
+
+    def both(self, r_rows: np.ndarray, s_rows: np.ndarray):
+        began = time.thread_time()
+        out = super().both(r_rows, s_rows)
+        self.seconds += time.thread_time() - began
+        self.asked.append((r_rows, s_rows))
+        return out
+
+
+def gather_reference(plan: Plan, gather: TimedGather) -> float:
+    """CPU seconds of Arrow's `take` of the rows `gather` was asked for from the same columns of each stream's
+    file, read whole into memory beforehand (a stream's id is its row)."""
+    import pyarrow.parquet as pq
+
+    tables = [
+        pq.read_table(s.path, columns=gather.schema(side).names).combine_chunks() for side, s in enumerate(plan.streams)
+    ]
+    began = time.thread_time()
+    for rows in gather.asked:
+        for table, taken in zip(tables, rows):
+            table.take(taken)
+    return time.thread_time() - began
+
+
 def write_reference(folder: Path) -> float:
     """CPU seconds pyarrow takes to write the result table the results stage wrote into `folder`, read back, as
     one Parquet file with the result files' settings (protocol.output.write_table)."""
@@ -254,8 +306,10 @@ def write_reference(folder: Path) -> float:
 
 def stages(plan: Plan, slaves: int) -> tuple[dict[str, float], int, dict[str, float]]:
     """One measurement of every stage: seconds each, the tuples read, and the references' seconds (pyarrow
-    reading the same columns for read, writing the same result table for results).  Declared streams' read
-    writes their payload log into `plan`'s output folder, and their results gather from it."""
+    reading the same columns for read, DuckDB joining the same tuples for join, pyarrow writing the same result
+    table for results; with payload columns, the gather's seconds and Arrow's take's, GATHER and its reference).
+    Declared streams' read writes their payload log into `plan`'s output folder, and their results gather
+    from it."""
     from protocol.payload import payload_reader, remove_log
 
     read, chunks = read_stage(plan)
@@ -264,13 +318,22 @@ def stages(plan: Plan, slaves: int) -> tuple[dict[str, float], int, dict[str, fl
     del chunks
     sizes = [r.nbytes + s.nbytes for r, s, _ in batches]
     transfer = transfer_stage(max(1, int(np.mean(sizes))), sum(sizes))
-    join, _ = own_kernel(plan, batches)
+    began = time.process_time()  # CPU, not own_kernel's wall time: on a shared machine the core is not ours alone
+    own_kernel(plan, batches)
+    join = time.process_time() - began
+    duck, _ = join_reference(plan, batches)
+    references = {"join": duck}
+    gather = TimedGather(plan) if any(s.payload for s in plan.streams) else None
     with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
-        with_results, _ = own_kernel(plan, batches, Path(tmp), payload_reader(plan))
+        began = time.process_time()  # the writer thread's too
+        own_kernel(plan, batches, Path(tmp), gather or payload_reader(plan))
+        with_results = time.process_time() - began
         del batches
-        references = {"read": read_reference(plan), "results": write_reference(Path(tmp))}
-    remove_log(plan.output.path)
+        references |= {"read": read_reference(plan), "results": write_reference(Path(tmp))}
     seconds = {"read": read, "ingest": ingest, "transfer": transfer, "join": join, "results": with_results - join}
+    if gather is not None:
+        seconds[GATHER], references[GATHER] = gather.seconds, gather_reference(plan, gather)
+    remove_log(plan.output.path)
     return seconds, tuples, references
 
 
@@ -308,6 +371,7 @@ def main(argv: list[str]) -> int:
     cores = machine["cores"]
     measured: dict[str, dict[str, list]] = {}  #: per workload, per stage: ns per tuple of each repeat
     runs: dict[str, dict[str, list]] = {}  #: per cluster run's kind: in-run and whole-process rates
+    gathered: dict[str, list] = {"ours": [], "take": []}  #: ns per tuple of the payload gather, and Arrow's take
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
             forms = workloads(a.rows, Path(tmp))
@@ -319,6 +383,9 @@ def main(argv: list[str]) -> int:
                 for w, settings in forms.items():
                     plan = load_plan(None, [*settings, f"output.path={tmp}/out"])
                     seconds, tuples, references = stages(plan, a.slaves)
+                    if GATHER in seconds:
+                        gathered["ours"].append(seconds.pop(GATHER) / tuples * 1e9)
+                        gathered["take"].append(references.pop(GATHER) / tuples * 1e9)
                     for stage, x in seconds.items():
                         measured[w][stage].append(x / tuples * 1e9)
                     for stage, x in references.items():
@@ -347,6 +414,7 @@ def main(argv: list[str]) -> int:
         return 1
     ns = {w: {k: median(v) for k, v in m.items()} for w, m in measured.items()}
     ref = {w: {k: median(v) for k, v in m.items()} for w, m in referenced.items()}
+    gather = {k: median(v) for k, v in gathered.items()}
     total = {w: sum(x.values()) for w, x in ns.items()}
     limit = {w: cores * 1e9 / t for w, t in total.items()}
     rates = {c: {k: median(v) for k, v in r.items()} for c, r in runs.items()}
@@ -362,6 +430,9 @@ def main(argv: list[str]) -> int:
         "reference_ns_per_tuple": {w: {k: round(v, 1) for k, v in x.items()} for w, x in ref.items()},
         "reference_ns_per_tuple_runs": referenced,
         "to_reference": {w: {k: round(ns[w][k] / v, 2) for k, v in x.items() if v > 0} for w, x in ref.items()},
+        "payload_gather_ns_per_tuple": {k: round(v, 1) for k, v in gather.items()},
+        "payload_gather_runs": gathered,
+        "payload_gather_to_take": round(gather["ours"] / gather["take"], 2),
         "sum_ns": {w: round(t, 1) for w, t in total.items()},
         "pipeline_limit": {w: round(x) for w, x in limit.items()},
         "cluster": runs,
@@ -374,21 +445,28 @@ def main(argv: list[str]) -> int:
         ),
         "top_frames": top,
     }
-    f = ns["file"]
+    f, fr = ns["file"], ref["file"]
     table = md_table(
-        ["stage", *(f"run {i + 1}" for i in range(a.repeats)), "median ns/tuple", "share"],
+        ["stage", *(f"run {i + 1}" for i in range(a.repeats)), "median ns/tuple", "share", "reference", "ratio"],
         [
-            [k, *(fmt(x, ".0f") for x in measured["file"][k]), fmt(f[k], ".0f"), f"{f[k] / total['file']:.0%}"]
+            [
+                k,
+                *(fmt(x, ".0f") for x in measured["file"][k]),
+                fmt(f[k], ".0f"),
+                f"{f[k] / total['file']:.0%}",
+                f"{REFERENCES[k]} {fr[k]:.0f}" if k in fr else "",
+                f"{f[k] / fr[k]:.1f}x" if k in fr else "",
+            ]
             for k in STAGES
         ]
-        + [["sum", *([""] * a.repeats), fmt(total["file"], ".0f"), "100%"]],
+        + [["sum", *([""] * a.repeats), fmt(total["file"], ".0f"), "100%", "", ""]],
     )
     forms_table = md_table(
         ["stage (median ns/tuple)", *ns],
         [[k, *(fmt(ns[w][k], ".0f") for w in ns)] for k in STAGES]
         + [
-            [f"{k}: pyarrow alone (ratio)", *(f"{ref[w][k]:.0f} ({ns[w][k] / ref[w][k]:.1f}x)" for w in ns)]
-            for k in REFERENCES
+            [f"{k}: {lib} alone (ratio)", *(f"{ref[w][k]:.0f} ({ns[w][k] / ref[w][k]:.1f}x)" for w in ns)]
+            for k, lib in REFERENCES.items()
         ]
         + [["sum", *(fmt(total[w], ".0f") for w in ns)], ["pipeline limit (tuples/s)", *(fmt(limit[w]) for w in ns)]]
         + [
@@ -411,7 +489,9 @@ def main(argv: list[str]) -> int:
         f"{rates['file, metrics off']['cpu_ns_per_tuple']:,.0f} without ({data['metrics_cpu_on_to_off']:.3f}).",
         "The same tuples as two declared streams, without and with three payload columns a side (bench.payload's):\n\n"
         + forms_table
-        + f"\n\nWith payload the cluster joins {data['payload_to_streams']:.2f} of the rate without.",
+        + f"\n\nWith payload the cluster joins {data['payload_to_streams']:.2f} of the rate without. Of the results "
+        f"stage with payload, gathering the columns costs {gather['ours']:.0f} ns a tuple; Arrow's take of the same "
+        f"rows from the same columns in memory {gather['take']:.0f} ({data['payload_gather_to_take']:.1f}x).",
     ]
     for role, frames in top.items():
         lines.append(

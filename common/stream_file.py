@@ -82,11 +82,21 @@ def _ok(mask) -> np.ndarray:
     return np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), dtype=bool)
 
 
+def _present(col: pa.ChunkedArray) -> np.ndarray:
+    """Whether each cell holds a value (a column without nulls: no pass over it)."""
+    return np.ones(len(col), bool) if col.null_count == 0 else _ok(pc.is_valid(col))
+
+
+def _writable(a: np.ndarray) -> np.ndarray:
+    """`a` as the compiled passes take it: contiguous and writable (Arrow's zero-copy arrays are read-only)."""
+    return a if a.flags.writeable and a.flags.c_contiguous else np.array(a)
+
+
 def _parse_int(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """(int64 values, ok) -- integer columns are taken as they are; anything else goes through the regex."""
     t = col.type
     if pa.types.is_integer(t) and t != pa.uint64():
-        return pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy(), _ok(pc.is_valid(col))
+        return pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy(), _present(col)
     s = _strings(col)
     digits = pc.replace_substring_regex(s, r"^[+-]?0*", "")  # for the int64 range check
     length = pc.utf8_length(digits)
@@ -102,12 +112,52 @@ def _parse_int(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 def _parse_float(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(float64 values, ok, present); null cells are not ok and not present (values 0.0)."""
     t = col.type
-    present = _ok(pc.is_valid(col))
+    present = _present(col)
     if pa.types.is_floating(t) or pa.types.is_integer(t):
         return pc.fill_null(pc.cast(col, pa.float64()), 0.0).to_numpy(), present, present
     s = _strings(col)
     ok = _ok(pc.match_substring_regex(s, eventtime.FLOAT_TEXT, ignore_case=True))
     return pc.cast(pc.if_else(pa.array(ok), s, "0"), pa.float64()).to_numpy(), ok, present
+
+
+def _times(col: pa.ChunkedArray, unit: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """protocol.eventtime.from_column; a float column in a unit of a microsecond or more in one compiled pass
+    (common.read_passes: the same ticks), where numpy's steps cost a fifth of reading the single file."""
+    if not pa.types.is_floating(col.type) or eventtime.UNITS[unit] > 6:
+        return eventtime.from_column(col, unit)
+    from common.read_passes import _numbers
+
+    present = _present(col)
+    x = _writable(pc.fill_null(pc.cast(col, pa.float64()), np.nan).to_numpy().astype(np.float64, copy=False))
+    ticks, ok = np.empty(len(x), np.int64), np.empty(len(x), bool)
+    _numbers(x, 10.0 ** (6 - eventtime.UNITS[unit]), eventtime.TS_LIMIT, ticks, ok)
+    return ticks, present, present & np.isfinite(x), ok & present
+
+
+def _sides(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(is S, is R or S) of each cell of the single file's stream column, trimmed: a column of one-byte cells R
+    and S (as a rule) read from its Arrow buffers without a pass of pyarrow.compute's per cell."""
+    if col.type == pa.string() and col.num_chunks == 1 and col.null_count == 0 and len(col):
+        a = col.chunk(0)
+        _, offsets, data = a.buffers()
+        at = np.frombuffer(offsets, np.int32, len(a) + 1, a.offset * 4)
+        if data is not None and at[-1] - at[0] == len(a) and (np.diff(at) == 1).all():
+            first = np.frombuffer(data, np.uint8, len(a), int(at[0]))
+            is_s = first == ord("S")
+            if (is_s | (first == ord("R"))).all():
+                return is_s, np.ones(len(a), bool)
+    stream = _strings(col)
+    is_s = _ok(pc.equal(stream, "S"))
+    return is_s, _ok(pc.equal(stream, "R")) | is_s
+
+
+def _first_failing(n: int, checks: list[np.ndarray]) -> np.ndarray:
+    """Each row's code: the number (from 1) of the first of `checks` it fails, 0 if none (as a rule: no pass)."""
+    code = np.zeros(n, np.int8)
+    for c, good in reversed(list(enumerate(checks, 1))):
+        if not good.all():
+            code[~good] = c
+    return code
 
 
 class Parsed(NamedTuple):
@@ -150,34 +200,41 @@ class IdCheck:
 
     def remember(self, is_s: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
         """Good rows (duplicates too: they are the same ids) join the window; the highest ids move up."""
+        self._keep(is_s, ids, rows)
+        self._rise(np.zeros(len(ids), np.int8), is_s, ids)
+
+    def _keep(self, is_s: np.ndarray, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Good rows join the window; those more than `window` rows before the last leave it."""
         if not len(rows):
             return
         self._recent.append((is_s, ids, rows))
         while self._recent and self._recent[0][2][-1] < rows[-1] - self.window:
             self._recent.popleft()
-        for s in (False, True):
-            mine = ids[is_s == s]
-            if len(mine):
-                top = int(mine.max())
-                self.max_id[s] = top if self.max_id[s] is None else max(self.max_id[s], top)
+
+    def _rise(self, code: np.ndarray, is_s: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The rows of code 0 whose id is not above every earlier one of its stream (suspects: they may repeat
+        one), as a mask; the highest ids move up past them."""
+        from common.read_passes import _rising
+
+        tops = np.array([m or 0 for m in self.max_id], np.int64)
+        has = np.array([m is not None for m in self.max_id])
+        suspect = np.zeros(len(code), bool)
+        _rising(_writable(code), _writable(is_s), _writable(ids), tops, has, suspect)
+        self.max_id = [int(t) if h else None for t, h in zip(tops, has)]
+        return suspect
 
     def mark(self, p: Parsed, rows: np.ndarray) -> np.ndarray:
         """Set the code of repeated good rows to duplicate; returns per row the earlier row it repeats (-1)."""
-        good = np.flatnonzero(p.code == 0)
-        is_s, ids, g_rows = p.is_s[good], p.id[good], rows[good]
         first = np.full(len(p.code), -1, np.int64)
-        suspect = np.zeros(len(good), bool)
-        for s in (False, True):
-            sel = np.flatnonzero(is_s == s)
-            if len(sel):
-                x = ids[sel]
-                above = np.empty(len(x), np.int64)  # the highest id before each row
-                above[0] = np.iinfo(np.int64).min if self.max_id[s] is None else self.max_id[s]
-                above[1:] = np.maximum(np.maximum.accumulate(x)[:-1], above[0])
-                suspect[sel] = x <= above
+        suspect = self._rise(p.code, p.is_s, p.id)
+        if p.code.any():
+            good = np.flatnonzero(p.code == 0)
+            is_s, ids, g_rows, suspect = p.is_s[good], p.id[good], rows[good], suspect[good]
+        else:  # every row is good (as a rule): the batch's own arrays
+            good, is_s, ids, g_rows = np.arange(len(rows)), p.is_s, p.id, rows
         if suspect.any():
             self._repeats(good, is_s, ids, g_rows, np.flatnonzero(suspect), p.code, first)
-        self.remember(is_s, ids, g_rows)
+        self._keep(is_s, ids, g_rows)
         return first
 
     def _repeats(self, good, is_s, ids, g_rows, suspects, code, first) -> None:
@@ -522,20 +579,17 @@ class StreamChecks:
         n, spec = table.num_rows, self.spec
         rows = first_row + np.arange(n, dtype=np.int64)
         ids, id_ok = _parse_int(table[spec.id]) if spec.id else (rows, np.ones(n, bool))
-        ts, is_time, finite, ts_ok = eventtime.from_column(table[spec.time], spec.time_unit)
+        ts, is_time, finite, ts_ok = _times(table[spec.time], spec.time_unit)
         keys, present, converts = [], [], {spec.time: ts_ok}
         for c, kind in zip(spec.key, self.kinds):
-            valid = _ok(pc.is_valid(table[c]))
+            valid = _present(table[c])
             values, ok = _parse_int(table[c]) if kind == "int" else (_text(table[c], kind), valid)
             keys.append(values)
             present.append(valid)
             converts[c] = ok
         key_ok = np.logical_and.reduce(present)
         key_int = np.logical_and.reduce([converts[c] | ~valid for c, valid in zip(spec.key, present)])
-        checks = [id_ok, is_time, finite, ts_ok, key_ok, key_int]
-        code = np.zeros(n, np.int8)
-        for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
-            code[~good] = c
+        code = _first_failing(n, [id_ok, is_time, finite, ts_ok, key_ok, key_int])
         if spec.id:
             converts[spec.id] = id_ok
         return Parsed(code, np.zeros(n, bool), ids, ts, keys, None, converts)
@@ -739,20 +793,17 @@ def parse_sided(table: pa.Table, ts_unit: str = "s") -> Parsed:
     """Every row's values and the first check it fails (the duplicate check is IdCheck's); numbers in the ts
     column count `ts_unit`s (source.ts_unit)."""
     n = table.num_rows
-    stream = _strings(table["stream"])
-    is_s = _ok(pc.equal(stream, "S"))
+    is_s, sided = _sides(table["stream"])
     ids, id_ok = _parse_int(table["id"])
-    ts, ts_number, ts_finite, ts_ok = eventtime.from_column(table["ts"], ts_unit)
+    ts, ts_number, ts_finite, ts_ok = _times(table["ts"], ts_unit)
     keys, key_ok = _parse_int(table["key"])
     if "value" in table.column_names:
         value, value_ok, present = _parse_float(table["value"])
         value_ok |= ~present  # a null value is 0.0, not an error
     else:
         value, value_ok = np.zeros(n), np.ones(n, bool)
-    checks = [_ok(pc.equal(stream, "R")) | is_s, id_ok, ts_number, ts_finite, ts_ok, key_ok, value_ok]
-    code = np.zeros(n, np.int8)
-    for c, good in reversed(list(enumerate(checks, 1))):  # the first failing check wins
-        code[~good] = c
+    checks = [sided, id_ok, ts_number, ts_finite, ts_ok, key_ok, value_ok]
+    code = _first_failing(n, checks)
     converts = dict(zip(SIDED_COLUMNS, (checks[0], id_ok, ts_ok, key_ok, value_ok)))
     return Parsed(code, is_s, ids, ts, keys, value, converts)
 
@@ -882,9 +933,13 @@ class SidedFile:
         first = self.check.mark(p, rows)
         self.row += n
         ok = p.code == 0
+        if ok.all():  # as a rule: copies (the source's chunks are written to), not a gather
+            chunk = Chunk(  # the stream and the ids are copied: IdCheck keeps the batch's own
+                np.array(p.is_s.view(np.int8)), np.array(p.id), *map(_writable, (p.ts, p.key, p.value)), no_terms(n)
+            )
+            return SidedBatch(first_row, first_row + n, chunk, rows, None)
         chunk = Chunk(p.is_s[ok].astype(np.int8), p.id[ok], p.ts[ok], p.key[ok], p.value[ok], no_terms(int(ok.sum())))
-        rejected = self._rejected(table, p, rows, first) if not ok.all() else None
-        return SidedBatch(first_row, first_row + n, chunk, rows[ok], rejected)
+        return SidedBatch(first_row, first_row + n, chunk, rows[ok], self._rejected(table, p, rows, first))
 
     def _rejected(self, table: pa.Table, p: Parsed, rows: np.ndarray, first: np.ndarray) -> pa.Table:
         """One row per rejected row: file, 1-based row, column, reason and the raw cells as strings."""

@@ -207,20 +207,19 @@ class PayloadReader:
         self._firsts[side] = np.array([first for (first, _), _ in found], np.int64)
         self._lasts[side] = np.array([last for (_, last), _ in found], np.int64)
 
-    def _where(self, side: int, rows: np.ndarray) -> np.ndarray:
-        """The segment of each of `rows` (sorted), listing the folder again when one is not known yet."""
+    def _where(self, side: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The segment of each of `rows` (-1: a row below 0, none asked) and the segments used, listing the
+        folder again when one is not known yet (one compiled pass: protocol.payload_passes)."""
+        from protocol.payload_passes import _segments
+
         for attempt in (0, 1):
-            seg = np.searchsorted(self._firsts[side], rows, "right") - 1
-            ok = (
-                (seg >= 0) & (rows <= self._lasts[side][np.maximum(seg, 0)])
-                if len(self._firsts[side])
-                else np.zeros(len(rows), bool)
-            )
-            if ok.all():
-                return seg
+            seg, used = np.empty(len(rows), np.int64), np.zeros(len(self._firsts[side]), bool)
+            missing = _segments(rows, self._firsts[side], self._lasts[side], seg, used)
+            if missing < 0:
+                return seg, np.flatnonzero(used)
             if attempt == 0:
                 self._list(side)
-        row = int(rows[np.flatnonzero(~ok)[0]])
+        row = int(rows[missing])
         raise PayloadError(
             f"payload log: no segment of stream {STREAM_NAMES[side]} holds its row {row} "
             f"(in {str(self.folder / STREAM_NAMES[side])!r})"
@@ -241,14 +240,13 @@ class PayloadReader:
         """The output columns of stream `side`'s `rows` (int64; -1: no row, all its columns null), in that order,
         named with the side's prefix: one `take` over the segments they fall in, side by side as one table (no
         copy), without sorting the rows."""
-        rows = np.asarray(rows, np.int64)
-        valid = rows >= 0
-        wanted = rows[valid]
+        from protocol.payload_passes import _places
+
+        rows = np.require(rows, np.int64, "CW")
+        seg, used = self._where(side, rows)
         index = np.zeros(len(rows), np.int64)
-        tables = [empty_table(self.schema(side))]
-        if len(wanted):
-            seg = self._where(side, wanted)
-            used = np.flatnonzero(np.bincount(seg))
+        tables, every = [empty_table(self.schema(side))], not len(rows)
+        if len(used):
             tables, helds, placed = [], [], 0
             shift = np.zeros(used[-1] + 1, np.int64)  #: per segment used, its place in `tables` minus its first row
             for i in used:
@@ -258,8 +256,10 @@ class PayloadReader:
                 shift[i] = placed - helds[-1][0]
                 placed += table.num_rows
             if all(h[-1] - h[0] + 1 == len(h) for h in helds):  # every row of each segment there: by position
-                index[valid] = wanted + shift[seg]
+                every = _places(rows, seg, shift, index)
             else:  # a segment lacks rows (rejected ones): by search
+                valid = rows >= 0
+                wanted, every = rows[valid], bool(valid.all())
                 held = np.concatenate(helds)
                 at = np.searchsorted(held, wanted)
                 if (at >= len(held)).any() or (held[np.minimum(at, len(held) - 1)] != wanted).any():
@@ -267,7 +267,7 @@ class PayloadReader:
                         f"payload log: the segments of stream {STREAM_NAMES[side]} lack rows they should hold"
                     )
                 index[valid] = at
-        out = pa.concat_tables(tables).take(index if valid.all() else pa.array(index, mask=~valid))
+        out = pa.concat_tables(tables).take(index if every else pa.array(index, mask=rows < 0))
         return out.rename_columns([self.prefixes[side] + c for c in out.column_names])
 
     def both(self, r_rows: np.ndarray, s_rows: np.ndarray) -> pa.Table:

@@ -95,6 +95,21 @@ READ_AHEAD = 4
 ROW_KINDS = ("file", "generator", "zmq")
 
 
+def _writable(a: np.ndarray, dtype) -> np.ndarray:
+    """`a` as the compiled passes take it (common.read_passes): contiguous, writable, of `dtype` (no copy if so)."""
+    return np.require(a, dtype, "CW")
+
+
+def _tops_of(chunk: Chunk, tops: list) -> list:
+    """`tops` (the highest id per stream, R's and S's; None: none yet) moved up past `chunk`'s tuples."""
+    from common.read_passes import _tops
+
+    high = np.array([t or 0 for t in tops], np.int64)
+    has = np.array([t is not None for t in tops])
+    _tops(_writable(chunk.stream, np.int8), _writable(chunk.id, np.int64), high, has)
+    return [int(t) if h else None for t, h in zip(high, has)]
+
+
 class ReadAhead:
     """A reader thread putting checked `batches` into its queue, READ_AHEAD of them ahead of the master (pyarrow
     decodes and checks outside the GIL), then None (an error: the exception, raised again in the master's thread
@@ -242,11 +257,7 @@ class ReadRows:
         return item
 
     def took(self, part: Chunk, rows: np.ndarray) -> None:
-        for s in (0, 1):
-            mine = part.id[part.stream == s]
-            if len(mine):
-                top = int(mine.max())
-                self._max_id[s] = top if self._max_id[s] is None else max(self._max_id[s], top)
+        self._max_id = _tops_of(part, self._max_id)
         self.row = int(rows[-1]) + 1
 
     def list_passed(self, end: bool = False) -> None:
@@ -556,9 +567,13 @@ class WatermarkMerge(StreamsSource):
             self.listing.add(item.rejected)
         if not len(item.ts):
             return
-        pm = np.maximum.accumulate(np.maximum(item.ts, self._running[side]))
-        self._running[side] = int(pm[-1])
-        part = (item.rows, item.ts, self.mapper.keys(item.keys), pm - self._delays[side], item.terms)
+        from common.read_passes import _watermarks
+
+        ts = _writable(item.ts, np.int64)
+        marks = np.empty(len(ts), np.int64)
+        self._running[side] = int(_watermarks(ts, self._running[side], self._delays[side], marks))
+        keys = _writable(self.mapper.keys(item.keys), np.int64)
+        part = (_writable(item.rows, np.int64), ts, keys, marks, item.terms)
         old = self._pending[side]
         self._pending[side] = part if old is None else tuple(np.concatenate(c) for c in zip(old, part))
 
@@ -595,12 +610,25 @@ class WatermarkMerge(StreamsSource):
                 self._pending[side] = None if n == len(p[3]) else tuple(c[n:] for c in p)
         if not parts:
             return False
-        side = np.concatenate([np.full(len(p[0]), s, np.int8) for s, p in parts])
-        cols = [np.concatenate(c) for c in zip(*(p for _, p in parts))]
-        order = np.lexsort((side, cols[3]))  # stable: within a (watermark, side) the rows keep their order
-        rows_, ts, keys, _, terms = (c[order] for c in cols)
-        merged = Chunk(side[order], rows_, ts, keys, np.zeros(len(order)), terms)
-        self._ready, self._taken = concat([rows(self._ready, self._taken), merged]), 0
+        rest = rows(self._ready, self._taken)
+        if len(parts) == 1:  # one stream's run: in order already
+            s, (rows_, ts, keys, _, terms) = parts[0]
+            self._ready = concat([rest, Chunk(np.full(len(ts), s, np.int8), rows_, ts, keys, np.zeros(len(ts)), terms)])
+        else:  # two runs merged by one compiled pass, after what is left of the ready tuples
+            from common.read_passes import _merge
+
+            (_, r), (_, s) = parts
+            m, n = len(rest.ts), len(r[3]) + len(s[3])
+            out = [np.empty(m + n, c.dtype) for c in rest[:4]]
+            for o, c in zip(out, rest[:4]):
+                o[:m] = c
+            source = np.empty(n, np.int64)
+            _merge(*r[:4], *s[:4], *out, source, m)
+            terms = np.concatenate([r[4], s[4]])[source]
+            if m:  # an empty chunk's terms may be narrower (common.chunks.concat)
+                terms = np.concatenate([rest.terms, terms])
+            self._ready = Chunk(*out, np.zeros(m + n), terms)
+        self._taken = 0
         return True
 
     def _note_ends(self) -> None:
@@ -621,10 +649,7 @@ class WatermarkMerge(StreamsSource):
             return None if all(self._done) and self._pending == [None, None] else empty()
         chunk = rows(self._ready, self._taken, self._taken + n)
         self._taken += n
-        for side in (0, 1):
-            ids = chunk.id[chunk.stream == side]
-            if len(ids):
-                self.rows_taken[side] = max(self.rows_taken[side], int(ids.max()) + 1)
+        self.rows_taken = [top + 1 for top in _tops_of(chunk, [t - 1 for t in self.rows_taken])]
         self.accepted += n
         return chunk
 

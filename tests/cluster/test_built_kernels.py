@@ -26,7 +26,9 @@ def python(code: str, **env: str) -> str:
 
 def outputs() -> str:
     """A digest of every built kernel's output on random inputs, through the modules' own entry points."""
+    from common.read_passes import _merge, _numbers, _rising, _tops, _watermarks
     from master.state.lateness import _late
+    from protocol.payload_passes import _places, _segments
     from master.state.packing import to_wire, to_wire_hashed
     from protocol.tuples import tuple_dtype
     from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
@@ -52,6 +54,25 @@ def outputs() -> str:
     running, own, late = np.full(2, -(2**62)), np.empty(n, np.int64), np.empty(n, bool)
     _late(rng.permutation(ts), stream, np.array([0, 1], np.int8), running, np.array([300, 700]), 10, late, own)
     out += [own, late]
+    ids, tops, has, suspect = rng.integers(0, n, n), np.array([5, 0]), np.array([True, False]), np.zeros(n, bool)
+    code, is_s = (rng.random(n) < 0.05).astype(np.int8), rng.random(n) < 0.5
+    out += [np.array([_rising(code, is_s, ids, tops, has, suspect)]), tops, has, suspect]
+    _tops(stream, ids, tops, has)
+    out += [tops, has]
+    x = np.concatenate([rng.uniform(-3e9, 3e9, n), [np.nan, np.inf, 0.5, 1.5, 2.5e-6, 1e300]])
+    ticks, ok = np.empty(len(x), np.int64), np.empty(len(x), bool)
+    _numbers(x, 1e3, 2**62, ticks, ok)
+    marks = np.empty(n, np.int64)
+    out += [ticks, ok, np.array([_watermarks(rng.permutation(ts), 17, 250, marks)]), marks]
+    r, s_ = (np.sort(rng.integers(0, 10**4, k)) for k in (n, n // 2))
+    merged = [np.zeros(n + n // 2 + 3, t) for t in (np.int8, np.int64, np.int64, np.int64)]
+    source = np.empty(n + n // 2, np.int64)
+    _merge(r, r + 1, r + 2, r, s_, s_ + 1, s_ + 2, s_, *merged, source, 3)
+    out += [*merged, source]
+    firsts = np.array([0, 100, 250, 900])
+    asked, seg, used, index = rng.integers(-5, 1000, n), np.zeros(n, np.int64), np.zeros(4, bool), np.zeros(n, np.int64)
+    out += [np.array([_segments(asked, firsts, firsts + 90, seg, used)]), seg, used]
+    out += [np.array([_places(asked, seg, np.array([3, -7, 11, 0]), index)]), index]
     return hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in out)).hexdigest()
 
 
@@ -71,12 +92,15 @@ def test_the_launcher_builds_the_kernels_once_and_the_ranks_load_them_without_nu
     for module in AHEAD:
         source = ROOT / Path(*module.split(".")).with_suffix(".py")
         assert built_module(source)[1].exists(), module
-    loads = "import master.state.lateness, master.state.packing, slave.kernel, sys; print('numba' in sys.modules)"
+    loads = (
+        "import common.read_passes, protocol.payload_passes, master.state.lateness, master.state.packing, "
+        "slave.kernel, sys; print('numba' in sys.modules)"
+    )
     assert python(loads) == "False"
     # every module with compiled kernels is in the note (a change to it builds again)
     compiled = sorted(
         ".".join(f.relative_to(ROOT).with_suffix("").parts)
-        for d in ("master", "slave")
+        for d in ("common", "protocol", "master", "slave")
         for f in (ROOT / d).rglob("*.py")
         if "= kernels(" in f.read_text() or "@njit(" in f.read_text()
     )
