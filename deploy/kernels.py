@@ -18,13 +18,7 @@ from pathlib import Path
 from protocol.compiled import DECLARED, KERNELS_ENV, built_module
 
 #: the modules whose kernels are built ahead of time (each ends with `protocol.compiled.kernels(...)`)
-AHEAD = (
-    "common.read_passes",
-    "protocol.payload_passes",
-    "master.state.lateness",
-    "master.state.packing",
-    "slave.kernel",
-)
+AHEAD = ("common.read_passes", "common.payload_passes", "master.state.lateness", "master.state.packing", "slave.kernel")
 
 
 def _release_gil_in_wrappers() -> None:

@@ -209,8 +209,8 @@ class PayloadReader:
 
     def _where(self, side: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The segment of each of `rows` (-1: a row below 0, none asked) and the segments used, listing the
-        folder again when one is not known yet (one compiled pass: protocol.payload_passes)."""
-        from protocol.payload_passes import _segments
+        folder again when one is not known yet (one compiled pass: common.payload_passes)."""
+        from common.payload_passes import _segments
 
         for attempt in (0, 1):
             seg, used = np.empty(len(rows), np.int64), np.zeros(len(self._firsts[side]), bool)
@@ -240,7 +240,7 @@ class PayloadReader:
         """The output columns of stream `side`'s `rows` (int64; -1: no row, all its columns null), in that order,
         named with the side's prefix: one `take` over the segments they fall in, side by side as one table (no
         copy), without sorting the rows."""
-        from protocol.payload_passes import _places
+        from common.payload_passes import _places
 
         rows = np.require(rows, np.int64, "CW")
         seg, used = self._where(side, rows)

@@ -28,7 +28,7 @@ def outputs() -> str:
     """A digest of every built kernel's output on random inputs, through the modules' own entry points."""
     from common.read_passes import _merge, _numbers, _rising, _tops, _watermarks
     from master.state.lateness import _late
-    from protocol.payload_passes import _places, _segments
+    from common.payload_passes import _places, _segments
     from master.state.packing import to_wire, to_wire_hashed
     from protocol.tuples import tuple_dtype
     from slave.kernel import batch_delays, gather_pairs, range_matches, window_matches
@@ -93,7 +93,7 @@ def test_the_launcher_builds_the_kernels_once_and_the_ranks_load_them_without_nu
         source = ROOT / Path(*module.split(".")).with_suffix(".py")
         assert built_module(source)[1].exists(), module
     loads = (
-        "import common.read_passes, protocol.payload_passes, master.state.lateness, master.state.packing, "
+        "import common.read_passes, common.payload_passes, master.state.lateness, master.state.packing, "
         "slave.kernel, sys; print('numba' in sys.modules)"
     )
     assert python(loads) == "False"

@@ -1,7 +1,7 @@
 """Compiled passes of the payload log's gather (protocol.payload.PayloadReader): where each asked row lies, in one
 loop each where numpy took a dozen passes over a batch's pairs (docs/benchmark-history.md, "Session 19").
-Imported where the gather runs: the Spark side imports protocol/ without numba, and only the passes load the
-kernels (built ahead of time, protocol.compiled).
+Here, not in protocol/, and imported where the gather runs: the Spark side imports every protocol module without
+numba, and only these passes load the kernels (built ahead of time, protocol.compiled).
 """
 
 from __future__ import annotations
