@@ -126,7 +126,9 @@ KAFKA_KEYS: dict[str, tuple[Any, str]] = {
         '"stop": records deleted at the broker before the stream read them (retention, DeleteRecords; a recovery\'s '
         "checkpointed offset below a partition's first record) end the run with exit 8, naming topic, partition and "
         'offsets; "skip": the partition goes on from its first record still there, the lost records counted per '
-        "partition in summary.json and the metrics",
+        "partition in summary.json and the metrics; a recovery's offset beyond a partition's end (the broker lost "
+        'records the stream had read) is exit 8 too, and with "skip" reads on from the end (summary.json\'s '
+        "`rewound`)",
     ),
     "format": (
         "json",

@@ -160,6 +160,9 @@ class KafkaStream:
         self._commit_due: list[TopicPartition] | None = None  #: a complete checkpoint's offsets, to commit
         self.lost = np.zeros(len(self.assigned), np.int64)  #: records deleted before they were read, per partition
         self.lost_ranges: list[dict] = []  #: each occurrence: topic, partition, first and last offset lost
+        #: each time a checkpoint's offset lay beyond a partition's end (on_lost = "skip"): the offsets the stream
+        #: had read that the broker no longer held, read again from their first (others' now)
+        self.rewound_ranges: list[dict] = []
         if start is not None:
             self._resume(*start)
         try:  # a checkpoint's offsets outside what the broker holds now: lost, or stop
@@ -454,9 +457,10 @@ class KafkaStream:
         broker holds only offsets `low`..`high` of them now (each an array beside `gone`).  Below `low`:
         records deleted before they were read -- InputLost naming them (on_lost = "stop"), or counted, logged
         and skipped (the merge reads on from `low`).  Above `high`: the broker lost records the stream had read
-        (or the topic was made anew), and reading there would take other records for them, whatever on_lost says:
-        InputRewound while reading (`at`: a restart resumes from the last complete checkpoint), InputLost at a
-        checkpoint's offset."""
+        (or the topic was made anew): InputRewound while reading (`at`: a restart resumes from the last complete
+        checkpoint); at a checkpoint's offset, whose state and output hold those records, InputLost (on_lost =
+        "stop"), or (on_lost = "skip") logged, counted apart as `rewound` and read on from `high`: what the
+        broker writes there now is records the stream never read."""
         ranges = []
         for j, i in enumerate(gone.tolist()):
             topic, p = self.assigned[i]
@@ -468,9 +472,17 @@ class KafkaStream:
                     f"partition's end {hi}: the broker no longer holds records the stream has read (it lost records "
                     "it had acknowledged, or the topic was made anew)"
                 )
-                if at is None:  # a checkpoint's offset: its state and the output it covers hold those records
-                    raise InputLost(f"{where}, and reading on would take others for them")
-                raise InputRewound(f"{where}: resuming from the newest complete checkpoint reads it as it is now")
+                if at is not None:
+                    raise InputRewound(f"{where}: resuming from the newest complete checkpoint reads it as it is now")
+                if self.on_lost == "stop":
+                    raise InputLost(
+                        f"{where}, and reading on would take others for them; set streams.{self.name}.kafka.on_lost "
+                        '= "skip" to read on from the end'
+                    )
+                print(f'kafka: {where}; read on from offset {hi} (on_lost = "skip")', file=sys.stderr, flush=True)
+                self.rewound_ranges.append({"topic": topic, "partition": p, "first": hi, "last": first - 1})
+                self.merge.rewind(i, hi)
+                continue
             upto = min(lo, int(self.merge.end[i])) if self.bounded else lo  # bounded: what it would have read
             if first < upto:
                 ranges.append({"topic": topic, "partition": p, "first": first, "last": upto - 1})
@@ -553,6 +565,7 @@ class KafkaStream:
                 "positions": {f"{t}/{p}": int(x) for (t, p), x in zip(self.assigned, self.merge.unreleased())},
                 "lost_records": int(self.lost.sum()),
                 "lost": list(self.lost_ranges),
+                "rewound": list(self.rewound_ranges),
             }
         return self._finished
 
@@ -571,6 +584,7 @@ class KafkaStream:
             "rejected_by_reason": dict(reasons),
             "positions": {p: x for s in entries for p, x in s["positions"].items()},
             "lost": [r for s in entries for r in s["lost"]],
+            "rewound": [r for s in entries for r in s["rewound"]],
         }
 
     def position(self) -> tuple[dict, pa.Table]:
@@ -591,6 +605,7 @@ class KafkaStream:
             "rejected_rows": self.listing.rows,
             "rejected_by_reason": dict(self.listing.reasons),
             "lost": list(self.lost_ranges),
+            "rewound": list(self.rewound_ranges),
         }, recent
 
     def _resume(self, where: dict, recent: pa.Table) -> None:
@@ -612,6 +627,7 @@ class KafkaStream:
         self.records = self.rows + self.listing.rows
         self._stored = self.merge.unreleased()
         self.lost_ranges = list(where.get("lost", []))  # skipped before the checkpoint (none in older ones)
+        self.rewound_ranges = list(where.get("rewound", []))
         for r in self.lost_ranges:
             if (r["topic"], r["partition"]) in self.assigned:
                 self.lost[self.assigned.index((r["topic"], r["partition"]))] += r["last"] - r["first"] + 1

@@ -93,6 +93,11 @@ class PartitionMerge:
             self.position[partition], min(offset, self.end[partition]) if self.bounded else offset
         )
 
+    def rewind(self, partition: int, offset: int) -> None:
+        """Partition `partition` now ends at `offset`, below its position: the broker lost records read there (a
+        recovery that goes on past the loss), so it reads from `offset` what the broker writes there now."""
+        self.position[partition] = self.reached[partition] = offset  # nothing beyond it now, as `restore` takes it
+
     def skip(self, partition: int, offset: int) -> None:
         """Partition `partition`'s records below `offset` were deleted before they were read: it reads on
         from there."""

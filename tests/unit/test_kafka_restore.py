@@ -13,6 +13,7 @@ import pytest
 
 from common.chunks import InputError, InputLost, InputRewound
 from master.sources.kafka_input import KafkaStream
+from master.sources.partitions import PartitionMerge
 
 from master.sources.keys import KeyMapper
 from protocol.checkpoint import record_tables, table_records
@@ -63,11 +64,36 @@ def test_a_partition_ending_below_what_was_read_restarts_a_running_job_and_stops
     OSError, exit 1, which the supervisor restarts from the last complete checkpoint); met at a recovery's
     checkpointed offset, it stops (InputLost, exit 8): that checkpoint holds records the broker no longer has."""
     stream = SimpleNamespace(
-        name="views", assigned=[("views", 0)], merge=SimpleNamespace(position=np.array([839])), bounded=False
+        name="views",
+        assigned=[("views", 0)],
+        merge=SimpleNamespace(position=np.array([839])),
+        bounded=False,
+        on_lost="stop",
     )
     gone, low, high = np.array([0]), np.array([0]), np.array([816])
     with pytest.raises(InputRewound, match="offset 839 lies beyond the partition's end 816.*newest complete"):
         KafkaStream._skip_gone(stream, gone, low, high, 839)
-    with pytest.raises(InputLost, match="offset 839 lies beyond the partition's end 816"):
+    with pytest.raises(InputLost, match="offset 839 lies beyond the partition's end 816.*on_lost"):
         KafkaStream._skip_gone(stream, gone, low, high)
     assert issubclass(InputRewound, OSError) and not issubclass(InputRewound, InputError)
+
+
+def test_a_recovery_told_to_skip_reads_a_partition_cut_below_its_checkpoint_on_from_the_end(capsys):
+    """on_lost = "skip": the checkpoint's offset 839 beyond the end 816 is logged, listed as `rewound` (816..838,
+    kept in the stream's checkpoint part) and the partition read on from 816, where the broker writes what the
+    stream has not read; the other partition, within its offsets, stays where it was."""
+    merge = PartitionMerge(np.array([839, 20]), np.array([816, 50]), bounded=False, delay=0, idle_timeout=0)
+    stream = SimpleNamespace(
+        name="views",
+        assigned=[("views", 0), ("views", 1)],
+        merge=merge,
+        bounded=False,
+        on_lost="skip",
+        rewound_ranges=[],
+        lost_ranges=[],
+    )
+    KafkaStream._skip_gone(stream, np.array([0]), np.array([0]), np.array([816]))
+    assert merge.position.tolist() == [816, 20] and merge.unreleased().tolist() == [816, 20]
+    assert stream.rewound_ranges == [{"topic": "views", "partition": 0, "first": 816, "last": 838}]
+    assert stream.lost_ranges == []
+    assert "offset 839 lies beyond the partition's end 816" in capsys.readouterr().err
