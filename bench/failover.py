@@ -302,12 +302,13 @@ def main(argv: list[str]) -> int:
         f"{'exact' if met[f]['exact'] else 'NOT EXACT'}"
         for f in medians
     )
+    faults = f"{table}\n\n{verdict}\n" if runs else ""
+    text = faults + ("" if nemesis is None else "\n" * bool(runs) + nemesis_text(nemesis))
     (a.out / "failover.md").write_text(
         f"# Failover on three namespace hosts\n\n{data['command']}, heartbeat_timeout "
-        f"{HEARTBEAT:g} s; seconds from the fault\n\n{table}\n\n{verdict}\n"
-        + ("" if nemesis is None else "\n" + nemesis_text(nemesis))
+        f"{HEARTBEAT:g} s; seconds from the fault\n\n{text}"
     )
-    print(table + "\n" + verdict + ("" if nemesis is None else "\n\n" + nemesis_text(nemesis)), flush=True)
+    print(text, end="", flush=True)
     held = nemesis is None or nemesis["results_lost"] == 0
     return 0 if held and all(all(m.values()) for m in met.values()) else 1
 

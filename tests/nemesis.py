@@ -88,6 +88,7 @@ DISPATCHERS = 2  #: ranks 0 (the master) and 1
 PROGRESS = re.compile(
     r"^(?:\[dispatcher (\d+)\] )?\[\s*[\d.]+s\] in [\d,]+ .*?\| results ([\d,]+) .*?\| buffered ([\d,]+) "
 )
+RESTART = re.compile(r"restart \d+ of \d+")  #: the supervisor's line of a crash it restarts
 HELD = re.compile(r"results wait for a subscriber behind: ([\d.]+) of")  #: a result stream's held MiB
 SUPERVISE = [
     *(sys.executable, "-m", "control.supervise"),
@@ -769,21 +770,26 @@ def flat(report: Report, sampler: Sampler, nemesis: Nemesis) -> None:
 
 
 def first_results(lines: list[tuple[float, str]], faults: list[dict], started: float) -> list[float | None]:
-    """Per fault, the seconds from it to the first new result: a dispatcher's progress line counting more
-    results than any of its lines before the fault (a restarted run counts on from its checkpoint, so this is
-    after its replay); None: none came before the end."""
+    """Per fault, the seconds from it to the first new result: after the restart it caused (the supervisor's
+    line, before the next fault), the first progress line of a dispatcher counting more results than any of its
+    lines before that restart -- the crashed run may still have made some after the fault, and the restarted one
+    counts on from its checkpoint, so this is past its replay; for a fault ridden out, more than before the fault.
+    None: none came before the end."""
     progress = [
         (t - started, int(m.group(1) or 0), int(m.group(2).replace(",", "")))
         for t, line in lines
         if (m := PROGRESS.match(line))
     ]
+    restarts = [t - started for t, line in lines if RESTART.search(line)]
     out: list[float | None] = []
-    for fault in faults:
+    for k, fault in enumerate(faults):
+        until = faults[k + 1]["at"] if k + 1 < len(faults) else float("inf")
+        since = next((t for t in restarts if fault["at"] <= t < until), fault["at"])
         before: dict[int, int] = {}
         for t, d, n in progress:
-            if t < fault["at"]:
+            if t < since:
                 before[d] = max(before.get(d, 0), n)
-        after = (t for t, d, n in progress if t >= fault["at"] and n > before.get(d, 0))
+        after = (t for t, d, n in progress if t >= since and n > before.get(d, 0))
         out.append(next((round(t - fault["at"], 2) for t in after), None))
     return out
 
@@ -807,7 +813,7 @@ def run(minutes: float, seed: int, rate: float = 100.0, disk_mib: int = 256, log
             report.recovery = first_results(nemesis.job.lines, report.faults, nemesis.started)
             stderr = nemesis.job.stderr()
             codes = [int(c) for c in re.findall(r"the cluster crashed \(exit code (\d+)\)", stderr)]
-            report.exit_codes, report.restarts = Counter(codes), len(re.findall(r"restart \d+ of \d+", stderr))
+            report.exit_codes, report.restarts = Counter(codes), len(RESTART.findall(stderr))
             undocumented = sorted({c for c in [*codes, report.final_code] if c not in CODES})
             if undocumented:
                 report.failures.append(f"exit codes the README does not document: {undocumented}")
