@@ -17,8 +17,10 @@ The check: the sink topic read with read_committed and the result files each equ
 (tests.reference) of what the input topics hold after the run, each row once.  The test broker saves about once a
 second, so a SIGKILL loses records it had acknowledged: the engine is judged on what the broker kept, and a pair
 or row of a record the broker lost after the engine had read it is counted apart, as the broker's loss.  Every
-exit code seen (the supervisor's restarts, its own end) must be one the README documents.  The same seed draws
-the same schedule (printed first); `tests/cluster/test_nemesis.py` runs the short form in `make test`.
+exit code seen (the supervisor's restarts, its own end) must be one the README documents.  While the faults
+fire, the resources are sampled (tests.resources: each rank's memory and open files, the master's buffers, the
+checkpoints and the payload log on disk), and each must stay flat.  The same seed draws the same schedule
+(printed first); `tests/cluster/test_nemesis.py` runs the short form in `make test`.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ MAX_DELAY = 30.0
 DUPLICATE_WINDOW = 5_000
 RECOVERY = 180.0  #: seconds a run has to be well again (a checkpoint complete) after a fault
 DISPATCHERS = 2  #: ranks 0 (the master) and 1
-#: a dispatcher's progress line: its tuples in (the count a restarted run goes on from), results and buffered tuples
+#: a dispatcher's progress line: its results (a restarted run counts on from its checkpoint's) and buffered tuples
 PROGRESS = re.compile(
     r"^(?:\[dispatcher (\d+)\] )?\[\s*[\d.]+s\] in [\d,]+ .*?\| results ([\d,]+) .*?\| buffered ([\d,]+) "
 )
@@ -454,7 +456,7 @@ class Nemesis:
                     if who != "supervisor":
                         self.oldest_rank = max(self.oldest_rank, now - p.create_time())
             except psutil.Error:  # ended meanwhile: the next sample sees its successor
-                out.pop(f"rss {who}", None)
+                pass
         lines, self.sampled_lines = self.job.lines[self.sampled_lines :], len(self.job.lines)
         for _, line in lines:
             if m := PROGRESS.match(line):
