@@ -34,7 +34,7 @@ test: $(STAMP)
 
 # the soak variants of the suite's cases, then random draws of the differential matrix (tests/matrix.py) for
 # SOAK_MINUTES, and a table of draws and failures; then one run under the nemesis (tests/nemesis.py) for
-# NEMESIS_MINUTES (NEMESIS_SEED: its schedule again), and its table of faults, exit codes and results
+# NEMESIS_MINUTES (NEMESIS_SEED: its schedule again), and its table of faults, exit codes, results and resources
 SOAK_MINUTES ?= 30
 NEMESIS_MINUTES ?= 60
 NEMESIS_SEED ?=

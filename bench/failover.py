@@ -13,7 +13,14 @@ the abort, the backoff and probing the hosts), the first new result (the restart
 line whose result count has grown, at a resolution of `output.progress`), and the replay (the restarted run
 taking in again what the crashed one had taken at the fault).  The results are compared with DuckDB's
 interval join of the same generated input: every pair exactly once.  Targets: the loss reported within
-`cluster.heartbeat_timeout` + 2 s; the first new result within 10 s of the report.  Output: failover.md,
+`cluster.heartbeat_timeout` + 2 s; the first new result within 10 s of the report.
+
+Then the nemesis soak's figures (tests/nemesis.py, `--nemesis-minutes`, default 3; 0: none): one unbounded
+Kafka job on four namespace hosts meeting a fault after another, as `make soak` runs it for an hour.  Reported:
+faults met per hour, the seconds from each fault to the first new result after it (median and max per kind of
+fault), results lost (pairs and views alone missing from the result files and the sink topic: must be 0) and
+each rank's peak resident memory over the run.  `--nemesis-record FILE` reads the record of a soak run before
+(`python -m tests.nemesis --record FILE`, e.g. an hour's) instead of running one.  Output: failover.md,
 failover.json.
 """
 
@@ -23,6 +30,7 @@ import argparse
 import json
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -154,13 +162,85 @@ def run_once(fault: str, work: Path, expected: np.ndarray) -> dict:
     }
 
 
+def nemesis_record(minutes: float, seed: int, work: Path) -> dict:
+    """A soak of `minutes` under the nemesis (tests.nemesis, run from the checkout as `make soak` does): its
+    record."""
+    record = work / "nemesis.json"
+    cmd = [sys.executable, "-m", "tests.nemesis", "--minutes", f"{minutes:g}", "--seed", str(seed)]
+    subprocess.run([*cmd, "--record", str(record)], cwd=Path(__file__).resolve().parent.parent, check=False)
+    if not record.is_file():
+        raise RuntimeError(f"{' '.join(cmd)} left no record (see its output above)")
+    return json.loads(record.read_text())
+
+
+def nemesis_figures(record: dict) -> dict:
+    """A soak's record as the bench's figures: faults per hour, seconds to the first new result per kind of
+    fault, results lost, each rank's peak resident memory (MiB)."""
+    by_kind: dict[str, list] = {}
+    for f in record["faults"]:
+        by_kind.setdefault(f["fault"], []).append(f["first_result_s"])
+    hours = record["sampled_seconds"] / 3600 or record["minutes"] / 60
+    rss = {
+        name.removeprefix("rss "): v["peak"] / 2**20
+        for name, v in record["resources"].items()
+        if name.startswith("rss ")
+    }
+    return {
+        "seed": record["seed"],
+        "minutes": record["minutes"],
+        "faults": len(record["faults"]),
+        "faults_per_hour": round(len(record["faults"]) / hours, 1) if hours else None,
+        "restarts": record["restarts"],
+        "first_result_s": {
+            kind: {
+                "n": len(times),
+                "median": median(times),
+                "max": max((t for t in times if t is not None), default=None),
+                "none": sum(t is None for t in times),  # no new result before the run's end
+            }
+            for kind, times in sorted(by_kind.items())
+        },
+        "lost": record["lost"],
+        "results_lost": sum(n for output in record["lost"].values() for n in output.values()),
+        "peak_rss_mib": {who: round(v, 1) for who, v in sorted(rss.items())},
+        "resources_flat": not any(v["failure"] for v in record["resources"].values()),
+        "verdict": "PASS" if record["ok"] else "FAIL: " + "; ".join(record["failures"]),
+    }
+
+
+def nemesis_text(n: dict) -> str:
+    """The nemesis part of failover.md."""
+    kinds = md_table(
+        ["fault", "met", "first new result median s", "max s", "none before the end"],
+        [
+            [k, str(v["n"]), fmt(v["median"], ".1f"), fmt(v["max"], ".1f"), str(v["none"])]
+            for k, v in n["first_result_s"].items()
+        ],
+    )
+    rss = md_table(["rank", "peak RSS MiB"], [[who, fmt(v, ".0f")] for who, v in n["peak_rss_mib"].items()])
+    return (
+        f"## Under the nemesis\n\n{n['minutes']:g} minutes, seed {n['seed']}: {n['faults']} faults "
+        f"({fmt(n['faults_per_hour'], '.0f')} an hour), {n['restarts']} restarts; results lost "
+        f"{n['results_lost']} (target 0: {'met' if n['results_lost'] == 0 else 'MISSED'}); resources "
+        f"{'flat' if n['resources_flat'] else 'NOT FLAT'}; soak verdict {n['verdict']}\n\n{kinds}\n\n{rss}\n"
+    )
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.failover", description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=1, help="runs per fault (default 1); medians are reported")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs per fault (default 1; 0: the nemesis alone); medians are reported"
+    )
     p.add_argument("--out", type=Path, default=Path("bench-report"))
+    p.add_argument("--nemesis-minutes", type=float, default=3.0, help="the nemesis soak's length (default 3; 0: none)")
+    p.add_argument("--nemesis-seed", type=int, default=7, help="its schedule's seed (default 7)")
+    p.add_argument(
+        "--nemesis-record", type=Path, default=None, help="a soak's record (tests.nemesis --record) to read instead"
+    )
     a = p.parse_args(argv)
-    expected = reference_pairs()
+    expected = reference_pairs() if a.repeats else None
     runs = []
+    record = json.loads(a.nemesis_record.read_text()) if a.nemesis_record else None
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-failover-") as tmp:
             for i in range(a.repeats):
@@ -172,11 +252,16 @@ def main(argv: list[str]) -> int:
                         f"[{fault} #{i + 1}] " + ", ".join(f"{k} {v}" for k, v in runs[-1].items() if k != "fault"),
                         flush=True,
                     )
+            if record is None and a.nemesis_minutes > 0:
+                record = nemesis_record(a.nemesis_minutes, a.nemesis_seed, Path(tmp))
     except TestBedError as e:
         print(f"bench.failover: no test bed here: {e}", file=sys.stderr)
         return 1
+    nemesis = None if record is None else nemesis_figures(record)
     keys = ("report_s", "restart_s", "start_s", "first_result_s", "report_to_result_s", "replay_s")
-    medians = {f: {k: median(r[k] for r in runs if r["fault"] == f) for k in keys} for f in ("cut", "kill")}
+    medians = {
+        f: {k: median(r[k] for r in runs if r["fault"] == f) for k in keys} for f in ("cut", "kill") if a.repeats
+    }
     met = {
         f: {
             "report": m["report_s"] <= REPORT_TARGET,
@@ -192,6 +277,7 @@ def main(argv: list[str]) -> int:
         "runs": runs,
         "medians": medians,
         "met": met,
+        "nemesis": nemesis,
     }
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "failover.json").write_text(json.dumps(data, indent=2))
@@ -216,12 +302,15 @@ def main(argv: list[str]) -> int:
         f"{'exact' if met[f]['exact'] else 'NOT EXACT'}"
         for f in medians
     )
+    faults = f"{table}\n\n{verdict}\n" if runs else ""
+    text = faults + ("" if nemesis is None else "\n" * bool(runs) + nemesis_text(nemesis))
     (a.out / "failover.md").write_text(
         f"# Failover on three namespace hosts\n\n{data['command']}, heartbeat_timeout "
-        f"{HEARTBEAT:g} s; seconds from the fault\n\n{table}\n\n{verdict}\n"
+        f"{HEARTBEAT:g} s; seconds from the fault\n\n{text}"
     )
-    print(table + "\n" + verdict, flush=True)
-    return 0 if all(all(m.values()) for m in met.values()) else 1
+    print(text, end="", flush=True)
+    held = nemesis is None or nemesis["results_lost"] == 0
+    return 0 if held and all(all(m.values()) for m in met.values()) else 1
 
 
 if __name__ == "__main__":

@@ -208,8 +208,13 @@ class IdCheck:
         if not len(rows):
             return
         self._recent.append((is_s, ids, rows))
-        while self._recent and self._recent[0][2][-1] < rows[-1] - self.window:
+        oldest = rows[-1] - self.window  #: the next row compares with rows from here on (`_repeats`)
+        while self._recent and self._recent[0][2][-1] < oldest:
             self._recent.popleft()
+        s_, i_, r_ = self._recent[0]  # a resumed window is one part: cut, else it stays until a run outlives it
+        if r_[0] < oldest:
+            cut = int(np.searchsorted(r_, oldest))
+            self._recent[0] = (s_[cut:], i_[cut:], r_[cut:])
 
     def _rise(self, code: np.ndarray, is_s: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """The rows of code 0 whose id is not above every earlier one of its stream (suspects: they may repeat

@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from protocol.plan import Plan
 
 ROW = "__row"
+#: a segment's schema metadata: the largest event time of its rows, so that a recovery listing it again releases it
+#: by its own times, not by the stream's largest at the checkpoint (which a run cut short by the next fault
+#: may never pass: the log would grow from restart to restart)
+TS_MAX = b"ts_max"
 FOLDER = "payload"
 SCHEMA_FILE = "schema.arrow"
 #: segments each reader keeps open per side (memory-mapped: the pages stay the page cache's to drop)
@@ -112,7 +116,9 @@ class PayloadLog:
             return
         path = self.folder / STREAM_NAMES[side] / segment_name(int(rows[0]), int(rows[-1]))
         if not path.exists():
-            _write_ipc(path, columns.add_column(0, ROW, pa.array(rows, pa.int64())), self.tag)
+            table = columns.add_column(0, ROW, pa.array(rows, pa.int64()))
+            meta = {**(table.schema.metadata or {}), TS_MAX: str(int(ts.max())).encode()}
+            _write_ipc(path, table.replace_schema_metadata(meta), self.tag)
         size = path.stat().st_size
         with self._lock:
             self.bytes += size
@@ -122,9 +128,9 @@ class PayloadLog:
 
     def resume(self, side: int, below: int, ts_max: int) -> None:
         """A recovery that goes on at stream row `below` of stream `side` (not reading the input again): the
-        segments of its rows before are listed (their times at most `ts_max`), those from it on removed -- the
-        rows after a checkpoint may be numbered otherwise when read again, so no segment of theirs may stay for
-        `write` to take as its own."""
+        segments of its rows before are listed (their times their own TS_MAX, at most `ts_max`: the stream's
+        largest at the checkpoint), those from it on removed -- the rows after a checkpoint may be numbered
+        otherwise when read again, so no segment of theirs may stay for `write` to take as its own."""
         folder = self.folder / STREAM_NAMES[side]
         lo, hi = self.block
         found = [(rows, f) for f in folder.glob("*.arrow") if (rows := segment_rows(f.name))] if folder.is_dir() else []
@@ -135,11 +141,12 @@ class PayloadLog:
                 path.unlink(missing_ok=True)
                 continue
             size = path.stat().st_size
+            own = min(ts_max, segment_ts_max(path, ts_max))
             with self._lock:
                 self.bytes += size
                 self.held_bytes += size
                 self.peak_bytes = max(self.peak_bytes, self.held_bytes)
-                self.segments[side].append(Segment(first, last, ts_max, size, path))
+                self.segments[side].append(Segment(first, last, own, size, path))
 
     def release(self, side: int, taken: int, below: int) -> tuple[int, int]:
         """Remove the oldest segments of stream `side` whose rows are all below row `taken` and whose times are
@@ -156,6 +163,16 @@ class PayloadLog:
             with contextlib.suppress(FileNotFoundError):
                 g.path.unlink()
         return len(gone), removed
+
+
+def segment_ts_max(path: Path, otherwise: int) -> int:
+    """The largest event time of a segment's rows (its TS_MAX; `otherwise` for a segment written without it)."""
+    try:
+        with pa.memory_map(str(path)) as source:
+            meta = pa.ipc.open_file(source).schema.metadata or {}
+        return int(meta[TS_MAX])
+    except (OSError, pa.ArrowException, KeyError, ValueError):
+        return otherwise
 
 
 def remove_log(root: Path | str) -> None:

@@ -158,6 +158,9 @@ def read_topic(
             "group.id": f"check-{topic}-{isolation}",
             "isolation.level": isolation,
             "enable.auto.commit": False,
+            # the test broker answers a fetch with all it holds, past fetch.max.bytes: 107 MB after 20 minutes
+            # of the nemesis soak's sink, above librdkafka's default 100 MB, refused and fetched again for minutes
+            "receive.message.max.bytes": 1_000_000_000,
         }
     )
     try:

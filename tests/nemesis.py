@@ -17,8 +17,10 @@ The check: the sink topic read with read_committed and the result files each equ
 (tests.reference) of what the input topics hold after the run, each row once.  The test broker saves about once a
 second, so a SIGKILL loses records it had acknowledged: the engine is judged on what the broker kept, and a pair
 or row of a record the broker lost after the engine had read it is counted apart, as the broker's loss.  Every
-exit code seen (the supervisor's restarts, its own end) must be one the README documents.  The same seed draws
-the same schedule (printed first); `tests/cluster/test_nemesis.py` runs the short form in `make test`.
+exit code seen (the supervisor's restarts, its own end) must be one the README documents.  While the faults
+fire, the resources are sampled (tests.resources: each rank's memory and open files, the master's buffers, the
+checkpoints and the payload log on disk), and each must stay flat.  The same seed draws the same schedule
+(printed first); `tests/cluster/test_nemesis.py` runs the short form in `make test`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from protocol.output import LEFT_UNMATCHED, MATCHED, read_tables
 from tests.kafka import WINDOW, create, read_topic, settings
 from tests.matrix import MOVING, enter_netns, within_netns
 from tests.reference import duckdb_outer, encode_pairs, late_flags, micros
+from tests.resources import MiB, Sampler, Verdict, flatness, folder_bytes
 from tests.runs import write_config
 
 FAULTS = (
@@ -76,7 +79,19 @@ HEARTBEAT = 5.0
 #: recovery's): a partition passed over meanwhile (caught up, idle) brings no record below what was handed on
 #: minus this, so no record is late (master.sources.partitions) and the reference need not know the timing
 MAX_DELAY = 30.0
+#: rows of each stream's duplicate-id check a dispatcher keeps (source.duplicate_window), in memory and in every
+#: checkpoint (17 bytes a row): they grow until they hold this many, and the default million takes hours to fill at
+#: the soak's rate (about 80 rows a second a stream a dispatcher); this fills within the soak's first minute or
+#: two, after which the checkpoints must stay flat (docs/testing.md), and still spans a minute of each stream
+DUPLICATE_WINDOW = 5_000
 RECOVERY = 180.0  #: seconds a run has to be well again (a checkpoint complete) after a fault
+DISPATCHERS = 2  #: ranks 0 (the master) and 1
+#: a dispatcher's progress line: its results (a restarted run counts on from its checkpoint's) and buffered tuples
+PROGRESS = re.compile(
+    r"^(?:\[dispatcher (\d+)\] )?\[\s*[\d.]+s\] in [\d,]+ .*?\| results ([\d,]+) .*?\| buffered ([\d,]+) "
+)
+RESTART = re.compile(r"restart \d+ of \d+")  #: the supervisor's line of a crash it restarts
+HELD = re.compile(r"results wait for a subscriber behind: ([\d.]+) of")  #: a result stream's held MiB
 SUPERVISE = [
     *(sys.executable, "-m", "control.supervise"),
     *("--restarts", "1000", "--backoff", "0.5", "--max-backoff", "4", "--"),
@@ -253,6 +268,13 @@ class Report:
     results: dict = field(default_factory=dict)
     broker: dict = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    faults: list[dict] = field(default_factory=list)  #: each fired: seconds into the run, kind, victim
+    recovery: list[float | None] = field(default_factory=list)  #: per fault: seconds to the first new result
+    lost: dict = field(default_factory=dict)  #: per output: pairs and views alone missing (must be 0)
+    resources: list[Verdict] = field(default_factory=list)  #: each sampled series' peaks and verdict
+    series: dict = field(default_factory=dict)  #: each sampled series: [(seconds, value)]
+    sampled: float = 0.0  #: seconds the resources were sampled over
+    oldest_rank: float = 0.0  #: seconds the longest-lived rank process ran (faults restart them all)
 
     @property
     def ok(self) -> bool:
@@ -265,9 +287,32 @@ class Report:
         rows += [("exit codes (restarted)", ", ".join(f"{c} x{n}" for c, n in sorted(self.exit_codes.items())))]
         rows += [("exit code (end)", str(self.final_code))]
         rows += [(k, str(v)) for k, v in {**self.results, **self.broker}.items()]
+        if self.resources:
+            rows += [("resources sampled", f"{self.sampled:.0f}s; the longest a rank lived {self.oldest_rank:.0f}s")]
+            rows += [v.row() for v in self.resources]
         rows += [("verdict", "PASS" if self.ok else "FAIL: " + "; ".join(self.failures))]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def record(self) -> dict:
+        """The report as JSON (`--record`; bench.failover reads it): each fault with the seconds to the first new
+        result after it, what was lost, each resource's peaks by thirds (bytes, counts), the verdict."""
+        return {
+            "seed": self.seed,
+            "minutes": self.minutes,
+            "faults": [f | {"first_result_s": r} for f, r in zip(self.faults, self.recovery)],
+            "restarts": self.restarts,
+            "exit_codes": {str(c): n for c, n in sorted(self.exit_codes.items())},
+            "final_code": self.final_code,
+            "lost": self.lost,
+            "results": {k: str(v) for k, v in {**self.results, **self.broker}.items()},
+            "sampled_seconds": round(self.sampled, 1),
+            "oldest_rank_seconds": round(self.oldest_rank, 1),
+            "resources": {v.name: {"thirds": v.thirds, "peak": v.peak, "failure": v.failure} for v in self.resources},
+            "series": {name: [[round(t, 1), v] for t, v in points] for name, points in self.series.items()},
+            "failures": self.failures,
+            "ok": self.ok,
+        }
 
 
 class Nemesis:
@@ -276,6 +321,7 @@ class Nemesis:
     def __init__(self, tmp: Path, seed: int, rate: float, disk_mib: int, log=print):
         self.tmp, self.seed, self.rate, self.say = tmp, seed, rate, log
         self.stack = ExitStack()
+        self.oldest_rank, self.sampled_lines = 0.0, 0  #: what the resources' samples saw so far
         try:
             self.set_up(tmp, disk_mib)
         except BaseException:  # what is up already comes down: no bed, broker or mount left behind
@@ -319,6 +365,7 @@ class Nemesis:
                 "cluster.network": "10.77.0.0/24",
                 "hotkeys.enabled": True,
                 "hotkeys.threshold": 0.15,
+                "source.duplicate_window": DUPLICATE_WINDOW,
                 **MOVING,
                 "balance.seed": self.seed,
                 "output.progress": 1.0,
@@ -390,6 +437,39 @@ class Nemesis:
                         out[int(p.environ()["OMPI_COMM_WORLD_RANK"])] = p
                 except (psutil.Error, KeyError, ValueError):
                     pass
+        return out
+
+    def resources(self) -> dict[str, float]:
+        """One sample (tests.resources): every running rank's resident memory and open files by rank, the
+        supervisor's, each dispatcher's buffered tuples at most since the last sample (its progress lines), the
+        checkpoints, the payload log and the rest of the output on disk."""
+        out: dict[str, float] = {}
+        procs = {
+            f"{'master' if r == 0 else 'dispatcher' if r < DISPATCHERS else 'slave'} (rank {r})": p
+            for r, p in self.ranks().items()
+        }
+        procs["supervisor"] = psutil.Process(self.job.proc.pid)
+        now = time.time()
+        for who, p in procs.items():
+            try:
+                with p.oneshot():
+                    out[f"rss {who}"], out[f"fds {who}"] = p.memory_info().rss, p.num_fds()
+                    if who != "supervisor":
+                        self.oldest_rank = max(self.oldest_rank, now - p.create_time())
+            except psutil.Error:  # ended meanwhile: the next sample sees its successor
+                pass
+        lines, self.sampled_lines = self.job.lines[self.sampled_lines :], len(self.job.lines)
+        for _, line in lines:
+            if m := PROGRESS.match(line):
+                name = f"buffered at dispatcher {m.group(1) or 0}"
+                out[name] = max(out.get(name, 0), int(m.group(3).replace(",", "")))
+            if m := HELD.search(line):
+                out["held results"] = max(out.get("held results", 0), float(m.group(1)) * MiB)
+        folder = self.disk / "out"
+        parts = {"checkpoints on disk": folder / "checkpoints", "payload log on disk": folder / "payload"}
+        sizes = {name: folder_bytes(path) for name, path in parts.items()}
+        out |= sizes
+        out["output on disk (results, late, archive, metrics)"] = folder_bytes(folder) - sum(sizes.values())
         return out
 
     def broker_processes(self) -> list[psutil.Process]:
@@ -484,6 +564,7 @@ class Nemesis:
             hit = self.fire(step)
             if hit is not None:
                 report.fired[step.fault] += 1
+                report.faults.append({"at": round(began - self.started, 2), "fault": step.fault, "hit": hit})
                 report.log.append(f"{began - self.started:7.1f}s {step.fault} {hit}")
                 self.say(f"nemesis: {report.log[-1]}")
             last = time.monotonic()
@@ -616,6 +697,7 @@ def judge(name: str, pairs: np.ndarray, alone: np.ndarray, ref: dict, report: Re
         f"{len(alone)} (reference {len(must)}; missing {lone_missing}, extra {lone_extra}, twice {lone_twice}; "
         f"apart: {lone_reused} missing at lost records' offsets)"
     )
+    report.lost[name] = {"pairs": missing, "views alone": lone_missing}
     if missing or extra or twice or beyond or lone_missing or lone_extra or lone_twice:
         report.failures.append(f"{name} differ from the reference (see the table)")
 
@@ -680,6 +762,41 @@ def check(nemesis: Nemesis, report: Report) -> None:
         report.results["kept for a look"] = str(keep)
 
 
+def flat(report: Report, sampler: Sampler, nemesis: Nemesis) -> None:
+    """Stop sampling (the soak's faults are over; the end's catch-up is not judged) and judge every resource."""
+    report.sampled = sampler.stop()
+    report.oldest_rank = nemesis.oldest_rank
+    report.resources, report.series = flatness(sampler.series, report.sampled), sampler.series
+    if not any(v.name.startswith("rss slave") for v in report.resources):
+        report.failures.append(f"no rank was sampled ({sampler.errors} samples failed: {sampler.last_error})")
+    report.failures += [f"{v.name}: {v.failure}" for v in report.resources if v.failure]
+
+
+def first_results(lines: list[tuple[float, str]], faults: list[dict], started: float) -> list[float | None]:
+    """Per fault, the seconds from it to the first new result: after the restart it caused (the supervisor's
+    line, before the next fault), the first progress line of a dispatcher counting more results than any of its
+    lines before that restart -- the crashed run may still have made some after the fault, and the restarted one
+    counts on from its checkpoint, so this is past its replay; for a fault ridden out, more than before the fault.
+    None: none came before the end."""
+    progress = [
+        (t - started, int(m.group(1) or 0), int(m.group(2).replace(",", "")))
+        for t, line in lines
+        if (m := PROGRESS.match(line))
+    ]
+    restarts = [t - started for t, line in lines if RESTART.search(line)]
+    out: list[float | None] = []
+    for k, fault in enumerate(faults):
+        until = faults[k + 1]["at"] if k + 1 < len(faults) else float("inf")
+        since = next((t for t in restarts if fault["at"] <= t < until), fault["at"])
+        before: dict[int, int] = {}
+        for t, d, n in progress:
+            if t < since:
+                before[d] = max(before.get(d, 0), n)
+        after = (t for t, d, n in progress if t >= since and n > before.get(d, 0))
+        out.append(next((round(t - fault["at"], 2) for t in after), None))
+    return out
+
+
 def run(minutes: float, seed: int, rate: float = 100.0, disk_mib: int = 256, log=print) -> Report:
     """One soak of `minutes`; its report (faults fired, exit codes, results, verdict)."""
     report = Report(seed, minutes, schedule(seed))
@@ -688,15 +805,18 @@ def run(minutes: float, seed: int, rate: float = 100.0, disk_mib: int = 256, log
         try:
             nemesis.start()
             nemesis.started = time.monotonic()
+            sampler = Sampler(nemesis.resources)
             well = nemesis.well_since(0.0, RECOVERY)
             if not well:
                 report.failures.append(f"no checkpoint complete within {RECOVERY:g}s of the start")
             else:
                 well = nemesis.soak(report, minutes * 60)
+            flat(report, sampler, nemesis)
             nemesis.finish(report, within=180 if well else 0)
+            report.recovery = first_results(nemesis.job.lines, report.faults, nemesis.started)
             stderr = nemesis.job.stderr()
             codes = [int(c) for c in re.findall(r"the cluster crashed \(exit code (\d+)\)", stderr)]
-            report.exit_codes, report.restarts = Counter(codes), len(re.findall(r"restart \d+ of \d+", stderr))
+            report.exit_codes, report.restarts = Counter(codes), len(RESTART.findall(stderr))
             undocumented = sorted({c for c in [*codes, report.final_code] if c not in CODES})
             if undocumented:
                 report.failures.append(f"exit codes the README does not document: {undocumented}")
@@ -714,6 +834,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=None, help="the schedule's seed (default: drawn, and printed)")
     p.add_argument("--rate", type=float, default=100.0, help="records a second of each stream (default 100)")
     p.add_argument("--disk-mib", type=int, default=256, help="the output's tmpfs, MiB (default 256)")
+    p.add_argument("--record", type=Path, default=None, help="write the report as JSON here too (bench.failover)")
     a = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the bed, the broker and the disk are cleaned up
     seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(3), "little")
@@ -723,6 +844,8 @@ def main(argv: list[str]) -> int:
         print(f"  {i + 1:3d}. {step}", flush=True)
     report = run(a.minutes, seed, a.rate, a.disk_mib, log=lambda m: print(m, flush=True))
     print(report.table(), flush=True)
+    if a.record is not None:
+        a.record.write_text(json.dumps(report.record(), indent=1))
     return 0 if report.ok else 1
 
 

@@ -1,8 +1,8 @@
 """The nemesis soak's short form (tests/nemesis.py; `make soak` runs it for an hour): one unbounded run on three
 namespace hosts, Kafka in and out, under the supervisor, meeting the faults its seed schedules for 90 s -- each
 once the run is well again, so a slow machine fires fewer, never none --; then the sink topic read with
-read_committed and the result files each equal the reference join of what the topics hold, once, and every exit
-code seen is documented."""
+read_committed and the result files each equal the reference join of what the topics hold, once, every exit
+code seen is documented, and every resource sampled stayed under its bound (tests/resources.py)."""
 
 from __future__ import annotations
 

@@ -40,7 +40,8 @@ def test_a_restored_mapper_codes_every_value_as_the_first_did_and_goes_on_counti
 
 def test_the_payload_log_resumed_at_a_row_lists_the_segments_before_it_and_removes_those_after(tmp_path):
     """Segments of rows 0-9, 10-19, 20-29 written; resumed at row 20, the first two are listed (released as
-    before, their times taken as at most the stream's largest), the third is gone, and rows written again from 20
+    before, by their own largest times, which each segment keeps: not by the stream's largest at the checkpoint,
+    which a run cut short by the next fault may never pass), the third is gone, and rows written again from 20
     (numbered otherwise now) are what a reader finds."""
     log = PayloadLog(tmp_path, "a")
     log.write_schema(0, pa.schema([("x", pa.int64())]))
@@ -49,13 +50,28 @@ def test_the_payload_log_resumed_at_a_row_lists_the_segments_before_it_and_remov
         log.write(0, rows, rows * 1000, pa.table({"x": rows}))
     fresh = PayloadLog(tmp_path, "b")
     fresh.resume(0, 20, 29_000)
-    assert [(s.first, s.last, s.ts_max) for s in fresh.segments[0]] == [(0, 9, 29_000), (10, 19, 29_000)]
+    assert [(s.first, s.last, s.ts_max) for s in fresh.segments[0]] == [(0, 9, 9_000), (10, 19, 19_000)]
     assert sorted(int(p.name[:12]) for p in (tmp_path / "payload" / "R").glob("0*.arrow")) == [0, 10]
     rows = np.arange(20, 25)
     fresh.write(0, rows, rows * 1000, pa.table({"x": rows + 100}))
     got = PayloadReader(tmp_path, ("r_", "s_")).gather(0, np.array([5, 15, 20, 24]))["r_x"].to_pylist()
     assert got == [5, 15, 120, 124]
-    assert fresh.release(0, 20, 30_000) == (2, sum(s.size for s in list(log.segments[0])[:2]))
+    assert fresh.release(0, 20, 9_000) == (0, 0)
+    assert fresh.release(0, 20, 10_000) == (1, log.segments[0][0].size)  # the stream's largest is 29,000
+    assert fresh.release(0, 20, 30_000) == (1, log.segments[0][1].size)
+
+
+def test_a_segment_written_without_its_largest_time_is_resumed_with_the_stream_s(tmp_path):
+    """A segment of an earlier version (no TS_MAX) is released once the stream's largest at the checkpoint is passed."""
+    folder = tmp_path / "payload" / "R"
+    folder.mkdir(parents=True)
+    with pa.OSFile(str(folder / "000000000000-000000000009.arrow"), "wb") as sink:
+        table = pa.table({"__row": np.arange(10), "x": np.arange(10)})
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    log = PayloadLog(tmp_path, "a")
+    log.resume(0, 10, 29_000)
+    assert [s.ts_max for s in log.segments[0]] == [29_000]
 
 
 def test_a_partition_ending_below_what_was_read_restarts_a_running_job_and_stops_a_recovery_past_it():
