@@ -550,9 +550,15 @@ class Metrics:
                 (counter, "records", "records read"),
                 (counter, "bytes", "bytes of record values read"),
                 (counter, "lost", 'records deleted at the broker before they were read, skipped (on_lost = "skip")'),
+                (
+                    counter,
+                    "rewound",
+                    'records a checkpoint had read that the broker no longer held, read on past (on_lost = "skip")',
+                ),
             ):
                 rows = [(place(p), p[name]) for p in s["kafka_partitions"]]
-                yield kind(f"kafka_{name}" + "_records" * (name in ("lag", "lost")), doc, None, KAFKA_LABELS, rows)
+                suffix = "_records" * (name in ("lag", "lost", "rewound"))
+                yield kind(f"kafka_{name}{suffix}", doc, None, KAFKA_LABELS, rows)
 
 
 def _histogram(name: str, doc: str, rows, labels=()) -> HistogramMetricFamily:

@@ -159,6 +159,7 @@ class KafkaStream:
         self._aside: list[tuple[np.ndarray, np.ndarray, pa.Table]] = []  #: set aside, not yet passed by the merge
         self._commit_due: list[TopicPartition] | None = None  #: a complete checkpoint's offsets, to commit
         self.lost = np.zeros(len(self.assigned), np.int64)  #: records deleted before they were read, per partition
+        self.rewound = np.zeros(len(self.assigned), np.int64)  #: records read that the broker no longer holds
         self.lost_ranges: list[dict] = []  #: each occurrence: topic, partition, first and last offset lost
         #: each time a checkpoint's offset lay beyond a partition's end (on_lost = "skip"): the offsets the stream
         #: had read that the broker no longer held, read again from their first (others' now)
@@ -481,6 +482,7 @@ class KafkaStream:
                     )
                 print(f'kafka: {where}; read on from offset {hi} (on_lost = "skip")', file=sys.stderr, flush=True)
                 self.rewound_ranges.append({"topic": topic, "partition": p, "first": hi, "last": first - 1})
+                self.rewound[i] += first - hi
                 self.merge.rewind(i, hi)
                 continue
             upto = min(lo, int(self.merge.end[i])) if self.bounded else lo  # bounded: what it would have read
@@ -540,6 +542,7 @@ class KafkaStream:
                     "bytes": size,
                     "lag": lag,
                     "lost": int(self.lost[i]),
+                    "rewound": int(self.rewound[i]),
                 }
             )
         return out
@@ -564,6 +567,7 @@ class KafkaStream:
                 "partitions_paused": self.pauses,
                 "positions": {f"{t}/{p}": int(x) for (t, p), x in zip(self.assigned, self.merge.unreleased())},
                 "lost_records": int(self.lost.sum()),
+                "rewound_records": int(self.rewound.sum()),
                 "lost": list(self.lost_ranges),
                 "rewound": list(self.rewound_ranges),
             }
@@ -578,7 +582,7 @@ class KafkaStream:
             **entries[0],
             **{
                 k: sum(s[k] for s in entries)
-                for k in ("partitions", "records", "rows", "partitions_paused", "lost_records")
+                for k in ("partitions", "records", "rows", "partitions_paused", "lost_records", "rewound_records")
             },
             "held_peak_rows": max(s["held_peak_rows"] for s in entries),
             "rejected_by_reason": dict(reasons),
@@ -628,9 +632,10 @@ class KafkaStream:
         self._stored = self.merge.unreleased()
         self.lost_ranges = list(where.get("lost", []))  # skipped before the checkpoint (none in older ones)
         self.rewound_ranges = list(where.get("rewound", []))
-        for r in self.lost_ranges:
-            if (r["topic"], r["partition"]) in self.assigned:
-                self.lost[self.assigned.index((r["topic"], r["partition"]))] += r["last"] - r["first"] + 1
+        for counts, ranges in ((self.lost, self.lost_ranges), (self.rewound, self.rewound_ranges)):
+            for r in ranges:
+                if (r["topic"], r["partition"]) in self.assigned:
+                    counts[self.assigned.index((r["topic"], r["partition"]))] += r["last"] - r["first"] + 1
 
     def acknowledge(self, where: dict) -> None:
         """A checkpoint holding the stream up to `where` (its `position`) is complete: its offsets become the

@@ -74,7 +74,7 @@ def without(s: dict, gone: np.ndarray) -> dict:
 def stopped_once_in(tmp_path, cfg: dict, want, args: list[str], pause=None) -> Run:
     """The cluster (3 ranks, bare mpirun) until its progress lines count `want` tuples in or late (or `want(its
     stderr so far)`), then its clean stop (SIGUSR1);
-    `pause(proc)` once it first counts every tuple of the first wave (`pause.first`), on its own lines."""
+    `pause(proc)` once it first counts `pause.first` tuples (a number) or logs a line holding it (a string)."""
     proc = subprocess.Popen(
         mpirun_command(3, ["--config", str(write_config(tmp_path, cfg)), *args]),
         env=mpi_env(),
@@ -88,6 +88,9 @@ def stopped_once_in(tmp_path, cfg: dict, want, args: list[str], pause=None) -> R
     try:
         for line in proc.stderr:
             lines.append(line)
+            if pause is not None and isinstance(pause.first, str) and pause.first in line:
+                pause(proc)
+                pause = None
             if counts := COUNTS.search(line):
                 taken = sum(int(c.replace(",", "")) for c in counts.groups())
                 if pause is not None and taken == pause.first:
@@ -154,6 +157,60 @@ def test_records_deleted_between_a_crash_and_its_recovery_stop_it_with_exit_8_or
     assert run.returncode == 0 and run.summary["checkpoints"]["recovered_from"] is not None, run.stderr
     lost = {"topic": topics["views"], "partition": 1, "first": at, "last": at + 149}
     assert_skipped_exactly(run, topics, streams, gone, lost)
+
+
+def test_a_topic_made_anew_between_a_crash_and_its_recovery_stops_it_with_exit_8_or_is_read_on_from_its_end(
+    tmp_path, broker
+):
+    """The master is killed as it begins its third checkpoint, having read the first wave; then views' topic is
+    deleted and made anew, empty, so the checkpoint's offsets lie beyond its partitions' ends.  The recovery,
+    under the supervisor, stops with exit 8 (no restart) naming the offset and the end; with on_lost = "skip" it
+    logs each partition and reads on from the end, where the second wave is written once it has said so (the
+    master stopped meanwhile): exactly the reference join of the views the checkpoint holds and the new ones, the
+    ranges counted as `rewound`."""
+    topics, streams, cfg = two_waves(broker, tmp_path, 97, 1600)
+    fired = tmp_path / "fault-fired"
+    crashed = run_cluster(tmp_path, 3, cfg, timeout=120, env={"STREAMJOIN_FAULT": f"0:checkpoint:3:{fired}"})
+    assert crashed.returncode != 0 and fired.exists(), crashed.stderr
+    _, manifest = checkpoint.latest_complete(tmp_path / "out" / "checkpoints")
+    at = manifest["master"]["source"]["streams"][0]["offsets"]  # views' partitions 0 and 1
+    assert min(at) > 0, at
+    admin = AdminClient({"bootstrap.servers": broker})
+    admin.delete_topics([topics["views"]])[topics["views"]].result(30)
+    create(broker, topics["views"], 2)
+    stopped = run_cluster(tmp_path, 3, cfg, timeout=120, extra_args=["--recover"], wrapper=SUPERVISE)
+    assert stopped.returncode == INPUT_LOST and "restart 1 of" not in stopped.stderr, stopped.stderr
+    assert f"partition 0: offset {at[0]} lies beyond the partition's end 0" in stopped.stderr, stopped.stderr
+    assert 'set streams.views.kafka.on_lost = "skip" to read on from the end' in stopped.stderr
+
+    def second_wave(proc: subprocess.Popen) -> None:  # both streams' at once: neither idle while the other is read
+        master = master_of(proc)
+        master.suspend()
+        try:
+            produce_wave(broker, topics, streams, True)
+        finally:
+            master.resume()
+
+    second_wave.first = "; read on from offset 0"
+    views = streams["views"]
+    old = ~views["wave"]
+    gone = old & (views["offset"] >= np.array(at)[views["partition"]])
+    cfg["streams.views.kafka"]["on_lost"] = "skip"
+    run = stopped_once_in(tmp_path, cfg, 2 * 1600 - int(gone.sum()), ["--recover"], second_wave)
+    assert run.returncode == 0 and run.summary["checkpoints"]["recovered_from"] is not None, run.stderr
+    assert run.stderr.count("; read on from offset 0") == 2, run.stderr
+    summary = run.summary["live_streams"]["views"]
+    rewound = [{"topic": topics["views"], "partition": p, "first": 0, "last": at[p] - 1} for p in (0, 1)]
+    assert sorted(summary["rewound"], key=lambda r: r["partition"]) == rewound, summary
+    assert summary["rewound_records"] == sum(at) and summary["lost_records"] == 0, summary
+    final = parse((run.out / "metrics.prom").read_text())
+    for p in (0, 1):
+        labels = tuple(sorted(zip(KAFKA_LABELS, ("views", topics["views"], str(p)))))
+        assert final[("streamjoin_kafka_rewound_records_total", labels)] == at[p]
+    pairs, late, _ = reference(without(views, gone), streams["buys"])
+    assert len(pairs) > 500
+    np.testing.assert_array_equal(run.pairs(IDS), pairs)
+    np.testing.assert_array_equal(run.late_ids(IDS, ("views", "buys")), late)
 
 
 def master_of(mpirun: subprocess.Popen) -> psutil.Process:

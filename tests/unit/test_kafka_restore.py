@@ -106,10 +106,12 @@ def test_a_recovery_told_to_skip_reads_a_partition_cut_below_its_checkpoint_on_f
         bounded=False,
         on_lost="skip",
         rewound_ranges=[],
+        rewound=np.zeros(2, np.int64),
         lost_ranges=[],
     )
     KafkaStream._skip_gone(stream, np.array([0]), np.array([0]), np.array([816]))
     assert merge.position.tolist() == [816, 20] and merge.unreleased().tolist() == [816, 20]
     assert stream.rewound_ranges == [{"topic": "views", "partition": 0, "first": 816, "last": 838}]
+    assert stream.rewound.tolist() == [23, 0]
     assert stream.lost_ranges == []
     assert "offset 839 lies beyond the partition's end 816" in capsys.readouterr().err
