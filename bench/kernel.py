@@ -114,21 +114,24 @@ def one_core():
         os.sched_setaffinity(0, cpus)
 
 
-def own_kernel(plan: Plan, batches, results_to: Path | None = None, payload=None) -> tuple[float, int]:
-    """Seconds and results of the slave's join module over all batches, on one core of this process.
+def own_kernel(plan: Plan, batches, results_to: Path | None = None, payload=None, slaves: int = 1) -> tuple[float, int]:
+    """Seconds and results of the slave's join module over all batches, on one core of this process; with
+    `slaves`, batch i is slave i % slaves's, each slave with a join module of its own (one module would expire a
+    slave's state by another's watermark before its own batch of the epoch came).
 
     With `results_to`, also the rest of a slave's work on each batch's results: their delays
     (slave.join.Chunk.delays) and the Parquet result files (slave.result_files.ResultWriter, whose writing
     thread shares the core; `payload`: declared streams' columns gathered from their payload log): what the
     cluster's slaves do besides the join, without master or messages."""
     with one_core():
-        module = join_module(plan, batches[0][0].dtype)
+        modules = [join_module(plan, batches[0][0].dtype) for _ in range(slaves)]
         writer = (
             ResultWriter(str(results_to), 1, "parquet", plan.output.flush_rows, payload=payload) if results_to else None
         )
         results = 0
         started = time.perf_counter()
-        for r, s, watermark in batches:
+        for i, (r, s, watermark) in enumerate(batches):
+            module = modules[i % slaves]
             if writer is None:
                 results += len(module.process(r, s, watermark))
                 continue

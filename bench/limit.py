@@ -111,7 +111,7 @@ def ingest_stage(plan: Plan, chunks: list, slaves: int) -> tuple[float, list]:
     ranks = list(range(1, slaves + 1))
     desk = IngestDesk(plan, buffers, RunStats(ranks, 0.0), Channels(ranks, buffers.dtype), 0, 1, 1, None, None)
     owned = np.array_split(np.arange(parts), slaves)
-    epoch, delay = eventtime.duration(plan.epochs.distribution), plan.join.max_delay
+    epoch = eventtime.duration(plan.epochs.distribution)
     batches, seen, next_cut = [], eventtime.NEG_INF, None
     began = time.process_time()
     desk.start(0.0)
@@ -119,10 +119,10 @@ def ingest_stage(plan: Plan, chunks: list, slaves: int) -> tuple[float, list]:
         desk.take(chunk, len(chunk.ts), 0.0)
         seen = max(seen, int(chunk.ts.max()))
         next_cut = seen + epoch if next_cut is None else next_cut
-        if seen >= next_cut:  # an epoch of event time in: every slave's batch goes
-            batches += [(*buffers.drain(mine), seen - delay) for mine in owned]
+        if seen >= next_cut:  # an epoch of event time in: every slave's batch goes, with the desk's watermark
+            batches += [(*buffers.drain(mine), desk.batch_watermark()) for mine in owned]
             next_cut = seen + epoch
-    batches += [(*buffers.drain(mine), seen - delay) for mine in owned]
+    batches += [(*buffers.drain(mine), desk.batch_watermark()) for mine in owned]
     return time.process_time() - began, batches
 
 
@@ -319,14 +319,16 @@ def stages(plan: Plan, slaves: int) -> tuple[dict[str, float], int, dict[str, fl
     sizes = [r.nbytes + s.nbytes for r, s, _ in batches]
     transfer = transfer_stage(max(1, int(np.mean(sizes))), sum(sizes))
     began = time.process_time()  # CPU, not own_kernel's wall time: on a shared machine the core is not ours alone
-    own_kernel(plan, batches)
+    _, pairs = own_kernel(plan, batches, slaves=slaves)
     join = time.process_time() - began
-    duck, _ = join_reference(plan, batches)
+    duck, reference_pairs = join_reference(plan, batches)
+    if pairs != reference_pairs:
+        raise RuntimeError(f"bench.limit: the join stage found {pairs:,} pairs, DuckDB {reference_pairs:,}")
     references = {"join": duck}
     gather = TimedGather(plan) if any(s.payload for s in plan.streams) else None
     with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
         began = time.process_time()  # the writer thread's too
-        own_kernel(plan, batches, Path(tmp), gather or payload_reader(plan))
+        own_kernel(plan, batches, Path(tmp), gather or payload_reader(plan), slaves)
         with_results = time.process_time() - began
         del batches
         references |= {"read": read_reference(plan), "results": write_reference(Path(tmp))}

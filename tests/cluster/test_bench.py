@@ -908,6 +908,19 @@ def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_
     assert "Pipeline limit" in (tmp_path / "limit.md").read_text()
 
 
+def test_bench_limit_joins_each_slaves_batches_apart_and_finds_duckdbs_pairs(tmp_path):
+    """The join stage on two slaves' batches: each slave's module expires by its own batches, so the pairs are
+    DuckDB's on the same tuples (one module for both lost 2.6% of them: one slave's watermark expired the
+    other's state before its batch of the epoch came)."""
+    from bench.kernel import own_kernel
+    from bench.limit import ingest_stage, join_reference, read_stage, workloads
+
+    plan = load_plan(None, [*workloads(100_000, tmp_path)["file"], f"output.path={tmp_path / 'out'}"])
+    _, batches = ingest_stage(plan, read_stage(plan)[1], 2)
+    _, pairs = own_kernel(plan, batches, slaves=2)
+    assert pairs == join_reference(plan, batches)[1] > 10_000
+
+
 def test_bench_aggregate_reports_both_rates_their_ratio_and_the_views_lag(tmp_path):
     """A small bench.aggregate: the runs with and without aggregation give the same results, the report has both
     sides' rates, the ratio against the target and the view lag's percentiles over the windows measured."""
