@@ -606,17 +606,16 @@ class StreamChecks:
         first = self.check.mark(p, rows) if self.check is not None else None
         self.row += n
         ok = p.code == 0
+        if ok.all():  # as a rule: the batch's own arrays, no gather; the rows and ids copied (IdCheck keeps them)
+            rows, ids, ts, keys = rows.copy(), np.array(p.id), p.ts, p.key
+            batch = StreamBatch(rows, ids, ts, keys, None, self._columns(f, table, ts, rows), no_terms(n))
+            return batch if self.query is None else self._queried(f, batch)
         take = pa.array(np.flatnonzero(ok))
         keys = [k[ok] if isinstance(k, np.ndarray) else k.take(take) for k in p.key]
-        rejected = self._rejected(f, table, p, rows - file_start, first) if not ok.all() else None
+        rejected = self._rejected(f, table, p, rows - file_start, first)
+        rows, ts = rows[ok], p.ts[ok]
         batch = StreamBatch(
-            rows[ok],
-            p.id[ok],
-            p.ts[ok],
-            keys,
-            rejected,
-            self._columns(f, table.filter(ok), p.ts[ok], rows[ok]),
-            no_terms(int(ok.sum())),
+            rows, p.id[ok], ts, keys, rejected, self._columns(f, table.filter(ok), ts, rows), no_terms(len(rows))
         )
         return batch if self.query is None else self._queried(f, batch)
 
