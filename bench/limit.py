@@ -270,9 +270,9 @@ class TimedGather(PayloadReader):
         super().__init__(plan.output.path, tuple(s.prefix for s in plan.streams))
         self.seconds, self.asked = 0.0, []
 
-    def both(self, r_rows: np.ndarray, s_rows: np.ndarray):
+    def both(self, r_rows: np.ndarray, s_rows: np.ndarray, tuples=None):
         began = time.thread_time()
-        out = super().both(r_rows, s_rows)
+        out = super().both(r_rows, s_rows, tuples)
         self.seconds += time.thread_time() - began
         self.asked.append((r_rows, s_rows))
         return out
