@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections import OrderedDict, deque
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -101,6 +102,7 @@ class PayloadLog:
         self.folder, self.tag, self.block = Path(root) / FOLDER, tag, block
         self.removed_bytes = 0  #: what `release` removed
         self.peak_bytes = 0  #: the most the segments in `segments` ever were
+        self.seconds = 0.0  #: CPU seconds the threads that wrote segments spent in `write`
         self._lock = threading.Lock()  #: each stream's reader thread appends, the master's loop releases
         self.forget()
 
@@ -123,7 +125,7 @@ class PayloadLog:
         dispatcher wrote them."""
         if not len(rows):
             return
-        ts_max = int(ts.max())
+        began, ts_max = time.thread_time(), int(ts.max())
         path = self.folder / STREAM_NAMES[side] / segment_name(int(rows[0]), int(rows[-1]))
         if not path.exists():
             table = columns.add_column(0, ROW, pa.array(rows, pa.int64()))
@@ -135,6 +137,7 @@ class PayloadLog:
             self.held_bytes += size
             self.peak_bytes = max(self.peak_bytes, self.held_bytes)
             self.segments[side].append(Segment(int(rows[0]), int(rows[-1]), ts_max, size, path))
+            self.seconds += time.thread_time() - began
 
     def resume(self, side: int, below: int, ts_max: int) -> None:
         """A recovery that goes on at stream row `below` of stream `side` (not reading the input again): the

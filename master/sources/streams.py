@@ -756,6 +756,7 @@ class WatermarkMerge(StreamsSource):
             "payload_log_bytes": self.log.bytes,
             "payload_log_removed_bytes": self.log.removed_bytes,
             "payload_log_peak_bytes": self.log.peak_bytes,
+            "payload_log_cpu_seconds": round(self.log.seconds, 3),
             **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))} if live else {}),
         }
         if self.plan.query is not None:
@@ -776,6 +777,7 @@ class WatermarkMerge(StreamsSource):
         out = {
             **first,
             **{k: sum(f[k] for f in finished) for k in ("payload_log_bytes", "payload_log_removed_bytes", "rejected")},
+            "payload_log_cpu_seconds": round(sum(f["payload_log_cpu_seconds"] for f in finished), 3),
             "payload_log_peak_bytes": max(f["payload_log_peak_bytes"] for f in finished),
             "live_streams": {
                 name: live[name].merged([f["live_streams"][name] for f in finished]) for name in first["live_streams"]
