@@ -311,8 +311,8 @@ class PayloadReader:
             schema, letter = self.schema(side), "rs"[side]
             missing = None if every else rows < 0
             columns = dict(zip(out.column_names, out.columns))
-            for column, field in taken.items():
-                values = pa.array(tuples[f"{letter}_{field}"], pa.int64(), mask=missing)
+            for column, field in taken.items():  # copied: a view would hold the pairs' every field until written
+                values = pa.array(np.array(tuples[f"{letter}_{field}"], np.int64), pa.int64(), mask=missing)
                 columns[column] = values.cast(schema.field(column).type)
             out = pa.Table.from_arrays([columns[c] for c in schema.names], names=schema.names)
         return out.rename_columns([self.prefixes[side] + c for c in out.column_names])
