@@ -29,7 +29,8 @@ user and system time: steadier on a busy machine).
 The payload: the same generator's tuples as two declared streams (bench.payload's files: id, key, ts and three
 payload columns a side), read by the streams' source (which writes the payload log), each stage measured again
 without and with the payload columns (the results' gathering them from the log, protocol.payload), and the
-cluster run on both: the rate with payload against the rate without.
+cluster run on both: the rate with payload against the rate without.  Of their read, the part that writes the
+payload log (its writers' thread CPU), which pyarrow's read does not do, and the read without it against pyarrow's.
 
 With `--profile`, one more run of the cluster is sampled by py-spy (the master and the first slave), the folded
 stacks saved beside the report (`profile-master.txt`, `profile-slave.txt`) and the top frames by own time listed.
@@ -83,10 +84,14 @@ STAGES = ("read", "ingest", "transfer", "join", "results")
 #: write_reference), and the part of results measured beside Arrow's take (gather_reference)
 REFERENCES = {"read": "pyarrow", "join": "DuckDB", "results": "pyarrow"}
 GATHER = "payload gather"
+#: the part of declared streams' read that writes the payload log (thread CPU of PayloadLog.write), which
+#: pyarrow's read of the same columns does not do
+LOG = "payload log"
 
 
-def read_stage(plan: Plan) -> tuple[float, list]:
-    """CPU seconds (its reader thread's too) to stream the file into chunks, and the chunks."""
+def read_stage(plan: Plan) -> tuple[float, list, float]:
+    """CPU seconds (its reader threads' too) to stream the file into chunks, the chunks, and the CPU seconds of
+    those that went to writing the payload log (declared streams; 0 otherwise: protocol.payload.PayloadLog)."""
     from master.sources import open_source
 
     began = time.process_time()
@@ -94,7 +99,8 @@ def read_stage(plan: Plan) -> tuple[float, list]:
     while (chunk := source.next_chunk(plan.source.batch)) is not None:
         chunks.append(chunk)
     source.finish()
-    return time.process_time() - began, chunks
+    log = getattr(source, "log", None)
+    return time.process_time() - began, chunks, log.seconds if log is not None else 0.0
 
 
 def ingest_stage(plan: Plan, chunks: list, slaves: int) -> tuple[float, list]:
@@ -270,9 +276,9 @@ class TimedGather(PayloadReader):
         super().__init__(plan.output.path, tuple(s.prefix for s in plan.streams))
         self.seconds, self.asked = 0.0, []
 
-    def both(self, r_rows: np.ndarray, s_rows: np.ndarray):
+    def both(self, r_rows: np.ndarray, s_rows: np.ndarray, tuples=None):
         began = time.thread_time()
-        out = super().both(r_rows, s_rows)
+        out = super().both(r_rows, s_rows, tuples)
         self.seconds += time.thread_time() - began
         self.asked.append((r_rows, s_rows))
         return out
@@ -308,11 +314,11 @@ def stages(plan: Plan, slaves: int) -> tuple[dict[str, float], int, dict[str, fl
     """One measurement of every stage: seconds each, the tuples read, and the references' seconds (pyarrow
     reading the same columns for read, DuckDB joining the same tuples for join, pyarrow writing the same result
     table for results; with payload columns, the gather's seconds and Arrow's take's, GATHER and its reference).
-    Declared streams' read writes their payload log into `plan`'s output folder, and their results gather
-    from it."""
+    Declared streams' read writes their payload log into `plan`'s output folder (its part of read: LOG), and
+    their results gather from it."""
     from protocol.payload import payload_reader, remove_log
 
-    read, chunks = read_stage(plan)
+    read, chunks, log = read_stage(plan)
     tuples = sum(len(c.ts) for c in chunks)
     ingest, batches = ingest_stage(plan, chunks, slaves)
     del chunks
@@ -333,6 +339,8 @@ def stages(plan: Plan, slaves: int) -> tuple[dict[str, float], int, dict[str, fl
         del batches
         references |= {"read": read_reference(plan), "results": write_reference(Path(tmp))}
     seconds = {"read": read, "ingest": ingest, "transfer": transfer, "join": join, "results": with_results - join}
+    if plan.streams:
+        seconds[LOG] = log
     if gather is not None:
         seconds[GATHER], references[GATHER] = gather.seconds, gather_reference(plan, gather)
     remove_log(plan.output.path)
@@ -374,6 +382,7 @@ def main(argv: list[str]) -> int:
     measured: dict[str, dict[str, list]] = {}  #: per workload, per stage: ns per tuple of each repeat
     runs: dict[str, dict[str, list]] = {}  #: per cluster run's kind: in-run and whole-process rates
     gathered: dict[str, list] = {"ours": [], "take": []}  #: ns per tuple of the payload gather, and Arrow's take
+    logged: dict[str, list] = {}  #: per declared streams' workload: ns per tuple of read writing the payload log
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
             forms = workloads(a.rows, Path(tmp))
@@ -388,6 +397,8 @@ def main(argv: list[str]) -> int:
                     if GATHER in seconds:
                         gathered["ours"].append(seconds.pop(GATHER) / tuples * 1e9)
                         gathered["take"].append(references.pop(GATHER) / tuples * 1e9)
+                    if LOG in seconds:
+                        logged.setdefault(w, []).append(seconds.pop(LOG) / tuples * 1e9)
                     for stage, x in seconds.items():
                         measured[w][stage].append(x / tuples * 1e9)
                     for stage, x in references.items():
@@ -417,6 +428,7 @@ def main(argv: list[str]) -> int:
     ns = {w: {k: median(v) for k, v in m.items()} for w, m in measured.items()}
     ref = {w: {k: median(v) for k, v in m.items()} for w, m in referenced.items()}
     gather = {k: median(v) for k, v in gathered.items()}
+    log = {w: median(v) for w, v in logged.items()}
     total = {w: sum(x.values()) for w, x in ns.items()}
     limit = {w: cores * 1e9 / t for w, t in total.items()}
     rates = {c: {k: median(v) for k, v in r.items()} for c, r in runs.items()}
@@ -435,6 +447,9 @@ def main(argv: list[str]) -> int:
         "payload_gather_ns_per_tuple": {k: round(v, 1) for k, v in gather.items()},
         "payload_gather_runs": gathered,
         "payload_gather_to_take": round(gather["ours"] / gather["take"], 2),
+        "payload_log_ns_per_tuple": {w: round(x, 1) for w, x in log.items()},
+        "payload_log_runs": logged,
+        "read_without_log_to_reference": {w: round((ns[w]["read"] - x) / ref[w]["read"], 2) for w, x in log.items()},
         "sum_ns": {w: round(t, 1) for w, t in total.items()},
         "pipeline_limit": {w: round(x) for w, x in limit.items()},
         "cluster": runs,
@@ -469,6 +484,12 @@ def main(argv: list[str]) -> int:
         + [
             [f"{k}: {lib} alone (ratio)", *(f"{ref[w][k]:.0f} ({ns[w][k] / ref[w][k]:.1f}x)" for w in ns)]
             for k, lib in REFERENCES.items()
+        ]
+        + [
+            [
+                "read: of it the payload log (read without it / pyarrow)",
+                *(f"{log[w]:.0f} ({(ns[w]['read'] - log[w]) / ref[w]['read']:.1f}x)" if w in log else "" for w in ns),
+            ]
         ]
         + [["sum", *(fmt(total[w], ".0f") for w in ns)], ["pipeline limit (tuples/s)", *(fmt(limit[w]) for w in ns)]]
         + [

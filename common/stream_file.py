@@ -96,6 +96,8 @@ def _parse_int(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """(int64 values, ok) -- integer columns are taken as they are; anything else goes through the regex."""
     t = col.type
     if pa.types.is_integer(t) and t != pa.uint64():
+        if col.null_count == 0:  # as a rule: no pass to fill nulls
+            return pc.cast(col, pa.int64()).to_numpy(), np.ones(len(col), bool)
         return pc.fill_null(pc.cast(col, pa.int64()), 0).to_numpy(), _present(col)
     s = _strings(col)
     digits = pc.replace_substring_regex(s, r"^[+-]?0*", "")  # for the int64 range check
@@ -123,7 +125,12 @@ def _parse_float(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def _times(col: pa.ChunkedArray, unit: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """protocol.eventtime.from_column; a float column in a unit of a microsecond or more in one compiled pass
     (common.read_passes: the same ticks), where numpy's steps cost a fifth of reading the single file."""
-    if not pa.types.is_floating(col.type) or eventtime.UNITS[unit] > 6:
+    t = col.type
+    if pa.types.is_integer(t) and t != pa.uint64() and col.null_count == 0:  # as a rule: no pass for nulls
+        ticks, ok = eventtime.from_integers(pc.cast(col, pa.int64()).to_numpy(), unit)
+        every = np.ones(len(col), bool)
+        return ticks, every, every, ok
+    if not pa.types.is_floating(t) or eventtime.UNITS[unit] > 6:
         return eventtime.from_column(col, unit)
     from common.read_passes import _numbers
 
@@ -606,17 +613,16 @@ class StreamChecks:
         first = self.check.mark(p, rows) if self.check is not None else None
         self.row += n
         ok = p.code == 0
+        if ok.all():  # as a rule: the batch's own arrays, no gather; the rows and ids copied (IdCheck keeps them)
+            rows, ids, ts, keys = rows.copy(), np.array(p.id), p.ts, p.key
+            batch = StreamBatch(rows, ids, ts, keys, None, self._columns(f, table, ts, rows), no_terms(n))
+            return batch if self.query is None else self._queried(f, batch)
         take = pa.array(np.flatnonzero(ok))
         keys = [k[ok] if isinstance(k, np.ndarray) else k.take(take) for k in p.key]
-        rejected = self._rejected(f, table, p, rows - file_start, first) if not ok.all() else None
+        rejected = self._rejected(f, table, p, rows - file_start, first)
+        rows, ts = rows[ok], p.ts[ok]
         batch = StreamBatch(
-            rows[ok],
-            p.id[ok],
-            p.ts[ok],
-            keys,
-            rejected,
-            self._columns(f, table.filter(ok), p.ts[ok], rows[ok]),
-            no_terms(int(ok.sum())),
+            rows, p.id[ok], ts, keys, rejected, self._columns(f, table.filter(ok), ts, rows), no_terms(len(rows))
         )
         return batch if self.query is None else self._queried(f, batch)
 

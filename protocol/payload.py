@@ -12,7 +12,8 @@ so the log holds about a window and a checkpoint's worth of input.
 
 A segment `payload/<R|S>/<first row>-<last row>.arrow` holds the column `__row` (the stream rows, rising) and the
 stream's output columns under the user's names; `schema.arrow` beside them holds none, only their types, so a
-side with no row to gather still has its columns.  Every dispatcher reads the same input and writes a segment
+side with no row to gather still has its columns, and which of them are the tuples' own fields (TUPLE_FIELDS):
+results take those from their pairs, not from the segments.  Every dispatcher reads the same input and writes a segment
 that is not there yet under a temporary name, then renames it: the same rows, the same bytes, whoever is first.
 Dispatchers that share a Kafka topic's partitions out (master.sources.kafka_input) read different rows: each
 numbers its own from `ROW_BLOCK` times its index on, so their segments never overlap, and each lists, resumes and
@@ -22,8 +23,10 @@ removes only the segments of its own block (`block`); readers find every segment
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
+import time
 from collections import OrderedDict, deque
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -42,6 +45,10 @@ ROW = "__row"
 #: by its own times, not by the stream's largest at the checkpoint (which a run cut short by the next fault
 #: may never pass: the log would grow from restart to restart)
 TS_MAX = b"ts_max"
+#: schema.arrow's metadata: the output columns whose every value is the row's tuple field of that name (JSON,
+#: column -> field: a stream's time is its tuples' ts, an integer key taken as it is their key), which results
+#: take from the pairs (`PayloadReader.both`) instead of gathering them
+TUPLE_FIELDS = b"tuple_fields"
 FOLDER = "payload"
 SCHEMA_FILE = "schema.arrow"
 #: segments each reader keeps open per side (memory-mapped: the pages stay the page cache's to drop)
@@ -95,6 +102,7 @@ class PayloadLog:
         self.folder, self.tag, self.block = Path(root) / FOLDER, tag, block
         self.removed_bytes = 0  #: what `release` removed
         self.peak_bytes = 0  #: the most the segments in `segments` ever were
+        self.seconds = 0.0  #: CPU seconds the threads that wrote segments spent in `write`
         self._lock = threading.Lock()  #: each stream's reader thread appends, the master's loop releases
         self.forget()
 
@@ -105,26 +113,31 @@ class PayloadLog:
             self.held_bytes = 0  #: their bytes
             self.bytes = 0  #: the log's size: every segment listed, written here or by another dispatcher
 
-    def write_schema(self, side: int, schema: pa.Schema) -> None:
-        """The output columns of stream `side` (R = 0), before any of its tuples is sent."""
-        _write_ipc(self.folder / STREAM_NAMES[side] / SCHEMA_FILE, empty_table(schema), self.tag)
+    def write_schema(self, side: int, schema: pa.Schema, fields: dict[str, str] | None = None) -> None:
+        """The output columns of stream `side` (R = 0), before any of its tuples is sent; `fields`: those whose
+        values are the tuples' own fields (TUPLE_FIELDS: column -> field)."""
+        meta = {TUPLE_FIELDS: json.dumps(fields).encode()} if fields else {}
+        table = empty_table(schema).replace_schema_metadata({**(schema.metadata or {}), **meta})
+        _write_ipc(self.folder / STREAM_NAMES[side] / SCHEMA_FILE, table, self.tag)
 
     def write(self, side: int, rows: np.ndarray, ts: np.ndarray, columns: pa.Table) -> None:
         """One batch's accepted rows (`rows` rising, their event times `ts`) and their output columns, unless a
         dispatcher wrote them."""
         if not len(rows):
             return
+        began, ts_max = time.thread_time(), int(ts.max())
         path = self.folder / STREAM_NAMES[side] / segment_name(int(rows[0]), int(rows[-1]))
         if not path.exists():
             table = columns.add_column(0, ROW, pa.array(rows, pa.int64()))
-            meta = {**(table.schema.metadata or {}), TS_MAX: str(int(ts.max())).encode()}
+            meta = {**(table.schema.metadata or {}), TS_MAX: str(ts_max).encode()}
             _write_ipc(path, table.replace_schema_metadata(meta), self.tag)
         size = path.stat().st_size
         with self._lock:
             self.bytes += size
             self.held_bytes += size
             self.peak_bytes = max(self.peak_bytes, self.held_bytes)
-            self.segments[side].append(Segment(int(rows[0]), int(rows[-1]), int(ts.max()), size, path))
+            self.segments[side].append(Segment(int(rows[0]), int(rows[-1]), ts_max, size, path))
+            self.seconds += time.thread_time() - began
 
     def resume(self, side: int, below: int, ts_max: int) -> None:
         """A recovery that goes on at stream row `below` of stream `side` (not reading the input again): the
@@ -209,6 +222,11 @@ class PayloadReader:
             self._schemas[side] = self._read(self.folder / STREAM_NAMES[side] / SCHEMA_FILE).schema
         return self._schemas[side]
 
+    def fields(self, side: int) -> dict[str, str]:
+        """The output columns of stream `side` that are its tuples' own fields (TUPLE_FIELDS: column -> field)."""
+        meta = self.schema(side).metadata or {}
+        return json.loads(meta[TUPLE_FIELDS]) if TUPLE_FIELDS in meta else {}
+
     @staticmethod
     def _read(path: Path) -> pa.Table:
         try:
@@ -253,23 +271,27 @@ class PayloadReader:
             cache.popitem(last=False)
         return table
 
-    def gather(self, side: int, rows: np.ndarray) -> pa.Table:
+    def gather(self, side: int, rows: np.ndarray, tuples=None) -> pa.Table:
         """The output columns of stream `side`'s `rows` (int64; -1: no row, all its columns null), in that order,
         named with the side's prefix: one `take` over the segments they fall in, side by side as one table (no
-        copy), without sorting the rows."""
+        copy), without sorting the rows.  `tuples`: the rows' tuple fields by name, the side's letter first
+        (a slave's pairs: r_ts, s_key, ...), from which the columns that are those fields (`fields`) are taken
+        as they are."""
         from common.payload_passes import _places
 
         rows = np.require(rows, np.int64, "CW")
+        taken = self.fields(side) if tuples is not None else {}
+        drop = [ROW, *taken]
         seg, used = self._where(side, rows)
         index = np.zeros(len(rows), np.int64)
-        tables, every = [empty_table(self.schema(side))], not len(rows)
+        tables, every = [empty_table(self.schema(side)).drop_columns(list(taken))], not len(rows)
         if len(used):
             tables, helds, placed = [], [], 0
             shift = np.zeros(used[-1] + 1, np.int64)  #: per segment used, its place in `tables` minus its first row
             for i in used:
                 table = self._segment(side, int(i))
                 helds.append(table[ROW].to_numpy())
-                tables.append(table.drop_columns([ROW]))
+                tables.append(table.drop_columns(drop))
                 shift[i] = placed - helds[-1][0]
                 placed += table.num_rows
             if all(h[-1] - h[0] + 1 == len(h) for h in helds):  # every row of each segment there: by position
@@ -285,11 +307,19 @@ class PayloadReader:
                     )
                 index[valid] = at
         out = pa.concat_tables(tables).take(index if every else pa.array(index, mask=rows < 0))
+        if taken:  # the tuples' own fields, in the schema's order among the gathered columns
+            schema, letter = self.schema(side), "rs"[side]
+            missing = None if every else rows < 0
+            columns = dict(zip(out.column_names, out.columns))
+            for column, field in taken.items():  # copied: a view would hold the pairs' every field until written
+                values = pa.array(np.array(tuples[f"{letter}_{field}"], np.int64), pa.int64(), mask=missing)
+                columns[column] = values.cast(schema.field(column).type)
+            out = pa.Table.from_arrays([columns[c] for c in schema.names], names=schema.names)
         return out.rename_columns([self.prefixes[side] + c for c in out.column_names])
 
-    def both(self, r_rows: np.ndarray, s_rows: np.ndarray) -> pa.Table:
-        """R's columns then S's, row by row (-1: that side is missing)."""
-        r, s = self.gather(0, r_rows), self.gather(1, s_rows)
+    def both(self, r_rows: np.ndarray, s_rows: np.ndarray, tuples=None) -> pa.Table:
+        """R's columns then S's, row by row (-1: that side is missing); `tuples`: the rows' tuple fields (`gather`)."""
+        r, s = self.gather(0, r_rows, tuples), self.gather(1, s_rows, tuples)
         return pa.Table.from_arrays(r.columns + s.columns, names=r.column_names + s.column_names)
 
 

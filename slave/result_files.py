@@ -32,12 +32,19 @@ def _kind(kind: str, n: int) -> pa.Array:
 
 
 def with_columns(
-    payload: PayloadReader, r_rows: np.ndarray, s_rows: np.ndarray, delay: np.ndarray, kind: str | None
+    payload: PayloadReader,
+    r_rows: np.ndarray,
+    s_rows: np.ndarray,
+    delay: np.ndarray,
+    kind: str | None,
+    pairs: Pairs | None = None,
 ) -> pa.Table:
     """Result rows of declared streams: both sides' own columns gathered by stream row from the
-    payload log (-1: the side is missing, its columns null), then `delay` and, outside inner joins, `kind`; as a
-    query's SELECT names them if the reader has one."""
-    t = payload.both(r_rows, s_rows).append_column(pa.field("delay", pa.float64(), nullable=False), pa.array(delay))
+    payload log (-1: the side is missing, its columns null; those that are the tuples' own fields taken from
+    `pairs`, the rows' pairs, if given), then `delay` and, outside inner joins, `kind`; as a query's SELECT names
+    them if the reader has one."""
+    delays = pa.field("delay", pa.float64(), nullable=False)
+    t = payload.both(r_rows, s_rows, pairs).append_column(delays, pa.array(delay))
     if kind is not None:
         t = t.append_column(pa.field("kind", pa.string(), nullable=False), _kind(kind, len(delay)))
     return projected(t, payload.plan, payload.prefixes)
@@ -90,7 +97,7 @@ def outer_table(
     if pairs is not None and len(pairs):
         parts.insert(
             0,
-            with_columns(payload, pairs["r_id"], pairs["s_id"], delay, MATCHED)
+            with_columns(payload, pairs["r_id"], pairs["s_id"], delay, MATCHED, pairs)
             if payload is not None
             else pa.table(
                 [
@@ -139,7 +146,7 @@ class ResultWriter(NumberedFiles):
         if self.join_type != "inner":
             return self._buffer(outer_table(pairs, delay, None, None, self.join_type, self.payload))
         if self.payload is not None:
-            return self._buffer(with_columns(self.payload, pairs["r_id"], pairs["s_id"], delay, None))
+            return self._buffer(with_columns(self.payload, pairs["r_id"], pairs["s_id"], delay, None, pairs))
         # the columns are contiguous: Arrow takes them without a copy (ts: converted to seconds)
         return self._buffer(
             pa.table([delay if c == "delay" else pairs.output(c) for c in RESULT_SCHEMA.names], schema=RESULT_SCHEMA)

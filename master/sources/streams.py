@@ -71,6 +71,7 @@ from protocol.payload import ROW_BLOCK, PayloadLog
 from protocol.streams import KAFKA_COLUMNS
 from common.stream_file import (
     BATCH_ROWS,
+    EXTENSIONS,
     SidedBatch,
     SidedFile,
     StreamChecks,
@@ -473,7 +474,7 @@ class WatermarkMerge(StreamsSource):
             inp.row = self.log.block[0]
         self.log.forget()
         for side, inp in enumerate(inputs):
-            self.log.write_schema(side, inp.schema)
+            self.log.write_schema(side, inp.schema, _tuple_fields(inp, self.kinds))
         self.mapper = KeyMapper(self.kinds, hashed=self.share[1] > 1)
         self._stop = threading.Event()
         #: per side: a live stream (master.sources.live), or None and the reader of its files
@@ -755,6 +756,7 @@ class WatermarkMerge(StreamsSource):
             "payload_log_bytes": self.log.bytes,
             "payload_log_removed_bytes": self.log.removed_bytes,
             "payload_log_peak_bytes": self.log.peak_bytes,
+            "payload_log_cpu_seconds": round(self.log.seconds, 3),
             **({"live_streams": dict(zip((n for n in self.specs if n in self.declared), live))} if live else {}),
         }
         if self.plan.query is not None:
@@ -775,6 +777,7 @@ class WatermarkMerge(StreamsSource):
         out = {
             **first,
             **{k: sum(f[k] for f in finished) for k in ("payload_log_bytes", "payload_log_removed_bytes", "rejected")},
+            "payload_log_cpu_seconds": round(sum(f["payload_log_cpu_seconds"] for f in finished), 3),
             "payload_log_peak_bytes": max(f["payload_log_peak_bytes"] for f in finished),
             "live_streams": {
                 name: live[name].merged([f["live_streams"][name] for f in finished]) for name in first["live_streams"]
@@ -791,6 +794,19 @@ class WatermarkMerge(StreamsSource):
                 "bytes": sum(f["keys"]["bytes"] for f in finished),
             }
         return out
+
+
+def _tuple_fields(inp: StreamChecks, kinds: list[str]) -> dict[str, str]:
+    """The output columns of stream `inp` whose values are its tuples' fields (protocol.payload.TUPLE_FIELDS), so
+    results take them from their pairs: its time; its stream row (`row`, without an id); its key, if one integer
+    column of int64 taken as it is (the tuples' key is its value, master.sources.keys; CSV text is parsed
+    otherwise than cast)."""
+    spec = inp.spec
+    fields = {spec.time: "ts"} | ({} if spec.id else {"row": "id"})
+    csv = any(EXTENSIONS[f.suffix.lower()] == "csv" for f in getattr(inp, "files", ()))
+    if kinds == ["int"] and inp.schema.field(spec.key[0]).type == pa.int64() and not csv:
+        fields[spec.key[0]] = "key"
+    return fields
 
 
 def _drawn(generator: Generator, start: int):

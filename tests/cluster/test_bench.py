@@ -900,6 +900,9 @@ def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_
         assert data["pipeline_limit"][form] == pytest.approx(limit, rel=1e-3)
         ratios = data["ratios"][form]
         assert 0 < ratios["in_run"] and 0 < ratios["whole_process"] <= ratios["in_run"]
+    for form, ns in data["payload_log_ns_per_tuple"].items():  # declared streams' read: its part writing the log
+        assert 0 < ns < data["ns_per_tuple"][form]["read"] and data["read_without_log_to_reference"][form] > 0
+    assert set(data["payload_log_ns_per_tuple"]) == {"streams", "payload"}
     assert set(data["cluster"]) == {"file", "streams", "payload", "file, metrics off"}
     assert 0 < data["payload_to_streams"] and 0 < data["metrics_on_to_off"] and 0 < data["metrics_cpu_on_to_off"]
     for c, r in data["cluster"].items():  # the ranks' CPU counted, and no more than the cores had

@@ -61,3 +61,29 @@ def test_a_row_not_written_is_an_error(tmp_path):
         PayloadReader(tmp_path, ("r_", "s_")).gather(1, np.array([5, 3]))  # row 3 was left out
     with pytest.raises(PayloadError, match="no segment"):
         PayloadReader(tmp_path, ("r_", "s_")).gather(1, np.array([1000]))
+
+
+@pytest.mark.parametrize("gaps", [False, True])
+def test_columns_that_are_tuple_fields_come_from_the_pairs_as_gathered(tmp_path, gaps):
+    """The time and key columns the log names as its tuples' fields are taken from the pairs' fields, in their
+    places and types, null where a side is missing: the same table as gathering them."""
+    schema = pa.schema([("label", pa.string()), ("ts", pa.timestamp("us", "UTC")), ("key", pa.int64())])
+    log, rows = PayloadLog(tmp_path, "t"), np.arange(1000)
+    rows = rows[rows % 7 != 3] if gaps else rows
+    ts, key = lambda r: r * 1000 + 5, lambda r: r % 13
+    for side in (0, 1):
+        log.write_schema(side, schema, {"ts": "ts", "key": "key"})
+        for first in range(0, 1000, 100):
+            mine = rows[(rows >= first) & (rows < first + 100)]
+            t = columns(mine).select(["label"]).append_column("ts", pa.array(ts(mine)).cast(schema.field("ts").type))
+            t = t.append_column("key", pa.array(key(mine)))
+            log.write(side, mine, ts(mine), t)
+    rng = np.random.default_rng(3)
+    r, s = rng.choice(rows, 3000), rng.choice(rows, 3000)
+    r[rng.random(3000) < 0.1] = -1
+    reader = PayloadReader(tmp_path, ("r_", "s_"))
+    pairs = {f"{x}_{f}": g(np.maximum(a, 0)) for x, a in (("r", r), ("s", s)) for f, g in (("ts", ts), ("key", key))}
+    gathered, taken = reader.both(r, s), reader.both(r, s, pairs)
+    assert taken.schema == gathered.schema and taken.equals(gathered)
+    pairs["s_key"] = pairs["s_key"] + 1  # they are the pairs' values, not the log's
+    assert reader.both(r, s, pairs)["s_key"].equals(pc.add(gathered["s_key"], 1))
