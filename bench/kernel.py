@@ -210,8 +210,13 @@ def duckdb_pairs(plan: Plan, r, s, select: str):
     con.execute("SET threads = 1")
     con.register("r", r)
     con.register("s", s)
+    return con.sql(f"SELECT {select} FROM r JOIN s ON {join_on(plan)}")
+
+
+def join_on(plan: Plan) -> str:
+    """The join's key and time condition in SQL over the relations r and s (id, ts, key, ...)."""
     lower, upper = plan.join.bounds  # integer microseconds, as ts: the engine's exact rule
-    return con.sql(f"SELECT {select} FROM r JOIN s ON r.key = s.key AND s.ts BETWEEN r.ts + {lower} AND r.ts + {upper}")
+    return f"r.key = s.key AND s.ts BETWEEN r.ts + {lower} AND r.ts + {upper}"
 
 
 def main(argv: list[str]) -> int:

@@ -26,6 +26,12 @@ and whole-process rates (medians) and their ratios to the limit, and whole proce
 share: the cluster once more with the metrics off, by in-run rate and by CPU per tuple (mpirun's and every rank's
 user and system time: steadier on a busy machine).
 
+Side by side: before each run of the cluster on the single file, its peer, DuckDB on as many threads as the
+cores, the same file's tuples preloaded into its tables in memory, one timed query doing the whole join at once
+(`peer_run`); its rate (the file's tuples over the query's wall seconds) per run and median, and the cluster's
+in-run and whole-process rates over it against their targets (PEER_TARGETS). Both must find the same results
+(else the bench fails, after its report).
+
 The payload: the same generator's tuples as two declared streams (bench.payload's files: id, key, ts and three
 payload columns a side), read by the streams' source (which writes the payload log), each stage measured again
 without and with the payload columns (the results' gathering them from the log, protocol.payload), and the
@@ -54,7 +60,7 @@ import numpy as np
 from bench.big import generator_for
 from bench.cluster import RUN_TIMEOUT, RunFailed, run_cluster
 from bench.inputs import write_input
-from bench.kernel import duckdb_pairs, own_kernel
+from bench.kernel import duckdb_pairs, join_on, own_kernel
 from bench.machine import machine_info
 from bench.search import median
 from bench.tables import fmt, md_table
@@ -347,6 +353,92 @@ def stages(plan: Plan, slaves: int) -> tuple[dict[str, float], int, dict[str, fl
     return seconds, tuples, references
 
 
+#: the side-by-side targets: the cluster's rates (the single file, metrics on) over the DuckDB peer's
+PEER_TARGETS = {"in_run": 3.0, "whole_process": 2.5}
+#: the result columns the cluster writes of each pair (protocol.output.RESULT_COLUMNS but the delay)
+PEER_COLUMNS = ", ".join(f"{x}.{f} AS {x}_{f}" for x in "rs" for f in ("id", "key", "ts", "value"))
+
+
+def peer_run(plan: Plan) -> dict:
+    """The DuckDB peer, side by side with the cluster on the same file: DuckDB on as many threads as this
+    process has cores, the file's tuples preloaded into its in-memory tables r and s (id, ts, key, value) before
+    the clock starts, then one timed query joining them whole, one-shot, with the engine's condition
+    (bench.kernel.join_on: same key, integer microseconds), materializing each pair's columns the cluster writes
+    (r_id, s_id, r_key, s_key, r_ts, s_ts, r_value, s_value; not the delay, the engine's own measure) as a
+    DuckDB table in memory. That favours the peer: the cluster's in-run rate counts reading the file, and its
+    results are written as Parquet files. The tuples are the engine's (read by its file source, ts already in
+    microseconds) less those it would set aside as late in the file's order (master.state.lateness: the same
+    rule, both streams together), so the counts must agree. Its rate: the file's tuples over the query's wall
+    seconds; returned with the query's CPU seconds (its threads'), the results and the late tuples left out.
+    DuckDB plans a hash join on the key with the time bounds checked on every pair of the same key in the whole
+    file: its cost a tuple grows with the file's length, so the same-key pairs (counted after the clock) come
+    too."""
+    import os
+
+    import duckdb
+    import pyarrow as pa
+
+    from master.state.lateness import Lateness
+    from protocol.tuples import STREAM_R, STREAM_S
+
+    _, chunks = read_stage(plan)
+    cols = {f: np.concatenate([getattr(c, f) for c in chunks]) for f in ("stream", "id", "ts", "key", "value")}
+    del chunks
+    late, _, _ = Lateness([plan.join.max_delay]).judge(cols["ts"], cols["stream"], 0.0)
+    threads = len(os.sched_getaffinity(0))
+    con = duckdb.connect()  # in memory
+    con.execute(f"SET threads = {threads}")
+    for name, side in (("r", STREAM_R), ("s", STREAM_S)):
+        mine = ~late & (cols["stream"] == side)
+        con.register("side", pa.table({f: cols[f][mine] for f in ("id", "ts", "key", "value")}))
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM side")
+        con.unregister("side")
+    tuples = len(cols["ts"])
+    del cols
+    wall, cpu = time.perf_counter(), time.process_time()
+    con.execute(f"CREATE TABLE pairs AS SELECT {PEER_COLUMNS} FROM r JOIN s ON {join_on(plan)}")
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    ((results,),) = con.execute("SELECT count(*) FROM pairs").fetchall()
+    ((same_key,),) = con.execute(
+        "SELECT sum(r.n * s.n) FROM (SELECT key, count(*) AS n FROM r GROUP BY key) r "
+        "JOIN (SELECT key, count(*) AS n FROM s GROUP BY key) s USING (key)"
+    ).fetchall()
+    con.close()
+    return {
+        "rate": round(tuples / wall, 1),
+        "seconds": round(wall, 3),
+        "cpu_ns_per_tuple": round(cpu / tuples * 1e9, 1),
+        "threads": threads,
+        "results": int(results),
+        "late": int(late.sum()),
+        "same_key_pairs": int(same_key),
+    }
+
+
+def peer_lines(peer: dict, runs: dict) -> tuple[dict, list[str]]:
+    """The side-by-side numbers for limit.json (the peer's runs, its median rate, the cluster's ratios to it
+    with their targets) and their lines for the report. `runs`: the cluster's single-file runs."""
+    rate = median(peer["rate"])
+    ratios = {
+        k: {"ratio": float(f"{median(runs[k]) / rate:.3g}"), "target": t, "met": median(runs[k]) / rate >= t}
+        for k, t in PEER_TARGETS.items()
+    }
+    counts = ", ".join(f"{ours:,} / {theirs:,}" for ours, theirs in zip(runs["results"], peer["results"]))
+    lines = [
+        f"Side by side with DuckDB ({peer['threads'][0]} threads, one-shot, data preloaded; the same file, alternated "
+        f"with the cluster's runs): DuckDB {', '.join(fmt(x) for x in peer['rate'])} tuples/s "
+        f"(median {fmt(rate)}; {median(peer['cpu_ns_per_tuple']):,.0f} CPU ns a tuple). The cluster in-run "
+        + "; whole process ".join(
+            f"{r['ratio']:.2f}x DuckDB (target {r['target']:g}x: {'met' if r['met'] else 'not met'})"
+            for r in ratios.values()
+        )
+        + f". Results, cluster / DuckDB: {counts} ({peer['late'][0]:,} late tuples left out of DuckDB's input); "
+        f"DuckDB's hash join on the key checks {peer['same_key_pairs'][0] / max(1, peer['results'][0]):.1f} "
+        "same-key pairs a result (a whole file's: more, the longer the file)."
+    ]
+    return {"runs": peer, "rate": rate, "ratios": ratios, "results_agree": runs["results"] == peer["results"]}, lines
+
+
 def workloads(rows: int, folder: Path) -> dict[str, list[str]]:
     """The side-by-side workload as the single file of `rows` rows and as two declared streams of the same
     generator's tuples (a Parquet file each: id, key, ts and bench.payload's three payload columns), written into
@@ -389,7 +481,8 @@ def main(argv: list[str]) -> int:
             clusters = {**forms, "file, metrics off": [*forms["file"], "metrics.endpoint=", "metrics.log_interval=0"]}
             measured = {w: {s: [] for s in STAGES} for w in forms}
             referenced = {w: {s: [] for s in REFERENCES} for w in forms}  #: ns per tuple of the references
-            runs = {c: {"in_run": [], "whole_process": [], "cpu_ns_per_tuple": []} for c in clusters}
+            runs = {c: {"in_run": [], "whole_process": [], "cpu_ns_per_tuple": [], "results": []} for c in clusters}
+            peer: dict[str, list] = {}  #: the DuckDB peer's runs, each beside the single file's cluster run
             for i in range(a.repeats):  # stages and clusters alternated, so the machine's drift falls on all
                 for w, settings in forms.items():
                     plan = load_plan(None, [*settings, f"output.path={tmp}/out"])
@@ -406,19 +499,24 @@ def main(argv: list[str]) -> int:
                 kinds = list(clusters)  # each kind of run in turn first after the stages
                 for c in kinds[i % len(kinds) :] + kinds[: i % len(kinds)]:
                     settings = clusters[c]
+                    if c == "file":  # the peer just before, so both see the same machine
+                        for k, v in peer_run(load_plan(None, [*settings, f"output.path={tmp}/out"])).items():
+                            peer.setdefault(k, []).append(v)
                     s = run_cluster(
                         a.slaves + 1, settings, Path(tmp) / f"run-{i}-{len(c)}", a.timeout, drop_results=True
                     )
                     runs[c]["in_run"].append(s["throughput_tuples_per_s"])
                     runs[c]["whole_process"].append(round(s["input_total"] / s["process_seconds"], 1))
                     runs[c]["cpu_ns_per_tuple"].append(round(s["cpu_seconds"] / s["input_total"] * 1e9, 1))
+                    runs[c]["results"].append(s["results"])
                 print(
                     f"[#{i + 1}] "
                     + "; ".join(
                         f"{w}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in m.items()) for w, m in measured.items()
                     )
                     + " ns; cluster in-run "
-                    + ", ".join(f"{c} {r['in_run'][-1]:,.0f}" for c, r in runs.items()),
+                    + ", ".join(f"{c} {r['in_run'][-1]:,.0f}" for c, r in runs.items())
+                    + f"; DuckDB {peer['rate'][-1]:,.0f}",
                     flush=True,
                 )
             top = profiles(forms["file"], a.slaves, a.out, Path(tmp) / "profiled", a.timeout) if a.profile else {}
@@ -432,6 +530,7 @@ def main(argv: list[str]) -> int:
     total = {w: sum(x.values()) for w, x in ns.items()}
     limit = {w: cores * 1e9 / t for w, t in total.items()}
     rates = {c: {k: median(v) for k, v in r.items()} for c, r in runs.items()}
+    side_by_side, peer_text = peer_lines(peer, runs["file"])
     ratios = {w: {k: round(rates[w][k] / limit[w], 3) for k in ("in_run", "whole_process")} for w in ns}
     data = {
         "command": "python -m bench.limit " + " ".join(argv),
@@ -460,6 +559,7 @@ def main(argv: list[str]) -> int:
         "metrics_cpu_on_to_off": round(
             rates["file"]["cpu_ns_per_tuple"] / rates["file, metrics off"]["cpu_ns_per_tuple"], 3
         ),
+        "duckdb_peer": side_by_side,
         "top_frames": top,
     }
     f, fr = ns["file"], ref["file"]
@@ -506,6 +606,7 @@ def main(argv: list[str]) -> int:
         f"Cluster ({a.slaves} slaves, unpaced; medians of {a.repeats}): in-run {rates['file']['in_run']:,.0f} tuples/s "
         f"({ratios['file']['in_run']:.2f} of the limit), whole process {rates['file']['whole_process']:,.0f} "
         f"({ratios['file']['whole_process']:.2f}; {data['whole_process_to_in_run']:.2f} of the in-run rate).",
+        *peer_text,
         f"The metrics: in-run {rates['file, metrics off']['in_run']:,.0f} tuples/s without them, "
         f"{data['metrics_on_to_off']:.3f} of that with them; CPU (the whole process, every rank) "
         f"{rates['file']['cpu_ns_per_tuple']:,.0f} ns a tuple with them, "
@@ -528,6 +629,9 @@ def main(argv: list[str]) -> int:
         f"{cores} cores; {a.rows:,} rows of `{' '.join(WORKLOAD)}`\n\n" + table + "\n\n" + "\n\n".join(lines) + "\n"
     )
     print(table + "\n\n" + "\n".join(lines) + f"\nwrote {a.out / 'limit.md'}, {a.out / 'limit.json'}")
+    if not side_by_side["results_agree"]:
+        print(f"bench.limit: the cluster and DuckDB disagree on the results: {peer_text[0]}", file=sys.stderr)
+        return 1
     return 0
 
 

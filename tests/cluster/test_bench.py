@@ -908,7 +908,15 @@ def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_
     for c, r in data["cluster"].items():  # the ranks' CPU counted, and no more than the cores had
         whole_seconds = data["rows"] / r["whole_process"][0]
         assert 0 < r["cpu_ns_per_tuple"][0] * data["rows"] / 1e9 <= data["machine"]["cores"] * whole_seconds, c
-    assert "Pipeline limit" in (tmp_path / "limit.md").read_text()
+    peer = data["duckdb_peer"]  # DuckDB side by side: a rate each run, the same results, ratios with targets
+    runs = peer["runs"]
+    assert runs["threads"] == [len(os.sched_getaffinity(0))] and runs["rate"][0] > 0 and runs["seconds"][0] > 0
+    assert runs["same_key_pairs"][0] >= runs["results"][0]
+    assert peer["results_agree"] and runs["results"] == data["cluster"]["file"]["results"] != [0]
+    assert {k: r["target"] for k, r in peer["ratios"].items()} == {"in_run": 3.0, "whole_process": 2.5}
+    assert all(r["ratio"] > 0 and isinstance(r["met"], bool) for r in peer["ratios"].values())
+    report = (tmp_path / "limit.md").read_text()
+    assert "Pipeline limit" in report and "Side by side with DuckDB" in report and "target 3x" in report
 
 
 def test_bench_limit_joins_each_slaves_batches_apart_and_finds_duckdbs_pairs(tmp_path):
