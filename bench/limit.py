@@ -381,7 +381,7 @@ def peer_run(plan: Plan) -> dict:
     from master.state.lateness import Lateness
     from protocol.tuples import STREAM_R, STREAM_S
 
-    _, chunks = read_stage(plan)
+    chunks = read_stage(plan)[1]
     cols = {f: np.concatenate([getattr(c, f) for c in chunks]) for f in ("stream", "id", "ts", "key", "value")}
     del chunks
     late, _, _ = Lateness([plan.join.max_delay]).judge(cols["ts"], cols["stream"], 0.0)
