@@ -521,44 +521,49 @@ def test_an_ordered_stream_takes_no_more_results_while_its_subscriber_is_behind_
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.connect(f"tcp://127.0.0.1:{port}")
     out = ResultStream(MPI.COMM_SELF, plan, 4)  # returns once the subscriber is in
-    nothing = np.zeros(4, np.int64)
+    try:
+        nothing = np.zeros(4, np.int64)
 
-    def send(seq: int, results: int = 2000) -> MPI.Request:  # a slave's answer to batch `seq`: ts `seq` s
-        buf, rows = wire.results_buffer(results, 0, seq, floor=0)
-        rows[:] = np.zeros(results, wire.RESULT_RECORD)
-        rows["r_ts"] = seq
-        out.sent(0, seq, np.arange(4), np.full(1, seq * 10**6, [("ts", "<i8")]), np.zeros(0, [("ts", "<i8")]), 0)
-        return MPI.COMM_SELF.Issend([buf, MPI.BYTE], dest=0, tag=TAG_RESULTS)
+        def send(seq: int, results: int = 2000) -> MPI.Request:  # a slave's answer to batch `seq`: ts `seq` s
+            buf, rows = wire.results_buffer(results, 0, seq, floor=0)
+            rows[:] = np.zeros(results, wire.RESULT_RECORD)
+            rows["r_ts"] = seq
+            out.sent(0, seq, np.arange(4), np.full(1, seq * 10**6, [("ts", "<i8")]), np.zeros(0, [("ts", "<i8")]), 0)
+            return MPI.COMM_SELF.Issend([buf, MPI.BYTE], dest=0, tag=TAG_RESULTS)
 
-    def pump(seq: int) -> None:  # no input below seq + 1 s to come: the punctuation passes batch `seq`
-        out.pump((seq + 1) * 10**6, nothing)
+        def pump(seq: int) -> None:  # no input below seq + 1 s to come: the punctuation passes batch `seq`
+            out.pump((seq + 1) * 10**6, nothing)
 
-    seq = 0
-    while not (out.outbox and out.held_bytes + out.outbox_bytes >= bound) and seq < 2000:
-        seq += 1  # each taken and published until the subscriber's queue is full
-        request = send(seq)
-        while not request.Test():
+        seq = 0
+        while not (out.outbox and out.held_bytes + out.outbox_bytes >= bound) and seq < 2000:
+            seq += 1  # each taken and published until the subscriber's queue is full
+            request = send(seq)
+            while not request.Test():
+                pump(seq)
             pump(seq)
-        pump(seq)
-    assert out.outbox and out.held_bytes + out.outbox_bytes >= bound, (seq, out.outbox_bytes)
-    waiting = out.held_bytes + out.outbox_bytes
-    assert waiting <= bound + 2000 * wire.RESULT_RECORD.itemsize  # one message past the bound at most
-    request = send(seq + 1)
-    for _ in range(50):
-        pump(seq)
-    assert not request.Test() and out.holding and out.held_bytes + out.outbox_bytes == waiting
-    assert "slaves' results held back" in out.note() and "subscriber behind" in out.note()
-    deadline = time.monotonic() + 30
-    while not request.Test() and time.monotonic() < deadline:  # the subscriber reads on
-        while sub.poll(0):
-            sub.recv_multipart()
-        pump(seq + 1)
-    assert request.Test() and out.summary()["result_stream"]["slaves_held_back"] == 1
-    while out.outbox and time.monotonic() < deadline:
-        while sub.poll(0):
-            sub.recv_multipart()
-        pump(seq + 1)
-    assert not out.holding and out.results == 2000 * (seq + 1)
-    sub.close()
-    out.sock.setsockopt(zmq.LINGER, 0)
-    out.close()
+        assert out.outbox and out.held_bytes + out.outbox_bytes >= bound, (seq, out.outbox_bytes)
+        waiting = out.held_bytes + out.outbox_bytes
+        assert waiting <= bound + 2000 * wire.RESULT_RECORD.itemsize  # one message past the bound at most
+        request = send(seq + 1)
+        for _ in range(50):
+            pump(seq)
+        assert not request.Test() and out.holding and out.held_bytes + out.outbox_bytes == waiting
+        assert "slaves' results held back" in out.note() and "subscriber behind" in out.note()
+        deadline = time.monotonic() + 30
+        while not request.Test() and time.monotonic() < deadline:  # the subscriber reads on
+            while sub.poll(0):
+                sub.recv_multipart()
+            pump(seq + 1)
+        assert request.Test() and out.summary()["result_stream"]["slaves_held_back"] == 1
+        while out.outbox and time.monotonic() < deadline:
+            while sub.poll(0):
+                sub.recv_multipart()
+            pump(seq + 1)
+        assert not out.holding and out.results == 2000 * (seq + 1)
+        out.sock.setsockopt(zmq.LINGER, 0)
+        out.close()
+    finally:  # a failed assertion leaves no open socket for the collector (its context would wait for ever)
+        sub.close()
+        if not out.ctx.closed:
+            out.sock.close(linger=0)
+            out.ctx.term()
