@@ -193,6 +193,23 @@ class Producer:
         if self.end_seq is not None:
             self._end()
 
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is not None:
+            self.abort()
+
+    def abort(self) -> None:
+        """Give up without an END (after `Blocked`, say): drop what waits unsent and free the sockets now, so
+        that nothing is left to the collector, whose finalizing a context before its socket never returns."""
+        if self.ctx.closed:
+            return
+        for sock in (self.acks, self.sock):
+            if sock is not None:
+                sock.close(linger=0)
+        self.ctx.term()
+
     def close(self) -> dict:
         """Send END with the blocked time so far (the END's own wait cannot be in it) and wait for delivery;
         with acknowledgements, until the master confirms it (or its run ends without it: `confirmed` False)."""
@@ -243,19 +260,19 @@ def produce(
     """Push the valid rows of `path` in arrival order; `rate` paces (tuples/s), `jitter` adds random pauses."""
     infile = SidedFile(path, ts_unit=ts_unit)  # the file source's reading and checks
     rng = np.random.default_rng(seed)
-    prod = Producer(endpoint, sender, server_key, key, timeout, name, token, ack_endpoint, keep)
     started = time.perf_counter()
     set_aside = 0
-    for read in infile:
-        set_aside += 0 if read.rejected is None else read.rejected.num_rows
-        for at in range(0, len(read.rows), batch):
-            c = rows(read.chunk, at, at + batch)
-            if rate > 0:
-                time.sleep(max(0.0, started + prod.tuples / rate - time.perf_counter()))
-            if jitter > 0:
-                time.sleep(rng.random() * jitter)
-            prod.send(c.stream, c.id, c.ts, c.key, c.value)
-    out = prod.close()
+    with Producer(endpoint, sender, server_key, key, timeout, name, token, ack_endpoint, keep) as prod:
+        for read in infile:
+            set_aside += 0 if read.rejected is None else read.rejected.num_rows
+            for at in range(0, len(read.rows), batch):
+                c = rows(read.chunk, at, at + batch)
+                if rate > 0:
+                    time.sleep(max(0.0, started + prod.tuples / rate - time.perf_counter()))
+                if jitter > 0:
+                    time.sleep(rng.random() * jitter)
+                prod.send(c.stream, c.id, c.ts, c.key, c.value)
+        out = prod.close()
     out["rows_set_aside"] = set_aside
     out["seconds"] = round(time.perf_counter() - started, 3)
     return out
@@ -282,17 +299,17 @@ def produce_stream(
     (rows/s), `jitter` adds random pauses, `hold` waits that long before the END (a producer gone quiet)."""
     fmt = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(Path(path).suffix.lower(), "json")
     rng = np.random.default_rng(seed)
-    prod = Producer(endpoint, sender, server_key, key, timeout, name, token, ack_endpoint, keep)
     started = time.perf_counter()
-    for b in ds.dataset(path, format=fmt).to_batches(batch_size=batch):
-        if rate > 0:
-            time.sleep(max(0.0, started + prod.tuples / rate - time.perf_counter()))
-        if jitter > 0:
-            time.sleep(rng.random() * jitter)
-        if b.num_rows:
-            prod.send_table(pa.Table.from_batches([b]))
-    time.sleep(hold)
-    out = prod.close()
+    with Producer(endpoint, sender, server_key, key, timeout, name, token, ack_endpoint, keep) as prod:
+        for b in ds.dataset(path, format=fmt).to_batches(batch_size=batch):
+            if rate > 0:
+                time.sleep(max(0.0, started + prod.tuples / rate - time.perf_counter()))
+            if jitter > 0:
+                time.sleep(rng.random() * jitter)
+            if b.num_rows:
+                prod.send_table(pa.Table.from_batches([b]))
+        time.sleep(hold)
+        out = prod.close()
     out["rows_set_aside"] = 0  # the master checks a stream's rows
     out["seconds"] = round(time.perf_counter() - started, 3)
     return out

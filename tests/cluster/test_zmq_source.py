@@ -174,12 +174,12 @@ def test_curve_lets_in_only_producers_holding_an_allowed_key(tmp_path, keys):
     src = open_source(cfg)
     one = (np.zeros(1), np.arange(1), np.zeros(1, np.int64), np.zeros(1), np.zeros(1))
     server_pub = str(keys / "server" / "server.key")
-    with pytest.raises(Blocked):  # no CURVE at all: the handshake never completes
-        Producer(src.feed.endpoint, timeout=1.0).send(*one)
-    with pytest.raises(Blocked):  # a well-formed key that is not in client_keys: ZAP refuses it
-        Producer(
-            src.feed.endpoint, server_key=server_pub, key=str(keys / "stranger" / "stranger.key_secret"), timeout=1.0
-        ).send(*one)
+    with pytest.raises(Blocked), Producer(src.feed.endpoint, timeout=1.0) as bare:
+        bare.send(*one)  # no CURVE at all: the handshake never completes
+    stranger_key = str(keys / "stranger" / "stranger.key_secret")
+    with pytest.raises(Blocked), Producer(src.feed.endpoint, server_key=server_pub, key=stranger_key, timeout=1.0) as x:
+        x.send(*one)  # a well-formed key that is not in client_keys: ZAP refuses it
+    assert bare.ctx.closed and x.ctx.closed  # given up at once: nothing left for the collector to finalize
     assert src.next_chunk(10) is not None and src.feed.messages == 0
     ok = Producer(
         src.feed.endpoint, server_key=server_pub, key=str(keys / "producer" / "producer.key_secret"), timeout=5
@@ -534,27 +534,36 @@ def test_an_ordered_stream_takes_no_more_results_while_its_subscriber_is_behind_
         def pump(seq: int) -> None:  # no input below seq + 1 s to come: the punctuation passes batch `seq`
             out.pump((seq + 1) * 10**6, nothing)
 
+        def full() -> bool:
+            return bool(out.outbox) and out.held_bytes + out.outbox_bytes >= bound
+
         seq = 0
-        while not (out.outbox and out.held_bytes + out.outbox_bytes >= bound) and seq < 2000:
-            seq += 1  # each taken and published until the subscriber's queue is full
-            request = send(seq)
-            while not request.Test():
+        for _ in range(20):  # on a busy host the socket's queues may still drain after the outbox first filled
+            while not full() and seq < 2000:
+                seq += 1  # each taken and published until the subscriber's queue is full
+                request = send(seq)
+                while not request.Test():
+                    pump(seq)
                 pump(seq)
-            pump(seq)
-        assert out.outbox and out.held_bytes + out.outbox_bytes >= bound, (seq, out.outbox_bytes)
-        waiting = out.held_bytes + out.outbox_bytes
-        assert waiting <= bound + 2000 * wire.RESULT_RECORD.itemsize  # one message past the bound at most
-        request = send(seq + 1)
-        for _ in range(50):
-            pump(seq)
-        assert not request.Test() and out.holding and out.held_bytes + out.outbox_bytes == waiting
-        assert "slaves' results held back" in out.note() and "subscriber behind" in out.note()
+            assert full(), (seq, out.outbox_bytes)
+            assert out.held_bytes + out.outbox_bytes <= bound + 2000 * wire.RESULT_RECORD.itemsize  # one past
+            request = send(seq + 1)
+            for _ in range(50):
+                published = out.seq - len(out.outbox)  # messages that left the outbox
+                pump(seq)
+                if request.Test():  # taken: only because the subscriber's queue took more first
+                    assert out.seq - len(out.outbox) > published, "a result taken while the bound was full"
+                    seq += 1
+                    break
+            else:
+                break  # held back for 50 pumps
+        assert not request.Test() and out.holding and full()
         deadline = time.monotonic() + 30
         while not request.Test() and time.monotonic() < deadline:  # the subscriber reads on
             while sub.poll(0):
                 sub.recv_multipart()
             pump(seq + 1)
-        assert request.Test() and out.summary()["result_stream"]["slaves_held_back"] == 1
+        assert request.Test() and out.summary()["result_stream"]["slaves_held_back"] >= 1
         while out.outbox and time.monotonic() < deadline:
             while sub.poll(0):
                 sub.recv_multipart()
