@@ -132,7 +132,11 @@ class Target:
         return folder / name
 
     def clean(self) -> None:
+        """After each range: its scratch files and the key codes its declared streams' arrivals computed."""
         shutil.rmtree(self.out / "audit" / SCRATCH, ignore_errors=True)
+        if self.codes is not None:
+            release(self.codes)
+            self.codes = None
 
     def describe(self) -> str:
         if self.finished:
@@ -432,10 +436,22 @@ def classify(arrived, max_delay: int, lo: int, hi: int):
 
 
 def kept(df):
-    """(`df` cached, its row count): computed once now, in a job of its own, so that the branches of the
-    plan that read it later (each a stage of the same job) share it instead of each computing it again."""
-    df = df.cache()
+    """(`df` checkpointed, its row count): computed once now, in a job of its own, so that the branches of
+    the plan that read it later share it instead of each computing it again; and a leaf of their plans, which
+    Spark then analyses and optimizes in a fraction of the time the whole lineage takes (cache() keeps it)."""
+    df = df.localCheckpoint(eager=False)
     return df, df.count()
+
+
+def release(*frames) -> None:
+    """Free what `kept` and cache() hold: a checkpoint's blocks are its RDD's, which the DataFrame's
+    unpersist() does not reach (under --follow each range makes a few)."""
+    for df in frames:
+        plan = df._jdf.queryExecution().analyzed()
+        if plan.getClass().getSimpleName() == "LogicalRDD":
+            plan.rdd().unpersist(False)
+        else:
+            df.unpersist()
 
 
 def sampled(key_column, sample: float):
@@ -784,7 +800,7 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
         in_range = payload.where(within(start, end, "r_ts", "s_ts", nullable=True)).drop("r_ts", "s_ts")
         in_range = in_range.drop("kind") if join_type == "inner" else in_range
         diff = diff.unionByName(in_range, allowMissingColumns=True)
-    diff = diff.cache()
+    diff = diff.localCheckpoint(eager=False)  # planned once; computed by the first job that reads it
     by_kind = F.col("kind") if join_type != "inner" else F.lit(MATCHED)
     # the other counts in one job: the problems by kind, the input, the expected and found rows alone
     tally = diff.select(F.col("problem").alias("what"), by_kind.alias("kind"), (F.col("copies") - 1).alias("surplus"))
@@ -843,8 +859,7 @@ def audit_range(spark, target: Target, start: int, end: int, sample: float = 1.0
     report["diff"] = (
         None if exact else str(write_single(diff.orderBy("problem", "r_id", "s_id", "stream", "id"), evidence))
     )
-    for df in (arrived, tuples, expected, found, diff, *lone_found, *cached):
-        df.unpersist()
+    release(arrived, tuples, expected, found, diff, *lone_found, *cached)
     report["seconds"] = round(time.monotonic() - began, 2)
     report["spark_jobs"] = len(spark.sparkContext.statusTracker().getJobIdsForGroup(jobs))
     (folder / f"audit-{report['range']}.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -868,7 +883,7 @@ def _audit_query_run(spark, target: Target, plan) -> dict:
     found = audit_streams.read_output(spark, target.files("results"))
     expected, sql, columns_wrong = audit_query.expected_rows(spark, target.plan, target.rows, tuples, found.schema)
     counts, problems = audit_query.compare(expected, found.select(*map(audit_query.quoted, expected.columns)))
-    problems = problems.cache()
+    problems = problems.localCheckpoint(eager=False)
     first = [audit_query.describe(r.asDict(), expected.columns) for r in problems.orderBy("problem").limit(3).collect()]
     late = late_problems(spark, target, tuples, NEG_INF, POS_INF, 1.0)
     tally = {
@@ -902,8 +917,7 @@ def _audit_query_run(spark, target: Target, plan) -> dict:
     evidence.unlink(missing_ok=True)
     diff = problems.unionByName(late[0], allowMissingColumns=True).unionByName(late[1], allowMissingColumns=True)
     report["diff"] = None if exact else str(write_single(diff.orderBy("problem"), evidence))
-    for df in (arrived, tuples, problems):
-        df.unpersist()
+    release(arrived, tuples, problems)
     report["seconds"] = round(time.monotonic() - began, 2)
     report["spark_jobs"] = len(spark.sparkContext.statusTracker().getJobIdsForGroup(jobs))
     (folder / f"audit-{report['range']}.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -951,7 +965,7 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
     spec, streams = plan.aggregate.view, plan.source.kind == "streams"
     far = join.reach
     arrived, source = arrivals(spark, target)
-    tuples = classify(arrived, join.max_delay, start - far, end + far).cache()
+    tuples = classify(arrived, join.max_delay, start - far, end + far).localCheckpoint(eager=False)
     # a pair's window time (declared streams: one stream's time) lies up to `far` below its later ts
     pairs = expected_pairs(tuples, join, start, end + far if streams else end, 1.0) if EMITS[join_type][0] else None
     lone = [
@@ -989,8 +1003,7 @@ def audit_view_range(spark, target: Target, start: int, end: int, directory: Pat
             rows = alone_rows if rows is None else rows.unionByName(alone_rows)
     want = aggregate.snapshot(aggregate.view_of(rows, spec), spec, POS_INF)
     counts, evidence = audit_view.diff(view, want, spec.keys, spec.window, start, end)
-    tuples.unpersist()
-    arrived.unpersist()
+    release(tuples, arrived)
     exact = not (counts["missing"] or counts["extra"] or counts["different"])
     name = range_name(start, end)
     folder = target.out / "audit"

@@ -113,9 +113,8 @@ def arrivals(spark, target):
     )
     names = ", ".join(f"streams.{s.name} ({s.path})" for s in target.plan.streams)
     # computed once: the merge's windows put a stream in one order (one task each), and the lateness rule reads
-    # the merge twice
-    df = df.cache()
-    df.count()
+    # the merge twice; a leaf of the plans that read it (control.audit.kept)
+    df = df.localCheckpoint(eager=True)
     return df, codes, f"the declared streams' files: {names}"
 
 

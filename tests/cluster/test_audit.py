@@ -530,6 +530,8 @@ def test_a_declared_streams_run_is_audited_from_the_streams_files_and_planted_fa
     run = run_cluster(tmp_path, 4, settings)
     assert run.returncode == 0, run.stderr
     assert run.summary["late"] > 1000
+    stored = lambda: {rdd.id() for rdd in spark.sparkContext._jsc.sc().getRDDStorageInfo()}
+    before = stored()
     code, report = audited(spark, run)
     assert code == 0 and report["verdict"] == "exact", report
     assert report["expected"] > 5000 and report["left_unmatched_expected"] > 1000
@@ -554,6 +556,7 @@ def test_a_declared_streams_run_is_audited_from_the_streams_files_and_planted_fa
     reasons = pq.read_table(planted["diff"]).column("reason").to_pylist()
     assert any("impressions.user_id is u_nobody where its row has u_" in r for r in reasons), reasons
     assert any("clicks.cost is 99.5 where its row has" in r for r in reasons), reasons
+    assert stored() <= before  # each audit freed the frames it kept
 
 
 def test_the_view_of_the_clicks_example_equals_duckdb_and_its_audit_names_a_changed_or_missing_group(tmp_path, spark):
