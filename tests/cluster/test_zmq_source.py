@@ -558,6 +558,7 @@ def test_an_ordered_stream_takes_no_more_results_while_its_subscriber_is_behind_
             else:
                 break  # held back for 50 pumps
         assert not request.Test() and out.holding and full()
+        assert "slaves' results held back" in out.note() and "subscriber behind" in out.note()
         deadline = time.monotonic() + 30
         while not request.Test() and time.monotonic() < deadline:  # the subscriber reads on
             while sub.poll(0):
