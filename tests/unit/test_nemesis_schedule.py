@@ -1,9 +1,12 @@
 """The nemesis soak's schedule (tests/nemesis.py) is the seed's alone: the same seed draws the same faults, gaps,
-holds and victims, so a failing soak is replayed by its seed; each round fires every kind of fault once."""
+holds and victims, so a failing soak is replayed by its seed; each round fires every kind of fault once.  Its
+reference keeps the first copy of an id a fenced producer sent again, as the engine's duplicate-id check does."""
 
 from __future__ import annotations
 
-from tests.nemesis import FAULTS, first_results, schedule
+import numpy as np
+
+from tests.nemesis import FAULTS, first_copies, first_results, schedule
 
 
 def test_a_seed_draws_its_schedule_again_and_each_round_has_every_fault_once():
@@ -36,3 +39,15 @@ def test_the_first_new_result_after_a_fault_is_past_what_the_crashed_run_made():
     ]
     faults = [{"at": 5.0}, {"at": 20.0}, {"at": 30.0}]
     assert first_results(lines, faults, 100.0) == [8.0, 2.0, None]
+
+
+def test_the_reference_keeps_each_ids_first_copy_by_partition_and_offset():
+    held = {
+        "id": np.array([7, 5, 7, 9, 5]),
+        "partition": np.array([1, 0, 1, 2, 0]),
+        "offset": np.array([40, 12, 3, 8, 30]),
+        "at": np.array([1, 2, 3, 4, 5]),
+    }
+    first, later = first_copies(held)
+    assert sorted(zip(first["id"].tolist(), first["offset"].tolist())) == [(5, 12), (7, 3), (9, 8)]
+    assert later.tolist() == [0, 4]  # rows of held: id 7 at offset 40, id 5 at offset 30
