@@ -905,6 +905,13 @@ def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_
     assert set(data["payload_log_ns_per_tuple"]) == {"streams", "payload"}
     assert set(data["cluster"]) == {"file", "streams", "payload", "file, metrics off"}
     assert 0 < data["payload_to_streams"] and 0 < data["metrics_on_to_off"] and 0 < data["metrics_cpu_on_to_off"]
+    p = data["ns_per_tuple"]["payload"]  # at its libraries' costs the payload's stages sum to less, never more
+    assert 0 < data["payload_sum_at_references_ns"] <= data["sum_ns"]["payload"]
+    assert data["payload_sum_at_references_ns"] >= p["ingest"] + p["transfer"] + p["join"]
+    assert data["payload_to_streams_at_references"] == pytest.approx(
+        data["sum_ns"]["streams"] / data["payload_sum_at_references_ns"], rel=1e-2
+    )
+    assert data["payload_results_to_write_and_take"] > 0 and "at most" in (tmp_path / "limit.md").read_text()
     for c, r in data["cluster"].items():  # the ranks' CPU counted, and no more than the cores had
         whole_seconds = data["rows"] / r["whole_process"][0]
         assert 0 < r["cpu_ns_per_tuple"][0] * data["rows"] / 1e9 <= data["machine"]["cores"] * whole_seconds, c
