@@ -209,7 +209,7 @@ def final_view(t: pa.Table, spec: Aggregation, watermark: int | None) -> pa.Tabl
 def snapshot(df, spec: Aggregation, watermark: int | None) -> pa.Table:
     """The view (a merged DataFrame) as one sorted table with `final` (final_view)."""
     t = df.toArrow()
-    t = t.sort_by([(c, "ascending") for c in spec.keys]) if t.num_rows else t
+    t = t.sort_by([(c, "ascending") for c in spec.keys]) if t.num_rows and spec.keys else t  # keys: one group
     return final_view(t, spec, watermark)
 
 

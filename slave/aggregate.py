@@ -26,6 +26,9 @@ from protocol.aggregation import COUNT, FILE, FILES, RANK, SLAVES, STAMP, WATERM
 from protocol.output import NumberedFiles
 
 ROWS = "__rows"  #: each row's place in a table being grouped (distinct value sets are merged by it)
+#: the one group of a view grouped by nothing: pyarrow aggregates without keys by its scalar functions, and
+#: those have no `distinct` or `list` (count_distinct's values, their union)
+ALL = "__all"
 
 
 def micros(column: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -76,7 +79,10 @@ def grouped(t: pa.Table, keys: list[str], count: tuple, aggs: list[tuple[str, st
     unions = [c for c, fn in aggs if fn == "union"]
     t = t.append_column(ROWS, pa.array(np.arange(t.num_rows))) if unions else t
     hashed = [(c, fn) for c, fn in aggs if fn != "union"] + ([(ROWS, "list")] if unions else [])
-    g = t.group_by(keys, use_threads=False).aggregate([count, *hashed, *((f"{c}__nan", "any") for c in floats)])
+    t = t if keys else t.append_column(ALL, pa.array(np.zeros(t.num_rows, np.int8)))
+    g = t.group_by(keys or [ALL], use_threads=False).aggregate(
+        [count, *hashed, *((f"{c}__nan", "any") for c in floats)]
+    )
     cols = {k: g[k] for k in keys}
     cols[COUNT] = g[f"{count[0]}_{count[1]}" if count[0] else count[1]]
     for c, fn in aggs:

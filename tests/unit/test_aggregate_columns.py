@@ -98,14 +98,21 @@ def same(a, b) -> bool:
 
 
 @pytest.mark.parametrize(
-    "window,slide,times", [(0, 0, ()), (20_000_000, 20_000_000, ("r_at", "s_at")), (20_000_000, 5_000_000, ("r_at",))]
+    "groups,window,slide,times",
+    [
+        (("g", "h"), 0, 0, ()),
+        (("g", "h"), 20_000_000, 20_000_000, ("r_at", "s_at")),
+        (("g", "h"), 20_000_000, 5_000_000, ("r_at",)),
+        ((), 0, 0, ()),  # one group: the whole run's
+        ((), 20_000_000, 5_000_000, ("s_at",)),
+    ],
 )
-def test_partials_of_any_split_merge_to_the_view_of_all_rows(window, slide, times):
+def test_partials_of_any_split_merge_to_the_view_of_all_rows(groups, window, slide, times):
     rng = np.random.default_rng(3)
     t = rows(rng, 3000)
     measures = tuple(Measure(fn, c) for fn in ("sum", "min", "max", "avg") for c in ("d", "i", "f"))
     measures += (Measure("count_distinct", "i"), Measure("count_distinct", "d"))
-    spec = Aggregation(("g", "h"), times, window, slide, (Measure("count", None), *measures), None)
+    spec = Aggregation(groups, times, window, slide, (Measure("count", None), *measures), None)
     cuts = np.sort(rng.choice(np.arange(1, 3000), 7, replace=False))
     parts = [column_partials(p, spec) for p in (t.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, 3000]))]
     merged = column_combine([column_combine(parts[:3], spec), *parts[3:]], spec)
