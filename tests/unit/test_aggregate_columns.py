@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from control.aggregate import final_view, watermark_of
+from control.aggregate import final_view, snapshot, watermark_of
 from protocol import eventtime
 from protocol.aggregation import Aggregation, Measure
 from protocol.config import ConfigError, load_config
@@ -194,3 +194,18 @@ def test_a_window_is_final_once_every_slave_stamped_a_watermark_past_its_end_by_
     ended = final_view(merged((1, 4, 5, 30)), spec, eventtime.POS_INF)  # --batch: a finished run's results
     assert ended["final"].to_pylist() == [True] * 3
     assert final_view(merged((1, 4, 5, 30)), spec._replace(reach=None), 10**9)["final"].to_pylist() == [False] * 3
+
+
+def test_a_view_grouped_by_nothing_is_one_row_of_the_whole_run():
+    """`group_by = []` without a window: the partials and the merger's view hold one group (the whole run's)."""
+    spec = Aggregation((), (), 0, 0, (Measure("count", None), Measure("count_distinct", "i")), None)
+    t = rows(np.random.default_rng(5), 500)
+    merged = column_combine([column_partials(t.slice(a, 250), spec) for a in (0, 250)], spec)
+
+    class Merged:  # the merger's DataFrame of the partials, with a slave's stamp (control.aggregate.snapshot)
+        def toArrow(self):
+            return stamped(merged, 1, 0, 7, 1)
+
+    view = snapshot(Merged(), spec, eventtime.POS_INF)
+    assert view.column_names == ["count", "distinct_i", "final"] and view["count"].to_pylist() == [500]
+    assert sorted(view["distinct_i"][0].as_py()) == sorted(set(t["i"].drop_null().to_pylist()))
