@@ -50,17 +50,20 @@ def fires(rank: int, point: str) -> bool:
     return True
 
 
-#: the points a run reaches while its input comes (not those of its end, as the master's last sink commit)
+#: the points a run reaches while its input comes (not those of its end, as the master's last sink commit; a
+#: slave's "sink-commit", its transaction at a checkpoint once it has result files, is one too)
 DURING_INPUT = {"batch", "batch-after-checkpoint", "checkpoint", "hang-batch", "hang-batch-after-checkpoint", "drop"}
 
 
 def pending() -> bool:
-    """A fault at a point of DURING_INPUT is set and has not fired yet (in this run or a run before it)."""
+    """A fault at a point of DURING_INPUT (or a slave's sink commit) is set and has not fired yet (in this run or
+    a run before it)."""
     spec = os.environ.get("STREAMJOIN_FAULT")
     if not spec:
         return False
-    _, point, _, marker = spec.split(":", 3)
-    return point in DURING_INPUT and not Path(marker).exists()
+    rank, point, _, marker = spec.split(":", 3)
+    during = point in DURING_INPUT or (point == "sink-commit" and int(rank) != 0)
+    return during and not Path(marker).exists()
 
 
 def reached(rank: int, point: str) -> None:

@@ -112,7 +112,7 @@ def test_with_checkpoints_the_topic_holds_every_pair_once_as_results_and_the_ref
 
 @pytest.mark.parametrize(
     "fault",
-    ["1:batch-after-checkpoint:6", soak("0:checkpoint:4"), soak("2:sink-commit:2"), "0:sink-commit:1"],
+    ["1:batch-after-checkpoint:6", soak("0:checkpoint:4"), soak("2:sink-commit:1"), "0:sink-commit:1"],
     ids=["slave-at-a-batch", "master-at-a-checkpoint", "slave-before-its-commit", "master-before-the-ends-commit"],
 )
 def test_a_rank_killed_under_the_supervisor_leaves_every_pair_in_the_topic_once(tmp_path, broker, fault):
@@ -145,7 +145,7 @@ def test_a_recovery_on_fewer_slaves_sends_the_files_of_the_slave_it_no_longer_ha
     topics = two_topics(tmp_path, broker, views, buys, partitions=3)
     cfg, sink = sink_settings(broker, topics, tmp_path, **{"checkpoint.interval": 2, "source.rate": 2500.0})
     fired = tmp_path / "fault-fired"
-    crashed = run_cluster(tmp_path, 4, cfg, env={"STREAMJOIN_FAULT": f"3:sink-commit:2:{fired}"})
+    crashed = run_cluster(tmp_path, 4, cfg, env={"STREAMJOIN_FAULT": f"3:sink-commit:1:{fired}"})
     assert crashed.returncode != 0 and fired.exists(), crashed.stderr
     run = run_cluster(tmp_path, 3, cfg, extra_args=["--recover"])
     assert run.returncode == 0, run.stderr
