@@ -630,7 +630,7 @@ def main(argv: list[str]) -> int:
         f"With its read and results at those libraries' costs and the other stages as they are, the payload's sum "
         f"would be {floor:.0f} ns a tuple: its rate at most {data['payload_to_streams_at_references']:.2f} of the "
         f"rate without (target {PAYLOAD_TARGET}: "
-        + ("reachable" if data["payload_to_streams_at_references"] >= PAYLOAD_TARGET else "not even there")
+        + ("reachable" if data["payload_to_streams_at_references"] >= PAYLOAD_TARGET else "out of reach")
         + ").",
     ]
     for role, frames in top.items():
