@@ -151,6 +151,9 @@ def run_rank(main: Callable[[], int], role: str) -> int:
     """
     die_with_parent()
     without_pandas()
+    # a line leaves in one write, not as print's text and then its newline: Open MPI forwards a rank's stderr in
+    # the pieces it reads and its own abort message another way, which could land between the two
+    sys.stderr.reconfigure(write_through=False)
     try:
         code = main()
     except (SystemExit, KeyboardInterrupt):
