@@ -20,7 +20,7 @@ from mpi4py import MPI
 from protocol import liveness
 from protocol.waiting import sleep_for
 from protocol.lifetime import CRASH, USER_ERROR, die_with_parent
-from protocol.startup import PLACED_HOSTS, without_pandas
+from protocol.startup import PLACED_HOSTS, whole_lines, without_pandas
 
 if TYPE_CHECKING:
     from protocol.plan import Plan
@@ -151,9 +151,7 @@ def run_rank(main: Callable[[], int], role: str) -> int:
     """
     die_with_parent()
     without_pandas()
-    # a line leaves in one write, not as print's text and then its newline: Open MPI forwards a rank's stderr in
-    # the pieces it reads and its own abort message another way, which could land between the two
-    sys.stderr.reconfigure(write_through=False)
+    whole_lines()
     try:
         code = main()
     except (SystemExit, KeyboardInterrupt):

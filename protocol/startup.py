@@ -44,6 +44,13 @@ def without_pandas() -> None:
         sys.meta_path.insert(0, _NoPandas)
 
 
+def whole_lines() -> None:
+    """A rank's stderr line leaves in one write, not as print's text and then its newline: Open MPI forwards a
+    rank's stderr in the pieces it reads and sends its own abort message another way, which could land between
+    the two (an error line cut by MPI_ABORT's banner)."""
+    sys.stderr.reconfigure(write_through=False)
+
+
 def early_importers(ranks: int, cores: int) -> int:
     """How many ranks import the slave's modules beside rank 0 (the last ones: slaves, since the config leaves at
     least one); the others wait for its first batch, so that it reads on a core of its own.  As many as the cores

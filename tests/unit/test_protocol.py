@@ -454,6 +454,28 @@ def test_ranks_convert_arrays_without_pandas(tmp_path):
     assert out.stdout == "[0, 2] False\n"
 
 
+def test_a_ranks_stderr_line_leaves_in_one_write():
+    """protocol.startup.whole_lines: print's text and newline reach the file in one write (Open MPI's abort
+    banner once landed between the two), where Python's stderr writes them apart."""
+    code = (
+        "import io, sys\n"
+        "class Raw(io.RawIOBase):\n"
+        "    writes = []\n"
+        "    def writable(self): return True\n"
+        "    def write(self, b): self.writes.append(bytes(b)); return len(b)\n"
+        "def written(fix):\n"
+        "    Raw.writes = []\n"
+        "    sys.stderr = io.TextIOWrapper(Raw(), line_buffering=True, write_through=True)\n"
+        "    if fix:\n"
+        "        from protocol.startup import whole_lines; whole_lines()\n"
+        "    print('error: lost', file=sys.stderr, flush=True)\n"
+        "    return Raw.writes\n"
+        "print(written(False), written(True))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "[b'error: lost', b'\\n'] [b'error: lost\\n']\n"
+
+
 def test_slaves_import_beside_rank_0_on_the_cores_it_leaves_or_all_when_they_fit():
     """protocol.startup.early_importers: as many slaves import at once with rank 0 as leave no core idle."""
     from protocol.startup import early_importers
