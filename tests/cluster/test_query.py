@@ -189,6 +189,7 @@ def test_explain_prints_the_plan_and_a_refusal_names_its_clause(tmp_path):
     run = subprocess.run([*launch, str(tmp_path / "bad.sql")], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "ORDER BY" in run.stderr
     audit = [sys.executable, "-m", "control.audit", "--config", str(cfg), "--set", f"query.sql={form('left')}"]
+    audit += ["--set", f"output.path={tmp_path / 'out'}"]  # not the checkout's out/, which `make run` fills
     refused = subprocess.run(audit, capture_output=True, text=True, timeout=120)
     assert refused.returncode == NOT_AUDITED and "a live run of declared streams" in refused.stderr  # none yet
 
