@@ -54,7 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.query --quick --repeats 1
 	$(BIN)/python -m bench.aggregate --quick --repeats 1 --lag-seconds 20
 	$(BIN)/python -m bench.audit --quick --repeats 1
-	$(BIN)/python -m bench.kafka --quick --repeats 1
+	$(BIN)/python -m bench.kafka --quick --repeats 3
 	$(BIN)/python -m bench.limit --rows 10000000 --repeats 2
 	$(BIN)/python -m bench.startup --quick --repeats 3
 

@@ -882,8 +882,12 @@ def test_bench_kafka_reads_the_same_rows_from_files_and_topics_and_reports_the_b
     assert data["broker_ceiling"] > 0 and set(data["medians"]) == runs
     sink = data["sink"]["medians"]  # the sink's CPU a row beside produce of the same records prebuilt
     assert sink["sink"]["cpu_ns_per_row"] > 0 and sink["ceiling"]["cpu_ns_per_row"] > 0
+    target = data["sink_target"]  # the target against the sink and against produce alone
+    assert target["below_ceiling"] == (sink["ceiling"]["cpu_ns_per_row"] > target["cpu_ns_per_row"])
+    assert target["own_ns_per_row"] == sink["sink"]["cpu_ns_per_row"] - sink["ceiling"]["cpu_ns_per_row"]
     assert set(data["sink_to_without"]) == {"in_run", "whole_process"}
     assert "kafka/files" in (tmp_path / "kafka.md").read_text()
+    assert "its own work above the ceiling" in (tmp_path / "kafka.md").read_text()
 
 
 def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_to_their_sum(tmp_path):
