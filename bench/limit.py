@@ -629,7 +629,9 @@ def main(argv: list[str]) -> int:
         f"The metrics: in-run {rates['file, metrics off']['in_run']:,.0f} tuples/s without them, "
         f"{data['metrics_on_to_off']:.3f} of that with them; CPU (the whole process, every rank) "
         f"{rates['file']['cpu_ns_per_tuple']:,.0f} ns a tuple with them, "
-        f"{rates['file, metrics off']['cpu_ns_per_tuple']:,.0f} without ({data['metrics_cpu_on_to_off']:.3f}).",
+        f"{rates['file, metrics off']['cpu_ns_per_tuple']:,.0f} without ({data['metrics_cpu_on_to_off']:.3f}). "
+        "The run with them is the one beside the DuckDB peer, and a run right after other work is slower "
+        "(docs/benchmarks.md): bench.metrics_cost alternates the two for the metrics' target.",
         "The same tuples as two declared streams, without and with three payload columns a side (bench.payload's):\n\n"
         + forms_table
         + f"\n\nWith payload the cluster joins {data['payload_to_streams']:.2f} of the rate without. Of the results "
