@@ -19,8 +19,9 @@ the machine along the pipeline, and the **pipeline limit** is cores / sum: the r
 stage waited and nothing were done twice. Beside read, join and results, the library alone on the same bytes (CPU):
 pyarrow reading the same columns of the same files; DuckDB (one thread) joining the same batches' tuples whole with
 the same condition into the pairs' columns as Arrow; pyarrow writing the result table the stage wrote as one Parquet
-file. With payload columns, the results' gathering of them (thread CPU) beside Arrow's `take` of the same rows from
-the same columns held whole in memory. Then the cluster (`--slaves` slaves, unpaced) on the same file, `--repeats`
+file. With declared streams, the results' gathering of their columns from the payload log (thread CPU) beside
+Arrow's `take` of the same rows from the same columns held whole in memory, and the results stage beside the write
+and the take together. Then the cluster (`--slaves` slaves, unpaced) on the same file, `--repeats`
 times, each kind of run in turn first after the stages (the run there costs more CPU than the others): its in-run
 and whole-process rates (medians) and their ratios to the limit, and whole process against in-run. The metrics'
 share: the cluster once more with the metrics off, by in-run rate and by CPU per tuple (mpirun's and every rank's
@@ -91,7 +92,9 @@ STAGES = ("read", "ingest", "transfer", "join", "results")
 REFERENCES = {"read": "pyarrow", "join": "DuckDB", "results": "pyarrow"}
 #: the rate with three payload columns a side over the rate without, at least (issue 52's target)
 PAYLOAD_TARGET = 0.8
-GATHER = "payload gather"
+#: the part of declared streams' results that gathers their columns from the payload log (thread CPU of
+#: PayloadReader.both), beside Arrow's take of the same rows (gather_reference)
+GATHER = "gather"
 #: the part of declared streams' read that writes the payload log (thread CPU of PayloadLog.write), which
 #: pyarrow's read of the same columns does not do
 LOG = "payload log"
@@ -293,13 +296,15 @@ class TimedGather(PayloadReader):
 
 
 def gather_reference(plan: Plan, gather: TimedGather) -> float:
-    """CPU seconds of Arrow's `take` of the rows `gather` was asked for from the same columns of each stream's
-    file, read whole into memory beforehand (a stream's id is its row)."""
+    """CPU seconds of Arrow's `take` of the rows `gather` was asked for from the columns it gathers (those that
+    are not the tuples' own fields, which it takes from the pairs) of each stream's file, read whole into memory
+    beforehand (a stream's id is its row)."""
     import pyarrow.parquet as pq
 
-    tables = [
-        pq.read_table(s.path, columns=gather.schema(side).names).combine_chunks() for side, s in enumerate(plan.streams)
-    ]
+    tables = []
+    for side, s in enumerate(plan.streams):
+        gathered = [c for c in gather.schema(side).names if c not in gather.fields(side)]
+        tables.append(pq.read_table(s.path, columns=gathered).combine_chunks())
     began = time.thread_time()
     for rows in gather.asked:
         for table, taken in zip(tables, rows):
@@ -321,7 +326,7 @@ def write_reference(folder: Path) -> float:
 def stages(plan: Plan, slaves: int) -> tuple[dict[str, float], int, dict[str, float]]:
     """One measurement of every stage: seconds each, the tuples read, and the references' seconds (pyarrow
     reading the same columns for read, DuckDB joining the same tuples for join, pyarrow writing the same result
-    table for results; with payload columns, the gather's seconds and Arrow's take's, GATHER and its reference).
+    table for results; with declared streams, the gather's seconds and Arrow's take's, GATHER and its reference).
     Declared streams' read writes their payload log into `plan`'s output folder (its part of read: LOG), and
     their results gather from it."""
     from protocol.payload import payload_reader, remove_log
@@ -339,7 +344,7 @@ def stages(plan: Plan, slaves: int) -> tuple[dict[str, float], int, dict[str, fl
     if pairs != reference_pairs:
         raise RuntimeError(f"bench.limit: the join stage found {pairs:,} pairs, DuckDB {reference_pairs:,}")
     references = {"join": duck}
-    gather = TimedGather(plan) if any(s.payload for s in plan.streams) else None
+    gather = TimedGather(plan) if plan.streams else None
     with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
         began = time.process_time()  # the writer thread's too
         own_kernel(plan, batches, Path(tmp), gather or payload_reader(plan), slaves)
@@ -481,7 +486,9 @@ def main(argv: list[str]) -> int:
     cores = machine["cores"]
     measured: dict[str, dict[str, list]] = {}  #: per workload, per stage: ns per tuple of each repeat
     runs: dict[str, dict[str, list]] = {}  #: per cluster run's kind: in-run and whole-process rates
-    gathered: dict[str, list] = {"ours": [], "take": []}  #: ns per tuple of the payload gather, and Arrow's take
+    gathered: dict[
+        str, dict[str, list]
+    ] = {}  #: per declared streams' workload: ns per tuple of the gather, Arrow's take
     logged: dict[str, list] = {}  #: per declared streams' workload: ns per tuple of read writing the payload log
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
@@ -496,8 +503,9 @@ def main(argv: list[str]) -> int:
                     plan = load_plan(None, [*settings, f"output.path={tmp}/out"])
                     seconds, tuples, references = stages(plan, a.slaves)
                     if GATHER in seconds:
-                        gathered["ours"].append(seconds.pop(GATHER) / tuples * 1e9)
-                        gathered["take"].append(references.pop(GATHER) / tuples * 1e9)
+                        g = gathered.setdefault(w, {"ours": [], "take": []})
+                        g["ours"].append(seconds.pop(GATHER) / tuples * 1e9)
+                        g["take"].append(references.pop(GATHER) / tuples * 1e9)
                     if LOG in seconds:
                         logged.setdefault(w, []).append(seconds.pop(LOG) / tuples * 1e9)
                     for stage, x in seconds.items():
@@ -536,7 +544,9 @@ def main(argv: list[str]) -> int:
         return 1
     ns = {w: {k: median(v) for k, v in m.items()} for w, m in measured.items()}
     ref = {w: {k: median(v) for k, v in m.items()} for w, m in referenced.items()}
-    gather = {k: median(v) for k, v in gathered.items()}
+    gather = {w: {k: median(v) for k, v in g.items()} for w, g in gathered.items()}
+    #: declared streams' results against what they do: pyarrow's write and Arrow's take together
+    write_and_take = {w: ns[w]["results"] / (ref[w]["results"] + g["take"]) for w, g in gather.items()}
     log = {w: median(v) for w, v in logged.items()}
     total = {w: sum(x.values()) for w, x in ns.items()}
     limit = {w: cores * 1e9 / t for w, t in total.items()}
@@ -547,7 +557,7 @@ def main(argv: list[str]) -> int:
     # the others as measured: the most its rate can be of the rate without, with the streams' stages as they are
     p = ns["payload"]
     floor = min(p["read"], ref["payload"]["read"]) + p["ingest"] + p["transfer"] + p["join"]
-    floor += min(p["results"], ref["payload"]["results"] + gather["take"])
+    floor += min(p["results"], ref["payload"]["results"] + gather["payload"]["take"])
     data = {
         "command": "python -m bench.limit " + " ".join(argv),
         "machine": machine,
@@ -559,9 +569,9 @@ def main(argv: list[str]) -> int:
         "reference_ns_per_tuple": {w: {k: round(v, 1) for k, v in x.items()} for w, x in ref.items()},
         "reference_ns_per_tuple_runs": referenced,
         "to_reference": {w: {k: round(ns[w][k] / v, 2) for k, v in x.items() if v > 0} for w, x in ref.items()},
-        "payload_gather_ns_per_tuple": {k: round(v, 1) for k, v in gather.items()},
-        "payload_gather_runs": gathered,
-        "payload_gather_to_take": round(gather["ours"] / gather["take"], 2),
+        "gather_ns_per_tuple": {w: {k: round(v, 1) for k, v in g.items()} for w, g in gather.items()},
+        "gather_runs": gathered,
+        "gather_to_take": {w: round(g["ours"] / g["take"], 2) for w, g in gather.items()},
         "payload_log_ns_per_tuple": {w: round(x, 1) for w, x in log.items()},
         "payload_log_runs": logged,
         "read_without_log_to_reference": {w: round((ns[w]["read"] - x) / ref[w]["read"], 2) for w, x in log.items()},
@@ -571,7 +581,7 @@ def main(argv: list[str]) -> int:
         "ratios": ratios,
         "whole_process_to_in_run": round(rates["file"]["whole_process"] / rates["file"]["in_run"], 3),
         "payload_to_streams": round(rates["payload"]["in_run"] / rates["streams"]["in_run"], 3),
-        "payload_results_to_write_and_take": round(p["results"] / (ref["payload"]["results"] + gather["take"]), 2),
+        "results_to_write_and_take": {w: round(x, 2) for w, x in write_and_take.items()},
         "payload_sum_at_references_ns": round(floor, 1),
         "payload_to_streams_at_references": round(total["streams"] / floor, 3),
         "metrics_on_to_off": round(rates["file"]["in_run"] / rates["file, metrics off"]["in_run"], 3),
@@ -606,9 +616,16 @@ def main(argv: list[str]) -> int:
         ]
         + [
             [
+                "results: pyarrow's write and Arrow's take (ratio)",
+                *(
+                    f"{ref[w]['results'] + gather[w]['take']:.0f} ({write_and_take[w]:.1f}x)" if w in gather else ""
+                    for w in ns
+                ),
+            ],
+            [
                 "read: of it the payload log (read without it / pyarrow)",
                 *(f"{log[w]:.0f} ({(ns[w]['read'] - log[w]) / ref[w]['read']:.1f}x)" if w in log else "" for w in ns),
-            ]
+            ],
         ]
         + [["sum", *(fmt(total[w], ".0f") for w in ns)], ["pipeline limit (tuples/s)", *(fmt(limit[w]) for w in ns)]]
         + [
@@ -635,9 +652,10 @@ def main(argv: list[str]) -> int:
         "The same tuples as two declared streams, without and with three payload columns a side (bench.payload's):\n\n"
         + forms_table
         + f"\n\nWith payload the cluster joins {data['payload_to_streams']:.2f} of the rate without. Of the results "
-        f"stage with payload, gathering the columns costs {gather['ours']:.0f} ns a tuple; Arrow's take of the same "
-        f"rows from the same columns in memory {gather['take']:.0f} ({data['payload_gather_to_take']:.1f}x); the "
-        f"stage is {data['payload_results_to_write_and_take']:.1f}x pyarrow's write and Arrow's take together. "
+        f"stage with payload, gathering the columns costs {gather['payload']['ours']:.0f} ns a tuple; Arrow's take of "
+        f"the same rows from the same columns in memory {gather['payload']['take']:.0f} "
+        f"({data['gather_to_take']['payload']:.1f}x); the stage is {write_and_take['payload']:.1f}x pyarrow's write "
+        "and Arrow's take together. "
         f"With its read and results at those libraries' costs and the other stages as they are, the payload's sum "
         f"would be {floor:.0f} ns a tuple: its rate at most {data['payload_to_streams_at_references']:.2f} of the "
         f"rate without (target {PAYLOAD_TARGET}: "

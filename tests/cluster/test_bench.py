@@ -915,7 +915,14 @@ def test_bench_limit_gives_each_stage_its_nanoseconds_and_the_cluster_its_ratio_
     assert data["payload_to_streams_at_references"] == pytest.approx(
         data["sum_ns"]["streams"] / data["payload_sum_at_references_ns"], rel=1e-2
     )
-    assert data["payload_results_to_write_and_take"] > 0 and "at most" in (tmp_path / "limit.md").read_text()
+    assert "at most" in (tmp_path / "limit.md").read_text()
+    for form in ("streams", "payload"):  # declared streams' results beside pyarrow's write and Arrow's take
+        gather = data["gather_ns_per_tuple"][form]
+        assert gather["ours"] > 0 and gather["take"] > 0  # (results is a difference of two runs: noisy this small)
+        results = data["ns_per_tuple"][form]["results"]
+        both = data["reference_ns_per_tuple"][form]["results"] + gather["take"]
+        assert data["results_to_write_and_take"][form] == pytest.approx(results / both, abs=0.01)
+    assert set(data["gather_ns_per_tuple"]) == {"streams", "payload"}
     for c, r in data["cluster"].items():  # the ranks' CPU counted, and no more than the cores had
         whole_seconds = data["rows"] / r["whole_process"][0]
         assert 0 < r["cpu_ns_per_tuple"][0] * data["rows"] / 1e9 <= data["machine"]["cores"] * whole_seconds, c
