@@ -38,10 +38,27 @@ from protocol import eventtime
 from protocol.plan import load_plan
 from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
 from slave.join import JoinModule
+from protocol.output import NumberedFiles
 from slave.result_files import ResultWriter
 
 if TYPE_CHECKING:
     from protocol.plan import Plan
+
+
+class TimedFiles(NumberedFiles):
+    """Files written as NumberedFiles writes them, the CPU seconds of the thread that writes each counted."""
+
+    seconds = 0.0
+
+    def write(self, stem, table) -> None:
+        began = time.thread_time()
+        super().write(stem, table)
+        self.seconds += time.thread_time() - began
+
+
+class TimedWriter(ResultWriter, TimedFiles):
+    """A slave's result writer whose writing thread's CPU is counted (ResultWriter hands each file to
+    TimedFiles.write on that thread)."""
 
 
 #: Batch spans (seconds of event time) the bench also times the kernel on besides one distribution epoch.  A
@@ -114,7 +131,14 @@ def one_core():
         os.sched_setaffinity(0, cpus)
 
 
-def own_kernel(plan: Plan, batches, results_to: Path | None = None, payload=None, slaves: int = 1) -> tuple[float, int]:
+def own_kernel(
+    plan: Plan,
+    batches,
+    results_to: Path | None = None,
+    payload=None,
+    slaves: int = 1,
+    cpu: dict[str, float] | None = None,
+) -> tuple[float, int]:
     """Seconds and results of the slave's join module over all batches, on one core of this process; with
     `slaves`, batch i is slave i % slaves's, each slave with a join module of its own (one module would expire a
     slave's state by another's watermark before its own batch of the epoch came).
@@ -122,13 +146,14 @@ def own_kernel(plan: Plan, batches, results_to: Path | None = None, payload=None
     With `results_to`, also the rest of a slave's work on each batch's results: their delays
     (slave.join.Chunk.delays) and the Parquet result files (slave.result_files.ResultWriter, whose writing
     thread shares the core; `payload`: declared streams' columns gathered from their payload log): what the
-    cluster's slaves do besides the join, without master or messages."""
+    cluster's slaves do besides the join, without master or messages.  `cpu` gets that work's CPU seconds as
+    "results": this thread's around it and the writing thread's."""
     with one_core():
         modules = [join_module(plan, batches[0][0].dtype) for _ in range(slaves)]
         writer = (
-            ResultWriter(str(results_to), 1, "parquet", plan.output.flush_rows, payload=payload) if results_to else None
+            TimedWriter(str(results_to), 1, "parquet", plan.output.flush_rows, payload=payload) if results_to else None
         )
-        results = 0
+        results, own = 0, 0.0
         started = time.perf_counter()
         for i, (r, s, watermark) in enumerate(batches):
             module = modules[i % slaves]
@@ -137,12 +162,18 @@ def own_kernel(plan: Plan, batches, results_to: Path | None = None, payload=None
                 continue
             began = time.time()
             for chunk in module.chunks(r, s, watermark):
+                mine = time.thread_time()
                 delay, _ = chunk.delays(began, began)
                 writer.add_pairs(chunk.pairs, delay)
+                own += time.thread_time() - mine
                 results += len(delay)
         if writer is not None:
+            mine = time.thread_time()
             writer.flush()
             writer.wait()
+            own += time.thread_time() - mine
+            if cpu is not None:
+                cpu["results"] = own + writer.seconds
         return time.perf_counter() - started, results
 
 

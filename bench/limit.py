@@ -11,7 +11,8 @@ runs alone in this process (or, for the transfer, two ranks of this host), media
 - transfer: those batches' bytes sent and received between two ranks (`mpirun -n 2`, MPI Send/Recv of byte
   buffers of the batches' mean size; wall time, counted once though both ranks are busy);
 - join: the slave's join module on the batches (bench.kernel.own_kernel, one core);
-- results: the same writing the result files (its time above the join's: gathering, delays, Parquet).
+- results: the same writing the result files (gathering, delays, Parquet: the CPU of that work in the joining
+  thread and of the writing thread, bench.kernel.own_kernel's `cpu`).
 
 A tuple's nanoseconds are the stage's CPU seconds (the join's and the results' on one core: the process's, the
 result writer's thread's too; the transfer's: wall time) over the file's tuples; their sum is what one tuple costs
@@ -345,13 +346,12 @@ def stages(plan: Plan, slaves: int) -> tuple[dict[str, float], int, dict[str, fl
         raise RuntimeError(f"bench.limit: the join stage found {pairs:,} pairs, DuckDB {reference_pairs:,}")
     references = {"join": duck}
     gather = TimedGather(plan) if plan.streams else None
+    cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
-        began = time.process_time()  # the writer thread's too
-        own_kernel(plan, batches, Path(tmp), gather or payload_reader(plan), slaves)
-        with_results = time.process_time() - began
+        own_kernel(plan, batches, Path(tmp), gather or payload_reader(plan), slaves, cpu)
         del batches
         references |= {"read": read_reference(plan), "results": write_reference(Path(tmp))}
-    seconds = {"read": read, "ingest": ingest, "transfer": transfer, "join": join, "results": with_results - join}
+    seconds = {"read": read, "ingest": ingest, "transfer": transfer, "join": join, "results": cpu["results"]}
     if plan.streams:
         seconds[LOG] = log
     if gather is not None:
