@@ -35,10 +35,10 @@ from bench.tables import md_table
 from master.state.packing import to_wire
 from common.workload import generate_all
 from protocol import eventtime
+from protocol.output import NumberedFiles
 from protocol.plan import load_plan
 from protocol.tuples import STREAM_R, STREAM_S, tuple_dtype
 from slave.join import JoinModule
-from protocol.output import NumberedFiles
 from slave.result_files import ResultWriter
 
 if TYPE_CHECKING:
