@@ -486,9 +486,8 @@ def main(argv: list[str]) -> int:
     cores = machine["cores"]
     measured: dict[str, dict[str, list]] = {}  #: per workload, per stage: ns per tuple of each repeat
     runs: dict[str, dict[str, list]] = {}  #: per cluster run's kind: in-run and whole-process rates
-    gathered: dict[
-        str, dict[str, list]
-    ] = {}  #: per declared streams' workload: ns per tuple of the gather, Arrow's take
+    #: per declared streams' workload: ns per tuple of the results' gather, and of Arrow's take
+    gathered: dict[str, dict[str, list]] = {}
     logged: dict[str, list] = {}  #: per declared streams' workload: ns per tuple of read writing the payload log
     try:
         with tempfile.TemporaryDirectory(prefix="streamjoin-limit-") as tmp:
